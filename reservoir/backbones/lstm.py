@@ -1,0 +1,71 @@
+"""LSTM reservoirs of the FPT paper (tables 3 to 5): 3 or 12 layers, 768 wide, optional
+residual connections and learned positional embeddings. Depth ``k`` is the output of
+layer ``k`` (no final norm); depth 0 is the embedded input (plus positions when used).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from reservoir.backbones import Backbone, gather, register_backbone, seeded
+
+
+@dataclass(frozen=True)
+class LSTMConfig:
+    n_layers: int = 3
+    d_model: int = 768
+    residual: bool = False
+    positional: bool = False
+    max_positions: int = 2048
+
+
+LSTM_VARIANTS = {
+    "lstm": LSTMConfig(),
+    "lstm-12": LSTMConfig(n_layers=12),
+    "lstm-12-residual": LSTMConfig(n_layers=12, residual=True),
+    "lstm-12-residual-pos": LSTMConfig(n_layers=12, residual=True, positional=True),
+    "lstm-pos": LSTMConfig(positional=True),
+}
+
+
+class LSTMBackbone(Backbone):
+    family = "lstm"
+
+    def __init__(self, config: LSTMConfig):
+        super().__init__()
+        self.config = config
+        self.d_model, self.n_layers = config.d_model, config.n_layers
+        self.layers = nn.ModuleList(nn.LSTM(config.d_model, config.d_model, batch_first=True)
+                                    for _ in range(config.n_layers))
+        self.wpe = nn.Embedding(config.max_positions, config.d_model) if config.positional else None
+
+    def states(self, x, lengths, depths: Sequence[int], readout):
+        self.check_depths(depths)
+        h = x
+        if self.wpe is not None:
+            h = h + self.wpe(torch.arange(x.shape[1], device=x.device)).to(x.dtype)
+        out = {0: h}
+        for k, layer in enumerate(self.layers[: max(depths)], start=1):
+            y, _ = layer(h)
+            h = h + y if self.config.residual else y
+            out[k] = h
+        return [gather(out[d], readout) for d in depths]
+
+    def param_groups(self):
+        return {"pos": list(self.wpe.parameters()) if self.wpe is not None else [],
+                "lstm": list(self.layers.parameters())}
+
+
+for _name, _cfg in LSTM_VARIANTS.items():
+    _desc = f"{_cfg.n_layers}-layer {_cfg.d_model}-wide LSTM" + (", residual" if _cfg.residual else "") + (
+        ", learned positions" if _cfg.positional else "") + ", random init"
+
+    def _factory(seed=0, _c=_cfg):
+        with seeded(seed):
+            return LSTMBackbone(_c)
+
+    register_backbone(_name, help=_desc)(_factory)

@@ -1,0 +1,156 @@
+"""The ``reservoir`` command line: the only place that reads options.
+
+Exit status: 0 on success, 2 on a usage error (click's convention), 1 on a runtime
+failure (missing data, unloadable backbone, unfinished feature file).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from reservoir import __version__
+from reservoir.backbones import BACKBONES, BackboneError, list_backbones
+from reservoir.config import ExtractConfig, FitConfig, default_data_dir
+from reservoir.store import StoreError
+from reservoir.tasks import TASKS, DataError, get_task, list_tasks, parse_options
+
+RUNTIME_ERRORS = (DataError, StoreError, BackboneError, OSError)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Options shared by every command."""
+
+    quiet: bool = False
+
+
+pass_settings = click.make_pass_decorator(Settings)
+
+
+def check_task(ctx, param, value: str) -> str:
+    if value.startswith("file:") or value in TASKS:
+        return value
+    raise click.BadParameter(f"unknown task {value!r}; choose from {list_tasks()} or file:PATH")
+
+
+def check_backbone(ctx, param, value: str) -> str:
+    if value in BACKBONES or value.startswith("hf:") or Path(value).is_dir():
+        return value
+    raise click.BadParameter(
+        f"unknown backbone {value!r}; choose from {list_backbones()}, a folder saved with save_pretrained, or hf:ID")
+
+
+def task_option(f):
+    return click.option("--task", "-t", required=True, callback=check_task, help="Registered task or file:PATH.")(f)
+
+
+def backbone_option(f):
+    return click.option("--backbone", "-b", default="gpt2-random", show_default=True, callback=check_backbone,
+                        help="Registered backbone, a save_pretrained folder, or hf:ID.")(f)
+
+
+def run(fn, *args, **kwargs):
+    """Call into the library, mapping its errors onto exit codes 2 (bad value) and 1 (runtime)."""
+    try:
+        return fn(*args, **kwargs)
+    except RUNTIME_ERRORS as e:
+        raise click.ClickException(str(e)) from None
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__)
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@click.pass_context
+def main(ctx: click.Context, quiet: bool) -> None:
+    """Frozen pretrained transformers as feature extractors for non-language data."""
+    ctx.obj = Settings(quiet=quiet)
+
+
+@main.command("tasks")
+def tasks_cmd() -> None:
+    """List registered tasks with their shapes."""
+    for name in list_tasks():
+        click.echo(f"{name:12s} {get_task(name).spec.describe()}")
+
+
+@main.command("backbones")
+def backbones_cmd() -> None:
+    """List registered backbones."""
+    for name in list_backbones():
+        click.echo(f"{name:24s} {BACKBONES.help(name)}")
+
+
+@main.command()
+@task_option
+@backbone_option
+@click.option("--split", default="all", show_default=True, help="A split name or 'all'.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds input layer, random backbones, generated data.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
+              help="Backbone compute dtype (features are stored as float32).")
+@click.option("--depths", default="all", show_default=True, help="'all' or comma-separated depths, e.g. 0,3,6.")
+@click.option("--readout", type=click.Choice(["last", "padded"]), default="last", show_default=True,
+              help="'last' real token, or 'padded' (pad to full length, read the last position: the official code).")
+@click.option("--compile/--no-compile", default=False, show_default=True, help="torch.compile the forward.")
+@click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Data folder [default: $RESERVOIR_HOME/data or ./data].")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Feature file [default: features/TASK/BACKBONE.h5].")
+@pass_settings
+def extract(settings: Settings, task, backbone, split, limit, seed, batch_size, dtype, depths, readout, compile,
+            task_opts, data_dir, out) -> None:
+    """Stream a task through a frozen backbone into an HDF5 feature file."""
+    from reservoir.extract import extract as run_extract
+
+    cfg = ExtractConfig(task=task, backbone=backbone, task_options=run(parse_options, task_opts), split=split,
+                        limit=limit, seed=seed, batch_size=batch_size, dtype=dtype, depths=depths, readout=readout,
+                        compile=compile, data_dir=data_dir or default_data_dir(), out=out)
+    path = run(run_extract, cfg, progress=not settings.quiet)
+    click.echo(str(path))
+
+
+@main.command()
+@task_option
+@backbone_option
+@click.option("--depth", default="all", show_default=True, help="'all' or comma-separated depths.")
+@click.option("--head", type=click.Choice(["logreg", "ridge", "torch"]), default="logreg", show_default=True)
+@click.option("--features", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Feature file [default: features/TASK/BACKBONE.h5].")
+@click.option("--val-fraction", type=click.FloatRange(0.01, 0.5), default=0.1, show_default=True,
+              help="Share of train held out to choose regularisation (when the file has no val split).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@pass_settings
+def fit(settings: Settings, task, backbone, depth, head, features, val_fraction, seed) -> None:
+    """Fit a linear head per depth on cached features; print the depth table."""
+    from reservoir.fit import fit as run_fit
+    from reservoir.report import depth_table
+
+    cfg = FitConfig(task=task, backbone=backbone, features=features, depth=depth, head=head,
+                    val_fraction=val_fraction, seed=seed)
+    results = run(run_fit, cfg, progress=not settings.quiet)
+    click.echo(depth_table(results))
+
+
+@main.command()
+@click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
+def report(paths) -> None:
+    """Tables from result JSON files or folders (default: results/)."""
+    from reservoir.config import home
+    from reservoir.report import depth_table, load_results
+
+    results = run(load_results, paths or [home() / "results"])
+    if not results:
+        raise click.ClickException("no results found; run `reservoir fit` or `reservoir train` first")
+    click.echo(depth_table(results))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

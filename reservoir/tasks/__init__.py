@@ -1,0 +1,205 @@
+"""Tasks: each owns its spec (token kind, shapes, classes, readout, splits) and its data.
+
+A task turns a split into compact raw ``inputs`` (uint8 images, id lists, bits) and
+``labels``; :meth:`Task.encode` turns a batch of raw inputs into model tokens. Keeping
+the raw form compact and encoding per batch keeps memory flat as datasets grow.
+
+Register a task with ``@register_task("name")`` on a dataclass subclass of :class:`Task`;
+its dataclass fields are the task's options (``--task-opt key=value`` on the CLI).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Sequence
+
+import numpy as np
+
+from reservoir.registry import Registry
+
+
+class DataError(RuntimeError):
+    """Missing, corrupt or inconsistent data; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything downstream code needs to know about a task's tokens and labels.
+
+    Parameters
+    ----------
+    name : registered task name.
+    token_kind : ``"dense"`` (float vectors of ``token_dim``) or ``"ids"`` (ints < ``vocab_size``).
+    seq_len : tokens per example (the maximum for variable-length tasks).
+    n_classes : classes per predicted output.
+    n_readout : readout tokens per example (the last ``n_readout`` real tokens).
+    outputs_per_token : outputs predicted from each readout token (bits per token for bit
+        tasks, 1 for classification).
+    splits : split names; always includes ``train`` and ``test``.
+    variable_length : examples have different lengths (padding with id ``pad_id``).
+    """
+
+    name: str
+    token_kind: Literal["dense", "ids"]
+    seq_len: int
+    n_classes: int
+    token_dim: int = 0
+    vocab_size: int = 0
+    n_readout: int = 1
+    outputs_per_token: int = 1
+    splits: tuple[str, ...] = ("train", "test")
+    variable_length: bool = False
+    pad_id: int = 0
+
+    @property
+    def label_shape(self) -> tuple[int, ...]:
+        """Shape of one example's label: ``()`` for a class, ``(n_readout, outputs)`` for bits."""
+        if self.n_readout == 1 and self.outputs_per_token == 1:
+            return ()
+        return (self.n_readout, self.outputs_per_token)
+
+    def describe(self) -> str:
+        width = f"x {self.token_dim}" if self.token_kind == "dense" else f"ids < {self.vocab_size}"
+        length = f"<= {self.seq_len}" if self.variable_length else str(self.seq_len)
+        outs = f"{self.n_classes} classes" if self.label_shape == () else (
+            f"{self.outputs_per_token} x {self.n_classes}-way per readout token")
+        return f"{length} tokens {width}; {outs}; readout last {self.n_readout}; splits {','.join(self.splits)}"
+
+
+@dataclass
+class SplitData:
+    """One split in raw, compact form.
+
+    ``inputs`` has one row per example (any dtype; an object array for variable-length
+    id sequences), ``labels`` has shape ``(N, *spec.label_shape)``, ``lengths`` the real
+    number of tokens per example (equal to ``seq_len`` for fixed-length tasks).
+    """
+
+    inputs: np.ndarray
+    labels: np.ndarray
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def head(self, n: int | None) -> "SplitData":
+        if n is None or n >= len(self):
+            return self
+        return SplitData(self.inputs[:n], self.labels[:n], self.lengths[:n])
+
+
+@dataclass
+class Task:
+    """Base class; subclasses are dataclasses whose fields are the task's options."""
+
+    name: ClassVar[str] = ""
+
+    @property
+    def spec(self) -> TaskSpec:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
+        """Return the first ``limit`` examples of ``split`` (all if None)."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def encode(self, inputs: np.ndarray) -> np.ndarray:
+        """Raw batch -> tokens: float32 ``(B, T, token_dim)`` or int64 ``(B, T)`` ids."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def options(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def check_split(self, split: str) -> None:
+        if split not in self.spec.splits:
+            raise ValueError(f"task {self.name!r} has no split {split!r}; choose from {list(self.spec.splits)}")
+
+
+TASKS: Registry[Task] = Registry("task")
+
+
+def register_task(name: str):
+    """Class decorator: register a :class:`Task` dataclass under ``name``."""
+
+    def add(cls):
+        cls.name = name
+        TASKS.register(name, cls, help=(cls.__doc__ or "").strip().splitlines()[0])
+        return cls
+
+    return add
+
+
+def list_tasks() -> list[str]:
+    return TASKS.names()
+
+
+def parse_options(pairs: Sequence[str]) -> dict[str, str]:
+    """``["k=v", ...]`` -> dict; raises ValueError naming a malformed pair."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"task option {pair!r} is not of the form key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def get_task(name: str, **options: Any) -> Task:
+    """Build a registered task; option values given as strings are converted to the field's type.
+
+    >>> get_task("bit_xor").spec.seq_len
+    10
+    """
+    if name.startswith("file:"):
+        from reservoir.tasks.userfile import FileTask  # noqa: PLC0415 - optional family
+
+        return FileTask(path=name[len("file:"):], **options)
+    cls = TASKS.factory(name)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in options.items():
+        if key not in fields:
+            raise ValueError(f"unknown option {key!r} for task {name!r}; choose from {sorted(fields)}")
+        kwargs[key] = _convert(value, fields[key].type, key)
+    return cls(**kwargs)
+
+
+def _convert(value: Any, annotation: Any, key: str) -> Any:
+    if not isinstance(value, str):
+        return value
+    kind = str(annotation)
+    try:
+        if kind.startswith("int"):
+            return int(value)
+        if kind.startswith("float"):
+            return float(value)
+        if kind.startswith("bool"):
+            if value.lower() in ("1", "true", "yes"):
+                return True
+            if value.lower() in ("0", "false", "no"):
+                return False
+            raise ValueError(value)
+    except ValueError:
+        raise ValueError(f"task option {key}={value!r} is not a valid {kind}") from None
+    return value
+
+
+def pad_ids(seqs: Sequence[np.ndarray], pad_id: int = 0) -> np.ndarray:
+    """Right-pad variable-length id sequences to the longest in the batch."""
+    width = max(len(s) for s in seqs)
+    out = np.full((len(seqs), width), pad_id, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = s
+    return out
+
+
+def patches(images: np.ndarray, size: int) -> np.ndarray:
+    """``(B, H, W, C)`` -> ``(B, (H/size)*(W/size), size*size*C)`` row-major patches."""
+    b, h, w, c = images.shape
+    x = images.reshape(b, h // size, size, w // size, size, c)
+    return x.transpose(0, 1, 3, 2, 4, 5).reshape(b, (h // size) * (w // size), size * size * c)
+
+
+# Import task modules so they register themselves.
+from reservoir.tasks import bits, images, listops  # noqa: E402,F401

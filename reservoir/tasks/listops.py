@@ -1,0 +1,177 @@
+"""ListOps (Long Range Arena): nested MIN/MAX/MED/SM expressions over digits, 10 classes.
+
+Source: ``source="generate"`` follows LRA's ``listops.py`` (operators MIN, MAX, MED
+(median truncated to int), SM (sum mod 10); from depth 1, a node below ``max_depth`` is
+a value with probability 0.75, else an operator with 2..``max_args`` arguments; trees
+kept when their length (operators + closing brackets + values) is strictly between
+``min_length`` and ``max_length``; de-duplicated). Each split is its own seeded stream;
+val and test trees are removed from train. ``source="lra"`` reads LRA's
+``basic_{train,val,test}.tsv`` (header ``Source<TAB>Target``) from ``DATA_DIR/listops``.
+
+Tokenization: parentheses carry no information and are dropped; the closing bracket
+``]`` is kept, since without it the expression is ambiguous. ``tokenization="fpt"``
+also drops ``]`` to reproduce the FPT paper's pipeline (whose numbers were measured on
+bracket-less input). Ids: 0 padding, 1-4 operators, 5 ``]``, 6-15 digits. Sequences
+longer than ``max_len`` (512 by default, up to 2000) are truncated to their first
+``max_len`` tokens; the readout is the last real token.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from reservoir.tasks import DataError, SplitData, Task, TaskSpec, pad_ids, register_task
+
+OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
+END = "]"
+VOCAB = {"<pad>": 0, **{op: i + 1 for i, op in enumerate(OPERATORS)}, END: 5, **{str(d): 6 + d for d in range(10)}}
+VALUE_P = 0.25  # LRA: a node is an operator when random() <= VALUE_P
+STREAM = {"train": 0, "val": 1, "test": 2}
+
+
+def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int):
+    """LRA's ``generate_tree``: returns (tree, length)."""
+    r = rng.random() if depth < max_depth else 1
+    if r > VALUE_P:
+        return rng.randint(0, 9), 1
+    length = 2
+    values = []
+    for _ in range(rng.randint(2, max_args)):
+        sub, sub_len = generate_tree(rng, depth + 1, max_depth, max_args)
+        values.append(sub)
+        length += sub_len
+    tree = (rng.choice(OPERATORS), values[0])
+    for v in values[1:]:
+        tree = (tree, v)
+    return (tree, END), length
+
+
+def to_string(tree) -> str:
+    """LRA's text form, e.g. ``( ( [MAX 4 ) 7 ] )``."""
+    if not isinstance(tree, tuple):
+        return str(tree)
+    return "( " + to_string(tree[0]) + " " + to_string(tree[1]) + " )"
+
+
+def evaluate(text: str) -> int:
+    """Value of an expression in LRA's text form."""
+    stack: list[list] = [[]]
+    for tok in text.split():
+        if tok in OPERATORS:
+            stack.append([tok])
+        elif tok == END:
+            op, *args = stack.pop()
+            if op == "[MIN":
+                v = min(args)
+            elif op == "[MAX":
+                v = max(args)
+            elif op == "[MED":
+                v = int(np.median(args))
+            else:
+                v = sum(args) % 10
+            stack[-1].append(v)
+        elif tok not in "()":
+            stack[-1].append(int(tok))
+    return stack[-1][0]
+
+
+def tokenize(text: str, keep_brackets: bool = True) -> np.ndarray:
+    drop = {"(", ")"} if keep_brackets else {"(", ")", END}
+    try:
+        return np.array([VOCAB[t] for t in text.split() if t not in drop], dtype=np.uint8)
+    except KeyError as e:
+        raise DataError(f"ListOps token {e.args[0]!r} is not one of {sorted(VOCAB)}") from None
+
+
+def generate(n: int, seed: int, stream: int, min_length: int, max_length: int, max_depth: int, max_args: int,
+             exclude: frozenset = frozenset()) -> list[str]:
+    rng = random.Random(seed * 1000 + stream)
+    seen: set[str] = set()
+    out = []
+    while len(out) < n:
+        tree, length = generate_tree(rng, 1, max_depth, max_args)
+        if min_length < length < max_length:
+            text = to_string(tree)
+            if text not in seen and text not in exclude:
+                seen.add(text)
+                out.append(text)
+    return out
+
+
+@register_task("listops")
+@dataclass
+class ListOps(Task):
+    """LRA ListOps, closing brackets kept: up to 512 (or 2000) id tokens, 10 classes."""
+
+    source: str = "generate"
+    tokenization: str = "brackets"
+    max_len: int = 512
+    n_train: int = 96000
+    n_val: int = 2000
+    n_test: int = 2000
+    seed: int = 0
+    min_length: int = 500
+    max_length: int = 2000
+    max_depth: int = 10
+    max_args: int = 10
+
+    def __post_init__(self):
+        for key, value, choices in (("source", self.source, ("generate", "lra")),
+                                    ("tokenization", self.tokenization, ("brackets", "fpt"))):
+            if value not in choices:
+                raise ValueError(f"task option {key}={value!r} is not one of {list(choices)}")
+        if not 1 <= self.max_len <= 2000:
+            raise ValueError(f"task option max_len={self.max_len} must be in [1, 2000]")
+
+    @property
+    def spec(self) -> TaskSpec:
+        return TaskSpec(self.name, "ids", seq_len=self.max_len, vocab_size=len(VOCAB), n_classes=10,
+                        splits=("train", "val", "test"), variable_length=True, pad_id=0)
+
+    def texts(self, split: str, data_dir: Path, limit: int | None) -> tuple[list[str], list[int] | None]:
+        if self.source == "lra":
+            return self._read_tsv(Path(data_dir) / "listops" / f"basic_{split}.tsv", limit)
+        sizes = {"train": self.n_train, "val": self.n_val, "test": self.n_test}
+        n = min(limit or sizes[split], sizes[split])
+        args = (self.min_length, self.max_length, self.max_depth, self.max_args)
+        exclude: frozenset = frozenset()
+        if split == "train":  # held-out trees never appear in train
+            exclude = frozenset(t for s in ("val", "test") for t in generate(sizes[s], self.seed, STREAM[s], *args))
+        return generate(n, self.seed, STREAM[split], *args, exclude=exclude), None
+
+    @staticmethod
+    def _read_tsv(path: Path, limit: int | None) -> tuple[list[str], list[int]]:
+        if not path.exists():
+            raise DataError(f"{path} is missing; place LRA's basic_{{train,val,test}}.tsv in {path.parent} "
+                            "or use the generator (--task-opt source=generate)")
+        texts, targets = [], []
+        with open(path, newline="") as f:
+            reader = csv.reader(f, delimiter="\t")
+            header = next(reader, None)
+            if header != ["Source", "Target"]:
+                raise DataError(f"{path} should start with the header 'Source<TAB>Target', found {header!r}")
+            for row in reader:
+                if limit is not None and len(texts) >= limit:
+                    break
+                texts.append(row[0])
+                targets.append(int(row[1]))
+        return texts, targets
+
+    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
+        self.check_split(split)
+        texts, targets = self.texts(split, data_dir, limit)
+        labels = np.array(targets if targets is not None else [evaluate(t) for t in texts], dtype=np.int64)
+        if len(labels) and (labels.min() < 0 or labels.max() > 9):
+            raise DataError(f"ListOps {split} labels must be in [0, 9], found {labels.min()}..{labels.max()}")
+        seqs = [tokenize(t, self.tokenization == "brackets")[: self.max_len] for t in texts]
+        inputs = np.empty(len(seqs), dtype=object)
+        inputs[:] = seqs
+        return SplitData(inputs, labels, np.array([len(s) for s in seqs], dtype=np.int64))
+
+    def encode(self, inputs: np.ndarray) -> np.ndarray:
+        return pad_ids(list(inputs), self.spec.pad_id)
