@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny real models saved with save_pretrained stand in for the hub."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+os.environ.setdefault("RESERVOIR_OFFLINE", "1")  # no test waits on the network
+
+
+def save_tiny_gpt2(folder: Path, n_layer: int = 2, n_embd: int = 32, seed: int = 0) -> Path:
+    """A real GPT-2 (random weights) written by save_pretrained, loaded like a hub download."""
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(seed)
+    model = GPT2Model(GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=4, n_positions=1024))
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory) -> Path:
+    """Folder of a 2-block, 32-wide GPT-2."""
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """An empty RESERVOIR_HOME so features/ and results/ land in a temp folder."""
+    monkeypatch.setenv("RESERVOIR_HOME", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def cli():
+    """Invoke the CLI: ``cli("extract", "--task", ...)`` -> click Result (stderr kept apart)."""
+    from reservoir.cli import main
+
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(main, list(args), catch_exceptions=False)
+
+    return invoke
