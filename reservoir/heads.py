@@ -96,7 +96,7 @@ class TorchHead(ClassifierMixin, BaseEstimator):
     lr, epochs, batch_size, seed : optimisation settings; ``seed`` fixes init and order.
     """
 
-    def __init__(self, weight_decay: float = 0.0, *, optimizer: str = "adam", lr: float = 1e-3, epochs: int = 30,
+    def __init__(self, weight_decay: float = 0.0, *, optimizer: str = "adam", lr: float = 1e-2, epochs: int = 30,
                  batch_size: int = 256, seed: int = 0):
         self.weight_decay = weight_decay
         self.optimizer = optimizer

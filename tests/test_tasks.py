@@ -1,0 +1,140 @@
+"""Every registered task yields tokens and labels of its declared shapes; ListOps follows LRA."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reservoir.tasks import get_task, list_tasks
+from reservoir.tasks import listops
+
+SHARED_MNIST = "/work/shared/data"
+
+
+def data_dir_for(name: str, tmp_path):
+    """Tasks that need files get a tiny fixture in the official format written here."""
+    if name == "mnist":
+        import gzip
+
+        d = tmp_path / "mnist"
+        d.mkdir()
+        rng = np.random.default_rng(0)
+        for prefix, n in (("train", 12), ("t10k", 7)):
+            with gzip.open(d / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+                f.write(b"\0\0\x08\x03" + n.to_bytes(4, "big") + (28).to_bytes(4, "big") * 2)
+                f.write(rng.integers(0, 256, (n, 28, 28), dtype=np.uint8).tobytes())
+            with gzip.open(d / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+                f.write(b"\0\0\x08\x01" + n.to_bytes(4, "big") + rng.integers(0, 10, n, dtype=np.uint8).tobytes())
+    return tmp_path
+
+
+FILE_TASKS = {"cifar10", "cifar10_lra", "remote_homology"}  # fixtures live in test_tasks_data.py
+
+
+@pytest.mark.parametrize("name", [n for n in list_tasks() if n not in FILE_TASKS])
+def test_task_yields_declared_shapes(name, tmp_path):
+    task = get_task(name)
+    spec = task.spec
+    assert "train" in spec.splits and "test" in spec.splits
+    for split in spec.splits:
+        data = task.load(split, data_dir_for(name, tmp_path) if split == spec.splits[0] else tmp_path, limit=5)
+        assert len(data) == 5
+        tokens = task.encode(data.inputs)
+        assert tokens.shape[0] == 5
+        if spec.token_kind == "dense":
+            assert tokens.dtype == np.float32 and tokens.shape[2] == spec.token_dim
+            assert tokens.shape[1] == spec.seq_len
+        else:
+            assert tokens.dtype == np.int64 and tokens.max() < spec.vocab_size and tokens.min() >= 0
+            assert tokens.shape[1] == data.lengths.max() <= spec.seq_len
+        assert data.labels.shape == (5, *spec.label_shape)
+        assert data.labels.min() >= 0 and data.labels.max() < spec.n_classes
+        assert (data.lengths >= spec.n_readout).all() and (data.lengths <= spec.seq_len).all()
+
+
+def test_unknown_task_and_option_name_the_choices():
+    with pytest.raises(ValueError, match=r"unknown task 'nope'; choose from \[.*'digits'"):
+        get_task("nope")
+    with pytest.raises(ValueError, match=r"unknown option 'n_bitz' for task 'bit_xor'; choose from \[.*'n_bits'"):
+        get_task("bit_xor", n_bitz="3")
+    assert get_task("bit_xor", n_bits="3").spec.seq_len == 6
+
+
+def test_generated_tasks_are_seeded_and_limit_only_truncates():
+    a = get_task("bit_memory", n_bits=100, token_bits=10).load("train", ".", limit=20)
+    b = get_task("bit_memory", n_bits=100, token_bits=10).load("train", ".", limit=20)
+    np.testing.assert_array_equal(a.inputs, b.inputs)
+    xor = get_task("bit_xor")
+    full, head = xor.load("test", "."), xor.load("test", ".", limit=10)
+    np.testing.assert_array_equal(full.inputs[:10], head.inputs)
+    assert not np.array_equal(xor.load("train", ".", limit=10).inputs, head.inputs)
+
+
+def test_bit_tasks_labels_are_what_the_paper_says():
+    d = get_task("bit_xor").load("train", ".", limit=50)
+    np.testing.assert_array_equal(d.labels[:, :, 0], d.inputs[:, :5] ^ d.inputs[:, 5:])
+    t = get_task("bit_memory", n_bits=100, token_bits=10, mask_prob=0.5)
+    m = t.load("train", ".", limit=30)
+    patterns, query = m.inputs[:, :500].reshape(30, 5, 100), m.inputs[:, 500:]
+    target = m.labels.reshape(30, 100) * 2 - 1
+    assert all(any((p == target[i]).all() for p in patterns[i]) for i in range(30))  # query is a stored pattern
+    shown = query != 0
+    np.testing.assert_array_equal(query[shown], target[shown])  # unmasked bits agree
+    assert 0.35 < shown.mean() < 0.65
+
+
+def test_listops_evaluates_like_lra():
+    assert listops.evaluate("( ( ( [MAX 4 ) 7 ) ] )") == 7
+    assert listops.evaluate("( ( ( [SM 4 ) 7 ) ] )") == 1
+    assert listops.evaluate("( ( ( ( [MED 1 ) 2 ) 9 ) ] )") == 2
+    assert listops.evaluate("( ( ( [MIN ( ( ( [MAX 4 ) 7 ) ] ) ) 5 ) ] )") == 5
+    assert listops.evaluate("( ( ( ( ( [MED 1 ) 2 ) 8 ) 9 ) ] )") == 5  # median 5.0 -> int
+
+
+def test_listops_tokenization_keeps_closing_bracket_unless_fpt():
+    text = "( ( ( [MAX 4 ) 7 ) ] )"
+    v = listops.VOCAB
+    np.testing.assert_array_equal(listops.tokenize(text), [v["[MAX"], v["4"], v["7"], v["]"]])
+    np.testing.assert_array_equal(listops.tokenize(text, keep_brackets=False), [v["[MAX"], v["4"], v["7"]])
+    assert len(v) == 16 and v["<pad>"] == 0
+
+
+def test_listops_generator_lengths_dedup_and_heldout():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        tree, length = listops.generate_tree(rng, 1, 10, 10)
+        text = listops.to_string(tree)
+        assert length == sum(1 for t in text.split() if t not in "()")  # ops + ']' + values
+    t = get_task("listops", n_val=5, n_test=5, n_train=20)
+    test = listops.generate(5, 0, listops.STREAM["test"], 500, 2000, 10, 10)
+    train = t.texts("train", ".", None)[0]
+    assert len(set(train)) == 20 and not set(train) & set(test)
+    assert all(500 < sum(1 for x in s.split() if x not in "()") < 2000 for s in train)
+    d = t.load("train", ".", limit=4)
+    assert (d.lengths == 512).all()  # 500+ tokens truncated to max_len
+
+
+def test_listops_reads_lra_tsv(tmp_path):
+    (tmp_path / "listops").mkdir()
+    (tmp_path / "listops" / "basic_test.tsv").write_text(
+        "Source\tTarget\n( ( ( [MAX 4 ) 7 ) ] )\t7\n( ( ( [SM 4 ) 7 ) ] )\t1\n")
+    d = get_task("listops", source="lra").load("test", tmp_path)
+    np.testing.assert_array_equal(d.labels, [7, 1])
+    np.testing.assert_array_equal(d.lengths, [4, 4])
+    (tmp_path / "listops" / "basic_val.tsv").write_text("( [MAX 4 ]\t4\n")
+    from reservoir.tasks import DataError
+
+    with pytest.raises(DataError, match="basic_val.tsv should start with the header"):
+        get_task("listops", source="lra").load("val", tmp_path)
+
+
+@pytest.mark.skipif(not __import__("os").path.exists(SHARED_MNIST + "/mnist"), reason="shared MNIST not present")
+def test_real_mnist_layout():
+    task = get_task("mnist")
+    d = task.load("test", SHARED_MNIST)
+    assert len(d) == 10000 and np.bincount(d.labels).min() > 800
+    x = task.encode(d.inputs[:2])
+    assert x.shape == (2, 64, 16) and x.max() <= 1.0
+    assert x[0, 0].max() == 0  # the padded corner patch is empty
