@@ -108,7 +108,7 @@ def backbones_cmd() -> None:
 def extract(settings: Settings, task, backbone, split, limit, seed, batch_size, dtype, depths, readout, compile,
             task_opts, data_dir, out) -> None:
     """Stream a task through a frozen backbone into an HDF5 feature file."""
-    from reservoir.extract import extract as run_extract
+    from reservoir.api import extract as run_extract
 
     cfg = ExtractConfig(task=task, backbone=backbone, task_options=run(parse_options, task_opts), split=split,
                         limit=limit, seed=seed, batch_size=batch_size, dtype=dtype, depths=depths, readout=readout,
@@ -130,7 +130,7 @@ def extract(settings: Settings, task, backbone, split, limit, seed, batch_size, 
 @pass_settings
 def fit(settings: Settings, task, backbone, depth, head, features, val_fraction, seed) -> None:
     """Fit a linear head per depth on cached features; print the depth table."""
-    from reservoir.fit import fit as run_fit
+    from reservoir.api import fit as run_fit
     from reservoir.report import depth_table
 
     cfg = FitConfig(task=task, backbone=backbone, features=features, depth=depth, head=head,
@@ -150,6 +150,73 @@ def report(paths) -> None:
     if not results:
         raise click.ClickException("no results found; run `reservoir fit` or `reservoir train` first")
     click.echo(depth_table(results))
+
+
+@main.group()
+def data() -> None:
+    """What each task's data needs, where it is looked for, what is present."""
+
+
+def data_dir_option(f):
+    return click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="Data folder [default: $RESERVOIR_HOME/data or ./data].")(f)
+
+
+def task_argument(f):
+    f = click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")(f)
+    return click.argument("task", callback=check_task)(f)
+
+
+@data.command("list")
+@data_dir_option
+def data_list(data_dir) -> None:
+    """Every task: whether its files are present, where it looks first, what it needs."""
+    from reservoir.data import data_dir_origin, list_rows
+
+    folder, origin = data_dir_origin(data_dir)
+    click.echo(f"data folder: {folder}  (from {origin})")
+    for row in run(list_rows, folder):
+        click.echo(row)
+
+
+@data.command("where")
+@click.argument("tasks", nargs=-1, callback=lambda ctx, p, v: [check_task(ctx, p, t) for t in v])
+@data_dir_option
+def data_where(tasks, data_dir) -> None:
+    """Where each task (default: all) looks for its files, and the layout of your own files."""
+    from reservoir.data import data_dir_origin, where_lines
+
+    folder, origin = data_dir_origin(data_dir)
+    for line in run(where_lines, folder, origin, list(tasks) or list_tasks()):
+        click.echo(line)
+
+
+@data.command("fetch")
+@task_argument
+@data_dir_option
+def data_fetch(task, task_opts, data_dir) -> None:
+    """Download (checksum verified) or unpack a task's data; offline, say which files to place where."""
+    from reservoir.data import data_dir_origin, fetch
+
+    folder, _ = data_dir_origin(data_dir)
+    for line in run(lambda: fetch(get_task(task, **parse_options(task_opts)), folder)):
+        click.echo(line)
+
+
+@data.command("verify")
+@task_argument
+@data_dir_option
+def data_verify(task, task_opts, data_dir) -> None:
+    """Check a task's files: presence, checksums, and every split's examples and labels."""
+    from reservoir.data import data_dir_origin, verify
+
+    folder, _ = data_dir_origin(data_dir)
+    report = run(lambda: verify(get_task(task, **parse_options(task_opts)), folder))
+    for line in report.lines:
+        click.echo(line)
+    if report.problems:
+        raise click.ClickException("\n".join(report.problems))
+    click.echo("ok")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,4 @@
-"""Data files: where a task looks, checksums, and downloads that give up fast when offline."""
+"""Data files and archives: where a task looks, checksums, and downloads that give up fast when offline."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import gzip
 import hashlib
 import os
 import shutil
+import tarfile
 import tempfile
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-
-from reservoir.tasks import DataError
+from typing import Sequence
 
 TIMEOUT_SECONDS = 5.0
 
@@ -86,3 +87,127 @@ def ensure_files(folder: Path, files: tuple[DataFile, ...], task: str, download:
             f"task {task!r} needs {names} in {folder}{why}; place the files there "
             f"or point --data-dir (or RESERVOIR_HOME) at a folder that has {task}/ with them")
     return [folder / f.name for f in files]
+
+
+@dataclass(frozen=True)
+class DataArchive:
+    """A compressed archive that unpacks into a folder of the files a task reads.
+
+    ``contents`` is the folder the archive unpacks to (relative to the task's folder) and
+    ``members`` the files that must be in it. ``md5`` and ``size`` are of the archive file;
+    ``size`` tells a truncated download from a corrupt one. ``md5=None`` means no checksum
+    is published; the unpacked contents are then checked by the task's reader alone.
+    """
+
+    name: str
+    md5: str | None
+    urls: tuple[str, ...]
+    contents: str
+    members: tuple[str, ...]
+    size: int | None = None
+
+    def describe(self) -> str:
+        check = f"md5 {self.md5}" if self.md5 else "no published checksum"
+        return f"{self.name} ({check}; from {self.urls[0] if self.urls else 'no known source'})"
+
+
+def check_archive(path: Path, archive: DataArchive) -> None:
+    """Raise DataError when ``path`` is shorter than the archive should be, or its md5 differs."""
+    size = os.path.getsize(path)
+    if archive.size is not None and size < archive.size:
+        raise DataError(f"{path} is truncated ({size} of {archive.size} bytes); delete it and fetch it again")
+    if archive.md5 is not None:
+        got = md5sum(path)
+        if got != archive.md5:
+            raise DataError(f"{path} has checksum {got}, expected {archive.md5}; delete it and fetch it again")
+
+
+def unpack(path: Path, folder: Path, archive: DataArchive) -> Path:
+    """Unpack ``path`` into ``folder``; returns ``folder / archive.contents``.
+
+    The archive is unpacked into a temporary folder and moved into place only when every
+    member is there, so an interrupted or truncated archive never leaves a folder that
+    looks complete.
+    """
+    dest = folder / archive.contents
+    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".{archive.name}.", suffix=".unpack"))
+    try:
+        try:
+            with tarfile.open(path, "r:*") as tar:
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(tmp, filter="data")
+                else:  # pragma: no cover - Python < 3.11.4
+                    tar.extractall(tmp)
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+            raise DataError(f"{path} is truncated or not a valid archive ({type(e).__name__}: {e}); "
+                            "delete it and fetch it again") from None
+        missing = [m for m in archive.members if not (tmp / archive.contents / m).exists()]
+        if missing:
+            raise DataError(f"{path} does not hold {archive.contents}/{missing[0]}; delete it and fetch it again")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp / archive.contents, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def find_contents(candidates: Sequence[Path], members: Sequence[str]) -> Path | None:
+    """The first folder in ``candidates`` that holds every one of ``members``."""
+    for c in candidates:
+        if all((c / m).exists() for m in members):
+            return c
+    return None
+
+
+def ensure_archive(folder: Path, archive: DataArchive, task: str, download: bool = True,
+                   look_in: Sequence[Path] = ()) -> Path:
+    """Return a folder holding the archive's ``members``, unpacking or downloading it if needed.
+
+    Order: an unpacked folder in ``folder / archive.contents`` or any of ``look_in`` (accepted
+    without the archive checksum, so a folder rebuilt from another copy of the data works);
+    else the archive in ``folder`` (size and checksum verified, then unpacked); else a download
+    when allowed and the network answers. Raises :class:`DataError` saying exactly which
+    files to place where when none of these works.
+    """
+    folder = Path(folder)
+    candidates = [folder / archive.contents, *map(Path, look_in)]
+    found = find_contents(candidates, archive.members)
+    if found is not None:
+        return found
+    local = folder / archive.name
+    if local.exists():
+        check_archive(local, archive)
+        return unpack(local, folder, archive)
+    errors = []
+    if download and archive.urls and not os.environ.get("RESERVOIR_OFFLINE"):
+        folder.mkdir(parents=True, exist_ok=True)
+        for url in archive.urls:
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{archive.name}.", suffix=".part")
+            os.close(fd)
+            try:
+                _download(url, Path(tmp))
+                check_archive(Path(tmp), archive)
+                os.replace(tmp, local)
+                return unpack(local, folder, archive)
+            except (OSError, DataError) as e:
+                errors.append(f"{url}: {e}")
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+    partial = [c for c in candidates if c.is_dir()]
+    have = ""
+    if partial:
+        missing = [m for m in archive.members if not (partial[0] / m).exists()]
+        have = f"; {partial[0]} exists but lacks {', '.join(missing)}"
+    also = f" (or at {', '.join(str(c) for c in candidates[1:])})" if len(candidates) > 1 else ""
+    why = f" (download failed: {errors[0]})" if errors else ""
+    raise DataError(
+        f"task {task!r} needs the folder {archive.contents}/ ({', '.join(archive.members)}) in {folder}{also}"
+        f"{have}{why}. "
+        f"Place that folder there, or the archive {archive.describe()} in {folder}, "
+        f"or point --data-dir (or RESERVOIR_HOME) at a folder that has it; then run `reservoir data verify {task}`")
+
+
+# Imported last: task modules import this one, so it must be complete before ``reservoir.tasks`` loads.
+from reservoir.tasks import DataError  # noqa: E402

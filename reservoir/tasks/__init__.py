@@ -202,4 +202,4 @@ def patches(images: np.ndarray, size: int) -> np.ndarray:
 
 
 # Import task modules so they register themselves.
-from reservoir.tasks import bits, images, listops  # noqa: E402,F401
+from reservoir.tasks import bits, cifar, homology, images, listops  # noqa: E402,F401
