@@ -1,0 +1,86 @@
+"""The Python API: extract/fit functions and the scikit-learn transformer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.datasets import load_digits
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import cross_val_score
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
+
+from reservoir import api
+from reservoir.tasks import DataError, get_task
+
+
+def digit_tokens(n: int = 200):
+    """scikit-learn's digits as the ``digits`` task encodes them: 16 tokens of 4 (2x2 patches)."""
+    d = load_digits()
+    task = get_task("digits")
+    return task.encode(d.images[:n].astype(np.uint8)), d.target[:n]
+
+
+def test_transformer_in_a_pipeline_with_cross_val_score(tiny_gpt2):
+    X, y = digit_tokens(180)
+    model = Pipeline([("reservoir", api.ReservoirFeatures(backbone=str(tiny_gpt2), depth="all")),
+                      ("scale", StandardScaler()), ("head", LogisticRegression(max_iter=500))])
+    scores = cross_val_score(model, X, y, cv=3)
+    assert scores.shape == (3,) and scores.min() > 0.5  # 10 classes: chance is 0.1
+    assert model.fit(X, y).named_steps["reservoir"].transform(X[:5]).shape == (5, 3 * 32)  # depths 0..2 x width 32
+
+
+def test_transformer_features_equal_extracted_features(tiny_gpt2, tmp_path):
+    path = api.extract("digits", str(tiny_gpt2), limit=30, batch_size=7, out=tmp_path / "d.h5")
+    X, y = digit_tokens(2000)
+    task = get_task("digits")
+    train = task.load("train", ".", limit=30)
+    tokens = task.encode(train.inputs)
+    feats = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=[0, 2], seed=0).fit(tokens).transform_depths(tokens)
+    for k, depth in enumerate((0, 2)):
+        stored, labels = api.read_features(path, "train", depth)
+        np.testing.assert_allclose(feats[:, k], stored, atol=1e-5, rtol=1e-5)
+        np.testing.assert_array_equal(labels, train.labels)
+
+
+def test_variable_length_ids_do_not_depend_on_batch_mates(tiny_gpt2):
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(1, 20, n) for n in (3, 9, 5, 12, 1, 7)]
+    t = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=-1, batch_size=4).fit(seqs)
+    together = t.transform(seqs)
+    assert together.shape == (6, 32) and t.spec_.vocab_size == 20
+    for i, s in enumerate(seqs):
+        np.testing.assert_allclose(t.transform([s])[0], together[i], atol=1e-5)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 20\); got up to 25"):
+        t.transform([np.array([1, 25])])
+
+
+def test_transformer_parameters_follow_the_sklearn_contract(tiny_gpt2):
+    t = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1, seed=3)
+    assert clone(t).get_params() == t.get_params() and t.get_params()["seed"] == 3
+    with pytest.raises(Exception, match="not fitted"):
+        t.transform(np.zeros((2, 4, 3), np.float32))
+    with pytest.raises(ValueError, match=r"The 'depth' parameter of ReservoirFeatures must be in \[0, 2\].*Got 5"):
+        api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=5).fit(np.zeros((2, 4, 3), np.float32))
+    out = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1).fit_transform(np.random.rand(3, 5).astype(np.float32))
+    assert out.shape == (3, 32)  # (N, T) floats: one value a token
+
+
+def test_api_extract_and_fit_on_a_user_npz(tiny_gpt2, tmp_path, home):
+    rng = np.random.default_rng(0)
+    y = np.arange(80) % 2
+    x = rng.normal(size=(80, 6, 2)).astype(np.float32)
+    x[:, :, 0] += 2.0 * y[:, None]  # learnable: the first feature carries the class
+    np.savez(tmp_path / "mine.npz", x=x, y=y, split=np.where(np.arange(80) < 60, "train", "test"))
+    path = api.extract(f"file:{tmp_path / 'mine.npz'}", str(tiny_gpt2))
+    assert path.parent.name == "mine" and path.exists()  # features/mine/BACKBONE.h5
+    results = api.fit(f"file:{tmp_path / 'mine.npz'}", str(tiny_gpt2), head="logreg")
+    assert [r["depth"] for r in results] == [0, 1, 2] and all(r["n_test"] == 20 for r in results)
+    assert max(r["test_accuracy"] for r in results) >= 0.8
+    with pytest.raises(ValueError, match=r"unknown setting 'limt'; choose from \[.*'limit'"):
+        api.extract("digits", str(tiny_gpt2), limt=5)
+    np.savez(tmp_path / "bad.npz", x=x[:, :, 0].astype(np.float64), y=y[:5])
+    with pytest.raises(DataError, match=r"bad.npz: x is float64 with shape \(80, 6\)"):
+        api.extract(f"file:{tmp_path / 'bad.npz'}", str(tiny_gpt2))
+    assert not list((home / "features").rglob("bad*"))
