@@ -306,6 +306,14 @@ def test_user_npz_dense_with_split_array(tmp_path):
     np.testing.assert_array_equal(task.encode(d.inputs), x[24:])
     np.testing.assert_array_equal(d.labels, y[24:])
     assert len(task.load("train", tmp_path, limit=5)) == 5
+    import h5py
+
+    with h5py.File(tmp_path / "mine.h5", "w") as f:  # h5py returns variable-length strings as bytes objects
+        f["x"], f["y"] = x, y
+        f.create_dataset("split", data=list(split), dtype=h5py.string_dtype())
+    h5 = get_task(f"file:{tmp_path / 'mine.h5'}")
+    assert h5.spec.splits == ("train", "val", "test")
+    np.testing.assert_array_equal(h5.load("val", tmp_path).inputs, x[20:24])
 
 
 def test_user_ids_with_lengths_and_keras_layout(tmp_path):

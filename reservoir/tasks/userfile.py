@@ -55,7 +55,13 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
             out = {k: f[k][()] for k in f if isinstance(f[k], h5py.Dataset)}
     except (OSError, ValueError, EOFError, KeyError) as e:
         raise DataError(f"{path} is unreadable or truncated ({type(e).__name__}: {e}); write it again") from None
-    return {k: (v.astype(str) if v.dtype.kind in "SO" else v) for k, v in out.items()}
+    return {k: _strings(v) if v.dtype.kind in "SO" else v for k, v in out.items()}
+
+
+def _strings(v: np.ndarray) -> np.ndarray:
+    """h5py gives fixed-length strings as bytes and variable-length ones as objects: make both str."""
+    flat = [x.decode() if isinstance(x, bytes) else str(x) for x in v.ravel()]
+    return np.array(flat, dtype=str).reshape(v.shape)
 
 
 @dataclass(init=False)
