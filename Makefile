@@ -12,7 +12,7 @@ FIT_OPTS ?=
 HEAD ?= logreg
 DATA_DIR ?= data
 
-.PHONY: help install test test-all lint clean demo
+.PHONY: help install test test-all lint clean demo bench
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_%/.-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-34s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ results/%/done: features/%.h5 ## results/TASK/BACKBONE/done: fit every depth (HE
 	$(RESERVOIR) fit --task $(word 1,$(subst /, ,$*)) --backbone $(word 2,$(subst /, ,$*)) \
 		--features $< --head $(HEAD) $(FIT_OPTS)
 	touch $@
+
+bench: install ## extraction speed: official-code baseline vs default path vs bf16 roofline (docs/benchmarks.md)
+	$(BIN)/python benchmarks/extract.py
 
 lint: install ## static checks
 	$(BIN)/python -m compileall -q reservoir tests

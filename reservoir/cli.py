@@ -93,12 +93,14 @@ def backbones_cmd() -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds input layer, random backbones, generated data.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
-              help="Backbone compute dtype (features are stored as float32).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="Backbone compute dtype; auto: bfloat16 where the CPU multiplies bf16 natively, else float32 "
+                   "(features are stored as float32).")
 @click.option("--depths", default="all", show_default=True, help="'all' or comma-separated depths, e.g. 0,3,6.")
 @click.option("--readout", type=click.Choice(["last", "padded"]), default="last", show_default=True,
               help="'last' real token, or 'padded' (pad to full length, read the last position: the official code).")
-@click.option("--compile/--no-compile", default=False, show_default=True, help="torch.compile the forward.")
+@click.option("--compile/--no-compile", default=None,
+              help="torch.compile the forward (eager if compiling fails) [default: only runs of 300,000+ tokens].")
 @click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Data folder [default: $RESERVOIR_HOME/data or ./data].")

@@ -66,11 +66,13 @@ class ExtractConfig:
     limit : keep the first ``limit`` examples of each split.
     seed : seeds the input layer, random backbones and generated data.
     batch_size : examples per forward pass.
-    dtype : compute dtype of the backbone (features are stored as float32).
+    dtype : compute dtype of the backbone: ``"auto"`` is bfloat16 where the CPU multiplies
+        bf16 natively, else float32 (features are stored as float32).
     depths : ``"all"`` or comma-separated depths.
     readout : ``"last"`` reads the last real token; ``"padded"`` pads every example to the
         task's length and reads the last position, reproducing the official FPT code.
-    compile : compile the forward with torch.compile (falls back to eager on failure).
+    compile : compile the forward with torch.compile (falls back to eager on failure);
+        ``None`` compiles runs big enough to repay the compile time (``reservoir.extract.AUTO_COMPILE_TOKENS``).
     """
 
     task: str
@@ -80,10 +82,10 @@ class ExtractConfig:
     limit: int | None = None
     seed: int = 0
     batch_size: int = 32
-    dtype: str = "float32"
+    dtype: str = "auto"
     depths: str = "all"
     readout: str = "last"
-    compile: bool = False
+    compile: bool | None = None
     data_dir: Path = field(default_factory=default_data_dir)
     out: Path | None = None
 

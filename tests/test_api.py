@@ -32,7 +32,7 @@ def test_transformer_in_a_pipeline_with_cross_val_score(tiny_gpt2):
 
 
 def test_transformer_features_equal_extracted_features(tiny_gpt2, tmp_path):
-    path = api.extract("digits", str(tiny_gpt2), limit=30, batch_size=7, out=tmp_path / "d.h5")
+    path = api.extract("digits", str(tiny_gpt2), limit=30, batch_size=7, dtype="float32", out=tmp_path / "d.h5")
     X, y = digit_tokens(2000)
     task = get_task("digits")
     train = task.load("train", ".", limit=30)

@@ -14,7 +14,7 @@ from tests.conftest import save_tiny_gpt2
 
 
 def run(tmp_path, name="f.h5", **kw):
-    cfg = ExtractConfig(**{"task": "digits", "backbone": "lstm", "limit": 40, "batch_size": 16,
+    cfg = ExtractConfig(**{"task": "digits", "backbone": "lstm", "limit": 40, "batch_size": 16, "dtype": "float32",
                            "out": tmp_path / name, **kw})
     return extract(cfg, progress=False)
 

@@ -33,11 +33,13 @@ class GPT2Backbone(Backbone):
         self.check_depths(depths)
         positions = torch.arange(x.shape[1], device=x.device)
         h = self.drop(x + self.wpe(positions).to(x.dtype))
-        out = {0: h}
+        # keep only the readout rows of each wanted depth, not every hidden state
+        out = {0: gather(h, readout)} if 0 in depths else {}
         for k, block in enumerate(self.h[: max(depths)], start=1):
             h = block(h)
-            out[k] = h
-        return [self.ln_f(gather(out[d], readout)) for d in depths]
+            if k in depths:
+                out[k] = gather(h, readout)
+        return [self.ln_f(out[d]) for d in depths]
 
     def param_groups(self):
         groups: dict[str, list[nn.Parameter]] = {"pos": list(self.wpe.parameters()), "ln": [], "attn": [], "ff": []}

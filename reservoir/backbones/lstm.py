@@ -48,12 +48,13 @@ class LSTMBackbone(Backbone):
         h = x
         if self.wpe is not None:
             h = h + self.wpe(torch.arange(x.shape[1], device=x.device)).to(x.dtype)
-        out = {0: h}
+        out = {0: gather(h, readout)} if 0 in depths else {}
         for k, layer in enumerate(self.layers[: max(depths)], start=1):
             y, _ = layer(h)
             h = h + y if self.config.residual else y
-            out[k] = h
-        return [gather(out[d], readout) for d in depths]
+            if k in depths:
+                out[k] = gather(h, readout)
+        return [out[d] for d in depths]
 
     def param_groups(self):
         return {"pos": list(self.wpe.parameters()) if self.wpe is not None else [],
