@@ -10,7 +10,8 @@ the speed), a GPT-2-small shape with random weights (12 blocks x 768), every dep
 - baseline: what the official FPT code runs, a Hugging Face ``GPT2Model`` in eager float32
   with ``output_hidden_states=True``, batch 16;
 - ours: :class:`reservoir.extract.FeatureRunner` with the extraction defaults
-  (``ExtractConfig``: dtype, batch size; compiled as a run of that size would be);
+  (``ExtractConfig``: dtype, batch size; compiled as an extraction of 50,000 such examples
+  would be), inputs prepared and features copied out to numpy as ``extract`` does;
 - roofline: the machine's bf16 matrix-product rate (``torch.mm`` of two 2048 x 2048
   matrices) divided by the model's FLOPs per token (below).
 
@@ -42,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reservoir.config import ExtractConfig  # noqa: E402
-from reservoir.extract import FeatureRunner, bf16_native, resolve_dtype, should_compile  # noqa: E402
+from reservoir.extract import FeatureRunner, auto_batch_size, bf16_native, resolve_dtype, should_compile  # noqa: E402
 from reservoir.tasks import TaskSpec  # noqa: E402
 
 #: benchmark inputs: name -> (tokens, values per token), the shapes of the paper's tasks
@@ -90,7 +91,8 @@ def bench_input(name: str, reps: int, seed: int) -> dict:
     cfg = ExtractConfig(task=name, backbone="gpt2-random")
     spec = TaskSpec(name, "dense", seq_len=seq_len, token_dim=token_dim, n_classes=10)
     depths = list(range(GPT2_SMALL["n_layer"] + 1))
-    batch = cfg.batch_size
+    backbone = random_gpt2(seed, **GPT2_SMALL)
+    batch = cfg.batch_size or auto_batch_size(backbone, seq_len)
     n_batches = max(1, -(-8192 // (batch * seq_len)))  # at least 8k tokens a repetition
     rng = np.random.default_rng(seed)
     tokens = rng.random((batch * n_batches, seq_len, token_dim), dtype=np.float32)
@@ -110,8 +112,8 @@ def bench_input(name: str, reps: int, seed: int) -> dict:
     # ours: the extraction defaults, compiled as an extraction of 50,000 such examples would be
     dtype = resolve_dtype(cfg.dtype)
     compile = should_compile(cfg.compile, 50_000 * seq_len)
-    runner = FeatureRunner(spec, make_input_layer(spec, GPT2_SMALL["n_embd"], seed), random_gpt2(seed, **GPT2_SMALL),
-                           depths, dtype, compile, batch_size=batch)
+    runner = FeatureRunner(spec, make_input_layer(spec, GPT2_SMALL["n_embd"], seed), backbone, depths, dtype, compile,
+                           batch_size=batch)
     batches = [(tokens[i:i + batch], lengths[i:i + batch]) for i in range(0, len(tokens), batch)]
 
     def ours():

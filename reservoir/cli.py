@@ -106,7 +106,8 @@ def install(settings: Settings, name, source, force) -> None:
 @click.option("--split", default="all", show_default=True, help="A split name or 'all'.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds input layer, random backbones, generated data.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Examples per forward pass [default: about 16,384 tokens a batch; 32,768 for LSTMs].")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="Backbone compute dtype; auto: bfloat16 where the CPU multiplies bf16 natively, else float32 "
                    "(features are stored as float32).")

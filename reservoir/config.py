@@ -65,7 +65,8 @@ class ExtractConfig:
     split : a split name or ``"all"``.
     limit : keep the first ``limit`` examples of each split.
     seed : seeds the input layer, random backbones and generated data.
-    batch_size : examples per forward pass.
+    batch_size : examples per forward pass; ``None``: about 16,384 tokens a batch, more for
+        backbones that ask (``reservoir.extract.auto_batch_size``).
     dtype : compute dtype of the backbone: ``"auto"`` is bfloat16 where the CPU multiplies
         bf16 natively, else float32 (features are stored as float32).
     depths : ``"all"`` or comma-separated depths.
@@ -81,7 +82,7 @@ class ExtractConfig:
     split: str = "all"
     limit: int | None = None
     seed: int = 0
-    batch_size: int = 32
+    batch_size: int | None = None
     dtype: str = "auto"
     depths: str = "all"
     readout: str = "last"

@@ -48,6 +48,11 @@ DTYPE_CHOICES = ("auto", "bfloat16", "float32")
 AUTO_COMPILE_TOKENS = 300_000
 #: compiled variable-length batches are padded to a multiple of this many tokens
 WIDTH_MULTIPLE = 64
+#: with ``batch_size=None`` a batch holds about this many tokens (a backbone may ask for more
+#: with a ``batch_tokens`` attribute: an LSTM's step is a matrix product with one row per example)
+BATCH_TOKENS = 16384
+#: and at most this many examples
+MAX_BATCH_ROWS = 512
 
 T = TypeVar("T")
 
@@ -67,6 +72,13 @@ def resolve_dtype(name: str) -> str:
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r} is not supported; choose from {list(DTYPE_CHOICES)}")
     return name
+
+
+def auto_batch_size(backbone: nn.Module, seq_len: int) -> int:
+    """Examples per batch when none is given: the backbone's ``batch_tokens`` (default
+    :data:`BATCH_TOKENS`) divided by the task's length, within ``[1, MAX_BATCH_ROWS]``."""
+    tokens = getattr(backbone, "batch_tokens", BATCH_TOKENS)
+    return max(1, min(MAX_BATCH_ROWS, tokens // max(1, seq_len)))
 
 
 def round_width(width: int, seq_len: int, multiple: int = WIDTH_MULTIPLE) -> int:
@@ -323,8 +335,9 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
     if out.exists() and not partial_path(out).exists():
         print(f"{out} is already complete; delete it to extract again", file=sys.stderr)
         return out
+    batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)
     layer = make_input_layer(task.spec, backbone.d_model, cfg.seed)
-    identity = {**cfg.to_json(), "dtype": dtype, "depths": depths, "splits": list(data),
+    identity = {**cfg.to_json(), "dtype": dtype, "batch_size": batch_size, "depths": depths, "splits": list(data),
                 "task_options": task.options(), "n_layers": backbone.n_layers, "d_model": backbone.d_model}
     padded = cfg.readout == "padded"
     bucket = task.spec.variable_length and not padded
@@ -334,11 +347,11 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
         for split, d in data.items():
             shape = (len(depths), task.spec.n_readout, backbone.d_model)
             done[split] = writer.split(split, d.labels, d.lengths, shape)
-            plans[split] = [rows for rows in plan_batches(d.lengths, cfg.batch_size, bucket) if not done[split][rows].all()]
+            plans[split] = [rows for rows in plan_batches(d.lengths, batch_size, bucket) if not done[split][rows].all()]
         width = {s: task.spec.seq_len if padded else None for s in data}
         todo = sum(len(rows) * (width[s] or int(data[s].lengths[rows].max())) for s in data for rows in plans[s])
         runner = FeatureRunner(task.spec, layer, backbone, depths, dtype, should_compile(cfg.compile, todo),
-                               batch_size=cfg.batch_size)
+                               batch_size=batch_size)
 
         def batches(split: str) -> Iterator[tuple[np.ndarray, Batch]]:
             d = data[split]

@@ -190,3 +190,10 @@ def test_default_extraction_records_the_resolved_dtype(tmp_path):
                       progress=False)
     with open_features(path) as f:
         assert f.attrs["dtype"] == resolve_dtype("auto")
+
+
+def test_auto_batch_size_holds_about_a_token_budget_and_gives_lstms_more_rows(tiny_gpt2):
+    gpt2, lstm = load_backbone(str(tiny_gpt2)), load_backbone("lstm")
+    assert ex.auto_batch_size(gpt2, 64) == ex.BATCH_TOKENS // 64
+    assert ex.auto_batch_size(gpt2, 10**6) == 1 and ex.auto_batch_size(gpt2, 1) == ex.MAX_BATCH_ROWS
+    assert ex.auto_batch_size(lstm, 1024) > ex.auto_batch_size(gpt2, 1024)

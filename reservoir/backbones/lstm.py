@@ -34,6 +34,9 @@ LSTM_VARIANTS = {
 
 class LSTMBackbone(Backbone):
     family = "lstm"
+    #: extraction batches of about this many tokens: each recurrent step is a matrix product
+    #: with one row per example, which needs hundreds of rows to run near the CPU's peak
+    batch_tokens = 32768
 
     def __init__(self, config: LSTMConfig):
         super().__init__()

@@ -1,0 +1,60 @@
+"""Numerical agreement of two feature files of the same extraction (e.g. bf16 against float32).
+
+    .venv/bin/python benchmarks/agreement.py features/mnist/gpt2-random-bf16.h5 features/mnist/gpt2-random-fp32.h5
+
+Per depth and split: the norm-wise relative error of each example's feature vector,
+``|a - b| / |b|`` with ``b`` the reference (second file), as its maximum and mean over the
+examples, and the cosine similarity's minimum. Both files must hold the same rows (same
+task, seed, limit and input layer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reservoir.store import file_config, iter_depth, open_features  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("candidate", type=Path, help="feature file to check (e.g. bf16)")
+    p.add_argument("reference", type=Path, help="reference feature file (e.g. float32)")
+    args = p.parse_args(argv)
+    print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}")
+    with open_features(args.candidate) as fa, open_features(args.reference) as fb:
+        ca, cb = file_config(fa), file_config(fb)
+        print(f"candidate: dtype {ca['dtype']}, compile {ca.get('compile')}; reference: dtype {cb['dtype']}, "
+              f"compile {cb.get('compile')}")
+        for key in ("task", "seed", "limit", "backbone"):
+            if ca.get(key) != cb.get(key):
+                raise SystemExit(f"the files differ in {key}: {ca.get(key)!r} vs {cb.get(key)!r}; compare two "
+                                 "extractions of the same rows")
+        if not np.array_equal(fa["input_layer/weight"][:], fb["input_layer/weight"][:]):
+            raise SystemExit("the files hold different input layers; compare two extractions with the same seed")
+        depths = [int(d) for d in fa.attrs["depths"]]
+        splits = [s for s in fa if s != "input_layer"]
+        print()
+        print("| split | depth | rows | max rel. error | mean rel. error | min cosine |")
+        print("|---|---|---|---|---|---|")
+        for split in splits:
+            for depth in depths:
+                errs, coss = [], []
+                for (a, _), (b, _) in zip(iter_depth(fa, split, depth), iter_depth(fb, split, depth)):
+                    a, b = a.reshape(len(a), -1).astype(np.float64), b.reshape(len(b), -1).astype(np.float64)
+                    nb = np.maximum(np.linalg.norm(b, axis=1), 1e-12)
+                    errs.append(np.linalg.norm(a - b, axis=1) / nb)
+                    coss.append((a * b).sum(1) / (np.maximum(np.linalg.norm(a, axis=1), 1e-12) * nb))
+                e, c = np.concatenate(errs), np.concatenate(coss)
+                print(f"| {split} | {depth} | {len(e)} | {e.max():.2e} | {e.mean():.2e} | {c.min():.6f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
