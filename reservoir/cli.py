@@ -156,6 +156,74 @@ def fit(settings: Settings, task, backbone, depth, head, features, val_fraction,
     click.echo(depth_table(results))
 
 
+def comma_list(kind):
+    """Callback parsing ``a,b,c`` into a tuple of ``kind`` values."""
+
+    def parse(ctx, param, value: str):
+        try:
+            items = tuple(kind(p.strip()) for p in value.split(",") if p.strip())
+        except ValueError:
+            raise click.BadParameter(f"{value!r} must be a comma-separated list of {kind.__name__} values") from None
+        if not items:
+            raise click.BadParameter(f"{value!r} names no values")
+        return items
+
+    return parse
+
+
+@main.command()
+@task_option
+@backbone_option
+@click.option("--trainable", default="input,pos,ln,out", show_default=True, callback=comma_list(str),
+              help="Groups to train, from input,pos,ln,attn,ff,out (or a backbone's own group, e.g. lstm).")
+@click.option("--lr", default="1e-3", show_default=True, callback=comma_list(float),
+              help="Adam learning rate(s); a list is a sweep selected on validation accuracy.")
+@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per learning rate.")
+@click.option("--seed", type=int, default=0, show_default=True, help="First seed (runs use seed, seed+1, ...).")
+@click.option("--steps", type=click.IntRange(min=1), default=10000, show_default=True, help="Maximum gradient steps.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--eval-every", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Steps between validation passes.")
+@click.option("--patience", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Validation passes without improvement before stopping (0: never).")
+@click.option("--target", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Validation accuracy whose first crossing is reported as steps_to_target.")
+@click.option("--val-fraction", type=click.FloatRange(0.01, 0.5), default=0.1, show_default=True,
+              help="Share of train held out for validation (when the task has no val split).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split.")
+@click.option("--depth", type=click.IntRange(min=0), default=None, help="Blocks to run [default: all].")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
+              help="bfloat16 runs the forward under CPU autocast (parameters stay float32).")
+@click.option("--compile/--no-compile", default=False, show_default=True, help="torch.compile the model.")
+@click.option("--grad-clip", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Maximum gradient norm (0: no clipping).")
+@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True)
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=500, show_default=True,
+              help="Steps between checkpoints (0: only at the end).")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Checkpoint folder [default: checkpoints/TASK/BACKBONE].")
+@click.option("--resume", is_flag=True, help="Continue each run from its checkpoint when there is one.")
+@click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Data folder [default: $RESERVOIR_HOME/data or ./data].")
+@pass_settings
+def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps, batch_size, eval_every, patience,
+          target, val_fraction, limit, depth, dtype, compile, grad_clip, dropout, checkpoint_every, checkpoint_dir,
+          resume, task_opts, data_dir) -> None:
+    """Train the FPT end to end (input layer, chosen backbone groups, output layer); report test at the best val step."""
+    from reservoir.config import TrainConfig
+    from reservoir.train import summary, train as run_train
+
+    cfg = TrainConfig(task=task, backbone=backbone, task_options=run(parse_options, task_opts), trainable=trainable,
+                      lr=lr, seeds=seeds, seed=seed, steps=steps, batch_size=batch_size, eval_every=eval_every,
+                      patience=patience, target=target, val_fraction=val_fraction, limit=limit, depth=depth,
+                      dtype=dtype, compile=compile, grad_clip=grad_clip, dropout=dropout,
+                      checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, resume=resume,
+                      data_dir=data_dir or default_data_dir())
+    result = run(run_train, cfg, progress=not settings.quiet)
+    click.echo(summary(result))
+
+
 @main.command()
 @click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
 def report(paths) -> None:

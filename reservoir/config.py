@@ -130,3 +130,75 @@ class FitConfig:
         d = dataclasses.asdict(self)
         d["features"] = str(self.features_path)
         return d
+
+
+#: FPT parameter groups a ``train`` run can unfreeze; the paper's default is input, pos, ln, out
+TRAIN_GROUPS = ("input", "pos", "ln", "attn", "ff", "out")
+PAPER_TRAINABLE = ("input", "pos", "ln", "out")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One end-to-end ``train`` run (or a sweep over learning rates and seeds).
+
+    Parameters
+    ----------
+    task, backbone : registered names (or ``file:PATH`` / a model folder).
+    task_options : the task's own options (``--task-opt key=value``).
+    trainable : parameter groups to train (input, pos, ln, attn, ff, out, or a backbone's own group).
+    lr : Adam learning rates; more than one makes a sweep selected on validation accuracy.
+    seeds : runs per learning rate, with seeds ``seed, seed+1, ...``.
+    seed : first seed; seeds the input layer, random backbones, output layer, dropout and data order.
+    steps : maximum gradient steps per run.
+    batch_size : training examples per step.
+    eval_batch_size : examples per forward pass when scoring validation and test.
+    eval_every : steps between validation passes (model selection and early stopping).
+    patience : validation passes without improvement before stopping (0: never stop early).
+    target : validation accuracy whose first crossing is reported as ``steps_to_target``.
+    val_fraction : share of train held out (seeded by ``seed``) when the task has no val split.
+    limit : keep the first ``limit`` examples of each split.
+    depth : blocks of the backbone to run (default: all).
+    dtype : ``bfloat16`` runs the forward under CPU autocast; parameters stay float32.
+    compile : torch.compile the model (falls back to eager on failure).
+    grad_clip : maximum gradient norm.
+    dropout : dropout after the input layer and in the backbone's own dropout layers.
+    checkpoint_every : steps between checkpoints (0: only at the end).
+    resume : continue from the run's checkpoint when one exists.
+    """
+
+    task: str
+    backbone: str
+    task_options: dict[str, Any] = field(default_factory=dict)
+    trainable: tuple[str, ...] = PAPER_TRAINABLE
+    lr: tuple[float, ...] = (1e-3,)
+    seeds: int = 1
+    seed: int = 0
+    steps: int = 10000
+    batch_size: int = 32
+    eval_batch_size: int = 256
+    eval_every: int = 100
+    patience: int = 10
+    target: float | None = None
+    val_fraction: float = 0.1
+    limit: int | None = None
+    depth: int | None = None
+    dtype: str = "float32"
+    compile: bool = False
+    grad_clip: float = 1.0
+    dropout: float = 0.1
+    checkpoint_every: int = 500
+    resume: bool = False
+    data_dir: Path = field(default_factory=default_data_dir)
+    checkpoint_dir: Path | None = None
+
+    @property
+    def checkpoint_folder(self) -> Path:
+        if self.checkpoint_dir:
+            return Path(self.checkpoint_dir)
+        return home() / "checkpoints" / slug(self.task) / slug(self.backbone)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["trainable"], d["lr"] = list(self.trainable), list(self.lr)
+        d["data_dir"], d["checkpoint_dir"] = str(self.data_dir), str(self.checkpoint_folder)
+        return d

@@ -1,0 +1,108 @@
+"""End-to-end training speed: steps per second of the FPT training step, fp32 eager against bf16 and compiled.
+
+    .venv/bin/python benchmarks/train.py                                  # bit_xor on gpt2-random
+    .venv/bin/python benchmarks/train.py --task digits --batch-size 32 --steps 10
+
+Each mode builds the FPT of :mod:`reservoir.train` (paper groups trainable: input, pos,
+ln, out) and times :func:`reservoir.train.train_step`, the exact step the training loop
+runs (forward, cross-entropy, backward, gradient clipping, Adam), on fixed batches of
+the task's training split:
+
+- ``fp32-eager``: float32, no compilation (what the official code runs);
+- ``bf16-eager``: the forward under CPU bf16 autocast (``--dtype bfloat16``);
+- ``fp32-compile`` / ``bf16-compile``: the model wrapped in ``torch.compile`` (``--compile``).
+
+Modes run in interleaved repetitions (a, b, c, d, a, b, ...) so that other jobs on the
+machine slow them alike; the table gives the median steps/s, the median per-repetition
+ratio to fp32-eager, and the one-off compile time (the first steps, untimed otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reservoir.backbones import load_backbone  # noqa: E402
+from reservoir.config import TrainConfig  # noqa: E402
+from reservoir.tasks import get_task  # noqa: E402
+from reservoir.train import FPT, batch_tensors, compiled, select_trainable, train_step  # noqa: E402
+
+MODES = {"fp32-eager": ("float32", False), "bf16-eager": ("bfloat16", False),
+         "fp32-compile": ("float32", True), "bf16-compile": ("bfloat16", True)}
+
+
+def build(args, mode: str):
+    dtype, compile_ = MODES[mode]
+    task = get_task(args.task)
+    backbone = load_backbone(args.backbone, 0)
+    depth = backbone.n_layers if args.depth is None else args.depth
+    model = FPT(task.spec, backbone, depth=depth, seed=0)
+    params, _ = select_trainable(model, TrainConfig(args.task, args.backbone).trainable)
+    opt = torch.optim.Adam(params, lr=1e-3)
+    forward = compiled(model, compile_, task.spec.variable_length)
+    data = task.load("train", Path(args.data_dir), args.batch_size * 4)
+    batches = [batch_tensors(task, data, np.arange(i * args.batch_size, (i + 1) * args.batch_size) % len(data))
+               for i in range(4)]
+    model.train()
+    start = time.perf_counter()
+    for b in batches[:2]:  # warm-up; compiles forward and backward graphs
+        train_step(forward, params, opt, b, dtype, 1.0)
+    warmup = time.perf_counter() - start
+    return (forward, params, opt, batches, dtype), warmup
+
+
+def timed(setup, steps: int) -> float:
+    forward, params, opt, batches, dtype = setup
+    start = time.perf_counter()
+    for i in range(steps):
+        train_step(forward, params, opt, batches[i % len(batches)], dtype, 1.0)
+    return steps / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", default="bit_xor")
+    ap.add_argument("--backbone", default="gpt2-random")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--depth", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per repetition")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--data-dir", default=os.environ.get("RESERVOIR_HOME", ".") + "/data")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    modes = args.modes.split(",")
+    print(f"# {' '.join(sys.argv)}")
+    print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+          f"task {args.task}, backbone {args.backbone}, batch {args.batch_size}, load {os.getloadavg()[0]:.1f}")
+    setups, warm = {}, {}
+    for m in modes:
+        setups[m], warm[m] = build(args, m)
+    rates = {m: [] for m in modes}
+    for _ in range(args.reps):
+        for m in modes:
+            rates[m].append(timed(setups[m], args.steps))
+    base = rates.get("fp32-eager")
+    print("| mode | steps/s | examples/s | x fp32-eager | warm-up (2 steps, s) |")
+    print("|---|---|---|---|---|")
+    for m in modes:
+        med = statistics.median(rates[m])
+        ratio = statistics.median(r / b for r, b in zip(rates[m], base)) if base else float("nan")
+        print(f"| {m} | {med:.2f} | {med * args.batch_size:.0f} | {ratio:.2f} | {warm[m]:.1f} |")
+    print(f"# load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""End-to-end FPT training: frozen groups, parameter arithmetic, evaluation, sweeps, exact resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from reservoir.backbones import load_backbone
+from reservoir.config import TrainConfig
+from reservoir.tasks import SplitData, get_task
+from reservoir.train import (FPT, Splits, evaluate, load_data, param_counts, select_trainable, train, train_run,
+                             train_step)
+
+#: a small, fast bit_xor: 512 train (51 held out for validation), 256 test
+XOR_OPTS = {"n_train": "512", "n_test": "256"}
+
+
+def xor_cfg(backbone, home: Path, **kw) -> TrainConfig:
+    base = dict(task="bit_xor", backbone=str(backbone), task_options=XOR_OPTS, steps=30, batch_size=16,
+                eval_every=10, patience=0, checkpoint_every=10, checkpoint_dir=home / "ckpt", data_dir=home / "data")
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and the machine is shared)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_paper_parameter_arithmetic_for_gpt2_base():
+    """Layer norms: 4 x 768 per block x 12 blocks, plus the final norm (2 x 768), as the paper counts."""
+    from transformers import GPT2Config, GPT2Model
+
+    from reservoir.backbones.gpt2 import GPT2_SIZES, GPT2Backbone
+
+    with torch.device("meta"):  # shapes only: no 124M-parameter initialisation
+        backbone = GPT2Backbone(GPT2Model(GPT2Config(**GPT2_SIZES["gpt2"])))
+    model = FPT(get_task("bit_xor").spec, backbone, depth=12, seed=0)
+    select_trainable(model, ("input", "pos", "ln", "out"))
+    rows = {r["group"]: r for r in param_counts(model)}
+    assert rows["ln"]["params"] == 4 * 768 * 12 + 2 * 768 == 38_400
+    assert rows["ln"]["arithmetic"] == "12 x (4 x 768) + 2 x 768"
+    assert rows["pos"]["params"] == 1024 * 768 and rows["pos"]["arithmetic"] == "1024x768"
+    assert rows["input"]["params"] == 1 * 768 + 768 and rows["out"]["params"] == 768 * 2 + 2
+    assert rows["attn"]["params"] == 12 * (768 * 3 * 768 + 3 * 768 + 768 * 768 + 768)
+    assert rows["ff"]["params"] == 12 * (768 * 3072 + 3072 + 3072 * 768 + 768)
+    assert [r["trainable"] for r in rows.values()] == [True, True, True, False, False, True]
+
+
+def test_only_selected_groups_change(tiny_gpt2, home):
+    task = get_task("bit_xor", **XOR_OPTS)
+    model = FPT(task.spec, load_backbone(str(tiny_gpt2), 0), depth=2, seed=0)
+    params, notes = select_trainable(model, ("ln", "out"))
+    assert not notes
+    groups = model.groups()
+    chosen = {id(p) for g in ("ln", "out") for p in groups[g]}
+    assert {id(p) for p in params} == chosen
+    assert all(p.requires_grad == (id(p) in chosen) for p in model.parameters())
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    data = task.load("train", home)
+    from reservoir.train import batch_tensors
+
+    model.train()
+    train_step(model, params, torch.optim.Adam(params, lr=1e-2), batch_tensors(task, data, np.arange(16)),
+               "float32", 1.0)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert changed == {names[i] for i in chosen}
+
+
+def test_lstm_skips_groups_it_does_not_have_and_rejects_unknown_ones():
+    task = get_task("bit_xor")
+    model = FPT(task.spec, load_backbone("lstm", 0), depth=3, seed=0)
+    params, notes = select_trainable(model, ("input", "pos", "ln", "out"))
+    assert any("'ln'" in n for n in notes) and any("'pos'" in n for n in notes)
+    assert sum(p.numel() for p in params) == (768 + 768) + (768 * 2 + 2)
+    with pytest.raises(ValueError, match=r"unknown trainable group 'norms'; choose from \[.*'lstm'"):
+        select_trainable(model, ("norms",))
+
+
+def test_dropout_active_in_train_and_off_in_eval(tiny_gpt2):
+    task = get_task("bit_xor", **XOR_OPTS)
+    model = FPT(task.spec, load_backbone(str(tiny_gpt2), 0), depth=2, seed=0, dropout=0.1)
+    assert all(m.p == 0.1 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    tokens = torch.from_numpy(task.encode(task.load("test", Path("."), 8).inputs))
+    lengths = torch.full((8,), 10)
+    model.eval()
+    assert torch.equal(model(tokens, lengths), model(tokens, lengths))
+    model.train()
+    assert not torch.equal(model(tokens, lengths), model(tokens, lengths))
+
+
+def test_validation_split_is_seeded_and_disjoint(home):
+    task = get_task("digits")
+    a = load_data(task, TrainConfig("digits", "lstm", val_fraction=0.2, seed=0, data_dir=home))
+    b = load_data(task, TrainConfig("digits", "lstm", val_fraction=0.2, seed=0, data_dir=home))
+    c = load_data(task, TrainConfig("digits", "lstm", val_fraction=0.2, seed=1, data_dir=home))
+    full = task.load("train", home)
+    assert len(a.train) + len(a.val) == len(full) and len(a.val) == round(0.2 * len(full))
+    rows = {x.tobytes() for x in a.train.inputs}
+    assert not any(x.tobytes() in rows for x in a.val.inputs)  # digits has no duplicate images across them
+    assert np.array_equal(a.val.inputs, b.val.inputs) and not np.array_equal(a.val.inputs, c.val.inputs)
+    assert np.array_equal(a.test.labels, task.load("test", home).labels)  # test is never touched
+
+
+def test_evaluate_scores_every_example_of_the_split():
+    """No dropped last batch: 37 examples in batches of 16 score exactly like one batch of 37."""
+    task = get_task("bit_xor")
+    d = task.load("test", Path("."), 37)
+    calls = []
+
+    def forward(tokens, lengths):  # predicts bit 1 everywhere
+        calls.append(len(tokens))
+        return torch.stack([torch.zeros(len(tokens), 5, 1), torch.ones(len(tokens), 5, 1)], dim=-1)
+
+    acc = evaluate(forward, task, d, 16, "float32")
+    assert calls == [16, 16, 5]
+    assert acc == pytest.approx(d.labels.mean())
+
+
+def test_train_writes_a_result_in_the_shared_schema(tiny_gpt2, home, cli):
+    r = cli("-q", "train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=512",
+            "--task-opt", "n_test=256", "--steps", "20", "--eval-every", "10", "--batch-size", "16",
+            "--checkpoint-dir", str(home / "ckpt"))
+    assert r.exit_code == 0, r.output
+    assert "12 x" not in r.output and "2 x (4 x 32) + 2 x 32" in r.output  # the tiny model's layer norms
+    path = Path(r.output.strip().splitlines()[-1])
+    result = json.loads(path.read_text())
+    from reservoir.report import REQUIRED
+
+    assert set(REQUIRED) <= set(result)
+    assert result["mode"] == "end-to-end" and result["head"] == "linear" and result["depth"] == 2
+    assert result["trainable"] == ["input", "pos", "ln", "out"]
+    assert (result["n_train"], result["n_val"], result["n_test"]) == (461, 51, 256)
+    assert result["runs"][0]["best_step"] in (10, 20) and 0 <= result["test_accuracy"] <= 1
+    assert result["config"]["train"]["lr"] == [0.001]
+
+
+def test_report_puts_end_to_end_beside_output_only(tiny_gpt2, home, cli):
+    opts = ["--task-opt", "n_train=256", "--task-opt", "n_test=128"]
+    assert cli("-q", "extract", "--task", "bit_xor", "--backbone", str(tiny_gpt2), *opts).exit_code == 0
+    assert cli("-q", "fit", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--head", "ridge").exit_code == 0
+    r = cli("-q", "train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), *opts, "--steps", "10",
+            "--eval-every", "10", "--checkpoint-dir", str(home / "ckpt"))
+    assert r.exit_code == 0, r.output
+    table = cli("report").output
+    rows = [line for line in table.splitlines() if "bit_xor" in line]
+    assert any("| output-only | ridge |" in line for line in rows)
+    assert any("| end-to-end | linear |" in line for line in rows)
+
+
+def test_bad_options_exit_2(tiny_gpt2, home, cli):
+    r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--trainable", "input,norms")
+    assert r.exit_code == 2 and "unknown trainable group 'norms'" in r.output
+    r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--lr", "1e-3,fast")
+    assert r.exit_code == 2 and "'1e-3,fast' must be a comma-separated list of float values" in r.output
+    r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--depth", "3", "--steps", "1")
+    assert r.exit_code == 2 and "depth 3 is out of range for this backbone; choose depths in [0, 2]" in r.output
+
+
+def test_sweep_selects_on_validation_and_reports_spread(tiny_gpt2, home):
+    cfg = xor_cfg(tiny_gpt2, home, lr=(1e-5, 1e-2), seeds=2, steps=20)
+    result = train(cfg, progress=False)
+    sweep = result["sweep"]
+    assert set(sweep) == {"1e-05", "0.01"}
+    best = max(sweep, key=lambda k: sweep[k]["val_mean"])
+    assert result["lr"] == float(best) and result["val_accuracy"] == sweep[best]["val_mean"]
+    chosen = [r for r in result["runs"] if r["lr"] == result["lr"]]
+    assert [r["seed"] for r in chosen] == [0, 1] == result["seeds"]
+    tests = [r["test_accuracy"] for r in chosen]
+    assert result["test_accuracy"] == pytest.approx(np.mean(tests))
+    assert result["test_std"] == pytest.approx(np.std(tests, ddof=1))
+    assert len(result["runs"]) == 4
+
+
+class Killed(Exception):
+    pass
+
+
+def test_killed_run_resumes_to_identical_metrics_and_weights(tiny_gpt2, home):
+    """Dropout on, checkpoint every 10 steps, killed at step 27: resume redoes 21..27 and ends identically."""
+    task = get_task("bit_xor", **XOR_OPTS)
+    cfg = xor_cfg(tiny_gpt2, home, steps=40, dropout=0.1, lr=(3e-3,))
+    data = load_data(task, cfg)
+    whole = train_run(dataclasses.replace(cfg, checkpoint_dir=home / "a"), task, data, lr=3e-3, seed=0,
+                      progress=False)
+
+    def kill(step):
+        if step == 27:
+            raise Killed
+
+    cut = dataclasses.replace(cfg, checkpoint_dir=home / "b")
+    with pytest.raises(Killed):
+        train_run(cut, task, data, lr=3e-3, seed=0, progress=False, on_step=kill)
+    ckpt = torch.load(home / "b" / Path(whole["checkpoint"]).name, weights_only=False)
+    assert ckpt["state"]["step"] == 20  # at most the steps since the last checkpoint are lost
+    assert not list((home / "b").glob("*.tmp"))
+    resumed = train_run(dataclasses.replace(cut, resume=True), task, data, lr=3e-3, seed=0, progress=False)
+    for key in ("test_accuracy", "val_accuracy", "best_step", "steps", "history"):
+        assert resumed[key] == whole[key], key
+    a = torch.load(whole["checkpoint"], weights_only=False)
+    b = torch.load(resumed["checkpoint"], weights_only=False)
+    assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+    assert all(torch.equal(x, y) for x, y in zip(a["state"]["best_params"], b["state"]["best_params"]))
+
+
+def test_resume_refuses_other_settings_and_broken_files(tiny_gpt2, home, cli):
+    args = ["train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=256",
+            "--task-opt", "n_test=64", "--steps", "10", "--eval-every", "10", "--checkpoint-dir", str(home / "c")]
+    assert cli("-q", *args).exit_code == 0
+    r = cli("-q", *args, "--resume", "--dropout", "0.2")
+    assert r.exit_code == 2 and "was written with different settings: dropout=0.1 (now 0.2)" in r.output
+    (ckpt,) = (home / "c").glob("*.pt")
+    ckpt.write_bytes(b"not a checkpoint")
+    r = cli("-q", *args, "--resume")
+    assert r.exit_code == 1 and f"checkpoint {ckpt} is unreadable" in r.output and "delete it" in r.output
+
+
+def test_tiny_gpt2_learns_bit_xor_above_chance(home):
+    """A fast property of the default run: 100 steps take a 1-block GPT-2 well above 50% per bit."""
+    from conftest import save_tiny_gpt2
+
+    folder = save_tiny_gpt2(home / "gpt2-1x128", n_layer=1, n_embd=128)
+    result = train(xor_cfg(folder, home, lr=(3e-3,), dropout=0.0, steps=100, eval_every=50, batch_size=64,
+                           task_options={"n_train": "4000", "n_test": "500"}), progress=False)
+    assert result["test_accuracy"] > 0.65
+
+
+@pytest.mark.slow
+def test_tiny_gpt2_reaches_100_percent_on_bit_xor(tiny_gpt2, home):
+    """The paper's claim (tables 2, 3) on the test fixture: a frozen random GPT-2 solves bit XOR."""
+    result = train(xor_cfg(tiny_gpt2, home, lr=(1e-2,), dropout=0.0, steps=3000, eval_every=100, batch_size=64,
+                           target=1.0, task_options={}), progress=False)
+    assert result["test_accuracy"] == 1.0 and result["steps_to_target"][0] is not None
