@@ -375,7 +375,7 @@ def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: in
     state = RunState()
     if cfg.resume and ckpt.exists():
         state = load_checkpoint(ckpt, params, opt, ident, fingerprint)
-        log(f"{tag} resumed {ckpt} at step {state.step}" + (" (finished)" if state.done else ""))
+        log(f"{tag} resumed {ckpt} at step {state.step}" + (" (finished)" if state.done or state.step >= cfg.steps else ""))
     elif ckpt.exists():
         log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
     forward = compiled(model, cfg.compile, task.spec.variable_length)
@@ -433,8 +433,7 @@ def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: in
             checkpoint()
         if on_step is not None:
             on_step(state.step)
-    if not state.done:
-        state.done, state.stop_reason = True, f"reached --steps {cfg.steps}"
+    stop_reason = state.stop_reason if state.done else f"reached --steps {cfg.steps}"  # more --steps continue it
     if state.best_params is None:  # steps ran out before any validation pass
         raise ValueError(f"{tag} no validation pass ran: --steps {cfg.steps} is below --eval-every {cfg.eval_every}")
     state.seconds += time.perf_counter() - start
@@ -444,11 +443,11 @@ def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: in
             p.copy_(best)
     model.eval()
     test = evaluate(model, task, data.test, cfg.eval_batch_size, cfg.dtype)
-    log(f"{tag} {state.stop_reason}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
+    log(f"{tag} {stop_reason}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
         f"test {100 * test:.2f}%")
     return {"lr": lr, "seed": seed, "depth": depth, "test_accuracy": test, "val_accuracy": state.best_val,
             "best_step": state.best_step, "steps": state.step, "steps_to_target": state.steps_to_target,
-            "stop_reason": state.stop_reason, "seconds": state.seconds, "history": state.history,
+            "stop_reason": stop_reason, "seconds": state.seconds, "history": state.history,
             "param_counts": counts, "checkpoint": str(ckpt)}
 
 

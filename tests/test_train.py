@@ -212,6 +212,18 @@ def test_killed_run_resumes_to_identical_metrics_and_weights(tiny_gpt2, home):
     assert all(torch.equal(x, y) for x, y in zip(a["state"]["best_params"], b["state"]["best_params"]))
 
 
+def test_resume_with_more_steps_extends_a_finished_run(tiny_gpt2, home):
+    task = get_task("bit_xor", **XOR_OPTS)
+    cfg = xor_cfg(tiny_gpt2, home, steps=30, lr=(3e-3,))
+    data = load_data(task, cfg)
+    whole = train_run(dataclasses.replace(cfg, checkpoint_dir=home / "a"), task, data, lr=3e-3, seed=0, progress=False)
+    short = dataclasses.replace(cfg, checkpoint_dir=home / "b", steps=20)
+    assert train_run(short, task, data, lr=3e-3, seed=0, progress=False)["steps"] == 20
+    longer = train_run(dataclasses.replace(short, steps=30, resume=True), task, data, lr=3e-3, seed=0, progress=False)
+    assert longer["steps"] == 30 and longer["history"] == whole["history"]
+    assert longer["test_accuracy"] == whole["test_accuracy"]
+
+
 def test_resume_refuses_other_settings_and_broken_files(tiny_gpt2, home, cli):
     args = ["train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=256",
             "--task-opt", "n_test=64", "--steps", "10", "--eval-every", "10", "--checkpoint-dir", str(home / "c")]
@@ -240,3 +252,40 @@ def test_tiny_gpt2_reaches_100_percent_on_bit_xor(tiny_gpt2, home):
     result = train(xor_cfg(tiny_gpt2, home, lr=(1e-2,), dropout=0.0, steps=3000, eval_every=100, batch_size=64,
                            target=1.0, task_options={}), progress=False)
     assert result["test_accuracy"] == 1.0 and result["steps_to_target"][0] is not None
+
+
+@pytest.mark.slow
+def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_gpt2, tmp_path):
+    """A real kill -9 of `reservoir train` mid-run, then --resume: the result equals an uninterrupted run's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = [sys.executable, "-m", "reservoir.cli", "-q", "train", "--task", "bit_xor", "--backbone", str(tiny_gpt2),
+            "--task-opt", "n_train=1024", "--task-opt", "n_test=256", "--steps", "400", "--eval-every", "20",
+            "--checkpoint-every", "20", "--patience", "0", "--batch-size", "16"]
+
+    def env(name):
+        return {**os.environ, "RESERVOIR_HOME": str(tmp_path / name), "OMP_NUM_THREADS": "1"}
+
+    subprocess.run(args, env=env("whole"), check=True, capture_output=True)
+    proc = subprocess.Popen(args, env=env("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder = tmp_path / "killed" / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        ckpts = list(folder.rglob("*.pt"))
+        if ckpts and torch.load(ckpts[0], weights_only=False)["state"]["step"] >= 100:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it could be killed; raise --steps"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    step = torch.load(ckpts[0], weights_only=False)["state"]["step"]
+    assert 100 <= step < 400
+    subprocess.run(args + ["--resume"], env=env("killed"), check=True, capture_output=True)
+    a, b = (json.loads(next((tmp_path / n / "results").rglob("*.json")).read_text()) for n in ("whole", "killed"))
+    for key in ("test_accuracy", "val_accuracy", "best_step", "steps"):
+        assert a[key] == b[key], key
+    assert a["runs"][0]["history"] == b["runs"][0]["history"]
