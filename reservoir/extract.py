@@ -314,9 +314,12 @@ def load_splits(task: Task, cfg: ExtractConfig) -> dict[str, SplitData]:
     return {s: task.load(s, Path(cfg.data_dir), cfg.limit) for s in splits}
 
 
-def should_compile(setting: bool | None, tokens: int) -> bool:
-    """``True``/``False`` as given; ``None`` (auto) compiles runs of at least :data:`AUTO_COMPILE_TOKENS` tokens."""
-    return tokens >= AUTO_COMPILE_TOKENS if setting is None else bool(setting)
+def should_compile(setting: bool | None, tokens: int, backbone: nn.Module | None = None) -> bool:
+    """``True``/``False`` as given; ``None`` (auto) compiles runs of at least :data:`AUTO_COMPILE_TOKENS`
+    tokens, unless the backbone says compiling gains nothing (``compilable = False``)."""
+    if setting is not None:
+        return bool(setting)
+    return tokens >= AUTO_COMPILE_TOKENS and getattr(backbone, "compilable", True)
 
 
 def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
@@ -350,7 +353,7 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
             plans[split] = [rows for rows in plan_batches(d.lengths, batch_size, bucket) if not done[split][rows].all()]
         width = {s: task.spec.seq_len if padded else None for s in data}
         todo = sum(len(rows) * (width[s] or int(data[s].lengths[rows].max())) for s in data for rows in plans[s])
-        runner = FeatureRunner(task.spec, layer, backbone, depths, dtype, should_compile(cfg.compile, todo),
+        runner = FeatureRunner(task.spec, layer, backbone, depths, dtype, should_compile(cfg.compile, todo, backbone),
                                batch_size=batch_size)
 
         def batches(split: str) -> Iterator[tuple[np.ndarray, Batch]]:

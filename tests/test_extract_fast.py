@@ -63,6 +63,8 @@ def test_auto_dtype_is_bf16_exactly_where_the_cpu_has_it():
 def test_auto_compile_only_for_big_runs():
     assert ex.should_compile(None, ex.AUTO_COMPILE_TOKENS) and not ex.should_compile(None, ex.AUTO_COMPILE_TOKENS - 1)
     assert ex.should_compile(True, 1) and not ex.should_compile(False, 10**9)
+    lstm = load_backbone("lstm")  # dynamo cannot capture nn.LSTM: auto never compiles it, asked it does
+    assert not ex.should_compile(None, 10**9, lstm) and ex.should_compile(True, 1, lstm)
 
 
 def test_compiled_forward_equals_eager(tiny_gpt2):

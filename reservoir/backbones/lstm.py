@@ -37,6 +37,8 @@ class LSTMBackbone(Backbone):
     #: extraction batches of about this many tokens: each recurrent step is a matrix product
     #: with one row per example, which needs hundreds of rows to run near the CPU's peak
     batch_tokens = 32768
+    #: torch.compile cannot capture nn.LSTM (a graph break), so an automatic compile gains nothing
+    compilable = False
 
     def __init__(self, config: LSTMConfig):
         super().__init__()
