@@ -1,10 +1,11 @@
 """Memory stays flat as the dataset grows: peak RSS of an extraction of 2,000 and 20,000 examples.
 
     .venv/bin/python benchmarks/memory.py --data-dir /work/shared/data
+    .venv/bin/python benchmarks/memory.py --task bit_xor --task-opt n_train=20000
 
 Each size runs ``reservoir extract`` (the default path: dtype, compile and batch size as
-``ExtractConfig`` sets them) in its own process on the first N MNIST training images with
-``gpt2-random`` into a temporary folder, and reports that process's peak resident set
+``ExtractConfig`` sets them) in its own process on the first N training examples of the
+task (default: MNIST) with ``gpt2-random`` into a temporary folder, and reports that process's peak resident set
 size (``ru_maxrss`` from ``wait4``, which also covers any compile workers it started), its
 wall time and end-to-end examples/s (data loading, compilation and HDF5 writes included).
 """
@@ -25,10 +26,10 @@ def measure(n: int, args: argparse.Namespace, folder: Path) -> tuple[float, floa
     """Peak RSS (MiB) and wall seconds of one extraction of ``n`` examples."""
     cmd = [sys.executable, "-m", "reservoir.cli", "--quiet", "extract", "--task", args.task, "--backbone", args.backbone,
            "--split", "train", "--limit", str(n), "--data-dir", str(args.data_dir), "--out", str(folder / f"{n}.h5"),
-           *args.extract_opts]
+           *[x for opt in args.task_opts for x in ("--task-opt", opt)], *args.extract_opts]
     print(f"$ {shlex.join(cmd[1:])}", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=sys.stderr)
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", default="mnist")
     p.add_argument("--backbone", default="gpt2-random")
     p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("RESERVOIR_HOME", ".")) / "data")
+    p.add_argument("--task-opt", dest="task_opts", action="append", default=[], metavar="KEY=VALUE",
+                   help="task option for reservoir extract (repeatable), e.g. n_train=20000 for bit_xor")
     p.add_argument("--extract-opt", dest="extract_opts", action="append", default=[],
                    help="extra option for reservoir extract (repeatable), e.g. --extract-opt=--no-compile")
     args = p.parse_args(argv)
