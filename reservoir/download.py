@@ -54,6 +54,29 @@ def _download(url: str, dest: Path) -> None:
         shutil.copyfileobj(r, f)
 
 
+def fetch_verified(urls: Sequence[str], dest: Path, check, errors: list[str]) -> bool:
+    """Download the first of ``urls`` that works into a temporary file, ``check`` it, rename it to ``dest``.
+
+    A failed or interrupted download never leaves a file that looks complete; failures are
+    appended to ``errors``. Returns whether ``dest`` now exists.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for url in urls:
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        os.close(fd)
+        try:
+            _download(url, Path(tmp))
+            check(Path(tmp))
+            os.replace(tmp, dest)
+            return True
+        except (OSError, DataError) as e:
+            errors.append(f"{url}: {e}")
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    return False
+
+
 def ensure_files(folder: Path, files: tuple[DataFile, ...], task: str, download: bool = True) -> list[Path]:
     """Return the paths of ``files`` in ``folder``, downloading missing ones when the network allows.
 
@@ -62,24 +85,10 @@ def ensure_files(folder: Path, files: tuple[DataFile, ...], task: str, download:
     naming the folder and the files to place there when some cannot be had.
     """
     missing = [f for f in files if not (folder / f.name).exists()]
-    errors = []
+    errors: list[str] = []
     if missing and download and not os.environ.get("RESERVOIR_OFFLINE"):
-        folder.mkdir(parents=True, exist_ok=True)
-        for f in list(missing):
-            for url in f.urls:
-                fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{f.name}.", suffix=".part")
-                os.close(fd)
-                try:
-                    _download(url, Path(tmp))
-                    verify(Path(tmp), f)
-                    os.replace(tmp, folder / f.name)
-                    missing.remove(f)
-                    break
-                except (OSError, DataError) as e:
-                    errors.append(f"{url}: {e}")
-                finally:
-                    if os.path.exists(tmp):
-                        os.remove(tmp)
+        missing = [f for f in missing
+                   if not fetch_verified(f.urls, folder / f.name, lambda tmp, f=f: verify(tmp, f), errors)]
     if missing:
         names = ", ".join(f.name for f in missing)
         why = f" (download failed: {errors[0]})" if errors else ""
@@ -179,22 +188,10 @@ def ensure_archive(folder: Path, archive: DataArchive, task: str, download: bool
     if local.exists():
         check_archive(local, archive)
         return unpack(local, folder, archive)
-    errors = []
+    errors: list[str] = []
     if download and archive.urls and not os.environ.get("RESERVOIR_OFFLINE"):
-        folder.mkdir(parents=True, exist_ok=True)
-        for url in archive.urls:
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{archive.name}.", suffix=".part")
-            os.close(fd)
-            try:
-                _download(url, Path(tmp))
-                check_archive(Path(tmp), archive)
-                os.replace(tmp, local)
-                return unpack(local, folder, archive)
-            except (OSError, DataError) as e:
-                errors.append(f"{url}: {e}")
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
+        if fetch_verified(archive.urls, local, lambda tmp: check_archive(tmp, archive), errors):
+            return unpack(local, folder, archive)
     partial = [c for c in candidates if c.is_dir()]
     have = ""
     if partial:
