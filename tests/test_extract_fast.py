@@ -67,6 +67,7 @@ def test_auto_compile_only_for_big_runs():
     assert not ex.should_compile(None, 10**9, lstm) and ex.should_compile(True, 1, lstm)
 
 
+@pytest.mark.slow  # a real inductor compile: 20 s to minutes on 2 shared cores
 def test_compiled_forward_equals_eager(tiny_gpt2):
     """A real inductor compile (weight freezing) of the tiny GPT-2, with a padded last batch."""
     task, tokens, lengths = digits(40)
