@@ -434,8 +434,7 @@ def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: in
         if on_step is not None:
             on_step(state.step)
     stop_reason = state.stop_reason if state.done else f"reached --steps {cfg.steps}"  # more --steps continue it
-    if state.best_params is None:  # steps ran out before any validation pass
-        raise ValueError(f"{tag} no validation pass ran: --steps {cfg.steps} is below --eval-every {cfg.eval_every}")
+    assert state.best_params is not None, "the last step always runs a validation pass"
     state.seconds += time.perf_counter() - start
     checkpoint()
     with torch.no_grad():
