@@ -50,7 +50,7 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             results.append(result)
             if progress:
                 more = "".join(f", {t} {100 * a:.1f}%" for t, a in list(scores["test_accuracies"].items())[1:])
-                print(f"depth {depth}: test {100 * scores['test_accuracy']:.1f}%{more} "
+                print(f"depth {depth}: {tests[0]} {100 * scores['test_accuracy']:.1f}%{more} "
                       f"(val {100 * scores['val_accuracy']:.1f}%, {scores['seconds']:.1f}s)", file=sys.stderr)
     return results
 
