@@ -371,8 +371,9 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
                 bar = Progress(f"{cfg.task}/{split}", len(d), int(done[split].sum()), progress)
                 with contextlib.closing(prefetch(batches(split))) as stream:
                     for rows, batch in stream:
+                        fresh = len(rows) - int(done[split][rows].sum())  # a resumed batch may hold done rows
                         background.submit(split, rows, runner.run(batch))
-                        bar.update(len(rows))
+                        bar.update(fresh)
             background.drain()
         finally:
             background.close()
