@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/extract.py                 # make bench
     .venv/bin/python benchmarks/extract.py --inputs mnist --reps 3
+    .venv/bin/python benchmarks/extract.py --inputs mnist --reps 3 --dtype float32 --no-compile   # other paths
 
 On one input per sequence length (64 tokens of 16 values, the ``mnist`` shape, and 1024
 tokens of 1 value, the ``cifar10_lra`` shape; random values in [0, 1], which do not change
@@ -80,7 +81,7 @@ def load() -> str:
     return "load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def bench_input(name: str, reps: int, seed: int) -> dict:
+def bench_input(name: str, reps: int, seed: int, dtype: str = "auto", compile: bool | None = None) -> dict:
     from transformers import GPT2Config, GPT2Model
 
     from reservoir.backbones import seeded
@@ -88,7 +89,7 @@ def bench_input(name: str, reps: int, seed: int) -> dict:
     from reservoir.input_layer import make_input_layer
 
     seq_len, token_dim = INPUTS[name]
-    cfg = ExtractConfig(task=name, backbone="gpt2-random")
+    cfg = ExtractConfig(task=name, backbone="gpt2-random", dtype=dtype, compile=compile)
     spec = TaskSpec(name, "dense", seq_len=seq_len, token_dim=token_dim, n_classes=10)
     depths = list(range(GPT2_SMALL["n_layer"] + 1))
     backbone = random_gpt2(seed, **GPT2_SMALL)
@@ -109,7 +110,7 @@ def bench_input(name: str, reps: int, seed: int) -> dict:
         out = hf(inputs_embeds=layer(base_tokens), output_hidden_states=True)
         return torch.stack([h[:, -1] for h in out.hidden_states], 1)
 
-    # ours: the extraction defaults, compiled as an extraction of 50,000 such examples would be
+    # ours: the extraction defaults (or --dtype/--compile), compiled as an extraction of 50,000 examples would be
     dtype = resolve_dtype(cfg.dtype)
     compile = should_compile(cfg.compile, 50_000 * seq_len)
     runner = FeatureRunner(spec, make_input_layer(spec, GPT2_SMALL["n_embd"], seed), backbone, depths, dtype, compile,
@@ -146,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inputs", default=",".join(INPUTS), help=f"comma-separated, from {list(INPUTS)}")
     p.add_argument("--reps", type=int, default=5, help="interleaved repetitions of baseline, ours, matmul peak")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="our path's compute dtype (default: the extraction default)")
+    p.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
+                   help="force our path compiled or eager (default: the extraction default, auto)")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.inputs.split(",") if n.strip()]
     bad = [n for n in names if n not in INPUTS]
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
           f"native bf16: {bf16_native()}")
     print(f"model: GPT-2-small shape {GPT2_SMALL}, random weights; depths 0..{GPT2_SMALL['n_layer']}")
     print(f"before: {load()}")
-    results = [bench_input(n, args.reps, args.seed) for n in names]
+    results = [bench_input(n, args.reps, args.seed, args.dtype, args.compile) for n in names]
     print(f"after:  {load()}")
     print()
     print("| input | tokens | ours: dtype, compiled, batch | first call s | baseline tok/s | ours tok/s | "
