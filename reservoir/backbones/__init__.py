@@ -123,6 +123,9 @@ def load_backbone(name: str, seed: int = 0) -> Backbone:
     >>> load_backbone("lstm").n_layers
     3
     """
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # transformers' weight-loading bar; extract and train print their own progress
     base, twin = split_twin(name)
     if os.environ.get("RESERVOIR_OFFLINE"):  # fail fast instead of retrying an unreachable hub
         import huggingface_hub.constants
