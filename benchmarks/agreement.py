@@ -22,19 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import h5py  # noqa: E402
 
-from reservoir.store import depth_index, file_config, open_features, partial_path  # noqa: E402
+from reservoir.store import file_config, iter_depth, open_features, partial_path  # noqa: E402
 
 
 def open_file(path: Path, partial: bool) -> h5py.File:
     if partial and not path.exists() and partial_path(path).exists():
         return h5py.File(partial_path(path), "r")
     return open_features(path)
-
-
-def blocks(f: h5py.File, split: str, depth: int, rows: np.ndarray, size: int = 4096):
-    k, ds = depth_index(f, depth), f[split]["features"]
-    for start in range(0, len(rows), size):
-        yield ds[rows[start:start + size], k]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for depth in depths:
                 errs, coss = [], []
-                for a, b in zip(blocks(fa, split, depth, rows), blocks(fb, split, depth, rows)):
+                for (a, _), (b, _) in zip(iter_depth(fa, split, depth, select=rows), iter_depth(fb, split, depth, select=rows)):
                     a, b = a.reshape(len(a), -1).astype(np.float64), b.reshape(len(b), -1).astype(np.float64)
                     nb = np.maximum(np.linalg.norm(b, axis=1), 1e-12)
                     errs.append(np.linalg.norm(a - b, axis=1) / nb)

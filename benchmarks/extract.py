@@ -47,6 +47,8 @@ from reservoir.config import ExtractConfig  # noqa: E402
 from reservoir.extract import FeatureRunner, auto_batch_size, bf16_native, resolve_dtype, should_compile  # noqa: E402
 from reservoir.tasks import TaskSpec  # noqa: E402
 
+from matmul import matmul_rate  # noqa: E402  (benchmarks/matmul.py, beside this script)
+
 #: benchmark inputs: name -> (tokens, values per token), the shapes of the paper's tasks
 INPUTS = {"mnist": (64, 16), "cifar10_lra": (1024, 1)}
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768)
@@ -57,18 +59,6 @@ def flops_per_token(n_layer: int, d: int, d_ff: int, seq_len: int, token_dim: in
     """Matrix-product FLOPs per token of a GPT-2 forward over ``seq_len`` tokens (see module doc)."""
     per_block = 2 * (d * 3 * d + d * d + 2 * d * d_ff) + 2 * (seq_len + 1) * d
     return n_layer * per_block + 2 * token_dim * d
-
-
-def matmul_rate(n: int = 2048, seconds: float = 1.0) -> float:
-    """bf16 FLOP/s of ``torch.mm`` on ``n x n`` matrices, timed over about ``seconds``."""
-    a = torch.randn(n, n).bfloat16()
-    b = torch.randn(n, n).bfloat16()
-    torch.mm(a, b)
-    reps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        torch.mm(a, b)
-        reps += 1
-    return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
 def timed(fn) -> float:

@@ -14,16 +14,16 @@ import time
 import torch
 
 
-def rate(n: int, dtype: torch.dtype, flops: float = 2e10) -> float:
-    """GFLOP/s of an n x n by n x n product in ``dtype``, about ``flops`` FLOPs timed."""
+def matmul_rate(n: int = 2048, dtype: torch.dtype = torch.bfloat16, seconds: float = 1.0) -> float:
+    """FLOP/s of ``torch.mm`` on two ``n x n`` matrices in ``dtype``, timed over about ``seconds``
+    after one untimed product."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    reps = max(2, int(flops / (2 * n**3)))
-    start = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e9
+    torch.mm(a, b)
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.mm(a, b)
+        reps += 1
+    return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
         torch.set_num_threads(threads)
         for dtype in (torch.float32, torch.bfloat16):
             for n in (1024, 2048, 4096):
-                print(f"{threads:<3} {str(dtype).removeprefix('torch.'):<9} {n:5d} {rate(n, dtype):6.0f}", flush=True)
+                print(f"{threads:<3} {str(dtype).removeprefix('torch.'):<9} {n:5d} {matmul_rate(n, dtype) / 1e9:6.0f}", flush=True)
 
 
 if __name__ == "__main__":

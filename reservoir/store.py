@@ -151,12 +151,15 @@ def read_depth(f: h5py.File, split: str, depth: int) -> tuple[np.ndarray, np.nda
     return f[split]["features"][:, depth_index(f, depth)], f[split]["labels"][:]
 
 
-def iter_depth(f: h5py.File, split: str, depth: int, rows: int = 4096) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Stream one depth in row blocks (memory stays flat for out-of-core heads)."""
+def iter_depth(f: h5py.File, split: str, depth: int, rows: int = 4096,
+               select: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Stream one depth in blocks of ``rows`` (memory stays flat for out-of-core heads); with
+    ``select`` (increasing row indices) only those rows."""
     k = depth_index(f, depth)
     ds, labels = f[split]["features"], f[split]["labels"]
-    for start in range(0, ds.shape[0], rows):
-        yield ds[start:start + rows, k], labels[start:start + rows]
+    for start in range(0, ds.shape[0] if select is None else len(select), rows):
+        index = slice(start, start + rows) if select is None else select[start:start + rows]
+        yield ds[index, k], labels[index]
 
 
 def dask_features(f: h5py.File, split: str):

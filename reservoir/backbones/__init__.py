@@ -123,9 +123,6 @@ def load_backbone(name: str, seed: int = 0) -> Backbone:
     >>> load_backbone("lstm").n_layers
     3
     """
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # transformers' weight-loading bar; extract and train print their own progress
     base, twin = split_twin(name)
     if os.environ.get("RESERVOIR_OFFLINE"):  # fail fast instead of retrying an unreachable hub
         import huggingface_hub.constants
@@ -212,6 +209,15 @@ def freeze(module: nn.Module) -> nn.Module:
     for p in module.parameters():
         p.requires_grad_(False)
     return module
+
+
+def from_pretrained(cls, *args, **kwargs):
+    """``cls.from_pretrained(*args, **kwargs)`` without transformers' weight-loading progress bar
+    (extract and train print their own progress)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return cls.from_pretrained(*args, **kwargs)
 
 
 from reservoir.backbones import gpt2, hf, lstm, smollm  # noqa: E402,F401  (register families)

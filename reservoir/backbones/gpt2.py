@@ -7,7 +7,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from reservoir.backbones import FAMILIES, Backbone, BackboneError, gather, register_backbone, seeded
+from reservoir.backbones import (FAMILIES, Backbone, BackboneError, from_pretrained, gather, register_backbone,
+                                 seeded)
 
 #: nanoGPT's table: shapes of the released GPT-2 sizes (hub id -> config arguments)
 GPT2_SIZES = {
@@ -56,7 +57,7 @@ def load_gpt2(path: str, seed: int = 0) -> GPT2Backbone:
     from transformers import GPT2Model
 
     try:
-        model = GPT2Model.from_pretrained(path)
+        model = from_pretrained(GPT2Model, path)
     except OSError as e:
         raise BackboneError(
             f"cannot load GPT-2 weights from {path!r} ({str(e).splitlines()[0]}); pass a folder saved with "

