@@ -2,7 +2,7 @@
 
 >>> from reservoir import api
 >>> path = api.extract("digits", "lstm", limit=100)                 # doctest: +SKIP
->>> results = api.fit("digits", "lstm", depth="all")               # doctest: +SKIP
+>>> results = api.fit(features=path, depths="all")                  # doctest: +SKIP
 >>> X, y = api.read_features(path, "test", depth=2)                 # doctest: +SKIP
 
 The transformer turns sequences into the readout features of a frozen backbone, so any
@@ -24,7 +24,8 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
-from reservoir.config import ExtractConfig, FitConfig, parse_depths
+from reservoir.config import ExtractConfig, FitConfig, default, select_depths
+from reservoir.errors import UsageError
 from reservoir.tasks import TaskSpec, pad_ids
 
 __all__ = ["ReservoirFeatures", "extract", "fit", "read_features"]
@@ -33,24 +34,25 @@ __all__ = ["ReservoirFeatures", "extract", "fit", "read_features"]
 def _config(cls, task: Any, backbone: str, **settings: Any):
     if isinstance(task, cls):
         if settings:
-            raise ValueError(f"give either a {cls.__name__} or settings, not both (got {sorted(settings)})")
+            raise UsageError(f"give either a {cls.__name__} or settings, not both (got {sorted(settings)})")
         return task
     settings = {"task": task, "backbone": backbone, **settings}
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in settings if k not in names]
     if unknown:
-        raise ValueError(f"unknown setting {unknown[0]!r}; choose from {sorted(names)}")
+        raise UsageError(f"unknown setting {unknown[0]!r}; choose from {sorted(names)}")
     return cls(**{k: v for k, v in settings.items() if v is not None})  # None: the config's default
 
 
-def extract(task: str | ExtractConfig, backbone: str = "gpt2-random", *, progress: bool = False,
+def extract(task: str | ExtractConfig, backbone: str | None = None, *, progress: bool = False,
             **settings: Any) -> Path:
     """Stream a task through a frozen backbone into an HDF5 feature file; what ``reservoir extract`` runs.
 
     Parameters
     ----------
     task : a registered task name or ``"file:PATH"`` (or a whole ExtractConfig, then no settings).
-    backbone : a registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID``.
+    backbone : a registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID``
+        (``None``: the config's default, gpt2-random).
     progress : show progress on stderr.
     **settings : any field of :class:`reservoir.config.ExtractConfig` (``split``, ``limit``,
         ``seed``, ``batch_size``, ``dtype``, ``depths``, ``task_options``, ``data_dir``, ``out``, ...);
@@ -66,21 +68,22 @@ def extract(task: str | ExtractConfig, backbone: str = "gpt2-random", *, progres
     return run(_config(ExtractConfig, task=task, backbone=backbone, **settings), progress=progress)
 
 
-def fit(task: str | FitConfig, backbone: str = "gpt2-random", *, progress: bool = False,
+def fit(task: str | FitConfig | None = None, backbone: str | None = None, *, progress: bool = False,
         **settings: Any) -> list[dict[str, Any]]:
     """Fit a linear head per depth on a feature file; what ``reservoir fit`` runs.
 
     Parameters
     ----------
-    task, backbone : name the feature file (``features/TASK/BACKBONE.h5``) and results folder
-        (or a whole FitConfig as ``task``, then no settings).
+    task, backbone : find the feature file extracted for them (or check that ``features``
+        belongs to them); a whole FitConfig as ``task``, then no settings.
     progress : print one line per depth on stderr.
-    **settings : any field of :class:`reservoir.config.FitConfig` (``depth``, ``head``,
-        ``features``, ``val_fraction``, ``seed``, ...).
+    **settings : any field of :class:`reservoir.config.FitConfig` (``features``, ``depths``,
+        ``head``, ``val_fraction``, ``seed``, ...).
 
     Returns
     -------
-    One result dict per depth (also written as JSON under ``results/TASK/BACKBONE/``).
+    One result dict per depth (also written as JSON under ``results/TASK/BACKBONE/``, named by
+    the features' identity, head, depth and seed).
     """
     from reservoir.fit import fit as run
 
@@ -98,19 +101,22 @@ def read_features(path: str | Path, split: str, depth: int) -> tuple[np.ndarray,
 
 # -- the scikit-learn transformer -------------------------------------------------------------
 
-_LOADED: dict[tuple[str, int, str], Any] = {}
+_LOADED: dict[tuple[str, int], Any] = {}
 
 
-def _backbone(name: str, seed: int, dtype: str):
-    """Load once per (name, seed, dtype): every fold of a cross-validation shares the frozen model."""
+def _backbone(name: str, seed: int):
+    """Load once per (name, seed): every fold of a cross-validation shares the frozen model (a
+    fresh copy, since the runner converts it to the compute dtype in place)."""
+    import copy
+
     from reservoir.backbones import load_backbone
 
-    key = (name, seed, dtype)
+    key = (name, seed)
     if key not in _LOADED:
         if len(_LOADED) >= 2:
             _LOADED.pop(next(iter(_LOADED)))
         _LOADED[key] = load_backbone(name, seed)
-    return _LOADED[key]
+    return copy.deepcopy(_LOADED[key])
 
 
 def _sequences(X: Any) -> tuple[list[np.ndarray], str, int]:
@@ -122,20 +128,20 @@ def _sequences(X: Any) -> tuple[list[np.ndarray], str, int]:
             return list(X), "ids", 0
         if X.ndim == 2 and X.dtype.kind == "f":
             return list(X[:, :, None]), "dense", 1
-        raise ValueError(f"X must be (N, T, d) floats, (N, T) integer ids or (N, T) floats (one value a token); "
+        raise UsageError(f"X must be (N, T, d) floats, (N, T) integer ids or (N, T) floats (one value a token); "
                          f"got {X.dtype} with shape {X.shape}")
     rows = [np.asarray(r) for r in X]
     if not rows:
-        raise ValueError("X is empty; give at least one sequence")
+        raise UsageError("X is empty; give at least one sequence")
     kinds = {("ids" if r.dtype.kind in "iu" else "dense") for r in rows}
     if len(kinds) > 1:
-        raise ValueError("X mixes integer-id and float sequences; give one kind")
+        raise UsageError("X mixes integer-id and float sequences; give one kind")
     if kinds == {"ids"}:
         return rows, "ids", 0
     rows = [r[:, None] if r.ndim == 1 else r for r in rows]
     widths = {r.shape[1] for r in rows}
     if len(widths) > 1 or any(r.ndim != 2 for r in rows):
-        raise ValueError(f"float sequences must all be (T_i, d) with one d; got widths {sorted(widths)}")
+        raise UsageError(f"float sequences must all be (T_i, d) with one d; got widths {sorted(widths)}")
     return rows, "dense", widths.pop()
 
 
@@ -150,10 +156,13 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     Parameters
     ----------
     backbone : a registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID``.
-    depth : a depth (``-1``: the last block), a list of depths, or ``"all"``. One depth gives
+    depth : a depth (negative counts from the last block: ``-1``), a list of depths, ``"0,6"``
+        or ``"all"`` (the same selection as ``reservoir extract --depths``). One depth gives
         ``(N, d_model)``; several give ``(N, n_depths * d_model)``, depth-major.
     seed : seeds the input layer and randomly initialised backbones.
-    dtype : ``"float32"`` or ``"bfloat16"`` compute (features are returned as float32).
+    input_scale : the input layer's scale, as ``reservoir extract --input-scale``.
+    dtype : compute dtype, as ``reservoir extract --dtype`` (``"auto"``: bfloat16 where the CPU
+        multiplies it natively, else float32); features are returned as float32.
     batch_size : sequences per forward pass (variable-length ones are bucketed by length).
     vocab_size : id vocabulary for integer input (None: largest id seen by ``fit`` + 1).
 
@@ -169,46 +178,34 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     >>> model.fit(X_train, y_train).score(X_test, y_test)           # doctest: +SKIP
     """
 
-    def __init__(self, backbone: str = "gpt2-random", *, depth: int | Sequence[int] | str = -1, seed: int = 0,
-                 dtype: str = "float32", batch_size: int = 32, vocab_size: int | None = None):
+    def __init__(self, backbone: str = default(ExtractConfig, "backbone"), *, depth: int | Sequence[int] | str = -1,
+                 seed: int = default(ExtractConfig, "seed"), input_scale: str = default(ExtractConfig, "input_scale"),
+                 dtype: str = default(ExtractConfig, "dtype"), batch_size: int = 32, vocab_size: int | None = None):
         self.backbone = backbone
         self.depth = depth
         self.seed = seed
+        self.input_scale = input_scale
         self.dtype = dtype
         self.batch_size = batch_size
         self.vocab_size = vocab_size
 
-    def _depths(self, n_layers: int) -> list[int]:
-        d = self.depth
-        if isinstance(d, str):
-            return parse_depths(d, n_layers)
-        depths = [d] if isinstance(d, (int, np.integer)) else list(d)
-        depths = [n_layers + 1 + int(k) if int(k) < 0 else int(k) for k in depths]
-        bad = [k for k in depths if not 0 <= k <= n_layers]
-        if bad or not depths:
-            raise ValueError(f"The 'depth' parameter of ReservoirFeatures must be in [0, {n_layers}] (or -1 for the "
-                             f"last). Got {self.depth!r} instead.")
-        return depths
-
     def fit(self, X: Any, y: Any = None) -> "ReservoirFeatures":
-        from reservoir.extract import DTYPES, FeatureRunner
-        from reservoir.input_layer import make_input_layer
+        from reservoir.forward import FeatureRunner, check_length, resolve_dtype
 
-        if self.dtype not in DTYPES:
-            raise ValueError(f"The 'dtype' parameter of ReservoirFeatures must be one of {sorted(DTYPES)}. "
-                             f"Got {self.dtype!r} instead.")
+        dtype = resolve_dtype(self.dtype)
         if not isinstance(self.batch_size, (int, np.integer)) or self.batch_size < 1:
-            raise ValueError(f"The 'batch_size' parameter of ReservoirFeatures must be >= 1. Got {self.batch_size!r} instead.")
+            raise UsageError(f"The 'batch_size' parameter of ReservoirFeatures must be >= 1. Got {self.batch_size!r} instead.")
         rows, kind, width = _sequences(X)
-        backbone = _backbone(self.backbone, self.seed, self.dtype)
-        self.depths_ = self._depths(backbone.n_layers)
+        backbone = _backbone(self.backbone, self.seed)
+        self.depths_ = select_depths(self.depth, range(backbone.n_layers + 1), f"in backbone {self.backbone}")
         vocab = 0
         if kind == "ids":
             vocab = self.vocab_size or int(max(r.max() for r in rows)) + 1
         self.spec_ = TaskSpec("sklearn", kind, seq_len=max(len(r) for r in rows), n_classes=1, token_dim=width,
                               vocab_size=vocab)
-        layer = make_input_layer(self.spec_, backbone.d_model, self.seed)
-        self.runner_ = FeatureRunner(self.spec_, layer, backbone, self.depths_, self.dtype)
+        check_length(self.spec_, backbone, self.backbone)
+        self.runner_ = FeatureRunner.build(self.spec_, backbone, self.depths_, seed=self.seed, dtype=dtype,
+                                           input_scale=self.input_scale)
         self.n_features_out_ = len(self.depths_) * backbone.d_model
         return self
 
@@ -219,16 +216,16 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         check_is_fitted(self, "runner_")
         rows, kind, width = _sequences(X)
         if kind != self.spec_.token_kind or width != self.spec_.token_dim:
-            raise ValueError(f"X has {kind} tokens of width {width}, but this transformer was fitted on "
+            raise UsageError(f"X has {kind} tokens of width {width}, but this transformer was fitted on "
                              f"{self.spec_.token_kind} tokens of width {self.spec_.token_dim}")
         if kind == "ids":
             top = max(int(r.max()) for r in rows)
             if top >= self.spec_.vocab_size or min(int(r.min()) for r in rows) < 0:
-                raise ValueError(f"token ids must lie in [0, {self.spec_.vocab_size}); got up to {top}. "
+                raise UsageError(f"token ids must lie in [0, {self.spec_.vocab_size}); got up to {top}. "
                                  "Set vocab_size to cover every id")
         lengths = np.array([len(r) for r in rows], dtype=np.int64)
         if lengths.min() < 1:
-            raise ValueError("every sequence needs at least one token")
+            raise UsageError("every sequence needs at least one token")
         out = np.empty((len(rows), len(self.depths_), self.runner_.backbone.d_model), dtype=np.float32)
         for batch in plan_batches(lengths, self.batch_size, bucket=True):
             seqs = [rows[i] for i in batch]

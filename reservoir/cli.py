@@ -1,7 +1,10 @@
 """The ``reservoir`` command line: the only place that reads options.
 
-Exit status: 0 on success, 2 on a usage error (click's convention), 1 on a runtime
-failure (missing data, unloadable backbone, unfinished feature file).
+Exit status: 0 on success, 2 on a usage error found while parsing the options (click's
+convention), 1 on every failure found later (missing data, unloadable backbone, a depth
+the backbone lacks, a feature file of another run). Options the user did not give reach
+the config dataclasses as ``None``, so each default lives in :mod:`reservoir.config` only.
+Heavy modules (torch) are imported by the commands that need them.
 """
 
 from __future__ import annotations
@@ -13,12 +16,9 @@ from pathlib import Path
 import click
 
 from reservoir import __version__
-from reservoir.backbones import BACKBONES, BackboneError, is_backbone, list_backbones
-from reservoir.config import ExtractConfig, FitConfig, default_data_dir
-from reservoir.store import StoreError
-from reservoir.tasks import TASKS, DataError, get_task, list_tasks, parse_options
-
-RUNTIME_ERRORS = (DataError, StoreError, BackboneError, OSError)
+from reservoir.config import (DTYPE_CHOICES, HEAD_CHOICES, INPUT_SCALE_CHOICES, READOUT_CHOICES, TRAIN_DTYPES,
+                              ExtractConfig, FitConfig, TrainConfig, default, from_options, parse_depths)
+from reservoir.errors import ReservoirError
 
 
 @dataclass(frozen=True)
@@ -31,37 +31,83 @@ class Settings:
 pass_settings = click.make_pass_decorator(Settings)
 
 
-def check_task(ctx, param, value: str) -> str:
-    if value.startswith("file:") or value in TASKS:
+def shown(cls: type, name: str) -> str:
+    """`` [default: X]`` for a help text, read from the config dataclass (the one place for defaults)."""
+    value = default(cls, name)
+    return f" [default: {value}]" if value not in (None, "", ()) else ""
+
+
+def check_task(ctx, param, value: str | None) -> str | None:
+    from reservoir.tasks import TASKS, list_tasks
+
+    if value is None or value.startswith("file:") or value in TASKS:
         return value
     raise click.BadParameter(f"unknown task {value!r}; choose from {list_tasks()} or file:PATH")
 
 
-def check_backbone(ctx, param, value: str) -> str:
-    if is_backbone(value):
+def check_backbone(ctx, param, value: str | None) -> str | None:
+    from reservoir.backbones import is_backbone, list_backbones
+
+    if value is None or is_backbone(value):
         return value
     raise click.BadParameter(
         f"unknown backbone {value!r}; choose from {list_backbones()}, a folder saved with save_pretrained, or hf:ID"
         " (any of them with -random or -stats appended)")
 
 
-def task_option(f):
-    return click.option("--task", "-t", required=True, callback=check_task, help="Registered task or file:PATH.")(f)
+def check_depths(ctx, param, value: str | None):
+    if value is None:
+        return None
+    try:
+        return parse_depths(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
-def backbone_option(f):
-    return click.option("--backbone", "-b", default="gpt2-random", show_default=True, callback=check_backbone,
-                        help="Registered backbone, a save_pretrained folder, or hf:ID.")(f)
+def renamed(new: str):
+    """Callback of a hidden option that was renamed: a usage error naming the new option."""
+
+    def refuse(ctx, param, value):
+        if value is not None:
+            raise click.BadParameter(f"{param.opts[0]} was renamed {new}; pass {new} {value}")
+        return value
+
+    return refuse
+
+
+def task_options(task: str, pairs: tuple[str, ...]) -> dict:
+    """``--task-opt`` pairs, checked against the task's options (a usage error, exit 2)."""
+    from reservoir.tasks import check_options, parse_options
+
+    try:
+        return check_options(task, parse_options(pairs))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--task-opt") from None
+
+
+def task_option(required: bool = True):
+    def add(f):
+        return click.option("--task", "-t", required=required, default=None, callback=check_task,
+                            help="Registered task or file:PATH." + ("" if required else " [default: the file's]"))(f)
+
+    return add
+
+
+def backbone_option(cls: type | None):
+    def add(f):
+        help = "Registered backbone, a save_pretrained folder, or hf:ID."
+        return click.option("--backbone", "-b", default=None, callback=check_backbone,
+                            help=help + (shown(cls, "backbone") if cls else " [default: the file's]"))(f)
+
+    return add
 
 
 def run(fn, *args, **kwargs):
-    """Call into the library, mapping its errors onto exit codes 2 (bad value) and 1 (runtime)."""
+    """Call into the library; its foreseeable errors become exit status 1 with the message (no traceback)."""
     try:
         return fn(*args, **kwargs)
-    except RUNTIME_ERRORS as e:
-        raise click.ClickException(str(e)) from None
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+    except (ReservoirError, ValueError, OSError) as e:
+        raise click.ClickException(str(e) or type(e).__name__) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -76,6 +122,8 @@ def main(ctx: click.Context, quiet: bool) -> None:
 @main.command("tasks")
 def tasks_cmd() -> None:
     """List registered tasks with their shapes."""
+    from reservoir.tasks import get_task, list_tasks
+
     for name in list_tasks():
         click.echo(f"{name:12s} {get_task(name).spec.describe()}")
 
@@ -83,6 +131,8 @@ def tasks_cmd() -> None:
 @main.command("backbones")
 def backbones_cmd() -> None:
     """List registered backbones."""
+    from reservoir.backbones import BACKBONES, list_backbones
+
     for name in list_backbones():
         click.echo(f"{name:24s} {BACKBONES.help(name)}")
 
@@ -101,65 +151,79 @@ def install(settings: Settings, name, source, force) -> None:
 
 
 @main.command()
-@task_option
-@backbone_option
-@click.option("--split", default="all", show_default=True, help="A split name or 'all'.")
+@task_option()
+@backbone_option(ExtractConfig)
+@click.option("--split", default=None, help="A split name or 'all'." + shown(ExtractConfig, "split"))
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds input layer, random backbones, generated data.")
+@click.option("--seed", type=int, default=None,
+              help="Seeds the input layer, random backbones and generated data (a task's own --task-opt seed=N "
+                   "seeds its data instead)." + shown(ExtractConfig, "seed"))
+@click.option("--input-scale", type=click.Choice(INPUT_SCALE_CHOICES), default=None,
+              help="Scale of the frozen input layer; paper: orthogonal gain 1.41, N(0, 1) id embeddings."
+                   + shown(ExtractConfig, "input_scale"))
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Examples per forward pass [default: about 16,384 tokens a batch; 32,768 for LSTMs].")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default=None,
               help="Backbone compute dtype; auto: bfloat16 where the CPU multiplies bf16 natively, else float32 "
-                   "(features are stored as float32).")
-@click.option("--depths", default="all", show_default=True, help="'all' or comma-separated depths, e.g. 0,3,6.")
-@click.option("--readout", type=click.Choice(["last", "padded"]), default="last", show_default=True,
-              help="'last' real token, or 'padded' (pad to full length, read the last position: the official code).")
+                   "(features are stored as float32)." + shown(ExtractConfig, "dtype"))
+@click.option("--depths", default=None, callback=check_depths,
+              help="'all' or comma-separated depths, e.g. 0,3,6 (negative: from the last block)."
+                   + shown(ExtractConfig, "depths"))
+@click.option("--readout", type=click.Choice(READOUT_CHOICES), default=None,
+              help="'last' real token, or 'padded' (pad to full length, read the last position: the official code)."
+                   + shown(ExtractConfig, "readout"))
 @click.option("--compile/--no-compile", default=None,
               help="torch.compile the forward (eager if compiling fails) [default: only runs of 300,000+ tokens].")
 @click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Data folder [default: $RESERVOIR_HOME/data or ./data].")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Feature file [default: features/TASK/BACKBONE.h5].")
+              help="Feature file [default: features/TASK/BACKBONE/DTYPE-seedS[-limitN]-HASH.h5, named by the run's "
+                   "identity].")
 @pass_settings
-def extract(settings: Settings, task, backbone, split, limit, seed, batch_size, dtype, depths, readout, compile,
-            task_opts, data_dir, out) -> None:
-    """Stream a task through a frozen backbone into an HDF5 feature file."""
-    from reservoir.api import extract as run_extract
+def extract(settings: Settings, task, backbone, split, limit, seed, input_scale, batch_size, dtype, depths, readout,
+            compile, task_opts, data_dir, out) -> None:
+    """Stream a task through a frozen backbone into an HDF5 feature file (reused when the same run asks again)."""
+    from reservoir.extract import extract as run_extract
 
-    cfg = ExtractConfig(task=task, backbone=backbone, task_options=run(parse_options, task_opts), split=split,
-                        limit=limit, seed=seed, batch_size=batch_size, dtype=dtype, depths=depths, readout=readout,
-                        compile=compile, data_dir=data_dir or default_data_dir(), out=out)
-    path = run(run_extract, cfg, progress=not settings.quiet)
-    click.echo(str(path))
+    cfg = run(from_options, ExtractConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
+              split=split, limit=limit, seed=seed, input_scale=input_scale, batch_size=batch_size, dtype=dtype,
+              depths=depths, readout=readout, compile=compile, data_dir=data_dir, out=out)
+    click.echo(str(run(run_extract, cfg, progress=not settings.quiet)))
 
 
 @main.command()
-@task_option
-@backbone_option
-@click.option("--depth", default="all", show_default=True, help="'all' or comma-separated depths.")
-@click.option("--head", type=click.Choice(["logreg", "ridge", "torch"]), default="logreg", show_default=True)
+@task_option(required=False)
+@backbone_option(None)
 @click.option("--features", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Feature file [default: features/TASK/BACKBONE.h5].")
-@click.option("--val-fraction", type=click.FloatRange(0.01, 0.5), default=0.1, show_default=True,
-              help="Share of train held out to choose regularisation (when the file has no val split).")
-@click.option("--seed", type=int, default=0, show_default=True)
+              help="Feature file [default: the one extracted for --task and --backbone under features/].")
+@click.option("--depths", default=None, callback=check_depths,
+              help="'all' or comma-separated depths (negative: from the last stored one)." + shown(FitConfig, "depths"))
+@click.option("--depth", hidden=True, default=None, callback=renamed("--depths"))
+@click.option("--head", type=click.Choice(HEAD_CHOICES), default=None, help="Linear head." + shown(FitConfig, "head"))
+@click.option("--val-fraction", type=click.FloatRange(0.01, 0.5), default=None,
+              help="Share of train held out to choose regularisation (when the file has no val split)."
+                   + shown(FitConfig, "val_fraction"))
+@click.option("--seed", type=int, default=None, help="Seeds the validation split and the torch head." + shown(FitConfig, "seed"))
 @pass_settings
-def fit(settings: Settings, task, backbone, depth, head, features, val_fraction, seed) -> None:
+def fit(settings: Settings, task, backbone, features, depths, depth, head, val_fraction, seed) -> None:
     """Fit a linear head per depth on cached features; print the depth table."""
-    from reservoir.api import fit as run_fit
+    from reservoir.fit import fit as run_fit
     from reservoir.report import depth_table
 
-    cfg = FitConfig(task=task, backbone=backbone, features=features, depth=depth, head=head,
-                    val_fraction=val_fraction, seed=seed)
-    results = run(run_fit, cfg, progress=not settings.quiet)
-    click.echo(depth_table(results))
+    if task is None and features is None:
+        raise click.UsageError("give --features FILE, or --task (and --backbone) to find the extracted file")
+    cfg = run(from_options, FitConfig, task=task, backbone=backbone, features=features, depths=depths, head=head,
+              val_fraction=val_fraction, seed=seed)
+    click.echo(depth_table(run(run_fit, cfg, progress=not settings.quiet)))
 
 
 def comma_list(kind):
     """Callback parsing ``a,b,c`` into a tuple of ``kind`` values."""
 
-    def parse(ctx, param, value: str):
+    def parse(ctx, param, value: str | None):
+        if value is None:
+            return None
         try:
             items = tuple(kind(p.strip()) for p in value.split(",") if p.strip())
         except ValueError:
@@ -172,62 +236,66 @@ def comma_list(kind):
 
 
 @main.command()
-@task_option
-@backbone_option
-@click.option("--trainable", default="input,pos,ln,out", show_default=True, callback=comma_list(str),
-              help="Groups to train, from input,pos,ln,attn,ff,out (or a backbone's own group, e.g. lstm).")
-@click.option("--lr", default="1e-3", show_default=True, callback=comma_list(float),
-              help="Adam learning rate(s); a list is a sweep selected on validation accuracy.")
-@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per learning rate.")
-@click.option("--seed", type=int, default=0, show_default=True, help="First seed (runs use seed, seed+1, ...).")
-@click.option("--steps", type=click.IntRange(min=1), default=10000, show_default=True, help="Maximum gradient steps.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--eval-every", type=click.IntRange(min=1), default=100, show_default=True,
-              help="Steps between validation passes.")
-@click.option("--patience", type=click.IntRange(min=0), default=10, show_default=True,
-              help="Validation passes without improvement before stopping (0: never).")
+@task_option()
+@backbone_option(TrainConfig)
+@click.option("--trainable", default=None, callback=comma_list(str),
+              help="Groups to train, from input,pos,ln,attn,ff,out (or a backbone's own group, e.g. lstm)."
+                   " [default: input,pos,ln,out]")
+@click.option("--lr", default=None, callback=comma_list(float),
+              help="Adam learning rate(s); a list is a sweep selected on validation accuracy. [default: 1e-3]")
+@click.option("--seeds", type=click.IntRange(min=1), default=None, help="Runs per learning rate." + shown(TrainConfig, "seeds"))
+@click.option("--seed", type=int, default=None,
+              help="First seed (runs use seed, seed+1, ...); also seeds generated data." + shown(TrainConfig, "seed"))
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Maximum gradient steps." + shown(TrainConfig, "steps"))
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per step." + shown(TrainConfig, "batch_size"))
+@click.option("--eval-every", type=click.IntRange(min=1), default=None,
+              help="Steps between validation passes." + shown(TrainConfig, "eval_every"))
+@click.option("--patience", type=click.IntRange(min=0), default=None,
+              help="Validation passes without improvement before stopping (0: never)." + shown(TrainConfig, "patience"))
 @click.option("--target", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Validation accuracy whose first crossing is reported as steps_to_target.")
-@click.option("--val-fraction", type=click.FloatRange(0.01, 0.5), default=0.1, show_default=True,
-              help="Share of train held out for validation (when the task has no val split).")
+@click.option("--val-fraction", type=click.FloatRange(0.01, 0.5), default=None,
+              help="Share of train held out for validation (when the task has no val split)."
+                   + shown(TrainConfig, "val_fraction"))
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split.")
-@click.option("--depth", type=click.IntRange(min=0), default=None, help="Blocks to run [default: all].")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
-              help="bfloat16 runs the forward under CPU autocast (parameters stay float32).")
-@click.option("--compile/--no-compile", default=False, show_default=True, help="torch.compile the model.")
-@click.option("--grad-clip", type=click.FloatRange(min=0), default=1.0, show_default=True,
-              help="Maximum gradient norm (0: no clipping).")
-@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True)
-@click.option("--checkpoint-every", type=click.IntRange(min=0), default=500, show_default=True,
-              help="Steps between checkpoints (0: only at the end).")
+@click.option("--blocks", type=click.IntRange(min=0), default=None, help="Blocks of the backbone to run [default: all].")
+@click.option("--depth", hidden=True, default=None, callback=renamed("--blocks"))
+@click.option("--input-scale", type=click.Choice(INPUT_SCALE_CHOICES), default=None,
+              help="Scale of the input layer's initialisation." + shown(TrainConfig, "input_scale"))
+@click.option("--dtype", type=click.Choice(TRAIN_DTYPES), default=None,
+              help="bfloat16 runs the forward under CPU autocast (parameters stay float32)." + shown(TrainConfig, "dtype"))
+@click.option("--compile/--no-compile", default=None, help="torch.compile the model." + shown(TrainConfig, "compile"))
+@click.option("--grad-clip", type=click.FloatRange(min=0), default=None,
+              help="Maximum gradient norm (0: no clipping)." + shown(TrainConfig, "grad_clip"))
+@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=None, help="Dropout." + shown(TrainConfig, "dropout"))
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
+              help="Steps between checkpoints (0: only at the end)." + shown(TrainConfig, "checkpoint_every"))
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Checkpoint folder [default: checkpoints/TASK/BACKBONE].")
-@click.option("--resume", is_flag=True, help="Continue each run from its checkpoint when there is one.")
+@click.option("--resume", is_flag=True, default=None, help="Continue each run from its checkpoint when there is one.")
 @click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Data folder [default: $RESERVOIR_HOME/data or ./data].")
 @pass_settings
 def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps, batch_size, eval_every, patience,
-          target, val_fraction, limit, depth, dtype, compile, grad_clip, dropout, checkpoint_every, checkpoint_dir,
-          resume, task_opts, data_dir) -> None:
+          target, val_fraction, limit, blocks, depth, input_scale, dtype, compile, grad_clip, dropout, checkpoint_every,
+          checkpoint_dir, resume, task_opts, data_dir) -> None:
     """Train the FPT end to end (input layer, chosen backbone groups, output layer); report test at the best val step."""
-    from reservoir.config import TrainConfig
     from reservoir.train import summary, train as run_train
 
-    cfg = TrainConfig(task=task, backbone=backbone, task_options=run(parse_options, task_opts), trainable=trainable,
-                      lr=lr, seeds=seeds, seed=seed, steps=steps, batch_size=batch_size, eval_every=eval_every,
-                      patience=patience, target=target, val_fraction=val_fraction, limit=limit, depth=depth,
-                      dtype=dtype, compile=compile, grad_clip=grad_clip, dropout=dropout,
-                      checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, resume=resume,
-                      data_dir=data_dir or default_data_dir())
-    result = run(run_train, cfg, progress=not settings.quiet)
-    click.echo(summary(result))
+    cfg = run(from_options, TrainConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
+              trainable=trainable, lr=lr, seeds=seeds, seed=seed, steps=steps, batch_size=batch_size,
+              eval_every=eval_every, patience=patience, target=target, val_fraction=val_fraction, limit=limit,
+              blocks=blocks, input_scale=input_scale, dtype=dtype, compile=compile, grad_clip=grad_clip,
+              dropout=dropout, checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, resume=resume or None,
+              data_dir=data_dir)
+    click.echo(summary(run(run_train, cfg, progress=not settings.quiet)))
 
 
 @main.command()
 @click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
 def report(paths) -> None:
-    """Tables from result JSON files or folders (default: results/)."""
+    """Tables from result JSON files or folders (default: results/), each result once."""
     from reservoir.config import home
     from reservoir.report import depth_table, load_results
 
@@ -252,6 +320,12 @@ def task_argument(f):
     return click.argument("task", callback=check_task)(f)
 
 
+def built_task(task: str, task_opts: tuple[str, ...]):
+    from reservoir.tasks import get_task
+
+    return run(get_task, task, **task_options(task, task_opts))
+
+
 @data.command("list")
 @data_dir_option
 def data_list(data_dir) -> None:
@@ -270,6 +344,7 @@ def data_list(data_dir) -> None:
 def data_where(tasks, data_dir) -> None:
     """Where each task (default: all) looks for its files, and the layout of your own files."""
     from reservoir.data import data_dir_origin, where_lines
+    from reservoir.tasks import list_tasks
 
     folder, origin = data_dir_origin(data_dir)
     for line in run(where_lines, folder, origin, list(tasks) or list_tasks()):
@@ -284,7 +359,7 @@ def data_fetch(task, task_opts, data_dir) -> None:
     from reservoir.data import data_dir_origin, fetch
 
     folder, _ = data_dir_origin(data_dir)
-    for line in run(lambda: fetch(get_task(task, **parse_options(task_opts)), folder)):
+    for line in run(fetch, built_task(task, task_opts), folder):
         click.echo(line)
 
 
@@ -296,7 +371,7 @@ def data_verify(task, task_opts, data_dir) -> None:
     from reservoir.data import data_dir_origin, verify
 
     folder, _ = data_dir_origin(data_dir)
-    report = run(lambda: verify(get_task(task, **parse_options(task_opts)), folder))
+    report = run(verify, built_task(task, task_opts), folder)
     for line in report.lines:
         click.echo(line)
     if report.problems:

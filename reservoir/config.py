@@ -1,7 +1,8 @@
 """Paths and run configurations: one place for each default.
 
-Working folders default to ``./data``, ``./features/{task}/{backbone}.h5`` and
-``./results/{task}/{backbone}/``, all under ``$RESERVOIR_HOME`` when it is set.
+Working folders default to ``./data``, ``./features/`` and ``./results/``, all under
+``$RESERVOIR_HOME`` when it is set. Feature files are named by the identity of the run
+that produced them (:mod:`reservoir.identity`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
+
+from reservoir.errors import UsageError
 
 
 def home() -> Path:
@@ -32,26 +37,105 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "--", name)
 
 
-def features_path(task: str, backbone: str) -> Path:
-    return home() / "features" / slug(task) / f"{slug(backbone)}.h5"
+def features_dir() -> Path:
+    return home() / "features"
 
 
 def results_dir(task: str, backbone: str) -> Path:
     return home() / "results" / slug(task) / slug(backbone)
 
 
-def parse_depths(text: str, n_layers: int) -> list[int]:
-    """``"all"`` -> 0..n_layers; ``"0,3,6"`` -> [0, 3, 6] (sorted, unique, range-checked)."""
-    if text == "all":
-        return list(range(n_layers + 1))
+#: choices of the options that take one (the CLI's click.Choice lists come from here)
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")
+READOUT_CHOICES = ("last", "padded")
+HEAD_CHOICES = ("logreg", "ridge", "torch")
+INPUT_SCALE_CHOICES = ("paper",)
+
+
+# ---------------------------------------------------------------- depths: one parser, one validator
+
+
+def parse_depths(value: Any) -> str | tuple[int, ...]:
+    """Syntax of a depth selection, checked while options are parsed.
+
+    ``"all"``; ``"0,3,6"``; an int; or a sequence of ints. Negative depths count from the
+    deepest available one (``-1``: the last block). Returns ``"all"`` or a tuple of ints.
+
+    >>> parse_depths("6,0,-1")
+    (6, 0, -1)
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "all":
+            return "all"
+        try:
+            depths = tuple(int(p) for p in text.split(",") if p.strip())
+        except ValueError:
+            depths = ()
+        if not depths:
+            raise UsageError(f"depths {value!r} must be 'all' or comma-separated integers like 0,3,6")
+        return depths
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return (int(value),)
     try:
-        depths = sorted({int(p) for p in text.split(",") if p.strip()})
-    except ValueError:
-        raise ValueError(f"depths {text!r} must be 'all' or comma-separated integers like 0,3,6") from None
-    bad = [d for d in depths if not 0 <= d <= n_layers]
-    if not depths or bad:
-        raise ValueError(f"depths {text!r} must lie in [0, {n_layers}] for this backbone")
+        depths = tuple(int(d) for d in value)
+    except (TypeError, ValueError):
+        raise UsageError(f"depths {value!r} must be 'all', an integer or a list of integers") from None
+    if not depths:
+        raise UsageError("depths names no depth; give 'all' or at least one integer")
     return depths
+
+
+def select_depths(value: Any, available: Sequence[int], where: str) -> list[int]:
+    """Resolve a depth selection against the depths ``available`` (``range(n_layers + 1)`` of a
+    backbone, or the depths a feature file holds): sorted, unique, each one available.
+
+    ``where`` names the thing in the error, e.g. ``"in backbone lstm"``.
+
+    >>> select_depths("0,-1", range(13), "in gpt2-random")
+    [0, 12]
+    """
+    available = sorted(int(d) for d in available)
+    parsed = parse_depths(value)
+    if parsed == "all":
+        return available
+    top = available[-1]
+    depths = sorted({top + 1 + d if d < 0 else d for d in parsed})
+    bad = [d for d in depths if d not in available]
+    if bad:
+        contiguous = available == list(range(top + 1))
+        allowed = f"in [0, {top}]" if contiguous else f"from {available}"
+        raise UsageError(f"depths {_text(value)!r}: depth {bad[0]} is not available {where}; choose depths "
+                         f"{allowed} (negative counts from the last), or 'all'")
+    return depths
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ",".join(map(str, parse_depths(value)))
+
+
+# ---------------------------------------------------------------- run configurations
+
+
+def default(cls: type, name: str) -> Any:
+    """The default of field ``name`` of a config dataclass (help texts show it from here)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def from_options(cls: type, **options: Any):
+    """A config from command-line options: ``None`` means unset, so the dataclass default applies."""
+    return cls(**{k: v for k, v in options.items() if v is not None})
+
+
+def _check_choice(owner: str, name: str, value: Any, choices: Sequence[Any]) -> None:
+    if value not in choices:
+        raise UsageError(f"The {name!r} parameter of {owner} must be one of {list(choices)}. Got {value!r} instead.")
+
+
+def _check_min(owner: str, name: str, value: Any, low: float) -> None:
+    if value is not None and value < low:
+        raise UsageError(f"The {name!r} parameter of {owner} must be >= {low}. Got {value!r} instead.")
 
 
 @dataclass(frozen=True)
@@ -64,39 +148,51 @@ class ExtractConfig:
     task_options : the task's own options (``--task-opt key=value``).
     split : a split name or ``"all"``.
     limit : keep the first ``limit`` examples of each split.
-    seed : seeds the input layer, random backbones and generated data.
+    seed : seeds the input layer, random backbones and generated data (a task's own ``seed``
+        option, when given, seeds its data instead).
+    input_scale : scale of the frozen input layer; ``"paper"``: orthogonal gain 1.41 for
+        dense tokens, N(0, 1) embeddings for ids (the FPT code).
     batch_size : examples per forward pass; ``None``: about 16,384 tokens a batch, more for
         backbones that ask (``reservoir.extract.auto_batch_size``).
     dtype : compute dtype of the backbone: ``"auto"`` is bfloat16 where the CPU multiplies
         bf16 natively, else float32 (features are stored as float32).
-    depths : ``"all"`` or comma-separated depths.
+    depths : ``"all"`` or comma-separated depths (negative: from the last block).
     readout : ``"last"`` reads the last real token; ``"padded"`` pads every example to the
         task's length and reads the last position, reproducing the official FPT code.
     compile : compile the forward with torch.compile (falls back to eager on failure);
         ``None`` compiles runs big enough to repay the compile time (``reservoir.extract.AUTO_COMPILE_TOKENS``).
+    data_dir : the data folder.
+    out : the feature file; ``None``: derived from the run's identity
+        (``features/TASK/BACKBONE/DTYPE-seedS[-limitN]-HASH.h5``).
     """
 
     task: str
-    backbone: str
+    backbone: str = "gpt2-random"
     task_options: dict[str, Any] = field(default_factory=dict)
     split: str = "all"
     limit: int | None = None
     seed: int = 0
+    input_scale: str = "paper"
     batch_size: int | None = None
     dtype: str = "auto"
-    depths: str = "all"
+    depths: str | tuple[int, ...] = "all"
     readout: str = "last"
     compile: bool | None = None
     data_dir: Path = field(default_factory=default_data_dir)
     out: Path | None = None
 
-    @property
-    def out_path(self) -> Path:
-        return Path(self.out) if self.out else features_path(self.task, self.backbone)
+    def __post_init__(self) -> None:
+        _check_choice("extract", "dtype", self.dtype, DTYPE_CHOICES)
+        _check_choice("extract", "readout", self.readout, READOUT_CHOICES)
+        _check_choice("extract", "input_scale", self.input_scale, INPUT_SCALE_CHOICES)
+        _check_min("extract", "limit", self.limit, 1)
+        _check_min("extract", "batch_size", self.batch_size, 1)
+        parse_depths(self.depths)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["data_dir"], d["out"] = str(self.data_dir), str(self.out_path)
+        d["data_dir"], d["out"] = str(self.data_dir), str(self.out) if self.out else None
+        d["depths"] = self.depths if isinstance(self.depths, str) else list(self.depths)
         return d
 
 
@@ -106,34 +202,43 @@ class FitConfig:
 
     Parameters
     ----------
-    task, backbone : name the feature file and results folder.
-    features : the HDF5 file (default ``features/{task}/{backbone}.h5``).
-    depth : ``"all"`` or comma-separated depths.
+    task, backbone : the task and backbone of the features; ``None``: taken from the file.
+        Given with ``features``, they must match the file's.
+    features : the HDF5 file; ``None``: the one complete file extracted for ``task`` and
+        ``backbone`` under ``features/`` (several: name one).
+    depths : ``"all"`` or comma-separated depths (negative: from the last stored one).
     head : ``logreg``, ``ridge`` or ``torch``.
     val_fraction : share of train carved out (seeded) to choose regularisation.
     seed : seeds the validation split and the torch head.
     """
 
-    task: str
-    backbone: str
+    task: str | None = None
+    backbone: str | None = None
     features: Path | None = None
-    depth: str = "all"
+    depths: str | tuple[int, ...] = "all"
     head: str = "logreg"
     val_fraction: float = 0.1
     seed: int = 0
 
-    @property
-    def features_path(self) -> Path:
-        return Path(self.features) if self.features else features_path(self.task, self.backbone)
+    def __post_init__(self) -> None:
+        _check_choice("fit", "head", self.head, HEAD_CHOICES)
+        if not 0 < self.val_fraction < 1:
+            raise UsageError(f"The 'val_fraction' parameter of fit must be in (0, 1). Got {self.val_fraction!r} instead.")
+        if self.features is None and self.task is None:
+            raise UsageError("fit needs --features FILE, or --task (and --backbone) to find the extracted file")
+        parse_depths(self.depths)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["features"] = str(self.features_path)
+        d["features"] = str(self.features) if self.features else None
+        d["depths"] = self.depths if isinstance(self.depths, str) else list(self.depths)
         return d
 
 
 #: FPT parameter groups a ``train`` run can unfreeze; the paper's default is input, pos, ln, out
 TRAIN_GROUPS = ("input", "pos", "ln", "attn", "ff", "out")
+#: compute dtypes of training (bfloat16 runs the forward under CPU autocast)
+TRAIN_DTYPES = ("float32", "bfloat16")
 PAPER_TRAINABLE = ("input", "pos", "ln", "out")
 
 
@@ -148,7 +253,8 @@ class TrainConfig:
     trainable : parameter groups to train (input, pos, ln, attn, ff, out, or a backbone's own group).
     lr : Adam learning rates; more than one makes a sweep selected on validation accuracy.
     seeds : runs per learning rate, with seeds ``seed, seed+1, ...``.
-    seed : first seed; seeds the input layer, random backbones, output layer, dropout and data order.
+    seed : first seed; seeds the input layer, random backbones, output layer, dropout and data order
+        (and generated data, unless the task's own ``seed`` option is given).
     steps : maximum gradient steps per run.
     batch_size : training examples per step.
     eval_batch_size : examples per forward pass when scoring validation and test.
@@ -157,7 +263,8 @@ class TrainConfig:
     target : validation accuracy whose first crossing is reported as ``steps_to_target``.
     val_fraction : share of train held out (seeded by ``seed``) when the task has no val split.
     limit : keep the first ``limit`` examples of each split.
-    depth : blocks of the backbone to run (default: all).
+    blocks : blocks of the backbone to run (default: all).
+    input_scale : the input layer's scale (as ``extract --input-scale``).
     dtype : ``bfloat16`` runs the forward under CPU autocast; parameters stay float32.
     compile : torch.compile the model (falls back to eager on failure).
     grad_clip : maximum gradient norm.
@@ -167,7 +274,7 @@ class TrainConfig:
     """
 
     task: str
-    backbone: str
+    backbone: str = "gpt2-random"
     task_options: dict[str, Any] = field(default_factory=dict)
     trainable: tuple[str, ...] = PAPER_TRAINABLE
     lr: tuple[float, ...] = (1e-3,)
@@ -181,7 +288,8 @@ class TrainConfig:
     target: float | None = None
     val_fraction: float = 0.1
     limit: int | None = None
-    depth: int | None = None
+    blocks: int | None = None
+    input_scale: str = "paper"
     dtype: str = "float32"
     compile: bool = False
     grad_clip: float = 1.0
@@ -190,6 +298,31 @@ class TrainConfig:
     resume: bool = False
     data_dir: Path = field(default_factory=default_data_dir)
     checkpoint_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            (bool(self.lr) and all(lr > 0 for lr in self.lr), "lr", "positive numbers", list(self.lr)),
+            (len(set(self.lr)) == len(self.lr), "lr", "distinct values", list(self.lr)),
+            (self.seeds >= 1, "seeds", ">= 1", self.seeds),
+            (self.steps >= 1, "steps", ">= 1", self.steps),
+            (self.batch_size >= 1, "batch_size", ">= 1", self.batch_size),
+            (self.eval_batch_size >= 1, "eval_batch_size", ">= 1", self.eval_batch_size),
+            (self.eval_every >= 1, "eval_every", ">= 1", self.eval_every),
+            (self.patience >= 0, "patience", ">= 0", self.patience),
+            (self.limit is None or self.limit >= 1, "limit", ">= 1", self.limit),
+            (self.blocks is None or self.blocks >= 0, "blocks", ">= 0", self.blocks),
+            (self.dtype in TRAIN_DTYPES, "dtype", f"one of {list(TRAIN_DTYPES)}", self.dtype),
+            (self.input_scale in INPUT_SCALE_CHOICES, "input_scale", f"one of {list(INPUT_SCALE_CHOICES)}",
+             self.input_scale),
+            (0 <= self.dropout < 1, "dropout", "in [0, 1)", self.dropout),
+            (self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip),
+            (0 < self.val_fraction < 1, "val_fraction", "in (0, 1)", self.val_fraction),
+            (self.target is None or 0 < self.target <= 1, "target", "in (0, 1]", self.target),
+            (bool(self.trainable), "trainable", "at least one group", list(self.trainable)),
+        ]
+        for ok, name, rule, value in checks:
+            if not ok:
+                raise UsageError(f"The {name!r} parameter of train must be {rule}. Got {value!r} instead.")
 
     @property
     def checkpoint_folder(self) -> Path:

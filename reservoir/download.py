@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from reservoir.errors import DataError
+
 TIMEOUT_SECONDS = 5.0
 
 
@@ -205,6 +207,3 @@ def ensure_archive(folder: Path, archive: DataArchive, task: str, download: bool
         f"Place that folder there, or the archive {archive.describe()} in {folder}, "
         f"or point --data-dir (or RESERVOIR_HOME) at a folder that has it; then run `reservoir data verify {task}`")
 
-
-# Imported last: task modules import this one, so it must be complete before ``reservoir.tasks`` loads.
-from reservoir.tasks import DataError  # noqa: E402

@@ -1,4 +1,5 @@
-"""Stream a task through the frozen input layer and backbone into the feature store.
+"""Stream a task through the frozen input layer and backbone (:mod:`reservoir.forward`) into
+the feature store, one file per run identity (:mod:`reservoir.identity`).
 
 Extraction is the only expensive step of the method, so the default path is tuned for
 CPUs (measured in ``docs/benchmarks.md``, ``make bench``):
@@ -10,7 +11,7 @@ CPUs (measured in ``docs/benchmarks.md``, ``make bench``):
   ``compile=None`` compiles only runs of at least :data:`AUTO_COMPILE_TOKENS` tokens, where
   the compile time is repaid;
 - a compiled graph sees few shapes: each batch is padded to the batch size and, for
-  variable-length tasks, to a width that is a multiple of :data:`WIDTH_MULTIPLE`; padding
+  variable-length tasks, to a width that is a multiple of ``reservoir.forward.WIDTH_MULTIPLE``; padding
   rows are dropped and the readout is the last real token, so padding never changes a
   feature (causal models need no mask; encoders build one from ``lengths``);
 - only the blocks up to the deepest requested depth run (the backbones' ``states``);
@@ -24,30 +25,27 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import sys
 import threading
-import time
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple, Sequence, TypeVar
+from typing import Iterable, Iterator, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
-from reservoir.backbones import Backbone, freeze, load_backbone
-from reservoir.config import ExtractConfig, parse_depths
-from reservoir.input_layer import input_layer_tensors, make_input_layer
-from reservoir.store import FeatureWriter, partial_path
-from reservoir.tasks import SplitData, Task, TaskSpec, get_task
+from reservoir.backbones import load_backbone
+from reservoir.config import ExtractConfig, select_depths
+from reservoir.forward import Batch, FeatureRunner, Reservoir, check_length, resolve_dtype
+from reservoir.identity import digest as identity_hash
+from reservoir.identity import feature_identity, features_path_for
+from reservoir.input_layer import input_layer_tensors
+from reservoir.progress import bar, log
+from reservoir.store import FeatureWriter, check_complete_match
+from reservoir.tasks import SplitData, Task, make_task
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-#: ``dtype`` values accepted by :func:`resolve_dtype`
-DTYPE_CHOICES = ("auto", "bfloat16", "float32")
 #: with ``compile=None`` a run is compiled when it has at least this many tokens left to
 #: extract: compiling costs 30 to 90 s here and gains about 4x over eager bf16 (docs/benchmarks.md)
 AUTO_COMPILE_TOKENS = 300_000
-#: compiled variable-length batches are padded to a multiple of this many tokens
-WIDTH_MULTIPLE = 64
 #: with ``batch_size=None`` a batch holds about this many tokens (a backbone may ask for more
 #: with a ``batch_tokens`` attribute: an LSTM's step is a matrix product with one row per example)
 BATCH_TOKENS = 16384
@@ -57,132 +55,11 @@ MAX_BATCH_ROWS = 512
 T = TypeVar("T")
 
 
-def bf16_native() -> bool:
-    """Whether this CPU has native bf16 matrix products (oneDNN with AVX512-BF16 or AMX)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
-        return False
-
-
-def resolve_dtype(name: str) -> str:
-    """``"auto"`` -> ``"bfloat16"`` where the CPU supports it, else ``"float32"``."""
-    if name == "auto":
-        return "bfloat16" if bf16_native() else "float32"
-    if name not in DTYPES:
-        raise ValueError(f"dtype {name!r} is not supported; choose from {list(DTYPE_CHOICES)}")
-    return name
-
-
 def auto_batch_size(backbone: nn.Module, seq_len: int) -> int:
     """Examples per batch when none is given: the backbone's ``batch_tokens`` (default
     :data:`BATCH_TOKENS`) divided by the task's length, within ``[1, MAX_BATCH_ROWS]``."""
     tokens = getattr(backbone, "batch_tokens", BATCH_TOKENS)
     return max(1, min(MAX_BATCH_ROWS, tokens // max(1, seq_len)))
-
-
-def round_width(width: int, seq_len: int, multiple: int = WIDTH_MULTIPLE) -> int:
-    """``width`` rounded up to ``multiple``, but never past the task's length (positions run out there)."""
-    return max(width, min(-(-width // multiple) * multiple, seq_len))
-
-
-class Batch(NamedTuple):
-    """Model inputs of one batch; rows past ``n`` are padding whose outputs are dropped."""
-
-    tokens: torch.Tensor
-    lengths: torch.Tensor
-    readout: torch.Tensor
-    n: int
-
-
-class FeatureRunner:
-    """Tokens -> per-depth readout features ``(B, n_depths, n_readout, d)`` as float32 numpy.
-
-    Parameters
-    ----------
-    spec : the task's spec (token kind, length, readout count, padding id).
-    input_layer : the frozen input layer (kept in float32).
-    backbone : the frozen backbone; converted to ``dtype`` in place.
-    depths : depths to read; only blocks up to the deepest run.
-    dtype : ``"auto"``, ``"bfloat16"`` or ``"float32"`` compute.
-    compile : compile the forward with inductor (weight freezing); falls back to eager if
-        compilation fails.
-    batch_size : when compiling, smaller batches are padded to this many rows so one graph serves.
-
-    Examples
-    --------
-    >>> runner = FeatureRunner(spec, layer, backbone, [0, 6, 12], "auto")   # doctest: +SKIP
-    >>> runner(tokens, lengths).shape                                       # doctest: +SKIP
-    (32, 3, 1, 768)
-    """
-
-    def __init__(self, spec: TaskSpec, input_layer: nn.Module, backbone: Backbone, depths: Sequence[int],
-                 dtype: str = "float32", compile: bool = False, *, batch_size: int | None = None):
-        self.spec, self.depths = spec, tuple(depths)
-        backbone.check_depths(self.depths)
-        self.dtype_name = resolve_dtype(dtype)
-        self.dtype = DTYPES[self.dtype_name]
-        self.input_layer = freeze(input_layer.float()).eval()
-        self.backbone = freeze(backbone.to(self.dtype)).eval()
-        self.batch_size = batch_size
-        self.compiled = bool(compile)
-        self.forward = self._forward
-        if self.compiled:
-            try:
-                self.forward = torch.compile(self._forward, options={"freezing": True})
-            except Exception as e:  # noqa: BLE001 - compilation is an optimisation, eager always works
-                self._fall_back(e)
-
-    def _forward(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
-        x = self.input_layer(tokens).to(self.dtype)
-        return self.backbone(x, lengths, self.depths, readout).float()
-
-    def _fall_back(self, e: BaseException) -> None:
-        print(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-              "running eager (pass --no-compile to skip compiling)", file=sys.stderr)
-        self.forward, self.compiled = self._forward, False
-
-    def readout_positions(self, lengths: np.ndarray, width: int, padded: bool) -> np.ndarray:
-        r = self.spec.n_readout
-        last = np.full_like(lengths, width) if padded else lengths
-        return (last[:, None] - r + np.arange(r)[None, :]).astype(np.int64)
-
-    def prepare(self, tokens: np.ndarray, lengths: np.ndarray, padded: bool = False) -> Batch:
-        """Model inputs for a batch (thread-safe: runs on the prefetch thread).
-
-        Compiled runs pad the batch to ``batch_size`` rows and variable-length widths to a
-        multiple of :data:`WIDTH_MULTIPLE`, so the graph is reused.
-        """
-        n, width = tokens.shape[0], tokens.shape[1]
-        lengths = np.asarray(lengths, dtype=np.int64)
-        if self.compiled:
-            rows = max(n, self.batch_size or n)
-            wide = round_width(width, self.spec.seq_len) if self.spec.variable_length and not padded else width
-            if (rows, wide) != (n, width):
-                fill = self.spec.pad_id if tokens.dtype.kind in "iu" else 0
-                grown = np.full((rows, wide, *tokens.shape[2:]), fill, dtype=tokens.dtype)
-                grown[:n, :width] = tokens
-                tokens, width = grown, wide
-                lengths = np.concatenate([lengths, np.full(rows - n, wide, dtype=np.int64)])
-        readout = self.readout_positions(lengths, width, padded)
-        return Batch(torch.from_numpy(np.ascontiguousarray(tokens)), torch.from_numpy(lengths),
-                     torch.from_numpy(readout), n)
-
-    @torch.inference_mode()
-    def run(self, batch: Batch) -> np.ndarray:
-        """Features ``(n, n_depths, n_readout, d)`` of the batch's real rows."""
-        args = (batch.tokens, batch.lengths, batch.readout)
-        try:
-            out = self.forward(*args)
-        except Exception as e:  # noqa: BLE001
-            if not self.compiled:
-                raise
-            self._fall_back(e)
-            out = self.forward(*args)
-        return out[: batch.n].numpy()
-
-    def __call__(self, tokens: np.ndarray, lengths: np.ndarray, padded: bool = False) -> np.ndarray:
-        return self.run(self.prepare(tokens, lengths, padded))
 
 
 def plan_batches(lengths: np.ndarray, batch_size: int, bucket: bool) -> list[np.ndarray]:
@@ -284,29 +161,6 @@ class BackgroundWriter:
             self.thread.join()
 
 
-class Progress:
-    """Examples/s and ETA on stderr."""
-
-    def __init__(self, label: str, total: int, done: int = 0, enabled: bool = True):
-        self.label, self.total, self.done, self.enabled = label, total, done, enabled
-        self.start, self.new, self.last = time.perf_counter(), 0, 0.0
-        self.tty = sys.stderr.isatty()
-
-    def update(self, n: int) -> None:
-        self.done += n
-        self.new += n
-        now = time.perf_counter()
-        every = 1.0 if self.tty else 15.0
-        if self.enabled and (now - self.last > every or self.done == self.total):
-            self.last = now
-            rate = self.new / max(now - self.start, 1e-9)
-            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-            end = "\n" if self.done == self.total or not self.tty else ""
-            start = "\r" if self.tty else ""
-            print(f"{start}{self.label}: {self.done}/{self.total} ({rate:.1f} ex/s, ETA {eta:.0f}s)   ",
-                  end=end, file=sys.stderr, flush=True)
-
-
 def load_splits(task: Task, cfg: ExtractConfig) -> dict[str, SplitData]:
     splits = task.spec.splits if cfg.split == "all" else (cfg.split,)
     for s in splits:
@@ -325,26 +179,35 @@ def should_compile(setting: bool | None, tokens: int, backbone: nn.Module | None
 def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
     """Run one extraction; returns the path of the complete feature file.
 
-    Data and backbone are loaded before any file is created, so bad input leaves
-    nothing behind. An existing complete file is kept as is; a ``.partial`` file with
-    the same settings is resumed.
+    Data and backbone are loaded, and the run's identity computed, before any file is
+    touched, so bad input leaves nothing behind. The feature file is ``cfg.out`` or the
+    default path derived from the identity. An existing complete file there is reused when
+    its identity equals this run's and refused (IdentityError naming the differing fields)
+    otherwise; a ``.partial`` file of the same identity is resumed.
     """
-    out = cfg.out_path
-    task = get_task(cfg.task, **cfg.task_options)
+    task = make_task(cfg.task, cfg.task_options, cfg.seed)
     data = load_splits(task, cfg)
+    log(f"loading backbone {cfg.backbone} ...", progress)
     backbone = load_backbone(cfg.backbone, cfg.seed)
-    depths = parse_depths(cfg.depths, backbone.n_layers)
+    check_length(task.spec, backbone, cfg.backbone)
+    depths = select_depths(cfg.depths, range(backbone.n_layers + 1),
+                           f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)")
     dtype = resolve_dtype(cfg.dtype)
-    if out.exists() and not partial_path(out).exists():
-        print(f"{out} is already complete; delete it to extract again", file=sys.stderr)
+    identity = feature_identity(task_name=cfg.task, task=task, data=data, backbone_name=cfg.backbone,
+                                backbone=backbone, seed=cfg.seed, input_scale=cfg.input_scale, depths=depths,
+                                dtype=dtype, readout=cfg.readout, limit=cfg.limit)
+    out = Path(cfg.out) if cfg.out else features_path_for(identity)
+    if out.exists():
+        check_complete_match(out, identity)
+        log(f"reusing {out} (same run identity {identity_hash(identity)})", progress)
         return out
     batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)
-    layer = make_input_layer(task.spec, backbone.d_model, cfg.seed)
-    identity = {**cfg.to_json(), "dtype": dtype, "batch_size": batch_size, "depths": depths, "splits": list(data),
-                "task_options": task.options(), "n_layers": backbone.n_layers, "d_model": backbone.d_model}
+    config = {**cfg.to_json(), "out": str(out), "batch_size": batch_size, "n_layers": backbone.n_layers,
+              "d_model": backbone.d_model, "torch": torch.__version__}
     padded = cfg.readout == "padded"
     bucket = task.spec.variable_length and not padded
-    writer = FeatureWriter.open(out, identity, input_layer_tensors(layer))
+    reservoir = Reservoir(task.spec, backbone, seed=cfg.seed, input_scale=cfg.input_scale)
+    writer = FeatureWriter.open(out, identity, config, input_layer_tensors(reservoir.input_layer))
     try:
         plans, done = {}, {}
         for split, d in data.items():
@@ -353,8 +216,10 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
             plans[split] = [rows for rows in plan_batches(d.lengths, batch_size, bucket) if not done[split][rows].all()]
         width = {s: task.spec.seq_len if padded else None for s in data}
         todo = sum(len(rows) * (width[s] or int(data[s].lengths[rows].max())) for s in data for rows in plans[s])
-        runner = FeatureRunner(task.spec, layer, backbone, depths, dtype, should_compile(cfg.compile, todo, backbone),
-                               batch_size=batch_size)
+        compile = should_compile(cfg.compile, todo, backbone)
+        runner = FeatureRunner(reservoir, depths, dtype, compile, batch_size=batch_size)
+        log(f"extracting {task.name} through {cfg.backbone}: {dtype}, {'compiled' if compile else 'eager'}, "
+            f"batch {batch_size}, depths {depths[0]}..{depths[-1]} ({len(depths)}) -> {out}", progress)
 
         def batches(split: str) -> Iterator[tuple[np.ndarray, Batch]]:
             d = data[split]
@@ -368,12 +233,12 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
         background = BackgroundWriter(writer)
         try:
             for split, d in data.items():
-                bar = Progress(f"{cfg.task}/{split}", len(d), int(done[split].sum()), progress)
-                with contextlib.closing(prefetch(batches(split))) as stream:
+                with bar(len(d), f"{task.name}/{split}", initial=int(done[split].sum()), enabled=progress) as shown, \
+                        contextlib.closing(prefetch(batches(split))) as stream:
                     for rows, batch in stream:
                         fresh = len(rows) - int(done[split][rows].sum())  # a resumed batch may hold done rows
                         background.submit(split, rows, runner.run(batch))
-                        bar.update(fresh)
+                        shown.update(fresh)
             background.drain()
         finally:
             background.close()

@@ -1,15 +1,79 @@
-"""Fit a linear head per depth on a feature file and write one result per depth."""
+"""Fit a linear head per depth on a feature file and write one result per depth.
+
+The file is ``--features`` or the one complete file extracted for ``--task`` and
+``--backbone``; either way it must belong to the task asked for (its recorded identity
+names the task, and for ``file:PATH`` tasks the data digest must match the file's
+contents), so results are never written under the wrong name.
+"""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
+import h5py
+
 from reservoir import __version__
-from reservoir.config import FitConfig, results_dir
+from reservoir.config import FitConfig, features_dir, select_depths, slug
+from reservoir.errors import IdentityError, StoreError
 from reservoir.heads import fit_depth
-from reservoir.report import write_result
-from reservoir.store import file_config, open_features, read_depth
+from reservoir.identity import backbone_label, data_fingerprint, task_label
+from reservoir.results import write_result
+from reservoir.store import feature_splits, file_config, open_features, read_depth, stored_identity
+
+#: names of a validation split, in order of preference (TAPE calls it ``valid``)
+VAL_SPLITS = ("val", "valid")
+
+
+def find_features(task: str, backbone: str | None) -> Path:
+    """The one complete feature file under ``features/`` for ``task`` (and ``backbone``)."""
+    folder = features_dir() / slug(task_label(task))
+    pattern = f"{slug(backbone_label(backbone))}/*.h5" if backbone else "*/*.h5"
+    found = sorted(folder.glob(pattern))
+    what = f"task {task!r}" + (f" and backbone {backbone!r}" if backbone else "")
+    if not found:
+        partial = sorted(folder.glob(pattern + ".partial"))
+        hint = f" ({len(partial)} unfinished: rerun the same extract to finish it)" if partial else ""
+        raise StoreError(f"no feature file for {what} under {folder}{hint}; run `reservoir extract --task {task}"
+                         f"{' --backbone ' + backbone if backbone else ''}` first, or pass --features FILE")
+    if len(found) > 1:
+        lines = []
+        for p in found:
+            try:
+                with h5py.File(p, "r") as f:
+                    i = stored_identity(f)
+                lines.append(f"  {p}  (backbone {i['backbone']}, seed {i['seed']}, {i['dtype']}, limit {i['limit']}, "
+                             f"depths {i['depths'][0]}..{i['depths'][-1]}, readout {i['readout']})")
+            except (OSError, StoreError):
+                lines.append(f"  {p}  (unreadable)")
+        raise StoreError(f"{len(found)} feature files match {what}; pass --features with one of them:\n" + "\n".join(lines))
+    return found[0]
+
+
+def check_task(f: h5py.File, identity: dict[str, Any], cfg: FitConfig) -> None:
+    """The file belongs to ``cfg.task`` and ``cfg.backbone`` (when given); IdentityError otherwise."""
+    if cfg.task is not None and task_label(cfg.task) != identity["task"]:
+        raise IdentityError(f"{f.filename} holds features of task {identity['task']!r}, not {cfg.task!r}; pass the "
+                            "feature file of that task, or leave out --task to take it from the file")
+    if cfg.backbone is not None and backbone_label(cfg.backbone) != identity["backbone"]:
+        raise IdentityError(f"{f.filename} holds features of backbone {identity['backbone']!r}, not {cfg.backbone!r}; "
+                            "pass the feature file of that backbone, or leave out --backbone")
+    if cfg.task is not None and cfg.task.startswith("file:"):
+        from reservoir.tasks.userfile import FileTask
+
+        task = FileTask(path=cfg.task[5:], **identity["task_options"])
+        data = {s: task.load(s, Path("."), identity["limit"]) for s in identity["splits"]}
+        if data_fingerprint(data) != identity["data"]:
+            raise IdentityError(f"{f.filename} was extracted from another file named {Path(cfg.task[5:]).name!r} "
+                                f"(its contents differ from {cfg.task[5:]}); extract this file first, or pass the "
+                                "features of this one")
+
+
+def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
+    """The validation split (or None) and the test splits of a feature file, in the task's order."""
+    val = next((s for s in VAL_SPLITS if s in f), None)
+    return val, [s for s in order if s in f and (s == "test" or s.startswith("test_"))]
 
 
 def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
@@ -21,14 +85,16 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
     gets one result per depth whose ``test_accuracy`` is the first of them (``test_split``) and
     whose ``test_accuracies`` / ``n_tests`` hold every one.
     """
+    path = Path(cfg.features) if cfg.features else find_features(cfg.task, cfg.backbone)
     results = []
-    with open_features(cfg.features_path) as f:
-        stored = [int(d) for d in f.attrs["depths"]]
-        depths = stored if cfg.depth == "all" else _parse(cfg.depth, stored, f.filename)
-        val, tests = split_roles(f)
+    with open_features(path) as f:
+        identity = stored_identity(f)
+        check_task(f, identity, cfg)
+        depths = select_depths(cfg.depths, identity["depths"], f"in {path}")
+        val, tests = split_roles(f, identity["splits"])
         if "train" not in f or not tests:
-            raise ValueError(f"{f.filename} has no {'train' if 'train' not in f else 'test'!r} split; "
-                             "extract it with --split all")
+            raise StoreError(f"{path} has no {'train' if 'train' not in f else 'test'!r} split (it holds "
+                             f"{feature_splits(f)}); extract it with --split all")
         extract_cfg = file_config(f)
         for depth in depths:
             X_train, y_train = read_depth(f, "train", depth)
@@ -42,36 +108,15 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
                       "test_accuracies": {t: s["test_accuracy"] for t, s in per_test.items()},
                       "n_tests": {t: s["n_test"] for t, s in per_test.items()}}
             result = {
-                "task": f.attrs["task"], "backbone": f.attrs["backbone"], "mode": "output-only", "depth": depth,
-                "head": cfg.head, "trainable": ["out"], "seed": cfg.seed, "version": __version__,
-                "config": {"fit": cfg.to_json(), "extract": extract_cfg}, **scores,
+                "task": identity["task"], "backbone": identity["backbone"], "mode": "output-only", "depth": depth,
+                "head": cfg.head, "trainable": ["out"], "seed": cfg.seed, "lr": None, "version": __version__,
+                "identity": identity, "identity_hash": f.attrs["identity_hash"], "features": str(path),
+                "config": {"fit": {**cfg.to_json(), "features": str(path)}, "extract": extract_cfg}, **scores,
             }
-            write_result(result, results_dir(cfg.task, cfg.backbone))
+            result["path"] = str(write_result(result))
             results.append(result)
             if progress:
                 more = "".join(f", {t} {100 * a:.1f}%" for t, a in list(scores["test_accuracies"].items())[1:])
                 print(f"depth {depth}: {tests[0]} {100 * scores['test_accuracy']:.1f}%{more} "
                       f"(val {100 * scores['val_accuracy']:.1f}%, {scores['seconds']:.1f}s)", file=sys.stderr)
     return results
-
-
-#: names of a validation split, in order of preference (TAPE calls it ``valid``)
-VAL_SPLITS = ("val", "valid")
-
-
-def split_roles(f) -> tuple[str | None, list[str]]:
-    """The validation split (or None) and the test splits of a feature file, in the task's order."""
-    order = file_config(f).get("splits") or sorted(k for k in f if k != "input_layer")
-    val = next((s for s in VAL_SPLITS if s in f), None)
-    return val, [s for s in order if s in f and (s == "test" or s.startswith("test_"))]
-
-
-def _parse(text: str, stored: list[int], filename: str) -> list[int]:
-    try:
-        depths = [int(p) for p in text.split(",")]
-    except ValueError:
-        raise ValueError(f"depth {text!r} must be 'all' or comma-separated integers") from None
-    missing = [d for d in depths if d not in stored]
-    if missing:
-        raise ValueError(f"depth {missing[0]} is not in {filename}; it holds depths {stored}")
-    return depths

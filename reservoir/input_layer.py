@@ -9,12 +9,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from reservoir.errors import UsageError
 from reservoir.tasks import TaskSpec
 
 ORTH_GAIN = 1.41
 
 
-def make_input_layer(spec: TaskSpec, d_model: int, seed: int) -> nn.Module:
+def make_input_layer(spec: TaskSpec, d_model: int, seed: int, scale: str = "paper") -> nn.Module:
+    """The seeded input layer of a task at ``scale`` (``"paper"``: the FPT code's initialisation)."""
+    if scale != "paper":
+        raise UsageError(f"input scale {scale!r} is not supported; choose 'paper'")
     g = torch.Generator().manual_seed(seed)
     if spec.token_kind == "ids":
         layer = nn.Embedding(spec.vocab_size, d_model)

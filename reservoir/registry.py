@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
 
+from reservoir.errors import UsageError
+
 T = TypeVar("T")
 
 
@@ -41,7 +43,7 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise ValueError(f"unknown {self.kind} {name!r}; choose from {self.names()}") from None
+            raise UsageError(f"unknown {self.kind} {name!r}; choose from {self.names()}") from None
 
     def create(self, name: str, **options: Any) -> T:
         return self.factory(name)(**options)

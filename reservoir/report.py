@@ -1,67 +1,40 @@
-"""Results: one JSON file per (task, backbone, mode, head, depth), and tables across them.
+"""Tables across results (:mod:`reservoir.results` owns the schema, the writer and the reader).
 
-Schema (shared by ``fit`` and ``train``): task, backbone, mode (``output-only`` or
-``end-to-end``), depth, head, trainable, test_accuracy, val_accuracy, n_train, n_val,
-n_test, seconds, seed, config, version. Accuracies are fractions in [0, 1].
+A row is one (task, backbone, mode, head, trainable groups, producing run): results of the
+same features with several seeds share a row, shown as the mean (and spread) over seeds.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections import defaultdict
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from reservoir import __version__
+import numpy as np
 
-REQUIRED = ("task", "backbone", "mode", "depth", "head", "trainable", "test_accuracy", "val_accuracy",
-            "n_train", "n_val", "n_test", "seconds", "seed", "config", "version")
+from reservoir.results import load_results  # noqa: F401  (report's entry point reads through it)
 
 
-def result_name(result: dict[str, Any]) -> str:
-    return f"{result['mode']}_{result['head']}_depth{result['depth']}.json"
+def row_key(r: dict[str, Any]) -> tuple:
+    return (r["task"], r["backbone"], r["mode"], r["head"], ",".join(r["trainable"]), r["identity_hash"][:6])
 
 
-def write_result(result: dict[str, Any], folder: Path) -> Path:
-    """Write atomically (temp file + rename); returns the path."""
-    result = {"version": __version__, **result}
-    missing = [k for k in REQUIRED if k not in result]
-    if missing:
-        raise ValueError(f"result is missing fields {missing}")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / result_name(result)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(result, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
-    return path
-
-
-def load_results(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    out = []
-    for p in paths:
-        p = Path(p)
-        files = sorted(p.rglob("*.json")) if p.is_dir() else [p]
-        for f in files:
-            try:
-                out.append(json.loads(f.read_text()))
-            except (OSError, json.JSONDecodeError) as e:
-                raise ValueError(f"cannot read result {f}: {e}") from None
-    return out
+def cell(values: list[float]) -> str:
+    mean = 100 * float(np.mean(values))
+    if len(values) == 1:
+        return f"{mean:.1f}"
+    return f"{mean:.1f} ± {100 * float(np.std(values, ddof=1)):.1f} (n={len(values)})"
 
 
 def depth_table(results: list[dict[str, Any]]) -> str:
-    """Markdown table: one row per (task, backbone, mode, head), one column per depth (test %)."""
-    rows: dict[tuple, dict[int, float]] = defaultdict(dict)
+    """Markdown: one row per (task, backbone, mode, head, trainable, run), one column per depth
+    (test %, mean over seeds). ``run`` is the start of the producing identity's hash."""
+    rows: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
-        rows[(r["task"], r["backbone"], r["mode"], r["head"])][int(r["depth"])] = r["test_accuracy"]
+        rows[row_key(r)][int(r["depth"])].append(r["test_accuracy"])
     depths = sorted({d for v in rows.values() for d in v})
-    head = "| task | backbone | mode | head | " + " | ".join(f"d{d}" for d in depths) + " |"
-    lines = [head, "|" + "---|" * (4 + len(depths))]
+    head = "| task | backbone | mode | head | trainable | run | " + " | ".join(f"d{d}" for d in depths) + " |"
+    lines = [head, "|" + "---|" * (6 + len(depths))]
     for key in sorted(rows):
-        cells = [f"{100 * rows[key][d]:.1f}" if d in rows[key] else "" for d in depths]
+        cells = [cell(rows[key][d]) if d in rows[key] else "" for d in depths]
         lines.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(cells) + " |")
     return "\n".join(lines)

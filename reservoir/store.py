@@ -1,23 +1,27 @@
-"""The HDF5 feature store: one file per (task, backbone).
+"""The HDF5 feature store: one file per run identity (:mod:`reservoir.identity`).
 
 Layout::
 
-    /                      attrs: task, backbone, seed, dtype, depths, config (JSON), version, complete
+    /                      attrs: identity (JSON) and identity_hash; task, backbone, seed, dtype, readout,
+                           depths (readable copies); config (JSON, execution settings too), version, complete
     /input_layer/<name>    float32 tensors of the frozen input layer
     /<split>/features      (N, n_depths, n_readout, d_model) float32, chunked (rows, 1, R, d):
-                           one depth of a row block is one chunk, so a depth reads contiguously
+                           one depth of a row block is one chunk, so a depth reads contiguously;
+                           each chunk carries a Fletcher-32 checksum, so flipped bytes fail loudly
     /<split>/labels        (N, *label_shape) int64
     /<split>/lengths       (N,) real tokens per example
     /<split>/done          (N,) bool, rows written so far; attrs rows_done
 
 A run writes ``FILE.partial`` and renames it to ``FILE`` only when every row of every
 split is written (``complete`` set), so a half-written file is never taken for a
-complete one; a killed run resumes from the ``.partial`` file. Datasets are created
+complete one; a killed run resumes from the ``.partial`` file, and only when the identity
+of the run asked for equals the one recorded there. Datasets are created
 without timestamps, so the same command with the same seed writes the same bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -27,18 +31,53 @@ import h5py
 import numpy as np
 
 from reservoir import __version__
+from reservoir.errors import IdentityError, StoreError, UsageError
+from reservoir.identity import canonical, differences, digest
 
 CHUNK_BYTES = 1 << 20
-#: config keys that must match for a ``.partial`` file to be resumed
-IDENTITY_KEYS = ("task", "task_options", "backbone", "seed", "dtype", "depths", "limit", "readout", "splits")
-
-
-class StoreError(RuntimeError):
-    pass
+FIX_OTHER = "pass another --out, or delete it to extract again"
 
 
 def partial_path(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
+
+
+def _open_h5(path: Path, mode: str = "r") -> h5py.File:
+    """Open an HDF5 file, translating h5py's errors into what the file is and what to do."""
+    try:
+        return h5py.File(path, mode)
+    except OSError as e:
+        if not h5py.is_hdf5(path):
+            raise StoreError(f"{path} is not an HDF5 feature file (it is {path.stat().st_size:,d} bytes of something "
+                             f"else); {FIX_OTHER}") from None
+        raise StoreError(f"{path} is an HDF5 file that cannot be opened ({str(e).splitlines()[0]}); it may be "
+                         f"truncated or in use by another program; {FIX_OTHER}") from None
+
+
+def stored_identity(f: h5py.File) -> dict[str, Any]:
+    """The identity recorded in a feature file; StoreError for files that are not ours or older formats."""
+    if "identity" not in f.attrs:
+        version = f.attrs.get("version")
+        what = f"written by reservoir {version} (an older format without a run identity)" if version is not None \
+            else "not a reservoir feature file (no identity recorded)"
+        raise StoreError(f"{f.filename} is {what}; {FIX_OTHER}")
+    return json.loads(f.attrs["identity"])
+
+
+def check_identity(f: h5py.File, wanted: dict[str, Any], fix: str = FIX_OTHER) -> None:
+    """Raise IdentityError naming every field where ``f``'s identity differs from ``wanted``."""
+    diff = differences(stored_identity(f), wanted)
+    if diff:
+        raise IdentityError(f"{f.filename} holds features of another run ({'; '.join(diff)}); {fix}")
+
+
+def check_complete_match(path: Path, identity: dict[str, Any]) -> None:
+    """An existing file at ``path`` may be reused: it is a complete feature file of this very run
+    (IdentityError naming the differing fields, or StoreError, otherwise)."""
+    with _open_h5(path) as f:
+        check_identity(f, identity)
+        if not f.attrs.get("complete", False):
+            raise StoreError(f"{path} has this run's identity but is not marked complete; delete it to extract again")
 
 
 class FeatureWriter:
@@ -48,28 +87,34 @@ class FeatureWriter:
         self.path, self.f = path, f
 
     @classmethod
-    def open(cls, path: Path, config: dict[str, Any], input_layer: dict[str, Any]) -> "FeatureWriter":
-        """Open ``path.partial`` for writing, resuming it when its identity matches ``config``."""
+    def open(cls, path: Path, identity: dict[str, Any], config: dict[str, Any],
+             input_layer: dict[str, Any]) -> "FeatureWriter":
+        """Open ``path.partial`` for writing, resuming it when its identity equals ``identity``
+        (IdentityError naming the differences otherwise)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = partial_path(path)
         if tmp.exists():
             try:
                 f = h5py.File(tmp, "r+")
-                old = json.loads(f.attrs["config"])
-            except (OSError, KeyError, ValueError):
+                old = stored_identity(f)
+            except (OSError, KeyError, ValueError, StoreError):
+                with contextlib.suppress(NameError, OSError):
+                    f.close()
                 os.remove(tmp)  # unreadable leftovers of a killed run hold nothing to resume
             else:
-                diff = [k for k in IDENTITY_KEYS if old.get(k) != config.get(k)]
+                diff = differences(old, identity)
                 if diff:
                     f.close()
-                    raise StoreError(
-                        f"{tmp} is an unfinished run with different settings ({', '.join(f'{k}={old.get(k)!r}' for k in diff)}); "
-                        "rerun with the same options to resume it, or delete it to start over")
+                    raise IdentityError(
+                        f"{tmp} is an unfinished run with other settings ({'; '.join(diff)}); rerun with the same "
+                        "options to resume it, pass another --out, or delete it to start over")
                 return cls(path, f)
         f = h5py.File(tmp, "w", track_order=False)
-        f.attrs.update({k: config[k] for k in ("task", "backbone", "seed", "dtype")})
-        f.attrs["depths"] = np.asarray(config["depths"], dtype=np.int64)
+        f.attrs["identity"] = canonical(identity)
+        f.attrs["identity_hash"] = digest(identity)
+        f.attrs.update({k: identity[k] for k in ("task", "backbone", "seed", "dtype", "readout")})
+        f.attrs["depths"] = np.asarray(identity["depths"], dtype=np.int64)
         f.attrs["config"] = json.dumps(config, sort_keys=True)
         f.attrs["version"] = __version__
         f.attrs["complete"] = False
@@ -86,7 +131,7 @@ class FeatureWriter:
         g = self.f.create_group(name)
         rows = max(1, min(n, CHUNK_BYTES // (4 * shape[1] * shape[2])))
         g.create_dataset("features", shape=(n, *shape), dtype=np.float32, chunks=(rows, 1, *shape[1:]),
-                         track_times=False)
+                         fletcher32=True, track_times=False)
         g.create_dataset("labels", data=labels, track_times=False)
         g.create_dataset("lengths", data=lengths, track_times=False)
         g.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False, track_times=False)
@@ -95,12 +140,17 @@ class FeatureWriter:
 
     def write(self, split: str, rows: np.ndarray, features: np.ndarray) -> None:
         """Write ``features`` for the (increasing) row indices ``rows``, then mark them done."""
+        if not np.isfinite(features).all():
+            bad = int(rows[np.flatnonzero(~np.isfinite(features.reshape(len(rows), -1)).all(1))[0]])
+            raise StoreError(f"the backbone produced NaN or inf features for row {bad} of split {split!r}; "
+                             "nothing was stored for it. Try --dtype float32, or check the input data")
         g = self.f[split]
         if len(rows) and np.all(np.diff(rows) == 1):
             sel = slice(int(rows[0]), int(rows[-1]) + 1)
         else:
             sel = rows
         g["features"][sel] = features
+        self.f.flush()  # features reach the file before the rows are marked done
         g["done"][sel] = True
         g.attrs["rows_done"] = int(g.attrs["rows_done"]) + len(rows)
         self.f.flush()
@@ -126,10 +176,16 @@ def open_features(path: Path) -> h5py.File:
     if not path.exists():
         hint = f" (an unfinished run left {partial_path(path)}: rerun extract to resume it)" if partial_path(path).exists() else ""
         raise StoreError(f"feature file {path} does not exist{hint}; run `reservoir extract` first")
-    f = h5py.File(path, "r")
-    if not f.attrs.get("complete", False):
+    if path.is_dir():
+        raise StoreError(f"{path} is a folder, not a feature file; pass the .h5 file `reservoir extract` printed")
+    f = _open_h5(path)
+    try:
+        stored_identity(f)
+        if not f.attrs.get("complete", False):
+            raise StoreError(f"feature file {path} is not complete; rerun `reservoir extract` to finish it")
+    except BaseException:
         f.close()
-        raise StoreError(f"feature file {path} is not complete; rerun `reservoir extract` to finish it")
+        raise
     return f
 
 
@@ -140,15 +196,31 @@ def file_config(f: h5py.File) -> dict[str, Any]:
 def depth_index(f: h5py.File, depth: int) -> int:
     depths = [int(d) for d in f.attrs["depths"]]
     if depth not in depths:
-        raise ValueError(f"depth {depth} is not in {f.filename}; it holds depths {depths}")
+        raise UsageError(f"depth {depth} is not in {f.filename}; it holds depths {depths}")
     return depths.index(depth)
 
 
+def feature_splits(f: h5py.File) -> list[str]:
+    return [k for k in f if k != "input_layer"]
+
+
 def read_depth(f: h5py.File, split: str, depth: int) -> tuple[np.ndarray, np.ndarray]:
-    """Features ``(N, n_readout, d_model)`` and labels of one depth of one split."""
+    """Features ``(N, n_readout, d_model)`` and labels of one depth of one split.
+
+    Corrupt chunks (Fletcher-32 mismatch) and non-finite values raise StoreError naming the
+    file, split and depth."""
     if split not in f:
-        raise ValueError(f"split {split!r} is not in {f.filename}; it holds {[k for k in f if k != 'input_layer']}")
-    return f[split]["features"][:, depth_index(f, depth)], f[split]["labels"][:]
+        raise UsageError(f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}")
+    k = depth_index(f, depth)
+    try:
+        X = f[split]["features"][:, k]
+    except OSError as e:
+        raise StoreError(f"{f.filename}: split {split!r}, depth {depth} cannot be read ({str(e).splitlines()[0]}); "
+                         "the file is corrupt: delete it and extract again") from None
+    if not np.isfinite(X).all():
+        raise StoreError(f"{f.filename}: split {split!r}, depth {depth} holds NaN or inf features; "
+                         "delete the file and extract again (try --dtype float32)")
+    return X, f[split]["labels"][:]
 
 
 def iter_depth(f: h5py.File, split: str, depth: int, rows: int = 4096,
@@ -160,11 +232,3 @@ def iter_depth(f: h5py.File, split: str, depth: int, rows: int = 4096,
     for start in range(0, ds.shape[0] if select is None else len(select), rows):
         index = slice(start, start + rows) if select is None else select[start:start + rows]
         yield ds[index, k], labels[index]
-
-
-def dask_features(f: h5py.File, split: str):
-    """The features of a split as a dask array with the file's chunking (lazy, out of core)."""
-    import dask.array as da
-
-    ds = f[split]["features"]
-    return da.from_array(ds, chunks=ds.chunks)

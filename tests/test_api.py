@@ -37,7 +37,8 @@ def test_transformer_features_equal_extracted_features(tiny_gpt2, tmp_path):
     task = get_task("digits")
     train = task.load("train", ".", limit=30)
     tokens = task.encode(train.inputs)
-    feats = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=[0, 2], seed=0).fit(tokens).transform_depths(tokens)
+    feats = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=[0, 2], seed=0, dtype="float32").fit(
+        tokens).transform_depths(tokens)
     for k, depth in enumerate((0, 2)):
         stored, labels = api.read_features(path, "train", depth)
         np.testing.assert_allclose(feats[:, k], stored, atol=1e-5, rtol=1e-5)
@@ -61,7 +62,7 @@ def test_transformer_parameters_follow_the_sklearn_contract(tiny_gpt2):
     assert clone(t).get_params() == t.get_params() and t.get_params()["seed"] == 3
     with pytest.raises(Exception, match="not fitted"):
         t.transform(np.zeros((2, 4, 3), np.float32))
-    with pytest.raises(ValueError, match=r"The 'depth' parameter of ReservoirFeatures must be in \[0, 2\].*Got 5"):
+    with pytest.raises(ValueError, match=r"depth 5 is not available in backbone .*; choose depths in \[0, 2\]"):
         api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=5).fit(np.zeros((2, 4, 3), np.float32))
     out = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1).fit_transform(np.random.rand(3, 5).astype(np.float32))
     assert out.shape == (3, 32)  # (N, T) floats: one value a token
@@ -74,7 +75,7 @@ def test_api_extract_and_fit_on_a_user_npz(tiny_gpt2, tmp_path, home):
     x[:, :, 0] += 2.0 * y[:, None]  # learnable: the first feature carries the class
     np.savez(tmp_path / "mine.npz", x=x, y=y, split=np.where(np.arange(80) < 60, "train", "test"))
     path = api.extract(f"file:{tmp_path / 'mine.npz'}", str(tiny_gpt2))
-    assert path.parent.name == "mine" and path.exists()  # features/mine/BACKBONE.h5
+    assert path.parent.parent.name == "mine.npz" and path.exists()  # features/mine.npz/BACKBONE/...-HASH.h5
     results = api.fit(f"file:{tmp_path / 'mine.npz'}", str(tiny_gpt2), head="logreg")
     assert [r["depth"] for r in results] == [0, 1, 2] and all(r["n_test"] == 20 for r in results)
     assert max(r["test_accuracy"] for r in results) >= 0.8

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+from reservoir.forward import resolve_dtype
 
 
 def test_unknown_task_exits_2_listing_choices(cli, home):
@@ -16,12 +19,22 @@ def test_unknown_backbone_exits_2(cli, home):
     assert r.exit_code == 2 and "unknown backbone 'gpt5'" in r.output and "'gpt2-random'" in r.output
 
 
-def test_bad_depths_and_task_options_exit_2(cli, home):
-    r = cli("extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,9", "--limit", "4")
-    assert r.exit_code == 2 and "depths '0,9' must lie in [0, 3]" in r.output
+def test_bad_depths_and_task_options_exit_2_while_parsing(cli, home):
+    r = cli("extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,x", "--limit", "4")
+    assert r.exit_code == 2 and "depths '0,x' must be 'all' or comma-separated integers" in r.output
     r = cli("extract", "--task", "digits", "--task-opt", "colour=red")
     assert r.exit_code == 2 and "unknown option 'colour' for task 'digits'" in r.output
+    r = cli("extract", "--task", "bit_xor", "--task-opt", "n_bits=five")
+    assert r.exit_code == 2 and "task option n_bits='five' is not a valid int" in r.output
+    r = cli("fit", "--task", "digits", "--depth", "2")
+    assert r.exit_code == 2 and "--depth was renamed --depths; pass --depths 2" in r.output
     assert not (home / "features").exists()
+
+
+def test_a_depth_the_backbone_lacks_exits_1_naming_the_range(cli, home):
+    r = cli("extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,9", "--limit", "4")
+    assert r.exit_code == 1 and "depth 9 is not available in backbone lstm (3 blocks); choose depths in [0, 3]" in r.output
+    assert "Traceback" not in r.output and not (home / "features").exists()
 
 
 def test_missing_mnist_offline_exits_1_and_leaves_no_file(cli, home, monkeypatch):
@@ -59,8 +72,9 @@ def test_download_attempt_without_network_gives_up_fast(tmp_path, monkeypatch):
 def test_extract_fit_report_on_digits(cli, home, tiny_gpt2):
     r = cli("-q", "extract", "--task", "digits", "--backbone", str(tiny_gpt2))
     assert r.exit_code == 0, r.output
-    path = home / "features" / "digits" / f"{tiny_gpt2.name}.h5"
-    assert r.stdout.strip() == str(path) and path.exists()
+    path = Path(r.stdout.strip())
+    assert path.exists() and path.parent == home / "features" / "digits" / tiny_gpt2.name
+    assert path.name.startswith(f"{resolve_dtype('auto')}-seed0-") and path.suffix == ".h5"
     r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--head", "ridge")
     assert r.exit_code == 0, r.output
     assert "| digits |" in r.stdout and "| d2 |" in r.stdout
@@ -78,7 +92,8 @@ def test_extract_fit_report_on_digits(cli, home, tiny_gpt2):
 
 def test_fit_without_features_exits_1(cli, home):
     r = cli("fit", "--task", "digits", "--backbone", "lstm")
-    assert r.exit_code == 1 and "does not exist" in r.output and "reservoir extract" in r.output
+    assert r.exit_code == 1 and "no feature file for task 'digits' and backbone 'lstm'" in r.output
+    assert "run `reservoir extract --task digits --backbone lstm` first" in r.output
 
 
 def test_listings(cli):

@@ -144,7 +144,7 @@ def test_resume_with_other_settings_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(FeatureWriter, "write", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, "x.h5", seed=1)
-    with pytest.raises(StoreError, match="different settings.*seed=1"):
+    with pytest.raises(StoreError, match=r"unfinished run with other settings \(.*seed: stored 1, asked 2"):
         run(tmp_path, "x.h5", seed=2)
 
 

@@ -13,8 +13,9 @@ import torch
 from reservoir import extract as ex
 from reservoir.backbones import load_backbone
 from reservoir.config import ExtractConfig
-from reservoir.extract import FeatureRunner, plan_batches, prefetch, resolve_dtype, round_width
-from reservoir.input_layer import make_input_layer
+from reservoir import forward as fw
+from reservoir.extract import plan_batches, prefetch
+from reservoir.forward import FeatureRunner, resolve_dtype, round_width
 from reservoir.store import FeatureWriter, StoreError, open_features, partial_path
 from reservoir.tasks import get_task
 
@@ -24,8 +25,7 @@ LISTOPS = {"max_len": 200, "n_train": 14, "n_val": 1, "n_test": 1, "min_length":
 def runner_for(task, backbone, dtype="float32", compile=False, batch_size=None, depths=None, seed=0):
     bb = load_backbone(str(backbone), seed)
     depths = depths or list(range(bb.n_layers + 1))
-    return FeatureRunner(task.spec, make_input_layer(task.spec, bb.d_model, seed), bb, depths, dtype, compile,
-                         batch_size=batch_size)
+    return FeatureRunner.build(task.spec, bb, depths, seed=seed, dtype=dtype, compile=compile, batch_size=batch_size)
 
 
 def digits(n=48):
@@ -54,7 +54,7 @@ def test_bf16_features_close_to_float32_but_not_equal(backbone, tiny_gpt2):
 
 
 def test_auto_dtype_is_bf16_exactly_where_the_cpu_has_it():
-    assert resolve_dtype("auto") == ("bfloat16" if ex.bf16_native() else "float32")
+    assert resolve_dtype("auto") == ("bfloat16" if fw.bf16_native() else "float32")
     assert resolve_dtype("float32") == "float32"
     with pytest.raises(ValueError, match="dtype 'float16' is not supported; choose from"):
         resolve_dtype("float16")
@@ -89,12 +89,12 @@ def test_compiled_path_pads_rows_and_width_without_changing_features(monkeypatch
     d = task.load("train", ".", None)
     rows = np.arange(5)
     tokens, lengths = task.encode(d.inputs[rows]), d.lengths[rows]
-    assert tokens.shape[1] % ex.WIDTH_MULTIPLE != 0
+    assert tokens.shape[1] % fw.WIDTH_MULTIPLE != 0
     plain = runner_for(task, tiny_gpt2)
     padded = runner_for(task, tiny_gpt2, compile=True, batch_size=8)
     batch = padded.prepare(tokens, lengths)
     assert batch.tokens.shape == (8, round_width(tokens.shape[1], 200)) and batch.n == 5
-    assert batch.tokens.shape[1] % ex.WIDTH_MULTIPLE == 0 or batch.tokens.shape[1] == 200
+    assert batch.tokens.shape[1] % fw.WIDTH_MULTIPLE == 0 or batch.tokens.shape[1] == 200
     np.testing.assert_allclose(padded.run(batch), plain(tokens, lengths), atol=1e-5, rtol=1e-5)
 
 

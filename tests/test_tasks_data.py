@@ -391,7 +391,7 @@ def test_homology_extract_and_fit_report_every_test_split(cli, home, tmp_path, t
             "--out", str(out))
     assert r.exit_code == 0, r.output
     r = cli("-q", "fit", "--task", "remote_homology", "--backbone", str(tiny_gpt2), "--features", str(out),
-            "--head", "ridge", "--depth", "2")
+            "--head", "ridge", "--depths", "2")
     assert r.exit_code == 0, r.output
     result = json.loads(next((home / "results").rglob("*.json")).read_text())
     assert result["test_split"] == "test_fold_holdout" and result["n_val"] == 6 and result["n_test"] == 5

@@ -43,7 +43,7 @@ def test_paper_parameter_arithmetic_for_gpt2_base():
 
     with torch.device("meta"):  # shapes only: no 124M-parameter initialisation
         backbone = GPT2Backbone(GPT2Model(GPT2Config(**GPT2_SIZES["gpt2"])))
-    model = FPT(get_task("bit_xor").spec, backbone, depth=12, seed=0)
+    model = FPT(get_task("bit_xor").spec, backbone, blocks=12, seed=0)
     select_trainable(model, ("input", "pos", "ln", "out"))
     rows = {r["group"]: r for r in param_counts(model)}
     assert rows["ln"]["params"] == 4 * 768 * 12 + 2 * 768 == 38_400
@@ -57,7 +57,7 @@ def test_paper_parameter_arithmetic_for_gpt2_base():
 
 def test_only_selected_groups_change(tiny_gpt2, home):
     task = get_task("bit_xor", **XOR_OPTS)
-    model = FPT(task.spec, load_backbone(str(tiny_gpt2), 0), depth=2, seed=0)
+    model = FPT(task.spec, load_backbone(str(tiny_gpt2), 0), blocks=2, seed=0)
     params, notes = select_trainable(model, ("ln", "out"))
     assert not notes
     groups = model.groups()
@@ -78,7 +78,7 @@ def test_only_selected_groups_change(tiny_gpt2, home):
 
 def test_lstm_skips_groups_it_does_not_have_and_rejects_unknown_ones():
     task = get_task("bit_xor")
-    model = FPT(task.spec, load_backbone("lstm", 0), depth=3, seed=0)
+    model = FPT(task.spec, load_backbone("lstm", 0), blocks=3, seed=0)
     params, notes = select_trainable(model, ("input", "pos", "ln", "out"))
     assert any("'ln'" in n for n in notes) and any("'pos'" in n for n in notes)
     assert sum(p.numel() for p in params) == (768 + 768) + (768 * 2 + 2)
@@ -88,7 +88,7 @@ def test_lstm_skips_groups_it_does_not_have_and_rejects_unknown_ones():
 
 def test_dropout_active_in_train_and_off_in_eval(tiny_gpt2):
     task = get_task("bit_xor", **XOR_OPTS)
-    model = FPT(task.spec, load_backbone(str(tiny_gpt2), 0), depth=2, seed=0, dropout=0.1)
+    model = FPT(task.spec, load_backbone(str(tiny_gpt2), 0), blocks=2, seed=0, dropout=0.1)
     assert all(m.p == 0.1 for m in model.modules() if isinstance(m, torch.nn.Dropout))
     tokens = torch.from_numpy(task.encode(task.load("test", Path("."), 8).inputs))
     lengths = torch.full((8,), 10)
@@ -134,10 +134,11 @@ def test_train_writes_a_result_in_the_shared_schema(tiny_gpt2, home, cli):
     assert "12 x" not in r.output and "2 x (4 x 32) + 2 x 32" in r.output  # the tiny model's layer norms
     path = Path(r.output.strip().splitlines()[-1])
     result = json.loads(path.read_text())
-    from reservoir.report import REQUIRED
+    from reservoir.results import REQUIRED
 
     assert set(REQUIRED) <= set(result)
     assert result["mode"] == "end-to-end" and result["head"] == "linear" and result["depth"] == 2
+    assert result["identity"]["backbone"] == tiny_gpt2.name and len(result["identity_hash"]) == 10
     assert result["trainable"] == ["input", "pos", "ln", "out"]
     assert (result["n_train"], result["n_val"], result["n_test"]) == (461, 51, 256)
     assert result["runs"][0]["best_step"] in (10, 20) and 0 <= result["test_accuracy"] <= 1
@@ -157,13 +158,18 @@ def test_report_puts_end_to_end_beside_output_only(tiny_gpt2, home, cli):
     assert any("| end-to-end | linear |" in line for line in rows)
 
 
-def test_bad_options_exit_2(tiny_gpt2, home, cli):
-    r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--trainable", "input,norms")
-    assert r.exit_code == 2 and "unknown trainable group 'norms'" in r.output
+def test_bad_options_exit_2_while_parsing_and_1_after(tiny_gpt2, home, cli):
     r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--lr", "1e-3,fast")
     assert r.exit_code == 2 and "'1e-3,fast' must be a comma-separated list of float values" in r.output
     r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--depth", "3", "--steps", "1")
-    assert r.exit_code == 2 and "depth 3 is out of range for this backbone; choose depths in [0, 2]" in r.output
+    assert r.exit_code == 2 and "--depth was renamed --blocks" in r.output
+    r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--trainable", "input,norms")
+    assert r.exit_code == 1 and "unknown trainable group 'norms'" in r.output
+    r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--blocks", "3", "--steps", "1")
+    assert r.exit_code == 1 and "depth 3 is out of range for this backbone; choose depths in [0, 2]" in r.output
+    r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--lr", "1e-3,1e-3")
+    assert r.exit_code == 1 and "The 'lr' parameter of train must be distinct values" in r.output
+    assert "Traceback" not in r.output
 
 
 def test_sweep_selects_on_validation_and_reports_spread(tiny_gpt2, home):
@@ -229,7 +235,7 @@ def test_resume_refuses_other_settings_and_broken_files(tiny_gpt2, home, cli):
             "--task-opt", "n_test=64", "--steps", "10", "--eval-every", "10", "--checkpoint-dir", str(home / "c")]
     assert cli("-q", *args).exit_code == 0
     r = cli("-q", *args, "--resume", "--dropout", "0.2")
-    assert r.exit_code == 2 and "was written with different settings: dropout=0.1 (now 0.2)" in r.output
+    assert r.exit_code == 1 and "was written with other settings: dropout: stored 0.1, asked 0.2" in r.output
     (ckpt,) = (home / "c").glob("*.pt")
     ckpt.write_bytes(b"not a checkpoint")
     r = cli("-q", *args, "--resume")

@@ -25,20 +25,20 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from reservoir.errors import BackboneError, UsageError  # noqa: F401  (BackboneError: re-exported)
 from reservoir.registry import Registry
 
 
-class BackboneError(RuntimeError):
-    """A backbone that cannot be loaded; the message says what to do."""
-
-
 class Backbone(nn.Module):
-    """Base class. Subclasses set ``d_model``, ``n_layers``, ``family`` and implement ``states``."""
+    """Base class. Subclasses set ``d_model``, ``n_layers``, ``family`` (and ``max_positions`` when
+    positions run out) and implement ``states``."""
 
     family: str = ""
     d_model: int
     n_layers: int
     causal: bool = True
+    #: longest input the backbone has positions for (``None``: no limit)
+    max_positions: int | None = None
 
     def states(self, x: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int],
                readout: torch.Tensor) -> list[torch.Tensor]:
@@ -58,8 +58,8 @@ class Backbone(nn.Module):
 
     def check_depths(self, depths: Sequence[int]) -> None:
         bad = [d for d in depths if not 0 <= d <= self.n_layers]
-        if bad:
-            raise ValueError(f"depth {bad[0]} is out of range for this backbone; choose depths in [0, {self.n_layers}]")
+        if bad or not depths:
+            raise UsageError(f"depth {bad[0]} is out of range for this backbone; choose depths in [0, {self.n_layers}]")
 
 
 def gather(h: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ class GPT2Backbone(Backbone):
         self.config = model.config
         self.wpe, self.drop, self.h, self.ln_f = model.wpe, model.drop, model.h, model.ln_f
         self.d_model, self.n_layers = model.config.n_embd, model.config.n_layer
+        self.max_positions = model.config.n_positions
 
     def states(self, x, lengths, depths: Sequence[int], readout):
         self.check_depths(depths)

@@ -68,6 +68,7 @@ class RotaryBackbone(Backbone):
         self.d_model, self.n_layers = model.config.hidden_size, model.config.num_hidden_layers
         n_pos = min(getattr(model.config, "max_position_embeddings", MAX_ADDED_POSITIONS), MAX_ADDED_POSITIONS)
         self.wpe = nn.Embedding(n_pos, self.d_model)
+        self.max_positions = n_pos
         nn.init.zeros_(self.wpe.weight)
 
     def states(self, x, lengths, depths: Sequence[int], readout):
@@ -109,12 +110,14 @@ class EncoderBackbone(Backbone):
         self.embeddings, self.layers = model.embeddings, model.encoder.layer
         self.embeddings.word_embeddings = None  # the FPT input layer replaces it; inputs_embeds path never reads it
         self.d_model, self.n_layers = model.config.hidden_size, model.config.num_hidden_layers
+        offset = model.config.pad_token_id + 1 if model.config.model_type == "roberta" else 0  # RoBERTa counts from pad+1
+        self.max_positions = model.config.max_position_embeddings - offset
 
     def states(self, x, lengths, depths: Sequence[int], readout):
         from transformers.masking_utils import create_bidirectional_mask
 
         self.check_depths(depths)
-        _check_length(x, self.config.max_position_embeddings, self.config.model_type)
+        _check_length(x, self.max_positions, self.config.model_type)
         h = self.embeddings(inputs_embeds=x)
         real = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=h, attention_mask=real.long())

@@ -47,6 +47,7 @@ class LSTMBackbone(Backbone):
         self.layers = nn.ModuleList(nn.LSTM(config.d_model, config.d_model, batch_first=True)
                                     for _ in range(config.n_layers))
         self.wpe = nn.Embedding(config.max_positions, config.d_model) if config.positional else None
+        self.max_positions = config.max_positions if config.positional else None
 
     def states(self, x, lengths, depths: Sequence[int], readout):
         self.check_depths(depths)

@@ -17,11 +17,8 @@ from typing import Any, ClassVar, Literal, Sequence
 
 import numpy as np
 
+from reservoir.errors import DataError, UsageError  # noqa: F401  (DataError: re-exported for task modules)
 from reservoir.registry import Registry
-
-
-class DataError(RuntimeError):
-    """Missing, corrupt or inconsistent data; the message names the file and the fix."""
 
 
 @dataclass(frozen=True)
@@ -111,9 +108,13 @@ class Task:
     def options(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def identity_options(self) -> dict[str, Any]:
+        """The options that change the data, for the run's identity (not where it was read from)."""
+        return self.options()
+
     def check_split(self, split: str) -> None:
         if split not in self.spec.splits:
-            raise ValueError(f"task {self.name!r} has no split {split!r}; choose from {list(self.spec.splits)}")
+            raise UsageError(f"task {self.name!r} has no split {split!r}; choose from {list(self.spec.splits)}")
 
 
 TASKS: Registry[Task] = Registry("task")
@@ -140,7 +141,7 @@ def parse_options(pairs: Sequence[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"task option {pair!r} is not of the form key=value")
+            raise UsageError(f"task option {pair!r} is not of the form key=value")
         out[key.strip()] = value.strip()
     return out
 
@@ -160,9 +161,37 @@ def get_task(name: str, **options: Any) -> Task:
     kwargs = {}
     for key, value in options.items():
         if key not in fields:
-            raise ValueError(f"unknown option {key!r} for task {name!r}; choose from {sorted(fields)}")
+            raise UsageError(f"unknown option {key!r} for task {name!r}; choose from {sorted(fields)}")
         kwargs[key] = _convert(value, fields[key].type, key)
     return cls(**kwargs)
+
+
+def task_class(name: str) -> type[Task]:
+    """The class of a registered task or of ``file:PATH`` (nothing is read)."""
+    if name.startswith("file:"):
+        from reservoir.tasks.userfile import FileTask  # noqa: PLC0415 - optional family
+
+        return FileTask
+    return TASKS.factory(name)
+
+
+def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Option names and value types of a task, checked without building it (the CLI does this
+    while parsing); returns the converted values."""
+    fields = {f.name: f for f in dataclasses.fields(task_class(name)) if f.name != "path"}
+    for key in options:
+        if key not in fields:
+            raise UsageError(f"unknown option {key!r} for task {name!r}; choose from {sorted(fields)}")
+    return {key: _convert(value, fields[key].type, key) for key, value in options.items()}
+
+
+def make_task(name: str, options: dict[str, Any], seed: int) -> Task:
+    """The task of a run: a task with a ``seed`` option (generated data, seeded splits) draws from
+    the run's ``seed`` unless ``options`` set its own."""
+    fields = {f.name for f in dataclasses.fields(task_class(name))}
+    if "seed" in fields and "seed" not in options:
+        options = {**options, "seed": seed}
+    return get_task(name, **options)
 
 
 def _convert(value: Any, annotation: Any, key: str) -> Any:
@@ -179,9 +208,9 @@ def _convert(value: Any, annotation: Any, key: str) -> Any:
                 return True
             if value.lower() in ("0", "false", "no"):
                 return False
-            raise ValueError(value)
+            raise UsageError(value)
     except ValueError:
-        raise ValueError(f"task option {key}={value!r} is not a valid {kind}") from None
+        raise UsageError(f"task option {key}={value!r} is not a valid {kind}") from None
     return value
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reservoir.errors import UsageError
 from reservoir.tasks import SplitData, Task, TaskSpec, register_task
 
 SPLIT_STREAM = {"train": 0, "val": 1, "test": 2}
@@ -64,7 +65,7 @@ class BitMemory(Task):
 
     def __post_init__(self):
         if self.n_bits % self.token_bits:
-            raise ValueError(f"task option n_bits={self.n_bits} must be a multiple of token_bits={self.token_bits}")
+            raise UsageError(f"task option n_bits={self.n_bits} must be a multiple of token_bits={self.token_bits}")
 
     @property
     def spec(self) -> TaskSpec:

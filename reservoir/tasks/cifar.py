@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reservoir.errors import UsageError
 from reservoir.download import DataArchive, ensure_archive
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, patches, register_task
 
@@ -147,7 +148,7 @@ class Cifar10(_Cifar):
 
     def __post_init__(self):
         if self.patch < 1 or 32 % self.patch:
-            raise ValueError(f"task option patch={self.patch} must divide 32 (1, 2, 4, 8, 16 or 32)")
+            raise UsageError(f"task option patch={self.patch} must divide 32 (1, 2, 4, 8, 16 or 32)")
 
     @property
     def spec(self) -> TaskSpec:

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from reservoir.errors import UsageError
 from reservoir.download import DataArchive, ensure_archive
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, pad_ids, register_task
 
@@ -188,7 +189,7 @@ class RemoteHomology(Task):
 
     def __post_init__(self):
         if self.max_len < 1:
-            raise ValueError(f"task option max_len={self.max_len} must be at least 1")
+            raise UsageError(f"task option max_len={self.max_len} must be at least 1")
         self.truncated: dict[str, int] = {}  # split -> sequences truncated by the last load
 
     @property

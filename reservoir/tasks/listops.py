@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reservoir.errors import UsageError
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, pad_ids, register_task
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -124,9 +125,9 @@ class ListOps(Task):
         for key, value, choices in (("source", self.source, ("generate", "lra")),
                                     ("tokenization", self.tokenization, ("brackets", "fpt"))):
             if value not in choices:
-                raise ValueError(f"task option {key}={value!r} is not one of {list(choices)}")
+                raise UsageError(f"task option {key}={value!r} is not one of {list(choices)}")
         if not 1 <= self.max_len <= 2000:
-            raise ValueError(f"task option max_len={self.max_len} must be in [1, 2000]")
+            raise UsageError(f"task option max_len={self.max_len} must be in [1, 2000]")
 
     @property
     def spec(self) -> TaskSpec:

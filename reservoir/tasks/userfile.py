@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from reservoir.errors import UsageError
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, _convert, pad_ids
 
 SUFFIXES = (".npz", ".h5", ".hdf5")
@@ -78,15 +79,19 @@ class FileTask(Task):
         fields = {f.name: f for f in dataclasses.fields(self) if f.name != "path"}
         for key in options:
             if key not in fields:
-                raise ValueError(f"unknown option {key!r} for task file:PATH; choose from {sorted(fields)}")
+                raise UsageError(f"unknown option {key!r} for task file:PATH; choose from {sorted(fields)}")
         self.path = str(path)
         for key, f in fields.items():
             setattr(self, key, _convert(options[key], f.type, key) if key in options else f.default)
         if self.n_classes < 0:
-            raise ValueError(f"task option n_classes={self.n_classes} must be positive (0 infers it from y)")
+            raise UsageError(f"task option n_classes={self.n_classes} must be positive (0 infers it from y)")
         if not 0 < self.test_fraction < 1:
-            raise ValueError(f"task option test_fraction={self.test_fraction} must be in (0, 1)")
+            raise UsageError(f"task option test_fraction={self.test_fraction} must be in (0, 1)")
         self._splits = self._read(Path(self.path))
+
+    def identity_options(self) -> dict[str, Any]:
+        """Where the file lies is not part of the identity; its contents are (the data fingerprint)."""
+        return {k: v for k, v in self.options().items() if k != "path"}
 
     # -- reading and checking -------------------------------------------------------------
     def _read(self, path: Path) -> dict[str, SplitData]:

@@ -1,0 +1,45 @@
+"""The project's errors, in one place.
+
+Every error a user can cause or meet is a :class:`ReservoirError`; its message says what
+was wrong, the value received and what to do. The command line turns them into exit
+status 1 with the message and no traceback; exit 2 is kept for usage errors found while
+click parses the options.
+
+- :class:`UsageError`: a value that cannot work, found after parsing (a depth outside the
+  backbone, a dtype the API was given); also a ``ValueError`` for library callers.
+- :class:`DataError`: missing, corrupt or inconsistent data.
+- :class:`BackboneError`: a backbone that cannot be loaded or cannot read the input.
+- :class:`StoreError`: a feature file that is missing, unfinished, corrupt or not ours.
+- :class:`IdentityError`: an artifact produced by another run than the one asked for.
+- :class:`DeviceError`: a device that was asked for and is absent.
+"""
+
+from __future__ import annotations
+
+
+class ReservoirError(Exception):
+    """Base class: a foreseeable failure whose message names the value and the fix."""
+
+
+class UsageError(ReservoirError, ValueError):
+    """A setting that cannot work (found after option parsing)."""
+
+
+class DataError(ReservoirError):
+    """Missing, corrupt or inconsistent data; the message names the file and the fix."""
+
+
+class BackboneError(ReservoirError):
+    """A backbone that cannot be loaded, or cannot read this input; the message says what to do."""
+
+
+class StoreError(ReservoirError):
+    """A feature file that is missing, unfinished, corrupt, locked or not a feature file."""
+
+
+class IdentityError(StoreError):
+    """An artifact whose recorded identity differs from the run asked for."""
+
+
+class DeviceError(ReservoirError):
+    """A compute device that was asked for and is not present."""

@@ -1,0 +1,229 @@
+"""The one forward path: frozen input layer -> backbone -> readout tokens at each depth.
+
+``extract``, ``train`` and the scikit-learn transformer all build their model here, so the
+features a file stores, the untrained end-to-end model and ``ReservoirFeatures`` are the
+same numbers (tests check it).
+
+- The **depth convention** is the backbones' (:mod:`reservoir.backbones`): depth ``k`` is
+  the backbone truncated to its first ``k`` blocks, final norm included; depth 0 is the
+  embedded input through that norm.
+- The **readout rule** is :func:`readout_positions`: the last ``n_readout`` real tokens of
+  each row, or with ``padded`` the last positions of rows padded to the task's length (the
+  official FPT code's readout, which depends on padding).
+- **Compilation** is :class:`CompiledOrEager`: torch.compile when asked, eager with a
+  message when compiling or the compiled call fails.
+- :class:`FeatureRunner` turns token batches into float32 feature arrays for extraction:
+  compute dtype, static shapes for the compiled graph, padding rows dropped.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from reservoir.backbones import Backbone, freeze
+from reservoir.errors import BackboneError, UsageError
+from reservoir.input_layer import make_input_layer
+from reservoir.tasks import TaskSpec
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: compiled variable-length batches are padded to a multiple of this many tokens
+WIDTH_MULTIPLE = 64
+
+
+def bf16_native() -> bool:
+    """Whether this CPU has native bf16 matrix products (oneDNN with AVX512-BF16 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
+        return False
+
+
+def resolve_dtype(name: str) -> str:
+    """``"auto"`` -> ``"bfloat16"`` where the CPU multiplies bf16 natively, else ``"float32"``."""
+    if name == "auto":
+        return "bfloat16" if bf16_native() else "float32"
+    if name not in DTYPES:
+        raise UsageError(f"dtype {name!r} is not supported; choose from {['auto', *DTYPES]}")
+    return name
+
+
+def readout_positions(lengths: torch.Tensor, n_readout: int, width: int | None = None) -> torch.Tensor:
+    """The readout rule, defined once: positions ``(B, n_readout)`` of the last ``n_readout`` real
+    tokens of each row, or (``width`` given, the padded readout) of the last ``n_readout``
+    positions of rows padded to ``width``."""
+    last = lengths if width is None else torch.full_like(lengths, width)
+    return last[:, None] - n_readout + torch.arange(n_readout, device=lengths.device)[None, :]
+
+
+def check_length(spec: TaskSpec, backbone: Backbone, backbone_name: str) -> None:
+    """Refuse, before anything runs, a task longer than the backbone's positions."""
+    limit = getattr(backbone, "max_positions", None)
+    if limit is not None and spec.seq_len > limit:
+        raise BackboneError(
+            f"task {spec.name!r} has sequences of up to {spec.seq_len} tokens, but backbone {backbone_name!r} reads at "
+            f"most {limit} positions; shorten the task (e.g. --task-opt max_len={limit} where the task has it) or "
+            "choose a backbone with more positions")
+
+
+class Reservoir(nn.Module):
+    """Frozen input layer -> dropout -> backbone -> hidden states of the readout tokens.
+
+    Parameters
+    ----------
+    spec : the task's spec (token kind and width or vocabulary, readout count).
+    backbone : the backbone (its blocks run up to the deepest requested depth).
+    seed : seeds the input layer (:func:`reservoir.input_layer.make_input_layer`).
+    input_scale : the input layer's scale (``"paper"``).
+    dropout : after the input layer (training only; 0 for extraction).
+
+    ``forward(tokens, lengths, depths, readout=None)`` returns ``(B, n_depths, n_readout, d)``
+    in the backbone's dtype; ``readout=None`` reads the last real tokens.
+    """
+
+    def __init__(self, spec: TaskSpec, backbone: Backbone, *, seed: int, input_scale: str = "paper",
+                 dropout: float = 0.0):
+        super().__init__()
+        self.spec = spec
+        self.input_layer = make_input_layer(spec, backbone.d_model, seed, input_scale)
+        self.dropout = nn.Dropout(dropout)
+        self.backbone = backbone
+        self.compute_dtype = torch.float32
+
+    def to_compute(self, dtype: torch.dtype) -> "Reservoir":
+        """Run the backbone in ``dtype``; the input layer stays float32."""
+        self.backbone.to(dtype)
+        self.compute_dtype = dtype
+        return self
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int],
+                readout: torch.Tensor | None = None) -> torch.Tensor:
+        if readout is None:
+            readout = readout_positions(lengths, self.spec.n_readout)
+        x = self.dropout(self.input_layer(tokens)).to(self.compute_dtype)
+        return self.backbone(x, lengths, depths, readout)
+
+
+class CompiledOrEager:
+    """``fn`` under ``torch.compile`` when ``enabled``; if compiling or a compiled call fails, the
+    eager ``fn`` from then on, with one message on stderr.
+
+    ``compiled`` says which runs; :meth:`fall_back` switches by hand (training calls it when
+    the backward pass of a compiled graph fails).
+    """
+
+    def __init__(self, fn: Callable, enabled: bool, *, hint: str = "", **compile_kwargs: Any):
+        self.eager = self.fn = fn
+        self.compiled = False
+        self.hint = hint
+        if enabled:
+            try:
+                self.fn, self.compiled = torch.compile(fn, **compile_kwargs), True
+            except Exception as e:  # noqa: BLE001 - compilation is an optimisation, eager always works
+                self.fall_back(e)
+
+    def fall_back(self, e: BaseException) -> None:
+        first = str(e).splitlines()[0] if str(e) else ""
+        print(f"torch.compile failed ({type(e).__name__}: {first}); running eager{self.hint}", file=sys.stderr)
+        self.fn, self.compiled = self.eager, False
+
+    def __call__(self, *args, **kwargs):
+        if not self.compiled:
+            return self.eager(*args, **kwargs)
+        try:
+            return self.fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            self.fall_back(e)
+            return self.eager(*args, **kwargs)
+
+
+def round_width(width: int, seq_len: int, multiple: int = WIDTH_MULTIPLE) -> int:
+    """``width`` rounded up to ``multiple``, but never past the task's length (positions run out there)."""
+    return max(width, min(-(-width // multiple) * multiple, seq_len))
+
+
+class Batch(NamedTuple):
+    """Model inputs of one batch; rows past ``n`` are padding whose outputs are dropped."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    readout: torch.Tensor
+    n: int
+
+
+class FeatureRunner:
+    """Tokens -> per-depth readout features ``(B, n_depths, n_readout, d)`` as float32 numpy.
+
+    Parameters
+    ----------
+    reservoir : the frozen input layer and backbone (:class:`Reservoir`); its backbone is
+        converted to ``dtype`` in place.
+    depths : depths to read; only blocks up to the deepest run.
+    dtype : ``"auto"``, ``"bfloat16"`` or ``"float32"`` compute.
+    compile : compile the forward with inductor (weight freezing); eager if that fails.
+    batch_size : when compiling, smaller batches are padded to this many rows so one graph serves.
+
+    Examples
+    --------
+    >>> runner = FeatureRunner.build(spec, backbone, [0, 6, 12], seed=0, dtype="auto")   # doctest: +SKIP
+    >>> runner(tokens, lengths).shape                                                     # doctest: +SKIP
+    (32, 3, 1, 768)
+    """
+
+    def __init__(self, reservoir: Reservoir, depths: Sequence[int], dtype: str, compile: bool = False, *,
+                 batch_size: int | None = None):
+        self.spec, self.depths = reservoir.spec, tuple(depths)
+        reservoir.backbone.check_depths(self.depths)
+        self.dtype_name = resolve_dtype(dtype)
+        self.reservoir = freeze(reservoir.float()).eval().to_compute(DTYPES[self.dtype_name])
+        self.backbone = self.reservoir.backbone
+        self.batch_size = batch_size
+        self.forward = CompiledOrEager(self._forward, bool(compile), hint=" (pass --no-compile to skip compiling)",
+                                       options={"freezing": True})
+
+    @classmethod
+    def build(cls, spec: TaskSpec, backbone: Backbone, depths: Sequence[int], *, seed: int, dtype: str,
+              input_scale: str = "paper", compile: bool = False, batch_size: int | None = None) -> "FeatureRunner":
+        """The runner of a seeded :class:`Reservoir` over ``backbone``."""
+        return cls(Reservoir(spec, backbone, seed=seed, input_scale=input_scale), depths, dtype, compile,
+                   batch_size=batch_size)
+
+    @property
+    def compiled(self) -> bool:
+        return self.forward.compiled
+
+    def _forward(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+        return self.reservoir(tokens, lengths, self.depths, readout).float()
+
+    def prepare(self, tokens: np.ndarray, lengths: np.ndarray, padded: bool = False) -> Batch:
+        """Model inputs for a batch (thread-safe: runs on the prefetch thread).
+
+        Compiled runs pad the batch to ``batch_size`` rows and variable-length widths to a
+        multiple of :data:`WIDTH_MULTIPLE`, so the graph is reused.
+        """
+        n, width = tokens.shape[0], tokens.shape[1]
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if self.compiled:
+            rows = max(n, self.batch_size or n)
+            wide = round_width(width, self.spec.seq_len) if self.spec.variable_length and not padded else width
+            if (rows, wide) != (n, width):
+                fill = self.spec.pad_id if tokens.dtype.kind in "iu" else 0
+                grown = np.full((rows, wide, *tokens.shape[2:]), fill, dtype=tokens.dtype)
+                grown[:n, :width] = tokens
+                tokens, width = grown, wide
+                lengths = np.concatenate([lengths, np.full(rows - n, wide, dtype=np.int64)])
+        lengths_t = torch.from_numpy(lengths)
+        readout = readout_positions(lengths_t, self.spec.n_readout, width if padded else None)
+        return Batch(torch.from_numpy(np.ascontiguousarray(tokens)), lengths_t, readout, n)
+
+    @torch.inference_mode()
+    def run(self, batch: Batch) -> np.ndarray:
+        """Features ``(n, n_depths, n_readout, d)`` of the batch's real rows."""
+        return self.forward(batch.tokens, batch.lengths, batch.readout)[: batch.n].numpy()
+
+    def __call__(self, tokens: np.ndarray, lengths: np.ndarray, padded: bool = False) -> np.ndarray:
+        return self.run(self.prepare(tokens, lengths, padded))

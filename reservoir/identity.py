@@ -1,0 +1,171 @@
+"""The identity of an artifact: everything that changes its numbers.
+
+A feature file (and its shards), a training run's checkpoint and every result record the
+identity of the run that produced them. An artifact is reused only when the identity of
+the run asked for equals the recorded one; default file names derive from it (readable
+parts plus a short hash), so two different runs never share a file.
+
+Identity of a feature file (:func:`feature_identity`):
+
+- ``format``: the feature-file format version (:data:`FEATURE_FORMAT`);
+- ``task`` and ``task_options`` (every option, defaults included; where a user file lies
+  is not part of it, its contents are);
+- ``data``: per split, the number of rows and a SHA-256 of the arrays actually read
+  (inputs, labels, lengths) after ``limit``: the same files or generator settings give the
+  same digest on any machine, another file with the same name does not;
+- ``backbone`` (a readable name; for folders their base name) and ``backbone_fingerprint``:
+  a SHA-256 of the architecture's configuration and of every weight and buffer as loaded
+  (before any dtype conversion), so two folders called ``checkpoint-500`` differ and a
+  ``-random`` twin built from another seed differs;
+- ``seed`` and ``input_scale`` of the frozen input layer, ``depths``, the compute ``dtype``
+  as resolved on this CPU (``auto`` is never stored), ``readout``, ``limit`` and ``splits``.
+
+Execution settings that do not change what is computed (batch size, compile, progress,
+the output path) are kept in the file's ``config`` but are not part of the identity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from reservoir.config import features_dir, slug
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+
+    from reservoir.tasks import SplitData, Task
+
+#: version of the feature-file layout; a file of another format is never reused
+FEATURE_FORMAT = 2
+#: hex digits of the digest in file names
+SHORT = 10
+
+
+def canonical(obj: Any) -> str:
+    """Stable JSON of an identity (sorted keys, no whitespace): the text that is hashed."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def digest(identity: Mapping[str, Any], n: int = SHORT) -> str:
+    """Short SHA-256 hex digest of an identity."""
+    return hashlib.sha256(canonical(identity).encode()).hexdigest()[:n]
+
+
+def _update(h, a: Any) -> None:
+    a = np.asarray(a)
+    if a.dtype == object:  # variable-length rows: each row's dtype, shape and bytes
+        h.update(f"object{a.shape}".encode())
+        for row in a.ravel():
+            _update(h, row)
+        return
+    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h.update(np.ascontiguousarray(a).tobytes())
+
+
+def array_digest(*arrays: Any) -> str:
+    """SHA-256 (hex) of arrays' dtypes, shapes and bytes (object arrays row by row)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        _update(h, a)
+    return h.hexdigest()
+
+
+def data_fingerprint(data: Mapping[str, "SplitData"]) -> dict[str, dict[str, Any]]:
+    """Per split: rows and a digest of the inputs, labels and lengths actually read."""
+    return {split: {"rows": len(d), "sha256": array_digest(d.inputs, d.labels, d.lengths)}
+            for split, d in data.items()}
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    """A backbone's architecture settings without machine- or version-specific entries."""
+    if dataclasses.is_dataclass(config):
+        return dataclasses.asdict(config)
+    if hasattr(config, "to_dict"):  # a Hugging Face config
+        skip = {"transformers_version", "torch_dtype", "dtype", "architectures"}
+        return {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k not in skip}
+    return {"repr": repr(config)}
+
+
+def backbone_fingerprint(model: "nn.Module") -> str:
+    """SHA-256 (hex) of the backbone's class, configuration and every tensor of its state dict."""
+    import torch
+
+    h = hashlib.sha256()
+    h.update(f"{type(model).__module__}.{type(model).__qualname__}".encode())
+    h.update(canonical(_config_dict(getattr(model, "config", None))).encode())
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def backbone_label(name: str) -> str:
+    """A readable, machine-independent name: a registered name, or a folder's base name (plus twin)."""
+    from reservoir.backbones import split_twin
+
+    base, twin = split_twin(name)
+    base = base[3:] if base.startswith("hf:") else base
+    label = Path(base.rstrip("/")).name if ("/" in base or Path(base).is_dir()) else base
+    return label if twin == "pretrained" else f"{label}-{twin}"
+
+
+def task_label(name: str) -> str:
+    """``file:some/dir/mine.npz`` -> ``file:mine.npz``; registered names as they are."""
+    return f"file:{Path(name[5:]).name}" if name.startswith("file:") else name
+
+
+def feature_identity(*, task_name: str, task: "Task", data: Mapping[str, "SplitData"], backbone_name: str,
+                     backbone: "nn.Module", seed: int, input_scale: str, depths: list[int], dtype: str, readout: str,
+                     limit: int | None) -> dict[str, Any]:
+    """The identity of a feature file (module docstring)."""
+    return {
+        "format": FEATURE_FORMAT,
+        "task": task_label(task_name),
+        "task_options": task.identity_options(),
+        "data": data_fingerprint(data),
+        "backbone": backbone_label(backbone_name),
+        "backbone_fingerprint": backbone_fingerprint(backbone),
+        "seed": int(seed),
+        "input_scale": input_scale,
+        "depths": [int(d) for d in depths],
+        "dtype": dtype,
+        "readout": readout,
+        "limit": limit,
+        "splits": list(data),
+    }
+
+
+def features_path_for(identity: Mapping[str, Any]) -> Path:
+    """Default feature file of a run: ``features/TASK/BACKBONE/DTYPE-seedS[-limitN]-HASH.h5``."""
+    parts = [identity["dtype"], f"seed{identity['seed']}"]
+    if identity.get("limit"):
+        parts.append(f"limit{identity['limit']}")
+    name = "-".join(parts + [digest(identity)]) + ".h5"
+    return features_dir() / slug(identity["task"]) / slug(identity["backbone"]) / name
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = canonical(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """``field: stored X, asked Y`` for every field that differs (nested dicts by their keys)."""
+    out = []
+    for key in sorted(set(stored) | set(wanted)):
+        a, b = stored.get(key), wanted.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            sub = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            out += [f"{key}.{k}: stored {_short(a.get(k))}, asked {_short(b.get(k))}" for k in sub]
+        else:
+            out.append(f"{key}: stored {_short(a)}, asked {_short(b)}")
+    return out

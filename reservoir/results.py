@@ -1,0 +1,124 @@
+"""Results: the one schema and atomic writer for ``fit`` and ``train``, and the reader ``report`` uses.
+
+One JSON file per result under ``results/{task}/{backbone}/``. Schema (both modes):
+
+- ``task``, ``backbone``, ``mode`` (``output-only`` or ``end-to-end``), ``depth``, ``head``,
+  ``trainable`` (groups), ``seed``, ``lr`` (``None`` for output-only heads);
+- ``test_accuracy``, ``val_accuracy`` (fractions in [0, 1]), ``n_train``, ``n_val``,
+  ``n_test``, ``seconds``;
+- ``identity``: the identity of what produced it (the feature file's, or the training
+  run's), and ``identity_hash``, its digest;
+- ``key``: digest of the identity hash, mode, head, depth, seed, trainable groups, learning
+  rate and validation fraction. The file name carries readable parts and the key, so two
+  runs that differ in any of them never overwrite each other, and ``report`` deduplicates
+  by ``key``;
+- ``config`` (everything needed to rerun) and ``version``.
+
+Files are written atomically: a temp file in the same folder, flushed and fsynced, then
+renamed over the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from reservoir import __version__
+from reservoir.config import results_dir, slug
+from reservoir.errors import DataError
+from reservoir.identity import digest
+
+REQUIRED = ("task", "backbone", "mode", "depth", "head", "trainable", "test_accuracy", "val_accuracy",
+            "n_train", "n_val", "n_test", "seconds", "seed", "lr", "identity", "identity_hash", "key", "config",
+            "version")
+MODES = ("output-only", "end-to-end")
+
+
+def result_key(result: dict[str, Any]) -> str:
+    """What makes a result distinct: the producing run's identity and the head's own settings."""
+    fit = result.get("config", {}).get("fit", {})
+    return digest({"identity": result["identity_hash"], "mode": result["mode"], "head": result["head"],
+                   "depth": result["depth"], "seed": result["seed"], "trainable": list(result["trainable"]),
+                   "lr": result.get("lr"), "val_fraction": fit.get("val_fraction")})
+
+
+def result_name(result: dict[str, Any]) -> str:
+    """``{mode}_{head}_[{trainable}_]depth{d}_seed{s}[_lr{lr}]_{key}.json``."""
+    parts = [result["mode"], result["head"]]
+    if result["mode"] == "end-to-end":
+        parts.append("-".join(result["trainable"]))
+    parts += [f"depth{result['depth']}", f"seed{result['seed']}"]
+    if result.get("lr") is not None:
+        parts.append(f"lr{result['lr']:g}")
+    return slug("_".join(parts + [result["key"]])) + ".json"
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (temp file, fsync, rename); never leaves a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return path
+
+
+def write_result(result: dict[str, Any]) -> Path:
+    """Complete ``result`` (version, key), check the schema, write it under
+    ``results/{task}/{backbone}/``; returns the path."""
+    result = {"version": __version__, "lr": None, **result}
+    result["key"] = result_key(result)
+    missing = [k for k in REQUIRED if k not in result]
+    if missing:
+        raise ValueError(f"result is missing fields {missing}")  # an internal invariant, not user input
+    path = results_dir(result["task"], result["backbone"]) / result_name(result)
+    atomic_write_text(path, json.dumps(result, indent=2, sort_keys=True, default=str))
+    return path
+
+
+def _is_result(obj: Any) -> bool:
+    return isinstance(obj, dict) and all(k in obj for k in REQUIRED) and obj.get("mode") in MODES
+
+
+def load_results(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every result under the given files and folders, each once (deduplicated by ``key``).
+
+    A named file that is not a result is an error naming it; in folders, JSON files that are
+    not results (or results of an older schema) are skipped.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for p in paths:
+        p = Path(p)
+        files = sorted(p.rglob("*.json")) if p.is_dir() else [p]
+        for f in files:
+            try:
+                obj = json.loads(f.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise DataError(f"cannot read result {f} ({type(e).__name__}: {e}); delete it or rerun the "
+                                "fit/train that wrote it") from None
+            if not _is_result(obj):
+                if p.is_dir():
+                    continue
+                raise DataError(f"{f} is not a reservoir result (it lacks "
+                                f"{[k for k in REQUIRED if not isinstance(obj, dict) or k not in obj][:4]}); "
+                                "pass result files written by `reservoir fit` or `reservoir train`")
+            out.setdefault(obj["key"], {**obj, "path": str(f)})
+    return list(out.values())

@@ -1,0 +1,128 @@
+"""Checkpoints of a training run: named and checked by the run's identity, written atomically.
+
+A checkpoint holds the trainable parameters, the optimiser, the run state (step, best
+validation and its parameters, history) and the run's torch RNG state, so ``--resume``
+continues exactly. Its file name carries the run's readable name and the digest of its
+identity; ``--resume`` with other settings finds no checkpoint of its own identity and is
+refused, naming the fields that differ from the one it finds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from reservoir import __version__
+from reservoir.config import TrainConfig
+from reservoir.errors import DataError, IdentityError
+from reservoir.identity import backbone_label, data_fingerprint, differences, digest, task_label
+
+CHECKPOINT_FORMAT = 2
+#: TrainConfig fields that may change between a checkpoint and its ``--resume`` (they do not
+#: change the numbers of the steps already taken)
+RESUMABLE_CHANGES = ("steps", "resume", "checkpoint_every", "checkpoint_dir", "compile", "eval_batch_size",
+                     "lr", "seeds", "data_dir")
+
+
+@dataclasses.dataclass
+class RunState:
+    """Everything a run needs to continue exactly (saved in checkpoints)."""
+
+    step: int = 0
+    best_val: float = -1.0
+    best_step: int = 0
+    best_params: list[torch.Tensor] | None = None
+    steps_to_target: int | None = None
+    evals_since_best: int = 0
+    done: bool = False
+    stop_reason: str = ""
+    seconds: float = 0.0
+    pending_losses: list[float] = dataclasses.field(default_factory=list)
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+
+def settings_identity(cfg: TrainConfig, task, data) -> dict[str, Any]:
+    """The part of a training identity shared by every run of a sweep: task, data, settings."""
+    settings = {k: v for k, v in cfg.to_json().items()
+                if k not in RESUMABLE_CHANGES and k not in ("task", "backbone", "task_options", "seed")}
+    return {"format": CHECKPOINT_FORMAT, "task": task_label(cfg.task), "task_options": task.identity_options(),
+            "data": data_fingerprint(data), "backbone": backbone_label(cfg.backbone), **settings}
+
+
+def run_identity(shared: dict[str, Any], *, backbone_fingerprint: str, blocks: int, lr: float,
+                 seed: int) -> dict[str, Any]:
+    """The identity of one (learning rate, seed) run."""
+    return {**shared, "backbone_fingerprint": backbone_fingerprint, "blocks": blocks, "run_lr": lr, "run_seed": seed}
+
+
+def run_name(cfg: TrainConfig, blocks: int, lr: float, seed: int) -> str:
+    return f"{'-'.join(cfg.trainable)}_blocks{blocks}_lr{lr:g}_seed{seed}"
+
+
+def checkpoint_path(folder: Path, name: str, identity: dict[str, Any]) -> Path:
+    return Path(folder) / f"{name}-{digest(identity)}.pt"
+
+
+def check_resumable(path: Path, name: str, identity: dict[str, Any]) -> None:
+    """``--resume`` without a checkpoint of this identity, beside one of another: refuse, naming the differences."""
+    if path.exists():
+        return
+    others = sorted(p for p in path.parent.glob(f"{name}-*.pt") if p != path)
+    for other in others:
+        try:
+            old = torch.load(other, map_location="cpu", weights_only=False)["identity"]
+        except Exception:  # noqa: BLE001 - an unreadable neighbour says nothing about this run
+            continue
+        raise IdentityError(f"checkpoint {other} was written with other settings: {'; '.join(differences(old, identity))}; "
+                            "rerun with the same options to resume it, or drop --resume to start a new run")
+
+
+def save_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Optimizer, state: RunState,
+                    identity: dict[str, Any]) -> None:
+    """Write atomically: a temp file in the same folder, fsync, then ``os.replace``."""
+    obj = {
+        "format": CHECKPOINT_FORMAT, "version": __version__, "identity": identity,
+        "params": [p.detach().clone() for p in params], "optimizer": opt.state_dict(),
+        "state": dataclasses.asdict(state), "rng": {"torch": torch.get_rng_state()},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def load_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Optimizer,
+                    identity: dict[str, Any]) -> RunState:
+    """Restore parameters, optimiser and RNG from ``path``; refuse a checkpoint of another identity."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+        fmt = obj.get("format")
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
+        raise DataError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); delete it to start over") from None
+    if fmt != CHECKPOINT_FORMAT:
+        raise DataError(f"checkpoint {path} has format {fmt!r}, expected {CHECKPOINT_FORMAT}; delete it to start over")
+    diff = differences(obj["identity"], identity)
+    if diff:
+        raise IdentityError(f"checkpoint {path} was written with other settings: {'; '.join(diff)}; rerun with the "
+                            "same options to resume it, or drop --resume to start over")
+    with torch.no_grad():
+        for p, saved in zip(params, obj["params"], strict=True):
+            p.copy_(saved)
+    opt.load_state_dict(obj["optimizer"])
+    torch.set_rng_state(obj["rng"]["torch"])
+    return RunState(**obj["state"])

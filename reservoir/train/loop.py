@@ -1,0 +1,334 @@
+"""The training loop of end-to-end FPT runs: data, steps, validation, sweeps and results.
+
+Differences from the official code, following the critique of Rothermel et al. (2021),
+whose conclusions flip with the learning rate:
+
+- a seeded validation split (the task's ``val`` split when it has one, else a fraction
+  of train) selects the step (early stopping) and, in a sweep, the learning rate;
+- test accuracy is computed once, on the whole test split (no dropped last batch, no
+  random test batches), with the parameters of the best validation step;
+- every source of randomness draws from a named stream of the run's seed
+  (:mod:`reservoir.train.seeds`): the data order is a function of ``(seed, epoch)``, dropout
+  uses a torch RNG state forked for the run (the caller's global RNG is untouched) and
+  checkpointed, so a resumed run continues exactly where the checkpoint left it.
+
+A run stops at ``steps``, after ``patience`` validation passes without improvement, or
+when validation accuracy reaches 100% (it cannot improve further).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from reservoir import __version__
+from reservoir.backbones import load_backbone
+from reservoir.config import TrainConfig
+from reservoir.errors import DataError
+from reservoir.forward import CompiledOrEager, check_length
+from reservoir.identity import backbone_fingerprint, digest
+from reservoir.progress import log as log_line
+from reservoir.results import write_result
+from reservoir.tasks import SplitData, Task, make_task
+from reservoir.train.checkpoint import (RunState, check_resumable, checkpoint_path, load_checkpoint, run_identity,
+                                        run_name, save_checkpoint, settings_identity)
+from reservoir.train.model import FPT, format_counts, param_counts, select_trainable
+from reservoir.train.seeds import derive, rng
+
+
+# ---------------------------------------------------------------- data
+
+
+@dataclasses.dataclass
+class Splits:
+    train: SplitData
+    val: SplitData
+    test: SplitData
+
+    def named(self) -> dict[str, SplitData]:
+        return {"train": self.train, "val": self.val, "test": self.test}
+
+
+def _take(d: SplitData, idx: np.ndarray) -> SplitData:
+    return SplitData(d.inputs[idx], d.labels[idx], d.lengths[idx])
+
+
+def load_data(task: Task, cfg: TrainConfig) -> Splits:
+    """Train, validation and test splits; validation is the task's ``val`` split or a seeded share of train."""
+    data_dir = Path(cfg.data_dir)
+    train = task.load("train", data_dir, cfg.limit)
+    test = task.load("test", data_dir, cfg.limit)
+    if "val" in task.spec.splits:
+        val = task.load("val", data_dir, cfg.limit)
+    else:
+        from sklearn.model_selection import train_test_split
+
+        y = train.labels
+        strat = y if y.ndim == 1 and len(np.unique(y)) > 1 and np.bincount(y).min() >= 2 else None
+        n_val = max(1, int(round(cfg.val_fraction * len(train))))
+        if len(train) - n_val < 1:
+            raise DataError(f"train split has {len(train)} examples: too few to hold out a validation split; "
+                            "raise --limit or the task's n_train")
+        fit_idx, val_idx = train_test_split(np.arange(len(train)), test_size=n_val, random_state=cfg.seed,
+                                            stratify=strat)
+        train, val = _take(train, np.sort(fit_idx)), _take(train, np.sort(val_idx))
+    for name, d in (("train", train), ("val", val), ("test", test)):
+        if len(d) == 0:
+            raise DataError(f"the {name} split of task {task.name!r} is empty; check --data-dir and --limit")
+    return Splits(train, val, test)
+
+
+def batch_tensors(task: Task, d: SplitData, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tokens = torch.from_numpy(np.ascontiguousarray(task.encode(d.inputs[rows])))
+    lengths = torch.from_numpy(np.asarray(d.lengths[rows], dtype=np.int64))
+    labels = torch.from_numpy(np.asarray(d.labels[rows], dtype=np.int64))
+    return tokens, lengths, labels
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The shuffled row order of one epoch: a function of (seed, epoch) only, so resume needs just the step."""
+    return rng(seed, "data order", epoch).permutation(n)
+
+
+# ---------------------------------------------------------------- loop
+
+
+def autocast(dtype: str):
+    if dtype == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def loss_and_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    flat = logits.float().reshape(-1, logits.shape[-1])
+    y = labels.reshape(-1)
+    return nn.functional.cross_entropy(flat, y), (flat.argmax(-1) == y).sum()
+
+
+def evaluate(forward: Callable, task: Task, d: SplitData, batch_size: int, dtype: str) -> float:
+    """Accuracy over every output (every bit for bit tasks) of the whole split."""
+    correct, total = 0, 0
+    with torch.inference_mode(), autocast(dtype):
+        for start in range(0, len(d), batch_size):
+            tokens, lengths, labels = batch_tensors(task, d, np.arange(start, min(start + batch_size, len(d))))
+            _, c = loss_and_correct(forward(tokens, lengths), labels)
+            correct, total = correct + int(c), total + labels.numel()
+    return correct / total
+
+
+def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.Optimizer,
+               batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], dtype: str, grad_clip: float) -> float:
+    """One Adam step on one batch (the model must be in train mode); returns the loss."""
+    tokens, lengths, labels = batch
+    with autocast(dtype):
+        logits = forward(tokens, lengths)
+    loss, _ = loss_and_correct(logits, labels)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    return float(loss.detach())
+
+
+def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int, progress: bool = True,
+              on_step: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None,
+              show_counts: bool = False, shared: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train one (learning rate, seed); returns its scores and bookkeeping.
+
+    ``on_step(step)`` is called after every step (after any checkpoint of that step); an
+    exception it raises interrupts the run as a kill would. ``shared`` is the sweep's
+    :func:`~reservoir.train.checkpoint.settings_identity` (computed here when not given).
+    The run's torch RNG (dropout) is forked from the caller's and seeded from the run's seed.
+    """
+    if log is None:
+        log = lambda msg: log_line(msg, progress)  # noqa: E731
+    if shared is None:
+        shared = settings_identity(cfg, task, data.named())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive(seed, "dropout"))
+        return _train_run(cfg, task, data, lr=lr, seed=seed, on_step=on_step, log=log, show_counts=show_counts,
+                          shared=shared)
+
+
+def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int,
+               on_step: Callable[[int], None] | None, log: Callable[[str], None], show_counts: bool,
+               shared: dict[str, Any]) -> dict[str, Any]:
+    backbone = load_backbone(cfg.backbone, seed)
+    check_length(task.spec, backbone, cfg.backbone)
+    blocks = backbone.n_layers if cfg.blocks is None else cfg.blocks
+    ident = run_identity(shared, backbone_fingerprint=backbone_fingerprint(backbone), blocks=blocks, lr=lr, seed=seed)
+    model = FPT(task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale, dropout=cfg.dropout)
+    params, notes = select_trainable(model, cfg.trainable)
+    for note in notes:
+        log(note)
+    counts = param_counts(model)
+    if show_counts:
+        log(format_counts(counts))
+    opt = torch.optim.Adam(params, lr=lr)
+    name = run_name(cfg, blocks, lr, seed)
+    ckpt = checkpoint_path(cfg.checkpoint_folder, name, ident)
+    tag = f"[lr={lr:g} seed={seed}]"
+    state = RunState()
+    if cfg.resume:
+        check_resumable(ckpt, name, ident)
+    if cfg.resume and ckpt.exists():
+        state = load_checkpoint(ckpt, params, opt, ident)
+        log(f"{tag} resumed {ckpt} at step {state.step}" + (" (finished)" if state.done or state.step >= cfg.steps else ""))
+    elif ckpt.exists():
+        log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
+    # evaluation runs the eager model: one compiled training graph, no recompiles for other batch sizes
+    forward = CompiledOrEager(model, cfg.compile, dynamic=task.spec.variable_length)
+
+    def checkpoint():
+        save_checkpoint(ckpt, params, opt, state, ident)
+
+    n, bs = len(data.train), cfg.batch_size
+    per_epoch = max(1, n // bs)  # full batches only (each epoch drops a different remainder): one compiled shape
+    order_epoch, order = -1, None
+    losses = state.pending_losses
+    start, start_step = time.perf_counter(), state.step
+    while not state.done and state.step < cfg.steps:
+        epoch, i = divmod(state.step, per_epoch)
+        if epoch != order_epoch:
+            order_epoch, order = epoch, epoch_order(seed, epoch, n)
+        model.train()
+        batch = batch_tensors(task, data.train, order[i * bs:(i + 1) * bs])
+        try:
+            losses.append(train_step(forward, params, opt, batch, cfg.dtype, cfg.grad_clip))
+        except Exception as e:  # noqa: BLE001 - a compiled graph whose backward fails falls back to eager
+            if not forward.compiled:
+                raise
+            forward.fall_back(e)
+            losses.append(train_step(forward, params, opt, batch, cfg.dtype, cfg.grad_clip))
+        state.step += 1
+        if not math.isfinite(losses[-1]):
+            raise DataError(f"{tag} the training loss became {losses[-1]} at step {state.step}; lower --lr "
+                            f"(now {lr:g}) or keep --grad-clip above 0")
+        if state.step % cfg.eval_every == 0 or state.step >= cfg.steps:
+            model.eval()
+            val = evaluate(model, task, data.val, cfg.eval_batch_size, cfg.dtype)
+            state.history.append({"step": state.step, "loss": float(np.mean(losses)), "val_accuracy": val})
+            losses.clear()
+            if val > state.best_val:
+                state.best_val, state.best_step, state.evals_since_best = val, state.step, 0
+                state.best_params = [p.detach().clone() for p in params]
+            else:
+                state.evals_since_best += 1
+            if cfg.target is not None and state.steps_to_target is None and val >= cfg.target:
+                state.steps_to_target = state.step
+            if val >= 1.0:
+                state.done, state.stop_reason = True, "validation accuracy reached 100%"
+            elif cfg.patience and state.evals_since_best >= cfg.patience:
+                state.done, state.stop_reason = True, f"no improvement in {cfg.patience} validation passes"
+            elapsed = state.seconds + time.perf_counter() - start
+            rate = (state.step - start_step) / max(time.perf_counter() - start, 1e-9)
+            log(f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, "
+                f"val {100 * val:.2f}% (best {100 * state.best_val:.2f}% at {state.best_step}), "
+                f"{rate:.2f} steps/s, {elapsed:.0f}s")
+        if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not state.done:
+            state.seconds += time.perf_counter() - start
+            start, start_step = time.perf_counter(), state.step
+            checkpoint()
+        if on_step is not None:
+            on_step(state.step)
+    stop_reason = state.stop_reason if state.done else f"reached --steps {cfg.steps}"  # more --steps continue it
+    assert state.best_params is not None, "the last step always runs a validation pass"
+    state.seconds += time.perf_counter() - start
+    checkpoint()
+    with torch.no_grad():
+        for p, best in zip(params, state.best_params):
+            p.copy_(best)
+    model.eval()
+    test = evaluate(model, task, data.test, cfg.eval_batch_size, cfg.dtype)
+    log(f"{tag} {stop_reason}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
+        f"test {100 * test:.2f}%")
+    return {"lr": lr, "seed": seed, "blocks": blocks, "test_accuracy": test, "val_accuracy": state.best_val,
+            "best_step": state.best_step, "steps": state.step, "steps_to_target": state.steps_to_target,
+            "stop_reason": stop_reason, "seconds": state.seconds, "history": state.history,
+            "param_counts": counts, "checkpoint": str(ckpt), "backbone_fingerprint": ident["backbone_fingerprint"]}
+
+
+def _std(values: Sequence[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Train every (learning rate, seed) of ``cfg``; select the learning rate on mean validation accuracy.
+
+    Writes one result (``mode: end-to-end``) to ``results/{task}/{backbone}/`` and returns it.
+    ``test_accuracy`` is the mean over seeds at the selected learning rate, each run scored
+    at its best validation step; ``test_std`` and ``runs`` give the spread and each run.
+
+    Examples
+    --------
+    >>> train(TrainConfig(task="bit_xor", backbone="gpt2-random", lr=(1e-4, 1e-3), seeds=3))  # doctest: +SKIP
+    """
+    task = make_task(cfg.task, cfg.task_options, cfg.seed)
+    data = load_data(task, cfg)
+    shared = settings_identity(cfg, task, data.named())
+    log = lambda msg: log_line(msg, progress)  # noqa: E731
+    seeds = list(range(cfg.seed, cfg.seed + cfg.seeds))
+    runs: dict[float, list[dict[str, Any]]] = {}
+    for lr in cfg.lr:
+        runs[lr] = [train_run(cfg, task, data, lr=lr, seed=s, progress=progress, on_step=on_step, log=log,
+                              show_counts=(lr, s) == (cfg.lr[0], seeds[0]), shared=shared) for s in seeds]
+    val_mean = {lr: float(np.mean([r["val_accuracy"] for r in rs])) for lr, rs in runs.items()}
+    best_lr = max(cfg.lr, key=lambda lr: (val_mean[lr], -cfg.lr.index(lr)))
+    chosen = runs[best_lr]
+    tests = [r["test_accuracy"] for r in chosen]
+    to_target = [r["steps_to_target"] for r in chosen]
+    reached = [s for s in to_target if s is not None]
+    identity = {**shared, "blocks": chosen[0]["blocks"], "lr": list(cfg.lr), "seeds": seeds,
+                "backbone_fingerprints": {str(r["seed"]): r["backbone_fingerprint"] for r in chosen}}
+    result = {
+        "task": shared["task"], "backbone": shared["backbone"], "mode": "end-to-end", "depth": chosen[0]["blocks"],
+        "identity": identity, "identity_hash": digest(identity),
+        "head": "linear", "trainable": list(cfg.trainable), "seed": cfg.seed, "version": __version__,
+        "test_accuracy": float(np.mean(tests)), "test_std": _std(tests),
+        "test_min": float(min(tests)), "test_max": float(max(tests)),
+        "val_accuracy": val_mean[best_lr], "val_std": _std([r["val_accuracy"] for r in chosen]),
+        "n_train": len(data.train), "n_val": len(data.val), "n_test": len(data.test),
+        "seconds": float(sum(r["seconds"] for rs in runs.values() for r in rs)),
+        "lr": best_lr, "seeds": seeds, "steps": [r["steps"] for r in chosen],
+        "best_step": [r["best_step"] for r in chosen],
+        "target": cfg.target, "steps_to_target": to_target,
+        "steps_to_target_mean": float(np.mean(reached)) if reached and len(reached) == len(chosen) else None,
+        "param_counts": chosen[0]["param_counts"],
+        "n_trainable": sum(r["params"] for r in chosen[0]["param_counts"] if r["trainable"]),
+        "runs": [{k: v for k, v in r.items() if k != "param_counts"} for rs in runs.values() for r in rs],
+        "sweep": {f"{lr:g}": {"val_mean": val_mean[lr], "val_std": _std([r["val_accuracy"] for r in rs]),
+                              "test_mean": float(np.mean([r["test_accuracy"] for r in rs])),
+                              "test_std": _std([r["test_accuracy"] for r in rs])} for lr, rs in runs.items()},
+        "config": {"train": cfg.to_json(), "task_options": task.options()},
+    }
+    result["path"] = str(write_result(result))
+    return result
+
+
+def summary(result: dict[str, Any]) -> str:
+    """Human-readable lines for stdout: parameter counts, the sweep, and the selected result."""
+    lines = [format_counts(result["param_counts"]), ""]
+    if len(result["sweep"]) > 1 or len(result["seeds"]) > 1:
+        lines.append("| lr | val mean | val std | test mean | test std |")
+        lines.append("|---|---|---|---|---|")
+        for lr, s in result["sweep"].items():
+            mark = " (selected)" if float(lr) == result["lr"] else ""
+            lines.append(f"| {lr}{mark} | {100 * s['val_mean']:.2f} | {100 * s['val_std']:.2f} | "
+                         f"{100 * s['test_mean']:.2f} | {100 * s['test_std']:.2f} |")
+        lines.append("")
+    spread = f" +- {100 * result['test_std']:.2f}" if len(result["seeds"]) > 1 else ""
+    lines.append(f"{result['task']} / {result['backbone']} end-to-end, trainable {','.join(result['trainable'])}, "
+                 f"lr {result['lr']:g}, seeds {result['seeds']}: test {100 * result['test_accuracy']:.2f}%{spread} "
+                 f"(val {100 * result['val_accuracy']:.2f}%), best steps {result['best_step']}, "
+                 f"steps run {result['steps']}, steps to target {result['steps_to_target']}")
+    lines.append(result["path"])
+    return "\n".join(lines)

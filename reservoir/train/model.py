@@ -1,0 +1,154 @@
+"""The FPT model: the shared forward path (:class:`reservoir.forward.Reservoir`) plus a linear
+output layer on the readout tokens, its parameter groups and their counts.
+
+The FPT of Lu et al. (2021, section 2.2) trains a small parameter set of a frozen
+transformer: the input layer (orthogonal initialisation, gain 1.41), the positional
+embeddings, the layer norms and the output layer; ``trainable`` picks the groups
+(``attn`` and ``ff`` unfreeze the blocks themselves). Untrained and in eval mode, its
+readout states are exactly the features ``reservoir extract`` stores for the same seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from reservoir.backbones import Backbone
+from reservoir.config import TRAIN_GROUPS
+from reservoir.errors import UsageError
+from reservoir.forward import Reservoir
+from reservoir.tasks import TaskSpec
+
+
+def output_layer(d_model: int, n_out: int, generator: torch.Generator) -> nn.Linear:
+    """``nn.Linear``'s default initialisation, drawn from ``generator`` (no global RNG)."""
+    layer = nn.Linear(d_model, n_out)
+    with torch.no_grad():
+        nn.init.kaiming_uniform_(layer.weight, a=math.sqrt(5), generator=generator)
+        bound = 1 / math.sqrt(d_model)
+        nn.init.uniform_(layer.bias, -bound, bound, generator=generator)
+    return layer
+
+
+class FPT(nn.Module):
+    """Input layer -> dropout -> backbone truncated to ``blocks`` -> linear output per readout token.
+
+    Parameters
+    ----------
+    spec : the task's spec.
+    backbone : the backbone (its dropout layers are set to ``dropout``).
+    blocks : blocks of the backbone to run.
+    seed : seeds the input layer (as extraction does) and, through a derived stream, the output layer.
+    input_scale : the input layer's scale.
+    dropout : after the input layer and in the backbone's own dropout layers.
+
+    ``forward(tokens, lengths)`` returns logits ``(B, n_readout, outputs_per_token, n_classes)``.
+    """
+
+    def __init__(self, spec: TaskSpec, backbone: Backbone, *, blocks: int, seed: int, input_scale: str = "paper",
+                 dropout: float = 0.1):
+        super().__init__()
+        from reservoir.train.seeds import derive
+
+        backbone.check_depths([blocks])
+        self.spec, self.blocks = spec, blocks
+        self.reservoir = Reservoir(spec, backbone, seed=seed, input_scale=input_scale, dropout=dropout)
+        for module in backbone.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = dropout
+        g = torch.Generator().manual_seed(derive(seed, "output layer"))
+        self.out = output_layer(backbone.d_model, spec.outputs_per_token * spec.n_classes, g)
+
+    @property
+    def backbone(self) -> Backbone:
+        return self.reservoir.backbone
+
+    def features(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Readout states ``(B, n_readout, d)`` after ``blocks`` blocks (the stored features, untrained)."""
+        return self.reservoir(tokens, lengths, [self.blocks])[:, 0]
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        h = self.features(tokens, lengths)
+        return self.out(h).view(*h.shape[:2], self.spec.outputs_per_token, self.spec.n_classes)
+
+    def groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by group: ``input``, the backbone's groups (``pos``, ``ln``, ...), ``out``."""
+        return {"input": list(self.reservoir.input_layer.parameters()), **self.backbone.param_groups(),
+                "out": list(self.out.parameters())}
+
+
+def select_trainable(model: FPT, trainable: Sequence[str]) -> tuple[list[nn.Parameter], list[str]]:
+    """Freeze everything, then unfreeze the named groups (explicit parameter lists, no name matching).
+
+    Returns the trainable parameters (in a fixed order) and notes about requested groups
+    this backbone does not have.
+    """
+    groups = model.groups()
+    unknown = [g for g in trainable if g not in groups and g not in TRAIN_GROUPS]
+    if unknown:
+        raise UsageError(f"unknown trainable group {unknown[0]!r}; choose from {sorted(set(groups) | set(TRAIN_GROUPS))}")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    params, seen, notes = [], set(), []
+    for name in trainable:
+        if not groups.get(name):
+            notes.append(f"{model.backbone.family or 'this backbone'} has no {name!r} parameters; skipped")
+            continue
+        for p in groups[name]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                p.requires_grad_(True)
+                params.append(p)
+    if not params:
+        raise UsageError(f"trainable groups {list(trainable)} select no parameters of this model; "
+                         f"choose from {sorted(g for g, ps in groups.items() if ps)}")
+    return params, notes
+
+
+def _shape_terms(params: Sequence[nn.Parameter]) -> str:
+    shapes = Counter("x".join(map(str, p.shape)) for p in params)
+    return " + ".join(f"{n} x {s}" if n > 1 else s for s, n in shapes.items())
+
+
+def _blocks(backbone: Backbone) -> nn.ModuleList | None:
+    """The backbone's list of blocks: its first ModuleList child with ``n_layers`` entries."""
+    for child in backbone.children():
+        if isinstance(child, nn.ModuleList) and len(child) == backbone.n_layers:
+            return child
+    return None
+
+
+def param_counts(model: FPT) -> list[dict[str, Any]]:
+    """One row per group: parameter count and its arithmetic (``12 x (4 x 768) + 2 x 768 = 38,400``).
+
+    Blocks are assumed identical, so the per-block term is read from the first block.
+    """
+    blocks = _blocks(model.backbone)
+    in_blocks = {id(p) for p in blocks.parameters()} if blocks is not None else set()
+    first = {id(p) for p in blocks[0].parameters()} if blocks is not None and len(blocks) else set()
+    rows = []
+    for name, params in model.groups().items():
+        total = sum(p.numel() for p in params)
+        per_block = [p for p in params if id(p) in first]
+        outside = [p for p in params if id(p) not in in_blocks]
+        terms = []
+        if per_block:
+            terms.append(f"{len(blocks)} x ({_shape_terms(per_block)})")
+        if outside:
+            terms.append(_shape_terms(outside))
+        rows.append({"group": name, "params": total, "arithmetic": " + ".join(terms) or "0",
+                     "trainable": bool(params) and all(p.requires_grad for p in params)})
+    return rows
+
+
+def format_counts(rows: list[dict[str, Any]]) -> str:
+    width = max(len(r["group"]) for r in rows)
+    lines = [f"{r['group']:{width}s} {'train ' if r['trainable'] else 'frozen'} {r['params']:>12,d}  "
+             f"= {r['arithmetic']}" for r in rows]
+    n_train = sum(r["params"] for r in rows if r["trainable"])
+    lines.append(f"{'':{width}s} trainable {n_train:,d} of {sum(r['params'] for r in rows):,d}")
+    return "\n".join(lines)
