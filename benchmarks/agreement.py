@@ -1,6 +1,6 @@
 """Numerical agreement of two feature files of the same extraction (e.g. bf16 against float32).
 
-    .venv/bin/python benchmarks/agreement.py features/mnist/gpt2-random-bf16.h5 features/mnist/gpt2-random-fp32.h5
+    .venv/bin/python benchmarks/agreement.py BF16_FILE FLOAT32_FILE   # two `reservoir extract` outputs
 
 Per depth and split: the norm-wise relative error of each example's feature vector,
 ``|a - b| / |b|`` with ``b`` the reference (second file), as its maximum and mean over the
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import h5py  # noqa: E402
 
-from reservoir.store import file_config, iter_depth, open_features, partial_path  # noqa: E402
+from reservoir.store import file_config, iter_depth, open_features, partial_path, stored_identity  # noqa: E402
 
 
 def open_file(path: Path, partial: bool) -> h5py.File:
@@ -40,12 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}")
     with open_file(args.candidate, args.partial) as fa, open_file(args.reference, args.partial) as fb:
         ca, cb = file_config(fa), file_config(fb)
-        print(f"candidate: dtype {ca['dtype']}, compile {ca.get('compile')}; reference: dtype {cb['dtype']}, "
+        ia, ib = stored_identity(fa), stored_identity(fb)
+        print(f"candidate: dtype {ia['dtype']}, compile {ca.get('compile')}; reference: dtype {ib['dtype']}, "
               f"compile {cb.get('compile')}")
-        for key in ("task", "seed", "limit", "backbone"):
-            if ca.get(key) != cb.get(key):
-                raise SystemExit(f"the files differ in {key}: {ca.get(key)!r} vs {cb.get(key)!r}; compare two "
-                                 "extractions of the same rows")
+        for key in ("task", "task_options", "data", "seed", "input_scale", "backbone", "backbone_fingerprint"):
+            if ia.get(key) != ib.get(key):
+                raise SystemExit(f"the files differ in {key}; compare two extractions of the same rows through "
+                                 "the same backbone")
         if not np.array_equal(fa["input_layer/weight"][:], fb["input_layer/weight"][:]):
             raise SystemExit("the files hold different input layers; compare two extractions with the same seed")
         depths = [int(d) for d in fa.attrs["depths"]]

@@ -10,7 +10,7 @@ the speed), a GPT-2-small shape with random weights (12 blocks x 768), every dep
 
 - baseline: what the official FPT code runs, a Hugging Face ``GPT2Model`` in eager float32
   with ``output_hidden_states=True``, batch 16;
-- ours: :class:`reservoir.extract.FeatureRunner` with the extraction defaults
+- ours: :class:`reservoir.forward.FeatureRunner` with the extraction defaults
   (``ExtractConfig``: dtype, batch size; compiled as an extraction of 50,000 such examples
   would be), inputs prepared and features copied out to numpy as ``extract`` does;
 - roofline: the machine's bf16 matrix-product rate (``torch.mm`` of two 2048 x 2048
@@ -44,7 +44,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reservoir.config import ExtractConfig  # noqa: E402
-from reservoir.extract import FeatureRunner, auto_batch_size, bf16_native, resolve_dtype, should_compile  # noqa: E402
+from reservoir.extract import auto_batch_size, should_compile  # noqa: E402
+from reservoir.forward import FeatureRunner, bf16_native, resolve_dtype  # noqa: E402
 from reservoir.tasks import TaskSpec  # noqa: E402
 
 from matmul import matmul_rate  # noqa: E402  (benchmarks/matmul.py, beside this script)
@@ -103,8 +104,7 @@ def bench_input(name: str, reps: int, seed: int, dtype: str = "auto", compile: b
     # ours: the extraction defaults (or --dtype/--compile), compiled as an extraction of 50,000 examples would be
     dtype = resolve_dtype(cfg.dtype)
     compile = should_compile(cfg.compile, 50_000 * seq_len)
-    runner = FeatureRunner(spec, make_input_layer(spec, GPT2_SMALL["n_embd"], seed), backbone, depths, dtype, compile,
-                           batch_size=batch)
+    runner = FeatureRunner.build(spec, backbone, depths, seed=seed, dtype=dtype, compile=compile, batch_size=batch)
     batches = [(tokens[i:i + batch], lengths[i:i + batch]) for i in range(0, len(tokens), batch)]
 
     def ours():

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reservoir.backbones import load_backbone  # noqa: E402
 from reservoir.config import TrainConfig  # noqa: E402
 from reservoir.tasks import get_task  # noqa: E402
-from reservoir.train import FPT, batch_tensors, compiled, select_trainable, train_step  # noqa: E402
+from reservoir.forward import CompiledOrEager  # noqa: E402
+from reservoir.train import FPT, batch_tensors, select_trainable, train_step  # noqa: E402
 
 MODES = {"fp32-eager": ("float32", False), "bf16-eager": ("bfloat16", False),
          "fp32-compile": ("float32", True), "bf16-compile": ("bfloat16", True)}
@@ -45,11 +46,11 @@ def build(args, mode: str):
     dtype, compile_ = MODES[mode]
     task = get_task(args.task)
     backbone = load_backbone(args.backbone, 0)
-    depth = backbone.n_layers if args.depth is None else args.depth
-    model = FPT(task.spec, backbone, depth=depth, seed=0)
+    blocks = backbone.n_layers if args.blocks is None else args.blocks
+    model = FPT(task.spec, backbone, blocks=blocks, seed=0)
     params, _ = select_trainable(model, TrainConfig(args.task, args.backbone).trainable)
     opt = torch.optim.Adam(params, lr=1e-3)
-    forward = compiled(model, compile_, task.spec.variable_length)
+    forward = CompiledOrEager(model, compile_, dynamic=task.spec.variable_length)
     data = task.load("train", Path(args.data_dir), args.batch_size * 4)
     batches = [batch_tensors(task, data, np.arange(i * args.batch_size, (i + 1) * args.batch_size) % len(data))
                for i in range(4)]
@@ -74,7 +75,7 @@ def main() -> None:
     ap.add_argument("--task", default="bit_xor")
     ap.add_argument("--backbone", default="gpt2-random")
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--depth", type=int, default=None)
+    ap.add_argument("--blocks", type=int, default=None, help="blocks of the backbone to run [default: all]")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per repetition")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--modes", default=",".join(MODES))

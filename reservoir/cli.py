@@ -156,8 +156,8 @@ def install(settings: Settings, name, source, force) -> None:
 @click.option("--split", default=None, help="A split name or 'all'." + shown(ExtractConfig, "split"))
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split.")
 @click.option("--seed", type=int, default=None,
-              help="Seeds the input layer, random backbones and generated data (a task's own --task-opt seed=N "
-                   "seeds its data instead)." + shown(ExtractConfig, "seed"))
+              help="Seeds the input layer, random backbones and generated data (bit tasks, generated ListOps; "
+                   "--task-opt seed=N seeds the data alone)." + shown(ExtractConfig, "seed"))
 @click.option("--input-scale", type=click.Choice(INPUT_SCALE_CHOICES), default=None,
               help="Scale of the frozen input layer; paper: orthogonal gain 1.41, N(0, 1) id embeddings."
                    + shown(ExtractConfig, "input_scale"))
@@ -245,7 +245,8 @@ def comma_list(kind):
               help="Adam learning rate(s); a list is a sweep selected on validation accuracy. [default: 1e-3]")
 @click.option("--seeds", type=click.IntRange(min=1), default=None, help="Runs per learning rate." + shown(TrainConfig, "seeds"))
 @click.option("--seed", type=int, default=None,
-              help="First seed (runs use seed, seed+1, ...); also seeds generated data." + shown(TrainConfig, "seed"))
+              help="First seed (runs use seed, seed+1, ...); also seeds generated data (bit tasks, generated ListOps)."
+                   + shown(TrainConfig, "seed"))
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Maximum gradient steps." + shown(TrainConfig, "steps"))
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per step." + shown(TrainConfig, "batch_size"))
 @click.option("--eval-every", type=click.IntRange(min=1), default=None,

@@ -148,8 +148,9 @@ class ExtractConfig:
     task_options : the task's own options (``--task-opt key=value``).
     split : a split name or ``"all"``.
     limit : keep the first ``limit`` examples of each split.
-    seed : seeds the input layer, random backbones and generated data (a task's own ``seed``
-        option, when given, seeds its data instead).
+    seed : seeds the input layer, random backbones and generated data (tasks marked
+        ``generated``: bit tasks, generated ListOps); a task's own ``seed`` option, when given,
+        seeds its data instead.
     input_scale : scale of the frozen input layer; ``"paper"``: orthogonal gain 1.41 for
         dense tokens, N(0, 1) embeddings for ids (the FPT code).
     batch_size : examples per forward pass; ``None``: about 16,384 tokens a batch, more for

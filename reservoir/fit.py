@@ -16,7 +16,7 @@ import h5py
 
 from reservoir import __version__
 from reservoir.config import FitConfig, features_dir, select_depths, slug
-from reservoir.errors import IdentityError, StoreError
+from reservoir.errors import IdentityError, StoreError, UsageError
 from reservoir.heads import fit_depth
 from reservoir.identity import backbone_label, data_fingerprint, task_label
 from reservoir.results import write_result
@@ -70,6 +70,27 @@ def check_task(f: h5py.File, identity: dict[str, Any], cfg: FitConfig) -> None:
                                 "features of this one")
 
 
+def check_sizes(path: Path, y_train, cfg: FitConfig, has_val: bool) -> None:
+    """Refuse up front a train split too small for the head's validation split or its classes."""
+    import math
+
+    import numpy as np
+
+    n = len(y_train)
+    classes = len(np.unique(y_train)) if y_train.ndim == 1 else 2
+    if classes < 2:
+        raise UsageError(f"{path}: the train split holds a single class; a head needs at least two "
+                         "(extract more examples with a larger --limit)")
+    if has_val or y_train.ndim != 1:
+        return
+    n_val = math.ceil(cfg.val_fraction * n)
+    if n_val < classes or n - n_val < classes:
+        need = max(math.ceil(classes / cfg.val_fraction), 2 * classes)
+        raise UsageError(f"{path}: the train split has {n} examples of {classes} classes; holding out "
+                         f"--val-fraction {cfg.val_fraction} leaves {n_val} for validation, fewer than one per class. "
+                         f"Extract at least {need} training examples (--limit) or raise --val-fraction")
+
+
 def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
     """The validation split (or None) and the test splits of a feature file, in the task's order."""
     val = next((s for s in VAL_SPLITS if s in f), None)
@@ -96,6 +117,7 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             raise StoreError(f"{path} has no {'train' if 'train' not in f else 'test'!r} split (it holds "
                              f"{feature_splits(f)}); extract it with --split all")
         extract_cfg = file_config(f)
+        check_sizes(path, f["train"]["labels"][:], cfg, val is not None)
         for depth in depths:
             X_train, y_train = read_depth(f, "train", depth)
             X_val, y_val = read_depth(f, val, depth) if val else (None, None)

@@ -92,6 +92,9 @@ class Task:
     """Base class; subclasses are dataclasses whose fields are the task's options."""
 
     name: ClassVar[str] = ""
+    #: the task generates its examples from its ``seed`` option, which then follows the run's
+    #: ``--seed`` unless given (:func:`make_task`); datasets with a seeded split keep their own
+    generated: ClassVar[bool] = False
 
     @property
     def spec(self) -> TaskSpec:  # pragma: no cover - abstract
@@ -186,10 +189,9 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_task(name: str, options: dict[str, Any], seed: int) -> Task:
-    """The task of a run: a task with a ``seed`` option (generated data, seeded splits) draws from
-    the run's ``seed`` unless ``options`` set its own."""
-    fields = {f.name for f in dataclasses.fields(task_class(name))}
-    if "seed" in fields and "seed" not in options:
+    """The task of a run: a task that generates its data draws it from the run's ``seed`` unless
+    ``options`` set its own ``seed``."""
+    if task_class(name).generated and "seed" not in options:
         options = {**options, "seed": seed}
     return get_task(name, **options)
 

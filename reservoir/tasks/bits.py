@@ -10,6 +10,7 @@ tokens. Each split draws from its own seeded stream, so ``--limit`` only truncat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,8 @@ def split_rng(seed: int, split: str) -> np.random.Generator:
 @dataclass
 class BitXor(Task):
     """Bitwise XOR of two bit strings, one bit a token (FPT paper)."""
+
+    generated: ClassVar[bool] = True
 
     n_bits: int = 5
     n_train: int = 10000
@@ -54,6 +57,8 @@ class BitXor(Task):
 @dataclass
 class BitMemory(Task):
     """Recall a stored bit string from a masked copy, 50-bit tokens (FPT paper)."""
+
+    generated: ClassVar[bool] = True
 
     n_bits: int = 1000
     n_patterns: int = 5

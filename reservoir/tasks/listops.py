@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import random
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,8 @@ def generate(n: int, seed: int, stream: int, min_length: int, max_length: int, m
 @dataclass
 class ListOps(Task):
     """LRA ListOps, closing brackets kept: up to 512 (or 2000) id tokens, 10 classes."""
+
+    generated: ClassVar[bool] = True
 
     source: str = "generate"
     tokenization: str = "brackets"
