@@ -34,6 +34,8 @@ pass_settings = click.make_pass_decorator(Settings)
 def shown(cls: type, name: str) -> str:
     """`` [default: X]`` for a help text, read from the config dataclass (the one place for defaults)."""
     value = default(cls, name)
+    if isinstance(value, (tuple, list)):
+        value = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
     return f" [default: {value}]" if value not in (None, "", ()) else ""
 
 
@@ -240,9 +242,9 @@ def comma_list(kind):
 @backbone_option(TrainConfig)
 @click.option("--trainable", default=None, callback=comma_list(str),
               help="Groups to train, from input,pos,ln,attn,ff,out (or a backbone's own group, e.g. lstm)."
-                   " [default: input,pos,ln,out]")
+                   + shown(TrainConfig, "trainable"))
 @click.option("--lr", default=None, callback=comma_list(float),
-              help="Adam learning rate(s); a list is a sweep selected on validation accuracy. [default: 1e-3]")
+              help="Adam learning rate(s); a list is a sweep selected on validation accuracy." + shown(TrainConfig, "lr"))
 @click.option("--seeds", type=click.IntRange(min=1), default=None, help="Runs per learning rate." + shown(TrainConfig, "seeds"))
 @click.option("--seed", type=int, default=None,
               help="First seed (runs use seed, seed+1, ...); also seeds generated data (bit tasks, generated ListOps)."

@@ -162,6 +162,7 @@ def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: in
 def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int,
                on_step: Callable[[int], None] | None, log: Callable[[str], None], show_counts: bool,
                shared: dict[str, Any]) -> dict[str, Any]:
+    log(f"[lr={lr:g} seed={seed}] loading backbone {cfg.backbone} ...")
     backbone = load_backbone(cfg.backbone, seed)
     check_length(task.spec, backbone, cfg.backbone)
     blocks = backbone.n_layers if cfg.blocks is None else cfg.blocks
