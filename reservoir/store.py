@@ -71,6 +71,42 @@ def check_identity(f: h5py.File, wanted: dict[str, Any], fix: str = FIX_OTHER) -
         raise IdentityError(f"{f.filename} holds features of another run ({'; '.join(diff)}); {fix}")
 
 
+def lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
+class WriterLock:
+    """One writer per feature file: an exclusive ``flock`` on ``FILE.lock``, taken before the
+    ``.partial`` is touched. The kernel releases it when its holder exits or dies, so a killed
+    run never blocks the rerun; a second live writer is refused, told who holds it."""
+
+    def __init__(self, path: Path):
+        import fcntl
+        import socket
+
+        self.path = lock_path(Path(path))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(self.fd)
+            raise StoreError(f"{path} is being written by {holder}; wait for that run to finish or stop it, "
+                             "or pass another --out") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+
+    def release(self, remove: bool = False) -> None:
+        if self.fd is None:
+            return
+        if remove:  # the file is complete: later runs reuse it and need no lock
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
+        os.close(self.fd)  # closing drops the flock
+        self.fd = None
+
+
 def check_complete_match(path: Path, identity: dict[str, Any]) -> None:
     """An existing file at ``path`` may be reused: it is a complete feature file of this very run
     (IdentityError naming the differing fields, or StoreError, otherwise)."""
@@ -83,16 +119,25 @@ def check_complete_match(path: Path, identity: dict[str, Any]) -> None:
 class FeatureWriter:
     """Incremental, resumable writer. Use :meth:`open`, then ``split``/``write``, then :meth:`finish`."""
 
-    def __init__(self, path: Path, f: h5py.File):
-        self.path, self.f = path, f
+    def __init__(self, path: Path, f: h5py.File, lock: WriterLock):
+        self.path, self.f, self.lock = path, f, lock
 
     @classmethod
     def open(cls, path: Path, identity: dict[str, Any], config: dict[str, Any],
              input_layer: dict[str, Any]) -> "FeatureWriter":
-        """Open ``path.partial`` for writing, resuming it when its identity equals ``identity``
-        (IdentityError naming the differences otherwise)."""
+        """Lock ``path``, then open ``path.partial`` for writing, resuming it when its identity equals
+        ``identity`` (IdentityError naming the differences otherwise)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = WriterLock(path)
+        try:
+            return cls._open(path, identity, config, input_layer, lock)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _open(cls, path: Path, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any],
+              lock: WriterLock) -> "FeatureWriter":
         tmp = partial_path(path)
         if tmp.exists():
             try:
@@ -109,7 +154,7 @@ class FeatureWriter:
                     raise IdentityError(
                         f"{tmp} is an unfinished run with other settings ({'; '.join(diff)}); rerun with the same "
                         "options to resume it, pass another --out, or delete it to start over")
-                return cls(path, f)
+                return cls(path, f, lock)
         f = h5py.File(tmp, "w", track_order=False)
         f.attrs["identity"] = canonical(identity)
         f.attrs["identity_hash"] = digest(identity)
@@ -121,7 +166,7 @@ class FeatureWriter:
         g = f.create_group("input_layer")
         for name, tensor in input_layer.items():
             g.create_dataset(name, data=np.asarray(tensor, dtype=np.float32), track_times=False)
-        return cls(path, f)
+        return cls(path, f, lock)
 
     def split(self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
         """Create (or reopen) a split; returns its ``done`` mask."""
@@ -163,11 +208,13 @@ class FeatureWriter:
         self.f.attrs["complete"] = True
         self.f.close()
         os.replace(partial_path(self.path), self.path)
+        self.lock.release(remove=True)
         return self.path
 
     def close(self) -> None:
         if self.f.id.valid:
             self.f.close()
+        self.lock.release()
 
 
 def open_features(path: Path) -> h5py.File:

@@ -277,3 +277,29 @@ def test_untrained_end_to_end_model_equals_the_stored_features(extract, home, ti
 def test_identity_digest_is_stable_and_order_free():
     assert digest({"a": 1, "b": [1, 2]}) == digest({"b": [1, 2], "a": 1})
     assert digest({"a": 1}) != digest({"a": 2}) and len(digest({"a": 1})) == 10
+
+
+def test_a_second_writer_is_refused_and_a_dead_holder_releases_the_lock(extract, home, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from reservoir.store import WriterLock
+
+    out = tmp_path / "f.h5"
+    holder = WriterLock(out)
+    code, output, _ = extract("--out", str(out))
+    assert code == 1 and f"{out} is being written by pid {os.getpid()}" in output
+    assert not out.exists() and not out.with_name("f.h5.partial").exists()
+    holder.release()
+    # a holder killed with SIGKILL leaves the lock file behind, but not the lock
+    script = f"from reservoir.store import WriterLock; import time; WriterLock({str(out)!r}); print('locked', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    code, output, _ = extract("--out", str(out))
+    assert code == 1 and f"being written by pid {proc.pid}" in output
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    code, output, path = extract("--out", str(out))
+    assert code == 0 and path == out and not out.with_name("f.h5.lock").exists()
