@@ -161,6 +161,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         ``(N, d_model)``; several give ``(N, n_depths * d_model)``, depth-major.
     seed : seeds the input layer and randomly initialised backbones.
     input_scale : the input layer's scale, as ``reservoir extract --input-scale``.
+    device : where the backbone runs, as ``reservoir extract --device``.
     dtype : compute dtype, as ``reservoir extract --dtype`` (``"auto"``: bfloat16 where the CPU
         multiplies it natively, else float32); features are returned as float32.
     batch_size : sequences per forward pass (variable-length ones are bucketed by length).
@@ -180,19 +181,22 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
 
     def __init__(self, backbone: str = default(ExtractConfig, "backbone"), *, depth: int | Sequence[int] | str = -1,
                  seed: int = default(ExtractConfig, "seed"), input_scale: str = default(ExtractConfig, "input_scale"),
-                 dtype: str = default(ExtractConfig, "dtype"), batch_size: int = 32, vocab_size: int | None = None):
+                 dtype: str = default(ExtractConfig, "dtype"), device: str = default(ExtractConfig, "device"),
+                 batch_size: int = 32, vocab_size: int | None = None):
         self.backbone = backbone
         self.depth = depth
         self.seed = seed
         self.input_scale = input_scale
         self.dtype = dtype
+        self.device = device
         self.batch_size = batch_size
         self.vocab_size = vocab_size
 
     def fit(self, X: Any, y: Any = None) -> "ReservoirFeatures":
-        from reservoir.forward import FeatureRunner, check_length, resolve_dtype
+        from reservoir.forward import FeatureRunner, check_length, resolve_device, resolve_dtype
 
-        dtype = resolve_dtype(self.dtype)
+        device = resolve_device(self.device)
+        dtype = resolve_dtype(self.dtype, device)
         if not isinstance(self.batch_size, (int, np.integer)) or self.batch_size < 1:
             raise UsageError(f"The 'batch_size' parameter of ReservoirFeatures must be >= 1. Got {self.batch_size!r} instead.")
         rows, kind, width = _sequences(X)
@@ -205,7 +209,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
                               vocab_size=vocab)
         check_length(self.spec_, backbone, self.backbone)
         self.runner_ = FeatureRunner.build(self.spec_, backbone, self.depths_, seed=self.seed, dtype=dtype,
-                                           input_scale=self.input_scale)
+                                           input_scale=self.input_scale, device=device)
         self.n_features_out_ = len(self.depths_) * backbone.d_model
         return self
 

@@ -66,6 +66,21 @@ def check_depths(ctx, param, value: str | None):
         raise click.BadParameter(str(e)) from None
 
 
+def check_device(ctx, param, value: str | None) -> str | None:
+    import re
+
+    from reservoir.config import DEVICE_PATTERN
+
+    if value is None or re.fullmatch(DEVICE_PATTERN, value):
+        return value
+    raise click.BadParameter(f"device {value!r} is not one of auto, cpu, cuda, cuda:N, mps")
+
+
+def device_option(cls: type):
+    return click.option("--device", default=None, callback=check_device, metavar="auto|cpu|cuda[:N]|mps",
+                        help="Where the backbone runs; auto: a CUDA GPU when present, else the CPU." + shown(cls, "device"))
+
+
 def renamed(new: str):
     """Callback of a hidden option that was renamed: a usage error naming the new option."""
 
@@ -176,6 +191,7 @@ def install(settings: Settings, name, source, force) -> None:
                    + shown(ExtractConfig, "readout"))
 @click.option("--compile/--no-compile", default=None,
               help="torch.compile the forward (eager if compiling fails) [default: only runs of 300,000+ tokens].")
+@device_option(ExtractConfig)
 @click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Data folder [default: $RESERVOIR_HOME/data or ./data].")
@@ -184,13 +200,13 @@ def install(settings: Settings, name, source, force) -> None:
                    "identity].")
 @pass_settings
 def extract(settings: Settings, task, backbone, split, limit, seed, input_scale, batch_size, dtype, depths, readout,
-            compile, task_opts, data_dir, out) -> None:
+            compile, device, task_opts, data_dir, out) -> None:
     """Stream a task through a frozen backbone into an HDF5 feature file (reused when the same run asks again)."""
     from reservoir.extract import extract as run_extract
 
     cfg = run(from_options, ExtractConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
               split=split, limit=limit, seed=seed, input_scale=input_scale, batch_size=batch_size, dtype=dtype,
-              depths=depths, readout=readout, compile=compile, data_dir=data_dir, out=out)
+              depths=depths, readout=readout, compile=compile, device=device, data_dir=data_dir, out=out)
     click.echo(str(run(run_extract, cfg, progress=not settings.quiet)))
 
 
@@ -268,6 +284,7 @@ def comma_list(kind):
 @click.option("--dtype", type=click.Choice(TRAIN_DTYPES), default=None,
               help="bfloat16 runs the forward under CPU autocast (parameters stay float32)." + shown(TrainConfig, "dtype"))
 @click.option("--compile/--no-compile", default=None, help="torch.compile the model." + shown(TrainConfig, "compile"))
+@device_option(TrainConfig)
 @click.option("--grad-clip", type=click.FloatRange(min=0), default=None,
               help="Maximum gradient norm (0: no clipping)." + shown(TrainConfig, "grad_clip"))
 @click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=None, help="Dropout." + shown(TrainConfig, "dropout"))
@@ -281,7 +298,7 @@ def comma_list(kind):
               help="Data folder [default: $RESERVOIR_HOME/data or ./data].")
 @pass_settings
 def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps, batch_size, eval_every, patience,
-          target, val_fraction, limit, blocks, depth, input_scale, dtype, compile, grad_clip, dropout, checkpoint_every,
+          target, val_fraction, limit, blocks, depth, input_scale, dtype, compile, device, grad_clip, dropout, checkpoint_every,
           checkpoint_dir, resume, task_opts, data_dir) -> None:
     """Train the FPT end to end (input layer, chosen backbone groups, output layer); report test at the best val step."""
     from reservoir.train import summary, train as run_train
@@ -289,7 +306,7 @@ def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps,
     cfg = run(from_options, TrainConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
               trainable=trainable, lr=lr, seeds=seeds, seed=seed, steps=steps, batch_size=batch_size,
               eval_every=eval_every, patience=patience, target=target, val_fraction=val_fraction, limit=limit,
-              blocks=blocks, input_scale=input_scale, dtype=dtype, compile=compile, grad_clip=grad_clip,
+              blocks=blocks, input_scale=input_scale, dtype=dtype, compile=compile, device=device, grad_clip=grad_clip,
               dropout=dropout, checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, resume=resume or None,
               data_dir=data_dir)
     click.echo(summary(run(run_train, cfg, progress=not settings.quiet)))

@@ -50,6 +50,8 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 READOUT_CHOICES = ("last", "padded")
 HEAD_CHOICES = ("logreg", "ridge", "torch")
 INPUT_SCALE_CHOICES = ("paper",)
+#: ``--device`` values: auto, cpu, mps, cuda or cuda:N
+DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
 
 
 # ---------------------------------------------------------------- depths: one parser, one validator
@@ -133,6 +135,13 @@ def _check_choice(owner: str, name: str, value: Any, choices: Sequence[Any]) -> 
         raise UsageError(f"The {name!r} parameter of {owner} must be one of {list(choices)}. Got {value!r} instead.")
 
 
+def _check_device(owner: str, value: str) -> None:
+    import re
+
+    if not re.fullmatch(DEVICE_PATTERN, str(value)):
+        raise UsageError(f"The 'device' parameter of {owner} must be auto, cpu, cuda, cuda:N or mps. Got {value!r} instead.")
+
+
 def _check_min(owner: str, name: str, value: Any, low: float) -> None:
     if value is not None and value < low:
         raise UsageError(f"The {name!r} parameter of {owner} must be >= {low}. Got {value!r} instead.")
@@ -162,6 +171,8 @@ class ExtractConfig:
         task's length and reads the last position, reproducing the official FPT code.
     compile : compile the forward with torch.compile (falls back to eager on failure);
         ``None`` compiles runs big enough to repay the compile time (``reservoir.extract.AUTO_COMPILE_TOKENS``).
+    device : ``auto`` (a CUDA GPU when present, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or
+        ``mps``. Not part of the run's identity: it changes where the numbers are computed.
     data_dir : the data folder.
     out : the feature file; ``None``: derived from the run's identity
         (``features/TASK/BACKBONE/DTYPE-seedS[-limitN]-HASH.h5``).
@@ -179,6 +190,7 @@ class ExtractConfig:
     depths: str | tuple[int, ...] = "all"
     readout: str = "last"
     compile: bool | None = None
+    device: str = "auto"
     data_dir: Path = field(default_factory=default_data_dir)
     out: Path | None = None
 
@@ -188,6 +200,7 @@ class ExtractConfig:
         _check_choice("extract", "input_scale", self.input_scale, INPUT_SCALE_CHOICES)
         _check_min("extract", "limit", self.limit, 1)
         _check_min("extract", "batch_size", self.batch_size, 1)
+        _check_device("extract", self.device)
         parse_depths(self.depths)
 
     def to_json(self) -> dict[str, Any]:
@@ -268,6 +281,7 @@ class TrainConfig:
     input_scale : the input layer's scale (as ``extract --input-scale``).
     dtype : ``bfloat16`` runs the forward under CPU autocast; parameters stay float32.
     compile : torch.compile the model (falls back to eager on failure).
+    device : as for extraction (``auto``: a CUDA GPU when present, else the CPU).
     grad_clip : maximum gradient norm.
     dropout : dropout after the input layer and in the backbone's own dropout layers.
     checkpoint_every : steps between checkpoints (0: only at the end).
@@ -293,6 +307,7 @@ class TrainConfig:
     input_scale: str = "paper"
     dtype: str = "float32"
     compile: bool = False
+    device: str = "auto"
     grad_clip: float = 1.0
     dropout: float = 0.1
     checkpoint_every: int = 500
@@ -324,6 +339,7 @@ class TrainConfig:
         for ok, name, rule, value in checks:
             if not ok:
                 raise UsageError(f"The {name!r} parameter of train must be {rule}. Got {value!r} instead.")
+        _check_device("train", self.device)
 
     @property
     def checkpoint_folder(self) -> Path:

@@ -35,7 +35,7 @@ from torch import nn
 
 from reservoir.backbones import load_backbone
 from reservoir.config import ExtractConfig, select_depths
-from reservoir.forward import Batch, FeatureRunner, Reservoir, check_length, resolve_dtype
+from reservoir.forward import Batch, FeatureRunner, Reservoir, check_length, resolve_device, resolve_dtype
 from reservoir.identity import digest as identity_hash
 from reservoir.identity import feature_identity, features_path_for
 from reservoir.input_layer import input_layer_tensors
@@ -185,6 +185,7 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
     its identity equals this run's and refused (IdentityError naming the differing fields)
     otherwise; a ``.partial`` file of the same identity is resumed.
     """
+    resolve_device(cfg.device)  # an absent device fails before any data is read
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
     data = load_splits(task, cfg)
     log(f"loading backbone {cfg.backbone} ...", progress)
@@ -192,7 +193,8 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
     check_length(task.spec, backbone, cfg.backbone)
     depths = select_depths(cfg.depths, range(backbone.n_layers + 1),
                            f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)")
-    dtype = resolve_dtype(cfg.dtype)
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
     identity = feature_identity(task_name=cfg.task, task=task, data=data, backbone_name=cfg.backbone,
                                 backbone=backbone, seed=cfg.seed, input_scale=cfg.input_scale, depths=depths,
                                 dtype=dtype, readout=cfg.readout, limit=cfg.limit)
@@ -202,7 +204,7 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
         log(f"reusing {out} (same run identity {identity_hash(identity)})", progress)
         return out
     batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)
-    config = {**cfg.to_json(), "out": str(out), "batch_size": batch_size, "n_layers": backbone.n_layers,
+    config = {**cfg.to_json(), "out": str(out), "batch_size": batch_size, "device_used": str(device), "n_layers": backbone.n_layers,
               "d_model": backbone.d_model, "torch": torch.__version__}
     padded = cfg.readout == "padded"
     bucket = task.spec.variable_length and not padded
@@ -217,8 +219,8 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
         width = {s: task.spec.seq_len if padded else None for s in data}
         todo = sum(len(rows) * (width[s] or int(data[s].lengths[rows].max())) for s in data for rows in plans[s])
         compile = should_compile(cfg.compile, todo, backbone)
-        runner = FeatureRunner(reservoir, depths, dtype, compile, batch_size=batch_size)
-        log(f"extracting {task.name} through {cfg.backbone}: {dtype}, {'compiled' if compile else 'eager'}, "
+        runner = FeatureRunner(reservoir, depths, dtype, compile, batch_size=batch_size, device=device)
+        log(f"extracting {task.name} through {cfg.backbone} on {device}: {dtype}, {'compiled' if compile else 'eager'}, "
             f"batch {batch_size}, depths {depths[0]}..{depths[-1]} ({len(depths)}) -> {out}", progress)
 
         def batches(split: str) -> Iterator[tuple[np.ndarray, Batch]]:

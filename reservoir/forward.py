@@ -35,6 +35,31 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 WIDTH_MULTIPLE = 64
 
 
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> the first CUDA device when one is present, else the CPU; ``cpu``, ``cuda``,
+    ``cuda:N`` and ``mps`` as asked, or DeviceError naming what this machine has."""
+    import re
+
+    from reservoir.errors import DeviceError
+
+    from reservoir.config import DEVICE_PATTERN
+
+    if not re.fullmatch(DEVICE_PATTERN, name):
+        raise UsageError(f"device {name!r} is not one of auto, cpu, cuda, cuda:N, mps")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(name.split(":")[1]) if ":" in name else 0
+        if index >= found:
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise DeviceError(f"--device {name}: this machine has {found} CUDA device(s) (torch {torch.__version__}, "
+                              f"{build}); use --device cpu, or auto to take a GPU when there is one")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise DeviceError("--device mps: Apple's Metal backend is not available here; use --device cpu or auto")
+    return torch.device(name)
+
+
 def bf16_native() -> bool:
     """Whether this CPU has native bf16 matrix products (oneDNN with AVX512-BF16 or AMX)."""
     try:
@@ -43,10 +68,14 @@ def bf16_native() -> bool:
         return False
 
 
-def resolve_dtype(name: str) -> str:
-    """``"auto"`` -> ``"bfloat16"`` where the CPU multiplies bf16 natively, else ``"float32"``."""
+def resolve_dtype(name: str, device: torch.device | str = "cpu") -> str:
+    """``"auto"`` -> ``"bfloat16"`` where the device multiplies bf16 natively (a CPU with
+    AVX512-BF16 or AMX, a CUDA GPU with bf16 support), else ``"float32"``."""
     if name == "auto":
-        return "bfloat16" if bf16_native() else "float32"
+        kind = torch.device(device).type
+        if kind == "cuda":
+            return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+        return "bfloat16" if kind == "cpu" and bf16_native() else "float32"
     if name not in DTYPES:
         raise UsageError(f"dtype {name!r} is not supported; choose from {['auto', *DTYPES]}")
     return name
@@ -166,6 +195,8 @@ class FeatureRunner:
     dtype : ``"auto"``, ``"bfloat16"`` or ``"float32"`` compute.
     compile : compile the forward with inductor (weight freezing); eager if that fails.
     batch_size : when compiling, smaller batches are padded to this many rows so one graph serves.
+    device : where the backbone runs (:func:`resolve_device`); batches are prepared on the CPU
+        (pinned for CUDA) and features come back as CPU arrays.
 
     Examples
     --------
@@ -175,11 +206,12 @@ class FeatureRunner:
     """
 
     def __init__(self, reservoir: Reservoir, depths: Sequence[int], dtype: str, compile: bool = False, *,
-                 batch_size: int | None = None):
+                 batch_size: int | None = None, device: torch.device | str = "cpu"):
         self.spec, self.depths = reservoir.spec, tuple(depths)
         reservoir.backbone.check_depths(self.depths)
-        self.dtype_name = resolve_dtype(dtype)
-        self.reservoir = freeze(reservoir.float()).eval().to_compute(DTYPES[self.dtype_name])
+        self.device = torch.device(device)
+        self.dtype_name = resolve_dtype(dtype, self.device)
+        self.reservoir = freeze(reservoir.float()).eval().to(self.device).to_compute(DTYPES[self.dtype_name])
         self.backbone = self.reservoir.backbone
         self.batch_size = batch_size
         self.forward = CompiledOrEager(self._forward, bool(compile), hint=" (pass --no-compile to skip compiling)",
@@ -187,10 +219,11 @@ class FeatureRunner:
 
     @classmethod
     def build(cls, spec: TaskSpec, backbone: Backbone, depths: Sequence[int], *, seed: int, dtype: str,
-              input_scale: str = "paper", compile: bool = False, batch_size: int | None = None) -> "FeatureRunner":
+              input_scale: str = "paper", compile: bool = False, batch_size: int | None = None,
+              device: torch.device | str = "cpu") -> "FeatureRunner":
         """The runner of a seeded :class:`Reservoir` over ``backbone``."""
         return cls(Reservoir(spec, backbone, seed=seed, input_scale=input_scale), depths, dtype, compile,
-                   batch_size=batch_size)
+                   batch_size=batch_size, device=device)
 
     @property
     def compiled(self) -> bool:
@@ -218,12 +251,16 @@ class FeatureRunner:
                 lengths = np.concatenate([lengths, np.full(rows - n, wide, dtype=np.int64)])
         lengths_t = torch.from_numpy(lengths)
         readout = readout_positions(lengths_t, self.spec.n_readout, width if padded else None)
-        return Batch(torch.from_numpy(np.ascontiguousarray(tokens)), lengths_t, readout, n)
+        tokens_t = torch.from_numpy(np.ascontiguousarray(tokens))
+        if self.device.type == "cuda":  # page-locked, so the copy to the GPU overlaps compute
+            tokens_t, lengths_t, readout = tokens_t.pin_memory(), lengths_t.pin_memory(), readout.pin_memory()
+        return Batch(tokens_t, lengths_t, readout, n)
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> np.ndarray:
-        """Features ``(n, n_depths, n_readout, d)`` of the batch's real rows."""
-        return self.forward(batch.tokens, batch.lengths, batch.readout)[: batch.n].numpy()
+        """Features ``(n, n_depths, n_readout, d)`` of the batch's real rows (as float32 numpy)."""
+        args = [t.to(self.device, non_blocking=True) for t in (batch.tokens, batch.lengths, batch.readout)]
+        return self.forward(*args)[: batch.n].cpu().numpy()
 
     def __call__(self, tokens: np.ndarray, lengths: np.ndarray, padded: bool = False) -> np.ndarray:
         return self.run(self.prepare(tokens, lengths, padded))

@@ -27,8 +27,8 @@ from reservoir.identity import backbone_label, data_fingerprint, differences, di
 CHECKPOINT_FORMAT = 2
 #: TrainConfig fields that may change between a checkpoint and its ``--resume`` (they do not
 #: change the numbers of the steps already taken)
-RESUMABLE_CHANGES = ("steps", "resume", "checkpoint_every", "checkpoint_dir", "compile", "eval_batch_size",
-                     "lr", "seeds", "data_dir")
+RESUMABLE_CHANGES = ("steps", "resume", "checkpoint_every", "checkpoint_dir", "compile", "device",
+                     "eval_batch_size", "lr", "seeds", "data_dir")
 
 
 @dataclasses.dataclass

@@ -33,7 +33,7 @@ from reservoir import __version__
 from reservoir.backbones import load_backbone
 from reservoir.config import TrainConfig
 from reservoir.errors import DataError
-from reservoir.forward import CompiledOrEager, check_length
+from reservoir.forward import CompiledOrEager, check_length, resolve_device
 from reservoir.identity import backbone_fingerprint, digest
 from reservoir.progress import log as log_line
 from reservoir.results import write_result
@@ -101,9 +101,9 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 # ---------------------------------------------------------------- loop
 
 
-def autocast(dtype: str):
+def autocast(dtype: str, device: torch.device | str = "cpu"):
     if dtype == "bfloat16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -113,12 +113,14 @@ def loss_and_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
     return nn.functional.cross_entropy(flat, y), (flat.argmax(-1) == y).sum()
 
 
-def evaluate(forward: Callable, task: Task, d: SplitData, batch_size: int, dtype: str) -> float:
+def evaluate(forward: Callable, task: Task, d: SplitData, batch_size: int, dtype: str,
+             device: torch.device | str = "cpu") -> float:
     """Accuracy over every output (every bit for bit tasks) of the whole split."""
     correct, total = 0, 0
-    with torch.inference_mode(), autocast(dtype):
+    with torch.inference_mode(), autocast(dtype, device):
         for start in range(0, len(d), batch_size):
-            tokens, lengths, labels = batch_tensors(task, d, np.arange(start, min(start + batch_size, len(d))))
+            rows = np.arange(start, min(start + batch_size, len(d)))
+            tokens, lengths, labels = (t.to(device) for t in batch_tensors(task, d, rows))
             _, c = loss_and_correct(forward(tokens, lengths), labels)
             correct, total = correct + int(c), total + labels.numel()
     return correct / total
@@ -126,9 +128,10 @@ def evaluate(forward: Callable, task: Task, d: SplitData, batch_size: int, dtype
 
 def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.Optimizer,
                batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], dtype: str, grad_clip: float) -> float:
-    """One Adam step on one batch (the model must be in train mode); returns the loss."""
-    tokens, lengths, labels = batch
-    with autocast(dtype):
+    """One Adam step on one batch (the model must be in train mode; the batch moves to its device)."""
+    device = params[0].device
+    tokens, lengths, labels = (t.to(device, non_blocking=True) for t in batch)
+    with autocast(dtype, device):
         logits = forward(tokens, lengths)
     loss, _ = loss_and_correct(logits, labels)
     opt.zero_grad(set_to_none=True)
@@ -167,7 +170,9 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
     check_length(task.spec, backbone, cfg.backbone)
     blocks = backbone.n_layers if cfg.blocks is None else cfg.blocks
     ident = run_identity(shared, backbone_fingerprint=backbone_fingerprint(backbone), blocks=blocks, lr=lr, seed=seed)
-    model = FPT(task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale, dropout=cfg.dropout)
+    device = resolve_device(cfg.device)
+    model = FPT(task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale,
+                dropout=cfg.dropout).to(device)
     params, notes = select_trainable(model, cfg.trainable)
     for note in notes:
         log(note)
@@ -216,7 +221,7 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
                             f"(now {lr:g}) or keep --grad-clip above 0")
         if state.step % cfg.eval_every == 0 or state.step >= cfg.steps:
             model.eval()
-            val = evaluate(model, task, data.val, cfg.eval_batch_size, cfg.dtype)
+            val = evaluate(model, task, data.val, cfg.eval_batch_size, cfg.dtype, device)
             state.history.append({"step": state.step, "loss": float(np.mean(losses)), "val_accuracy": val})
             losses.clear()
             if val > state.best_val:
@@ -249,7 +254,7 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         for p, best in zip(params, state.best_params):
             p.copy_(best)
     model.eval()
-    test = evaluate(model, task, data.test, cfg.eval_batch_size, cfg.dtype)
+    test = evaluate(model, task, data.test, cfg.eval_batch_size, cfg.dtype, device)
     log(f"{tag} {stop_reason}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
         f"test {100 * test:.2f}%")
     return {"lr": lr, "seed": seed, "blocks": blocks, "test_accuracy": test, "val_accuracy": state.best_val,
@@ -273,6 +278,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], N
     --------
     >>> train(TrainConfig(task="bit_xor", backbone="gpt2-random", lr=(1e-4, 1e-3), seeds=3))  # doctest: +SKIP
     """
+    resolve_device(cfg.device)  # an absent device fails before any data is read
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
     data = load_data(task, cfg)
     shared = settings_identity(cfg, task, data.named())
