@@ -192,6 +192,13 @@ def install(settings: Settings, name, source, force) -> None:
 @click.option("--compile/--no-compile", default=None,
               help="torch.compile the forward (eager if compiling fails) [default: only runs of 300,000+ tokens].")
 @device_option(ExtractConfig)
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Extract shards on a local dask cluster of N worker processes (joined into one file).")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Extract shards on the workers of a running dask scheduler (tcp://HOST:PORT).")
+@click.option("--shard-rows", type=click.IntRange(min=1), default=None,
+              help="Rows of a shard (rounded to the batch size); also the block within which lengths are bucketed."
+                   + shown(ExtractConfig, "shard_rows"))
 @click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Data folder [default: $RESERVOIR_HOME/data or ./data].")
@@ -200,13 +207,14 @@ def install(settings: Settings, name, source, force) -> None:
                    "identity].")
 @pass_settings
 def extract(settings: Settings, task, backbone, split, limit, seed, input_scale, batch_size, dtype, depths, readout,
-            compile, device, task_opts, data_dir, out) -> None:
+            compile, device, workers, scheduler, shard_rows, task_opts, data_dir, out) -> None:
     """Stream a task through a frozen backbone into an HDF5 feature file (reused when the same run asks again)."""
     from reservoir.extract import extract as run_extract
 
     cfg = run(from_options, ExtractConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
               split=split, limit=limit, seed=seed, input_scale=input_scale, batch_size=batch_size, dtype=dtype,
-              depths=depths, readout=readout, compile=compile, device=device, data_dir=data_dir, out=out)
+              depths=depths, readout=readout, compile=compile, device=device, workers=workers, scheduler=scheduler,
+              shard_rows=shard_rows, data_dir=data_dir, out=out)
     click.echo(str(run(run_extract, cfg, progress=not settings.quiet)))
 
 

@@ -173,6 +173,13 @@ class ExtractConfig:
         ``None`` compiles runs big enough to repay the compile time (``reservoir.extract.AUTO_COMPILE_TOKENS``).
     device : ``auto`` (a CUDA GPU when present, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or
         ``mps``. Not part of the run's identity: it changes where the numbers are computed.
+    workers : extract shards on a dask ``LocalCluster`` of this many worker processes (threads
+        split between them; on a machine with several GPUs one per GPU).
+    scheduler : the address of a running dask.distributed scheduler whose workers extract the
+        shards (``tcp://host:8786``); excludes ``workers``.
+    shard_rows : rows of a shard, rounded to the batch size; variable-length tasks are bucketed
+        by length within these blocks in every run, so a single process and a sharded run
+        compute the same batches.
     data_dir : the data folder.
     out : the feature file; ``None``: derived from the run's identity
         (``features/TASK/BACKBONE/DTYPE-seedS[-limitN]-HASH.h5``).
@@ -191,6 +198,9 @@ class ExtractConfig:
     readout: str = "last"
     compile: bool | None = None
     device: str = "auto"
+    workers: int | None = None
+    scheduler: str | None = None
+    shard_rows: int = 8192
     data_dir: Path = field(default_factory=default_data_dir)
     out: Path | None = None
 
@@ -201,6 +211,11 @@ class ExtractConfig:
         _check_min("extract", "limit", self.limit, 1)
         _check_min("extract", "batch_size", self.batch_size, 1)
         _check_device("extract", self.device)
+        _check_min("extract", "workers", self.workers, 1)
+        _check_min("extract", "shard_rows", self.shard_rows, 1)
+        if self.workers and self.scheduler:
+            raise UsageError(f"give --workers ({self.workers}) or --scheduler ({self.scheduler!r}), not both: "
+                             "--scheduler uses the workers of a running cluster")
         parse_depths(self.depths)
 
     def to_json(self) -> dict[str, Any]:

@@ -26,8 +26,9 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, TypeVar
+from typing import Any, Iterable, Iterator, TypeVar
 
 import numpy as np
 import torch
@@ -62,11 +63,26 @@ def auto_batch_size(backbone: nn.Module, seq_len: int) -> int:
     return max(1, min(MAX_BATCH_ROWS, tokens // max(1, seq_len)))
 
 
-def plan_batches(lengths: np.ndarray, batch_size: int, bucket: bool) -> list[np.ndarray]:
-    """Row indices of each batch. Bucketing sorts by length (longest first) so padding is
-    small; rows within a batch are increasing so the store can write them directly."""
+def plan_batches(lengths: np.ndarray, batch_size: int, bucket: bool, start: int = 0) -> list[np.ndarray]:
+    """Row indices of each batch (offset by ``start``). Bucketing sorts by length (longest first)
+    so padding is small; rows within a batch are increasing so the store can write them directly."""
     order = np.argsort(-lengths, kind="stable") if bucket else np.arange(len(lengths))
-    return [np.sort(order[i:i + batch_size]) for i in range(0, len(order), batch_size)]
+    return [start + np.sort(order[i:i + batch_size]) for i in range(0, len(order), batch_size)]
+
+
+def shard_bounds(n: int, batch_size: int, shard_rows: int) -> list[tuple[int, int]]:
+    """Contiguous row blocks ``[start, stop)`` of about ``shard_rows`` rows (a multiple of the
+    batch size): the shards of a distributed run and the bucketing blocks of every run."""
+    size = max(batch_size, shard_rows // batch_size * batch_size)
+    return [(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+def plan_split(lengths: np.ndarray, batch_size: int, bucket: bool,
+               shard_rows: int) -> list[tuple[tuple[int, int], list[np.ndarray]]]:
+    """The batch plan of a split, block by block: ``[((start, stop), batches), ...]``. Batches
+    never cross a block, so a single process and a sharded run compute the same batches."""
+    return [((a, b), plan_batches(lengths[a:b], batch_size, bucket, start=a))
+            for a, b in shard_bounds(len(lengths), batch_size, shard_rows)]
 
 
 _END = object()
@@ -176,15 +192,57 @@ def should_compile(setting: bool | None, tokens: int, backbone: nn.Module | None
     return tokens >= AUTO_COMPILE_TOKENS and getattr(backbone, "compilable", True)
 
 
-def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
-    """Run one extraction; returns the path of the complete feature file.
+@dataclass
+class Run:
+    """An extraction, prepared: data and backbone loaded, identity and output file known."""
 
-    Data and backbone are loaded, and the run's identity computed, before any file is
-    touched, so bad input leaves nothing behind. The feature file is ``cfg.out`` or the
-    default path derived from the identity. An existing complete file there is reused when
-    its identity equals this run's and refused (IdentityError naming the differing fields)
-    otherwise; a ``.partial`` file of the same identity is resumed.
-    """
+    cfg: ExtractConfig
+    task: Task
+    data: dict[str, SplitData]
+    backbone: nn.Module
+    depths: list[int]
+    dtype: str
+    device: torch.device
+    identity: dict[str, Any]
+    out: Path
+    batch_size: int
+
+    @property
+    def padded(self) -> bool:
+        return self.cfg.readout == "padded"
+
+    @property
+    def bucket(self) -> bool:
+        return self.task.spec.variable_length and not self.padded
+
+    @property
+    def feature_shape(self) -> tuple[int, int, int]:
+        return (len(self.depths), self.task.spec.n_readout, self.backbone.d_model)
+
+    def config(self) -> dict[str, Any]:
+        """The file's ``config``: the options and the execution settings actually used."""
+        return {**self.cfg.to_json(), "out": str(self.out), "batch_size": self.batch_size,
+                "device_used": str(self.device), "n_layers": self.backbone.n_layers, "d_model": self.backbone.d_model,
+                "torch": torch.__version__}
+
+    def tokens(self, split: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Model tokens and lengths of ``rows`` (padded to the task's length for the padded readout)."""
+        d = self.data[split]
+        tokens = self.task.encode(d.inputs[rows])
+        if self.padded and tokens.shape[1] < self.task.spec.seq_len:
+            pad = [(0, 0), (0, self.task.spec.seq_len - tokens.shape[1])] + [(0, 0)] * (tokens.ndim - 2)
+            tokens = np.pad(tokens, pad, constant_values=self.task.spec.pad_id)
+        return tokens, d.lengths[rows]
+
+    def compile_for(self, plans: dict[str, list[np.ndarray]]) -> bool:
+        """The compile decision for the batches left to run (tokens they hold)."""
+        width = self.task.spec.seq_len if self.padded else None
+        todo = sum(len(rows) * (width or int(self.data[s].lengths[rows].max())) for s in plans for rows in plans[s])
+        return should_compile(self.cfg.compile, todo, self.backbone)
+
+
+def prepare(cfg: ExtractConfig, progress: bool) -> Run:
+    """Load data and backbone, compute the identity and the output file; touches no file."""
     resolve_device(cfg.device)  # an absent device fails before any data is read
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
     data = load_splits(task, cfg)
@@ -199,38 +257,53 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
                                 backbone=backbone, seed=cfg.seed, input_scale=cfg.input_scale, depths=depths,
                                 dtype=dtype, readout=cfg.readout, limit=cfg.limit)
     out = Path(cfg.out) if cfg.out else features_path_for(identity)
-    if out.exists():
-        check_complete_match(out, identity)
-        log(f"reusing {out} (same run identity {identity_hash(identity)})", progress)
-        return out
     batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)
-    config = {**cfg.to_json(), "out": str(out), "batch_size": batch_size, "device_used": str(device), "n_layers": backbone.n_layers,
-              "d_model": backbone.d_model, "torch": torch.__version__}
-    padded = cfg.readout == "padded"
-    bucket = task.spec.variable_length and not padded
-    reservoir = Reservoir(task.spec, backbone, seed=cfg.seed, input_scale=cfg.input_scale)
-    writer = FeatureWriter.open(out, identity, config, input_layer_tensors(reservoir.input_layer))
+    return Run(cfg, task, data, backbone, depths, dtype, device, identity, out, batch_size)
+
+
+def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
+    """Run one extraction; returns the path of the complete feature file.
+
+    Data and backbone are loaded, and the run's identity computed, before any file is
+    touched, so bad input leaves nothing behind. The feature file is ``cfg.out`` or the
+    default path derived from the identity. An existing complete file there is reused when
+    its identity equals this run's and refused (IdentityError naming the differing fields)
+    otherwise; a ``.partial`` file of the same identity is resumed. With ``workers`` or
+    ``scheduler`` the rows are extracted as shards on dask workers
+    (:mod:`reservoir.distributed`) and joined into one file.
+    """
+    run = prepare(cfg, progress)
+    if run.out.exists():
+        check_complete_match(run.out, run.identity)
+        log(f"reusing {run.out} (same run identity {identity_hash(run.identity)})", progress)
+        return run.out
+    if cfg.workers or cfg.scheduler:
+        from reservoir.distributed import extract_sharded
+
+        return extract_sharded(run, progress=progress)
+    return extract_local(run, progress=progress)
+
+
+def extract_local(run: Run, *, progress: bool = True) -> Path:
+    """Extract in this process into ``run.out`` (``.partial`` until complete; resumable)."""
+    task, data, out = run.task, run.data, run.out
+    reservoir = Reservoir(task.spec, run.backbone, seed=run.cfg.seed, input_scale=run.cfg.input_scale)
+    writer = FeatureWriter.open(out, run.identity, run.config(), input_layer_tensors(reservoir.input_layer))
     try:
         plans, done = {}, {}
         for split, d in data.items():
-            shape = (len(depths), task.spec.n_readout, backbone.d_model)
-            done[split] = writer.split(split, d.labels, d.lengths, shape)
-            plans[split] = [rows for rows in plan_batches(d.lengths, batch_size, bucket) if not done[split][rows].all()]
-        width = {s: task.spec.seq_len if padded else None for s in data}
-        todo = sum(len(rows) * (width[s] or int(data[s].lengths[rows].max())) for s in data for rows in plans[s])
-        compile = should_compile(cfg.compile, todo, backbone)
-        runner = FeatureRunner(reservoir, depths, dtype, compile, batch_size=batch_size, device=device)
-        log(f"extracting {task.name} through {cfg.backbone} on {device}: {dtype}, {'compiled' if compile else 'eager'}, "
-            f"batch {batch_size}, depths {depths[0]}..{depths[-1]} ({len(depths)}) -> {out}", progress)
+            done[split] = writer.split(split, d.labels, d.lengths, run.feature_shape)
+            plans[split] = [rows for _, batches in plan_split(d.lengths, run.batch_size, run.bucket, run.cfg.shard_rows) for rows in batches
+                            if not done[split][rows].all()]
+        compile = run.compile_for(plans)
+        runner = FeatureRunner(reservoir, run.depths, run.dtype, compile, batch_size=run.batch_size, device=run.device)
+        log(f"extracting {task.name} through {run.cfg.backbone} on {run.device}: {run.dtype}, "
+            f"{'compiled' if compile else 'eager'}, batch {run.batch_size}, depths {run.depths[0]}..{run.depths[-1]} "
+            f"({len(run.depths)}) -> {out}", progress)
 
         def batches(split: str) -> Iterator[tuple[np.ndarray, Batch]]:
-            d = data[split]
             for rows in plans[split]:
-                tokens = task.encode(d.inputs[rows])
-                if padded and tokens.shape[1] < task.spec.seq_len:
-                    pad = [(0, 0), (0, task.spec.seq_len - tokens.shape[1])] + [(0, 0)] * (tokens.ndim - 2)
-                    tokens = np.pad(tokens, pad, constant_values=task.spec.pad_id)
-                yield rows, runner.prepare(tokens, d.lengths[rows], padded)
+                yield rows, runner.prepare(*run.tokens(split, rows), run.padded)
 
         background = BackgroundWriter(writer)
         try:

@@ -107,6 +107,25 @@ class WriterLock:
         self.fd = None
 
 
+def shard_dir(path: Path) -> Path:
+    """Where the shards of a distributed extraction of ``path`` live: ``FILE.shards/``."""
+    return path.with_name(path.name + ".shards")
+
+
+def check_shards(f: h5py.File) -> None:
+    """Every shard a joined file reads through its virtual datasets is present (a missing one
+    would read as fill values)."""
+    folder = Path(f.filename).parent
+    for name in feature_splits(f):
+        ds = f[name]["features"]
+        if not ds.is_virtual:
+            continue
+        missing = sorted({s.file_name for s in ds.virtual_sources() if not (folder / s.file_name).exists()})
+        if missing:
+            raise StoreError(f"{f.filename} reads its features from {len(missing)} shard file(s) that are gone "
+                             f"(e.g. {folder / missing[0]}); delete {f.filename} and rerun the extraction to redo them")
+
+
 def check_complete_match(path: Path, identity: dict[str, Any]) -> None:
     """An existing file at ``path`` may be reused: it is a complete feature file of this very run
     (IdentityError naming the differing fields, or StoreError, otherwise)."""
@@ -114,6 +133,7 @@ def check_complete_match(path: Path, identity: dict[str, Any]) -> None:
         check_identity(f, identity)
         if not f.attrs.get("complete", False):
             raise StoreError(f"{path} has this run's identity but is not marked complete; delete it to extract again")
+        check_shards(f)
 
 
 class FeatureWriter:
@@ -156,16 +176,7 @@ class FeatureWriter:
                         "options to resume it, pass another --out, or delete it to start over")
                 return cls(path, f, lock)
         f = h5py.File(tmp, "w", track_order=False)
-        f.attrs["identity"] = canonical(identity)
-        f.attrs["identity_hash"] = digest(identity)
-        f.attrs.update({k: identity[k] for k in ("task", "backbone", "seed", "dtype", "readout")})
-        f.attrs["depths"] = np.asarray(identity["depths"], dtype=np.int64)
-        f.attrs["config"] = json.dumps(config, sort_keys=True)
-        f.attrs["version"] = __version__
-        f.attrs["complete"] = False
-        g = f.create_group("input_layer")
-        for name, tensor in input_layer.items():
-            g.create_dataset(name, data=np.asarray(tensor, dtype=np.float32), track_times=False)
+        _write_header(f, identity, config, input_layer)
         return cls(path, f, lock)
 
     def split(self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
@@ -217,6 +228,47 @@ class FeatureWriter:
         self.lock.release()
 
 
+def write_joined(out: Path, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any],
+                 splits: dict[str, tuple[np.ndarray, np.ndarray, list[tuple[int, int, Path]]]],
+                 shape: tuple[int, int, int]) -> Path:
+    """Write ``out`` whose features are virtual datasets over shard files (no copy); labels,
+    lengths and the input layer as in a single-process file. ``splits`` maps a split to its
+    labels, lengths and ``(start, stop, shard path)`` list. Written as ``.partial``, marked
+    complete last and renamed."""
+    tmp = partial_path(out)
+    with h5py.File(tmp, "w", track_order=False) as f:
+        _write_header(f, identity, config, input_layer)
+        for name, (labels, lengths, shards) in splits.items():
+            g = f.create_group(name)
+            layout = h5py.VirtualLayout(shape=(len(labels), *shape), dtype=np.float32)
+            for start, stop, path in shards:
+                rel = os.path.relpath(path, out.parent)  # resolved next to the joined file
+                layout[start:stop] = h5py.VirtualSource(rel, "features", shape=(stop - start, *shape))
+            g.create_virtual_dataset("features", layout, fillvalue=np.nan)
+            g.create_dataset("labels", data=labels, track_times=False)
+            g.create_dataset("lengths", data=lengths, track_times=False)
+            g.create_dataset("done", data=np.ones(len(labels), dtype=bool), track_times=False)
+            g.attrs["rows_done"] = len(labels)
+        f.attrs["sharded"] = True
+        f.flush()
+        f.attrs["complete"] = True
+    os.replace(tmp, out)
+    return out
+
+
+def _write_header(f: h5py.File, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any]) -> None:
+    f.attrs["identity"] = canonical(identity)
+    f.attrs["identity_hash"] = digest(identity)
+    f.attrs.update({k: identity[k] for k in ("task", "backbone", "seed", "dtype", "readout")})
+    f.attrs["depths"] = np.asarray(identity["depths"], dtype=np.int64)
+    f.attrs["config"] = json.dumps(config, sort_keys=True)
+    f.attrs["version"] = __version__
+    f.attrs["complete"] = False
+    g = f.create_group("input_layer")
+    for name, tensor in input_layer.items():
+        g.create_dataset(name, data=np.asarray(tensor, dtype=np.float32), track_times=False)
+
+
 def open_features(path: Path) -> h5py.File:
     """Open a complete feature file read-only; raises StoreError otherwise."""
     path = Path(path)
@@ -230,6 +282,7 @@ def open_features(path: Path) -> h5py.File:
         stored_identity(f)
         if not f.attrs.get("complete", False):
             raise StoreError(f"feature file {path} is not complete; rerun `reservoir extract` to finish it")
+        check_shards(f)
     except BaseException:
         f.close()
         raise

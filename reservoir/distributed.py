@@ -1,0 +1,250 @@
+"""Extraction over dask.distributed workers: shards written on their own, joined without copying.
+
+``reservoir extract ... --workers N`` starts a ``LocalCluster`` of ``N`` worker processes
+(the CPU's threads split between them; with several CUDA devices, worker ``i`` takes
+``cuda:i``); ``--scheduler ADDRESS`` uses the workers of a running cluster::
+
+    dask scheduler --port 8786                       # on one machine
+    dask worker tcp://HOST:8786 --nthreads 1         # on each machine (or once per GPU)
+    reservoir extract --task cifar10_lra --backbone gpt2-large --scheduler tcp://HOST:8786
+
+(on SLURM, ``dask_jobqueue.SLURMCluster(...).scale(jobs=K)`` starts the workers and its
+``scheduler_address`` is the address to pass). Every worker must see the same backbone
+(a registered name, or a folder at the same path); a worker whose weights differ from the
+driver's refuses its shard.
+
+The rows of each split are cut into contiguous shards aligned with the batch plan
+(:func:`reservoir.extract.plan_split`: a single process runs exactly the same batches, so
+a float32 sharded file equals the single-process one bit for bit). The driver encodes each
+shard's tokens and sends them with the run's identity and input layer; a worker runs them
+through the shared forward path and writes ``FILE.shards/SPLIT-START-STOP.h5`` atomically
+(``.partial``, then renamed), recording the identity. On a rerun, complete shards of the
+same identity are skipped and missing ones (a lost worker's) are redone; a shard of another
+identity is refused. When every shard is there the driver writes ``FILE``: labels, lengths
+and the input layer as usual, and the features as an HDF5 virtual dataset over the shards,
+so ``fit`` reads it unchanged. Keep ``FILE`` and ``FILE.shards/`` together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from reservoir.errors import IdentityError, ReservoirError, StoreError
+from reservoir.identity import canonical, differences, digest
+from reservoir.progress import bar, log
+from reservoir.store import CHUNK_BYTES, WriterLock, partial_path, shard_dir, write_joined
+
+
+@dataclass
+class ShardJob:
+    """One shard: where it goes, what produced it, and its encoded batches."""
+
+    path: str
+    split: str
+    start: int
+    stop: int
+    identity: dict[str, Any]
+    backbone: str
+    seed: int
+    input_scale: str
+    spec: Any
+    input_layer: dict[str, np.ndarray]
+    depths: list[int]
+    dtype: str
+    device: str
+    compile: bool
+    batch_size: int
+    padded: bool
+    threads: int  # torch threads on the worker (0: the worker's default)
+    batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (rows, tokens, lengths)
+
+
+def shard_path(out: Path, split: str, start: int, stop: int) -> Path:
+    return shard_dir(out) / f"{split}-{start:010d}-{stop:010d}.h5"
+
+
+def shard_state(path: Path, identity: dict[str, Any]) -> bool:
+    """Whether a complete shard of this identity is at ``path``; IdentityError for another run's."""
+    if not path.exists():
+        return False
+    try:
+        with h5py.File(path, "r") as f:
+            stored = json.loads(f.attrs["identity"])
+            complete = bool(f.attrs.get("complete", False))
+    except (OSError, KeyError, ValueError):
+        os.remove(path)  # unreadable: redo it
+        return False
+    diff = differences(stored, identity)
+    if diff:
+        raise IdentityError(f"shard {path} belongs to another run ({'; '.join(diff)}); delete {path.parent} "
+                            "to extract again, or pass another --out")
+    return complete
+
+
+# -- worker side -----------------------------------------------------------------------------
+
+_RUNNERS: dict[tuple, Any] = {}
+_RUNNERS_LOCK = threading.Lock()
+
+
+def _runner(job: ShardJob):
+    """The worker's FeatureRunner for this run (built once per worker process and reused)."""
+    import torch
+
+    from reservoir.backbones import load_backbone
+    from reservoir.forward import FeatureRunner, Reservoir
+    from reservoir.identity import backbone_fingerprint
+
+    device = job.device
+    if device == "cuda" and torch.cuda.device_count() > 1:  # one worker per GPU
+        try:
+            from distributed import get_worker
+
+            name = get_worker().name
+            device = f"cuda:{int(name) % torch.cuda.device_count()}" if str(name).isdigit() else device
+        except (ImportError, ValueError):
+            pass
+    key = (digest(job.identity), device)
+    with _RUNNERS_LOCK:
+        if key not in _RUNNERS:
+            if job.threads:
+                torch.set_num_threads(job.threads)
+            backbone = load_backbone(job.backbone, job.seed)
+            if backbone_fingerprint(backbone) != job.identity["backbone_fingerprint"]:
+                raise IdentityError(f"this worker's backbone {job.backbone!r} has other weights than the driver's; "
+                                    "give every worker the same model folder (or a registered name)")
+            reservoir = Reservoir(job.spec, backbone, seed=job.seed, input_scale=job.input_scale)
+            reservoir.input_layer.load_state_dict({k: torch.from_numpy(v) for k, v in job.input_layer.items()})
+            _RUNNERS.clear()  # one run at a time per worker: free the previous model
+            _RUNNERS[key] = FeatureRunner(reservoir, job.depths, job.dtype, job.compile, batch_size=job.batch_size,
+                                          device=device)
+        return _RUNNERS[key]
+
+
+def run_shard(job: ShardJob) -> str:
+    """Extract one shard into its file (atomically); returns the path. Runs on a worker."""
+    path = Path(job.path)
+    runner = _runner(job)
+    tmp = partial_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = job.stop - job.start
+    shape = (len(job.depths), job.spec.n_readout, runner.backbone.d_model)
+    with h5py.File(tmp, "w") as f:
+        f.attrs["identity"] = canonical(job.identity)
+        f.attrs.update({"split": job.split, "start": job.start, "stop": job.stop, "complete": False})
+        rows = max(1, min(n, CHUNK_BYTES // (4 * shape[1] * shape[2])))
+        ds = f.create_dataset("features", shape=(n, *shape), dtype=np.float32, chunks=(rows, 1, *shape[1:]),
+                              fletcher32=True, track_times=False)
+        for batch_rows, tokens, lengths in job.batches:
+            feats = runner(tokens, lengths, job.padded)
+            if not np.isfinite(feats).all():
+                raise StoreError(f"the backbone produced NaN or inf features in shard {path.name}; "
+                                 "try --dtype float32, or check the input data")
+            local = batch_rows - job.start
+            if np.all(np.diff(local) == 1):
+                ds[int(local[0]):int(local[-1]) + 1] = feats
+            else:
+                ds[local] = feats
+        f.flush()
+        f.attrs["complete"] = True
+    os.replace(tmp, path)
+    return str(path)
+
+
+# -- driver side -----------------------------------------------------------------------------
+
+
+def _client(workers: int | None, scheduler: str | None):
+    """A dask client: a LocalCluster of ``workers`` processes, or the cluster at ``scheduler``."""
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        try:
+            return Client(scheduler, timeout="10s"), None
+        except (OSError, TimeoutError) as e:
+            raise ReservoirError(f"cannot reach the dask scheduler at {scheduler!r} ({e}); start one with "
+                                 "`dask scheduler` and pass its address (tcp://HOST:PORT)") from None
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                           host="127.0.0.1")
+    return Client(cluster), cluster
+
+
+def threads_per_worker(workers: int) -> int:
+    """CPU threads each of ``workers`` local workers may use (the cores this process may use, split)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, workers))
+
+
+def extract_sharded(run, *, progress: bool = True) -> Path:
+    """Extract ``run`` (a prepared :class:`reservoir.extract.Run`) as shards on dask workers, then
+    join them into ``run.out``."""
+    from reservoir.extract import plan_split
+    from reservoir.forward import Reservoir
+    from reservoir.input_layer import input_layer_tensors
+
+    cfg, out, identity = run.cfg, run.out, run.identity
+    lock = WriterLock(out)
+    try:
+        reservoir = Reservoir(run.task.spec, run.backbone, seed=cfg.seed, input_scale=cfg.input_scale)
+        layer = {k: v.numpy() for k, v in input_layer_tensors(reservoir.input_layer).items()}
+        shards, todo = {}, {}
+        for split, d in run.data.items():
+            shards[split] = []
+            for (start, stop), batches in plan_split(d.lengths, run.batch_size, run.bucket, cfg.shard_rows):
+                path = shard_path(out, split, start, stop)
+                shards[split].append((start, stop, path))
+                if not shard_state(path, identity):
+                    todo[(split, start, stop)] = (path, batches)
+        plans = {}
+        for (split, _, _), (_, batches) in todo.items():
+            plans.setdefault(split, []).extend(batches)
+        compile = run.compile_for(plans)
+        n_done = sum(len(v) for v in shards.values()) - len(todo)
+        log(f"extracting {run.task.name} through {cfg.backbone} as {sum(len(v) for v in shards.values())} shards "
+            f"({n_done} already complete) on "
+            f"{cfg.scheduler or f'{cfg.workers} local workers'}: {run.dtype}, {'compiled' if compile else 'eager'}, "
+            f"batch {run.batch_size} -> {out}", progress)
+        if todo:
+            _run_jobs(run, todo, layer, compile, progress)
+        return write_joined(out, identity, run.config(), layer,
+                            {s: (run.data[s].labels, run.data[s].lengths, shards[s]) for s in run.data},
+                            run.feature_shape)
+    finally:
+        lock.release(remove=out.exists())
+
+
+def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, progress: bool) -> None:
+    from distributed import as_completed
+
+    cfg = run.cfg
+    client, cluster = _client(cfg.workers, cfg.scheduler)
+    try:
+        n_workers = cfg.workers or max(1, len(client.scheduler_info().get("workers", {})))
+        threads = threads_per_worker(n_workers) if cfg.workers else 0
+        futures = {}
+        for (split, start, stop), (path, batches) in todo.items():
+            job = ShardJob(path=str(path), split=split, start=start, stop=stop, identity=run.identity,
+                           backbone=cfg.backbone, seed=cfg.seed, input_scale=cfg.input_scale, spec=run.task.spec,
+                           input_layer=layer, depths=run.depths, dtype=run.dtype, device=str(run.device),
+                           compile=compile, batch_size=run.batch_size, padded=run.padded,
+                           threads=threads,
+                           batches=[(rows, *run.tokens(split, rows)) for rows in batches])
+            futures[client.submit(run_shard, job, pure=False, retries=2, key=f"reservoir-shard-{path.name}")] = stop - start
+        total = sum(futures.values())
+        with bar(total, f"{run.task.name} shards", enabled=progress) as shown:
+            for future in as_completed(list(futures)):
+                future.result()  # a worker's error is raised here, with its message
+                shown.update(futures[future])
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+

@@ -1,0 +1,155 @@
+"""Sharded extraction over dask.distributed (loopback only): equal to a single process bit for bit
+(float32), through a LocalCluster and through a scheduler with separately started workers,
+and after a worker dies mid-run; shards of another run are refused, missing ones named."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+#: variable-length ListOps (bucketed within shards) through the tiny GPT-2: 7 shards of up to 16 rows
+LISTOPS = ("--task", "listops", "--task-opt", "max_len=64", "--task-opt", "n_train=64", "--task-opt", "n_val=8",
+           "--task-opt", "n_test=24", "--task-opt", "min_length=5", "--task-opt", "max_length=60")
+OPTS = ("--dtype", "float32", "--batch-size", "4", "--shard-rows", "16", "--depths", "0,1,2")
+
+
+def extract(cli, backbone, out: Path, *extra: str):
+    r = cli("-q", "extract", *LISTOPS, "--backbone", str(backbone), *OPTS, "--out", str(out), *extra)
+    return r
+
+
+def assert_same_features(a: Path, b: Path) -> None:
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        assert fa.attrs["identity"] == fb.attrs["identity"]
+        splits = [s for s in fa if s != "input_layer"]
+        assert splits == [s for s in fb if s != "input_layer"]
+        for s in splits:
+            np.testing.assert_array_equal(fa[s]["features"][:], fb[s]["features"][:])
+            np.testing.assert_array_equal(fa[s]["labels"][:], fb[s]["labels"][:])
+        np.testing.assert_array_equal(fa["input_layer/weight"][:], fb["input_layer/weight"][:])
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, tiny_gpt2):
+    """The single-process reference file."""
+    from click.testing import CliRunner
+
+    from reservoir.cli import main
+
+    out = tmp_path_factory.mktemp("single") / "f.h5"
+    r = CliRunner().invoke(main, ["-q", "extract", *LISTOPS, "--backbone", str(tiny_gpt2), *OPTS, "--out", str(out)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_two_local_workers_equal_one_process_bit_for_bit(cli, home, tiny_gpt2, single, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = home / "sharded.h5"
+    r = extract(cli, tiny_gpt2, out, "--workers", "2")
+    assert r.exit_code == 0, r.output
+    shards = sorted((home / "sharded.h5.shards").glob("*.h5"))
+    assert len(shards) == 7 and not list(home.glob("*.partial")) and not (home / "sharded.h5.lock").exists()
+    with h5py.File(out) as f:
+        assert f["train/features"].is_virtual and f.attrs["complete"]
+    assert_same_features(out, single)
+    # fit reads the joined file unchanged
+    r = cli("-q", "fit", "--features", str(out), "--head", "ridge", "--depths", "2")
+    assert r.exit_code == 0, r.output
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A scheduler and two single-threaded workers (no nanny), started as separate processes."""
+    dask = shutil.which("dask", path=str(Path(sys.executable).parent))
+    if dask is None:
+        pytest.skip("the dask command is not installed")
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", ":0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    for i in range(2):
+        procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--no-nanny", "--name", str(i),
+                                       "--local-directory", str(tmp_path / f"w{i}")],
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    from distributed import Client
+
+    deadline = time.time() + 60
+    with Client(address, timeout="30s") as client:
+        while len(client.scheduler_info()["workers"]) < 2:
+            assert time.time() < deadline, "workers did not start"
+            time.sleep(0.2)
+    yield address, procs
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_scheduler_with_separately_started_workers_equals_one_process(cli, home, tiny_gpt2, single, cluster):
+    address, _ = cluster
+    out = home / "remote.h5"
+    r = extract(cli, tiny_gpt2, out, "--scheduler", address)
+    assert r.exit_code == 0, r.output
+    assert_same_features(out, single)
+
+
+def test_a_worker_killed_mid_run_then_a_rerun_equals_one_process(cli, home, tiny_gpt2, single, cluster, monkeypatch):
+    """Kill one worker as soon as the first shard lands; the run finishes on the other worker (dask
+    reschedules the lost shards) or fails, and a rerun completes; either way the file equals the
+    single-process one."""
+    import threading
+
+    address, procs = cluster
+    out = home / "killed.h5"
+    folder = home / "killed.h5.shards"
+
+    def kill_when_a_shard_lands():
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(folder.glob("*.h5")):
+            time.sleep(0.01)
+        procs[1].kill()
+
+    killer = threading.Thread(target=kill_when_a_shard_lands)
+    killer.start()
+    r = extract(cli, tiny_gpt2, out, "--scheduler", address)
+    killer.join()
+    assert procs[1].poll() is not None  # the worker really died during the run
+    if r.exit_code != 0:  # the lost shards were not rescheduled in time: rerun
+        r = extract(cli, tiny_gpt2, out, "--scheduler", address)
+    assert r.exit_code == 0, r.output
+    assert_same_features(out, single)
+
+
+def test_a_shard_of_another_run_is_refused_and_a_missing_shard_is_named(cli, home, tiny_gpt2, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = home / "s.h5"
+    assert extract(cli, tiny_gpt2, out, "--workers", "1").exit_code == 0
+    shard = sorted((home / "s.h5.shards").glob("train-*.h5"))[1]
+    # another run (seed 1) told to write to the same place finds shards of seed 0
+    out.unlink()
+    r = extract(cli, tiny_gpt2, out, "--workers", "1", "--seed", "1")
+    assert r.exit_code == 1 and "belongs to another run (" in r.output and "seed: stored 0, asked 1" in r.output
+    # the joined file of seed 0 again, then one of its shards disappears
+    assert extract(cli, tiny_gpt2, out, "--workers", "1").exit_code == 0
+    shard.unlink()
+    r = cli("fit", "--features", str(out))
+    assert r.exit_code == 1 and "shard file(s) that are gone" in r.output and shard.name in r.output
+    # delete the joined file and rerun: only the missing shard is computed again
+    out.unlink()
+    assert extract(cli, tiny_gpt2, out, "--workers", "1").exit_code == 0 and shard.exists()
