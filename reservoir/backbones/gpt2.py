@@ -39,6 +39,7 @@ class GPT2Backbone(Backbone):
         out = {0: gather(h, readout)} if 0 in depths else {}
         for k, block in enumerate(self.h[: max(depths)], start=1):
             h = block(h)
+            h = h[0] if isinstance(h, tuple) else h  # transformers < 5.3 returns (hidden, ...)
             if k in depths:
                 out[k] = gather(h, readout)
         return [self.ln_f(out[d]) for d in depths]

@@ -19,6 +19,7 @@ Random twins of the GPT-2 family are built here too (:data:`FROM_CONFIG`).
 
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 import torch
@@ -48,6 +49,16 @@ def _params(modules) -> list[nn.Parameter]:
 def _without(params: list[nn.Parameter], exclude: list[nn.Parameter]) -> list[nn.Parameter]:
     ids = {id(p) for p in exclude}
     return [p for p in params if id(p) not in ids]
+
+
+def _make_mask(fn, embeds, cache_position, **kwargs):
+    """Call a ``transformers.masking_utils`` mask builder across versions: its embeddings argument
+    was ``input_embeds`` before 5.2, and ``cache_position`` was required before 5.4 (later dropped)."""
+    params = inspect.signature(fn).parameters
+    kwargs["inputs_embeds" if "inputs_embeds" in params else "input_embeds"] = embeds
+    if "cache_position" in params:
+        kwargs["cache_position"] = cache_position
+    return fn(**kwargs)
 
 
 class RotaryBackbone(Backbone):
@@ -81,8 +92,8 @@ class RotaryBackbone(Backbone):
         position_ids = positions[None]
         rotary = self.rotary_emb(h, position_ids=position_ids)
         # None for SDPA (is_causal); an explicit causal mask for eager attention
-        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, past_key_values=None,
-                                  position_ids=position_ids)
+        mask = _make_mask(create_causal_mask, h, positions, config=self.config, attention_mask=None,
+                          past_key_values=None, position_ids=position_ids)
         out = {0: h}
         for k, layer in enumerate(self.layers[: max(depths)], start=1):
             h = layer(h, attention_mask=mask, position_embeddings=rotary, position_ids=position_ids)
@@ -114,13 +125,19 @@ class EncoderBackbone(Backbone):
         self.max_positions = model.config.max_position_embeddings - offset
 
     def states(self, x, lengths, depths: Sequence[int], readout):
-        from transformers.masking_utils import create_bidirectional_mask
+        try:
+            from transformers.masking_utils import create_bidirectional_mask
+        except ImportError:  # transformers < 5.0: the layers take an additive (B, 1, 1, T) mask
+            create_bidirectional_mask = None
 
         self.check_depths(depths)
         _check_length(x, self.max_positions, self.config.model_type)
         h = self.embeddings(inputs_embeds=x)
         real = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
-        mask = create_bidirectional_mask(config=self.config, inputs_embeds=h, attention_mask=real.long())
+        if create_bidirectional_mask is None:
+            mask = (1.0 - real[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
+        else:
+            mask = _make_mask(create_bidirectional_mask, h, None, config=self.config, attention_mask=real.long())
         out = {0: h}
         for k, layer in enumerate(self.layers[: max(depths)], start=1):
             h = layer(h, attention_mask=mask)
