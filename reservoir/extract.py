@@ -41,7 +41,7 @@ from reservoir.identity import digest as identity_hash
 from reservoir.identity import feature_identity, features_path_for
 from reservoir.input_layer import input_layer_tensors
 from reservoir.progress import bar, log
-from reservoir.store import FeatureWriter, check_complete_match
+from reservoir.store import FeatureWriter, check_complete_match, partial_path, write_failed
 from reservoir.tasks import SplitData, Task, make_task
 
 #: with ``compile=None`` a run is compiled when it has at least this many tokens left to
@@ -277,17 +277,24 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
         check_complete_match(run.out, run.identity)
         log(f"reusing {run.out} (same run identity {identity_hash(run.identity)})", progress)
         return run.out
-    if cfg.workers or cfg.scheduler:
-        from reservoir.distributed import extract_sharded
+    try:
+        if cfg.workers or cfg.scheduler:
+            from reservoir.distributed import extract_sharded
 
-        return extract_sharded(run, progress=progress)
-    return extract_local(run, progress=progress)
+            return extract_sharded(run, progress=progress)
+        return extract_local(run, progress=progress)
+    except OSError as e:  # data and backbone are loaded: what fails now is writing
+        raise write_failed(run.out, e) from None
 
 
 def extract_local(run: Run, *, progress: bool = True) -> Path:
     """Extract in this process into ``run.out`` (``.partial`` until complete; resumable)."""
     task, data, out = run.task, run.data, run.out
     reservoir = Reservoir(task.spec, run.backbone, seed=run.cfg.seed, input_scale=run.cfg.input_scale)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not partial_path(out).exists():  # a new file: it must fit (a resumed one has its space already)
+        rows = sum(len(d) for d in data.values())
+        FeatureWriter.check_space(out, rows * int(np.prod(run.feature_shape)) * 4 + (1 << 20))
     writer = FeatureWriter.open(out, run.identity, run.config(), input_layer_tensors(reservoir.input_layer))
     try:
         plans, done = {}, {}

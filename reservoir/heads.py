@@ -2,11 +2,14 @@
 
 Labels are ``(n,)`` class ids or ``(n, m)`` for ``m`` outputs (bits) sharing one head;
 ``predict`` returns the same shape. :func:`fit_depth` standardizes, chooses the
-regularisation on a validation split, refits on all of train and scores the test split.
+regularisation on a validation split, refits on all of train and scores the test split,
+with BLAS and OpenMP limited to :func:`head_threads` threads.
 
 - ``logreg``: scikit-learn ``LogisticRegression`` (one per output when ``m > 1``).
-- ``ridge``: closed-form ridge readout on one-hot targets, accumulated chunk by chunk
-  (``partial_fit`` sums ``X^T X`` and ``X^T Y``, reservoirpy's shape), solved once per alpha.
+- ``ridge``: closed-form ridge readout on one-hot targets from accumulated statistics
+  (:class:`RidgeStats`: count, sums, ``X^T X`` and ``X^T Y`` added chunk by chunk,
+  reservoirpy's shape); one eigendecomposition of the standardized Gram matrix gives the
+  solution for every alpha (:class:`RidgePath`).
 - ``torch``: a linear layer trained with Adam or LBFGS in mini-batches.
 """
 
@@ -14,8 +17,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -27,63 +30,199 @@ from sklearn.multioutput import MultiOutputClassifier
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_is_fitted
+from threadpoolctl import threadpool_limits
+
+
+def head_threads() -> int:
+    """BLAS and OpenMP threads while a head fits: one, whatever the number of cores.
+
+    Threads pay off only while every core stays free for the whole fit, which a shared
+    machine does not promise. Measured with ``benchmarks/heads.py --parts threads`` on the
+    project's 2-core machine (docs/benchmarks.md, "Heads"), one thread against the default two:
+
+    - idle machine: a logistic regression fit (4,500 x 768) 0.37 s against 0.91 s (its lbfgs
+      iterations are small products that two threads split at a loss); ridge statistics and
+      decomposition (50,000 x 768) 0.72 s against 0.48 s, the one case where two threads win;
+    - beside a one-thread busy process started in another session: 0.66 s against 6.1 s and
+      1.2 s against 2.6 s; during another engineer's job, 0.40 s against 11.9 s (30x). The
+      kernel's autogroup scheduler gives each session an equal share of the CPUs, so one of
+      the two threads keeps losing its core, and OpenBLAS waits for it in every product.
+    """
+    return 1
 
 
 def _outputs(y: np.ndarray) -> np.ndarray:
     return y[:, None] if y.ndim == 1 else y
 
 
-class RidgeHead(ClassifierMixin, BaseEstimator):
-    """Closed-form ridge regression on one-hot targets; predicts the argmax per output.
+def _onehot(Y: np.ndarray, n_classes: int) -> np.ndarray:
+    """``(n, m)`` class ids -> ``(n, m * n_classes)`` 0/1 targets (uint8; widened per chunk)."""
+    if Y.size and (Y.min() < 0 or Y.max() >= n_classes):
+        raise ValueError(f"class ids must be in [0, {n_classes - 1}]. Got {int(Y.min())}..{int(Y.max())} instead.")
+    out = np.zeros((len(Y), Y.shape[1], n_classes), np.uint8)
+    np.put_along_axis(out, Y[:, :, None], 1, axis=2)
+    return out.reshape(len(Y), -1)
+
+
+def _argmax(scores: np.ndarray, n_outputs: int, n_classes: int, y_ndim: int) -> np.ndarray:
+    pred = scores.reshape(len(scores), n_outputs, n_classes).argmax(-1)
+    return pred[:, 0] if y_ndim == 1 else pred
+
+
+@dataclass
+class RidgeStats:
+    """Sufficient statistics of a ridge readout, all float64, summed over chunks of rows.
+
+    :meth:`add` folds in one chunk; ``a + b`` holds the rows of both, so the statistics of
+    all of train are those of the fit part plus those of the validation part, without
+    reading a row again. Standardization and the intercept are derived from the sums in
+    :meth:`decompose`, so no pass over the data is needed before accumulating. (Centring
+    ``X^T X`` afterwards loses about ``log10(mean^2 / variance)`` of float64's 16 digits
+    per feature: harmless unless a feature's mean is many orders above its spread.)
 
     Parameters
     ----------
-    alpha : L2 penalty (on standardized features it is comparable across datasets).
-    n_classes : classes per output (inferred from ``y`` when None).
+    n : rows seen.
+    sum_x, sum_y : column sums of the features ``(d,)`` and of the targets ``(k,)``.
+    xtx, xty : ``X^T X`` ``(d, d)`` and ``X^T Y`` ``(d, k)``.
+
+    Examples
+    --------
+    >>> stats = RidgeStats.zeros(768, 10)                        # doctest: +SKIP
+    >>> for X, Y in chunks:                                      # doctest: +SKIP
+    ...     stats.add(X, Y)
+    >>> coef, intercept = stats.decompose().coef(alpha=10.0)     # doctest: +SKIP
+    >>> scores = X_test @ coef + intercept                       # doctest: +SKIP
+    """
+
+    n: int
+    sum_x: np.ndarray
+    sum_y: np.ndarray
+    xtx: np.ndarray
+    xty: np.ndarray
+
+    #: rows converted to float64 at a time by :meth:`add` (bounds its extra memory)
+    chunk_rows = 4096
+
+    @classmethod
+    def zeros(cls, d: int, k: int) -> "RidgeStats":
+        return cls(0, np.zeros(d), np.zeros(k), np.zeros((d, d)), np.zeros((d, k)))
+
+    def add(self, X: np.ndarray, Y: np.ndarray) -> "RidgeStats":
+        """Fold in rows ``X (n, d)`` with targets ``Y (n, k)`` (in place; returns self)."""
+        if X.shape[1:] != self.sum_x.shape or Y.shape[1:] != self.sum_y.shape or len(X) != len(Y):
+            raise ValueError(f"expected X (n, {len(self.sum_x)}) and Y (n, {len(self.sum_y)}); "
+                             f"got {X.shape} and {Y.shape}")
+        buffer = None if X.dtype == np.float64 else np.empty((min(len(X), self.chunk_rows), X.shape[1]))
+        for i in range(0, len(X), self.chunk_rows):
+            x = X[i:i + self.chunk_rows]
+            if buffer is not None:  # one float64 buffer for every chunk: no fresh pages per chunk
+                x = buffer[:len(x)]
+                x[...] = X[i:i + self.chunk_rows]
+            y = np.asarray(Y[i:i + self.chunk_rows], dtype=np.float64)
+            self.n += len(x)
+            self.sum_x += x.sum(0)
+            self.sum_y += y.sum(0)
+            self.xtx += x.T @ x
+            self.xty += x.T @ y
+        return self
+
+    def __add__(self, other: "RidgeStats") -> "RidgeStats":
+        return RidgeStats(self.n + other.n, self.sum_x + other.sum_x, self.sum_y + other.sum_y,
+                          self.xtx + other.xtx, self.xty + other.xty)
+
+    def decompose(self) -> "RidgePath":
+        """Standardize (as ``StandardScaler`` would on these rows), centre the targets and
+        eigendecompose the Gram matrix once: the ridge solution for any alpha follows."""
+        if self.n == 0:
+            raise ValueError("RidgeStats holds no rows; add some before decomposing")
+        n = self.n
+        mean_x, mean_y = self.sum_x / n, self.sum_y / n
+        scatter = self.xtx - n * np.outer(mean_x, mean_x)
+        var = np.maximum(np.diag(scatter) / n, 0.0)
+        constant = var <= n * np.finfo(np.float64).eps * np.diag(self.xtx) / n  # rounding noise only
+        scale = np.where(constant, 1.0, np.sqrt(var))
+        gram = scatter / np.outer(scale, scale)
+        cross = (self.xty - n * np.outer(mean_x, mean_y)) / scale[:, None]
+        eigvals, eigvecs = np.linalg.eigh(gram)
+        return RidgePath(np.maximum(eigvals, 0.0), eigvecs, eigvecs.T @ cross, mean_x, scale, mean_y)
+
+
+@dataclass(frozen=True)
+class RidgePath:
+    """Ridge solutions for every alpha from one eigendecomposition.
+
+    With standardized features ``Z = (X - mean_x) / scale``, centred targets ``Y - mean_y``
+    and ``Z^T Z = V diag(eigvals) V^T``, the weights are
+    ``W(alpha) = V diag(1 / (eigvals + alpha)) V^T Z^T (Y - mean_y)`` and the unpenalised
+    intercept is ``mean_y``; ``proj`` holds ``V^T Z^T (Y - mean_y)``.
+    """
+
+    eigvals: np.ndarray
+    eigvecs: np.ndarray
+    proj: np.ndarray
+    mean_x: np.ndarray
+    scale: np.ndarray
+    mean_y: np.ndarray
+
+    def coef(self, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(coef (d, k), intercept (k,))`` on raw features: scores are ``X @ coef + intercept``."""
+        weights = self.eigvecs @ (self.proj / (self.eigvals + alpha)[:, None])
+        coef = weights / self.scale[:, None]
+        return coef, self.mean_y - self.mean_x @ coef
+
+
+class RidgeHead(ClassifierMixin, BaseEstimator):
+    """Closed-form ridge regression on one-hot targets; predicts the argmax per output.
+
+    Features are standardized and the intercept is not penalised, both from the
+    accumulated :class:`RidgeStats` (so ``alpha`` is comparable across datasets).
+
+    Parameters
+    ----------
+    alpha : L2 penalty on the standardized features.
+    n_classes : classes per output (inferred from the first chunk's ``y`` when None).
 
     Examples
     --------
     >>> head = RidgeHead(alpha=1.0).fit(X_train, y_train)  # doctest: +SKIP
     >>> head.predict(X_test)                                # doctest: +SKIP
+    >>> for X, y in chunks:                                 # doctest: +SKIP
+    ...     head.partial_fit(X, y)
+    >>> head.solve(10.0).predict(X_test)                    # doctest: +SKIP
     """
 
     def __init__(self, alpha: float = 1.0, *, n_classes: int | None = None):
         self.alpha = alpha
         self.n_classes = n_classes
 
-    def _reset(self, d: int, m: int, c: int) -> None:
-        self.xtx_, self.xty_ = np.zeros((d + 1, d + 1)), np.zeros((d + 1, m * c))
-        self.n_outputs_, self.n_classes_ = m, c
-
     def partial_fit(self, X: np.ndarray, y: np.ndarray) -> "RidgeHead":
-        """Add one chunk's ``X^T X`` and ``X^T Y`` (no solve: call :meth:`solve`)."""
+        """Add one chunk to the statistics (no solve: call :meth:`solve`)."""
         Y = _outputs(y)
-        if not hasattr(self, "xtx_"):
-            self._reset(X.shape[1], Y.shape[1], self.n_classes or int(Y.max()) + 1)
+        if not hasattr(self, "stats_"):
+            self.n_outputs_, self.n_classes_ = Y.shape[1], self.n_classes or int(Y.max()) + 1
+            self.stats_ = RidgeStats.zeros(X.shape[1], self.n_outputs_ * self.n_classes_)
         self.y_ndim_ = y.ndim
-        Xb = np.hstack([X, np.ones((len(X), 1), X.dtype)]).astype(np.float64)
-        onehot = np.zeros((len(Y), self.n_outputs_, self.n_classes_))
-        np.put_along_axis(onehot, Y[:, :, None], 1.0, axis=2)
-        self.xtx_ += Xb.T @ Xb
-        self.xty_ += Xb.T @ onehot.reshape(len(Y), -1)
+        self.stats_.add(X, _onehot(Y, self.n_classes_))
+        self.path_ = None  # the decomposition of the previous statistics is stale
         return self
 
     def solve(self, alpha: float | None = None) -> "RidgeHead":
-        reg = np.eye(len(self.xtx_)) * (self.alpha if alpha is None else alpha)
-        reg[-1, -1] = 0.0  # no penalty on the bias
-        self.coef_ = np.linalg.solve(self.xtx_ + reg, self.xty_)
+        """Coefficients for ``alpha`` (default ``self.alpha``); the eigendecomposition is
+        computed once per set of statistics and reused for every further alpha."""
+        check_is_fitted(self, "stats_")
+        if self.path_ is None:
+            self.path_ = self.stats_.decompose()
+        self.coef_, self.intercept_ = self.path_.coef(self.alpha if alpha is None else alpha)
         return self
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> "RidgeHead":
-        for name in ("xtx_", "xty_"):
-            self.__dict__.pop(name, None)
+        self.__dict__.pop("stats_", None)
         return self.partial_fit(X, y).solve()
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "coef_")
-        scores = np.hstack([X, np.ones((len(X), 1), X.dtype)]) @ self.coef_
-        pred = scores.reshape(len(X), self.n_outputs_, self.n_classes_).argmax(-1)
-        return pred[:, 0] if self.y_ndim_ == 1 else pred
+        return _argmax(X @ self.coef_ + self.intercept_, self.n_outputs_, self.n_classes_, self.y_ndim_)
 
 
 class TorchHead(ClassifierMixin, BaseEstimator):
@@ -175,18 +314,69 @@ class LogRegHead(ClassifierMixin, BaseEstimator):
         return self.model_.predict(X)
 
 
+Rows = tuple[np.ndarray, np.ndarray]  # (X (n, d), y (n,) | (n, m)), as :func:`rows` returns
+
+
+def _best(grid: tuple[float, ...], scores: dict[float, float]) -> float:
+    """The best-scoring value; ties go to the first in the grid."""
+    return max(grid, key=lambda v: (scores[v], -grid.index(v)))
+
+
+def search_refit(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_with_val: bool,
+                 seed: int) -> tuple[dict[float, float], float, float]:
+    """Any head: fit a standardize-then-estimate pipeline per grid value on ``fit``, score it on
+    ``val``, refit the best on ``fit`` (+ ``val`` when ``refit_with_val``) and score ``test``.
+
+    Returns ``(val accuracy per value, best value, test accuracy)``.
+    """
+    def make(value):
+        est = clone(kind.estimator).set_params(**{kind.param: value})
+        if "seed" in est.get_params():
+            est.set_params(seed=seed)
+        return make_pipeline(StandardScaler(), est)
+
+    scores = {value: accuracy(make(value).fit(*fit).predict(val[0]), val[1]) for value in kind.grid}
+    best = _best(kind.grid, scores)
+    train = tuple(np.concatenate([a, b]) for a, b in zip(fit, val)) if refit_with_val else fit
+    return scores, best, accuracy(make(best).fit(*train).predict(test[0]), test[1])
+
+
+def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_with_val: bool,
+                 seed: int) -> tuple[dict[float, float], float, float]:
+    """The ridge head's :func:`search_refit`, from statistics: one pass over ``fit`` and one
+    eigendecomposition score every alpha of the grid; the refit adds the statistics of
+    ``val`` and decomposes once more. Same results as a standardized ridge per alpha."""
+    (X_fit, y_fit), (X_val, y_val), (X_test, y_test) = fit, val, test
+    Y_fit, Y_val = _outputs(y_fit), _outputs(y_val)
+    m, c = Y_fit.shape[1], int(max(Y_fit.max(), Y_val.max())) + 1
+    stats = RidgeStats.zeros(X_fit.shape[1], m * c).add(X_fit, _onehot(Y_fit, c))
+    path = stats.decompose()
+
+    def predict(path: RidgePath, alpha: float, X: np.ndarray, y_ndim: int) -> np.ndarray:
+        coef, intercept = path.coef(alpha)
+        return _argmax(X @ coef + intercept, m, c, y_ndim)
+
+    scores = {alpha: accuracy(predict(path, alpha, X_val, y_val.ndim), y_val) for alpha in kind.grid}
+    best = _best(kind.grid, scores)
+    if refit_with_val:
+        path = (stats + RidgeStats.zeros(*stats.xty.shape).add(X_val, _onehot(Y_val, c))).decompose()
+    return scores, best, accuracy(predict(path, best, X_test, y_test.ndim), y_test)
+
+
 @dataclass(frozen=True)
 class HeadKind:
-    """A head family: its estimator and the regularisation grid searched on validation."""
+    """A head family: its estimator, the regularisation grid searched on validation, and
+    how the grid is searched (:func:`search_refit` unless the head solves it faster)."""
 
     estimator: Any
     param: str
     grid: tuple[float, ...]
+    search: Callable[..., tuple[dict[float, float], float, float]] = field(default=search_refit, repr=False)
 
 
 HEADS = {
     "logreg": HeadKind(LogRegHead(), "C", (0.001, 0.01, 0.1, 1.0, 10.0)),
-    "ridge": HeadKind(RidgeHead(), "alpha", (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)),
+    "ridge": HeadKind(RidgeHead(), "alpha", (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0), search_ridge),
     "torch": HeadKind(TorchHead(), "weight_decay", (0.0, 1e-4, 1e-3, 1e-2)),
 }
 
@@ -209,37 +399,28 @@ def fit_depth(head: str, X_train, y_train, X_test, y_test, *, X_val=None, y_val=
     """Choose the head's regularisation on validation, refit on all of train, score test.
 
     ``X_*`` are ``(N, R, d)`` readout features. Without an explicit validation split, a
-    seeded (stratified for single-label tasks) ``val_fraction`` of train is held out.
+    seeded (stratified for single-label tasks) ``val_fraction`` of train is held out and
+    the refit uses train and validation; with one, the refit uses train. BLAS and OpenMP
+    run :func:`head_threads` threads meanwhile.
     """
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; choose from {sorted(HEADS)}")
     kind = HEADS[head]
     start = time.perf_counter()
-    if X_val is None:
+    held_out = X_val is None
+    if held_out:
         strat = y_train if y_train.ndim == 1 and np.bincount(y_train).min() >= 2 else None
         X_fit, X_val, y_fit, y_val = train_test_split(X_train, y_train, test_size=val_fraction, random_state=seed,
                                                       stratify=strat)
     else:
         X_fit, y_fit = X_train, y_train
-
-    def make(value):
-        est = clone(kind.estimator).set_params(**{kind.param: value})
-        if "seed" in est.get_params():
-            est.set_params(seed=seed)
-        return make_pipeline(StandardScaler(), est)
-
-    scores = {}
-    for value in kind.grid:
-        scores[value] = accuracy(make(value).fit(*rows(X_fit, y_fit)).predict(rows(X_val, y_val)[0]), rows(X_val, y_val)[1])
-    best = max(kind.grid, key=lambda v: (scores[v], -kind.grid.index(v)))
-    X_all = X_train if X_fit is X_train else np.concatenate([X_fit, X_val])
-    y_all = y_train if X_fit is X_train else np.concatenate([y_fit, y_val])
-    model = make(best).fit(*rows(X_all, y_all))
-    Xt, yt = rows(X_test, y_test)
+    with threadpool_limits(limits=head_threads()):
+        scores, best, test_accuracy = kind.search(kind, rows(X_fit, y_fit), rows(X_val, y_val), rows(X_test, y_test),
+                                                  refit_with_val=held_out, seed=seed)
     return {
-        "test_accuracy": accuracy(model.predict(Xt), yt),
+        "test_accuracy": test_accuracy,
         "val_accuracy": scores[best],
-        "n_train": len(X_all), "n_val": len(X_val), "n_test": len(X_test),
+        "n_train": len(X_train), "n_val": len(X_val), "n_test": len(X_test),
         "hyperparameters": {kind.param: best}, "val_scores": {str(k): v for k, v in scores.items()},
         "seconds": time.perf_counter() - start,
     }

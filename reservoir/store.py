@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -136,11 +137,82 @@ def check_complete_match(path: Path, identity: dict[str, Any]) -> None:
         check_shards(f)
 
 
+def quiet_h5py_cleanup(hook):
+    """An unraisable hook that drops h5py's reports of handles it cannot close after a failed write
+    (the write itself raised, and the command reported it in the user's words); others reach ``hook``."""
+
+    def unraisable(info):
+        if "h5py" in f"{getattr(info, 'object', '')!r}{getattr(info, 'err_msg', '')}":
+            return
+        hook(info)
+
+    return unraisable
+
+
+@contextlib.contextmanager
+def silenced_stderr():
+    """Silence stderr, Python's and the process's (h5py prints failed handle closes below Python)."""
+    import gc
+    import io
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null, contextlib.redirect_stderr(io.StringIO()):
+            os.dup2(null.fileno(), 2)
+            yield
+            gc.collect()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def readable(f: h5py.File) -> bool:
+    """Every chunk of every split's features reads back through its Fletcher-32 check (a run
+    killed in the middle of writing a chunk leaves one that does not)."""
+    for name in feature_splits(f):
+        ds = f[name]["features"]
+        try:
+            for index in ds.iter_chunks():
+                ds[index]
+        except OSError:
+            return False
+    return True
+
+
+def write_failed(path: Path, e: Exception) -> StoreError:
+    """A failed write in the user's words: a full disk says so, every case says what to do.
+
+    The failed call's frames are freed here with stderr silenced: they hold HDF5 handles that
+    h5py, failing to close them on a full disk, would report as tracebacks."""
+    import errno
+
+    with silenced_stderr():
+        e.__traceback__ = None
+    text = str(e)
+    full = getattr(e, "errno", None) == errno.ENOSPC or "No space left" in text or "errno = 28" in text
+    what = "the disk is full" if full else f"the write failed ({text.splitlines()[0] if text else type(e).__name__})"
+    return StoreError(f"writing {path} stopped: {what}. Free space (or pass --out on another disk) and rerun the "
+                      "same command: it resumes where it stopped")
+
+
 class FeatureWriter:
     """Incremental, resumable writer. Use :meth:`open`, then ``split``/``write``, then :meth:`finish`."""
 
     def __init__(self, path: Path, f: h5py.File, lock: WriterLock):
         self.path, self.f, self.lock = path, f, lock
+        self.handles: dict[str, tuple] = {}
+
+    @staticmethod
+    def check_space(path: Path, nbytes: int) -> None:
+        """Refuse before writing when the disk holding ``path`` has less free space than ``nbytes``."""
+        import shutil
+
+        free = shutil.disk_usage(path.parent).free
+        if free < nbytes:
+            raise StoreError(f"{path} needs about {nbytes / 2**20:,.1f} MiB and {path.parent} has "
+                             f"{free / 2**20:,.1f} MiB free: the disk is full. Free space (or pass --out on "
+                             "another disk) and rerun the same command")
 
     @classmethod
     def open(cls, path: Path, identity: dict[str, Any], config: dict[str, Any],
@@ -160,11 +232,12 @@ class FeatureWriter:
               lock: WriterLock) -> "FeatureWriter":
         tmp = partial_path(path)
         if tmp.exists():
+            f = None
             try:
                 f = h5py.File(tmp, "r+")
                 old = stored_identity(f)
             except (OSError, KeyError, ValueError, StoreError):
-                with contextlib.suppress(NameError, OSError):
+                if f is not None:
                     f.close()
                 os.remove(tmp)  # unreadable leftovers of a killed run hold nothing to resume
             else:
@@ -174,15 +247,31 @@ class FeatureWriter:
                     raise IdentityError(
                         f"{tmp} is an unfinished run with other settings ({'; '.join(diff)}); rerun with the same "
                         "options to resume it, pass another --out, or delete it to start over")
-                return cls(path, f, lock)
-        f = h5py.File(tmp, "w", track_order=False)
-        _write_header(f, identity, config, input_layer)
+                if readable(f):
+                    return cls(path, f, lock)
+                f.close()  # a chunk torn by a kill mid-write: start over rather than trust it
+                print(f"{tmp} has a chunk that fails its checksum (a write was cut short); starting over",
+                      file=sys.stderr)
+                os.remove(tmp)
+        try:
+            f = h5py.File(tmp, "w", track_order=False)
+            _write_header(f, identity, config, input_layer)
+            f.flush()
+        except (OSError, RuntimeError) as e:
+            raise write_failed(tmp, e) from None
         return cls(path, f, lock)
 
     def split(self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
         """Create (or reopen) a split; returns its ``done`` mask."""
         if name in self.f:
             return self.f[name]["done"][:]
+        try:
+            self._create(name, labels, lengths, shape)
+        except (OSError, RuntimeError) as e:
+            raise write_failed(partial_path(self.path), e) from None
+        return np.zeros(len(labels), dtype=bool)
+
+    def _create(self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]) -> None:
         n = len(labels)
         g = self.f.create_group(name)
         rows = max(1, min(n, CHUNK_BYTES // (4 * shape[1] * shape[2])))
@@ -192,7 +281,7 @@ class FeatureWriter:
         g.create_dataset("lengths", data=lengths, track_times=False)
         g.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False, track_times=False)
         g.attrs["rows_done"] = 0
-        return np.zeros(n, dtype=bool)
+        self.f.flush()
 
     def write(self, split: str, rows: np.ndarray, features: np.ndarray) -> None:
         """Write ``features`` for the (increasing) row indices ``rows``, then mark them done."""
@@ -200,15 +289,24 @@ class FeatureWriter:
             bad = int(rows[np.flatnonzero(~np.isfinite(features.reshape(len(rows), -1)).all(1))[0]])
             raise StoreError(f"the backbone produced NaN or inf features for row {bad} of split {split!r}; "
                              "nothing was stored for it. Try --dtype float32, or check the input data")
-        g = self.f[split]
         if len(rows) and np.all(np.diff(rows) == 1):
             sel = slice(int(rows[0]), int(rows[-1]) + 1)
         else:
             sel = rows
-        g["features"][sel] = features
+        try:
+            self._write(split, sel, len(rows), features)
+        except (OSError, RuntimeError) as e:  # h5py reports failed flushes as RuntimeError
+            raise write_failed(partial_path(self.path), e) from None
+
+    def _write(self, split: str, sel, n: int, features: np.ndarray) -> None:
+        if split not in self.handles:  # kept open for the run: no handle is created and dropped per write
+            g = self.f[split]
+            self.handles[split] = (g, g["features"], g["done"])
+        g, ds, done = self.handles[split]
+        ds[sel] = features
         self.f.flush()  # features reach the file before the rows are marked done
-        g["done"][sel] = True
-        g.attrs["rows_done"] = int(g.attrs["rows_done"]) + len(rows)
+        done[sel] = True
+        g.attrs["rows_done"] = int(g.attrs["rows_done"]) + n
         self.f.flush()
 
     def finish(self) -> Path:
@@ -216,16 +314,27 @@ class FeatureWriter:
         for name, g in self.f.items():
             if name != "input_layer" and not g["done"][:].all():
                 raise StoreError(f"split {name!r} of {self.path} is not fully written")
-        self.f.attrs["complete"] = True
-        self.f.close()
+        try:
+            self.handles.clear()
+            self.f.attrs["complete"] = True
+            self.f.close()
+        except (OSError, RuntimeError) as e:  # h5py reports failed flushes as RuntimeError
+            raise write_failed(partial_path(self.path), e) from None
         os.replace(partial_path(self.path), self.path)
         self.lock.release(remove=True)
         return self.path
 
     def close(self) -> None:
-        if self.f.id.valid:
-            self.f.close()
-        self.lock.release()
+        """Close after a failure too: a full disk refuses the last flushes, and h5py reports each
+        handle it cannot close on stderr; the run already failed with its own message, so that
+        report is silenced."""
+        try:
+            with silenced_stderr(), contextlib.suppress(OSError, RuntimeError):
+                self.handles.clear()
+                if self.f.id.valid:
+                    self.f.close()
+        finally:
+            self.lock.release()
 
 
 def write_joined(out: Path, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any],

@@ -40,14 +40,21 @@ def assert_same_features(a: Path, b: Path) -> None:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, tiny_gpt2):
-    """The single-process reference file."""
+    """The single-process reference file, computed with one thread as each worker is (float32 CPU
+    kernels split some reductions by thread, so equal bits need equal threads per computation)."""
+    import torch
     from click.testing import CliRunner
 
     from reservoir.cli import main
 
     out = tmp_path_factory.mktemp("single") / "f.h5"
-    r = CliRunner().invoke(main, ["-q", "extract", *LISTOPS, "--backbone", str(tiny_gpt2), *OPTS, "--out", str(out)],
-                           catch_exceptions=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = CliRunner().invoke(main, ["-q", "extract", *LISTOPS, "--backbone", str(tiny_gpt2), *OPTS, "--out",
+                                      str(out)], catch_exceptions=False)
+    finally:
+        torch.set_num_threads(threads)
     assert r.exit_code == 0, r.output
     return out
 
@@ -81,7 +88,7 @@ def cluster(tmp_path):
         pytest.skip("the dask command is not installed")
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread per worker, as the reference
     procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                "--dashboard-address", ":0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     for i in range(2):

@@ -171,7 +171,7 @@ def test_writer_thread_failure_surfaces_and_never_completes_then_resume_matches(
 
     monkeypatch.setattr(FeatureWriter, "write", failing)
     out = tmp_path / "resumed.h5"
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(StoreError, match=r"resumed.h5 stopped: the write failed \(disk full\).*rerun the same"):
         run(tmp_path, "resumed.h5", tiny_gpt2)
     assert set(seen) == {"reservoir-writer"}  # writes ran off the main thread
     assert not out.exists() and partial_path(out).exists()

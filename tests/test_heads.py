@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.base import clone
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.exceptions import NotFittedError
+from sklearn.linear_model import Ridge
+from sklearn.model_selection import train_test_split
+from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_info
 
-from reservoir.heads import HEADS, LogRegHead, RidgeHead, TorchHead, fit_depth
+from reservoir import heads
+from reservoir.heads import HEADS, HeadKind, LogRegHead, RidgeHead, RidgeStats, TorchHead, fit_depth, head_threads, rows
 
 
 def blobs(n=300, d=8, classes=3, seed=0, outputs=None):
@@ -42,6 +48,11 @@ def test_ridge_partial_fit_equals_fit():
     for i in range(0, 400, 64):
         chunked.partial_fit(X[i:i + 64], y[i:i + 64])
     np.testing.assert_allclose(chunked.solve().coef_, whole.coef_, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(chunked.intercept_, whole.intercept_, rtol=1e-8, atol=1e-10)
+    path = chunked.path_
+    assert chunked.solve(30.0).path_ is path  # a new alpha reuses the decomposition
+    with pytest.raises(ValueError, match=r"class ids must be in \[0, 1\]. Got 0..2 instead"):
+        RidgeHead(n_classes=2).partial_fit(X, y)
 
 
 def test_multi_output_bits_shared_head():
@@ -61,3 +72,137 @@ def test_fit_depth_selects_on_validation():
     assert res["n_train"] == 250 and res["n_val"] == 50
     assert res["hyperparameters"]["alpha"] in HEADS["ridge"].grid
     assert res["val_accuracy"] == max(res["val_scores"].values())
+
+
+def raw_problem(n=400, d=12, classes=4, outputs=None, seed=0):
+    """Blobs on features with offsets and scales far from standardized, and one constant feature."""
+    X, y = blobs(n, d, classes, seed, outputs)
+    rng = np.random.default_rng(seed + 1)
+    X = X * rng.uniform(0.1, 20, d) + rng.uniform(-50, 50, d)
+    X[:, 3] = 7.0
+    return X, y
+
+
+def onehot(y, classes):
+    Y = y[:, None] if y.ndim == 1 else y
+    return np.concatenate([np.eye(classes)[Y[:, j]] for j in range(Y.shape[1])], axis=1)
+
+
+def direct_ridge(X, Y, alpha):
+    """The pre-accumulator head: StandardScaler, then one linear solve with an unpenalised bias."""
+    scaler = StandardScaler().fit(X)
+    Zb = np.hstack([scaler.transform(X), np.ones((len(X), 1))])
+    reg = alpha * np.eye(Zb.shape[1])
+    reg[-1, -1] = 0.0
+    return scaler, np.linalg.solve(Zb.T @ Zb + reg, Zb.T @ Y)
+
+
+@pytest.mark.parametrize("outputs", [None, 3])
+def test_ridge_path_equals_direct_solve_and_sklearn(outputs):
+    X, y = raw_problem(outputs=outputs)
+    Y = onehot(y, 4)
+    path = RidgeStats.zeros(X.shape[1], Y.shape[1]).add(X, Y).decompose()
+    for alpha in HEADS["ridge"].grid:
+        coef, intercept = path.coef(alpha)
+        scaler, W = direct_ridge(X, Y, alpha)
+        np.testing.assert_allclose(X @ coef + intercept, np.hstack([scaler.transform(X), np.ones((len(X), 1))]) @ W,
+                                   rtol=1e-6, atol=1e-9)
+        ref = Ridge(alpha=alpha).fit(scaler.transform(X), Y)
+        np.testing.assert_allclose(coef * path.scale[:, None], ref.coef_.T, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(intercept + path.mean_x @ coef, ref.intercept_, rtol=1e-6, atol=1e-9)
+
+
+def test_ridge_stats_chunks_and_sums_equal_one_pass(monkeypatch):
+    X, y = raw_problem(300)
+    X, Y = X.astype(np.float32), onehot(y, 4)  # float32 like cached features
+    one = RidgeStats.zeros(12, 4).add(X.astype(np.float64), Y)
+    summed = RidgeStats.zeros(12, 4).add(X[:250], Y[:250]) + RidgeStats.zeros(12, 4).add(X[250:], Y[250:])
+    monkeypatch.setattr(RidgeStats, "chunk_rows", 64)  # add() widens float32 chunk by chunk
+    chunked = RidgeStats.zeros(12, 4).add(X[:100], Y[:100]).add(X[100:], Y[100:])
+    for other in (chunked, summed):
+        assert other.n == one.n == 300
+        for name in ("sum_x", "sum_y", "xtx", "xty"):
+            np.testing.assert_allclose(getattr(other, name), getattr(one, name), rtol=1e-9, err_msg=name)
+    with pytest.raises(ValueError, match="holds no rows"):
+        RidgeStats.zeros(12, 4).decompose()
+
+
+def old_fit_depth_ridge(X_train, y_train, X_test, y_test, X_val=None, y_val=None, val_fraction=0.1, seed=0):
+    """fit_depth's ridge path before accumulation: a standardized ridge solved per alpha."""
+    if X_val is None:
+        strat = y_train if y_train.ndim == 1 else None
+        X_fit, X_val, y_fit, y_val = train_test_split(X_train, y_train, test_size=val_fraction, random_state=seed,
+                                                      stratify=strat)
+        X_all, y_all = np.concatenate([X_fit, X_val]), np.concatenate([y_fit, y_val])
+    else:
+        X_fit, y_fit, X_all, y_all = X_train, y_train, X_train, y_train
+
+    def predict(X, y, Xp, alpha):
+        X, y = rows(X, y)
+        classes = int(y.max()) + 1
+        scaler, W = direct_ridge(X, onehot(y, classes), alpha)
+        scores = np.hstack([scaler.transform(Xp), np.ones((len(Xp), 1))]) @ W
+        pred = scores.reshape(len(Xp), -1, classes).argmax(-1)
+        return pred[:, 0] if y.ndim == 1 else pred
+
+    grid = HEADS["ridge"].grid
+    Xv, yv = rows(X_val, y_val)
+    scores = {a: float(np.mean(predict(X_fit, y_fit, Xv, a) == yv)) for a in grid}
+    best = max(grid, key=lambda a: (scores[a], -grid.index(a)))
+    Xt, yt = rows(X_test, y_test)
+    return best, scores, float(np.mean(predict(X_all, y_all, Xt, best) == yt))
+
+
+@pytest.mark.parametrize("tokens, outputs, explicit_val", [(1, None, False), (1, None, True), (3, 2, False)])
+def test_fit_depth_ridge_equals_per_alpha_solves(tokens, outputs, explicit_val):
+    """Same alpha, validation scores and test accuracy as the per-alpha solve, on a noisy problem;
+    ``tokens > 1``: readout tokens become rows and every bit an output."""
+    X, y = raw_problem(600 * tokens, d=10, classes=5, outputs=outputs, seed=3)
+    X = X + np.random.default_rng(4).normal(scale=40.0, size=X.shape)  # hard enough for alpha to matter
+    X, y = X.reshape(600, tokens, 10), (y if outputs is None else y.reshape(600, tokens, outputs))
+    n_train = 400 if explicit_val else 500
+    val = dict(X_val=X[400:500], y_val=y[400:500]) if explicit_val else {}
+    new = fit_depth("ridge", X[:n_train], y[:n_train], X[500:], y[500:], seed=0, **val)
+    best, scores, test = old_fit_depth_ridge(X[:n_train], y[:n_train], X[500:], y[500:], val.get("X_val"),
+                                             val.get("y_val"))
+    assert new["hyperparameters"] == {"alpha": best}
+    assert new["val_scores"] == {str(a): s for a, s in scores.items()}
+    assert new["test_accuracy"] == test
+    assert new["n_train"] == n_train and new["n_val"] == (100 if explicit_val else 50)
+    assert len(set(scores.values())) > 1  # the grid is not degenerate on this problem
+
+
+class ThreadProbe(ClassifierMixin, BaseEstimator):
+    """Records the BLAS/OpenMP limits in force while it fits."""
+
+    seen: list[dict[str, int]] = []
+
+    def __init__(self, C: float = 1.0):
+        self.C = C
+
+    def fit(self, X, y):
+        limits = {(lib["user_api"], lib["prefix"]): lib["num_threads"] for lib in threadpool_info()}
+        ThreadProbe.seen.append({**limits, ("torch", "intra-op"): torch.get_num_threads()})
+        self.fitted_ = True
+        return self
+
+    def predict(self, X):
+        return np.zeros(len(X), np.int64)
+
+
+def test_fit_depth_limits_threads(monkeypatch):
+    monkeypatch.setitem(HEADS, "probe", HeadKind(ThreadProbe(), "C", (1.0, 2.0)))
+    ThreadProbe.seen.clear()
+    before = {(lib["user_api"], lib["prefix"]): lib["num_threads"] for lib in threadpool_info()}
+    X, y = blobs()
+    fit_depth("probe", X[:200, None], y[:200], X[200:, None], y[200:])
+    assert len(ThreadProbe.seen) == 3  # two grid values and the refit
+    assert all(set(seen.values()) == {head_threads()} for seen in ThreadProbe.seen)
+    assert {(lib["user_api"], lib["prefix"]): lib["num_threads"] for lib in threadpool_info()} == before
+
+    decompositions = []
+    original = RidgeStats.decompose
+    monkeypatch.setattr(RidgeStats, "decompose", lambda self: decompositions.append(
+        {lib["num_threads"] for lib in threadpool_info()}) or original(self))
+    fit_depth("ridge", X[:200, None], y[:200], X[200:, None], y[200:])
+    assert decompositions == [{head_threads()}, {head_threads()}]  # one for the grid, one for the refit
