@@ -17,10 +17,27 @@ import h5py
 from reservoir import __version__
 from reservoir.config import FitConfig, features_dir, select_depths, slug
 from reservoir.errors import IdentityError, StoreError, UsageError
-from reservoir.heads import fit_depth
+from reservoir.heads import Rows, fit_rows, rows
 from reservoir.identity import backbone_label, data_fingerprint, task_label
 from reservoir.results import write_result
-from reservoir.store import feature_splits, file_config, open_features, read_depth, stored_identity
+from reservoir.store import feature_splits, file_config, iter_depth, open_features, stored_identity
+
+class FileRows(Rows):
+    """One depth of one split of a feature file (``index``: a subset of its rows), streamed in
+    blocks: heads that accumulate (ridge) never hold more than a block of features."""
+
+    def __init__(self, f: h5py.File, split: str, depth: int, index=None):
+        self.f, self.split, self.depth, self.index = f, split, depth, index
+        labels = f[split]["labels"][:]
+        self.labels = labels if index is None else labels[index]
+
+    def take(self, index) -> "FileRows":
+        return FileRows(self.f, self.split, self.depth, index if self.index is None else self.index[index])
+
+    def blocks(self):
+        for X, y in iter_depth(self.f, self.split, self.depth, select=self.index):
+            yield rows(X, y)
+
 
 #: names of a validation split, in order of preference (TAPE calls it ``valid``)
 VAL_SPLITS = ("val", "valid")
@@ -119,13 +136,11 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         extract_cfg = file_config(f)
         check_sizes(path, f["train"]["labels"][:], cfg, val is not None)
         for depth in depths:
-            X_train, y_train = read_depth(f, "train", depth)
-            X_val, y_val = read_depth(f, val, depth) if val else (None, None)
             per_test = {}
             for test in tests:  # same data and seed, so the same head; scored on each test split
-                X_test, y_test = read_depth(f, test, depth)
-                per_test[test] = fit_depth(cfg.head, X_train, y_train, X_test, y_test, X_val=X_val, y_val=y_val,
-                                           val_fraction=cfg.val_fraction, seed=cfg.seed)
+                per_test[test] = fit_rows(cfg.head, FileRows(f, "train", depth), FileRows(f, test, depth),
+                                          val=FileRows(f, val, depth) if val else None,
+                                          val_fraction=cfg.val_fraction, seed=cfg.seed)
             scores = {**per_test[tests[0]], "test_split": tests[0],
                       "test_accuracies": {t: s["test_accuracy"] for t, s in per_test.items()},
                       "n_tests": {t: s["n_test"] for t, s in per_test.items()}}

@@ -314,7 +314,43 @@ class LogRegHead(ClassifierMixin, BaseEstimator):
         return self.model_.predict(X)
 
 
-Rows = tuple[np.ndarray, np.ndarray]  # (X (n, d), y (n,) | (n, m)), as :func:`rows` returns
+class Rows:
+    """Rows of one split for a head: ``(X (n, d), y (n,) | (n, m))`` blocks, as :func:`rows` gives.
+
+    :meth:`blocks` streams them (a feature file is read a block at a time, so heads that
+    accumulate, like ridge, keep memory flat as the split grows); :meth:`load` gathers them
+    for heads that need every row at once. ``labels`` (per example) and ``n`` (examples) are
+    known without reading features.
+    """
+
+    labels: np.ndarray
+
+    def blocks(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def n(self) -> int:
+        return len(self.labels)
+
+    def load(self) -> tuple[np.ndarray, np.ndarray]:
+        parts = list(self.blocks())
+        return np.concatenate([X for X, _ in parts]), np.concatenate([y for _, y in parts])
+
+
+class ArrayRows(Rows):
+    """Rows held in memory: readout features ``(N, R, d)`` and their labels."""
+
+    def __init__(self, X: np.ndarray, y: np.ndarray):
+        self.X, self.labels = X, y
+
+    def blocks(self):
+        yield rows(self.X, self.labels)
+
+    def load(self) -> tuple[np.ndarray, np.ndarray]:
+        return rows(self.X, self.labels)
+
+    def take(self, index: np.ndarray) -> "ArrayRows":
+        return ArrayRows(self.X[index], self.labels[index])
 
 
 def _best(grid: tuple[float, ...], scores: dict[float, float]) -> float:
@@ -326,9 +362,11 @@ def search_refit(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_wi
                  seed: int) -> tuple[dict[float, float], float, float]:
     """Any head: fit a standardize-then-estimate pipeline per grid value on ``fit``, score it on
     ``val``, refit the best on ``fit`` (+ ``val`` when ``refit_with_val``) and score ``test``.
+    The rows are loaded into memory.
 
     Returns ``(val accuracy per value, best value, test accuracy)``.
     """
+    fit, val, test = fit.load(), val.load(), test.load()
     def make(value):
         est = clone(kind.estimator).set_params(**{kind.param: value})
         if "seed" in est.get_params():
@@ -346,21 +384,31 @@ def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_wi
     """The ridge head's :func:`search_refit`, from statistics: one pass over ``fit`` and one
     eigendecomposition score every alpha of the grid; the refit adds the statistics of
     ``val`` and decomposes once more. Same results as a standardized ridge per alpha."""
-    (X_fit, y_fit), (X_val, y_val), (X_test, y_test) = fit, val, test
-    Y_fit, Y_val = _outputs(y_fit), _outputs(y_val)
-    m, c = Y_fit.shape[1], int(max(Y_fit.max(), Y_val.max())) + 1
-    stats = RidgeStats.zeros(X_fit.shape[1], m * c).add(X_fit, _onehot(Y_fit, c))
-    path = stats.decompose()
+    # outputs per row as :func:`rows` makes them: (N,) and (N, R) labels give 1, (N, R, m) give m
+    m = fit.labels.shape[2] if fit.labels.ndim == 3 else 1
+    c = int(max(fit.labels.max(), val.labels.max())) + 1
 
-    def predict(path: RidgePath, alpha: float, X: np.ndarray, y_ndim: int) -> np.ndarray:
-        coef, intercept = path.coef(alpha)
-        return _argmax(X @ coef + intercept, m, c, y_ndim)
+    def accumulate(source: Rows) -> RidgeStats:
+        stats = None
+        for X, y in source.blocks():  # one block in memory at a time
+            stats = stats or RidgeStats.zeros(X.shape[1], m * c)
+            stats.add(X, _onehot(_outputs(y), c))
+        return stats
 
-    scores = {alpha: accuracy(predict(path, alpha, X_val, y_val.ndim), y_val) for alpha in kind.grid}
+    def scores_of(path: RidgePath, alphas, source: Rows) -> dict[float, float]:
+        coefs = {alpha: path.coef(alpha) for alpha in alphas}
+        correct, total = dict.fromkeys(alphas, 0.0), 0
+        for X, y in source.blocks():
+            for alpha, (coef, intercept) in coefs.items():
+                correct[alpha] += float(np.sum(_argmax(X @ coef + intercept, m, c, y.ndim) == y))
+            total += y.size
+        return {alpha: correct[alpha] / total for alpha in alphas}
+
+    stats = accumulate(fit)
+    scores = scores_of(stats.decompose(), kind.grid, val)
     best = _best(kind.grid, scores)
-    if refit_with_val:
-        path = (stats + RidgeStats.zeros(*stats.xty.shape).add(X_val, _onehot(Y_val, c))).decompose()
-    return scores, best, accuracy(predict(path, best, X_test, y_test.ndim), y_test)
+    path = (stats + accumulate(val)).decompose() if refit_with_val else stats.decompose()
+    return scores, best, scores_of(path, [best], test)[best]
 
 
 @dataclass(frozen=True)
@@ -396,31 +444,44 @@ def rows(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def fit_depth(head: str, X_train, y_train, X_test, y_test, *, X_val=None, y_val=None, val_fraction: float = 0.1,
               seed: int = 0) -> dict[str, Any]:
+    """:func:`fit_rows` on arrays: ``X_*`` are ``(N, R, d)`` readout features."""
+    return fit_rows(head, ArrayRows(X_train, y_train), ArrayRows(X_test, y_test),
+                    val=None if X_val is None else ArrayRows(X_val, y_val), val_fraction=val_fraction, seed=seed)
+
+
+def holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted row indices of the fit part and of a seeded (stratified for single-label tasks)
+    validation part of ``val_fraction``."""
+    strat = labels if labels.ndim == 1 and np.bincount(labels).min() >= 2 else None
+    fit, val = train_test_split(np.arange(len(labels)), test_size=val_fraction, random_state=seed, stratify=strat)
+    return np.sort(fit), np.sort(val)
+
+
+def fit_rows(head: str, train: Rows, test: Rows, *, val: Rows | None = None, val_fraction: float = 0.1,
+             seed: int = 0) -> dict[str, Any]:
     """Choose the head's regularisation on validation, refit on all of train, score test.
 
-    ``X_*`` are ``(N, R, d)`` readout features. Without an explicit validation split, a
-    seeded (stratified for single-label tasks) ``val_fraction`` of train is held out and
-    the refit uses train and validation; with one, the refit uses train. BLAS and OpenMP
-    run :func:`head_threads` threads meanwhile.
+    Without an explicit ``val``, a seeded (stratified for single-label tasks) ``val_fraction``
+    of train is held out (``train`` must then offer ``take(index)``) and the refit uses train
+    and validation; with one, the refit uses train. BLAS and OpenMP run :func:`head_threads`
+    threads meanwhile.
     """
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; choose from {sorted(HEADS)}")
     kind = HEADS[head]
     start = time.perf_counter()
-    held_out = X_val is None
+    held_out = val is None
     if held_out:
-        strat = y_train if y_train.ndim == 1 and np.bincount(y_train).min() >= 2 else None
-        X_fit, X_val, y_fit, y_val = train_test_split(X_train, y_train, test_size=val_fraction, random_state=seed,
-                                                      stratify=strat)
+        fit_index, val_index = holdout(train.labels, val_fraction, seed)
+        fit, val = train.take(fit_index), train.take(val_index)
     else:
-        X_fit, y_fit = X_train, y_train
+        fit = train
     with threadpool_limits(limits=head_threads()):
-        scores, best, test_accuracy = kind.search(kind, rows(X_fit, y_fit), rows(X_val, y_val), rows(X_test, y_test),
-                                                  refit_with_val=held_out, seed=seed)
+        scores, best, test_accuracy = kind.search(kind, fit, val, test, refit_with_val=held_out, seed=seed)
     return {
         "test_accuracy": test_accuracy,
         "val_accuracy": scores[best],
-        "n_train": len(X_train), "n_val": len(X_val), "n_test": len(X_test),
+        "n_train": train.n, "n_val": val.n, "n_test": test.n,
         "hyperparameters": {kind.param: best}, "val_scores": {str(k): v for k, v in scores.items()},
         "seconds": time.perf_counter() - start,
     }

@@ -418,26 +418,36 @@ def read_depth(f: h5py.File, split: str, depth: int) -> tuple[np.ndarray, np.nda
 
     Corrupt chunks (Fletcher-32 mismatch) and non-finite values raise StoreError naming the
     file, split and depth."""
+    blocks = list(iter_depth(f, split, depth, rows=f[split]["features"].shape[0] or 1)) if split in f else []
+    if split not in f:
+        raise UsageError(f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}")
+    if not blocks:
+        return f[split]["features"][:, depth_index(f, depth)], f[split]["labels"][:]
+    return np.concatenate([X for X, _ in blocks]), np.concatenate([y for _, y in blocks])
+
+
+#: bytes of features read at a time when a depth is streamed
+BLOCK_BYTES = 32 << 20
+
+
+def iter_depth(f: h5py.File, split: str, depth: int, rows: int | None = None,
+               select: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Stream one depth in blocks of ``rows`` (default: about :data:`BLOCK_BYTES`), so memory stays
+    flat as the split grows; with ``select`` (increasing row indices) only those rows. A corrupt
+    chunk or a non-finite value raises StoreError naming the file, split and depth."""
     if split not in f:
         raise UsageError(f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}")
     k = depth_index(f, depth)
-    try:
-        X = f[split]["features"][:, k]
-    except OSError as e:
-        raise StoreError(f"{f.filename}: split {split!r}, depth {depth} cannot be read ({str(e).splitlines()[0]}); "
-                         "the file is corrupt: delete it and extract again") from None
-    if not np.isfinite(X).all():
-        raise StoreError(f"{f.filename}: split {split!r}, depth {depth} holds NaN or inf features; "
-                         "delete the file and extract again (try --dtype float32)")
-    return X, f[split]["labels"][:]
-
-
-def iter_depth(f: h5py.File, split: str, depth: int, rows: int = 4096,
-               select: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Stream one depth in blocks of ``rows`` (memory stays flat for out-of-core heads); with
-    ``select`` (increasing row indices) only those rows."""
-    k = depth_index(f, depth)
     ds, labels = f[split]["features"], f[split]["labels"]
+    rows = rows or max(1, BLOCK_BYTES // (4 * int(np.prod(ds.shape[2:]))))
     for start in range(0, ds.shape[0] if select is None else len(select), rows):
         index = slice(start, start + rows) if select is None else select[start:start + rows]
-        yield ds[index, k], labels[index]
+        try:
+            X = ds[index, k]
+        except OSError as e:
+            raise StoreError(f"{f.filename}: split {split!r}, depth {depth} cannot be read "
+                             f"({str(e).splitlines()[0]}); the file is corrupt: delete it and extract again") from None
+        if not np.isfinite(X).all():
+            raise StoreError(f"{f.filename}: split {split!r}, depth {depth} holds NaN or inf features; "
+                             "delete the file and extract again (try --dtype float32)")
+        yield X, labels[index]
