@@ -251,8 +251,9 @@ def extract(settings: Settings, task, backbone, split, limit, seed, input_scale,
               help="Share of train held out to choose regularisation (when the file has no val split)."
                    + shown(FitConfig, "val_fraction"))
 @click.option("--seed", type=int, default=None, help="Seeds the validation split and the torch head." + shown(FitConfig, "seed"))
+@device_option(FitConfig)
 @pass_settings
-def fit(settings: Settings, task, backbone, features, depths, depth, head, val_fraction, seed) -> None:
+def fit(settings: Settings, task, backbone, features, depths, depth, head, val_fraction, seed, device) -> None:
     """Fit a linear head per depth on cached features; print the depth table."""
     from reservoir.fit import fit as run_fit
     from reservoir.report import depth_table
@@ -260,7 +261,7 @@ def fit(settings: Settings, task, backbone, features, depths, depth, head, val_f
     if task is None and features is None:
         raise click.UsageError("give --features FILE, or --task (and --backbone) to find the extracted file")
     cfg = run(from_options, FitConfig, task=task, backbone=backbone, features=features, depths=depths, head=head,
-              val_fraction=val_fraction, seed=seed)
+              val_fraction=val_fraction, seed=seed, device=device)
     click.echo(depth_table(run(run_fit, cfg, progress=not settings.quiet)))
 
 

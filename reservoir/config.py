@@ -239,6 +239,7 @@ class FitConfig:
     head : ``logreg``, ``ridge`` or ``torch``.
     val_fraction : share of train carved out (seeded) to choose regularisation.
     seed : seeds the validation split and the torch head.
+    device : where the torch head trains (``auto``: a CUDA GPU when present, else the CPU).
     """
 
     task: str | None = None
@@ -248,9 +249,11 @@ class FitConfig:
     head: str = "logreg"
     val_fraction: float = 0.1
     seed: int = 0
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         _check_choice("fit", "head", self.head, HEAD_CHOICES)
+        _check_device("fit", self.device)
         if not 0 < self.val_fraction < 1:
             raise UsageError(f"The 'val_fraction' parameter of fit must be in (0, 1). Got {self.val_fraction!r} instead.")
         if self.features is None and self.task is None:

@@ -140,7 +140,8 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             for test in tests:  # same data and seed, so the same head; scored on each test split
                 per_test[test] = fit_rows(cfg.head, FileRows(f, "train", depth), FileRows(f, test, depth),
                                           val=FileRows(f, val, depth) if val else None,
-                                          val_fraction=cfg.val_fraction, seed=cfg.seed)
+                                          val_fraction=cfg.val_fraction, seed=cfg.seed,
+                                          device=cfg.device if cfg.head == "torch" else "cpu")
             scores = {**per_test[tests[0]], "test_split": tests[0],
                       "test_accuracies": {t: s["test_accuracy"] for t, s in per_test.items()},
                       "n_tests": {t: s["n_test"] for t, s in per_test.items()}}

@@ -233,28 +233,33 @@ class TorchHead(ClassifierMixin, BaseEstimator):
     weight_decay : L2 penalty added to the loss.
     optimizer : ``"adam"`` (mini-batches, ``epochs`` passes) or ``"lbfgs"`` (full batch).
     lr, epochs, batch_size, seed : optimisation settings; ``seed`` fixes init and order.
+    device : where the layer trains (``auto``, ``cpu``, ``cuda[:N]``, ``mps``; as ``--device``).
     """
 
     def __init__(self, weight_decay: float = 0.0, *, optimizer: str = "adam", lr: float = 1e-2, epochs: int = 30,
-                 batch_size: int = 256, seed: int = 0):
+                 batch_size: int = 256, seed: int = 0, device: str = "cpu"):
         self.weight_decay = weight_decay
         self.optimizer = optimizer
         self.lr = lr
         self.epochs = epochs
         self.batch_size = batch_size
         self.seed = seed
+        self.device = device
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> "TorchHead":
+        from reservoir.forward import resolve_device
+
         if self.optimizer not in ("adam", "lbfgs"):
             raise ValueError(f"The 'optimizer' parameter of TorchHead must be 'adam' or 'lbfgs'. Got {self.optimizer!r} instead.")
-        Y = torch.from_numpy(_outputs(y).astype(np.int64))
+        self.device_ = resolve_device(self.device)
+        Y = torch.from_numpy(_outputs(y).astype(np.int64)).to(self.device_)
         self.y_ndim_, self.n_outputs_ = y.ndim, Y.shape[1]
         self.n_classes_ = int(Y.max()) + 1
         g = torch.Generator().manual_seed(self.seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            self.linear_ = torch.nn.Linear(X.shape[1], self.n_outputs_ * self.n_classes_)
-        Xt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32))
+            self.linear_ = torch.nn.Linear(X.shape[1], self.n_outputs_ * self.n_classes_).to(self.device_)
+        Xt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)).to(self.device_)
 
         def loss_on(xb, yb):
             logits = self.linear_(xb).view(len(xb), self.n_outputs_, self.n_classes_)
@@ -274,7 +279,7 @@ class TorchHead(ClassifierMixin, BaseEstimator):
         else:
             opt = torch.optim.Adam(self.linear_.parameters(), lr=self.lr)
             for _ in range(self.epochs):
-                for idx in torch.randperm(len(Xt), generator=g).split(self.batch_size):
+                for idx in torch.randperm(len(Xt), generator=g).to(self.device_).split(self.batch_size):
                     opt.zero_grad()
                     loss_on(Xt[idx], Y[idx]).backward()
                     opt.step()
@@ -283,8 +288,8 @@ class TorchHead(ClassifierMixin, BaseEstimator):
     def predict(self, X: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "linear_")
         with torch.no_grad():
-            logits = self.linear_(torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)))
-        pred = logits.view(len(X), self.n_outputs_, self.n_classes_).argmax(-1).numpy()
+            logits = self.linear_(torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)).to(self.device_))
+        pred = logits.view(len(X), self.n_outputs_, self.n_classes_).argmax(-1).cpu().numpy()
         return pred[:, 0] if self.y_ndim_ == 1 else pred
 
 
@@ -359,7 +364,7 @@ def _best(grid: tuple[float, ...], scores: dict[float, float]) -> float:
 
 
 def search_refit(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_with_val: bool,
-                 seed: int) -> tuple[dict[float, float], float, float]:
+                 seed: int, device: str = "cpu") -> tuple[dict[float, float], float, float]:
     """Any head: fit a standardize-then-estimate pipeline per grid value on ``fit``, score it on
     ``val``, refit the best on ``fit`` (+ ``val`` when ``refit_with_val``) and score ``test``.
     The rows are loaded into memory.
@@ -371,6 +376,8 @@ def search_refit(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_wi
         est = clone(kind.estimator).set_params(**{kind.param: value})
         if "seed" in est.get_params():
             est.set_params(seed=seed)
+        if "device" in est.get_params():
+            est.set_params(device=device)
         return make_pipeline(StandardScaler(), est)
 
     scores = {value: accuracy(make(value).fit(*fit).predict(val[0]), val[1]) for value in kind.grid}
@@ -380,7 +387,7 @@ def search_refit(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_wi
 
 
 def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_with_val: bool,
-                 seed: int) -> tuple[dict[float, float], float, float]:
+                 seed: int, device: str = "cpu") -> tuple[dict[float, float], float, float]:
     """The ridge head's :func:`search_refit`, from statistics: one pass over ``fit`` and one
     eigendecomposition score every alpha of the grid; the refit adds the statistics of
     ``val`` and decomposes once more. Same results as a standardized ridge per alpha."""
@@ -458,7 +465,7 @@ def holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndar
 
 
 def fit_rows(head: str, train: Rows, test: Rows, *, val: Rows | None = None, val_fraction: float = 0.1,
-             seed: int = 0) -> dict[str, Any]:
+             seed: int = 0, device: str = "cpu") -> dict[str, Any]:
     """Choose the head's regularisation on validation, refit on all of train, score test.
 
     Without an explicit ``val``, a seeded (stratified for single-label tasks) ``val_fraction``
@@ -477,7 +484,8 @@ def fit_rows(head: str, train: Rows, test: Rows, *, val: Rows | None = None, val
     else:
         fit = train
     with threadpool_limits(limits=head_threads()):
-        scores, best, test_accuracy = kind.search(kind, fit, val, test, refit_with_val=held_out, seed=seed)
+        scores, best, test_accuracy = kind.search(kind, fit, val, test, refit_with_val=held_out, seed=seed,
+                                                  device=device)
     return {
         "test_accuracy": test_accuracy,
         "val_accuracy": scores[best],

@@ -45,3 +45,12 @@ def test_cpu_and_auto_give_identical_files(cli, home, tiny_gpt2):
         assert a.attrs["identity"] == b.attrs["identity"]
         for split in ("train", "test"):
             np.testing.assert_array_equal(a[split]["features"][:], b[split]["features"][:])
+
+
+def test_the_torch_head_on_an_absent_device_exits_1(cli, home, tiny_gpt2):
+    r = cli("-q", "extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "200")
+    assert r.exit_code == 0, r.output
+    r = cli("fit", "--features", r.stdout.strip(), "--head", "torch", "--depths", "1", "--device", "cuda")
+    assert r.exit_code == 1 and "--device cuda: this machine has 0 CUDA device(s)" in r.output
+    r = cli("-q", "fit", "--task", "digits", "--head", "torch", "--depths", "1", "--device", "cpu")
+    assert r.exit_code == 0, r.output
