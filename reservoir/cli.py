@@ -66,18 +66,18 @@ def check_depths(ctx, param, value: str | None):
         raise click.BadParameter(str(e)) from None
 
 
-def check_device(ctx, param, value: str | None) -> str | None:
-    import re
+def device_callback(ctx, param, value: str | None) -> str | None:
+    from reservoir.config import check_device
 
-    from reservoir.config import DEVICE_PATTERN
-
-    if value is None or re.fullmatch(DEVICE_PATTERN, value):
-        return value
-    raise click.BadParameter(f"device {value!r} is not one of auto, cpu, cuda, cuda:N, mps")
+    try:
+        value is None or check_device(ctx.info_name, value)
+    except ValueError:
+        raise click.BadParameter(f"device {value!r} is not one of auto, cpu, cuda, cuda:N, mps") from None
+    return value
 
 
 def device_option(cls: type):
-    return click.option("--device", default=None, callback=check_device, metavar="auto|cpu|cuda[:N]|mps",
+    return click.option("--device", default=None, callback=device_callback, metavar="auto|cpu|cuda[:N]|mps",
                         help="Where the backbone runs; auto: a CUDA GPU when present, else the CPU." + shown(cls, "device"))
 
 

@@ -135,7 +135,9 @@ def _check_choice(owner: str, name: str, value: Any, choices: Sequence[Any]) -> 
         raise UsageError(f"The {name!r} parameter of {owner} must be one of {list(choices)}. Got {value!r} instead.")
 
 
-def _check_device(owner: str, value: str) -> None:
+def check_device(owner: str, value: str) -> None:
+    """``value`` is auto, cpu, cuda, cuda:N or mps (whether the device is present is checked
+    where it is used, :func:`reservoir.forward.resolve_device`)."""
     import re
 
     if not re.fullmatch(DEVICE_PATTERN, str(value)):
@@ -210,7 +212,7 @@ class ExtractConfig:
         _check_choice("extract", "input_scale", self.input_scale, INPUT_SCALE_CHOICES)
         _check_min("extract", "limit", self.limit, 1)
         _check_min("extract", "batch_size", self.batch_size, 1)
-        _check_device("extract", self.device)
+        check_device("extract", self.device)
         _check_min("extract", "workers", self.workers, 1)
         _check_min("extract", "shard_rows", self.shard_rows, 1)
         if self.workers and self.scheduler:
@@ -253,7 +255,7 @@ class FitConfig:
 
     def __post_init__(self) -> None:
         _check_choice("fit", "head", self.head, HEAD_CHOICES)
-        _check_device("fit", self.device)
+        check_device("fit", self.device)
         if not 0 < self.val_fraction < 1:
             raise UsageError(f"The 'val_fraction' parameter of fit must be in (0, 1). Got {self.val_fraction!r} instead.")
         if self.features is None and self.task is None:
@@ -357,7 +359,7 @@ class TrainConfig:
         for ok, name, rule, value in checks:
             if not ok:
                 raise UsageError(f"The {name!r} parameter of train must be {rule}. Got {value!r} instead.")
-        _check_device("train", self.device)
+        check_device("train", self.device)
 
     @property
     def checkpoint_folder(self) -> Path:

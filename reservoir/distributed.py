@@ -40,7 +40,7 @@ import numpy as np
 from reservoir.errors import IdentityError, ReservoirError, StoreError
 from reservoir.identity import canonical, differences, digest
 from reservoir.progress import bar, log
-from reservoir.store import CHUNK_BYTES, WriterLock, partial_path, shard_dir, write_joined
+from reservoir.store import WriterLock, create_features, partial_path, shard_dir, write_joined
 
 
 @dataclass
@@ -140,9 +140,7 @@ def run_shard(job: ShardJob) -> str:
     with h5py.File(tmp, "w") as f:
         f.attrs["identity"] = canonical(job.identity)
         f.attrs.update({"split": job.split, "start": job.start, "stop": job.stop, "complete": False})
-        rows = max(1, min(n, CHUNK_BYTES // (4 * shape[1] * shape[2])))
-        ds = f.create_dataset("features", shape=(n, *shape), dtype=np.float32, chunks=(rows, 1, *shape[1:]),
-                              fletcher32=True, track_times=False)
+        ds = create_features(f, n, shape)
         for batch_rows, tokens, lengths in job.batches:
             feats = runner(tokens, lengths, job.padded)
             if not np.isfinite(feats).all():

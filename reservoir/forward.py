@@ -38,14 +38,10 @@ WIDTH_MULTIPLE = 64
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> the first CUDA device when one is present, else the CPU; ``cpu``, ``cuda``,
     ``cuda:N`` and ``mps`` as asked, or DeviceError naming what this machine has."""
-    import re
-
+    from reservoir.config import check_device
     from reservoir.errors import DeviceError
 
-    from reservoir.config import DEVICE_PATTERN
-
-    if not re.fullmatch(DEVICE_PATTERN, name):
-        raise UsageError(f"device {name!r} is not one of auto, cpu, cuda, cuda:N, mps")
+    check_device("--device", name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):

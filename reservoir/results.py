@@ -25,7 +25,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Callable, Iterable
 
 from reservoir import __version__
 from reservoir.config import results_dir, slug
@@ -57,14 +57,16 @@ def result_name(result: dict[str, Any]) -> str:
     return slug("_".join(parts + [result["key"]])) + ".json"
 
 
-def atomic_write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temp file, fsync, rename); never leaves a partial file."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Write ``path`` atomically: ``write(f)`` fills a temp file in the same folder, which is
+    flushed, fsynced and renamed over ``path``; a failure or a kill never leaves a partial file
+    under the final name (results and training checkpoints are written this way)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -90,7 +92,8 @@ def write_result(result: dict[str, Any]) -> Path:
     if missing:
         raise ValueError(f"result is missing fields {missing}")  # an internal invariant, not user input
     path = results_dir(result["task"], result["backbone"]) / result_name(result)
-    atomic_write_text(path, json.dumps(result, indent=2, sort_keys=True, default=str))
+    text = json.dumps(result, indent=2, sort_keys=True, default=str).encode()
+    atomic_write(path, lambda f: f.write(text))
     return path
 
 

@@ -39,6 +39,14 @@ CHUNK_BYTES = 1 << 20
 FIX_OTHER = "pass another --out, or delete it to extract again"
 
 
+def create_features(group: h5py.Group, n: int, shape: tuple[int, int, int]) -> h5py.Dataset:
+    """The ``features`` dataset ``(n, n_depths, n_readout, d)`` float32: chunks of whole rows of one
+    depth (a depth reads contiguously), each with a Fletcher-32 checksum."""
+    rows = max(1, min(n, CHUNK_BYTES // (4 * shape[1] * shape[2])))
+    return group.create_dataset("features", shape=(n, *shape), dtype=np.float32, chunks=(rows, 1, *shape[1:]),
+                                fletcher32=True, track_times=False)
+
+
 def partial_path(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
 
@@ -274,9 +282,7 @@ class FeatureWriter:
     def _create(self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]) -> None:
         n = len(labels)
         g = self.f.create_group(name)
-        rows = max(1, min(n, CHUNK_BYTES // (4 * shape[1] * shape[2])))
-        g.create_dataset("features", shape=(n, *shape), dtype=np.float32, chunks=(rows, 1, *shape[1:]),
-                         fletcher32=True, track_times=False)
+        create_features(g, n, shape)
         g.create_dataset("labels", data=labels, track_times=False)
         g.create_dataset("lengths", data=lengths, track_times=False)
         g.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False, track_times=False)

@@ -9,10 +9,7 @@ refused, naming the fields that differ from the one it finds.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ from reservoir import __version__
 from reservoir.config import TrainConfig
 from reservoir.errors import DataError, IdentityError
 from reservoir.identity import backbone_label, data_fingerprint, differences, digest, task_label
+from reservoir.results import atomic_write
 
 CHECKPOINT_FORMAT = 2
 #: TrainConfig fields that may change between a checkpoint and its ``--resume`` (they do not
@@ -86,24 +84,13 @@ def check_resumable(path: Path, name: str, identity: dict[str, Any]) -> None:
 
 def save_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Optimizer, state: RunState,
                     identity: dict[str, Any]) -> None:
-    """Write atomically: a temp file in the same folder, fsync, then ``os.replace``."""
+    """Write atomically (:func:`reservoir.results.atomic_write`)."""
     obj = {
         "format": CHECKPOINT_FORMAT, "version": __version__, "identity": identity,
         "params": [p.detach().clone() for p in params], "optimizer": opt.state_dict(),
         "state": dataclasses.asdict(state), "rng": {"torch": torch.get_rng_state()},
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Optimizer,
