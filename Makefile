@@ -15,7 +15,7 @@ DATA_DIR ?= data
 .PHONY: help install test test-all lint clean demo bench smollm
 
 help: ## list targets
-	@grep -hE '^[a-zA-Z_%/.-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-34s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_%/.-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-34s %s\n", $$1, $$2}'
 
 $(BIN)/activate: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)

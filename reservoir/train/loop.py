@@ -32,7 +32,7 @@ from torch import nn
 from reservoir import __version__
 from reservoir.backbones import load_backbone
 from reservoir.config import TrainConfig
-from reservoir.errors import DataError
+from reservoir.errors import DataError, UsageError
 from reservoir.forward import CompiledOrEager, check_length, resolve_device
 from reservoir.identity import backbone_fingerprint, digest
 from reservoir.progress import log as log_line
@@ -169,6 +169,9 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
     backbone = load_backbone(cfg.backbone, seed)
     check_length(task.spec, backbone, cfg.backbone)
     blocks = backbone.n_layers if cfg.blocks is None else cfg.blocks
+    if not 0 <= blocks <= backbone.n_layers:
+        raise UsageError(f"--blocks {blocks}: backbone {cfg.backbone} has {backbone.n_layers} blocks; "
+                         f"choose 0 to {backbone.n_layers} (or leave it out to run them all)")
     ident = run_identity(shared, backbone_fingerprint=backbone_fingerprint(backbone), blocks=blocks, lr=lr, seed=seed)
     device = resolve_device(cfg.device)
     model = FPT(task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale,
