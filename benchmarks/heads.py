@@ -122,15 +122,15 @@ def features(images: np.ndarray, depth: int, dims: int = 768) -> np.ndarray:
     return out
 
 
-def compare(label: str, head: str, depths: list[int], train, test, versions: dict) -> dict:
-    """Time ``fit_depth`` of every version at every depth, alternating which goes first."""
+def compare(label: str, head: str, depths: list[int], data, versions: dict) -> dict:
+    """Time ``fit_depth`` of every version at every depth, alternating which goes first;
+    ``data(depth)`` gives ``(X_train, y_train, X_test, y_test)``."""
     rows = {name: [] for name in versions}
     for i, depth in enumerate(depths):
-        X_train, X_test = features(train.inputs, depth), features(test.inputs, depth)
+        X_train, y_train, X_test, y_test = data(depth)
         order = list(versions) if i % 2 == 0 else list(versions)[::-1]
         for name in order:
-            res, wall, others = timed(lambda: versions[name].fit_depth(head, X_train, train.labels, X_test, test.labels,
-                                                                        seed=0))
+            res, wall, others = timed(lambda: versions[name].fit_depth(head, X_train, y_train, X_test, y_test, seed=0))
             rows[name].append((wall, others, res))
             print(f"# {label} depth {depth} {name}: {wall:.2f} s, {res['hyperparameters']}, "
                   f"test {res['test_accuracy']:.4f}, other processes {others:.2f} cores", flush=True)
@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ridge-train", type=int, default=50000)
     p.add_argument("--ridge-depths", type=int, default=3)
     p.add_argument("--reps", type=int, default=3, help="repetitions of each threads measurement")
+    p.add_argument("--features", type=Path, default=None,
+                   help="a feature file (`reservoir extract` output): the logreg part fits its depths (first --train "
+                        "train rows, first --test test rows) instead of projected pixels")
     args = p.parse_args(argv)
     parts = args.parts.split(",")
     if unknown := set(parts) - {"logreg", "ridge", "threads"}:
@@ -220,7 +223,20 @@ def main(argv: list[str] | None = None) -> None:
         if label not in parts:
             continue
         sub = dataclasses.replace(train, inputs=train.inputs[:n], labels=train.labels[:n], lengths=train.lengths[:n])
-        rows = compare(label, head, list(range(depths)), sub, test, versions)
+
+        def projected(depth, sub=sub):
+            return features(sub.inputs, depth), sub.labels, features(test.inputs, depth), test.labels
+
+        def stored(depth, n=n):
+            from reservoir.store import open_features, read_depth
+
+            with open_features(args.features) as f:
+                X_train, y_train = read_depth(f, "train", depth)
+                X_test, y_test = read_depth(f, "test", depth)
+            return X_train[:n], y_train[:n], X_test[:args.test], y_test[:args.test]
+
+        data = stored if (args.features and head == "logreg") else projected
+        rows = compare(label, head, list(range(depths)), data, versions)
         table.append((head, n, depths, rows))
 
     if table:
