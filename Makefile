@@ -12,7 +12,7 @@ FIT_OPTS ?=
 HEAD ?= logreg
 DATA_DIR ?= data
 
-.PHONY: help install test test-all lint clean demo bench smollm
+.PHONY: help install test test-all check-lowest lint clean demo bench smollm
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_%/.-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-34s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ test: install ## run the default test suite (< 10 minutes)
 
 test-all: install ## run every test, slow ones included
 	$(BIN)/pytest -q -m "slow or not slow"
+
+check-lowest: ## fresh venvs with every dependency floor of setup.cfg (numpy 1 and 2 lanes), then the test suite
+	./.ci/check-lowest
 
 # the demo: language-pretrained SmolLM2-135M against its random twin, depth by depth, on digits
 # (no --dtype: auto picks bf16 where this CPU multiplies it natively, float32 elsewhere)
