@@ -48,7 +48,7 @@ from reservoir.extract import auto_batch_size, should_compile  # noqa: E402
 from reservoir.forward import FeatureRunner, bf16_native, resolve_dtype  # noqa: E402
 from reservoir.tasks import TaskSpec  # noqa: E402
 
-from matmul import matmul_rate  # noqa: E402  (benchmarks/matmul.py, beside this script)
+from matmul import matmul_rate, sync  # noqa: E402  (benchmarks/matmul.py, beside this script)
 
 #: benchmark inputs: name -> (tokens, values per token), the shapes of the paper's tasks
 INPUTS = {"mnist": (64, 16), "cifar10_lra": (1024, 1)}
@@ -62,10 +62,25 @@ def flops_per_token(n_layer: int, d: int, d_ff: int, seq_len: int, token_dim: in
     return n_layer * per_block + 2 * token_dim * d
 
 
+DEVICE = torch.device("cpu")  # set by --device
+
+
 def timed(fn) -> float:
+    sync(DEVICE)
     start = time.perf_counter()
     fn()
+    sync(DEVICE)
     return time.perf_counter() - start
+
+
+def cpu_flags() -> str:
+    """The CPU model and the flags that decide the fast paths (every figure names them)."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
+                 platform.processor())
+    flags = next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines() if ln.startswith("flags")), set())
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8") if f in flags]
+    return f"{model}; flags {' '.join(shown) or 'none of avx2/avx512/amx'}"
 
 
 def load() -> str:
@@ -93,8 +108,9 @@ def bench_input(name: str, reps: int, seed: int, dtype: str = "auto", compile: b
 
     # baseline: the official code's forward (eager float32, every hidden state, batch 16)
     with seeded(seed):
-        hf = GPT2Model(GPT2Config(**GPT2_SMALL)).eval()
-    base_tokens = torch.from_numpy(tokens[:BASELINE_BATCH])
+        hf = GPT2Model(GPT2Config(**GPT2_SMALL)).eval().to(DEVICE)
+    layer = layer.to(DEVICE)
+    base_tokens = torch.from_numpy(tokens[:BASELINE_BATCH]).to(DEVICE)
 
     @torch.no_grad()
     def baseline():
@@ -102,9 +118,10 @@ def bench_input(name: str, reps: int, seed: int, dtype: str = "auto", compile: b
         return torch.stack([h[:, -1] for h in out.hidden_states], 1)
 
     # ours: the extraction defaults (or --dtype/--compile), compiled as an extraction of 50,000 examples would be
-    dtype = resolve_dtype(cfg.dtype)
+    dtype = resolve_dtype(cfg.dtype, DEVICE)
     compile = should_compile(cfg.compile, 50_000 * seq_len)
-    runner = FeatureRunner.build(spec, backbone, depths, seed=seed, dtype=dtype, compile=compile, batch_size=batch)
+    runner = FeatureRunner.build(spec, backbone, depths, seed=seed, dtype=dtype, compile=compile, batch_size=batch,
+                                 device=DEVICE)
     batches = [(tokens[i:i + batch], lengths[i:i + batch]) for i in range(0, len(tokens), batch)]
 
     def ours():
@@ -118,7 +135,7 @@ def bench_input(name: str, reps: int, seed: int, dtype: str = "auto", compile: b
     for rep in range(reps):
         b = BASELINE_BATCH * seq_len / timed(baseline)
         o = len(tokens) * seq_len / timed(ours)
-        peak = matmul_rate()
+        peak = matmul_rate(dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32, device=DEVICE)
         rows.append((b, o, peak / flops, peak))
         print(f"  {name} rep {rep + 1}/{reps}: baseline {b:8.1f} tok/s | ours {o:8.1f} tok/s | "
               f"roofline {peak / flops:8.1f} tok/s ({peak / 1e9:.0f} GFLOP/s) | {load()}", file=sys.stderr, flush=True)
@@ -139,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="our path's compute dtype (default: the extraction default)")
+    p.add_argument("--device", default="auto", help="auto (a CUDA GPU when present, else the CPU), cpu, cuda[:N], mps")
     p.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
                    help="force our path compiled or eager (default: the extraction default, auto)")
     args = p.parse_args(argv)
@@ -147,11 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     if bad or args.reps < 1:
         p.error(f"--inputs must name some of {list(INPUTS)} (got {bad}) and --reps must be >= 1")
     torch.manual_seed(args.seed)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    global DEVICE
+    from reservoir.forward import resolve_device
+
+    DEVICE = resolve_device(args.device)
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs ({cpu}), "
-          f"native bf16: {bf16_native()}")
+    gpu = f", {torch.cuda.get_device_name(DEVICE)}" if DEVICE.type == "cuda" else ""
+    print(f"device {DEVICE}{gpu}; torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs "
+          f"({cpu_flags()}), native bf16 on the CPU: {bf16_native()}")
     print(f"model: GPT-2-small shape {GPT2_SMALL}, random weights; depths 0..{GPT2_SMALL['n_layer']}")
     print(f"before: {load()}")
     results = [bench_input(n, args.reps, args.seed, args.dtype, args.compile) for n in names]
@@ -166,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['speedup']:.1f}x | {100 * r['of_roofline']:.0f}% |")
     print()
     for r in results:
-        print(f"{r['name']}: {r['flops_per_token'] / 1e6:.1f} MFLOP/token; bf16 matmul peak {r['peak'] / 1e9:.0f} GFLOP/s "
-              f"(median over repetitions)")
+        print(f"{r['name']}: {r['flops_per_token'] / 1e6:.1f} MFLOP/token; {r['dtype']} matmul peak "
+              f"{r['peak'] / 1e9:.0f} GFLOP/s (median over repetitions)")
     return 0
 
 

@@ -14,15 +14,24 @@ import time
 import torch
 
 
-def matmul_rate(n: int = 2048, dtype: torch.dtype = torch.bfloat16, seconds: float = 1.0) -> float:
-    """FLOP/s of ``torch.mm`` on two ``n x n`` matrices in ``dtype``, timed over about ``seconds``
-    after one untimed product."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+def sync(device: torch.device | str = "cpu") -> None:
+    """Wait for queued kernels (GPU work is asynchronous; CPU work is not)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_rate(n: int = 2048, dtype: torch.dtype = torch.bfloat16, seconds: float = 1.0,
+                device: torch.device | str = "cpu") -> float:
+    """FLOP/s of ``torch.mm`` on two ``n x n`` matrices in ``dtype`` on ``device``, timed over
+    about ``seconds`` after one untimed product."""
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     torch.mm(a, b)
+    sync(device)
     reps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         torch.mm(a, b)
         reps += 1
+    sync(device)
     return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
