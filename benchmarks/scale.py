@@ -11,8 +11,9 @@ cluster start included, each into a fresh folder, examples/s over train + test.
 
 Memory: a feature file of N rows (and one of 10N) with two depths of 768 float32 features
 (random features with a class signal, written through the store), then ``reservoir fit --head
-ridge --depths 1`` on it in a child process; its peak resident memory (``ru_maxrss``). The
-ridge head reads a block of rows at a time, so the peak should not grow with N.
+HEAD --depths 1`` on it in a child process; its peak resident memory (``ru_maxrss``). Ridge
+reads a block of rows at a time; the logistic and torch heads stream with ``--memory-mb 1``
+(every L-BFGS step or epoch reads the depth again), so the peak should not grow with N.
 """
 
 from __future__ import annotations
@@ -98,15 +99,15 @@ def synthetic_file(path: Path, n: int, seed: int = 0) -> None:
         writer.close()
 
 
-def peak_fit_memory(path: Path) -> tuple[float, float]:
-    """Peak RSS (MiB) and seconds of ``reservoir fit --head ridge --depths 1`` in a fresh child."""
+def peak_fit_memory(path: Path, head: str, extra: list[str]) -> tuple[float, float]:
+    """Peak RSS (MiB) and seconds of ``reservoir fit --head HEAD --depths 1`` in a fresh child."""
     code = ("import resource, sys; from reservoir.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(code)\n")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as home:
-        r = subprocess.run([sys.executable, "-c", code, "-q", "fit", "--features", str(path), "--head", "ridge",
-                            "--depths", "1"], capture_output=True, text=True,
+        r = subprocess.run([sys.executable, "-c", code, "-q", "fit", "--features", str(path), "--head", head,
+                            "--depths", "1", *extra], capture_output=True, text=True,
                            env={**os.environ, "RESERVOIR_HOME": home})
     if r.returncode:
         raise SystemExit(r.stderr)
@@ -114,16 +115,20 @@ def peak_fit_memory(path: Path) -> tuple[float, float]:
 
 
 def memory(args) -> None:
-    print(f"\n## fit peak memory: ridge, one depth of 768 float32 features, N = {args.rows:,d} and 10N")
-    print("| train rows | features of one depth (MiB) | peak RSS of fit (MiB) | seconds |")
-    print("|---|---|---|---|")
+    print(f"\n## fit peak memory: one depth of 768 float32 features, N = {args.rows:,d} and 10N "
+          f"(logreg and torch streamed with --memory-mb 1)")
+    print("| head | train rows | features of one depth (MiB) | peak RSS of fit (MiB) | seconds |")
+    print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for n in (args.rows, 10 * args.rows):
-            path = Path(tmp) / f"{n}.h5"
-            synthetic_file(path, n)
-            peak, seconds = peak_fit_memory(path)
-            print(f"| {n:,d} | {n * 768 * 4 / 2**20:,.0f} | {peak:,.0f} | {seconds:.1f} |")
-            path.unlink()
+        for head in args.heads.split(","):
+            rows = args.rows if head == "ridge" else args.stream_rows
+            for n in (rows, 10 * rows):
+                path = Path(tmp) / f"{n}.h5"
+                if not path.exists():
+                    synthetic_file(path, n)
+                extra = [] if head == "ridge" else ["--memory-mb", "1"]
+                peak, seconds = peak_fit_memory(path, head, extra)
+                print(f"| {head} | {n:,d} | {n * 768 * 4 / 2**20:,.0f} | {peak:,.0f} | {seconds:.1f} |", flush=True)
 
 
 def main() -> None:
@@ -131,7 +136,9 @@ def main() -> None:
     p.add_argument("--parts", default="throughput,memory", help="comma-separated: throughput, memory")
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="data folder with mnist/ (throughput)")
     p.add_argument("--limit", type=int, default=1000, help="examples per split for the throughput part")
-    p.add_argument("--rows", type=int, default=20_000, help="N for the memory part")
+    p.add_argument("--rows", type=int, default=20_000, help="N for the memory part (ridge)")
+    p.add_argument("--stream-rows", type=int, default=2_000, help="N for the streamed logreg and torch heads")
+    p.add_argument("--heads", default="ridge,logreg", help="heads of the memory part (ridge, logreg, torch)")
     args = p.parse_args()
     import torch
 

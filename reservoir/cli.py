@@ -252,8 +252,13 @@ def extract(settings: Settings, task, backbone, split, limit, seed, input_scale,
                    + shown(FitConfig, "val_fraction"))
 @click.option("--seed", type=int, default=None, help="Seeds the validation split and the torch head." + shown(FitConfig, "seed"))
 @device_option(FitConfig)
+@click.option("--memory-mb", type=click.IntRange(min=1), default=None,
+              help="Train features of a depth above this many MiB are streamed from the file instead of loaded "
+                   "(logreg: L-BFGS over streamed gradients; torch: block-wise mini-batches; ridge always streams)."
+                   + shown(FitConfig, "memory_mb"))
 @pass_settings
-def fit(settings: Settings, task, backbone, features, depths, depth, head, val_fraction, seed, device) -> None:
+def fit(settings: Settings, task, backbone, features, depths, depth, head, val_fraction, seed, device,
+        memory_mb) -> None:
     """Fit a linear head per depth on cached features; print the depth table."""
     from reservoir.fit import fit as run_fit
     from reservoir.report import depth_table
@@ -261,7 +266,7 @@ def fit(settings: Settings, task, backbone, features, depths, depth, head, val_f
     if task is None and features is None:
         raise click.UsageError("give --features FILE, or --task (and --backbone) to find the extracted file")
     cfg = run(from_options, FitConfig, task=task, backbone=backbone, features=features, depths=depths, head=head,
-              val_fraction=val_fraction, seed=seed, device=device)
+              val_fraction=val_fraction, seed=seed, device=device, memory_mb=memory_mb)
     click.echo(depth_table(run(run_fit, cfg, progress=not settings.quiet)))
 
 

@@ -242,6 +242,8 @@ class FitConfig:
     val_fraction : share of train carved out (seeded) to choose regularisation.
     seed : seeds the validation split and the torch head.
     device : where the torch head trains (``auto``: a CUDA GPU when present, else the CPU).
+    memory_mb : features of one depth (train rows) above this many MiB are never loaded at once:
+        the logistic and torch heads then train on blocks read from the file (ridge always does).
     """
 
     task: str | None = None
@@ -252,9 +254,11 @@ class FitConfig:
     val_fraction: float = 0.1
     seed: int = 0
     device: str = "auto"
+    memory_mb: int = 1024
 
     def __post_init__(self) -> None:
         _check_choice("fit", "head", self.head, HEAD_CHOICES)
+        _check_min("fit", "memory_mb", self.memory_mb, 1)
         check_device("fit", self.device)
         if not 0 < self.val_fraction < 1:
             raise UsageError(f"The 'val_fraction' parameter of fit must be in (0, 1). Got {self.val_fraction!r} instead.")

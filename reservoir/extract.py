@@ -36,7 +36,7 @@ from torch import nn
 
 from reservoir.backbones import load_backbone
 from reservoir.config import ExtractConfig, select_depths
-from reservoir.forward import Batch, FeatureRunner, Reservoir, check_length, resolve_device, resolve_dtype
+from reservoir.forward import Batch, FeatureRunner, Reservoir, check_length, resolve, resolve_device, resolve_dtype
 from reservoir.identity import digest as identity_hash
 from reservoir.identity import feature_identity, features_path_for
 from reservoir.input_layer import input_layer_tensors
@@ -152,7 +152,8 @@ class BackgroundWriter:
                 if job is None:
                     return
                 if self.error is None:
-                    self.writer.write(*job)
+                    split, rows, features = job
+                    self.writer.write(split, rows, resolve(features))  # a GPU copy finishes here, off the main thread
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 self.error = e
             finally:
@@ -319,7 +320,7 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
                         contextlib.closing(prefetch(batches(split))) as stream:
                     for rows, batch in stream:
                         fresh = len(rows) - int(done[split][rows].sum())  # a resumed batch may hold done rows
-                        background.submit(split, rows, runner.run(batch))
+                        background.submit(split, rows, runner.run_async(batch))
                         shown.update(fresh)
             background.drain()
         finally:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import numpy as np
 
 from reservoir import __version__
 from reservoir.config import FitConfig, features_dir, select_depths, slug
@@ -33,6 +34,11 @@ class FileRows(Rows):
 
     def take(self, index) -> "FileRows":
         return FileRows(self.f, self.split, self.depth, index if self.index is None else self.index[index])
+
+    @property
+    def nbytes(self) -> int:
+        ds = self.f[self.split]["features"]
+        return self.n * int(np.prod(ds.shape[2:])) * ds.dtype.itemsize
 
     def blocks(self):
         for X, y in iter_depth(self.f, self.split, self.depth, select=self.index):
@@ -141,7 +147,8 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
                 per_test[test] = fit_rows(cfg.head, FileRows(f, "train", depth), FileRows(f, test, depth),
                                           val=FileRows(f, val, depth) if val else None,
                                           val_fraction=cfg.val_fraction, seed=cfg.seed,
-                                          device=cfg.device if cfg.head == "torch" else "cpu")
+                                          device=cfg.device if cfg.head == "torch" else "cpu",
+                                          memory_bytes=cfg.memory_mb * 2**20)
             scores = {**per_test[tests[0]], "test_split": tests[0],
                       "test_accuracies": {t: s["test_accuracy"] for t, s in per_test.items()},
                       "n_tests": {t: s["n_test"] for t, s in per_test.items()}}

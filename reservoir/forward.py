@@ -166,6 +166,21 @@ class CompiledOrEager:
             return self.eager(*args, **kwargs)
 
 
+class Pending(NamedTuple):
+    """Features being copied from the GPU into pinned host memory; :func:`resolve` waits for them."""
+
+    host: torch.Tensor
+    done: Any  # torch.cuda.Event
+
+
+def resolve(features: "np.ndarray | Pending") -> np.ndarray:
+    """The features as a numpy array (waiting for a GPU copy to finish)."""
+    if isinstance(features, Pending):
+        features.done.synchronize()
+        return features.host.numpy()
+    return features
+
+
 def round_width(width: int, seq_len: int, multiple: int = WIDTH_MULTIPLE) -> int:
     """``width`` rounded up to ``multiple``, but never past the task's length (positions run out there)."""
     return max(width, min(-(-width // multiple) * multiple, seq_len))
@@ -255,8 +270,21 @@ class FeatureRunner:
     @torch.inference_mode()
     def run(self, batch: Batch) -> np.ndarray:
         """Features ``(n, n_depths, n_readout, d)`` of the batch's real rows (as float32 numpy)."""
+        return resolve(self.run_async(batch))
+
+    @torch.inference_mode()
+    def run_async(self, batch: Batch) -> "np.ndarray | Pending":
+        """As :meth:`run`, but on a GPU the copy back to (pinned) host memory is only started: the
+        result is a :class:`Pending` that the writer thread resolves while the next batch runs."""
         args = [t.to(self.device, non_blocking=True) for t in (batch.tokens, batch.lengths, batch.readout)]
-        return self.forward(*args)[: batch.n].cpu().numpy()
+        out = self.forward(*args)[: batch.n]
+        if self.device.type != "cuda":
+            return out.cpu().numpy()
+        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host.copy_(out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Pending(host, done)
 
     def __call__(self, tokens: np.ndarray, lengths: np.ndarray, padded: bool = False) -> np.ndarray:
         return self.run(self.prepare(tokens, lengths, padded))

@@ -341,6 +341,27 @@ class Rows:
         parts = list(self.blocks())
         return np.concatenate([X for X, _ in parts]), np.concatenate([y for _, y in parts])
 
+    @property
+    def nbytes(self) -> int:  # pragma: no cover - abstract
+        """Bytes of features these rows hold (what loading them costs)."""
+        raise NotImplementedError
+
+
+class Concat(Rows):
+    """Several row sources one after another (the refit on train and validation)."""
+
+    def __init__(self, *sources: Rows):
+        self.sources = sources
+        self.labels = np.concatenate([s.labels for s in sources])
+
+    def blocks(self):
+        for source in self.sources:
+            yield from source.blocks()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.sources)
+
 
 class ArrayRows(Rows):
     """Rows held in memory: readout features ``(N, R, d)`` and their labels."""
@@ -357,6 +378,138 @@ class ArrayRows(Rows):
     def take(self, index: np.ndarray) -> "ArrayRows":
         return ArrayRows(self.X[index], self.labels[index])
 
+    @property
+    def nbytes(self) -> int:
+        return int(self.X.nbytes)
+
+
+# -- streaming heads: every pass reads the rows block by block -------------------------------------
+
+
+def _shape(source: Rows) -> tuple[int, int]:
+    """Outputs per row and classes per output, as :func:`rows` makes rows of the labels."""
+    return (source.labels.shape[2] if source.labels.ndim == 3 else 1), int(source.labels.max()) + 1
+
+
+def moments(source: Rows) -> tuple[np.ndarray, np.ndarray, int]:
+    """Mean and scale of the features (``StandardScaler``'s, a constant feature scaled by 1) and the
+    number of rows, in one pass."""
+    n, total, squares = 0, None, None
+    for X, _ in source.blocks():
+        x = X.astype(np.float64)
+        total = x.sum(0) if total is None else total + x.sum(0)
+        squares = (x * x).sum(0) if squares is None else squares + (x * x).sum(0)
+        n += len(x)
+    mean = total / n
+    var = np.maximum(squares / n - mean * mean, 0.0)
+    return mean, np.where(var > 0, np.sqrt(var), 1.0), n
+
+
+def _scores_to_pred(scores: np.ndarray, m: int, k: int) -> np.ndarray:
+    """Logits ``(n, m * k)`` -> class ids ``(n, m)``; ``k == 1`` is a binary logit per output."""
+    z = scores.reshape(len(scores), m, k)
+    return (z[:, :, 0] > 0).astype(np.int64) if k == 1 else z.argmax(-1)
+
+
+def _as_labels(pred: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return pred[:, 0] if y.ndim == 1 else pred
+
+
+def stream_accuracy(predict: Callable[[np.ndarray], np.ndarray], source: Rows) -> float:
+    """Fraction correct over every output of ``source``, predicted block by block."""
+    correct, total = 0.0, 0
+    for X, y in source.blocks():
+        correct += float(np.sum(_as_labels(predict(X), y) == y))
+        total += y.size
+    return correct / total
+
+
+def streaming_logistic(C: float, source: Rows, *, seed: int = 0, device: str = "cpu", max_iter: int = 300,
+                       tol: float = 1e-4) -> Callable[[np.ndarray], np.ndarray]:
+    """Logistic regression out of core: scikit-learn's objective (``C`` times the summed log loss
+    plus half the squared weights, intercept unpenalised, on standardized features; softmax over
+    the classes, or one logit for two classes, per output) minimised by SciPy's L-BFGS, each
+    loss and gradient computed over the rows block by block. Returns a predictor ``X -> (n, m)``."""
+    from scipy.optimize import minimize
+
+    mean, scale, n = moments(source)
+    m, c = _shape(source)
+    k = 1 if c == 2 else c
+    d = len(mean)
+
+    def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        W, b = theta[: d * m * k].reshape(d, m * k), theta[d * m * k:]
+        loss, gW, gb = 0.0, np.zeros_like(W), np.zeros_like(b)
+        for X, y in source.blocks():
+            Z = (X.astype(np.float64) - mean) / scale
+            Y = _outputs(y)
+            logits = (Z @ W + b).reshape(len(Z), m, k)
+            if k == 1:
+                z = logits[:, :, 0]
+                loss += float(np.sum(np.logaddexp(0, z) - Y * z))
+                G = (1 / (1 + np.exp(-z)) - Y)[:, :, None]
+            else:
+                top = logits.max(-1, keepdims=True)
+                lse = top[..., 0] + np.log(np.exp(logits - top).sum(-1))
+                loss += float(np.sum(lse - np.take_along_axis(logits, Y[:, :, None], -1)[..., 0]))
+                G = np.exp(logits - lse[..., None])
+                np.put_along_axis(G, Y[:, :, None], np.take_along_axis(G, Y[:, :, None], -1) - 1, -1)
+            G = G.reshape(len(Z), m * k)
+            gW += Z.T @ G
+            gb += G.sum(0)
+        value = (C * loss + 0.5 * float(np.sum(W * W))) / n
+        return value, np.concatenate([(C * gW + W).ravel(), C * gb]) / n
+
+    result = minimize(objective, np.zeros(d * m * k + m * k), jac=True, method="L-BFGS-B",
+                      options={"maxiter": max_iter, "gtol": tol / n, "maxls": 50})
+    W, b = result.x[: d * m * k].reshape(d, m * k), result.x[d * m * k:]
+    return lambda X: _scores_to_pred(((X.astype(np.float64) - mean) / scale) @ W + b, m, k)
+
+
+def streaming_linear(weight_decay: float, source: Rows, *, seed: int = 0, device: str = "cpu", lr: float = 1e-2,
+                     epochs: int = 30, batch_size: int = 256) -> Callable[[np.ndarray], np.ndarray]:
+    """:class:`TorchHead` out of core: the same layer, loss and Adam, on standardized features,
+    with mini-batches drawn block by block (blocks in file order, rows shuffled within a block)."""
+    from reservoir.forward import resolve_device
+
+    dev = resolve_device(device)
+    mean, scale, _ = moments(source)
+    m, c = _shape(source)
+    g = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        linear = torch.nn.Linear(len(mean), m * c).to(dev)
+    opt = torch.optim.Adam(linear.parameters(), lr=lr)
+    shift = torch.from_numpy(mean.astype(np.float32)).to(dev)
+    div = torch.from_numpy(scale.astype(np.float32)).to(dev)
+    for _ in range(epochs):
+        for X, y in source.blocks():
+            Xt = (torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)).to(dev) - shift) / div
+            Yt = torch.from_numpy(_outputs(y).astype(np.int64)).to(dev)
+            for idx in torch.randperm(len(Xt), generator=g).to(dev).split(batch_size):
+                opt.zero_grad()
+                logits = linear(Xt[idx]).view(len(idx), m, c)
+                loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), Yt[idx])
+                (loss + weight_decay * linear.weight.pow(2).sum()).backward()
+                opt.step()
+
+    def predict(X: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            Xt = (torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)).to(dev) - shift) / div
+            return linear(Xt).view(len(Xt), m, c).argmax(-1).cpu().numpy()
+
+    return predict
+
+
+def search_streaming(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_with_val: bool, seed: int,
+                     device: str = "cpu") -> tuple[dict[float, float], float, float]:
+    """:func:`search_refit` for rows that do not fit in memory: ``kind.stream`` trains on rows read
+    block by block, validation and test are scored block by block."""
+    scores = {value: stream_accuracy(kind.stream(value, fit, seed=seed, device=device), val) for value in kind.grid}
+    best = _best(kind.grid, scores)
+    train = Concat(fit, val) if refit_with_val else fit
+    return scores, best, stream_accuracy(kind.stream(best, train, seed=seed, device=device), test)
+
 
 def _best(grid: tuple[float, ...], scores: dict[float, float]) -> float:
     """The best-scoring value; ties go to the first in the grid."""
@@ -364,13 +517,17 @@ def _best(grid: tuple[float, ...], scores: dict[float, float]) -> float:
 
 
 def search_refit(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_with_val: bool,
-                 seed: int, device: str = "cpu") -> tuple[dict[float, float], float, float]:
+                 seed: int, device: str = "cpu", memory_bytes: int | None = None) -> tuple[dict[float, float], float, float]:
     """Any head: fit a standardize-then-estimate pipeline per grid value on ``fit``, score it on
     ``val``, refit the best on ``fit`` (+ ``val`` when ``refit_with_val``) and score ``test``.
-    The rows are loaded into memory.
+    The rows are loaded into memory, unless the training rows hold more than ``memory_bytes`` of
+    features: then :func:`search_streaming` reads them block by block.
 
     Returns ``(val accuracy per value, best value, test accuracy)``.
     """
+    train_bytes = fit.nbytes + (val.nbytes if refit_with_val else 0)
+    if memory_bytes is not None and train_bytes > memory_bytes and kind.stream is not None:
+        return search_streaming(kind, fit, val, test, refit_with_val=refit_with_val, seed=seed, device=device)
     fit, val, test = fit.load(), val.load(), test.load()
     def make(value):
         est = clone(kind.estimator).set_params(**{kind.param: value})
@@ -387,7 +544,7 @@ def search_refit(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_wi
 
 
 def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_with_val: bool,
-                 seed: int, device: str = "cpu") -> tuple[dict[float, float], float, float]:
+                 seed: int, device: str = "cpu", memory_bytes: int | None = None) -> tuple[dict[float, float], float, float]:
     """The ridge head's :func:`search_refit`, from statistics: one pass over ``fit`` and one
     eigendecomposition score every alpha of the grid; the refit adds the statistics of
     ``val`` and decomposes once more. Same results as a standardized ridge per alpha."""
@@ -427,12 +584,14 @@ class HeadKind:
     param: str
     grid: tuple[float, ...]
     search: Callable[..., tuple[dict[float, float], float, float]] = field(default=search_refit, repr=False)
+    #: trains on rows read block by block: ``stream(value, rows, seed=, device=) -> predict``
+    stream: Callable[..., Callable[[np.ndarray], np.ndarray]] | None = field(default=None, repr=False)
 
 
 HEADS = {
-    "logreg": HeadKind(LogRegHead(), "C", (0.001, 0.01, 0.1, 1.0, 10.0)),
+    "logreg": HeadKind(LogRegHead(), "C", (0.001, 0.01, 0.1, 1.0, 10.0), stream=streaming_logistic),
     "ridge": HeadKind(RidgeHead(), "alpha", (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0), search_ridge),
-    "torch": HeadKind(TorchHead(), "weight_decay", (0.0, 1e-4, 1e-3, 1e-2)),
+    "torch": HeadKind(TorchHead(), "weight_decay", (0.0, 1e-4, 1e-3, 1e-2), stream=streaming_linear),
 }
 
 
@@ -465,13 +624,15 @@ def holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndar
 
 
 def fit_rows(head: str, train: Rows, test: Rows, *, val: Rows | None = None, val_fraction: float = 0.1,
-             seed: int = 0, device: str = "cpu") -> dict[str, Any]:
+             seed: int = 0, device: str = "cpu", memory_bytes: int | None = None) -> dict[str, Any]:
     """Choose the head's regularisation on validation, refit on all of train, score test.
 
     Without an explicit ``val``, a seeded (stratified for single-label tasks) ``val_fraction``
     of train is held out (``train`` must then offer ``take(index)``) and the refit uses train
     and validation; with one, the refit uses train. BLAS and OpenMP run :func:`head_threads`
-    threads meanwhile.
+    threads meanwhile. ``device`` is where the torch head trains. With ``memory_bytes``,
+    training rows holding more features than that are never loaded at once: ridge always
+    accumulates block by block, the logistic and torch heads then stream (:func:`search_streaming`).
     """
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; choose from {sorted(HEADS)}")
@@ -485,7 +646,7 @@ def fit_rows(head: str, train: Rows, test: Rows, *, val: Rows | None = None, val
         fit = train
     with threadpool_limits(limits=head_threads()):
         scores, best, test_accuracy = kind.search(kind, fit, val, test, refit_with_val=held_out, seed=seed,
-                                                  device=device)
+                                                  device=device, memory_bytes=memory_bytes)
     return {
         "test_accuracy": test_accuracy,
         "val_accuracy": scores[best],

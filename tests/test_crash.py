@@ -38,7 +38,7 @@ def test_a_torn_chunk_in_a_partial_file_is_not_trusted(cli, home, tmp_path, monk
             "--dtype", "float32", "--batch-size", "50")
     assert cli(*args, "--out", str(tmp_path / "ref.h5")).exit_code == 0
     calls = {"n": 0}
-    run = FeatureRunner.run
+    run = FeatureRunner.run_async
 
     def killed_after_two(self, batch):
         calls["n"] += 1
@@ -46,7 +46,7 @@ def test_a_torn_chunk_in_a_partial_file_is_not_trusted(cli, home, tmp_path, monk
             raise SystemExit(1)  # the run dies; the writer thread has flushed two batches
         return run(self, batch)
 
-    monkeypatch.setattr(FeatureRunner, "run", killed_after_two)
+    monkeypatch.setattr(FeatureRunner, "run_async", killed_after_two)
     cli(*args, "--out", str(out))
     monkeypatch.undo()
     partial = tmp_path / "f.h5.partial"

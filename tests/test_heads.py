@@ -206,3 +206,86 @@ def test_fit_depth_limits_threads(monkeypatch):
         {lib["num_threads"] for lib in threadpool_info()}) or original(self))
     fit_depth("ridge", X[:200, None], y[:200], X[200:, None], y[200:])
     assert decompositions == [{head_threads()}, {head_threads()}]  # one for the grid, one for the refit
+
+
+# -- out of core: the logistic and torch heads on rows read block by block ---------------------------
+
+
+from reservoir.heads import Rows  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
+
+
+class BlockRows(Rows):
+    """ArrayRows that hand out their rows in small blocks (as a feature file does)."""
+
+    def __init__(self, X, y, block=37):
+        from reservoir.heads import ArrayRows
+
+        self.inner, self.block = ArrayRows(X, y), block
+        self.labels = y
+
+    @property
+    def nbytes(self):
+        return self.inner.nbytes
+
+    def blocks(self):
+        from reservoir.heads import rows
+
+        for i in range(0, len(self.labels), self.block):
+            yield rows(self.inner.X[i:i + self.block], self.labels[i:i + self.block])
+
+    def take(self, index):
+        return BlockRows(self.inner.X[index], self.labels[index], self.block)
+
+
+def separable(n=600, d=24, classes=4, seed=0, outputs=None):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(classes, d))
+    y = rng.integers(0, classes, n if outputs is None else (n, 1, outputs))
+    first = y if outputs is None else y[:, 0, 0]
+    X = (centres[first] + 1.5 * rng.normal(size=(n, d)) + 5.0)[:, None, :].astype(np.float32)
+    return X, y
+
+
+@pytest.mark.parametrize("classes", [4, 2])
+def test_streaming_logistic_matches_scikit_learn(classes):
+    from sklearn.linear_model import LogisticRegression
+
+    from reservoir.heads import streaming_logistic
+
+    X, y = separable(classes=classes)
+    ref = make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=1000, tol=1e-8)).fit(X[:, 0], y)
+    predict = streaming_logistic(0.1, BlockRows(X, y), tol=1e-8, max_iter=1000)
+    agree = np.mean(predict(X[:, 0])[:, 0] == ref.predict(X[:, 0]))
+    assert agree >= 0.995, agree
+
+
+def test_streaming_logistic_handles_bits_as_independent_outputs():
+    from sklearn.linear_model import LogisticRegression
+
+    from reservoir.heads import streaming_logistic
+
+    X, y = separable(classes=2, outputs=3)
+    y[:, 0, 1] = 1 - y[:, 0, 0]  # outputs that differ
+    predict = streaming_logistic(1.0, BlockRows(X, y))
+    pred = predict(X[:, 0])
+    assert pred.shape == (600, 3) and np.mean(pred == y[:, 0]) > 0.8
+    for j in range(2):
+        ref = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=1000)).fit(X[:, 0], y[:, 0, j])
+        assert np.mean(pred[:, j] == ref.predict(X[:, 0])) >= 0.99
+
+
+@pytest.mark.parametrize("head", ["logreg", "torch"])
+def test_over_the_memory_budget_heads_stream_instead_of_loading(head, monkeypatch):
+    from reservoir import heads
+
+    X, y = separable(n=800)
+    train, test = BlockRows(X[:600], y[:600]), BlockRows(X[600:], y[600:])
+    in_memory = heads.fit_rows(head, train, test, seed=0)
+    monkeypatch.setattr(heads.Rows, "load", lambda self: pytest.fail("rows were loaded"))
+    monkeypatch.setattr(heads.ArrayRows, "load", lambda self: pytest.fail("rows were loaded"))
+    streamed = heads.fit_rows(head, train, test, seed=0, memory_bytes=1)
+    assert streamed["n_train"] == 600 and streamed["n_test"] == 200
+    assert abs(streamed["test_accuracy"] - in_memory["test_accuracy"]) <= 0.03
+    assert streamed["test_accuracy"] > 0.8  # 4 classes: chance is 0.25

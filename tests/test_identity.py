@@ -49,7 +49,7 @@ def no_compute(monkeypatch):
     def refuse(self, batch):
         raise AssertionError("features were recomputed")
 
-    monkeypatch.setattr(FeatureRunner, "run", refuse)
+    monkeypatch.setattr(FeatureRunner, "run_async", refuse)
 
 
 def test_unchanged_rerun_reuses_the_file_without_recomputing(extract, home, monkeypatch):
@@ -60,7 +60,7 @@ def test_unchanged_rerun_reuses_the_file_without_recomputing(extract, home, monk
     def refuse(self, batch):
         raise AssertionError("features were recomputed")
 
-    monkeypatch.setattr(FeatureRunner, "run", refuse)
+    monkeypatch.setattr(FeatureRunner, "run_async", refuse)
     code, out, again = extract("--seed", "1", "--dtype", "float32")
     assert code == 0 and again == path, out
     assert (path.stat().st_mtime_ns, path.read_bytes()) == before
@@ -160,7 +160,7 @@ def test_a_partial_file_of_another_run_is_not_resumed(extract, home, monkeypatch
     def killed(self, batch):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(FeatureRunner, "run", killed)
+    monkeypatch.setattr(FeatureRunner, "run_async", killed)
     with pytest.raises(KeyboardInterrupt):
         run_extract(ExtractConfig(task="digits", backbone=str(tiny_gpt2), limit=24, dtype="float32", batch_size=8,
                                   seed=3, out=out), progress=False)
