@@ -1,6 +1,6 @@
 """Memory stays flat as the dataset grows: peak RSS of an extraction of 2,000 and 20,000 examples.
 
-    .venv/bin/python benchmarks/memory.py --data-dir /work/shared/data
+    .venv/bin/python benchmarks/memory.py --data-dir DATA
     .venv/bin/python benchmarks/memory.py --task bit_xor --task-opt n_train=20000
 
 Each size runs ``reservoir extract`` (the default path: dtype, compile and batch size as

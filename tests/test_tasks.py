@@ -8,7 +8,8 @@ import pytest
 from reservoir.tasks import get_task, list_tasks
 from reservoir.tasks import listops
 
-SHARED_MNIST = "/work/shared/data"
+#: a data folder holding the real MNIST files (mnist/), for the test that reads them
+SHARED_MNIST = __import__("os").environ.get("RESERVOIR_TEST_DATA", "data")
 
 
 def data_dir_for(name: str, tmp_path):
@@ -130,7 +131,7 @@ def test_listops_reads_lra_tsv(tmp_path):
         get_task("listops", source="lra").load("val", tmp_path)
 
 
-@pytest.mark.skipif(not __import__("os").path.exists(SHARED_MNIST + "/mnist"), reason="shared MNIST not present")
+@pytest.mark.skipif(not __import__("os").path.exists(SHARED_MNIST + "/mnist"), reason="real MNIST not present: set RESERVOIR_TEST_DATA to a data folder holding mnist/")
 def test_real_mnist_layout():
     task = get_task("mnist")
     d = task.load("test", SHARED_MNIST)
