@@ -102,8 +102,8 @@ def select_depths(value: Any, available: Sequence[int], where: str) -> list[int]
     if parsed == "all":
         return available
     top = available[-1]
+    bad = [d for d in parsed if (top + 1 + d if d < 0 else d) not in available]
     depths = sorted({top + 1 + d if d < 0 else d for d in parsed})
-    bad = [d for d in depths if d not in available]
     if bad:
         contiguous = available == list(range(top + 1))
         allowed = f"in [0, {top}]" if contiguous else f"from {available}"

@@ -34,6 +34,8 @@ def test_bad_depths_and_task_options_exit_2_while_parsing(cli, home):
 def test_a_depth_the_backbone_lacks_exits_1_naming_the_range(cli, home):
     r = cli("extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,9", "--limit", "4")
     assert r.exit_code == 1 and "depth 9 is not available in backbone lstm (3 blocks); choose depths in [0, 3]" in r.output
+    r = cli("extract", "--task", "digits", "--backbone", "lstm", "--depths", "-9", "--limit", "4")
+    assert r.exit_code == 1 and "depth -9 is not available" in r.output  # the value given, not -9 + 4
     assert "Traceback" not in r.output and not (home / "features").exists()
 
 
