@@ -142,16 +142,11 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         extract_cfg = file_config(f)
         check_sizes(path, f["train"]["labels"][:], cfg, val is not None)
         for depth in depths:
-            per_test = {}
-            for test in tests:  # same data and seed, so the same head; scored on each test split
-                per_test[test] = fit_rows(cfg.head, FileRows(f, "train", depth), FileRows(f, test, depth),
-                                          val=FileRows(f, val, depth) if val else None,
-                                          val_fraction=cfg.val_fraction, seed=cfg.seed,
-                                          device=cfg.device if cfg.head == "torch" else "cpu",
-                                          memory_bytes=cfg.memory_mb * 2**20)
-            scores = {**per_test[tests[0]], "test_split": tests[0],
-                      "test_accuracies": {t: s["test_accuracy"] for t, s in per_test.items()},
-                      "n_tests": {t: s["n_test"] for t, s in per_test.items()}}
+            scores = fit_rows(cfg.head, FileRows(f, "train", depth), {t: FileRows(f, t, depth) for t in tests},
+                              val=FileRows(f, val, depth) if val else None, val_fraction=cfg.val_fraction,
+                              seed=cfg.seed, device=cfg.device if cfg.head == "torch" else "cpu",
+                              memory_bytes=cfg.memory_mb * 2**20)
+            scores["test_split"] = tests[0]
             result = {
                 "task": identity["task"], "backbone": identity["backbone"], "mode": "output-only", "depth": depth,
                 "head": cfg.head, "trainable": ["out"], "seed": cfg.seed, "lr": None, "version": __version__,

@@ -501,14 +501,19 @@ def streaming_linear(weight_decay: float, source: Rows, *, seed: int = 0, device
     return predict
 
 
-def search_streaming(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_with_val: bool, seed: int,
-                     device: str = "cpu") -> tuple[dict[float, float], float, float]:
+#: what a grid search returns: validation accuracy per value, the best value, and the refitted
+#: head's predictor ``X (n, d) -> (n, m)`` class ids, which scores every test split
+Search = tuple[dict[float, float], float, Callable[[np.ndarray], np.ndarray]]
+
+
+def search_streaming(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool, seed: int,
+                     device: str = "cpu") -> Search:
     """:func:`search_refit` for rows that do not fit in memory: ``kind.stream`` trains on rows read
-    block by block, validation and test are scored block by block."""
+    block by block, validation is scored block by block."""
     scores = {value: stream_accuracy(kind.stream(value, fit, seed=seed, device=device), val) for value in kind.grid}
     best = _best(kind.grid, scores)
     train = Concat(fit, val) if refit_with_val else fit
-    return scores, best, stream_accuracy(kind.stream(best, train, seed=seed, device=device), test)
+    return scores, best, kind.stream(best, train, seed=seed, device=device)
 
 
 def _best(grid: tuple[float, ...], scores: dict[float, float]) -> float:
@@ -516,19 +521,18 @@ def _best(grid: tuple[float, ...], scores: dict[float, float]) -> float:
     return max(grid, key=lambda v: (scores[v], -grid.index(v)))
 
 
-def search_refit(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_with_val: bool,
-                 seed: int, device: str = "cpu", memory_bytes: int | None = None) -> tuple[dict[float, float], float, float]:
+def search_refit(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool, seed: int, device: str = "cpu",
+                 memory_bytes: int | None = None) -> Search:
     """Any head: fit a standardize-then-estimate pipeline per grid value on ``fit``, score it on
-    ``val``, refit the best on ``fit`` (+ ``val`` when ``refit_with_val``) and score ``test``.
-    The rows are loaded into memory, unless the training rows hold more than ``memory_bytes`` of
-    features: then :func:`search_streaming` reads them block by block.
-
-    Returns ``(val accuracy per value, best value, test accuracy)``.
+    ``val``, refit the best on ``fit`` (+ ``val`` when ``refit_with_val``). The rows are loaded
+    into memory, unless the training rows hold more than ``memory_bytes`` of features: then
+    :func:`search_streaming` reads them block by block.
     """
     train_bytes = fit.nbytes + (val.nbytes if refit_with_val else 0)
     if memory_bytes is not None and train_bytes > memory_bytes and kind.stream is not None:
-        return search_streaming(kind, fit, val, test, refit_with_val=refit_with_val, seed=seed, device=device)
-    fit, val, test = fit.load(), val.load(), test.load()
+        return search_streaming(kind, fit, val, refit_with_val=refit_with_val, seed=seed, device=device)
+    fit, val = fit.load(), val.load()
+
     def make(value):
         est = clone(kind.estimator).set_params(**{kind.param: value})
         if "seed" in est.get_params():
@@ -540,11 +544,12 @@ def search_refit(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_wi
     scores = {value: accuracy(make(value).fit(*fit).predict(val[0]), val[1]) for value in kind.grid}
     best = _best(kind.grid, scores)
     train = tuple(np.concatenate([a, b]) for a, b in zip(fit, val)) if refit_with_val else fit
-    return scores, best, accuracy(make(best).fit(*train).predict(test[0]), test[1])
+    model = make(best).fit(*train)
+    return scores, best, lambda X: _outputs(model.predict(X))
 
 
-def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_with_val: bool,
-                 seed: int, device: str = "cpu", memory_bytes: int | None = None) -> tuple[dict[float, float], float, float]:
+def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool, seed: int, device: str = "cpu",
+                 memory_bytes: int | None = None) -> Search:
     """The ridge head's :func:`search_refit`, from statistics: one pass over ``fit`` and one
     eigendecomposition score every alpha of the grid; the refit adds the statistics of
     ``val`` and decomposes once more. Same results as a standardized ridge per alpha."""
@@ -572,7 +577,8 @@ def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, test: Rows, *, refit_wi
     scores = scores_of(stats.decompose(), kind.grid, val)
     best = _best(kind.grid, scores)
     path = (stats + accumulate(val)).decompose() if refit_with_val else stats.decompose()
-    return scores, best, scores_of(path, [best], test)[best]
+    coef, intercept = path.coef(best)
+    return scores, best, lambda X: _argmax(X @ coef + intercept, m, c, 2)
 
 
 @dataclass(frozen=True)
@@ -611,7 +617,7 @@ def rows(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def fit_depth(head: str, X_train, y_train, X_test, y_test, *, X_val=None, y_val=None, val_fraction: float = 0.1,
               seed: int = 0) -> dict[str, Any]:
     """:func:`fit_rows` on arrays: ``X_*`` are ``(N, R, d)`` readout features."""
-    return fit_rows(head, ArrayRows(X_train, y_train), ArrayRows(X_test, y_test),
+    return fit_rows(head, ArrayRows(X_train, y_train), {"test": ArrayRows(X_test, y_test)},
                     val=None if X_val is None else ArrayRows(X_val, y_val), val_fraction=val_fraction, seed=seed)
 
 
@@ -623,9 +629,11 @@ def holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndar
     return np.sort(fit), np.sort(val)
 
 
-def fit_rows(head: str, train: Rows, test: Rows, *, val: Rows | None = None, val_fraction: float = 0.1,
+def fit_rows(head: str, train: Rows, tests: dict[str, Rows], *, val: Rows | None = None, val_fraction: float = 0.1,
              seed: int = 0, device: str = "cpu", memory_bytes: int | None = None) -> dict[str, Any]:
-    """Choose the head's regularisation on validation, refit on all of train, score test.
+    """Choose the head's regularisation on validation, refit on all of train, score every test
+    split with that one head (``test_accuracy`` and ``n_test`` are the first split's;
+    ``test_accuracies`` and ``n_tests`` hold each).
 
     Without an explicit ``val``, a seeded (stratified for single-label tasks) ``val_fraction``
     of train is held out (``train`` must then offer ``take(index)``) and the refit uses train
@@ -645,12 +653,14 @@ def fit_rows(head: str, train: Rows, test: Rows, *, val: Rows | None = None, val
     else:
         fit = train
     with threadpool_limits(limits=head_threads()):
-        scores, best, test_accuracy = kind.search(kind, fit, val, test, refit_with_val=held_out, seed=seed,
-                                                  device=device, memory_bytes=memory_bytes)
+        scores, best, predict = kind.search(kind, fit, val, refit_with_val=held_out, seed=seed, device=device,
+                                            memory_bytes=memory_bytes)
+        accuracies = {name: stream_accuracy(predict, test) for name, test in tests.items()}
+    first = next(iter(tests))
     return {
-        "test_accuracy": test_accuracy,
+        "test_accuracy": accuracies[first], "test_accuracies": accuracies,
         "val_accuracy": scores[best],
-        "n_train": train.n, "n_val": val.n, "n_test": test.n,
+        "n_train": train.n, "n_val": val.n, "n_test": tests[first].n, "n_tests": {k: t.n for k, t in tests.items()},
         "hyperparameters": {kind.param: best}, "val_scores": {str(k): v for k, v in scores.items()},
         "seconds": time.perf_counter() - start,
     }
