@@ -145,6 +145,18 @@ def check_complete_match(path: Path, identity: dict[str, Any]) -> None:
         check_shards(f)
 
 
+def quiet_h5py_cleanup(hook):
+    """An unraisable hook that drops h5py's reports of handles it cannot close after a failed write
+    (the write itself raised, and the command reported it in the user's words); others reach ``hook``."""
+
+    def unraisable(info):
+        if "h5py" in f"{getattr(info, 'object', '')!r}{getattr(info, 'err_msg', '')}":
+            return
+        hook(info)
+
+    return unraisable
+
+
 @contextlib.contextmanager
 def silenced_stderr():
     """Silence stderr, Python's and the process's (h5py prints failed handle closes below Python)."""
@@ -176,29 +188,15 @@ def readable(f: h5py.File) -> bool:
     return True
 
 
-def abandon(f: h5py.File, handles: dict | None = None) -> None:
-    """Drop ``handles`` and close ``f`` after a failed write, with h5py's reports of handles it
-    cannot close silenced: the failure is reported once, in the user's words."""
-    with silenced_stderr(), contextlib.suppress(OSError, RuntimeError):
-        if handles:
-            handles.clear()
-        if f.id.valid:
-            f.close()
-
-
 def write_failed(path: Path, e: Exception) -> StoreError:
     """A failed write in the user's words: a full disk says so, every case says what to do.
 
-    The failed call's frames (the whole exception chain) are freed here with stderr silenced:
-    they hold HDF5 handles that h5py, failing to close them on a full disk, would report as
-    tracebacks."""
+    The failed call's frames are freed here with stderr silenced: they hold HDF5 handles that
+    h5py, failing to close them on a full disk, would report as tracebacks."""
     import errno
 
     with silenced_stderr():
-        x: BaseException | None = e
-        while x is not None:
-            x.__traceback__ = None
-            x = x.__context__
+        e.__traceback__ = None
     text = str(e)
     full = getattr(e, "errno", None) == errno.ENOSPC or "No space left" in text or "errno = 28" in text
     what = "the disk is full" if full else f"the write failed ({text.splitlines()[0] if text else type(e).__name__})"
@@ -263,16 +261,12 @@ class FeatureWriter:
                 print(f"{tmp} has a chunk that fails its checksum (a write was cut short); starting over",
                       file=sys.stderr)
                 os.remove(tmp)
-        f = None
         try:
             f = h5py.File(tmp, "w", track_order=False)
             _write_header(f, identity, config, input_layer)
             f.flush()
         except (OSError, RuntimeError) as e:
-            error = write_failed(tmp, e)
-            if f is not None:
-                abandon(f)
-            raise error from None
+            raise write_failed(tmp, e) from None
         return cls(path, f, lock)
 
     def split(self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
@@ -282,7 +276,7 @@ class FeatureWriter:
         try:
             self._create(name, labels, lengths, shape)
         except (OSError, RuntimeError) as e:
-            raise self._failed(e) from None
+            raise write_failed(partial_path(self.path), e) from None
         return np.zeros(len(labels), dtype=bool)
 
     def _create(self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]) -> None:
@@ -308,7 +302,7 @@ class FeatureWriter:
         try:
             self._write(split, sel, len(rows), features)
         except (OSError, RuntimeError) as e:  # h5py reports failed flushes as RuntimeError
-            raise self._failed(e) from None
+            raise write_failed(partial_path(self.path), e) from None
 
     def _write(self, split: str, sel, n: int, features: np.ndarray) -> None:
         if split not in self.handles:  # kept open for the run: no handle is created and dropped per write
@@ -331,21 +325,20 @@ class FeatureWriter:
             self.f.attrs["complete"] = True
             self.f.close()
         except (OSError, RuntimeError) as e:  # h5py reports failed flushes as RuntimeError
-            raise self._failed(e) from None
+            raise write_failed(partial_path(self.path), e) from None
         os.replace(partial_path(self.path), self.path)
         self.lock.release(remove=True)
         return self.path
 
-    def _failed(self, e: Exception) -> StoreError:
-        """A write failed (a full disk): give up the file here, quietly, and say so in words."""
-        error = write_failed(partial_path(self.path), e)
-        abandon(self.f, self.handles)
-        return error
-
     def close(self) -> None:
-        """Close (after a failure too) and release the lock."""
+        """Close after a failure too: a full disk refuses the last flushes, and h5py reports each
+        handle it cannot close on stderr; the run already failed with its own message, so that
+        report is silenced."""
         try:
-            abandon(self.f, self.handles)
+            with silenced_stderr(), contextlib.suppress(OSError, RuntimeError):
+                self.handles.clear()
+                if self.f.id.valid:
+                    self.f.close()
         finally:
             self.lock.release()
 
