@@ -9,6 +9,7 @@ Heavy modules (torch) are imported by the commands that need them.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import click
 from reservoir import __version__
 from reservoir.config import (DTYPE_CHOICES, HEAD_CHOICES, INPUT_SCALE_CHOICES, READOUT_CHOICES, TRAIN_DTYPES,
                               ExtractConfig, FitConfig, TrainConfig, default, from_options, parse_depths)
-from reservoir.errors import ReservoirError
+from reservoir.errors import ReservoirError, WriteFailed
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,11 @@ def run(fn, *args, **kwargs):
     """Call into the library; its foreseeable errors become exit status 1 with the message (no traceback)."""
     try:
         return fn(*args, **kwargs)
+    except WriteFailed as e:  # HDF5 cannot be shut down cleanly after a failed write: report and end here
+        click.echo(f"Error: {e}", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     except (ReservoirError, ValueError, OSError) as e:
         message = str(e) or type(e).__name__
         _drop_quietly(e)

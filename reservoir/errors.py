@@ -37,6 +37,12 @@ class StoreError(ReservoirError):
     """A feature file that is missing, unfinished, corrupt, locked or not a feature file."""
 
 
+class WriteFailed(StoreError):
+    """Writing a feature file failed (a full disk). HDF5's state in this process is not reliable
+    afterwards (closing its handles can crash the interpreter), so the command line reports it and
+    ends the process at once; the ``.partial`` file is resumed by the next run."""
+
+
 class IdentityError(StoreError):
     """An artifact whose recorded identity differs from the run asked for."""
 

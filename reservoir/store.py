@@ -32,7 +32,7 @@ import h5py
 import numpy as np
 
 from reservoir import __version__
-from reservoir.errors import IdentityError, StoreError, UsageError
+from reservoir.errors import IdentityError, StoreError, UsageError, WriteFailed
 from reservoir.identity import canonical, differences, digest
 
 CHUNK_BYTES = 1 << 20
@@ -140,9 +140,14 @@ def check_complete_match(path: Path, identity: dict[str, Any]) -> None:
     (IdentityError naming the differing fields, or StoreError, otherwise)."""
     with _open_h5(path) as f:
         check_identity(f, identity)
-        if not f.attrs.get("complete", False):
-            raise StoreError(f"{path} has this run's identity but is not marked complete; delete it to extract again")
-        check_shards(f)
+        check_ready(f)
+
+
+def check_ready(f: h5py.File) -> None:
+    """A feature file that may be read: marked complete, and every shard it reads present."""
+    if not f.attrs.get("complete", False):
+        raise StoreError(f"feature file {f.filename} is not complete; rerun `reservoir extract` to finish it")
+    check_shards(f)
 
 
 def quiet_h5py_cleanup(hook):
@@ -188,7 +193,24 @@ def readable(f: h5py.File) -> bool:
     return True
 
 
-def write_failed(path: Path, e: Exception) -> StoreError:
+#: room left for HDF5 metadata beside the features when checking free space
+HEADROOM_BYTES = 1 << 20
+
+
+def check_space(path: Path, nbytes: int) -> None:
+    """Refuse before writing when the disk holding ``path`` has less free space than ``nbytes``
+    (plus metadata headroom): a full disk is said up front, not found halfway."""
+    import shutil
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path.parent).free
+    if free < nbytes + HEADROOM_BYTES:
+        raise StoreError(f"{path} needs about {(nbytes + HEADROOM_BYTES) / 2**20:,.1f} MiB and {path.parent} has "
+                         f"{free / 2**20:,.1f} MiB free: the disk is full. Free space (or pass --out on "
+                         "another disk) and rerun the same command")
+
+
+def write_failed(path: Path, e: Exception) -> WriteFailed:
     """A failed write in the user's words: a full disk says so, every case says what to do.
 
     The failed call's frames are freed here with stderr silenced: they hold HDF5 handles that
@@ -200,7 +222,7 @@ def write_failed(path: Path, e: Exception) -> StoreError:
     text = str(e)
     full = getattr(e, "errno", None) == errno.ENOSPC or "No space left" in text or "errno = 28" in text
     what = "the disk is full" if full else f"the write failed ({text.splitlines()[0] if text else type(e).__name__})"
-    return StoreError(f"writing {path} stopped: {what}. Free space (or pass --out on another disk) and rerun the "
+    return WriteFailed(f"writing {path} stopped: {what}. Free space (or pass --out on another disk) and rerun the "
                       "same command: it resumes where it stopped")
 
 
@@ -211,33 +233,23 @@ class FeatureWriter:
         self.path, self.f, self.lock = path, f, lock
         self.handles: dict[str, tuple] = {}
 
-    @staticmethod
-    def check_space(path: Path, nbytes: int) -> None:
-        """Refuse before writing when the disk holding ``path`` has less free space than ``nbytes``."""
-        import shutil
-
-        free = shutil.disk_usage(path.parent).free
-        if free < nbytes:
-            raise StoreError(f"{path} needs about {nbytes / 2**20:,.1f} MiB and {path.parent} has "
-                             f"{free / 2**20:,.1f} MiB free: the disk is full. Free space (or pass --out on "
-                             "another disk) and rerun the same command")
-
     @classmethod
-    def open(cls, path: Path, identity: dict[str, Any], config: dict[str, Any],
-             input_layer: dict[str, Any]) -> "FeatureWriter":
+    def open(cls, path: Path, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any],
+             nbytes: int = 0) -> "FeatureWriter":
         """Lock ``path``, then open ``path.partial`` for writing, resuming it when its identity equals
-        ``identity`` (IdentityError naming the differences otherwise)."""
+        ``identity`` (IdentityError naming the differences otherwise). A new file must find
+        ``nbytes`` (the features it will hold) free on its disk."""
         path = Path(path)
         lock = WriterLock(path)
         try:
-            return cls._open(path, identity, config, input_layer, lock)
+            return cls._open(path, identity, config, input_layer, lock, nbytes)
         except BaseException:
             lock.release()
             raise
 
     @classmethod
     def _open(cls, path: Path, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any],
-              lock: WriterLock) -> "FeatureWriter":
+              lock: WriterLock, nbytes: int) -> "FeatureWriter":
         tmp = partial_path(path)
         if tmp.exists():
             f = None
@@ -261,6 +273,7 @@ class FeatureWriter:
                 print(f"{tmp} has a chunk that fails its checksum (a write was cut short); starting over",
                       file=sys.stderr)
                 os.remove(tmp)
+        check_space(tmp, nbytes)  # a resumed file has its space already
         try:
             f = h5py.File(tmp, "w", track_order=False)
             _write_header(f, identity, config, input_layer)
@@ -395,9 +408,7 @@ def open_features(path: Path) -> h5py.File:
     f = _open_h5(path)
     try:
         stored_identity(f)
-        if not f.attrs.get("complete", False):
-            raise StoreError(f"feature file {path} is not complete; rerun `reservoir extract` to finish it")
-        check_shards(f)
+        check_ready(f)
     except BaseException:
         f.close()
         raise
@@ -420,14 +431,10 @@ def feature_splits(f: h5py.File) -> list[str]:
 
 
 def read_depth(f: h5py.File, split: str, depth: int) -> tuple[np.ndarray, np.ndarray]:
-    """Features ``(N, n_readout, d_model)`` and labels of one depth of one split.
-
-    Corrupt chunks (Fletcher-32 mismatch) and non-finite values raise StoreError naming the
-    file, split and depth."""
-    blocks = list(iter_depth(f, split, depth, rows=f[split]["features"].shape[0] or 1)) if split in f else []
-    if split not in f:
-        raise UsageError(f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}")
-    if not blocks:
+    """Features ``(N, n_readout, d_model)`` and labels of one depth of one split (the blocks of
+    :func:`iter_depth`, checked the same way, joined)."""
+    blocks = list(iter_depth(f, split, depth))
+    if not blocks:  # an empty split
         return f[split]["features"][:, depth_index(f, depth)], f[split]["labels"][:]
     return np.concatenate([X for X, _ in blocks]), np.concatenate([y for _, y in blocks])
 

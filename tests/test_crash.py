@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -105,19 +106,22 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.parametrize("when", ["known before writing", "filling during the run"])
-def test_a_full_disk_fails_cleanly_and_the_rerun_after_freeing_space_completes(cli, home, tmp_path, small_disk, when,
-                                                                              monkeypatch):
-    from reservoir.store import FeatureWriter
-
+def test_a_full_disk_fails_cleanly_and_the_rerun_after_freeing_space_completes(cli, home, tmp_path, small_disk, when):
     mount, grow = small_disk
     args = ("-q", "extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,1,2", "--limit", "300",
             "--dtype", "float32", "--batch-size", "50")
     assert cli(*args, "--out", str(tmp_path / "ref.h5")).exit_code == 0
     out = mount / "f.h5"
-    if when == "filling during the run":  # the free-space check passes; the disk fills while writing
-        monkeypatch.setattr(FeatureWriter, "check_space", staticmethod(lambda path, nbytes: None))
-    r = cli(*args, "--out", str(out))
-    monkeypatch.undo()
+    if when == "filling during the run":
+        # the free-space check passes and the disk fills while writing; run as a user runs it, in a
+        # process of its own (after a mid-write ENOSPC, HDF5's state in that process is not reusable)
+        code = (f"from reservoir import store; store.check_space = lambda path, nbytes: None\n"
+                f"from reservoir.cli import main; main({[*args, '--out', str(out)]!r})")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        r = SimpleNamespace(exit_code=proc.returncode, output=proc.stdout + proc.stderr)
+    else:
+        r = cli(*args, "--out", str(out))
     assert r.exit_code == 1, r.output
     assert "the disk is full" in r.output and "rerun the same command" in r.output and "Traceback" not in r.output
     assert not out.exists()
