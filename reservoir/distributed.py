@@ -40,7 +40,7 @@ import numpy as np
 from reservoir.errors import IdentityError, ReservoirError, StoreError
 from reservoir.identity import canonical, differences, digest
 from reservoir.progress import bar, log
-from reservoir.store import WriterLock, create_features, partial_path, shard_dir, write_joined
+from reservoir.store import WriterLock, check_space, create_features, partial_path, shard_dir, write_joined
 
 
 @dataclass
@@ -211,6 +211,8 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
             f"{cfg.scheduler or f'{cfg.workers} local workers'}: {run.dtype}, {'compiled' if compile else 'eager'}, "
             f"batch {run.batch_size} -> {out}", progress)
         if todo:
+            rows = sum(stop - start for (_, start, stop) in todo)
+            check_space(shard_dir(out) / "shard.h5", rows * int(np.prod(run.feature_shape)) * 4)
             _run_jobs(run, todo, layer, compile, progress)
         return write_joined(out, identity, run.config(), layer,
                             {s: (run.data[s].labels, run.data[s].lengths, shards[s]) for s in run.data},

@@ -41,7 +41,7 @@ from reservoir.identity import digest as identity_hash
 from reservoir.identity import feature_identity, features_path_for
 from reservoir.input_layer import input_layer_tensors
 from reservoir.progress import bar, log
-from reservoir.store import FeatureWriter, check_complete_match, partial_path, write_failed
+from reservoir.store import FeatureWriter, check_complete_match, write_failed
 from reservoir.tasks import SplitData, Task, make_task
 
 #: with ``compile=None`` a run is compiled when it has at least this many tokens left to
@@ -220,6 +220,11 @@ class Run:
     def feature_shape(self) -> tuple[int, int, int]:
         return (len(self.depths), self.task.spec.n_readout, self.backbone.d_model)
 
+    @property
+    def feature_bytes(self) -> int:
+        """Bytes of features the run writes (float32, every split)."""
+        return sum(len(d) for d in self.data.values()) * int(np.prod(self.feature_shape)) * 4
+
     def config(self) -> dict[str, Any]:
         """The file's ``config``: the options and the execution settings actually used."""
         return {**self.cfg.to_json(), "out": str(self.out), "batch_size": self.batch_size,
@@ -244,7 +249,7 @@ class Run:
 
 def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     """Load data and backbone, compute the identity and the output file; touches no file."""
-    resolve_device(cfg.device)  # an absent device fails before any data is read
+    device = resolve_device(cfg.device)  # an absent device fails before any data is read
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
     data = load_splits(task, cfg)
     log(f"loading backbone {cfg.backbone} ...", progress)
@@ -252,7 +257,6 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     check_length(task.spec, backbone, cfg.backbone)
     depths = select_depths(cfg.depths, range(backbone.n_layers + 1),
                            f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)")
-    device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     identity = feature_identity(task_name=cfg.task, task=task, data=data, backbone_name=cfg.backbone,
                                 backbone=backbone, seed=cfg.seed, input_scale=cfg.input_scale, depths=depths,
@@ -292,11 +296,8 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
     """Extract in this process into ``run.out`` (``.partial`` until complete; resumable)."""
     task, data, out = run.task, run.data, run.out
     reservoir = Reservoir(task.spec, run.backbone, seed=run.cfg.seed, input_scale=run.cfg.input_scale)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if not partial_path(out).exists():  # a new file: it must fit (a resumed one has its space already)
-        rows = sum(len(d) for d in data.values())
-        FeatureWriter.check_space(out, rows * int(np.prod(run.feature_shape)) * 4 + (1 << 20))
-    writer = FeatureWriter.open(out, run.identity, run.config(), input_layer_tensors(reservoir.input_layer))
+    writer = FeatureWriter.open(out, run.identity, run.config(), input_layer_tensors(reservoir.input_layer),
+                                nbytes=run.feature_bytes)
     try:
         plans, done = {}, {}
         for split, d in data.items():

@@ -27,13 +27,13 @@ class FileRows(Rows):
     """One depth of one split of a feature file (``index``: a subset of its rows), streamed in
     blocks: heads that accumulate (ridge) never hold more than a block of features."""
 
-    def __init__(self, f: h5py.File, split: str, depth: int, index=None):
+    def __init__(self, f: h5py.File, split: str, depth: int, index=None, labels: np.ndarray | None = None):
         self.f, self.split, self.depth, self.index = f, split, depth, index
-        labels = f[split]["labels"][:]
-        self.labels = labels if index is None else labels[index]
+        self.labels = f[split]["labels"][:] if labels is None else labels
 
     def take(self, index) -> "FileRows":
-        return FileRows(self.f, self.split, self.depth, index if self.index is None else self.index[index])
+        return FileRows(self.f, self.split, self.depth, index if self.index is None else self.index[index],
+                        self.labels[index])
 
     @property
     def nbytes(self) -> int:
