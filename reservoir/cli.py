@@ -120,19 +120,6 @@ def backbone_option(cls: type | None):
     return add
 
 
-def _drop_quietly(e: BaseException) -> None:
-    """Free what a failed call left behind with stderr silenced: its frames may hold HDF5 handles
-    of a failed write, which h5py reports on stderr as they die; the user gets the one message."""
-    from reservoir.store import silenced_stderr
-
-    x: BaseException | None = e
-    while x is not None:
-        x.__traceback__ = None
-        x = x.__context__ or x.__cause__
-    with silenced_stderr():
-        pass
-
-
 def run(fn, *args, **kwargs):
     """Call into the library; its foreseeable errors become exit status 1 with the message (no traceback)."""
     try:
@@ -143,9 +130,7 @@ def run(fn, *args, **kwargs):
         sys.stderr.flush()
         os._exit(1)
     except (ReservoirError, ValueError, OSError) as e:
-        message = str(e) or type(e).__name__
-        _drop_quietly(e)
-    raise click.ClickException(message)
+        raise click.ClickException(str(e) or type(e).__name__) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -155,11 +140,7 @@ def run(fn, *args, **kwargs):
 def main(ctx: click.Context, quiet: bool) -> None:
     """Frozen pretrained transformers as feature extractors for non-language data."""
     ctx.obj = Settings(quiet=quiet)
-    if not getattr(sys.unraisablehook, "reservoir", False):
-        from reservoir.store import quiet_h5py_cleanup
 
-        sys.unraisablehook = quiet_h5py_cleanup(sys.unraisablehook)
-        sys.unraisablehook.reservoir = True
 
 
 @main.command("tasks")

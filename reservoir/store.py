@@ -150,36 +150,6 @@ def check_ready(f: h5py.File) -> None:
     check_shards(f)
 
 
-def quiet_h5py_cleanup(hook):
-    """An unraisable hook that drops h5py's reports of handles it cannot close after a failed write
-    (the write itself raised, and the command reported it in the user's words); others reach ``hook``."""
-
-    def unraisable(info):
-        if "h5py" in f"{getattr(info, 'object', '')!r}{getattr(info, 'err_msg', '')}":
-            return
-        hook(info)
-
-    return unraisable
-
-
-@contextlib.contextmanager
-def silenced_stderr():
-    """Silence stderr, Python's and the process's (h5py prints failed handle closes below Python)."""
-    import gc
-    import io
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null, contextlib.redirect_stderr(io.StringIO()):
-            os.dup2(null.fileno(), 2)
-            yield
-            gc.collect()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def readable(f: h5py.File) -> bool:
     """Every chunk of every split's features reads back through its Fletcher-32 check (a run
     killed in the middle of writing a chunk leaves one that does not)."""
@@ -210,15 +180,18 @@ def check_space(path: Path, nbytes: int) -> None:
                          "another disk) and rerun the same command")
 
 
-def write_failed(path: Path, e: Exception) -> WriteFailed:
-    """A failed write in the user's words: a full disk says so, every case says what to do.
+#: what failed writes left behind (the exception with its frames, the open file): kept referenced
+#: until the process ends, since freeing or closing HDF5 objects whose writes failed can crash the
+#: interpreter; the command line ends the process right after reporting (``WriteFailed``)
+_FAILED: list = []
 
-    The failed call's frames are freed here with stderr silenced: they hold HDF5 handles that
-    h5py, failing to close them on a full disk, would report as tracebacks."""
+
+def write_failed(path: Path, e: Exception, *keep: Any) -> WriteFailed:
+    """A failed write in the user's words: a full disk says so, every case says what to do.
+    ``e`` and ``keep`` (the file) are kept alive, never closed (:data:`_FAILED`)."""
     import errno
 
-    with silenced_stderr():
-        e.__traceback__ = None
+    _FAILED.append((e, keep))
     text = str(e)
     full = getattr(e, "errno", None) == errno.ENOSPC or "No space left" in text or "errno = 28" in text
     what = "the disk is full" if full else f"the write failed ({text.splitlines()[0] if text else type(e).__name__})"
@@ -232,6 +205,7 @@ class FeatureWriter:
     def __init__(self, path: Path, f: h5py.File, lock: WriterLock):
         self.path, self.f, self.lock = path, f, lock
         self.handles: dict[str, tuple] = {}
+        self.failed = False
 
     @classmethod
     def open(cls, path: Path, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any],
@@ -274,12 +248,13 @@ class FeatureWriter:
                       file=sys.stderr)
                 os.remove(tmp)
         check_space(tmp, nbytes)  # a resumed file has its space already
+        f = None
         try:
             f = h5py.File(tmp, "w", track_order=False)
             _write_header(f, identity, config, input_layer)
             f.flush()
         except (OSError, RuntimeError) as e:
-            raise write_failed(tmp, e) from None
+            raise write_failed(tmp, e, f) from None
         return cls(path, f, lock)
 
     def split(self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
@@ -289,7 +264,7 @@ class FeatureWriter:
         try:
             self._create(name, labels, lengths, shape)
         except (OSError, RuntimeError) as e:
-            raise write_failed(partial_path(self.path), e) from None
+            raise self._failed(e) from None
         return np.zeros(len(labels), dtype=bool)
 
     def _create(self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]) -> None:
@@ -315,7 +290,7 @@ class FeatureWriter:
         try:
             self._write(split, sel, len(rows), features)
         except (OSError, RuntimeError) as e:  # h5py reports failed flushes as RuntimeError
-            raise write_failed(partial_path(self.path), e) from None
+            raise self._failed(e) from None
 
     def _write(self, split: str, sel, n: int, features: np.ndarray) -> None:
         if split not in self.handles:  # kept open for the run: no handle is created and dropped per write
@@ -338,20 +313,22 @@ class FeatureWriter:
             self.f.attrs["complete"] = True
             self.f.close()
         except (OSError, RuntimeError) as e:  # h5py reports failed flushes as RuntimeError
-            raise write_failed(partial_path(self.path), e) from None
+            raise self._failed(e) from None
         os.replace(partial_path(self.path), self.path)
         self.lock.release(remove=True)
         return self.path
 
+    def _failed(self, e: Exception) -> WriteFailed:
+        """A write failed: the file is left open and referenced (never closed), the lock released by close."""
+        self.failed = True
+        return write_failed(partial_path(self.path), e, self.f, self.handles)
+
     def close(self) -> None:
-        """Close after a failure too: a full disk refuses the last flushes, and h5py reports each
-        handle it cannot close on stderr; the run already failed with its own message, so that
-        report is silenced."""
+        """Close the file (unless a write failed: see :data:`_FAILED`) and release the lock."""
         try:
-            with silenced_stderr(), contextlib.suppress(OSError, RuntimeError):
+            if not self.failed and self.f.id.valid:
                 self.handles.clear()
-                if self.f.id.valid:
-                    self.f.close()
+                self.f.close()
         finally:
             self.lock.release()
 
