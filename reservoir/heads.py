@@ -64,8 +64,11 @@ def _onehot(Y: np.ndarray, n_classes: int) -> np.ndarray:
     return out.reshape(len(Y), -1)
 
 
-def _argmax(scores: np.ndarray, n_outputs: int, n_classes: int, y_ndim: int) -> np.ndarray:
-    pred = scores.reshape(len(scores), n_outputs, n_classes).argmax(-1)
+def _predict(scores: np.ndarray, m: int, k: int, y_ndim: int = 2) -> np.ndarray:
+    """Scores ``(n, m * k)`` -> class ids ``(n, m)`` (``(n,)`` for ``y_ndim == 1``): the argmax of
+    each output's ``k`` class scores, or the sign of its one logit when ``k == 1`` (binary)."""
+    z = scores.reshape(len(scores), m, k)
+    pred = (z[:, :, 0] > 0).astype(np.int64) if k == 1 else z.argmax(-1)
     return pred[:, 0] if y_ndim == 1 else pred
 
 
@@ -222,7 +225,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "coef_")
-        return _argmax(X @ self.coef_ + self.intercept_, self.n_outputs_, self.n_classes_, self.y_ndim_)
+        return _predict(X @ self.coef_ + self.intercept_, self.n_outputs_, self.n_classes_, self.y_ndim_)
 
 
 class TorchHead(ClassifierMixin, BaseEstimator):
@@ -405,21 +408,12 @@ def moments(source: Rows) -> tuple[np.ndarray, np.ndarray, int]:
     return mean, np.where(var > 0, np.sqrt(var), 1.0), n
 
 
-def _scores_to_pred(scores: np.ndarray, m: int, k: int) -> np.ndarray:
-    """Logits ``(n, m * k)`` -> class ids ``(n, m)``; ``k == 1`` is a binary logit per output."""
-    z = scores.reshape(len(scores), m, k)
-    return (z[:, :, 0] > 0).astype(np.int64) if k == 1 else z.argmax(-1)
-
-
-def _as_labels(pred: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return pred[:, 0] if y.ndim == 1 else pred
-
-
 def stream_accuracy(predict: Callable[[np.ndarray], np.ndarray], source: Rows) -> float:
     """Fraction correct over every output of ``source``, predicted block by block."""
     correct, total = 0.0, 0
     for X, y in source.blocks():
-        correct += float(np.sum(_as_labels(predict(X), y) == y))
+        pred = predict(X)
+        correct += float(np.sum((pred[:, 0] if y.ndim == 1 else pred) == y))
         total += y.size
     return correct / total
 
@@ -463,7 +457,7 @@ def streaming_logistic(C: float, source: Rows, *, seed: int = 0, device: str = "
     result = minimize(objective, np.zeros(d * m * k + m * k), jac=True, method="L-BFGS-B",
                       options={"maxiter": max_iter, "gtol": tol / n, "maxls": 50})
     W, b = result.x[: d * m * k].reshape(d, m * k), result.x[d * m * k:]
-    return lambda X: _scores_to_pred(((X.astype(np.float64) - mean) / scale) @ W + b, m, k)
+    return lambda X: _predict(((X.astype(np.float64) - mean) / scale) @ W + b, m, k)
 
 
 def streaming_linear(weight_decay: float, source: Rows, *, seed: int = 0, device: str = "cpu", lr: float = 1e-2,
@@ -569,7 +563,7 @@ def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool
         correct, total = dict.fromkeys(alphas, 0.0), 0
         for X, y in source.blocks():
             for alpha, (coef, intercept) in coefs.items():
-                correct[alpha] += float(np.sum(_argmax(X @ coef + intercept, m, c, y.ndim) == y))
+                correct[alpha] += float(np.sum(_predict(X @ coef + intercept, m, c, y.ndim) == y))
             total += y.size
         return {alpha: correct[alpha] / total for alpha in alphas}
 
@@ -578,7 +572,7 @@ def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool
     best = _best(kind.grid, scores)
     path = (stats + accumulate(val)).decompose() if refit_with_val else stats.decompose()
     coef, intercept = path.coef(best)
-    return scores, best, lambda X: _argmax(X @ coef + intercept, m, c, 2)
+    return scores, best, lambda X: _predict(X @ coef + intercept, m, c)
 
 
 @dataclass(frozen=True)
