@@ -27,6 +27,7 @@ so ``fit`` reads it unchanged. Keep ``FILE`` and ``FILE.shards/`` together.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -229,20 +230,27 @@ def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, prog
     try:
         n_workers = cfg.workers or max(1, len(client.scheduler_info().get("workers", {})))
         threads = threads_per_worker(n_workers) if cfg.workers else 0
-        futures = {}
-        for (split, start, stop), (path, batches) in todo.items():
+        def submit(split: str, start: int, stop: int, path: Path, batches: list):
+            """Encode one shard's tokens now (not every shard's up front) and send it."""
             job = ShardJob(path=str(path), split=split, start=start, stop=stop, identity=run.identity,
                            backbone=cfg.backbone, seed=cfg.seed, input_scale=cfg.input_scale, spec=run.task.spec,
                            input_layer=layer, depths=run.depths, dtype=run.dtype, device=str(run.device),
-                           compile=compile, batch_size=run.batch_size, padded=run.padded,
-                           threads=threads,
+                           compile=compile, batch_size=run.batch_size, padded=run.padded, threads=threads,
                            batches=[(rows, *run.tokens(split, rows)) for rows in batches])
-            futures[client.submit(run_shard, job, pure=False, retries=2, key=f"reservoir-shard-{path.name}")] = stop - start
-        total = sum(futures.values())
-        with bar(total, f"{run.task.name} shards", enabled=progress) as shown:
-            for future in as_completed(list(futures)):
+            future = client.submit(run_shard, job, pure=False, retries=2, key=f"reservoir-shard-{path.name}")
+            sizes[future] = stop - start
+            return future
+
+        # at most two shards per worker in flight: the driver holds a few shards' tokens, not the dataset's
+        pending, sizes = iter(todo.items()), {}
+        first = [submit(*key, *value) for key, value in itertools.islice(pending, 2 * n_workers)]
+        with bar(sum(stop - start for _, start, stop in todo), f"{run.task.name} shards", enabled=progress) as shown:
+            running = as_completed(first)
+            for future in running:
                 future.result()  # a worker's error is raised here, with its message
-                shown.update(futures[future])
+                shown.update(sizes.pop(future))
+                for key, value in itertools.islice(pending, 1):
+                    running.add(submit(*key, *value))
     finally:
         client.close()
         if cluster is not None:
