@@ -24,7 +24,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
-from reservoir.config import ExtractConfig, FitConfig, default, select_depths
+from reservoir.config import ExtractConfig, FitConfig, default, parse_input_scale, select_depths
 from reservoir.errors import UsageError
 from reservoir.tasks import TaskSpec, pad_ids
 
@@ -83,7 +83,8 @@ def fit(task: str | FitConfig | None = None, backbone: str | None = None, *, pro
     Returns
     -------
     One result dict per depth (also written as JSON under ``results/TASK/BACKBONE/``, named by
-    the features' identity, head, depth and seed).
+    the features' identity, head, depth and seed), then one per baseline (``mode="baseline"``,
+    under ``results/TASK/baseline-NAME/``) unless ``baselines=False``.
     """
     from reservoir.fit import fit as run
 
@@ -209,7 +210,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
                               vocab_size=vocab)
         check_length(self.spec_, backbone, self.backbone)
         self.runner_ = FeatureRunner.build(self.spec_, backbone, self.depths_, seed=self.seed, dtype=dtype,
-                                           input_scale=self.input_scale, device=device)
+                                           input_scale=parse_input_scale(self.input_scale), device=device)
         self.n_features_out_ = len(self.depths_) * backbone.d_model
         return self
 

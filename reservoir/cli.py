@@ -17,8 +17,8 @@ from pathlib import Path
 import click
 
 from reservoir import __version__
-from reservoir.config import (DTYPE_CHOICES, HEAD_CHOICES, INPUT_SCALE_CHOICES, READOUT_CHOICES, TRAIN_DTYPES,
-                              ExtractConfig, FitConfig, TrainConfig, default, from_options, parse_depths)
+from reservoir.config import (DTYPE_CHOICES, HEAD_CHOICES, READOUT_CHOICES, TRAIN_DTYPES, ExtractConfig, FitConfig,
+                              TrainConfig, default, from_options, parse_depths, parse_input_scale)
 from reservoir.errors import ReservoirError, WriteFailed
 
 
@@ -63,6 +63,20 @@ def check_depths(ctx, param, value: str | None):
         return None
     try:
         return parse_depths(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def data_dir_option(f):
+    return click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="Data folder [default: $RESERVOIR_HOME/data or ./data].")(f)
+
+
+def check_input_scale(ctx, param, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return parse_input_scale(value)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
 
@@ -182,9 +196,9 @@ def install(settings: Settings, name, source, force) -> None:
 @click.option("--seed", type=int, default=None,
               help="Seeds the input layer, random backbones and generated data (bit tasks, generated ListOps; "
                    "--task-opt seed=N seeds the data alone)." + shown(ExtractConfig, "seed"))
-@click.option("--input-scale", type=click.Choice(INPUT_SCALE_CHOICES), default=None,
-              help="Scale of the frozen input layer; paper: orthogonal gain 1.41, N(0, 1) id embeddings."
-                   + shown(ExtractConfig, "input_scale"))
+@click.option("--input-scale", callback=check_input_scale, default=None, metavar="paper|matched|STD",
+              help="Scale of the frozen input layer: paper (orthogonal gain 1.41, N(0, 1) id embeddings), matched "
+                   "(the std of the backbone's own token embeddings) or an output std." + shown(ExtractConfig, "input_scale"))
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Examples per forward pass [default: about 16,384 tokens a batch; 32,768 for LSTMs].")
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default=None,
@@ -243,9 +257,14 @@ def extract(settings: Settings, task, backbone, split, limit, seed, input_scale,
               help="Train features of a depth above this many MiB are streamed from the file instead of loaded "
                    "(logreg: L-BFGS over streamed gradients; torch: block-wise mini-batches; ridge always streams)."
                    + shown(FitConfig, "memory_mb"))
+@click.option("--baselines/--no-baselines", default=None,
+              help="Also fit the baselines of the same data with the same head: majority class, the raw input, "
+                   "random tanh features of the same width, the task's rules (ListOps: first operator); reused when "
+                   "already written." + shown(FitConfig, "baselines"))
+@data_dir_option
 @pass_settings
 def fit(settings: Settings, task, backbone, features, depths, depth, head, val_fraction, seed, device,
-        memory_mb) -> None:
+        memory_mb, baselines, data_dir) -> None:
     """Fit a linear head per depth on cached features; print the depth table."""
     from reservoir.fit import fit as run_fit
     from reservoir.report import depth_table
@@ -253,7 +272,8 @@ def fit(settings: Settings, task, backbone, features, depths, depth, head, val_f
     if task is None and features is None:
         raise click.UsageError("give --features FILE, or --task (and --backbone) to find the extracted file")
     cfg = run(from_options, FitConfig, task=task, backbone=backbone, features=features, depths=depths, head=head,
-              val_fraction=val_fraction, seed=seed, device=device, memory_mb=memory_mb)
+              val_fraction=val_fraction, seed=seed, device=device, memory_mb=memory_mb, baselines=baselines,
+              data_dir=data_dir)
     click.echo(depth_table(run(run_fit, cfg, progress=not settings.quiet)))
 
 
@@ -300,8 +320,8 @@ def comma_list(kind):
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split.")
 @click.option("--blocks", type=click.IntRange(min=0), default=None, help="Blocks of the backbone to run [default: all].")
 @click.option("--depth", hidden=True, default=None, callback=renamed("--blocks"))
-@click.option("--input-scale", type=click.Choice(INPUT_SCALE_CHOICES), default=None,
-              help="Scale of the input layer's initialisation." + shown(TrainConfig, "input_scale"))
+@click.option("--input-scale", callback=check_input_scale, default=None, metavar="paper|matched|STD",
+              help="Scale of the input layer's initialisation (as extract --input-scale)." + shown(TrainConfig, "input_scale"))
 @click.option("--dtype", type=click.Choice(TRAIN_DTYPES), default=None,
               help="bfloat16 runs the forward under CPU autocast (parameters stay float32)." + shown(TrainConfig, "dtype"))
 @click.option("--compile/--no-compile", default=None, help="torch.compile the model." + shown(TrainConfig, "compile"))
@@ -335,25 +355,62 @@ def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps,
 
 @main.command()
 @click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
-def report(paths) -> None:
-    """Tables from result JSON files or folders (default: results/), each result once."""
+@click.option("--paper", "paper_table", type=int, default=None, metavar="N",
+              help="Lay the table out like the FPT paper's table N and put its numbers beside ours.")
+@click.option("--as", "paper_rows", multiple=True, metavar="BACKBONE[:GROUPS]=ROW",
+              help="Our backbone (and trained groups) standing for a row of the paper's table (repeatable).")
+@click.option("--layout", type=click.Choice(["depth", "task"]), default=None,
+              help="One table per task with a column per depth, or a row per setting with a column per task "
+                   "[default: the paper table's, else depth].")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write every cell as CSV (one line per cell).")
+@click.option("--plots", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also write PNG plots there: accuracy by depth with the baselines, training curves.")
+def report(paths, paper_table, paper_rows, layout, csv_path, plot_dir) -> None:
+    """Tables from result JSON files or folders (default: results/), each result once.
+
+    The number of an output-only setting is its test accuracy at the depth chosen on validation;
+    the baselines of the same data and head are listed with it."""
     from reservoir.config import home
-    from reservoir.report import depth_table, load_results
+    from reservoir.report import Report, load_results
+    from reservoir.results import atomic_write
 
     results = run(load_results, paths or [home() / "results"])
     if not results:
         raise click.ClickException("no results found; run `reservoir fit` or `reservoir train` first")
-    click.echo(depth_table(results))
+    table = None
+    if paper_table is not None:
+        from reservoir.paper import TABLES
+
+        if paper_table not in TABLES:
+            raise click.BadParameter(f"the paper has no table {paper_table} here; choose from {sorted(TABLES)}",
+                                     param_hint="--paper")
+        table = TABLES[paper_table]
+    mapping = {}
+    for item in paper_rows:
+        ours, sep, row = item.partition("=")
+        if not sep or table is None or row not in table.rows:
+            known = sorted(table.rows) if table else []
+            raise click.BadParameter(f"{item!r}: expected BACKBONE[:GROUPS]=ROW with --paper N, ROW one of {known}",
+                                     param_hint="--as")
+        mapping[ours] = row
+    layout = layout or ("depth" if table is None or all(c.isdigit() for c in table.columns) else "task")
+    rep = Report(results, paper=table, paper_rows=mapping)
+    text = rep.markdown(layout)
+    if table is not None:
+        text = f"Paper table {table.number}: {table.caption}" + (f" ({table.note})" if table.note else "") + "\n\n" + text
+    click.echo(text)
+    if csv_path:
+        data = rep.csv().encode()
+        run(atomic_write, csv_path, lambda f: f.write(data))
+    if plot_dir:
+        for path in run(rep.plots, plot_dir):
+            click.echo(f"wrote {path}", err=True)
 
 
 @main.group()
 def data() -> None:
     """What each task's data needs, where it is looked for, what is present."""
-
-
-def data_dir_option(f):
-    return click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        help="Data folder [default: $RESERVOIR_HOME/data or ./data].")(f)
 
 
 def task_argument(f):
@@ -418,6 +475,36 @@ def data_verify(task, task_opts, data_dir) -> None:
     if report.problems:
         raise click.ClickException("\n".join(report.problems))
     click.echo("ok")
+
+
+@main.command()
+@task_option()
+@backbone_option(ExtractConfig)
+@click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True, help="Block whose attention to show (from 0).")
+@click.option("--example", type=click.IntRange(min=0), default=0, show_default=True, help="Row of the split.")
+@click.option("--split", default="test", show_default=True, help="Split the example comes from.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds the input layer, a random backbone and generated data (as extract --seed).")
+@click.option("--input-scale", callback=check_input_scale, default="paper", show_default=True,
+              metavar="paper|matched|STD", help="Scale of the frozen input layer (as extract --input-scale).")
+@click.option("--heads", default=None, callback=comma_list(int), help="Heads to show, e.g. 0,3,5 [default: all].")
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A `reservoir train` checkpoint (.pt) of this task and backbone: show the attention with its "
+                   "trained input layer, positions and norms (its seed and input scale are used).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Data folder [default: $RESERVOIR_HOME/data or ./data].")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="PNG file to write.")
+def attention(task, backbone, layer, example, split, seed, input_scale, heads, checkpoint, data_dir, out) -> None:
+    """Plot one block's attention (one heatmap per head) for one example, as in the FPT paper's figures 3-5."""
+    from reservoir.attention import first_layer_attention
+    from reservoir.plots import attention_maps
+
+    backbone = backbone or default(ExtractConfig, "backbone")
+    weights, labels = run(first_layer_attention, task, backbone, seed=seed, layer=layer, example=example, split=split,
+                          input_scale=input_scale, data_dir=data_dir, checkpoint=checkpoint)
+    title = (f"{task}, {backbone}{' (trained: ' + checkpoint.name + ')' if checkpoint else ''}: attention of block "
+             f"{layer}, {split} example {example}")
+    click.echo(str(run(attention_maps, weights, out, title=title, tokens=labels, heads=list(heads) if heads else None)))
 
 
 if __name__ == "__main__":  # pragma: no cover

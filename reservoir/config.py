@@ -49,9 +49,26 @@ def results_dir(task: str, backbone: str) -> Path:
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 READOUT_CHOICES = ("last", "padded")
 HEAD_CHOICES = ("logreg", "ridge", "torch")
-INPUT_SCALE_CHOICES = ("paper",)
+#: named input scales; a positive number is also accepted (:func:`parse_input_scale`)
+INPUT_SCALE_CHOICES = ("paper", "matched")
 #: ``--device`` values: auto, cpu, mps, cuda or cuda:N
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
+
+
+def parse_input_scale(value: Any) -> str:
+    """``--input-scale``: ``paper``, ``matched`` or a positive number (returned in its canonical
+    spelling, ``"0.02"``, so equal scales give equal run identities)."""
+    text = str(value).strip().lower()
+    if text in INPUT_SCALE_CHOICES:
+        return text
+    try:
+        number = float(text)
+    except ValueError:
+        number = float("nan")
+    if not (number > 0 and number < float("inf")):
+        raise UsageError(f"--input-scale must be one of {list(INPUT_SCALE_CHOICES)} or a positive number (the std of "
+                         f"the input layer's outputs). Got {value!r} instead.")
+    return repr(number)
 
 
 # ---------------------------------------------------------------- depths: one parser, one validator
@@ -163,7 +180,9 @@ class ExtractConfig:
         ``generated``: bit tasks, generated ListOps); a task's own ``seed`` option, when given,
         seeds its data instead.
     input_scale : scale of the frozen input layer; ``"paper"``: orthogonal gain 1.41 for
-        dense tokens, N(0, 1) embeddings for ids (the FPT code).
+        dense tokens, N(0, 1) embeddings for ids (the FPT code); ``"matched"``: the std of the
+        backbone's own token embedding (:func:`reservoir.input_layer.make_input_layer`); a
+        positive number: that std.
     batch_size : examples per forward pass; ``None``: about 16,384 tokens a batch, more for
         backbones that ask (``reservoir.extract.auto_batch_size``).
     dtype : compute dtype of the backbone: ``"auto"`` is bfloat16 where the CPU multiplies
@@ -209,7 +228,7 @@ class ExtractConfig:
     def __post_init__(self) -> None:
         _check_choice("extract", "dtype", self.dtype, DTYPE_CHOICES)
         _check_choice("extract", "readout", self.readout, READOUT_CHOICES)
-        _check_choice("extract", "input_scale", self.input_scale, INPUT_SCALE_CHOICES)
+        object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))
         _check_min("extract", "limit", self.limit, 1)
         _check_min("extract", "batch_size", self.batch_size, 1)
         check_device("extract", self.device)
@@ -244,6 +263,10 @@ class FitConfig:
     device : where the torch head trains (``auto``: a CUDA GPU when present, else the CPU).
     memory_mb : features of one depth (train rows) above this many MiB are never loaded at once:
         the logistic and torch heads then train on blocks read from the file (ridge always does).
+    baselines : also fit the baselines of the file's data (:mod:`reservoir.baselines`: majority,
+        raw input, random tanh features of the same width, the task's rules), read again from
+        ``data_dir``; results already written for the same data are reused.
+    data_dir : the data folder the baselines read the task's data from.
     """
 
     task: str | None = None
@@ -255,6 +278,8 @@ class FitConfig:
     seed: int = 0
     device: str = "auto"
     memory_mb: int = 1024
+    baselines: bool = True
+    data_dir: Path = field(default_factory=default_data_dir)
 
     def __post_init__(self) -> None:
         _check_choice("fit", "head", self.head, HEAD_CHOICES)
@@ -270,6 +295,7 @@ class FitConfig:
         d = dataclasses.asdict(self)
         d["features"] = str(self.features) if self.features else None
         d["depths"] = self.depths if isinstance(self.depths, str) else list(self.depths)
+        d["data_dir"] = str(self.data_dir)
         return d
 
 
@@ -352,8 +378,6 @@ class TrainConfig:
             (self.limit is None or self.limit >= 1, "limit", ">= 1", self.limit),
             (self.blocks is None or self.blocks >= 0, "blocks", ">= 0", self.blocks),
             (self.dtype in TRAIN_DTYPES, "dtype", f"one of {list(TRAIN_DTYPES)}", self.dtype),
-            (self.input_scale in INPUT_SCALE_CHOICES, "input_scale", f"one of {list(INPUT_SCALE_CHOICES)}",
-             self.input_scale),
             (0 <= self.dropout < 1, "dropout", "in [0, 1)", self.dropout),
             (self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip),
             (0 < self.val_fraction < 1, "val_fraction", "in (0, 1)", self.val_fraction),
@@ -363,6 +387,7 @@ class TrainConfig:
         for ok, name, rule, value in checks:
             if not ok:
                 raise UsageError(f"The {name!r} parameter of train must be {rule}. Got {value!r} instead.")
+        object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))
         check_device("train", self.device)
 
     @property

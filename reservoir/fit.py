@@ -20,6 +20,7 @@ from reservoir.config import FitConfig, features_dir, select_depths, slug
 from reservoir.errors import IdentityError, StoreError, UsageError
 from reservoir.heads import Rows, fit_rows, rows
 from reservoir.identity import backbone_label, data_fingerprint, task_label
+from reservoir.progress import log
 from reservoir.results import write_result
 from reservoir.store import feature_splits, file_config, iter_depth, open_features, stored_identity
 
@@ -121,7 +122,9 @@ def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
 
 
 def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
-    """Fit ``cfg.head`` at each requested depth; returns the result dicts (also written as JSON).
+    """Fit ``cfg.head`` at each requested depth, then (``cfg.baselines``) the baselines of the same
+    data (:mod:`reservoir.baselines`); returns the result dicts, one per depth and then one per
+    baseline (``mode="baseline"``), each also written as JSON.
 
     Regularisation is chosen on the file's ``val`` (or TAPE's ``valid``) split when it has one,
     else on a seeded ``val_fraction`` of train; the test accuracy is over the whole stored test
@@ -159,4 +162,12 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
                 more = "".join(f", {t} {100 * a:.1f}%" for t, a in list(scores["test_accuracies"].items())[1:])
                 print(f"depth {depth}: {tests[0]} {100 * scores['test_accuracy']:.1f}%{more} "
                       f"(val {100 * scores['val_accuracy']:.1f}%, {scores['seconds']:.1f}s)", file=sys.stderr)
+        if cfg.baselines:
+            if identity["task"].startswith("file:") and not cfg.task:
+                log("no baselines: pass --task file:PATH (the file the features came from) to compute them", progress)
+            else:
+                from reservoir.baselines import fit_baselines
+
+                results += fit_baselines(identity, f["train"]["features"].shape[-1], cfg, val, tests,
+                                         progress=progress)
     return results

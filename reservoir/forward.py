@@ -103,7 +103,7 @@ class Reservoir(nn.Module):
     spec : the task's spec (token kind and width or vocabulary, readout count).
     backbone : the backbone (its blocks run up to the deepest requested depth).
     seed : seeds the input layer (:func:`reservoir.input_layer.make_input_layer`).
-    input_scale : the input layer's scale (``"paper"``).
+    input_scale : the input layer's scale (``"paper"``, ``"matched"`` or a std as text).
     dropout : after the input layer (training only; 0 for extraction).
 
     ``forward(tokens, lengths, depths, readout=None)`` returns ``(B, n_depths, n_readout, d)``
@@ -114,7 +114,8 @@ class Reservoir(nn.Module):
                  dropout: float = 0.0):
         super().__init__()
         self.spec = spec
-        self.input_layer = make_input_layer(spec, backbone.d_model, seed, input_scale)
+        self.input_layer = make_input_layer(spec, backbone.d_model, seed, input_scale,
+                                            getattr(backbone, "token_std", None))
         self.dropout = nn.Dropout(dropout)
         self.backbone = backbone
         self.compute_dtype = torch.float32

@@ -168,6 +168,23 @@ class RidgePath:
     scale: np.ndarray
     mean_y: np.ndarray
 
+    @classmethod
+    def from_rows(cls, X: np.ndarray, Y: np.ndarray) -> "RidgePath":
+        """The same path computed from the rows through their ``n x n`` Gram matrix: cheaper than
+        :class:`RidgeStats` when features outnumber rows (raw-input baselines). With the thin SVD
+        ``Z = U S V^T``, ``eigvals = S^2``, ``V = Z^T U / S`` and ``proj = S U^T (Y - mean_y)``;
+        directions with ``S = 0`` carry no weight in either form."""
+        X, Y = np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64)
+        mean_x, mean_y = X.mean(0), Y.mean(0)
+        var = X.var(0)
+        constant = var <= np.finfo(np.float64).eps * np.einsum("ij,ij->j", X, X)  # as RidgeStats.decompose
+        scale = np.where(constant, 1.0, np.sqrt(var))
+        Z = (X - mean_x) / scale
+        eigvals, U = np.linalg.eigh(Z @ Z.T)
+        keep = eigvals > eigvals.max(initial=0.0) * len(X) * np.finfo(np.float64).eps
+        S, U = np.sqrt(eigvals[keep]), U[:, keep]
+        return cls(S**2, (Z.T @ U) / S, S[:, None] * (U.T @ (Y - mean_y)), mean_x, scale, mean_y)
+
     def coef(self, alpha: float) -> tuple[np.ndarray, np.ndarray]:
         """``(coef (d, k), intercept (k,))`` on raw features: scores are ``X @ coef + intercept``."""
         weights = self.eigvecs @ (self.proj / (self.eigvals + alpha)[:, None])
@@ -558,6 +575,15 @@ def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool
             stats.add(X, _onehot(_outputs(y), c))
         return stats
 
+    def dual(*sources: Rows) -> bool:
+        """Rows in memory and fewer than the features: decompose their Gram matrix instead."""
+        return (all(isinstance(s, ArrayRows) for s in sources)
+                and sources[0].X.shape[-1] > sum(s.X.shape[0] * s.X.shape[1] for s in sources))
+
+    def from_rows(*sources: Rows) -> RidgePath:
+        X, y = Concat(*sources).load()
+        return RidgePath.from_rows(X, _onehot(_outputs(y), c))
+
     def scores_of(path: RidgePath, alphas, source: Rows) -> dict[float, float]:
         coefs = {alpha: path.coef(alpha) for alpha in alphas}
         correct, total = dict.fromkeys(alphas, 0.0), 0
@@ -567,11 +593,16 @@ def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool
             total += y.size
         return {alpha: correct[alpha] / total for alpha in alphas}
 
-    stats = accumulate(fit)
-    scores = scores_of(stats.decompose(), kind.grid, val)
+    if dual(fit, val):
+        path = from_rows(fit)
+        refit = from_rows(fit, val) if refit_with_val else path
+    else:
+        stats = accumulate(fit)
+        path = stats.decompose()
+        refit = (stats + accumulate(val)).decompose() if refit_with_val else path
+    scores = scores_of(path, kind.grid, val)
     best = _best(kind.grid, scores)
-    path = (stats + accumulate(val)).decompose() if refit_with_val else stats.decompose()
-    coef, intercept = path.coef(best)
+    coef, intercept = refit.coef(best)
     return scores, best, lambda X: _predict(X @ coef + intercept, m, c)
 
 

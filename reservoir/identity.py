@@ -143,10 +143,12 @@ def feature_identity(*, task_name: str, task: "Task", data: Mapping[str, "SplitD
 
 
 def features_path_for(identity: Mapping[str, Any]) -> Path:
-    """Default feature file of a run: ``features/TASK/BACKBONE/DTYPE-seedS[-limitN]-HASH.h5``."""
+    """Default feature file of a run: ``features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5``."""
     parts = [identity["dtype"], f"seed{identity['seed']}"]
     if identity.get("limit"):
         parts.append(f"limit{identity['limit']}")
+    if identity.get("input_scale", "paper") != "paper":
+        parts.append(f"scale-{identity['input_scale']}")
     name = "-".join(parts + [digest(identity)]) + ".h5"
     return features_dir() / slug(identity["task"]) / slug(identity["backbone"]) / name
 

@@ -1,40 +1,308 @@
-"""Tables across results (:mod:`reservoir.results` owns the schema, the writer and the reader).
+"""Tables, CSV and plots across results (:mod:`reservoir.results` owns the schema, the writer and
+the reader).
 
-A row is one (task, backbone, mode, head, trainable groups, producing run): results of the
-same features with several seeds share a row, shown as the mean (and spread) over seeds.
+A row is one setting: task, backbone, mode, head, trained groups, input scale and the
+producing run. Output-only rows have a test accuracy per depth; the number a row reports is
+the test accuracy at the depth chosen on validation (the best mean validation accuracy over
+seeds; ties go to the shallower depth), never the best test accuracy, which appears only
+labelled as such. Results of several seeds share a row: mean, and spread over seeds.
+Baselines (:mod:`reservoir.baselines`) of the same data and head are shown with every
+output-only table, and the FPT paper's number (:mod:`reservoir.paper`) beside ours where a
+row is mapped to a row of the paper's table (``--as BACKBONE=ROW``).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from reservoir.results import load_results  # noqa: F401  (report's entry point reads through it)
+from reservoir.results import atomic_write, load_results  # noqa: F401  (report's entry point reads through it)
+
+#: baselines in the order tables list them
+BASELINE_ORDER = ("majority", "first-operator", "raw", "tanh")
+BASELINE_LABELS = {"majority": "majority class", "first-operator": "first-operator rule",
+                   "raw": "raw-input linear head", "tanh": "random tanh features"}
+
+
+def baseline_label(name: str) -> str:
+    kind, _, width = name.partition("-") if name.startswith("tanh-") else (name, "", "")
+    return BASELINE_LABELS.get(kind, name) + (f" ({width} wide)" if width else "")
+
+
+def baseline_rank(name: str) -> tuple[int, str]:
+    kind = "tanh" if name.startswith("tanh-") else name
+    return (BASELINE_ORDER.index(kind) if kind in BASELINE_ORDER else len(BASELINE_ORDER), name)
+
+
+def input_scale(r: dict[str, Any]) -> str:
+    return str(r.get("identity", {}).get("input_scale", "paper"))
+
+
+def data_key(r: dict[str, Any]) -> str:
+    from reservoir.identity import digest
+
+    return digest(r.get("identity", {}).get("data"))
+
+
+@dataclass
+class Row:
+    """One setting's results by depth (output-only: the readout depth; end-to-end: blocks run)."""
+
+    task: str
+    backbone: str
+    mode: str
+    head: str
+    trainable: str
+    scale: str
+    run: str
+    by_depth: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+
+    @property
+    def results(self) -> list[dict[str, Any]]:
+        return [r for rs in self.by_depth.values() for r in rs]
+
+    def tests(self, depth: int) -> list[float]:
+        """Test accuracies at ``depth``, one per seed (an end-to-end result holds its seeds' mean)."""
+        return [r["test_accuracy"] for r in self.by_depth[depth]]
+
+    def val(self, depth: int) -> float:
+        return float(np.mean([r["val_accuracy"] for r in self.by_depth[depth]]))
+
+    @property
+    def chosen(self) -> int:
+        """The depth with the best mean validation accuracy (the shallower on ties)."""
+        return max(sorted(self.by_depth), key=lambda d: (self.val(d), -d))
+
+    @property
+    def best_by_test(self) -> int:
+        return max(sorted(self.by_depth), key=lambda d: (float(np.mean(self.tests(d))), -d))
+
+    def spread(self, depth: int) -> tuple[float, float | None, int]:
+        """Mean test, its std over seeds (``None`` for one seed) and the number of seeds."""
+        rs = self.by_depth[depth]
+        if len(rs) == 1 and rs[0].get("test_std") is not None:  # an end-to-end result folds its seeds
+            return rs[0]["test_accuracy"], rs[0]["test_std"], len(rs[0].get("seeds", [0]))
+        values = self.tests(depth)
+        return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else None), len(values)
+
+    @property
+    def size(self) -> str:
+        r = self.results[0]
+        return f"{r['n_train']}/{r['n_test']}"
 
 
 def row_key(r: dict[str, Any]) -> tuple:
-    return (r["task"], r["backbone"], r["mode"], r["head"], ",".join(r["trainable"]), r["identity_hash"][:6])
+    return (r["task"], r["backbone"], r["mode"], r["head"], ",".join(r["trainable"]), input_scale(r),
+            r["identity_hash"][:6])
 
 
-def cell(values: list[float]) -> str:
-    mean = 100 * float(np.mean(values))
-    if len(values) == 1:
-        return f"{mean:.1f}"
-    return f"{mean:.1f} ± {100 * float(np.std(values, ddof=1)):.1f} (n={len(values)})"
+def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, Any]]]:
+    """Rows of the reservoir results (sorted) and the baseline results."""
+    rows: dict[tuple, Row] = {}
+    baselines = []
+    for r in results:
+        if r["mode"] == "baseline":
+            baselines.append(r)
+            continue
+        key = row_key(r)
+        row = rows.setdefault(key, Row(*key))
+        row.by_depth[int(r["depth"])].append(r)
+    return [rows[k] for k in sorted(rows)], baselines
+
+
+def baselines_for(rows: list[Row], baselines: list[dict[str, Any]], task: str) -> list[dict[str, Any]]:
+    """The baselines of ``task`` computed on the same data and with the same head as its output-only
+    rows (rules have no head); one per name."""
+    want = {(data_key(r), r["head"]) for row in rows if row.task == task and row.mode == "output-only"
+            for r in row.results[:1]}
+    found: dict[str, dict[str, Any]] = {}
+    for b in baselines:
+        if b["task"] != task:
+            continue
+        heads = {h for d, h in want if d == data_key(b)}
+        if want and not heads:
+            continue
+        if b["head"] == "rule" or not heads or b["head"] in heads:
+            found.setdefault(f"{b['baseline']}|{b['head']}", b)
+    return sorted(found.values(), key=lambda b: (baseline_rank(b["baseline"]), b["head"]))
+
+
+def pct(x: float | None, std: float | None = None, n: int = 1) -> str:
+    if x is None:
+        return ""
+    text = f"{100 * x:.1f}"
+    if std is not None and n > 1:
+        text += f" ± {100 * std:.1f} (n={n})"
+    return text
+
+
+def paper_cell(ours: str, paper: float | None) -> str:
+    return ours if paper is None else f"{ours} (paper {paper:g})"
+
+
+def row_label(row: Row) -> str:
+    label = row.backbone
+    if row.mode == "end-to-end":
+        label += f" [{row.trainable}]"
+    if row.scale != "paper":
+        label += f", input scale {row.scale}"
+    return label
+
+
+class Report:
+    """Markdown and CSV of results, laid out by depth (one table per task) or by task (one row per
+    setting, the validation-chosen depth's test accuracy per task column)."""
+
+    def __init__(self, results: list[dict[str, Any]], *, paper: Any = None, paper_rows: dict[str, str] | None = None):
+        self.rows, self.baselines = collect(results)
+        self.paper, self.paper_rows = paper, dict(paper_rows or {})
+        self.records: list[dict[str, Any]] = []  # the CSV, one line per cell
+
+    def paper_number(self, row: Row, column: str) -> float | None:
+        if self.paper is None:
+            return None
+        name = self.paper_rows.get(f"{row.backbone}:{row.trainable}", self.paper_rows.get(row.backbone))
+        return self.paper.rows.get(name, {}).get(column) if name else None
+
+    def record(self, row: Row | None, column: str, **values: Any) -> None:
+        base = {"task": row.task, "setting": row_label(row), "backbone": row.backbone, "mode": row.mode,
+                "head": row.head, "trainable": row.trainable, "input_scale": row.scale, "run": row.run,
+                "n_train/n_test": row.size} if row else {}
+        self.records.append({**base, "column": column, **values})
+
+    # ---------------------------------------------------------------- depth layout
+    def depth_tables(self) -> str:
+        out = []
+        for task in dict.fromkeys(r.task for r in self.rows):
+            rows = [r for r in self.rows if r.task == task]
+            depths = sorted({d for r in rows for d in r.by_depth})
+            head = ["setting", "head", "n train/test"] + [f"d{d}" for d in depths] + \
+                   ["chosen on val: depth", "test at chosen", "best by test (not for claims)"]
+            lines = [f"### {task}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            for row in rows:
+                cells = []
+                for d in depths:
+                    if d not in row.by_depth:
+                        cells.append("")
+                        continue
+                    mean, std, n = row.spread(d)
+                    paper = self.paper_number(row, str(d))
+                    cells.append(paper_cell(pct(mean, std, n), paper))
+                    self.record(row, f"d{d}", test=mean, test_std=std, n_seeds=n, val=row.val(d), paper=paper)
+                c, b = row.chosen, row.best_by_test
+                mean, std, n = row.spread(c)
+                self.record(row, "chosen", depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c))
+                lines.append("| " + " | ".join([row_label(row), row.head, row.size] + cells + [
+                    str(c), pct(mean, std, n), f"{pct(row.spread(b)[0])} (d{b})"]) + " |")
+            lines += self.baseline_lines(task, len(depths))
+            out.append("\n".join(lines))
+        return "\n\n".join(out)
+
+    def baseline_lines(self, task: str, n_depths: int) -> list[str]:
+        lines = []
+        for b in baselines_for(self.rows, self.baselines, task):
+            label = f"baseline: {baseline_label(b['baseline'])}"
+            n = f"{b['n_train']}/{b['n_test']}"
+            lines.append("| " + " | ".join([label, b["head"], n] + [""] * n_depths + [
+                "", pct(b["test_accuracy"]), ""]) + " |")
+            self.records.append({"task": task, "setting": label, "backbone": b["backbone"], "mode": "baseline",
+                                 "head": b["head"], "n_train/n_test": n, "column": "baseline",
+                                 "test": b["test_accuracy"], "val": b["val_accuracy"]})
+        return lines
+
+    # ---------------------------------------------------------------- task layout
+    def task_table(self) -> str:
+        tasks = list(self.paper.columns) if self.paper is not None else list(dict.fromkeys(r.task for r in self.rows))
+        tasks = [t for t in tasks if any(r.task == t for r in self.rows)] or tasks
+        settings: dict[tuple, dict[str, Row]] = defaultdict(dict)
+        for row in self.rows:
+            settings[(row_label(row), row.head)][row.task] = row
+        head = ["setting", "head"] + [f"{t} (n train/test)" for t in tasks]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for (label, headname), by_task in settings.items():
+            cells = []
+            for t in tasks:
+                row = by_task.get(t)
+                if row is None:
+                    cells.append("")
+                    continue
+                c = row.chosen
+                mean, std, n = row.spread(c)
+                paper = self.paper_number(row, t)
+                depth = f", d{c}" if row.mode == "output-only" and len(row.by_depth) > 1 else ""
+                cells.append(paper_cell(f"{pct(mean, std, n)} ({row.size}{depth})", paper))
+                self.record(row, t, depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c), paper=paper)
+            lines.append("| " + " | ".join([label, headname] + cells) + " |")
+        by_name: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+        for t in tasks:
+            for b in baselines_for(self.rows, self.baselines, t):
+                by_name[f"baseline: {baseline_label(b['baseline'])}|{b['head']}"][t] = b
+        for name, by_task in sorted(by_name.items(), key=lambda kv: baseline_rank(next(iter(kv[1].values()))["baseline"])):
+            label, headname = name.split("|")
+            cells = [f"{pct(by_task[t]['test_accuracy'])} ({by_task[t]['n_train']}/{by_task[t]['n_test']})"
+                     if t in by_task else "" for t in tasks]
+            for t, b in by_task.items():
+                self.records.append({"task": t, "setting": label, "backbone": b["backbone"], "mode": "baseline",
+                                     "head": b["head"], "n_train/n_test": f"{b['n_train']}/{b['n_test']}",
+                                     "column": t, "test": b["test_accuracy"], "val": b["val_accuracy"]})
+            lines.append("| " + " | ".join([label, headname] + cells) + " |")
+        return "\n".join(lines)
+
+    def markdown(self, layout: str) -> str:
+        return self.depth_tables() if layout == "depth" else self.task_table()
+
+    def csv(self) -> str:
+        columns = list(dict.fromkeys(k for rec in self.records for k in rec))
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(self.records)
+        return buf.getvalue()
+
+    # ---------------------------------------------------------------- plots
+    def plots(self, folder: Path) -> list[Path]:
+        """Accuracy against depth per task (baselines as lines, the chosen depth ringed, the paper's
+        numbers hollow), and the training curves of end-to-end results that recorded them."""
+        from reservoir.plots import depth_plot, training_curves
+
+        folder = Path(folder)
+        written = []
+        for task in dict.fromkeys(r.task for r in self.rows):
+            rows = [r for r in self.rows if r.task == task and r.mode == "output-only"]
+            if rows:
+                curves = {f"{row_label(r)} ({r.head})": {d: 100 * r.spread(d)[0] for d in sorted(r.by_depth)}
+                          for r in rows}
+                chosen = {f"{row_label(r)} ({r.head})": r.chosen for r in rows}
+                paper = {}
+                for r in rows:
+                    numbers = {int(c): v for c in (self.paper.columns if self.paper else ()) if c.isdigit()
+                               for v in [self.paper_number(r, c)] if v is not None}
+                    if numbers:
+                        paper[f"{row_label(r)} ({r.head})"] = numbers
+                baselines = {f"{baseline_label(b['baseline'])} ({b['head']})": 100 * b["test_accuracy"]
+                             for b in baselines_for(self.rows, self.baselines, task)}
+                size = rows[0].size
+                written.append(depth_plot(curves, folder / f"{task}-depth.png", baselines=baselines, chosen=chosen,
+                                          paper=paper or None,
+                                          title=f"{task}: test accuracy by depth (n train/test {size}); "
+                                                "ring: depth chosen on validation"))
+            runs = {f"{row_label(r)} d{d} lr{run.get('lr', '')} seed{run.get('seed', '')}": run["history"]
+                    for r in self.rows if r.task == task and r.mode == "end-to-end"
+                    for d, rs in r.by_depth.items() for res in rs for run in res.get("runs", [])
+                    if run.get("history")}
+            if runs:
+                written.append(training_curves(runs, folder / f"{task}-training.png",
+                                               title=f"{task}: end-to-end training, validation accuracy and loss"))
+        return written
 
 
 def depth_table(results: list[dict[str, Any]]) -> str:
-    """Markdown: one row per (task, backbone, mode, head, trainable, run), one column per depth
-    (test %, mean over seeds). ``run`` is the start of the producing identity's hash."""
-    rows: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in results:
-        rows[row_key(r)][int(r["depth"])].append(r["test_accuracy"])
-    depths = sorted({d for v in rows.values() for d in v})
-    head = "| task | backbone | mode | head | trainable | run | " + " | ".join(f"d{d}" for d in depths) + " |"
-    lines = [head, "|" + "---|" * (6 + len(depths))]
-    for key in sorted(rows):
-        cells = [cell(rows[key][d]) if d in rows[key] else "" for d in depths]
-        lines.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """Markdown, one table per task: test accuracy by depth per setting, the depth chosen on
+    validation, and the baselines of the same data."""
+    return Report(results).depth_tables()

@@ -2,7 +2,8 @@
 
 One JSON file per result under ``results/{task}/{backbone}/``. Schema (both modes):
 
-- ``task``, ``backbone``, ``mode`` (``output-only`` or ``end-to-end``), ``depth``, ``head``,
+- ``task``, ``backbone``, ``mode`` (``output-only``, ``end-to-end``, or ``baseline``: see
+  :mod:`reservoir.baselines`; its backbone is ``baseline-NAME``, its depth ``None``), ``depth``, ``head``,
   ``trainable`` (groups), ``seed``, ``lr`` (``None`` for output-only heads);
 - ``test_accuracy``, ``val_accuracy`` (fractions in [0, 1]), ``n_train``, ``n_val``,
   ``n_test``, ``seconds``;
@@ -35,7 +36,7 @@ from reservoir.identity import digest
 REQUIRED = ("task", "backbone", "mode", "depth", "head", "trainable", "test_accuracy", "val_accuracy",
             "n_train", "n_val", "n_test", "seconds", "seed", "lr", "identity", "identity_hash", "key", "config",
             "version")
-MODES = ("output-only", "end-to-end")
+MODES = ("output-only", "end-to-end", "baseline")
 
 
 def result_key(result: dict[str, Any]) -> str:
@@ -51,7 +52,9 @@ def result_name(result: dict[str, Any]) -> str:
     parts = [result["mode"], result["head"]]
     if result["mode"] == "end-to-end":
         parts.append("-".join(result["trainable"]))
-    parts += [f"depth{result['depth']}", f"seed{result['seed']}"]
+    if result["depth"] is not None:  # baselines have no depth
+        parts.append(f"depth{result['depth']}")
+    parts.append(f"seed{result['seed']}")
     if result.get("lr") is not None:
         parts.append(f"lr{result['lr']:g}")
     return slug("_".join(parts + [result["key"]])) + ".json"
@@ -83,6 +86,11 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
     return path
 
 
+def result_path(result: dict[str, Any]) -> Path:
+    """Where ``result`` (with its ``key``) is written: ``results/{task}/{backbone}/{result_name}``."""
+    return results_dir(result["task"], result["backbone"]) / result_name(result)
+
+
 def write_result(result: dict[str, Any]) -> Path:
     """Complete ``result`` (version, key), check the schema, write it under
     ``results/{task}/{backbone}/``; returns the path."""
@@ -91,7 +99,7 @@ def write_result(result: dict[str, Any]) -> Path:
     missing = [k for k in REQUIRED if k not in result]
     if missing:
         raise ValueError(f"result is missing fields {missing}")  # an internal invariant, not user input
-    path = results_dir(result["task"], result["backbone"]) / result_name(result)
+    path = result_path(result)
     text = json.dumps(result, indent=2, sort_keys=True, default=str).encode()
     atomic_write(path, lambda f: f.write(text))
     return path

@@ -77,7 +77,8 @@ def test_api_extract_and_fit_on_a_user_npz(tiny_gpt2, tmp_path, home):
     path = api.extract(f"file:{tmp_path / 'mine.npz'}", str(tiny_gpt2))
     assert path.parent.parent.name == "mine.npz" and path.exists()  # features/mine.npz/BACKBONE/...-HASH.h5
     results = api.fit(f"file:{tmp_path / 'mine.npz'}", str(tiny_gpt2), head="logreg")
-    assert [r["depth"] for r in results] == [0, 1, 2] and all(r["n_test"] == 20 for r in results)
+    assert [r["depth"] for r in results] == [0, 1, 2, None, None, None] and all(r["n_test"] == 20 for r in results)
+    assert [r["baseline"] for r in results[3:]] == ["majority", "raw", "tanh-32"]  # the tiny GPT-2 is 32 wide
     assert max(r["test_accuracy"] for r in results) >= 0.8
     with pytest.raises(ValueError, match=r"unknown setting 'limt'; choose from \[.*'limit'"):
         api.extract("digits", str(tiny_gpt2), limt=5)

@@ -79,7 +79,7 @@ def test_extract_fit_report_on_digits(cli, home, tiny_gpt2):
     assert path.name.startswith(f"{resolve_dtype('auto')}-seed0-") and path.suffix == ".h5"
     r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--head", "ridge")
     assert r.exit_code == 0, r.output
-    assert "| digits |" in r.stdout and "| d2 |" in r.stdout
+    assert "### digits" in r.stdout and " d2 |" in r.stdout and "baseline: majority class" in r.stdout
     results = sorted((home / "results" / "digits" / tiny_gpt2.name).glob("*.json"))
     assert len(results) == 3
     res = json.loads(results[-1].read_text())
@@ -89,7 +89,7 @@ def test_extract_fit_report_on_digits(cli, home, tiny_gpt2):
     assert res["mode"] == "output-only" and res["n_test"] == 360 and res["n_train"] == 1437
     assert res["test_accuracy"] > 0.5  # chance is 0.1
     r = cli("report")
-    assert r.exit_code == 0 and "output-only" in r.stdout
+    assert r.exit_code == 0 and "| tiny-gpt20 | ridge |" in r.stdout and "baseline: raw-input linear head" in r.stdout
 
 
 def test_fit_without_features_exits_1(cli, home):

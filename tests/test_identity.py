@@ -199,7 +199,7 @@ def test_fit_refuses_features_of_another_task_or_file(extract, cli, home, tmp_pa
     code, _, mine = extract(task=f"file:{tmp_path / 'mine.npz'}", *())
     r = cli("fit", "--task", f"file:{tmp_path / 'other' / 'mine.npz'}", "--features", str(mine))
     assert r.exit_code == 1 and "was extracted from another file named 'mine.npz'" in r.output
-    r = cli("-q", "fit", "--features", str(digits), "--head", "ridge", "--depths", "-1")  # task from the file
+    r = cli("-q", "fit", "--features", str(digits), "--head", "ridge", "--depths", "-1", "--no-baselines")  # task from the file
     assert r.exit_code == 0, r.output
     (result,) = (home / "results").rglob("*.json")
     assert result.parent == home / "results" / "digits" / "tiny-gpt20"
@@ -208,17 +208,17 @@ def test_fit_refuses_features_of_another_task_or_file(extract, cli, home, tmp_pa
 def test_fits_that_differ_only_in_seed_keep_both_results(extract, cli, home):
     code, _, path = extract("--limit", "200")
     for seed in ("0", "1"):
-        r = cli("-q", "fit", "--features", str(path), "--head", "torch", "--depths", "2", "--seed", seed)
+        r = cli("-q", "fit", "--features", str(path), "--head", "torch", "--depths", "2", "--seed", seed, "--no-baselines")
         assert r.exit_code == 0, r.output
     files = sorted((home / "results").rglob("*.json"))
     assert len(files) == 2 and "seed0" in files[0].name and "seed1" in files[1].name
     results = [json.loads(f.read_text()) for f in files]
     assert results[0]["identity_hash"] == results[1]["identity_hash"] and results[0]["key"] != results[1]["key"]
     # refitting the same seed replaces its own file only; report lists each result once
-    assert cli("-q", "fit", "--features", str(path), "--head", "torch", "--depths", "2").exit_code == 0
+    assert cli("-q", "fit", "--features", str(path), "--head", "torch", "--depths", "2", "--no-baselines").exit_code == 0
     assert len(list((home / "results").rglob("*.json"))) == 2
     table = cli("report", str(home / "results"), str(home / "results" / "digits")).stdout
-    (row,) = [line for line in table.splitlines() if "| torch |" in line]
+    (row,) = [line for line in table.splitlines() if "| torch |" in line and "baseline" not in line]
     assert "(n=2)" in row  # two seeds, one row: mean and spread
 
 

@@ -39,6 +39,9 @@ class Backbone(nn.Module):
     causal: bool = True
     #: longest input the backbone has positions for (``None``: no limit)
     max_positions: int | None = None
+    #: std of the backbone's own token embedding as loaded (its initialisation's for a random
+    #: twin); ``--input-scale matched`` draws the input layer at this scale
+    token_std: float | None = None
 
     def states(self, x: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int],
                readout: torch.Tensor) -> list[torch.Tensor]:
@@ -60,6 +63,11 @@ class Backbone(nn.Module):
         bad = [d for d in depths if not 0 <= d <= self.n_layers]
         if bad or not depths:
             raise UsageError(f"depth {bad[0]} is out of range for this backbone; choose depths in [0, {self.n_layers}]")
+
+
+def weight_std(weight: torch.Tensor) -> float:
+    """The std of a weight tensor's entries (for :attr:`Backbone.token_std`)."""
+    return float(weight.detach().double().std())
 
 
 def gather(h: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:

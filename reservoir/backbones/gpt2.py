@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from reservoir.backbones import (FAMILIES, Backbone, BackboneError, from_pretrained, gather, register_backbone,
-                                 seeded)
+                                 seeded, weight_std)
 
 #: nanoGPT's table: shapes of the released GPT-2 sizes (hub id -> config arguments)
 GPT2_SIZES = {
@@ -30,6 +30,7 @@ class GPT2Backbone(Backbone):
         self.wpe, self.drop, self.h, self.ln_f = model.wpe, model.drop, model.h, model.ln_f
         self.d_model, self.n_layers = model.config.n_embd, model.config.n_layer
         self.max_positions = model.config.n_positions
+        self.token_std = weight_std(model.wte.weight)
 
     def states(self, x, lengths, depths: Sequence[int], readout):
         self.check_depths(depths)

@@ -26,8 +26,7 @@ import torch
 from torch import nn
 
 from reservoir.backbones import (FAMILIES, FROM_CONFIG, Backbone, BackboneError, from_pretrained, gather,
-                                 register_backbone,
-                                 stats_init)
+                                 register_backbone, stats_init, weight_std)
 from reservoir.backbones.gpt2 import GPT2_SIZES, GPT2Backbone, load_gpt2
 
 #: longest sequence the learned additive position embedding of a rotary model covers
@@ -81,6 +80,7 @@ class RotaryBackbone(Backbone):
         self.wpe = nn.Embedding(n_pos, self.d_model)
         self.max_positions = n_pos
         nn.init.zeros_(self.wpe.weight)
+        self.token_std = weight_std(model.embed_tokens.weight)
 
     def states(self, x, lengths, depths: Sequence[int], readout):
         from transformers.masking_utils import create_causal_mask
@@ -119,6 +119,7 @@ class EncoderBackbone(Backbone):
         super().__init__()
         self.config = model.config
         self.embeddings, self.layers = model.embeddings, model.encoder.layer
+        self.token_std = weight_std(self.embeddings.word_embeddings.weight)
         self.embeddings.word_embeddings = None  # the FPT input layer replaces it; inputs_embeds path never reads it
         self.d_model, self.n_layers = model.config.hidden_size, model.config.num_hidden_layers
         offset = model.config.pad_token_id + 1 if model.config.model_type == "roberta" else 0  # RoBERTa counts from pad+1

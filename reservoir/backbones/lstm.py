@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from reservoir.backbones import Backbone, gather, register_backbone, seeded
+from reservoir.backbones import Backbone, gather, register_backbone, seeded, weight_std
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class LSTMBackbone(Backbone):
                                     for _ in range(config.n_layers))
         self.wpe = nn.Embedding(config.max_positions, config.d_model) if config.positional else None
         self.max_positions = config.max_positions if config.positional else None
+        # no token embedding: the std of the first layer's input weights, as initialised
+        self.token_std = weight_std(self.layers[0].weight_ih_l0)
 
     def states(self, x, lengths, depths: Sequence[int], readout):
         self.check_depths(depths)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import numpy as np
 
@@ -107,6 +107,11 @@ class Task:
     def encode(self, inputs: np.ndarray) -> np.ndarray:
         """Raw batch -> tokens: float32 ``(B, T, token_dim)`` or int64 ``(B, T)`` ids."""
         raise NotImplementedError  # pragma: no cover - abstract
+
+    def baseline_rules(self) -> dict[str, Callable[[SplitData], np.ndarray]]:
+        """Rules a reservoir should beat, by name: each maps a split to one key per example, and
+        the rule predicts the most common train label of each key (:mod:`reservoir.baselines`)."""
+        return {}
 
     def options(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -179,3 +179,13 @@ class ListOps(Task):
 
     def encode(self, inputs: np.ndarray) -> np.ndarray:
         return pad_ids(list(inputs), self.spec.pad_id)
+
+    def baseline_rules(self):
+        """``first-operator``: the label most common among train trees with the same outermost operator."""
+        return {"first-operator": first_operator}
+
+
+def first_operator(data: SplitData) -> np.ndarray:
+    """The id of each expression's first operator token (0 when it has none)."""
+    ops = {VOCAB[op] for op in OPERATORS}
+    return np.array([next((int(t) for t in seq if t in ops), 0) for seq in data.inputs], dtype=np.int64)

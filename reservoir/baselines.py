@@ -1,0 +1,171 @@
+"""Baselines beside every output-only result: what a reservoir's features add over the input.
+
+``fit`` computes them from the same splits as the feature file (the task's data is read
+again and must hash to the file's recorded data), with the same head, the same choice of
+its regularisation on validation and the same refit:
+
+- ``majority``: the most common train label (per output for multi-output tasks);
+- ``raw``: the head on the task's raw tokens, flattened: dense values zero-padded to the
+  task's length, id tokens one-hot per position;
+- ``tanh-W``: the head on ``W`` random tanh features of those raw tokens, ``W`` the width
+  of the reservoir's features: ``tanh(X R / s)`` with ``R`` drawn from N(0, 1) by the run's
+  seed and ``s`` the std of ``X R`` over train, so pre-activations have unit std;
+- a task's rules (:meth:`reservoir.tasks.Task.baseline_rules`; ListOps: the first operator):
+  the most common train label among the train examples with the same key, the majority
+  label for a key train never showed.
+
+A baseline's identity holds the data (task, options, data digest, limit, splits), the
+baseline and its width and seed, never the backbone: every backbone's fit on the same
+data reuses the same baseline results (read back instead of recomputed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from reservoir import __version__
+from reservoir.config import FitConfig
+from reservoir.errors import DataError, IdentityError
+from reservoir.heads import ArrayRows, fit_rows, holdout
+from reservoir.identity import data_fingerprint, digest
+from reservoir.progress import log
+from reservoir.results import result_key, result_path, write_result
+from reservoir.tasks import SplitData, Task, make_task
+
+
+def load_data(identity: dict[str, Any], cfg: FitConfig) -> tuple[Task, dict[str, SplitData]]:
+    """The splits a feature file was extracted from, read again and checked against its digest."""
+    name = cfg.task if cfg.task and cfg.task.startswith("file:") else identity["task"]
+    if name.startswith("file:") and not Path(name[5:]).exists():
+        raise DataError(f"the baselines need the data of task {identity['task']!r}; pass --task file:PATH "
+                        "(the file it was extracted from), or --no-baselines")
+    task = make_task(name, dict(identity["task_options"]), identity["seed"])
+    try:
+        data = {s: task.load(s, Path(cfg.data_dir), identity["limit"]) for s in identity["splits"]}
+    except DataError as e:
+        raise DataError(f"{e}\n(the baselines read the task's data again: pass --data-dir, or --no-baselines)") from None
+    if data_fingerprint(data) != identity["data"]:
+        raise IdentityError(f"the data of task {identity['task']!r} under {cfg.data_dir} differs from the data the "
+                            "features were extracted from; pass the --data-dir the extraction read, or --no-baselines")
+    return task, data
+
+
+def raw_inputs(task: Task, data: SplitData) -> np.ndarray:
+    """``(N, D)`` float32: the tokens the backbone reads, flattened (module docstring)."""
+    spec = task.spec
+    tokens = task.encode(data.inputs)
+    pad = spec.seq_len - tokens.shape[1]
+    if spec.token_kind == "ids":
+        tokens = np.pad(tokens, ((0, 0), (0, pad)), constant_values=spec.pad_id)
+        out = np.zeros((len(tokens), spec.seq_len, spec.vocab_size), np.float32)
+        np.put_along_axis(out, tokens[:, :, None].astype(np.int64), 1.0, axis=2)
+        return out.reshape(len(tokens), -1)
+    tokens = np.pad(tokens, ((0, 0), (0, pad), (0, 0)))
+    return tokens.reshape(len(tokens), -1).astype(np.float32)
+
+
+def tanh_features(raw: dict[str, np.ndarray], width: int, seed: int) -> dict[str, np.ndarray]:
+    """``tanh(X R / s)`` per split (module docstring); ``s`` is measured on ``raw["train"]``."""
+    R = np.random.default_rng(seed).standard_normal((raw["train"].shape[1], width), dtype=np.float32)
+    s = float(np.std(raw["train"] @ R)) or 1.0
+    return {split: np.tanh(X @ R / s) for split, X in raw.items()}
+
+
+def lookup_rule(keys: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Predict the most common label of each key among ``(keys, labels)`` (the overall most common
+    for a key not among them); labels ``(N,)``, or ``(N, ...)`` voted per output."""
+    flat = labels.reshape(len(labels), -1)
+
+    def vote(rows: np.ndarray) -> np.ndarray:
+        return np.array([np.bincount(col).argmax() for col in rows.T])
+
+    overall = vote(flat)
+    table = {k: vote(flat[keys == k]) for k in np.unique(keys)}
+
+    def predict(new_keys: np.ndarray) -> np.ndarray:
+        out = np.stack([table.get(k, overall) for k in new_keys]) if len(new_keys) else flat[:0]
+        return out.reshape((len(new_keys),) + labels.shape[1:])
+
+    return predict
+
+
+def rule_scores(keys: dict[str, np.ndarray], data: dict[str, SplitData], val: str | None, tests: list[str],
+                val_fraction: float, seed: int) -> dict[str, Any]:
+    """A lookup rule scored like a head: validation on the val split (or a seeded held-out part
+    of train), test after refitting on all of train (as :func:`reservoir.heads.fit_rows`)."""
+    train_y = data["train"].labels
+    if val is None:
+        fit_i, val_i = holdout(train_y, val_fraction, seed)
+        val_keys, val_y = keys["train"][val_i], train_y[val_i]
+        fit_keys, fit_y = keys["train"][fit_i], train_y[fit_i]
+    else:
+        val_keys, val_y, fit_keys, fit_y = keys[val], data[val].labels, keys["train"], train_y
+    val_acc = float(np.mean(lookup_rule(fit_keys, fit_y)(val_keys) == val_y))
+    rule = lookup_rule(keys["train"], train_y)
+    accs = {t: float(np.mean(rule(keys[t]) == data[t].labels)) for t in tests}
+    return {"test_accuracy": accs[tests[0]], "test_accuracies": accs, "val_accuracy": val_acc,
+            "n_train": len(train_y), "n_val": len(val_y), "n_test": len(data[tests[0]]),
+            "n_tests": {t: len(data[t]) for t in tests}, "hyperparameters": {}, "val_scores": {}, "seconds": 0.0}
+
+
+def baseline_identity(identity: dict[str, Any], name: str, **extra: Any) -> dict[str, Any]:
+    keep = ("format", "task", "task_options", "data", "limit", "splits")
+    return {**{k: identity[k] for k in keep}, "baseline": name, **extra}
+
+
+def fit_baselines(identity: dict[str, Any], width: int, cfg: FitConfig, val: str | None, tests: list[str], *,
+                  progress: bool = True) -> list[dict[str, Any]]:
+    """Every baseline of the data behind ``identity`` (module docstring), each written as a
+    result with ``mode="baseline"`` under ``results/TASK/baseline-NAME/``; a baseline already
+    written for the same data, head and selection is read back, not recomputed."""
+    name = cfg.task if cfg.task and cfg.task.startswith("file:") else identity["task"]
+    task = make_task(name, dict(identity["task_options"]), identity["seed"])
+    plan = [(rule, "rule", {}) for rule in ("majority", *task.baseline_rules())]
+    plan += [("raw", cfg.head, {}), (f"tanh-{width}", cfg.head, {"width": width, "seed": identity["seed"]})]
+    data = raw = None
+    out = []
+    for baseline, head, extra in plan:
+        result = {
+            "task": identity["task"], "backbone": f"baseline-{baseline}", "mode": "baseline", "baseline": baseline,
+            "depth": None, "head": head, "trainable": [], "seed": cfg.seed, "lr": None, "version": __version__,
+            "identity": baseline_identity(identity, baseline, **extra),
+            "config": {"fit": {**cfg.to_json(), "features": None}},
+        }
+        result["identity_hash"] = digest(result["identity"])
+        result["key"] = result_key(result)
+        path = result_path(result)
+        if path.exists():
+            out.append({**json.loads(path.read_text()), "path": str(path)})
+            continue
+        if data is None:
+            task, data = load_data(identity, cfg)
+        if head == "rule":
+            rule = task.baseline_rules().get(baseline, lambda d: np.zeros(len(d), np.int64))
+            scores = rule_scores({s: rule(d) for s, d in data.items()}, data, val, tests, cfg.val_fraction, cfg.seed)
+        else:
+            if raw is None:
+                raw = {s: raw_inputs(task, d) for s, d in data.items()}
+            X = raw if baseline == "raw" else tanh_features(raw, width, identity["seed"])
+            train, test_rows, val_rows = _rows(X, data, val, tests)
+            scores = fit_rows(head, train, test_rows, val=val_rows, val_fraction=cfg.val_fraction, seed=cfg.seed,
+                              memory_bytes=cfg.memory_mb * 2**20)
+        scores["test_split"] = tests[0]
+        result = {**result, **scores}
+        result["path"] = str(write_result(result))
+        out.append(result)
+        log(f"baseline {baseline} ({head}): {tests[0]} {100 * scores['test_accuracy']:.1f}% "
+            f"(val {100 * scores['val_accuracy']:.1f}%, {scores['seconds']:.1f}s)", progress)
+    return out
+
+
+def _rows(X: dict[str, np.ndarray], data: dict[str, SplitData], val: str | None, tests: list[str]):
+    """The head's rows: one row per example, every output of a multi-output task beside the others."""
+    def rows_of(split):
+        y = data[split].labels
+        return ArrayRows(X[split][:, None, :], y if y.ndim == 1 else y.reshape(len(y), 1, -1))
+
+    return rows_of("train"), {t: rows_of(t) for t in tests}, (rows_of(val) if val else None)
