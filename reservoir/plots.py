@@ -14,7 +14,7 @@ Figure sizes are fixed (inches at :data:`DPI`); legends sit outside the axes.
 from __future__ import annotations
 
 import math
-import os
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -51,9 +51,7 @@ def _figure(figsize: tuple[float, float]):
 
 def _save(fig, path: Path | str) -> Path:
     path = Path(path)
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
-    os.chmod(path, 0o644)  # the temp file was private (mkstemp); a plot is for sharing
-    return path
+    return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
 
 
 def _colours(names: Sequence[str]) -> dict[str, Any]:
@@ -138,7 +136,7 @@ def depth_plot(curves: dict[str, dict[int, float]], path: Path | str, *, title: 
         ax.set_xlim(min(depths) - 0.5, max(depths) + 0.5)
     ax.set_xlabel("depth (blocks)")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    fig.suptitle(textwrap.fill(title, 100), fontsize="medium")
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -180,7 +178,7 @@ def training_curves(runs: dict[str, list[dict]], path: Path | str, *, title: str
     for ax in (acc_ax, loss_ax):
         ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize="small", frameon=False)
-    fig.suptitle(title)
+    fig.suptitle(textwrap.fill(title, 100))
     return _save(fig, path)
 
 
@@ -245,5 +243,5 @@ def attention_maps(weights: np.ndarray, path: Path | str, *, title: str, tokens:
         if i // cols == rows - 1 or i + cols >= len(heads):
             ax.set_xlabel("key token", fontsize="small")
     fig.colorbar(image, ax=list(axes[: len(heads)]), shrink=0.8, label="attention")
-    fig.suptitle(title)
+    fig.suptitle(textwrap.fill(title, 100))
     return _save(fig, path)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.results import atomic_write, load_results  # noqa: F401  (report's entry point reads through it)
+from reservoir.results import load_results  # noqa: F401  (report's entry point reads through it)
 
 #: baselines in the order tables list them
 BASELINE_ORDER = ("majority", "first-operator", "raw", "tanh")

@@ -37,6 +37,8 @@ REQUIRED = ("task", "backbone", "mode", "depth", "head", "trainable", "test_accu
             "n_train", "n_val", "n_test", "seconds", "seed", "lr", "identity", "identity_hash", "key", "config",
             "version")
 MODES = ("output-only", "end-to-end", "baseline")
+UMASK = os.umask(0o022)
+os.umask(UMASK)  # read once: the permissions a plain open() would give
 
 
 def result_key(result: dict[str, Any]) -> str:
@@ -71,6 +73,7 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~UMASK)  # mkstemp's file is private; the result is not
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
