@@ -152,10 +152,11 @@ def test_report_puts_end_to_end_beside_output_only(tiny_gpt2, home, cli):
     r = cli("-q", "train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), *opts, "--steps", "10",
             "--eval-every", "10", "--checkpoint-dir", str(home / "ckpt"))
     assert r.exit_code == 0, r.output
-    table = cli("report").output
-    rows = [line for line in table.splitlines() if "bit_xor" in line]
-    assert any("| output-only | ridge |" in line for line in rows)
-    assert any("| end-to-end | linear |" in line for line in rows)
+    for layout in ("depth", "task"):
+        table = cli("report", "--layout", layout).output
+        assert f"| {tiny_gpt2.name} | ridge |" in table  # output-only, at the depth chosen on validation
+        assert f"| {tiny_gpt2.name} [input,pos,ln,out] | linear |" in table  # end to end, beside it
+        assert "| baseline: majority class | rule |" in table
 
 
 def test_bad_options_exit_2_while_parsing_and_1_after(tiny_gpt2, home, cli):

@@ -4,7 +4,11 @@ Depth convention (DESIGN.md): depth ``k`` is what the backbone truncated to its 
 ``k`` blocks outputs, final norm included (for LSTMs: the output of layer ``k``); depth 0
 is the embedded input (input layer + positions) through that final norm. Only blocks up
 to the deepest requested depth run, and the final norm is applied to the readout tokens
-only (it acts per token, so that equals norming every position and then reading).
+only (it acts per token, so that equals norming every position and then reading). In the
+deepest block of a causal transformer (GPT-2, Llama) only the readout rows are kept, so
+that block computes keys and values for every position but queries, attention output,
+residual and MLP for the readout rows alone (:func:`readout_attention`); the
+``readout_last_block`` attribute switches this off (tests compare both).
 
 A backbone is registered by name (``@register_backbone``) or loaded from a folder saved
 with ``save_pretrained`` (``--backbone PATH`` or ``hf:PATH``), dispatched on the folder
@@ -42,6 +46,8 @@ class Backbone(nn.Module):
     #: std of the backbone's own token embedding as loaded (its initialisation's for a random
     #: twin); ``--input-scale matched`` draws the input layer at this scale
     token_std: float | None = None
+    #: compute only the readout rows in the deepest block that runs (families that implement it)
+    readout_last_block: bool = True
 
     def states(self, x: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int],
                readout: torch.Tensor) -> list[torch.Tensor]:
@@ -65,14 +71,43 @@ class Backbone(nn.Module):
             raise UsageError(f"depth {bad[0]} is out of range for this backbone; choose depths in [0, {self.n_layers}]")
 
 
-def weight_std(weight: torch.Tensor) -> float:
-    """The std of a weight tensor's entries (for :attr:`Backbone.token_std`)."""
+def weight_std(weight: torch.Tensor) -> float | None:
+    """The std of a weight tensor's entries (for :attr:`Backbone.token_std`); ``None`` for a tensor
+    without values (the meta device)."""
+    if weight.is_meta:
+        return None
     return float(weight.detach().double().std())
 
 
 def gather(h: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
     """``h (B, T, d)``, ``readout (B, R)`` -> ``(B, R, d)``."""
     return torch.gather(h, 1, readout[:, :, None].expand(-1, -1, h.shape[-1]))
+
+
+def readout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, readout: torch.Tensor, scale: float,
+                      dropout: float = 0.0) -> torch.Tensor:
+    """Causal attention of the readout queries alone: ``(B, R, H * hd)``.
+
+    ``q (B, H, R, hd)`` are the queries of the positions ``readout (B, R)``; ``k``, ``v``
+    ``(B, Hkv, T, hd)`` the keys and values of every position (``H`` a multiple of ``Hkv``:
+    query head ``h`` reads key-value head ``h // (H / Hkv)``, as Hugging Face's ``repeat_kv``).
+    A query at position ``p`` attends to keys ``0..p``, as in the full causal block, so the
+    last block can compute queries, output projection and MLP for the readout rows only.
+    """
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    keys = torch.arange(k.shape[2], device=q.device)
+    mask = keys[None, None, None, :] <= readout[:, None, :, None].to(q.device)  # (B, 1, R, T)
+    out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+def hooked(*modules: nn.Module) -> bool:
+    """Whether any of ``modules`` has forward hooks: an observer (such as
+    :mod:`reservoir.attention`'s pre-hook) expects the module itself to run, so the readout-only
+    last block is not used then."""
+    return any(m._forward_pre_hooks or m._forward_hooks for m in modules)
 
 
 BACKBONES: Registry[Backbone] = Registry("backbone")

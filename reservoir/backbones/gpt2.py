@@ -7,8 +7,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from reservoir.backbones import (FAMILIES, Backbone, BackboneError, from_pretrained, gather, register_backbone,
-                                 seeded, weight_std)
+from reservoir.backbones import (FAMILIES, Backbone, BackboneError, from_pretrained, gather, hooked,
+                                 readout_attention, register_backbone, seeded, weight_std)
 
 #: nanoGPT's table: shapes of the released GPT-2 sizes (hub id -> config arguments)
 GPT2_SIZES = {
@@ -38,7 +38,11 @@ class GPT2Backbone(Backbone):
         h = self.drop(x + self.wpe(positions).to(x.dtype))
         # keep only the readout rows of each wanted depth, not every hidden state
         out = {0: gather(h, readout)} if 0 in depths else {}
-        for k, block in enumerate(self.h[: max(depths)], start=1):
+        last = max(depths)
+        for k, block in enumerate(self.h[:last], start=1):
+            if k == last and self.readout_last_block and readout_block_supported(block):
+                out[k] = readout_block(block, h, readout)
+                break
             h = block(h)
             h = h[0] if isinstance(h, tuple) else h  # transformers < 5.3 returns (hidden, ...)
             if k in depths:
@@ -54,6 +58,57 @@ class GPT2Backbone(Backbone):
             groups["attn"] += list(block.attn.parameters())
             groups["ff"] += list(block.mlp.parameters())
         return groups
+
+
+def readout_block_supported(block: nn.Module) -> bool:
+    """Whether :func:`readout_block` computes exactly what ``block`` does: a plain ``GPT2Block``
+    self-attention block without ``reorder_and_upcast_attn`` (an eager-attention-only upcast
+    not reproduced here) and without hooks on it or its attention."""
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    if type(block) is not GPT2Block:
+        return False
+    attn = block.attn
+    return not (attn.is_cross_attention or attn.reorder_and_upcast_attn or hooked(block, attn))
+
+
+def _columns(module: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Output features ``start:stop`` of a projection (transformers' ``Conv1D`` or ``nn.Linear``)
+    without computing the others; any other module, or one whose weight is not a plain tensor
+    (a quantized one), runs whole and is sliced."""
+    from transformers.pytorch_utils import Conv1D
+
+    plain = type(getattr(module, "weight", None)) in (torch.Tensor, nn.Parameter)
+    if type(module) is Conv1D and plain:  # x @ W + b with W (in, out), as Conv1D.forward computes it
+        y = torch.addmm(module.bias[start:stop], x.reshape(-1, x.shape[-1]), module.weight[:, start:stop])
+        return y.view(*x.shape[:-1], stop - start)
+    if type(module) is nn.Linear and plain:
+        bias = None if module.bias is None else module.bias[start:stop]
+        return nn.functional.linear(x, module.weight[start:stop], bias)
+    return module(x)[..., start:stop]
+
+
+def readout_block(block: nn.Module, h: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+    """``gather(block(h), readout)`` computing only what the readout rows need: ``(B, R, d)``.
+
+    ``ln_1`` and the key/value projections run on every position (the readout queries attend
+    to them, causally); queries, attention output, residual, ``ln_2`` and the MLP run on the
+    ``R`` readout rows only. The scale follows ``scale_attn_weights`` and
+    ``scale_attn_by_inverse_layer_idx``; dropout acts as in the block (training only).
+    """
+    attn = block.attn
+    d, hd = attn.embed_dim, attn.head_dim
+    normed = block.ln_1(h)
+    kv = _columns(attn.c_attn, normed, d, 3 * d)
+    k, v = (t.reshape(*t.shape[:2], -1, hd).transpose(1, 2) for t in kv.split(d, dim=2))
+    q = _columns(attn.c_attn, gather(normed, readout), 0, d)
+    q = q.reshape(*q.shape[:2], -1, hd).transpose(1, 2)
+    scale = hd ** -0.5 if attn.scale_attn_weights else 1.0
+    if attn.scale_attn_by_inverse_layer_idx:
+        scale /= float(attn.layer_idx + 1)
+    a = readout_attention(q, k, v, readout, scale, attn.attn_dropout.p if attn.training else 0.0)
+    x = gather(h, readout) + attn.resid_dropout(attn.c_proj(a))
+    return x + block.mlp(block.ln_2(x))
 
 
 def load_gpt2(path: str, seed: int = 0) -> GPT2Backbone:

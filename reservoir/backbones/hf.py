@@ -25,8 +25,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from reservoir.backbones import (FAMILIES, FROM_CONFIG, Backbone, BackboneError, from_pretrained, gather,
-                                 register_backbone, stats_init, weight_std)
+from reservoir.backbones import (FAMILIES, FROM_CONFIG, Backbone, BackboneError, from_pretrained, gather, hooked,
+                                 readout_attention, register_backbone, stats_init, weight_std)
 from reservoir.backbones.gpt2 import GPT2_SIZES, GPT2Backbone, load_gpt2
 
 #: longest sequence the learned additive position embedding of a rotary model covers
@@ -94,12 +94,17 @@ class RotaryBackbone(Backbone):
         # None for SDPA (is_causal); an explicit causal mask for eager attention
         mask = _make_mask(create_causal_mask, h, positions, config=self.config, attention_mask=None,
                           past_key_values=None, position_ids=position_ids)
-        out = {0: h}
-        for k, layer in enumerate(self.layers[: max(depths)], start=1):
+        out = {0: gather(h, readout)} if 0 in depths else {}
+        last = max(depths)
+        for k, layer in enumerate(self.layers[:last], start=1):
+            if k == last and self.readout_last_block and rotary_readout_supported(layer):
+                out[k] = rotary_readout_layer(layer, h, rotary, readout)
+                break
             h = layer(h, attention_mask=mask, position_embeddings=rotary, position_ids=position_ids)
             h = h[0] if isinstance(h, tuple) else h
-            out[k] = h
-        return [self.norm(gather(out[d], readout)) for d in depths]
+            if k in depths:
+                out[k] = gather(h, readout)
+        return [self.norm(out[d]) for d in depths]
 
     def param_groups(self):
         norm_type = type(self.norm)
@@ -107,6 +112,45 @@ class RotaryBackbone(Backbone):
         return {"pos": list(self.wpe.parameters()), "ln": ln,
                 "attn": _params(layer.self_attn for layer in self.layers),
                 "ff": _params(layer.mlp for layer in self.layers)}
+
+
+def rotary_readout_supported(layer: nn.Module) -> bool:
+    """Whether :func:`rotary_readout_layer` computes exactly what ``layer`` does: a plain
+    ``LlamaDecoderLayer`` with ``LlamaAttention`` (no sliding window) and no hooks on either."""
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer
+
+    if type(layer) is not LlamaDecoderLayer or type(layer.self_attn) is not LlamaAttention:
+        return False
+    return getattr(layer.self_attn.config, "sliding_window", None) is None and not hooked(layer, layer.self_attn)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x (B, heads, n, hd)`` with ``cos``, ``sin`` ``(B or 1, n, hd)`` (Llama's convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+def rotary_readout_layer(layer: nn.Module, h: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                         readout: torch.Tensor) -> torch.Tensor:
+    """``gather(layer(h), readout)`` computing only what the readout rows need: ``(B, R, d)``.
+
+    ``input_layernorm`` and the key/value projections (rotary at every position) run on all
+    positions; queries (rotary at the readout positions), ``o_proj``, residual,
+    ``post_attention_layernorm`` and the MLP on the readout rows only. Grouped key-value
+    heads are shared as in ``repeat_kv``.
+    """
+    attn = layer.self_attn
+    hd = attn.head_dim
+    cos, sin = rotary  # (1, T, hd)
+    normed = layer.input_layernorm(h)
+    k = _rotate(attn.k_proj(normed).view(*h.shape[:2], -1, hd).transpose(1, 2), cos, sin)
+    v = attn.v_proj(normed).view(*h.shape[:2], -1, hd).transpose(1, 2)
+    q = attn.q_proj(gather(normed, readout)).view(*readout.shape, -1, hd).transpose(1, 2)
+    q = _rotate(q, cos[0][readout], sin[0][readout])
+    a = readout_attention(q, k, v, readout, attn.scaling, attn.attention_dropout if attn.training else 0.0)
+    x = gather(h, readout) + attn.o_proj(a)
+    return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
 class EncoderBackbone(Backbone):
