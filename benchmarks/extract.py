@@ -1,30 +1,60 @@
-"""Extraction speed: the official code's forward, our default path, and the bf16 roofline.
+"""Extraction speed: the official code's forward, the best peers, our path, the roofline, end to end.
 
-    .venv/bin/python benchmarks/extract.py                 # make bench
-    .venv/bin/python benchmarks/extract.py --inputs mnist --reps 3
-    .venv/bin/python benchmarks/extract.py --inputs mnist --reps 3 --dtype float32 --no-compile   # other paths
+    .venv/bin/python benchmarks/extract.py                          # make bench: every row, 64 tokens, batch 256
+    .venv/bin/python benchmarks/extract.py --tokens 1024            # long inputs (batch 16 by default there)
+    .venv/bin/python benchmarks/extract.py --only official,ours,ort-int8 --reps 3 --no-e2e
+    .venv/bin/python benchmarks/extract.py --layers 1 --batch 4 --tokens 16 --reps 1 --no-e2e   # smoke run
 
-On one input per sequence length (64 tokens of 16 values, the ``mnist`` shape, and 1024
-tokens of 1 value, the ``cifar10_lra`` shape; random values in [0, 1], which do not change
-the speed), a GPT-2-small shape with random weights (12 blocks x 768), every depth 0..12:
+One run measures, on a GPT-2-small shape with random weights (``gpt2-random``: 12 blocks x 768,
+``--layers`` for fewer), MNIST-shaped inputs (``--tokens`` tokens of 16 values in [0, 1] through
+the seeded linear input layer; 64 by default), and every depth (the readout token's hidden
+state after every block), these rows (``--only`` picks some; :mod:`peers` builds them):
 
-- baseline: what the official FPT code runs, a Hugging Face ``GPT2Model`` in eager float32
+- ``official``: what the official FPT code runs, a Hugging Face ``GPT2Model`` in eager float32
   with ``output_hidden_states=True``, batch 16;
-- ours: :class:`reservoir.forward.FeatureRunner` with the extraction defaults
-  (``ExtractConfig``: dtype, batch size; compiled as an extraction of 50,000 such examples
-  would be), inputs prepared and features copied out to numpy as ``extract`` does;
-- roofline: the machine's bf16 matrix-product rate (``torch.mm`` of two 2048 x 2048
-  matrices) divided by the model's FLOPs per token (below).
+- ``hf-compiled``: the savvy PyTorch peer, the same model under ``torch.compile`` with
+  ``torch._inductor.config.freezing = True`` in the fastest float dtype (bf16 where
+  ``reservoir.forward.bf16_native()``, else float32), batch ``--batch``;
+- ``ort-fp32`` / ``ort-int8``: ONNX Runtime on the model exported with ``torch.onnx.export``
+  (dynamo exporter, else TorchScript), float32 and dynamic int8 (``quantize_dynamic``, QInt8
+  weights), ``--threads`` intra-op threads;
+- ``ov-float`` / ``ov-int8``: OpenVINO on ``openvino.convert_model`` of the model, float at the
+  precision OpenVINO picks (printed), and int8 by NNCF (``nncf.quantize`` on a calibration set
+  of the same kind of inputs; ``nncf.compress_weights`` if that fails, as the row then says);
+- ``ours`` / ``ours-int8``: :class:`reservoir.forward.FeatureRunner` with dtype ``auto``
+  (``--dtype``), compiled as an extraction of 50,000 such examples would be (``--compile``),
+  inputs prepared and features copied out to numpy; int8 only where ``reservoir.forward.DTYPES``
+  has it (else "not available");
+- ``roofline``: the matrix-product rate of the fastest native dtype (``torch.mm`` of two
+  2048 x 2048 matrices, as ``benchmarks/matmul.py``: bf16 on AVX512-BF16/AMX, else float32)
+  divided by the model's FLOPs per token;
+- ``e2e-N`` (``--e2e-rows``, ``--no-e2e`` to skip): the whole ``reservoir extract`` command in a
+  subprocess (start-up, compile and HDF5 writes included) over N rows, tokens/s of the job:
+  ``--task mnist --split train --limit N`` when N <= 60,000 and the inputs are MNIST's 64 x 16,
+  else a ``file:`` task of N synthetic MNIST-like rows (pixel values k/255 as float16, written
+  to a temporary .npz with a 16-row test split) with ``--split train``. The defaults (4,000 and
+  100,000 rows) suit 64 tokens; with ``--tokens 1024`` give fewer rows or ``--no-e2e``. MNIST is
+  read from ``--data-dir`` (default: reservoir's data folder).
 
-The three are measured in interleaved repetitions (baseline, ours, peak, baseline, ...)
-so that other jobs on the machine slow them alike; the table gives medians, the ratios
-are medians of the per-repetition ratios, and the load average is printed with them.
+Every peer computes the same features from the same weights (``Setup.hf_model`` draws
+``gpt2-random``'s initialisation) and is measured in steady state: built, called once (compiling),
+called once more, then the rows run in interleaved repetitions (a, b, c, ..., roofline, a, b,
+c, ...) so that other work on the machine slows them alike. The table gives median tokens/s;
+ratios and % of roofline are medians of the per-repetition ratios, which are printed too. The
+feature error of a row is its features' norm-wise relative error against float32 eager, per
+depth, averaged over the first 16 rows of the timed batch (the row's own output on that batch);
+the table shows the largest over depths, ``--verbose`` every depth.
 
-FLOPs per token, from the model's shapes: ``2 * (d*3d + d*d + 2*d*d_ff)`` per block for
-the matrix products (QKV, output projection, MLP), ``2 * (T+1) * d`` per block for
-``QK^T`` and ``AV`` over the causal context (on average ``(T+1)/2`` keys; Kaplan et al.
-2020 count ``2 n_layer n_ctx d_attn``), and ``2 * token_dim * d`` for the input layer.
-Norms, GELU and softmax are left out: the roofline is for matrix products only.
+FLOPs per token, from the model's shapes (the same count for every row): ``2 * (d*3d + d*d +
+2*d*d_ff)`` per block for the matrix products (2 x the blocks' matrix parameters: QKV, output
+projection, MLP), ``2 * (T+1) * d`` per block for ``QK^T`` and ``AV`` over the causal context
+(on average ``(T+1)/2`` keys; Kaplan et al. 2020 count ``2 n_layer n_ctx d_attn``), and
+``2 * token_dim * d`` for the input layer. Norms, GELU and softmax are left out. Counting the
+full ``T x T`` attention instead (``2 * 2 * T * d`` per block) is printed beside it.
+
+A peer whose library is missing is reported as not installed (``pip install 'reservoir[bench]'``),
+one that fails with its one-line error; neither stops the run. ONNX Runtime and OpenVINO rows
+run on the CPU only and are skipped when ``--device`` is a GPU.
 """
 
 from __future__ import annotations
@@ -34,31 +64,40 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reservoir.config import ExtractConfig  # noqa: E402
-from reservoir.extract import auto_batch_size, should_compile  # noqa: E402
-from reservoir.forward import FeatureRunner, bf16_native, resolve_dtype  # noqa: E402
-from reservoir.tasks import TaskSpec  # noqa: E402
+from reservoir.forward import bf16_native, resolve_device, resolve_dtype  # noqa: E402
 
 from matmul import matmul_rate, sync  # noqa: E402  (benchmarks/matmul.py, beside this script)
+from peers import (BASELINE_BATCH, CHECK_ROWS, INSTALL, ROWS, NotInstalled, Setup, Unavailable,  # noqa: E402
+                   one_line, quiet)
 
-#: benchmark inputs: name -> (tokens, values per token), the shapes of the paper's tasks
-INPUTS = {"mnist": (64, 16), "cifar10_lra": (1024, 1)}
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768)
-BASELINE_BATCH = 16
+TOKEN_DIM = 16  # MNIST's 4x4 patches
+MNIST_TRAIN = 60_000
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni")
+AMX = ("amx_bf16", "amx_int8", "amx_tile")
+PACKAGES = ("torch", "transformers", "onnxruntime", "onnx", "openvino", "nncf")
+E2E = "e2e"
 
 
-def flops_per_token(n_layer: int, d: int, d_ff: int, seq_len: int, token_dim: int) -> float:
-    """Matrix-product FLOPs per token of a GPT-2 forward over ``seq_len`` tokens (see module doc)."""
-    per_block = 2 * (d * 3 * d + d * d + 2 * d * d_ff) + 2 * (seq_len + 1) * d
+def flops_per_token(n_layer: int, d: int, d_ff: int, seq_len: int, token_dim: int, causal: bool = True) -> float:
+    """Matrix-product FLOPs per token of a GPT-2 forward over ``seq_len`` tokens (see module doc);
+    ``causal=False`` counts the full ``T x T`` attention."""
+    attention = 2 * (seq_len + 1) * d if causal else 2 * 2 * seq_len * d
+    per_block = 2 * (d * 3 * d + d * d + 2 * d * d_ff) + attention
     return n_layer * per_block + 2 * token_dim * d
 
 
@@ -73,122 +112,294 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def cpu_flags() -> str:
-    """The CPU model and the flags that decide the fast paths (every figure names them)."""
+def cpu_info() -> tuple[str, str]:
+    """(the CPU model, the flags that decide the fast paths as ``name yes/no``)."""
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
-                 platform.processor())
+                 platform.processor() or "unknown")
     flags = next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines() if ln.startswith("flags")), set())
-    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8") if f in flags]
-    return f"{model}; flags {' '.join(shown) or 'none of avx2/avx512/amx'}"
+    shown = [f"{f} {'yes' if f in flags else 'no'}" for f in FLAGS]
+    amx = [f for f in AMX if f in flags]
+    shown.append(f"amx {'yes (' + ' '.join(amx) + ')' if amx else 'no'}")
+    return model, ", ".join(shown)
+
+
+def versions() -> str:
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+    return ", ".join(f"{name} {version(name)}" for name in PACKAGES)
 
 
 def load() -> str:
     return "load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def bench_input(name: str, reps: int, seed: int, dtype: str = "auto", compile: bool | None = None) -> dict:
-    from transformers import GPT2Config, GPT2Model
+@dataclass
+class Result:
+    name: str
+    help: str
+    dtype: str = "-"
+    how: str = ""
+    status: str = ""  # empty when measured, else why not
+    setup_s: float = float("nan")
+    rates: list[float] = field(default_factory=list)  # tokens/s per repetition
+    errors: list[float] | None = None  # relative feature error per depth
+    tokens: int = 0  # per call
+    run: object = None
 
-    from reservoir.backbones import seeded
-    from reservoir.backbones.gpt2 import random_gpt2
-    from reservoir.input_layer import make_input_layer
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates) if self.rates else float("nan")
 
-    seq_len, token_dim = INPUTS[name]
-    cfg = ExtractConfig(task=name, backbone="gpt2-random", dtype=dtype, compile=compile)
-    spec = TaskSpec(name, "dense", seq_len=seq_len, token_dim=token_dim, n_classes=10)
-    depths = list(range(GPT2_SMALL["n_layer"] + 1))
-    backbone = random_gpt2(seed, **GPT2_SMALL)
-    batch = cfg.batch_size or auto_batch_size(backbone, seq_len)
-    n_batches = max(1, -(-8192 // (batch * seq_len)))  # at least 8k tokens a repetition
+
+def build(name: str, setup: Setup) -> Result:
+    """Build a row, call it twice (compile, then warm), and compare its features with float32."""
+    spec = ROWS[name]
+    result = Result(name, spec.help)
+    if spec.cpu_only and DEVICE.type != "cpu":
+        result.status = f"skipped: CPU-only (this run is on {DEVICE}; use --device cpu)"
+        return result
+    start = time.perf_counter()
+    try:
+        with quiet():
+            built = spec.build(setup)
+            out = built.run()  # compiles
+            built.run()  # steady state from here
+    except (NotInstalled, Unavailable) as e:
+        result.status = str(e)
+        return result
+    except Exception as e:  # noqa: BLE001 - a peer that fails is reported, never fatal
+        result.status = f"failed: {one_line(e)}"
+        return result
+    result.setup_s = time.perf_counter() - start
+    result.dtype, result.how, result.run = built.dtype, built.how, built.run
+    result.tokens = built.rows * setup.seq_len
+    if built.comparable:
+        got = np.asarray(out, dtype=np.float32)[:CHECK_ROWS]
+        ref = setup.reference[: len(got)]
+        result.errors = (np.linalg.norm(got - ref, axis=-1) / np.linalg.norm(ref, axis=-1)).mean(axis=0).tolist()
+    return result
+
+
+def synthetic_task(path: Path, rows: int, seq_len: int, seed: int) -> str:
+    """A ``file:`` task of ``rows`` MNIST-like training rows (values k/255, float16) and 16 test rows."""
     rng = np.random.default_rng(seed)
-    tokens = rng.random((batch * n_batches, seq_len, token_dim), dtype=np.float32)
-    lengths = np.full(len(tokens), seq_len, dtype=np.int64)
-    layer = make_input_layer(spec, GPT2_SMALL["n_embd"], seed)
+    x = (rng.integers(0, 256, (rows, seq_len, TOKEN_DIM), dtype=np.uint8) / np.float16(255)).astype(np.float16)
+    x_test = (rng.integers(0, 256, (16, seq_len, TOKEN_DIM), dtype=np.uint8) / np.float16(255)).astype(np.float16)
+    np.savez(path, x_train=x, y_train=rng.integers(0, 10, rows), x_test=x_test, y_test=np.arange(16) % 10)
+    return f"file:{path}"
 
-    # baseline: the official code's forward (eager float32, every hidden state, batch 16)
-    with seeded(seed):
-        hf = GPT2Model(GPT2Config(**GPT2_SMALL)).eval().to(DEVICE)
-    layer = layer.to(DEVICE)
-    base_tokens = torch.from_numpy(tokens[:BASELINE_BATCH]).to(DEVICE)
 
-    @torch.no_grad()
-    def baseline():
-        out = hf(inputs_embeds=layer(base_tokens), output_hidden_states=True)
-        return torch.stack([h[:, -1] for h in out.hidden_states], 1)
+def end_to_end(rows: int, args, workdir: Path) -> Result:
+    """The whole ``reservoir extract`` command over ``rows`` rows; tokens/s of the job."""
+    result = Result(f"{E2E}-{rows}", "")
+    cli = Path(sys.executable).with_name("reservoir")
+    command = [str(cli)] if cli.exists() else [sys.executable, "-m", "reservoir.cli"]
+    if args.tokens == 64 and rows <= MNIST_TRAIN:
+        task = ["--task", "mnist"]
+        result.help = f"reservoir extract --task mnist --split train --limit {rows} (real MNIST)"
+    else:
+        made = time.perf_counter()
+        task = ["--task", synthetic_task(workdir / f"synthetic-{rows}.npz", rows, args.tokens, args.seed)]
+        result.help = (f"reservoir extract --task file:SYNTHETIC.npz --split train --limit {rows} ({rows:,} synthetic "
+                       f"MNIST-like rows of {args.tokens} x {TOKEN_DIM}, written in {time.perf_counter() - made:.0f} s,"
+                       " not timed)")
+    backbone = "gpt2-random"
+    if args.layers != GPT2_SMALL["n_layer"]:  # a smaller model: the same seeded weights, saved as a folder
+        backbone = str(workdir / f"gpt2-{args.layers}-layers")
+        if not Path(backbone).exists():
+            Setup(dict(GPT2_SMALL, n_layer=args.layers), args.seed, args.tokens, TOKEN_DIM, 1, DEVICE, args.threads,
+                  workdir).hf_model().save_pretrained(backbone)
+        result.help += f", backbone {args.layers}-block GPT-2 folder (gpt2-random's weights)"
+    command += ["extract", *task, "--split", "train", "--limit", str(rows), "--backbone", backbone,
+                "--seed", str(args.seed), "--device", args.device, "--out", str(workdir / f"{E2E}-{rows}.h5")]
+    if args.data_dir:
+        command += ["--data-dir", str(args.data_dir)]
+    if args.dtype != "auto":
+        command += ["--dtype", args.dtype]
+    if args.compile is not None:
+        command.append("--compile" if args.compile else "--no-compile")
+    result.how = shlex.join(["reservoir", *command[1 if cli.exists() else 3:]])
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    print(f"  running {result.how}", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        last = next((ln for ln in reversed(done.stderr.strip().splitlines()) if ln.strip()), "no message")
+        result.status = f"failed: exit {done.returncode}: {last.strip()[:240]}"
+        return result
+    result.setup_s, result.rates = seconds, [rows * args.tokens / seconds]
+    result.dtype = resolve_dtype(args.dtype, DEVICE)
+    return result
 
-    # ours: the extraction defaults (or --dtype/--compile), compiled as an extraction of 50,000 examples would be
-    dtype = resolve_dtype(cfg.dtype, DEVICE)
-    compile = should_compile(cfg.compile, 50_000 * seq_len)
-    runner = FeatureRunner.build(spec, backbone, depths, seed=seed, dtype=dtype, compile=compile, batch_size=batch,
-                                 device=DEVICE)
-    batches = [(tokens[i:i + batch], lengths[i:i + batch]) for i in range(0, len(tokens), batch)]
 
-    def ours():
-        for t, n in batches:
-            runner(t, n)
-
-    first = timed(lambda: runner(*batches[0]))  # compiles
-    baseline()
-    flops = flops_per_token(GPT2_SMALL["n_layer"], GPT2_SMALL["n_embd"], 4 * GPT2_SMALL["n_embd"], seq_len, token_dim)
-    rows = []
-    for rep in range(reps):
-        b = BASELINE_BATCH * seq_len / timed(baseline)
-        o = len(tokens) * seq_len / timed(ours)
-        peak = matmul_rate(dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32, device=DEVICE)
-        rows.append((b, o, peak / flops, peak))
-        print(f"  {name} rep {rep + 1}/{reps}: baseline {b:8.1f} tok/s | ours {o:8.1f} tok/s | "
-              f"roofline {peak / flops:8.1f} tok/s ({peak / 1e9:.0f} GFLOP/s) | {load()}", file=sys.stderr, flush=True)
-    med = [statistics.median(col) for col in zip(*rows)]
-    return {
-        "name": name, "seq_len": seq_len, "token_dim": token_dim, "dtype": dtype, "compiled": runner.compiled,
-        "batch": batch, "first_call_s": first, "flops_per_token": flops,
-        "baseline": med[0], "ours": med[1], "roofline": med[2], "peak": med[3],
-        "speedup": statistics.median(o / b for b, o, _, _ in rows),
-        "of_roofline": statistics.median(o / r for _, o, r, _ in rows),
-    }
+def fmt(x: float, spec: str = ".0f", suffix: str = "") -> str:
+    return "-" if x != x else f"{x:{spec}}{suffix}"  # NaN -> "-"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--inputs", default=",".join(INPUTS), help=f"comma-separated, from {list(INPUTS)}")
-    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions of baseline, ours, matmul peak")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default=None,
+                   help=f"comma-separated rows, from {[*ROWS, E2E]} (default: all; the roofline is always measured)")
+    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions of every row and the matmul peak")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch, ONNX Runtime (intra-op) and OpenVINO threads, and OMP_NUM_THREADS of the end-to-end "
+                        "runs (default: torch's, i.e. OMP_NUM_THREADS or the cores)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="examples per call of every row but the official baseline (16) "
+                        "(default: 16,384 tokens' worth: 256 at 64 tokens, 16 at 1024)")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per example (16 values each; MNIST: 64)")
+    p.add_argument("--layers", type=int, default=GPT2_SMALL["n_layer"], help="blocks (smoke tests: 1 or 2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="our path's compute dtype (default: the extraction default)")
-    p.add_argument("--device", default="auto", help="auto (a CUDA GPU when present, else the CPU), cpu, cuda[:N], mps")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="our path's compute dtype")
     p.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
-                   help="force our path compiled or eager (default: the extraction default, auto)")
+                   help="force our path compiled or eager (default: as an extraction of 50,000 examples would)")
+    p.add_argument("--device", default="auto",
+                   help="auto (a CUDA GPU when present, else the CPU), cpu, cuda[:N], mps: our path, the HF rows and "
+                        "the roofline; ONNX Runtime and OpenVINO rows are CPU-only")
+    p.add_argument("--e2e-rows", default="4000,100000", help="rows of each end-to-end `reservoir extract` run")
+    p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end runs")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="data folder holding MNIST for the end-to-end runs (default: reservoir's)")
+    p.add_argument("--verbose", action="store_true", help="print the feature error at every depth")
     args = p.parse_args(argv)
-    names = [n.strip() for n in args.inputs.split(",") if n.strip()]
-    bad = [n for n in names if n not in INPUTS]
-    if bad or args.reps < 1:
-        p.error(f"--inputs must name some of {list(INPUTS)} (got {bad}) and --reps must be >= 1")
+
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else [*ROWS, E2E]
+    bad = [n for n in only if n not in ROWS and n != E2E]
+    if bad:
+        p.error(f"--only must name some of {[*ROWS, E2E]}; got {bad}")
+    for name in ("reps", "tokens", "layers"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1; got {getattr(args, name)}")
+    if args.tokens > 1024:
+        p.error(f"--tokens must be <= 1024 (GPT-2's positions); got {args.tokens}")
+    try:
+        e2e_rows = [int(n) for n in args.e2e_rows.split(",") if n.strip()]
+    except ValueError:
+        p.error(f"--e2e-rows must be comma-separated integers; got {args.e2e_rows!r}")
+    if any(n < 1 for n in e2e_rows):
+        p.error(f"--e2e-rows must be positive; got {args.e2e_rows!r}")
+    args.batch = args.batch or max(1, 16384 // args.tokens)
+    if args.batch < 1 or (args.threads is not None and args.threads < 1):
+        p.error("--batch and --threads must be >= 1")
+    args.threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     global DEVICE
-    from reservoir.forward import resolve_device
-
     DEVICE = resolve_device(args.device)
+
+    shape = dict(GPT2_SMALL, n_layer=args.layers)
+    d, n_layer = shape["n_embd"], shape["n_layer"]
+    flops = flops_per_token(n_layer, d, 4 * d, args.tokens, TOKEN_DIM)
+    flops_full = flops_per_token(n_layer, d, 4 * d, args.tokens, TOKEN_DIM, causal=False)
+    peak_dtype = resolve_dtype("auto", DEVICE)
+    model, flags = cpu_info()
+
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}")
-    gpu = f", {torch.cuda.get_device_name(DEVICE)}" if DEVICE.type == "cuda" else ""
-    print(f"device {DEVICE}{gpu}; torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs "
-          f"({cpu_flags()}), native bf16 on the CPU: {bf16_native()}")
-    print(f"model: GPT-2-small shape {GPT2_SMALL}, random weights; depths 0..{GPT2_SMALL['n_layer']}")
-    print(f"before: {load()}")
-    results = [bench_input(n, args.reps, args.seed, args.dtype, args.compile) for n in names]
-    print(f"after:  {load()}")
+    gpu = f" ({torch.cuda.get_device_name(DEVICE)})" if DEVICE.type == "cuda" else ""
+    print(f"cpu: {model}, {os.cpu_count()} CPUs; native bf16 matrix products: {bf16_native()}")
+    print(f"cpu flags: {flags}")
+    print(f"versions: python {platform.python_version()}, {versions()}")
+    print(f"threads: {args.threads} (torch intra-op, ONNX Runtime intra-op, OpenVINO inference threads, "
+          f"OMP_NUM_THREADS of end-to-end runs); env OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    print(f"device: {DEVICE}{gpu}")
+    print(f"model: GPT-2 shape {shape}, random weights (gpt2-random's seeded initialisation, seed {args.seed}); "
+          f"depths 0..{n_layer}; inputs {args.tokens} tokens x {TOKEN_DIM} values in [0, 1]; batch {args.batch} "
+          f"(official: {BASELINE_BATCH})")
+    print(f"FLOPs per token: {flops / 1e6:.1f} M = {n_layer} x (2 x {12 * d * d / 1e6:.2f} M block matrix parameters "
+          f"+ 2 x (T+1) x d causal attention) + 2 x {TOKEN_DIM} x {d} input layer, T = {args.tokens}; "
+          f"with the full T x T attention (2 x 2 x T x d) it would be {flops_full / 1e6:.1f} M")
+    print(f"roofline: {peak_dtype} torch.mm, 2048 x 2048, on {DEVICE}, measured each repetition")
+    print(f"before: {load()}", flush=True)
+
+    workdir = Path(tempfile.mkdtemp(prefix="reservoir-bench-"))
+    setup = Setup(shape, args.seed, args.tokens, TOKEN_DIM, args.batch, DEVICE, args.threads, workdir,
+                  ours_dtype=args.dtype, ours_compile=args.compile)
+    results: list[Result] = []
+    try:
+        for name in (n for n in ROWS if n in only):
+            print(f"  building {name} ...", file=sys.stderr, flush=True)
+            results.append(build(name, setup))
+            r = results[-1]
+            print(f"  {name}: {r.status or f'ready in {r.setup_s:.1f} s'}", file=sys.stderr, flush=True)
+        live = [r for r in results if r.run is not None]
+        peaks = []
+        for rep in range(args.reps):
+            for r in live:
+                r.rates.append(r.tokens / timed(r.run))
+            peaks.append(matmul_rate(dtype=getattr(torch, peak_dtype), device=DEVICE))
+            print(f"rep {rep + 1}/{args.reps}: " + " | ".join(f"{r.name} {r.rates[-1]:.0f}" for r in live)
+                  + f" | roofline {peaks[-1] / flops:.0f} tok/s ({peaks[-1] / 1e9:.0f} GFLOP/s) | {load()}", flush=True)
+        roof = Result("roofline", f"{peak_dtype} torch.mm rate / FLOPs per token", peak_dtype,
+                      f"benchmarks/matmul.py's matmul_rate(2048, {peak_dtype})", rates=[p / flops for p in peaks])
+        results.append(roof)
+        if E2E in only and not args.no_e2e:
+            print(f"end to end: {load()}", flush=True)
+            for rows in e2e_rows:
+                results.append(end_to_end(rows, args, workdir))
+        print(f"after: {load()}")
+    finally:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    by_name = {r.name: r for r in results}
+    base, ours = by_name.get("official"), by_name.get("ours")
+
+    def per_rep(r: Result, other: Result | None) -> list[float]:
+        """Per-repetition ratios of ``r`` to ``other`` (one ratio to ``other``'s median for an end-to-end run)."""
+        if not (other and other.rates and r.rates):
+            return []
+        if len(r.rates) != len(other.rates):
+            return [r.rate / other.rate]
+        return [a / b for a, b in zip(r.rates, other.rates)]
+
+    def of_roof(r: Result) -> list[float]:
+        if not r.rates:
+            return []
+        if len(r.rates) != len(roof.rates):
+            return [r.rate / roof.rate]
+        return [a / b for a, b in zip(r.rates, roof.rates)]
+
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs) if xs else float("nan")
+
     print()
-    print("| input | tokens | ours: dtype, compiled, batch | first call s | baseline tok/s | ours tok/s | "
-          "roofline tok/s | ours / baseline | ours / roofline |")
+    print("| row | dtype | setup s | tokens/s | x official | x ours | % of roofline | feature error vs float32 "
+          "(max over depths) | note |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['name']} | {r['seq_len']} x {r['token_dim']} | {r['dtype']}, {r['compiled']}, {r['batch']} | "
-              f"{r['first_call_s']:.0f} | {r['baseline']:.0f} | {r['ours']:.0f} | {r['roofline']:.0f} | "
-              f"{r['speedup']:.1f}x | {100 * r['of_roofline']:.0f}% |")
+        err = "-" if r.errors is None else f"{max(r.errors):.2e}"
+        note = r.status or ""
+        print(f"| {r.name} | {r.dtype} | {fmt(r.setup_s)} | {fmt(r.rate)} | {fmt(med(per_rep(r, base)), '.2f', 'x')} | "
+              f"{fmt(med(per_rep(r, ours)), '.2f', 'x')} | {fmt(100 * med(of_roof(r)), '.0f', '%')} | {err} | {note} |")
     print()
+    print("per-repetition ratios (x official; x ours; fraction of roofline):")
     for r in results:
-        print(f"{r['name']}: {r['flops_per_token'] / 1e6:.1f} MFLOP/token; {r['dtype']} matmul peak "
-              f"{r['peak'] / 1e9:.0f} GFLOP/s (median over repetitions)")
+        if r.rates:
+            print(f"  {r.name}: " + "; ".join(" ".join(f"{x:.2f}" for x in xs) or "-"
+                                              for xs in (per_rep(r, base), per_rep(r, ours), of_roof(r))))
+    print()
+    print("rows (setup s: building, exporting or compiling, and the first two calls; end to end: the whole job):")
+    for r in results:
+        print(f"- {r.name}: {r.help}" + (f"; {r.how}" if r.how else "") + (f" [{r.status}]" if r.status else ""))
+    print(f"- feature error: norm-wise |f - f32| / |f32| of each of the first {CHECK_ROWS} rows' features, averaged "
+          "over the rows, at each depth, against HF GPT2Model eager float32 on the CPU; official: not compared "
+          "(it keeps the hidden states without the final norm, as the official code does)")
+    if args.verbose:
+        print()
+        print("feature error per depth (depth 0 .. last):")
+        for r in results:
+            if r.errors is not None:
+                print(f"  {r.name}: " + " ".join(f"{e:.2e}" for e in r.errors))
+    missing = [r.name for r in results if r.status.startswith("not installed")]
+    if missing:
+        print(f"\nnot installed: {', '.join(missing)} ({INSTALL})")
     return 0
 
 

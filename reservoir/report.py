@@ -97,9 +97,18 @@ class Row:
         return f"{r['n_train']}/{r['n_test']}"
 
 
+def run_of(r: dict[str, Any]) -> str:
+    """The producing run, short: for end-to-end results every setting but the number of blocks, so
+    a sweep over blocks (paper table 11) shares a row."""
+    if r["mode"] != "end-to-end":
+        return r["identity_hash"][:6]
+    from reservoir.identity import digest
+
+    return digest({k: v for k, v in r.get("identity", {}).items() if k not in ("blocks", "backbone_fingerprints")})[:6]
+
+
 def row_key(r: dict[str, Any]) -> tuple:
-    return (r["task"], r["backbone"], r["mode"], r["head"], ",".join(r["trainable"]), input_scale(r),
-            r["identity_hash"][:6])
+    return (r["task"], r["backbone"], r["mode"], r["head"], ",".join(r["trainable"]), input_scale(r), run_of(r))
 
 
 def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, Any]]]:
@@ -142,8 +151,8 @@ def pct(x: float | None, std: float | None = None, n: int = 1) -> str:
     return text
 
 
-def paper_cell(ours: str, paper: float | None) -> str:
-    return ours if paper is None else f"{ours} (paper {paper:g})"
+def paper_cell(ours: str, paper: float | str | None) -> str:
+    return ours if paper is None else f"{ours} (paper {paper:g})" if isinstance(paper, float) else f"{ours} (paper {paper})"
 
 
 def row_label(row: Row) -> str:
@@ -236,6 +245,15 @@ class Report:
                 mean, std, n = row.spread(c)
                 paper = self.paper_number(row, t)
                 depth = f", d{c}" if row.mode == "output-only" and len(row.by_depth) > 1 else ""
+                if self.paper is not None and self.paper.unit == "steps":  # steps to the target (table 6)
+                    steps = row.by_depth[c][0].get("steps_to_target_mean")
+                    target = row.by_depth[c][0].get("target")
+                    text = (f"{steps:,.0f} steps to {100 * target:g}%" if steps is not None
+                            else f"not reached ({100 * target:g}%)" if target else "no --target")
+                    cells.append(paper_cell(f"{text}; test {pct(mean)} ({row.size})",
+                                            None if paper is None else f"{paper:,.0f} steps"))
+                    self.record(row, t, depth=c, steps_to_target=steps, target=target, test=mean, paper=paper)
+                    continue
                 cells.append(paper_cell(f"{pct(mean, std, n)} ({row.size}{depth})", paper))
                 self.record(row, t, depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c), paper=paper)
             lines.append("| " + " | ".join([label, headname] + cells) + " |")

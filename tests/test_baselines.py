@@ -166,3 +166,20 @@ def test_report_chooses_the_depth_on_validation_and_writes_csv_and_plots(tmp_pat
     import matplotlib.image
 
     assert matplotlib.image.imread(png).std() > 0
+
+
+def test_report_plots_training_curves_and_puts_paper_numbers_beside_ours(tmp_path):
+    pytest.importorskip("matplotlib")
+    from reservoir.paper import TABLES
+
+    history = [{"step": s, "loss": 1.0 / s, "val_accuracy": 0.5 + s / 100} for s in (10, 20, 30)]
+    e2e = {"task": "bit_xor", "backbone": "gpt2-random", "mode": "end-to-end", "depth": 12, "head": "linear",
+           "trainable": ["input", "pos", "ln", "out"], "test_accuracy": 0.99, "test_std": 0.0, "seeds": [0],
+           "val_accuracy": 0.8, "n_train": 90, "n_val": 10, "n_test": 50, "seconds": 1.0, "seed": 0, "lr": 0.001,
+           "identity": {"input_scale": "paper"}, "identity_hash": "123456", "key": "k", "config": {}, "version": "x",
+           "runs": [{"lr": 0.001, "seed": 0, "history": history}]}
+    rep = Report([e2e], paper=TABLES[2], paper_rows={"gpt2-random:input,pos,ln,out": "Random"})
+    table = rep.task_table()
+    assert "| gpt2-random [input,pos,ln,out] | linear | 99.0 (90/50) (paper 100) |" in table
+    written = rep.plots(tmp_path)
+    assert [p.name for p in written] == ["bit_xor-training.png"]
