@@ -79,6 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reservoir.forward import bf16_native, resolve_device, resolve_dtype  # noqa: E402
+from reservoir.machine import FLAGS, cpu  # noqa: E402
 
 from matmul import matmul_rate, sync  # noqa: E402  (benchmarks/matmul.py, beside this script)
 from peers import (BASELINE_BATCH, CHECK_ROWS, INSTALL, ROWS, NotInstalled, Setup, Unavailable,  # noqa: E402
@@ -87,8 +88,6 @@ from peers import (BASELINE_BATCH, CHECK_ROWS, INSTALL, ROWS, NotInstalled, Setu
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768)
 TOKEN_DIM = 16  # MNIST's 4x4 patches
 MNIST_TRAIN = 60_000
-FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni")
-AMX = ("amx_bf16", "amx_int8", "amx_tile")
 PACKAGES = ("torch", "transformers", "onnxruntime", "onnx", "openvino", "nncf")
 E2E = "e2e"
 
@@ -110,18 +109,6 @@ def timed(fn) -> float:
     fn()
     sync(DEVICE)
     return time.perf_counter() - start
-
-
-def cpu_info() -> tuple[str, str]:
-    """(the CPU model, the flags that decide the fast paths as ``name yes/no``)."""
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
-                 platform.processor() or "unknown")
-    flags = next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines() if ln.startswith("flags")), set())
-    shown = [f"{f} {'yes' if f in flags else 'no'}" for f in FLAGS]
-    amx = [f for f in AMX if f in flags]
-    shown.append(f"amx {'yes (' + ' '.join(amx) + ')' if amx else 'no'}")
-    return model, ", ".join(shown)
 
 
 def versions() -> str:
@@ -298,12 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     flops = flops_per_token(n_layer, d, 4 * d, args.tokens, TOKEN_DIM)
     flops_full = flops_per_token(n_layer, d, 4 * d, args.tokens, TOKEN_DIM, causal=False)
     peak_dtype = resolve_dtype("auto", DEVICE)
-    model, flags = cpu_info()
+    model, flags = cpu()
 
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}")
     gpu = f" ({torch.cuda.get_device_name(DEVICE)})" if DEVICE.type == "cuda" else ""
     print(f"cpu: {model}, {os.cpu_count()} CPUs; native bf16 matrix products: {bf16_native()}")
-    print(f"cpu flags: {flags}")
+    have = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in FLAGS)
+    print(f"cpu flags: {have}")
     print(f"versions: python {platform.python_version()}, {versions()}")
     print(f"threads: {args.threads} (torch intra-op, ONNX Runtime intra-op, OpenVINO inference threads, "
           f"OMP_NUM_THREADS of end-to-end runs); env OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")

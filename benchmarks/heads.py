@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -54,9 +52,9 @@ sys.path.insert(0, str(ROOT))
 
 from reservoir import heads  # noqa: E402
 from reservoir.config import default_data_dir  # noqa: E402
+from reservoir.machine import describe, load  # noqa: E402
 from reservoir.tasks import get_task  # noqa: E402
 
-FLAGS = ("avx512_bf16", "avx512_vnni", "avx2")
 #: the neighbour: one thread multiplying matrices until stopped
 BUSY = "import numpy as np\na = np.random.rand(1024, 1024)\nwhile True:\n    a @ a\n"
 #: where the neighbour runs: not started, in this session, or in a session of its own like another user's job
@@ -64,23 +62,11 @@ BUSY = "import numpy as np\na = np.random.rand(1024, 1024)\nwhile True:\n    a @
 NEIGHBOURS = ("none started", "busy process, same session", "busy process, own session")
 
 
-def cpu_line() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-    flags = set(re.search(r"^flags\s*:\s*(.*)$", text, re.M).group(1).split()) if "flags" in text else set()
-    have = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in FLAGS)
-    return f"{model.group(1) if model else platform.processor()}, {len(os.sched_getaffinity(0))} usable cores; {have}"
-
-
 def threads_line() -> str:
     libs = ", ".join(f"{lib['prefix']} ({lib['user_api']}) {lib['num_threads']}" for lib in threadpool_info())
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
                    if k in os.environ)
     return f"threads: {libs}; torch {torch.get_num_threads()}; env {env or 'unset'}"
-
-
-def load_line() -> str:
-    return "load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def busy_jiffies() -> int:
@@ -205,11 +191,11 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"unknown part {sorted(unknown)[0]!r}; choose from ['logreg', 'ridge', 'threads']")
 
     print(f"# benchmarks/heads.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    print(f"# {cpu_line()}")
+    print(f"# {describe()}")
     print(f"# torch {torch.__version__}, numpy {np.__version__}, scipy {scipy.__version__}, "
           f"scikit-learn {sklearn.__version__}, threadpoolctl {threadpoolctl.__version__}")
     print(f"# {threads_line()}; fit_depth limits to heads.head_threads() = {heads.head_threads()}")
-    print(f"# before: {load_line()}", flush=True)
+    print(f"# before: {load()}", flush=True)
 
     task = get_task("mnist")
     n_train = max(args.train, args.ridge_train)
@@ -260,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     if "threads" in parts:
         print()
         print("\n".join(part_threads(train.inputs[:args.ridge_train], train.labels[:args.ridge_train], args.reps)))
-    print(f"# after: {load_line()}")
+    print(f"# after: {load()}")
 
 
 if __name__ == "__main__":

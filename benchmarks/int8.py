@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
 import statistics
 import time
 import warnings
@@ -41,23 +40,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-
-
-def cpu_info() -> str:
-    model, flags = platform.processor() or "?", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    have = [f for f in FLAGS if f in flags]
-    return f"{model}; flags: {' '.join(have) or 'none of ' + ' '.join(FLAGS)}"
+from reservoir.machine import describe
 
 
 def conv1d_to_linear(model: nn.Module) -> nn.Module:
@@ -193,7 +176,7 @@ def main() -> None:
         ao_version = torchao.__version__
     except Exception as e:  # noqa: BLE001 - an optional library: report, never fail
         ao_version = f"not available ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    print(f"cpu: {cpu_info()}")
+    print(f"cpu: {describe()}")
     print(f"torch {torch.__version__}, torchao {ao_version}, quantized engines {torch.backends.quantized.supported_engines}")
     print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}; threads {a.threads}")
 

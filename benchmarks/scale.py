@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -32,24 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def cpu_line() -> str:
-    flags = set()
-    model = platform.processor() or "unknown CPU"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16") if f in flags]
-    cores = len(os.sched_getaffinity(0))
-    return f"{model}, {cores} usable cores; flags: {' '.join(shown)}"
-
-
-def load() -> str:
-    return "load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+from reservoir.machine import describe, load  # noqa: E402
 
 
 def reservoir(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -142,7 +124,7 @@ def main() -> None:
     import torch
 
     print(f"# benchmarks/scale.py {' '.join(sys.argv[1:])}")
-    print(f"# {cpu_line()}")
+    print(f"# {describe()}")
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads; {load()}")
     parts = args.parts.split(",")
     if "throughput" in parts:

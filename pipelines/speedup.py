@@ -28,7 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 BIN = Path(sys.executable).parent / "reservoir"
 
@@ -76,11 +75,10 @@ def main() -> None:
     fit_depth("ridge", X3, y, X3[:1], y[:1])
     ridge_s = time.perf_counter() - start
     epoch_s = result["seconds"]
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               "unknown CPU") if Path("/proc/cpuinfo").exists() else "unknown CPU"
+    from reservoir.machine import describe, load
+
     print(f"\n### Cost: output-only against end-to-end ({args.task}, {args.backbone}, {n} training rows)\n")
-    print(f"Measured by `pipelines/speedup.py` on {cpu}, {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.2f}.\n")
+    print(f"Measured by `pipelines/speedup.py` on {describe()}; {load()}.\n")
     print("| step | seconds |\n|---|---|")
     print(f"| end-to-end: one epoch of `reservoir train` (FPT groups, batch {args.batch_size}, {steps} steps, one "
           f"validation pass), the run's own time | {epoch_s:.1f} |")

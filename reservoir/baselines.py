@@ -37,7 +37,7 @@ from reservoir.results import result_key, result_path, write_result
 from reservoir.tasks import SplitData, Task, make_task
 
 
-def load_data(identity: dict[str, Any], cfg: FitConfig) -> tuple[Task, dict[str, SplitData]]:
+def load_data(identity: dict[str, Any], cfg: FitConfig, data_dir: Path) -> tuple[Task, dict[str, SplitData]]:
     """The splits a feature file was extracted from, read again and checked against its digest."""
     name = cfg.task if cfg.task and cfg.task.startswith("file:") else identity["task"]
     if name.startswith("file:") and not Path(name[5:]).exists():
@@ -45,11 +45,11 @@ def load_data(identity: dict[str, Any], cfg: FitConfig) -> tuple[Task, dict[str,
                         "(the file it was extracted from), or --no-baselines")
     task = make_task(name, dict(identity["task_options"]), identity["seed"])
     try:
-        data = {s: task.load(s, Path(cfg.data_dir), identity["limit"]) for s in identity["splits"]}
+        data = {s: task.load(s, data_dir, identity["limit"]) for s in identity["splits"]}
     except DataError as e:
         raise DataError(f"{e}\n(the baselines read the task's data again: pass --data-dir, or --no-baselines)") from None
     if data_fingerprint(data) != identity["data"]:
-        raise IdentityError(f"the data of task {identity['task']!r} under {cfg.data_dir} differs from the data the "
+        raise IdentityError(f"the data of task {identity['task']!r} under {data_dir} differs from the data the "
                             "features were extracted from; pass the --data-dir the extraction read, or --no-baselines")
     return task, data
 
@@ -118,7 +118,7 @@ def baseline_identity(identity: dict[str, Any], name: str, **extra: Any) -> dict
 
 
 def fit_baselines(identity: dict[str, Any], width: int, cfg: FitConfig, val: str | None, tests: list[str], *,
-                  progress: bool = True) -> list[dict[str, Any]]:
+                  data_dir: Path, progress: bool = True) -> list[dict[str, Any]]:
     """Every baseline of the data behind ``identity`` (module docstring), each written as a
     result with ``mode="baseline"`` under ``results/TASK/baseline-NAME/``; a baseline already
     written for the same data, head and selection is read back, not recomputed."""
@@ -142,7 +142,7 @@ def fit_baselines(identity: dict[str, Any], width: int, cfg: FitConfig, val: str
             out.append({**json.loads(path.read_text()), "path": str(path)})
             continue
         if data is None:
-            task, data = load_data(identity, cfg)
+            task, data = load_data(identity, cfg, data_dir)
         if head == "rule":
             rule = task.baseline_rules().get(baseline, lambda d: np.zeros(len(d), np.int64))
             scores = rule_scores({s: rule(d) for s, d in data.items()}, data, val, tests, cfg.val_fraction, cfg.seed)

@@ -211,7 +211,8 @@ def install(settings: Settings, name, source, force) -> None:
               help="'last' real token, or 'padded' (pad to full length, read the last position: the official code)."
                    + shown(ExtractConfig, "readout"))
 @click.option("--compile/--no-compile", default=None,
-              help="torch.compile the forward (eager if compiling fails) [default: only runs of 300,000+ tokens].")
+              help="torch.compile the forward (eager if compiling fails) [default: when the eager rate measured on "
+                   "the first batch and the last compile of the same shapes say it pays; sharded runs: 300,000+ tokens].")
 @device_option(ExtractConfig)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Extract shards on a local dask cluster of N worker processes (joined into one file).")
@@ -261,7 +262,8 @@ def extract(settings: Settings, task, backbone, split, limit, seed, input_scale,
               help="Also fit the baselines of the same data with the same head: majority class, the raw input, "
                    "random tanh features of the same width, the task's rules (ListOps: first operator); reused when "
                    "already written." + shown(FitConfig, "baselines"))
-@data_dir_option
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Data folder the baselines read the task's data from [default: the one the extraction read].")
 @pass_settings
 def fit(settings: Settings, task, backbone, features, depths, depth, head, val_fraction, seed, device,
         memory_mb, baselines, data_dir) -> None:

@@ -191,7 +191,8 @@ class ExtractConfig:
     readout : ``"last"`` reads the last real token; ``"padded"`` pads every example to the
         task's length and reads the last position, reproducing the official FPT code.
     compile : compile the forward with torch.compile (falls back to eager on failure);
-        ``None`` compiles runs big enough to repay the compile time (``reservoir.extract.AUTO_COMPILE_TOKENS``).
+        ``None`` compiles when the measured costs say it repays the compile time
+        (:mod:`reservoir.compiling`; sharded runs: ``reservoir.extract.AUTO_COMPILE_TOKENS``).
     device : ``auto`` (a CUDA GPU when present, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or
         ``mps``. Not part of the run's identity: it changes where the numbers are computed.
     workers : extract shards on a dask ``LocalCluster`` of this many worker processes (threads
@@ -266,7 +267,8 @@ class FitConfig:
     baselines : also fit the baselines of the file's data (:mod:`reservoir.baselines`: majority,
         raw input, random tanh features of the same width, the task's rules), read again from
         ``data_dir``; results already written for the same data are reused.
-    data_dir : the data folder the baselines read the task's data from.
+    data_dir : the data folder the baselines read the task's data from; ``None``: the folder the
+        extraction read (recorded in the feature file), else the default data folder.
     """
 
     task: str | None = None
@@ -279,7 +281,7 @@ class FitConfig:
     device: str = "auto"
     memory_mb: int = 1024
     baselines: bool = True
-    data_dir: Path = field(default_factory=default_data_dir)
+    data_dir: Path | None = None
 
     def __post_init__(self) -> None:
         _check_choice("fit", "head", self.head, HEAD_CHOICES)
@@ -295,7 +297,7 @@ class FitConfig:
         d = dataclasses.asdict(self)
         d["features"] = str(self.features) if self.features else None
         d["depths"] = self.depths if isinstance(self.depths, str) else list(self.depths)
-        d["data_dir"] = str(self.data_dir)
+        d["data_dir"] = str(self.data_dir) if self.data_dir else None
         return d
 
 

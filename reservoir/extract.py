@@ -8,8 +8,10 @@ CPUs (measured in ``docs/benchmarks.md``, ``make bench``):
   request); the input layer stays float32 and features are stored as float32;
 - the forward (input layer, backbone, readout) compiled by inductor with weight freezing
   (oneDNN-packed weights), falling back to eager, with a message, when compilation fails;
-  ``compile=None`` compiles only runs of at least :data:`AUTO_COMPILE_TOKENS` tokens, where
-  the compile time is repaid;
+  ``compile=None`` compiles when the measured costs say it is repaid
+  (:mod:`reservoir.compiling`: the eager rate measured on the run's first batch, the compile
+  time and speedup of the last run of the same shapes), with inductor's caches kept in the
+  reservoir cache so a second run compiles in seconds;
 - a compiled graph sees few shapes: each batch is padded to the batch size and, for
   variable-length tasks, to a width that is a multiple of ``reservoir.forward.WIDTH_MULTIPLE``; padding
   rows are dropped and the readout is the last real token, so padding never changes a
@@ -44,8 +46,8 @@ from reservoir.progress import bar, log
 from reservoir.store import FeatureWriter, check_complete_match, write_failed
 from reservoir.tasks import SplitData, Task, make_task
 
-#: with ``compile=None`` a run is compiled when it has at least this many tokens left to
-#: extract: compiling costs 30 to 90 s here and gains about 4x over eager bf16 (docs/benchmarks.md)
+#: sharded runs (no probe) with ``compile=None`` compile when they have at least this many tokens
+#: left to extract: compiling costs 30 to 90 s here and gains about 4x over eager bf16 (docs/benchmarks.md)
 AUTO_COMPILE_TOKENS = 300_000
 #: with ``batch_size=None`` a batch holds about this many tokens (a backbone may ask for more
 #: with a ``batch_tokens`` attribute: an LSTM's step is a matrix product with one row per example)
@@ -185,6 +187,18 @@ def load_splits(task: Task, cfg: ExtractConfig) -> dict[str, SplitData]:
     return {s: task.load(s, Path(cfg.data_dir), cfg.limit) for s in splits}
 
 
+def dtype_reason(run: "Run") -> str:
+    """Why the compute dtype is what it is, in words (``extract`` prints it)."""
+    from reservoir.forward import bf16_native
+
+    if run.cfg.dtype != "auto":
+        return f"--dtype {run.cfg.dtype}"
+    if run.device.type != "cpu":
+        return f"auto on {run.device.type}"
+    return ("auto: this CPU multiplies bf16 natively" if bf16_native()
+            else "auto: this CPU has no native bf16 (it would be emulated, far slower)")
+
+
 def should_compile(setting: bool | None, tokens: int, backbone: nn.Module | None = None) -> bool:
     """``True``/``False`` as given; ``None`` (auto) compiles runs of at least :data:`AUTO_COMPILE_TOKENS`
     tokens, unless the backbone says compiling gains nothing (``compilable = False``)."""
@@ -240,11 +254,73 @@ class Run:
             tokens = np.pad(tokens, pad, constant_values=self.task.spec.pad_id)
         return tokens, d.lengths[rows]
 
+    def width(self, split: str, rows: np.ndarray) -> int:
+        """Tokens per row of a batch as the model sees it (before compile padding)."""
+        return self.task.spec.seq_len if self.padded else int(self.data[split].lengths[rows].max())
+
     def compile_for(self, plans: dict[str, list[np.ndarray]]) -> bool:
-        """The compile decision for the batches left to run (tokens they hold)."""
-        width = self.task.spec.seq_len if self.padded else None
-        todo = sum(len(rows) * (width or int(self.data[s].lengths[rows].max())) for s in plans for rows in plans[s])
+        """The compile decision by size alone (sharded runs: each worker compiles its own graph)."""
+        todo = sum(len(rows) * self.width(s, rows) for s in plans for rows in plans[s])
         return should_compile(self.cfg.compile, todo, self.backbone)
+
+    def compile_key(self, plans: dict[str, list[np.ndarray]]) -> tuple[str, int]:
+        """The record key of this run's compiled shapes (:mod:`reservoir.compiling`) and how many
+        distinct batch widths it compiles."""
+        from reservoir.compiling import shape_key
+        from reservoir.forward import round_width
+
+        widths = {round_width(self.width(s, rows), self.task.spec.seq_len) if self.bucket else self.width(s, rows)
+                  for s in plans for rows in plans[s]}
+        key = shape_key(self.backbone, dtype=self.dtype, device=self.device.type, batch_size=self.batch_size,
+                        widths=sorted(widths), depths=self.depths)
+        return key, max(len(widths), 1)
+
+    def decide_compile(self, runner: FeatureRunner, plans: dict[str, list[np.ndarray]],
+                       background: "BackgroundWriter", progress: bool = True) -> dict[str, int]:
+        """Compile as asked, or (``compile=None``) when the measured costs say it pays
+        (:func:`reservoir.compiling.decide`): the first batch runs eager as the probe of the
+        eager rate (its features are kept) and is taken out of ``plans``. Returns the rows the
+        probe wrote per split; says on stderr which path runs and why."""
+        from reservoir.compiling import decide, read_record
+
+        if self.cfg.compile is not None or not getattr(self.backbone, "compilable", True) or \
+                not any(plans.values()) or self.device.type != "cpu":
+            if should_compile(self.cfg.compile, sum(len(r) * self.width(s, r) for s in plans for r in plans[s]),
+                              self.backbone):
+                runner.enable_compile()
+            why = ("--compile" if self.cfg.compile else "--no-compile") if self.cfg.compile is not None else \
+                "the backbone does not compile" if not getattr(self.backbone, "compilable", True) else "by size"
+            log(f"{'compiled' if runner.compiled else 'eager'} ({why})", progress)
+            return {}
+        split = next(s for s in plans if plans[s])
+        rows = plans[split].pop(0)
+        batch = runner.prepare(*self.tokens(split, rows), self.padded)
+        background.submit(split, rows, runner.run_async(batch))
+        tokens, seconds, _ = runner.timings[-1]
+        left = sum(len(r) * self.width(s, r) for s in plans for r in plans[s])
+        key, shapes = self.compile_key(plans)
+        decision = decide(left, tokens / seconds, blocks=max(self.depths), shapes=shapes, record=read_record(key))
+        if decision.compile:
+            runner.enable_compile()
+        log(decision.reason, progress)
+        self._compile_key = key if decision.compile else None
+        return {split: len(rows)}
+
+    def record_compile(self, runner: FeatureRunner) -> None:
+        """After a compiled run, remember its measured compile time and speedup (the first compiled
+        batch's time beyond the median compiled batch's; the compiled rate over the probe's)."""
+        key = getattr(self, "_compile_key", None)
+        eager = [(t, s) for t, s, compiled in runner.timings if not compiled]
+        compiled = [(t, s) for t, s, c in runner.timings if c]
+        if key is None or not eager or len(compiled) < 3 or not runner.compiled:
+            return
+        from reservoir.compiling import write_record
+
+        steady = compiled[1:]
+        per_token = float(np.median([s / t for t, s in steady]))
+        compile_s = max(compiled[0][1] - compiled[0][0] * per_token, 0.0)
+        eager_rate = eager[0][0] / eager[0][1]
+        write_record(key, compile_s, (1 / per_token) / eager_rate)
 
 
 def prepare(cfg: ExtractConfig, progress: bool) -> Run:
@@ -304,11 +380,9 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
             done[split] = writer.split(split, d.labels, d.lengths, run.feature_shape)
             plans[split] = [rows for _, batches in plan_split(d.lengths, run.batch_size, run.bucket, run.cfg.shard_rows) for rows in batches
                             if not done[split][rows].all()]
-        compile = run.compile_for(plans)
-        runner = FeatureRunner(reservoir, run.depths, run.dtype, compile, batch_size=run.batch_size, device=run.device)
-        log(f"extracting {task.name} through {run.cfg.backbone} on {run.device}: {run.dtype}, "
-            f"{'compiled' if compile else 'eager'}, batch {run.batch_size}, depths {run.depths[0]}..{run.depths[-1]} "
-            f"({len(run.depths)}) -> {out}", progress)
+        runner = FeatureRunner(reservoir, run.depths, run.dtype, False, batch_size=run.batch_size, device=run.device)
+        log(f"extracting {task.name} through {run.cfg.backbone} on {run.device}: {run.dtype} ({dtype_reason(run)}), "
+            f"batch {run.batch_size}, depths {run.depths[0]}..{run.depths[-1]} ({len(run.depths)}) -> {out}", progress)
 
         def batches(split: str) -> Iterator[tuple[np.ndarray, Batch]]:
             for rows in plans[split]:
@@ -316,9 +390,10 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
 
         background = BackgroundWriter(writer)
         try:
+            probed = run.decide_compile(runner, plans, background, progress)
             for split, d in data.items():
-                with bar(len(d), f"{task.name}/{split}", initial=int(done[split].sum()), enabled=progress) as shown, \
-                        contextlib.closing(prefetch(batches(split))) as stream:
+                with bar(len(d), f"{task.name}/{split}", initial=int(done[split].sum()) + probed.get(split, 0),
+                         enabled=progress) as shown, contextlib.closing(prefetch(batches(split))) as stream:
                     for rows, batch in stream:
                         fresh = len(rows) - int(done[split][rows].sum())  # a resumed batch may hold done rows
                         background.submit(split, rows, runner.run_async(batch))
@@ -326,6 +401,7 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
             background.drain()
         finally:
             background.close()
+        run.record_compile(runner)
         return writer.finish()
     finally:
         writer.close()

@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from reservoir import __version__
-from reservoir.config import FitConfig, features_dir, select_depths, slug
+from reservoir.config import FitConfig, default_data_dir, features_dir, select_depths, slug
 from reservoir.errors import IdentityError, StoreError, UsageError
 from reservoir.heads import Rows, fit_rows, rows
 from reservoir.identity import backbone_label, data_fingerprint, task_label
@@ -168,6 +168,7 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             else:
                 from reservoir.baselines import fit_baselines
 
+                data_dir = Path(cfg.data_dir or extract_cfg.get("data_dir") or default_data_dir())
                 results += fit_baselines(identity, f["train"]["features"].shape[-1], cfg, val, tests,
-                                         progress=progress)
+                                         data_dir=data_dir, progress=progress)
     return results

@@ -19,6 +19,7 @@ same numbers (tests check it).
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -147,6 +148,9 @@ class CompiledOrEager:
         self.compiled = False
         self.hint = hint
         if enabled:
+            from reservoir.compiling import use_persistent_cache
+
+            use_persistent_cache()
             try:
                 self.fn, self.compiled = torch.compile(fn, **compile_kwargs), True
             except Exception as e:  # noqa: BLE001 - compilation is an optimisation, eager always works
@@ -226,8 +230,18 @@ class FeatureRunner:
         self.reservoir = freeze(reservoir.float()).eval().to(self.device).to_compute(DTYPES[self.dtype_name])
         self.backbone = self.reservoir.backbone
         self.batch_size = batch_size
-        self.forward = CompiledOrEager(self._forward, bool(compile), hint=" (pass --no-compile to skip compiling)",
-                                       options={"freezing": True})
+        #: ``(real tokens, seconds, compiled)`` of each CPU batch run, for the compile decision
+        self.timings: list[tuple[int, float, bool]] = []
+        self.forward = CompiledOrEager(self._forward, False)
+        if compile:
+            self.enable_compile()
+
+    def enable_compile(self) -> None:
+        """Compile the forward (inductor, weight freezing) from now on; batches prepared after this
+        are padded to the compiled shape. Eager, with a message, if compiling fails."""
+        if not self.compiled:
+            self.forward = CompiledOrEager(self._forward, True, hint=" (pass --no-compile to skip compiling)",
+                                           options={"freezing": True})
 
     @classmethod
     def build(cls, spec: TaskSpec, backbone: Backbone, depths: Sequence[int], *, seed: int, dtype: str,
@@ -278,9 +292,12 @@ class FeatureRunner:
         """As :meth:`run`, but on a GPU the copy back to (pinned) host memory is only started: the
         result is a :class:`Pending` that the writer thread resolves while the next batch runs."""
         args = [t.to(self.device, non_blocking=True) for t in (batch.tokens, batch.lengths, batch.readout)]
+        start = time.perf_counter()
         out = self.forward(*args)[: batch.n]
         if self.device.type != "cuda":
-            return out.cpu().numpy()
+            features = out.cpu().numpy()
+            self.timings.append((int(batch.lengths[: batch.n].sum()), time.perf_counter() - start, self.compiled))
+            return features
         host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
         host.copy_(out, non_blocking=True)
         done = torch.cuda.Event()

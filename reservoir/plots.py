@@ -116,7 +116,7 @@ def depth_plot(curves: dict[str, dict[int, float]], path: Path | str, *, title: 
         depths += xs
         size = 7 + 3 * (len(paper) - 1 - i)
         ax.plot(xs, [curve[x] for x in xs], linestyle="none", marker="D", markersize=size, markerfacecolor="none",
-                markeredgewidth=1.4, color=colour[name], label=f"{name} (paper)")
+                markeredgewidth=1.4, color=colour[name], label=name if "paper" in name else f"{name} (paper)")
     for name, depth in (chosen or {}).items():
         if depth not in curves[name]:
             raise UsageError(f"chosen depth {depth} of {name!r} has no accuracy in its curve (depths "
@@ -130,7 +130,7 @@ def depth_plot(curves: dict[str, dict[int, float]], path: Path | str, *, title: 
     if chosen:
         handles.append(Line2D([], [], linestyle="none", marker="o", markersize=11, markerfacecolor="none",
                               markeredgewidth=1.8, color="black", label="chosen on validation"))
-    fig.legend(handles=handles, loc="outside right upper", fontsize="small", frameon=False)
+    fig.legend(handles=handles, loc="outside center right", fontsize="small", frameon=False)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if depths:
         ax.set_xlim(min(depths) - 0.5, max(depths) + 0.5)
@@ -177,7 +177,7 @@ def training_curves(runs: dict[str, list[dict]], path: Path | str, *, title: str
     loss_ax.set(xlabel="step", ylabel="training loss", title="training loss")
     for ax in (acc_ax, loss_ax):
         ax.grid(alpha=0.3)
-    fig.legend(loc="outside right upper", fontsize="small", frameon=False)
+    fig.legend(loc="outside center right", fontsize="small", frameon=False)
     fig.suptitle(textwrap.fill(title, 100))
     return _save(fig, path)
 

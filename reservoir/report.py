@@ -122,7 +122,8 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
         key = row_key(r)
         row = rows.setdefault(key, Row(*key))
         row.by_depth[int(r["depth"])].append(r)
-    return [rows[k] for k in sorted(rows)], baselines
+    order = sorted(rows, key=lambda k: (k[0], k[1], k[2], k[3], k[4], k[5] != "paper", k[5], k[6]))  # paper scale first
+    return [rows[k] for k in order], baselines
 
 
 def baselines_for(rows: list[Row], baselines: list[dict[str, Any]], task: str) -> list[dict[str, Any]]:
@@ -297,12 +298,14 @@ class Report:
                 curves = {f"{row_label(r)} ({r.head})": {d: 100 * r.spread(d)[0] for d in sorted(r.by_depth)}
                           for r in rows}
                 chosen = {f"{row_label(r)} ({r.head})": r.chosen for r in rows}
-                paper = {}
+                paper = {}  # each paper row once, at the depths we ran
+                deepest = max(d for r in rows for d in r.by_depth)
                 for r in rows:
+                    name = self.paper_rows.get(f"{r.backbone}:{r.trainable}", self.paper_rows.get(r.backbone))
                     numbers = {int(c): v for c in (self.paper.columns if self.paper else ()) if c.isdigit()
-                               for v in [self.paper_number(r, c)] if v is not None}
+                               and int(c) <= deepest for v in [self.paper_number(r, c)] if v is not None}
                     if numbers:
-                        paper[f"{row_label(r)} ({r.head})"] = numbers
+                        paper[f"paper: {name}"] = numbers
                 baselines = {f"{baseline_label(b['baseline'])} ({b['head']})": 100 * b["test_accuracy"]
                              for b in baselines_for(self.rows, self.baselines, task)}
                 size = rows[0].size

@@ -39,7 +39,7 @@ def table(stdout: str) -> dict[str, list[str]]:
 def check(r: subprocess.CompletedProcess, rows: list[str]) -> dict[str, list[str]]:
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(r"^cpu flags: avx2 (yes|no), avx512f (yes|no), avx512_bf16 (yes|no), avx512_vnni (yes|no), "
-                     r"amx (yes|no)", r.stdout, re.M), r.stdout
+                     r"avx_vnni (yes|no), amx_bf16 (yes|no), amx_int8 (yes|no)$", r.stdout, re.M), r.stdout
     assert re.search(r"^versions: .*torch .*onnxruntime .*openvino .*nncf ", r.stdout, re.M), r.stdout
     assert re.search(r"^before: load average", r.stdout, re.M) and re.search(r"^after: load average", r.stdout, re.M)
     found = table(r.stdout)

@@ -1,0 +1,118 @@
+"""When compiling pays: the compile decision from measured costs, and the persistent inductor cache.
+
+A compiled forward runs faster than the eager one but costs a compile first. With
+``--compile`` left to auto, ``extract`` decides from measurements instead of a fixed size:
+
+- the eager rate is measured on this CPU, now, on one batch of the run (a probe whose
+  features are kept);
+- the compile time and the compiled rate come from the last run of the same shapes (the
+  record below), or, the first time, from a conservative estimate
+  (:data:`COLD_SECONDS_PER_BLOCK` per block run, :data:`DEFAULT_SPEEDUP`);
+- it compiles when ``eager_seconds > compile_seconds + eager_seconds / speedup`` for the
+  tokens left to run, and says why on stderr.
+
+After a compiled run, the measured compile time replaces the record's and the measured
+speedup is averaged into it, so the decision follows this machine. Inductor's own caches (compiled kernels and graphs) live in
+``$RESERVOIR_CACHE/inductor`` (``~/.cache/reservoir/inductor`` by default, unless
+``TORCHINDUCTOR_CACHE_DIR`` is set), so a second run of the same shapes compiles in seconds
+and the record learns that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: a first compile's cost per block run, in seconds, before any run measured it (GPT-2 small
+#: compiles in about 40 s on 2 cores with a cold cache)
+COLD_SECONDS_PER_BLOCK = 3.5
+#: compiled rate over eager rate assumed before a run measured it (measured: 1.3 to 3)
+DEFAULT_SPEEDUP = 1.3
+
+
+def cache_root() -> Path:
+    """``$RESERVOIR_CACHE``, else ``$RESERVOIR_HOME/cache``, else ``~/.cache/reservoir``."""
+    from reservoir.backbones.smollm import cache_dir
+
+    return cache_dir()
+
+
+def use_persistent_cache() -> Path:
+    """Point inductor's caches at ``cache_root()/inductor`` (unless ``TORCHINDUCTOR_CACHE_DIR``
+    is set) before anything compiles; returns the folder."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):  # torch's, not the user's
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+    folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def costs_file() -> Path:
+    return cache_root() / "compile-costs.json"
+
+
+def shape_key(backbone: Any, *, dtype: str, device: str, batch_size: int, widths: list[int], depths: list[int]) -> str:
+    """What a compiled graph depends on: torch, the architecture (not the weights), dtype,
+    device type, batch shape and depths."""
+    import torch
+
+    from reservoir.identity import _config_dict, digest
+
+    return digest({"torch": torch.__version__, "class": type(backbone).__qualname__,
+                   "config": _config_dict(getattr(backbone, "config", None)), "dtype": dtype, "device": device,
+                   "batch": batch_size, "widths": sorted(set(widths)), "depths": list(depths)})
+
+
+def read_record(key: str) -> dict[str, float] | None:
+    try:
+        return json.loads(costs_file().read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+
+
+def write_record(key: str, compile_seconds: float, speedup: float) -> None:
+    """Remember a run's measured costs (best effort: a cache that cannot be written is skipped)."""
+    from reservoir.results import atomic_write
+
+    try:
+        records = json.loads(costs_file().read_text())
+    except (OSError, ValueError):
+        records = {}
+    old = records.get(key)
+    if old:  # one run's speedup is noisy on a shared machine: blend it with the last
+        speedup = (speedup + old["speedup"]) / 2
+    records[key] = {"compile_seconds": round(compile_seconds, 2), "speedup": round(speedup, 3)}
+    text = json.dumps(records, indent=1, sort_keys=True).encode()
+    try:
+        atomic_write(costs_file(), lambda f: f.write(text))
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class Decision:
+    compile: bool
+    reason: str
+
+
+def decide(tokens_left: int, eager_rate: float, *, blocks: int, shapes: int, record: dict[str, float] | None) -> Decision:
+    """Compile when the eager time of ``tokens_left`` exceeds the compile time plus the compiled
+    time (module docstring); ``shapes`` distinct batch shapes each compile once."""
+    if record:
+        compile_s, speedup, source = record["compile_seconds"] * shapes, record["speedup"], "measured last time"
+    else:
+        compile_s, speedup, source = COLD_SECONDS_PER_BLOCK * blocks * shapes, DEFAULT_SPEEDUP, "first-time estimate"
+    eager_s = tokens_left / eager_rate
+    compiled_s = compile_s + eager_s / max(speedup, 1e-6)
+    verdict = eager_s > compiled_s
+    reason = (f"{'compiled' if verdict else 'eager'}: eager {eager_rate:,.0f} tokens/s (measured now) needs "
+              f"~{eager_s:.0f} s for the {tokens_left:,} tokens left; compiling ~{compile_s:.0f} s "
+              f"({shapes} shape{'s' if shapes > 1 else ''}) then ~{eager_s / speedup:.0f} s at {speedup:.2f}x "
+              f"({source})")
+    return Decision(verdict, reason)
