@@ -119,7 +119,7 @@ run_spec = $(subst ~, ,$(call run_word,3))
 run_opts = $(patsubst b%,--blocks %,$(filter b%,$(wordlist 2,9,$(run_spec)))) \
 	$(patsubst t%,--target %,$(filter t%,$(wordlist 2,9,$(run_spec))))
 run_lr = $(if $(filter lstm%,$(call run_word,2)),$(LSTM_LR),$(LR))
-$(TRAIN)/%.done:
+$(TRAIN)/%.done: | $(NEEDS)
 	@mkdir -p $(@D)
 	$(RESERVOIR) -q train --task $(call run_word,1) --backbone $(call run_word,2) \
 		--trainable $(subst +,$(comma),$(firstword $(run_spec))) $(strip $(run_opts)) --lr $(run_lr) \
