@@ -296,3 +296,16 @@ def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_gpt2, tmp_path):
     for key in ("test_accuracy", "val_accuracy", "best_step", "steps"):
         assert a[key] == b[key], key
     assert a["runs"][0]["history"] == b["runs"][0]["history"]
+
+
+def test_non_finite_gradients_with_a_finite_loss_are_named_not_blamed_on_the_learning_rate():
+    from reservoir.train.loop import train_step
+
+    layer = torch.nn.Linear(3, 2)
+    layer.weight.register_hook(lambda g: g * float("nan"))
+    opt = torch.optim.Adam(layer.parameters())
+    forward = lambda tokens, lengths: layer(tokens)[:, None, None, :]  # noqa: E731  (B, readout, outputs, classes)
+    batch = (torch.ones(4, 3), torch.full((4,), 1), torch.zeros(4, 1, 1, dtype=torch.long))
+    with pytest.raises(FloatingPointError, match="gradient norm nan with a finite loss"):
+        train_step(forward, list(layer.parameters()), opt, batch, "float32", 1.0)
+    assert torch.isfinite(layer.weight).all()  # no step was taken

@@ -136,8 +136,9 @@ def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.O
     loss, _ = loss_and_correct(logits, labels)
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    if grad_clip > 0:
-        nn.utils.clip_grad_norm_(params, grad_clip)
+    norm = nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    if not torch.isfinite(norm) and torch.isfinite(loss):
+        raise FloatingPointError(f"gradient norm {float(norm)} with a finite loss {float(loss.detach()):.4g}")
     opt.step()
     return float(loss.detach())
 
@@ -213,6 +214,13 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         batch = batch_tensors(task, data.train, order[i * bs:(i + 1) * bs])
         try:
             losses.append(train_step(forward, params, opt, batch, cfg.dtype, cfg.grad_clip))
+        except FloatingPointError as e:
+            raise DataError(
+                f"{tag} the gradients are not finite at step {state.step + 1} ({e}): with a finite loss this is an "
+                "overflow in the backward pass, not the learning rate. A known cause: a backbone without biases "
+                "(Llama family, e.g. SmolLM2) keeps an exactly zero hidden state at all-zero input tokens (blank "
+                "image patches), and RMSNorm's derivative there is 1/sqrt(eps) per block. Train on inputs without "
+                "all-zero tokens, or with a GPT-2 backbone") from None
         except Exception as e:  # noqa: BLE001 - a compiled graph whose backward fails falls back to eager
             if not forward.compiled:
                 raise
