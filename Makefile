@@ -60,8 +60,8 @@ results/%/done: features/%.h5 ## results/TASK/BACKBONE/done: fit every depth (HE
 		--features $< --head $(HEAD) $(FIT_OPTS)
 	touch $@
 
-bench: install ## extraction speed: official-code baseline vs default path vs bf16 roofline (docs/benchmarks.md)
-	$(BIN)/python benchmarks/extract.py
+bench: install ## extraction speed: official baseline, peer runtimes (pip install -e '.[bench]'), ours, roofline, whole jobs (docs/benchmarks.md)
+	$(BIN)/python benchmarks/extract.py --data-dir $(DATA_DIR)
 
 lint: install ## static checks
 	$(BIN)/python -m compileall -q reservoir tests

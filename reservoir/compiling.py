@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: a first compile's cost per block run, in seconds, before any run measured it (GPT-2 small
-#: compiles in about 40 s on 2 cores with a cold cache)
-COLD_SECONDS_PER_BLOCK = 3.5
-#: compiled rate over eager rate assumed before a run measured it (measured: 1.3 to 3)
-DEFAULT_SPEEDUP = 1.3
+#: a first compile's cost per block run, in seconds, before any run measured it (GPT-2 small, 12
+#: blocks, compiled in 17.5 s on 2 Zen 4 cores with a cold cache, 5 s with a warm one)
+COLD_SECONDS_PER_BLOCK = 1.5
+#: compiled rate over eager rate assumed before a run measured it, by compute dtype (GPT-2 small,
+#: 64 tokens, Zen 4, docs/benchmarks.md: bf16 4,073 compiled against 2,406 eager; float32 4,060
+#: against 3,050 on one thread)
+DEFAULT_SPEEDUP = {"bfloat16": 1.7, "float32": 1.3}
 
 
 def cache_root() -> Path:
@@ -76,8 +78,9 @@ def read_record(key: str) -> dict[str, float] | None:
         return None
 
 
-def write_record(key: str, compile_seconds: float, speedup: float) -> None:
-    """Remember a run's measured costs (best effort: a cache that cannot be written is skipped)."""
+def write_record(key: str, compile_seconds: float, speedup: float | None) -> None:
+    """Remember a run's measured costs (best effort: a cache that cannot be written is skipped);
+    ``speedup=None`` (a run forced to compile has no eager rate) keeps the recorded one, or none."""
     from reservoir.results import atomic_write
 
     try:
@@ -85,9 +88,12 @@ def write_record(key: str, compile_seconds: float, speedup: float) -> None:
     except (OSError, ValueError):
         records = {}
     old = records.get(key)
-    if old:  # one run's speedup is noisy on a shared machine: blend it with the last
+    if speedup is None:
+        speedup = old.get("speedup") if old else None
+    elif old and old.get("speedup"):  # one run's speedup is noisy on a shared machine: blend it with the last
         speedup = (speedup + old["speedup"]) / 2
-    records[key] = {"compile_seconds": round(compile_seconds, 2), "speedup": round(speedup, 3)}
+    records[key] = {"compile_seconds": round(compile_seconds, 2),
+                    "speedup": None if speedup is None else round(speedup, 3)}
     text = json.dumps(records, indent=1, sort_keys=True).encode()
     try:
         atomic_write(costs_file(), lambda f: f.write(text))
@@ -101,13 +107,16 @@ class Decision:
     reason: str
 
 
-def decide(tokens_left: int, eager_rate: float, *, blocks: int, shapes: int, record: dict[str, float] | None) -> Decision:
+def decide(tokens_left: int, eager_rate: float, *, blocks: int, shapes: int, record: dict[str, float] | None,
+           dtype: str = "float32") -> Decision:
     """Compile when the eager time of ``tokens_left`` exceeds the compile time plus the compiled
     time (module docstring); ``shapes`` distinct batch shapes each compile once."""
     if record:
-        compile_s, speedup, source = record["compile_seconds"] * shapes, record["speedup"], "measured last time"
+        compile_s, source = record["compile_seconds"] * shapes, "measured last time"
+        speedup = record.get("speedup") or DEFAULT_SPEEDUP.get(dtype, 1.3)
     else:
-        compile_s, speedup, source = COLD_SECONDS_PER_BLOCK * blocks * shapes, DEFAULT_SPEEDUP, "first-time estimate"
+        compile_s, speedup, source = (COLD_SECONDS_PER_BLOCK * blocks * shapes, DEFAULT_SPEEDUP.get(dtype, 1.3),
+                                      "first-time estimate")
     eager_s = tokens_left / eager_rate
     compiled_s = compile_s + eager_s / max(speedup, 1e-6)
     verdict = eager_s > compiled_s

@@ -291,6 +291,8 @@ class Run:
             why = ("--compile" if self.cfg.compile else "--no-compile") if self.cfg.compile is not None else \
                 "the backbone does not compile" if not getattr(self.backbone, "compilable", True) else "by size"
             log(f"{'compiled' if runner.compiled else 'eager'} ({why})", progress)
+            if runner.compiled and self.device.type == "cpu" and any(plans.values()):
+                self._compile_key = self.compile_key(plans)[0]  # its compile time is remembered too
             return {}
         split = next(s for s in plans if plans[s])
         rows = plans[split].pop(0)
@@ -299,7 +301,8 @@ class Run:
         tokens, seconds, _ = runner.timings[-1]
         left = sum(len(r) * self.width(s, r) for s in plans for r in plans[s])
         key, shapes = self.compile_key(plans)
-        decision = decide(left, tokens / seconds, blocks=max(self.depths), shapes=shapes, record=read_record(key))
+        decision = decide(left, tokens / seconds, blocks=max(self.depths), shapes=shapes, record=read_record(key),
+                          dtype=self.dtype)
         if decision.compile:
             runner.enable_compile()
         log(decision.reason, progress)
@@ -307,20 +310,21 @@ class Run:
         return {split: len(rows)}
 
     def record_compile(self, runner: FeatureRunner) -> None:
-        """After a compiled run, remember its measured compile time and speedup (the first compiled
-        batch's time beyond the median compiled batch's; the compiled rate over the probe's)."""
+        """After a compiled run, remember its measured compile time (the first compiled batch's time
+        beyond the median compiled batch's) and, when the probe measured the eager rate, its
+        speedup (a run forced to compile keeps the recorded speedup)."""
         key = getattr(self, "_compile_key", None)
         eager = [(t, s) for t, s, compiled in runner.timings if not compiled]
         compiled = [(t, s) for t, s, c in runner.timings if c]
-        if key is None or not eager or len(compiled) < 3 or not runner.compiled:
+        if key is None or len(compiled) < 3 or not runner.compiled:
             return
         from reservoir.compiling import write_record
 
         steady = compiled[1:]
         per_token = float(np.median([s / t for t, s in steady]))
         compile_s = max(compiled[0][1] - compiled[0][0] * per_token, 0.0)
-        eager_rate = eager[0][0] / eager[0][1]
-        write_record(key, compile_s, (1 / per_token) / eager_rate)
+        speedup = (1 / per_token) / (eager[0][0] / eager[0][1]) if eager else None
+        write_record(key, compile_s, speedup)
 
 
 def prepare(cfg: ExtractConfig, progress: bool) -> Run:

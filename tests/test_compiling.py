@@ -28,7 +28,14 @@ def test_records_round_trip_and_blend(tmp_path, monkeypatch):
     compiling.write_record("k", 30.0, 2.0)
     compiling.write_record("k", 5.0, 1.0)
     assert compiling.read_record("k") == {"compile_seconds": 5.0, "speedup": 1.5}
-    assert json.loads((tmp_path / "compile-costs.json").read_text()).keys() == {"k"}
+    compiling.write_record("k", 4.0, None)  # a forced compile: no eager rate, the speedup stays
+    assert compiling.read_record("k") == {"compile_seconds": 4.0, "speedup": 1.5}
+    compiling.write_record("new", 9.0, None)
+    assert compiling.read_record("new") == {"compile_seconds": 9.0, "speedup": None}
+    # a record without a speedup falls back to the dtype's default (bf16 1.7)
+    assert "at 1.70x" in decide(10**5, 1000.0, blocks=12, shapes=1, record={"compile_seconds": 9.0, "speedup": None},
+                                dtype="bfloat16").reason
+    assert json.loads((tmp_path / "compile-costs.json").read_text()).keys() == {"k", "new"}
 
 
 def test_extract_says_which_path_runs_and_why(cli, home, tiny_gpt2, monkeypatch):
