@@ -402,11 +402,19 @@ def report(paths, paper_table, paper_rows, layout, csv_path, plot_dir) -> None:
     if table is not None:
         text = f"Paper table {table.number}: {table.caption}" + (f" ({table.note})" if table.note else "") + "\n\n" + text
     click.echo(text)
+    def written(what: str, where: Path, fn, *args):
+        try:
+            return run(fn, *args)
+        except click.ClickException as e:
+            option = "a --csv file" if what == "the CSV" else "a --plots folder"
+            raise click.ClickException(f"cannot write {what} to {where} ({e.message}); pass {option} you can write") \
+                from None
+
     if csv_path:
         data = rep.csv().encode()
-        run(atomic_write, csv_path, lambda f: f.write(data))
+        written("the CSV", csv_path, atomic_write, csv_path, lambda f: f.write(data))
     if plot_dir:
-        for path in run(rep.plots, plot_dir):
+        for path in written("the plots", plot_dir, rep.plots, plot_dir):
             click.echo(f"wrote {path}", err=True)
 
 

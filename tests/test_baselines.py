@@ -183,3 +183,23 @@ def test_report_plots_training_curves_and_puts_paper_numbers_beside_ours(tmp_pat
     assert "| gpt2-random [input,pos,ln,out] | linear | 99.0 (90/50) (paper 100) |" in table
     written = rep.plots(tmp_path)
     assert [p.name for p in written] == ["bit_xor-training.png"]
+
+
+def test_report_options_refuse_bad_input(cli, home, tiny_gpt2, tmp_path):
+    path = extract(cli, tiny_gpt2, task="digits")
+    assert cli("-q", "fit", "--features", str(path), "--head", "ridge").exit_code == 0
+    r = cli("report", "--paper", "99")
+    assert r.exit_code == 2 and "the paper has no table 99 here; choose from [1, 2" in r.output
+    r = cli("report", "--as", "tiny=FPT")
+    assert r.exit_code == 2 and "expected BACKBONE[:GROUPS]=ROW with --paper N" in r.output
+    r = cli("report", "--paper", "2", "--as", "tiny=Nobody")
+    assert r.exit_code == 2 and "ROW one of ['FPT', 'Random']" in r.output
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    for option, target, fix in (("--plots", blocked / "plots", "pass a --plots folder you can write"),
+                                ("--csv", blocked / "t.csv", "pass a --csv file you can write")):
+        r = cli("report", option, str(target))
+        assert r.exit_code == 1 and fix in r.output and "Traceback" not in r.output
+    r = cli("report", "--paper", "2", "--as", f"{tiny_gpt2.name}=Random", "--layout", "task", "--csv",
+            str(tmp_path / "t.csv"))
+    assert r.exit_code == 0 and r.output.startswith("Paper table 2:") and (tmp_path / "t.csv").exists()
