@@ -19,6 +19,10 @@
 # paper's full set, or set DATA_TASKS= to skip every download. Which tasks, rows and groups each
 # table has follows our reading of the paper (reservoir/paper.py records what could be checked).
 #
+# Known limit: SmolLM2 (Llama family) cannot be trained end to end on tasks with all-zero input
+# tokens (bit_xor, mnist): `reservoir train` stops at step 1 and says why (README, "Known limit");
+# with PRETRAINED=smollm2-135m set TASKS_N without them, or use a GPT-2 backbone.
+#
 # Backbones: PRETRAINED stands in for language-pretrained GPT-2 (Makefile); its -random and
 # -stats twins for the random and statistics-only GPT-2. With GPT-2's weights at hand set
 # PRETRAINED=gpt2 SIZES="gpt2 gpt2-medium gpt2-large gpt2-random gpt2-medium-random gpt2-large-random".
