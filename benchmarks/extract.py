@@ -79,7 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reservoir.forward import bf16_native, resolve_device, resolve_dtype  # noqa: E402
-from reservoir.machine import FLAGS, cpu  # noqa: E402
+from reservoir.machine import FLAGS, cpu, load  # noqa: E402
 
 from matmul import matmul_rate, sync  # noqa: E402  (benchmarks/matmul.py, beside this script)
 from peers import (BASELINE_BATCH, CHECK_ROWS, INSTALL, ROWS, NotInstalled, Setup, Unavailable,  # noqa: E402
@@ -118,10 +118,6 @@ def versions() -> str:
         except metadata.PackageNotFoundError:
             return "not installed"
     return ", ".join(f"{name} {version(name)}" for name in PACKAGES)
-
-
-def load() -> str:
-    return "load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 @dataclass

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import statistics
 import time
 import warnings
@@ -40,7 +39,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from reservoir.machine import describe
+from reservoir.machine import describe, load
 
 
 def conv1d_to_linear(model: nn.Module) -> nn.Module:
@@ -178,7 +177,7 @@ def main() -> None:
         ao_version = f"not available ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     print(f"cpu: {describe()}")
     print(f"torch {torch.__version__}, torchao {ao_version}, quantized engines {torch.backends.quantized.supported_engines}")
-    print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}; threads {a.threads}")
+    print(f"{load()}; threads {a.threads}")
 
     backbone = load_backbone(a.backbone).eval()
     for param in backbone.parameters():

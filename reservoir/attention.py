@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from reservoir.errors import BackboneError, DataError, IdentityError, UsageError
+from reservoir.errors import BackboneError, IdentityError, UsageError
 
 @dataclass(frozen=True)
 class AttentionReader:
@@ -175,18 +175,10 @@ def _checkpoint_model(path: Path, task_name: str, backbone_name: str):
     """The trained FPT of a ``reservoir train`` checkpoint (best-validation parameters) and its identity."""
     from reservoir.backbones import load_backbone
     from reservoir.identity import backbone_fingerprint, backbone_label, task_label
-    from reservoir.train.checkpoint import CHECKPOINT_FORMAT
+    from reservoir.train.checkpoint import read_checkpoint
     from reservoir.train.model import FPT, select_trainable
 
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=False)
-        fmt = obj.get("format")
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise DataError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); pass a .pt file written by "
-                        "`reservoir train` (its checkpoint folder)") from None
-    if fmt != CHECKPOINT_FORMAT:
-        raise DataError(f"checkpoint {path} has format {fmt!r}, expected {CHECKPOINT_FORMAT}; pass a checkpoint of "
-                        "this version of reservoir train")
+    obj = read_checkpoint(path, "pass a .pt file written by this version of `reservoir train` (its checkpoint folder)")
     ident = obj["identity"]
     wanted = {"task": task_label(task_name), "backbone": backbone_label(backbone_name)}
     for key, value in wanted.items():

@@ -31,27 +31,22 @@ from reservoir import __version__
 from reservoir.config import FitConfig
 from reservoir.errors import DataError, IdentityError
 from reservoir.heads import ArrayRows, fit_rows, holdout
-from reservoir.identity import data_fingerprint, digest
+from reservoir.identity import digest, reread
 from reservoir.progress import log
 from reservoir.results import result_key, result_path, write_result
 from reservoir.tasks import SplitData, Task, make_task
 
 
-def load_data(identity: dict[str, Any], cfg: FitConfig, data_dir: Path) -> tuple[Task, dict[str, SplitData]]:
+def load_data(task: Task, identity: dict[str, Any], data_dir: Path) -> dict[str, SplitData]:
     """The splits a feature file was extracted from, read again and checked against its digest."""
-    name = cfg.task if cfg.task and cfg.task.startswith("file:") else identity["task"]
-    if name.startswith("file:") and not Path(name[5:]).exists():
-        raise DataError(f"the baselines need the data of task {identity['task']!r}; pass --task file:PATH "
-                        "(the file it was extracted from), or --no-baselines")
-    task = make_task(name, dict(identity["task_options"]), identity["seed"])
     try:
-        data = {s: task.load(s, data_dir, identity["limit"]) for s in identity["splits"]}
+        data = reread(task, identity, data_dir)
     except DataError as e:
         raise DataError(f"{e}\n(the baselines read the task's data again: pass --data-dir, or --no-baselines)") from None
-    if data_fingerprint(data) != identity["data"]:
+    if data is None:
         raise IdentityError(f"the data of task {identity['task']!r} under {data_dir} differs from the data the "
                             "features were extracted from; pass the --data-dir the extraction read, or --no-baselines")
-    return task, data
+    return data
 
 
 def raw_inputs(task: Task, data: SplitData) -> np.ndarray:
@@ -118,15 +113,17 @@ def baseline_identity(identity: dict[str, Any], name: str, **extra: Any) -> dict
 
 
 def fit_baselines(identity: dict[str, Any], width: int, cfg: FitConfig, val: str | None, tests: list[str], *,
-                  data_dir: Path, progress: bool = True) -> list[dict[str, Any]]:
+                  data_dir: Path, loaded: tuple[Task, dict[str, SplitData]] | None = None,
+                  progress: bool = True) -> list[dict[str, Any]]:
     """Every baseline of the data behind ``identity`` (module docstring), each written as a
     result with ``mode="baseline"`` under ``results/TASK/baseline-NAME/``; a baseline already
-    written for the same data, head and selection is read back, not recomputed."""
-    name = cfg.task if cfg.task and cfg.task.startswith("file:") else identity["task"]
-    task = make_task(name, dict(identity["task_options"]), identity["seed"])
-    plan = [(rule, "rule", {}) for rule in ("majority", *task.baseline_rules())]
+    written for the same data, head and selection is read back, not recomputed. ``loaded``:
+    the task and its data when the caller has read and checked them already (``file:`` tasks)."""
+    task, data = loaded or (make_task(identity["task"], dict(identity["task_options"]), identity["seed"]), None)
+    rules = task.baseline_rules()
+    plan = [(rule, "rule", {}) for rule in ("majority", *rules)]
     plan += [("raw", cfg.head, {}), (f"tanh-{width}", cfg.head, {"width": width, "seed": identity["seed"]})]
-    data = raw = None
+    raw = None
     out = []
     for baseline, head, extra in plan:
         result = {
@@ -142,9 +139,9 @@ def fit_baselines(identity: dict[str, Any], width: int, cfg: FitConfig, val: str
             out.append({**json.loads(path.read_text()), "path": str(path)})
             continue
         if data is None:
-            task, data = load_data(identity, cfg, data_dir)
+            data = load_data(task, identity, data_dir)
         if head == "rule":
-            rule = task.baseline_rules().get(baseline, lambda d: np.zeros(len(d), np.int64))
+            rule = rules.get(baseline, lambda d: np.zeros(len(d), np.int64))
             scores = rule_scores({s: rule(d) for s, d in data.items()}, data, val, tests, cfg.val_fraction, cfg.seed)
         else:
             if raw is None:

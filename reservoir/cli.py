@@ -58,27 +58,27 @@ def check_backbone(ctx, param, value: str | None) -> str | None:
         " (any of them with -random or -stats appended)")
 
 
-def check_depths(ctx, param, value: str | None):
-    if value is None:
-        return None
-    try:
-        return parse_depths(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
+def parsing(parse):
+    """Callback running ``parse`` on a given value; its ValueError becomes a usage error (exit 2)."""
+
+    def callback(ctx, param, value: str | None):
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+
+    return callback
+
+
+check_depths = parsing(parse_depths)
+check_input_scale = parsing(parse_input_scale)
 
 
 def data_dir_option(f):
     return click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                         help="Data folder [default: $RESERVOIR_HOME/data or ./data].")(f)
-
-
-def check_input_scale(ctx, param, value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return parse_input_scale(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
 
 
 def device_callback(ctx, param, value: str | None) -> str | None:
@@ -222,10 +222,9 @@ def install(settings: Settings, name, source, force) -> None:
               help="Rows of a shard (rounded to the batch size); also the block within which lengths are bucketed."
                    + shown(ExtractConfig, "shard_rows"))
 @click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Data folder [default: $RESERVOIR_HOME/data or ./data].")
+@data_dir_option
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Feature file [default: features/TASK/BACKBONE/DTYPE-seedS[-limitN]-HASH.h5, named by the run's "
+              help="Feature file [default: features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5, named by the run's "
                    "identity].")
 @pass_settings
 def extract(settings: Settings, task, backbone, split, limit, seed, input_scale, batch_size, dtype, depths, readout,
@@ -337,8 +336,7 @@ def comma_list(kind):
               help="Checkpoint folder [default: checkpoints/TASK/BACKBONE].")
 @click.option("--resume", is_flag=True, default=None, help="Continue each run from its checkpoint when there is one.")
 @click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Data folder [default: $RESERVOIR_HOME/data or ./data].")
+@data_dir_option
 @pass_settings
 def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps, batch_size, eval_every, patience,
           target, val_fraction, limit, blocks, depth, input_scale, dtype, compile, device, grad_clip, dropout, checkpoint_every,
@@ -501,8 +499,7 @@ def data_verify(task, task_opts, data_dir) -> None:
 @click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A `reservoir train` checkpoint (.pt) of this task and backbone: show the attention with its "
                    "trained input layer, positions and norms (its seed and input scale are used).")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Data folder [default: $RESERVOIR_HOME/data or ./data].")
+@data_dir_option
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="PNG file to write.")
 def attention(task, backbone, layer, example, split, seed, input_scale, heads, checkpoint, data_dir, out) -> None:
     """Plot one block's attention (one heatmap per head) for one example, as in the FPT paper's figures 3-5."""

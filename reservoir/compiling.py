@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reservoir.config import cache_dir
+
 #: a first compile's cost per block run, in seconds, before any run measured it (GPT-2 small, 12
 #: blocks, compiled in 17.5 s on 2 Zen 4 cores with a cold cache, 5 s with a warm one)
 COLD_SECONDS_PER_BLOCK = 1.5
@@ -35,28 +37,21 @@ COLD_SECONDS_PER_BLOCK = 1.5
 DEFAULT_SPEEDUP = {"bfloat16": 1.7, "float32": 1.3}
 
 
-def cache_root() -> Path:
-    """``$RESERVOIR_CACHE``, else ``$RESERVOIR_HOME/cache``, else ``~/.cache/reservoir``."""
-    from reservoir.backbones.smollm import cache_dir
-
-    return cache_dir()
-
-
 def use_persistent_cache() -> Path:
-    """Point inductor's caches at ``cache_root()/inductor`` (unless ``TORCHINDUCTOR_CACHE_DIR``
+    """Point inductor's caches at ``cache_dir()/inductor`` (unless ``TORCHINDUCTOR_CACHE_DIR``
     is set) before anything compiles; returns the folder."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):  # torch's, not the user's
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
     folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
 def costs_file() -> Path:
-    return cache_root() / "compile-costs.json"
+    return cache_dir() / "compile-costs.json"
 
 
 def shape_key(backbone: Any, *, dtype: str, device: str, batch_size: int, widths: list[int], depths: list[int]) -> str:

@@ -23,6 +23,16 @@ def home() -> Path:
     return Path(os.environ.get("RESERVOIR_HOME", "."))
 
 
+def cache_dir() -> Path:
+    """Converted models and compile records: ``$RESERVOIR_CACHE``, else ``$RESERVOIR_HOME/cache``,
+    else ``~/.cache/reservoir``."""
+    if os.environ.get("RESERVOIR_CACHE"):
+        return Path(os.environ["RESERVOIR_CACHE"])
+    if os.environ.get("RESERVOIR_HOME"):
+        return Path(os.environ["RESERVOIR_HOME"]) / "cache"
+    return Path.home() / ".cache" / "reservoir"
+
+
 def default_data_dir() -> Path:
     return home() / "data"
 
@@ -204,7 +214,7 @@ class ExtractConfig:
         compute the same batches.
     data_dir : the data folder.
     out : the feature file; ``None``: derived from the run's identity
-        (``features/TASK/BACKBONE/DTYPE-seedS[-limitN]-HASH.h5``).
+        (``features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5``).
     """
 
     task: str

@@ -258,10 +258,12 @@ class Run:
         """Tokens per row of a batch as the model sees it (before compile padding)."""
         return self.task.spec.seq_len if self.padded else int(self.data[split].lengths[rows].max())
 
+    def tokens_left(self, plans: dict[str, list[np.ndarray]]) -> int:
+        return sum(len(rows) * self.width(s, rows) for s in plans for rows in plans[s])
+
     def compile_for(self, plans: dict[str, list[np.ndarray]]) -> bool:
         """The compile decision by size alone (sharded runs: each worker compiles its own graph)."""
-        todo = sum(len(rows) * self.width(s, rows) for s in plans for rows in plans[s])
-        return should_compile(self.cfg.compile, todo, self.backbone)
+        return should_compile(self.cfg.compile, self.tokens_left(plans), self.backbone)
 
     def compile_key(self, plans: dict[str, list[np.ndarray]]) -> tuple[str, int]:
         """The record key of this run's compiled shapes (:mod:`reservoir.compiling`) and how many
@@ -276,44 +278,39 @@ class Run:
         return key, max(len(widths), 1)
 
     def decide_compile(self, runner: FeatureRunner, plans: dict[str, list[np.ndarray]],
-                       background: "BackgroundWriter", progress: bool = True) -> dict[str, int]:
+                       background: "BackgroundWriter", progress: bool = True) -> tuple[dict[str, int], str | None]:
         """Compile as asked, or (``compile=None``) when the measured costs say it pays
         (:func:`reservoir.compiling.decide`): the first batch runs eager as the probe of the
-        eager rate (its features are kept) and is taken out of ``plans``. Returns the rows the
-        probe wrote per split; says on stderr which path runs and why."""
+        eager rate (its features are kept) and is taken out of ``plans``. Says on stderr which
+        path runs and why. Returns the rows the probe wrote per split, and the compile record's
+        key when the run compiles on the CPU (:meth:`record_compile` then remembers its costs)."""
         from reservoir.compiling import decide, read_record
 
-        if self.cfg.compile is not None or not getattr(self.backbone, "compilable", True) or \
-                not any(plans.values()) or self.device.type != "cpu":
-            if should_compile(self.cfg.compile, sum(len(r) * self.width(s, r) for s in plans for r in plans[s]),
-                              self.backbone):
+        on_cpu = self.device.type == "cpu" and any(plans.values())
+        compilable = getattr(self.backbone, "compilable", True)
+        if self.cfg.compile is not None or not compilable or not on_cpu:
+            if self.compile_for(plans):
                 runner.enable_compile()
             why = ("--compile" if self.cfg.compile else "--no-compile") if self.cfg.compile is not None else \
-                "the backbone does not compile" if not getattr(self.backbone, "compilable", True) else "by size"
+                "the backbone does not compile" if not compilable else "by size"
             log(f"{'compiled' if runner.compiled else 'eager'} ({why})", progress)
-            if runner.compiled and self.device.type == "cpu" and any(plans.values()):
-                self._compile_key = self.compile_key(plans)[0]  # its compile time is remembered too
-            return {}
+            return {}, self.compile_key(plans)[0] if runner.compiled and on_cpu else None
         split = next(s for s in plans if plans[s])
         rows = plans[split].pop(0)
-        batch = runner.prepare(*self.tokens(split, rows), self.padded)
-        background.submit(split, rows, runner.run_async(batch))
+        background.submit(split, rows, runner.run_async(runner.prepare(*self.tokens(split, rows), self.padded)))
         tokens, seconds, _ = runner.timings[-1]
-        left = sum(len(r) * self.width(s, r) for s in plans for r in plans[s])
         key, shapes = self.compile_key(plans)
-        decision = decide(left, tokens / seconds, blocks=max(self.depths), shapes=shapes, record=read_record(key),
-                          dtype=self.dtype)
+        decision = decide(self.tokens_left(plans), tokens / seconds, blocks=max(self.depths), shapes=shapes,
+                          record=read_record(key), dtype=self.dtype)
         if decision.compile:
             runner.enable_compile()
         log(decision.reason, progress)
-        self._compile_key = key if decision.compile else None
-        return {split: len(rows)}
+        return {split: len(rows)}, key if decision.compile else None
 
-    def record_compile(self, runner: FeatureRunner) -> None:
+    def record_compile(self, runner: FeatureRunner, key: str | None) -> None:
         """After a compiled run, remember its measured compile time (the first compiled batch's time
         beyond the median compiled batch's) and, when the probe measured the eager rate, its
         speedup (a run forced to compile keeps the recorded speedup)."""
-        key = getattr(self, "_compile_key", None)
         eager = [(t, s) for t, s, compiled in runner.timings if not compiled]
         compiled = [(t, s) for t, s, c in runner.timings if c]
         if key is None or len(compiled) < 3 or not runner.compiled:
@@ -394,7 +391,7 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
 
         background = BackgroundWriter(writer)
         try:
-            probed = run.decide_compile(runner, plans, background, progress)
+            probed, compile_key = run.decide_compile(runner, plans, background, progress)
             for split, d in data.items():
                 with bar(len(d), f"{task.name}/{split}", initial=int(done[split].sum()) + probed.get(split, 0),
                          enabled=progress) as shown, contextlib.closing(prefetch(batches(split))) as stream:
@@ -405,7 +402,7 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
             background.drain()
         finally:
             background.close()
-        run.record_compile(runner)
+        run.record_compile(runner, compile_key)
         return writer.finish()
     finally:
         writer.close()

@@ -19,7 +19,7 @@ from reservoir import __version__
 from reservoir.config import FitConfig, default_data_dir, features_dir, select_depths, slug
 from reservoir.errors import IdentityError, StoreError, UsageError
 from reservoir.heads import Rows, fit_rows, rows
-from reservoir.identity import backbone_label, data_fingerprint, task_label
+from reservoir.identity import backbone_label, reread, task_label
 from reservoir.progress import log
 from reservoir.results import write_result
 from reservoir.store import feature_splits, file_config, iter_depth, open_features, stored_identity
@@ -75,8 +75,9 @@ def find_features(task: str, backbone: str | None) -> Path:
     return found[0]
 
 
-def check_task(f: h5py.File, identity: dict[str, Any], cfg: FitConfig) -> None:
-    """The file belongs to ``cfg.task`` and ``cfg.backbone`` (when given); IdentityError otherwise."""
+def check_task(f: h5py.File, identity: dict[str, Any], cfg: FitConfig) -> tuple[Any, dict[str, Any]] | None:
+    """The file belongs to ``cfg.task`` and ``cfg.backbone`` (when given); IdentityError otherwise.
+    For a ``file:PATH`` task, returns the task and its data (read to check them), else ``None``."""
     if cfg.task is not None and task_label(cfg.task) != identity["task"]:
         raise IdentityError(f"{f.filename} holds features of task {identity['task']!r}, not {cfg.task!r}; pass the "
                             "feature file of that task, or leave out --task to take it from the file")
@@ -87,11 +88,13 @@ def check_task(f: h5py.File, identity: dict[str, Any], cfg: FitConfig) -> None:
         from reservoir.tasks.userfile import FileTask
 
         task = FileTask(path=cfg.task[5:], **identity["task_options"])
-        data = {s: task.load(s, Path("."), identity["limit"]) for s in identity["splits"]}
-        if data_fingerprint(data) != identity["data"]:
+        data = reread(task, identity, ".")
+        if data is None:
             raise IdentityError(f"{f.filename} was extracted from another file named {Path(cfg.task[5:]).name!r} "
                                 f"(its contents differ from {cfg.task[5:]}); extract this file first, or pass the "
                                 "features of this one")
+        return task, data
+    return None
 
 
 def check_sizes(path: Path, y_train, cfg: FitConfig, has_val: bool) -> None:
@@ -136,7 +139,7 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
     results = []
     with open_features(path) as f:
         identity = stored_identity(f)
-        check_task(f, identity, cfg)
+        checked = check_task(f, identity, cfg)
         depths = select_depths(cfg.depths, identity["depths"], f"in {path}")
         val, tests = split_roles(f, identity["splits"])
         if "train" not in f or not tests:
@@ -170,5 +173,5 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
 
                 data_dir = Path(cfg.data_dir or extract_cfg.get("data_dir") or default_data_dir())
                 results += fit_baselines(identity, f["train"]["features"].shape[-1], cfg, val, tests,
-                                         data_dir=data_dir, progress=progress)
+                                         data_dir=data_dir, loaded=checked, progress=progress)
     return results

@@ -34,6 +34,8 @@ from reservoir.tasks import TaskSpec
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: compiled variable-length batches are padded to a multiple of this many tokens
 WIDTH_MULTIPLE = 64
+#: batches whose time a :class:`FeatureRunner` keeps (the compile decision's measurements)
+TIMED_BATCHES = 64
 
 
 def resolve_device(name: str) -> torch.device:
@@ -230,7 +232,8 @@ class FeatureRunner:
         self.reservoir = freeze(reservoir.float()).eval().to(self.device).to_compute(DTYPES[self.dtype_name])
         self.backbone = self.reservoir.backbone
         self.batch_size = batch_size
-        #: ``(real tokens, seconds, compiled)`` of each CPU batch run, for the compile decision
+        #: ``(real tokens, seconds, compiled)`` of the first :data:`TIMED_BATCHES` CPU batches, for the
+        #: compile decision (:mod:`reservoir.compiling`)
         self.timings: list[tuple[int, float, bool]] = []
         self.forward = CompiledOrEager(self._forward, False)
         if compile:
@@ -296,7 +299,8 @@ class FeatureRunner:
         out = self.forward(*args)[: batch.n]
         if self.device.type != "cuda":
             features = out.cpu().numpy()
-            self.timings.append((int(batch.lengths[: batch.n].sum()), time.perf_counter() - start, self.compiled))
+            if len(self.timings) < TIMED_BATCHES:  # a long-lived runner (the API's) keeps no growing log
+                self.timings.append((int(batch.lengths[: batch.n].sum()), time.perf_counter() - start, self.compiled))
             return features
         host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
         host.copy_(out, non_blocking=True)

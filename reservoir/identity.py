@@ -82,6 +82,13 @@ def data_fingerprint(data: Mapping[str, "SplitData"]) -> dict[str, dict[str, Any
             for split, d in data.items()}
 
 
+def reread(task: "Task", identity: Mapping[str, Any], data_dir: Path | str) -> dict[str, "SplitData"] | None:
+    """The splits behind a recorded identity, read again from ``data_dir`` as recorded (its
+    splits and limit), or ``None`` when they differ from its data digest."""
+    data = {s: task.load(s, Path(data_dir), identity["limit"]) for s in identity["splits"]}
+    return data if data_fingerprint(data) == identity["data"] else None
+
+
 def _config_dict(config: Any) -> dict[str, Any]:
     """A backbone's architecture settings without machine- or version-specific entries."""
     if dataclasses.is_dataclass(config):

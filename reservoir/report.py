@@ -135,7 +135,8 @@ def baselines_for(rows: list[Row], baselines: list[dict[str, Any]], task: str) -
     for b in baselines:
         if b["task"] != task:
             continue
-        heads = {h for d, h in want if d == data_key(b)}
+        data = data_key(b)
+        heads = {h for d, h in want if d == data}
         if want and not heads:
             continue
         if b["head"] == "rule" or not heads or b["head"] in heads:
@@ -174,17 +175,24 @@ class Report:
         self.paper, self.paper_rows = paper, dict(paper_rows or {})
         self.records: list[dict[str, Any]] = []  # the CSV, one line per cell
 
-    def paper_number(self, row: Row, column: str) -> float | None:
-        if self.paper is None:
-            return None
-        name = self.paper_rows.get(f"{row.backbone}:{row.trainable}", self.paper_rows.get(row.backbone))
-        return self.paper.rows.get(name, {}).get(column) if name else None
+    def paper_row(self, row: Row) -> str | None:
+        """The paper's row ``row`` stands for (``--as BACKBONE:GROUPS=ROW``, else ``--as BACKBONE=ROW``)."""
+        return self.paper_rows.get(f"{row.backbone}:{row.trainable}", self.paper_rows.get(row.backbone))
 
-    def record(self, row: Row | None, column: str, **values: Any) -> None:
-        base = {"task": row.task, "setting": row_label(row), "backbone": row.backbone, "mode": row.mode,
-                "head": row.head, "trainable": row.trainable, "input_scale": row.scale, "run": row.run,
-                "n_train/n_test": row.size} if row else {}
-        self.records.append({**base, "column": column, **values})
+    def paper_number(self, row: Row, column: str) -> float | None:
+        name = self.paper_row(row)
+        return self.paper.rows.get(name, {}).get(column) if self.paper is not None and name else None
+
+    def record(self, row: Row, column: str, **values: Any) -> None:
+        self.records.append({"task": row.task, "setting": row_label(row), "backbone": row.backbone, "mode": row.mode,
+                             "head": row.head, "trainable": row.trainable, "input_scale": row.scale, "run": row.run,
+                             "n_train/n_test": row.size, "column": column, **values})
+
+    def record_baseline(self, b: dict[str, Any], task: str, column: str) -> None:
+        self.records.append({"task": task, "setting": f"baseline: {baseline_label(b['baseline'])}",
+                             "backbone": b["backbone"], "mode": "baseline", "head": b["head"],
+                             "n_train/n_test": f"{b['n_train']}/{b['n_test']}", "column": column,
+                             "test": b["test_accuracy"], "val": b["val_accuracy"]})
 
     # ---------------------------------------------------------------- depth layout
     def depth_tables(self) -> str:
@@ -221,9 +229,7 @@ class Report:
             n = f"{b['n_train']}/{b['n_test']}"
             lines.append("| " + " | ".join([label, b["head"], n] + [""] * n_depths + [
                 "", pct(b["test_accuracy"]), ""]) + " |")
-            self.records.append({"task": task, "setting": label, "backbone": b["backbone"], "mode": "baseline",
-                                 "head": b["head"], "n_train/n_test": n, "column": "baseline",
-                                 "test": b["test_accuracy"], "val": b["val_accuracy"]})
+            self.record_baseline(b, task, "baseline")
         return lines
 
     # ---------------------------------------------------------------- task layout
@@ -267,9 +273,7 @@ class Report:
             cells = [f"{pct(by_task[t]['test_accuracy'])} ({by_task[t]['n_train']}/{by_task[t]['n_test']})"
                      if t in by_task else "" for t in tasks]
             for t, b in by_task.items():
-                self.records.append({"task": t, "setting": label, "backbone": b["backbone"], "mode": "baseline",
-                                     "head": b["head"], "n_train/n_test": f"{b['n_train']}/{b['n_test']}",
-                                     "column": t, "test": b["test_accuracy"], "val": b["val_accuracy"]})
+                self.record_baseline(b, t, t)
             lines.append("| " + " | ".join([label, headname] + cells) + " |")
         return "\n".join(lines)
 
@@ -301,7 +305,7 @@ class Report:
                 paper = {}  # each paper row once, at the depths we ran
                 deepest = max(d for r in rows for d in r.by_depth)
                 for r in rows:
-                    name = self.paper_rows.get(f"{r.backbone}:{r.trainable}", self.paper_rows.get(r.backbone))
+                    name = self.paper_row(r)
                     numbers = {int(c): v for c in (self.paper.columns if self.paper else ()) if c.isdigit()
                                and int(c) <= deepest for v in [self.paper_number(r, c)] if v is not None}
                     if numbers:

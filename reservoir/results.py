@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable
 
@@ -37,8 +37,6 @@ REQUIRED = ("task", "backbone", "mode", "depth", "head", "trainable", "test_accu
             "n_train", "n_val", "n_test", "seconds", "seed", "lr", "identity", "identity_hash", "key", "config",
             "version")
 MODES = ("output-only", "end-to-end", "baseline")
-UMASK = os.umask(0o022)
-os.umask(UMASK)  # read once: the permissions a plain open() would give
 
 
 def result_key(result: dict[str, Any]) -> str:
@@ -68,12 +66,13 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
     under the final name (results and training checkpoints are written this way)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    # created exclusively with the permissions a plain open() gives (mkstemp's would be private)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~UMASK)  # mkstemp's file is private; the result is not
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

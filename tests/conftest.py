@@ -29,6 +29,16 @@ def tiny_gpt2(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread (and the machine is shared): ``pytestmark =
+    pytest.mark.usefixtures("one_thread")`` in a module that runs them."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
     """An empty RESERVOIR_HOME so features/ and results/ land in a temp folder."""
     monkeypatch.setenv("RESERVOIR_HOME", str(tmp_path))

