@@ -164,7 +164,10 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     input_scale : the input layer's scale, as ``reservoir extract --input-scale``.
     device : where the backbone runs, as ``reservoir extract --device``.
     dtype : compute dtype, as ``reservoir extract --dtype`` (``"auto"``: bfloat16 where the CPU
-        multiplies it natively, else float32); features are returned as float32.
+        multiplies it natively, else float32; ``"int8"``, or ``"int8-static"`` calibrated on the
+        first rows given to ``fit``); features are returned as float32.
+    engine : ``"torch"``, ``"openvino"`` or ``"auto"`` (OpenVINO on the CPU when installed and the
+        backbone converts), as ``reservoir extract --engine``.
     batch_size : sequences per forward pass (variable-length ones are bucketed by length).
     vocab_size : id vocabulary for integer input (None: largest id seen by ``fit`` + 1).
 
@@ -183,7 +186,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     def __init__(self, backbone: str = default(ExtractConfig, "backbone"), *, depth: int | Sequence[int] | str = -1,
                  seed: int = default(ExtractConfig, "seed"), input_scale: str = default(ExtractConfig, "input_scale"),
                  dtype: str = default(ExtractConfig, "dtype"), device: str = default(ExtractConfig, "device"),
-                 batch_size: int = 32, vocab_size: int | None = None):
+                 batch_size: int = 32, vocab_size: int | None = None, engine: str = default(ExtractConfig, "engine")):
         self.backbone = backbone
         self.depth = depth
         self.seed = seed
@@ -192,6 +195,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         self.device = device
         self.batch_size = batch_size
         self.vocab_size = vocab_size
+        self.engine = engine
 
     def fit(self, X: Any, y: Any = None) -> "ReservoirFeatures":
         from reservoir.forward import FeatureRunner, check_length, resolve_device, resolve_dtype
@@ -209,15 +213,20 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         self.spec_ = TaskSpec("sklearn", kind, seq_len=max(len(r) for r in rows), n_classes=1, token_dim=width,
                               vocab_size=vocab)
         check_length(self.spec_, backbone, self.backbone)
+        calibration = None
+        if dtype == "int8-static":
+            from reservoir.engines import calibration_rows
+
+            first = rows[: calibration_rows(self.spec_.seq_len, len(rows))]
+            calibration = lambda: [tokens for _, tokens in self._batches(first, kind, width)]  # noqa: E731
         self.runner_ = FeatureRunner.build(self.spec_, backbone, self.depths_, seed=self.seed, dtype=dtype,
-                                           input_scale=parse_input_scale(self.input_scale), device=device)
+                                           input_scale=parse_input_scale(self.input_scale), device=device,
+                                           engine=self.engine, calibration=calibration)
         self.n_features_out_ = len(self.depths_) * backbone.d_model
         return self
 
     def transform_depths(self, X: Any) -> np.ndarray:
         """Features ``(N, n_depths, d_model)``, one slice per depth in ``depths_``."""
-        from reservoir.extract import plan_batches
-
         check_is_fitted(self, "runner_")
         rows, kind, width = _sequences(X)
         if kind != self.spec_.token_kind or width != self.spec_.token_dim:
@@ -228,10 +237,18 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
             if top >= self.spec_.vocab_size or min(int(r.min()) for r in rows) < 0:
                 raise UsageError(f"token ids must lie in [0, {self.spec_.vocab_size}); got up to {top}. "
                                  "Set vocab_size to cover every id")
-        lengths = np.array([len(r) for r in rows], dtype=np.int64)
-        if lengths.min() < 1:
+        if min(len(r) for r in rows) < 1:
             raise UsageError("every sequence needs at least one token")
         out = np.empty((len(rows), len(self.depths_), self.runner_.backbone.d_model), dtype=np.float32)
+        for batch, (tokens, lengths) in self._batches(rows, kind, width):
+            out[batch] = self.runner_(tokens, lengths)[:, :, -1]
+        return out
+
+    def _batches(self, rows: list[np.ndarray], kind: str, width: int):
+        """``(row indices, (tokens, lengths))`` of each batch, bucketed by length, zero-padded."""
+        from reservoir.extract import plan_batches
+
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)
         for batch in plan_batches(lengths, self.batch_size, bucket=True):
             seqs = [rows[i] for i in batch]
             if kind == "ids":
@@ -240,8 +257,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
                 tokens = np.zeros((len(seqs), lengths[batch].max(), width), dtype=np.float32)
                 for j, s in enumerate(seqs):
                     tokens[j, : len(s)] = s
-            out[batch] = self.runner_(tokens, lengths[batch])[:, :, -1]
-        return out
+            yield batch, (tokens, lengths[batch])
 
     def transform(self, X: Any) -> np.ndarray:
         """Features ``(N, n_depths * d_model)`` (depth-major)."""

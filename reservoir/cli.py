@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from reservoir import __version__
-from reservoir.config import (DTYPE_CHOICES, HEAD_CHOICES, READOUT_CHOICES, TRAIN_DTYPES, ExtractConfig, FitConfig,
+from reservoir.config import (DTYPE_CHOICES, ENGINE_CHOICES, HEAD_CHOICES, READOUT_CHOICES, TRAIN_DTYPES, ExtractConfig, FitConfig,
                               TrainConfig, default, from_options, parse_depths, parse_input_scale)
 from reservoir.errors import ReservoirError, WriteFailed
 
@@ -202,8 +202,14 @@ def install(settings: Settings, name, source, force) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Examples per forward pass [default: about 16,384 tokens a batch; 32,768 for LSTMs].")
 @click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default=None,
-              help="Backbone compute dtype; auto: bfloat16 where the CPU multiplies bf16 natively, else float32 "
-                   "(features are stored as float32)." + shown(ExtractConfig, "dtype"))
+              help="Backbone compute dtype; auto: bfloat16 where the CPU multiplies bf16 natively, else float32; "
+                   "int8 (int8 weights, activations quantized per token at run time) and int8-static (activation "
+                   "scales calibrated on the first rows) run on OpenVINO. Features are stored as float32."
+                   + shown(ExtractConfig, "dtype"))
+@click.option("--engine", type=click.Choice(ENGINE_CHOICES), default=None,
+              help="What runs the forward: torch, openvino (pip install 'reservoir[openvino]'; CPU), or auto: OpenVINO "
+                   "on the CPU for runs of 20,000+ tokens when installed and the backbone converts, else PyTorch."
+                   + shown(ExtractConfig, "engine"))
 @click.option("--depths", default=None, callback=check_depths,
               help="'all' or comma-separated depths, e.g. 0,3,6 (negative: from the last block)."
                    + shown(ExtractConfig, "depths"))
@@ -227,14 +233,14 @@ def install(settings: Settings, name, source, force) -> None:
               help="Feature file [default: features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5, named by the run's "
                    "identity].")
 @pass_settings
-def extract(settings: Settings, task, backbone, split, limit, seed, input_scale, batch_size, dtype, depths, readout,
+def extract(settings: Settings, task, backbone, split, limit, seed, input_scale, batch_size, dtype, engine, depths, readout,
             compile, device, workers, scheduler, shard_rows, task_opts, data_dir, out) -> None:
     """Stream a task through a frozen backbone into an HDF5 feature file (reused when the same run asks again)."""
     from reservoir.extract import extract as run_extract
 
     cfg = run(from_options, ExtractConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
               split=split, limit=limit, seed=seed, input_scale=input_scale, batch_size=batch_size, dtype=dtype,
-              depths=depths, readout=readout, compile=compile, device=device, workers=workers, scheduler=scheduler,
+              engine=engine, depths=depths, readout=readout, compile=compile, device=device, workers=workers, scheduler=scheduler,
               shard_rows=shard_rows, data_dir=data_dir, out=out)
     click.echo(str(run(run_extract, cfg, progress=not settings.quiet)))
 

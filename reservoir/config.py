@@ -56,7 +56,9 @@ def results_dir(task: str, backbone: str) -> Path:
 
 
 #: choices of the options that take one (the CLI's click.Choice lists come from here)
-DTYPE_CHOICES = ("auto", "float32", "bfloat16")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "int8", "int8-static")
+#: engines that run an extraction (:mod:`reservoir.engines`)
+ENGINE_CHOICES = ("auto", "torch", "openvino")
 READOUT_CHOICES = ("last", "padded")
 HEAD_CHOICES = ("logreg", "ridge", "torch")
 #: named input scales; a positive number is also accepted (:func:`parse_input_scale`)
@@ -196,7 +198,14 @@ class ExtractConfig:
     batch_size : examples per forward pass; ``None``: about 16,384 tokens a batch, more for
         backbones that ask (``reservoir.extract.auto_batch_size``).
     dtype : compute dtype of the backbone: ``"auto"`` is bfloat16 where the CPU multiplies
-        bf16 natively, else float32 (features are stored as float32).
+        bf16 natively, else float32 (features are stored as float32); ``"int8"`` (int8 weights,
+        activations quantized per token at run time) and ``"int8-static"`` (activation scales
+        calibrated on the run's first rows) run on the OpenVINO engine (:mod:`reservoir.engines`).
+    engine : what runs the forward: ``"torch"`` (eager or compiled), ``"openvino"`` (the
+        ``openvino`` extra; CPU only), or ``"auto"``: OpenVINO on the CPU for runs of 20,000+
+        tokens when it is installed and the backbone converts, PyTorch otherwise or when
+        converting fails. Not part of the identity (like ``compile``): both compute the same
+        features, checked against PyTorch float32 on the first batch.
     depths : ``"all"`` or comma-separated depths (negative: from the last block).
     readout : ``"last"`` reads the last real token; ``"padded"`` pads every example to the
         task's length and reads the last position, reproducing the official FPT code.
@@ -226,6 +235,7 @@ class ExtractConfig:
     input_scale: str = "paper"
     batch_size: int | None = None
     dtype: str = "auto"
+    engine: str = "auto"
     depths: str | tuple[int, ...] = "all"
     readout: str = "last"
     compile: bool | None = None
@@ -238,6 +248,7 @@ class ExtractConfig:
 
     def __post_init__(self) -> None:
         _check_choice("extract", "dtype", self.dtype, DTYPE_CHOICES)
+        _check_choice("extract", "engine", self.engine, ENGINE_CHOICES)
         _check_choice("extract", "readout", self.readout, READOUT_CHOICES)
         object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))
         _check_min("extract", "limit", self.limit, 1)

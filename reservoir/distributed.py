@@ -66,6 +66,9 @@ class ShardJob:
     padded: bool
     threads: int  # torch threads on the worker (0: the worker's default)
     batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (rows, tokens, lengths)
+    engine: str = "auto"
+    tokens: int | None = None  # of the whole run (engine="auto" decides by it)
+    calibration: list[tuple[np.ndarray, np.ndarray]] | None = None  # int8-static: (tokens, lengths) batches
 
 
 def shard_path(out: Path, split: str, start: int, stop: int) -> Path:
@@ -125,8 +128,10 @@ def _runner(job: ShardJob):
             reservoir = Reservoir(job.spec, backbone, seed=job.seed, input_scale=job.input_scale)
             reservoir.input_layer.load_state_dict({k: torch.from_numpy(v) for k, v in job.input_layer.items()})
             _RUNNERS.clear()  # one run at a time per worker: free the previous model
+            calibration = job.calibration
             _RUNNERS[key] = FeatureRunner(reservoir, job.depths, job.dtype, job.compile, batch_size=job.batch_size,
-                                          device=device)
+                                          device=device, engine=job.engine, tokens=job.tokens, padded=job.padded,
+                                          calibration=(lambda: calibration) if calibration else None)
         return _RUNNERS[key]
 
 
@@ -226,6 +231,7 @@ def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, prog
     from distributed import as_completed
 
     cfg = run.cfg
+    calibration = run.calibration() if run.dtype == "int8-static" else None  # the same rows for every shard
     client, cluster = _client(cfg.workers, cfg.scheduler)
     try:
         n_workers = cfg.workers or max(1, len(client.scheduler_info().get("workers", {})))
@@ -236,7 +242,8 @@ def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, prog
                            backbone=cfg.backbone, seed=cfg.seed, input_scale=cfg.input_scale, spec=run.task.spec,
                            input_layer=layer, depths=run.depths, dtype=run.dtype, device=str(run.device),
                            compile=compile, batch_size=run.batch_size, padded=run.padded, threads=threads,
-                           batches=[(rows, *run.tokens(split, rows)) for rows in batches])
+                           batches=[(rows, *run.tokens(split, rows)) for rows in batches], engine=cfg.engine,
+                           tokens=run.tokens_total, calibration=calibration)
             future = client.submit(run_shard, job, pure=False, retries=2, key=f"reservoir-shard-{path.name}")
             sizes[future] = stop - start
             return future

@@ -199,6 +199,24 @@ def dtype_reason(run: "Run") -> str:
             else "auto: this CPU has no native bf16 (it would be emulated, far slower)")
 
 
+def engine_reason(run: "Run", engine: str) -> str:
+    """Why the engine is what it is, in words (``extract`` prints it)."""
+    from reservoir.engines import OPENVINO_MIN_TOKENS, openvino_installed
+
+    if run.cfg.engine != "auto":
+        return f"--engine {run.cfg.engine}"
+    if engine == "openvino":
+        return "auto: int8" if run.dtype.startswith("int8") else \
+            f"auto: OpenVINO is installed and {run.tokens_total:,} tokens >= {OPENVINO_MIN_TOKENS:,}"
+    if run.device.type != "cpu":
+        return f"auto on {run.device.type}"
+    if not openvino_installed():
+        return "auto: OpenVINO is not installed (pip install 'reservoir[openvino]')"
+    if not getattr(run.backbone, "openvino", False):
+        return f"auto: {type(run.backbone).__name__} is not checked to convert to OpenVINO"
+    return f"auto: {run.tokens_total:,} tokens < {OPENVINO_MIN_TOKENS:,}, converting would not pay"
+
+
 def should_compile(setting: bool | None, tokens: int, backbone: nn.Module | None = None) -> bool:
     """``True``/``False`` as given; ``None`` (auto) compiles runs of at least :data:`AUTO_COMPILE_TOKENS`
     tokens, unless the backbone says compiling gains nothing (``compilable = False``)."""
@@ -231,6 +249,29 @@ class Run:
         return self.task.spec.variable_length and not self.padded
 
     @property
+    def tokens_total(self) -> int:
+        """Tokens of every row the run extracts (padded rows count in full)."""
+        if self.padded:
+            return sum(len(d) for d in self.data.values()) * self.task.spec.seq_len
+        return int(sum(int(np.sum(d.lengths)) for d in self.data.values()))
+
+    def calibration(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``int8-static``: the calibration batches, ``(tokens, lengths)`` of the first rows of the first split."""
+        from reservoir.engines import CALIBRATION_BATCH
+
+        split, n = self.identity["calibration"]["split"], self.identity["calibration"]["rows"]
+        return [self.tokens(split, np.arange(i, min(i + CALIBRATION_BATCH, n))) for i in range(0, n, CALIBRATION_BATCH)]
+
+    def runner(self, reservoir: Reservoir, compile: bool = False, progress: bool = True,
+               device: torch.device | str | None = None) -> FeatureRunner:
+        """The run's :class:`FeatureRunner` (engine, calibration and messages set up)."""
+        return FeatureRunner(reservoir, self.depths, self.dtype, compile, batch_size=self.batch_size,
+                             device=self.device if device is None else device, engine=self.cfg.engine,
+                             tokens=self.tokens_total, padded=self.padded,
+                             calibration=self.calibration if self.dtype == "int8-static" else None,
+                             log=lambda text: log(text, progress))
+
+    @property
     def feature_shape(self) -> tuple[int, int, int]:
         return (len(self.depths), self.task.spec.n_readout, self.backbone.d_model)
 
@@ -239,9 +280,9 @@ class Run:
         """Bytes of features the run writes (float32, every split)."""
         return sum(len(d) for d in self.data.values()) * int(np.prod(self.feature_shape)) * 4
 
-    def config(self) -> dict[str, Any]:
+    def config(self, engine: str | None = None) -> dict[str, Any]:
         """The file's ``config``: the options and the execution settings actually used."""
-        return {**self.cfg.to_json(), "out": str(self.out), "batch_size": self.batch_size,
+        return {**self.cfg.to_json(), "out": str(self.out), "batch_size": self.batch_size, "engine_used": engine,
                 "device_used": str(self.device), "n_layers": self.backbone.n_layers, "d_model": self.backbone.d_model,
                 "torch": torch.__version__}
 
@@ -286,6 +327,10 @@ class Run:
         key when the run compiles on the CPU (:meth:`record_compile` then remembers its costs)."""
         from reservoir.compiling import decide, read_record
 
+        if runner.engine != "torch":
+            log(f"{runner.engine} engine ({engine_reason(self, runner.engine)}): converted on the first batch, "
+                "no torch.compile", progress)
+            return {}, None
         on_cpu = self.device.type == "cpu" and any(plans.values())
         compilable = getattr(self.backbone, "compilable", True)
         if self.cfg.compile is not None or not compilable or not on_cpu:
@@ -335,9 +380,15 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     depths = select_depths(cfg.depths, range(backbone.n_layers + 1),
                            f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)")
     dtype = resolve_dtype(cfg.dtype, device)
+    calibration = None
+    if dtype == "int8-static":
+        from reservoir.engines import calibration_rows
+
+        first = next(iter(data))
+        calibration = {"split": first, "rows": calibration_rows(task.spec.seq_len, len(data[first]))}
     identity = feature_identity(task_name=cfg.task, task=task, data=data, backbone_name=cfg.backbone,
                                 backbone=backbone, seed=cfg.seed, input_scale=cfg.input_scale, depths=depths,
-                                dtype=dtype, readout=cfg.readout, limit=cfg.limit)
+                                dtype=dtype, readout=cfg.readout, limit=cfg.limit, calibration=calibration)
     out = Path(cfg.out) if cfg.out else features_path_for(identity)
     batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)
     return Run(cfg, task, data, backbone, depths, dtype, device, identity, out, batch_size)
@@ -373,17 +424,18 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
     """Extract in this process into ``run.out`` (``.partial`` until complete; resumable)."""
     task, data, out = run.task, run.data, run.out
     reservoir = Reservoir(task.spec, run.backbone, seed=run.cfg.seed, input_scale=run.cfg.input_scale)
-    writer = FeatureWriter.open(out, run.identity, run.config(), input_layer_tensors(reservoir.input_layer),
-                                nbytes=run.feature_bytes)
+    layer = input_layer_tensors(reservoir.input_layer)
+    runner = run.runner(reservoir, progress=progress)
+    writer = FeatureWriter.open(out, run.identity, run.config(runner.engine), layer, nbytes=run.feature_bytes)
     try:
         plans, done = {}, {}
         for split, d in data.items():
             done[split] = writer.split(split, d.labels, d.lengths, run.feature_shape)
             plans[split] = [rows for _, batches in plan_split(d.lengths, run.batch_size, run.bucket, run.cfg.shard_rows) for rows in batches
                             if not done[split][rows].all()]
-        runner = FeatureRunner(reservoir, run.depths, run.dtype, False, batch_size=run.batch_size, device=run.device)
-        log(f"extracting {task.name} through {run.cfg.backbone} on {run.device}: {run.dtype} ({dtype_reason(run)}), "
-            f"batch {run.batch_size}, depths {run.depths[0]}..{run.depths[-1]} ({len(run.depths)}) -> {out}", progress)
+        log(f"extracting {task.name} through {run.cfg.backbone} on {run.device}: {run.dtype} ({dtype_reason(run)}) on "
+            f"{runner.engine}, batch {run.batch_size}, depths {run.depths[0]}..{run.depths[-1]} ({len(run.depths)}) "
+            f"-> {out}", progress)
 
         def batches(split: str) -> Iterator[tuple[np.ndarray, Batch]]:
             for rows in plans[split]:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from reservoir.backbones import Backbone, freeze
+from reservoir.engines import INT8_DTYPES, OpenVINOForward, resolve_engine
 from reservoir.errors import BackboneError, UsageError
 from reservoir.input_layer import make_input_layer
 from reservoir.tasks import TaskSpec
@@ -69,14 +70,15 @@ def bf16_native() -> bool:
 
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> str:
     """``"auto"`` -> ``"bfloat16"`` where the device multiplies bf16 natively (a CPU with
-    AVX512-BF16 or AMX, a CUDA GPU with bf16 support), else ``"float32"``."""
+    AVX512-BF16 or AMX, a CUDA GPU with bf16 support), else ``"float32"``; the int8 dtypes of
+    the OpenVINO engine (:mod:`reservoir.engines`) as they are."""
     if name == "auto":
         kind = torch.device(device).type
         if kind == "cuda":
             return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
         return "bfloat16" if kind == "cpu" and bf16_native() else "float32"
-    if name not in DTYPES:
-        raise UsageError(f"dtype {name!r} is not supported; choose from {['auto', *DTYPES]}")
+    if name not in DTYPES and name not in INT8_DTYPES:
+        raise UsageError(f"dtype {name!r} is not supported; choose from {['auto', *DTYPES, *INT8_DTYPES]}")
     return name
 
 
@@ -135,6 +137,18 @@ class Reservoir(nn.Module):
             readout = readout_positions(lengths, self.spec.n_readout)
         x = self.dropout(self.input_layer(tokens)).to(self.compute_dtype)
         return self.backbone(x, lengths, depths, readout)
+
+
+class FixedDepths(nn.Module):
+    """``reservoir`` reading ``depths``, features as float32: ``(tokens, lengths, readout) -> (B,
+    n_depths, n_readout, d)``, the module an engine runs."""
+
+    def __init__(self, reservoir: Reservoir, depths: Sequence[int]):
+        super().__init__()
+        self.reservoir, self.depths = reservoir, tuple(depths)
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+        return self.reservoir(tokens, lengths, self.depths, readout).float()
 
 
 class CompiledOrEager:
@@ -210,11 +224,20 @@ class FeatureRunner:
     reservoir : the frozen input layer and backbone (:class:`Reservoir`); its backbone is
         converted to ``dtype`` in place.
     depths : depths to read; only blocks up to the deepest run.
-    dtype : ``"auto"``, ``"bfloat16"`` or ``"float32"`` compute.
-    compile : compile the forward with inductor (weight freezing); eager if that fails.
+    dtype : ``"auto"``, ``"bfloat16"`` or ``"float32"`` compute; ``"int8"`` or ``"int8-static"``
+        on the OpenVINO engine.
+    compile : compile the forward with inductor (weight freezing); eager if that fails (the
+        ``torch`` engine only).
     batch_size : when compiling, smaller batches are padded to this many rows so one graph serves.
     device : where the backbone runs (:func:`resolve_device`); batches are prepared on the CPU
         (pinned for CUDA) and features come back as CPU arrays.
+    engine : ``"torch"``, ``"openvino"`` or ``"auto"`` (:func:`reservoir.engines.resolve_engine`;
+        auto runs PyTorch when OpenVINO cannot convert the model or its check fails).
+    tokens : tokens the run will extract (``engine="auto"`` takes OpenVINO for long runs only).
+    padded : the padded readout (``reservoir extract --readout padded``), for calibration batches.
+    calibration : ``int8-static`` only: returns the calibration batches as ``(tokens, lengths)``.
+    log : where the runner reports (the OpenVINO engine's conversion costs, a fallback);
+        stderr by default.
 
     Examples
     --------
@@ -224,42 +247,69 @@ class FeatureRunner:
     """
 
     def __init__(self, reservoir: Reservoir, depths: Sequence[int], dtype: str, compile: bool = False, *,
-                 batch_size: int | None = None, device: torch.device | str = "cpu"):
+                 batch_size: int | None = None, device: torch.device | str = "cpu", engine: str = "auto",
+                 tokens: int | None = None, padded: bool = False,
+                 calibration: Callable[[], list[tuple[np.ndarray, np.ndarray]]] | None = None,
+                 log: Callable[[str], None] | None = None):
         self.spec, self.depths = reservoir.spec, tuple(depths)
         reservoir.backbone.check_depths(self.depths)
         self.device = torch.device(device)
         self.dtype_name = resolve_dtype(dtype, self.device)
-        self.reservoir = freeze(reservoir.float()).eval().to(self.device).to_compute(DTYPES[self.dtype_name])
+        self.engine = resolve_engine(engine, self.dtype_name, self.device, reservoir.backbone, tokens)
+        #: ``engine="auto"`` runs PyTorch when OpenVINO cannot convert or check (an explicit engine fails)
+        self.falls_back = engine == "auto" and self.dtype_name in DTYPES
+        self.log = log or (lambda text: print(text, file=sys.stderr))
+        self.reservoir = freeze(reservoir.float()).eval().to(self.device)
         self.backbone = self.reservoir.backbone
         self.batch_size = batch_size
         #: ``(real tokens, seconds, compiled)`` of the first :data:`TIMED_BATCHES` CPU batches, for the
         #: compile decision (:mod:`reservoir.compiling`)
         self.timings: list[tuple[int, float, bool]] = []
-        self.forward = CompiledOrEager(self._forward, False)
+        if self.engine == "openvino":
+            batches = None if calibration is None else \
+                (lambda: [tuple(t.numpy() for t in self.prepare(x, n, padded)[:3]) for x, n in calibration()])
+            self.forward = OpenVINOForward(FixedDepths(self.reservoir, self.depths), self.dtype_name,
+                                           torch.get_num_threads(), batches, self.log)
+        else:
+            self._use_torch()
         if compile:
             self.enable_compile()
 
+    def _use_torch(self) -> None:
+        self.reservoir.to_compute(DTYPES[self.dtype_name])
+        self.engine = "torch"
+        self.forward = CompiledOrEager(FixedDepths(self.reservoir, self.depths), False)
+
+    def _call(self, *args: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.forward(*args)
+        except BackboneError as e:  # OpenVINO could not convert or check, on the first batch
+            if not (self.engine == "openvino" and self.falls_back):
+                raise
+            self.log(f"{e}: running PyTorch eager instead")
+            self._use_torch()
+            return self.forward(*args)
+
     def enable_compile(self) -> None:
         """Compile the forward (inductor, weight freezing) from now on; batches prepared after this
-        are padded to the compiled shape. Eager, with a message, if compiling fails."""
-        if not self.compiled:
-            self.forward = CompiledOrEager(self._forward, True, hint=" (pass --no-compile to skip compiling)",
+        are padded to the compiled shape. Eager, with a message, if compiling fails. The OpenVINO
+        engine compiles in its own way and ignores this."""
+        if self.engine == "torch" and not self.compiled:
+            self.forward = CompiledOrEager(self.forward.eager, True, hint=" (pass --no-compile to skip compiling)",
                                            options={"freezing": True})
 
     @classmethod
     def build(cls, spec: TaskSpec, backbone: Backbone, depths: Sequence[int], *, seed: int, dtype: str,
               input_scale: str = "paper", compile: bool = False, batch_size: int | None = None,
-              device: torch.device | str = "cpu") -> "FeatureRunner":
-        """The runner of a seeded :class:`Reservoir` over ``backbone``."""
+              device: torch.device | str = "cpu", **kwargs: Any) -> "FeatureRunner":
+        """The runner of a seeded :class:`Reservoir` over ``backbone`` (``kwargs``: ``engine``,
+        ``tokens``, ``padded``, ``calibration``, ``log``)."""
         return cls(Reservoir(spec, backbone, seed=seed, input_scale=input_scale), depths, dtype, compile,
-                   batch_size=batch_size, device=device)
+                   batch_size=batch_size, device=device, **kwargs)
 
     @property
     def compiled(self) -> bool:
-        return self.forward.compiled
-
-    def _forward(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
-        return self.reservoir(tokens, lengths, self.depths, readout).float()
+        return getattr(self.forward, "compiled", False)
 
     def prepare(self, tokens: np.ndarray, lengths: np.ndarray, padded: bool = False) -> Batch:
         """Model inputs for a batch (thread-safe: runs on the prefetch thread).
@@ -296,7 +346,7 @@ class FeatureRunner:
         result is a :class:`Pending` that the writer thread resolves while the next batch runs."""
         args = [t.to(self.device, non_blocking=True) for t in (batch.tokens, batch.lengths, batch.readout)]
         start = time.perf_counter()
-        out = self.forward(*args)[: batch.n]
+        out = self._call(*args)[: batch.n]
         if self.device.type != "cuda":
             features = out.cpu().numpy()
             if len(self.timings) < TIMED_BATCHES:  # a long-lived runner (the API's) keeps no growing log

@@ -18,10 +18,14 @@ Identity of a feature file (:func:`feature_identity`):
   (before any dtype conversion), so two folders called ``checkpoint-500`` differ and a
   ``-random`` twin built from another seed differs;
 - ``seed`` and ``input_scale`` of the frozen input layer, ``depths``, the compute ``dtype``
-  as resolved on this CPU (``auto`` is never stored), ``readout``, ``limit`` and ``splits``.
+  as resolved on this CPU (``auto`` is never stored), ``readout``, ``limit`` and ``splits``;
+- ``calibration`` (``int8-static`` only): the split and number of first rows whose
+  activations fixed the int8 scales.
 
-Execution settings that do not change what is computed (batch size, compile, progress,
-the output path) are kept in the file's ``config`` but are not part of the identity.
+Execution settings that do not change what is computed (batch size, compile, the engine,
+progress, the output path) are kept in the file's ``config`` but are not part of the
+identity. The OpenVINO engine computes the same features as PyTorch in the same dtype (it
+checks them against PyTorch float32 on every run's first batch), as a compiled graph does.
 """
 
 from __future__ import annotations
@@ -130,8 +134,9 @@ def task_label(name: str) -> str:
 
 def feature_identity(*, task_name: str, task: "Task", data: Mapping[str, "SplitData"], backbone_name: str,
                      backbone: "nn.Module", seed: int, input_scale: str, depths: list[int], dtype: str, readout: str,
-                     limit: int | None) -> dict[str, Any]:
+                     limit: int | None, calibration: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The identity of a feature file (module docstring)."""
+    extra = {"calibration": dict(calibration)} if calibration else {}
     return {
         "format": FEATURE_FORMAT,
         "task": task_label(task_name),
@@ -146,6 +151,7 @@ def feature_identity(*, task_name: str, task: "Task", data: Mapping[str, "SplitD
         "readout": readout,
         "limit": limit,
         "splits": list(data),
+        **extra,
     }
 
 

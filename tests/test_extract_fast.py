@@ -22,10 +22,11 @@ from reservoir.tasks import get_task
 LISTOPS = {"max_len": 200, "n_train": 14, "n_val": 1, "n_test": 1, "min_length": 5, "max_length": 190}
 
 
-def runner_for(task, backbone, dtype="float32", compile=False, batch_size=None, depths=None, seed=0):
+def runner_for(task, backbone, dtype="float32", compile=False, batch_size=None, depths=None, seed=0, engine="torch"):
     bb = load_backbone(str(backbone), seed)
     depths = depths or list(range(bb.n_layers + 1))
-    return FeatureRunner.build(task.spec, bb, depths, seed=seed, dtype=dtype, compile=compile, batch_size=batch_size)
+    return FeatureRunner.build(task.spec, bb, depths, seed=seed, dtype=dtype, compile=compile, batch_size=batch_size,
+                               engine=engine)
 
 
 def digits(n=48):

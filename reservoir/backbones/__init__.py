@@ -48,6 +48,8 @@ class Backbone(nn.Module):
     token_std: float | None = None
     #: compute only the readout rows in the deepest block that runs (families that implement it)
     readout_last_block: bool = True
+    #: checked to convert to OpenVINO with equal features (``engine="auto"`` takes OpenVINO then)
+    openvino: bool = False
 
     def states(self, x: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int],
                readout: torch.Tensor) -> list[torch.Tensor]:

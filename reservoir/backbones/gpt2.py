@@ -23,6 +23,7 @@ class GPT2Backbone(Backbone):
     """A Hugging Face ``GPT2Model`` run block by block (learned positions ``wpe``, final ``ln_f``)."""
 
     family = "gpt2"
+    openvino = True
 
     def __init__(self, model):
         super().__init__()

@@ -39,6 +39,7 @@ class LSTMBackbone(Backbone):
     batch_tokens = 32768
     #: torch.compile cannot capture nn.LSTM (a graph break), so an automatic compile gains nothing
     compilable = False
+    openvino = True
 
     def __init__(self, config: LSTMConfig):
         super().__init__()

@@ -1,0 +1,221 @@
+"""Engines that run the frozen forward: PyTorch (eager or compiled), or OpenVINO.
+
+The forward module is always :class:`reservoir.forward.Reservoir` (input layer, backbone,
+readout). The ``openvino`` engine converts that same module with ``openvino.convert_model``
+(its readout-only deepest block included) and runs it with OpenVINO's CPU plugin:
+
+- ``bfloat16`` / ``float32``: OpenVINO's inference precision set to the dtype (bf16 only
+  where the CPU multiplies it natively, as for PyTorch);
+- ``int8``: int8 weights (``nncf.compress_weights``, symmetric, per output channel) and
+  int8 activations quantized at run time per token in groups of
+  :data:`DYNAMIC_GROUP` values (OpenVINO's dynamic quantization): no calibration, and a row's
+  features never depend on the other rows of its batch;
+- ``int8-static``: weights and activations int8 with scales fixed by calibration
+  (``nncf.quantize``, transformer preset) on the run's first rows of its first split
+  (:func:`calibration_rows`: 256 MNIST images, 16 sequences of 1,024 tokens); faster than dynamic int8, and a row's features depend on those
+  calibration rows (part of the run's identity), never on its batch.
+
+Measured in ``docs/benchmarks.md`` (``benchmarks/extract.py``). OpenVINO is an optional extra
+(``pip install 'reservoir[openvino]'``); ``engine="auto"`` takes it on the CPU when it is
+installed and the backbone has been checked to convert (``Backbone.openvino``), else PyTorch.
+
+After converting, the engine checks its features on the first rows of the first batch
+against PyTorch's eager float32 forward, and stops with an error naming
+``--engine torch`` if they differ by more than :data:`TOLERANCE` (relative, worst depth).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import logging
+import time
+import warnings
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from reservoir.errors import BackboneError, DeviceError, UsageError
+
+ENGINES = ("auto", "torch", "openvino")
+#: dtypes only the OpenVINO engine computes
+INT8_DTYPES = ("int8", "int8-static")
+#: values per dynamic quantization group of the ``int8`` dtype (fastest of 32..768 measured on
+#: GPT-2 small, Zen 4: 64 tokens, 6,746 tokens/s at 128 against 6,333 at 64 and 5,878 at 768)
+DYNAMIC_GROUP = 128
+#: ``int8-static`` calibrates on the first rows of the run's first split: about this many tokens,
+#: at most :data:`CALIBRATION_ROWS` rows, in batches of :data:`CALIBRATION_BATCH` rows
+CALIBRATION_TOKENS, CALIBRATION_ROWS, CALIBRATION_BATCH = 16384, 256, 16
+#: ``engine="auto"`` takes OpenVINO for runs of at least this many tokens: converting GPT-2 small
+#: costs about 3.5 s, repaid after about 15,000 tokens at the measured rates (eager bf16 about
+#: 2,400 tokens/s, OpenVINO bf16 5,300; docs/benchmarks.md); tiny runs stay on PyTorch eager
+OPENVINO_MIN_TOKENS = 20_000
+#: rows of the first batch checked against PyTorch's eager forward after converting
+CHECK_ROWS = 4
+#: largest relative feature error (norm-wise, worst depth) accepted against PyTorch's float32
+#: forward (measured on GPT-2 small: 1e-6 for float32, 0.5% for bf16, 2% to 2.5% for int8)
+TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "int8": 0.15, "int8-static": 0.15}
+INSTALL = "pip install 'reservoir[openvino]'"
+
+
+def openvino_installed() -> bool:
+    return importlib.util.find_spec("openvino") is not None
+
+
+def resolve_engine(name: str, dtype: str, device: torch.device, backbone: Any = None, tokens: int | None = None) -> str:
+    """``auto`` -> ``openvino`` on the CPU when it is installed and either an int8 dtype is asked or
+    the backbone is known to convert (``Backbone.openvino``) and the run has at least
+    :data:`OPENVINO_MIN_TOKENS` tokens (``tokens=None``: a long-lived caller, the API's), else
+    ``torch``. An explicit engine is checked against the device, the dtype and what is installed."""
+    if name not in ENGINES:
+        raise UsageError(f"engine {name!r} is not supported; choose from {list(ENGINES)}")
+    int8 = dtype in INT8_DTYPES
+    if name == "auto":
+        worth = getattr(backbone, "openvino", False) and (tokens is None or tokens >= OPENVINO_MIN_TOKENS)
+        name = "openvino" if device.type == "cpu" and openvino_installed() and (int8 or worth) else "torch"
+    if name == "torch" and int8:
+        why = "" if openvino_installed() else f" ({INSTALL})"
+        raise UsageError(f"--dtype {dtype} runs on the OpenVINO engine only; pass --engine openvino{why}, "
+                         "or choose --dtype auto, float32 or bfloat16")
+    if name == "openvino":
+        if device.type != "cpu":
+            raise DeviceError(f"--engine openvino runs on the CPU, not {device}; use --engine torch on {device}, "
+                              "or --device cpu")
+        if not openvino_installed():
+            raise UsageError(f"--engine openvino (or --dtype {dtype}): OpenVINO is not installed; {INSTALL}, "
+                             "or pass --engine torch" + (" with --dtype auto" if int8 else ""))
+    return name
+
+
+def calibration_rows(seq_len: int, available: int) -> int:
+    """Rows ``int8-static`` calibrates on: about :data:`CALIBRATION_TOKENS` tokens, 8 to
+    :data:`CALIBRATION_ROWS` rows, at most the rows there are."""
+    return min(available, max(8, min(CALIBRATION_ROWS, CALIBRATION_TOKENS // max(seq_len, 1))))
+
+
+class OpenVINOForward:
+    """``(tokens, lengths, readout) -> (B, n_depths, n_readout, d)`` float32 tensor, computed by
+    OpenVINO from :class:`reservoir.forward.Reservoir` (converted at the first call).
+
+    Parameters
+    ----------
+    eager : the float32 PyTorch forward module ``(tokens, lengths, readout) -> features``: what
+        is converted, and the reference of the check.
+    dtype : ``float32``, ``bfloat16``, ``int8`` or ``int8-static``.
+    threads : OpenVINO's inference threads (PyTorch's thread count).
+    calibration : ``int8-static`` only: a callable returning the calibration batches
+        ``[(tokens, lengths, readout), ...]`` as numpy arrays.
+    """
+
+    def __init__(self, eager: torch.nn.Module, dtype: str, threads: int,
+                 calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
+                 log: Callable[[str], None] | None = None):
+        if dtype == "int8-static" and calibration is None:
+            raise UsageError("--dtype int8-static needs calibration rows; this caller gives none "
+                             "(use --dtype int8, whose activations are quantized at run time)")
+        self.eager, self.dtype, self.threads = eager, dtype, threads
+        self.calibration, self.log = calibration, log or (lambda text: None)
+        self.request = None
+        self.seconds: dict[str, float] = {}
+        self.error: float | None = None
+
+    def _convert(self, example: tuple[torch.Tensor, ...]):
+        import openvino as ov
+
+        start = time.perf_counter()
+        try:
+            with _quiet(), torch.no_grad():
+                model = ov.convert_model(self.eager, example_input=tuple(t[:2] for t in example))
+        except Exception as e:  # noqa: BLE001 - named with the way out
+            raise BackboneError(f"OpenVINO could not convert this backbone ({_one_line(e)}); pass --engine torch") from None
+        self.seconds["convert"] = time.perf_counter() - start
+        return model
+
+    def _quantize(self, model):
+        import nncf
+
+        start = time.perf_counter()
+        nncf.set_log_level(logging.ERROR)
+        with _quiet():
+            if self.dtype == "int8":
+                model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM)
+            else:
+                batches = self.calibration()
+                model = nncf.quantize(model, nncf.Dataset(batches, lambda b: {0: b[0], 1: b[1], 2: b[2]}),
+                                      model_type=nncf.ModelType.TRANSFORMER, subset_size=len(batches))
+        self.seconds["quantize"] = time.perf_counter() - start
+        return model
+
+    def _compile(self, model) -> None:
+        import openvino as ov
+
+        props = ov.properties
+        config: dict[Any, Any] = {props.inference_num_threads: self.threads,
+                                  props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
+                                  props.hint.inference_precision: ov.Type.f32 if self.dtype == "float32" else
+                                  ov.Type.bf16 if _bf16_native() else ov.Type.f32}
+        if self.dtype == "int8":
+            config[props.hint.dynamic_quantization_group_size] = DYNAMIC_GROUP
+        start = time.perf_counter()
+        with _quiet():
+            compiled = ov.Core().compile_model(model, "CPU", config)
+        self.seconds["compile"] = time.perf_counter() - start
+        self.request = compiled.create_infer_request()
+
+    def prepare(self, example: tuple[torch.Tensor, ...]) -> None:
+        """Convert, quantize (int8), compile for the CPU and check against PyTorch on ``example``'s
+        first rows; says how long each took."""
+        model = self._convert(example)
+        if self.dtype in INT8_DTYPES:
+            model = self._quantize(model)
+        self._compile(model)
+        rows = tuple(t[:CHECK_ROWS] for t in example)
+        ours = self._infer(rows).numpy()
+        with torch.inference_mode():
+            ref = self.eager(*rows).float().numpy()
+        self.error = relative_error(ours, ref)
+        steps = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
+        self.log(f"openvino: {steps}; features within {self.error:.1e} of PyTorch float32 on {len(ours)} rows")
+        if not self.error <= TOLERANCE[self.dtype]:
+            raise BackboneError(
+                f"the OpenVINO engine's features differ from PyTorch's by {self.error:.2g} (relative, worst depth; "
+                f"at most {TOLERANCE[self.dtype]:g} is accepted for {self.dtype}); pass --engine torch")
+
+    def _infer(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
+        self.request.infer({i: np.ascontiguousarray(t.numpy()) for i, t in enumerate(args)})
+        return torch.from_numpy(self.request.get_output_tensor(0).data.copy())
+
+    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+        if self.request is None:
+            self.prepare((tokens, lengths, readout))
+        return self._infer((tokens, lengths, readout))
+
+
+def relative_error(ours: np.ndarray, ref: np.ndarray) -> float:
+    """Norm-wise relative error of ``(B, n_depths, ...)`` features, worst depth."""
+    ours, ref = ours.reshape(len(ours), ours.shape[1], -1), ref.reshape(len(ref), ref.shape[1], -1)
+    num = np.linalg.norm((ours - ref).transpose(1, 0, 2).reshape(ref.shape[1], -1), axis=1)
+    den = np.linalg.norm(ref.transpose(1, 0, 2).reshape(ref.shape[1], -1), axis=1)
+    return float(np.max(num / np.maximum(den, 1e-30)))
+
+
+def _bf16_native() -> bool:
+    from reservoir.forward import bf16_native
+
+    return bf16_native()
+
+
+def _one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Converter and NNCF chatter (progress bars, tables, warnings) kept off the terminal."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
