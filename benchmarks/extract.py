@@ -21,10 +21,12 @@ state after every block), these rows (``--only`` picks some; :mod:`peers` builds
 - ``ov-float`` / ``ov-int8``: OpenVINO on ``openvino.convert_model`` of the model, float at the
   precision OpenVINO picks (printed), and int8 by NNCF (``nncf.quantize`` on a calibration set
   of the same kind of inputs; ``nncf.compress_weights`` if that fails, as the row then says);
-- ``ours`` / ``ours-int8``: :class:`reservoir.forward.FeatureRunner` with dtype ``auto``
-  (``--dtype``), compiled as an extraction of 50,000 such examples would be (``--compile``),
-  inputs prepared and features copied out to numpy; int8 only where ``reservoir.forward.DTYPES``
-  has it (else "not available");
+- ``ours``: :class:`reservoir.forward.FeatureRunner` as an extraction of 50,000 such examples
+  runs it: dtype ``auto`` (``--dtype``), engine ``auto`` (OpenVINO on the CPU when installed,
+  else PyTorch), inputs prepared and features copied out to numpy; ``ours-torch``: the same on
+  PyTorch, compiled as that extraction would be (``--compile``); ``ours-int8`` and
+  ``ours-int8-static``: dtypes ``int8`` (activations quantized per token at run time) and
+  ``int8-static`` (calibrated on the NNCF peer's calibration rows), on OpenVINO;
 - ``roofline``: the matrix-product rate of the fastest native dtype (``torch.mm`` of two
   2048 x 2048 matrices, as ``benchmarks/matmul.py``: bf16 on AVX512-BF16/AMX, else float32)
   divided by the model's FLOPs per token;
@@ -90,6 +92,10 @@ TOKEN_DIM = 16  # MNIST's 4x4 patches
 MNIST_TRAIN = 60_000
 PACKAGES = ("torch", "transformers", "onnxruntime", "onnx", "openvino", "nncf")
 E2E = "e2e"
+
+
+#: the peers each of our rows is held against
+FLOAT_PEERS, INT8_PEERS = ("hf-compiled", "ort-fp32", "ov-float"), ("ort-int8", "ov-int8")
 
 
 def flops_per_token(n_layer: int, d: int, d_ff: int, seq_len: int, token_dim: int, causal: bool = True) -> float:
@@ -362,6 +368,14 @@ def main(argv: list[str] | None = None) -> int:
         note = r.status or ""
         print(f"| {r.name} | {r.dtype} | {fmt(r.setup_s)} | {fmt(r.rate)} | {fmt(med(per_rep(r, base)), '.2f', 'x')} | "
               f"{fmt(med(per_rep(r, ours)), '.2f', 'x')} | {fmt(100 * med(of_roof(r)), '.0f', '%')} | {err} | {note} |")
+    print()
+    print("the issue's ratios (ours against the best peer of its kind, median of per-repetition ratios):")
+    for mine, peers in (("ours", FLOAT_PEERS), ("ours-int8", INT8_PEERS), ("ours-int8-static", INT8_PEERS)):
+        live = [by_name[n] for n in peers if n in by_name and by_name[n].rates]
+        if mine in by_name and by_name[mine].rates and live:
+            best = max(live, key=lambda r: r.rate)
+            print(f"  {mine} / {best.name} (the fastest of {', '.join(r.name for r in live)}): "
+                  f"{med(per_rep(by_name[mine], best)):.2f}x")
     print()
     print("per-repetition ratios (x official; x ours; fraction of roofline):")
     for r in results:

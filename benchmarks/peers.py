@@ -367,35 +367,52 @@ def ov_int8(s: Setup) -> Built:
                  s.batch)
 
 
-def ours_runner(s: Setup, dtype: str) -> FeatureRunner:
+def ours_runner(s: Setup, dtype: str, engine: str) -> FeatureRunner:
     from reservoir.backbones.gpt2 import random_gpt2
     from reservoir.extract import should_compile
 
     backbone = random_gpt2(s.seed, **s.shape)  # = load_backbone("gpt2-random", seed) at the GPT-2-small shape
     depths = list(range(s.shape["n_layer"] + 1))
-    compile = should_compile(s.ours_compile, 50_000 * s.seq_len)  # as an extraction of 50,000 such examples would
+    tokens = 50_000 * s.seq_len  # as an extraction of 50,000 such examples would decide
+    compile = should_compile(s.ours_compile, tokens)
+    calibration = [(x, np.full(len(x), s.seq_len)) for x in s.calibration]  # the NNCF peer's calibration rows
     return FeatureRunner.build(s.spec, backbone, depths, seed=s.seed, dtype=dtype, compile=compile,
-                               batch_size=s.batch, device=s.device)
+                               batch_size=s.batch, device=s.device, engine=engine, tokens=tokens,
+                               calibration=(lambda: calibration) if dtype == "int8-static" else None,
+                               log=lambda text: print(text, file=sys.stderr))
 
 
-def ours_built(s: Setup, dtype: str) -> Built:
-    runner = ours_runner(s, dtype)
+def ours_built(s: Setup, dtype: str, engine: str = "auto") -> Built:
+    runner = ours_runner(s, dtype, engine)
     tokens, lengths = s.timed, np.full(s.batch, s.seq_len, dtype=np.int64)
 
     def run():
         return runner(tokens, lengths)[:, :, 0]
+    how = ("compiled" if runner.compiled else "eager") if runner.engine == "torch" else "OpenVINO CPU plugin"
     return Built(run, runner.dtype_name,
-                 f"reservoir.forward.FeatureRunner(dtype={dtype!r} -> {runner.dtype_name}, compiled="
-                 f"{runner.compiled}, batch {s.batch}): prepare, forward, features copied out to numpy", s.batch)
+                 f"reservoir.forward.FeatureRunner(dtype={dtype!r} -> {runner.dtype_name}, engine={engine!r} -> "
+                 f"{runner.engine}, {how}, batch {s.batch}): prepare, forward, features copied out to numpy", s.batch)
 
 
-@row("ours", "reservoir.forward.FeatureRunner, float (dtype auto), compiled as an extraction would be")
+@row("ours", "reservoir.forward.FeatureRunner as an extraction runs it: dtype auto, engine auto (OpenVINO where "
+             "installed on the CPU, else PyTorch compiled)")
 def ours(s: Setup) -> Built:
     return ours_built(s, s.ours_dtype)
 
 
-@row("ours-int8", "reservoir.forward.FeatureRunner, int8 (when reservoir.forward.DTYPES has it)")
+@row("ours-torch", "reservoir.forward.FeatureRunner on PyTorch (engine torch), dtype auto, compiled as an "
+                   "extraction of 50,000 such examples would be")
+def ours_torch(s: Setup) -> Built:
+    return ours_built(s, s.ours_dtype, "torch")
+
+
+@row("ours-int8", "reservoir.forward.FeatureRunner, dtype int8: int8 weights, activations quantized per token "
+                  "at run time (OpenVINO)", cpu_only=True)
 def ours_int8(s: Setup) -> Built:
-    if "int8" not in DTYPES:
-        raise Unavailable(f"not available (reservoir.forward.DTYPES has {sorted(DTYPES)}, no int8)")
     return ours_built(s, "int8")
+
+
+@row("ours-int8-static", "reservoir.forward.FeatureRunner, dtype int8-static: scales calibrated on the NNCF "
+                         "peer's calibration rows (OpenVINO)", cpu_only=True)
+def ours_int8_static(s: Setup) -> Built:
+    return ours_built(s, "int8-static")

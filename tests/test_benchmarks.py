@@ -63,13 +63,17 @@ def test_smoke_official_ours_and_onnxruntime():
 @pytest.mark.slow  # real inductor compiles, an ONNX export, OpenVINO conversion and NNCF calibration: about a minute
 def test_every_row():
     r = run(*SMOKE)
-    found = check(r, ["official", "hf-compiled", "ort-fp32", "ort-int8", "ov-float", "ov-int8", "ours", "ours-int8"])
+    found = check(r, ["official", "hf-compiled", "ort-fp32", "ort-int8", "ov-float", "ov-int8", "ours", "ours-torch",
+                      "ours-int8", "ours-int8-static"])
     for name, cells in found.items():
         note = cells[8]
         # each row is measured, or says why not: never a failure of the benchmark itself
         assert re.fullmatch(r"\d+", cells[3]) or note.startswith(("not installed", "not available")), cells
     if installed("openvino"):
         assert "OpenVINO's choice" in found["ov-float"][1]
+        for name in ("ours-int8", "ours-int8-static"):  # measured, and within 10% of float32
+            assert re.fullmatch(r"\d+", found[name][3]) and float(found[name][7]) < 0.1, found[name]
+        assert re.search(r"^  ours-int8-static / \S+ \(the fastest of ort-int8, ov-int8\): \d+\.\d\dx$", r.stdout, re.M)
 
 
 def test_usage_errors():

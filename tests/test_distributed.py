@@ -160,3 +160,18 @@ def test_a_shard_of_another_run_is_refused_and_a_missing_shard_is_named(cli, hom
     # delete the joined file and rerun: only the missing shard is computed again
     out.unlink()
     assert extract(cli, tiny_gpt2, out, "--workers", "1").exit_code == 0 and shard.exists()
+
+
+def test_int8_static_shards_calibrate_on_the_same_rows_as_one_process(cli, home, tiny_gpt2, monkeypatch):
+    """Every worker quantizes with the run's calibration rows (the first rows of its first split),
+    not its own shard's, so a sharded int8-static run equals a single process."""
+    pytest.importorskip("openvino")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    one, sharded = home / "one.h5", home / "sharded.h5"
+    assert extract(cli, tiny_gpt2, one, "--dtype", "int8-static").exit_code == 0
+    r = extract(cli, tiny_gpt2, sharded, "--dtype", "int8-static", "--workers", "2")
+    assert r.exit_code == 0, r.output
+    with h5py.File(one) as fa, h5py.File(sharded) as fb:
+        assert fa.attrs["identity"] == fb.attrs["identity"]
+        for s in ("train", "test"):
+            np.testing.assert_allclose(fa[s]["features"][:], fb[s]["features"][:], rtol=1e-5, atol=1e-6)

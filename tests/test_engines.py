@@ -1,0 +1,182 @@
+"""The OpenVINO engine computes the features PyTorch computes; int8 stays close and row-independent;
+every way it can fail says what to do, and ``engine="auto"`` falls back to PyTorch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from reservoir import engines
+from reservoir.backbones import load_backbone
+from reservoir.errors import BackboneError, DeviceError, UsageError
+from reservoir.forward import FeatureRunner
+from reservoir.tasks import get_task
+
+pytest.importorskip("openvino")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LISTOPS = {"max_len": 120, "n_train": 12, "n_val": 1, "n_test": 1, "min_length": 5, "max_length": 110}
+#: a fast run: 24 digits per split through the 2-block, 32-wide GPT-2
+BASE = ("--limit", "24", "--batch-size", "8")
+
+
+def runner(task, backbone: str, engine: str, dtype: str = "float32", **kwargs) -> FeatureRunner:
+    bb = load_backbone(backbone, 0)
+    return FeatureRunner.build(task.spec, bb, list(range(bb.n_layers + 1)), seed=0, dtype=dtype, engine=engine,
+                               log=lambda text: None, **kwargs)
+
+
+def batches(task, n: int = 12):
+    """Two batches of different widths (variable-length tasks) from the task's training rows."""
+    d = task.load("train", ".", None)
+    tokens, lengths = task.encode(d.inputs[:n]), d.lengths[:n]
+    short = np.argsort(lengths)[: n // 2]
+    return [(tokens, lengths), (tokens[short][:, : int(lengths[short].max())], lengths[short])]
+
+
+@pytest.mark.parametrize("task_name", ["listops", "bit_xor"])
+def test_openvino_float32_equals_pytorch(tiny_gpt2, task_name):
+    task = get_task(task_name, **(LISTOPS if task_name == "listops" else {}))
+    ov, pt = runner(task, str(tiny_gpt2), "openvino"), runner(task, str(tiny_gpt2), "torch")
+    assert (ov.engine, pt.engine) == ("openvino", "torch")
+    for tokens, lengths in batches(task):  # a second shape reuses the converted model
+        np.testing.assert_allclose(ov(tokens, lengths), pt(tokens, lengths), rtol=1e-4, atol=1e-5)
+
+
+def test_openvino_converts_an_lstm_with_equal_features():
+    task = get_task("listops", **LISTOPS)
+    ov, pt = runner(task, "lstm", "openvino"), runner(task, "lstm", "torch")
+    for tokens, lengths in batches(task, 6):
+        np.testing.assert_allclose(ov(tokens, lengths), pt(tokens, lengths), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int8-static"])
+def test_int8_is_close_to_float32_and_a_row_never_depends_on_its_batch(tiny_gpt2, dtype):
+    task = get_task("listops", **LISTOPS)
+    (tokens, lengths), _ = batches(task)
+    calibration = (lambda: [(tokens[:4], lengths[:4])]) if dtype == "int8-static" else None
+    q = runner(task, str(tiny_gpt2), "auto", dtype, calibration=calibration)
+    assert q.engine == "openvino"  # int8 exists on OpenVINO only: auto takes it
+    ref = runner(task, str(tiny_gpt2), "torch")(tokens, lengths)
+    together = q(tokens, lengths)
+    assert engines.relative_error(together, ref) < 0.1
+    assert not np.array_equal(together, ref)  # it is quantized
+    alone = np.concatenate([q(tokens[i:i + 1, : lengths[i]], lengths[i:i + 1]) for i in range(len(tokens))])
+    np.testing.assert_allclose(alone, together, rtol=1e-5, atol=1e-6)
+
+
+def test_int8_static_without_calibration_rows_is_refused(tiny_gpt2):
+    with pytest.raises(UsageError, match="int8-static needs calibration rows"):
+        runner(get_task("bit_xor"), str(tiny_gpt2), "openvino", "int8-static")
+
+
+def test_engine_choice_follows_device_install_and_size(monkeypatch, tiny_gpt2):
+    cpu, bb = torch.device("cpu"), load_backbone(str(tiny_gpt2), 0)
+    assert engines.resolve_engine("auto", "bfloat16", cpu, bb, tokens=engines.OPENVINO_MIN_TOKENS) == "openvino"
+    assert engines.resolve_engine("auto", "bfloat16", cpu, bb, tokens=engines.OPENVINO_MIN_TOKENS - 1) == "torch"
+    assert engines.resolve_engine("auto", "int8", cpu, bb, tokens=10) == "openvino"
+    assert engines.resolve_engine("auto", "float32", torch.device("cuda"), bb) == "torch"
+    with pytest.raises(DeviceError, match="--engine openvino runs on the CPU, not cuda"):
+        engines.resolve_engine("openvino", "float32", torch.device("cuda"), bb)
+    with pytest.raises(UsageError, match="--dtype int8 runs on the OpenVINO engine only; pass --engine openvino"):
+        engines.resolve_engine("torch", "int8", cpu, bb)
+    monkeypatch.setattr(engines, "openvino_installed", lambda: False)
+    assert engines.resolve_engine("auto", "float32", cpu, bb) == "torch"
+    with pytest.raises(UsageError, match=r"OpenVINO is not installed; pip install 'reservoir\[openvino\]'"):
+        engines.resolve_engine("openvino", "float32", cpu, bb)
+
+
+# -- through the command line -----------------------------------------------------------------
+
+@pytest.fixture
+def extract(cli, tiny_gpt2):
+    """``extract(*args)`` -> (click result, path printed on stdout or None)."""
+
+    def run(*args: str):
+        r = cli("extract", "--task", "digits", "--backbone", str(tiny_gpt2), *BASE, *args)
+        return r, (Path(r.stdout.strip().splitlines()[-1]) if r.exit_code == 0 else None)
+
+    return run
+
+
+def read(path: Path) -> tuple[dict, dict, np.ndarray]:
+    with h5py.File(path, "r") as f:
+        return json.loads(f.attrs["identity"]), json.loads(f.attrs["config"]), f["test"]["features"][:]
+
+
+def test_int8_dtypes_name_their_file_and_static_records_its_calibration(extract, home):
+    r, path = extract("--dtype", "int8")
+    assert r.exit_code == 0, r.output
+    identity, config, _ = read(path)
+    assert path.name.startswith("int8-seed0-") and identity["dtype"] == "int8" and "calibration" not in identity
+    assert config["engine_used"] == "openvino" and "openvino engine (auto: int8)" in r.stderr
+    r, path = extract("--dtype", "int8-static")
+    assert r.exit_code == 0, r.output
+    identity, _, _ = read(path)
+    assert path.name.startswith("int8-static-seed0-") and identity["calibration"] == {"split": "train", "rows": 24}
+    r, again = extract("--dtype", "int8-static")
+    assert again == path and "reusing" in r.stderr
+
+
+def test_the_engine_is_not_part_of_the_identity(extract, home):
+    r, path = extract("--dtype", "float32", "--engine", "torch")
+    assert r.exit_code == 0
+    r, again = extract("--dtype", "float32", "--engine", "openvino")
+    assert again == path and "reusing" in r.stderr  # the same features: the engines agree (tests above)
+
+
+def test_a_bad_engine_or_an_int8_dtype_on_pytorch_is_refused(extract, home):
+    r, _ = extract("--engine", "onnx")
+    assert r.exit_code == 2 and "'onnx' is not one of 'auto', 'torch', 'openvino'" in r.output
+    r, _ = extract("--dtype", "int8", "--engine", "torch")
+    assert r.exit_code == 1 and "--dtype int8 runs on the OpenVINO engine only; pass --engine openvino" in r.output
+    assert "Traceback" not in r.output and not list((home / "features").rglob("*.h5*"))
+
+
+def failing_conversion(monkeypatch):
+    def fail(self, example):
+        raise BackboneError("OpenVINO could not convert this backbone (OpConversionFailure: aten::x); "
+                            "pass --engine torch")
+    monkeypatch.setattr(engines.OpenVINOForward, "prepare", fail)
+
+
+def test_auto_falls_back_to_pytorch_when_openvino_cannot_convert(extract, home, monkeypatch):
+    r, expected = extract("--dtype", "float32", "--engine", "torch", "--out", str(home / "torch.h5"))
+    monkeypatch.setattr(engines, "OPENVINO_MIN_TOKENS", 0)  # this tiny run takes OpenVINO under auto
+    failing_conversion(monkeypatch)
+    r, path = extract("--dtype", "float32")
+    assert r.exit_code == 0, r.output
+    assert "on openvino" in r.stderr and "could not convert" in r.stderr and "running PyTorch eager instead" in r.stderr
+    np.testing.assert_array_equal(read(path)[2], read(expected)[2])
+
+
+def test_an_explicit_engine_that_fails_stops_with_the_fix_and_no_complete_file(extract, home, monkeypatch):
+    failing_conversion(monkeypatch)
+    r, _ = extract("--engine", "openvino")
+    assert r.exit_code == 1 and "could not convert this backbone" in r.output and "pass --engine torch" in r.output
+    assert "Traceback" not in r.output and not list((home / "features").rglob("*.h5"))
+
+
+def test_features_that_disagree_with_pytorch_stop_the_run(extract, home, monkeypatch):
+    monkeypatch.setitem(engines.TOLERANCE, "bfloat16", -1.0)  # any difference is too large
+    r, _ = extract("--dtype", "bfloat16", "--engine", "openvino")
+    assert r.exit_code == 1 and "features differ from PyTorch's by" in r.output and "pass --engine torch" in r.output
+    assert not list((home / "features").rglob("*.h5"))
+
+
+def test_the_sklearn_transformer_runs_on_openvino(tiny_gpt2):
+    from reservoir.api import ReservoirFeatures
+
+    rng = np.random.default_rng(0)
+    X = rng.random((20, 7, 3)).astype(np.float32)
+    pt = ReservoirFeatures(str(tiny_gpt2), depth="all", dtype="float32", engine="torch").fit(X).transform(X)
+    ov = ReservoirFeatures(str(tiny_gpt2), depth="all", dtype="float32", engine="openvino").fit(X)
+    assert ov.runner_.engine == "openvino"
+    np.testing.assert_allclose(ov.transform(X), pt, rtol=1e-4, atol=1e-5)
+    static = ReservoirFeatures(str(tiny_gpt2), depth="all", dtype="int8-static").fit(X)  # calibrated on X's rows
+    assert engines.relative_error(static.transform_depths(X), pt.reshape(20, 3, -1)) < 0.1
