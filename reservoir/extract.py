@@ -6,6 +6,9 @@ CPUs (measured in ``docs/benchmarks.md``, ``make bench``):
 
 - bf16 compute where the CPU multiplies bf16 natively (``dtype="auto"``; float32 on
   request); the input layer stays float32 and features are stored as float32;
+- on the CPU, runs of 20,000+ tokens go to OpenVINO when it is installed and the backbone
+  converts (``engine="auto"``, :mod:`reservoir.engines`: 1.4 times the compiled PyTorch path
+  on GPT-2 small); otherwise PyTorch runs, as below;
 - the forward (input layer, backbone, readout) compiled by inductor with weight freezing
   (oneDNN-packed weights), falling back to eager, with a message, when compilation fails;
   ``compile=None`` compiles when the measured costs say it is repaid

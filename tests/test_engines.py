@@ -67,7 +67,9 @@ def test_int8_is_close_to_float32_and_a_row_never_depends_on_its_batch(tiny_gpt2
     assert engines.relative_error(together, ref) < 0.1
     assert not np.array_equal(together, ref)  # it is quantized
     alone = np.concatenate([q(tokens[i:i + 1, : lengths[i]], lengths[i:i + 1]) for i in range(len(tokens))])
-    np.testing.assert_allclose(alone, together, rtol=1e-5, atol=1e-6)
+    # per-tensor scales would move a row by about the quantization error (2 to 3%); per-token and
+    # static scales leave only rounding from other kernel shapes (bf16 between the int8 products)
+    assert engines.relative_error(alone, together) < 0.1 * engines.relative_error(together, ref)
 
 
 def test_int8_static_without_calibration_rows_is_refused(tiny_gpt2):
