@@ -33,6 +33,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reservoir.backbones import seeded  # noqa: E402
+from reservoir.engines import one_line  # noqa: E402,F401  (also used by extract.py)
 from reservoir.forward import DTYPES, FeatureRunner, resolve_dtype  # noqa: E402
 from reservoir.input_layer import make_input_layer  # noqa: E402
 from reservoir.tasks import TaskSpec  # noqa: E402
@@ -211,11 +212,6 @@ class Setup:
             except Exception as e:  # noqa: BLE001 - try the other exporter
                 errors.append(one_line(e))
         raise RuntimeError("both ONNX exporters failed: " + " | ".join(errors))
-
-
-def one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:240]
 
 
 # -- the rows, in table order ----------------------------------------------------------------

@@ -69,20 +69,24 @@ def openvino_installed() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
-def resolve_engine(name: str, dtype: str, device: torch.device, backbone: Any = None, tokens: int | None = None) -> str:
-    """``auto`` -> ``openvino`` on the CPU when it is installed and either an int8 dtype is asked or
-    the backbone is known to convert (``Backbone.openvino``) and the run has at least
-    :data:`OPENVINO_MIN_TOKENS` tokens (``tokens=None``: a long-lived caller, the API's), else
+def choose_engine(name: str, dtype: str, device: torch.device, backbone: Any = None,
+                  tokens: int | None = None) -> tuple[str, str]:
+    """``(engine, why)``. ``auto`` -> ``openvino`` on the CPU when it is installed and either an int8
+    dtype is asked or the backbone is known to convert (``Backbone.openvino``) and the run has at
+    least :data:`OPENVINO_MIN_TOKENS` tokens (``tokens=None``: a long-lived caller, the API's), else
     ``torch``. An explicit engine is checked against the device, the dtype and what is installed."""
     if name not in ENGINES:
         raise UsageError(f"engine {name!r} is not supported; choose from {list(ENGINES)}")
     int8 = dtype in INT8_DTYPES
+    why = f"--engine {name}"
     if name == "auto":
-        worth = getattr(backbone, "openvino", False) and (tokens is None or tokens >= OPENVINO_MIN_TOKENS)
-        name = "openvino" if device.type == "cpu" and openvino_installed() and (int8 or worth) else "torch"
+        name, why = "torch", _why_not_openvino(device, backbone, tokens)
+        if why is None or (int8 and device.type == "cpu" and openvino_installed()):
+            name, why = "openvino", "auto: int8" if int8 else "auto: OpenVINO is installed" + (
+                "" if tokens is None else f" and {tokens:,} tokens >= {OPENVINO_MIN_TOKENS:,}")
     if name == "torch" and int8:
-        why = "" if openvino_installed() else f" ({INSTALL})"
-        raise UsageError(f"--dtype {dtype} runs on the OpenVINO engine only; pass --engine openvino{why}, "
+        hint = "" if openvino_installed() else f" ({INSTALL})"
+        raise UsageError(f"--dtype {dtype} runs on the OpenVINO engine only; pass --engine openvino{hint}, "
                          "or choose --dtype auto, float32 or bfloat16")
     if name == "openvino":
         if device.type != "cpu":
@@ -91,7 +95,25 @@ def resolve_engine(name: str, dtype: str, device: torch.device, backbone: Any = 
         if not openvino_installed():
             raise UsageError(f"--engine openvino (or --dtype {dtype}): OpenVINO is not installed; {INSTALL}, "
                              "or pass --engine torch" + (" with --dtype auto" if int8 else ""))
-    return name
+    return name, why
+
+
+def _why_not_openvino(device: torch.device, backbone: Any, tokens: int | None) -> str | None:
+    """Why ``auto`` would not take OpenVINO for a float dtype, or ``None`` when it would."""
+    if device.type != "cpu":
+        return f"auto on {device.type}"
+    if not openvino_installed():
+        return f"auto: OpenVINO is not installed ({INSTALL})"
+    if not getattr(backbone, "openvino", False):
+        return f"auto: {type(backbone).__name__} is not checked to convert to OpenVINO"
+    if tokens is not None and tokens < OPENVINO_MIN_TOKENS:
+        return f"auto: {tokens:,} tokens < {OPENVINO_MIN_TOKENS:,}, converting would not pay"
+    return None
+
+
+def resolve_engine(name: str, dtype: str, device: torch.device, backbone: Any = None, tokens: int | None = None) -> str:
+    """The engine :func:`choose_engine` chooses."""
+    return choose_engine(name, dtype, device, backbone, tokens)[0]
 
 
 def calibration_rows(seq_len: int, available: int) -> int:
@@ -134,7 +156,7 @@ class OpenVINOForward:
             with _quiet(), torch.no_grad():
                 model = ov.convert_model(self.eager, example_input=example)
         except Exception as e:  # noqa: BLE001 - named with the way out
-            raise BackboneError(f"OpenVINO could not convert this backbone ({_one_line(e)}); pass --engine torch") from None
+            raise BackboneError(f"OpenVINO could not convert this backbone ({one_line(e)}); pass --engine torch") from None
         self.seconds["convert"] = self.seconds.get("convert", 0.0) + time.perf_counter() - start
         return model
 
@@ -230,9 +252,10 @@ def _bf16_native() -> bool:
     return bf16_native()
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
+    """An exception as ``Type: first line`` (at most 240 characters)."""
     lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:200]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:240]
 
 
 @contextlib.contextmanager

@@ -202,24 +202,6 @@ def dtype_reason(run: "Run") -> str:
             else "auto: this CPU has no native bf16 (it would be emulated, far slower)")
 
 
-def engine_reason(run: "Run", engine: str) -> str:
-    """Why the engine is what it is, in words (``extract`` prints it)."""
-    from reservoir.engines import OPENVINO_MIN_TOKENS, openvino_installed
-
-    if run.cfg.engine != "auto":
-        return f"--engine {run.cfg.engine}"
-    if engine == "openvino":
-        return "auto: int8" if run.dtype.startswith("int8") else \
-            f"auto: OpenVINO is installed and {run.tokens_total:,} tokens >= {OPENVINO_MIN_TOKENS:,}"
-    if run.device.type != "cpu":
-        return f"auto on {run.device.type}"
-    if not openvino_installed():
-        return "auto: OpenVINO is not installed (pip install 'reservoir[openvino]')"
-    if not getattr(run.backbone, "openvino", False):
-        return f"auto: {type(run.backbone).__name__} is not checked to convert to OpenVINO"
-    return f"auto: {run.tokens_total:,} tokens < {OPENVINO_MIN_TOKENS:,}, converting would not pay"
-
-
 def should_compile(setting: bool | None, tokens: int, backbone: nn.Module | None = None) -> bool:
     """``True``/``False`` as given; ``None`` (auto) compiles runs of at least :data:`AUTO_COMPILE_TOKENS`
     tokens, unless the backbone says compiling gains nothing (``compilable = False``)."""
@@ -265,11 +247,10 @@ class Run:
         split, n = self.identity["calibration"]["split"], self.identity["calibration"]["rows"]
         return [self.tokens(split, np.arange(i, min(i + CALIBRATION_BATCH, n))) for i in range(0, n, CALIBRATION_BATCH)]
 
-    def runner(self, reservoir: Reservoir, compile: bool = False, progress: bool = True,
-               device: torch.device | str | None = None) -> FeatureRunner:
-        """The run's :class:`FeatureRunner` (engine, calibration and messages set up)."""
-        return FeatureRunner(reservoir, self.depths, self.dtype, compile, batch_size=self.batch_size,
-                             device=self.device if device is None else device, engine=self.cfg.engine,
+    def runner(self, reservoir: Reservoir, progress: bool = True) -> FeatureRunner:
+        """The run's :class:`FeatureRunner` (engine, calibration and messages set up; not compiled yet)."""
+        return FeatureRunner(reservoir, self.depths, self.dtype, batch_size=self.batch_size,
+                             device=self.device, engine=self.cfg.engine,
                              tokens=self.tokens_total, padded=self.padded,
                              calibration=self.calibration if self.dtype == "int8-static" else None,
                              log=lambda text: log(text, progress))
@@ -331,7 +312,7 @@ class Run:
         from reservoir.compiling import decide, read_record
 
         if runner.engine != "torch":
-            log(f"{runner.engine} engine ({engine_reason(self, runner.engine)}): converted on the first batch, "
+            log(f"{runner.engine} engine ({runner.engine_reason}): converted on the first batch, "
                 "no torch.compile", progress)
             return {}, None
         on_cpu = self.device.type == "cpu" and any(plans.values())

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from reservoir.backbones import Backbone, freeze
-from reservoir.engines import INT8_DTYPES, OpenVINOForward, resolve_engine
+from reservoir.engines import INT8_DTYPES, OpenVINOForward, choose_engine
 from reservoir.errors import BackboneError, UsageError
 from reservoir.input_layer import make_input_layer
 from reservoir.tasks import TaskSpec
@@ -231,7 +231,7 @@ class FeatureRunner:
     batch_size : when compiling, smaller batches are padded to this many rows so one graph serves.
     device : where the backbone runs (:func:`resolve_device`); batches are prepared on the CPU
         (pinned for CUDA) and features come back as CPU arrays.
-    engine : ``"torch"``, ``"openvino"`` or ``"auto"`` (:func:`reservoir.engines.resolve_engine`;
+    engine : ``"torch"``, ``"openvino"`` or ``"auto"`` (:func:`reservoir.engines.choose_engine`;
         auto runs PyTorch when OpenVINO cannot convert the model or its check fails).
     tokens : tokens the run will extract (``engine="auto"`` takes OpenVINO for long runs only).
     padded : the padded readout (``reservoir extract --readout padded``), for calibration batches.
@@ -255,7 +255,8 @@ class FeatureRunner:
         reservoir.backbone.check_depths(self.depths)
         self.device = torch.device(device)
         self.dtype_name = resolve_dtype(dtype, self.device)
-        self.engine = resolve_engine(engine, self.dtype_name, self.device, reservoir.backbone, tokens)
+        self.engine, self.engine_reason = choose_engine(engine, self.dtype_name, self.device, reservoir.backbone,
+                                                        tokens)
         #: ``engine="auto"`` runs PyTorch when OpenVINO cannot convert or check (an explicit engine fails)
         self.falls_back = engine == "auto" and self.dtype_name in DTYPES
         self.log = log or (lambda text: print(text, file=sys.stderr))
@@ -288,6 +289,7 @@ class FeatureRunner:
                 raise
             self.log(f"{e}: running PyTorch eager instead")
             self._use_torch()
+            self.engine_reason = f"auto: OpenVINO failed ({e})"
             return self.forward(*args)
 
     def enable_compile(self) -> None:
