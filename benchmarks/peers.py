@@ -374,7 +374,7 @@ def ours_runner(s: Setup, dtype: str, engine: str) -> FeatureRunner:
     calibration = [(x, np.full(len(x), s.seq_len)) for x in s.calibration]  # the NNCF peer's calibration rows
     return FeatureRunner.build(s.spec, backbone, depths, seed=s.seed, dtype=dtype, compile=compile,
                                batch_size=s.batch, device=s.device, engine=engine, tokens=tokens,
-                               calibration=(lambda: calibration) if dtype == "int8-static" else None,
+                               calibration=(lambda: calibration) if dtype.startswith("int8") else None,
                                log=lambda text: print(text, file=sys.stderr))
 
 
@@ -402,13 +402,14 @@ def ours_torch(s: Setup) -> Built:
     return ours_built(s, s.ours_dtype, "torch")
 
 
-@row("ours-int8", "reservoir.forward.FeatureRunner, dtype int8: int8 weights, activations quantized per token "
-                  "at run time (OpenVINO)", cpu_only=True)
+@row("ours-int8", "reservoir.forward.FeatureRunner, dtype int8: int8 weights, activations centred per position "
+                  "(means of the NNCF peer's calibration rows) and quantized per token at run time (OpenVINO)",
+     cpu_only=True)
 def ours_int8(s: Setup) -> Built:
     return ours_built(s, "int8")
 
 
-@row("ours-int8-static", "reservoir.forward.FeatureRunner, dtype int8-static: scales calibrated on the NNCF "
-                         "peer's calibration rows (OpenVINO)", cpu_only=True)
+@row("ours-int8-static", "reservoir.forward.FeatureRunner, dtype int8-static: activations centred per position, "
+                         "scales calibrated, both on the NNCF peer's calibration rows (OpenVINO)", cpu_only=True)
 def ours_int8_static(s: Setup) -> Built:
     return ours_built(s, "int8-static")

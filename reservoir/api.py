@@ -214,7 +214,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
                               vocab_size=vocab)
         check_length(self.spec_, backbone, self.backbone)
         calibration = None
-        if dtype == "int8-static":
+        if dtype in ("int8", "int8-static"):
             from reservoir.engines import calibration_rows
 
             first = rows[: calibration_rows(self.spec_.seq_len, len(rows))]

@@ -68,7 +68,7 @@ class ShardJob:
     batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (rows, tokens, lengths)
     engine: str = "auto"
     tokens: int | None = None  # of the whole run (engine="auto" decides by it)
-    calibration: list[tuple[np.ndarray, np.ndarray]] | None = None  # int8-static: (tokens, lengths) batches
+    calibration: list[tuple[np.ndarray, np.ndarray]] | None = None  # the int8 dtypes: (tokens, lengths) batches
 
 
 def shard_path(out: Path, split: str, start: int, stop: int) -> Path:
@@ -231,7 +231,7 @@ def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, prog
     from distributed import as_completed
 
     cfg = run.cfg
-    calibration = run.calibration() if run.dtype == "int8-static" else None  # the same rows for every shard
+    calibration = run.calibration() if run.dtype in ("int8", "int8-static") else None  # the same rows for every shard
     client, cluster = _client(cfg.workers, cfg.scheduler)
     try:
         n_workers = cfg.workers or max(1, len(client.scheduler_info().get("workers", {})))

@@ -41,6 +41,7 @@ from torch import nn
 
 from reservoir.backbones import load_backbone
 from reservoir.config import ExtractConfig, select_depths
+from reservoir.engines import INT8_DTYPES
 from reservoir.forward import Batch, FeatureRunner, Reservoir, check_length, resolve, resolve_device, resolve_dtype
 from reservoir.identity import digest as identity_hash
 from reservoir.identity import feature_identity, features_path_for
@@ -241,7 +242,7 @@ class Run:
         return int(sum(int(np.sum(d.lengths)) for d in self.data.values()))
 
     def calibration(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """``int8-static``: the calibration batches, ``(tokens, lengths)`` of the first rows of the first split."""
+        """The int8 dtypes: the calibration batches, ``(tokens, lengths)`` of the first rows of the first split."""
         from reservoir.engines import CALIBRATION_BATCH
 
         split, n = self.identity["calibration"]["split"], self.identity["calibration"]["rows"]
@@ -252,7 +253,7 @@ class Run:
         return FeatureRunner(reservoir, self.depths, self.dtype, batch_size=self.batch_size,
                              device=self.device, engine=self.cfg.engine,
                              tokens=self.tokens_total, padded=self.padded,
-                             calibration=self.calibration if self.dtype == "int8-static" else None,
+                             calibration=self.calibration if self.dtype in INT8_DTYPES else None,
                              log=lambda text: log(text, progress))
 
     @property
@@ -365,7 +366,7 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
                            f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)")
     dtype = resolve_dtype(cfg.dtype, device)
     calibration = None
-    if dtype == "int8-static":
+    if dtype in INT8_DTYPES:
         from reservoir.engines import calibration_rows
 
         first = next(iter(data))

@@ -235,7 +235,7 @@ class FeatureRunner:
         auto runs PyTorch when OpenVINO cannot convert the model or its check fails).
     tokens : tokens the run will extract (``engine="auto"`` takes OpenVINO for long runs only).
     padded : the padded readout (``reservoir extract --readout padded``), for calibration batches.
-    calibration : ``int8-static`` only: returns the calibration batches as ``(tokens, lengths)``.
+    calibration : the int8 dtypes only: returns the calibration batches as ``(tokens, lengths)``.
     log : where the runner reports (the OpenVINO engine's conversion costs, a fallback);
         stderr by default.
 
@@ -270,7 +270,7 @@ class FeatureRunner:
             batches = None if calibration is None else \
                 (lambda: [tuple(t.numpy() for t in self.prepare(x, n, padded)[:3]) for x, n in calibration()])
             self.forward = OpenVINOForward(FixedDepths(self.reservoir, self.depths), self.dtype_name,
-                                           torch.get_num_threads(), batches, self.log)
+                                           torch.get_num_threads(), batches, self.log, width=self.spec.seq_len)
         else:
             self._use_torch()
         if compile:

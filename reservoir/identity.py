@@ -19,8 +19,8 @@ Identity of a feature file (:func:`feature_identity`):
   ``-random`` twin built from another seed differs;
 - ``seed`` and ``input_scale`` of the frozen input layer, ``depths``, the compute ``dtype``
   as resolved on this CPU (``auto`` is never stored), ``readout``, ``limit`` and ``splits``;
-- ``calibration`` (``int8-static`` only): the split and number of first rows whose
-  activations fixed the int8 scales.
+- ``calibration`` (the int8 dtypes only): the split and number of first rows whose
+  activations fixed the per-position means int8 subtracts (and, for ``int8-static``, the scales).
 
 Execution settings that do not change what is computed (batch size, compile, the engine,
 progress, the output path) are kept in the file's ``config`` but are not part of the

@@ -14,7 +14,7 @@ import torch
 from reservoir import engines
 from reservoir.backbones import load_backbone
 from reservoir.errors import BackboneError, DeviceError, UsageError
-from reservoir.forward import FeatureRunner
+from reservoir.forward import FeatureRunner, FixedDepths
 from reservoir.tasks import get_task
 
 pytest.importorskip("openvino")
@@ -59,8 +59,7 @@ def test_openvino_converts_an_lstm_with_equal_features():
 def test_int8_is_close_to_float32_and_a_row_never_depends_on_its_batch(tiny_gpt2, dtype):
     task = get_task("listops", **LISTOPS)
     (tokens, lengths), _ = batches(task)
-    calibration = (lambda: [(tokens[:4], lengths[:4])]) if dtype == "int8-static" else None
-    q = runner(task, str(tiny_gpt2), "auto", dtype, calibration=calibration)
+    q = runner(task, str(tiny_gpt2), "auto", dtype, calibration=lambda: [(tokens[:4], lengths[:4])])
     assert q.engine == "openvino"  # int8 exists on OpenVINO only: auto takes it
     ref = runner(task, str(tiny_gpt2), "torch")(tokens, lengths)
     together = q(tokens, lengths)
@@ -72,9 +71,61 @@ def test_int8_is_close_to_float32_and_a_row_never_depends_on_its_batch(tiny_gpt2
     assert engines.relative_error(alone, together) < 0.1 * engines.relative_error(together, ref)
 
 
-def test_int8_static_without_calibration_rows_is_refused(tiny_gpt2):
-    with pytest.raises(UsageError, match="int8-static needs calibration rows"):
-        runner(get_task("bit_xor"), str(tiny_gpt2), "openvino", "int8-static")
+@pytest.mark.parametrize("dtype", ["int8", "int8-static"])
+def test_int8_without_calibration_rows_is_refused(tiny_gpt2, dtype):
+    with pytest.raises(UsageError, match=f"{dtype} needs calibration rows"):
+        runner(get_task("bit_xor"), str(tiny_gpt2), "openvino", dtype)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])
+def test_centred_projections_compute_the_same_features(tmp_path, tiny_gpt2, family):
+    """int8 quantizes each backbone projection's input minus its mean at that position over the
+    calibration rows: in float32 the features do not change, for every projection of every family."""
+    from tests.test_backbones import save_tiny_encoder, save_tiny_llama
+
+    path = {"gpt2": tiny_gpt2, "llama": save_tiny_llama(tmp_path / "llama"),
+            "bert": save_tiny_encoder(tmp_path / "bert")}[family]
+    task = get_task("listops", **{**LISTOPS, "max_len": 60, "max_length": 55})
+    r = runner(task, str(path), "torch")
+    model = FixedDepths(r.reservoir, r.depths)
+    (tokens, lengths), _ = batches(task)
+    calibration = [tuple(t.numpy() for t in r.prepare(tokens[:4], lengths[:4])[:3])]
+    shifts = engines.position_means(model, calibration, task.spec.seq_len)
+    assert set(shifts) == set(engines.projections(model))
+    assert shifts and all(name.startswith("reservoir.backbone.") for name in shifts)
+    batch = r.prepare(tokens, lengths)[:3]
+    with torch.inference_mode():
+        ref = model(*batch)
+        with engines.centred(model, shifts):
+            assert all(isinstance(model.get_submodule(name), engines.Centred) for name in shifts)
+            centred = model(*batch)
+    np.testing.assert_allclose(centred.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
+    assert set(engines.projections(model)) == set(shifts)  # put back
+    assert r.backbone.readout_last_block
+
+
+def test_a_position_mean_is_the_mean_input_there(tiny_gpt2):
+    """The shift of the first block's attention projection at each position is the mean of its
+    input (``ln_1`` of the input layer's output plus positions) there over the calibration rows,
+    its scale the largest departure from that mean there; a position no calibration row reaches
+    gets the mean over all positions and the largest scale."""
+    task = get_task("listops", **LISTOPS)
+    r = runner(task, str(tiny_gpt2), "torch")
+    model = FixedDepths(r.reservoir, r.depths)
+    (tokens, lengths), _ = batches(task)
+    tokens, lengths = tokens[:4, :30], np.minimum(lengths[:4], 30)
+    batch = r.prepare(tokens, lengths)[:3]
+    shift, scale, moved = engines.position_means(model, [tuple(t.numpy() for t in batch)], 50)[
+        "reservoir.backbone.h.0.attn.c_attn"]
+    bb = r.backbone
+    with torch.inference_mode():
+        x = bb.h[0].ln_1(r.reservoir.input_layer(batch[0]) + bb.wpe(torch.arange(30)))
+        attn = bb.h[0].attn.c_attn
+        np.testing.assert_allclose(moved, attn(shift) - scale * attn.bias, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(shift[:30], x.mean(0), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(scale[:30, 0], (x - x.mean(0)).abs().amax(dim=(0, 2)), rtol=1e-4, atol=1e-5)
+    assert torch.all(scale[30:] == scale[:30].max())
+    np.testing.assert_allclose(shift[30:], np.broadcast_to(x.mean((0, 1)), (20, x.shape[-1])), rtol=1e-4, atol=1e-6)
 
 
 def test_engine_choice_follows_device_install_and_size(monkeypatch, tiny_gpt2):
@@ -115,7 +166,8 @@ def test_int8_dtypes_name_their_file_and_static_records_its_calibration(extract,
     r, path = extract("--dtype", "int8")
     assert r.exit_code == 0, r.output
     identity, config, _ = read(path)
-    assert path.name.startswith("int8-seed0-") and identity["dtype"] == "int8" and "calibration" not in identity
+    assert path.name.startswith("int8-seed0-") and identity["dtype"] == "int8"
+    assert identity["calibration"] == {"split": "train", "rows": 24}
     assert config["engine_used"] == "openvino" and "openvino engine (auto: int8)" in r.stderr
     r, path = extract("--dtype", "int8-static")
     assert r.exit_code == 0, r.output
