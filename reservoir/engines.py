@@ -310,19 +310,56 @@ def position_means(model: nn.Module, batches: list[tuple[np.ndarray, ...]], widt
     mean input at each of ``width`` positions, ``(width, d)``; the largest departure from it there,
     ``(width, 1)``; and ``module(shift) - scale * module(0)``. Positions no row reaches get the mean
     and the largest departure over all positions. Projections fed anything but ``(B, T, d)`` rows
-    are left out."""
+    are left out. Two passes over ``batches`` (means, then departures), so that no projection's
+    inputs are kept: only tables of ``width`` rows."""
     found = projections(model)
-    inputs: dict[str, list[torch.Tensor]] = {}
+    total: dict[str, torch.Tensor] = {}
+    count: dict[str, torch.Tensor] = {}
     flat: set[str] = set()
 
+    def add(name: str, x: torch.Tensor) -> None:
+        if name not in total:
+            total[name] = torch.zeros(width, x.shape[-1], dtype=torch.float64)
+            count[name] = torch.zeros(width, 1, dtype=torch.float64)
+        total[name][:x.shape[1]] += x.double().sum(0)
+        count[name][:x.shape[1]] += x.shape[0]
+
+    _observe(model, found, batches, width, add, flat)
+    shift = {}
+    for name in set(total) - flat:
+        seen = count[name] > 0
+        shift[name] = torch.where(seen, total[name] / count[name].clamp(min=1),
+                                  total[name].sum(0) / count[name].sum()).float()
+    spread = {name: torch.zeros(width, 1) for name in shift}
+
+    def depart(name: str, x: torch.Tensor) -> None:
+        if name in spread:
+            here = (x.float() - shift[name][:x.shape[1]]).abs().amax(dim=(0, 2))[:, None]
+            spread[name][:x.shape[1]] = torch.maximum(spread[name][:x.shape[1]], here)
+
+    _observe(model, found, batches, width, depart, flat)
+    tables = {}
+    with torch.inference_mode():
+        for name in sorted(shift):
+            scale = torch.where(count[name] > 0, spread[name], spread[name].max()).float().clamp(min=1e-6)
+            module = found[name]
+            moved = module(shift[name]) - scale * module(torch.zeros_like(shift[name][:1]))
+            tables[name] = (shift[name].contiguous(), scale.contiguous(), moved.float().contiguous())
+    return tables
+
+
+def _observe(model: nn.Module, found: dict[str, nn.Module], batches: list[tuple[np.ndarray, ...]], width: int,
+             see: Callable[[str, torch.Tensor], None], flat: set[str]) -> None:
+    """Run ``model`` (whole blocks) on ``batches``, calling ``see(name, input)`` for each projection
+    in ``found`` fed ``(B, T <= width, d)`` rows; names fed anything else go into ``flat``."""
     def hook(name):
-        def keep(module, args):
+        def call(module, args):
             x = args[0]
             if x.dim() != 3 or x.shape[1] > width:
                 flat.add(name)
             else:
-                inputs.setdefault(name, []).append(x.detach().float())
-        return keep
+                see(name, x.detach())
+        return call
 
     handles = [m.register_forward_pre_hook(hook(name)) for name, m in found.items()]
     try:
@@ -332,25 +369,6 @@ def position_means(model: nn.Module, batches: list[tuple[np.ndarray, ...]], widt
     finally:
         for h in handles:
             h.remove()
-    shifts = {}
-    with torch.inference_mode():
-        for name in sorted(set(inputs) - flat):
-            d = inputs[name][0].shape[-1]
-            total, count = torch.zeros(width, d, dtype=torch.float64), torch.zeros(width, 1, dtype=torch.float64)
-            for x in inputs[name]:
-                total[:x.shape[1]] += x.double().sum(0)
-                count[:x.shape[1]] += x.shape[0]
-            seen = count[:, 0] > 0
-            shift = torch.where(seen[:, None], total / count.clamp(min=1), total.sum(0) / count.sum()).float()
-            spread = torch.zeros(width, 1)
-            for x in inputs[name]:
-                here = (x - shift[:x.shape[1]]).abs().amax(dim=(0, 2))[:, None]
-                spread[:x.shape[1]] = torch.maximum(spread[:x.shape[1]], here)
-            scale = torch.where(seen[:, None], spread, spread.max()).clamp(min=1e-6)
-            module = found[name]
-            moved = module(shift) - scale * module(torch.zeros_like(shift[:1]))
-            shifts[name] = (shift.contiguous(), scale.contiguous(), moved.float().contiguous())
-    return shifts
 
 
 @contextlib.contextmanager
