@@ -215,10 +215,12 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         check_length(self.spec_, backbone, self.backbone)
         calibration = None
         if dtype in ("int8", "int8-static"):
-            from reservoir.engines import calibration_rows
+            from reservoir.engines import CALIBRATION_BATCH, calibration_rows
 
             first = rows[: calibration_rows(self.spec_.seq_len, len(rows))]
-            calibration = lambda: [tokens for _, tokens in self._batches(first, kind, width)]  # noqa: E731
+            # in batches of CALIBRATION_BATCH rows, as extract calibrates (static int8's ranges depend on them)
+            calibration = lambda: [tokens for i in range(0, len(first), CALIBRATION_BATCH)  # noqa: E731
+                                   for _, tokens in self._batches(first[i:i + CALIBRATION_BATCH], kind, width)]
         self.runner_ = FeatureRunner.build(self.spec_, backbone, self.depths_, seed=self.seed, dtype=dtype,
                                            input_scale=parse_input_scale(self.input_scale), device=device,
                                            engine=self.engine, calibration=calibration)

@@ -86,3 +86,19 @@ def test_api_extract_and_fit_on_a_user_npz(tiny_gpt2, tmp_path, home):
     with pytest.raises(DataError, match=r"bad.npz: x is float64 with shape \(80, 6\)"):
         api.extract(f"file:{tmp_path / 'bad.npz'}", str(tiny_gpt2))
     assert not list((home / "features").rglob("bad*"))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int8-static"])
+def test_int8_transformer_calibrates_as_an_extraction_does(tiny_gpt2, tmp_path, home, dtype):
+    """``ReservoirFeatures(dtype="int8")`` calibrates on the first rows it is fitted on, as extract
+    does on the first rows of its first split: on the same rows the features agree."""
+    pytest.importorskip("openvino")
+    from reservoir.engines import relative_error
+
+    path = api.extract("digits", str(tiny_gpt2), limit=30, batch_size=7, dtype=dtype, out=tmp_path / "d.h5")
+    task = get_task("digits")
+    tokens = task.encode(task.load("train", ".", limit=30).inputs)
+    feats = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth="all", seed=0, dtype=dtype).fit(
+        tokens).transform_depths(tokens)
+    stored = np.stack([api.read_features(path, "train", d)[0] for d in range(feats.shape[1])], 1)
+    assert relative_error(feats, stored) < 1e-3

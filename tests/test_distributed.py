@@ -162,14 +162,15 @@ def test_a_shard_of_another_run_is_refused_and_a_missing_shard_is_named(cli, hom
     assert extract(cli, tiny_gpt2, out, "--workers", "1").exit_code == 0 and shard.exists()
 
 
-def test_int8_static_shards_calibrate_on_the_same_rows_as_one_process(cli, home, tiny_gpt2, monkeypatch):
-    """Every worker quantizes with the run's calibration rows (the first rows of its first split),
-    not its own shard's, so a sharded int8-static run equals a single process."""
+@pytest.mark.parametrize("dtype", ["int8", "int8-static"])
+def test_int8_shards_calibrate_on_the_same_rows_as_one_process(cli, home, tiny_gpt2, monkeypatch, dtype):
+    """Every worker centres (and, int8-static, scales) with the run's calibration rows (the first
+    rows of its first split), not its own shard's, so a sharded int8 run equals a single process."""
     pytest.importorskip("openvino")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     one, sharded = home / "one.h5", home / "sharded.h5"
-    assert extract(cli, tiny_gpt2, one, "--dtype", "int8-static").exit_code == 0
-    r = extract(cli, tiny_gpt2, sharded, "--dtype", "int8-static", "--workers", "2")
+    assert extract(cli, tiny_gpt2, one, "--dtype", dtype).exit_code == 0
+    r = extract(cli, tiny_gpt2, sharded, "--dtype", dtype, "--workers", "2")
     assert r.exit_code == 0, r.output
     with h5py.File(one) as fa, h5py.File(sharded) as fb:
         assert fa.attrs["identity"] == fb.attrs["identity"]
