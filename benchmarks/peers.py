@@ -33,7 +33,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reservoir.backbones import seeded  # noqa: E402
-from reservoir.engines import one_line  # noqa: E402,F401  (also used by extract.py)
+from reservoir.engines import INT8_DTYPES, one_line  # noqa: E402,F401  (one_line: also used by extract.py)
 from reservoir.forward import DTYPES, FeatureRunner, resolve_dtype  # noqa: E402
 from reservoir.input_layer import make_input_layer  # noqa: E402
 from reservoir.tasks import TaskSpec  # noqa: E402
@@ -374,7 +374,7 @@ def ours_runner(s: Setup, dtype: str, engine: str) -> FeatureRunner:
     calibration = [(x, np.full(len(x), s.seq_len)) for x in s.calibration]  # the NNCF peer's calibration rows
     return FeatureRunner.build(s.spec, backbone, depths, seed=s.seed, dtype=dtype, compile=compile,
                                batch_size=s.batch, device=s.device, engine=engine, tokens=tokens,
-                               calibration=(lambda: calibration) if dtype.startswith("int8") else None,
+                               calibration=(lambda: calibration) if dtype in INT8_DTYPES else None,
                                log=lambda text: print(text, file=sys.stderr))
 
 

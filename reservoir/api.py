@@ -198,6 +198,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         self.engine = engine
 
     def fit(self, X: Any, y: Any = None) -> "ReservoirFeatures":
+        from reservoir.engines import INT8_DTYPES, calibration_batches, calibration_rows
         from reservoir.forward import FeatureRunner, check_length, resolve_device, resolve_dtype
 
         device = resolve_device(self.device)
@@ -214,13 +215,10 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
                               vocab_size=vocab)
         check_length(self.spec_, backbone, self.backbone)
         calibration = None
-        if dtype in ("int8", "int8-static"):
-            from reservoir.engines import CALIBRATION_BATCH, calibration_rows
-
+        if dtype in INT8_DTYPES:
             first = rows[: calibration_rows(self.spec_.seq_len, len(rows))]
-            # in batches of CALIBRATION_BATCH rows, as extract calibrates (static int8's ranges depend on them)
-            calibration = lambda: [tokens for i in range(0, len(first), CALIBRATION_BATCH)  # noqa: E731
-                                   for _, tokens in self._batches(first[i:i + CALIBRATION_BATCH], kind, width)]
+            calibration = lambda: [tokens for batch in calibration_batches(len(first))  # noqa: E731
+                                   for _, tokens in self._batches([first[i] for i in batch], kind, width)]
         self.runner_ = FeatureRunner.build(self.spec_, backbone, self.depths_, seed=self.seed, dtype=dtype,
                                            input_scale=parse_input_scale(self.input_scale), device=device,
                                            engine=self.engine, calibration=calibration)

@@ -231,7 +231,7 @@ def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, prog
     from distributed import as_completed
 
     cfg = run.cfg
-    calibration = run.calibration() if run.dtype in ("int8", "int8-static") else None  # the same rows for every shard
+    calibration = run.calibration() if "calibration" in run.identity else None  # int8: the same rows for every shard
     client, cluster = _client(cfg.workers, cfg.scheduler)
     try:
         n_workers = cfg.workers or max(1, len(client.scheduler_info().get("workers", {})))

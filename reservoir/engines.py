@@ -44,7 +44,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-
 from torch import nn
 
 from reservoir.errors import BackboneError, DeviceError, UsageError
@@ -126,6 +125,13 @@ def resolve_engine(name: str, dtype: str, device: torch.device, backbone: Any = 
     return choose_engine(name, dtype, device, backbone, tokens)[0]
 
 
+def calibration_batches(rows: int) -> list[np.ndarray]:
+    """Row indices of each calibration batch: the first ``rows`` rows in batches of
+    :data:`CALIBRATION_BATCH` (static int8's ranges depend on the batching, so every caller,
+    extract, its workers and the API, batches alike)."""
+    return [np.arange(i, min(i + CALIBRATION_BATCH, rows)) for i in range(0, rows, CALIBRATION_BATCH)]
+
+
 def calibration_rows(seq_len: int, available: int) -> int:
     """Rows ``int8-static`` calibrates on: about :data:`CALIBRATION_TOKENS` tokens, 8 to
     :data:`CALIBRATION_ROWS` rows, at most the rows there are."""
@@ -149,9 +155,11 @@ class OpenVINOForward:
 
     def __init__(self, eager: torch.nn.Module, dtype: str, threads: int,
                  calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
-                 log: Callable[[str], None] | None = None, width: int = 1):
+                 log: Callable[[str], None] | None = None, width: int | None = None):
         if dtype in INT8_DTYPES and calibration is None:
             raise UsageError(f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)")
+        if dtype in INT8_DTYPES and not width:
+            raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
         self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
         self.calibration, self.log = calibration, log or (lambda text: None)
         self.shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
@@ -165,7 +173,7 @@ class OpenVINOForward:
 
         start = time.perf_counter()
         try:
-            with _quiet(), torch.no_grad(), self._centred(self.eager):
+            with _quiet(), torch.no_grad(), self._centred():
                 model = ov.convert_model(self.eager, example_input=example)
         except Exception as e:  # noqa: BLE001 - named with the way out
             raise BackboneError(f"OpenVINO could not convert this backbone ({one_line(e)}); pass --engine torch") from None
@@ -177,16 +185,16 @@ class OpenVINOForward:
             self.batches = self.calibration()
         return self.batches
 
-    def _centred(self, model_input: nn.Module) -> contextlib.AbstractContextManager:
+    def _centred(self) -> contextlib.AbstractContextManager:
         """int8: ``self.eager`` with every projection centred per position (:func:`centred`), the
         means taken once from the calibration rows; the float dtypes convert it as it is."""
         if self.dtype not in INT8_DTYPES:
             return contextlib.nullcontext()
         if self.shifts is None:
             start = time.perf_counter()
-            self.shifts = position_means(model_input, self._calibration(), self.width)
+            self.shifts = position_means(self.eager, self._calibration(), self.width)
             self.seconds["centre"] = time.perf_counter() - start
-        return centred(model_input, self.shifts)
+        return centred(self.eager, self.shifts)
 
     def _quantize(self, model):
         import nncf

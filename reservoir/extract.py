@@ -243,10 +243,10 @@ class Run:
 
     def calibration(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """The int8 dtypes: the calibration batches, ``(tokens, lengths)`` of the first rows of the first split."""
-        from reservoir.engines import CALIBRATION_BATCH
+        from reservoir.engines import calibration_batches
 
         split, n = self.identity["calibration"]["split"], self.identity["calibration"]["rows"]
-        return [self.tokens(split, np.arange(i, min(i + CALIBRATION_BATCH, n))) for i in range(0, n, CALIBRATION_BATCH)]
+        return [self.tokens(split, rows) for rows in calibration_batches(n)]
 
     def runner(self, reservoir: Reservoir, progress: bool = True) -> FeatureRunner:
         """The run's :class:`FeatureRunner` (engine, calibration and messages set up; not compiled yet)."""
