@@ -21,12 +21,13 @@ most of their value at each position; quantized whole, the part that tells rows 
 the rounding (3 points of MNIST probe accuracy lost; centred, 0.5 to 0.7 points for ``int8``,
 about 1 for ``int8-static``). A row's int8 features therefore depend on those calibration rows,
 which are part of the run's identity. The readout-only deepest block is not used under int8
-(every projection sees every position, in order). ``int8`` holds the tables as constants of the
-task's full width and widens every batch to it (each row's last token repeated; nothing past a
-row's length reaches its features), so OpenVINO fuses them into the neighbouring operations
-(GPT-2 small, 64 tokens: 3,010 tokens/s against 2,587 with the tables sliced to each batch's
-width). ``int8-static`` slices them at run time: held as constants, OpenVINO's static int8 pass
-folds the per-position factor after a product wrongly (features 60% off, measured).
+(every projection sees every position, in order). ``int8``'s graph takes rows of the task's full
+width only, and every batch is widened to it (each row's last token repeated; nothing past a
+row's length reaches its features): OpenVINO then folds the tables' slices to constants and
+fuses them into the neighbouring operations (GPT-2 small, 64 tokens: 3,154 tokens/s against
+2,587 with the width left free). ``int8-static`` keeps the width free: with the tables constant,
+OpenVINO's static int8 pass folds the per-position factor after a product wrongly (features 60%
+off, measured; the engine's check refuses them).
 
 Measured in ``docs/benchmarks.md`` (``benchmarks/extract.py``). OpenVINO is an optional extra
 (``pip install 'reservoir[openvino]'``); ``engine="auto"`` takes it on the CPU when it is
@@ -166,8 +167,8 @@ class OpenVINOForward:
         if dtype in INT8_DTYPES and not width:
             raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
         self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
-        #: ``int8`` converts the centring tables whole, as constants, and widens every row to ``width``
-        self.whole = dtype == "int8"
+        #: ``int8``: the graph's rows fixed at ``width`` positions, every batch widened to it
+        self.fixed = dtype == "int8"
         self.calibration, self.log = calibration, log or (lambda text: None)
         self.shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.batches: list[tuple[np.ndarray, ...]] | None = None
@@ -178,10 +179,13 @@ class OpenVINOForward:
     def _convert(self, example: tuple[torch.Tensor, ...]):
         import openvino as ov
 
-        start = time.perf_counter()
         try:
             with _quiet(), torch.no_grad(), self._centred():
+                start = time.perf_counter()
                 model = ov.convert_model(self.eager, example_input=example)
+                if self.fixed:  # OpenVINO folds the tables' slices to constants and fuses them
+                    tokens = model.inputs[0]
+                    model.reshape({tokens: ov.PartialShape([-1, self.width, *example[0].shape[2:]])})
         except Exception as e:  # noqa: BLE001 - named with the way out
             raise BackboneError(f"OpenVINO could not convert this backbone ({one_line(e)}); pass --engine torch") from None
         self.seconds["convert"] = self.seconds.get("convert", 0.0) + time.perf_counter() - start
@@ -201,7 +205,7 @@ class OpenVINOForward:
             start = time.perf_counter()
             self.shifts = position_means(self.eager, self._calibration(), self.width)
             self.seconds["centre"] = time.perf_counter() - start
-        return centred(self.eager, self.shifts, whole=self.whole)
+        return centred(self.eager, self.shifts)
 
     def _quantize(self, model):
         import nncf
@@ -240,9 +244,7 @@ class OpenVINOForward:
         the CPU and check against PyTorch on ``batch``'s first rows at their full width; a graph
         that fails the check is converted again from the full width. Says what each step took."""
         examples = [narrow(batch)] + ([tuple(t[:2] for t in batch)] if batch[0].shape[1] > EXAMPLE_WIDTH else [])
-        if self.whole:  # converted at the tables' full width: the graph takes only that
-            batch = self._widen(batch)
-            examples = [tuple(t[:2] for t in batch)]
+        batch = self._widen(batch)
         for example in examples:
             model = self._convert(example)
             if self.dtype in INT8_DTYPES:
@@ -264,9 +266,10 @@ class OpenVINOForward:
 
     def _widen(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """``(tokens, lengths, readout)`` with the tokens widened to :attr:`width` positions by repeating
-        each row's last token (past every row's length: no feature reads them)."""
+        each row's last token (past every row's length: no feature reads them), where the graph's
+        width is fixed."""
         tokens, *rest = args
-        if self.whole and tokens.shape[1] < self.width:
+        if self.fixed and tokens.shape[1] < self.width:
             tail = tokens[:, -1:].expand(-1, self.width - tokens.shape[1], *tokens.shape[2:])
             tokens = torch.cat([tokens, tail], 1)
         return (tokens, *rest)
@@ -294,20 +297,17 @@ class Centred(nn.Module):
     probe accuracy (docs/benchmarks.md, "int8 on OpenVINO").
     """
 
-    def __init__(self, module: nn.Module, shift: torch.Tensor, scale: torch.Tensor, moved: torch.Tensor,
-                 whole: bool = False):
+    def __init__(self, module: nn.Module, shift: torch.Tensor, scale: torch.Tensor, moved: torch.Tensor):
         super().__init__()
-        self.module, self.whole = module, whole
+        self.module = module
         self.register_buffer("shift", shift)
         self.register_buffer("scale", scale)
         self.register_buffer("moved", moved)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shift, scale, moved = self.shift, self.scale, self.moved
-        if not self.whole:
-            width = x.shape[-2]
-            shift, scale, moved = shift[:width], scale[:width], moved[:width]
-        return self.module((x - shift) / scale) * scale + moved
+        width = x.shape[-2]
+        scale = self.scale[:width]
+        return self.module((x - self.shift[:width]) / scale) * scale + self.moved[:width]
 
 
 def projections(model: nn.Module) -> dict[str, nn.Module]:
@@ -403,17 +403,15 @@ def _observe(model: nn.Module, found: dict[str, nn.Module], batches: list[tuple[
 
 
 @contextlib.contextmanager
-def centred(model: nn.Module, shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-            whole: bool = False):
+def centred(model: nn.Module, shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
     """``model`` with the projections named in ``shifts`` wrapped in :class:`Centred` and whole
-    last blocks (:func:`whole_blocks`), restored after. ``whole``: the tables are used whole
-    (inputs must span all their positions), so a converted graph holds them as constants."""
+    last blocks (:func:`whole_blocks`), restored after."""
     swapped = []
     for name, tables in shifts.items():
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
         swapped.append((owner, child, getattr(owner, child)))
-        setattr(owner, child, Centred(swapped[-1][2], *tables, whole=whole))
+        setattr(owner, child, Centred(swapped[-1][2], *tables))
     try:
         with whole_blocks(model):
             yield model

@@ -72,13 +72,13 @@ def test_int8_is_close_to_float32_and_a_row_never_depends_on_its_batch(tiny_gpt2
 
 
 def test_int8_features_never_depend_on_what_follows_a_row(tiny_gpt2):
-    """``int8`` holds its centring tables as constants of the task's full width and widens every
+    """``int8`` fixes its graph at the task's full width and widens every
     batch to it: whatever fills the positions past a row's length never reaches its features."""
     task = get_task("listops", **LISTOPS)
     (tokens, lengths), (short, short_lengths) = batches(task)
     q = runner(task, str(tiny_gpt2), "openvino", "int8", calibration=lambda: [(tokens[:4], lengths[:4])])
     narrow_features = q(short, short_lengths)
-    assert q.forward.whole and short.shape[1] < task.spec.seq_len
+    assert q.forward.fixed and short.shape[1] < task.spec.seq_len
     filled = np.random.default_rng(0).choice(np.unique(tokens), (len(short), task.spec.seq_len)).astype(short.dtype)
     filled[:, : short.shape[1]] = short
     np.testing.assert_allclose(q(filled, short_lengths), narrow_features, rtol=1e-5, atol=1e-6)
