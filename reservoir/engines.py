@@ -21,11 +21,11 @@ most of their value at each position; quantized whole, the part that tells rows 
 the rounding (3 points of MNIST probe accuracy lost; centred, 0.5 to 0.7 points for ``int8``,
 about 1 for ``int8-static``). A row's int8 features therefore depend on those calibration rows,
 which are part of the run's identity. The readout-only deepest block is not used under int8
-(every projection sees every position, in order). ``int8``'s graph takes rows of the task's full
-width only, and every batch is widened to it (each row's last token repeated; nothing past a
-row's length reaches its features): OpenVINO then folds the tables' slices to constants and
-fuses them into the neighbouring operations (GPT-2 small, 64 tokens: 3,154 tokens/s against
-2,587 with the width left free). ``int8-static`` keeps the width free: with the tables constant,
+(every projection sees every position, in order). On tasks of fixed length, ``int8``'s graph
+takes rows of the task's width only (a narrower batch is widened, each row's last token repeated;
+nothing past a row's length reaches its features): OpenVINO then folds the tables' slices to
+constants and fuses them into the neighbouring operations (GPT-2 small, 64 tokens: 2,950 tokens/s
+in docs/benchmarks.md; with the width left free, one-off runs gave about 2,600). ``int8-static`` keeps the width free: with the tables constant,
 OpenVINO's static int8 pass folds the per-position factor after a product wrongly (features 60%
 off, measured; the engine's check refuses them).
 
@@ -157,18 +157,22 @@ class OpenVINOForward:
     calibration : the int8 dtypes only: a callable returning the calibration batches
         ``[(tokens, lengths, readout), ...]`` as numpy arrays.
     width : the widest rows it will be called with (the int8 dtypes' per-position tables).
+    fixed_width : every row spans ``width`` positions (a task of fixed length): ``int8`` then
+        fixes the graph's width, which lets OpenVINO fuse the centring tables.
     """
 
     def __init__(self, eager: torch.nn.Module, dtype: str, threads: int,
                  calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
-                 log: Callable[[str], None] | None = None, width: int | None = None):
+                 log: Callable[[str], None] | None = None, width: int | None = None, fixed_width: bool = False):
         if dtype in INT8_DTYPES and calibration is None:
             raise UsageError(f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)")
         if dtype in INT8_DTYPES and not width:
             raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
         self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
-        #: ``int8``: the graph's rows fixed at ``width`` positions, every batch widened to it
-        self.fixed = dtype == "int8"
+        #: ``int8`` on rows of one width: the graph's rows fixed at ``width`` positions, any narrower
+        #: batch widened to it (variable-length tasks keep a free width: their short batches would
+        #: otherwise compute the whole width)
+        self.fixed = dtype == "int8" and fixed_width
         self.calibration, self.log = calibration, log or (lambda text: None)
         self.shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.batches: list[tuple[np.ndarray, ...]] | None = None

@@ -270,7 +270,8 @@ class FeatureRunner:
             batches = None if calibration is None else \
                 (lambda: [tuple(t.numpy() for t in self.prepare(x, n, padded)[:3]) for x, n in calibration()])
             self.forward = OpenVINOForward(FixedDepths(self.reservoir, self.depths), self.dtype_name,
-                                           torch.get_num_threads(), batches, self.log, width=self.spec.seq_len)
+                                           torch.get_num_threads(), batches, self.log, width=self.spec.seq_len,
+                                           fixed_width=not self.spec.variable_length)
         else:
             self._use_torch()
         if compile:

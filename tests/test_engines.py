@@ -71,17 +71,25 @@ def test_int8_is_close_to_float32_and_a_row_never_depends_on_its_batch(tiny_gpt2
     assert engines.relative_error(alone, together) < 0.1 * engines.relative_error(together, ref)
 
 
-def test_int8_features_never_depend_on_what_follows_a_row(tiny_gpt2):
-    """``int8`` fixes its graph at the task's full width and widens every
-    batch to it: whatever fills the positions past a row's length never reaches its features."""
+def test_int8_fixes_its_width_on_fixed_length_tasks_and_reads_nothing_past_a_row(tiny_gpt2):
+    """On a task of fixed length ``int8`` fixes its graph's width (OpenVINO then fuses the centring
+    tables) and widens a narrower batch: whatever fills the positions past a row's length never
+    reaches its features. Variable-length tasks keep a free width (short batches stay short)."""
     task = get_task("listops", **LISTOPS)
     (tokens, lengths), (short, short_lengths) = batches(task)
+    assert not runner(task, str(tiny_gpt2), "openvino", "int8", calibration=lambda: []).forward.fixed
     q = runner(task, str(tiny_gpt2), "openvino", "int8", calibration=lambda: [(tokens[:4], lengths[:4])])
-    narrow_features = q(short, short_lengths)
-    assert q.forward.fixed and short.shape[1] < task.spec.seq_len
+    model = FixedDepths(q.reservoir, q.depths)
+    forward = engines.OpenVINOForward(model, "int8", 1, q.forward.calibration, width=task.spec.seq_len,
+                                      fixed_width=True)
+    narrow_batch = q.prepare(short, short_lengths)
+    assert forward.fixed and short.shape[1] < task.spec.seq_len
     filled = np.random.default_rng(0).choice(np.unique(tokens), (len(short), task.spec.seq_len)).astype(short.dtype)
     filled[:, : short.shape[1]] = short
-    np.testing.assert_allclose(q(filled, short_lengths), narrow_features, rtol=1e-5, atol=1e-6)
+    narrow_features = forward(*narrow_batch[:3]).numpy()  # converts and checks on the narrow batch
+    filled_features = forward(*q.prepare(filled, short_lengths)[:3]).numpy()
+    assert narrow_features.shape == (len(short), len(q.depths), 1, 32)
+    np.testing.assert_allclose(filled_features, narrow_features, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int8-static"])
