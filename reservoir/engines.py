@@ -25,9 +25,10 @@ which are part of the run's identity. The readout-only deepest block is not used
 takes rows of the task's width only (a narrower batch is widened, each row's last token repeated;
 nothing past a row's length reaches its features): OpenVINO then folds the tables' slices to
 constants and fuses them into the neighbouring operations (GPT-2 small, 64 tokens: 2,950 tokens/s
-in docs/benchmarks.md; with the width left free, one-off runs gave about 2,600). ``int8-static`` keeps the width free: with the tables constant,
-OpenVINO's static int8 pass folds the per-position factor after a product wrongly (features 60%
-off, measured; the engine's check refuses them).
+in docs/benchmarks.md; with the width left free, one-off runs gave about 2,600).
+``int8-static`` keeps the width free: with the tables constant, OpenVINO's static int8 pass
+folds the per-position factor after a product wrongly (features 60% off, measured; the engine's
+check refuses them).
 
 Measured in ``docs/benchmarks.md`` (``benchmarks/extract.py``). OpenVINO is an optional extra
 (``pip install 'reservoir[openvino]'``); ``engine="auto"`` takes it on the CPU when it is
