@@ -249,7 +249,6 @@ class OpenVINOForward:
         the CPU and check against PyTorch on ``batch``'s first rows at their full width; a graph
         that fails the check is converted again from the full width. Says what each step took."""
         examples = [narrow(batch)] + ([tuple(t[:2] for t in batch)] if batch[0].shape[1] > EXAMPLE_WIDTH else [])
-        batch = self._widen(batch)
         for example in examples:
             model = self._convert(example)
             if self.dtype in INT8_DTYPES:
