@@ -21,6 +21,9 @@ state after every block), these rows (``--only`` picks some; :mod:`peers` builds
 - ``ov-float`` / ``ov-int8``: OpenVINO on ``openvino.convert_model`` of the model, float at the
   precision OpenVINO picks (printed), and int8 by NNCF (``nncf.quantize`` on a calibration set
   of the same kind of inputs; ``nncf.compress_weights`` if that fails, as the row then says);
+  ``ov-int8-dynamic``: OpenVINO's other int8, int8 weights (``nncf.compress_weights``) and
+  activations quantized per token at run time, in groups of ``reservoir.engines.DYNAMIC_GROUP``
+  values (the kind of int8 that ``ours-int8`` is);
 - ``ours``: :class:`reservoir.forward.FeatureRunner` as an extraction of 50,000 such examples
   runs it: dtype ``auto`` (``--dtype``), engine ``auto`` (OpenVINO on the CPU when installed,
   else PyTorch), inputs prepared and features copied out to numpy; ``ours-torch``: the same on
@@ -95,7 +98,7 @@ E2E = "e2e"
 
 
 #: the peers each of our rows is held against
-FLOAT_PEERS, INT8_PEERS = ("hf-compiled", "ort-fp32", "ov-float"), ("ort-int8", "ov-int8")
+FLOAT_PEERS, INT8_PEERS = ("hf-compiled", "ort-fp32", "ov-float"), ("ort-int8", "ov-int8", "ov-int8-dynamic")
 
 
 def flops_per_token(n_layer: int, d: int, d_ff: int, seq_len: int, token_dim: int, causal: bool = True) -> float:
@@ -376,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
             best = max(live, key=lambda r: r.rate)
             print(f"  {mine} / {best.name} (the fastest of {', '.join(r.name for r in live)}): "
                   f"{med(per_rep(by_name[mine], best)):.2f}x")
+    for mine, peer in (("ours-int8", "ov-int8-dynamic"), ("ours-int8-static", "ov-int8")):  # the same kind of int8
+        if all(n in by_name and by_name[n].rates for n in (mine, peer)):
+            print(f"  {mine} / {peer} (the same kind of int8): {med(per_rep(by_name[mine], by_name[peer])):.2f}x")
     print()
     print("per-repetition ratios (x official; x ours; fraction of roofline):")
     for r in results:

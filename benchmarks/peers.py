@@ -33,7 +33,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reservoir.backbones import seeded  # noqa: E402
-from reservoir.engines import INT8_DTYPES, one_line  # noqa: E402,F401  (one_line: also used by extract.py)
+from reservoir.engines import DYNAMIC_GROUP, INT8_DTYPES, one_line  # noqa: E402,F401  (one_line: also used by extract.py)
 from reservoir.forward import DTYPES, FeatureRunner, resolve_dtype  # noqa: E402
 from reservoir.input_layer import make_input_layer  # noqa: E402
 from reservoir.tasks import TaskSpec  # noqa: E402
@@ -313,11 +313,11 @@ def ov_float_model(s: Setup):
     return model
 
 
-def ov_compiled(s: Setup, model):
+def ov_compiled(s: Setup, model, extra: dict | None = None):
     ov = need("openvino")
     props = ov.properties
     config = {props.inference_num_threads: s.threads,
-              props.hint.performance_mode: props.hint.PerformanceMode.LATENCY}  # one stream, every thread on it
+              props.hint.performance_mode: props.hint.PerformanceMode.LATENCY, **(extra or {})}  # one stream, every thread on it
     with quiet():
         compiled = ov.Core().compile_model(model, "CPU", config)
     precision = compiled.get_property(props.hint.inference_precision)
@@ -361,6 +361,20 @@ def ov_int8(s: Setup) -> Built:
     return Built(run, f"{dtype}; other ops {precision}",
                  f"{s.notes['ov_how']} -> {how} -> compile_model CPU, hint LATENCY, inference_num_threads={s.threads}",
                  s.batch)
+
+
+@row("ov-int8-dynamic", "OpenVINO, int8 weights (nncf.compress_weights) and activations quantized per token at run time",
+     cpu_only=True)
+def ov_int8_dynamic(s: Setup) -> Built:
+    nncf, ov = need("nncf"), need("openvino")
+    nncf.set_log_level(logging.ERROR)
+    with quiet():
+        model = nncf.compress_weights(ov_float_model(s).clone(), mode=nncf.CompressWeightsMode.INT8_SYM)
+    run, precision = ov_compiled(s, model, {ov.properties.hint.dynamic_quantization_group_size: DYNAMIC_GROUP})
+    return Built(run, f"int8 weights, activations per token at run time; other ops {precision}",
+                 f"{s.notes['ov_how']} -> nncf.compress_weights(INT8_SYM) -> compile_model CPU, hint LATENCY, "
+                 f"inference_num_threads={s.threads}, dynamic_quantization_group_size={DYNAMIC_GROUP} (ours' group; "
+                 "OpenVINO's default is 32)", s.batch)
 
 
 def ours_runner(s: Setup, dtype: str, engine: str) -> FeatureRunner:

@@ -20,8 +20,8 @@ the product in float (:class:`Centred`; exact in real arithmetic). A random GPT-
 most of their value at each position; quantized whole, the part that tells rows apart drowned in
 the rounding (3 points of MNIST probe accuracy lost; centred, 0.5 to 0.7 points for ``int8``,
 about 1 for ``int8-static``). A row's int8 features therefore depend on those calibration rows,
-which are part of the run's identity. The readout-only deepest block is not used under int8
-(every projection sees every position, in order). On tasks of fixed length, ``int8``'s graph
+which are part of the run's identity. The readout-only deepest block reads the tables at its
+readout positions (its queries, attention output and MLP run on those rows alone). On tasks of fixed length, ``int8``'s graph
 takes rows of the task's width only (a narrower batch is widened, each row's last token repeated;
 nothing past a row's length reaches its features): OpenVINO then folds the tables' slices to
 constants and fuses them into the neighbouring operations (GPT-2 small, 64 tokens: 2,950 tokens/s
@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from reservoir.backbones import readout_rows
 from reservoir.errors import BackboneError, DeviceError, UsageError
 
 ENGINES = ("auto", "torch", "openvino")
@@ -308,10 +309,25 @@ class Centred(nn.Module):
         self.register_buffer("scale", scale)
         self.register_buffer("moved", moved)
 
+    def _tables(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tables at the positions of ``x``'s rows: ``0..T-1``, or the readout positions while a
+        readout-only last block computes those rows alone (:func:`reservoir.backbones.readout_rows`)."""
+        rows = readout_rows()
+        if rows is None:
+            width = x.shape[-2]
+            return self.shift[:width], self.scale[:width], self.moved[:width]
+        return self.shift[rows], self.scale[rows], self.moved[rows]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        width = x.shape[-2]
-        scale = self.scale[:width]
-        return self.module((x - self.shift[:width]) / scale) * scale + self.moved[:width]
+        shift, scale, moved = self._tables(x)
+        return self.module((x - shift) / scale) * scale + moved
+
+    def columns(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Output features ``start:stop`` only (the readout-only block's query or key-value columns)."""
+        from reservoir.backbones.gpt2 import _columns
+
+        shift, scale, moved = self._tables(x)
+        return _columns(self.module, (x - shift) / scale, start, stop) * scale + moved[..., start:stop]
 
 
 def projections(model: nn.Module) -> dict[str, nn.Module]:
@@ -408,8 +424,8 @@ def _observe(model: nn.Module, found: dict[str, nn.Module], batches: list[tuple[
 
 @contextlib.contextmanager
 def centred(model: nn.Module, shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
-    """``model`` with the projections named in ``shifts`` wrapped in :class:`Centred` and whole
-    last blocks (:func:`whole_blocks`), restored after."""
+    """``model`` with the projections named in ``shifts`` wrapped in :class:`Centred`, restored after
+    (a readout-only last block reads the tables at its readout positions)."""
     swapped = []
     for name, tables in shifts.items():
         parent, _, child = name.rpartition(".")
@@ -417,8 +433,7 @@ def centred(model: nn.Module, shifts: dict[str, tuple[torch.Tensor, torch.Tensor
         swapped.append((owner, child, getattr(owner, child)))
         setattr(owner, child, Centred(swapped[-1][2], *tables))
     try:
-        with whole_blocks(model):
-            yield model
+        yield model
     finally:
         for owner, child, module in swapped:
             setattr(owner, child, module)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from reservoir import engines
-from reservoir.backbones import load_backbone
+from reservoir.backbones import gather, load_backbone
 from reservoir.errors import BackboneError, DeviceError, UsageError
 from reservoir.forward import FeatureRunner, FixedDepths
 from reservoir.tasks import get_task
@@ -101,7 +101,9 @@ def test_int8_without_calibration_rows_is_refused(tiny_gpt2, dtype):
 @pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])
 def test_centred_projections_compute_the_same_features(tmp_path, tiny_gpt2, family):
     """int8 quantizes each backbone projection's input minus its mean at that position over the
-    calibration rows: in float32 the features do not change, for every projection of every family."""
+    calibration rows: in float32 the features do not change, for every projection of every family,
+    the readout-only deepest block (rows of different lengths: tables read at each row's own
+    readout position) included."""
     from tests.test_backbones import save_tiny_encoder, save_tiny_llama
 
     path = {"gpt2": tiny_gpt2, "llama": save_tiny_llama(tmp_path / "llama"),
@@ -115,12 +117,23 @@ def test_centred_projections_compute_the_same_features(tmp_path, tiny_gpt2, fami
     assert set(shifts) == set(engines.projections(model))
     assert shifts and all(name.startswith("reservoir.backbone.") for name in shifts)
     batch = r.prepare(tokens, lengths)[:3]
+    last = [name for name in engines.projections(model) if ".mlp." in name or ".output." in name][-1]  # deepest MLP's
+    quantized = []  # what int8 would quantize there: the centred input of the deepest block's last projection
     with torch.inference_mode():
         ref = model(*batch)
         with engines.centred(model, shifts):
             assert all(isinstance(model.get_submodule(name), engines.Centred) for name in shifts)
+            hook = model.get_submodule(last).module.register_forward_pre_hook(lambda m, a: quantized.append(a[0]))
             centred = model(*batch)
+            with engines.whole_blocks(model):
+                model(*batch)
+            hook.remove()
     np.testing.assert_allclose(centred.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
+    if family != "bert":  # the causal families' deepest block computes the readout rows alone, read at their
+        # own positions (rows of different lengths): the same centred values as the whole block's there
+        readout_rows, every_row = quantized
+        assert readout_rows.shape[1] == task.spec.n_readout and len(set(batch[2][:, -1].tolist())) > 1
+        np.testing.assert_allclose(readout_rows, gather(every_row, batch[2]), rtol=1e-4, atol=1e-5)
     assert set(engines.projections(model)) == set(shifts)  # put back
     assert r.backbone.readout_last_block
 

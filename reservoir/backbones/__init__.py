@@ -8,7 +8,10 @@ only (it acts per token, so that equals norming every position and then reading)
 deepest block of a causal transformer (GPT-2, Llama) only the readout rows are kept, so
 that block computes keys and values for every position but queries, attention output,
 residual and MLP for the readout rows alone (:func:`readout_attention`); the
-``readout_last_block`` attribute switches this off (tests compare both).
+``readout_last_block`` attribute switches this off (tests compare both). While that block
+computes the readout rows alone, :func:`readout_rows` gives their positions, so that a
+projection whose computation depends on the position (the int8 engine's centring,
+:class:`reservoir.engines.Centred`) reads its tables there.
 
 A backbone is registered by name (``@register_backbone``) or loaded from a folder saved
 with ``save_pretrained`` (``--backbone PATH`` or ``hf:PATH``), dispatched on the folder
@@ -21,6 +24,7 @@ tensor's mean and std, paper section 3.8).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 from pathlib import Path
@@ -79,6 +83,26 @@ def weight_std(weight: torch.Tensor) -> float | None:
     if weight.is_meta:
         return None
     return float(weight.detach().double().std())
+
+
+_READOUT_ROWS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("readout_rows", default=None)
+
+
+@contextlib.contextmanager
+def at_readout(readout: torch.Tensor):
+    """Within: the rows being computed are the readout rows ``readout (B, R)`` (positions), not
+    positions ``0..T-1`` (:func:`readout_rows`)."""
+    token = _READOUT_ROWS.set(readout)
+    try:
+        yield
+    finally:
+        _READOUT_ROWS.reset(token)
+
+
+def readout_rows() -> torch.Tensor | None:
+    """The positions ``(B, R)`` of the rows a readout-only last block is computing, else ``None``
+    (rows ``(B, T, ...)`` are then positions ``0..T-1``)."""
+    return _READOUT_ROWS.get()
 
 
 def gather(h: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:

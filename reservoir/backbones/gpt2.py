@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from reservoir.backbones import (FAMILIES, Backbone, BackboneError, from_pretrained, gather, hooked,
+from reservoir.backbones import (FAMILIES, Backbone, BackboneError, at_readout, from_pretrained, gather, hooked,
                                  readout_attention, register_backbone, seeded, weight_std)
 
 #: nanoGPT's table: shapes of the released GPT-2 sizes (hub id -> config arguments)
@@ -75,10 +75,13 @@ def readout_block_supported(block: nn.Module) -> bool:
 
 def _columns(module: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """Output features ``start:stop`` of a projection (transformers' ``Conv1D`` or ``nn.Linear``)
-    without computing the others; any other module, or one whose weight is not a plain tensor
-    (a quantized one), runs whole and is sliced."""
+    without computing the others (a module with a ``columns(x, start, stop)`` method computes them
+    itself); any other module, or one whose weight is not a plain tensor (a quantized one), runs
+    whole and is sliced."""
     from transformers.pytorch_utils import Conv1D
 
+    if hasattr(module, "columns"):
+        return module.columns(x, start, stop)
     plain = type(getattr(module, "weight", None)) in (torch.Tensor, nn.Parameter)
     if type(module) is Conv1D and plain:  # x @ W + b with W (in, out), as Conv1D.forward computes it
         y = torch.addmm(module.bias[start:stop], x.reshape(-1, x.shape[-1]), module.weight[:, start:stop])
@@ -102,14 +105,15 @@ def readout_block(block: nn.Module, h: torch.Tensor, readout: torch.Tensor) -> t
     normed = block.ln_1(h)
     kv = _columns(attn.c_attn, normed, d, 3 * d)
     k, v = (t.reshape(*t.shape[:2], -1, hd).transpose(1, 2) for t in kv.split(d, dim=2))
-    q = _columns(attn.c_attn, gather(normed, readout), 0, d)
-    q = q.reshape(*q.shape[:2], -1, hd).transpose(1, 2)
     scale = hd ** -0.5 if attn.scale_attn_weights else 1.0
     if attn.scale_attn_by_inverse_layer_idx:
         scale /= float(attn.layer_idx + 1)
-    a = readout_attention(q, k, v, readout, scale, attn.attn_dropout.p if attn.training else 0.0)
-    x = gather(h, readout) + attn.resid_dropout(attn.c_proj(a))
-    return x + block.mlp(block.ln_2(x))
+    with at_readout(readout):
+        q = _columns(attn.c_attn, gather(normed, readout), 0, d)
+        q = q.reshape(*q.shape[:2], -1, hd).transpose(1, 2)
+        a = readout_attention(q, k, v, readout, scale, attn.attn_dropout.p if attn.training else 0.0)
+        x = gather(h, readout) + attn.resid_dropout(attn.c_proj(a))
+        return x + block.mlp(block.ln_2(x))
 
 
 def load_gpt2(path: str, seed: int = 0) -> GPT2Backbone:
