@@ -367,10 +367,11 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     dtype = resolve_dtype(cfg.dtype, device)
     calibration = None
     if dtype in INT8_DTYPES:
-        from reservoir.engines import calibration_rows
+        from reservoir.engines import INT8_RECIPE, calibration_rows
 
         first = next(iter(data))
-        calibration = {"split": first, "rows": calibration_rows(task.spec.seq_len, len(data[first]))}
+        calibration = {"split": first, "rows": calibration_rows(task.spec.seq_len, len(data[first])),
+                       "recipe": INT8_RECIPE}
     identity = feature_identity(task_name=cfg.task, task=task, data=data, backbone_name=cfg.backbone,
                                 backbone=backbone, seed=cfg.seed, input_scale=cfg.input_scale, depths=depths,
                                 dtype=dtype, readout=cfg.readout, limit=cfg.limit, calibration=calibration)

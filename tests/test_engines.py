@@ -66,9 +66,10 @@ def test_int8_is_close_to_float32_and_a_row_never_depends_on_its_batch(tiny_gpt2
     assert engines.relative_error(together, ref) < 0.1
     assert not np.array_equal(together, ref)  # it is quantized
     alone = np.concatenate([q(tokens[i:i + 1, : lengths[i]], lengths[i:i + 1]) for i in range(len(tokens))])
-    # per-tensor scales would move a row by about the quantization error (2 to 3%); per-token and
-    # static scales leave only rounding from other kernel shapes (bf16 between the int8 products)
-    assert engines.relative_error(alone, together) < 0.1 * engines.relative_error(together, ref)
+    # per-tensor scales would move a row by about the quantization error (2 to 3% on GPT-2 small);
+    # per-token and static scales leave only rounding from other kernel shapes (bf16 between the
+    # int8 products, about 1e-4 here)
+    assert engines.relative_error(alone, together) < 2e-3
 
 
 def test_int8_fixes_its_width_on_fixed_length_tasks_and_reads_nothing_past_a_row(tiny_gpt2):
@@ -196,19 +197,23 @@ def read(path: Path) -> tuple[dict, dict, np.ndarray]:
         return json.loads(f.attrs["identity"]), json.loads(f.attrs["config"]), f["test"]["features"][:]
 
 
-def test_int8_dtypes_name_their_file_and_static_records_its_calibration(extract, home):
+def test_int8_dtypes_name_their_file_and_static_records_its_calibration(extract, home, monkeypatch):
     r, path = extract("--dtype", "int8")
     assert r.exit_code == 0, r.output
     identity, config, _ = read(path)
     assert path.name.startswith("int8-seed0-") and identity["dtype"] == "int8"
-    assert identity["calibration"] == {"split": "train", "rows": 24}
+    assert identity["calibration"] == {"split": "train", "rows": 24, "recipe": engines.INT8_RECIPE}
     assert config["engine_used"] == "openvino" and "openvino engine (auto: int8)" in r.stderr
     r, path = extract("--dtype", "int8-static")
     assert r.exit_code == 0, r.output
     identity, _, _ = read(path)
-    assert path.name.startswith("int8-static-seed0-") and identity["calibration"] == {"split": "train", "rows": 24}
+    assert path.name.startswith("int8-static-seed0-")
+    assert identity["calibration"] == {"split": "train", "rows": 24, "recipe": engines.INT8_RECIPE}
     r, again = extract("--dtype", "int8-static")
     assert again == path and "reusing" in r.stderr
+    monkeypatch.setattr(engines, "INT8_RECIPE", engines.INT8_RECIPE + 1)  # another int8 recipe: never reused
+    r, other = extract("--dtype", "int8-static")
+    assert r.exit_code == 0 and other != path and "reusing" not in r.stderr
 
 
 def test_the_engine_is_not_part_of_the_identity(extract, home):
