@@ -316,8 +316,8 @@ def ov_float_model(s: Setup):
 def ov_compiled(s: Setup, model, extra: dict | None = None):
     ov = need("openvino")
     props = ov.properties
-    config = {props.inference_num_threads: s.threads,
-              props.hint.performance_mode: props.hint.PerformanceMode.LATENCY, **(extra or {})}  # one stream, every thread on it
+    config = {props.inference_num_threads: s.threads,  # one stream, every thread on it
+              props.hint.performance_mode: props.hint.PerformanceMode.LATENCY, **(extra or {})}
     with quiet():
         compiled = ov.Core().compile_model(model, "CPU", config)
     precision = compiled.get_property(props.hint.inference_precision)

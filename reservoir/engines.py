@@ -313,6 +313,9 @@ class Centred(nn.Module):
     probe accuracy (docs/benchmarks.md, "int8 on OpenVINO").
     """
 
+    #: its tables are per position: a readout-only block tells it the readout rows' positions
+    reads_positions = True
+
     def __init__(self, module: nn.Module, shift: torch.Tensor, scale: torch.Tensor, moved: torch.Tensor):
         super().__init__()
         self.module = module

@@ -215,3 +215,13 @@ def test_compiled_readout_block_equals_eager_full_block(backbone):
         _, full = both_paths(backbone, x, lengths, [0, 2], readout)
         compiled = torch.compile(backbone, fullgraph=True)
         torch.testing.assert_close(compiled(x, lengths, [0, 2], readout), full, atol=1e-5, rtol=1e-5)
+
+
+def test_the_readout_only_block_compiles_as_one_graph(tmp_path):
+    """Only a block whose projections read positions (int8's centring) is told the readout rows'
+    positions: a plain block sets nothing, so ``torch.compile`` traces the forward without a break."""
+    backbone = load_backbone(str(save_tiny_gpt2(tmp_path / "gpt2")), 0)
+    x, lengths = torch.randn(2, 16, backbone.d_model), torch.full((2,), 16)
+    with torch.inference_mode():
+        explained = torch._dynamo.explain(backbone)(x, lengths, [0, backbone.n_layers], readout_positions(lengths, 1))
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]

@@ -88,10 +88,17 @@ def weight_std(weight: torch.Tensor) -> float | None:
 _READOUT_ROWS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("readout_rows", default=None)
 
 
+def at_readout(block: nn.Module, readout: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Within: ``block`` computes the readout rows ``readout (B, R)`` (positions), not positions
+    ``0..T-1`` (:func:`readout_rows`), where one of its modules reads positions (its
+    ``reads_positions`` attribute); else nothing is set, so compiled graphs do not break on it."""
+    if any(getattr(m, "reads_positions", False) for m in block.modules()):
+        return _reading(readout)
+    return contextlib.nullcontext()
+
+
 @contextlib.contextmanager
-def at_readout(readout: torch.Tensor):
-    """Within: the rows being computed are the readout rows ``readout (B, R)`` (positions), not
-    positions ``0..T-1`` (:func:`readout_rows`)."""
+def _reading(readout: torch.Tensor):
     token = _READOUT_ROWS.set(readout)
     try:
         yield

@@ -108,7 +108,7 @@ def readout_block(block: nn.Module, h: torch.Tensor, readout: torch.Tensor) -> t
     scale = hd ** -0.5 if attn.scale_attn_weights else 1.0
     if attn.scale_attn_by_inverse_layer_idx:
         scale /= float(attn.layer_idx + 1)
-    with at_readout(readout):
+    with at_readout(block, readout):
         q = _columns(attn.c_attn, gather(normed, readout), 0, d)
         q = q.reshape(*q.shape[:2], -1, hd).transpose(1, 2)
         a = readout_attention(q, k, v, readout, scale, attn.attn_dropout.p if attn.training else 0.0)

@@ -25,8 +25,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from reservoir.backbones import (FAMILIES, FROM_CONFIG, Backbone, BackboneError, at_readout, from_pretrained, gather, hooked,
-                                 readout_attention, register_backbone, stats_init, weight_std)
+from reservoir.backbones import (FAMILIES, FROM_CONFIG, Backbone, BackboneError, at_readout, from_pretrained, gather,
+                                 hooked, readout_attention, register_backbone, stats_init, weight_std)
 from reservoir.backbones.gpt2 import GPT2_SIZES, GPT2Backbone, load_gpt2
 
 #: longest sequence the learned additive position embedding of a rotary model covers
@@ -152,7 +152,7 @@ def rotary_readout_layer(layer: nn.Module, h: torch.Tensor, rotary: tuple[torch.
     normed = layer.input_layernorm(h)
     k = _rotate(attn.k_proj(normed).view(*h.shape[:2], -1, hd).transpose(1, 2), cos, sin)
     v = attn.v_proj(normed).view(*h.shape[:2], -1, hd).transpose(1, 2)
-    with at_readout(readout):
+    with at_readout(layer, readout):
         q = attn.q_proj(gather(normed, readout)).view(*readout.shape, -1, hd).transpose(1, 2)
         q = _rotate(q, cos[0][readout], sin[0][readout])
         a = readout_attention(q, k, v, readout, attn.scaling, attn.attention_dropout if attn.training else 0.0)
