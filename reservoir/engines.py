@@ -227,15 +227,15 @@ class OpenVINOForward:
 
         start = time.perf_counter()
         nncf.set_log_level(logging.ERROR)
+        lookups = nncf.IgnoredScope(types=["Gather"], validate=False)  # stay float: int8 tables moved every position
         with _quiet():
-            if self.dtype == "int8":  # lookups (Gather) stay float: int8 tables moved every position's features
-                model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM,
-                                              ignored_scope=nncf.IgnoredScope(types=["Gather"], validate=False))
+            if self.dtype == "int8":
+                model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM, ignored_scope=lookups)
             else:
                 batches = self._calibration()
                 model = nncf.quantize(model, nncf.Dataset(batches, lambda b: {0: b[0], 1: b[1], 2: b[2]}),
                                       model_type=nncf.ModelType.TRANSFORMER, subset_size=len(batches),
-                                      ignored_scope=nncf.IgnoredScope(types=["Gather"], validate=False))
+                                      ignored_scope=lookups)
         self.seconds["quantize"] = self.seconds.get("quantize", 0.0) + time.perf_counter() - start
         return model
 
