@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import h5py  # noqa: E402
 
-from reservoir.store import file_config, iter_depth, open_features, partial_path, stored_identity  # noqa: E402
+from reservoir.extract.store import file_config, iter_depth, open_features, partial_path, stored_identity  # noqa: E402
 
 
 def open_file(path: Path, partial: bool) -> h5py.File:

@@ -14,7 +14,7 @@ state after every block), these rows (``--only`` picks some; :mod:`peers` builds
   with ``output_hidden_states=True``, batch 16;
 - ``hf-compiled``: the savvy PyTorch peer, the same model under ``torch.compile`` with
   ``torch._inductor.config.freezing = True`` in the fastest float dtype (bf16 where
-  ``reservoir.forward.bf16_native()``, else float32), batch ``--batch``;
+  ``reservoir.runtime.runner.bf16_native()``, else float32), batch ``--batch``;
 - ``ort-fp32`` / ``ort-int8``: ONNX Runtime on the model exported with ``torch.onnx.export``
   (dynamo exporter, else TorchScript), float32 and dynamic int8 (``quantize_dynamic``, QInt8
   weights), ``--threads`` intra-op threads;
@@ -22,9 +22,9 @@ state after every block), these rows (``--only`` picks some; :mod:`peers` builds
   precision OpenVINO picks (printed), and int8 by NNCF (``nncf.quantize`` on a calibration set
   of the same kind of inputs; ``nncf.compress_weights`` if that fails, as the row then says);
   ``ov-int8-dynamic``: OpenVINO's other int8, int8 weights (``nncf.compress_weights``) and
-  activations quantized per token at run time, in groups of ``reservoir.engines.DYNAMIC_GROUP``
+  activations quantized per token at run time, in groups of ``reservoir.runtime.engines.DYNAMIC_GROUP``
   values (the kind of int8 that ``ours-int8`` is);
-- ``ours``: :class:`reservoir.forward.FeatureRunner` as an extraction of 50,000 such examples
+- ``ours``: :class:`reservoir.runtime.runner.FeatureRunner` as an extraction of 50,000 such examples
   runs it: dtype ``auto`` (``--dtype``), engine ``auto`` (OpenVINO on the CPU when installed,
   else PyTorch), inputs prepared and features copied out to numpy; ``ours-torch``: the same on
   PyTorch, compiled as that extraction would be (``--compile``); ``ours-int8`` and
@@ -83,8 +83,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reservoir.forward import bf16_native, resolve_device, resolve_dtype  # noqa: E402
-from reservoir.machine import FLAGS, cpu, load  # noqa: E402
+from reservoir.model.devices import resolve_device
+from reservoir.runtime.machine import bf16_native
+from reservoir.runtime.runner import resolve_dtype  # noqa: E402
+from reservoir.runtime.machine import FLAGS, cpu, load  # noqa: E402
 
 from matmul import matmul_rate, sync  # noqa: E402  (benchmarks/matmul.py, beside this script)
 from peers import (BASELINE_BATCH, CHECK_ROWS, INSTALL, ROWS, NotInstalled, Setup, Unavailable,  # noqa: E402

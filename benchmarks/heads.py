@@ -50,9 +50,9 @@ from threadpoolctl import threadpool_info, threadpool_limits
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reservoir import heads  # noqa: E402
+from reservoir.probe import heads  # noqa: E402
 from reservoir.config import default_data_dir  # noqa: E402
-from reservoir.machine import describe, load  # noqa: E402
+from reservoir.runtime.machine import describe, load  # noqa: E402
 from reservoir.tasks import get_task  # noqa: E402
 
 #: the neighbour: one thread multiplying matrices until stopped
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
             return features(sub.inputs, depth), sub.labels, features(test.inputs, depth), test.labels
 
         def stored(depth, n=n):
-            from reservoir.store import open_features, read_depth
+            from reservoir.extract.store import open_features, read_depth
 
             with open_features(args.features) as f:
                 X_train, y_train = read_depth(f, "train", depth)

@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from reservoir.machine import describe, load
+from reservoir.runtime.machine import describe, load
 
 
 def conv1d_to_linear(model: nn.Module) -> nn.Module:
@@ -167,8 +167,9 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(a.threads)
 
-    from reservoir.backbones import load_backbone
-    from reservoir.forward import bf16_native, readout_positions
+    from reservoir.model.backbones import load_backbone
+    from reservoir.model.reservoir import readout_positions
+    from reservoir.runtime.machine import bf16_native
 
     try:
         import torchao

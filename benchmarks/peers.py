@@ -32,10 +32,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reservoir.backbones import seeded  # noqa: E402
-from reservoir.engines import DYNAMIC_GROUP, INT8_DTYPES, one_line  # noqa: E402,F401  (one_line: also used by extract.py)
-from reservoir.forward import DTYPES, FeatureRunner, resolve_dtype  # noqa: E402
-from reservoir.input_layer import make_input_layer  # noqa: E402
+from reservoir.model.backbones import seeded  # noqa: E402
+from reservoir.runtime.engines import DYNAMIC_GROUP, INT8_DTYPES, one_line  # noqa: E402,F401  (one_line: also used by extract.py)
+from reservoir.model.devices import DTYPES
+from reservoir.runtime.runner import FeatureRunner, resolve_dtype  # noqa: E402
+from reservoir.model.input_layer import make_input_layer  # noqa: E402
 from reservoir.tasks import TaskSpec  # noqa: E402
 
 INSTALL = "pip install 'reservoir[bench]'"
@@ -162,7 +163,7 @@ class Setup:
 
     def hf_model(self):
         """A Hugging Face ``GPT2Model`` with the seeded default initialisation: the weights of
-        ``reservoir.backbones.load_backbone("gpt2-random", seed)`` (``random_gpt2``)."""
+        ``reservoir.model.backbones.load_backbone("gpt2-random", seed)`` (``random_gpt2``)."""
         from transformers import GPT2Config, GPT2Model
 
         with seeded(self.seed):
@@ -378,8 +379,8 @@ def ov_int8_dynamic(s: Setup) -> Built:
 
 
 def ours_runner(s: Setup, dtype: str, engine: str) -> FeatureRunner:
-    from reservoir.backbones.gpt2 import random_gpt2
-    from reservoir.extract import should_compile
+    from reservoir.model.backbones.gpt2 import random_gpt2
+    from reservoir.extract.run import should_compile
 
     backbone = random_gpt2(s.seed, **s.shape)  # = load_backbone("gpt2-random", seed) at the GPT-2-small shape
     depths = list(range(s.shape["n_layer"] + 1))
@@ -400,30 +401,30 @@ def ours_built(s: Setup, dtype: str, engine: str = "auto") -> Built:
         return runner(tokens, lengths)[:, :, 0]
     how = ("compiled" if runner.compiled else "eager") if runner.engine == "torch" else "OpenVINO CPU plugin"
     return Built(run, runner.dtype_name,
-                 f"reservoir.forward.FeatureRunner(dtype={dtype!r} -> {runner.dtype_name}, engine={engine!r} -> "
+                 f"reservoir.runtime.runner.FeatureRunner(dtype={dtype!r} -> {runner.dtype_name}, engine={engine!r} -> "
                  f"{runner.engine}, {how}, batch {s.batch}): prepare, forward, features copied out to numpy", s.batch)
 
 
-@row("ours", "reservoir.forward.FeatureRunner as an extraction runs it: dtype auto, engine auto (OpenVINO where "
+@row("ours", "reservoir.runtime.runner.FeatureRunner as an extraction runs it: dtype auto, engine auto (OpenVINO where "
              "installed on the CPU, else PyTorch compiled)")
 def ours(s: Setup) -> Built:
     return ours_built(s, s.ours_dtype)
 
 
-@row("ours-torch", "reservoir.forward.FeatureRunner on PyTorch (engine torch), dtype auto, compiled as an "
+@row("ours-torch", "reservoir.runtime.runner.FeatureRunner on PyTorch (engine torch), dtype auto, compiled as an "
                    "extraction of 50,000 such examples would be")
 def ours_torch(s: Setup) -> Built:
     return ours_built(s, s.ours_dtype, "torch")
 
 
-@row("ours-int8", "reservoir.forward.FeatureRunner, dtype int8: int8 weights, activations centred per position "
+@row("ours-int8", "reservoir.runtime.runner.FeatureRunner, dtype int8: int8 weights, activations centred per position "
                   "(means of the NNCF peer's calibration rows) and quantized per token at run time (OpenVINO)",
      cpu_only=True)
 def ours_int8(s: Setup) -> Built:
     return ours_built(s, "int8")
 
 
-@row("ours-int8-static", "reservoir.forward.FeatureRunner, dtype int8-static: activations centred per position, "
+@row("ours-int8-static", "reservoir.runtime.runner.FeatureRunner, dtype int8-static: activations centred per position, "
                          "scales calibrated, both on the NNCF peer's calibration rows (OpenVINO)", cpu_only=True)
 def ours_int8_static(s: Setup) -> Built:
     return ours_built(s, "int8-static")

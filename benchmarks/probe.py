@@ -31,9 +31,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reservoir import api  # noqa: E402
-from reservoir.engines import relative_error  # noqa: E402
-from reservoir.forward import bf16_native  # noqa: E402
-from reservoir.machine import describe, load  # noqa: E402
+from reservoir.runtime.engines import relative_error  # noqa: E402
+from reservoir.runtime.runner import bf16_native  # noqa: E402
+from reservoir.runtime.machine import describe, load  # noqa: E402
 
 MNIST_TOKENS = 64
 
@@ -58,7 +58,7 @@ def extract(run: str, args, home: Path) -> tuple[Path, float]:
 
 def test_features(path: Path) -> np.ndarray:
     """The test split's features ``(N, n_depths, ...)``."""
-    from reservoir.store import open_features, read_depth
+    from reservoir.extract.store import open_features, read_depth
 
     with open_features(path) as f:
         return np.stack([read_depth(f, "test", int(k))[0] for k in f.attrs["depths"]], 1)

@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reservoir.machine import describe, load  # noqa: E402
+from reservoir.runtime.machine import describe, load  # noqa: E402
 
 
 def reservoir(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -59,7 +59,7 @@ def throughput(args) -> None:
 
 def synthetic_file(path: Path, n: int, seed: int = 0) -> None:
     """A feature file of ``n`` train and ``n // 5`` test rows, two depths of 768 (class signal + noise)."""
-    from reservoir.store import FeatureWriter
+    from reservoir.extract.store import FeatureWriter
 
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(10, 768)).astype(np.float32)

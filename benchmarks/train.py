@@ -32,10 +32,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reservoir.backbones import load_backbone  # noqa: E402
+from reservoir.model.backbones import load_backbone  # noqa: E402
 from reservoir.config import TrainConfig  # noqa: E402
 from reservoir.tasks import get_task  # noqa: E402
-from reservoir.forward import CompiledOrEager  # noqa: E402
+from reservoir.runtime.runner import CompiledOrEager  # noqa: E402
 from reservoir.train import FPT, batch_tensors, select_trainable, train_step  # noqa: E402
 
 MODES = {"fp32-eager": ("float32", False), "bf16-eager": ("bfloat16", False),

@@ -26,7 +26,7 @@ def main() -> None:
                         help="how each table was made ({n}, {limit})")
     args = parser.parse_args()
 
-    from reservoir.paper import TABLES
+    from reservoir.report.paper import TABLES
 
     limit = args.root.name
     folder = args.out.parent / "results"

@@ -51,8 +51,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from reservoir.api import read_features
-    from reservoir.heads import HEADS, TorchHead, fit_depth
-    from reservoir.store import open_features, stored_identity
+    from reservoir.probe.heads import HEADS, TorchHead, fit_depth
+    from reservoir.extract.store import open_features, stored_identity
 
     with open_features(args.features) as f:
         identity = stored_identity(f)
@@ -77,7 +77,7 @@ def main() -> None:
     fit_depth("ridge", X3, y, X3[:1], y[:1])
     ridge_s = time.perf_counter() - start
     epoch_s = result["seconds"]
-    from reservoir.machine import describe, load
+    from reservoir.runtime.machine import describe, load
 
     print(f"\n### Cost: output-only against end-to-end ({args.task}, {args.backbone}, {n} training rows)\n")
     print(f"Measured by `pipelines/speedup.py` on {describe()}; {load()}.\n")

@@ -63,7 +63,7 @@ def extract(task: str | ExtractConfig, backbone: str | None = None, *, progress:
     The path of the complete feature file. Bad data raises :class:`reservoir.tasks.DataError`
     before any file is created.
     """
-    from reservoir.extract import extract as run
+    from reservoir.extract.run import extract as run
 
     return run(_config(ExtractConfig, task=task, backbone=backbone, **settings), progress=progress)
 
@@ -86,14 +86,14 @@ def fit(task: str | FitConfig | None = None, backbone: str | None = None, *, pro
     the features' identity, head, depth and seed), then one per baseline (``mode="baseline"``,
     under ``results/TASK/baseline-NAME/``) unless ``baselines=False``.
     """
-    from reservoir.fit import fit as run
+    from reservoir.probe.fit import fit as run
 
     return run(_config(FitConfig, task=task, backbone=backbone, **settings), progress=progress)
 
 
 def read_features(path: str | Path, split: str, depth: int) -> tuple[np.ndarray, np.ndarray]:
     """Features ``(N, n_readout * d_model)`` and labels of one depth of one split of a feature file."""
-    from reservoir.store import open_features, read_depth
+    from reservoir.extract.store import open_features, read_depth
 
     with open_features(Path(path)) as f:
         X, y = read_depth(f, split, depth)
@@ -110,7 +110,7 @@ def _backbone(name: str, seed: int):
     fresh copy, since the runner converts it to the compute dtype in place)."""
     import copy
 
-    from reservoir.backbones import load_backbone
+    from reservoir.model.backbones import load_backbone
 
     key = (name, seed)
     if key not in _LOADED:
@@ -198,8 +198,10 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         self.engine = engine
 
     def fit(self, X: Any, y: Any = None) -> "ReservoirFeatures":
-        from reservoir.engines import INT8_DTYPES, calibration_batches, calibration_rows
-        from reservoir.forward import FeatureRunner, check_length, resolve_device, resolve_dtype
+        from reservoir.runtime.engines import INT8_DTYPES, calibration_batches, calibration_rows
+        from reservoir.model.devices import resolve_device
+        from reservoir.model.reservoir import check_length
+        from reservoir.runtime.runner import FeatureRunner, resolve_dtype
 
         device = resolve_device(self.device)
         dtype = resolve_dtype(self.dtype, device)
@@ -246,7 +248,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
 
     def _batches(self, rows: list[np.ndarray], kind: str, width: int):
         """``(row indices, (tokens, lengths))`` of each batch, bucketed by length, zero-padded."""
-        from reservoir.extract import plan_batches
+        from reservoir.extract.plan import plan_batches
 
         lengths = np.array([len(r) for r in rows], dtype=np.int64)
         for batch in plan_batches(lengths, self.batch_size, bucket=True):

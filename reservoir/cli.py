@@ -49,7 +49,7 @@ def check_task(ctx, param, value: str | None) -> str | None:
 
 
 def check_backbone(ctx, param, value: str | None) -> str | None:
-    from reservoir.backbones import is_backbone, list_backbones
+    from reservoir.model.backbones import is_backbone, list_backbones
 
     if value is None or is_backbone(value):
         return value
@@ -169,7 +169,7 @@ def tasks_cmd() -> None:
 @main.command("backbones")
 def backbones_cmd() -> None:
     """List registered backbones."""
-    from reservoir.backbones import BACKBONES, list_backbones
+    from reservoir.model.backbones import BACKBONES, list_backbones
 
     for name in list_backbones():
         click.echo(f"{name:24s} {BACKBONES.help(name)}")
@@ -183,7 +183,7 @@ def backbones_cmd() -> None:
 @pass_settings
 def install(settings: Settings, name, source, force) -> None:
     """Download and convert a backbone that needs it (once); prints its cache folder."""
-    from reservoir.backbones.smollm import INSTALLERS
+    from reservoir.model.backbones.smollm import INSTALLERS
 
     click.echo(str(run(INSTALLERS[name], source, force=force, progress=not settings.quiet)))
 
@@ -236,7 +236,7 @@ def install(settings: Settings, name, source, force) -> None:
 def extract(settings: Settings, task, backbone, split, limit, seed, input_scale, batch_size, dtype, engine, depths, readout,
             compile, device, workers, scheduler, shard_rows, task_opts, data_dir, out) -> None:
     """Stream a task through a frozen backbone into an HDF5 feature file (reused when the same run asks again)."""
-    from reservoir.extract import extract as run_extract
+    from reservoir.extract.run import extract as run_extract
 
     cfg = run(from_options, ExtractConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
               split=split, limit=limit, seed=seed, input_scale=input_scale, batch_size=batch_size, dtype=dtype,
@@ -273,8 +273,8 @@ def extract(settings: Settings, task, backbone, split, limit, seed, input_scale,
 def fit(settings: Settings, task, backbone, features, depths, depth, head, val_fraction, seed, device,
         memory_mb, baselines, data_dir) -> None:
     """Fit a linear head per depth on cached features; print the depth table."""
-    from reservoir.fit import fit as run_fit
-    from reservoir.report import depth_table
+    from reservoir.probe.fit import fit as run_fit
+    from reservoir.report.tables import depth_table
 
     if task is None and features is None:
         raise click.UsageError("give --features FILE, or --task (and --backbone) to find the extracted file")
@@ -378,7 +378,7 @@ def report(paths, paper_table, paper_rows, layout, csv_path, plot_dir) -> None:
     The number of an output-only setting is its test accuracy at the depth chosen on validation;
     the baselines of the same data and head are listed with it."""
     from reservoir.config import home
-    from reservoir.report import Report, load_results
+    from reservoir.report.tables import Report, load_results
     from reservoir.results import atomic_write
 
     results = run(load_results, paths or [home() / "results"])
@@ -386,7 +386,7 @@ def report(paths, paper_table, paper_rows, layout, csv_path, plot_dir) -> None:
         raise click.ClickException("no results found; run `reservoir fit` or `reservoir train` first")
     table = None
     if paper_table is not None:
-        from reservoir.paper import TABLES
+        from reservoir.report.paper import TABLES
 
         if paper_table not in TABLES:
             raise click.BadParameter(f"the paper has no table {paper_table} here; choose from {sorted(TABLES)}",
@@ -442,7 +442,7 @@ def built_task(task: str, task_opts: tuple[str, ...]):
 @data_dir_option
 def data_list(data_dir) -> None:
     """Every task: whether its files are present, where it looks first, what it needs."""
-    from reservoir.data import data_dir_origin, list_rows
+    from reservoir.tasks.sources import data_dir_origin, list_rows
 
     folder, origin = data_dir_origin(data_dir)
     click.echo(f"data folder: {folder}  (from {origin})")
@@ -455,7 +455,7 @@ def data_list(data_dir) -> None:
 @data_dir_option
 def data_where(tasks, data_dir) -> None:
     """Where each task (default: all) looks for its files, and the layout of your own files."""
-    from reservoir.data import data_dir_origin, where_lines
+    from reservoir.tasks.sources import data_dir_origin, where_lines
     from reservoir.tasks import list_tasks
 
     folder, origin = data_dir_origin(data_dir)
@@ -468,7 +468,7 @@ def data_where(tasks, data_dir) -> None:
 @data_dir_option
 def data_fetch(task, task_opts, data_dir) -> None:
     """Download (checksum verified) or unpack a task's data; offline, say which files to place where."""
-    from reservoir.data import data_dir_origin, fetch
+    from reservoir.tasks.sources import data_dir_origin, fetch
 
     folder, _ = data_dir_origin(data_dir)
     for line in run(fetch, built_task(task, task_opts), folder):
@@ -480,7 +480,7 @@ def data_fetch(task, task_opts, data_dir) -> None:
 @data_dir_option
 def data_verify(task, task_opts, data_dir) -> None:
     """Check a task's files: presence, checksums, and every split's examples and labels."""
-    from reservoir.data import data_dir_origin, verify
+    from reservoir.tasks.sources import data_dir_origin, verify
 
     folder, _ = data_dir_origin(data_dir)
     report = run(verify, built_task(task, task_opts), folder)
@@ -509,8 +509,8 @@ def data_verify(task, task_opts, data_dir) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="PNG file to write.")
 def attention(task, backbone, layer, example, split, seed, input_scale, heads, checkpoint, data_dir, out) -> None:
     """Plot one block's attention (one heatmap per head) for one example, as in the FPT paper's figures 3-5."""
-    from reservoir.attention import first_layer_attention
-    from reservoir.plots import attention_maps
+    from reservoir.report.attention import first_layer_attention
+    from reservoir.report.plots import attention_maps
 
     backbone = backbone or default(ExtractConfig, "backbone")
     weights, labels = run(first_layer_attention, task, backbone, seed=seed, layer=layer, example=example, split=split,

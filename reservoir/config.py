@@ -57,7 +57,7 @@ def results_dir(task: str, backbone: str) -> Path:
 
 #: choices of the options that take one (the CLI's click.Choice lists come from here)
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "int8", "int8-static")
-#: engines that run an extraction (:mod:`reservoir.engines`)
+#: engines that run an extraction (:mod:`reservoir.runtime.engines`)
 ENGINE_CHOICES = ("auto", "torch", "openvino")
 READOUT_CHOICES = ("last", "padded")
 HEAD_CHOICES = ("logreg", "ridge", "torch")
@@ -166,7 +166,7 @@ def _check_choice(owner: str, name: str, value: Any, choices: Sequence[Any]) -> 
 
 def check_device(owner: str, value: str) -> None:
     """``value`` is auto, cpu, cuda, cuda:N or mps (whether the device is present is checked
-    where it is used, :func:`reservoir.forward.resolve_device`)."""
+    where it is used, :func:`reservoir.runtime.runner.resolve_device`)."""
     import re
 
     if not re.fullmatch(DEVICE_PATTERN, str(value)):
@@ -193,14 +193,14 @@ class ExtractConfig:
         seeds its data instead.
     input_scale : scale of the frozen input layer; ``"paper"``: orthogonal gain 1.41 for
         dense tokens, N(0, 1) embeddings for ids (the FPT code); ``"matched"``: the std of the
-        backbone's own token embedding (:func:`reservoir.input_layer.make_input_layer`); a
+        backbone's own token embedding (:func:`reservoir.model.input_layer.make_input_layer`); a
         positive number: that std.
     batch_size : examples per forward pass; ``None``: about 16,384 tokens a batch, more for
-        backbones that ask (``reservoir.extract.auto_batch_size``).
+        backbones that ask (``reservoir.extract.plan.auto_batch_size``).
     dtype : compute dtype of the backbone: ``"auto"`` is bfloat16 where the CPU multiplies
         bf16 natively, else float32 (features are stored as float32); ``"int8"`` (int8 weights,
         activations quantized per token at run time) and ``"int8-static"`` (activation scales
-        calibrated on the run's first rows) run on the OpenVINO engine (:mod:`reservoir.engines`).
+        calibrated on the run's first rows) run on the OpenVINO engine (:mod:`reservoir.runtime.engines`).
     engine : what runs the forward: ``"torch"`` (eager or compiled), ``"openvino"`` (the
         ``openvino`` extra; CPU only), or ``"auto"``: OpenVINO on the CPU for runs of 20,000+
         tokens when it is installed and the backbone converts, PyTorch otherwise or when
@@ -211,7 +211,7 @@ class ExtractConfig:
         task's length and reads the last position, reproducing the official FPT code.
     compile : compile the forward with torch.compile (falls back to eager on failure);
         ``None`` compiles when the measured costs say it repays the compile time
-        (:mod:`reservoir.compiling`; sharded runs: ``reservoir.extract.AUTO_COMPILE_TOKENS``).
+        (:mod:`reservoir.runtime.compiling`; sharded runs: ``reservoir.extract.run.AUTO_COMPILE_TOKENS``).
     device : ``auto`` (a CUDA GPU when present, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or
         ``mps``. Not part of the run's identity: it changes where the numbers are computed.
     workers : extract shards on a dask ``LocalCluster`` of this many worker processes (threads
@@ -285,7 +285,7 @@ class FitConfig:
     device : where the torch head trains (``auto``: a CUDA GPU when present, else the CPU).
     memory_mb : features of one depth (train rows) above this many MiB are never loaded at once:
         the logistic and torch heads then train on blocks read from the file (ridge always does).
-    baselines : also fit the baselines of the file's data (:mod:`reservoir.baselines`: majority,
+    baselines : also fit the baselines of the file's data (:mod:`reservoir.probe.baselines`: majority,
         raw input, random tanh features of the same width, the task's rules), read again from
         ``data_dir``; results already written for the same data are reused.
     data_dir : the data folder the baselines read the task's data from; ``None``: the folder the

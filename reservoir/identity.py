@@ -21,7 +21,7 @@ Identity of a feature file (:func:`feature_identity`):
   as resolved on this CPU (``auto`` is never stored), ``readout``, ``limit`` and ``splits``;
 - ``calibration`` (the int8 dtypes only): the split and number of first rows whose
   activations fixed the per-position means int8 subtracts (and, for ``int8-static``, the scales),
-  and the int8 recipe's version (:data:`reservoir.engines.INT8_RECIPE`).
+  and the int8 recipe's version (:data:`reservoir.runtime.engines.INT8_RECIPE`).
 
 Execution settings that do not change what is computed (batch size, compile, the engine,
 progress, the output path) are kept in the file's ``config`` but are not part of the
@@ -94,7 +94,7 @@ def reread(task: "Task", identity: Mapping[str, Any], data_dir: Path | str) -> d
     return data if data_fingerprint(data) == identity["data"] else None
 
 
-def _config_dict(config: Any) -> dict[str, Any]:
+def config_dict(config: Any) -> dict[str, Any]:
     """A backbone's architecture settings without machine- or version-specific entries."""
     if dataclasses.is_dataclass(config):
         return dataclasses.asdict(config)
@@ -104,47 +104,24 @@ def _config_dict(config: Any) -> dict[str, Any]:
     return {"repr": repr(config)}
 
 
-def backbone_fingerprint(model: "nn.Module") -> str:
-    """SHA-256 (hex) of the backbone's class, configuration and every tensor of its state dict."""
-    import torch
-
-    h = hashlib.sha256()
-    h.update(f"{type(model).__module__}.{type(model).__qualname__}".encode())
-    h.update(canonical(_config_dict(getattr(model, "config", None))).encode())
-    for name, t in sorted(model.state_dict().items()):
-        t = t.detach().to("cpu").contiguous()
-        h.update(f"{name}{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-def backbone_label(name: str) -> str:
-    """A readable, machine-independent name: a registered name, or a folder's base name (plus twin)."""
-    from reservoir.backbones import split_twin
-
-    base, twin = split_twin(name)
-    base = base[3:] if base.startswith("hf:") else base
-    label = Path(base.rstrip("/")).name if ("/" in base or Path(base).is_dir()) else base
-    return label if twin == "pretrained" else f"{label}-{twin}"
-
-
 def task_label(name: str) -> str:
     """``file:some/dir/mine.npz`` -> ``file:mine.npz``; registered names as they are."""
     return f"file:{Path(name[5:]).name}" if name.startswith("file:") else name
 
 
-def feature_identity(*, task_name: str, task: "Task", data: Mapping[str, "SplitData"], backbone_name: str,
-                     backbone: "nn.Module", seed: int, input_scale: str, depths: list[int], dtype: str, readout: str,
+def feature_identity(*, task_name: str, task: "Task", data: Mapping[str, "SplitData"], backbone: str,
+                     backbone_fingerprint: str, seed: int, input_scale: str, depths: list[int], dtype: str, readout: str,
                      limit: int | None, calibration: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The identity of a feature file (module docstring)."""
+    """The identity of a feature file (module docstring); ``backbone`` is the readable label and
+    ``backbone_fingerprint`` the hash of :func:`reservoir.model.backbones.fingerprint`."""
     extra = {"calibration": dict(calibration)} if calibration else {}
     return {
         "format": FEATURE_FORMAT,
         "task": task_label(task_name),
         "task_options": task.identity_options(),
         "data": data_fingerprint(data),
-        "backbone": backbone_label(backbone_name),
-        "backbone_fingerprint": backbone_fingerprint(backbone),
+        "backbone": backbone,
+        "backbone_fingerprint": backbone_fingerprint,
         "seed": int(seed),
         "input_scale": input_scale,
         "depths": [int(d) for d in depths],

@@ -3,7 +3,7 @@
 One JSON file per result under ``results/{task}/{backbone}/``. Schema (both modes):
 
 - ``task``, ``backbone``, ``mode`` (``output-only``, ``end-to-end``, or ``baseline``: see
-  :mod:`reservoir.baselines`; its backbone is ``baseline-NAME``, its depth ``None``), ``depth``, ``head``,
+  :mod:`reservoir.probe.baselines`; its backbone is ``baseline-NAME``, its depth ``None``), ``depth``, ``head``,
   ``trainable`` (groups), ``seed``, ``lr`` (``None`` for output-only heads);
 - ``test_accuracy``, ``val_accuracy`` (fractions in [0, 1]), ``n_train``, ``n_val``,
   ``n_test``, ``seconds``;

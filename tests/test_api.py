@@ -93,7 +93,7 @@ def test_int8_transformer_calibrates_as_an_extraction_does(tiny_gpt2, tmp_path, 
     """``ReservoirFeatures(dtype="int8")`` calibrates on the first rows it is fitted on, as extract
     does on the first rows of its first split: on the same rows the features agree."""
     pytest.importorskip("openvino")
-    from reservoir.engines import relative_error
+    from reservoir.runtime.engines import relative_error
 
     path = api.extract("digits", str(tiny_gpt2), limit=30, batch_size=7, dtype=dtype, out=tmp_path / "d.h5")
     task = get_task("digits")

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir.backbones import (BackboneError, list_backbones, load_backbone, split_twin, stats_init)
-from reservoir.backbones import smollm
+from reservoir.model.backbones import (BackboneError, list_backbones, load_backbone, split_twin, stats_init)
+from reservoir.model.backbones import smollm
 from reservoir.config import ExtractConfig
-from reservoir.extract import extract
-from reservoir.store import open_features
+from reservoir.extract.run import extract
+from reservoir.extract.store import open_features
 from tests.conftest import save_tiny_gpt2
 
 N_LAYERS = 3
@@ -314,7 +314,7 @@ def test_unknown_model_type_is_named(tmp_path):
 
 def test_lstm_variants_of_paper_tables_3_to_5():
     """3 layers (table 3), then 12 layers, + residual connections, + positions (cumulative ablation)."""
-    from reservoir.backbones.lstm import LSTM_VARIANTS
+    from reservoir.model.backbones.lstm import LSTM_VARIANTS
 
     shapes = {n: (c.n_layers, c.d_model, c.residual, c.positional) for n, c in LSTM_VARIANTS.items()}
     assert shapes.items() >= {"lstm": (3, 768, False, False), "lstm-12": (12, 768, False, False),

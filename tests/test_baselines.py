@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir.backbones import load_backbone
-from reservoir.baselines import lookup_rule, raw_inputs
-from reservoir.forward import Reservoir
-from reservoir.heads import RidgePath, RidgeStats
-from reservoir.report import Report
+from reservoir.model.backbones import load_backbone
+from reservoir.probe.baselines import lookup_rule, raw_inputs
+from reservoir.model.reservoir import Reservoir
+from reservoir.probe.heads import RidgePath, RidgeStats
+from reservoir.report.tables import Report
 from reservoir.results import load_results
 from reservoir.tasks import get_task
 from reservoir.tasks.listops import VOCAB, first_operator
@@ -170,7 +170,7 @@ def test_report_chooses_the_depth_on_validation_and_writes_csv_and_plots(tmp_pat
 
 def test_report_plots_training_curves_and_puts_paper_numbers_beside_ours(tmp_path):
     pytest.importorskip("matplotlib")
-    from reservoir.paper import TABLES
+    from reservoir.report.paper import TABLES
 
     history = [{"step": s, "loss": 1.0 / s, "val_accuracy": 0.5 + s / 100} for s in (10, 20, 30)]
     e2e = {"task": "bit_xor", "backbone": "gpt2-random", "mode": "end-to-end", "depth": 12, "head": "linear",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reservoir.forward import resolve_dtype
+from reservoir.runtime.runner import resolve_dtype
 
 
 def test_unknown_task_exits_2_listing_choices(cli, home):

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from reservoir import compiling
-from reservoir.compiling import decide
+from reservoir.runtime import compiling
+from reservoir.runtime.compiling import decide
 
 
 def test_decide_compiles_only_when_it_pays():
@@ -53,6 +53,6 @@ def test_a_cheap_remembered_compile_is_taken(cli, home, tiny_gpt2, monkeypatch):
     monkeypatch.setenv("RESERVOIR_CACHE", str(home / "cache"))
     monkeypatch.setattr(compiling, "read_record", lambda key: {"compile_seconds": 0.0, "speedup": 5.0})
     calls = []
-    monkeypatch.setattr("reservoir.forward.FeatureRunner.enable_compile", lambda self: calls.append(self))
+    monkeypatch.setattr("reservoir.runtime.runner.FeatureRunner.enable_compile", lambda self: calls.append(self))
     r = cli("extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "300", "--dtype", "float32")
     assert r.exit_code == 0 and "compiled: eager" in r.output and len(calls) == 1

@@ -32,7 +32,7 @@ def test_sigkill_of_a_sharded_run_then_rerun_equals_the_uninterrupted_file():
 
 def test_a_torn_chunk_in_a_partial_file_is_not_trusted(cli, home, tmp_path, monkeypatch):
     """A kill in the middle of writing a chunk: the resumed run starts over instead of failing."""
-    from reservoir.forward import FeatureRunner
+    from reservoir.runtime.runner import FeatureRunner
 
     out = tmp_path / "f.h5"
     args = ("-q", "extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,1", "--limit", "200",
@@ -115,7 +115,7 @@ def test_a_full_disk_fails_cleanly_and_the_rerun_after_freeing_space_completes(c
     if when == "filling during the run":
         # the free-space check passes and the disk fills while writing; run as a user runs it, in a
         # process of its own (after a mid-write ENOSPC, HDF5's state in that process is not reusable)
-        code = (f"from reservoir import store; store.check_space = lambda path, nbytes: None\n"
+        code = (f"from reservoir.extract import store; store.check_space = lambda path, nbytes: None\n"
                 f"from reservoir.cli import main; main({[*args, '--out', str(out)]!r})")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from reservoir.errors import DeviceError
-from reservoir.forward import resolve_device
+from reservoir.model.devices import resolve_device
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 

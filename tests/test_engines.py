@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir import engines
-from reservoir.backbones import gather, load_backbone
+from reservoir.runtime import engines
+from reservoir.model.backbones import gather, load_backbone
 from reservoir.errors import BackboneError, DeviceError, UsageError
-from reservoir.forward import FeatureRunner, FixedDepths
+from reservoir.model.reservoir import FixedDepths
+from reservoir.runtime.runner import FeatureRunner
 from reservoir.tasks import get_task
 
 pytest.importorskip("openvino")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from reservoir.config import ExtractConfig
-from reservoir.extract import extract
-from reservoir.store import FeatureWriter, open_features, partial_path
+from reservoir.extract.run import extract
+from reservoir.extract.store import FeatureWriter, open_features, partial_path
 from tests.conftest import save_tiny_gpt2
 
 
@@ -59,7 +59,7 @@ def test_gpt2_depth_k_equals_truncated_model(tmp_path, tiny_gpt2):
 
 
 def test_lstm_depth_k_equals_stacked_lstm(tmp_path):
-    from reservoir.backbones import load_backbone
+    from reservoir.model.backbones import load_backbone
 
     path = run(tmp_path, backbone="lstm", depths="0,2,3")
     task, d = task_tokens("digits")
@@ -139,7 +139,7 @@ def test_interrupted_run_resumes_to_the_same_file(tmp_path, monkeypatch):
 
 
 def test_resume_with_other_settings_is_refused(tmp_path, monkeypatch):
-    from reservoir.store import StoreError
+    from reservoir.extract.store import StoreError
 
     monkeypatch.setattr(FeatureWriter, "write", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):

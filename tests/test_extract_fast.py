@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir import extract as ex
-from reservoir.backbones import load_backbone
+from reservoir.extract import plan
+from reservoir.extract import run as ex
+from reservoir.model.backbones import load_backbone
 from reservoir.config import ExtractConfig
-from reservoir import forward as fw
-from reservoir.extract import plan_batches, prefetch
-from reservoir.forward import FeatureRunner, resolve_dtype, round_width
-from reservoir.store import FeatureWriter, StoreError, open_features, partial_path
+from reservoir.runtime import runner as fw
+from reservoir.extract.plan import plan_batches
+from reservoir.extract.run import prefetch
+from reservoir.runtime.runner import FeatureRunner, resolve_dtype, round_width
+from reservoir.extract.store import FeatureWriter, StoreError, open_features, partial_path
 from reservoir.tasks import get_task
 
 LISTOPS = {"max_len": 200, "n_train": 14, "n_val": 1, "n_test": 1, "min_length": 5, "max_length": 190}
@@ -198,6 +200,6 @@ def test_default_extraction_records_the_resolved_dtype(tmp_path):
 
 def test_auto_batch_size_holds_about_a_token_budget_and_gives_lstms_more_rows(tiny_gpt2):
     gpt2, lstm = load_backbone(str(tiny_gpt2)), load_backbone("lstm")
-    assert ex.auto_batch_size(gpt2, 64) == ex.BATCH_TOKENS // 64
-    assert ex.auto_batch_size(gpt2, 10**6) == 1 and ex.auto_batch_size(gpt2, 1) == ex.MAX_BATCH_ROWS
-    assert ex.auto_batch_size(lstm, 1024) > ex.auto_batch_size(gpt2, 1024)
+    assert plan.auto_batch_size(gpt2, 64) == plan.BATCH_TOKENS // 64
+    assert plan.auto_batch_size(gpt2, 10**6) == 1 and plan.auto_batch_size(gpt2, 1) == plan.MAX_BATCH_ROWS
+    assert plan.auto_batch_size(lstm, 1024) > plan.auto_batch_size(gpt2, 1024)

@@ -13,8 +13,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_info
 
-from reservoir import heads
-from reservoir.heads import HEADS, HeadKind, LogRegHead, RidgeHead, RidgeStats, TorchHead, fit_depth, head_threads, rows
+from reservoir.probe import heads
+from reservoir.probe.heads import HEADS, HeadKind, LogRegHead, RidgeHead, RidgeStats, TorchHead, fit_depth, head_threads, rows
 
 
 def blobs(n=300, d=8, classes=3, seed=0, outputs=None):
@@ -212,14 +212,14 @@ def test_fit_depth_limits_threads(monkeypatch):
 # -- out of core: the logistic and torch heads on rows read block by block ---------------------------
 
 
-from reservoir.heads import Rows  # noqa: E402
+from reservoir.probe.heads import Rows  # noqa: E402
 
 
 class BlockRows(Rows):
     """ArrayRows that hand out their rows in small blocks (as a feature file does)."""
 
     def __init__(self, X, y, block=37):
-        from reservoir.heads import ArrayRows
+        from reservoir.probe.heads import ArrayRows
 
         self.inner, self.block = ArrayRows(X, y), block
         self.labels = y
@@ -229,7 +229,7 @@ class BlockRows(Rows):
         return self.inner.nbytes
 
     def blocks(self):
-        from reservoir.heads import rows
+        from reservoir.probe.heads import rows
 
         for i in range(0, len(self.labels), self.block):
             yield rows(self.inner.X[i:i + self.block], self.labels[i:i + self.block])
@@ -251,7 +251,7 @@ def separable(n=600, d=24, classes=4, seed=0, outputs=None):
 def test_streaming_logistic_matches_scikit_learn(classes):
     from sklearn.linear_model import LogisticRegression
 
-    from reservoir.heads import streaming_logistic
+    from reservoir.probe.heads import streaming_logistic
 
     X, y = separable(classes=classes)
     ref = make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=1000, tol=1e-8)).fit(X[:, 0], y)
@@ -263,7 +263,7 @@ def test_streaming_logistic_matches_scikit_learn(classes):
 def test_streaming_logistic_handles_bits_as_independent_outputs():
     from sklearn.linear_model import LogisticRegression
 
-    from reservoir.heads import streaming_logistic
+    from reservoir.probe.heads import streaming_logistic
 
     X, y = separable(classes=2, outputs=3)
     y[:, 0, 1] = 1 - y[:, 0, 0]  # outputs that differ
@@ -277,7 +277,7 @@ def test_streaming_logistic_handles_bits_as_independent_outputs():
 
 @pytest.mark.parametrize("head", ["logreg", "torch"])
 def test_over_the_memory_budget_heads_stream_instead_of_loading(head, monkeypatch):
-    from reservoir import heads
+    from reservoir.probe import heads
 
     X, y = separable(n=800)
     train, test = BlockRows(X[:600], y[:600]), BlockRows(X[600:], y[600:])

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir.forward import FeatureRunner
-from reservoir.identity import backbone_fingerprint, digest
+from reservoir.runtime.runner import FeatureRunner
+from reservoir.identity import digest
+from reservoir.model.backbones import fingerprint as backbone_fingerprint
 from tests.conftest import save_tiny_gpt2
 
 #: a fast run: 24 digits per split through the 2-block, 32-wide GPT-2, float32
@@ -143,7 +144,7 @@ def test_two_backbone_folders_with_the_same_name_never_share_a_file(extract, hom
 
 
 def test_the_random_twin_of_another_seed_is_another_backbone():
-    from reservoir.backbones import load_backbone
+    from reservoir.model.backbones import load_backbone
 
     assert backbone_fingerprint(load_backbone("lstm", 0)) == backbone_fingerprint(load_backbone("lstm", 0))
     assert backbone_fingerprint(load_backbone("lstm", 0)) != backbone_fingerprint(load_backbone("lstm", 1))
@@ -153,7 +154,7 @@ def test_the_random_twin_of_another_seed_is_another_backbone():
 
 def test_a_partial_file_of_another_run_is_not_resumed(extract, home, monkeypatch, tmp_path, tiny_gpt2):
     from reservoir.config import ExtractConfig
-    from reservoir.extract import extract as run_extract
+    from reservoir.extract.run import extract as run_extract
 
     out = tmp_path / "f.h5"
 
@@ -259,7 +260,7 @@ def test_a_task_longer_than_the_backbone_is_refused_up_front(cli, home, tiny_gpt
 
 def test_untrained_end_to_end_model_equals_the_stored_features(extract, home, tiny_gpt2):
     """The FPT of ``train`` and ``extract`` share one forward path: same seed, same numbers."""
-    from reservoir.backbones import load_backbone
+    from reservoir.model.backbones import load_backbone
     from reservoir.tasks import get_task
     from reservoir.train import FPT
 
@@ -285,7 +286,7 @@ def test_a_second_writer_is_refused_and_a_dead_holder_releases_the_lock(extract,
     import subprocess
     import sys
 
-    from reservoir.store import WriterLock
+    from reservoir.extract.store import WriterLock
 
     out = tmp_path / "f.h5"
     holder = WriterLock(out)
@@ -294,7 +295,7 @@ def test_a_second_writer_is_refused_and_a_dead_holder_releases_the_lock(extract,
     assert not out.exists() and not out.with_name("f.h5.partial").exists()
     holder.release()
     # a holder killed with SIGKILL leaves the lock file behind, but not the lock
-    script = f"from reservoir.store import WriterLock; import time; WriterLock({str(out)!r}); print('locked', flush=True); time.sleep(60)"
+    script = f"from reservoir.extract.store import WriterLock; import time; WriterLock({str(out)!r}); print('locked', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
     code, output, _ = extract("--out", str(out))

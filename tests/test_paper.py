@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reservoir.paper import TABLES, TASKS, paper_number
+from reservoir.report.paper import TABLES, TASKS, paper_number
 from reservoir.tasks import list_tasks
 
 

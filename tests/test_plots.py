@@ -1,4 +1,4 @@
-"""PNG plots (reservoir.plots) and attention maps read from the backbones (reservoir.attention)."""
+"""PNG plots (reservoir.report.plots) and attention maps read from the backbones (reservoir.report.attention)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("matplotlib")
 
-from reservoir import plots  # noqa: E402
-from reservoir.attention import first_layer_attention  # noqa: E402
+from reservoir.report import plots  # noqa: E402
+from reservoir.report.attention import first_layer_attention  # noqa: E402
 from reservoir.errors import UsageError  # noqa: E402
 
 
@@ -108,7 +108,7 @@ def test_missing_matplotlib_says_how_to_install(tmp_path, monkeypatch, call):
 
 def hf_attentions(cls, folder: Path, task_name: str, example: int, seed: int = 0):
     """Hugging Face's own ``output_attentions`` (eager) for the input layer's embedding of the same example."""
-    from reservoir.input_layer import make_input_layer
+    from reservoir.model.input_layer import make_input_layer
     from reservoir.tasks import make_task
 
     task = make_task(task_name, {}, seed)
@@ -168,7 +168,7 @@ def test_attention_refuses_bad_layer_and_example(tiny_gpt2):
 
 
 def test_attention_with_a_training_checkpoint(tiny_gpt2, home):
-    from reservoir.attention import _checkpoint_model
+    from reservoir.report.attention import _checkpoint_model
     from reservoir.config import TrainConfig
     from reservoir.errors import IdentityError
     from reservoir.train import train

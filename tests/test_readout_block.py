@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from reservoir.backbones import load_backbone
-from reservoir.backbones.gpt2 import readout_block_supported
-from reservoir.backbones.hf import RotaryBackbone, rotary_readout_supported
-from reservoir.forward import readout_positions
+from reservoir.model.backbones import load_backbone
+from reservoir.model.backbones.gpt2 import readout_block_supported
+from reservoir.model.backbones.hf import RotaryBackbone, rotary_readout_supported
+from reservoir.model.reservoir import readout_positions
 from tests.conftest import save_tiny_gpt2
 
 WIDTH, T, B = 32, 24, 5
@@ -178,7 +178,7 @@ def test_unsupported_blocks_run_whole(tmp_path):
     scale_attn_by_inverse_layer_idx (reproduced) takes the readout path; both equal the full path."""
     from transformers import GPT2Config, GPT2Model
 
-    from reservoir.backbones.gpt2 import GPT2Backbone
+    from reservoir.model.backbones.gpt2 import GPT2Backbone
 
     x, lengths, readout = batch(True, 2)
     for flag, supported in (("reorder_and_upcast_attn", False), ("scale_attn_by_inverse_layer_idx", True)):
@@ -192,7 +192,7 @@ def test_unsupported_blocks_run_whole(tmp_path):
 
 
 def test_a_hooked_attention_module_runs_whole(backbone):
-    """reservoir.attention catches the attention module's inputs with a pre-hook; the last block
+    """reservoir.report.attention catches the attention module's inputs with a pre-hook; the last block
     must then call that module."""
     block = backbone.h[0] if backbone.family == "gpt2" else backbone.layers[0]
     module = block.attn if backbone.family == "gpt2" else block.self_attn

@@ -11,7 +11,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from reservoir.download import DataArchive
+from reservoir.tasks.download import DataArchive
 from reservoir.tasks import DataError, get_task
 from reservoir.tasks import cifar, homology
 

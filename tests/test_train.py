@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir.backbones import load_backbone
+from reservoir.model.backbones import load_backbone
 from reservoir.config import TrainConfig
 from reservoir.tasks import SplitData, get_task
 from reservoir.train import (FPT, Splits, evaluate, load_data, param_counts, select_trainable, train, train_run,
@@ -33,7 +33,7 @@ def test_paper_parameter_arithmetic_for_gpt2_base():
     """Layer norms: 4 x 768 per block x 12 blocks, plus the final norm (2 x 768), as the paper counts."""
     from transformers import GPT2Config, GPT2Model
 
-    from reservoir.backbones.gpt2 import GPT2_SIZES, GPT2Backbone
+    from reservoir.model.backbones.gpt2 import GPT2_SIZES, GPT2Backbone
 
     with torch.device("meta"):  # shapes only: no 124M-parameter initialisation
         backbone = GPT2Backbone(GPT2Model(GPT2Config(**GPT2_SIZES["gpt2"])))

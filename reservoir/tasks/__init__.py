@@ -110,7 +110,7 @@ class Task:
 
     def baseline_rules(self) -> dict[str, Callable[[SplitData], np.ndarray]]:
         """Rules a reservoir should beat, by name: each maps a split to one key per example, and
-        the rule predicts the most common train label of each key (:mod:`reservoir.baselines`)."""
+        the rule predicts the most common train label of each key (:mod:`reservoir.probe.baselines`)."""
         return {}
 
     def options(self) -> dict[str, Any]:

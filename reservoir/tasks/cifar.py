@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from reservoir.errors import UsageError
-from reservoir.download import DataArchive, ensure_archive
+from reservoir.tasks.download import DataArchive, ensure_archive
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, patches, register_task
 
 FOLDER = "cifar10"

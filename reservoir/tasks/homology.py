@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import UsageError
-from reservoir.download import DataArchive, ensure_archive
+from reservoir.tasks.download import DataArchive, ensure_archive
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, pad_ids, register_task
 
 FOLDER = "remote_homology"

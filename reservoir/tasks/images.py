@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reservoir.download import DataFile, ensure_files
+from reservoir.tasks.download import DataFile, ensure_files
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, patches, register_task
 
 MNIST_URLS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/")

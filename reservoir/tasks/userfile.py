@@ -52,7 +52,7 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
                 return {k: f[k] for k in f.files}
         import h5py
 
-        with h5py.File(path, "r") as f:
+        with h5py.File(path, "r", locking=False) as f:
             out = {k: f[k][()] for k in f if isinstance(f[k], h5py.Dataset)}
     except (OSError, ValueError, EOFError, KeyError) as e:
         raise DataError(f"{path} is unreadable or truncated ({type(e).__name__}: {e}); write it again") from None

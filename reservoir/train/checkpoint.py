@@ -19,7 +19,8 @@ from torch import nn
 from reservoir import __version__
 from reservoir.config import TrainConfig
 from reservoir.errors import DataError, IdentityError
-from reservoir.identity import backbone_label, data_fingerprint, differences, digest, task_label
+from reservoir.identity import data_fingerprint, differences, digest, task_label
+from reservoir.model.backbones import label as backbone_label
 from reservoir.results import atomic_write
 
 CHECKPOINT_FORMAT = 2

@@ -30,11 +30,14 @@ import torch
 from torch import nn
 
 from reservoir import __version__
-from reservoir.backbones import load_backbone
+from reservoir.model.backbones import load_backbone
 from reservoir.config import TrainConfig
 from reservoir.errors import DataError, UsageError
-from reservoir.forward import CompiledOrEager, check_length, resolve_device
-from reservoir.identity import backbone_fingerprint, digest
+from reservoir.model.devices import resolve_device
+from reservoir.model.reservoir import check_length
+from reservoir.runtime.runner import CompiledOrEager
+from reservoir.identity import digest
+from reservoir.model.backbones import fingerprint as backbone_fingerprint
 from reservoir.progress import log as log_line
 from reservoir.results import write_result
 from reservoir.tasks import SplitData, Task, make_task

@@ -1,4 +1,4 @@
-"""The FPT model: the shared forward path (:class:`reservoir.forward.Reservoir`) plus a linear
+"""The FPT model: the shared forward path (:class:`reservoir.runtime.runner.Reservoir`) plus a linear
 output layer on the readout tokens, its parameter groups and their counts.
 
 The FPT of Lu et al. (2021, section 2.2) trains a small parameter set of a frozen
@@ -17,10 +17,10 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from reservoir.backbones import Backbone
+from reservoir.model.backbones import Backbone
 from reservoir.config import TRAIN_GROUPS
 from reservoir.errors import UsageError
-from reservoir.forward import Reservoir
+from reservoir.model.reservoir import Reservoir
 from reservoir.tasks import TaskSpec
 
 

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from reservoir.backbones import Backbone, gather, register_backbone, seeded, weight_std
+from reservoir.model.backbones import Backbone, gather, register_backbone, seeded, weight_std
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from reservoir.download import DataArchive, check_archive, md5sum
+from reservoir.tasks.download import DataArchive, check_archive, md5sum
 from reservoir.tasks import DataError, Task, get_task, list_tasks
 
 
@@ -94,7 +94,7 @@ def _cifar(task: Task, data_dir: Path) -> Source:
 
 @source("mnist")
 def _mnist(task: Task, data_dir: Path) -> Source:
-    from reservoir.download import ensure_files
+    from reservoir.tasks.download import ensure_files
     from reservoir.tasks.images import MNIST_DATA
 
     folder = data_dir / "mnist"

@@ -196,7 +196,7 @@ def attention_maps(weights: np.ndarray, path: Path | str, *, title: str, tokens:
     Parameters
     ----------
     weights : ``(n_heads, T, T)`` probabilities; row ``i`` is query token ``i``'s
-        distribution over key tokens (:func:`reservoir.attention.first_layer_attention`).
+        distribution over key tokens (:func:`reservoir.report.attention.first_layer_attention`).
     path : the PNG to write (its folder is created).
     title : the figure's title.
     tokens : ``T`` labels; shown on both axes when ``T <= MAX_LABELLED_TOKENS``.

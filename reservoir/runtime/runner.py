@@ -1,19 +1,10 @@
-"""The one forward path: frozen input layer -> backbone -> readout tokens at each depth.
+"""Running the frozen forward for extraction: compute dtype, engine, compilation, batches.
 
-``extract``, ``train`` and the scikit-learn transformer all build their model here, so the
-features a file stores, the untrained end-to-end model and ``ReservoirFeatures`` are the
-same numbers (tests check it).
-
-- The **depth convention** is the backbones' (:mod:`reservoir.backbones`): depth ``k`` is
-  the backbone truncated to its first ``k`` blocks, final norm included; depth 0 is the
-  embedded input through that norm.
-- The **readout rule** is :func:`readout_positions`: the last ``n_readout`` real tokens of
-  each row, or with ``padded`` the last positions of rows padded to the task's length (the
-  official FPT code's readout, which depends on padding).
 - **Compilation** is :class:`CompiledOrEager`: torch.compile when asked, eager with a
   message when compiling or the compiled call fails.
 - :class:`FeatureRunner` turns token batches into float32 feature arrays for extraction:
-  compute dtype, static shapes for the compiled graph, padding rows dropped.
+  compute dtype, engine (PyTorch or OpenVINO, :mod:`reservoir.runtime.engines`), static shapes
+  for the compiled graph, padding rows dropped.
 """
 
 from __future__ import annotations
@@ -26,52 +17,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from reservoir.backbones import Backbone, freeze
-from reservoir.engines import INT8_DTYPES, OpenVINOForward, choose_engine
+from reservoir.model.backbones import Backbone, freeze
+from reservoir.model.devices import DTYPES
+from reservoir.model.reservoir import FixedDepths, Reservoir, readout_positions
+from reservoir.runtime.machine import bf16_native
+from reservoir.runtime.engines import INT8_DTYPES, OpenVINOForward, choose_engine
 from reservoir.errors import BackboneError, UsageError
-from reservoir.input_layer import make_input_layer
 from reservoir.tasks import TaskSpec
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: compiled variable-length batches are padded to a multiple of this many tokens
 WIDTH_MULTIPLE = 64
 #: batches whose time a :class:`FeatureRunner` keeps (the compile decision's measurements)
 TIMED_BATCHES = 64
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> the first CUDA device when one is present, else the CPU; ``cpu``, ``cuda``,
-    ``cuda:N`` and ``mps`` as asked, or DeviceError naming what this machine has."""
-    from reservoir.config import check_device
-    from reservoir.errors import DeviceError
-
-    check_device("--device", name)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        index = int(name.split(":")[1]) if ":" in name else 0
-        if index >= found:
-            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-            raise DeviceError(f"--device {name}: this machine has {found} CUDA device(s) (torch {torch.__version__}, "
-                              f"{build}); use --device cpu, or auto to take a GPU when there is one")
-    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise DeviceError("--device mps: Apple's Metal backend is not available here; use --device cpu or auto")
-    return torch.device(name)
-
-
-def bf16_native() -> bool:
-    """Whether this CPU has native bf16 matrix products (oneDNN with AVX512-BF16 or AMX)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
-        return False
-
-
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> str:
     """``"auto"`` -> ``"bfloat16"`` where the device multiplies bf16 natively (a CPU with
     AVX512-BF16 or AMX, a CUDA GPU with bf16 support), else ``"float32"``; the int8 dtypes of
-    the OpenVINO engine (:mod:`reservoir.engines`) as they are."""
+    the OpenVINO engine (:mod:`reservoir.runtime.engines`) as they are."""
     if name == "auto":
         kind = torch.device(device).type
         if kind == "cuda":
@@ -80,75 +43,6 @@ def resolve_dtype(name: str, device: torch.device | str = "cpu") -> str:
     if name not in DTYPES and name not in INT8_DTYPES:
         raise UsageError(f"dtype {name!r} is not supported; choose from {['auto', *DTYPES, *INT8_DTYPES]}")
     return name
-
-
-def readout_positions(lengths: torch.Tensor, n_readout: int, width: int | None = None) -> torch.Tensor:
-    """The readout rule, defined once: positions ``(B, n_readout)`` of the last ``n_readout`` real
-    tokens of each row, or (``width`` given, the padded readout) of the last ``n_readout``
-    positions of rows padded to ``width``."""
-    last = lengths if width is None else torch.full_like(lengths, width)
-    return last[:, None] - n_readout + torch.arange(n_readout, device=lengths.device)[None, :]
-
-
-def check_length(spec: TaskSpec, backbone: Backbone, backbone_name: str) -> None:
-    """Refuse, before anything runs, a task longer than the backbone's positions."""
-    limit = getattr(backbone, "max_positions", None)
-    if limit is not None and spec.seq_len > limit:
-        raise BackboneError(
-            f"task {spec.name!r} has sequences of up to {spec.seq_len} tokens, but backbone {backbone_name!r} reads at "
-            f"most {limit} positions; shorten the task (e.g. --task-opt max_len={limit} where the task has it) or "
-            "choose a backbone with more positions")
-
-
-class Reservoir(nn.Module):
-    """Frozen input layer -> dropout -> backbone -> hidden states of the readout tokens.
-
-    Parameters
-    ----------
-    spec : the task's spec (token kind and width or vocabulary, readout count).
-    backbone : the backbone (its blocks run up to the deepest requested depth).
-    seed : seeds the input layer (:func:`reservoir.input_layer.make_input_layer`).
-    input_scale : the input layer's scale (``"paper"``, ``"matched"`` or a std as text).
-    dropout : after the input layer (training only; 0 for extraction).
-
-    ``forward(tokens, lengths, depths, readout=None)`` returns ``(B, n_depths, n_readout, d)``
-    in the backbone's dtype; ``readout=None`` reads the last real tokens.
-    """
-
-    def __init__(self, spec: TaskSpec, backbone: Backbone, *, seed: int, input_scale: str = "paper",
-                 dropout: float = 0.0):
-        super().__init__()
-        self.spec = spec
-        self.input_layer = make_input_layer(spec, backbone.d_model, seed, input_scale,
-                                            getattr(backbone, "token_std", None))
-        self.dropout = nn.Dropout(dropout)
-        self.backbone = backbone
-        self.compute_dtype = torch.float32
-
-    def to_compute(self, dtype: torch.dtype) -> "Reservoir":
-        """Run the backbone in ``dtype``; the input layer stays float32."""
-        self.backbone.to(dtype)
-        self.compute_dtype = dtype
-        return self
-
-    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int],
-                readout: torch.Tensor | None = None) -> torch.Tensor:
-        if readout is None:
-            readout = readout_positions(lengths, self.spec.n_readout)
-        x = self.dropout(self.input_layer(tokens)).to(self.compute_dtype)
-        return self.backbone(x, lengths, depths, readout)
-
-
-class FixedDepths(nn.Module):
-    """``reservoir`` reading ``depths``, features as float32: ``(tokens, lengths, readout) -> (B,
-    n_depths, n_readout, d)``, the module an engine runs."""
-
-    def __init__(self, reservoir: Reservoir, depths: Sequence[int]):
-        super().__init__()
-        self.reservoir, self.depths = reservoir, tuple(depths)
-
-    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
-        return self.reservoir(tokens, lengths, self.depths, readout).float()
 
 
 class CompiledOrEager:
@@ -164,7 +58,7 @@ class CompiledOrEager:
         self.compiled = False
         self.hint = hint
         if enabled:
-            from reservoir.compiling import use_persistent_cache
+            from reservoir.runtime.compiling import use_persistent_cache
 
             use_persistent_cache()
             try:
@@ -231,7 +125,7 @@ class FeatureRunner:
     batch_size : when compiling, smaller batches are padded to this many rows so one graph serves.
     device : where the backbone runs (:func:`resolve_device`); batches are prepared on the CPU
         (pinned for CUDA) and features come back as CPU arrays.
-    engine : ``"torch"``, ``"openvino"`` or ``"auto"`` (:func:`reservoir.engines.choose_engine`;
+    engine : ``"torch"``, ``"openvino"`` or ``"auto"`` (:func:`reservoir.runtime.engines.choose_engine`;
         auto runs PyTorch when OpenVINO cannot convert the model or its check fails).
     tokens : tokens the run will extract (``engine="auto"`` takes OpenVINO for long runs only).
     padded : the padded readout (``reservoir extract --readout padded``), for calibration batches.
@@ -264,7 +158,7 @@ class FeatureRunner:
         self.backbone = self.reservoir.backbone
         self.batch_size = batch_size
         #: ``(real tokens, seconds, compiled)`` of the first :data:`TIMED_BATCHES` CPU batches, for the
-        #: compile decision (:mod:`reservoir.compiling`)
+        #: compile decision (:mod:`reservoir.runtime.compiling`)
         self.timings: list[tuple[int, float, bool]] = []
         if self.engine == "openvino":
             batches = None if calibration is None else \

@@ -11,7 +11,7 @@ residual and MLP for the readout rows alone (:func:`readout_attention`); the
 ``readout_last_block`` attribute switches this off (tests compare both). While that block
 computes the readout rows alone, :func:`readout_rows` gives their positions, so that a
 projection whose computation depends on the position (the int8 engine's centring,
-:class:`reservoir.engines.Centred`) reads its tables there.
+:class:`reservoir.runtime.engines.Centred`) reads its tables there.
 
 A backbone is registered by name (``@register_backbone``) or loaded from a folder saved
 with ``save_pretrained`` (``--backbone PATH`` or ``hf:PATH``), dispatched on the folder
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from reservoir.identity import canonical, config_dict
 from reservoir.errors import BackboneError, UsageError  # noqa: F401  (BackboneError: re-exported)
 from reservoir.registry import Registry
 
@@ -138,7 +140,7 @@ def readout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, readout
 
 def hooked(*modules: nn.Module) -> bool:
     """Whether any of ``modules`` has forward hooks: an observer (such as
-    :mod:`reservoir.attention`'s pre-hook) expects the module itself to run, so the readout-only
+    :mod:`reservoir.report.attention`'s pre-hook) expects the module itself to run, so the readout-only
     last block is not used then."""
     return any(m._forward_pre_hooks or m._forward_hooks for m in modules)
 
@@ -179,6 +181,26 @@ def split_twin(name: str) -> tuple[str, str]:
         if name.endswith(f"-{twin}") and base and (base in BACKBONES or is_model_path(base)):
             return base, twin
     return name, "pretrained"
+
+
+def fingerprint(model: "nn.Module") -> str:
+    """SHA-256 (hex) of the backbone's class, configuration and every tensor of its state dict."""
+    h = hashlib.sha256()
+    h.update(f"{type(model).__module__}.{type(model).__qualname__}".encode())
+    h.update(canonical(config_dict(getattr(model, "config", None))).encode())
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def label(name: str) -> str:
+    """A readable, machine-independent name: a registered name, or a folder's base name (plus twin)."""
+    base, twin = split_twin(name)
+    base = base[3:] if base.startswith("hf:") else base
+    label = Path(base.rstrip("/")).name if ("/" in base or Path(base).is_dir()) else base
+    return label if twin == "pretrained" else f"{label}-{twin}"
 
 
 def is_backbone(name: str) -> bool:
@@ -296,4 +318,4 @@ def from_pretrained(cls, *args, **kwargs):
     return cls.from_pretrained(*args, **kwargs)
 
 
-from reservoir.backbones import gpt2, hf, lstm, smollm  # noqa: E402,F401  (register families)
+from reservoir.model.backbones import gpt2, hf, lstm, smollm  # noqa: E402,F401  (register families)

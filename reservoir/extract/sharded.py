@@ -14,7 +14,7 @@
 driver's refuses its shard.
 
 The rows of each split are cut into contiguous shards aligned with the batch plan
-(:func:`reservoir.extract.plan_split`: a single process runs exactly the same batches, so
+(:func:`reservoir.extract.plan.plan_split`: a single process runs exactly the same batches, so
 a float32 sharded file equals the single-process one bit for bit). The driver encodes each
 shard's tokens and sends them with the run's identity and input layer; a worker runs them
 through the shared forward path and writes ``FILE.shards/SPLIT-START-STOP.h5`` atomically
@@ -41,7 +41,7 @@ import numpy as np
 from reservoir.errors import IdentityError, ReservoirError, StoreError
 from reservoir.identity import canonical, differences, digest
 from reservoir.progress import bar, log
-from reservoir.store import WriterLock, check_space, create_features, partial_path, shard_dir, write_joined
+from reservoir.extract.store import h5_file, WriterLock, check_space, create_features, partial_path, shard_dir, write_joined
 
 
 @dataclass
@@ -80,7 +80,7 @@ def shard_state(path: Path, identity: dict[str, Any]) -> bool:
     if not path.exists():
         return False
     try:
-        with h5py.File(path, "r") as f:
+        with h5_file(path) as f:
             stored = json.loads(f.attrs["identity"])
             complete = bool(f.attrs.get("complete", False))
     except (OSError, KeyError, ValueError):
@@ -103,9 +103,10 @@ def _runner(job: ShardJob):
     """The worker's FeatureRunner for this run (built once per worker process and reused)."""
     import torch
 
-    from reservoir.backbones import load_backbone
-    from reservoir.forward import FeatureRunner, Reservoir
-    from reservoir.identity import backbone_fingerprint
+    from reservoir.model.backbones import load_backbone
+    from reservoir.model.reservoir import Reservoir
+    from reservoir.runtime.runner import FeatureRunner
+    from reservoir.model.backbones import fingerprint as backbone_fingerprint
 
     device = job.device
     if device == "cuda" and torch.cuda.device_count() > 1:  # one worker per GPU
@@ -143,7 +144,7 @@ def run_shard(job: ShardJob) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     n = job.stop - job.start
     shape = (len(job.depths), job.spec.n_readout, runner.backbone.d_model)
-    with h5py.File(tmp, "w") as f:
+    with h5_file(tmp, "w") as f:
         f.attrs["identity"] = canonical(job.identity)
         f.attrs.update({"split": job.split, "start": job.start, "stop": job.stop, "complete": False})
         ds = create_features(f, n, shape)
@@ -188,11 +189,11 @@ def threads_per_worker(workers: int) -> int:
 
 
 def extract_sharded(run, *, progress: bool = True) -> Path:
-    """Extract ``run`` (a prepared :class:`reservoir.extract.Run`) as shards on dask workers, then
+    """Extract ``run`` (a prepared :class:`reservoir.extract.run.Run`) as shards on dask workers, then
     join them into ``run.out``."""
-    from reservoir.extract import plan_split
-    from reservoir.forward import Reservoir
-    from reservoir.input_layer import input_layer_tensors
+    from reservoir.extract.plan import plan_split
+    from reservoir.model.reservoir import Reservoir
+    from reservoir.model.input_layer import input_layer_tensors
 
     cfg, out, identity = run.cfg, run.out, run.identity
     lock = WriterLock(out)

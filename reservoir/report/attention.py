@@ -1,7 +1,7 @@
 """Attention probabilities of one block of a frozen backbone for one example (FPT paper, figures 3 to 5).
 
-The example goes through the project's own forward path (:class:`reservoir.forward.Reservoir`:
-the seeded input layer, then the backbone's blocks as :mod:`reservoir.backbones` runs them);
+The example goes through the project's own forward path (:class:`reservoir.runtime.runner.Reservoir`:
+the seeded input layer, then the backbone's blocks as :mod:`reservoir.model.backbones` runs them);
 a pre-hook on the attention module of block ``layer`` catches that module's inputs (the
 block's normed hidden states and, for rotary models, the position embeddings), stops the
 forward there, and the probabilities ``softmax(Q K^T * scale + mask)`` are computed from the
@@ -135,7 +135,7 @@ def attention_probs(reservoir: nn.Module, tokens: torch.Tensor, lengths: torch.T
 
     Parameters
     ----------
-    reservoir : a :class:`reservoir.forward.Reservoir` (or anything called as one) whose
+    reservoir : a :class:`reservoir.runtime.runner.Reservoir` (or anything called as one) whose
         ``backbone`` family has a reader in :data:`READERS`.
     tokens, lengths : a batch as the task encodes it (rows should not be padded: a causal
         model's real tokens never see padding, but an encoder's would).
@@ -173,8 +173,9 @@ def token_labels(task, tokens: np.ndarray) -> list[str]:
 
 def _checkpoint_model(path: Path, task_name: str, backbone_name: str):
     """The trained FPT of a ``reservoir train`` checkpoint (best-validation parameters) and its identity."""
-    from reservoir.backbones import load_backbone
-    from reservoir.identity import backbone_fingerprint, backbone_label, task_label
+    from reservoir.model.backbones import load_backbone
+    from reservoir.identity import task_label
+    from reservoir.model.backbones import fingerprint as backbone_fingerprint, label as backbone_label
     from reservoir.train.checkpoint import read_checkpoint
     from reservoir.train.model import FPT, select_trainable
 
@@ -239,9 +240,9 @@ def first_layer_attention(task_name: str, backbone_name: str, *, seed: int = 0, 
     >>> w.shape, labels[:3]                                           # doctest: +SKIP
     ((12, 10, 10), ['1', '0', '1'])
     """
-    from reservoir.backbones import freeze, load_backbone
+    from reservoir.model.backbones import freeze, load_backbone
     from reservoir.config import default_data_dir, parse_input_scale
-    from reservoir.forward import Reservoir, check_length
+    from reservoir.model.reservoir import Reservoir, check_length
 
     if example < 0 or layer < 0:
         raise UsageError(f"example and layer count from 0; got example {example}, layer {layer}")

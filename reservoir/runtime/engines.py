@@ -1,6 +1,6 @@
 """Engines that run the frozen forward: PyTorch (eager or compiled), or OpenVINO.
 
-The forward module is always :class:`reservoir.forward.Reservoir` (input layer, backbone,
+The forward module is always :class:`reservoir.runtime.runner.Reservoir` (input layer, backbone,
 readout). The ``openvino`` engine converts that same module with ``openvino.convert_model``
 (its readout-only deepest block included) and runs it with OpenVINO's CPU plugin:
 
@@ -55,7 +55,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from reservoir.backbones import readout_rows
+from reservoir.model.backbones import readout_rows
+from reservoir.runtime.machine import bf16_native
 from reservoir.errors import BackboneError, DeviceError, UsageError
 
 ENGINES = ("auto", "torch", "openvino")
@@ -155,7 +156,7 @@ def calibration_rows(seq_len: int, available: int) -> int:
 
 class OpenVINOForward:
     """``(tokens, lengths, readout) -> (B, n_depths, n_readout, d)`` float32 tensor, computed by
-    OpenVINO from :class:`reservoir.forward.Reservoir` (converted at the first call).
+    OpenVINO from :class:`reservoir.runtime.runner.Reservoir` (converted at the first call).
 
     Parameters
     ----------
@@ -246,7 +247,7 @@ class OpenVINOForward:
         config: dict[Any, Any] = {props.inference_num_threads: self.threads,
                                   props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
                                   props.hint.inference_precision: ov.Type.f32 if self.dtype == "float32" else
-                                  ov.Type.bf16 if _bf16_native() else ov.Type.f32}
+                                  ov.Type.bf16 if bf16_native() else ov.Type.f32}
         if self.dtype == "int8":
             config[props.hint.dynamic_quantization_group_size] = DYNAMIC_GROUP
         start = time.perf_counter()
@@ -325,7 +326,7 @@ class Centred(nn.Module):
 
     def _tables(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tables at the positions of ``x``'s rows: ``0..T-1``, or the readout positions while a
-        readout-only last block computes those rows alone (:func:`reservoir.backbones.readout_rows`)."""
+        readout-only last block computes those rows alone (:func:`reservoir.model.backbones.readout_rows`)."""
         rows = readout_rows()
         if rows is None:
             width = x.shape[-2]
@@ -338,7 +339,7 @@ class Centred(nn.Module):
 
     def columns(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """Output features ``start:stop`` only (the readout-only block's query or key-value columns)."""
-        from reservoir.backbones.gpt2 import _columns
+        from reservoir.model.backbones.gpt2 import _columns
 
         shift, scale, moved = self._tables(x)
         return _columns(self.module, (x - shift) / scale, start, stop) * scale + moved[..., start:stop]
@@ -474,12 +475,6 @@ def relative_error(ours: np.ndarray, ref: np.ndarray) -> float:
     num = np.linalg.norm((ours - ref).transpose(1, 0, 2).reshape(ref.shape[1], -1), axis=1)
     den = np.linalg.norm(ref.transpose(1, 0, 2).reshape(ref.shape[1], -1), axis=1)
     return float(np.max(num / np.maximum(den, 1e-30)))
-
-
-def _bf16_native() -> bool:
-    from reservoir.forward import bf16_native
-
-    return bf16_native()
 
 
 def one_line(e: BaseException) -> str:

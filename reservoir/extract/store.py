@@ -51,10 +51,22 @@ def partial_path(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
 
 
+#: HDF5's own file locks are off: one writer per file is this module's :class:`WriterLock`, and a complete
+#: file is never written again. HDF5 locks with ``flock``, which a forked child process (OpenVINO's and
+#: NNCF's helpers fork) inherits with the open file: a file closed by its writer could stay locked
+#: against readers until the child exited (seen as intermittent "unable to lock file" on reading).
+LOCKING = False
+
+
+def h5_file(path: Path, mode: str = "r", **kwargs) -> h5py.File:
+    """``h5py.File`` with this project's locking policy (:data:`LOCKING`)."""
+    return h5py.File(path, mode, locking=LOCKING, **kwargs)
+
+
 def _open_h5(path: Path, mode: str = "r") -> h5py.File:
     """Open an HDF5 file, translating h5py's errors into what the file is and what to do."""
     try:
-        return h5py.File(path, mode)
+        return h5_file(path, mode)
     except OSError as e:
         if not h5py.is_hdf5(path):
             raise StoreError(f"{path} is not an HDF5 feature file (it is {path.stat().st_size:,d} bytes of something "
@@ -228,7 +240,7 @@ class FeatureWriter:
         if tmp.exists():
             f = None
             try:
-                f = h5py.File(tmp, "r+")
+                f = h5_file(tmp, "r+")
                 old = stored_identity(f)
             except (OSError, KeyError, ValueError, StoreError):
                 if f is not None:
@@ -250,7 +262,7 @@ class FeatureWriter:
         check_space(tmp, nbytes)  # a resumed file has its space already
         f = None
         try:
-            f = h5py.File(tmp, "w", track_order=False)
+            f = h5_file(tmp, "w", track_order=False)
             _write_header(f, identity, config, input_layer)
             f.flush()
         except (OSError, RuntimeError) as e:
@@ -341,7 +353,7 @@ def write_joined(out: Path, identity: dict[str, Any], config: dict[str, Any], in
     labels, lengths and ``(start, stop, shard path)`` list. Written as ``.partial``, marked
     complete last and renamed."""
     tmp = partial_path(out)
-    with h5py.File(tmp, "w", track_order=False) as f:
+    with h5_file(tmp, "w", track_order=False) as f:
         _write_header(f, identity, config, input_layer)
         for name, (labels, lengths, shards) in splits.items():
             g = f.create_group(name)

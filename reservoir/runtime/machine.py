@@ -33,3 +33,13 @@ def describe() -> str:
     model, flags = cpu()
     have = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in FLAGS)
     return f"{model}, {cores()} usable cores; {have}"
+
+
+def bf16_native() -> bool:
+    """Whether this CPU has native bf16 matrix products (oneDNN with AVX512-BF16 or AMX)."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
+        return False

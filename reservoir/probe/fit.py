@@ -18,11 +18,12 @@ import numpy as np
 from reservoir import __version__
 from reservoir.config import FitConfig, default_data_dir, features_dir, select_depths, slug
 from reservoir.errors import IdentityError, StoreError, UsageError
-from reservoir.heads import Rows, fit_rows, rows
-from reservoir.identity import backbone_label, reread, task_label
+from reservoir.probe.heads import Rows, fit_rows, rows
+from reservoir.identity import reread, task_label
+from reservoir.model.backbones import label as backbone_label
 from reservoir.progress import log
 from reservoir.results import write_result
-from reservoir.store import feature_splits, file_config, iter_depth, open_features, stored_identity
+from reservoir.extract.store import h5_file, feature_splits, file_config, iter_depth, open_features, stored_identity
 
 class FileRows(Rows):
     """One depth of one split of a feature file (``index``: a subset of its rows), streamed in
@@ -65,7 +66,7 @@ def find_features(task: str, backbone: str | None) -> Path:
         lines = []
         for p in found:
             try:
-                with h5py.File(p, "r") as f:
+                with h5_file(p) as f:
                     i = stored_identity(f)
                 lines.append(f"  {p}  (backbone {i['backbone']}, seed {i['seed']}, {i['dtype']}, limit {i['limit']}, "
                              f"depths {i['depths'][0]}..{i['depths'][-1]}, readout {i['readout']})")
@@ -126,7 +127,7 @@ def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
 
 def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
     """Fit ``cfg.head`` at each requested depth, then (``cfg.baselines``) the baselines of the same
-    data (:mod:`reservoir.baselines`); returns the result dicts, one per depth and then one per
+    data (:mod:`reservoir.probe.baselines`); returns the result dicts, one per depth and then one per
     baseline (``mode="baseline"``), each also written as JSON.
 
     Regularisation is chosen on the file's ``val`` (or TAPE's ``valid``) split when it has one,
@@ -169,7 +170,7 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             if identity["task"].startswith("file:") and not cfg.task:
                 log("no baselines: pass --task file:PATH (the file the features came from) to compute them", progress)
             else:
-                from reservoir.baselines import fit_baselines
+                from reservoir.probe.baselines import fit_baselines
 
                 data_dir = Path(cfg.data_dir or extract_cfg.get("data_dir") or default_data_dir())
                 results += fit_baselines(identity, f["train"]["features"].shape[-1], cfg, val, tests,

@@ -7,7 +7,7 @@ Its scale (``--input-scale``) decides how strongly the input drives the frozen b
   N(0, 1) (torch's default), 50 times the std of GPT-2's own embeddings.
 - ``matched``: the std of the backbone's own token embedding as loaded (for a random twin,
   its initialisation's, e.g. 0.02 for GPT-2; for an LSTM, which has none, its first layer's
-  input weights'), :attr:`reservoir.backbones.Backbone.token_std`.
+  input weights'), :attr:`reservoir.model.backbones.Backbone.token_std`.
 - a positive number: that std.
 
 At a target std ``s``, an id embedding is drawn from N(0, s^2); a dense layer keeps its

@@ -267,7 +267,7 @@ class TorchHead(ClassifierMixin, BaseEstimator):
         self.device = device
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> "TorchHead":
-        from reservoir.forward import resolve_device
+        from reservoir.model.devices import resolve_device
 
         if self.optimizer not in ("adam", "lbfgs"):
             raise ValueError(f"The 'optimizer' parameter of TorchHead must be 'adam' or 'lbfgs'. Got {self.optimizer!r} instead.")
@@ -481,7 +481,7 @@ def streaming_linear(weight_decay: float, source: Rows, *, seed: int = 0, device
                      epochs: int = 30, batch_size: int = 256) -> Callable[[np.ndarray], np.ndarray]:
     """:class:`TorchHead` out of core: the same layer, loss and Adam, on standardized features,
     with mini-batches drawn block by block (blocks in file order, rows shuffled within a block)."""
-    from reservoir.forward import resolve_device
+    from reservoir.model.devices import resolve_device
 
     dev = resolve_device(device)
     mean, scale, _ = moments(source)

@@ -1,4 +1,4 @@
-"""Stream a task through the frozen input layer and backbone (:mod:`reservoir.forward`) into
+"""Stream a task through the frozen input layer and backbone (:mod:`reservoir.runtime.runner`) into
 the feature store, one file per run identity (:mod:`reservoir.identity`).
 
 Extraction is the only expensive step of the method, so the default path is tuned for
@@ -7,16 +7,16 @@ CPUs (measured in ``docs/benchmarks.md``, ``make bench``):
 - bf16 compute where the CPU multiplies bf16 natively (``dtype="auto"``; float32 on
   request); the input layer stays float32 and features are stored as float32;
 - on the CPU, runs of 20,000+ tokens go to OpenVINO when it is installed and the backbone
-  converts (``engine="auto"``, :mod:`reservoir.engines`: 1.4 times the compiled PyTorch path
+  converts (``engine="auto"``, :mod:`reservoir.runtime.engines`: 1.4 times the compiled PyTorch path
   on GPT-2 small); otherwise PyTorch runs, as below;
 - the forward (input layer, backbone, readout) compiled by inductor with weight freezing
   (oneDNN-packed weights), falling back to eager, with a message, when compilation fails;
   ``compile=None`` compiles when the measured costs say it is repaid
-  (:mod:`reservoir.compiling`: the eager rate measured on the run's first batch, the compile
+  (:mod:`reservoir.runtime.compiling`: the eager rate measured on the run's first batch, the compile
   time and speedup of the last run of the same shapes), with inductor's caches kept in the
   reservoir cache so a second run compiles in seconds;
 - a compiled graph sees few shapes: each batch is padded to the batch size and, for
-  variable-length tasks, to a width that is a multiple of ``reservoir.forward.WIDTH_MULTIPLE``; padding
+  variable-length tasks, to a width that is a multiple of ``reservoir.runtime.runner.WIDTH_MULTIPLE``; padding
   rows are dropped and the readout is the last real token, so padding never changes a
   feature (causal models need no mask; encoders build one from ``lengths``);
 - only the blocks up to the deepest requested depth run (the backbones' ``states``);
@@ -39,56 +39,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from reservoir.backbones import load_backbone
+from reservoir.model.backbones import fingerprint, label, load_backbone
 from reservoir.config import ExtractConfig, select_depths
-from reservoir.engines import INT8_DTYPES
-from reservoir.forward import Batch, FeatureRunner, Reservoir, check_length, resolve, resolve_device, resolve_dtype
+from reservoir.runtime.engines import INT8_DTYPES
+from reservoir.model.devices import resolve_device
+from reservoir.model.reservoir import Reservoir, check_length
+from reservoir.runtime.runner import Batch, FeatureRunner, resolve, resolve_dtype
 from reservoir.identity import digest as identity_hash
 from reservoir.identity import feature_identity, features_path_for
-from reservoir.input_layer import input_layer_tensors
+from reservoir.model.input_layer import input_layer_tensors
 from reservoir.progress import bar, log
-from reservoir.store import FeatureWriter, check_complete_match, write_failed
+from reservoir.extract.plan import auto_batch_size, plan_split
+from reservoir.extract.store import FeatureWriter, check_complete_match, write_failed
 from reservoir.tasks import SplitData, Task, make_task
 
 #: sharded runs (no probe) with ``compile=None`` compile when they have at least this many tokens
 #: left to extract: compiling costs 30 to 90 s here and gains about 4x over eager bf16 (docs/benchmarks.md)
 AUTO_COMPILE_TOKENS = 300_000
-#: with ``batch_size=None`` a batch holds about this many tokens (a backbone may ask for more
-#: with a ``batch_tokens`` attribute: an LSTM's step is a matrix product with one row per example)
-BATCH_TOKENS = 16384
-#: and at most this many examples
-MAX_BATCH_ROWS = 512
-
 T = TypeVar("T")
-
-
-def auto_batch_size(backbone: nn.Module, seq_len: int) -> int:
-    """Examples per batch when none is given: the backbone's ``batch_tokens`` (default
-    :data:`BATCH_TOKENS`) divided by the task's length, within ``[1, MAX_BATCH_ROWS]``."""
-    tokens = getattr(backbone, "batch_tokens", BATCH_TOKENS)
-    return max(1, min(MAX_BATCH_ROWS, tokens // max(1, seq_len)))
-
-
-def plan_batches(lengths: np.ndarray, batch_size: int, bucket: bool, start: int = 0) -> list[np.ndarray]:
-    """Row indices of each batch (offset by ``start``). Bucketing sorts by length (longest first)
-    so padding is small; rows within a batch are increasing so the store can write them directly."""
-    order = np.argsort(-lengths, kind="stable") if bucket else np.arange(len(lengths))
-    return [start + np.sort(order[i:i + batch_size]) for i in range(0, len(order), batch_size)]
-
-
-def shard_bounds(n: int, batch_size: int, shard_rows: int) -> list[tuple[int, int]]:
-    """Contiguous row blocks ``[start, stop)`` of about ``shard_rows`` rows (a multiple of the
-    batch size): the shards of a distributed run and the bucketing blocks of every run."""
-    size = max(batch_size, shard_rows // batch_size * batch_size)
-    return [(s, min(s + size, n)) for s in range(0, n, size)]
-
-
-def plan_split(lengths: np.ndarray, batch_size: int, bucket: bool,
-               shard_rows: int) -> list[tuple[tuple[int, int], list[np.ndarray]]]:
-    """The batch plan of a split, block by block: ``[((start, stop), batches), ...]``. Batches
-    never cross a block, so a single process and a sharded run compute the same batches."""
-    return [((a, b), plan_batches(lengths[a:b], batch_size, bucket, start=a))
-            for a, b in shard_bounds(len(lengths), batch_size, shard_rows)]
 
 
 _END = object()
@@ -193,7 +161,7 @@ def load_splits(task: Task, cfg: ExtractConfig) -> dict[str, SplitData]:
 
 def dtype_reason(run: "Run") -> str:
     """Why the compute dtype is what it is, in words (``extract`` prints it)."""
-    from reservoir.forward import bf16_native
+    from reservoir.runtime.machine import bf16_native
 
     if run.cfg.dtype != "auto":
         return f"--dtype {run.cfg.dtype}"
@@ -243,7 +211,7 @@ class Run:
 
     def calibration(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """The int8 dtypes: the calibration batches, ``(tokens, lengths)`` of the first rows of the first split."""
-        from reservoir.engines import calibration_batches
+        from reservoir.runtime.engines import calibration_batches
 
         split, n = self.identity["calibration"]["split"], self.identity["calibration"]["rows"]
         return [self.tokens(split, rows) for rows in calibration_batches(n)]
@@ -292,10 +260,10 @@ class Run:
         return should_compile(self.cfg.compile, self.tokens_left(plans), self.backbone)
 
     def compile_key(self, plans: dict[str, list[np.ndarray]]) -> tuple[str, int]:
-        """The record key of this run's compiled shapes (:mod:`reservoir.compiling`) and how many
+        """The record key of this run's compiled shapes (:mod:`reservoir.runtime.compiling`) and how many
         distinct batch widths it compiles."""
-        from reservoir.compiling import shape_key
-        from reservoir.forward import round_width
+        from reservoir.runtime.compiling import shape_key
+        from reservoir.runtime.runner import round_width
 
         widths = {round_width(self.width(s, rows), self.task.spec.seq_len) if self.bucket else self.width(s, rows)
                   for s in plans for rows in plans[s]}
@@ -306,11 +274,11 @@ class Run:
     def decide_compile(self, runner: FeatureRunner, plans: dict[str, list[np.ndarray]],
                        background: "BackgroundWriter", progress: bool = True) -> tuple[dict[str, int], str | None]:
         """Compile as asked, or (``compile=None``) when the measured costs say it pays
-        (:func:`reservoir.compiling.decide`): the first batch runs eager as the probe of the
+        (:func:`reservoir.runtime.compiling.decide`): the first batch runs eager as the probe of the
         eager rate (its features are kept) and is taken out of ``plans``. Says on stderr which
         path runs and why. Returns the rows the probe wrote per split, and the compile record's
         key when the run compiles on the CPU (:meth:`record_compile` then remembers its costs)."""
-        from reservoir.compiling import decide, read_record
+        from reservoir.runtime.compiling import decide, read_record
 
         if runner.engine != "torch":
             log(f"{runner.engine} engine ({runner.engine_reason}): converted on the first batch, "
@@ -345,7 +313,7 @@ class Run:
         compiled = [(t, s) for t, s, c in runner.timings if c]
         if key is None or len(compiled) < 3 or not runner.compiled:
             return
-        from reservoir.compiling import write_record
+        from reservoir.runtime.compiling import write_record
 
         steady = compiled[1:]
         per_token = float(np.median([s / t for t, s in steady]))
@@ -367,13 +335,13 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     dtype = resolve_dtype(cfg.dtype, device)
     calibration = None
     if dtype in INT8_DTYPES:
-        from reservoir.engines import INT8_RECIPE, calibration_rows
+        from reservoir.runtime.engines import INT8_RECIPE, calibration_rows
 
         first = next(iter(data))
         calibration = {"split": first, "rows": calibration_rows(task.spec.seq_len, len(data[first])),
                        "recipe": INT8_RECIPE}
-    identity = feature_identity(task_name=cfg.task, task=task, data=data, backbone_name=cfg.backbone,
-                                backbone=backbone, seed=cfg.seed, input_scale=cfg.input_scale, depths=depths,
+    identity = feature_identity(task_name=cfg.task, task=task, data=data, backbone=label(cfg.backbone),
+                                backbone_fingerprint=fingerprint(backbone), seed=cfg.seed, input_scale=cfg.input_scale, depths=depths,
                                 dtype=dtype, readout=cfg.readout, limit=cfg.limit, calibration=calibration)
     out = Path(cfg.out) if cfg.out else features_path_for(identity)
     batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)
@@ -389,7 +357,7 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
     its identity equals this run's and refused (IdentityError naming the differing fields)
     otherwise; a ``.partial`` file of the same identity is resumed. With ``workers`` or
     ``scheduler`` the rows are extracted as shards on dask workers
-    (:mod:`reservoir.distributed`) and joined into one file.
+    (:mod:`reservoir.extract.sharded`) and joined into one file.
     """
     run = prepare(cfg, progress)
     if run.out.exists():
@@ -398,7 +366,7 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
         return run.out
     try:
         if cfg.workers or cfg.scheduler:
-            from reservoir.distributed import extract_sharded
+            from reservoir.extract.sharded import extract_sharded
 
             return extract_sharded(run, progress=progress)
         return extract_local(run, progress=progress)

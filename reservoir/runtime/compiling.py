@@ -59,10 +59,10 @@ def shape_key(backbone: Any, *, dtype: str, device: str, batch_size: int, widths
     device type, batch shape and depths."""
     import torch
 
-    from reservoir.identity import _config_dict, digest
+    from reservoir.identity import config_dict, digest
 
     return digest({"torch": torch.__version__, "class": type(backbone).__qualname__,
-                   "config": _config_dict(getattr(backbone, "config", None)), "dtype": dtype, "device": device,
+                   "config": config_dict(getattr(backbone, "config", None)), "dtype": dtype, "device": device,
                    "batch": batch_size, "widths": sorted(set(widths)), "depths": list(depths)})
 
 

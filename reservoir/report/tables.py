@@ -6,8 +6,8 @@ producing run. Output-only rows have a test accuracy per depth; the number a row
 the test accuracy at the depth chosen on validation (the best mean validation accuracy over
 seeds; ties go to the shallower depth), never the best test accuracy, which appears only
 labelled as such. Results of several seeds share a row: mean, and spread over seeds.
-Baselines (:mod:`reservoir.baselines`) of the same data and head are shown with every
-output-only table, and the FPT paper's number (:mod:`reservoir.paper`) beside ours where a
+Baselines (:mod:`reservoir.probe.baselines`) of the same data and head are shown with every
+output-only table, and the FPT paper's number (:mod:`reservoir.report.paper`) beside ours where a
 row is mapped to a row of the paper's table (``--as BACKBONE=ROW``).
 """
 
@@ -292,7 +292,7 @@ class Report:
     def plots(self, folder: Path) -> list[Path]:
         """Accuracy against depth per task (baselines as lines, the chosen depth ringed, the paper's
         numbers hollow), and the training curves of end-to-end results that recorded them."""
-        from reservoir.plots import depth_plot, training_curves
+        from reservoir.report.plots import depth_plot, training_curves
 
         folder = Path(folder)
         written = []

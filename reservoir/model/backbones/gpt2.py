@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from reservoir.backbones import (FAMILIES, Backbone, BackboneError, at_readout, from_pretrained, gather, hooked,
+from reservoir.model.backbones import (FAMILIES, Backbone, BackboneError, at_readout, from_pretrained, gather, hooked,
                                  readout_attention, register_backbone, seeded, weight_std)
 
 #: nanoGPT's table: shapes of the released GPT-2 sizes (hub id -> config arguments)

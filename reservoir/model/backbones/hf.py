@@ -25,9 +25,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from reservoir.backbones import (FAMILIES, FROM_CONFIG, Backbone, BackboneError, at_readout, from_pretrained, gather,
+from reservoir.model.backbones import (FAMILIES, FROM_CONFIG, Backbone, BackboneError, at_readout, from_pretrained, gather,
                                  hooked, readout_attention, register_backbone, stats_init, weight_std)
-from reservoir.backbones.gpt2 import GPT2_SIZES, GPT2Backbone, load_gpt2
+from reservoir.model.backbones.gpt2 import GPT2_SIZES, GPT2Backbone, load_gpt2
 
 #: longest sequence the learned additive position embedding of a rotary model covers
 #: (the paper's longest inputs are 2,000 ListOps tokens); capped so that 128k-context

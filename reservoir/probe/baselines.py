@@ -30,7 +30,7 @@ import numpy as np
 from reservoir import __version__
 from reservoir.config import FitConfig
 from reservoir.errors import DataError, IdentityError
-from reservoir.heads import ArrayRows, fit_rows, holdout
+from reservoir.probe.heads import ArrayRows, fit_rows, holdout
 from reservoir.identity import digest, reread
 from reservoir.progress import log
 from reservoir.results import result_key, result_path, write_result
@@ -91,7 +91,7 @@ def lookup_rule(keys: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], 
 def rule_scores(keys: dict[str, np.ndarray], data: dict[str, SplitData], val: str | None, tests: list[str],
                 val_fraction: float, seed: int) -> dict[str, Any]:
     """A lookup rule scored like a head: validation on the val split (or a seeded held-out part
-    of train), test after refitting on all of train (as :func:`reservoir.heads.fit_rows`)."""
+    of train), test after refitting on all of train (as :func:`reservoir.probe.heads.fit_rows`)."""
     train_y = data["train"].labels
     if val is None:
         fit_i, val_i = holdout(train_y, val_fraction, seed)
