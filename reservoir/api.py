@@ -93,9 +93,11 @@ def fit(task: str | FitConfig | None = None, backbone: str | None = None, *, pro
 
 def read_features(path: str | Path, split: str, depth: int) -> tuple[np.ndarray, np.ndarray]:
     """Features ``(N, n_readout * d_model)`` and labels of one depth of one split of a feature file."""
-    from reservoir.extract.store import open_features, read_depth
+    from reservoir.extract.store import open_features, read_depth, verify
 
     with open_features(Path(path)) as f:
+        if split in f:
+            verify(f, [depth] if depth in [int(d) for d in f.attrs["depths"]] else [], [split])
         X, y = read_depth(f, split, depth)
     return X.reshape(len(X), -1), y
 

@@ -232,16 +232,19 @@ def install(settings: Settings, name, source, force) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Feature file [default: features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5, named by the run's "
                    "identity].")
+@click.option("--force", is_flag=True, default=None,
+              help="Extract again even when a complete file of this run exists (e.g. one that failed verification); "
+                   "it is moved aside to FILE.old, never overwritten.")
 @pass_settings
 def extract(settings: Settings, task, backbone, split, limit, seed, input_scale, batch_size, dtype, engine, depths, readout,
-            compile, device, workers, scheduler, shard_rows, task_opts, data_dir, out) -> None:
+            compile, device, workers, scheduler, shard_rows, task_opts, data_dir, out, force) -> None:
     """Stream a task through a frozen backbone into an HDF5 feature file (reused when the same run asks again)."""
     from reservoir.extract.run import extract as run_extract
 
     cfg = run(from_options, ExtractConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
               split=split, limit=limit, seed=seed, input_scale=input_scale, batch_size=batch_size, dtype=dtype,
               engine=engine, depths=depths, readout=readout, compile=compile, device=device, workers=workers, scheduler=scheduler,
-              shard_rows=shard_rows, data_dir=data_dir, out=out)
+              shard_rows=shard_rows, data_dir=data_dir, out=out, force=force or None)
     click.echo(str(run(run_extract, cfg, progress=not settings.quiet)))
 
 

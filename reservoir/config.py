@@ -224,6 +224,8 @@ class ExtractConfig:
     data_dir : the data folder.
     out : the feature file; ``None``: derived from the run's identity
         (``features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5``).
+    force : extract again even when a complete file of this run is there (one that failed
+        verification, say): that file is moved aside to ``FILE.old``, never overwritten.
     """
 
     task: str
@@ -245,6 +247,7 @@ class ExtractConfig:
     shard_rows: int = 8192
     data_dir: Path = field(default_factory=default_data_dir)
     out: Path | None = None
+    force: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("extract", "dtype", self.dtype, DTYPE_CHOICES)

@@ -50,7 +50,7 @@ from reservoir.identity import feature_identity, features_path_for
 from reservoir.model.input_layer import input_layer_tensors
 from reservoir.progress import bar, log
 from reservoir.extract.plan import auto_batch_size, plan_split
-from reservoir.extract.store import FeatureWriter, check_complete_match, write_failed
+from reservoir.extract.store import FeatureWriter, check_complete_match, move_aside, write_failed
 from reservoir.tasks import SplitData, Task, make_task
 
 #: sharded runs (no probe) with ``compile=None`` compile when they have at least this many tokens
@@ -354,15 +354,23 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
     Data and backbone are loaded, and the run's identity computed, before any file is
     touched, so bad input leaves nothing behind. The feature file is ``cfg.out`` or the
     default path derived from the identity. An existing complete file there is reused when
-    its identity equals this run's and refused (IdentityError naming the differing fields)
-    otherwise; a ``.partial`` file of the same identity is resumed. With ``workers`` or
+    its identity equals this run's and its contents pass verification (every chunk read
+    through its checksum, finite, equal to the digests recorded at completion:
+    :func:`reservoir.extract.store.verify`), and refused otherwise (IdentityError naming the
+    differing fields; StoreError naming the split and depth); with ``force`` a file of this
+    run is moved aside (``FILE.old``) and extracted again. A ``.partial`` file of the same
+    identity is resumed. With ``workers`` or
     ``scheduler`` the rows are extracted as shards on dask workers
     (:mod:`reservoir.extract.sharded`) and joined into one file.
     """
     run = prepare(cfg, progress)
-    if run.out.exists():
-        check_complete_match(run.out, run.identity)
-        log(f"reusing {run.out} (same run identity {identity_hash(run.identity)})", progress)
+    if run.out.exists() and cfg.force:
+        aside = move_aside(run.out, run.identity)
+        log(f"--force: moved {run.out} aside to {aside} (delete it when you no longer need it); extracting again",
+            progress)
+    elif run.out.exists():
+        check_complete_match(run.out, run.identity)  # identity, completeness, then every chunk and digest
+        log(f"reusing {run.out} (same run identity {identity_hash(run.identity)}, contents verified)", progress)
         return run.out
     try:
         if cfg.workers or cfg.scheduler:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,8 @@ import numpy as np
 from reservoir.errors import IdentityError, ReservoirError, StoreError
 from reservoir.identity import canonical, differences, digest
 from reservoir.progress import bar, log
-from reservoir.extract.store import h5_file, WriterLock, check_space, create_features, partial_path, shard_dir, write_joined
+from reservoir.extract.store import (DIGESTS, WriterLock, check_space, create_features, depth_digest, h5_file,
+                                     partial_path, shard_dir, write_joined)
 
 
 @dataclass
@@ -75,18 +77,33 @@ def shard_path(out: Path, split: str, start: int, stop: int) -> Path:
     return shard_dir(out) / f"{split}-{start:010d}-{stop:010d}.h5"
 
 
+def shard_digests(ds: h5py.Dataset, path: Path, depths: list[int], fix: str) -> list[str]:
+    """One SHA-256 per depth of a shard's features (:func:`reservoir.extract.store.depth_digest`)."""
+    return [depth_digest(ds, k, f"shard {path}: depth {d}", fix) for k, d in enumerate(depths)]
+
+
 def shard_state(path: Path, identity: dict[str, Any]) -> bool:
-    """Whether a complete shard of this identity is at ``path``; IdentityError for another run's."""
+    """Whether a complete, intact shard of this identity is at ``path`` (its contents read through
+    their checksums and compared with the digests recorded when it was completed; a damaged one is
+    removed, said on stderr, and redone); IdentityError for another run's."""
     if not path.exists():
         return False
     try:
         with h5_file(path) as f:
             stored = json.loads(f.attrs["identity"])
             complete = bool(f.attrs.get("complete", False))
+            diff = differences(stored, identity)
+            if complete and not diff:
+                recorded = json.loads(f.attrs[DIGESTS])["features"]
+                if shard_digests(f["features"], path, identity["depths"], "") != recorded:
+                    raise StoreError(f"shard {path} differs from the digests recorded when it was completed")
+    except StoreError as e:
+        print(f"{str(e).rstrip('; ')}; extracting it again", file=sys.stderr)
+        os.remove(path)
+        return False
     except (OSError, KeyError, ValueError):
         os.remove(path)  # unreadable: redo it
         return False
-    diff = differences(stored, identity)
     if diff:
         raise IdentityError(f"shard {path} belongs to another run ({'; '.join(diff)}); delete {path.parent} "
                             "to extract again, or pass another --out")
@@ -159,6 +176,7 @@ def run_shard(job: ShardJob) -> str:
             else:
                 ds[local] = feats
         f.flush()
+        f.attrs[DIGESTS] = json.dumps({"features": shard_digests(ds, path, job.depths, "rerun the extraction")})
         f.attrs["complete"] = True
     os.replace(tmp, path)
     return str(path)

@@ -37,6 +37,13 @@ from reservoir.identity import canonical, differences, digest
 
 CHUNK_BYTES = 1 << 20
 FIX_OTHER = "pass another --out, or delete it to extract again"
+#: attribute (JSON) of each split's group, written when the file is completed: ``features``, one SHA-256 per
+#: stored depth (in the file's depth order) of that depth's rows in row order, and ``labels`` and ``lengths``
+#: (:func:`reservoir.identity.array_digest`); a shard file keeps its ``features`` digests on its root
+DIGESTS = "sha256"
+#: what to do about a complete file whose contents fail verification
+FIX_FORCE = ("extract it again with --force (the same `reservoir extract` command plus --force: the damaged file "
+             "is moved aside and a new one written)")
 
 
 def create_features(group: h5py.Group, n: int, shape: tuple[int, int, int]) -> h5py.Dataset:
@@ -147,12 +154,48 @@ def check_shards(f: h5py.File) -> None:
                              f"(e.g. {folder / missing[0]}); delete {f.filename} and rerun the extraction to redo them")
 
 
-def check_complete_match(path: Path, identity: dict[str, Any]) -> None:
+def check_complete_match(path: Path, identity: dict[str, Any], fix: str = FIX_FORCE) -> None:
     """An existing file at ``path`` may be reused: it is a complete feature file of this very run
-    (IdentityError naming the differing fields, or StoreError, otherwise)."""
+    whose contents pass :func:`verify` (IdentityError naming the differing fields, or StoreError
+    naming the split and depth and ``fix``, otherwise)."""
     with _open_h5(path) as f:
         check_identity(f, identity)
         check_ready(f)
+        verify(f, fix=fix)
+
+
+def move_aside(path: Path, identity: dict[str, Any]) -> Path:
+    """``--force``: move the complete file of this very run at ``path`` aside (``FILE.old``, ``FILE.old-2``,
+    ...) so the run writes a new one; a file of another run, or not ours, is refused as without it."""
+    with _open_h5(path) as f:
+        check_identity(f, identity)
+    aside, n = path.with_name(path.name + ".old"), 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.old-{n}")
+    os.replace(path, aside)
+    return aside
+
+
+def extract_command(f: h5py.File) -> str:
+    """The ``reservoir extract`` command that writes ``f`` again, from its recorded options, with ``--force``."""
+    import shlex
+
+    from reservoir.config import default_data_dir
+
+    c = file_config(f)
+    words = ["reservoir", "extract", "--task", c["task"], "--backbone", c["backbone"]]
+    for key, value in sorted(c.get("task_options", {}).items()):
+        words += ["--task-opt", f"{key}={value}"]
+    defaults = {"split": "all", "limit": None, "seed": 0, "input_scale": "paper", "dtype": "auto", "depths": "all",
+                "readout": "last"}
+    for key, default in defaults.items():
+        value = c.get(key, default)
+        if value != default:
+            words += [f"--{key.replace('_', '-')}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    if c.get("data_dir") and c["data_dir"] != str(default_data_dir()):
+        words += ["--data-dir", c["data_dir"]]
+    return shlex.join(words + ["--out", str(f.filename), "--force"])
 
 
 def check_ready(f: h5py.File) -> None:
@@ -173,6 +216,84 @@ def readable(f: h5py.File) -> bool:
         except OSError:
             return False
     return True
+
+
+# ---------------------------------------------------------------- content digests: verify before trust
+
+
+
+def block_rows(ds: h5py.Dataset) -> int:
+    """Rows of one depth read at a time (about :data:`BLOCK_BYTES`), a whole number of chunks."""
+    rows = max(1, BLOCK_BYTES // (4 * int(np.prod(ds.shape[2:])) or 1))
+    chunk = ds.chunks[0] if ds.chunks else 1
+    return max(chunk, rows // chunk * chunk)
+
+
+def depth_digest(ds: h5py.Dataset, k: int, where: str, fix: str) -> str:
+    """SHA-256 of depth index ``k`` of a features dataset, every chunk read through its Fletcher-32
+    check; a chunk that fails it, or a NaN or inf, raises StoreError starting with ``where``."""
+    import hashlib
+
+    h = hashlib.sha256(f"{ds.dtype.str}{(ds.shape[0], *ds.shape[2:])}".encode())
+    rows = block_rows(ds)
+    for start in range(0, ds.shape[0], rows):
+        try:
+            X = ds[start:start + rows, k]
+        except OSError as e:
+            raise StoreError(f"{where} cannot be read ({str(e).splitlines()[0]}): the file is corrupt; {fix}") from None
+        finite = np.isfinite(X).reshape(len(X), -1).all(1)
+        if not finite.all():
+            raise StoreError(f"{where} holds NaN or inf features (row {start + int(np.flatnonzero(~finite)[0])}); "
+                             f"{fix}")
+        h.update(np.ascontiguousarray(X).data)
+    return h.hexdigest()
+
+
+def content_digests(f: h5py.File, split: str, fix: str = FIX_FORCE) -> dict[str, Any]:
+    """The digests of one split (:data:`DIGESTS`), computed from what the file holds."""
+    from reservoir.identity import array_digest
+
+    g, depths = f[split], [int(d) for d in f.attrs["depths"]]
+    return {"features": [depth_digest(g["features"], k, f"{f.filename}: split {split!r}, depth {d}", fix)
+                         for k, d in enumerate(depths)],
+            "labels": array_digest(g["labels"][:]), "lengths": array_digest(g["lengths"][:])}
+
+
+def seal(f: h5py.File) -> None:
+    """Record every split's content digests (the last step before a file is marked complete)."""
+    for split in feature_splits(f):
+        f[split].attrs[DIGESTS] = json.dumps(content_digests(f, split, fix="the run is not marked complete; rerun it"))
+
+
+def verify(f: h5py.File, depths: list[int] | None = None, splits: list[str] | None = None,
+           fix: str = FIX_FORCE) -> None:
+    """Before a complete file is trusted: read ``depths`` (default: all) of ``splits`` (default: all)
+    through their checksums, refuse NaN or inf, and compare every digest with the one recorded at
+    completion. StoreError naming the file, split and depth, and ``fix``, otherwise. A file written
+    before digests were recorded is checked for readable chunks and finite values only."""
+    stored_depths = [int(d) for d in f.attrs["depths"]]
+    for split in feature_splits(f) if splits is None else splits:
+        g = f[split]
+        try:
+            recorded = json.loads(g.attrs[DIGESTS]) if DIGESTS in g.attrs else None
+            labels, lengths = g["labels"][:], g["lengths"][:]
+        except (OSError, ValueError) as e:
+            raise StoreError(f"{f.filename}: split {split!r} cannot be read ({str(e).splitlines()[0]}): the file is "
+                             f"corrupt; {fix}") from None
+        for depth in stored_depths if depths is None else depths:
+            k = stored_depths.index(depth)
+            where = f"{f.filename}: split {split!r}, depth {depth}"
+            got = depth_digest(g["features"], k, where, fix)
+            if recorded is not None and got != recorded["features"][k]:
+                raise StoreError(f"{where}: the features differ from the digest recorded when the file was completed "
+                                 f"(changed or damaged since); {fix}")
+        if recorded is not None:
+            from reservoir.identity import array_digest
+
+            for name, values in (("labels", labels), ("lengths", lengths)):
+                if array_digest(values) != recorded[name]:
+                    raise StoreError(f"{f.filename}: split {split!r}: the {name} differ from the digest recorded when "
+                                     f"the file was completed (changed or damaged since); {fix}")
 
 
 #: room left for HDF5 metadata beside the features when checking free space
@@ -322,6 +443,8 @@ class FeatureWriter:
                 raise StoreError(f"split {name!r} of {self.path} is not fully written")
         try:
             self.handles.clear()
+            self.f.flush()
+            seal(self.f)  # the digests verification compares with, from what the file holds
             self.f.attrs["complete"] = True
             self.f.close()
         except (OSError, RuntimeError) as e:  # h5py reports failed flushes as RuntimeError
@@ -368,6 +491,7 @@ def write_joined(out: Path, identity: dict[str, Any], config: dict[str, Any], in
             g.attrs["rows_done"] = len(labels)
         f.attrs["sharded"] = True
         f.flush()
+        seal(f)  # read through the shards: each chunk's checksum, finite values, the digests recorded
         f.attrs["complete"] = True
     os.replace(tmp, out)
     return out

@@ -19,11 +19,12 @@ from reservoir import __version__
 from reservoir.config import FitConfig, default_data_dir, features_dir, select_depths, slug
 from reservoir.errors import IdentityError, StoreError, UsageError
 from reservoir.probe.heads import Rows, fit_rows, rows
-from reservoir.identity import reread, task_label
+from reservoir.identity import canonical, reread, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.progress import log
 from reservoir.results import write_result
-from reservoir.extract.store import h5_file, feature_splits, file_config, iter_depth, open_features, stored_identity
+from reservoir.extract.store import (extract_command, feature_splits, file_config, h5_file, iter_depth, open_features,
+                                     stored_identity, verify)
 
 class FileRows(Rows):
     """One depth of one split of a feature file (``index``: a subset of its rows), streamed in
@@ -51,8 +52,33 @@ class FileRows(Rows):
 VAL_SPLITS = ("val", "valid")
 
 
+def describe_file(p: Path, i: dict[str, Any]) -> str:
+    return (f"  {p}  (backbone {i['backbone']}, seed {i['seed']}, {i['dtype']}, limit {i['limit']}, "
+            f"depths {i['depths'][0]}..{i['depths'][-1]}, readout {i['readout']})")
+
+
+def identity_mismatch(task: str, backbone: str | None, identity: dict[str, Any], read: dict) -> str | None:
+    """Why a feature file's recorded ``identity`` is not of ``task`` (and ``backbone``), or ``None``. For
+    ``file:PATH`` tasks the file's data digest must equal that of PATH read with the recorded options and
+    limit (``read`` caches the tasks built, by options)."""
+    if identity.get("task") != task_label(task):
+        return f"task {identity.get('task')!r}"
+    if backbone is not None and identity.get("backbone") != backbone_label(backbone):
+        return f"backbone {identity.get('backbone')!r}"
+    if task.startswith("file:"):
+        from reservoir.tasks.userfile import FileTask
+
+        key = canonical(identity["task_options"])
+        if key not in read:
+            read[key] = FileTask(path=task[5:], **identity["task_options"])
+        if reread(read[key], identity, ".") is None:
+            return f"the data of another file named {Path(task[5:]).name!r}"
+    return None
+
+
 def find_features(task: str, backbone: str | None) -> Path:
-    """The one complete feature file under ``features/`` for ``task`` (and ``backbone``)."""
+    """The one complete feature file under ``features/`` whose recorded identity is of ``task`` (for
+    ``file:PATH``, of that file's contents) and ``backbone``; several that match are listed."""
     folder = features_dir() / slug(task_label(task))
     pattern = f"{slug(backbone_label(backbone))}/*.h5" if backbone else "*/*.h5"
     found = sorted(folder.glob(pattern))
@@ -62,18 +88,27 @@ def find_features(task: str, backbone: str | None) -> Path:
         hint = f" ({len(partial)} unfinished: rerun the same extract to finish it)" if partial else ""
         raise StoreError(f"no feature file for {what} under {folder}{hint}; run `reservoir extract --task {task}"
                          f"{' --backbone ' + backbone if backbone else ''}` first, or pass --features FILE")
-    if len(found) > 1:
-        lines = []
-        for p in found:
-            try:
-                with h5_file(p) as f:
-                    i = stored_identity(f)
-                lines.append(f"  {p}  (backbone {i['backbone']}, seed {i['seed']}, {i['dtype']}, limit {i['limit']}, "
-                             f"depths {i['depths'][0]}..{i['depths'][-1]}, readout {i['readout']})")
-            except (OSError, StoreError):
-                lines.append(f"  {p}  (unreadable)")
-        raise StoreError(f"{len(found)} feature files match {what}; pass --features with one of them:\n" + "\n".join(lines))
-    return found[0]
+    matching, others, read = [], [], {}
+    for p in found:
+        try:
+            with h5_file(p) as f:
+                i = stored_identity(f)
+        except (OSError, StoreError):
+            others.append(f"  {p}  (unreadable, or not a feature file)")
+            continue
+        why = identity_mismatch(task, backbone, i, read)
+        if why is None:
+            matching.append((p, i))
+        else:
+            others.append(f"  {p}  (holds features of {why})")
+    if len(matching) == 1:
+        return matching[0][0]
+    if not matching:
+        raise StoreError(f"none of the {len(found)} feature files under {folder} holds features of {what}:\n"
+                         + "\n".join(others) + f"\nrun `reservoir extract --task {task}"
+                         f"{' --backbone ' + backbone if backbone else ''}` first, or pass --features FILE")
+    raise StoreError(f"{len(matching)} feature files match {what}; pass --features with one of them:\n"
+                     + "\n".join(describe_file(p, i) for p, i in matching))
 
 
 def check_task(f: h5py.File, identity: dict[str, Any], cfg: FitConfig) -> tuple[Any, dict[str, Any]] | None:
@@ -147,6 +182,8 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             raise StoreError(f"{path} has no {'train' if 'train' not in f else 'test'!r} split (it holds "
                              f"{feature_splits(f)}); extract it with --split all")
         extract_cfg = file_config(f)
+        # verify before trust: the depths fitted, of every split read, against the digests recorded at completion
+        verify(f, depths, ["train", *([val] if val else []), *tests], fix=f"extract it again: `{extract_command(f)}`")
         check_sizes(path, f["train"]["labels"][:], cfg, val is not None)
         for depth in depths:
             scores = fit_rows(cfg.head, FileRows(f, "train", depth), {t: FileRows(f, t, depth) for t in tests},

@@ -1,0 +1,180 @@
+"""Verify before trust: a complete feature file is read through its checksums and compared with the
+digests recorded when it was completed before ``extract`` reuses it or ``fit`` reads it; flipped
+bytes, NaN or any edit after completion are refused naming the file, split and depth, and
+``extract --force`` moves the damaged file aside and writes a new one."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from reservoir.extract.store import DIGESTS, content_digests, h5_file, verify
+from reservoir.errors import StoreError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+OPTS = ("--task", "digits", "--limit", "120", "--depths", "0,1,2", "--dtype", "float32", "--batch-size", "32")
+
+
+def extract(cli, backbone, out: Path, *extra: str):
+    return cli("-q", "extract", *OPTS, "--backbone", str(backbone), "--out", str(out), *extra)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_gpt2) -> Path:
+    """A complete file, extracted once; each test damages a copy of it."""
+    from click.testing import CliRunner
+
+    from reservoir.cli import main
+
+    out = tmp_path_factory.mktemp("ref") / "ref.h5"
+    r = CliRunner().invoke(main, ["-q", "extract", *OPTS, "--backbone", str(tiny_gpt2), "--out", str(out)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def flip_bytes(path: Path, split: str, depth_index: int) -> None:
+    """Flip bytes in the middle of the first chunk of one depth, on disk, behind HDF5's back."""
+    with h5py.File(path) as f:
+        info = f[split]["features"].id.get_chunk_info_by_coord((0, depth_index, 0, 0))
+    data = bytearray(path.read_bytes())
+    for i in range(info.byte_offset + info.size // 2, info.byte_offset + info.size // 2 + 8):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def edit(path: Path, split: str, depth_index: int, value: float) -> None:
+    """Change one feature through h5py after completion (the chunk's checksum is rewritten to match)."""
+    with h5py.File(path, "r+") as f:
+        ds = f[split]["features"]
+        x = ds[5, depth_index]
+        x.flat[3] = value
+        ds[5, depth_index] = x
+
+
+DAMAGE = {
+    "flipped bytes": (lambda p: flip_bytes(p, "test", 1), r"split 'test', depth 1 cannot be read \(.*\): the file is corrupt"),
+    "NaN after completion": (lambda p: edit(p, "train", 2, np.nan),
+                             r"split 'train', depth 2 holds NaN or inf features \(row 5\)"),
+    "inf after completion": (lambda p: edit(p, "test", 0, np.inf), r"split 'test', depth 0 holds NaN or inf features"),
+    "a finite edit": (lambda p: edit(p, "train", 1, 0.125),
+                      r"split 'train', depth 1: the features differ from the digest recorded when the file was completed"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_complete_file_is_refused_by_extract_and_fit_and_force_extracts_again(cli, home, tmp_path,
+                                                                                       reference, tiny_gpt2, damage):
+    out = tmp_path / "f.h5"
+    shutil.copy(reference, out)
+    assert extract(cli, tiny_gpt2, out).exit_code == 0  # intact: reused
+    hurt, message = DAMAGE[damage]
+    hurt(out)
+    for r in (extract(cli, tiny_gpt2, out),  # reuse
+              cli("-q", "fit", "--features", str(out), "--head", "ridge", "--no-baselines")):
+        assert r.exit_code == 1, r.output
+        assert re.search(message, r.output) and str(out) in r.output, r.output
+        assert "--force" in r.output and "Traceback" not in r.output
+    fit = cli("-q", "fit", "--features", str(out), "--no-baselines")
+    assert f"--out {out} --force" in fit.output  # fit names the very command that writes it again
+    assert not list((home / "results").rglob("*.json")) if (home / "results").exists() else True
+
+    r = extract(cli, tiny_gpt2, out, "--force")
+    assert r.exit_code == 0, r.output
+    assert out.with_name("f.h5.old").exists()  # moved aside, never overwritten
+    with h5_file(out) as a, h5_file(reference) as b:
+        verify(a)
+        for split in ("train", "test"):
+            np.testing.assert_array_equal(a[split]["features"][:], b[split]["features"][:])
+            assert a[split].attrs[DIGESTS] == b[split].attrs[DIGESTS]
+    r = cli("-q", "fit", "--features", str(out), "--head", "ridge", "--no-baselines")
+    assert r.exit_code == 0, r.output
+
+
+def test_fit_by_task_and_backbone_verifies_the_file_it_finds(cli, home, tiny_gpt2):
+    r = cli("-q", "extract", *OPTS, "--backbone", str(tiny_gpt2))
+    assert r.exit_code == 0, r.output
+    path = Path(r.stdout.strip())
+    edit(path, "test", 2, np.nan)
+    r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--depths", "2", "--no-baselines")
+    assert r.exit_code == 1 and "split 'test', depth 2 holds NaN or inf features" in r.output
+    # only the depths fitted are read: depth 0 is intact
+    r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--depths", "0", "--head", "ridge",
+            "--no-baselines")
+    assert r.exit_code == 0, r.output
+
+
+def test_labels_edited_after_completion_are_refused(cli, home, tmp_path, reference, tiny_gpt2):
+    out = tmp_path / "f.h5"
+    shutil.copy(reference, out)
+    with h5py.File(out, "r+") as f:
+        y = f["train/labels"][:]
+        f["train/labels"][:] = (y + 1) % 10
+    r = extract(cli, tiny_gpt2, out)
+    assert r.exit_code == 1 and "split 'train': the labels differ from the digest recorded" in r.output
+
+
+def test_the_digests_are_recorded_at_completion_and_a_partial_has_none(reference):
+    with h5_file(reference) as f:
+        for split in ("train", "test"):
+            recorded = json.loads(f[split].attrs[DIGESTS])
+            assert len(recorded["features"]) == 3 and recorded == content_digests(f, split)
+
+
+def test_api_read_features_verifies_the_depth_it_reads(tmp_path, reference):
+    from reservoir import api
+
+    out = tmp_path / "f.h5"
+    shutil.copy(reference, out)
+    edit(out, "test", 1, 3.0)
+    X, _ = api.read_features(out, "test", 0)
+    assert X.shape[0] == 120
+    with pytest.raises(StoreError, match=r"split 'test', depth 1: the features differ"):
+        api.read_features(out, "test", 1)
+
+
+def test_report_reads_results_only_so_a_damaged_feature_file_does_not_change_it(cli, home, tmp_path, reference):
+    """``report`` never opens a feature file: its numbers come from results that ``fit`` wrote after
+    verifying the file, so damage afterwards changes nothing it prints (and it cannot mistake it)."""
+    out = tmp_path / "f.h5"
+    shutil.copy(reference, out)
+    assert cli("-q", "fit", "--features", str(out), "--head", "ridge", "--no-baselines").exit_code == 0
+    before = cli("report")
+    assert before.exit_code == 0 and "| ridge |" in before.stdout
+    flip_bytes(out, "test", 1)
+    after = cli("report")
+    assert after.exit_code == 0 and after.stdout == before.stdout
+    out.unlink()
+    assert cli("report").stdout == before.stdout
+
+
+# -- sharded runs: the joined file and its shards --------------------------------------------------
+
+
+def test_a_shard_damaged_after_the_join_is_refused_and_force_redoes_it(cli, home, tmp_path, tiny_gpt2, reference):
+    out = tmp_path / "joined.h5"
+    r = extract(cli, tiny_gpt2, out, "--workers", "1", "--shard-rows", "64")
+    assert r.exit_code == 0, r.output
+    with h5_file(out) as a, h5_file(reference) as b:  # one thread each: the same bits, the same digests
+        for split in ("train", "test"):
+            assert a[split].attrs[DIGESTS] == b[split].attrs[DIGESTS]
+    shard = sorted((tmp_path / "joined.h5.shards").glob("test-*.h5"))[-1]
+    with h5py.File(shard, "r+") as f:
+        f["features"][3, 1, 0, 0] = np.nan
+    r = cli("-q", "fit", "--features", str(out), "--head", "ridge", "--no-baselines")
+    assert r.exit_code == 1 and "split 'test', depth 1 holds NaN or inf features" in r.output, r.output
+    r = extract(cli, tiny_gpt2, out, "--workers", "1", "--shard-rows", "64")
+    assert r.exit_code == 1 and "split 'test', depth 1 holds NaN or inf features" in r.output
+    r = extract(cli, tiny_gpt2, out, "--workers", "1", "--shard-rows", "64", "--force")
+    assert r.exit_code == 0, r.output
+    assert f"shard {shard}: depth 1 holds NaN or inf features" in r.output and "extracting it again" in r.output
+    with h5_file(out) as a, h5_file(reference) as b:
+        verify(a)
+        np.testing.assert_array_equal(a["test"]["features"][:], b["test"]["features"][:])
