@@ -13,8 +13,8 @@ state after every block), these rows (``--only`` picks some; :mod:`peers` builds
 - ``official``: what the official FPT code runs, a Hugging Face ``GPT2Model`` in eager float32
   with ``output_hidden_states=True``, batch 16;
 - ``hf-compiled``: the savvy PyTorch peer, the same model under ``torch.compile`` with
-  ``torch._inductor.config.freezing = True`` in the fastest float dtype (bf16 where
-  ``reservoir.runtime.runner.bf16_native()``, else float32), batch ``--batch``;
+  ``torch._inductor.config.freezing = True`` in the fastest float dtype (``--dtype auto``'s
+  measured choice, :mod:`reservoir.runtime.dtypes`), batch ``--batch``;
 - ``ort-fp32`` / ``ort-int8``: ONNX Runtime on the model exported with ``torch.onnx.export``
   (dynamo exporter, else TorchScript), float32 and dynamic int8 (``quantize_dynamic``, QInt8
   weights), ``--threads`` intra-op threads;
@@ -30,9 +30,10 @@ state after every block), these rows (``--only`` picks some; :mod:`peers` builds
   PyTorch, compiled as that extraction would be (``--compile``); ``ours-int8`` and
   ``ours-int8-static``: dtypes ``int8`` (activations quantized per token at run time) and
   ``int8-static`` (calibrated on the NNCF peer's calibration rows), on OpenVINO;
-- ``roofline``: the matrix-product rate of the fastest native dtype (``torch.mm`` of two
-  2048 x 2048 matrices, as ``benchmarks/matmul.py``: bf16 on AVX512-BF16/AMX, else float32)
-  divided by the model's FLOPs per token;
+- ``roofline``: the matrix-product rate of the fastest float dtype measured (``torch.mm`` of two
+  2048 x 2048 matrices, as ``benchmarks/matmul.py``, in each dtype the flags make native: float32,
+  bf16, fp16; the fastest of each repetition counts, named in the row) divided by the model's
+  FLOPs per token;
 - ``e2e-N`` (``--e2e-rows``, ``--no-e2e`` to skip): the whole ``reservoir extract`` command in a
   subprocess (start-up, compile and HDF5 writes included) over N rows, tokens/s of the job:
   ``--task mnist --split train --limit N`` when N <= 60,000 and the inputs are MNIST's 64 x 16,
@@ -84,7 +85,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reservoir.model.devices import resolve_device
-from reservoir.runtime.machine import bf16_native
+from reservoir.runtime.dtypes import candidates, choose  # noqa: E402
 from reservoir.runtime.runner import resolve_dtype  # noqa: E402
 from reservoir.runtime.machine import FLAGS, cpu, load  # noqa: E402
 
@@ -291,12 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     d, n_layer = shape["n_embd"], shape["n_layer"]
     flops = flops_per_token(n_layer, d, 4 * d, args.tokens, TOKEN_DIM)
     flops_full = flops_per_token(n_layer, d, 4 * d, args.tokens, TOKEN_DIM, causal=False)
-    peak_dtype = resolve_dtype("auto", DEVICE)
     model, flags = cpu()
+    # the roofline is the fastest float dtype this device multiplies, measured each repetition: every
+    # native candidate (float32, bf16, fp16 where the flags allow) is timed, the fastest counts
+    floats = candidates() if DEVICE.type == "cpu" else [resolve_dtype("auto", DEVICE)]
 
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}")
     gpu = f" ({torch.cuda.get_device_name(DEVICE)})" if DEVICE.type == "cuda" else ""
-    print(f"cpu: {model}, {os.cpu_count()} CPUs; native bf16 matrix products: {bf16_native()}")
+    print(f"cpu: {model}, {os.cpu_count()} CPUs; native float products: {', '.join(floats)}; --dtype auto -> "
+          f"{resolve_dtype('auto', DEVICE)} ({choose(DEVICE)[1]})")
     have = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in FLAGS)
     print(f"cpu flags: {have}")
     print(f"versions: python {platform.python_version()}, {versions()}")
@@ -309,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"FLOPs per token: {flops / 1e6:.1f} M = {n_layer} x (2 x {12 * d * d / 1e6:.2f} M block matrix parameters "
           f"+ 2 x (T+1) x d causal attention) + 2 x {TOKEN_DIM} x {d} input layer, T = {args.tokens}; "
           f"with the full T x T attention (2 x 2 x T x d) it would be {flops_full / 1e6:.1f} M")
-    print(f"roofline: {peak_dtype} torch.mm, 2048 x 2048, on {DEVICE}, measured each repetition")
+    print(f"roofline: the fastest of {', '.join(floats)} torch.mm, 2048 x 2048, on {DEVICE}, measured each repetition")
     print(f"before: {load()}", flush=True)
 
     workdir = Path(tempfile.mkdtemp(prefix="reservoir-bench-"))
@@ -327,11 +331,15 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.reps):
             for r in live:
                 r.rates.append(r.tokens / timed(r.run))
-            peaks.append(matmul_rate(dtype=getattr(torch, peak_dtype), device=DEVICE))
+            measured = {f: matmul_rate(dtype=getattr(torch, f), device=DEVICE) for f in floats}
+            peak_dtype = max(measured, key=measured.get)
+            peaks.append(measured[peak_dtype])
             print(f"rep {rep + 1}/{args.reps}: " + " | ".join(f"{r.name} {r.rates[-1]:.0f}" for r in live)
-                  + f" | roofline {peaks[-1] / flops:.0f} tok/s ({peaks[-1] / 1e9:.0f} GFLOP/s) | {load()}", flush=True)
-        roof = Result("roofline", f"{peak_dtype} torch.mm rate / FLOPs per token", peak_dtype,
-                      f"benchmarks/matmul.py's matmul_rate(2048, {peak_dtype})", rates=[p / flops for p in peaks])
+                  + f" | roofline {peaks[-1] / flops:.0f} tok/s ({peak_dtype}; GFLOP/s "
+                  + ", ".join(f"{f} {v / 1e9:.0f}" for f, v in measured.items()) + f") | {load()}", flush=True)
+        roof = Result("roofline", f"{peak_dtype} torch.mm rate / FLOPs per token (the fastest float dtype measured)",
+                      peak_dtype, f"benchmarks/matmul.py's matmul_rate(2048, each of {floats})",
+                      rates=[p / flops for p in peaks])
         results.append(roof)
         if E2E in only and not args.no_e2e:
             print(f"end to end: {load()}", flush=True)

@@ -1,11 +1,12 @@
-"""Does a faster dtype keep the probe's accuracy? MNIST probes per compute dtype and engine.
+"""Does a faster dtype keep the probe's accuracy? MNIST or CIFAR-10 probes per compute dtype and engine.
 
     .venv/bin/python benchmarks/probe.py --data-dir DATA                      # 5,000 + 5,000 MNIST images
     .venv/bin/python benchmarks/probe.py --data-dir DATA --limit 10000 --runs float32:torch,int8:openvino
+    .venv/bin/python benchmarks/probe.py --data-dir DATA --task cifar10                      # 5,000 + 5,000 CIFAR-10 images
 
 For each run (``DTYPE:ENGINE``; by default float32 on PyTorch, the reference, then bf16 where
 the CPU multiplies it natively, int8 and int8-static on OpenVINO) the script runs the whole
-``reservoir extract --task mnist --limit N --backbone B`` command in a subprocess (every depth,
+``reservoir extract --task TASK --limit N --backbone B`` command in a subprocess (every depth,
 a fresh ``RESERVOIR_HOME``, so nothing is reused; its wall time and tokens/s are the job's,
 start-up, conversion and writing included), then fits the same head per depth on each file
 (``reservoir fit``, ``--head``, ridge by default) and reports the test accuracy at the depth
@@ -32,21 +33,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reservoir import api  # noqa: E402
 from reservoir.runtime.engines import relative_error  # noqa: E402
-from reservoir.runtime.runner import bf16_native  # noqa: E402
+from reservoir.runtime.runner import resolve_dtype  # noqa: E402
 from reservoir.runtime.machine import describe, load  # noqa: E402
 
-MNIST_TOKENS = 64
+#: tokens per example: MNIST's and CIFAR-10's 4 x 4 patches of a 32 x 32 image
+TOKENS = 64
 
 
 def default_runs() -> list[str]:
-    runs = ["float32:torch"] + (["bfloat16:openvino"] if bf16_native() else ["float32:openvino"])
+    runs = ["float32:torch", f"{resolve_dtype('auto')}:openvino"]  # the default float dtype, as measured here
     return runs + ["int8:openvino", "int8-static:openvino"]
 
 
 def extract(run: str, args, home: Path) -> tuple[Path, float]:
     dtype, engine = run.split(":")
     env = {**os.environ, "RESERVOIR_HOME": str(home)}
-    cmd = [str(Path(sys.executable).parent / "reservoir"), "--quiet", "extract", "--task", "mnist", "--limit", str(args.limit),
+    cmd = [str(Path(sys.executable).parent / "reservoir"), "--quiet", "extract", "--task", args.task, "--limit", str(args.limit),
            "--backbone", args.backbone, "--dtype", dtype, "--engine", engine, "--data-dir", str(args.data_dir)]
     start = time.perf_counter()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -73,7 +75,8 @@ def probe(path: Path, args) -> tuple[int, float, float, dict[int, float]]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data-dir", type=Path, required=True, help="a data folder holding mnist/")
+    p.add_argument("--data-dir", type=Path, required=True, help="a data folder holding mnist/ or cifar10/")
+    p.add_argument("--task", default="mnist", choices=["mnist", "cifar10"])
     p.add_argument("--limit", type=int, default=5000, help="images of each split (train and test)")
     p.add_argument("--backbone", default="gpt2-random")
     p.add_argument("--head", default="ridge")
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
                                                 "fastest float and int8 on OpenVINO)")
     args = p.parse_args(argv)
     runs = args.runs.split(",") if args.runs else default_runs()
-    print(f"# {describe()}\n# {load()}\n# mnist --limit {args.limit}, {args.backbone}, head {args.head}, "
+    print(f"# {describe()}\n# {load()}\n# {args.task} --limit {args.limit}, {args.backbone}, head {args.head}, "
           f"every depth; probe depth chosen on validation", flush=True)
     rows, reference = [], None
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             if reference is None:
                 reference = (X, test, depth)
             error = relative_error(X, reference[0])
-            tokens = 2 * args.limit * MNIST_TOKENS
+            tokens = 2 * args.limit * TOKENS
             rows.append((run, seconds, tokens / seconds, depth, val, test, test - reference[1], error, per_depth))
             print(f"{run}: {seconds:.1f} s, depth {depth}, val {val:.4f}, test {test:.4f}", file=sys.stderr, flush=True)
     print(f"# {load()}\n")

@@ -168,11 +168,14 @@ def tasks_cmd() -> None:
 
 @main.command("backbones")
 def backbones_cmd() -> None:
-    """List registered backbones."""
-    from reservoir.model.backbones import BACKBONES, list_backbones
+    """List registered backbones, then every family and how to name a model of it."""
+    from reservoir.model.backbones import BACKBONES, families, list_backbones
 
     for name in list_backbones():
         click.echo(f"{name:24s} {BACKBONES.help(name)}")
+    click.echo("\nfamilies (--backbone FOLDER, hf:ID, NAME-random, NAME-stats):")
+    for family, types, naming in families():
+        click.echo(f"{family:6s} {types:36s} {naming}")
 
 
 @main.command()

@@ -56,7 +56,7 @@ def results_dir(task: str, backbone: str) -> Path:
 
 
 #: choices of the options that take one (the CLI's click.Choice lists come from here)
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "int8", "int8-static")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8", "int8-static")
 #: engines that run an extraction (:mod:`reservoir.runtime.engines`)
 ENGINE_CHOICES = ("auto", "torch", "openvino")
 READOUT_CHOICES = ("last", "padded")

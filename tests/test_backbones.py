@@ -306,9 +306,16 @@ def test_cli_accepts_twins_of_folders_and_rejects_unknown(cli, home, tiny):
     assert result.exit_code == 2 and "unknown backbone 'nonsense-stats'" in result.output
 
 
-def test_unknown_model_type_is_named(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(BackboneError, match="'t5' model; supported model types: .*llama"):
+def test_a_model_the_generic_adapter_cannot_feed_is_refused_naming_why(tmp_path):
+    """CLIP's forward takes token ids and pixels, never embedded tokens: refused in words, naming it."""
+    from transformers import CLIPConfig, CLIPModel
+
+    config = CLIPConfig(text_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, vocab_size=20),
+                        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=8, patch_size=4), projection_dim=8)
+    CLIPModel(config).save_pretrained(tmp_path)
+    with pytest.raises(BackboneError, match="'clip' model's forward takes no inputs_embeds.*families with an adapter"):
         load_backbone(str(tmp_path))
 
 
@@ -394,8 +401,8 @@ def test_install_converts_a_gguf_once_into_the_cache(tmp_path, monkeypatch):
     backbone = load_backbone("smollm2-135m")
     assert (backbone.n_layers, backbone.d_model) == (2, 32)
     # F32 tensors survive the round trip (q/k rows are permuted between llama.cpp and HF layouts)
-    torch.testing.assert_close(backbone.norm.weight, values["output_norm.weight"])
-    torch.testing.assert_close(backbone.layers[1].mlp.down_proj.weight, values["blk.1.ffn_down.weight"])
+    torch.testing.assert_close(backbone.model.norm.weight, values["output_norm.weight"])
+    torch.testing.assert_close(backbone.blocks[1].mlp.down_proj.weight, values["blk.1.ffn_down.weight"])
     mtime = (out / "config.json").stat().st_mtime_ns
     smollm.install(source, progress=False)  # already installed: nothing is redone
     assert (out / "config.json").stat().st_mtime_ns == mtime

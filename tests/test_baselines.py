@@ -193,7 +193,7 @@ def test_report_options_refuse_bad_input(cli, home, tiny_gpt2, tmp_path):
     r = cli("report", "--as", "tiny=FPT")
     assert r.exit_code == 2 and "expected BACKBONE[:GROUPS]=ROW with --paper N" in r.output
     r = cli("report", "--paper", "2", "--as", "tiny=Nobody")
-    assert r.exit_code == 2 and "ROW one of ['FPT', 'Random']" in r.output
+    assert r.exit_code == 2 and "ROW one of ['Bit', 'FPT', 'Random', 'ViT']" in r.output
     blocked = tmp_path / "file"
     blocked.write_text("")
     for option, target, fix in (("--plots", blocked / "plots", "pass a --plots folder you can write"),

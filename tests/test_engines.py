@@ -152,11 +152,11 @@ def test_a_position_mean_is_the_mean_input_there(tiny_gpt2):
     tokens, lengths = tokens[:4, :30], np.minimum(lengths[:4], 30)
     batch = r.prepare(tokens, lengths)[:3]
     shift, scale, moved = engines.position_means(model, [tuple(t.numpy() for t in batch)], 50)[
-        "reservoir.backbone.h.0.attn.c_attn"]
+        "reservoir.backbone.model.h.0.attn.c_attn"]
     bb = r.backbone
     with torch.inference_mode():
-        x = bb.h[0].ln_1(r.reservoir.input_layer(batch[0]) + bb.wpe(torch.arange(30)))
-        attn = bb.h[0].attn.c_attn
+        x = bb.blocks[0].ln_1(r.reservoir.input_layer(batch[0]) + bb.model.wpe(torch.arange(30)))
+        attn = bb.blocks[0].attn.c_attn
         np.testing.assert_allclose(moved, attn(shift) - scale * attn.bias, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(shift[:30], x.mean(0), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(scale[:30, 0], (x - x.mean(0)).abs().amax(dim=(0, 2)), rtol=1e-4, atol=1e-5)

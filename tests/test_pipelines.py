@@ -25,12 +25,12 @@ def make(tmp_path, *args):
 
 
 def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_path):
-    r = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm", "PRETRAINED=gpt2")
+    r = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn", "PRETRAINED=gpt2")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     table = (tmp_path / "40" / "table2.md").read_text()
     assert table.startswith("Paper table 2:")
     for setting in ("| gpt2-random (paper 100) | ridge |", "| gpt2-random, input scale matched",
-                    "| lstm | ridge |", "| lstm, input scale matched", "| baseline: majority class | rule |",
+                    "| lstm | ridge |", "| lstm, input scale matched", "| esn | ridge |", "| esn, input scale matched", "| baseline: majority class | rule |",
                     "| baseline: raw-input linear head | ridge |", "| baseline: random tanh features (768 wide)"):
         assert setting.split(" (paper")[0] in table, setting
     assert "(paper 100)" in table  # the paper's random-init GPT-2 on bit XOR, beside ours
@@ -39,5 +39,6 @@ def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_pa
     (png,) = (tmp_path / "40" / "plots" / "table2").glob("*.png")
     assert png.name == "bit_xor-depth.png" and png.stat().st_size > 10_000
     # a second run finds everything made: nothing is extracted or fitted again
-    again = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm", "PRETRAINED=gpt2")
+    again = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn",
+                 "PRETRAINED=gpt2")
     assert again.returncode == 0 and "extract" not in again.stdout

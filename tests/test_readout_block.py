@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from reservoir.model.backbones import load_backbone
 from reservoir.model.backbones.gpt2 import readout_block_supported
-from reservoir.model.backbones.hf import RotaryBackbone, rotary_readout_supported
+from reservoir.model.backbones.llama import RotaryBackbone, readout_supported
 from reservoir.model.reservoir import readout_positions
 from tests.conftest import save_tiny_gpt2
 
@@ -34,11 +34,22 @@ def tiny_llama(seed: int = 0, **overrides) -> RotaryBackbone:
     return backbone.eval()
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
+#: every family with a readout-only last block, and the Llama-shaped families it reaches by structure
+#: (Mistral with a sliding window shorter than the rows, Qwen2's biased projections, Qwen3's per-head norms)
+FAST = ["gpt2", "llama", "mistral", "qwen2", "qwen3"]
+
+
+@pytest.fixture(scope="module", params=FAST)
 def backbone(request, tmp_path_factory):
+    from tests.zoo import save_tiny
+
     if request.param == "gpt2":
         return load_backbone(str(save_tiny_gpt2(tmp_path_factory.mktemp("gpt2"), n_layer=3, n_embd=WIDTH)))
-    return tiny_llama()
+    if request.param == "llama":
+        return tiny_llama()
+    backbone = load_backbone(str(save_tiny(request.param, tmp_path_factory.mktemp(request.param))))
+    torch.nn.init.normal_(backbone.wpe.weight, std=0.3)
+    return backbone.eval()
 
 
 def batch(variable: bool, n_readout: int, padded: bool = False, seed: int = 0):
@@ -184,18 +195,18 @@ def test_unsupported_blocks_run_whole(tmp_path):
     for flag, supported in (("reorder_and_upcast_attn", False), ("scale_attn_by_inverse_layer_idx", True)):
         torch.manual_seed(0)
         bb = GPT2Backbone(GPT2Model(GPT2Config(n_layer=3, n_embd=WIDTH, n_head=4, **{flag: True}))).eval()
-        assert readout_block_supported(bb.h[2]) is supported
+        assert readout_block_supported(bb.blocks[2]) is supported
         with torch.inference_mode():
             fast, full = both_paths(bb, x, lengths, [2, 3], readout)
         torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
-    assert rotary_readout_supported(tiny_llama().layers[0])
+    llama = tiny_llama()
+    assert readout_supported(llama.blocks[0], llama.config)
 
 
 def test_a_hooked_attention_module_runs_whole(backbone):
-    """reservoir.report.attention catches the attention module's inputs with a pre-hook; the last block
-    must then call that module."""
-    block = backbone.h[0] if backbone.family == "gpt2" else backbone.layers[0]
-    module = block.attn if backbone.family == "gpt2" else block.self_attn
+    """reservoir.report.attention catches what the attention module returns with a hook; the last
+    block must then call that module."""
+    module = backbone.attention_module(0)
     called = []
     handle = module.register_forward_pre_hook(lambda *a: called.append(1))
     try:

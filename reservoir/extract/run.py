@@ -161,14 +161,11 @@ def load_splits(task: Task, cfg: ExtractConfig) -> dict[str, SplitData]:
 
 def dtype_reason(run: "Run") -> str:
     """Why the compute dtype is what it is, in words (``extract`` prints it)."""
-    from reservoir.runtime.machine import bf16_native
+    from reservoir.runtime.dtypes import choose
 
     if run.cfg.dtype != "auto":
         return f"--dtype {run.cfg.dtype}"
-    if run.device.type != "cpu":
-        return f"auto on {run.device.type}"
-    return ("auto: this CPU multiplies bf16 natively" if bf16_native()
-            else "auto: this CPU has no native bf16 (it would be emulated, far slower)")
+    return choose(run.device)[1]
 
 
 def should_compile(setting: bool | None, tokens: int, backbone: nn.Module | None = None) -> bool:

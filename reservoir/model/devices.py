@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 #: the float compute dtypes of the PyTorch path, by the name the options use
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:

@@ -62,7 +62,7 @@ class Reservoir(nn.Module):
                  dropout: float = 0.0):
         super().__init__()
         self.spec = spec
-        self.input_layer = make_input_layer(spec, backbone.d_model, seed, input_scale,
+        self.input_layer = make_input_layer(spec, backbone.input_width, seed, input_scale,
                                             getattr(backbone, "token_std", None))
         self.dropout = nn.Dropout(dropout)
         self.backbone = backbone

@@ -19,6 +19,8 @@ from reservoir import __version__
 from reservoir.config import FitConfig, default_data_dir, features_dir, select_depths, slug
 from reservoir.errors import IdentityError, StoreError, UsageError
 from reservoir.probe.heads import Rows, fit_rows, rows
+from reservoir.tasks import VALIDATION_SPLITS
+from reservoir.tasks import split_roles as roles_of
 from reservoir.identity import canonical, reread, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.progress import log
@@ -48,8 +50,6 @@ class FileRows(Rows):
             yield rows(X, y)
 
 
-#: names of a validation split, in order of preference (TAPE calls it ``valid``)
-VAL_SPLITS = ("val", "valid")
 
 
 def describe_file(p: Path, i: dict[str, Any]) -> str:
@@ -155,9 +155,10 @@ def check_sizes(path: Path, y_train, cfg: FitConfig, has_val: bool) -> None:
 
 
 def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
-    """The validation split (or None) and the test splits of a feature file, in the task's order."""
-    val = next((s for s in VAL_SPLITS if s in f), None)
-    return val, [s for s in order if s in f and (s == "test" or s.startswith("test_"))]
+    """The validation split (or None) and the test splits of a feature file, in the task's order
+    (the roles every task declares, :func:`reservoir.tasks.split_roles`)."""
+    val, tests = roles_of([s for s in order if s in f] + [s for s in VALIDATION_SPLITS if s in f and s not in order])
+    return val, list(tests)
 
 
 def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:

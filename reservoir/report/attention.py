@@ -1,16 +1,13 @@
 """Attention probabilities of one block of a frozen backbone for one example (FPT paper, figures 3 to 5).
 
-The example goes through the project's own forward path (:class:`reservoir.runtime.runner.Reservoir`:
-the seeded input layer, then the backbone's blocks as :mod:`reservoir.model.backbones` runs them);
-a pre-hook on the attention module of block ``layer`` catches that module's inputs (the
-block's normed hidden states and, for rotary models, the position embeddings), stops the
-forward there, and the probabilities ``softmax(Q K^T * scale + mask)`` are computed from the
-block's own projections. Tests check them against Hugging Face's ``output_attentions=True``.
+The example goes through the project's own forward path (:class:`reservoir.model.reservoir.Reservoir`:
+the seeded input layer, then the backbone's blocks as its adapter runs them); a hook on the
+attention module of block ``layer`` catches what it returns and stops the forward there.
 
-Families with attention register a reader in :data:`READERS` (keyed by ``Backbone.family``):
-``gpt2`` (``ln_1`` -> ``c_attn``), ``llama`` (``input_layernorm`` -> ``q_proj``/``k_proj`` with
-rotary positions and grouped key-value heads) and ``bert`` (``query``/``key``; one example
-has no padding, so no mask). An LSTM has no attention and is refused.
+The weights are the library's own: the backbone's adapter names the block's attention
+module, which runs with Hugging Face's ``eager`` attention and returns the weights it applied
+(tests check them against ``output_attentions=True`` for every family). An LSTM, an echo state
+network or a state-space model has no attention and is refused.
 
 With ``checkpoint``, the input layer, positions and layer norms are the ones an end-to-end
 ``reservoir train`` run learned (its best-validation parameters), which is what the paper's
@@ -20,8 +17,8 @@ parameter set is trained.
 
 from __future__ import annotations
 
+import inspect
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,128 +28,75 @@ from torch import nn
 
 from reservoir.errors import BackboneError, IdentityError, UsageError
 
-@dataclass(frozen=True)
-class AttentionReader:
-    """How to read attention probabilities from one backbone family.
-
-    module : ``(backbone, layer) -> nn.Module``, the attention module of block ``layer``
-        (its inputs are caught by a forward pre-hook).
-    probs : ``(module, args, kwargs) -> (B, heads, T, T)`` float32 probabilities from the
-        module's call arguments.
-    causal : a query attends only to itself and earlier tokens.
-    """
-
-    module: Callable[[nn.Module, int], nn.Module]
-    probs: Callable[[nn.Module, tuple, dict], torch.Tensor]
-    causal: bool
-
-
-def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
-    return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-
-
-def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """``(B, T, H * hd)`` -> ``(B, H, T, hd)``."""
-    return x.view(*x.shape[:2], -1, head_dim).transpose(1, 2)
-
-
-def _gpt2_scores(attn: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
-    h = _hidden(args, kwargs).float()
-    q, k, _ = attn.c_attn(h).split(attn.split_size, dim=2)
-    scale = attn.head_dim ** -0.5 if attn.scale_attn_weights else 1.0
-    if attn.scale_attn_by_inverse_layer_idx:
-        scale /= float(attn.layer_idx + 1)
-    return _heads(q, attn.head_dim) @ _heads(k, attn.head_dim).transpose(-1, -2) * scale
-
-
-def _llama_scores(attn: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
-
-    h = _hidden(args, kwargs).float()
-    q, k = _heads(attn.q_proj(h), attn.head_dim), _heads(attn.k_proj(h), attn.head_dim)
-    cos, sin = kwargs["position_embeddings"]
-    q, k = apply_rotary_pos_emb(q, k, cos.float(), sin.float())
-    k = repeat_kv(k, attn.num_key_value_groups)
-    return q @ k.transpose(-1, -2) * attn.scaling
-
-
-def _bert_scores(attn: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
-    kind = getattr(attn, "position_embedding_type", "absolute")
-    if kind != "absolute":
-        raise BackboneError(f"attention maps of {kind!r} position embeddings are not supported; "
-                            "choose a model with absolute positions")
-    h = _hidden(args, kwargs).float()
-    hd = attn.attention_head_size
-    return _heads(attn.query(h), hd) @ _heads(attn.key(h), hd).transpose(-1, -2) * hd ** -0.5
-
-
-def _softmax(causal: bool, scores: Callable) -> Callable:
-    def probs(module, args, kwargs):
-        s = scores(module, args, kwargs)
-        if causal:
-            t = s.shape[-1]
-            above = torch.ones(t, t, dtype=torch.bool, device=s.device).triu(1)
-            s = s.masked_fill(above, float("-inf"))
-        return torch.softmax(s, dim=-1)
-
-    return probs
-
-
-#: ``Backbone.family`` -> how to read its attention
-READERS: dict[str, AttentionReader] = {
-    "gpt2": AttentionReader(lambda b, i: b.h[i].attn, _softmax(True, _gpt2_scores), causal=True),
-    "llama": AttentionReader(lambda b, i: b.layers[i].self_attn, _softmax(True, _llama_scores), causal=True),
-    "bert": AttentionReader(lambda b, i: b.layers[i].attention.self, _softmax(False, _bert_scores), causal=False),
-}
-
 
 class _Caught(Exception):
-    """Raised by the pre-hook once the attention module's inputs are caught: the rest need not run."""
+    """Raised by the hook once the attention module has returned: the rest need not run."""
 
 
-def catch_inputs(module: nn.Module, run: Callable[[], Any]) -> tuple[tuple, dict]:
-    """The ``(args, kwargs)`` of ``module``'s first call while ``run()`` executes (which stops there)."""
+def catch_output(module: nn.Module, run: Callable[[], Any]) -> Any:
+    """What ``module`` returns on its first call while ``run()`` executes (which stops there)."""
     caught: dict[str, Any] = {}
 
-    def hook(mod, args, kwargs):
-        caught["call"] = (args, kwargs)
+    def hook(mod, args, output):
+        caught["out"] = output
         raise _Caught
 
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    def ask(mod, args, kwargs):  # modules that return their weights only when asked (DeBERTa, T5)
+        return args, {**kwargs, "output_attentions": True}
+
+    handles = [module.register_forward_hook(hook)]
+    if "output_attentions" in inspect.signature(module.forward).parameters:
+        handles.append(module.register_forward_pre_hook(ask, with_kwargs=True))
     try:
         run()
     except _Caught:
         pass
     finally:
-        handle.remove()
-    if "call" not in caught:
+        for handle in handles:
+            handle.remove()
+    if "out" not in caught:
         raise BackboneError("the attention module of the requested block was never called by the forward pass")
-    return caught["call"]
+    return caught["out"]
+
+
+def weights_in(output: Any, n: int) -> torch.Tensor | None:
+    """The attention weights ``(B, heads, n, n)`` among what an attention module returned."""
+    items = [output] if isinstance(output, torch.Tensor) else list(output.values() if isinstance(output, dict)
+                                                                  else output)
+    for item in items:  # probabilities: (.., n, n), non-negative rows summing to 1 (not T5's position bias)
+        if isinstance(item, torch.Tensor) and item.dim() == 4 and tuple(item.shape[-2:]) == (n, n) and \
+                bool((item >= 0).all()) and torch.allclose(item.float().sum(-1), torch.ones(()), atol=1e-3):
+            return item
+    return None
 
 
 def attention_probs(reservoir: nn.Module, tokens: torch.Tensor, lengths: torch.Tensor, layer: int) -> torch.Tensor:
     """Attention probabilities ``(B, heads, T, T)`` (float32) of block ``layer`` of ``reservoir``'s backbone.
 
+    The backbone's adapter names the block's attention module (``attention_module``); the module
+    runs as the library runs it with its ``eager`` attention, which returns the weights it
+    applied, and those are read from what it returns. So the weights are the library's own (what
+    ``output_attentions=True`` returns), for every family with attention.
+
     Parameters
     ----------
-    reservoir : a :class:`reservoir.runtime.runner.Reservoir` (or anything called as one) whose
-        ``backbone`` family has a reader in :data:`READERS`.
+    reservoir : a :class:`reservoir.model.reservoir.Reservoir` (or anything called as one).
     tokens, lengths : a batch as the task encodes it (rows should not be padded: a causal
         model's real tokens never see padding, but an encoder's would).
     layer : the block, from 0.
     """
     backbone = reservoir.backbone
-    reader = READERS.get(backbone.family)
-    if reader is None:
-        raise UsageError(f"a {backbone.family or type(backbone).__name__} backbone has no attention; choose a "
-                         f"transformer backbone (families with attention maps: {sorted(READERS)})")
     if not 0 <= layer < backbone.n_layers:
         raise UsageError(f"layer {layer} is out of range for this backbone ({backbone.n_layers} blocks); "
                          f"choose a layer in [0, {backbone.n_layers - 1}]")
-    module = reader.module(backbone, layer)
-    with torch.inference_mode():
-        args, kwargs = catch_inputs(module, lambda: reservoir(tokens, lengths, [layer + 1]))
-        return reader.probs(module, args, kwargs).float()
+    module = backbone.attention_module(layer)
+    with torch.inference_mode(), backbone.eager_attention():
+        output = catch_output(module, lambda: reservoir(tokens, lengths, [layer + 1]))
+    weights = weights_in(output, tokens.shape[1])
+    if weights is None:
+        raise BackboneError(f"the attention module of block {layer} ({type(module).__name__}) did not return its "
+                            "weights; this family cannot show attention maps")
+    return weights.float()
 
 
 def token_labels(task, tokens: np.ndarray) -> list[str]:
@@ -256,10 +200,12 @@ def first_layer_attention(task_name: str, backbone_name: str, *, seed: int = 0, 
         task = _task(task_name, {}, seed)
         backbone = load_backbone(backbone_name, seed)
         reservoir = Reservoir(task.spec, backbone, seed=seed, input_scale=parse_input_scale(input_scale))
-    if reservoir.backbone.family not in READERS:
+    try:
+        reservoir.backbone.attention_module(0)
+    except (UsageError, BackboneError):
         raise UsageError(f"backbone {backbone_name!r} ({reservoir.backbone.family or type(reservoir.backbone).__name__})"
-                         f" has no attention to show; choose a transformer backbone such as gpt2, gpt2-random, "
-                         f"smollm2-135m(-random) or a save_pretrained folder ({', '.join(sorted(READERS))} families)")
+                         " has no attention to show; choose a transformer backbone such as gpt2, gpt2-random, "
+                         "smollm2-135m(-random) or a save_pretrained folder of a transformer") from None
     check_length(task.spec, reservoir.backbone, backbone_name)
     task.check_split(split)
     data = task.load(split, Path(data_dir) if data_dir is not None else default_data_dir(), example + 1)

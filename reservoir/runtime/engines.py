@@ -4,7 +4,7 @@ The forward module is always :class:`reservoir.runtime.runner.Reservoir` (input 
 readout). The ``openvino`` engine converts that same module with ``openvino.convert_model``
 (its readout-only deepest block included) and runs it with OpenVINO's CPU plugin:
 
-- ``bfloat16`` / ``float32``: OpenVINO's inference precision set to the dtype (bf16 only
+- ``bfloat16`` / ``float16`` / ``float32``: OpenVINO's inference precision set to the dtype (bf16 only
   where the CPU multiplies it natively, as for PyTorch);
 - ``int8``: int8 weights (``nncf.compress_weights``, symmetric, per output channel) and
   int8 activations quantized at run time per token in groups of :data:`DYNAMIC_GROUP` values
@@ -55,8 +55,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from reservoir.model.backbones import readout_rows
-from reservoir.runtime.machine import bf16_native
+from reservoir.model.backbones import columns, readout_rows
+from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.errors import BackboneError, DeviceError, UsageError
 
 ENGINES = ("auto", "torch", "openvino")
@@ -86,7 +86,7 @@ EXAMPLE_WIDTH = 64
 CHECK_ROWS, CHECK_TOKENS = 4, 2048
 #: largest relative feature error (norm-wise, worst depth) accepted against PyTorch's float32
 #: forward (measured on GPT-2 small: 1e-6 for float32, 0.5% for bf16, 2% to 2.5% for int8)
-TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "int8": 0.15, "int8-static": 0.15}
+TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2, "int8": 0.15, "int8-static": 0.15}
 INSTALL = "pip install 'reservoir[openvino]'"
 
 
@@ -246,8 +246,7 @@ class OpenVINOForward:
         props = ov.properties
         config: dict[Any, Any] = {props.inference_num_threads: self.threads,
                                   props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
-                                  props.hint.inference_precision: ov.Type.f32 if self.dtype == "float32" else
-                                  ov.Type.bf16 if bf16_native() else ov.Type.f32}
+                                  props.hint.inference_precision: precision(self.dtype)}
         if self.dtype == "int8":
             config[props.hint.dynamic_quantization_group_size] = DYNAMIC_GROUP
         start = time.perf_counter()
@@ -339,21 +338,21 @@ class Centred(nn.Module):
 
     def columns(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """Output features ``start:stop`` only (the readout-only block's query or key-value columns)."""
-        from reservoir.model.backbones.gpt2 import _columns
-
         shift, scale, moved = self._tables(x)
-        return _columns(self.module, (x - shift) / scale, start, stop) * scale + moved[..., start:stop]
+        return columns(self.module, (x - shift) / scale, start, stop) * scale + moved[..., start:stop]
 
 
 def projections(model: nn.Module) -> dict[str, nn.Module]:
-    """The backbone's matrix products, by name in ``model``: its ``nn.Linear`` and transformers'
-    ``Conv1D`` modules. The input layer is not among them: its inputs are the task's own values
+    """The backbone's matrix products int8 quantizes, by name in ``model``: what its adapter names
+    (:meth:`reservoir.model.backbones.Backbone.projections`: every ``nn.Linear`` and transformers'
+    ``Conv1D`` by default). The input layer is not among them: its inputs are the task's own values
     (bits, pixels), which int8 often holds exactly as they are and not once centred."""
-    from transformers.pytorch_utils import Conv1D
+    from reservoir.model.backbones import Backbone
 
     backbone = getattr(getattr(model, "reservoir", None), "backbone", None)
-    prefix = "reservoir.backbone." if backbone is not None else ""
-    return {prefix + name: m for name, m in (backbone or model).named_modules() if type(m) in (nn.Linear, Conv1D)}
+    if backbone is not None:
+        return {"reservoir.backbone." + name: m for name, m in backbone.projections().items()}
+    return Backbone.projections(model)
 
 
 @contextlib.contextmanager
@@ -467,6 +466,16 @@ def narrow(batch: tuple[torch.Tensor, ...], width: int | None = None) -> tuple[t
     shift = (readout.max(dim=1).values + 1 - width).clamp(min=0)
     return tokens[:, :width].contiguous(), (lengths - shift).clamp(min=1, max=width), \
         (readout - shift[:, None]).clamp(min=0)
+
+
+def precision(dtype: str):
+    """OpenVINO's inference precision for ``dtype``: the float dtype itself; for the int8 dtypes, the
+    float dtype this CPU multiplies fastest (measured, :mod:`reservoir.runtime.dtypes`) between
+    their int8 products."""
+    import openvino as ov
+
+    floats = {"float32": ov.Type.f32, "bfloat16": ov.Type.bf16, "float16": ov.Type.f16}
+    return floats[dtype] if dtype in floats else floats[choose_dtype("cpu")[0]]
 
 
 def relative_error(ours: np.ndarray, ref: np.ndarray) -> float:

@@ -20,7 +20,7 @@ from torch import nn
 from reservoir.model.backbones import Backbone, freeze
 from reservoir.model.devices import DTYPES
 from reservoir.model.reservoir import FixedDepths, Reservoir, readout_positions
-from reservoir.runtime.machine import bf16_native
+from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.runtime.engines import INT8_DTYPES, OpenVINOForward, choose_engine
 from reservoir.errors import BackboneError, UsageError
 from reservoir.tasks import TaskSpec
@@ -32,14 +32,10 @@ TIMED_BATCHES = 64
 
 
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> str:
-    """``"auto"`` -> ``"bfloat16"`` where the device multiplies bf16 natively (a CPU with
-    AVX512-BF16 or AMX, a CUDA GPU with bf16 support), else ``"float32"``; the int8 dtypes of
-    the OpenVINO engine (:mod:`reservoir.runtime.engines`) as they are."""
+    """``"auto"`` -> the float dtype this device multiplies fastest, measured on a CPU
+    (:func:`reservoir.runtime.dtypes.choose`); the float and int8 dtypes as they are."""
     if name == "auto":
-        kind = torch.device(device).type
-        if kind == "cuda":
-            return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
-        return "bfloat16" if kind == "cpu" and bf16_native() else "float32"
+        return choose_dtype(device)[0]
     if name not in DTYPES and name not in INT8_DTYPES:
         raise UsageError(f"dtype {name!r} is not supported; choose from {['auto', *DTYPES, *INT8_DTYPES]}")
     return name

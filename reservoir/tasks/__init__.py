@@ -57,12 +57,29 @@ class TaskSpec:
             return ()
         return (self.n_readout, self.outputs_per_token)
 
+    @property
+    def roles(self) -> tuple[str | None, tuple[str, ...]]:
+        """The validation split (``None``: hold out a share of train) and the test splits, in order
+        (:func:`split_roles`); ``fit`` and ``train`` both use them."""
+        return split_roles(self.splits)
+
     def describe(self) -> str:
         width = f"x {self.token_dim}" if self.token_kind == "dense" else f"ids < {self.vocab_size}"
         length = f"<= {self.seq_len}" if self.variable_length else str(self.seq_len)
         outs = f"{self.n_classes} classes" if self.label_shape == () else (
             f"{self.outputs_per_token} x {self.n_classes}-way per readout token")
         return f"{length} tokens {width}; {outs}; readout last {self.n_readout}; splits {','.join(self.splits)}"
+
+
+#: names of a validation split, in order of preference (TAPE calls it ``valid``)
+VALIDATION_SPLITS = ("val", "valid")
+
+
+def split_roles(splits) -> tuple[str | None, tuple[str, ...]]:
+    """Roles of split names: the validation split (``val``, else ``valid``, else ``None``) and the test
+    splits (``test`` and ``test_*``, e.g. TAPE's three holdouts), in the order given."""
+    val = next((s for s in VALIDATION_SPLITS if s in splits), None)
+    return val, tuple(s for s in splits if s == "test" or s.startswith("test_"))
 
 
 @dataclass

@@ -55,6 +55,9 @@ class Splits:
     train: SplitData
     val: SplitData
     test: SplitData
+    #: the task's names of the validation split (``None``: held out of train) and of the test split used
+    val_name: str | None = None
+    test_name: str = "test"
 
     def named(self) -> dict[str, SplitData]:
         return {"train": self.train, "val": self.val, "test": self.test}
@@ -65,12 +68,17 @@ def _take(d: SplitData, idx: np.ndarray) -> SplitData:
 
 
 def load_data(task: Task, cfg: TrainConfig) -> Splits:
-    """Train, validation and test splits; validation is the task's ``val`` split or a seeded share of train."""
+    """Train, validation and test splits by the roles the task declares (``TaskSpec.roles``): its
+    validation split (``val``, TAPE's ``valid``) or a seeded share of train, and its first test split
+    (``test``, or the first ``test_*``, e.g. TAPE's ``test_fold_holdout``)."""
     data_dir = Path(cfg.data_dir)
+    val_name, test_names = task.spec.roles
+    if not test_names:
+        raise DataError(f"task {task.name!r} declares no test split (splits {list(task.spec.splits)})")
     train = task.load("train", data_dir, cfg.limit)
-    test = task.load("test", data_dir, cfg.limit)
-    if "val" in task.spec.splits:
-        val = task.load("val", data_dir, cfg.limit)
+    test = task.load(test_names[0], data_dir, cfg.limit)
+    if val_name is not None:
+        val = task.load(val_name, data_dir, cfg.limit)
     else:
         from sklearn.model_selection import train_test_split
 
@@ -83,10 +91,10 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
         fit_idx, val_idx = train_test_split(np.arange(len(train)), test_size=n_val, random_state=cfg.seed,
                                             stratify=strat)
         train, val = _take(train, np.sort(fit_idx)), _take(train, np.sort(val_idx))
-    for name, d in (("train", train), ("val", val), ("test", test)):
+    for name, d in (("train", train), (val_name or "held-out validation", val), (test_names[0], test)):
         if len(d) == 0:
             raise DataError(f"the {name} split of task {task.name!r} is empty; check --data-dir and --limit")
-    return Splits(train, val, test)
+    return Splits(train, val, test, val_name, test_names[0])
 
 
 def batch_tensors(task: Task, d: SplitData, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -317,7 +325,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], N
         "test_accuracy": float(np.mean(tests)), "test_std": _std(tests),
         "test_min": float(min(tests)), "test_max": float(max(tests)),
         "val_accuracy": val_mean[best_lr], "val_std": _std([r["val_accuracy"] for r in chosen]),
-        "n_train": len(data.train), "n_val": len(data.val), "n_test": len(data.test),
+        "n_train": len(data.train), "n_val": len(data.val), "n_test": len(data.test), "test_split": data.test_name,
         "seconds": float(sum(r["seconds"] for rs in runs.values() for r in rs)),
         "lr": best_lr, "seeds": seeds, "steps": [r["steps"] for r in chosen],
         "best_step": [r["best_step"] for r in chosen],

@@ -114,20 +114,12 @@ def _shape_terms(params: Sequence[nn.Parameter]) -> str:
     return " + ".join(f"{n} x {s}" if n > 1 else s for s, n in shapes.items())
 
 
-def _blocks(backbone: Backbone) -> nn.ModuleList | None:
-    """The backbone's list of blocks: its first ModuleList child with ``n_layers`` entries."""
-    for child in backbone.children():
-        if isinstance(child, nn.ModuleList) and len(child) == backbone.n_layers:
-            return child
-    return None
-
-
 def param_counts(model: FPT) -> list[dict[str, Any]]:
     """One row per group: parameter count and its arithmetic (``12 x (4 x 768) + 2 x 768 = 38,400``).
 
     Blocks are assumed identical, so the per-block term is read from the first block.
     """
-    blocks = _blocks(model.backbone)
+    blocks = model.backbone.blocks
     in_blocks = {id(p) for p in blocks.parameters()} if blocks is not None else set()
     first = {id(p) for p in blocks[0].parameters()} if blocks is not None and len(blocks) else set()
     rows = []

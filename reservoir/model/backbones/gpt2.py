@@ -1,4 +1,5 @@
-"""GPT-2 family: hub ids or saved folders (pretrained), and ``-random`` twins built from the config."""
+"""GPT-2 family adapter: learned positions ``wpe``, blocks ``h``, final ``ln_f``; the readout-only
+deepest block; the released sizes as registered names and their ``-random``/``-stats`` twins."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from reservoir.model.backbones import (FAMILIES, Backbone, BackboneError, at_readout, from_pretrained, gather, hooked,
-                                 readout_attention, register_backbone, seeded, weight_std)
+from reservoir.model.backbones.base import (at_readout, columns, first_output, gather, hooked, make_mask,
+                                            readout_attention, seeded, stats_init)
+from reservoir.model.backbones.hf import HFBackbone, Parts, load_model, register_family
 
 #: nanoGPT's table: shapes of the released GPT-2 sizes (hub id -> config arguments)
 GPT2_SIZES = {
@@ -19,77 +21,53 @@ GPT2_SIZES = {
 }
 
 
-class GPT2Backbone(Backbone):
+@register_family
+class GPT2Backbone(HFBackbone):
     """A Hugging Face ``GPT2Model`` run block by block (learned positions ``wpe``, final ``ln_f``)."""
 
     family = "gpt2"
+    model_types = ("gpt2",)
+    naming = "gpt2, gpt2-medium, gpt2-large, gpt2-xl (hub id or cache), or a GPT-2 save_pretrained folder"
+    example = "gpt2-random"
+    fast_paths = ("readout-only last block", "openvino", "compile")
     openvino = True
 
-    def __init__(self, model):
-        super().__init__()
-        self.config = model.config
-        self.wpe, self.drop, self.h, self.ln_f = model.wpe, model.drop, model.h, model.ln_f
-        self.d_model, self.n_layers = model.config.n_embd, model.config.n_layer
-        self.max_positions = model.config.n_positions
-        self.token_std = weight_std(model.wte.weight)
+    def locate(self) -> Parts:
+        m = self.model
+        return Parts(m.h, (m.ln_f,), m.wte, [m.wpe], m.config.n_positions)
 
     def states(self, x, lengths, depths: Sequence[int], readout):
+        from transformers.masking_utils import create_causal_mask
+
         self.check_depths(depths)
+        m = self.model
         positions = torch.arange(x.shape[1], device=x.device)
-        h = self.drop(x + self.wpe(positions).to(x.dtype))
+        h = m.drop(x + m.wpe(positions).to(x.dtype))
+        # None under SDPA (its own causal mask); an explicit one under eager attention (attention maps)
+        mask = make_mask(create_causal_mask, h, positions, config=self.config, attention_mask=None, position_ids=None)
         # keep only the readout rows of each wanted depth, not every hidden state
         out = {0: gather(h, readout)} if 0 in depths else {}
         last = max(depths)
-        for k, block in enumerate(self.h[:last], start=1):
+        for k, block in enumerate(self.blocks[:last], start=1):
             if k == last and self.readout_last_block and readout_block_supported(block):
                 out[k] = readout_block(block, h, readout)
                 break
-            h = block(h)
-            h = h[0] if isinstance(h, tuple) else h  # transformers < 5.3 returns (hidden, ...)
+            h = first_output(block(h, attention_mask=mask))  # transformers < 5.3 returns (hidden, ...)
             if k in depths:
                 out[k] = gather(h, readout)
-        return [self.ln_f(out[d]) for d in depths]
-
-    def param_groups(self):
-        groups: dict[str, list[nn.Parameter]] = {"pos": list(self.wpe.parameters()), "ln": [], "attn": [], "ff": []}
-        for module in self.modules():
-            if isinstance(module, nn.LayerNorm):
-                groups["ln"] += list(module.parameters())
-        for block in self.h:
-            groups["attn"] += list(block.attn.parameters())
-            groups["ff"] += list(block.mlp.parameters())
-        return groups
+        return [m.ln_f(out[d]) for d in depths]
 
 
 def readout_block_supported(block: nn.Module) -> bool:
-    """Whether :func:`readout_block` computes exactly what ``block`` does: a plain ``GPT2Block``
-    self-attention block without ``reorder_and_upcast_attn`` (an eager-attention-only upcast
-    not reproduced here) and without hooks on it or its attention."""
-    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
-
-    if type(block) is not GPT2Block:
+    """Whether :func:`readout_block` computes exactly what ``block`` does: a GPT-2 self-attention
+    block (``ln_1``, ``attn.c_attn``/``c_proj``, ``ln_2``, ``mlp``) without
+    ``reorder_and_upcast_attn`` (an eager-attention-only upcast not reproduced here), without
+    cross-attention and without hooks on it or its attention."""
+    attn = getattr(block, "attn", None)
+    if attn is None or not all(hasattr(block, n) for n in ("ln_1", "ln_2", "mlp")) or \
+            any(hasattr(block, n) for n in ("crossattention", "ln_cross_attn")):
         return False
-    attn = block.attn
     return not (attn.is_cross_attention or attn.reorder_and_upcast_attn or hooked(block, attn))
-
-
-def _columns(module: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """Output features ``start:stop`` of a projection (transformers' ``Conv1D`` or ``nn.Linear``)
-    without computing the others (a module with a ``columns(x, start, stop)`` method computes them
-    itself); any other module, or one whose weight is not a plain tensor (a quantized one), runs
-    whole and is sliced."""
-    from transformers.pytorch_utils import Conv1D
-
-    if hasattr(module, "columns"):
-        return module.columns(x, start, stop)
-    plain = type(getattr(module, "weight", None)) in (torch.Tensor, nn.Parameter)
-    if type(module) is Conv1D and plain:  # x @ W + b with W (in, out), as Conv1D.forward computes it
-        y = torch.addmm(module.bias[start:stop], x.reshape(-1, x.shape[-1]), module.weight[:, start:stop])
-        return y.view(*x.shape[:-1], stop - start)
-    if type(module) is nn.Linear and plain:
-        bias = None if module.bias is None else module.bias[start:stop]
-        return nn.functional.linear(x, module.weight[start:stop], bias)
-    return module(x)[..., start:stop]
 
 
 def readout_block(block: nn.Module, h: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
@@ -103,13 +81,13 @@ def readout_block(block: nn.Module, h: torch.Tensor, readout: torch.Tensor) -> t
     attn = block.attn
     d, hd = attn.embed_dim, attn.head_dim
     normed = block.ln_1(h)
-    kv = _columns(attn.c_attn, normed, d, 3 * d)
+    kv = columns(attn.c_attn, normed, d, 3 * d)
     k, v = (t.reshape(*t.shape[:2], -1, hd).transpose(1, 2) for t in kv.split(d, dim=2))
     scale = hd ** -0.5 if attn.scale_attn_weights else 1.0
     if attn.scale_attn_by_inverse_layer_idx:
         scale /= float(attn.layer_idx + 1)
     with at_readout(block, readout):
-        q = _columns(attn.c_attn, gather(normed, readout), 0, d)
+        q = columns(attn.c_attn, gather(normed, readout), 0, d)
         q = q.reshape(*q.shape[:2], -1, hd).transpose(1, 2)
         a = readout_attention(q, k, v, readout, scale, attn.attn_dropout.p if attn.training else 0.0)
         x = gather(h, readout) + attn.resid_dropout(attn.c_proj(a))
@@ -117,15 +95,7 @@ def readout_block(block: nn.Module, h: torch.Tensor, readout: torch.Tensor) -> t
 
 
 def load_gpt2(path: str, seed: int = 0) -> GPT2Backbone:
-    from transformers import GPT2Model
-
-    try:
-        model = from_pretrained(GPT2Model, path)
-    except OSError as e:
-        raise BackboneError(
-            f"cannot load GPT-2 weights from {path!r} ({str(e).splitlines()[0]}); pass a folder saved with "
-            "save_pretrained (the hub is unreachable here), or use gpt2-random") from None
-    return GPT2Backbone(model)
+    return GPT2Backbone(load_model(path))
 
 
 def random_gpt2(seed: int = 0, **shape) -> GPT2Backbone:
@@ -135,9 +105,12 @@ def random_gpt2(seed: int = 0, **shape) -> GPT2Backbone:
         return GPT2Backbone(GPT2Model(GPT2Config(**shape)))
 
 
-FAMILIES["gpt2"] = load_gpt2
-for _name, _shape in GPT2_SIZES.items():
-    register_backbone(_name, help=f"pretrained GPT-2 ({_shape['n_layer']} blocks x {_shape['n_embd']}), hub id or cache")(
-        lambda seed=0, _n=_name: load_gpt2(_n, seed))
-    register_backbone(f"{_name}-random", help=f"{_name} architecture, default random initialisation, no download")(
-        lambda seed=0, _s=_shape: random_gpt2(seed, **_s))
+def register(register_backbone) -> None:
+    """The released sizes by name, with their twins (called by the package's registry)."""
+    for name, shape in GPT2_SIZES.items():
+        register_backbone(name, help=f"pretrained GPT-2 ({shape['n_layer']} blocks x {shape['n_embd']}), hub id or "
+                                     "cache")(lambda seed=0, _n=name: load_gpt2(_n, seed))
+        register_backbone(f"{name}-random", help=f"{name} architecture, default random initialisation, no download")(
+            lambda seed=0, _s=shape: random_gpt2(seed, **_s))
+        register_backbone(f"{name}-stats", help=f"{name} with each tensor redrawn from N(mean, std) of the pretrained "
+                                                "one")(lambda seed=0, _n=name: stats_init(load_gpt2(_n, seed), seed))

@@ -1,239 +1,413 @@
-"""Generic Hugging Face backbones: Llama-family causal LMs and BERT-family encoders.
+"""Any Hugging Face model as a backbone: the generic adapter, and the base of the written ones.
 
-Hidden size, depth and attention come from the model's config; each family is the
-Hugging Face model run block by block, so depth ``k`` equals the model with its layer list
-cut to ``k`` blocks (a test checks this for every family).
+:class:`HFBackbone` holds a Hugging Face base model and its :class:`Parts`: where the block
+stack, the modules after it (the final norm), the token embedding and the learned
+positions are. A family with an adapter of its own names them (:meth:`HFBackbone.locate`);
+for any other model they are found from the model's own metadata and module tree:
 
-- **Llama family** (rotary positions, RMSNorm, pre-norm): the FPT's position parameters
-  become a learned additive embedding ``wpe`` added after the input layer, initialised to
-  zero so that frozen features are exactly the pretrained model's; rotary positions still
-  act inside attention. Causal, so right padding needs no mask. Final ``norm`` applied.
-- **BERT family** (``bert``, ``roberta``; bidirectional, post-norm): the model's own
-  embedding module adds positions and token type 0 to the input layer's output and
-  normalises; an attention mask over padding keeps a row's features independent of how
-  far the batch was padded. Every block ends in a LayerNorm, so there is no extra final
-  norm. The readout token is the last real token, as for every family (DESIGN.md).
+- the **blocks**: the ``ModuleList`` whose entries are of a class the model lists in
+  ``_no_split_modules`` (Hugging Face's own name for "a block"), else the ``ModuleList`` of one
+  class with as many entries as the config has layers;
+- the **modules after the blocks** (final norm, an output projection): those the model's own
+  forward calls after its last block returns, found once by running it on two tokens;
+  poolers are not hidden states and are left out; anything but norms and linear layers there
+  is refused, since it could not be applied to the readout rows alone;
+- the **token embedding**: ``get_input_embeddings()`` (the FPT input layer replaces it; its
+  width is the width the input layer writes);
+- the **learned positions**: the other ``nn.Embedding`` modules outside the blocks. A model
+  without any (rotary, ALiBi, relative, state-space) gets the FPT's position parameters as a
+  learned additive embedding ``wpe`` after the input layer, initialised to zero so frozen
+  features are exactly the model's own.
 
-Random twins of the GPT-2 family are built here too (:data:`FROM_CONFIG`).
+The generic adapter runs the model's own forward (``inputs_embeds``, and for bidirectional
+models an attention mask over padding) and reads the blocks' outputs with hooks, stopping
+after the deepest requested block; depth ``k`` is the output of block ``k`` through the
+modules after the blocks, exactly what the model truncated to ``k`` blocks outputs. It has no
+fast paths (no readout-only last block, no OpenVINO, no compiling) and says so when it loads;
+a model it cannot map is refused, naming what it could not find.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Sequence
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
-from reservoir.model.backbones import (FAMILIES, FROM_CONFIG, Backbone, BackboneError, at_readout, from_pretrained, gather,
-                                 hooked, readout_attention, register_backbone, stats_init, weight_std)
-from reservoir.model.backbones.gpt2 import GPT2_SIZES, GPT2Backbone, load_gpt2
+from reservoir.errors import BackboneError
+from reservoir.model.backbones.base import (Backbone, check_length, first_output, from_pretrained, gather, is_norm,
+                                            params, quiet_transformers, without)
 
-#: longest sequence the learned additive position embedding of a rotary model covers
-#: (the paper's longest inputs are 2,000 ListOps tokens); capped so that 128k-context
-#: configs do not allocate gigabytes of zeros
+#: longest sequence the learned additive position embedding covers (the paper's longest inputs
+#: are 2,000 ListOps tokens); capped so that 128k-context configs do not allocate gigabytes of zeros
 MAX_ADDED_POSITIONS = 4096
+#: class-name parts of a block's sequence-mixing module (its ``attn`` group)
+MIXER_NAMES = ("Attention", "Attn", "Mixer")
+#: model_type -> the adapter class of its family (families register themselves, :func:`register_family`)
+ADAPTERS: dict[str, type["HFBackbone"]] = {}
 
 
-def _check_length(x: torch.Tensor, limit: int, name: str) -> None:
-    if x.shape[1] > limit:
-        raise BackboneError(f"{name} reads at most {limit} tokens; got a batch of {x.shape[1]}. "
-                            "Choose a task with shorter sequences or a backbone with more positions")
+def register_family(cls: type["HFBackbone"]) -> type["HFBackbone"]:
+    """Class decorator: ``cls`` adapts every ``model_type`` in ``cls.model_types``."""
+    for model_type in cls.model_types:
+        ADAPTERS[model_type] = cls
+    return cls
 
 
-def _params(modules) -> list[nn.Parameter]:
-    return [p for m in modules for p in m.parameters()]
+@dataclass
+class Parts:
+    """Where a model's parts are (named by a family's adapter or found by the generic one)."""
+
+    blocks: nn.ModuleList
+    #: per-token modules the model applies after its last block, in order (final norm, ...)
+    after: tuple[nn.Module, ...]
+    #: the token embedding the input layer replaces (``None`` for a model without one)
+    embedding: nn.Module | None
+    #: learned positions (modules or parameters): the ``pos`` group; empty -> an added ``wpe``
+    positions: list = field(default_factory=list)
+    #: longest input the learned positions cover (``None``: no limit of their own)
+    max_positions: int | None = None
 
 
-def _without(params: list[nn.Parameter], exclude: list[nn.Parameter]) -> list[nn.Parameter]:
-    ids = {id(p) for p in exclude}
-    return [p for p in params if id(p) not in ids]
+def n_layers_of(config) -> int | None:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key in ("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
+        if isinstance(getattr(text, key, None), int):
+            return getattr(text, key)
+    return None
 
 
-def _make_mask(fn, embeds, cache_position, **kwargs):
-    """Call a ``transformers.masking_utils`` mask builder across versions: its embeddings argument
-    was ``input_embeds`` before 5.2, and ``cache_position`` was required before 5.4 (later dropped)."""
-    params = inspect.signature(fn).parameters
-    kwargs["inputs_embeds" if "inputs_embeds" in params else "input_embeds"] = embeds
-    if "cache_position" in params:
-        kwargs["cache_position"] = cache_position
-    return fn(**kwargs)
+def max_positions_of(config) -> int | None:
+    for key in ("max_position_embeddings", "n_positions", "max_positions"):
+        if isinstance(getattr(config, key, None), int):
+            return getattr(config, key)
+    return None
 
 
-class RotaryBackbone(Backbone):
-    """A Llama-family decoder (``LlamaModel``) without its token embedding.
+def base_model(model: nn.Module) -> nn.Module:
+    """The model without task heads: the encoder of an encoder-decoder, the base model of a
+    head model (``base_model_prefix``), else the model itself."""
+    if getattr(model.config, "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
+        return model.get_encoder()
+    prefix = getattr(model, "base_model_prefix", "")
+    inner = getattr(model, prefix, None) if prefix else None
+    return inner if isinstance(inner, nn.Module) and inner is not model else model
+
+
+def find_blocks(model: nn.Module) -> nn.ModuleList:
+    """The block stack: a ``ModuleList`` of the classes the model names in ``_no_split_modules``,
+    else of one class with as many entries as the config has layers."""
+    hints = set(getattr(model, "_no_split_modules", None) or [])
+    n = n_layers_of(model.config)
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+    by_hint = [(name, m) for name, m in lists if all(type(b).__name__ in hints for b in m)]
+    same = [(name, m) for name, m in lists if len({type(b) for b in m}) == 1 and (n is None or len(m) == n)]
+    for found in (by_hint, same):
+        if found:
+            return max(found, key=lambda nm: (len(nm[1]), -nm[0].count(".")))[1]
+    raise BackboneError(
+        f"the generic adapter found no block stack in this {model.config.model_type!r} model: no ModuleList of "
+        f"{sorted(hints) or 'the classes in _no_split_modules (the model names none)'} and none of one class with "
+        f"{n} entries (the config's layer count); this model needs an adapter of its own "
+        "(reservoir/model/backbones/, one file)")
+
+
+def accepted(fn: Callable) -> set[str]:
+    return set(inspect.signature(fn).parameters)
+
+
+class _Stop(Exception):
+    """Raised by a hook after the deepest requested block: the rest of the model need not run."""
+
+
+class HFBackbone(Backbone):
+    """A Hugging Face model, run by its own forward and read by hooks (the generic adapter).
 
     Parameters
     ----------
-    model : a ``LlamaModel`` (or a causal-LM wrapper's ``.model``); its ``embed_tokens`` is
-        dropped, since the FPT input layer replaces it.
+    model : a Hugging Face model (a head model or the encoder-decoder are reduced to the base
+        model or the encoder, :func:`base_model`).
+    quiet : do not say on stderr that the generic adapter runs without fast paths.
     """
 
-    family = "llama"
-    #: not taken by engine="auto": in bf16, OpenVINO's features of the pretrained SmolLM2-135M differ
-    #: from PyTorch float32's by 30% to 77% from block 3 on (PyTorch bf16's: at most 5%; the random
-    #: twin's under OpenVINO: 0.5%); float32 agrees to 3e-6
-    openvino = False
+    family = "hf"
+    naming = "any other save_pretrained folder or hf:ID (the generic adapter: the model's own forward, no fast paths)"
+    #: the model types a written family adapts (:func:`register_family`)
+    model_types: tuple[str, ...] = ()
+    #: an example name for ``reservoir backbones``
+    example = ""
 
-    def __init__(self, model):
+    def __init__(self, model: nn.Module, *, quiet: bool = False):
         super().__init__()
-        self.config = model.config
-        self.layers, self.norm, self.rotary_emb = model.layers, model.norm, model.rotary_emb
-        self.d_model, self.n_layers = model.config.hidden_size, model.config.num_hidden_layers
-        n_pos = min(getattr(model.config, "max_position_embeddings", MAX_ADDED_POSITIONS), MAX_ADDED_POSITIONS)
-        self.wpe = nn.Embedding(n_pos, self.d_model)
-        self.max_positions = n_pos
-        nn.init.zeros_(self.wpe.weight)
-        self.token_std = weight_std(model.embed_tokens.weight)
-
-    def states(self, x, lengths, depths: Sequence[int], readout):
-        from transformers.masking_utils import create_causal_mask
-
-        self.check_depths(depths)
-        _check_length(x, self.wpe.num_embeddings, f"{self.config.model_type} (learned additive positions)")
-        positions = torch.arange(x.shape[1], device=x.device)
-        h = x + self.wpe(positions).to(x.dtype)
-        position_ids = positions[None]
-        rotary = self.rotary_emb(h, position_ids=position_ids)
-        # None for SDPA (is_causal); an explicit causal mask for eager attention. No position_ids: they
-        # would only serve to detect packed sequences, which a traced graph (OpenVINO) cannot express
-        mask = _make_mask(create_causal_mask, h, positions, config=self.config, attention_mask=None,
-                          past_key_values=None, position_ids=None)
-        out = {0: gather(h, readout)} if 0 in depths else {}
-        last = max(depths)
-        for k, layer in enumerate(self.layers[:last], start=1):
-            if k == last and self.readout_last_block and rotary_readout_supported(layer):
-                out[k] = rotary_readout_layer(layer, h, rotary, readout)
-                break
-            h = layer(h, attention_mask=mask, position_embeddings=rotary, position_ids=position_ids)
-            h = h[0] if isinstance(h, tuple) else h
-            if k in depths:
-                out[k] = gather(h, readout)
-        return [self.norm(out[d]) for d in depths]
-
-    def param_groups(self):
-        norm_type = type(self.norm)
-        ln = _params(m for m in self.modules() if isinstance(m, (norm_type, nn.LayerNorm)))
-        return {"pos": list(self.wpe.parameters()), "ln": ln,
-                "attn": _params(layer.self_attn for layer in self.layers),
-                "ff": _params(layer.mlp for layer in self.layers)}
-
-
-def rotary_readout_supported(layer: nn.Module) -> bool:
-    """Whether :func:`rotary_readout_layer` computes exactly what ``layer`` does: a plain
-    ``LlamaDecoderLayer`` with ``LlamaAttention`` (no sliding window) and no hooks on either."""
-    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer
-
-    if type(layer) is not LlamaDecoderLayer or type(layer.self_attn) is not LlamaAttention:
-        return False
-    return getattr(layer.self_attn.config, "sliding_window", None) is None and not hooked(layer, layer.self_attn)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x (B, heads, n, hd)`` with ``cos``, ``sin`` ``(B or 1, n, hd)``: Llama's
-    ``apply_rotary_pos_emb`` for one tensor (queries and keys sit at different positions here)."""
-    from transformers.models.llama.modeling_llama import rotate_half
-
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
-
-
-def rotary_readout_layer(layer: nn.Module, h: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
-                         readout: torch.Tensor) -> torch.Tensor:
-    """``gather(layer(h), readout)`` computing only what the readout rows need: ``(B, R, d)``.
-
-    ``input_layernorm`` and the key/value projections (rotary at every position) run on all
-    positions; queries (rotary at the readout positions), ``o_proj``, residual,
-    ``post_attention_layernorm`` and the MLP on the readout rows only. Grouped key-value
-    heads are shared as in ``repeat_kv``.
-    """
-    attn = layer.self_attn
-    hd = attn.head_dim
-    cos, sin = rotary  # (1, T, hd)
-    normed = layer.input_layernorm(h)
-    k = _rotate(attn.k_proj(normed).view(*h.shape[:2], -1, hd).transpose(1, 2), cos, sin)
-    v = attn.v_proj(normed).view(*h.shape[:2], -1, hd).transpose(1, 2)
-    with at_readout(layer, readout):
-        q = attn.q_proj(gather(normed, readout)).view(*readout.shape, -1, hd).transpose(1, 2)
-        q = _rotate(q, cos[0][readout], sin[0][readout])
-        a = readout_attention(q, k, v, readout, attn.scaling, attn.attention_dropout if attn.training else 0.0)
-        x = gather(h, readout) + attn.o_proj(a)
-        return x + layer.mlp(layer.post_attention_layernorm(x))
-
-
-class EncoderBackbone(Backbone):
-    """A BERT-family encoder (``BertModel``, ``RobertaModel``) without word embeddings or pooler."""
-
-    family = "bert"
-    causal = False
-    openvino = True
-
-    def __init__(self, model):
-        super().__init__()
-        self.config = model.config
-        self.embeddings, self.layers = model.embeddings, model.encoder.layer
-        self.token_std = weight_std(self.embeddings.word_embeddings.weight)
-        self.embeddings.word_embeddings = None  # the FPT input layer replaces it; inputs_embeds path never reads it
-        self.d_model, self.n_layers = model.config.hidden_size, model.config.num_hidden_layers
-        offset = model.config.pad_token_id + 1 if model.config.model_type == "roberta" else 0  # RoBERTa counts from pad+1
-        self.max_positions = model.config.max_position_embeddings - offset
-
-    def states(self, x, lengths, depths: Sequence[int], readout):
-        try:
-            from transformers.masking_utils import create_bidirectional_mask
-        except ImportError:  # transformers < 5.0: the layers take an additive (B, 1, 1, T) mask
-            create_bidirectional_mask = None
-
-        self.check_depths(depths)
-        _check_length(x, self.max_positions, self.config.model_type)
-        h = self.embeddings(inputs_embeds=x)
-        real = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
-        if create_bidirectional_mask is None:
-            mask = (1.0 - real[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
+        self.model = base_model(model)
+        self.config = self.model.config
+        parts = self.locate()
+        # references into self.model, not registered twice (state_dict and fingerprints see each tensor once)
+        for name, value in (("blocks", parts.blocks), ("after", tuple(parts.after)), ("embedding", parts.embedding)):
+            object.__setattr__(self, name, value)
+        self.n_layers = len(self.blocks)
+        self.d_model = int(getattr(self.config, "hidden_size", None) or getattr(self.config, "n_embd", 0) or
+                           getattr(self.config, "d_model", 0))
+        width = getattr(self.embedding, "embedding_dim", None)
+        self.d_input = int(width) if width else self.d_model
+        self.causal = self.is_causal()
+        object.__setattr__(self, "positions", list(parts.positions))
+        self.wpe: nn.Embedding | None = None
+        if self.positions:
+            self.max_positions = parts.max_positions
         else:
-            mask = _make_mask(create_bidirectional_mask, h, None, config=self.config, attention_mask=real.long())
-        out = {0: h}
-        for k, layer in enumerate(self.layers[: max(depths)], start=1):
-            h = layer(h, attention_mask=mask)
-            h = h[0] if isinstance(h, tuple) else h
-            out[k] = h
-        return [gather(out[d], readout) for d in depths]
+            n_pos = min(max_positions_of(self.config) or MAX_ADDED_POSITIONS, MAX_ADDED_POSITIONS)
+            self.wpe = nn.Embedding(n_pos, self.d_input)
+            nn.init.zeros_(self.wpe.weight)
+            self.max_positions = n_pos
+        weight = getattr(self.embedding, "weight", None)
+        self.token_std = float(weight.detach().double().std()) if isinstance(weight, torch.Tensor) and \
+            not weight.is_meta else None
+        self.drop_unused()
+        if type(self).states is HFBackbone.states and not quiet:
+            print(f"{self.config.model_type}: no adapter of its own; the generic adapter runs it (the model's own "
+                  "forward read by hooks; no readout-only last block, no OpenVINO, no compiling)", file=sys.stderr)
 
-    def param_groups(self):
-        emb = self.embeddings
-        ln = _params(m for m in self.modules() if isinstance(m, nn.LayerNorm))
-        pos = list(emb.position_embeddings.parameters()) + list(emb.token_type_embeddings.parameters())
-        return {"pos": pos, "ln": ln,
-                "attn": _without(_params(layer.attention for layer in self.layers), ln),
-                "ff": _without(_params(m for layer in self.layers for m in (layer.intermediate, layer.output)), ln)}
+    # -- where things are -------------------------------------------------------------------------
+    def locate(self) -> Parts:
+        """The generic adapter's search (module docstring); family adapters name their parts."""
+        model = self.model
+        if "inputs_embeds" not in accepted(model.forward):
+            raise BackboneError(f"this {model.config.model_type!r} model's forward takes no inputs_embeds, so the FPT "
+                                f"input layer cannot feed it; families with an adapter: {sorted(ADAPTERS)}")
+        blocks = find_blocks(model)
+        try:
+            embedding = model.get_input_embeddings()
+        except (NotImplementedError, AttributeError):
+            embedding = None
+        inside = {id(m) for m in blocks.modules()}
+        positions = [m for m in model.modules() if isinstance(m, nn.Embedding) and id(m) not in inside
+                     and m is not embedding]
+        after = self._modules_after(blocks, embedding)
+        return Parts(blocks, after, embedding, positions, max_positions_of(model.config) if positions else None)
+
+    @torch.no_grad()
+    def _modules_after(self, blocks: nn.ModuleList, embedding: nn.Module | None) -> tuple[nn.Module, ...]:
+        """The leaf modules the model's forward calls after its last block returns, in order (dropout
+        and poolers left out), found by running it on two tokens."""
+        inside = {id(m) for m in blocks.modules()}
+        pooled = {id(m) for name, p in self.model.named_modules() if type(p).__name__.endswith("Pooler")
+                  for m in p.modules()}
+        calls: list[nn.Module | None] = []
+        leaves = [m for m in self.model.modules() if id(m) not in inside and id(m) not in pooled
+                  and not any(True for _ in m.children())]
+        handles = [m.register_forward_hook(lambda m, a, o: calls.append(m)) for m in leaves]
+        handles.append(blocks[-1].register_forward_hook(lambda m, a, o: calls.append(None)))
+        width = getattr(embedding, "embedding_dim", None) or self.config.hidden_size
+        param = next(self.model.parameters())
+        was = self.model.training
+        self.model.eval()
+        try:
+            with quiet_transformers():
+                self.model(**self.call_kwargs(torch.zeros(1, 2, width, dtype=param.dtype, device=param.device),
+                                              torch.tensor([2])))
+        except Exception as e:  # noqa: BLE001 - any failure here means the generic adapter cannot take it
+            raise BackboneError(f"the generic adapter could not run this {self.config.model_type!r} model on embedded "
+                                f"tokens ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); it needs "
+                                "an adapter of its own (reservoir/model/backbones/, one file)") from None
+        finally:
+            for h in handles:
+                h.remove()
+            self.model.train(was)
+        if None not in calls:
+            raise BackboneError(f"the generic adapter found a block stack in this {self.config.model_type!r} model "
+                                "that its forward never calls; it needs an adapter of its own")
+        last = len(calls) - 1 - calls[::-1].index(None)
+        after = [m for m in calls[last + 1:] if not isinstance(m, (nn.Dropout, nn.Identity))]
+        odd = [type(m).__name__ for m in after if not (is_norm(m) or isinstance(m, nn.Linear))]
+        if odd:
+            raise BackboneError(f"after its last block this {self.config.model_type!r} model runs {odd}, which the "
+                                "generic adapter cannot apply to the readout rows alone; it needs an adapter of its own")
+        return tuple(after)
+
+    def is_causal(self) -> bool:
+        """A decoder (each token sees only earlier ones): a causal-LM type that is not also a masked-LM type."""
+        from transformers.models.auto import modeling_auto as auto
+
+        kind = self.config.model_type
+        if getattr(self.config, "is_encoder_decoder", False):
+            return False  # the encoder of an encoder-decoder is bidirectional
+        return kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    def drop_unused(self) -> None:
+        """Remove the token embedding (the FPT input layer replaces it; its width and std are read):
+        its tensors are neither run, trained nor part of the fingerprint, and a large vocabulary
+        costs memory. The forward never reads it when given ``inputs_embeds``."""
+        if self.embedding is None:
+            return
+        for name, module in list(self.model.named_modules()):
+            for child_name, child in list(module.named_children()):
+                if child is self.embedding:
+                    setattr(module, child_name, None)
+        object.__setattr__(self, "embedding", None)
+
+    # -- feeding and reading ----------------------------------------------------------------------
+    def call_kwargs(self, h: torch.Tensor, lengths: torch.Tensor) -> dict[str, Any]:
+        """The model's forward arguments for embedded tokens ``h``: ``inputs_embeds``, an attention
+        mask over right padding for bidirectional models, no cache."""
+        names = accepted(self.model.forward)
+        kwargs: dict[str, Any] = {"inputs_embeds": h}
+        if not self.causal and "attention_mask" in names:
+            kwargs["attention_mask"] = (torch.arange(h.shape[1], device=h.device)[None, :]
+                                        < lengths.to(h.device)[:, None]).long()
+        if "use_cache" in names:
+            kwargs["use_cache"] = False
+        return kwargs
+
+    def add_positions(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` plus the added positions ``wpe`` (models without learned positions of their own)."""
+        check_length(x, self.max_positions, f"{self.config.model_type} ({self.family} adapter)")
+        if self.wpe is None:
+            return x
+        return x + self.wpe(torch.arange(x.shape[1], device=x.device)).to(x.dtype)
+
+    def finish(self, h: torch.Tensor) -> torch.Tensor:
+        """The modules after the blocks (final norm, ...) on readout rows ``h (B, R, d)``."""
+        for m in self.after:
+            h = m(h)
+        return h
+
+    def states(self, x, lengths, depths: Sequence[int], readout):
+        self.check_depths(depths)
+        h = self.add_positions(x)
+        last, caught = max(depths), {}
+
+        def before(module, args, kwargs):
+            caught[0] = gather(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0], readout)
+            if last == 0:
+                raise _Stop
+
+        def after(k: int):
+            def hook(module, args, output):
+                caught[k] = gather(first_output(output), readout)
+                if k == last:
+                    raise _Stop
+            return hook
+
+        handles = [self.blocks[0].register_forward_pre_hook(before, with_kwargs=True)] if 0 in depths else []
+        handles += [self.blocks[k - 1].register_forward_hook(after(k)) for k in sorted(set(depths) | {last}) if k]
+        try:
+            with quiet_transformers():
+                self.model(**self.call_kwargs(h, lengths))
+        except _Stop:
+            pass
+        finally:
+            for handle in handles:
+                handle.remove()
+        return [self.finish(caught[d]) for d in depths]
+
+    # -- groups, attention --------------------------------------------------------------------------
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """``pos``: learned positions (or the added ``wpe``); ``ln``: every norm; ``attn``: each block's
+        sequence-mixing module (class named like ``*Attention``, ``*Attn``, ``*Mixer``); ``ff``: the
+        rest of each block."""
+        ln = params(m for m in self.modules() if m is not self and type(m).__name__ != type(self).__name__
+                     and is_norm(m))
+        pos = [p for item in self.positions for p in ([item] if isinstance(item, nn.Parameter) else item.parameters())]
+        pos = pos + (list(self.wpe.parameters()) if self.wpe is not None else [])
+        attn: list[nn.Parameter] = []
+        ff: list[nn.Parameter] = []
+        for block in self.blocks:
+            mixers = without(params(self.mixers(block)), ln)
+            attn += mixers
+            ff += without(without(params([block]), ln), mixers)
+        return {"pos": pos, "ln": ln, "attn": attn, "ff": ff}
+
+    @staticmethod
+    def mixers(block: nn.Module) -> list[nn.Module]:
+        """The outermost modules of ``block`` whose class is named like a sequence mixer."""
+        found: list[nn.Module] = []
+        for m in block.modules():
+            if m is not block and any(s in type(m).__name__ for s in MIXER_NAMES) and \
+                    not any(m in f.modules() for f in found):
+                found.append(m)
+        return found
+
+    def attention_module(self, layer: int) -> nn.Module:
+        attention = [m for m in self.mixers(self.blocks[layer]) if "Mixer" not in type(m).__name__]
+        if not attention:
+            raise BackboneError(f"a {self.config.model_type!r} block has no attention module (it mixes tokens by "
+                                f"{[type(m).__name__ for m in self.mixers(self.blocks[layer])] or 'nothing named'}); "
+                                "choose a transformer backbone")
+        return attention[0]
+
+    @contextlib.contextmanager
+    def eager_attention(self):
+        before = getattr(self.config, "_attn_implementation", None)
+        setter = getattr(self.model, "set_attn_implementation", None)
+        if setter is not None:
+            setter("eager")
+        else:  # transformers < 5
+            self.config._attn_implementation = "eager"
+        try:
+            yield
+        finally:
+            if before is not None and before != "eager":
+                if setter is not None:
+                    setter(before)
+                else:
+                    self.config._attn_implementation = before
 
 
-def _load(wrap, path: str):
+def load_model(path: str, config=None) -> nn.Module:
+    """The Hugging Face model of a folder or hub id, weights read, float32; refused, naming them,
+    when the folder's weights do not fit its config (missing or wrongly shaped tensors)."""
     from transformers import AutoModel
 
     try:
-        model = from_pretrained(AutoModel, path, dtype=torch.float32)
+        model, info = from_pretrained(AutoModel, path, dtype=torch.float32, output_loading_info=True)
     except OSError as e:
         raise BackboneError(
             f"cannot load weights from {path!r} ({str(e).splitlines()[0]}); pass a folder saved with "
             "save_pretrained (the hub is unreachable here), or use the -random twin") from None
-    return wrap(model)
+    except (RuntimeError, ValueError) as e:  # shape mismatches and the like
+        raise BackboneError(f"the weights in {path!r} do not fit its config ({str(e).splitlines()[0][:300]}); "
+                            "pass the folder save_pretrained wrote for this model") from None
+    missing = [k for k in info.get("missing_keys", []) if not k.endswith("num_batches_tracked")
+               and not _in_pooler(model, k)]
+    mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", [])]
+    if missing or mismatched:
+        named = (f"missing: {_few(missing)}" if missing else "") + ("; " if missing and mismatched else "") + \
+            (f"wrongly shaped: {_few(mismatched)}" if mismatched else "")
+        raise BackboneError(f"the weights in {path!r} do not fit its config ({named}); these parts would be random. "
+                            "Pass the folder save_pretrained wrote for this model, or the -random twin for random weights")
+    return model
 
 
-def _from_config(wrap, config):
+def _in_pooler(model: nn.Module, key: str) -> bool:
+    """Whether parameter ``key`` belongs to a pooler (a head on the first token, never read here: a
+    masked-LM folder has none saved, which is fine)."""
+    parts = key.split(".")
+    module = model
+    for name in parts[:-1]:
+        module = getattr(module, name, None)
+        if module is None:
+            return False
+        if type(module).__name__.endswith("Pooler"):
+            return True
+    return False
+
+
+def _few(keys: list[str], n: int = 4) -> str:
+    return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
+
+
+def model_from_config(config) -> nn.Module:
     from transformers import AutoModel
 
-    return wrap(AutoModel.from_config(config, dtype=torch.float32))
+    with quiet_transformers():
+        return AutoModel.from_config(config, dtype=torch.float32)
 
 
-#: model_type -> wrapper of the Hugging Face base model
-WRAPPERS = {"llama": RotaryBackbone, "bert": EncoderBackbone, "roberta": EncoderBackbone}
-
-for _type, _wrap in WRAPPERS.items():
-    FAMILIES[_type] = lambda path, seed=0, _w=_wrap: _load(_w, path)
-    FROM_CONFIG[_type] = lambda config, seed=0, _w=_wrap: _from_config(_w, config)
-
-FROM_CONFIG["gpt2"] = lambda config, seed=0: _from_config(GPT2Backbone, config)
-
-for _name in GPT2_SIZES:
-    register_backbone(f"{_name}-stats", help=f"{_name} with each tensor redrawn from N(mean, std) of the pretrained one")(
-        lambda seed=0, _n=_name: stats_init(load_gpt2(_n, seed), seed))
+def adapter_for(model_type: str) -> type[HFBackbone]:
+    """The family adapter of ``model_type``, else the generic one."""
+    return ADAPTERS.get(model_type, HFBackbone)

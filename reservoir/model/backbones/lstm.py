@@ -34,6 +34,8 @@ LSTM_VARIANTS = {
 
 class LSTMBackbone(Backbone):
     family = "lstm"
+    naming = ", ".join(LSTM_VARIANTS) + " (random init, the paper's tables 3 to 5)"
+    example = "lstm"
     #: extraction batches of about this many tokens: each recurrent step is a matrix product
     #: with one row per example, which needs hundreds of rows to run near the CPU's peak
     batch_tokens = 32768
@@ -64,6 +66,10 @@ class LSTMBackbone(Backbone):
             if k in depths:
                 out[k] = gather(h, readout)
         return [out[d] for d in depths]
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.layers
 
     def param_groups(self):
         return {"pos": list(self.wpe.parameters()) if self.wpe is not None else [],

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from reservoir.model.backbones import BackboneError, from_pretrained, register_backbone, seeded, stats_init
-from reservoir.model.backbones.hf import RotaryBackbone
+from reservoir.model.backbones.llama import RotaryBackbone
 from reservoir.config import cache_dir
 
 NAME = "smollm2-135m"

@@ -1,0 +1,298 @@
+"""The backbone contract and what every adapter shares.
+
+A backbone maps the input layer's output ``x (B, T, d_input)`` to the hidden states of the
+readout rows after each requested depth. Depth ``k`` is what the model truncated to its
+first ``k`` blocks outputs, final norm included (for LSTMs and echo state networks: the
+output of layer ``k``); depth 0 is the embedded input (input layer + positions) through that
+final norm. Only blocks up to the deepest requested depth run, and the final norm is applied
+to the readout rows only (it acts per token, so that equals norming every position and then
+reading).
+
+Each architecture family is one adapter (a :class:`Backbone` subclass in its own file) that
+knows where the blocks, final norm and embeddings are, how embedded tokens are fed, the
+parameter groups of ``train --trainable`` (:meth:`Backbone.param_groups`), the attention
+module of a block (:meth:`Backbone.attention_module`) and the projections int8 quantizes
+(:meth:`Backbone.projections`). Families whose blocks allow it compute only the readout rows in
+the deepest block that runs (:attr:`Backbone.fast_paths` names it): keys and values for every
+position, queries, attention output, residual and MLP for the readout rows alone
+(:func:`readout_attention`). While that block computes the readout rows alone,
+:func:`readout_rows` gives their positions, so that a projection whose computation depends on
+the position (the int8 engine's centring) reads its tables there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from reservoir.errors import BackboneError, UsageError
+
+#: FPT parameter groups a backbone may offer (``input`` and ``out`` belong to the FPT around it)
+GROUPS = ("pos", "ln", "attn", "ff")
+
+
+class Backbone(nn.Module):
+    """Base class of every adapter. Subclasses set ``d_model``, ``n_layers``, ``family`` (and
+    ``max_positions`` when positions run out) and implement ``states``."""
+
+    family: str = ""
+    #: how to name a model of this family (``reservoir backbones`` lists it)
+    naming: str = ""
+    d_model: int
+    #: width of the embedded tokens the backbone reads (the input layer's output); ``d_model`` if unset
+    d_input: int | None = None
+    n_layers: int
+    #: the block stack (``train`` counts parameters per block from it); ``None`` for a backbone without one
+    blocks: nn.ModuleList | None = None
+    #: the fast paths this backbone has (``"readout-only last block"``, ``"openvino"``, ``"compile"``)
+    fast_paths: tuple[str, ...] = ()
+    causal: bool = True
+    #: longest input the backbone has positions for (``None``: no limit)
+    max_positions: int | None = None
+    #: std of the backbone's own token embedding as loaded (its initialisation's for a random
+    #: twin); ``--input-scale matched`` draws the input layer at this scale
+    token_std: float | None = None
+    #: compute only the readout rows in the deepest block that runs (families that implement it)
+    readout_last_block: bool = True
+    #: checked to convert to OpenVINO with equal features (``engine="auto"`` takes OpenVINO then)
+    openvino: bool = False
+
+    def states(self, x: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int],
+               readout: torch.Tensor) -> list[torch.Tensor]:
+        """Hidden states at the ``readout`` positions ``(B, R)`` for each depth: ``[(B, R, d)]``.
+
+        ``x`` is the input layer's output ``(B, T, d)`` (positions not yet added);
+        ``lengths`` the real length of each row (right padding beyond it).
+        """
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def forward(self, x, lengths, depths, readout):
+        return torch.stack(self.states(x, lengths, depths, readout), dim=1)
+
+    @property
+    def input_width(self) -> int:
+        return self.d_input or self.d_model
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by FPT group name (``pos``, ``ln``, ``attn``, ``ff``, ...)."""
+        return {}
+
+    def attention_module(self, layer: int) -> nn.Module:
+        """The attention module of block ``layer`` (``reservoir attention`` reads its weights)."""
+        raise UsageError(f"a {self.family or type(self).__name__} backbone has no attention; choose a transformer "
+                         "backbone")
+
+    def eager_attention(self) -> contextlib.AbstractContextManager:
+        """Within: attention modules compute their weights explicitly (Hugging Face's ``eager``
+        implementation) and return them, so :meth:`attention_module`'s output carries them."""
+        return contextlib.nullcontext()
+
+    def projections(self) -> dict[str, nn.Module]:
+        """The matrix products int8 quantizes, by name in the backbone: every ``nn.Linear`` and
+        transformers' ``Conv1D`` (embeddings and norms stay float)."""
+        from transformers.pytorch_utils import Conv1D
+
+        return {name: m for name, m in self.named_modules() if type(m) in (nn.Linear, Conv1D)}
+
+    def check_depths(self, depths: Sequence[int]) -> None:
+        bad = [d for d in depths if not 0 <= d <= self.n_layers]
+        if not depths:
+            raise UsageError(f"no depth requested; choose depths in [0, {self.n_layers}]")
+        if bad:
+            raise UsageError(f"depth {bad[0]} is out of range for this backbone; choose depths in [0, {self.n_layers}]")
+
+
+def weight_std(weight: torch.Tensor) -> float | None:
+    """The std of a weight tensor's entries (for :attr:`Backbone.token_std`); ``None`` for a tensor
+    without values (the meta device)."""
+    if weight.is_meta:
+        return None
+    return float(weight.detach().double().std())
+
+
+_READOUT_ROWS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("readout_rows", default=None)
+
+
+def at_readout(block: nn.Module, readout: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Within: ``block`` computes the readout rows ``readout (B, R)`` (positions), not positions
+    ``0..T-1`` (:func:`readout_rows`), where one of its modules reads positions (its
+    ``reads_positions`` attribute); else nothing is set, so compiled graphs do not break on it."""
+    if any(getattr(m, "reads_positions", False) for m in block.modules()):
+        return _reading(readout)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _reading(readout: torch.Tensor):
+    token = _READOUT_ROWS.set(readout)
+    try:
+        yield
+    finally:
+        _READOUT_ROWS.reset(token)
+
+
+def readout_rows() -> torch.Tensor | None:
+    """The positions ``(B, R)`` of the rows a readout-only last block is computing, else ``None``
+    (rows ``(B, T, ...)`` are then positions ``0..T-1``)."""
+    return _READOUT_ROWS.get()
+
+
+def gather(h: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+    """``h (B, T, d)``, ``readout (B, R)`` -> ``(B, R, d)``."""
+    return torch.gather(h, 1, readout[:, :, None].expand(-1, -1, h.shape[-1]))
+
+
+def readout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, readout: torch.Tensor, scale: float,
+                      dropout: float = 0.0, window: int | None = None) -> torch.Tensor:
+    """Causal attention of the readout queries alone: ``(B, R, H * hd)``.
+
+    ``q (B, H, R, hd)`` are the queries of the positions ``readout (B, R)``; ``k``, ``v``
+    ``(B, Hkv, T, hd)`` the keys and values of every position (``H`` a multiple of ``Hkv``:
+    query head ``h`` reads key-value head ``h // (H / Hkv)``, as Hugging Face's ``repeat_kv``).
+    A query at position ``p`` attends to keys ``0..p``, as in the full causal block, so the
+    last block can compute queries, output projection and MLP for the readout rows only. With
+    ``window``, only the keys ``p - window < key <= p``.
+    """
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    keys = torch.arange(k.shape[2], device=q.device)
+    mask = keys[None, None, None, :] <= readout[:, None, :, None].to(q.device)  # (B, 1, R, T)
+    if window is not None:  # a sliding window: keys p - window < key <= p, as transformers' masks
+        mask = mask & (keys[None, None, None, :] > readout[:, None, :, None].to(q.device) - window)
+    out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+def hooked(*modules: nn.Module) -> bool:
+    """Whether any of ``modules`` has forward hooks: an observer (such as
+    :mod:`reservoir.report.attention`'s pre-hook) expects the module itself to run, so the readout-only
+    last block is not used then."""
+    return any(m._forward_pre_hooks or m._forward_hooks for m in modules)
+
+
+
+
+@torch.no_grad()
+def stats_init(model: nn.Module, seed: int) -> nn.Module:
+    """Redraw every parameter from ``N(mean, std)`` of its current (pretrained) values, in place.
+
+    Statistics-only initialisation of the FPT paper (section 3.8): the architecture and each
+    tensor's first two moments are kept, the learned structure is not. Buffers (rotary
+    frequencies, causal masks) are left alone; a one-element tensor keeps its value.
+    """
+    g = torch.Generator().manual_seed(seed)
+    for _, p in model.named_parameters():
+        values = p.detach().double()
+        mean, std = values.mean().item(), values.std().item() if values.numel() > 1 else 0.0
+        p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(std).add_(mean))
+    return model
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Context in which torch's default generator is seeded, restored afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def freeze(module: nn.Module) -> nn.Module:
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' loading chatter off the terminal: its progress bars, its load report (a head
+    model's unused weights; what matters is checked by the caller and said in the project's words)
+    and notes on optional kernels; its errors still show."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def from_pretrained(cls, *args, **kwargs):
+    """``cls.from_pretrained(*args, **kwargs)`` without transformers' chatter (:func:`quiet_transformers`;
+    extract and train print their own progress)."""
+    with quiet_transformers():
+        return cls.from_pretrained(*args, **kwargs)
+
+
+def columns(module: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Output features ``start:stop`` of a projection (transformers' ``Conv1D`` or ``nn.Linear``)
+    without computing the others (a module with a ``columns(x, start, stop)`` method computes them
+    itself); any other module, or one whose weight is not a plain tensor (a quantized one), runs
+    whole and is sliced."""
+    from transformers.pytorch_utils import Conv1D
+
+    if hasattr(module, "columns"):
+        return module.columns(x, start, stop)
+    plain = type(getattr(module, "weight", None)) in (torch.Tensor, nn.Parameter)
+    if type(module) is Conv1D and plain:  # x @ W + b with W (in, out), as Conv1D.forward computes it
+        y = torch.addmm(module.bias[start:stop], x.reshape(-1, x.shape[-1]), module.weight[:, start:stop])
+        return y.view(*x.shape[:-1], stop - start)
+    if type(module) is nn.Linear and plain:
+        bias = None if module.bias is None else module.bias[start:stop]
+        return nn.functional.linear(x, module.weight[start:stop], bias)
+    return module(x)[..., start:stop]
+
+
+def params(modules) -> list[nn.Parameter]:
+    """The parameters of ``modules``, each once, in order."""
+    seen, out = set(), []
+    for m in modules:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def without(ps: list[nn.Parameter], exclude: list[nn.Parameter]) -> list[nn.Parameter]:
+    ids = {id(p) for p in exclude}
+    return [p for p in ps if id(p) not in ids]
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A normalisation layer: ``nn.LayerNorm`` or a module whose class is named like one
+    (transformers' ``LlamaRMSNorm``, ``T5LayerNorm``, ...) holding its own parameters."""
+    own = any(True for _ in module.parameters(recurse=False))
+    return isinstance(module, (nn.LayerNorm, nn.GroupNorm)) or (own and type(module).__name__.endswith("Norm"))
+
+
+def first_output(output) -> torch.Tensor:
+    """A block's hidden states from whatever it returns (a tensor, or a tuple/ModelOutput led by one)."""
+    return output if isinstance(output, torch.Tensor) else output[0]
+
+
+def check_length(x: torch.Tensor, limit: int | None, name: str) -> None:
+    if limit is not None and x.shape[1] > limit:
+        raise BackboneError(f"{name} reads at most {limit} tokens; got a batch of {x.shape[1]}. "
+                            "Choose a task with shorter sequences or a backbone with more positions")
+
+
+def make_mask(fn, embeds, positions, **kwargs):
+    """Call a ``transformers.masking_utils`` mask builder across versions: its embeddings argument
+    was ``input_embeds`` before 5.2, ``cache_position`` was required before 5.4, and the cache
+    argument is ``cache`` (``past_key_values`` before): passed only where required."""
+    params = inspect.signature(fn).parameters
+    kwargs["inputs_embeds" if "inputs_embeds" in params else "input_embeds"] = embeds
+    if "cache_position" in params:
+        kwargs["cache_position"] = positions
+    for name in ("cache", "past_key_values"):
+        if name in params and params[name].default is inspect.Parameter.empty:
+            kwargs[name] = None
+    return fn(**kwargs)

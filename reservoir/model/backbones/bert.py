@@ -1,0 +1,68 @@
+"""BERT-shaped encoder adapter: BERT, RoBERTa, XLM-RoBERTa, ELECTRA (bidirectional, post-norm).
+
+The model's own embedding module adds its positions and token type 0 to the input layer's
+output and normalises (ELECTRA then projects to the hidden width, ``embeddings_project``); an
+attention mask over padding keeps a row's features independent of how far the batch was
+padded. Every block ends in a LayerNorm, so there is no extra final norm. The readout token is
+the last real token, as for every family. No readout-only last block (every position's query
+would be needed by the blocks below; the last block alone could, but is not written).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from reservoir.model.backbones.base import first_output, gather, make_mask
+from reservoir.model.backbones.hf import HFBackbone, Parts, register_family
+
+
+@register_family
+class EncoderBackbone(HFBackbone):
+    """A BERT-shaped encoder (``BertModel``, ``RobertaModel``, ``ElectraModel``) without its pooler."""
+
+    family = "bert"
+    model_types = ("bert", "roberta", "xlm-roberta", "electra")
+    naming = "a save_pretrained folder of BERT, RoBERTa, XLM-RoBERTa, ELECTRA or a MiniLM-style sentence encoder"
+    fast_paths = ("openvino", "compile")
+    openvino = True
+
+    def locate(self) -> Parts:
+        m, c = self.model, self.model.config
+        emb = m.embeddings
+        offset = c.pad_token_id + 1 if hasattr(emb, "padding_idx") and c.model_type != "bert" else 0  # RoBERTa: pad+1
+        positions = [emb.position_embeddings] + ([emb.token_type_embeddings] if hasattr(emb, "token_type_embeddings")
+                                                 else [])
+        return Parts(m.encoder.layer, (), emb.word_embeddings, positions, c.max_position_embeddings - offset)
+
+    def is_causal(self) -> bool:
+        return False
+
+    def drop_unused(self) -> None:
+        super().drop_unused()
+        if getattr(self.model, "pooler", None) is not None:  # a head on the first token: never read here
+            self.model.pooler = None
+
+    def states(self, x, lengths, depths: Sequence[int], readout):
+        try:
+            from transformers.masking_utils import create_bidirectional_mask
+        except ImportError:  # transformers < 5.0: the layers take an additive (B, 1, 1, T) mask
+            create_bidirectional_mask = None
+
+        self.check_depths(depths)
+        h = self.add_positions(x)  # checks the length; BERT's positions are its own (no wpe)
+        h = self.model.embeddings(inputs_embeds=h)
+        if hasattr(self.model, "embeddings_project"):  # ELECTRA: embedding width -> hidden width
+            h = self.model.embeddings_project(h)
+        real = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
+        if create_bidirectional_mask is None:
+            mask = (1.0 - real[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
+        else:
+            mask = make_mask(create_bidirectional_mask, h, None, config=self.config, attention_mask=real.long())
+        out = {0: gather(h, readout)} if 0 in depths else {}
+        for k, layer in enumerate(self.blocks[: max(depths)], start=1):
+            h = first_output(layer(h, attention_mask=mask))
+            if k in depths:
+                out[k] = gather(h, readout)
+        return [out[d] for d in depths]

@@ -1,0 +1,145 @@
+"""Echo state networks: the classical reservoir, beside the transformer ones.
+
+A leaky-integrator reservoir with reservoirpy's parameters and update (``reservoirpy.nodes.Reservoir``):
+
+    x[t] = (1 - lr) * x[t-1] + lr * tanh(W x[t-1] + Win u[t] + bias)
+
+- ``units``: reservoir size (also the input layer's width, so every depth is ``units`` wide);
+- ``sr``: spectral radius of ``W`` (a sparse normal matrix of density ``rc_connectivity``, rescaled);
+- ``lr``: leak rate; ``input_scaling``: scale of ``Win`` (a sparse matrix of +-1 of density
+  ``input_connectivity``, times the scale); ``bias_scaling``: scale of a uniform bias in [-1, 1].
+
+A deep ESN stacks ``layers`` reservoirs, each reading the states of the one below (Gallicchio
+et al. 2017); depth ``k`` is reservoir ``k``'s state at the readout token, depth 0 the embedded
+input. Weights are drawn from ``seed`` with numpy. The states equal reservoirpy's on the same
+weights (``tests/test_esn.py`` hands ours to ``reservoirpy.nodes.Reservoir``); here all rows of a
+batch step together on the CPU or GPU.
+
+Names: ``esn`` (one reservoir of 768 units, GPT-2 small's width), ``esn-deep`` (four), or any
+setting as ``esn:units=2000,sr=0.95,lr=0.3,layers=3`` (keys as above; unknown keys are refused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from reservoir.errors import UsageError
+from reservoir.model.backbones.base import Backbone, gather, weight_std
+
+
+@dataclass(frozen=True)
+class ESNConfig:
+    units: int = 768
+    layers: int = 1
+    sr: float = 0.9
+    lr: float = 0.3
+    input_scaling: float = 1.0
+    bias_scaling: float = 0.0
+    input_connectivity: float = 0.1
+    rc_connectivity: float = 0.1
+
+    def __post_init__(self) -> None:
+        checks = {"units": self.units >= 1, "layers": self.layers >= 1, "sr": self.sr > 0, "lr": 0 < self.lr <= 1,
+                  "input_scaling": self.input_scaling > 0, "bias_scaling": self.bias_scaling >= 0,
+                  "input_connectivity": 0 < self.input_connectivity <= 1,
+                  "rc_connectivity": 0 < self.rc_connectivity <= 1}
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            ranges = {"units": ">= 1", "layers": ">= 1", "sr": "> 0", "lr": "in (0, 1]", "input_scaling": "> 0",
+                      "bias_scaling": ">= 0", "input_connectivity": "in (0, 1]", "rc_connectivity": "in (0, 1]"}
+            raise UsageError(f"The {bad[0]!r} setting of the echo state network must be {ranges[bad[0]]}. "
+                             f"Got {getattr(self, bad[0])!r} instead.")
+
+
+VARIANTS = {"esn": ESNConfig(), "esn-deep": ESNConfig(layers=4)}
+
+
+def parse_name(name: str) -> ESNConfig | None:
+    """``esn:units=2000,sr=0.95`` -> its config (``None`` for a name that is not an ESN setting)."""
+    if not name.startswith("esn:"):
+        return None
+    types = {f.name: f.type for f in fields(ESNConfig)}
+    settings = {}
+    for pair in filter(None, name[4:].split(",")):
+        key, _, value = pair.partition("=")
+        if key not in types or not value:
+            raise UsageError(f"echo state network setting {pair!r} in {name!r} is not KEY=VALUE with a key from "
+                             f"{sorted(types)}")
+        try:
+            settings[key] = int(value) if types[key] in (int, "int") else float(value)
+        except ValueError:
+            raise UsageError(f"echo state network setting {key}={value!r} is not a number") from None
+    return replace(ESNConfig(), **settings)
+
+
+def reservoir_weights(cfg: ESNConfig, n_in: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """``W (units, units)`` at spectral radius ``sr``, ``Win (units, n_in)`` and ``bias (units,)``, float64."""
+    n = cfg.units
+    W = rng.normal(size=(n, n)) * (rng.random((n, n)) < cfg.rc_connectivity)
+    radius = np.max(np.abs(np.linalg.eigvals(W))) if W.any() else 1.0
+    W *= cfg.sr / radius
+    Win = rng.choice([-1.0, 1.0], size=(n, n_in)) * (rng.random((n, n_in)) < cfg.input_connectivity)
+    bias = rng.uniform(-1, 1, size=n) * cfg.bias_scaling
+    return {"W": W, "Win": Win * cfg.input_scaling, "bias": bias}
+
+
+class ESNBackbone(Backbone):
+    """A (deep) echo state network; depth ``k`` is reservoir ``k``'s state."""
+
+    family = "esn"
+    naming = "esn, esn-deep, or esn:units=U,layers=L,sr=S,lr=A,input_scaling=I,bias_scaling=B," \
+             "input_connectivity=C,rc_connectivity=R"
+    example = "esn"
+    #: every step is a (rows, units) x (units, units) product: hundreds of rows keep the CPU busy
+    batch_tokens = 32768
+    compilable = False
+
+    def __init__(self, cfg: ESNConfig, seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.config = asdict(cfg)
+        self.d_model, self.n_layers = cfg.units, cfg.layers
+        rng = np.random.default_rng(seed)
+        for k in range(cfg.layers):
+            for name, value in reservoir_weights(cfg, cfg.units, rng).items():
+                self.register_buffer(f"{name}_{k}", torch.from_numpy(value).float())
+        # no token embedding: ``--input-scale matched`` draws the input layer at the std of the first
+        # reservoir's input weights, as for an LSTM
+        self.token_std = weight_std(self.Win_0)
+
+    def weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return getattr(self, f"W_{k}"), getattr(self, f"Win_{k}"), getattr(self, f"bias_{k}")
+
+    def run(self, k: int, u: torch.Tensor) -> torch.Tensor:
+        """States ``(B, T, units)`` of reservoir ``k`` driven by ``u (B, T, n_in)`` from a zero state."""
+        W, Win, bias = self.weights(k)
+        drive = u @ Win.T.to(u.dtype) + bias.to(u.dtype)
+        W = W.T.to(u.dtype)
+        x = torch.zeros(u.shape[0], self.cfg.units, dtype=u.dtype, device=u.device)
+        out = []
+        for t in range(u.shape[1]):
+            x = (1 - self.cfg.lr) * x + self.cfg.lr * torch.tanh(x @ W + drive[:, t])
+            out.append(x)
+        return torch.stack(out, dim=1)
+
+    def states(self, x, lengths, depths: Sequence[int], readout):
+        self.check_depths(depths)
+        out = {0: gather(x, readout)} if 0 in depths else {}
+        h = x[:, : int(readout.max()) + 1]  # states never depend on later tokens
+        for k in range(max(depths)):
+            h = self.run(k, h)
+            if k + 1 in depths:
+                out[k + 1] = gather(h, readout)
+        return [out[d] for d in depths]
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        return {}  # fixed random weights: only the FPT's input and output layers train
+
+
+def build(cfg: ESNConfig, seed: int = 0) -> ESNBackbone:
+    return ESNBackbone(cfg, seed)

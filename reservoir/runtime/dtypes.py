@@ -1,0 +1,140 @@
+"""The compute dtype ``--dtype auto`` takes: the one this CPU multiplies fastest, measured.
+
+Instruction-set flags say only what is possible: bf16 products are native with AVX512-BF16 or
+AMX, fp16 ones with AVX512-FP16 or AMX-FP16. Whether they are faster than float32 differs by
+CPU, and the difference is large: on an Intel Xeon with AVX512-BF16 but no AMX exposed, bf16
+ran at half the float32 rate; on a Zen 4, 2.3 to 2.5 times it; on a Zen 3 (no native bf16) at
+1%. So ``auto`` measures.
+
+- The candidates are float32 and each lower float dtype the flags make native here.
+- Each is timed on a matrix product of a transformer block's shape (rows of a batch times the
+  model's width, into four times the width), a few repetitions after a warm-up, on the
+  threads the run will use; the rate is in GFLOP/s.
+- The rates are kept in ``$RESERVOIR_CACHE/dtype-rates.json``, keyed by the CPU model, its
+  flags, the threads and the torch version, so a machine measures once (a fraction of a second)
+  and a new CPU or library measures again.
+- ``auto`` takes the fastest candidate; a lower precision must be at least :data:`MARGIN`
+  times float32's rate to be taken, since it also costs exactness (bf16 features differ from
+  float32's by about 5e-3).
+
+``extract`` says on stderr what was measured and why it chose; the run's identity records the
+dtype as resolved. On a GPU, ``auto`` is bf16 where the device supports it (no measurement).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable
+
+import torch
+
+from reservoir.config import cache_dir
+from reservoir.runtime.machine import bf16_native, cpu
+
+#: float compute dtypes the PyTorch path runs, by option name
+FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: a lower precision is taken only when it multiplies at least this many times float32's rate
+MARGIN = 1.1
+#: the product's shape: rows x width -> 4 width (a block's MLP), at the model's width
+ROWS = 2048
+REPEATS = 5
+
+
+def candidates(flags: set[str] | None = None) -> list[str]:
+    """Float dtypes whose products this CPU runs natively (float32 always)."""
+    flags = cpu()[1] if flags is None else flags
+    out = ["float32"]
+    if bf16_native() or {"avx512_bf16", "amx_bf16"} & flags:
+        out.append("bfloat16")
+    if {"avx512_fp16", "amx_fp16"} & flags:
+        out.append("float16")
+    return out
+
+
+def rate(dtype: str, width: int = 768, threads: int | None = None) -> float:
+    """GFLOP/s of ``(ROWS, width) @ (width, 4 width)`` products in ``dtype`` on this CPU, now."""
+    n = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(ROWS, width, generator=g).to(FLOATS[dtype])
+        b = torch.randn(width, 4 * width, generator=g).to(FLOATS[dtype])
+        with torch.inference_mode():
+            torch.mm(a, b)  # warm-up: oneDNN picks and packs its kernel
+            best = float("inf")
+            for _ in range(REPEATS):
+                start = time.perf_counter()
+                torch.mm(a, b)
+                best = min(best, time.perf_counter() - start)
+        return 2 * ROWS * width * 4 * width / best / 1e9
+    finally:
+        torch.set_num_threads(n)
+
+
+#: rates this process has read or measured, by key
+_MEASURED: dict[str, dict[str, float]] = {}
+
+
+def _key(width: int, threads: int) -> str:
+    model, flags = cpu()
+    return json.dumps([model, sorted(flags), threads, width, torch.__version__])
+
+
+def _path():
+    return cache_dir() / "dtype-rates.json"
+
+
+def measured_rates(width: int = 768, threads: int | None = None, *,
+                   measure: Callable[[str, int, int], float] | None = None) -> tuple[dict[str, float], bool]:
+    """``({dtype: GFLOP/s}, cached)`` of every candidate on this CPU: read from the cache when this
+    CPU, thread count, width and torch version were measured before, else measured and kept."""
+    threads = threads or torch.get_num_threads()
+    key = _key(width, threads)
+    if measure is None and key in _MEASURED:  # this process measured it already (the CPU does not change)
+        return _MEASURED[key], True
+    path = _path()
+    try:
+        records = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        records = {}
+    if key in records and set(records[key]) == set(candidates()):
+        _MEASURED[key] = records[key]
+        return records[key], True
+    rates = {d: (measure or rate)(d, width, threads) for d in candidates()}
+    records[key] = rates
+    if measure is None:
+        _MEASURED[key] = rates
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(records, indent=1))
+        tmp.replace(path)
+    except OSError:  # a read-only cache: measure again next time
+        pass
+    return rates, False
+
+
+def fastest(rates: dict[str, float]) -> str:
+    """The dtype ``auto`` takes from measured rates: the fastest, a lower precision only when it beats
+    float32 by :data:`MARGIN`."""
+    best = max(rates, key=rates.get)
+    if best != "float32" and rates[best] < MARGIN * rates.get("float32", 0.0):
+        return "float32"
+    return best
+
+
+def choose(device: torch.device | str = "cpu", width: int = 768) -> tuple[str, str]:
+    """``(dtype, why)`` for ``--dtype auto`` on ``device``."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        native = torch.cuda.is_bf16_supported()
+        return ("bfloat16" if native else "float32"), "auto on a CUDA device: bf16 where it supports it"
+    if kind != "cpu":
+        return "float32", f"auto on {kind}: float32"
+    rates, cached = measured_rates(width)
+    dtype = fastest(rates)
+    shown = ", ".join(f"{d} {r:,.0f}" for d, r in sorted(rates.items(), key=lambda kv: -kv[1]))
+    return dtype, (f"auto: {dtype} multiplies fastest on this CPU ({'measured before' if cached else 'measured now'}, "
+                   f"GFLOP/s: {shown})")

@@ -1,0 +1,198 @@
+"""Every architecture the adapters cover, each a tiny random model saved with save_pretrained and
+loaded by folder (tests/zoo.py): features at every depth equal the library's own model cut at that
+depth, the -random twin extracts, a short training step updates exactly the requested groups, and
+attention maps are the library's own attention weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from reservoir.model.backbones import load_backbone
+from reservoir.model.backbones.hf import HFBackbone
+from tests.zoo import ARCHITECTURES, KINDS, LAYERS, save_tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+VISION = {"vit", "deit", "dinov2"}
+#: where each architecture keeps its blocks, named independently of the adapters' own search
+BLOCKS = {"gpt2": "h", "gptj": "h", "opt": "decoder.layers", "bert": "encoder.layer", "roberta": "encoder.layer",
+          "electra": "encoder.layer", "deberta-v2": "encoder.layer", "t5": "block", "dinov2": "encoder.layer"}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zoo")
+    return {kind: save_tiny(kind, root / kind) for kind in ARCHITECTURES}
+
+
+def test_the_zoo_covers_every_kind():
+    assert len(ARCHITECTURES) >= 14
+    kinds = {KINDS.get(a, "decoder") for a in ARCHITECTURES}
+    assert kinds == {"decoder", "encoder", "encoder-decoder", "vision", "state-space"}
+
+
+def library_model(folder, kind: str, k: int) -> nn.Module:
+    """The library's own base model (the encoder of an encoder-decoder) with its blocks cut to ``k``."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    if kind == "t5":
+        model = model.get_encoder()
+    parent_name, _, name = BLOCKS.get(kind, "layers").rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, name, nn.ModuleList(list(getattr(parent, name))[:k]))
+    for attr in ("num_hidden_layers", "n_layer", "num_layers"):
+        if hasattr(model.config, attr):
+            setattr(model.config, attr, k)
+    return model
+
+
+def inputs(backbone, kind: str, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    n = 64 if kind in VISION else 9  # vision: as many tokens as the model has patches
+    lengths = torch.tensor([n, n]) if kind in VISION else torch.tensor([n, 5])
+    x = torch.randn(2, n, backbone.input_width, generator=g)
+    return x, lengths, (lengths - 1)[:, None]
+
+
+def reference(folder, kind: str, backbone, x, lengths, readout, k: int) -> torch.Tensor:
+    model = library_model(folder, kind, k)
+    if kind in VISION:  # the FPT input layer replaces the patch embedding: feed patches + patch positions
+        emb = model.embeddings
+        positions = emb.position_embeddings[:, emb.position_embeddings.shape[1] - emb.patch_embeddings.num_patches:]
+        emb.forward = lambda *a, **kw: x + positions
+        out = model(pixel_values=torch.zeros(2, 3, 32, 32)).last_hidden_state
+    else:
+        kwargs = {"inputs_embeds": x}
+        if not backbone.causal:
+            kwargs["attention_mask"] = (torch.arange(x.shape[1])[None] < lengths[:, None]).long()
+        if kind == "deberta-v2" and k == 0:  # DeBERTa's encoder fails with no layers: its embeddings' output
+            out = model.embeddings(inputs_embeds=x, mask=kwargs["attention_mask"])
+        else:
+            out = model(**kwargs).last_hidden_state
+    return torch.gather(out, 1, readout[:, :, None].expand(-1, -1, out.shape[-1]))
+
+
+@pytest.mark.parametrize("kind", ARCHITECTURES)
+def test_every_depth_equals_the_library_model_cut_there(folders, kind):
+    backbone = load_backbone(str(folders[kind]))
+    assert backbone.n_layers == LAYERS
+    x, lengths, readout = inputs(backbone, kind)
+    with torch.inference_mode():
+        ours = backbone(x, lengths, list(range(LAYERS + 1)), readout)
+        for k in range(LAYERS + 1):
+            want = reference(folders[kind], kind, backbone, x, lengths, readout, k)
+            torch.testing.assert_close(ours[:, k], want, atol=1e-5, rtol=1e-5, msg=f"{kind} depth {k}")
+    assert not torch.allclose(ours[:, 1], ours[:, LAYERS])  # the blocks do something
+
+
+@pytest.mark.parametrize("kind", ARCHITECTURES)
+def test_the_random_twin_extracts(folders, kind, home):
+    from reservoir import api
+    from reservoir.extract.store import open_features
+
+    path = api.extract("digits", f"{folders[kind]}-random", limit=6, depths="0,3", dtype="float32")
+    with open_features(path) as f:
+        features = f["train"]["features"][:]
+    assert features.shape[1:3] == (2, 1) and np.isfinite(features).all()
+    assert not np.allclose(features[:, 0], features[:, 1])
+
+
+@pytest.mark.parametrize("kind", ARCHITECTURES)
+def test_a_training_step_updates_exactly_the_requested_groups(folders, kind):
+    from reservoir.tasks import get_task
+    from reservoir.train.model import FPT, select_trainable
+
+    task = get_task("digits")
+    backbone = load_backbone(str(folders[kind]))
+    model = FPT(task.spec, backbone, blocks=LAYERS, seed=0, dropout=0.0)
+    groups = model.groups()
+    present = [g for g in ("pos", "ln", "attn", "ff") if groups.get(g)]
+    asked = ["input", *present[:2], "out"]
+    params, _ = select_trainable(model, asked)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    data = task.load("train", ".", limit=8)
+    tokens = torch.from_numpy(task.encode(data.inputs))
+    logits = model(tokens, torch.from_numpy(np.asarray(data.lengths)))
+    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                       torch.from_numpy(np.asarray(data.labels)).reshape(-1).long())
+    torch.optim.SGD(params, lr=1.0).zero_grad()
+    loss.backward()
+    torch.optim.SGD(params, lr=1.0).step()
+    chosen = {id(p) for g in asked for p in groups[g]}
+    for name, p in model.named_parameters():
+        changed = not torch.equal(p.detach(), before[name])
+        assert changed == (id(p) in chosen and p.grad is not None and bool(p.grad.abs().sum())), name
+    assert all(any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters()
+                   if id(p) in {id(q) for q in groups[g]}) for g in asked)
+
+
+ATTENTION = [a for a in ARCHITECTURES if a != "mamba"]
+
+
+@pytest.mark.parametrize("kind", ATTENTION)
+def test_attention_maps_are_the_library_attention_weights(folders, kind):
+    from reservoir.model.reservoir import Reservoir
+    from reservoir.report.attention import attention_probs
+    from reservoir.tasks import get_task
+
+    task = get_task("digits")
+    backbone = load_backbone(str(folders[kind]))
+    reservoir = Reservoir(task.spec, backbone, seed=0).eval()
+    data = task.load("test", ".", limit=1)
+    tokens = torch.from_numpy(task.encode(data.inputs))
+    lengths = torch.tensor([tokens.shape[1]])
+    ours = attention_probs(reservoir, tokens, lengths, layer=1)
+    model = library_model(folders[kind], kind, LAYERS)
+    model.set_attn_implementation("eager")
+    with torch.inference_mode():
+        x = reservoir.input_layer(tokens)
+        if kind in VISION:
+            emb = model.embeddings
+            positions = backbone.patch_positions(x.shape[1], x.dtype)
+            emb.forward = lambda *a, **kw: x + positions
+            out = model(pixel_values=torch.zeros(1, 3, 32, 32), output_attentions=True)
+        else:
+            out = model(inputs_embeds=backbone.add_positions(x), output_attentions=True)
+    torch.testing.assert_close(ours, out.attentions[1].float(), atol=1e-5, rtol=1e-4)
+    assert torch.allclose(ours.sum(-1), torch.ones(ours.shape[:-1]), atol=1e-4)
+
+
+def test_a_state_space_model_has_no_attention_to_show(folders):
+    backbone = load_backbone(str(folders["mamba"]))
+    with pytest.raises(Exception, match="has no attention module"):
+        backbone.attention_module(0)
+
+
+@pytest.mark.parametrize("kind", ["gpt_neox", "t5", "mamba"])
+def test_the_generic_adapter_says_it_runs_without_fast_paths(folders, kind, capsys):
+    backbone = load_backbone(str(folders[kind]))
+    assert type(backbone) is HFBackbone and not backbone.fast_paths and not backbone.openvino
+    assert "no adapter of its own; the generic adapter runs it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral", "qwen2", "qwen3"])
+def test_families_with_the_readout_only_block_name_it(folders, kind):
+    assert "readout-only last block" in load_backbone(str(folders[kind])).fast_paths
+
+
+def test_mismatched_weights_are_refused_naming_them(folders, tmp_path):
+    """A folder whose weights do not fit its config (a block's tensors missing) is refused, not
+    extracted with random parts."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from reservoir.errors import BackboneError
+
+    folder = tmp_path / "broken"
+    shutil.copytree(folders["llama"], folder)
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if ".layers.1." not in k}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
+    with pytest.raises(BackboneError, match=r"do not fit its config \(missing: .*layers\.1\."):
+        load_backbone(str(folder))

@@ -1,0 +1,66 @@
+"""The echo state network backbone: its states equal reservoirpy's on the same weights, depth by depth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from reservoir.errors import UsageError
+from reservoir.model.backbones import load_backbone
+from reservoir.model.backbones.esn import ESNConfig, parse_name
+
+
+def test_states_equal_reservoirpy_on_the_same_weights():
+    """A deep ESN (two reservoirs, leak 0.3, bias) against reservoirpy's ``Reservoir`` nodes fed the same
+    W, Win and bias: every step's state agrees, for each reservoir reading the one below."""
+    rpy = pytest.importorskip("reservoirpy")
+    from reservoirpy.nodes import Reservoir
+
+    backbone = load_backbone("esn:units=40,layers=2,sr=0.9,lr=0.3,bias_scaling=0.5,input_scaling=0.7", seed=5)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 12, 40, generator=g, dtype=torch.float64)
+    backbone.double()
+    u = x[0].numpy()
+    for k in range(2):
+        W, Win, bias = (t.numpy() for t in backbone.weights(k))
+        node = Reservoir(W=W, Win=Win, bias=bias, lr=0.3)
+        theirs = node.run(u)
+        ours = backbone.run(k, torch.from_numpy(u)[None])[0].numpy()
+        np.testing.assert_allclose(ours, theirs, atol=1e-10)
+        u = theirs
+    lengths = torch.tensor([12, 7, 3])
+    with torch.inference_mode():
+        states = backbone(x, lengths, [0, 1, 2], (lengths - 1)[:, None])
+    np.testing.assert_allclose(states[0, 2, 0].numpy(), u[-1], atol=1e-10)  # row 0's depth 2 at its last token
+
+
+def test_weights_follow_the_settings():
+    backbone = load_backbone("esn:units=60,rc_connectivity=0.2,sr=0.8", seed=1)
+    W, Win, _ = backbone.weights(0)
+    assert abs(np.max(np.abs(np.linalg.eigvals(W.double().numpy()))) - 0.8) < 1e-4
+    assert 0.1 < (W != 0).double().mean() < 0.3 and set(torch.unique(Win).tolist()) <= {-1.0, 0.0, 1.0}
+    assert not torch.equal(W, load_backbone("esn:units=60,rc_connectivity=0.2,sr=0.8", seed=2).weights(0)[0])
+
+
+def test_a_row_never_depends_on_its_padding_or_its_batch():
+    backbone = load_backbone("esn:units=30,layers=3", seed=0)
+    x = torch.randn(2, 10, 30)
+    lengths = torch.tensor([10, 4])
+    with torch.inference_mode():
+        both = backbone(x, lengths, [1, 3], (lengths - 1)[:, None])
+        alone = backbone(x[1:, :4], lengths[1:], [1, 3], (lengths[1:] - 1)[:, None])
+    torch.testing.assert_close(both[1:], alone)
+
+
+@pytest.mark.parametrize("name, message", [("esn:sr=-1", "'sr' setting .* must be > 0. Got -1.0"),
+                                           ("esn:units=x", "units='x' is not a number"),
+                                           ("esn:nosuch=1", "'nosuch=1' .* KEY=VALUE with a key from")])
+def test_bad_settings_are_refused_in_words(name, message):
+    with pytest.raises(UsageError, match=message):
+        load_backbone(name)
+
+
+def test_registered_variants():
+    assert load_backbone("esn").n_layers == 1 and load_backbone("esn-deep").n_layers == 4
+    assert parse_name("esn:layers=2") == ESNConfig(layers=2)

@@ -1,0 +1,48 @@
+"""``fit``: which feature file ``--task``/``--backbone`` resolve to (by identity), and splits too small
+for a head refused up front."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def user_file(path: Path, seed: int, n: int = 60) -> Path:
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, x=rng.random((n, 6, 3)).astype("float32"), y=np.arange(n) % 3)
+    return path
+
+
+def extract(cli, task: str, backbone: Path, *extra: str) -> Path:
+    r = cli("-q", "extract", "--task", task, "--backbone", str(backbone), "--dtype", "float32", *extra)
+    assert r.exit_code == 0, r.output
+    return Path(r.stdout.strip())
+
+
+def test_fit_picks_the_file_whose_data_digest_matches_among_same_named_user_files(cli, home, tiny_gpt2):
+    a = user_file(home / "A" / "data.npz", seed=1)
+    b = user_file(home / "B" / "data.npz", seed=2)
+    fa, fb = extract(cli, f"file:{a}", tiny_gpt2), extract(cli, f"file:{b}", tiny_gpt2)
+    assert fa.parent == fb.parent and fa != fb  # one folder: features/data.npz/BACKBONE/
+    for path, features in ((b, fb), (a, fa)):
+        r = cli("-q", "fit", "--task", f"file:{path}", "--backbone", str(tiny_gpt2), "--head", "ridge",
+                "--depths", "1", "--no-baselines")
+        assert r.exit_code == 0, r.output
+        results = sorted((home / "results").rglob("*depth1*.json"), key=lambda p: p.stat().st_mtime)
+        assert json.loads(results[-1].read_text())["features"] == str(features)
+
+    c = user_file(home / "C" / "data.npz", seed=3)  # never extracted
+    r = cli("-q", "fit", "--task", f"file:{c}", "--backbone", str(tiny_gpt2), "--no-baselines")
+    assert r.exit_code == 1 and "none of the 2 feature files" in r.output
+    assert "holds features of the data of another file named 'data.npz'" in r.output and str(fa) in r.output
+
+    fb2 = extract(cli, f"file:{b}", tiny_gpt2, "--seed", "5")  # a second run of B's data: both truly match
+    r = cli("-q", "fit", "--task", f"file:{b}", "--backbone", str(tiny_gpt2), "--no-baselines")
+    assert r.exit_code == 1 and "2 feature files match" in r.output
+    assert str(fb) in r.output and str(fb2) in r.output and str(fa) not in r.output

@@ -1,0 +1,75 @@
+"""Tiny random Hugging Face models of many architectures, saved with ``save_pretrained`` as a hub
+folder holds one (the same loading code as a download): one entry per architecture the
+adapters cover, written by its family's own model class (head models where researchers
+save them so: causal LMs, masked LMs, encoder-decoders)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+#: every architecture's shared tiny shape
+W, LAYERS, HEADS, FF, VOCAB, POS = 32, 3, 4, 64, 50, 128
+
+DECODER = dict(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
+               vocab_size=VOCAB, max_position_embeddings=POS)
+
+
+def _cfg(kind: str):
+    import transformers as t
+
+    return {
+        "gpt2": lambda: (t.GPT2Config(n_layer=LAYERS, n_embd=W, n_head=HEADS, n_positions=POS, vocab_size=VOCAB),
+                         t.GPT2LMHeadModel),
+        "gptj": lambda: (t.GPTJConfig(n_layer=LAYERS, n_embd=W, n_head=HEADS, n_positions=POS, vocab_size=VOCAB,
+                                      rotary_dim=4), t.GPTJForCausalLM),
+        "gpt_neox": lambda: (t.GPTNeoXConfig(**DECODER), t.GPTNeoXForCausalLM),
+        "opt": lambda: (t.OPTConfig(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS, ffn_dim=FF,
+                                    vocab_size=VOCAB, max_position_embeddings=POS, word_embed_proj_dim=W),
+                        t.OPTForCausalLM),
+        "llama": lambda: (t.LlamaConfig(**DECODER, num_key_value_heads=2), t.LlamaForCausalLM),
+        "mistral": lambda: (t.MistralConfig(**DECODER, num_key_value_heads=2, sliding_window=6), t.MistralForCausalLM),
+        "qwen2": lambda: (t.Qwen2Config(**DECODER, num_key_value_heads=2), t.Qwen2ForCausalLM),
+        "qwen3": lambda: (t.Qwen3Config(**DECODER, num_key_value_heads=2, head_dim=8), t.Qwen3ForCausalLM),
+        "gemma": lambda: (t.GemmaConfig(**DECODER, num_key_value_heads=2, head_dim=8), t.GemmaForCausalLM),
+        "gemma2": lambda: (t.Gemma2Config(**DECODER, num_key_value_heads=2, head_dim=8, sliding_window=6),
+                           t.Gemma2ForCausalLM),
+        "gemma3_text": lambda: (t.Gemma3TextConfig(**DECODER, num_key_value_heads=2, head_dim=8, sliding_window=6),
+                                t.Gemma3ForCausalLM),
+        "phi": lambda: (t.PhiConfig(**DECODER), t.PhiForCausalLM),
+        "bert": lambda: (t.BertConfig(**DECODER), t.BertForMaskedLM),
+        "roberta": lambda: (t.RobertaConfig(**DECODER), t.RobertaForMaskedLM),
+        "electra": lambda: (t.ElectraConfig(**DECODER, embedding_size=16), t.ElectraForMaskedLM),
+        "deberta-v2": lambda: (t.DebertaV2Config(**DECODER, relative_attention=True, position_buckets=8,
+                                                 pos_att_type=["p2c", "c2p"], position_biased_input=False),
+                               t.DebertaV2ForMaskedLM),
+        "t5": lambda: (t.T5Config(d_model=W, d_kv=8, d_ff=FF, num_layers=LAYERS, num_heads=HEADS, vocab_size=VOCAB),
+                       t.T5ForConditionalGeneration),
+        "vit": lambda: (t.ViTConfig(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                    intermediate_size=FF, image_size=32, patch_size=4), t.ViTModel),
+        "deit": lambda: (t.DeiTConfig(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                      intermediate_size=FF, image_size=32, patch_size=4), t.DeiTModel),
+        "dinov2": lambda: (t.Dinov2Config(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                          mlp_ratio=2, image_size=32, patch_size=4), t.Dinov2Model),
+        "mamba": lambda: (t.MambaConfig(hidden_size=W, num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=4,
+                                        expand=2, conv_kernel=3), t.MambaForCausalLM),
+    }[kind]()
+
+
+ARCHITECTURES = ("gpt2", "gptj", "gpt_neox", "opt", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
+                 "gemma3_text", "phi", "bert", "roberta", "electra", "deberta-v2", "t5", "vit", "deit", "dinov2",
+                 "mamba")
+#: the kind of each: decoder, encoder, encoder-decoder's encoder, vision, state-space
+KINDS = {"bert": "encoder", "roberta": "encoder", "electra": "encoder", "deberta-v2": "encoder",
+         "t5": "encoder-decoder", "vit": "vision", "deit": "vision", "dinov2": "vision", "mamba": "state-space"}
+
+
+def save_tiny(kind: str, folder: Path, seed: int = 0) -> Path:
+    """A tiny random model of architecture ``kind`` saved with ``save_pretrained`` into ``folder``."""
+    config, cls = _cfg(kind)
+    if hasattr(config, "initializer_range"):
+        config.initializer_range = 0.2  # larger than the default, so every block visibly changes its input
+    torch.manual_seed(seed)
+    cls(config).eval().save_pretrained(folder)
+    return folder
