@@ -46,3 +46,12 @@ def test_fit_picks_the_file_whose_data_digest_matches_among_same_named_user_file
     r = cli("-q", "fit", "--task", f"file:{b}", "--backbone", str(tiny_gpt2), "--no-baselines")
     assert r.exit_code == 1 and "2 feature files match" in r.output
     assert str(fb) in r.output and str(fb2) in r.output and str(fa) not in r.output
+
+
+@pytest.mark.parametrize("limit", ["3", "60"])
+def test_fit_refuses_a_train_split_too_small_and_writes_no_result(cli, home, tiny_gpt2, limit):
+    path = extract(cli, "digits", tiny_gpt2, "--limit", limit, "--depths", "0")
+    r = cli("fit", "--features", str(path), "--head", "ridge")
+    assert r.exit_code == 1 and "fewer than one per class: pass --limit 91 or more" in r.output, r.output
+    assert f"(now {limit})" in r.output and "Traceback" not in r.output
+    assert not (home / "results").exists()

@@ -236,8 +236,8 @@ def test_fit_finds_the_one_file_or_lists_the_candidates(extract, cli, home, tiny
 def test_a_too_small_split_is_refused_naming_limit(extract, cli, home):
     code, _, path = extract("--limit", "30")
     r = cli("fit", "--features", str(path))
-    assert r.exit_code == 1 and "for validation, fewer than one per class" in r.output
-    assert re.search(r"Extract at least \d+ training examples \(--limit\)", r.output)
+    assert r.exit_code == 1 and "leaves 3 for validation and 27 to train on, fewer than one per class" in r.output
+    assert "pass --limit 91 or more (now 30)" in r.output
 
 
 def test_flipped_bytes_in_a_feature_chunk_fail_loudly(extract, cli, home):

@@ -303,3 +303,31 @@ def test_non_finite_gradients_with_a_finite_loss_are_named_not_blamed_on_the_lea
     with pytest.raises(FloatingPointError, match="gradient norm nan with a finite loss"):
         train_step(forward, list(layer.parameters()), opt, batch, "float32", 1.0)
     assert torch.isfinite(layer.weight).all()  # no step was taken
+
+
+@pytest.mark.parametrize("limit, held, left, classes", [("3", 1, 2, 3), ("60", 6, 54, 10)])
+def test_data_too_small_to_train_on_is_refused_up_front_naming_limit(cli, home, limit, held, left, classes):
+    r = cli("train", "--task", "digits", "--backbone", "lstm", "--limit", limit, "--steps", "2")
+    assert r.exit_code == 1, r.output
+    assert (f"task 'digits': the train split has {limit} examples of {classes} classes; holding out --val-fraction "
+            f"0.1 leaves {held} for validation and {left} to train on, fewer than one per class: pass --limit 95 or more "
+            f"(now {limit})") in r.output
+    assert "Traceback" not in r.output and "test_size" not in r.output
+    assert not (home / "results").exists() and not (home / "checkpoints").exists()
+
+
+def test_the_smallest_limit_named_trains(cli, home):
+    r = cli("-q", "train", "--task", "digits", "--backbone", "lstm", "--limit", "95", "--steps", "2",
+            "--eval-every", "2", "--checkpoint-every", "0")
+    assert r.exit_code == 0, r.output
+
+
+def test_a_single_class_train_split_is_refused(cli, home, tmp_path):
+    import numpy as np
+
+    path = tmp_path / "one.npz"
+    np.savez(path, x=np.random.rand(40, 4, 2).astype("float32"), y=np.zeros(40, dtype=int),
+             split=np.array(["train"] * 30 + ["test"] * 10))
+    r = cli("train", "--task", f"file:{path}", "--backbone", "lstm", "--steps", "2")
+    assert r.exit_code == 1 and "the train split holds a single class in its 30 examples" in r.output
+    assert not (home / "results").exists() and not (home / "checkpoints").exists()

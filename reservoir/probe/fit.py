@@ -133,25 +133,27 @@ def check_task(f: h5py.File, identity: dict[str, Any], cfg: FitConfig) -> tuple[
     return None
 
 
-def check_sizes(path: Path, y_train, cfg: FitConfig, has_val: bool) -> None:
-    """Refuse up front a train split too small for the head's validation split or its classes."""
+def check_sizes(path: Path, y_train, cfg: FitConfig, has_val: bool, limit: int | None = None,
+                n_classes: int = 0) -> None:
+    """Refuse up front a train split too small for the head's validation split or its classes
+    (:func:`reservoir.tasks.sizes.check_train_split`; ``limit``: the extraction's ``--limit``;
+    ``n_classes``: the classes of every split, for the minimum)."""
     import math
 
-    import numpy as np
+    from reservoir.tasks.sizes import check_train_split
 
-    n = len(y_train)
-    classes = len(np.unique(y_train)) if y_train.ndim == 1 else 2
-    if classes < 2:
-        raise UsageError(f"{path}: the train split holds a single class; a head needs at least two "
-                         "(extract more examples with a larger --limit)")
-    if has_val or y_train.ndim != 1:
-        return
-    n_val = math.ceil(cfg.val_fraction * n)
-    if n_val < classes or n - n_val < classes:
-        need = max(math.ceil(classes / cfg.val_fraction), 2 * classes)
-        raise UsageError(f"{path}: the train split has {n} examples of {classes} classes; holding out "
-                         f"--val-fraction {cfg.val_fraction} leaves {n_val} for validation, fewer than one per class. "
-                         f"Extract at least {need} training examples (--limit) or raise --val-fraction")
+    check_train_split(str(path), y_train, limit=limit, val_fraction=cfg.val_fraction,
+                      n_val=None if has_val else (lambda n: math.ceil(cfg.val_fraction * n)), n_classes=n_classes)
+def task_classes(identity: dict[str, Any]) -> int:
+    """The classes of a registered task as recorded (0 for ``file:`` tasks: their labels tell)."""
+    from reservoir.tasks import TASKS, get_task
+
+    if identity["task"] not in TASKS:
+        return 0
+    try:
+        return get_task(identity["task"], **identity.get("task_options", {})).spec.n_classes
+    except (UsageError, TypeError):  # options of another version of the task
+        return 0
 
 
 def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
@@ -185,7 +187,9 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         extract_cfg = file_config(f)
         # verify before trust: the depths fitted, of every split read, against the digests recorded at completion
         verify(f, depths, ["train", *([val] if val else []), *tests], fix=f"extract it again: `{extract_command(f)}`")
-        check_sizes(path, f["train"]["labels"][:], cfg, val is not None)
+        labels = np.concatenate([f[s]["labels"][:].ravel() for s in feature_splits(f)])
+        check_sizes(path, f["train"]["labels"][:], cfg, val is not None, identity.get("limit"),
+                    max(len(np.unique(labels)), task_classes(identity)))
         for depth in depths:
             scores = fit_rows(cfg.head, FileRows(f, "train", depth), {t: FileRows(f, t, depth) for t in tests},
                               val=FileRows(f, val, depth) if val else None, val_fraction=cfg.val_fraction,

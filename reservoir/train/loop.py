@@ -41,6 +41,7 @@ from reservoir.model.backbones import fingerprint as backbone_fingerprint
 from reservoir.progress import log as log_line
 from reservoir.results import write_result
 from reservoir.tasks import SplitData, Task, make_task
+from reservoir.tasks.sizes import check_train_split
 from reservoir.train.checkpoint import (RunState, check_resumable, checkpoint_path, load_checkpoint, run_identity,
                                         run_name, save_checkpoint, settings_identity)
 from reservoir.train.model import FPT, format_counts, param_counts, select_trainable
@@ -76,6 +77,10 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
     if not test_names:
         raise DataError(f"task {task.name!r} declares no test split (splits {list(task.spec.splits)})")
     train = task.load("train", data_dir, cfg.limit)
+    held_out = not any(s in task.spec.splits for s in ("val", "valid"))  # else the task's own validation split
+    check_train_split(f"task {task.name!r}", train.labels, limit=cfg.limit, val_fraction=cfg.val_fraction,
+                      n_val=(lambda n: max(1, int(round(cfg.val_fraction * n)))) if held_out else None,
+                      n_classes=task.spec.n_classes)
     test = task.load(test_names[0], data_dir, cfg.limit)
     if val_name is not None:
         val = task.load(val_name, data_dir, cfg.limit)
