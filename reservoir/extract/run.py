@@ -43,7 +43,7 @@ from reservoir.model.backbones import fingerprint, label, load_backbone
 from reservoir.config import ExtractConfig, select_depths
 from reservoir.runtime.engines import INT8_DTYPES
 from reservoir.model.devices import resolve_device
-from reservoir.model.reservoir import Reservoir, check_length
+from reservoir.model.reservoir import check_length
 from reservoir.runtime.runner import Batch, FeatureRunner, resolve, resolve_dtype
 from reservoir.identity import digest as identity_hash
 from reservoir.identity import feature_identity, features_path_for
@@ -213,13 +213,14 @@ class Run:
         split, n = self.identity["calibration"]["split"], self.identity["calibration"]["rows"]
         return [self.tokens(split, rows) for rows in calibration_batches(n)]
 
-    def runner(self, reservoir: Reservoir, progress: bool = True) -> FeatureRunner:
+    def runner(self, progress: bool = True) -> FeatureRunner:
         """The run's :class:`FeatureRunner` (engine, calibration and messages set up; not compiled yet)."""
-        return FeatureRunner(reservoir, self.depths, self.dtype, batch_size=self.batch_size,
-                             device=self.device, engine=self.cfg.engine,
-                             tokens=self.tokens_total, padded=self.padded,
-                             calibration=self.calibration if self.dtype in INT8_DTYPES else None,
-                             log=lambda text: log(text, progress))
+        return FeatureRunner.build(self.task.spec, self.backbone, self.depths, seed=self.cfg.seed,
+                                   input_scale=self.cfg.input_scale, dtype=self.dtype, batch_size=self.batch_size,
+                                   device=self.device, engine=self.cfg.engine, tokens=self.tokens_total,
+                                   padded=self.padded,
+                                   calibration=self.calibration if self.dtype in INT8_DTYPES else None,
+                                   log=lambda text: log(text, progress))
 
     @property
     def feature_shape(self) -> tuple[int, int, int]:
@@ -382,9 +383,8 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
 def extract_local(run: Run, *, progress: bool = True) -> Path:
     """Extract in this process into ``run.out`` (``.partial`` until complete; resumable)."""
     task, data, out = run.task, run.data, run.out
-    reservoir = Reservoir(task.spec, run.backbone, seed=run.cfg.seed, input_scale=run.cfg.input_scale)
-    layer = input_layer_tensors(reservoir.input_layer)
-    runner = run.runner(reservoir, progress=progress)
+    runner = run.runner(progress=progress)
+    layer = input_layer_tensors(runner.reservoir.input_layer)
     writer = FeatureWriter.open(out, run.identity, run.config(runner.engine), layer, nbytes=run.feature_bytes)
     try:
         plans, done = {}, {}

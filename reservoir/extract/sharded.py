@@ -121,7 +121,6 @@ def _runner(job: ShardJob):
     import torch
 
     from reservoir.model.backbones import load_backbone
-    from reservoir.model.reservoir import Reservoir
     from reservoir.runtime.runner import FeatureRunner
     from reservoir.model.backbones import fingerprint as backbone_fingerprint
 
@@ -143,13 +142,14 @@ def _runner(job: ShardJob):
             if backbone_fingerprint(backbone) != job.identity["backbone_fingerprint"]:
                 raise IdentityError(f"this worker's backbone {job.backbone!r} has other weights than the driver's; "
                                     "give every worker the same model folder (or a registered name)")
-            reservoir = Reservoir(job.spec, backbone, seed=job.seed, input_scale=job.input_scale)
-            reservoir.input_layer.load_state_dict({k: torch.from_numpy(v) for k, v in job.input_layer.items()})
             _RUNNERS.clear()  # one run at a time per worker: free the previous model
             calibration = job.calibration
-            _RUNNERS[key] = FeatureRunner(reservoir, job.depths, job.dtype, job.compile, batch_size=job.batch_size,
-                                          device=device, engine=job.engine, tokens=job.tokens, padded=job.padded,
-                                          calibration=(lambda: calibration) if calibration else None)
+            _RUNNERS[key] = FeatureRunner.build(job.spec, backbone, job.depths, seed=job.seed,
+                                                input_scale=job.input_scale, input_layer=job.input_layer,
+                                                dtype=job.dtype, compile=job.compile, batch_size=job.batch_size,
+                                                device=device, engine=job.engine, tokens=job.tokens,
+                                                padded=job.padded,
+                                                calibration=(lambda: calibration) if calibration else None)
         return _RUNNERS[key]
 
 

@@ -15,7 +15,6 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from reservoir.model.backbones import Backbone, freeze
 from reservoir.model.devices import DTYPES
@@ -193,12 +192,16 @@ class FeatureRunner:
 
     @classmethod
     def build(cls, spec: TaskSpec, backbone: Backbone, depths: Sequence[int], *, seed: int, dtype: str,
-              input_scale: str = "paper", compile: bool = False, batch_size: int | None = None,
-              device: torch.device | str = "cpu", **kwargs: Any) -> "FeatureRunner":
-        """The runner of a seeded :class:`Reservoir` over ``backbone`` (``kwargs``: ``engine``,
-        ``tokens``, ``padded``, ``calibration``, ``log``)."""
-        return cls(Reservoir(spec, backbone, seed=seed, input_scale=input_scale), depths, dtype, compile,
-                   batch_size=batch_size, device=device, **kwargs)
+              input_scale: str = "paper", input_layer: dict[str, Any] | None = None, compile: bool = False,
+              batch_size: int | None = None, device: torch.device | str = "cpu", **kwargs: Any) -> "FeatureRunner":
+        """The one construction of a runner, shared by ``extract``, its shards and the Python API: a
+        seeded :class:`Reservoir` over ``backbone`` (its input layer set to ``input_layer``'s tensors
+        when given: a shard's worker takes the driver's) and the runner around it (``kwargs``:
+        ``engine``, ``tokens``, ``padded``, ``calibration``, ``log``)."""
+        reservoir = Reservoir(spec, backbone, seed=seed, input_scale=input_scale)
+        if input_layer is not None:
+            reservoir.input_layer.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in input_layer.items()})
+        return cls(reservoir, depths, dtype, compile, batch_size=batch_size, device=device, **kwargs)
 
     @property
     def compiled(self) -> bool:

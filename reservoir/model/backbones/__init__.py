@@ -22,7 +22,6 @@ pretrained tensor's mean and std, paper section 3.8).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Callable
@@ -30,7 +29,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from reservoir.errors import BackboneError, UsageError
+from reservoir.errors import BackboneError
 from reservoir.identity import canonical, config_dict
 from reservoir.model.backbones.base import (Backbone, at_readout, columns, freeze, from_pretrained, gather, hooked,
                                             quiet_transformers, readout_attention, readout_rows, seeded, stats_init,
@@ -194,7 +193,7 @@ def families() -> list[tuple[str, str, str]]:
     return out + [(HFBackbone.family, "any other", HFBackbone.naming)]
 
 
-from reservoir.model.backbones import bert, esn, gpt2, hf, llama, lstm, smollm, vit  # noqa: E402  (adapters)
+from reservoir.model.backbones import bert, esn, gpt2, hf, llama, lstm, smollm, vit  # noqa: E402,F401  (adapters)
 
 #: families reached by name only (not by a model_type)
 NAMED_FAMILIES = (lstm.LSTMBackbone, esn.ESNBackbone)
