@@ -19,7 +19,7 @@ import click
 from reservoir import __version__
 from reservoir.config import (DTYPE_CHOICES, ENGINE_CHOICES, HEAD_CHOICES, READOUT_CHOICES, TRAIN_DTYPES, ExtractConfig, FitConfig,
                               TrainConfig, default, from_options, parse_depths, parse_input_scale)
-from reservoir.errors import ReservoirError, WriteFailed
+from reservoir.errors import ReservoirError, UsageError, WriteFailed
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,50 @@ def run(fn, *args, **kwargs):
         os._exit(1)
     except (ReservoirError, ValueError, OSError) as e:
         raise click.ClickException(str(e) or type(e).__name__) from None
+    except MemoryError:
+        raise click.ClickException("ran out of memory; ask for less: a smaller --limit or --batch-size, or smaller "
+                                   "task options (n_train, n_test, ...)") from None
+
+
+def configured(cls: type, **options):
+    """The config of a command from its options (:func:`reservoir.config.from_options`). The configs check
+    values alone (ranges, choices, combinations), so what they refuse is a usage error: exit 2."""
+    try:
+        return from_options(cls, **options)
+    except UsageError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def check_split(task: str, options: dict, split: str | None) -> None:
+    """``--split`` names a split of a registered task (a ``file:`` task's splits are known once its file
+    is read): a usage error otherwise."""
+    if split in (None, "all") or task.startswith("file:"):
+        return
+    from reservoir.tasks import get_task
+
+    splits = list(get_task(task, **options).spec.splits)
+    if split not in splits:
+        raise click.BadParameter(f"task {task!r} has no split {split!r}; choose from {splits} or 'all'",
+                                 param_hint="--split")
+
+
+def check_trainable(cfg) -> None:
+    """``--trainable`` names FPT groups, or groups the backbone itself offers (e.g. an LSTM's ``lstm``; the
+    backbone is built to ask it, only for such a name): a usage error otherwise."""
+    from reservoir.config import TRAIN_GROUPS
+
+    if all(g in TRAIN_GROUPS for g in cfg.trainable):
+        return
+    from reservoir.model.backbones import load_backbone
+
+    try:
+        groups = set(load_backbone(cfg.backbone, cfg.seed).param_groups())
+    except (ReservoirError, OSError, ValueError):
+        return  # the run itself says why the backbone cannot be loaded (exit 1)
+    bad = [g for g in cfg.trainable if g not in TRAIN_GROUPS and g not in groups]
+    if bad:
+        raise click.BadParameter(f"unknown trainable group {bad[0]!r}; choose from {sorted(set(TRAIN_GROUPS) | groups)}",
+                                 param_hint="--trainable")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -244,10 +288,11 @@ def extract(settings: Settings, task, backbone, split, limit, seed, input_scale,
     """Stream a task through a frozen backbone into an HDF5 feature file (reused when the same run asks again)."""
     from reservoir.extract.run import extract as run_extract
 
-    cfg = run(from_options, ExtractConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
+    cfg = configured(ExtractConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
               split=split, limit=limit, seed=seed, input_scale=input_scale, batch_size=batch_size, dtype=dtype,
               engine=engine, depths=depths, readout=readout, compile=compile, device=device, workers=workers, scheduler=scheduler,
               shard_rows=shard_rows, data_dir=data_dir, out=out, force=force or None)
+    check_split(task, cfg.task_options, split)
     click.echo(str(run(run_extract, cfg, progress=not settings.quiet)))
 
 
@@ -284,7 +329,7 @@ def fit(settings: Settings, task, backbone, features, depths, depth, head, val_f
 
     if task is None and features is None:
         raise click.UsageError("give --features FILE, or --task (and --backbone) to find the extracted file")
-    cfg = run(from_options, FitConfig, task=task, backbone=backbone, features=features, depths=depths, head=head,
+    cfg = configured(FitConfig, task=task, backbone=backbone, features=features, depths=depths, head=head,
               val_fraction=val_fraction, seed=seed, device=device, memory_mb=memory_mb, baselines=baselines,
               data_dir=data_dir)
     click.echo(depth_table(run(run_fit, cfg, progress=not settings.quiet)))
@@ -356,12 +401,13 @@ def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps,
     """Train the FPT end to end (input layer, chosen backbone groups, output layer); report test at the best val step."""
     from reservoir.train import summary, train as run_train
 
-    cfg = run(from_options, TrainConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
+    cfg = configured(TrainConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
               trainable=trainable, lr=lr, seeds=seeds, seed=seed, steps=steps, batch_size=batch_size,
               eval_every=eval_every, patience=patience, target=target, val_fraction=val_fraction, limit=limit,
               blocks=blocks, input_scale=input_scale, dtype=dtype, compile=compile, device=device, grad_clip=grad_clip,
               dropout=dropout, checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, resume=resume or None,
               data_dir=data_dir)
+    check_trainable(cfg)
     click.echo(summary(run(run_train, cfg, progress=not settings.quiet)))
 
 

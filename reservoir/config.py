@@ -174,8 +174,19 @@ def check_device(owner: str, value: str) -> None:
 
 
 def _check_min(owner: str, name: str, value: Any, low: float) -> None:
-    if value is not None and value < low:
+    if value is not None and not value >= low:  # NaN too
         raise UsageError(f"The {name!r} parameter of {owner} must be >= {low}. Got {value!r} instead.")
+
+
+#: the largest seed: scikit-learn's ``random_state`` and numpy's legacy seeding take 32-bit seeds
+MAX_SEED = 2**32 - 1
+
+
+def _check_seed(owner: str, value: int, runs: int = 1) -> None:
+    top = MAX_SEED - runs + 1
+    if not 0 <= value <= top:
+        raise UsageError(f"The 'seed' parameter of {owner} must be in [0, {top}]"
+                         f"{f' (it seeds {runs} runs)' if runs > 1 else ''}. Got {value!r} instead.")
 
 
 @dataclass(frozen=True)
@@ -259,6 +270,7 @@ class ExtractConfig:
         check_device("extract", self.device)
         _check_min("extract", "workers", self.workers, 1)
         _check_min("extract", "shard_rows", self.shard_rows, 1)
+        _check_seed("extract", self.seed)
         if self.workers and self.scheduler:
             raise UsageError(f"give --workers ({self.workers}) or --scheduler ({self.scheduler!r}), not both: "
                              "--scheduler uses the workers of a running cluster")
@@ -310,6 +322,7 @@ class FitConfig:
     def __post_init__(self) -> None:
         _check_choice("fit", "head", self.head, HEAD_CHOICES)
         _check_min("fit", "memory_mb", self.memory_mb, 1)
+        _check_seed("fit", self.seed)
         check_device("fit", self.device)
         if not 0 < self.val_fraction < 1:
             raise UsageError(f"The 'val_fraction' parameter of fit must be in (0, 1). Got {self.val_fraction!r} instead.")
@@ -393,7 +406,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (bool(self.lr) and all(lr > 0 for lr in self.lr), "lr", "positive numbers", list(self.lr)),
+            (bool(self.lr) and all(0 < lr < float("inf") for lr in self.lr), "lr", "positive finite numbers",
+             list(self.lr)),
             (len(set(self.lr)) == len(self.lr), "lr", "distinct values", list(self.lr)),
             (self.seeds >= 1, "seeds", ">= 1", self.seeds),
             (self.steps >= 1, "steps", ">= 1", self.steps),
@@ -415,6 +429,7 @@ class TrainConfig:
                 raise UsageError(f"The {name!r} parameter of train must be {rule}. Got {value!r} instead.")
         object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))
         check_device("train", self.device)
+        _check_seed("train", self.seed, self.seeds)
 
     @property
     def checkpoint_folder(self) -> Path:

@@ -103,3 +103,78 @@ def test_listings(cli):
     assert r.exit_code == 0 and "mnist" in r.stdout and "64 tokens x 16" in r.stdout
     r = cli("backbones")
     assert r.exit_code == 0 and "gpt2-random" in r.stdout and "lstm" in r.stdout
+
+
+# -- one validation layer: every option and task option, at parse time when the value alone decides --
+
+
+BAD_VALUES = [
+    (("extract", "--task", "bit_xor", "--task-opt", "n_bits=-3"),
+     "The 'n_bits' option of task bit_xor must be >= 1. Got -3 instead."),
+    (("extract", "--task", "bit_memory", "--task-opt", "mask_prob=1.5"),
+     "The 'mask_prob' option of task bit_memory must be in [0.0, 1.0]. Got 1.5 instead."),
+    (("extract", "--task", "bit_memory", "--task-opt", "n_bits=70"),
+     "The 'n_bits' option of task bit_memory must be a multiple of token_bits (50). Got 70 instead."),
+    (("extract", "--task", "listops", "--task-opt", "max_args=1"),
+     "The 'max_args' option of task listops must be >= 2. Got 1 instead."),
+    (("extract", "--task", "listops", "--task-opt", "min_length=10", "--task-opt", "max_length=11"),
+     "The 'max_length' option of task listops must be > min_length + 1 (11)"),
+    (("extract", "--task", "mnist", "--task-opt", "patch=3"),
+     "The 'patch' option of task mnist must be a divisor of 32 (1, 2, 4, 8, 16, 32). Got 3 instead."),
+    (("extract", "--task", "digits", "--task-opt", "seed=-1"),
+     "The 'seed' option of task digits must be in [0, 4294967295]. Got -1 instead."),
+    (("extract", "--task", "file:nowhere.npz", "--task-opt", "test_fraction=1.5"),
+     "The 'test_fraction' option of task file:PATH must be in (0, 1). Got 1.5 instead."),
+    (("extract", "--task", "digits", "--split", "nosuch"),
+     "Invalid value for --split: task 'digits' has no split 'nosuch'; choose from ['train', 'test'] or 'all'"),
+    (("extract", "--task", "digits", "--seed", "-1"), "The 'seed' parameter of extract must be in [0, 4294967295]. Got -1"),
+    (("extract", "--task", "digits", "--workers", "2", "--scheduler", "tcp://x:1"), "give --workers (2) or --scheduler"),
+    (("fit", "--task", "digits", "--seed", "4294967296"), "The 'seed' parameter of fit must be in [0, 4294967295]"),
+    (("train", "--task", "digits", "--lr", "-1"),
+     "The 'lr' parameter of train must be positive finite numbers. Got [-1.0] instead."),
+    (("train", "--task", "digits", "--lr", "1e-3,1e-3"),
+     "The 'lr' parameter of train must be distinct values. Got [0.001, 0.001] instead."),
+    (("train", "--task", "digits", "--lr", "nan"), "The 'lr' parameter of train must be positive finite numbers"),
+    (("train", "--task", "digits", "--trainable", "nosuch"),
+     "Invalid value for --trainable: unknown trainable group 'nosuch'; choose from ['attn', 'ff', 'input', 'ln', 'out', 'pos']"),
+    (("train", "--task", "digits", "--seed", "4294967295", "--seeds", "2"),
+     "The 'seed' parameter of train must be in [0, 4294967294] (it seeds 2 runs). Got 4294967295 instead."),
+]
+
+
+def test_bad_option_values_exit_2_naming_the_value_and_the_range(cli, home):
+    for args, message in BAD_VALUES:
+        r = cli(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert message in " ".join(r.output.split()), (args, r.output)
+        assert "Traceback" not in r.output
+    assert not (home / "features").exists() and not (home / "results").exists()
+
+
+def test_a_backbone_s_own_trainable_group_is_accepted(cli, home):
+    r = cli("-q", "train", "--task", "digits", "--backbone", "lstm", "--trainable", "lstm,out", "--limit", "120",
+            "--steps", "1", "--eval-every", "1", "--checkpoint-every", "0")
+    assert r.exit_code == 0, r.output
+
+
+def test_the_readme_s_exit_status_table_matches_the_code(cli, home):
+    """One command per row of the README's table, with the status the table gives it."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = dict(re.findall(r"^  \| (\d) \| (.*?) \|", readme, flags=re.M))
+    assert set(rows) == {"0", "1", "2"} and "usage error" in rows["2"] and "once the command runs" in rows["1"]
+    assert cli("tasks").exit_code == 0
+    assert cli("extract", "--task", "bit_xor", "--task-opt", "n_bits=-3").exit_code == 2
+    assert cli("fit", "--task", "digits", "--backbone", "lstm").exit_code == 1  # nothing extracted
+
+
+def test_listops_generation_that_cannot_finish_gives_up_in_words():
+    import pytest
+
+    from reservoir.errors import DataError
+    from reservoir.tasks import get_task
+
+    task = get_task("listops", min_length=0, max_length=3, max_depth=1, n_train=50)
+    with pytest.raises(DataError, match=r"found 10 of \d+ distinct expressions .* widen min_length..max_length"):
+        task.load("train", Path("."))

@@ -159,11 +159,11 @@ def test_bad_options_exit_2_while_parsing_and_1_after(tiny_gpt2, home, cli):
     r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--depth", "3", "--steps", "1")
     assert r.exit_code == 2 and "--depth was renamed --blocks" in r.output
     r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--trainable", "input,norms")
-    assert r.exit_code == 1 and "unknown trainable group 'norms'" in r.output
+    assert r.exit_code == 2 and "unknown trainable group 'norms'" in r.output
     r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--blocks", "3", "--steps", "1")
     assert r.exit_code == 1 and f"--blocks 3: backbone {tiny_gpt2} has 2 blocks; choose 0 to 2" in r.output
     r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--lr", "1e-3,1e-3")
-    assert r.exit_code == 1 and "The 'lr' parameter of train must be distinct values" in r.output
+    assert r.exit_code == 2 and "The 'lr' parameter of train must be distinct values" in r.output
     assert "Traceback" not in r.output
 
 

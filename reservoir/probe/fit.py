@@ -144,6 +144,8 @@ def check_sizes(path: Path, y_train, cfg: FitConfig, has_val: bool, limit: int |
 
     check_train_split(str(path), y_train, limit=limit, val_fraction=cfg.val_fraction,
                       n_val=None if has_val else (lambda n: math.ceil(cfg.val_fraction * n)), n_classes=n_classes)
+
+
 def task_classes(identity: dict[str, Any]) -> int:
     """The classes of a registered task as recorded (0 for ``file:`` tasks: their labels tell)."""
     from reservoir.tasks import TASKS, get_task

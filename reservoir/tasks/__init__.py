@@ -17,6 +17,7 @@ from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import numpy as np
 
+from reservoir.config import MAX_SEED  # noqa: F401  (task modules bound their seed options by it)
 from reservoir.errors import DataError, UsageError  # noqa: F401  (DataError: re-exported for task modules)
 from reservoir.registry import Registry
 
@@ -145,6 +146,43 @@ class Task:
 TASKS: Registry[Task] = Registry("task")
 
 
+
+def option(default: Any, *, low: float | None = None, high: float | None = None, above: float | None = None,
+           below: float | None = None, choices: Sequence[Any] | None = None, divides: int | None = None) -> Any:
+    """A task option (a dataclass field) with its valid values stated: ``low``/``high`` bounds (inclusive),
+    ``above``/``below`` (exclusive), ``choices``, or a divisor of ``divides``. :func:`check_value` checks
+    them wherever options arrive (the command line while parsing, :func:`get_task`)."""
+    return dataclasses.field(default=default, metadata={"low": low, "high": high, "above": above, "below": below,
+                                                        "choices": choices, "divides": divides})
+
+
+def check_value(task: str, key: str, value: Any, meta: Any) -> None:
+    """``value`` of option ``key`` of ``task`` lies where its field's metadata says; UsageError in
+    scikit-learn's shape otherwise ("The 'n_bits' option of task bit_xor must be >= 1. Got -3 instead.")."""
+    choices, divides = meta.get("choices"), meta.get("divides")
+    lo_open, hi_open = meta.get("above") is not None, meta.get("below") is not None
+    low = meta.get("above") if lo_open else meta.get("low")
+    high = meta.get("below") if hi_open else meta.get("high")
+    if choices is not None:
+        ok, rule = value in choices, f"one of {list(choices)}"
+    elif divides is not None:
+        ok = isinstance(value, int) and value >= 1 and divides % value == 0
+        rule = f"a divisor of {divides} ({', '.join(str(d) for d in range(1, divides + 1) if divides % d == 0)})"
+    elif low is None and high is None:
+        return
+    else:
+        ok = ((low is None or (value > low if lo_open else value >= low))
+              and (high is None or (value < high if hi_open else value <= high)))  # NaN fails every comparison
+        if low is not None and high is not None:
+            rule = f"in {'(' if lo_open else '['}{low}, {high}{')' if hi_open else ']'}"
+        elif low is not None:
+            rule = f"{'>' if lo_open else '>='} {low}"
+        else:
+            rule = f"{'<' if hi_open else '<='} {high}"
+    if not ok:
+        raise UsageError(f"The {key!r} option of task {task} must be {rule}. Got {value!r} instead.")
+
+
 def register_task(name: str):
     """Class decorator: register a :class:`Task` dataclass under ``name``."""
 
@@ -188,6 +226,7 @@ def get_task(name: str, **options: Any) -> Task:
         if key not in fields:
             raise UsageError(f"unknown option {key!r} for task {name!r}; choose from {sorted(fields)}")
         kwargs[key] = _convert(value, fields[key].type, key)
+        check_value(name, key, kwargs[key], fields[key].metadata)
     return cls(**kwargs)
 
 
@@ -207,7 +246,12 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     for key in options:
         if key not in fields:
             raise UsageError(f"unknown option {key!r} for task {name!r}; choose from {sorted(fields)}")
-    return {key: _convert(value, fields[key].type, key) for key, value in options.items()}
+    values = {key: _convert(value, fields[key].type, key) for key, value in options.items()}
+    for key, value in values.items():
+        check_value("file:PATH" if name.startswith("file:") else name, key, value, fields[key].metadata)
+    if not name.startswith("file:"):
+        get_task(name, **values)  # options checked together (e.g. bit_memory's n_bits by token_bits); reads nothing
+    return values
 
 
 def make_task(name: str, options: dict[str, Any], seed: int) -> Task:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from reservoir.errors import UsageError
-from reservoir.tasks import SplitData, Task, TaskSpec, register_task
+from reservoir.tasks import MAX_SEED, SplitData, Task, TaskSpec, option, register_task
 
 SPLIT_STREAM = {"train": 0, "val": 1, "test": 2}
 
@@ -32,10 +32,10 @@ class BitXor(Task):
 
     generated: ClassVar[bool] = True
 
-    n_bits: int = 5
-    n_train: int = 10000
-    n_test: int = 1000
-    seed: int = 0
+    n_bits: int = option(5, low=1)
+    n_train: int = option(10000, low=1)
+    n_test: int = option(1000, low=1)
+    seed: int = option(0, low=0, high=MAX_SEED)
 
     @property
     def spec(self) -> TaskSpec:
@@ -60,17 +60,18 @@ class BitMemory(Task):
 
     generated: ClassVar[bool] = True
 
-    n_bits: int = 1000
-    n_patterns: int = 5
-    token_bits: int = 50
-    mask_prob: float = 0.5
-    n_train: int = 10000
-    n_test: int = 1000
-    seed: int = 0
+    n_bits: int = option(1000, low=1)
+    n_patterns: int = option(5, low=1)
+    token_bits: int = option(50, low=1)
+    mask_prob: float = option(0.5, low=0.0, high=1.0)
+    n_train: int = option(10000, low=1)
+    n_test: int = option(1000, low=1)
+    seed: int = option(0, low=0, high=MAX_SEED)
 
     def __post_init__(self):
         if self.n_bits % self.token_bits:
-            raise UsageError(f"task option n_bits={self.n_bits} must be a multiple of token_bits={self.token_bits}")
+            raise UsageError(f"The 'n_bits' option of task bit_memory must be a multiple of token_bits "
+                             f"({self.token_bits}). Got {self.n_bits} instead.")
 
     @property
     def spec(self) -> TaskSpec:

@@ -36,9 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from reservoir.errors import UsageError
 from reservoir.tasks.download import DataArchive, ensure_archive
-from reservoir.tasks import DataError, SplitData, Task, TaskSpec, patches, register_task
+from reservoir.tasks import DataError, SplitData, Task, TaskSpec, option, patches, register_task
 
 FOLDER = "cifar10"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -144,11 +143,7 @@ class _Cifar(Task):
 class Cifar10(_Cifar):
     """CIFAR-10 (official python batches), 4x4 RGB patches: 64 tokens of 48, 10 classes."""
 
-    patch: int = 4
-
-    def __post_init__(self):
-        if self.patch < 1 or 32 % self.patch:
-            raise UsageError(f"task option patch={self.patch} must divide 32 (1, 2, 4, 8, 16 or 32)")
+    patch: int = option(4, divides=32)
 
     @property
     def spec(self) -> TaskSpec:

@@ -38,9 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.errors import UsageError
 from reservoir.tasks.download import DataArchive, ensure_archive
-from reservoir.tasks import DataError, SplitData, Task, TaskSpec, pad_ids, register_task
+from reservoir.tasks import DataError, SplitData, Task, TaskSpec, option, pad_ids, register_task
 
 FOLDER = "remote_homology"
 SPLITS = ("train", "valid", "test_fold_holdout", "test_superfamily_holdout", "test_family_holdout")
@@ -184,12 +183,10 @@ def parse(records: list[dict[str, Any]], path: Path) -> tuple[list[np.ndarray], 
 class RemoteHomology(Task):
     """TAPE remote homology (fold), amino-acid ids, up to 1024 tokens: 1195 classes."""
 
-    max_len: int = 1024
+    max_len: int = option(1024, low=1)
     download: bool = True
 
     def __post_init__(self):
-        if self.max_len < 1:
-            raise UsageError(f"task option max_len={self.max_len} must be at least 1")
         self.truncated: dict[str, int] = {}  # split -> sequences truncated by the last load
 
     @property

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from reservoir.tasks.download import DataFile, ensure_files
-from reservoir.tasks import DataError, SplitData, Task, TaskSpec, patches, register_task
+from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, option, patches, register_task
 
 MNIST_URLS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/")
 MNIST_FILES = {  # md5 of the uncompressed IDX files (official)
@@ -43,7 +43,7 @@ def read_idx(path: Path, header: int, shape: tuple[int, ...]) -> np.ndarray:
 class Mnist(Task):
     """MNIST digits, 28x28 padded to 32x32, 4x4 patches: 64 tokens of 16."""
 
-    patch: int = 4
+    patch: int = option(4, divides=32)
     download: bool = True
 
     @property
@@ -71,8 +71,8 @@ class Mnist(Task):
 class Digits(Task):
     """scikit-learn's bundled 8x8 handwritten digits (1,797), 2x2 patches: 16 tokens of 4."""
 
-    test_size: float = 0.2
-    seed: int = 0
+    test_size: float = option(0.2, low=0.01, high=0.99)
+    seed: int = option(0, low=0, high=MAX_SEED)
 
     @property
     def spec(self) -> TaskSpec:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from reservoir.errors import UsageError
-from reservoir.tasks import DataError, SplitData, Task, TaskSpec, pad_ids, register_task
+from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, option, pad_ids, register_task
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -95,6 +95,7 @@ def generate(n: int, seed: int, stream: int, min_length: int, max_length: int, m
     rng = random.Random(seed * 1000 + stream)
     seen: set[str] = set()
     out = []
+    misses = 0
     while len(out) < n:
         tree, length = generate_tree(rng, 1, max_depth, max_args)
         if min_length < length < max_length:
@@ -102,7 +103,19 @@ def generate(n: int, seed: int, stream: int, min_length: int, max_length: int, m
             if text not in seen and text not in exclude:
                 seen.add(text)
                 out.append(text)
+                misses = 0
+                continue
+        misses += 1
+        if misses > MAX_MISSES:  # the options admit no (or no more distinct) expressions: never loop forever
+            raise DataError(f"ListOps generation found {len(out)} of {n} distinct expressions of length in "
+                            f"({min_length}, {max_length}) and none in the next {MAX_MISSES:,d} draws (max_depth="
+                            f"{max_depth}, max_args={max_args}); widen min_length..max_length, raise max_depth, or "
+                            "ask for fewer examples (n_train, n_val, n_test, or --limit)")
     return out
+
+
+#: consecutive draws without a new expression after which generation gives up
+MAX_MISSES = 200_000
 
 
 @register_task("listops")
@@ -112,25 +125,23 @@ class ListOps(Task):
 
     generated: ClassVar[bool] = True
 
-    source: str = "generate"
-    tokenization: str = "brackets"
-    max_len: int = 512
-    n_train: int = 96000
-    n_val: int = 2000
-    n_test: int = 2000
-    seed: int = 0
-    min_length: int = 500
-    max_length: int = 2000
-    max_depth: int = 10
-    max_args: int = 10
+    source: str = option("generate", choices=("generate", "lra"))
+    tokenization: str = option("brackets", choices=("brackets", "fpt"))
+    max_len: int = option(512, low=1, high=2000)
+    n_train: int = option(96000, low=1)
+    n_val: int = option(2000, low=1)
+    n_test: int = option(2000, low=1)
+    seed: int = option(0, low=0, high=MAX_SEED)
+    min_length: int = option(500, low=0)
+    max_length: int = option(2000, low=2)
+    max_depth: int = option(10, low=1)
+    max_args: int = option(10, low=2)
 
     def __post_init__(self):
-        for key, value, choices in (("source", self.source, ("generate", "lra")),
-                                    ("tokenization", self.tokenization, ("brackets", "fpt"))):
-            if value not in choices:
-                raise UsageError(f"task option {key}={value!r} is not one of {list(choices)}")
-        if not 1 <= self.max_len <= 2000:
-            raise UsageError(f"task option max_len={self.max_len} must be in [1, 2000]")
+        if self.max_length <= self.min_length + 1:
+            raise UsageError(f"The 'max_length' option of task listops must be > min_length + 1 "
+                             f"({self.min_length + 1}): lengths are drawn strictly between them. "
+                             f"Got {self.max_length} instead.")
 
     @property
     def spec(self) -> TaskSpec:

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from reservoir.errors import UsageError
-from reservoir.tasks import DataError, SplitData, Task, TaskSpec, _convert, pad_ids
+from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, _convert, check_value, option, pad_ids
 
 SUFFIXES = (".npz", ".h5", ".hdf5")
 FIX = "see `reservoir data where` for the file layout"
@@ -71,9 +71,9 @@ class FileTask(Task):
 
     name: ClassVar[str] = "file"
     path: str = ""
-    n_classes: int = 0
-    test_fraction: float = 0.2
-    seed: int = 0
+    n_classes: int = option(0, low=0)
+    test_fraction: float = option(0.2, above=0, below=1)
+    seed: int = option(0, low=0, high=MAX_SEED)
 
     def __init__(self, path: str, **options: Any):
         fields = {f.name: f for f in dataclasses.fields(self) if f.name != "path"}
@@ -83,10 +83,7 @@ class FileTask(Task):
         self.path = str(path)
         for key, f in fields.items():
             setattr(self, key, _convert(options[key], f.type, key) if key in options else f.default)
-        if self.n_classes < 0:
-            raise UsageError(f"task option n_classes={self.n_classes} must be positive (0 infers it from y)")
-        if not 0 < self.test_fraction < 1:
-            raise UsageError(f"task option test_fraction={self.test_fraction} must be in (0, 1)")
+            check_value("file:PATH", key, getattr(self, key), f.metadata)
         self._splits = self._read(Path(self.path))
 
     def identity_options(self) -> dict[str, Any]:
@@ -181,9 +178,16 @@ class FileTask(Task):
         from sklearn.model_selection import train_test_split
 
         rows = np.arange(len(y))
+        n_test = int(np.ceil(self.test_fraction * len(y)))  # as scikit-learn rounds a fraction
+        if n_test >= len(y):
+            raise DataError(f"{path} has {len(y)} rows without a split array: holding out test_fraction "
+                            f"{self.test_fraction:g} leaves none to train on; give more rows, a lower test_fraction, "
+                            "or a split array naming each row's split")
         counts = np.bincount(y.astype(np.int64))
-        strat = y if counts[counts > 0].min() >= 2 else None
-        train, test = train_test_split(rows, test_size=self.test_fraction, random_state=self.seed, stratify=strat)
+        classes = int((counts > 0).sum())
+        # stratified when every class can go to both sides (scikit-learn refuses otherwise)
+        strat = y if counts[counts > 0].min() >= 2 and classes <= min(n_test, len(y) - n_test) else None
+        train, test = train_test_split(rows, test_size=n_test, random_state=self.seed, stratify=strat)
         return {"train": np.sort(train), "test": np.sort(test)}
 
     @staticmethod
