@@ -131,3 +131,53 @@ def test_a_full_disk_fails_cleanly_and_the_rerun_after_freeing_space_completes(c
     with h5py.File(out) as a, h5py.File(tmp_path / "ref.h5") as b:
         for split in ("train", "test"):
             np.testing.assert_array_equal(a[split]["features"][:], b[split]["features"][:])
+
+
+#: run in a process of its own (as a user runs it): HDF5 writes fail with ENOSPC once N feature rows are written
+FILLING_DISK = """
+import errno, sys
+import h5py
+state = {"rows": 0}
+setitem = h5py.Dataset.__setitem__
+
+def filling(self, index, value):
+    if self.name.endswith("/features"):
+        state["rows"] += len(value)
+        if state["rows"] > int(sys.argv[1]):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    return setitem(self, index, value)
+
+h5py.Dataset.__setitem__ = filling
+from reservoir.cli import main
+main(sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize("rows", [0, 130])
+def test_a_disk_that_fills_mid_run_exits_1_in_words_and_the_rerun_resumes_to_the_same_file(cli, home, tmp_path, rows):
+    import os
+
+    from reservoir.extract.store import h5_file, partial_path, verify
+
+    args = ("-q", "extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,1,2", "--limit", "300",
+            "--dtype", "float32", "--batch-size", "50")
+    assert cli(*args, "--out", str(tmp_path / "ref.h5")).exit_code == 0
+    out = tmp_path / "f.h5"
+    proc = subprocess.run([sys.executable, "-c", FILLING_DISK, str(rows), *args, "--out", str(out)], capture_output=True,
+                          text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    assert f"writing {partial_path(out)} stopped: the disk is full. Free space (or pass --out on another disk) and " \
+           "rerun the same command: it resumes where it stopped" in output
+    assert "Traceback" not in output and output.count("\n") <= 2  # one line
+    assert not out.exists() and partial_path(out).exists()  # nothing that looks complete
+    with h5_file(partial_path(out)) as f:
+        assert not f.attrs["complete"]
+        assert sum(int(f[s].attrs["rows_done"]) for s in ("train", "test") if s in f) == (rows // 50) * 50
+    r = cli(*args, "--out", str(out))  # space freed: the same command
+    assert r.exit_code == 0, r.output
+    with h5_file(out) as a, h5_file(tmp_path / "ref.h5") as b:
+        verify(a)
+        for split in ("train", "test"):
+            np.testing.assert_array_equal(a[split]["features"][:], b[split]["features"][:])
+            assert a[split].attrs["sha256"] == b[split].attrs["sha256"]
