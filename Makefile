@@ -36,7 +36,7 @@ check-lowest: ## fresh venvs with every dependency floor of setup.cfg (numpy 1 a
 	./.ci/check-lowest
 
 # the demo: language-pretrained SmolLM2-135M against its random twin, depth by depth, on digits
-# (no --dtype: auto picks bf16 where this CPU multiplies it natively, float32 elsewhere)
+# (no --dtype: auto takes the float dtype this CPU multiplies fastest, measured once per CPU)
 DEMO_OPTS ?= --limit 500 --depths 0,1,3,6,12,30
 DEMO_BACKBONES ?= smollm2-135m smollm2-135m-random
 

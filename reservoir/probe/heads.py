@@ -5,28 +5,29 @@ Labels are ``(n,)`` class ids or ``(n, m)`` for ``m`` outputs (bits) sharing one
 regularisation on a validation split, refits on all of train and scores the test split,
 with BLAS and OpenMP limited to :func:`head_threads` threads.
 
-- ``logreg``: scikit-learn ``LogisticRegression`` (one per output when ``m > 1``).
+- ``logreg``: multinomial logistic regression per output, scikit-learn's objective minimised by
+  L-BFGS over the rows block by block (:func:`streaming_logistic`).
 - ``ridge``: closed-form ridge readout on one-hot targets from accumulated statistics
   (:class:`RidgeStats`: count, sums, ``X^T X`` and ``X^T Y`` added chunk by chunk,
   reservoirpy's shape); one eigendecomposition of the standardized Gram matrix gives the
   solution for every alpha (:class:`RidgePath`).
-- ``torch``: a linear layer trained with Adam or LBFGS in mini-batches.
+- ``torch``: a linear layer trained with Adam in mini-batches read block by block
+  (:func:`streaming_linear`), or full-batch LBFGS in memory.
+
+Each head has one implementation: ``fit(X, y)`` on rows in memory is ``fit_blocks`` on those
+rows, the same code that reads a feature file block by block when it does not fit in memory.
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
-from sklearn.multioutput import MultiOutputClassifier
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_is_fitted
@@ -230,15 +231,35 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
     def solve(self, alpha: float | None = None) -> "RidgeHead":
         """Coefficients for ``alpha`` (default ``self.alpha``); the eigendecomposition is
         computed once per set of statistics and reused for every further alpha."""
-        check_is_fitted(self, "stats_")
-        if self.path_ is None:
+        if getattr(self, "path_", None) is None:
+            check_is_fitted(self, "stats_")
             self.path_ = self.stats_.decompose()
         self.coef_, self.intercept_ = self.path_.coef(self.alpha if alpha is None else alpha)
         return self
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> "RidgeHead":
+        """All rows at once: through their ``n x n`` Gram matrix when features outnumber rows
+        (:meth:`RidgePath.from_rows`), else through the accumulated statistics."""
         self.__dict__.pop("stats_", None)
-        return self.partial_fit(X, y).solve()
+        if X.shape[0] >= X.shape[1]:
+            return self.partial_fit(X, y).solve()
+        Y = _outputs(y)
+        self.n_outputs_, self.n_classes_, self.y_ndim_ = Y.shape[1], self.n_classes or int(Y.max()) + 1, y.ndim
+        self.path_ = RidgePath.from_rows(X, _onehot(Y, self.n_classes_))
+        return self.solve()
+
+    def fit_blocks(self, source: "Rows") -> "RidgeHead":
+        """Rows read block by block (one block in memory at a time), statistics accumulated; rows held
+        in memory and fewer than the features take :meth:`fit`'s Gram-matrix path."""
+        if source.in_memory:
+            X, y = source.load()
+            if X.shape[0] < X.shape[1]:
+                return self.fit(X, y)
+        self.__dict__.pop("stats_", None)
+        for X, y in source.blocks():
+            self.partial_fit(X, y)
+        return self.solve()
+
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "coef_")
@@ -272,10 +293,11 @@ class TorchHead(ClassifierMixin, BaseEstimator):
         if self.optimizer not in ("adam", "lbfgs"):
             raise ValueError(f"The 'optimizer' parameter of TorchHead must be 'adam' or 'lbfgs'. Got {self.optimizer!r} instead.")
         self.device_ = resolve_device(self.device)
+        if self.optimizer == "adam":  # the same implementation as a fit on rows read block by block
+            return self.fit_blocks(FlatRows(X, y))
         Y = torch.from_numpy(_outputs(y).astype(np.int64)).to(self.device_)
         self.y_ndim_, self.n_outputs_ = y.ndim, Y.shape[1]
         self.n_classes_ = int(Y.max()) + 1
-        g = torch.Generator().manual_seed(self.seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             self.linear_ = torch.nn.Linear(X.shape[1], self.n_outputs_ * self.n_classes_).to(self.device_)
@@ -286,40 +308,45 @@ class TorchHead(ClassifierMixin, BaseEstimator):
             loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), yb)
             return loss + self.weight_decay * self.linear_.weight.pow(2).sum()
 
-        if self.optimizer == "lbfgs":
-            opt = torch.optim.LBFGS(self.linear_.parameters(), lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS(self.linear_.parameters(), lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
 
-            def closure():
-                opt.zero_grad()
-                loss = loss_on(Xt, Y)
-                loss.backward()
-                return loss
+        def closure():
+            opt.zero_grad()
+            loss = loss_on(Xt, Y)
+            loss.backward()
+            return loss
 
-            opt.step(closure)
-        else:
-            opt = torch.optim.Adam(self.linear_.parameters(), lr=self.lr)
-            for _ in range(self.epochs):
-                for idx in torch.randperm(len(Xt), generator=g).to(self.device_).split(self.batch_size):
-                    opt.zero_grad()
-                    loss_on(Xt[idx], Y[idx]).backward()
-                    opt.step()
+        opt.step(closure)
+        self.predict_ = _linear_predictor(self.linear_, None, None, self.n_outputs_, self.n_classes_, self.device_)
+        return self
+
+    def fit_blocks(self, source: "Rows") -> "TorchHead":
+        """Adam on rows read block by block (:func:`streaming_linear`): the one implementation of
+        the ``adam`` head, in memory or not."""
+        if self.optimizer != "adam":
+            raise ValueError(f"The 'optimizer' parameter of TorchHead must be 'adam' to fit rows read block by block. "
+                             f"Got {self.optimizer!r} instead.")
+        self.y_ndim_ = source.y_ndim
+        self.predict_ = streaming_linear(self.weight_decay, source, seed=self.seed, device=self.device, lr=self.lr,
+                                         epochs=self.epochs, batch_size=self.batch_size)
         return self
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        check_is_fitted(self, "linear_")
-        with torch.no_grad():
-            logits = self.linear_(torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)).to(self.device_))
-        pred = logits.view(len(X), self.n_outputs_, self.n_classes_).argmax(-1).cpu().numpy()
+        check_is_fitted(self, "predict_")
+        pred = self.predict_(X)
         return pred[:, 0] if self.y_ndim_ == 1 else pred
 
 
 class LogRegHead(ClassifierMixin, BaseEstimator):
-    """scikit-learn ``LogisticRegression`` (lbfgs), one per output for multi-output labels.
+    """Multinomial logistic regression per output (one logit for two classes), scikit-learn's
+    objective (``C`` times the summed log loss plus half the squared weights, intercept
+    unpenalised, standardized features) minimised by L-BFGS: :func:`streaming_logistic`, the one
+    implementation whether the rows are in memory or read block by block.
 
     Parameters
     ----------
     C : inverse L2 penalty.
-    max_iter : lbfgs iterations.
+    max_iter : L-BFGS iterations.
     """
 
     def __init__(self, C: float = 1.0, *, max_iter: int = 300):
@@ -327,16 +354,17 @@ class LogRegHead(ClassifierMixin, BaseEstimator):
         self.max_iter = max_iter
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> "LogRegHead":
-        base = LogisticRegression(C=self.C, max_iter=self.max_iter)
-        self.y_ndim_ = y.ndim
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            self.model_ = (MultiOutputClassifier(base) if y.ndim == 2 else base).fit(X, y)
+        return self.fit_blocks(FlatRows(X, y))
+
+    def fit_blocks(self, source: "Rows") -> "LogRegHead":
+        self.y_ndim_ = source.y_ndim
+        self.predict_ = streaming_logistic(self.C, source, max_iter=self.max_iter)
         return self
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        check_is_fitted(self, "model_")
-        return self.model_.predict(X)
+        check_is_fitted(self, "predict_")
+        pred = self.predict_(X)
+        return pred[:, 0] if self.y_ndim_ == 1 else pred
 
 
 class Rows:
@@ -349,9 +377,22 @@ class Rows:
     """
 
     labels: np.ndarray
+    #: all rows are held in memory (``load`` costs nothing)
+    in_memory: bool = False
 
     def blocks(self):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @property
+    def outputs(self) -> int:
+        """Outputs per row, as :func:`rows` makes rows of the labels: ``(N,)`` and ``(N, R)`` give 1,
+        ``(N, R, m)`` give ``m``."""
+        return self.labels.shape[2] if self.labels.ndim == 3 else 1
+
+    @property
+    def y_ndim(self) -> int:
+        """Dimensions of a block's labels: 1 (a class a row) or 2 (``m`` outputs a row)."""
+        return 1 if self.labels.ndim == 1 else 2
 
     @property
     def n(self) -> int:
@@ -373,6 +414,7 @@ class Concat(Rows):
     def __init__(self, *sources: Rows):
         self.sources = sources
         self.labels = np.concatenate([s.labels for s in sources])
+        self.in_memory = all(s.in_memory for s in sources)
 
     def blocks(self):
         for source in self.sources:
@@ -383,8 +425,34 @@ class Concat(Rows):
         return sum(s.nbytes for s in self.sources)
 
 
+class FlatRows(Rows):
+    """Rows already flat, as a head's ``fit(X, y)`` gets them: ``X (n, d)``, ``y (n,) | (n, m)``."""
+
+    in_memory = True
+
+    def __init__(self, X: np.ndarray, y: np.ndarray):
+        self.X, self.labels = X, y
+
+    def blocks(self):
+        yield self.X, self.labels
+
+    @property
+    def outputs(self) -> int:
+        return self.labels.shape[1] if self.labels.ndim == 2 else 1
+
+    @property
+    def y_ndim(self) -> int:
+        return self.labels.ndim
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.X.nbytes)
+
+
 class ArrayRows(Rows):
     """Rows held in memory: readout features ``(N, R, d)`` and their labels."""
+
+    in_memory = True
 
     def __init__(self, X: np.ndarray, y: np.ndarray):
         self.X, self.labels = X, y
@@ -408,7 +476,7 @@ class ArrayRows(Rows):
 
 def _shape(source: Rows) -> tuple[int, int]:
     """Outputs per row and classes per output, as :func:`rows` makes rows of the labels."""
-    return (source.labels.shape[2] if source.labels.ndim == 3 else 1), int(source.labels.max()) + 1
+    return source.outputs, int(source.labels.max()) + 1
 
 
 def moments(source: Rows) -> tuple[np.ndarray, np.ndarray, int]:
@@ -504,9 +572,17 @@ def streaming_linear(weight_decay: float, source: Rows, *, seed: int = 0, device
                 (loss + weight_decay * linear.weight.pow(2).sum()).backward()
                 opt.step()
 
+    return _linear_predictor(linear, shift, div, m, c, dev)
+
+
+def _linear_predictor(linear: torch.nn.Linear, shift, div, m: int, c: int, dev) -> Callable[[np.ndarray], np.ndarray]:
+    """``X -> (n, m)`` class ids of a trained linear layer (features standardized by ``shift`` and ``div``
+    when given)."""
     def predict(X: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            Xt = (torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)).to(dev) - shift) / div
+            Xt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)).to(dev)
+            if shift is not None:
+                Xt = (Xt - shift) / div
             return linear(Xt).view(len(Xt), m, c).argmax(-1).cpu().numpy()
 
     return predict
@@ -517,14 +593,26 @@ def streaming_linear(weight_decay: float, source: Rows, *, seed: int = 0, device
 Search = tuple[dict[float, float], float, Callable[[np.ndarray], np.ndarray]]
 
 
+def _estimator(kind: "HeadKind", value: float, seed: int, device: str):
+    """The head's estimator at one grid value (seed and device set where it takes them)."""
+    est = clone(kind.estimator).set_params(**{kind.param: value})
+    if "seed" in est.get_params():
+        est.set_params(seed=seed)
+    if "device" in est.get_params():
+        est.set_params(device=device)
+    return est
+
+
 def search_streaming(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool, seed: int,
                      device: str = "cpu") -> Search:
-    """:func:`search_refit` for rows that do not fit in memory: ``kind.stream`` trains on rows read
-    block by block, validation is scored block by block."""
-    scores = {value: stream_accuracy(kind.stream(value, fit, seed=seed, device=device), val) for value in kind.grid}
+    """:func:`search_refit` for rows that do not fit in memory: the head's ``fit_blocks`` (the same
+    implementation as its ``fit``) reads the rows block by block; validation is scored block by block."""
+    def trained(value, source):
+        return _estimator(kind, value, seed, device).fit_blocks(source).predict_
+
+    scores = {value: stream_accuracy(trained(value, fit), val) for value in kind.grid}
     best = _best(kind.grid, scores)
-    train = Concat(fit, val) if refit_with_val else fit
-    return scores, best, kind.stream(best, train, seed=seed, device=device)
+    return scores, best, trained(best, Concat(fit, val) if refit_with_val else fit)
 
 
 def _best(grid: tuple[float, ...], scores: dict[float, float]) -> float:
@@ -540,17 +628,12 @@ def search_refit(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool
     :func:`search_streaming` reads them block by block.
     """
     train_bytes = fit.nbytes + (val.nbytes if refit_with_val else 0)
-    if memory_bytes is not None and train_bytes > memory_bytes and kind.stream is not None:
+    if memory_bytes is not None and train_bytes > memory_bytes and hasattr(kind.estimator, "fit_blocks"):
         return search_streaming(kind, fit, val, refit_with_val=refit_with_val, seed=seed, device=device)
     fit, val = fit.load(), val.load()
 
     def make(value):
-        est = clone(kind.estimator).set_params(**{kind.param: value})
-        if "seed" in est.get_params():
-            est.set_params(seed=seed)
-        if "device" in est.get_params():
-            est.set_params(device=device)
-        return make_pipeline(StandardScaler(), est)
+        return make_pipeline(StandardScaler(), _estimator(kind, value, seed, device))
 
     scores = {value: accuracy(make(value).fit(*fit).predict(val[0]), val[1]) for value in kind.grid}
     best = _best(kind.grid, scores)
@@ -561,49 +644,29 @@ def search_refit(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool
 
 def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool, seed: int, device: str = "cpu",
                  memory_bytes: int | None = None) -> Search:
-    """The ridge head's :func:`search_refit`, from statistics: one pass over ``fit`` and one
-    eigendecomposition score every alpha of the grid; the refit adds the statistics of
-    ``val`` and decomposes once more. Same results as a standardized ridge per alpha."""
-    # outputs per row as :func:`rows` makes them: (N,) and (N, R) labels give 1, (N, R, m) give m
-    m = fit.labels.shape[2] if fit.labels.ndim == 3 else 1
+    """The ridge head's :func:`search_refit`, by :class:`RidgeHead` itself: one pass over ``fit``
+    (block by block, :meth:`RidgeHead.fit_blocks`) and one eigendecomposition score every alpha of
+    the grid; the refit adds ``val`` and decomposes once more. Same results as a standardized ridge
+    per alpha."""
     c = int(max(fit.labels.max(), val.labels.max())) + 1
+    head = RidgeHead(n_classes=c).fit_blocks(fit)
 
-    def accumulate(source: Rows) -> RidgeStats:
-        stats = None
-        for X, y in source.blocks():  # one block in memory at a time
-            stats = stats or RidgeStats.zeros(X.shape[1], m * c)
-            stats.add(X, _onehot(_outputs(y), c))
-        return stats
-
-    def dual(*sources: Rows) -> bool:
-        """Rows in memory and fewer than the features: decompose their Gram matrix instead."""
-        return (all(isinstance(s, ArrayRows) for s in sources)
-                and sources[0].X.shape[-1] > sum(s.X.shape[0] * s.X.shape[1] for s in sources))
-
-    def from_rows(*sources: Rows) -> RidgePath:
-        X, y = Concat(*sources).load()
-        return RidgePath.from_rows(X, _onehot(_outputs(y), c))
-
-    def scores_of(path: RidgePath, alphas, source: Rows) -> dict[float, float]:
-        coefs = {alpha: path.coef(alpha) for alpha in alphas}
+    def scores_of(alphas, source: Rows) -> dict[float, float]:
+        coefs = {alpha: head.solve(alpha).coef_ for alpha in alphas}
+        intercepts = {alpha: head.solve(alpha).intercept_ for alpha in alphas}
         correct, total = dict.fromkeys(alphas, 0.0), 0
         for X, y in source.blocks():
-            for alpha, (coef, intercept) in coefs.items():
-                correct[alpha] += float(np.sum(_predict(X @ coef + intercept, m, c, y.ndim) == y))
+            for alpha in alphas:
+                pred = _predict(X @ coefs[alpha] + intercepts[alpha], head.n_outputs_, c, y.ndim)
+                correct[alpha] += float(np.sum(pred == y))
             total += y.size
         return {alpha: correct[alpha] / total for alpha in alphas}
 
-    if dual(fit, val):
-        path = from_rows(fit)
-        refit = from_rows(fit, val) if refit_with_val else path
-    else:
-        stats = accumulate(fit)
-        path = stats.decompose()
-        refit = (stats + accumulate(val)).decompose() if refit_with_val else path
-    scores = scores_of(path, kind.grid, val)
+    scores = scores_of(kind.grid, val)
     best = _best(kind.grid, scores)
-    coef, intercept = refit.coef(best)
-    return scores, best, lambda X: _predict(X @ coef + intercept, m, c)
+    refit = RidgeHead(n_classes=c).fit_blocks(Concat(fit, val)) if refit_with_val else head
+    refit.solve(best)
+    return scores, best, lambda X: _predict(X @ refit.coef_ + refit.intercept_, refit.n_outputs_, c)
 
 
 @dataclass(frozen=True)
@@ -615,14 +678,12 @@ class HeadKind:
     param: str
     grid: tuple[float, ...]
     search: Callable[..., tuple[dict[float, float], float, float]] = field(default=search_refit, repr=False)
-    #: trains on rows read block by block: ``stream(value, rows, seed=, device=) -> predict``
-    stream: Callable[..., Callable[[np.ndarray], np.ndarray]] | None = field(default=None, repr=False)
 
 
 HEADS = {
-    "logreg": HeadKind(LogRegHead(), "C", (0.001, 0.01, 0.1, 1.0, 10.0), stream=streaming_logistic),
+    "logreg": HeadKind(LogRegHead(), "C", (0.001, 0.01, 0.1, 1.0, 10.0)),
     "ridge": HeadKind(RidgeHead(), "alpha", (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0), search_ridge),
-    "torch": HeadKind(TorchHead(), "weight_decay", (0.0, 1e-4, 1e-3, 1e-2), stream=streaming_linear),
+    "torch": HeadKind(TorchHead(), "weight_decay", (0.0, 1e-4, 1e-3, 1e-2)),
 }
 
 

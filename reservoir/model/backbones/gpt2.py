@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from reservoir.model.backbones.base import (at_readout, columns, first_output, gather, hooked, make_mask,
-                                            readout_attention, seeded, stats_init)
+                                            quiet_transformers, readout_attention, seeded, stats_init)
 from reservoir.model.backbones.hf import HFBackbone, Parts, load_model, register_family
 
 #: nanoGPT's table: shapes of the released GPT-2 sizes (hub id -> config arguments)
@@ -101,7 +101,7 @@ def load_gpt2(path: str, seed: int = 0) -> GPT2Backbone:
 def random_gpt2(seed: int = 0, **shape) -> GPT2Backbone:
     from transformers import GPT2Config, GPT2Model
 
-    with seeded(seed):
+    with seeded(seed), quiet_transformers():
         return GPT2Backbone(GPT2Model(GPT2Config(**shape)))
 
 
