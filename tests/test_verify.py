@@ -166,15 +166,15 @@ def test_a_shard_damaged_after_the_join_is_refused_and_force_redoes_it(cli, home
         for split in ("train", "test"):
             assert a[split].attrs[DIGESTS] == b[split].attrs[DIGESTS]
     shard = sorted((tmp_path / "joined.h5.shards").glob("test-*.h5"))[-1]
-    with h5py.File(shard, "r+") as f:
-        f["features"][3, 1, 0, 0] = np.nan
+    with h5py.File(shard, "r+") as f:  # a shard is a feature file of the store's one writer
+        f["test"]["features"][3, 1, 0, 0] = np.nan
     r = cli("-q", "fit", "--features", str(out), "--head", "ridge", "--no-baselines")
     assert r.exit_code == 1 and "split 'test', depth 1 holds NaN or inf features" in r.output, r.output
     r = extract(cli, tiny_gpt2, out, "--workers", "1", "--shard-rows", "64")
     assert r.exit_code == 1 and "split 'test', depth 1 holds NaN or inf features" in r.output
     r = extract(cli, tiny_gpt2, out, "--workers", "1", "--shard-rows", "64", "--force")
     assert r.exit_code == 0, r.output
-    assert f"shard {shard}: depth 1 holds NaN or inf features" in r.output and "extracting it again" in r.output
+    assert f"{shard}: split 'test', depth 1 holds NaN or inf features" in r.output and "extracting it again" in r.output
     with h5_file(out) as a, h5_file(reference) as b:
         verify(a)
         np.testing.assert_array_equal(a["test"]["features"][:], b["test"]["features"][:])

@@ -17,8 +17,9 @@ The rows of each split are cut into contiguous shards aligned with the batch pla
 (:func:`reservoir.extract.plan.plan_split`: a single process runs exactly the same batches, so
 a float32 sharded file equals the single-process one bit for bit). The driver encodes each
 shard's tokens and sends them with the run's identity and input layer; a worker runs them
-through the shared forward path and writes ``FILE.shards/SPLIT-START-STOP.h5`` atomically
-(``.partial``, then renamed), recording the identity. On a rerun, complete shards of the
+through the shared forward path and writes ``FILE.shards/SPLIT-START-STOP.h5`` with the store's
+one writer (:class:`reservoir.extract.store.FeatureWriter`: locked, ``.partial`` until every row is
+written and its digests recorded, then renamed; a shard cut short resumes), recording the identity. On a rerun, complete shards of the
 same identity are skipped and missing ones (a lost worker's) are redone; a shard of another
 identity is refused. When every shard is there the driver writes ``FILE``: labels, lengths
 and the input layer as usual, and the features as an HDF5 virtual dataset over the shards,
@@ -36,14 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 
 from reservoir.errors import IdentityError, ReservoirError, StoreError
-from reservoir.identity import canonical, differences, digest
+from reservoir.identity import differences, digest
 from reservoir.progress import bar, log
-from reservoir.extract.store import (DIGESTS, WriterLock, check_space, create_features, depth_digest, h5_file,
-                                     partial_path, shard_dir, write_joined)
+from reservoir.extract.store import (FeatureWriter, WriterLock, check_space, h5_file, shard_dir, verify,
+                                     write_joined)
 
 
 @dataclass
@@ -71,15 +71,12 @@ class ShardJob:
     engine: str = "auto"
     tokens: int | None = None  # of the whole run (engine="auto" decides by it)
     calibration: list[tuple[np.ndarray, np.ndarray]] | None = None  # the int8 dtypes: (tokens, lengths) batches
+    labels: np.ndarray | None = None  # of the shard's rows (the store's writer keeps them beside the features)
+    lengths: np.ndarray | None = None
 
 
 def shard_path(out: Path, split: str, start: int, stop: int) -> Path:
     return shard_dir(out) / f"{split}-{start:010d}-{stop:010d}.h5"
-
-
-def shard_digests(ds: h5py.Dataset, path: Path, depths: list[int], fix: str) -> list[str]:
-    """One SHA-256 per depth of a shard's features (:func:`reservoir.extract.store.depth_digest`)."""
-    return [depth_digest(ds, k, f"shard {path}: depth {d}", fix) for k, d in enumerate(depths)]
 
 
 def shard_state(path: Path, identity: dict[str, Any]) -> bool:
@@ -94,9 +91,7 @@ def shard_state(path: Path, identity: dict[str, Any]) -> bool:
             complete = bool(f.attrs.get("complete", False))
             diff = differences(stored, identity)
             if complete and not diff:
-                recorded = json.loads(f.attrs[DIGESTS])["features"]
-                if shard_digests(f["features"], path, identity["depths"], "") != recorded:
-                    raise StoreError(f"shard {path} differs from the digests recorded when it was completed")
+                verify(f, fix="")  # every chunk through its checksum, against the digests recorded at completion
     except StoreError as e:
         print(f"{str(e).rstrip('; ')}; extracting it again", file=sys.stderr)
         os.remove(path)
@@ -157,29 +152,20 @@ def run_shard(job: ShardJob) -> str:
     """Extract one shard into its file (atomically); returns the path. Runs on a worker."""
     path = Path(job.path)
     runner = _runner(job)
-    tmp = partial_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    n = job.stop - job.start
     shape = (len(job.depths), job.spec.n_readout, runner.backbone.d_model)
-    with h5_file(tmp, "w") as f:
-        f.attrs["identity"] = canonical(job.identity)
-        f.attrs.update({"split": job.split, "start": job.start, "stop": job.stop, "complete": False})
-        ds = create_features(f, n, shape)
+    # the store's one writer: the same locking, resuming, NaN refusal, digests and completion as a whole file
+    writer = FeatureWriter.open(path, job.identity, {"shard": [job.split, job.start, job.stop]}, job.input_layer,
+                                nbytes=(job.stop - job.start) * int(np.prod(shape)) * 4)
+    try:
+        done = writer.split(job.split, job.labels, job.lengths, shape)
         for batch_rows, tokens, lengths in job.batches:
-            feats = runner(tokens, lengths, job.padded)
-            if not np.isfinite(feats).all():
-                raise StoreError(f"the backbone produced NaN or inf features in shard {path.name}; "
-                                 "try --dtype float32, or check the input data")
             local = batch_rows - job.start
-            if np.all(np.diff(local) == 1):
-                ds[int(local[0]):int(local[-1]) + 1] = feats
-            else:
-                ds[local] = feats
-        f.flush()
-        f.attrs[DIGESTS] = json.dumps({"features": shard_digests(ds, path, job.depths, "rerun the extraction")})
-        f.attrs["complete"] = True
-    os.replace(tmp, path)
-    return str(path)
+            if not done[local].all():
+                writer.write(job.split, local, runner(tokens, lengths, job.padded))
+        return str(writer.finish())
+    finally:
+        writer.close()
 
 
 # -- driver side -----------------------------------------------------------------------------
@@ -262,7 +248,8 @@ def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, prog
                            input_layer=layer, depths=run.depths, dtype=run.dtype, device=str(run.device),
                            compile=compile, batch_size=run.batch_size, padded=run.padded, threads=threads,
                            batches=[(rows, *run.tokens(split, rows)) for rows in batches], engine=cfg.engine,
-                           tokens=run.tokens_total, calibration=calibration)
+                           tokens=run.tokens_total, calibration=calibration,
+                           labels=run.data[split].labels[start:stop], lengths=run.data[split].lengths[start:stop])
             future = client.submit(run_shard, job, pure=False, retries=2, key=f"reservoir-shard-{path.name}")
             sizes[future] = stop - start
             return future

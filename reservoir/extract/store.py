@@ -483,7 +483,7 @@ def write_joined(out: Path, identity: dict[str, Any], config: dict[str, Any], in
             layout = h5py.VirtualLayout(shape=(len(labels), *shape), dtype=np.float32)
             for start, stop, path in shards:
                 rel = os.path.relpath(path, out.parent)  # resolved next to the joined file
-                layout[start:stop] = h5py.VirtualSource(rel, "features", shape=(stop - start, *shape))
+                layout[start:stop] = h5py.VirtualSource(rel, f"{name}/features", shape=(stop - start, *shape))
             g.create_virtual_dataset("features", layout, fillvalue=np.nan)
             g.create_dataset("labels", data=labels, track_times=False)
             g.create_dataset("lengths", data=lengths, track_times=False)
