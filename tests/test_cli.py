@@ -110,13 +110,13 @@ def test_listings(cli):
 
 BAD_VALUES = [
     (("extract", "--task", "bit_xor", "--task-opt", "n_bits=-3"),
-     "The 'n_bits' option of task bit_xor must be >= 1. Got -3 instead."),
+     "The 'n_bits' option of task bit_xor must be in [1, 1048576]. Got -3 instead."),
     (("extract", "--task", "bit_memory", "--task-opt", "mask_prob=1.5"),
      "The 'mask_prob' option of task bit_memory must be in [0.0, 1.0]. Got 1.5 instead."),
     (("extract", "--task", "bit_memory", "--task-opt", "n_bits=70"),
      "The 'n_bits' option of task bit_memory must be a multiple of token_bits (50). Got 70 instead."),
     (("extract", "--task", "listops", "--task-opt", "max_args=1"),
-     "The 'max_args' option of task listops must be >= 2. Got 1 instead."),
+     "The 'max_args' option of task listops must be in [2, 1000]. Got 1 instead."),
     (("extract", "--task", "listops", "--task-opt", "min_length=10", "--task-opt", "max_length=11"),
      "The 'max_length' option of task listops must be > min_length + 1 (11)"),
     (("extract", "--task", "mnist", "--task-opt", "patch=3"),

@@ -353,6 +353,18 @@ def test_user_file_without_splits_gets_a_seeded_stratified_test(tmp_path):
     ({"x": np.zeros((5, 3), int), "y": np.array([0, 1, 2, 3, 0.5])}, r"non-integer values"),
     ({"x": np.zeros((5, 3), int), "y": np.arange(5), "split": np.array(["train"] * 5)}, r"no .* 'test' split"),
     ({"x": np.zeros((5, 3), int), "y": np.arange(5), "lengths": np.array([1, 2, 3, 4, 9])}, r"lengths must lie in 1..3"),
+    # found by tests/test_fuzz.py: each of these was a traceback, an h5py or scikit-learn message, or a hang
+    ({"x": np.zeros((6, 3), int), "y": np.arange(6) % 2, "split": np.array(["train", "test", ""] * 2)},
+     r"the split array names a split ''; split names are letters, digits"),
+    ({"x": np.zeros((6, 3), int), "y": np.arange(6) % 2, "split": np.array(["train", "test", "a/b"] * 2)},
+     r"names a split 'a/b'"),
+    ({"x": np.zeros((6, 3), int), "y": np.arange(6) % 2, "split": np.array(["train", "test", "input_layer"] * 2)},
+     r"names a split 'input_layer'"),
+    ({"x_train": np.zeros((4, 3), int), "y_train": np.arange(4) % 2, "x_test": np.zeros((2, 3), int),
+      "y_test": np.arange(2), "x_.hidden": np.zeros((2, 3), int), "y_.hidden": np.arange(2)},
+     r"an x_<split> array names a split '.hidden'"),
+    ({"x": np.zeros((6, 3, 1)), "y": np.array([0, 1, 0, 1, 0, 2**40])}, r"y has label 1099511627776 \(row 5\), not a class id"),
+    ({"x": np.full((6, 3), 2**40), "y": np.arange(6) % 2}, r"x holds token id 1099511627776; ids must be at most 1,048,575"),
 ])
 def test_user_file_with_wrong_shapes_names_the_array(tmp_path, arrays, message):
     np.savez(tmp_path / "bad.npz", **arrays)
@@ -369,6 +381,17 @@ def test_user_file_label_out_of_range_and_missing_file(tmp_path):
         get_task(f"file:{tmp_path / 'nope.npz'}")
     with pytest.raises(ValueError, match=r"unknown option 'n_class' for task file:PATH; choose from \['n_classes'"):
         get_task(f"file:{tmp_path / 'l.npz'}", n_class="5")
+
+
+def test_user_file_without_splits_too_few_rows_per_class_to_stratify_is_split_unstratified(tmp_path):
+    """12 rows of 5 classes: a 20% test (3 rows) cannot hold every class; scikit-learn refused to stratify it."""
+    np.savez(tmp_path / "s.npz", x=np.zeros((12, 2, 1), np.float32), y=np.arange(12) % 5)
+    task = get_task(f"file:{tmp_path / 's.npz'}")
+    assert (len(task.load("train", ".")), len(task.load("test", "."))) == (9, 3)
+    np.savez(tmp_path / "one.npz", x=np.zeros((1, 2, 1), np.float32), y=np.zeros(1, int))
+    with pytest.raises(DataError, match=r"one.npz has 1 rows without a split array: holding out test_fraction 0.2 "
+                                        r"leaves none to train on"):
+        get_task(f"file:{tmp_path / 'one.npz'}")
 
 
 # -- through the command line -------------------------------------------------------------------

@@ -147,6 +147,11 @@ TASKS: Registry[Task] = Registry("task")
 
 
 
+#: bounds of generated tasks' sizes: examples per split, and tokens (or bits) per example
+MAX_ROWS = 2**31 - 1
+MAX_TOKENS = 2**20
+
+
 def option(default: Any, *, low: float | None = None, high: float | None = None, above: float | None = None,
            below: float | None = None, choices: Sequence[Any] | None = None, divides: int | None = None) -> Any:
     """A task option (a dataclass field) with its valid values stated: ``low``/``high`` bounds (inclusive),
@@ -158,7 +163,7 @@ def option(default: Any, *, low: float | None = None, high: float | None = None,
 
 def check_value(task: str, key: str, value: Any, meta: Any) -> None:
     """``value`` of option ``key`` of ``task`` lies where its field's metadata says; UsageError in
-    scikit-learn's shape otherwise ("The 'n_bits' option of task bit_xor must be >= 1. Got -3 instead.")."""
+    scikit-learn's shape otherwise ("The 'n_bits' option of task bit_xor must be in [1, 1048576]. Got -3 instead.")."""
     choices, divides = meta.get("choices"), meta.get("divides")
     lo_open, hi_open = meta.get("above") is not None, meta.get("below") is not None
     low = meta.get("above") if lo_open else meta.get("low")

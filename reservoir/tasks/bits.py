@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from reservoir.errors import UsageError
-from reservoir.tasks import MAX_SEED, SplitData, Task, TaskSpec, option, register_task
+from reservoir.tasks import MAX_ROWS, MAX_SEED, MAX_TOKENS, SplitData, Task, TaskSpec, option, register_task
 
 SPLIT_STREAM = {"train": 0, "val": 1, "test": 2}
 
@@ -32,9 +32,9 @@ class BitXor(Task):
 
     generated: ClassVar[bool] = True
 
-    n_bits: int = option(5, low=1)
-    n_train: int = option(10000, low=1)
-    n_test: int = option(1000, low=1)
+    n_bits: int = option(5, low=1, high=MAX_TOKENS)
+    n_train: int = option(10000, low=1, high=MAX_ROWS)
+    n_test: int = option(1000, low=1, high=MAX_ROWS)
     seed: int = option(0, low=0, high=MAX_SEED)
 
     @property
@@ -60,12 +60,12 @@ class BitMemory(Task):
 
     generated: ClassVar[bool] = True
 
-    n_bits: int = option(1000, low=1)
-    n_patterns: int = option(5, low=1)
-    token_bits: int = option(50, low=1)
+    n_bits: int = option(1000, low=1, high=MAX_TOKENS)
+    n_patterns: int = option(5, low=1, high=MAX_TOKENS)
+    token_bits: int = option(50, low=1, high=MAX_TOKENS)
     mask_prob: float = option(0.5, low=0.0, high=1.0)
-    n_train: int = option(10000, low=1)
-    n_test: int = option(1000, low=1)
+    n_train: int = option(10000, low=1, high=MAX_ROWS)
+    n_test: int = option(1000, low=1, high=MAX_ROWS)
     seed: int = option(0, low=0, high=MAX_SEED)
 
     def __post_init__(self):

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from reservoir.errors import UsageError
-from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, option, pad_ids, register_task
+from reservoir.tasks import (MAX_ROWS, MAX_SEED, MAX_TOKENS, DataError, SplitData, Task, TaskSpec, option, pad_ids,
+                             register_task)
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -128,14 +129,14 @@ class ListOps(Task):
     source: str = option("generate", choices=("generate", "lra"))
     tokenization: str = option("brackets", choices=("brackets", "fpt"))
     max_len: int = option(512, low=1, high=2000)
-    n_train: int = option(96000, low=1)
-    n_val: int = option(2000, low=1)
-    n_test: int = option(2000, low=1)
+    n_train: int = option(96000, low=1, high=MAX_ROWS)
+    n_val: int = option(2000, low=1, high=MAX_ROWS)
+    n_test: int = option(2000, low=1, high=MAX_ROWS)
     seed: int = option(0, low=0, high=MAX_SEED)
-    min_length: int = option(500, low=0)
-    max_length: int = option(2000, low=2)
-    max_depth: int = option(10, low=1)
-    max_args: int = option(10, low=2)
+    min_length: int = option(500, low=0, high=MAX_TOKENS)
+    max_length: int = option(2000, low=2, high=MAX_TOKENS)
+    max_depth: int = option(10, low=1, high=100)  # trees are drawn recursively
+    max_args: int = option(10, low=2, high=1000)
 
     def __post_init__(self):
         if self.max_length <= self.min_length + 1:

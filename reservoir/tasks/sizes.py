@@ -19,10 +19,17 @@ from reservoir.errors import UsageError
 def holdout_minimum(classes: int, n_val: Callable[[int], int]) -> int:
     """The fewest train examples from which holding out ``n_val(n)`` leaves at least ``classes``
     for validation and ``classes`` for training."""
-    n = 2 * classes
-    while n_val(n) < classes or n - n_val(n) < classes:
-        n += 1
-    return n
+    def enough(n: int) -> bool:
+        return n_val(n) >= classes and n - n_val(n) >= classes
+
+    high = 2 * classes
+    while not enough(high):  # doubling, then bisection: a few dozen evaluations for any class count
+        high *= 2
+    low = high // 2  # not enough: fewer than 2 * classes, or the last doubling's
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return high
 
 
 def _more(limit: int | None, need: int | None) -> str:

@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -38,6 +39,9 @@ from reservoir.errors import UsageError
 from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, _convert, check_value, option, pad_ids
 
 SUFFIXES = (".npz", ".h5", ".hdf5")
+#: the largest class id and token id a user file may hold (an output layer, one-hot targets and an
+#: embedding table are sized by them: a stray id like 2**40 would ask for terabytes)
+MAX_ID = 2**20 - 1
 FIX = "see `reservoir data where` for the file layout"
 
 
@@ -59,6 +63,17 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     return {k: _strings(v) if v.dtype.kind in "SO" else v for k, v in out.items()}
 
 
+#: what a split may be called: it names a group of the feature file
+SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def _check_split_names(path: Path, where: str, names) -> None:
+    for name in names:
+        if not SPLIT_NAME.fullmatch(name) or name == "input_layer":
+            raise DataError(f"{path}: {where} names a split {name!r}; split names are letters, digits, _ . - "
+                            "(not starting with . or -), other than 'input_layer': rename it (train, val, test, ...)")
+
+
 def _strings(v: np.ndarray) -> np.ndarray:
     """h5py gives fixed-length strings as bytes and variable-length ones as objects: make both str."""
     flat = [x.decode() if isinstance(x, bytes) else str(x) for x in v.ravel()]
@@ -71,7 +86,7 @@ class FileTask(Task):
 
     name: ClassVar[str] = "file"
     path: str = ""
-    n_classes: int = option(0, low=0)
+    n_classes: int = option(0, low=0, high=MAX_ID + 1)
     test_fraction: float = option(0.2, above=0, below=1)
     seed: int = option(0, low=0, high=MAX_SEED)
 
@@ -104,6 +119,7 @@ class FileTask(Task):
             if not names:
                 raise DataError(f"{path} has arrays {sorted(arrays)}; it needs x and y (or x_train, y_train, "
                                 f"x_test, y_test) ({FIX})")
+            _check_split_names(path, "an x_<split> array", names)
             splits = {}
             for s in names:
                 x, y = arrays[f"x_{s}"], self._need(arrays, f"y_{s}", path)
@@ -151,6 +167,9 @@ class FileTask(Task):
             raise DataError(f"{path}: {xname} holds NaN or infinite values; replace them before extracting")
         if x.dtype.kind in "iu" and x.min() < 0:
             raise DataError(f"{path}: {xname} holds negative token ids (min {x.min()}); ids must be >= 0")
+        if x.dtype.kind in "iu" and x.max() > MAX_ID:
+            raise DataError(f"{path}: {xname} holds token id {x.max()}; ids must be at most {MAX_ID:,d} (the input "
+                            "layer holds a vector per id): renumber them 0..V-1")
         if y.ndim != 1 or len(y) != len(x):
             raise DataError(f"{path}: {yname} has shape {y.shape}; expected ({len(x)},), one label per row of {xname}")
         if y.dtype.kind == "f" and not (np.isfinite(y).all() and (y == np.round(y)).all()):
@@ -161,6 +180,9 @@ class FileTask(Task):
                             "(sklearn.preprocessing.LabelEncoder turns names into ids)")
         if y.min() < 0:
             raise DataError(f"{path}: {yname} has label {y.min()} (row {int(np.argmin(y))}); labels must be in 0..C-1")
+        if y.max() > MAX_ID:
+            raise DataError(f"{path}: {yname} has label {y.max()} (row {int(np.argmax(y))}), not a class id: labels must "
+                            f"be 0..C-1 with C at most {MAX_ID + 1:,d}; relabel them (sklearn.preprocessing.LabelEncoder)")
         if lengths is not None:
             if lengths.shape != (len(x),) or lengths.dtype.kind not in "iu":
                 raise DataError(f"{path}: {lname} is {lengths.dtype} {lengths.shape}; expected ({len(x)},) integers")
@@ -173,7 +195,8 @@ class FileTask(Task):
             split = np.asarray(arrays["split"]).astype(str)
             if split.shape != y.shape:
                 raise DataError(f"{path}: split has shape {split.shape}; expected ({len(y)},), one name per row")
-            order = ["train", "val", "test"] + sorted(set(split) - {"train", "val", "test"})
+            order = ["train", "val", "test"] + sorted(str(s) for s in set(split) - {"train", "val", "test"})
+            _check_split_names(path, "the split array", order[3:])
             return {s: np.flatnonzero(split == s) for s in order if (split == s).any()}
         from sklearn.model_selection import train_test_split
 

@@ -78,7 +78,7 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
         raise DataError(f"task {task.name!r} declares no test split (splits {list(task.spec.splits)})")
     train = task.load("train", data_dir, cfg.limit)
     held_out = not any(s in task.spec.splits for s in ("val", "valid"))  # else the task's own validation split
-    check_train_split(f"task {task.name!r}", train.labels, limit=cfg.limit, val_fraction=cfg.val_fraction,
+    check_train_split(f"task {task.spec.name!r}", train.labels, limit=cfg.limit, val_fraction=cfg.val_fraction,
                       n_val=(lambda n: max(1, int(round(cfg.val_fraction * n)))) if held_out else None,
                       n_classes=task.spec.n_classes)
     test = task.load(test_names[0], data_dir, cfg.limit)
