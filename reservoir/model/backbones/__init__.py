@@ -22,7 +22,9 @@ pretrained tensor's mean and std, paper section 3.8).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
+import pkgutil
 from pathlib import Path
 from typing import Callable
 
@@ -189,18 +191,15 @@ def families() -> list[tuple[str, str, str]]:
     for model_type, cls in ADAPTERS.items():
         rows.setdefault(cls, []).append(model_type)
     out = [(cls.family, ", ".join(types), cls.naming) for cls, types in rows.items()]
-    out += [(cls.family, "-", cls.naming) for cls in NAMED_FAMILIES]
+    named = [cls for cls in _subclasses(Backbone) if not issubclass(cls, HFBackbone) and cls.naming]
+    out += [(cls.family, "-", cls.naming) for cls in named]  # reached by name only, not by a model_type
     return out + [(HFBackbone.family, "any other", HFBackbone.naming)]
 
 
-from reservoir.model.backbones import bert, esn, gpt2, hf, llama, lstm, smollm, vit  # noqa: E402,F401  (adapters)
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
 
-#: families reached by name only (not by a model_type)
-NAMED_FAMILIES = (lstm.LSTMBackbone, esn.ESNBackbone)
-gpt2.register(register_backbone)
-for _name, _cfg in esn.VARIANTS.items():
-    register_backbone(_name, help=f"echo state network: {_cfg.layers} reservoir(s) of {_cfg.units} units, "
-                                  f"spectral radius {_cfg.sr}, leak rate {_cfg.lr}")(
-        lambda seed=0, _c=_cfg: esn.build(_c, seed))
-PARSERS.append(lambda name: (lambda seed=0, _c=esn.parse_name(name): esn.build(_c, seed))
-               if name.startswith("esn:") else None)
+
+# every module of this package is an adapter that registers itself: adding a family is adding its file
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -143,3 +143,18 @@ class ESNBackbone(Backbone):
 
 def build(cfg: ESNConfig, seed: int = 0) -> ESNBackbone:
     return ESNBackbone(cfg, seed)
+
+
+def _register() -> None:
+    """``esn`` and ``esn-deep`` by name, and any ``esn:KEY=VALUE,...`` setting."""
+    from reservoir.model.backbones import PARSERS, register_backbone
+
+    for name, cfg in VARIANTS.items():
+        register_backbone(name, help=f"echo state network: {cfg.layers} reservoir(s) of {cfg.units} units, "
+                                     f"spectral radius {cfg.sr}, leak rate {cfg.lr}")(
+            lambda seed=0, _c=cfg: build(_c, seed))
+    PARSERS.append(lambda name: (lambda seed=0, _c=parse_name(name): build(_c, seed)) if name.startswith("esn:")
+                   else None)
+
+
+_register()

@@ -105,8 +105,10 @@ def random_gpt2(seed: int = 0, **shape) -> GPT2Backbone:
         return GPT2Backbone(GPT2Model(GPT2Config(**shape)))
 
 
-def register(register_backbone) -> None:
-    """The released sizes by name, with their twins (called by the package's registry)."""
+def _register() -> None:
+    """The released sizes by name, with their twins."""
+    from reservoir.model.backbones import register_backbone
+
     for name, shape in GPT2_SIZES.items():
         register_backbone(name, help=f"pretrained GPT-2 ({shape['n_layer']} blocks x {shape['n_embd']}), hub id or "
                                      "cache")(lambda seed=0, _n=name: load_gpt2(_n, seed))
@@ -114,3 +116,6 @@ def register(register_backbone) -> None:
             lambda seed=0, _s=shape: random_gpt2(seed, **_s))
         register_backbone(f"{name}-stats", help=f"{name} with each tensor redrawn from N(mean, std) of the pretrained "
                                                 "one")(lambda seed=0, _n=name: stats_init(load_gpt2(_n, seed), seed))
+
+
+_register()
