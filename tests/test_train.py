@@ -331,3 +331,28 @@ def test_a_single_class_train_split_is_refused(cli, home, tmp_path):
     r = cli("train", "--task", f"file:{path}", "--backbone", "lstm", "--steps", "2")
     assert r.exit_code == 1 and "the train split holds a single class in its 30 examples" in r.output
     assert not (home / "results").exists() and not (home / "checkpoints").exists()
+
+
+def test_split_roles_come_from_the_task_so_tapes_valid_and_test_holdouts_train():
+    """Remote homology has no ``val`` or ``test`` split: its validation split is ``valid`` and its
+    test splits the ``test_*`` holdouts; training loads them by the roles the task declares."""
+    import numpy as np
+
+    from reservoir.config import TrainConfig
+    from reservoir.tasks import SplitData, get_task, split_roles
+    from reservoir.train.loop import load_data
+
+    task = get_task("remote_homology")
+    assert task.spec.roles == ("valid", ("test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"))
+    assert split_roles(("train", "val", "valid", "test")) == ("val", ("test",))
+    asked = []
+
+    def load(split, data_dir, limit=None):
+        asked.append(split)
+        rng = np.random.default_rng(len(asked))
+        return SplitData(rng.integers(1, 20, (40, 8)), np.arange(40) % 4, np.full(40, 8))
+
+    task.load = load
+    data = load_data(task, TrainConfig(task="remote_homology", backbone="lstm"))
+    assert asked == ["train", "test_fold_holdout", "valid"]
+    assert (data.val_name, data.test_name) == ("valid", "test_fold_holdout")
