@@ -19,10 +19,6 @@
 # paper's full set, or set DATA_TASKS= to skip every download. Which tasks, rows and groups each
 # table has follows the paper (reservoir/report/paper.py holds every result table, checked cell by cell).
 #
-# Known limit: SmolLM2 (Llama family) cannot be trained end to end on tasks with all-zero input
-# tokens (bit_xor, mnist): `reservoir train` stops at step 1 and says why (README, "Known limit").
-# With a Llama-family PRETRAINED the default TASKS_N leave them out; with GPT-2 they are in.
-#
 # Backbones: PRETRAINED stands in for language-pretrained GPT-2 (Makefile); its -random and
 # -stats twins for the random and statistics-only GPT-2. With GPT-2's weights at hand set
 # PRETRAINED=gpt2 SIZES="gpt2 gpt2-medium gpt2-large gpt2-random gpt2-medium-random gpt2-large-random".
@@ -54,12 +50,9 @@ DATA_TASKS ?= mnist cifar10
 
 PAPER_TASKS := bit_memory bit_xor listops mnist cifar10 cifar10_lra remote_homology
 GENERATED_TASKS := bit_memory bit_xor listops
-# tasks with all-zero input tokens, which a Llama-family PRETRAINED cannot be trained on (Known limit)
-ZERO_TOKEN_TASKS := bit_xor mnist
-LLAMA_PRETRAINED := $(filter smollm2%,$(PRETRAINED))
-# $(call runnable,TASKS): the given paper tasks this machine runs (generated ones and DATA_TASKS),
-# without ZERO_TOKEN_TASKS when PRETRAINED is Llama-family (set TASKS_N to run them anyway)
-runnable = $(filter-out $(if $(LLAMA_PRETRAINED),$(ZERO_TOKEN_TASKS)),$(filter $(GENERATED_TASKS) $(DATA_TASKS),$(1)))
+# $(call runnable,TASKS): the given paper tasks this machine runs (generated ones and DATA_TASKS); a
+# Llama-family PRETRAINED trains on all of them (all-zero input tokens included: README, "Experiments")
+runnable = $(filter $(GENERATED_TASKS) $(DATA_TASKS),$(1))
 
 # trained groups
 FPT := input+pos+ln+out

@@ -303,7 +303,8 @@ def extract(settings: Settings, task, backbone, split, limit, seed, input_scale,
               help="Feature file [default: the one extracted for --task and --backbone under features/].")
 @click.option("--depths", default=None, callback=check_depths,
               help="'all' or comma-separated depths (negative: from the last stored one)." + shown(FitConfig, "depths"))
-@click.option("--depth", hidden=True, default=None, callback=renamed("--depths"))
+@click.option("--depth", type=int, default=None,
+              help="One depth: the single-depth form of --depths (--depth 6 is --depths 6); not with --depths.")
 @click.option("--head", type=click.Choice(HEAD_CHOICES), default=None, help="Linear head." + shown(FitConfig, "head"))
 @click.option("--val-fraction", type=click.FloatRange(0.01, 0.5), default=None,
               help="Share of train held out to choose regularisation (when the file has no val split)."
@@ -329,6 +330,10 @@ def fit(settings: Settings, task, backbone, features, depths, depth, head, val_f
 
     if task is None and features is None:
         raise click.UsageError("give --features FILE, or --task (and --backbone) to find the extracted file")
+    if depth is not None:
+        if depths is not None:
+            raise click.UsageError(f"--depth {depth} and --depths are the same option (one depth, a list); give one")
+        depths = (depth,)
     cfg = configured(FitConfig, task=task, backbone=backbone, features=features, depths=depths, head=head,
               val_fraction=val_fraction, seed=seed, device=device, memory_mb=memory_mb, baselines=baselines,
               data_dir=data_dir)
@@ -369,7 +374,8 @@ def comma_list(kind):
 @click.option("--eval-every", type=click.IntRange(min=1), default=None,
               help="Steps between validation passes." + shown(TrainConfig, "eval_every"))
 @click.option("--patience", type=click.IntRange(min=0), default=None,
-              help="Validation passes without improvement before stopping (0: never)." + shown(TrainConfig, "patience"))
+              help="Validation passes without progress (a higher validation accuracy or a 0.1% lower validation "
+                   "loss) before stopping (0: never)." + shown(TrainConfig, "patience"))
 @click.option("--target", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Validation accuracy whose first crossing is reported as steps_to_target.")
 @click.option("--val-fraction", type=click.FloatRange(0.01, 0.5), default=None,

@@ -26,9 +26,27 @@ def test_bad_depths_and_task_options_exit_2_while_parsing(cli, home):
     assert r.exit_code == 2 and "unknown option 'colour' for task 'digits'" in r.output
     r = cli("extract", "--task", "bit_xor", "--task-opt", "n_bits=five")
     assert r.exit_code == 2 and "task option n_bits='five' is not a valid int" in r.output
-    r = cli("fit", "--task", "digits", "--depth", "2")
-    assert r.exit_code == 2 and "--depth was renamed --depths; pass --depths 2" in r.output
+    r = cli("fit", "--task", "digits", "--depth", "0,2")
+    assert r.exit_code == 2 and "'0,2' is not a valid integer" in r.output
     assert not (home / "features").exists()
+
+
+def test_fit_depth_is_the_single_depth_form_of_depths(cli, home, tmp_path):
+    """The design card's `reservoir fit --depth 6`: on a 12-block file it fits depth 6 and no other."""
+    from conftest import save_tiny_gpt2
+
+    folder = save_tiny_gpt2(tmp_path / "gpt2-12x16", n_layer=12, n_embd=16)
+    r = cli("-q", "extract", "--task", "digits", "--backbone", str(folder), "--limit", "100", "--dtype", "float32")
+    assert r.exit_code == 0, r.output
+    path = Path(r.stdout.strip())
+    r = cli("-q", "fit", "--features", str(path), "--depth", "6", "--head", "ridge")
+    assert r.exit_code == 0, r.output
+    assert "| d6 |" in r.stdout and " d5 |" not in r.stdout and " d7 |" not in r.stdout
+    results = list((home / "results" / "digits" / folder.name).glob("*.json"))
+    assert [json.loads(p.read_text())["depth"] for p in results] == [6]
+    r = cli("fit", "--features", str(path), "--depth", "6", "--depths", "6")
+    assert r.exit_code == 2 and "--depth 6 and --depths are the same option" in r.output
+    assert len(list((home / "results" / "digits" / folder.name).glob("*.json"))) == 1
 
 
 def test_a_depth_the_backbone_lacks_exits_1_naming_the_range(cli, home):
@@ -119,6 +137,8 @@ BAD_VALUES = [
      "The 'max_args' option of task listops must be in [2, 1000]. Got 1 instead."),
     (("extract", "--task", "listops", "--task-opt", "min_length=10", "--task-opt", "max_length=11"),
      "The 'max_length' option of task listops must be > min_length + 1 (11)"),
+    (("extract", "--task", "listops", "--task-opt", "max_depth=100"),  # found by tests/test_fuzz.py: a hang
+     "The 'max_depth' and 'max_args' options of task listops (100, 10) draw expressions of 1,006,691 tokens on average"),
     (("extract", "--task", "mnist", "--task-opt", "patch=3"),
      "The 'patch' option of task mnist must be a divisor of 32 (1, 2, 4, 8, 16, 32). Got 3 instead."),
     (("extract", "--task", "digits", "--task-opt", "seed=-1"),

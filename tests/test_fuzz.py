@@ -10,7 +10,6 @@ The default run tries :data:`DEFAULT_EXAMPLES` examples per property; the ``slow
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from hypothesis import strategies as st
 from reservoir.cli import main
 
 DEFAULT_EXAMPLES = 25
-SLOW_EXAMPLES = 300
+SLOW_EXAMPLES = 1000
 FAST = settings(max_examples=DEFAULT_EXAMPLES, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 SLOW = settings(FAST, max_examples=SLOW_EXAMPLES, derandomize=False)
@@ -138,24 +137,30 @@ def complete_files(home: Path) -> list[Path]:
     return sorted(p for p in home.rglob("*") if p.suffix in (".h5", ".json") and p.is_file())
 
 
-def run_user_file(tiny: Path, arrays: dict[str, np.ndarray], suffix: str, limit: int | None, train: bool) -> None:
+def run_user_file(tiny: Path, arrays: dict[str, np.ndarray], suffix: str, limit: int | None, train: bool,
+                  truncate: bool = False) -> None:
     from reservoir.extract.store import h5_file, verify
 
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         path = write_user_file(home, arrays, suffix)
+        if truncate:  # a file cut short (a copy that died)
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
         task = f"file:{path}"
         extra = ("--limit", str(limit)) if limit else ()
-        code, output = invoke(home, "-q", "extract", "--task", task, "--backbone", str(tiny), "--dtype", "float32",
-                              "--batch-size", "8", "--no-compile", "--engine", "torch", *extra)
+        command = ("-q", "extract", "--task", task, "--backbone", str(tiny), "--dtype", "float32", "--batch-size", "8",
+                   "--no-compile", "--engine", "torch", *extra)
+        code, output = invoke(home, *command)
         if code != 0:
             check_failure(code, output, str(path), path.name)
-            assert not complete_files(home / "features") if (home / "features").exists() else True
+            assert not complete_files(home / "features")  # no feature file (a .partial at most)
         else:
             features = Path(output.strip().splitlines()[-1])
             with h5_file(features) as f:
                 assert f.attrs["complete"]
                 verify(f)
+            again = invoke(home, *command)  # the same run again: the file verified and reused
+            assert again == (0, output), again
             code, output = invoke(home, "-q", "fit", "--features", str(features), "--head", "ridge",
                                   "--no-baselines", "--depths", "0,2", "--val-fraction", "0.3")
             if code != 0:
@@ -165,8 +170,7 @@ def run_user_file(tiny: Path, arrays: dict[str, np.ndarray], suffix: str, limit:
             before = set(complete_files(home))
             code, output = invoke(home, "-q", "train", "--task", task, "--backbone", str(tiny), "--steps", "2",
                                   "--eval-every", "1", "--batch-size", "4", "--checkpoint-every", "0",
-                                  "--val-fraction", "0.3",
-                                  "--checkpoint-dir", str(home / "ckpt"), *extra)
+                                  "--val-fraction", "0.3", "--checkpoint-dir", str(home / "ckpt"), *extra)
             if code != 0:
                 check_failure(code, output, str(path), path.name)
                 assert not [p for p in set(complete_files(home)) - before if p.suffix == ".json"]
@@ -180,26 +184,27 @@ def tiny(tmp_path_factory) -> Path:
 
 
 user_file_runs = dict(arrays=user_files(), suffix=st.sampled_from([".npz", ".h5"]),
-                      limit=st.sampled_from([None, None, None, 1, 2, 5, 12, 40]))
+                      limit=st.sampled_from([None, None, None, 1, 2, 5, 12, 40]),
+                      truncate=st.sampled_from([False] * 9 + [True]))
 
 
 @FAST
 @given(**user_file_runs)
-def test_user_files_through_extract_and_fit(tiny, arrays, suffix, limit):
-    run_user_file(tiny, arrays, suffix, limit, train=False)
+def test_user_files_through_extract_and_fit(tiny, arrays, suffix, limit, truncate):
+    run_user_file(tiny, arrays, suffix, limit, train=False, truncate=truncate)
 
 
 @FAST
 @given(**user_file_runs)
-def test_user_files_through_train(tiny, arrays, suffix, limit):
-    run_user_file(tiny, arrays, suffix, limit, train=True)
+def test_user_files_through_train(tiny, arrays, suffix, limit, truncate):
+    run_user_file(tiny, arrays, suffix, limit, train=True, truncate=truncate)
 
 
 @pytest.mark.slow
 @SLOW
 @given(**user_file_runs)
-def test_user_files_through_every_command_many(tiny, arrays, suffix, limit):
-    run_user_file(tiny, arrays, suffix, limit, train=True)
+def test_user_files_through_every_command_many(tiny, arrays, suffix, limit, truncate):
+    run_user_file(tiny, arrays, suffix, limit, train=True, truncate=truncate)
 
 
 # -- option values -----------------------------------------------------------------------------------

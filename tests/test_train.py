@@ -120,6 +120,56 @@ def test_evaluate_scores_every_example_of_the_split():
     assert acc == pytest.approx(d.labels.mean())
 
 
+def test_patience_counts_a_falling_validation_loss_as_progress(tiny_gpt2, home, monkeypatch):
+    """Bit XOR's 75% plateau: validation accuracy flat while the loss falls 1% a pass is progress (the
+    run goes on to solve it); a loss falling less than 0.1% a pass is not, and patience stops the run."""
+    from reservoir.train import loop
+
+    falling = [0.5 * 0.99 ** i for i in range(12)]
+    flat = [falling[-1] * (1 - 1e-4 * i) for i in range(1, 30)]
+    passes = iter(falling + flat)
+    monkeypatch.setattr(loop, "scores", lambda *args, **kw: (0.75, next(passes)))
+    result = train(xor_cfg(tiny_gpt2, home, steps=40, eval_every=1, patience=3, checkpoint_every=0), progress=False)
+    run = result["runs"][0]
+    assert run["steps"] == 12 + 3 and run["best_step"] == 1
+    assert run["stop_reason"] == "no higher validation accuracy and no lower validation loss in 3 validation passes"
+    assert [h["val_loss"] for h in run["history"]] == falling + flat[:3]
+
+
+def test_zero_position_parameters_are_drawn_so_zero_tokens_keep_gradients_finite(tmp_path):
+    """A Llama has no biases and gets added positions that start at zero (extraction: the model's own
+    states); bit XOR's 0 bits are all-zero input tokens. Left at zero, their states stay zero and
+    RMSNorm's derivative there (1/sqrt(eps) a norm) blows the gradient up (inf at SmolLM2's 30 blocks);
+    the FPT draws the zero positions, seeded, and the gradient is of order 1."""
+    from tests.zoo import save_tiny
+    from reservoir.train.loop import batch_tensors, loss_and_correct
+
+    folder = save_tiny("llama", tmp_path / "llama")
+    task = get_task("bit_xor")
+    data = task.load("train", tmp_path, 16)
+
+    def build(seed, keep_zero=False):
+        backbone = load_backbone(str(folder))
+        (pos,) = backbone.param_groups()["pos"]
+        assert not pos.any()  # as loaded: zero
+        model = FPT(task.spec, backbone, blocks=backbone.n_layers, seed=seed, dropout=0.0)
+        if keep_zero:
+            with torch.no_grad():
+                pos.zero_()
+        return model, pos
+
+    def grad_norm(model):
+        params, _ = select_trainable(model, ("input", "pos", "ln", "out"))
+        loss, _ = loss_and_correct(model(*batch_tensors(task, data, np.arange(16))[:2]),
+                                   batch_tensors(task, data, np.arange(16))[2])
+        loss.backward()
+        return float(torch.nn.utils.clip_grad_norm_(params, float("inf")))
+
+    (a, pos_a), (b, pos_b), (c, pos_c) = build(0), build(0), build(1)
+    assert float(pos_a.detach().std()) == pytest.approx(0.02, rel=0.05) and torch.equal(pos_a, pos_b) and not torch.equal(pos_a, pos_c)
+    assert grad_norm(a) < 100 < 1000 < grad_norm(build(0, keep_zero=True)[0])
+
+
 def test_train_writes_a_result_in_the_shared_schema(tiny_gpt2, home, cli):
     r = cli("-q", "train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=512",
             "--task-opt", "n_test=256", "--steps", "20", "--eval-every", "10", "--batch-size", "16",

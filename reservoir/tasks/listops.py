@@ -96,7 +96,7 @@ def generate(n: int, seed: int, stream: int, min_length: int, max_length: int, m
     rng = random.Random(seed * 1000 + stream)
     seen: set[str] = set()
     out = []
-    misses = 0
+    misses = wasted = 0
     while len(out) < n:
         tree, length = generate_tree(rng, 1, max_depth, max_args)
         if min_length < length < max_length:
@@ -104,19 +104,36 @@ def generate(n: int, seed: int, stream: int, min_length: int, max_length: int, m
             if text not in seen and text not in exclude:
                 seen.add(text)
                 out.append(text)
-                misses = 0
+                misses = wasted = 0
                 continue
-        misses += 1
-        if misses > MAX_MISSES:  # the options admit no (or no more distinct) expressions: never loop forever
+        misses, wasted = misses + 1, wasted + length
+        if misses > MAX_MISSES or wasted > MAX_WASTED_TOKENS:  # the options admit no (or no more distinct)
+            # expressions, or too few for the time they take: never loop (nearly) forever
             raise DataError(f"ListOps generation found {len(out)} of {n} distinct expressions of length in "
-                            f"({min_length}, {max_length}) and none in the next {MAX_MISSES:,d} draws (max_depth="
+                            f"({min_length}, {max_length}) and none in the next {misses:,d} draws (max_depth="
                             f"{max_depth}, max_args={max_args}); widen min_length..max_length, raise max_depth, or "
                             "ask for fewer examples (n_train, n_val, n_test, or --limit)")
     return out
 
 
-#: consecutive draws without a new expression after which generation gives up
+#: generation gives up after this many consecutive draws without a new expression, or this many tokens drawn
 MAX_MISSES = 200_000
+MAX_WASTED_TOKENS = 20_000_000
+#: the largest mean expression length :func:`generate_tree` may be asked for (its trees branch: LRA's
+#: max_depth 10 and max_args 10 give about 120 tokens, max_depth 25 about 56,000, 100 more than can be drawn)
+MAX_EXPECTED_LENGTH = 100_000
+
+
+def expected_length(max_depth: int, max_args: int) -> float:
+    """The mean length of :func:`generate_tree`'s expressions: a node below ``max_depth`` is an operator
+    with probability ``VALUE_P`` (2 tokens and 2..``max_args`` arguments), else a value (1 token)."""
+    mean_args = (2 + max_args) / 2
+    length = 1.0  # at max_depth: a value
+    for _ in range(max_depth - 1):
+        length = (1 - VALUE_P) + VALUE_P * (2 + mean_args * length)
+        if length > 10 * MAX_EXPECTED_LENGTH:
+            break
+    return length
 
 
 @register_task("listops")
@@ -139,6 +156,11 @@ class ListOps(Task):
     max_args: int = option(10, low=2, high=1000)
 
     def __post_init__(self):
+        if self.source == "generate" and expected_length(self.max_depth, self.max_args) > MAX_EXPECTED_LENGTH:
+            raise UsageError(f"The 'max_depth' and 'max_args' options of task listops ({self.max_depth}, {self.max_args}) "
+                             f"draw expressions of {expected_length(self.max_depth, self.max_args):,.0f} tokens on "
+                             f"average, more than the {MAX_EXPECTED_LENGTH:,d} that can be drawn in reasonable time "
+                             "(LRA: 10 and 10, about 120); lower max_depth or max_args")
         if self.max_length <= self.min_length + 1:
             raise UsageError(f"The 'max_length' option of task listops must be > min_length + 1 "
                              f"({self.min_length + 1}): lengths are drawn strictly between them. "

@@ -50,6 +50,9 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
         raise DataError(f"{path} does not exist; give --task file:PATH with an existing .npz or .h5 file")
     if path.suffix.lower() not in SUFFIXES:
         raise DataError(f"{path} is not an .npz or .h5 file; save x and y with numpy.savez or h5py ({FIX})")
+    import zipfile
+    import zlib
+
     try:
         if path.suffix.lower() == ".npz":
             with np.load(path, allow_pickle=False) as f:
@@ -58,7 +61,7 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
 
         with h5py.File(path, "r", locking=False) as f:
             out = {k: f[k][()] for k in f if isinstance(f[k], h5py.Dataset)}
-    except (OSError, ValueError, EOFError, KeyError) as e:
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
         raise DataError(f"{path} is unreadable or truncated ({type(e).__name__}: {e}); write it again") from None
     return {k: _strings(v) if v.dtype.kind in "SO" else v for k, v in out.items()}
 

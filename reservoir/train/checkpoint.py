@@ -39,6 +39,8 @@ class RunState:
     best_step: int = 0
     best_params: list[torch.Tensor] | None = None
     steps_to_target: int | None = None
+    best_val_loss: float = float("inf")
+    #: validation passes since the last progress (a higher accuracy or a lower loss)
     evals_since_best: int = 0
     done: bool = False
     stop_reason: str = ""

@@ -12,8 +12,9 @@ whose conclusions flip with the learning rate:
   uses a torch RNG state forked for the run (the caller's global RNG is untouched) and
   checkpointed, so a resumed run continues exactly where the checkpoint left it.
 
-A run stops at ``steps``, after ``patience`` validation passes without improvement, or
-when validation accuracy reaches 100% (it cannot improve further).
+A run stops at ``steps``, after ``patience`` validation passes without progress (neither a
+higher validation accuracy nor a lower validation loss), or when validation accuracy reaches
+100% (it cannot improve further).
 """
 
 from __future__ import annotations
@@ -116,6 +117,10 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- loop
 
+#: the relative fall of the lowest validation loss that counts as progress for ``patience``: bit XOR's
+#: plateau runs fall about 1% a validation pass, a run stuck on bit memory's 75% about 0.003%
+LOSS_PROGRESS = 1e-3
+
 
 def autocast(dtype: str, device: torch.device | str = "cpu"):
     if dtype == "bfloat16":
@@ -129,17 +134,23 @@ def loss_and_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
     return nn.functional.cross_entropy(flat, y), (flat.argmax(-1) == y).sum()
 
 
-def evaluate(forward: Callable, task: Task, d: SplitData, batch_size: int, dtype: str,
-             device: torch.device | str = "cpu") -> float:
-    """Accuracy over every output (every bit for bit tasks) of the whole split."""
-    correct, total = 0, 0
+def scores(forward: Callable, task: Task, d: SplitData, batch_size: int, dtype: str,
+           device: torch.device | str = "cpu") -> tuple[float, float]:
+    """Accuracy and mean cross-entropy over every output (every bit for bit tasks) of the whole split."""
+    correct, total, loss_sum = 0, 0, 0.0
     with torch.inference_mode(), autocast(dtype, device):
         for start in range(0, len(d), batch_size):
             rows = np.arange(start, min(start + batch_size, len(d)))
             tokens, lengths, labels = (t.to(device) for t in batch_tensors(task, d, rows))
-            _, c = loss_and_correct(forward(tokens, lengths), labels)
-            correct, total = correct + int(c), total + labels.numel()
-    return correct / total
+            loss, c = loss_and_correct(forward(tokens, lengths), labels)
+            correct, total, loss_sum = correct + int(c), total + labels.numel(), loss_sum + float(loss) * labels.numel()
+    return correct / total, loss_sum / total
+
+
+def evaluate(forward: Callable, task: Task, d: SplitData, batch_size: int, dtype: str,
+             device: torch.device | str = "cpu") -> float:
+    """Accuracy over every output (every bit for bit tasks) of the whole split."""
+    return scores(forward, task, d, batch_size, dtype, device)[0]
 
 
 def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.Optimizer,
@@ -233,10 +244,10 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         except FloatingPointError as e:
             raise DataError(
                 f"{tag} the gradients are not finite at step {state.step + 1} ({e}): with a finite loss this is an "
-                "overflow in the backward pass, not the learning rate. A known cause: a backbone without biases "
-                "(Llama family, e.g. SmolLM2) keeps an exactly zero hidden state at all-zero input tokens (blank "
-                "image patches), and RMSNorm's derivative there is 1/sqrt(eps) per block. Train on inputs without "
-                "all-zero tokens, or with a GPT-2 backbone") from None
+                "overflow in the backward pass, not the learning rate. A known cause: a token whose hidden state is "
+                "exactly zero (an all-zero input token in a backbone without biases, e.g. SmolLM2, whose position "
+                "parameters were set to zero), where RMSNorm's derivative is 1/sqrt(eps) per block; the FPT draws "
+                "position parameters that start at zero, so check the backbone's own positions and norms") from None
         except Exception as e:  # noqa: BLE001 - a compiled graph whose backward fails falls back to eager
             if not forward.compiled:
                 raise
@@ -248,23 +259,29 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
                             f"(now {lr:g}) or keep --grad-clip above 0")
         if state.step % cfg.eval_every == 0 or state.step >= cfg.steps:
             model.eval()
-            val = evaluate(model, task, data.val, cfg.eval_batch_size, cfg.dtype, device)
-            state.history.append({"step": state.step, "loss": float(np.mean(losses)), "val_accuracy": val})
+            val, val_loss = scores(model, task, data.val, cfg.eval_batch_size, cfg.dtype, device)
+            state.history.append({"step": state.step, "loss": float(np.mean(losses)), "val_accuracy": val,
+                                  "val_loss": val_loss})
             losses.clear()
+            # progress is a higher validation accuracy (the selected step) or a lower validation loss: accuracy
+            # alone is a step function that stalls for thousands of steps on bit XOR's 75% plateau (the OR of
+            # the two bits) while the loss keeps falling until the run solves it
+            state.evals_since_best += 1
             if val > state.best_val:
                 state.best_val, state.best_step, state.evals_since_best = val, state.step, 0
                 state.best_params = [p.detach().clone() for p in params]
-            else:
-                state.evals_since_best += 1
+            if val_loss < state.best_val_loss * (1 - LOSS_PROGRESS):
+                state.best_val_loss, state.evals_since_best = val_loss, 0
             if cfg.target is not None and state.steps_to_target is None and val >= cfg.target:
                 state.steps_to_target = state.step
             if val >= 1.0:
                 state.done, state.stop_reason = True, "validation accuracy reached 100%"
             elif cfg.patience and state.evals_since_best >= cfg.patience:
-                state.done, state.stop_reason = True, f"no improvement in {cfg.patience} validation passes"
+                state.done, state.stop_reason = True, (f"no higher validation accuracy and no lower validation loss "
+                                                       f"in {cfg.patience} validation passes")
             elapsed = state.seconds + time.perf_counter() - start
             rate = (state.step - start_step) / max(time.perf_counter() - start, 1e-9)
-            log(f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, "
+            log(f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, val loss {val_loss:.4f}, "
                 f"val {100 * val:.2f}% (best {100 * state.best_val:.2f}% at {state.best_step}), "
                 f"{rate:.2f} steps/s, {elapsed:.0f}s")
         if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not state.done:

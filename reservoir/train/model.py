@@ -5,7 +5,9 @@ The FPT of Lu et al. (2021, section 2.2) trains a small parameter set of a froze
 transformer: the input layer (orthogonal initialisation, gain 1.41), the positional
 embeddings, the layer norms and the output layer; ``trainable`` picks the groups
 (``attn`` and ``ff`` unfreeze the blocks themselves). Untrained and in eval mode, its
-readout states are exactly the features ``reservoir extract`` stores for the same seed.
+readout states are exactly the features ``reservoir extract`` stores for the same seed,
+except for a backbone whose position parameters start at exactly zero (the positions added
+to models without learned ones, e.g. rotary Llama): the FPT draws them (:func:`draw_zero_positions`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,29 @@ from reservoir.config import TRAIN_GROUPS
 from reservoir.errors import UsageError
 from reservoir.model.reservoir import Reservoir
 from reservoir.tasks import TaskSpec
+
+
+#: std of position parameters that start at exactly zero, drawn when the FPT is built: GPT-2's
+#: initialisation of its learned positions (``initializer_range``), where the paper's random GPT-2 starts
+POSITION_STD = 0.02
+
+
+def draw_zero_positions(backbone: Backbone, generator: torch.Generator) -> int:
+    """Draw the backbone's ``pos`` parameters that are exactly zero from N(0, POSITION_STD^2); returns how many.
+
+    Models without learned positions get an added position embedding that is zero, so extracted
+    features are the model's own. Trained from there, a token whose input is all zero (a 0 bit of
+    bit XOR, a blank MNIST patch: the paper's input layer has no bias) has a zero state in a model
+    without biases (Llama), and RMSNorm's derivative at zero is ``1/sqrt(eps)`` per norm: the first
+    backward pass overflows. Positions drawn at GPT-2's scale give every token a non-zero state.
+    """
+    drawn = 0
+    with torch.no_grad():
+        for p in backbone.param_groups().get("pos", []):
+            if p.numel() and not p.is_meta and not bool(p.detach().any()):
+                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32).to(p.dtype) * POSITION_STD)
+                drawn += 1
+    return drawn
 
 
 def output_layer(d_model: int, n_out: int, generator: torch.Generator) -> nn.Linear:
@@ -42,7 +67,8 @@ class FPT(nn.Module):
     spec : the task's spec.
     backbone : the backbone (its dropout layers are set to ``dropout``).
     blocks : blocks of the backbone to run.
-    seed : seeds the input layer (as extraction does) and, through a derived stream, the output layer.
+    seed : seeds the input layer (as extraction does) and, through derived streams, the output layer and
+        any position parameters that start at exactly zero (:func:`draw_zero_positions`).
     input_scale : the input layer's scale.
     dropout : after the input layer and in the backbone's own dropout layers.
 
@@ -56,6 +82,7 @@ class FPT(nn.Module):
 
         backbone.check_depths([blocks])
         self.spec, self.blocks = spec, blocks
+        draw_zero_positions(backbone, torch.Generator().manual_seed(derive(seed, "positions")))
         self.reservoir = Reservoir(spec, backbone, seed=seed, input_scale=input_scale, dropout=dropout)
         for module in backbone.modules():
             if isinstance(module, nn.Dropout):
