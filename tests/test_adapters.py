@@ -196,3 +196,18 @@ def test_mismatched_weights_are_refused_naming_them(folders, tmp_path):
     assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
     with pytest.raises(BackboneError, match=r"do not fit its config \(missing: .*layers\.1\."):
         load_backbone(str(folder))
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_extract_raises_no_python_warning(folders, kind, home):
+    """Library warnings that say nothing to a user (deprecations inside a dependency) never reach
+    the terminal: an extraction through a Llama-family model and GPT-2 runs with every warning an
+    error."""
+    import warnings
+
+    from reservoir import api
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = api.extract("digits", str(folders[kind]), limit=6, depths="0,3", dtype="float32")
+    assert path.exists()
