@@ -180,6 +180,9 @@ def _check_min(owner: str, name: str, value: Any, low: float) -> None:
 
 #: the largest seed: scikit-learn's ``random_state`` and numpy's legacy seeding take 32-bit seeds
 MAX_SEED = 2**32 - 1
+#: the largest learning rate ``train`` takes (Adam's steps are about lr: beyond it no run learns, and past
+#: float32's range torch's optimiser fails to even store it)
+MAX_LR = 100.0
 
 
 def _check_seed(owner: str, value: int, runs: int = 1) -> None:
@@ -407,7 +410,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (bool(self.lr) and all(0 < lr < float("inf") for lr in self.lr), "lr", "positive finite numbers",
+            (bool(self.lr) and all(0 < lr <= MAX_LR for lr in self.lr), "lr", f"in (0, {MAX_LR:g}] (each)",
              list(self.lr)),
             (len(set(self.lr)) == len(self.lr), "lr", "distinct values", list(self.lr)),
             (self.seeds >= 1, "seeds", ">= 1", self.seeds),

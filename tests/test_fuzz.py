@@ -212,6 +212,17 @@ def test_user_files_through_every_command_many(tiny, arrays, suffix, limit, trun
 NUMBERS = st.one_of(st.integers(-3, 40), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
                     st.sampled_from(["0", "-0", "1e309", "nan", "inf", "-inf", "0x10", "1_000", " 3 "]))
 TEXTS = st.one_of(NUMBERS.map(str), st.text(max_size=8), st.sampled_from(["", ",", "1,,2", "all", "-1", "0,-1", "a=b"]))
+#: options whose valid values set how much work a run does (steps, examples, tokens): valid ones stay small, so a
+#: run ends in seconds; values past their bounds (refused while parsing) and garbage still come
+SIZES = {"--steps", "--seeds", "--eval-every", "--patience", "--blocks", "--limit", "n_train", "n_test", "n_val",
+         "n_bits", "n_patterns", "token_bits", "max_len", "min_length", "max_length", "max_depth", "max_args"}
+SIZE_TEXTS = st.one_of(st.integers(-3, 12).map(str), st.sampled_from(["2147483648", "1048577", str(2**70), "1e3", "0x8"]),
+                       st.text(max_size=4))
+
+
+def value(draw, name: str) -> str:
+    return draw(SIZE_TEXTS if name in SIZES else TEXTS)
+
 
 #: (command, option) -> the values to try; the command's other options keep it small and fast
 OPTIONS = {
@@ -239,9 +250,11 @@ def option_runs(draw) -> tuple[str, str, list[str]]:
     fuzzed = []
     for _ in range(draw(st.integers(1, 2))):
         if command == "fit" or draw(st.booleans()):
-            fuzzed += [draw(st.sampled_from(OPTIONS[command])), draw(TEXTS)]
+            option = draw(st.sampled_from(OPTIONS[command]))
+            fuzzed += [option, value(draw, option)]
         else:
-            fuzzed += ["--task-opt", f"{draw(st.sampled_from(TASK_OPTIONS[task]))}={draw(TEXTS)}"]
+            key = draw(st.sampled_from(TASK_OPTIONS[task]))
+            fuzzed += ["--task-opt", f"{key}={value(draw, key)}"]
     return command, task, fuzzed
 
 
