@@ -21,6 +21,10 @@ from reservoir.config import (DTYPE_CHOICES, ENGINE_CHOICES, HEAD_CHOICES, READO
                               TrainConfig, default, from_options, parse_depths, parse_input_scale)
 from reservoir.errors import ReservoirError, UsageError, WriteFailed
 
+# transformers' own log (notes on configs, losses and kernels the command never uses) stays off the
+# terminal: its errors still show, and TRANSFORMERS_VERBOSITY set by the user wins
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
 
 @dataclass(frozen=True)
 class Settings:

@@ -49,6 +49,22 @@ def test_openvino_float32_equals_pytorch(tiny_gpt2, task_name):
         np.testing.assert_allclose(ov(tokens, lengths), pt(tokens, lengths), rtol=1e-4, atol=1e-5)
 
 
+def test_rows_of_one_width_run_on_graphs_compiled_for_their_shapes_with_equal_features(tiny_gpt2):
+    """Fixed-width rows: the full batch and the last get a graph each for their exact shapes (no
+    dynamic-shape warm-up); further shapes and the check's few rows run on the dynamic graph; every
+    one computes PyTorch's features."""
+    task = get_task("bit_xor", n_train=64)
+    d = task.load("train", ".", None)
+    tokens, lengths = task.encode(d.inputs), d.lengths
+    ov, pt = runner(task, str(tiny_gpt2), "openvino"), runner(task, str(tiny_gpt2), "torch")
+    for rows in (32, 32, 20, 24, 4):
+        np.testing.assert_allclose(ov(tokens[:rows], lengths[:rows]), pt(tokens[:rows], lengths[:rows]),
+                                   rtol=1e-4, atol=1e-5)
+    assert sorted(shapes[0][0] for shapes in ov.forward.static) == [20, 32]
+    lstm = runner(get_task("listops", **LISTOPS), "lstm", "openvino")
+    assert not lstm.forward.static_shapes  # rows of many widths keep one dynamic graph
+
+
 def test_openvino_converts_an_lstm_with_equal_features():
     task = get_task("listops", **LISTOPS)
     ov, pt = runner(task, "lstm", "openvino"), runner(task, "lstm", "torch")
@@ -274,3 +290,20 @@ def test_the_sklearn_transformer_runs_on_openvino(tiny_gpt2):
     np.testing.assert_allclose(ov.transform(X), pt, rtol=1e-4, atol=1e-5)
     static = ReservoirFeatures(str(tiny_gpt2), depth="all", dtype="int8-static").fit(X)  # calibrated on X's rows
     assert engines.relative_error(static.transform_depths(X), pt.reshape(20, 3, -1)) < 0.1
+
+
+def test_no_library_log_line_reaches_the_terminal(tiny_gpt2, tmp_path):
+    """A whole ``reservoir extract`` through OpenVINO, in its own process: transformers' log lines
+    (its note on GPT-2's unset ``loss_type`` while converting, say) never reach stderr."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "RESERVOIR_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env.pop("TRANSFORMERS_VERBOSITY", None)
+    r = subprocess.run([sys.executable, "-m", "reservoir", "extract", "--task", "digits", "--backbone", str(tiny_gpt2),
+                        "--limit", "24", "--engine", "openvino", "--dtype", "float32", "--out", str(tmp_path / "f.h5")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "openvino: convert" in r.stderr
+    assert "[transformers]" not in r.stderr and "Warning" not in r.stderr, r.stderr

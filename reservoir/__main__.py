@@ -1,0 +1,5 @@
+"""``python -m reservoir``: the ``reservoir`` command."""
+
+from reservoir.cli import main
+
+main(prog_name="reservoir")
