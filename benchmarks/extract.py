@@ -389,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
             best = max(live, key=lambda r: r.rate)
             print(f"  {mine} / {best.name} (the fastest of {', '.join(r.name for r in live)}): "
                   f"{med(per_rep(by_name[mine], best)):.2f}x")
+    rivals = [by_name[n] for n in (f"ours-{f}" for f in ("float32", "bfloat16", "float16"))
+              if n in by_name and by_name[n].rates]
+    if "ours" in by_name and by_name["ours"].rates and rivals:
+        best = max(rivals, key=lambda r: r.rate)
+        print(f"  ours (the default) / {best.name} (the fastest of {', '.join(r.name for r in rivals)}): "
+              f"{med(per_rep(by_name['ours'], best)):.2f}x")
     for mine, peer in (("ours-int8", "ov-int8-dynamic"), ("ours-int8-static", "ov-int8")):  # the same kind of int8
         if all(n in by_name and by_name[n].rates for n in (mine, peer)):
             print(f"  {mine} / {peer} (the same kind of int8): {med(per_rep(by_name[mine], by_name[peer])):.2f}x")

@@ -417,6 +417,21 @@ def ours_torch(s: Setup) -> Built:
     return ours_built(s, s.ours_dtype, "torch")
 
 
+def ours_at(dtype: str):
+    def build(s: Setup) -> Built:
+        from reservoir.runtime.dtypes import candidates
+
+        if s.device.type == "cpu" and dtype not in candidates():
+            raise Unavailable(f"not available: this CPU does not multiply {dtype} natively")
+        return ours_built(s, dtype)
+    return build
+
+
+for _dtype in ("float32", "bfloat16", "float16"):
+    row(f"ours-{_dtype}", f"reservoir.runtime.runner.FeatureRunner as an extraction runs it with --dtype {_dtype} "
+                          "(engine auto): the default's rival dtypes")(ours_at(_dtype))
+
+
 @row("ours-int8", "reservoir.runtime.runner.FeatureRunner, dtype int8: int8 weights, activations centred per position "
                   "(means of the NNCF peer's calibration rows) and quantized per token at run time (OpenVINO)",
      cpu_only=True)

@@ -60,6 +60,21 @@ def test_smoke_official_ours_and_onnxruntime():
         assert float(found[name][7]) < (1e-4 if name == "ort-fp32" else 0.1), found[name]
 
 
+def test_the_default_against_each_native_dtype():
+    """The default path beside our path at each float dtype: rows of the dtypes this CPU multiplies
+    natively are measured, the others say why not, and the default's ratio to the fastest is printed."""
+    from reservoir.runtime.dtypes import candidates
+
+    rows = ["ours", "ours-float32", "ours-bfloat16", "ours-float16"]
+    r = run(*SMOKE, "--only", ",".join(rows), "--no-compile")
+    found = check(r, rows)
+    for name in rows[1:]:
+        native = name.removeprefix("ours-") in candidates()
+        assert bool(re.fullmatch(r"\d+", found[name][3])) == native, found[name]
+        assert native or "does not multiply" in found[name][8], found[name]
+    assert re.search(r"^  ours \(the default\) / ours-\w+ \(the fastest of ours-float32.*\): \d+\.\d\dx$", r.stdout, re.M)
+
+
 @pytest.mark.slow  # real inductor compiles, an ONNX export, OpenVINO conversion and NNCF calibration: about a minute
 def test_every_row():
     r = run(*SMOKE)
