@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir.runtime import engines
+from reservoir.runtime import engines, records
+from reservoir.runtime import runner as runner_module
 from reservoir.model.backbones import gather, load_backbone
 from reservoir.errors import BackboneError, DeviceError, UsageError
 from reservoir.model.reservoir import FixedDepths
@@ -194,6 +195,42 @@ def test_engine_choice_follows_device_install_and_size(monkeypatch, tiny_gpt2):
     assert engines.resolve_engine("auto", "float32", cpu, bb) == "torch"
     with pytest.raises(UsageError, match=r"OpenVINO is not installed; pip install 'reservoir\[openvino\]'"):
         engines.resolve_engine("openvino", "float32", cpu, bb)
+
+
+@pytest.mark.parametrize("faster", ["torch", "openvino"])
+def test_auto_takes_the_engine_measured_fastest_before(tiny_gpt2, tmp_path, monkeypatch, faster):
+    """With this CPU and model's rates kept (faked here), ``auto`` takes the faster engine and says so."""
+    monkeypatch.setenv("RESERVOIR_CACHE", str(tmp_path))
+    task, bb = get_task("bit_xor"), load_backbone(str(tiny_gpt2), 0)
+    key = engines.engine_key("float32", bb, task.spec.seq_len, torch.get_num_threads())
+    records.put(engines.ENGINE_RATES, key, {"torch": 2.0, "openvino": 1.0} if faster == "torch" else
+                {"torch": 1.0, "openvino": 2.0})
+    r = runner(task, str(tiny_gpt2), "auto", tokens=10**6)
+    assert r.engine == faster and r.measure_key is None
+    assert "fastest on this CPU (measured before: OpenVINO 2 tokens/s, PyTorch eager 1)" in r.engine_reason \
+        or "fastest on this CPU (measured before: OpenVINO 1 tokens/s, PyTorch eager 2)" in r.engine_reason
+
+
+def test_auto_measures_both_engines_on_the_first_batch_and_keeps_the_rates(tiny_gpt2, tmp_path, monkeypatch):
+    """Never measured on this CPU and model: the first batch runs on both engines, the rates are
+    kept, the run goes on with the faster (faked slower OpenVINO, then faster), and every batch's
+    features are PyTorch's."""
+    monkeypatch.setenv("RESERVOIR_CACHE", str(tmp_path))
+    task = get_task("bit_xor", n_train=64)
+    d = task.load("train", ".", None)
+    tokens, lengths = task.encode(d.inputs), d.lengths
+    ref = runner(task, str(tiny_gpt2), "torch")(tokens, lengths)
+    for winner in ("torch", "openvino"):
+        (tmp_path / engines.ENGINE_RATES).unlink(missing_ok=True)
+        monkeypatch.setattr(runner_module, "faster_engine", lambda rates, w=winner: w)
+        r = runner(task, str(tiny_gpt2), "auto", tokens=10**6)
+        assert r.engine == "openvino" and r.measure_key and "measured against it on the first batch" in r.engine_reason
+        first, second = r(tokens[:32], lengths[:32]), r(tokens[32:], lengths[32:])
+        np.testing.assert_allclose(np.concatenate([first, second]), ref, rtol=1e-4, atol=1e-5)
+        assert r.engine == winner and r.measure_key is None and "measured now, on the first batch" in r.engine_reason
+        kept = records.read(engines.ENGINE_RATES)
+        assert len(kept) == 1 and set(next(iter(kept.values()))) == {"torch", "openvino"}
+        assert runner(task, str(tiny_gpt2), "auto", tokens=10**6).measure_key is None  # measured once
 
 
 # -- through the command line -----------------------------------------------------------------

@@ -50,7 +50,7 @@ from reservoir.identity import feature_identity, features_path_for
 from reservoir.model.input_layer import input_layer_tensors
 from reservoir.progress import bar, log
 from reservoir.extract.plan import auto_batch_size, plan_split
-from reservoir.extract.store import FeatureWriter, check_complete_match, move_aside, write_failed
+from reservoir.extract.store import FeatureWriter, check_complete_match, file_config, move_aside, write_failed
 from reservoir.tasks import SplitData, Task, make_task
 
 #: sharded runs (no probe) with ``compile=None`` compile when they have at least this many tokens
@@ -414,6 +414,9 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
         finally:
             background.close()
         run.record_compile(runner, compile_key)
+        kept = file_config(writer.f)
+        if kept.get("engine_used") != runner.engine:  # the engine auto settled on while it ran
+            writer.set_config({**kept, "engine_used": runner.engine})
         return writer.finish()
     finally:
         writer.close()

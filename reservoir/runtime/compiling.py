@@ -20,13 +20,13 @@ and the record learns that.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reservoir.config import cache_dir
+from reservoir.runtime import records
 
 #: a first compile's cost per block run, in seconds, before any run measured it (GPT-2 small, 12
 #: blocks, compiled in 17.5 s on 2 Zen 4 cores with a cold cache, 5 s with a warm one)
@@ -50,8 +50,12 @@ def use_persistent_cache() -> Path:
     return folder
 
 
+#: the compile records' file in the cache folder (:mod:`reservoir.runtime.records`)
+COSTS = "compile-costs.json"
+
+
 def costs_file() -> Path:
-    return cache_dir() / "compile-costs.json"
+    return cache_dir() / COSTS
 
 
 def shape_key(backbone: Any, *, dtype: str, device: str, batch_size: int, widths: list[int], depths: list[int]) -> str:
@@ -67,33 +71,19 @@ def shape_key(backbone: Any, *, dtype: str, device: str, batch_size: int, widths
 
 
 def read_record(key: str) -> dict[str, float] | None:
-    try:
-        return json.loads(costs_file().read_text()).get(key)
-    except (OSError, ValueError):
-        return None
+    return records.get(COSTS, key)
 
 
 def write_record(key: str, compile_seconds: float, speedup: float | None) -> None:
     """Remember a run's measured costs (best effort: a cache that cannot be written is skipped);
     ``speedup=None`` (a run forced to compile has no eager rate) keeps the recorded one, or none."""
-    from reservoir.results import atomic_write
-
-    try:
-        records = json.loads(costs_file().read_text())
-    except (OSError, ValueError):
-        records = {}
-    old = records.get(key)
+    old = records.get(COSTS, key)
     if speedup is None:
         speedup = old.get("speedup") if old else None
     elif old and old.get("speedup"):  # one run's speedup is noisy on a shared machine: blend it with the last
         speedup = (speedup + old["speedup"]) / 2
-    records[key] = {"compile_seconds": round(compile_seconds, 2),
-                    "speedup": None if speedup is None else round(speedup, 3)}
-    text = json.dumps(records, indent=1, sort_keys=True).encode()
-    try:
-        atomic_write(costs_file(), lambda f: f.write(text))
-    except OSError:
-        pass
+    records.put(COSTS, key, {"compile_seconds": round(compile_seconds, 2),
+                             "speedup": None if speedup is None else round(speedup, 3)})
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from reservoir.config import cache_dir
+from reservoir.runtime import records
 from reservoir.runtime.machine import bf16_native, cpu
 
 #: float compute dtypes the PyTorch path runs, by option name
@@ -82,8 +82,8 @@ def _key(width: int, threads: int) -> str:
     return json.dumps([model, sorted(flags), threads, width, torch.__version__])
 
 
-def _path():
-    return cache_dir() / "dtype-rates.json"
+#: the rates' file in the cache folder (:mod:`reservoir.runtime.records`)
+RATES = "dtype-rates.json"
 
 
 def measured_rates(width: int = 768, threads: int | None = None, *,
@@ -94,25 +94,14 @@ def measured_rates(width: int = 768, threads: int | None = None, *,
     key = _key(width, threads)
     if measure is None and key in _MEASURED:  # this process measured it already (the CPU does not change)
         return _MEASURED[key], True
-    path = _path()
-    try:
-        records = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError):
-        records = {}
-    if key in records and set(records[key]) == set(candidates()):
-        _MEASURED[key] = records[key]
-        return records[key], True
+    kept = records.get(RATES, key)
+    if isinstance(kept, dict) and set(kept) == set(candidates()):
+        _MEASURED[key] = kept
+        return kept, True
     rates = {d: (measure or rate)(d, width, threads) for d in candidates()}
-    records[key] = rates
+    records.put(RATES, key, rates)
     if measure is None:
         _MEASURED[key] = rates
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(records, indent=1))
-        tmp.replace(path)
-    except OSError:  # a read-only cache: measure again next time
-        pass
     return rates, False
 
 

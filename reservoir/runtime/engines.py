@@ -34,7 +34,11 @@ check refuses them).
 
 Measured in ``docs/benchmarks.md`` (``benchmarks/extract.py``). OpenVINO is an optional extra
 (``pip install 'reservoir[openvino]'``); ``engine="auto"`` takes it on the CPU when it is
-installed and the backbone has been checked to convert (``Backbone.openvino``), else PyTorch.
+installed and the backbone has been checked to convert (``Backbone.openvino``), else PyTorch;
+between the two it then goes by measurement: the first batch of a CPU and model never measured
+runs on both (PyTorch eager twice, its first call making its kernels), the rates are kept in
+``$RESERVOIR_CACHE/engine-rates.json`` (:func:`engine_key`) and the faster engine runs the rest
+and every later run (:class:`reservoir.runtime.runner.FeatureRunner`).
 
 After converting, the engine checks its features on the first rows of the first batch
 against PyTorch's eager float32 forward, and stops with an error naming
@@ -141,6 +145,40 @@ def resolve_engine(name: str, dtype: str, device: torch.device, backbone: Any = 
     return choose_engine(name, dtype, device, backbone, tokens)[0]
 
 
+#: the engines' measured rates in the cache folder (:mod:`reservoir.runtime.records`), beside the
+#: dtypes' rates and the compile records
+ENGINE_RATES = "engine-rates.json"
+#: rows a first batch needs for ``auto`` to measure the engines on it (fewer: too short to time)
+MEASURE_MIN_ROWS = 16
+
+
+def engine_key(dtype: str, backbone: Any, width: int, threads: int) -> str:
+    """What the engines' relative speed depends on: the CPU (model and flags), threads, torch and
+    OpenVINO versions, the compute dtype, the architecture (not its weights) and the row width."""
+    import json
+
+    from reservoir.identity import config_dict
+    from reservoir.runtime.machine import cpu
+
+    try:
+        from openvino import __version__ as ov_version
+    except ImportError:
+        ov_version = None
+    model, flags = cpu()
+    return json.dumps([model, sorted(flags), threads, torch.__version__, ov_version, dtype,
+                       type(backbone).__qualname__, config_dict(getattr(backbone, "config", None)), width],
+                      sort_keys=True, default=str)
+
+
+def faster_engine(rates: dict[str, float]) -> str:
+    """The engine ``auto`` takes from measured tokens/s: PyTorch only when it is faster."""
+    return "torch" if rates.get("torch", 0.0) > rates.get("openvino", 0.0) else "openvino"
+
+
+def rates_text(rates: dict[str, float]) -> str:
+    return f"OpenVINO {rates['openvino']:,.0f} tokens/s, PyTorch eager {rates['torch']:,.0f}"
+
+
 def calibration_batches(rows: int) -> list[np.ndarray]:
     """Row indices of each calibration batch: the first ``rows`` rows in batches of
     :data:`CALIBRATION_BATCH` (static int8's ranges depend on the batching, so every caller,
@@ -191,7 +229,7 @@ class OpenVINOForward:
         self.fixed = dtype == "int8" and fixed_width
         #: rows of one width: each batch shape (the full batch, the last one) gets a graph compiled for
         #: that shape (:meth:`_request`); a dynamic graph's first large call costs several seconds more
-        self.static_shapes = fixed_width
+        self.static_shapes = fixed_width and dtype not in INT8_DTYPES  # int8's kernels differ by graph: one graph
         self.model = None
         self.static: dict[tuple[int, ...], Any] = {}
         self.calibration, self.log = calibration, log or (lambda text: None)

@@ -20,7 +20,9 @@ from reservoir.model.backbones import Backbone, freeze
 from reservoir.model.devices import DTYPES
 from reservoir.model.reservoir import FixedDepths, Reservoir, readout_positions
 from reservoir.runtime.dtypes import choose as choose_dtype
-from reservoir.runtime.engines import INT8_DTYPES, OpenVINOForward, choose_engine
+from reservoir.runtime import records
+from reservoir.runtime.engines import (ENGINE_RATES, INT8_DTYPES, MEASURE_MIN_ROWS, OpenVINOForward,
+                                       choose_engine, engine_key, faster_engine, rates_text)
 from reservoir.errors import BackboneError, UsageError
 from reservoir.tasks import TaskSpec
 
@@ -146,6 +148,11 @@ class FeatureRunner:
         self.dtype_name = resolve_dtype(dtype, self.device)
         self.engine, self.engine_reason = choose_engine(engine, self.dtype_name, self.device, reservoir.backbone,
                                                         tokens)
+        #: ``auto`` between float engines: the key of this CPU and model's measured rates, while the
+        #: first batch is still to measure them (:meth:`_measure`)
+        self.measure_key: str | None = None
+        if engine == "auto" and self.engine == "openvino" and self.dtype_name in DTYPES:
+            self._engine_by_measurement(reservoir.backbone)
         #: ``engine="auto"`` runs PyTorch when OpenVINO cannot convert or check (an explicit engine fails)
         self.falls_back = engine == "auto" and self.dtype_name in DTYPES
         self.log = log or (lambda text: print(text, file=sys.stderr))
@@ -166,6 +173,43 @@ class FeatureRunner:
         if compile:
             self.enable_compile()
 
+    def _engine_by_measurement(self, backbone: Backbone) -> None:
+        """``auto``: the engine measured fastest for this CPU and model before, or (never measured)
+        OpenVINO for now and a measurement on the first batch."""
+        key = engine_key(self.dtype_name, backbone, self.spec.seq_len, torch.get_num_threads())
+        kept = records.get(ENGINE_RATES, key)
+        if isinstance(kept, dict) and {"torch", "openvino"} <= set(kept):
+            self.engine = faster_engine(kept)
+            self.engine_reason = (f"auto: {'PyTorch' if self.engine == 'torch' else 'OpenVINO'} ran this model "
+                                  f"fastest on this CPU (measured before: {rates_text(kept)})")
+        else:
+            self.measure_key = key
+            self.engine_reason += "; PyTorch measured against it on the first batch"
+
+    def _measure(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Run the first batch on both engines (PyTorch eager twice: its first call makes its kernels),
+        keep the rates for this CPU and model, go on with the faster and return its features."""
+        key, self.measure_key = self.measure_key, None
+        if self.forward.request is None:
+            self.forward.prepare(tuple(args))  # converting, compiling and checking are not the rate
+        tokens = int(args[1].sum())
+        start = time.perf_counter()
+        ours = self.forward(*args)
+        rates = {"openvino": tokens / (time.perf_counter() - start)}
+        self.reservoir.to_compute(DTYPES[self.dtype_name])
+        eager = CompiledOrEager(FixedDepths(self.reservoir, self.depths), False)
+        eager(*args)
+        start = time.perf_counter()
+        theirs = eager(*args)
+        rates["torch"] = tokens / (time.perf_counter() - start)
+        records.put(ENGINE_RATES, key, rates)
+        if faster_engine(rates) == "torch":
+            self.engine, self.forward, ours = "torch", eager, theirs
+        self.engine_reason = (f"auto: {'PyTorch' if self.engine == 'torch' else 'OpenVINO'} ran this model fastest "
+                              f"on this CPU (measured now, on the first batch: {rates_text(rates)})")
+        self.log(f"engine {self.engine} ({self.engine_reason})")
+        return ours
+
     def _use_torch(self) -> None:
         self.reservoir.to_compute(DTYPES[self.dtype_name])
         self.engine = "torch"
@@ -173,6 +217,8 @@ class FeatureRunner:
 
     def _call(self, *args: torch.Tensor) -> torch.Tensor:
         try:
+            if self.measure_key is not None and self.engine == "openvino" and len(args[0]) >= MEASURE_MIN_ROWS:
+                return self._measure(args)
             return self.forward(*args)
         except BackboneError as e:  # OpenVINO could not convert or check, on the first batch
             if not (self.engine == "openvino" and self.falls_back):
