@@ -402,12 +402,16 @@ def comma_list(kind):
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Checkpoint folder [default: checkpoints/TASK/BACKBONE].")
 @click.option("--resume", is_flag=True, default=None, help="Continue each run from its checkpoint when there is one.")
+@click.option("--save-backbone", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="After the run, save its trained backbone (best validation step; not the input and output layers) "
+                   "as a save_pretrained folder that --backbone DIR loads. One --lr and --seeds 1; DIR must not exist "
+                   "or be empty.")
 @click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
 @data_dir_option
 @pass_settings
 def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps, batch_size, eval_every, patience,
           target, val_fraction, limit, blocks, depth, input_scale, dtype, compile, device, grad_clip, dropout, checkpoint_every,
-          checkpoint_dir, resume, task_opts, data_dir) -> None:
+          checkpoint_dir, resume, save_backbone, task_opts, data_dir) -> None:
     """Train the FPT end to end (input layer, chosen backbone groups, output layer); report test at the best val step."""
     from reservoir.train import summary, train as run_train
 
@@ -416,7 +420,7 @@ def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps,
               eval_every=eval_every, patience=patience, target=target, val_fraction=val_fraction, limit=limit,
               blocks=blocks, input_scale=input_scale, dtype=dtype, compile=compile, device=device, grad_clip=grad_clip,
               dropout=dropout, checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, resume=resume or None,
-              data_dir=data_dir)
+              save_backbone=save_backbone, data_dir=data_dir)
     check_trainable(cfg)
     click.echo(summary(run(run_train, cfg, progress=not settings.quiet)))
 

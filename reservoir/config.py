@@ -379,6 +379,9 @@ class TrainConfig:
     dropout : dropout after the input layer and in the backbone's own dropout layers.
     checkpoint_every : steps between checkpoints (0: only at the end).
     resume : continue from the run's checkpoint when one exists.
+    save_backbone : after the run, write its trained backbone (the parameters of the best validation step) to
+        this folder, which must not exist or be empty, as a ``save_pretrained`` folder that ``backbone`` takes
+        (:mod:`reservoir.train.export`); one learning rate and one seed only.
     """
 
     task: str
@@ -407,6 +410,7 @@ class TrainConfig:
     resume: bool = False
     data_dir: Path = field(default_factory=default_data_dir)
     checkpoint_dir: Path | None = None
+    save_backbone: Path | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -434,6 +438,13 @@ class TrainConfig:
         object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))
         check_device("train", self.device)
         _check_seed("train", self.seed, self.seeds)
+        if self.save_backbone is not None and (len(self.lr) > 1 or self.seeds > 1):
+            given = [f"--lr {','.join(f'{lr:g}' for lr in self.lr)}" if len(self.lr) > 1 else "",
+                     f"--seeds {self.seeds}" if self.seeds > 1 else ""]
+            raise UsageError(f"--save-backbone saves the backbone of one run; {' and '.join(g for g in given if g)} "
+                             "make several. Give one --lr and --seeds 1: run the sweep without --save-backbone, then "
+                             "rerun with the learning rate it selected and --resume --save-backbone DIR, which saves "
+                             "that learning rate's first-seed run from its checkpoint without training it again")
 
     @property
     def checkpoint_folder(self) -> Path:
@@ -445,4 +456,5 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         d["trainable"], d["lr"] = list(self.trainable), list(self.lr)
         d["data_dir"], d["checkpoint_dir"] = str(self.data_dir), str(self.checkpoint_folder)
+        d["save_backbone"] = str(self.save_backbone) if self.save_backbone is not None else None
         return d

@@ -27,7 +27,7 @@ CHECKPOINT_FORMAT = 2
 #: TrainConfig fields that may change between a checkpoint and its ``--resume`` (they do not
 #: change the numbers of the steps already taken)
 RESUMABLE_CHANGES = ("steps", "resume", "checkpoint_every", "checkpoint_dir", "compile", "device",
-                     "eval_batch_size", "lr", "seeds", "data_dir")
+                     "eval_batch_size", "lr", "seeds", "data_dir", "save_backbone")
 
 
 @dataclasses.dataclass

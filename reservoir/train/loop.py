@@ -14,7 +14,8 @@ whose conclusions flip with the learning rate:
 
 A run stops at ``steps``, after ``patience`` validation passes without progress (neither a
 higher validation accuracy nor a lower validation loss), or when validation accuracy reaches
-100% (it cannot improve further).
+100% (it cannot improve further). With ``save_backbone``, the run's trained backbone (at its
+best validation step) is then saved as a backbone folder (:mod:`reservoir.train.export`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from reservoir.tasks import SplitData, Task, make_task
 from reservoir.tasks.sizes import check_train_split
 from reservoir.train.checkpoint import (RunState, check_resumable, checkpoint_path, load_checkpoint, run_identity,
                                         run_name, save_checkpoint, settings_identity)
+from reservoir.train.export import check_free, save_backbone
 from reservoir.train.model import FPT, format_counts, param_counts, select_trainable
 from reservoir.train.seeds import derive, rng
 
@@ -172,12 +174,14 @@ def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.O
 
 def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int, progress: bool = True,
               on_step: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None,
-              show_counts: bool = False, shared: dict[str, Any] | None = None) -> dict[str, Any]:
+              show_counts: bool = False, shared: dict[str, Any] | None = None,
+              on_trained: Callable[[FPT], None] | None = None) -> dict[str, Any]:
     """Train one (learning rate, seed); returns its scores and bookkeeping.
 
     ``on_step(step)`` is called after every step (after any checkpoint of that step); an
-    exception it raises interrupts the run as a kill would. ``shared`` is the sweep's
-    :func:`~reservoir.train.checkpoint.settings_identity` (computed here when not given).
+    exception it raises interrupts the run as a kill would. ``on_trained(model)`` is called at
+    the end with the model holding the parameters of the best validation step. ``shared`` is
+    the sweep's :func:`~reservoir.train.checkpoint.settings_identity` (computed here when not given).
     The run's torch RNG (dropout) is forked from the caller's and seeded from the run's seed.
     """
     if log is None:
@@ -187,15 +191,17 @@ def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: in
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive(seed, "dropout"))
         return _train_run(cfg, task, data, lr=lr, seed=seed, on_step=on_step, log=log, show_counts=show_counts,
-                          shared=shared)
+                          shared=shared, on_trained=on_trained)
 
 
 def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int,
                on_step: Callable[[int], None] | None, log: Callable[[str], None], show_counts: bool,
-               shared: dict[str, Any]) -> dict[str, Any]:
+               shared: dict[str, Any], on_trained: Callable[[FPT], None] | None = None) -> dict[str, Any]:
     log(f"[lr={lr:g} seed={seed}] loading backbone {cfg.backbone} ...")
     backbone = load_backbone(cfg.backbone, seed)
     check_length(task.spec, backbone, cfg.backbone)
+    if cfg.save_backbone is not None:
+        backbone.check_saveable()  # before it trains
     blocks = backbone.n_layers if cfg.blocks is None else cfg.blocks
     if not 0 <= blocks <= backbone.n_layers:
         raise UsageError(f"--blocks {blocks}: backbone {cfg.backbone} has {backbone.n_layers} blocks; "
@@ -301,6 +307,8 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
     test = evaluate(model, task, data.test, cfg.eval_batch_size, cfg.dtype, device)
     log(f"{tag} {stop_reason}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
         f"test {100 * test:.2f}%")
+    if on_trained is not None:
+        on_trained(model)
     return {"lr": lr, "seed": seed, "blocks": blocks, "test_accuracy": test, "val_accuracy": state.best_val,
             "best_step": state.best_step, "steps": state.step, "steps_to_target": state.steps_to_target,
             "stop_reason": stop_reason, "seconds": state.seconds, "history": state.history,
@@ -323,15 +331,20 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], N
     >>> train(TrainConfig(task="bit_xor", backbone="gpt2-random", lr=(1e-4, 1e-3), seeds=3))  # doctest: +SKIP
     """
     resolve_device(cfg.device)  # an absent device fails before any data is read
+    if cfg.save_backbone is not None:
+        check_free(cfg.save_backbone)  # before anything trains
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
     data = load_data(task, cfg)
     shared = settings_identity(cfg, task, data.named())
     log = lambda msg: log_line(msg, progress)  # noqa: E731
     seeds = list(range(cfg.seed, cfg.seed + cfg.seeds))
     runs: dict[float, list[dict[str, Any]]] = {}
+    trained: list[FPT] = []  # the one run's model, when its backbone is saved (config: one lr, one seed)
+    keep = trained.append if cfg.save_backbone is not None else None
     for lr in cfg.lr:
         runs[lr] = [train_run(cfg, task, data, lr=lr, seed=s, progress=progress, on_step=on_step, log=log,
-                              show_counts=(lr, s) == (cfg.lr[0], seeds[0]), shared=shared) for s in seeds]
+                              show_counts=(lr, s) == (cfg.lr[0], seeds[0]), shared=shared, on_trained=keep)
+                    for s in seeds]
     val_mean = {lr: float(np.mean([r["val_accuracy"] for r in rs])) for lr, rs in runs.items()}
     best_lr = max(cfg.lr, key=lambda lr: (val_mean[lr], -cfg.lr.index(lr)))
     chosen = runs[best_lr]
@@ -361,8 +374,48 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], N
                               "test_std": _std([r["test_accuracy"] for r in rs])} for lr, rs in runs.items()},
         "config": {"train": cfg.to_json(), "task_options": task.options()},
     }
+    if trained:
+        folder = _save_trained(cfg, trained[0], result)
+        log(f"saved the trained backbone to {folder}; use it with --backbone {folder}")
     result["path"] = str(write_result(result))
     return result
+
+
+def _save_trained(cfg: TrainConfig, model: FPT, result: dict[str, Any]) -> Path:
+    """Save the backbone of the run of ``result`` (:func:`reservoir.train.export.save_backbone`), with
+    what it is in its ``reservoir.json``."""
+    run = result["runs"][0]
+    backbone = model.backbone
+    blocks = (f"; only its first {run['blocks']} of {backbone.n_layers} blocks ran, the others are as loaded"
+              if run["blocks"] < backbone.n_layers else "")
+    provenance = {
+        "description": f"the {backbone.family or type(backbone).__name__} backbone of {result['backbone']} trained end "
+                       f"to end on {result['task']} (groups {','.join(cfg.trainable)}; lr {run['lr']:g}, seed "
+                       f"{run['seed']}; {run['steps']} steps, best validation at step {run['best_step']}): test "
+                       f"accuracy {100 * run['test_accuracy']:.2f}% on {result['test_split']}. The backbone alone: "
+                       f"the input and output layers of the run are not saved{blocks}.",
+        "made_by": "reservoir train --save-backbone", "version": __version__,
+        "task": result["task"], "task_options": result["config"]["task_options"],
+        "source_backbone": result["backbone"], "source_fingerprint": run["backbone_fingerprint"],
+        "trainable": list(cfg.trainable), "lr": run["lr"], "seed": run["seed"], "blocks": run["blocks"],
+        "steps": run["steps"], "best_step": run["best_step"], "stop_reason": run["stop_reason"],
+        "val_accuracy": run["val_accuracy"], "test_accuracy": run["test_accuracy"],
+        "test_split": result["test_split"], "n_train": result["n_train"], "n_val": result["n_val"], "n_test": result["n_test"],
+        "run_identity_hash": result["identity_hash"], "checkpoint": run["checkpoint"],
+        "config": result["config"],
+    }
+    if backbone.token_std is not None:
+        provenance["token_embedding"] = ("not trained and not read by the FPT (its input layer replaces it): written "
+                                         f"redrawn, N(0, 1) scaled to the std it had ({backbone.token_std:.6g}), so the "
+                                         "folder is a complete model")
+    again = f"the run is checkpointed ({run['checkpoint']}): rerun with --resume to save it without training again"
+    try:
+        return save_backbone(backbone, cfg.save_backbone, provenance)
+    except UsageError as e:
+        raise UsageError(f"{e}; {again}") from None
+    except OSError as e:
+        raise DataError(f"cannot write the backbone folder {cfg.save_backbone} ({type(e).__name__}: {e}); free the "
+                        f"space or choose another folder: {again}") from None
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -381,5 +434,7 @@ def summary(result: dict[str, Any]) -> str:
                  f"lr {result['lr']:g}, seeds {result['seeds']}: test {100 * result['test_accuracy']:.2f}%{spread} "
                  f"(val {100 * result['val_accuracy']:.2f}%), best steps {result['best_step']}, "
                  f"steps run {result['steps']}, steps to target {result['steps_to_target']}")
+    if result["config"]["train"].get("save_backbone"):
+        lines.append(f"backbone saved to {result['config']['train']['save_backbone']}")
     lines.append(result["path"])
     return "\n".join(lines)

@@ -171,16 +171,19 @@ def load_pretrained(path: str, seed: int, init: str = "pretrained") -> Backbone:
 
     ``init="random"`` builds the architecture from the config alone (default initialisation
     seeded by ``seed``; no weight file is opened); ``"pretrained"`` and ``"stats"`` read the weights
-    (the caller redraws them for ``"stats"``).
+    (the caller redraws them for ``"stats"``), and the added positions of a folder written by
+    ``train --save-backbone`` (:func:`.hf.load_added_positions`).
     """
-    from reservoir.model.backbones.hf import adapter_for, load_model, model_from_config
+    from reservoir.model.backbones.hf import adapter_for, load_added_positions, load_model, model_from_config
 
     config = load_config(path)
     adapter = adapter_for(config.model_type)
     if init == "random":
         with seeded(seed):
             return adapter(model_from_config(config))
-    return adapter(load_model(path))
+    backbone = adapter(load_model(path))
+    load_added_positions(backbone, path)  # a folder train --save-backbone wrote of a model without learned positions
+    return backbone
 
 
 def families() -> list[tuple[str, str, str]]:

@@ -99,6 +99,17 @@ class Backbone(nn.Module):
 
         return {name: m for name, m in self.named_modules() if type(m) in (nn.Linear, Conv1D)}
 
+    def check_saveable(self) -> None:
+        """Refuse a backbone :meth:`save_pretrained` cannot write (checked before a run that will save it)."""
+        raise BackboneError(f"a {self.family or type(self).__name__} backbone cannot be saved as a backbone folder: "
+                            "only Hugging Face backbones (GPT-2, Llama, a save_pretrained folder, ...) are written as "
+                            "save_pretrained folders; choose one of them")
+
+    def save_pretrained(self, folder) -> None:
+        """Write the backbone as a folder that :func:`~reservoir.model.backbones.load_backbone` reads back
+        to equal parameters (Hugging Face backbones: :meth:`HFBackbone.save_pretrained`)."""
+        self.check_saveable()
+
     def check_depths(self, depths: Sequence[int]) -> None:
         bad = [d for d in depths if not 0 <= d <= self.n_layers]
         if not depths:

@@ -33,6 +33,7 @@ import contextlib
 import inspect
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -40,13 +41,16 @@ from torch import nn
 
 from reservoir.errors import BackboneError
 from reservoir.model.backbones.base import (Backbone, check_length, first_output, from_pretrained, gather, is_norm,
-                                            params, quiet_transformers, without)
+                                            params, quiet_transformers, seeded, without)
 
 #: longest sequence the learned additive position embedding covers (the paper's longest inputs
 #: are 2,000 ListOps tokens); capped so that 128k-context configs do not allocate gigabytes of zeros
 MAX_ADDED_POSITIONS = 4096
 #: class-name parts of a block's sequence-mixing module (its ``attn`` group)
 MIXER_NAMES = ("Attention", "Attn", "Mixer")
+#: the file of a saved backbone folder that holds the added positions ``wpe`` (a model without learned
+#: positions of its own has no place for them among its weights)
+ADDED_POSITIONS = "added_positions.safetensors"
 #: model_type -> the adapter class of its family (families register themselves, :func:`register_family`)
 ADAPTERS: dict[str, type["HFBackbone"]] = {}
 
@@ -356,6 +360,78 @@ class HFBackbone(Backbone):
                     setter(before)
                 else:
                     self.config._attn_implementation = before
+
+    # -- saving -------------------------------------------------------------------------------------
+    def check_saveable(self) -> None:
+        """Refuse a backbone that is a part of the model ``AutoModel`` builds from its config (the
+        encoder of an encoder-decoder): a folder of it would not load back as it."""
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+        names = MODEL_MAPPING_NAMES.get(self.config.model_type, ())
+        names = (names,) if isinstance(names, str) else tuple(names)
+        if type(self.model).__name__ not in names:
+            raise BackboneError(f"this backbone is the {type(self.model).__name__} of a {self.config.model_type!r} "
+                                f"model, which loads as {names[0] if names else 'another class'}: it cannot be saved "
+                                "as a backbone folder of its own; choose a decoder (GPT-2, Llama, ...) or an encoder model")
+
+    @torch.no_grad()
+    def save_pretrained(self, folder: str | Path) -> None:
+        """Write the backbone as a ``save_pretrained`` folder that :func:`load_model` takes and
+        :func:`~reservoir.model.backbones.load_backbone` reads back to bitwise equal parameters.
+
+        Every tensor of the model is written as it is. The token embedding, dropped on loading (the
+        FPT input layer replaces it), is written back redrawn, so the folder is a complete model:
+        N(0, 1) rescaled to the std it had (:attr:`token_std`), which ``--input-scale matched`` reads.
+        Added positions ``wpe`` (models without learned ones) go to :data:`ADDED_POSITIONS` beside
+        the weights, read back by :func:`load_added_positions`.
+        """
+        self.check_saveable()
+        with seeded(0):
+            model = model_from_config(self.config)  # the architecture with its token embedding
+        embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        redrawn = {id(p) for p in embedding.parameters()} if isinstance(embedding, nn.Module) else set()
+        names = {name for name, p in model.named_parameters() if id(p) in redrawn}
+        missing, unexpected = model.load_state_dict(self.model.state_dict(), strict=False)
+        missing = [k for k in missing if k not in names and not _in_pooler(model, k)]
+        if missing or unexpected:
+            named = "; ".join(f"{what}: {_few(keys)}" for what, keys in (("missing", missing), ("unexpected", unexpected))
+                              if keys)
+            raise BackboneError(f"this {self.config.model_type!r} backbone does not fit the model its config builds "
+                                f"({named}); it cannot be saved as a folder")
+        if names and self.token_std:
+            weight = embedding.weight
+            z = torch.randn(weight.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+            weight.copy_((z / z.std() * self.token_std).to(weight.dtype))
+        with quiet_transformers():
+            model.save_pretrained(folder)
+        if self.wpe is not None:
+            from safetensors.torch import save_file
+
+            save_file({"weight": self.wpe.weight.detach().to("cpu", torch.float32).contiguous()},
+                      str(Path(folder) / ADDED_POSITIONS))
+
+
+def load_added_positions(backbone: HFBackbone, folder: str) -> None:
+    """The added positions a saved backbone folder holds (:data:`ADDED_POSITIONS`, written by
+    :meth:`HFBackbone.save_pretrained`) into ``backbone.wpe``; nothing for a folder without them."""
+    path = Path(folder) / ADDED_POSITIONS
+    if not path.is_file():
+        return
+    from safetensors.torch import load_file
+
+    try:
+        weight = load_file(str(path))["weight"]
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
+        raise BackboneError(f"cannot read the added positions {path} ({type(e).__name__}: {e}); pass the folder as "
+                            "train --save-backbone wrote it") from None
+    want = None if backbone.wpe is None else tuple(backbone.wpe.weight.shape)
+    if want != tuple(weight.shape):
+        has = "learned positions of its own" if want is None else f"added positions of shape {want}"
+        raise BackboneError(f"{path} holds added positions of shape {tuple(weight.shape)}, but this "
+                            f"{backbone.config.model_type!r} model has {has}; pass the folder as train --save-backbone "
+                            "wrote it")
+    with torch.no_grad():
+        backbone.wpe.weight.copy_(weight)
 
 
 def load_model(path: str, config=None) -> nn.Module:

@@ -1,0 +1,104 @@
+"""A training run's backbone saved as a backbone folder (``train --save-backbone DIR``).
+
+The FPT paper's "Bit" row (section 3.2, table 2) is a GPT-2 whose every parameter was first
+trained on bit memory, then frozen and used as the backbone of the other tasks, each with a
+fresh input and output layer. Any run can be saved so: the folder holds the backbone alone
+(not the run's input and output layers), with the parameters of the best validation step
+(those the run's test accuracy was scored with), as a Hugging Face ``save_pretrained``
+folder (``config.json`` and weights; a model without learned positions of its own also
+keeps its trained added positions beside them) that ``--backbone DIR`` loads like any
+other. ``reservoir.json`` says what it is: the run, its task and settings, its scores.
+
+The folder is written under a temporary name beside ``DIR``, loaded back and compared with
+the trained backbone tensor by tensor, and only then renamed to ``DIR``: a failure or a
+kill never leaves a half-written folder under that name. An existing ``DIR`` that is not
+empty is refused, before the run trains and again at the rename, and left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reservoir.errors import BackboneError, UsageError
+from reservoir.model.backbones import Backbone, fingerprint, load_backbone
+
+#: the provenance file of a saved backbone folder
+PROVENANCE = "reservoir.json"
+PROVENANCE_FORMAT = 1
+
+
+def check_free(folder: Path) -> None:
+    """Refuse a ``folder`` that exists and is not an empty folder: a saved backbone replaces nothing."""
+    folder = Path(folder)
+    if folder.is_dir():
+        held = sorted(p.name for p in folder.iterdir())
+        if not held:
+            return
+        what = f"a folder holding {', '.join(held[:4])}{' and more' if len(held) > 4 else ''}"
+    elif folder.exists() or folder.is_symlink():
+        what = "a file"
+    else:
+        return
+    raise UsageError(f"--save-backbone {folder}: {what} is there and is never overwritten; choose a new folder "
+                     "(or remove that one)")
+
+
+def _fsync(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _check_reloads(backbone: Backbone, folder: Path) -> str:
+    """Load ``folder`` back and compare every tensor with ``backbone``'s; returns its fingerprint."""
+    loaded = load_backbone(str(folder), 0)
+    saved, read = backbone.state_dict(), loaded.state_dict()
+    differ = sorted(set(saved) ^ set(read)) or \
+        [k for k in saved if not torch.equal(saved[k].detach().cpu().float(), read[k].float())]
+    if differ:  # an internal invariant: the adapter wrote a folder that does not read back
+        raise BackboneError(f"the backbone folder written for {folder.name} does not load back to the trained "
+                            f"parameters ({', '.join(differ[:4])} differ); it was not kept")
+    return fingerprint(loaded)
+
+
+def save_backbone(backbone: Backbone, folder: Path, provenance: dict[str, Any]) -> Path:
+    """Write ``backbone`` as a backbone folder at ``folder`` (module docstring), atomically.
+
+    ``provenance`` goes to :data:`PROVENANCE`, with the folder's ``fingerprint`` (the one
+    ``extract`` records for features of it) added. Returns ``folder``.
+    """
+    folder = Path(folder)
+    check_free(folder)
+    backbone.check_saveable()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.{secrets.token_hex(6)}.partial"
+    os.mkdir(tmp)  # the permissions a plain folder gets (mkdtemp's would be private)
+    try:
+        backbone.save_pretrained(tmp)
+        info = {"format": PROVENANCE_FORMAT, **provenance, "fingerprint": _check_reloads(backbone, tmp)}
+        (tmp / PROVENANCE).write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
+        for path in tmp.iterdir():
+            _fsync(path)
+        _fsync(tmp)
+        try:
+            os.rename(tmp, folder)  # replaces an empty folder, never one with files in it
+        except OSError:
+            if folder.exists() or folder.is_symlink():
+                check_free(folder)  # it was filled while the run trained: refused in the same words
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync(folder.parent)
+    return folder
