@@ -4,14 +4,19 @@
 #   make -C pipelines table1 PRETRAINED=gpt2 DATA_DIR=/path/to/data
 #   make -C pipelines table15 DATA_TASKS=               # only the tasks that need no download
 #   make -C pipelines table3 LIMIT=8 STEPS=1 DATA_TASKS= OUT_ROOT=/tmp/pipetest TRAIN_OPTS="--batch-size 4"  # smoke test
+#   make -C pipelines table18 table20 LIMIT=5000 TRAIN_LIMIT=1000 DATA_DIR=/path/to/data   # + output-only heads
+#   make -C pipelines critique DATA_DIR=/path/to/data       # the critique's protocol at its own sizes (CRITIQUE_*)
 #
 # Every run trains the chosen parameter groups (`reservoir train --trainable`) on one task and
-# backbone and leaves a marker out/LIMIT/train/TAG/TASK/BACKBONE/GROUPS[~bN][~tT].done holding
-# the run's summary, whose last line is its result file (under out/LIMIT/results/TASK/BACKBONE/).
-# GROUPS joins the trained groups with "+" (input+pos+ln+out), ~bN runs N blocks, ~tT reports the
-# steps to validation accuracy T; TAG names the training settings (STEPS, SEEDS, LR, TRAIN_OPTS),
-# so changing one trains again instead of reusing the old marker. A table renders exactly the
-# results its markers name (the result folders also hold other tables' and output-only results).
+# backbone, on at most TRAIN_LIMIT examples a split (LIMIT unless set), and leaves a marker
+# out/TRAIN_LIMIT/train/TAG/TASK/BACKBONE/GROUPS[~bN][~tT].done holding the run's summary, whose last
+# line is its result file (under out/TRAIN_LIMIT/results/TASK/BACKBONE/). GROUPS joins the trained
+# groups with "+" (input+pos+ln+out), ~bN runs N blocks, ~tT reports the steps to validation accuracy
+# T; TAG names the training settings (STEPS, SEEDS, LR, TRAIN_OPTS), so changing one trains again
+# instead of reusing the old marker. A table renders exactly the results its markers name (the
+# result folders also hold other tables' and output-only results) and states the settings under its
+# caption. Tables 18 and 20 also set the output-only head (`reservoir fit`, Makefile) at LIMIT beside
+# the paper's output-only row.
 #
 # Tasks: TASKS_N defaults to the paper's tasks for table N among those this machine can run:
 # bit_memory, bit_xor and listops are generated; DATA_TASKS (mnist, cifar10 by default) read
@@ -41,6 +46,13 @@ PAPER_AS_13 ?= --as $(PRETRAINED):$(FPT_GROUPS)=FPT --as $(PRETRAINED):input,pos
 	--as $(PRETRAINED):input,pos,ln,attn,out='+ Attention' --as $(PRETRAINED):input,pos,ln,attn,ff,out='+ Both'
 PAPER_AS_15 ?= --as $(PRETRAINED):out='output only' --as $(PRETRAINED):ln,out='+ layernorm' --as $(PRETRAINED):input,ln,out='+ input' \
 	--as $(PRETRAINED):$(FPT_GROUPS)='+ positions'
+PAPER_AS_19 ?= $(PAPER_AS_15)
+# tables 18 and 20: the output-only head (trainable "out", like the end-to-end run of the output layer alone) and
+# the end-to-end runs of each group beside the output layer
+single_as = --as $(1):out='output only' --as $(1):input,out='output + input' --as $(1):pos,out='output + positions' \
+	--as $(1):ln,out='output + layernorm'
+PAPER_AS_18 ?= $(call single_as,$(PRETRAINED))
+PAPER_AS_20 ?= $(call single_as,$(PRETRAINED)-random)
 # table 16's columns are frozen / finetuned layer norms, not tasks: the report cannot lay our rows beside them yet
 PAPER_AS_16 ?=
 PAPER_AS_17 ?= --as $(PRETRAINED)='GPT-2 (FPT Default)'
@@ -102,17 +114,20 @@ TASKS_19 ?= $(TASKS_15)
 TASKS_20 ?= $(TASKS_15)
 TASKS_21 ?= $(TASKS_15)
 
-# out/LIMIT/train/TAG: the training settings every marker below depends on
+# out/TRAIN_LIMIT/train/TAG: the training settings every marker below depends on; a run's results and
+# checkpoints are under out/TRAIN_LIMIT/ too, so a run made for one LIMIT serves every table at its size
+TRAIN_LIMIT ?= $(LIMIT)
+TRAIN_OUT := $(OUT_ROOT)/$(TRAIN_LIMIT)
 TRAIN_TAG := steps$(STEPS)_seeds$(SEEDS)_lr$(subst $(comma),-,$(LR))$(if $(filter-out $(LR),$(LSTM_LR)),_lstmlr$(subst $(comma),-,$(LSTM_LR)))$(if $(strip $(TRAIN_OPTS)),_opts$(shell printf '%s' '$(TRAIN_OPTS)' | md5sum | cut -c1-8))
-TRAIN := $(OUT)/train/$(TRAIN_TAG)
+TRAIN := $(TRAIN_OUT)/train/$(TRAIN_TAG)
 
 # $(call runs,TASKS,BACKBONES,GROUPS): the markers of every combination
 runs = $(foreach t,$(1),$(foreach b,$(2),$(foreach g,$(3),$(TRAIN)/$(t)/$(b)/$(g).done)))
 
 .PHONY: table1 table3 table4 table5 table6 table8 table9 table11 table13 table15 table16 table17 table18 \
-	table19 table20 table21
+	table19 table20 table21 critique
 
-# out/LIMIT/train/TAG/TASK/BACKBONE/GROUPS[~bN][~tT].done: one `reservoir train` run (its summary; last line: the result)
+# out/TRAIN_LIMIT/train/TAG/TASK/BACKBONE/GROUPS[~bN][~tT].done: one `reservoir train` run (its summary; last line: the result)
 run_word = $(word $(1),$(subst /, ,$*))
 run_spec = $(subst ~, ,$(call run_word,3))
 run_opts = $(patsubst b%,--blocks %,$(filter b%,$(wordlist 2,9,$(run_spec)))) \
@@ -120,18 +135,55 @@ run_opts = $(patsubst b%,--blocks %,$(filter b%,$(wordlist 2,9,$(run_spec)))) \
 run_lr = $(if $(filter lstm%,$(call run_word,2)),$(LSTM_LR),$(LR))
 $(TRAIN)/%.done: | $(NEEDS)
 	@mkdir -p $(@D)
-	$(RESERVOIR) -q train --task $(call run_word,1) --backbone $(call run_word,2) \
+	RESERVOIR_HOME=$(TRAIN_OUT) $(RESERVOIR) -q train --task $(call run_word,1) --backbone $(call run_word,2) \
 		--trainable $(subst +,$(comma),$(firstword $(run_spec))) $(strip $(run_opts)) --lr $(run_lr) \
-		--steps $(STEPS) --seeds $(SEEDS) --limit $(LIMIT) --data-dir $(DATA_DIR) $(TRAIN_OPTS) > $@.tmp || { rm -f $@.tmp; exit 1; }
+		--steps $(STEPS) --seeds $(SEEDS) --limit $(TRAIN_LIMIT) --data-dir $(DATA_DIR) $(TRAIN_OPTS) > $@.tmp || { rm -f $@.tmp; exit 1; }
 	@mv -f $@.tmp $@
 
-# $(call render,N): out/LIMIT/tableN.md (and .csv, plots/tableN/), `reservoir report --paper N` of the
-# results the table's markers name; PAPER_AS_N maps our settings to the paper's rows
+# tables 18 and 20: the output-only head beside the end-to-end runs, on HEAD_TASKS_N at LIMIT (the size of the
+# output-only tables; TRAIN_LIMIT sizes the runs that train more), fitted on the features of each extraction
+# seed in HEAD_SEEDS_N (a seed draws the input layer, and the backbone when it is random), at the paper's input scale
+# (at LIMIT=5000 bit memory's features of every depth take about 14 GB an extraction of SmolLM2: 10,000 rows x 31
+# depths x 20 readout tokens x 576, float32; DEPTHS_bit_memory=0,6,12,18,24,30 takes a fifth)
+HEAD_TASKS_18 ?= $(call runnable,bit_memory bit_xor mnist cifar10)
+HEAD_TASKS_20 ?= $(HEAD_TASKS_18)
+HEAD_SEEDS_18 ?= 0
+HEAD_SEEDS_20 ?= 0 1 2
+# $(call heads,TASKS,BACKBONE,SEEDS): the output-only markers (Makefile) of every task and seed
+heads = $(foreach t,$(1),$(foreach s,$(3),$(OUT)/done/paper/$(t)/$(2)$(if $(filter-out 0,$(s)),~s$(s)).done))
+
+# what a rendered table states under its caption: the settings of its end-to-end runs and of its output-only heads
+trained_note = End to end (`reservoir train`): at most $(TRAIN_LIMIT) examples a split, at most $(STEPS) steps, \
+	$(SEEDS) seed(s) a learning rate, --lr $(LR)$(if $(filter-out $(LR),$(LSTM_LR)), (LSTMs $(LSTM_LR))) (a list is \
+	swept and selected on validation)$(if $(strip $(TRAIN_OPTS)), and $(strip $(TRAIN_OPTS))).
+heads_note = Output only (`reservoir fit --head $(HEAD)` on features cached by `reservoir extract`, input scale \
+	paper): at most $(LIMIT) examples a split, extraction and fit seed(s) $(HEAD_SEEDS_$(1)) (mean and spread \
+	over seeds); each setting at the depth chosen on validation and at the last depth (what the paper's \
+	output layer reads).
+# $(call quoted,TEXT): TEXT as one single-quoted shell word
+quoted = '$(subst ','\'',$(1))'
+trained_of = $(filter $(TRAIN)/%,$(1))
+heads_of = $(filter $(OUT)/done/%,$(1))
+# the baselines' result folders of the tasks of output-only markers out/LIMIT/done/SCALE/TASK/...
+head_tasks = $(sort $(foreach m,$(1),$(word 2,$(subst /, ,$(patsubst $(OUT)/done/%,%,$(m))))))
+head_baselines = $(wildcard $(foreach t,$(call head_tasks,$(1)),$(OUT)/results/$(t)/baseline-*))
+
+# $(call render,N): out/LIMIT/tableN.md (and .csv, plots/tableN/), `reservoir report --paper N` of the results
+# the table's markers name (a training marker's last line; the HEAD results of the features an output-only
+# marker names, with the baselines of their tasks); PAPER_AS_N maps our settings to the paper's rows, NOTE_N
+# adds a line under the caption
 define render
 @test -n "$^" || { echo "$@: no runs to report (are its TASKS_ or backbone variables empty?)" >&2; exit 2; }
-$(RESERVOIR) report $$(tail -qn1 $^) --paper $(1) $(PAPER_AS_$(1)) --csv $(OUT)/table$(1).csv \
-	--plots $(OUT)/plots/table$(1) $(REPORT_OPTS) > $@.tmp || { rm -f $@.tmp; exit 1; }
-@mv -f $@.tmp $@ && cat $@
+@{ $(if $(call trained_of,$^),tail -qn1 $(call trained_of,$^) &&) \
+	for m in $(call heads_of,$^); do grep -lF "\"features\": \"$$(cat $$m)\"" \
+	$(OUT)/results/*/*/output-only_$(HEAD)_*.json 2> /dev/null || { echo "$@: no $(HEAD) results of the features $$m \
+	names; remove it to extract and fit again" >&2; exit 1; }; done; } > $@.results
+$(RESERVOIR) report $$(cat $@.results) $(call head_baselines,$(call heads_of,$^)) \
+	--paper $(1) $(PAPER_AS_$(1)) $(if $(call heads_of,$^),--depth chosen --depth last) --csv $(OUT)/table$(1).csv \
+	--plots $(OUT)/plots/table$(1) $(REPORT_OPTS) > $@.tmp || { rm -f $@.tmp $@.results; exit 1; }
+@{ head -n 2 $@.tmp && printf '%s\n\n' $(if $(call trained_of,$^),$(call quoted,$(trained_note))) \
+	$(if $(call heads_of,$^),$(call quoted,$(call heads_note,$(1)))) $(if $(NOTE_$(1)),$(call quoted,$(NOTE_$(1)))) && \
+	tail -n +3 $@.tmp; } > $@ && rm -f $@.tmp $@.results && cat $@
 endef
 
 $(OUT)/table1.md: $(call runs,$(TASKS_1),$(PRETRAINED),$(FPT)) $(call runs,$(TASKS_1),$(FULL),$(ALL_GROUPS)) \
@@ -171,13 +223,14 @@ $(OUT)/table16.md: $(call runs,$(TASKS_16),$(PRETRAINED) $(PRETRAINED)-random,$(
 $(OUT)/table17.md: $(call runs,$(TASKS_17),$(OTHER_ARCHS),$(FPT))
 	$(call render,17)
 
-$(OUT)/table18.md: $(call runs,$(TASKS_18),$(PRETRAINED),$(SINGLE))
+$(OUT)/table18.md: $(call runs,$(TASKS_18),$(PRETRAINED),$(SINGLE)) $(call heads,$(HEAD_TASKS_18),$(PRETRAINED),$(HEAD_SEEDS_18))
 	$(call render,18)
 
 $(OUT)/table19.md: $(call runs,$(TASKS_19),$(PRETRAINED),$(SUCCESSIVE))
 	$(call render,19)
 
-$(OUT)/table20.md: $(call runs,$(TASKS_20),$(PRETRAINED)-random,$(SINGLE))
+$(OUT)/table20.md: $(call runs,$(TASKS_20),$(PRETRAINED)-random,$(SINGLE)) \
+		$(call heads,$(HEAD_TASKS_20),$(PRETRAINED)-random,$(HEAD_SEEDS_20))
 	$(call render,20)
 
 $(OUT)/table21.md: $(call runs,$(TASKS_21),$(PRETRAINED)-random,$(SUCCESSIVE))
@@ -195,7 +248,48 @@ table13: $(OUT)/table13.md ## finetuning more: the FPT, + feedforward, + attenti
 table15: $(OUT)/table15.md ## ablation, pretrained: output layer, + layer norms, + input, + positions (SUCCESSIVE)
 table16: $(OUT)/table16.md ## layer norms frozen against trained, pretrained and random (CIFAR-10, DATA_DIR)
 table17: $(OUT)/table17.md ## other architectures as the frozen backbone (OTHER_ARCHS), ListOps and CIFAR-10
-table18: $(OUT)/table18.md ## ablation, pretrained: each group alone with the output layer (SINGLE)
+table18: $(OUT)/table18.md ## ablation, pretrained: each group alone with the output layer (SINGLE, at TRAIN_LIMIT) and our output-only head (at LIMIT)
 table19: $(OUT)/table19.md ## ablation, pretrained, every task: groups added one after another (SUCCESSIVE)
-table20: $(OUT)/table20.md ## ablation, random: each group alone with the output layer (SINGLE)
+table20: $(OUT)/table20.md ## ablation, random: each group alone with the output layer (SINGLE, at TRAIN_LIMIT) and our output-only head (at LIMIT, 3 seeds)
 table21: $(OUT)/table21.md ## ablation, random: groups added one after another (SUCCESSIVE)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The critique (Rothermel et al. 2021), its capacity table (reservoir/report/paper.py's table 101): PRETRAINED and its
+# -random twin, each frozen as in the FPT (input, positions, layer norms and output trained: FPT) and unfrozen (every
+# group trained: ALL_GROUPS; the random twin unfrozen is training from scratch), each with a learning-rate sweep
+# selected on validation, 3 seeds a learning rate, on ListOps, MNIST, CIFAR-10 and CIFAR-10 LRA (those this machine
+# runs: DATA_TASKS). `make critique` runs this file's rules again (a sub-make) at the critique's own sizes (LIMIT,
+# TRAIN_LIMIT, STEPS, SEEDS, LR and TRAIN_OPTS set from CRITIQUE_*), so its runs and out/CRITIQUE_LIMIT/table101.md
+# are kept apart from the other tables' settings. The defaults fit a 2-core CPU in a few hours: 450 training rows
+# (500 a split), 100 steps of 8 rows, and a 6-block stand-in (only the first CRITIQUE_BLOCKS blocks run, as many as
+# the critique's DistilGPT2; its GPT2 has 12; empty: every block, 5 times the time for SmolLM2's 30). Estimated
+# from the training rate table 10 measured (docs/results.md): about 25 minutes for MNIST, as much for CIFAR-10 and
+# 3 hours for ListOps (512-token rows); CIFAR-10 LRA (1024) about twice ListOps.
+CRITIQUE_TASKS ?= $(call runnable,listops mnist cifar10 cifar10_lra)
+CRITIQUE_LIMIT ?= 500
+CRITIQUE_STEPS ?= 100
+CRITIQUE_SEEDS ?= 3
+# three of the critique's logarithmic sweep 1e-6 to 1e-2: its unfrozen models did best at the lower ones, frozen at the higher
+CRITIQUE_LR ?= 1e-5,1e-4,1e-3
+CRITIQUE_BLOCKS ?= 6
+CRITIQUE_TRAIN_OPTS ?= --batch-size 8 --eval-every 25
+critique_spec = $(if $(strip $(CRITIQUE_BLOCKS)),~b$(strip $(CRITIQUE_BLOCKS)))
+PAPER_AS_101 ?= --as $(PRETRAINED):$(FPT_GROUPS)='Frozen Pretrained, GPT2' \
+	--as $(PRETRAINED):input,pos,ln,attn,ff,out='Unfrozen Pretrained, GPT2' \
+	--as $(PRETRAINED)-random:$(FPT_GROUPS)='Frozen Random, GPT2' \
+	--as $(PRETRAINED)-random:input,pos,ln,attn,ff,out='Unfrozen Random, GPT2'
+NOTE_101 ?= The critique's protocol at a small size: $(PRETRAINED) stands for its pretrained GPT2 and \
+	$(PRETRAINED)-random for its random one; Frozen is [$(FPT_GROUPS)] and Unfrozen [input,pos,ln,attn,ff,out] \
+	(every group)$(if $(strip $(CRITIQUE_BLOCKS)), and only the first $(strip $(CRITIQUE_BLOCKS)) blocks run \
+	(CRITIQUE_BLOCKS; the critique's DistilGPT2 has 6 and its GPT2 12)). The critique trains every variant to \
+	convergence (4e4 to 4e5 steps, its table 102); these runs are far shorter, so the table checks the protocol \
+	and the early ordering of the variants, not the converged accuracies.
+
+$(OUT)/table101.md: $(call runs,$(CRITIQUE_TASKS),$(PRETRAINED) $(PRETRAINED)-random,$(FPT)$(critique_spec) \
+		$(ALL_GROUPS)$(critique_spec))
+	$(call render,101)
+
+critique: ## the critique's table 101: frozen, unfrozen, from scratch; lr swept (CRITIQUE_*: 500 rows, 100 steps, 6 blocks, about 4 h)
+	$(MAKE) $(OUT_ROOT)/$(CRITIQUE_LIMIT)/table101.md LIMIT=$(CRITIQUE_LIMIT) TRAIN_LIMIT=$(CRITIQUE_LIMIT) \
+		STEPS=$(CRITIQUE_STEPS) SEEDS=$(CRITIQUE_SEEDS) LR=$(CRITIQUE_LR) LSTM_LR=$(CRITIQUE_LR) \
+		TRAIN_OPTS="$(CRITIQUE_TRAIN_OPTS)"

@@ -434,19 +434,28 @@ def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps,
 @click.option("--layout", type=click.Choice(["depth", "task"]), default=None,
               help="One table per task with a column per depth, or a row per setting with a column per task "
                    "[default: the paper table's, else depth].")
+@click.option("--depth", "depth_rules", multiple=True, metavar="chosen|last|N",
+              help="The depth whose test accuracy an output-only setting reports in the task layout: chosen on "
+                   "validation, last (the deepest, what the paper's output layer reads) or a number; repeat for a "
+                   "line per rule [default: chosen].")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write every cell as CSV (one line per cell).")
 @click.option("--plots", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write PNG plots there: accuracy by depth with the baselines, training curves.")
-def report(paths, paper_table, paper_rows, layout, csv_path, plot_dir) -> None:
+def report(paths, paper_table, paper_rows, layout, depth_rules, csv_path, plot_dir) -> None:
     """Tables from result JSON files or folders (default: results/), each result once.
 
-    The number of an output-only setting is its test accuracy at the depth chosen on validation;
-    the baselines of the same data and head are listed with it."""
+    The number of an output-only setting is its test accuracy at the depth chosen on validation
+    (--depth: also or instead the last depth, or a given one); the baselines of the same data and
+    head are listed with it."""
     from reservoir.config import home
-    from reservoir.report.tables import Report, load_results
+    from reservoir.report.tables import Report, depth_rule, load_results
     from reservoir.results import atomic_write
 
+    try:
+        rules = tuple(dict.fromkeys(depth_rule(v) for v in depth_rules)) or ("chosen",)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--depth") from None
     results = run(load_results, paths or [home() / "results"])
     if not results:
         raise click.ClickException("no results found; run `reservoir fit` or `reservoir train` first")
@@ -467,7 +476,10 @@ def report(paths, paper_table, paper_rows, layout, csv_path, plot_dir) -> None:
                                      param_hint="--as")
         mapping[ours] = row
     layout = layout or ("depth" if table is None or all(c.isdigit() for c in table.columns) else "task")
-    rep = Report(results, paper=table, paper_rows=mapping)
+    if rules != ("chosen",) and layout == "depth":
+        raise click.BadParameter("--depth picks the depth of the task layout, and this report is laid out by depth "
+                                 "(every depth a column); add --layout task", param_hint="--depth")
+    rep = Report(results, paper=table, paper_rows=mapping, depths=rules)
     text = rep.markdown(layout)
     if table is not None:
         text = f"Paper table {table.number}: {table.caption}" + (f" ({table.note})" if table.note else "") + "\n\n" + text

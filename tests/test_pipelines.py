@@ -1,12 +1,15 @@
 """The pipelines run as a user runs them: `make -C pipelines tableN` to a table, CSV and plots."""
 
 import csv
+import gzip
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,12 +19,35 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None or not RESERVOIR.ex
                                 reason="needs make and the installed reservoir command")
 
 
-def make(tmp_path, *args):
+def make(tmp_path, *args, reservoir=RESERVOIR):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("RESERVOIR_HOME", None)
     return subprocess.run(["make", "-C", str(ROOT / "pipelines"), *args, f"OUT_ROOT={tmp_path}",
-                           f"RESERVOIR={RESERVOIR}", f"DATA_DIR={tmp_path / 'data'}"],
+                           f"RESERVOIR={reservoir}", f"DATA_DIR={tmp_path / 'data'}"],
                           capture_output=True, text=True, env=env, timeout=600)
+
+
+def stand_in(tmp_path):
+    """A tiny GPT-2 saved as the folder ``tinygpt`` stands in for PRETRAINED (and ``tinygpt-random``, built
+    from its config, for the random twin); Make targets take bare names, so the returned ``reservoir``
+    runs in the folder that holds it. Also a tiny MNIST (random images, official IDX format) in DATA_DIR."""
+    from tests.conftest import save_tiny_gpt2
+
+    models = tmp_path / "models"
+    save_tiny_gpt2(models / "tinygpt")
+    wrapper = tmp_path / "reservoir"
+    wrapper.write_text(f'#!/bin/sh\ncd "{models}" && exec "{RESERVOIR}" "$@"\n')
+    wrapper.chmod(0o755)
+    mnist = tmp_path / "data" / "mnist"
+    mnist.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 120), ("t10k", 100)):
+        with gzip.open(mnist / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(b"\0\0\x08\x03" + n.to_bytes(4, "big") + (28).to_bytes(4, "big") * 2)
+            f.write(rng.integers(0, 256, (n, 28, 28), dtype=np.uint8).tobytes())
+        with gzip.open(mnist / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(b"\0\0\x08\x01" + n.to_bytes(4, "big") + (np.arange(n) % 10).astype(np.uint8).tobytes())
+    return wrapper
 
 
 def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_path):
@@ -42,3 +68,65 @@ def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_pa
     again = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn",
                  "PRETRAINED=gpt2")
     assert again.returncode == 0 and "extract" not in again.stdout
+
+
+def test_table18_sets_the_output_only_head_at_the_chosen_and_last_depth_beside_the_paper_and_end_to_end(tmp_path):
+    reservoir = stand_in(tmp_path)
+    r = make(tmp_path, "table18", "LIMIT=100", "TRAIN_LIMIT=110", "STEPS=1", "PRETRAINED=tinygpt", "DATA_TASKS=mnist",
+             "TASKS_18=mnist", "HEAD_TASKS_18=mnist", "SINGLE=out ln+out", "TRAIN_OPTS=--batch-size 4",
+             reservoir=reservoir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    table = (tmp_path / "100" / "table18.md").read_text()
+    lines = table.splitlines()
+    assert lines[0].startswith("Paper table 18:") and lines[1] == ""
+    assert "at most 110 examples a split, at most 1 steps" in lines[2]  # the end-to-end runs' size, under the caption
+    assert "at most 100 examples a split, extraction and fit seed(s) 0" in lines[4]  # the heads' size
+    # ours beside the paper's output only (MNIST 23%) and output + layernorm (96%)
+    assert re.search(r"\| tinygpt, depth chosen on validation \| ridge \| [\d.]+ \(100/100, d\d\) \(paper 23\) \|",
+                     table)
+    assert re.search(r"\| tinygpt, last depth \| ridge \| [\d.]+ \(100/100, d2\) \(paper 23\) \|", table)
+    assert re.search(r"\| tinygpt \[out\] \| linear \| [\d.]+ \(99/100\) \(paper 23\) \|", table)
+    assert re.search(r"\| tinygpt \[ln,out\] \| linear \| [\d.]+ \(99/100\) \(paper 96\) \|", table)
+    assert "| baseline: majority class | rule |" in table
+    # the end-to-end runs live at their own size, the heads at LIMIT; markers name exactly what was rendered
+    assert list((tmp_path / "110" / "train").glob("*/mnist/tinygpt/out.done"))
+    assert (tmp_path / "100" / "done" / "paper" / "mnist" / "tinygpt.done").exists()
+    rows = list(csv.DictReader((tmp_path / "100" / "table18.csv").open()))
+    assert {(r["depth_rule"], r["depth"]) for r in rows if r["mode"] == "output-only"} >= {("last", "2")}
+
+
+def test_table20_averages_the_heads_over_three_extraction_seeds(tmp_path):
+    reservoir = stand_in(tmp_path)
+    r = make(tmp_path, "table20", "LIMIT=100", "TRAIN_LIMIT=110", "STEPS=1", "PRETRAINED=tinygpt", "DATA_TASKS=mnist",
+             "TASKS_20=mnist", "HEAD_TASKS_20=mnist", "SINGLE=out", "TRAIN_OPTS=--batch-size 4", reservoir=reservoir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    table = (tmp_path / "100" / "table20.md").read_text()
+    assert "extraction and fit seed(s) 0 1 2 (mean and spread over seeds)" in table
+    # the random stand-in's paper rows: output only on MNIST, 25%
+    for rule in ("depth chosen on validation", "last depth"):
+        ours = r"[\d.]+ ± [\d.]+ \(n=3\) \(100/100, d\d\)"
+        assert re.search(rf"\| tinygpt-random, {rule} \| ridge \| {ours} \(paper 25\) \|", table), rule
+    assert re.search(r"\| tinygpt-random \[out\] \| linear \| [\d.]+ \(99/100\) \(paper 25\) \|", table)
+    assert [p.name for p in sorted((tmp_path / "100" / "done" / "paper" / "mnist").iterdir())] == \
+        ["tinygpt-random.done", "tinygpt-random~s1.done", "tinygpt-random~s2.done"]
+
+
+def test_critique_renders_table101_at_its_own_sizes_beside_the_critiques_numbers(tmp_path):
+    reservoir = stand_in(tmp_path)
+    r = make(tmp_path, "critique", "PRETRAINED=tinygpt", "DATA_TASKS=mnist", "CRITIQUE_TASKS=mnist",
+             "CRITIQUE_LIMIT=110", "CRITIQUE_STEPS=2", "CRITIQUE_SEEDS=2", "CRITIQUE_LR=1e-3,1e-2", "CRITIQUE_BLOCKS=1",
+             "CRITIQUE_TRAIN_OPTS=--batch-size 4 --eval-every 1", reservoir=reservoir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    table = (tmp_path / "110" / "table101.md").read_text()
+    assert table.startswith("Paper table 101: Critique (Rothermel et al. 2021)")
+    assert "at most 110 examples a split, at most 2 steps, 2 seed(s) a learning rate, --lr 1e-3,1e-2" in table
+    assert "only the first 1 blocks run" in table
+    # frozen and unfrozen, pretrained and random: each beside the critique's GPT2 row, with its printed error
+    for setting, critique in (("tinygpt [input,pos,ln,out]", "98.5 ± 0.1"),
+                              ("tinygpt-random [input,pos,ln,out]", "98.0 ± 0.0"),
+                              ("tinygpt [input,pos,ln,attn,ff,out]", "99.0 ± 0.0"),
+                              ("tinygpt-random [input,pos,ln,attn,ff,out]", "98.7 ± 0.0")):
+        assert re.search(rf"\| {re.escape(setting)} \| linear \| [\d.]+ ± [\d.]+ \(n=2\) \(99/100\) "
+                         rf"\(critique {re.escape(critique)}\) \|", table), setting
+    summaries = list((tmp_path / "110" / "train").glob("steps2_seeds2_lr1e-3-1e-2_*/mnist/*/*~b1.done"))
+    assert len(summaries) == 4

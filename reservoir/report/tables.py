@@ -5,7 +5,10 @@ A row is one setting: task, backbone, mode, head, trained groups, input scale an
 producing run. Output-only rows have a test accuracy per depth; the number a row reports is
 the test accuracy at the depth chosen on validation (the best mean validation accuracy over
 seeds; ties go to the shallower depth), never the best test accuracy, which appears only
-labelled as such. Results of several seeds share a row: mean, and spread over seeds.
+labelled as such; the task layout can also report a fixed depth (``depths=("chosen", "last")``:
+a line per rule). Results of several seeds share a row: mean, and spread over seeds (the seed
+of ``fit`` and the seed of ``extract``, which draws the input layer, a random backbone and
+generated data).
 Baselines (:mod:`reservoir.probe.baselines`) of the same data and head are shown with every
 output-only table, and the FPT paper's number (:mod:`reservoir.report.paper`) beside ours where a
 row is mapped to a row of the paper's table (``--as BACKBONE=ROW``).
@@ -79,6 +82,15 @@ class Row:
         """The depth with the best mean validation accuracy (the shallower on ties)."""
         return max(sorted(self.by_depth), key=lambda d: (self.val(d), -d))
 
+    def depth_for(self, rule: str | int) -> int | None:
+        """The depth a :data:`DEPTH_RULES` rule picks: ``"chosen"`` on validation, ``"last"`` the
+        deepest, a number that depth (``None`` when the row has no result there)."""
+        if rule == "chosen":
+            return self.chosen
+        if rule == "last":
+            return max(self.by_depth)
+        return int(rule) if int(rule) in self.by_depth else None
+
     @property
     def best_by_test(self) -> int:
         return max(sorted(self.by_depth), key=lambda d: (float(np.mean(self.tests(d))), -d))
@@ -97,14 +109,24 @@ class Row:
         return f"{r['n_train']}/{r['n_test']}"
 
 
+#: what an extraction's seed draws: the seed itself, the data of generated tasks (and their task option
+#: ``seed``, which follows it unless set) and a random backbone's weights
+SEED_DRAWN = ("seed", "data", "backbone_fingerprint")
+
+
 def run_of(r: dict[str, Any]) -> str:
     """The producing run, short: for end-to-end results every setting but the number of blocks, so
-    a sweep over blocks (paper table 11) shares a row."""
-    if r["mode"] != "end-to-end":
-        return r["identity_hash"][:6]
+    a sweep over blocks (paper table 11) shares a row; for output-only results every setting of the
+    features but what their seed draws (:data:`SEED_DRAWN`), so the seeds of one setting share a row."""
     from reservoir.identity import digest
 
-    return digest({k: v for k, v in r.get("identity", {}).items() if k not in ("blocks", "backbone_fingerprints")})[:6]
+    identity = dict(r.get("identity", {}))
+    if r["mode"] == "end-to-end":
+        return digest({k: v for k, v in identity.items() if k not in ("blocks", "backbone_fingerprints")})[:6]
+    options = identity.get("task_options")
+    if isinstance(options, dict) and "seed" in options and options["seed"] == identity.get("seed"):
+        identity["task_options"] = {k: v for k, v in options.items() if k != "seed"}
+    return digest({k: v for k, v in identity.items() if k not in SEED_DRAWN})[:6]
 
 
 def row_key(r: dict[str, Any]) -> tuple:
@@ -144,6 +166,23 @@ def baselines_for(rows: list[Row], baselines: list[dict[str, Any]], task: str) -
     return sorted(found.values(), key=lambda b: (baseline_rank(b["baseline"]), b["head"]))
 
 
+#: how an output-only setting's depth is picked in the task layout (or a depth number), and the label of each
+DEPTH_RULES = {"chosen": "depth chosen on validation", "last": "last depth"}
+
+
+def depth_rule(value: str) -> str | int:
+    """``"chosen"``, ``"last"`` or a depth number, from the user's words; ``ValueError`` otherwise."""
+    if value in DEPTH_RULES:
+        return value
+    if value.isdigit():
+        return int(value)
+    raise ValueError(f"expected 'chosen', 'last' or a depth number (0, 1, ...); got {value!r}")
+
+
+def rule_label(rule: str | int) -> str:
+    return DEPTH_RULES[rule] if isinstance(rule, str) else f"depth {rule}"
+
+
 def pct(x: float | None, std: float | None = None, n: int = 1) -> str:
     if x is None:
         return ""
@@ -153,8 +192,13 @@ def pct(x: float | None, std: float | None = None, n: int = 1) -> str:
     return text
 
 
-def paper_cell(ours: str, paper: float | str | None) -> str:
-    return ours if paper is None else f"{ours} (paper {paper:g})" if isinstance(paper, float) else f"{ours} (paper {paper})"
+def paper_cell(ours: str, paper: float | str | None, pm: float | None = None, who: str = "paper") -> str:
+    """``ours (paper N)``; ``who`` names the source (``critique`` for Rothermel et al.), ``pm`` its printed error."""
+    if paper is None:
+        return ours
+    if pm is not None:  # as the critique prints it, one decimal each
+        return f"{ours} ({who} {paper:.1f} ± {pm:.1f})"
+    return f"{ours} ({who} {paper:g})" if isinstance(paper, float) else f"{ours} ({who} {paper})"
 
 
 def row_label(row: Row) -> str:
@@ -170,9 +214,11 @@ class Report:
     """Markdown and CSV of results, laid out by depth (one table per task) or by task (one row per
     setting, the validation-chosen depth's test accuracy per task column)."""
 
-    def __init__(self, results: list[dict[str, Any]], *, paper: Any = None, paper_rows: dict[str, str] | None = None):
+    def __init__(self, results: list[dict[str, Any]], *, paper: Any = None, paper_rows: dict[str, str] | None = None,
+                 depths: tuple[str | int, ...] = ("chosen",)):
         self.rows, self.baselines = collect(results)
         self.paper, self.paper_rows = paper, dict(paper_rows or {})
+        self.depths = tuple(depths) or ("chosen",)  # the task layout's rules for output-only rows (DEPTH_RULES)
         self.records: list[dict[str, Any]] = []  # the CSV, one line per cell
 
     def paper_row(self, row: Row) -> str | None:
@@ -182,6 +228,21 @@ class Report:
     def paper_number(self, row: Row, column: str) -> float | None:
         name = self.paper_row(row)
         return self.paper.rows.get(name, {}).get(column) if self.paper is not None and name else None
+
+    @property
+    def who(self) -> str:
+        """How cells name the source of the numbers beside ours: "paper", or "critique" (Rothermel et al.)."""
+        from reservoir.report.paper import CRITIQUE_SOURCE
+
+        return "critique" if self.paper is not None and self.paper.source == CRITIQUE_SOURCE else "paper"
+
+    def beside(self, row: Row, column: str, ours: str) -> str:
+        """``ours`` with the paper's (or the critique's) number of the row ``row`` stands for, and its printed error."""
+        paper = self.paper_number(row, column)
+        if paper is None:
+            return ours
+        pm = self.paper.plus_minus.get(self.paper_row(row), {}).get(column)
+        return paper_cell(ours, paper, pm, self.who)
 
     def record(self, row: Row, column: str, **values: Any) -> None:
         self.records.append({"task": row.task, "setting": row_label(row), "backbone": row.backbone, "mode": row.mode,
@@ -211,7 +272,7 @@ class Report:
                         continue
                     mean, std, n = row.spread(d)
                     paper = self.paper_number(row, str(d))
-                    cells.append(paper_cell(pct(mean, std, n), paper))
+                    cells.append(self.beside(row, str(d), pct(mean, std, n)))
                     self.record(row, f"d{d}", test=mean, test_std=std, n_seeds=n, val=row.val(d), paper=paper)
                 c, b = row.chosen, row.best_by_test
                 mean, std, n = row.spread(c)
@@ -234,35 +295,44 @@ class Report:
 
     # ---------------------------------------------------------------- task layout
     def task_table(self) -> str:
-        tasks = list(self.paper.columns) if self.paper is not None else list(dict.fromkeys(r.task for r in self.rows))
-        tasks = [t for t in tasks if any(r.task == t for r in self.rows)] or tasks
-        settings: dict[tuple, dict[str, Row]] = defaultdict(dict)
+        ours = list(dict.fromkeys(r.task for r in self.rows))
+        if self.paper is not None:  # the paper's columns we have results for, then our tasks the paper's table lacks
+            tasks = [t for t in self.paper.columns if t in ours] + [t for t in ours if t not in self.paper.columns]
+        else:
+            tasks = ours
+        rules = self.depths
+        settings: dict[tuple, dict[str, tuple[Row, str | int]]] = defaultdict(dict)
         for row in self.rows:
-            settings[(row_label(row), row.head)][row.task] = row
+            for rule in rules if row.mode == "output-only" else ("chosen",):
+                label = row_label(row)
+                if row.mode == "output-only" and rules != ("chosen",):
+                    label += f", {rule_label(rule)}"
+                settings[(label, row.head)][row.task] = (row, rule)
         head = ["setting", "head"] + [f"{t} (n train/test)" for t in tasks]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for (label, headname), by_task in settings.items():
             cells = []
             for t in tasks:
-                row = by_task.get(t)
-                if row is None:
+                row, rule = by_task.get(t, (None, None))
+                c = None if row is None else row.depth_for(rule)
+                if c is None:
                     cells.append("")
                     continue
-                c = row.chosen
                 mean, std, n = row.spread(c)
                 paper = self.paper_number(row, t)
                 depth = f", d{c}" if row.mode == "output-only" and len(row.by_depth) > 1 else ""
+                extra = {"depth_rule": str(rule)} if rules != ("chosen",) and row.mode == "output-only" else {}
                 if self.paper is not None and self.paper.unit == "steps":  # steps to the target (table 6)
                     steps = row.by_depth[c][0].get("steps_to_target_mean")
                     target = row.by_depth[c][0].get("target")
                     text = (f"{steps:,.0f} steps to {100 * target:g}%" if steps is not None
                             else f"not reached ({100 * target:g}%)" if target else "no --target")
                     cells.append(paper_cell(f"{text}; test {pct(mean)} ({row.size})",
-                                            None if paper is None else f"{paper:,.0f} steps"))
-                    self.record(row, t, depth=c, steps_to_target=steps, target=target, test=mean, paper=paper)
+                                            None if paper is None else f"{paper:,.0f} steps", who=self.who))
+                    self.record(row, t, depth=c, steps_to_target=steps, target=target, test=mean, paper=paper, **extra)
                     continue
-                cells.append(paper_cell(f"{pct(mean, std, n)} ({row.size}{depth})", paper))
-                self.record(row, t, depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c), paper=paper)
+                cells.append(self.beside(row, t, f"{pct(mean, std, n)} ({row.size}{depth})"))
+                self.record(row, t, depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c), paper=paper, **extra)
             lines.append("| " + " | ".join([label, headname] + cells) + " |")
         by_name: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         for t in tasks:

@@ -1,0 +1,82 @@
+"""reservoir report: a fixed depth beside the one chosen on validation, seeds of one setting in one row,
+and the critique's numbers (with their printed error) beside ours."""
+
+import csv
+import json
+
+from reservoir.report.paper import TABLES
+from reservoir.report.tables import Report
+
+
+def output_only(depth, val, test, *, task="mnist", backbone="b", seed=0, **identity):
+    """An output-only result of the features of ``identity`` (seed, data and fingerprint vary with the seed)."""
+    ident = {"data": f"data{seed}", "backbone_fingerprint": f"fp{seed}", "seed": seed, "input_scale": "paper",
+             "limit": 50, "task_options": {"n_bits": 5, "seed": seed}, **identity}
+    return {"task": task, "backbone": backbone, "mode": "output-only", "depth": depth, "head": "ridge",
+            "trainable": ["out"], "test_accuracy": test, "val_accuracy": val, "n_train": 50, "n_val": 5, "n_test": 50,
+            "seconds": 0.0, "seed": seed, "lr": None, "identity": ident, "identity_hash": f"hash{seed}{identity}",
+            "key": f"{task}{backbone}{depth}{seed}{identity}", "config": {}, "version": "x"}
+
+
+def end_to_end(task, backbone, trainable, test, *, blocks=3):
+    return {"task": task, "backbone": backbone, "mode": "end-to-end", "depth": blocks, "head": "linear",
+            "trainable": trainable, "test_accuracy": test, "test_std": 0.01, "seeds": [0, 1, 2], "val_accuracy": 0.5,
+            "n_train": 20, "n_val": 2, "n_test": 20, "seconds": 1.0, "seed": 0, "lr": 1e-4,
+            "identity": {"input_scale": "paper", "task": task, "trainable": trainable}, "identity_hash": "e2e",
+            "key": f"{task}{backbone}{trainable}", "config": {}, "version": "x"}
+
+
+def test_task_layout_reports_the_depth_chosen_on_validation_and_the_last_depth():
+    # two seeds of one setting (each its own extraction: seed, data digest and backbone fingerprint differ)
+    results = [output_only(0, 0.5, 0.20, seed=0), output_only(1, 0.9, 0.60, seed=0), output_only(2, 0.7, 0.40, seed=0),
+               output_only(0, 0.5, 0.30, seed=1), output_only(1, 0.8, 0.70, seed=1), output_only(2, 0.6, 0.50, seed=1),
+               end_to_end("mnist", "b", ["out"], 0.25)]
+    rep = Report(results, paper=TABLES[18], paper_rows={"b:out": "output only"}, depths=("chosen", "last"))
+    (e2e, row) = rep.rows  # sorted by mode: end-to-end first
+    assert row.by_depth[1] and len(row.by_depth[1]) == 2 and (row.chosen, row.depth_for("last")) == (1, 2)
+    table = rep.task_table()
+    assert "| b, depth chosen on validation | ridge | 65.0 ± 7.1 (n=2) (50/50, d1) (paper 23) |" in table
+    assert "| b, last depth | ridge | 45.0 ± 7.1 (n=2) (50/50, d2) (paper 23) |" in table
+    assert "| b [out] | linear | 25.0 ± 1.0 (n=3) (20/20) (paper 23) |" in table  # end-to-end rows: one line
+    cells = csv.DictReader(rep.csv().splitlines())
+    rules = {(r["depth_rule"], r["depth"]) for r in cells if r["mode"] == "output-only"}
+    assert rules == {("chosen", "1"), ("last", "2")}
+    # a fixed depth; a row without it has an empty cell; the default keeps one unlabelled line
+    fixed = Report(results, depths=(0, 5)).task_table()
+    assert "| b, depth 0 | ridge | 25.0 ± 7.1 (n=2) (50/50, d0) |" in fixed and "| b, depth 5 | ridge |  |" in fixed
+    assert "| b | ridge | 65.0 ± 7.1 (n=2) (50/50, d1) |" in Report(results).task_table()
+
+
+def test_settings_that_differ_beyond_the_seed_keep_their_own_rows():
+    rows = Report([output_only(1, 0.9, 0.6, seed=0), output_only(1, 0.9, 0.6, seed=0, limit=80),
+                   output_only(1, 0.9, 0.6, seed=1, task_options={"n_bits": 5, "seed": 7})]).rows  # data seed set apart
+    assert len(rows) == 3
+
+
+def test_critique_numbers_stand_beside_ours_with_their_error_and_tasks_it_lacks_get_a_column():
+    groups = ["input", "pos", "ln", "out"]
+    results = [end_to_end("mnist", "p", groups, 0.97), end_to_end("listops", "p", groups, 0.3),
+               end_to_end("cifar10", "p-random", groups + ["attn", "ff"], 0.5)]
+    rep = Report(results, paper=TABLES[101], paper_rows={"p:input,pos,ln,out": "Frozen Pretrained, GPT2",
+                                                         "p-random:input,pos,ln,out,attn,ff": "Unfrozen Random, GPT2"})
+    table = rep.task_table()
+    header = table.splitlines()[0]
+    assert header == "| setting | head | mnist (n train/test) | cifar10 (n train/test) | listops (n train/test) |"
+    assert "| p [input,pos,ln,out] | linear | 97.0 ± 1.0 (n=3) (20/20) (critique 98.5 ± 0.1) |  | " \
+           "30.0 ± 1.0 (n=3) (20/20) |" in table
+    assert "(critique 77.8 ± 0.2)" in table
+
+
+def test_report_depth_option(cli, tmp_path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    for i, r in enumerate([output_only(0, 0.5, 0.2), output_only(1, 0.9, 0.6), output_only(2, 0.7, 0.4)]):
+        (folder / f"r{i}.json").write_text(json.dumps(r))
+    r = cli("report", str(folder), "--layout", "task", "--depth", "chosen", "--depth", "last")
+    assert r.exit_code == 0, r.output
+    assert "| b, depth chosen on validation | ridge | 60.0 (50/50, d1) |" in r.output
+    assert "| b, last depth | ridge | 40.0 (50/50, d2) |" in r.output
+    r = cli("report", str(folder), "--layout", "task", "--depth", "deepest")
+    assert r.exit_code == 2 and "expected 'chosen', 'last' or a depth number (0, 1, ...); got 'deepest'" in r.output
+    r = cli("report", str(folder), "--depth", "last")  # no paper table: laid out by depth, every depth a column
+    assert r.exit_code == 2 and "--depth picks the depth of the task layout" in r.output and "--layout task" in r.output
