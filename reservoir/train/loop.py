@@ -248,7 +248,7 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         try:
             losses.append(train_step(forward, params, opt, batch, cfg.dtype, cfg.grad_clip))
         except FloatingPointError as e:
-            raise DataError(
+            raise Diverged(
                 f"{tag} the gradients are not finite at step {state.step + 1} ({e}): with a finite loss this is an "
                 "overflow in the backward pass, not the learning rate. A known cause: a token whose hidden state is "
                 "exactly zero (an all-zero input token in a backbone without biases, e.g. SmolLM2, whose position "
@@ -261,7 +261,7 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
             losses.append(train_step(forward, params, opt, batch, cfg.dtype, cfg.grad_clip))
         state.step += 1
         if not math.isfinite(losses[-1]):
-            raise DataError(f"{tag} the training loss became {losses[-1]} at step {state.step}; lower --lr "
+            raise Diverged(f"{tag} the training loss became {losses[-1]} at step {state.step}; lower --lr "
                             f"(now {lr:g}) or keep --grad-clip above 0")
         if state.step % cfg.eval_every == 0 or state.step >= cfg.steps:
             model.eval()
@@ -315,6 +315,26 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
             "param_counts": counts, "checkpoint": str(ckpt), "backbone_fingerprint": ident["backbone_fingerprint"]}
 
 
+class Diverged(DataError):
+    """A run whose loss or gradients stopped being finite. Alone it stops ``train``; in a sweep its
+    learning rate is set aside (recorded as diverged, never selected) and the sweep goes on."""
+
+
+def _sweep_runs(cfg: TrainConfig, lr: float, seeds: list[int], run: Callable[[float, int], dict[str, Any]],
+                log: Callable[[str], None]) -> list[dict[str, Any]] | str:
+    """The runs of one learning rate, or (in a sweep) why it diverged: its other seeds are skipped."""
+    out = []
+    for seed in seeds:
+        try:
+            out.append(run(lr, seed))
+        except Diverged as e:
+            if len(cfg.lr) == 1:
+                raise
+            log(f"{e}; learning rate {lr:g} set aside, the sweep goes on")
+            return str(e)
+    return out
+
+
 def _std(values: Sequence[float]) -> float:
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
@@ -341,12 +361,20 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], N
     runs: dict[float, list[dict[str, Any]]] = {}
     trained: list[FPT] = []  # the one run's model, when its backbone is saved (config: one lr, one seed)
     keep = trained.append if cfg.save_backbone is not None else None
+    diverged: dict[float, str] = {}
     for lr in cfg.lr:
-        runs[lr] = [train_run(cfg, task, data, lr=lr, seed=s, progress=progress, on_step=on_step, log=log,
-                              show_counts=(lr, s) == (cfg.lr[0], seeds[0]), shared=shared, on_trained=keep)
-                    for s in seeds]
+        done = _sweep_runs(cfg, lr, seeds, lambda lr, s: train_run(
+            cfg, task, data, lr=lr, seed=s, progress=progress, on_step=on_step, log=log,
+            show_counts=(lr, s) == (cfg.lr[0], seeds[0]), shared=shared, on_trained=keep), log)
+        if isinstance(done, str):
+            diverged[lr] = done
+        else:
+            runs[lr] = done
+    if not runs:
+        raise DataError(f"every learning rate of the sweep diverged ({', '.join(f'{lr:g}' for lr in cfg.lr)}); "
+                        "sweep lower ones")
     val_mean = {lr: float(np.mean([r["val_accuracy"] for r in rs])) for lr, rs in runs.items()}
-    best_lr = max(cfg.lr, key=lambda lr: (val_mean[lr], -cfg.lr.index(lr)))
+    best_lr = max(runs, key=lambda lr: (val_mean[lr], -cfg.lr.index(lr)))
     chosen = runs[best_lr]
     tests = [r["test_accuracy"] for r in chosen]
     to_target = [r["steps_to_target"] for r in chosen]
@@ -371,7 +399,8 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], N
         "runs": [{k: v for k, v in r.items() if k != "param_counts"} for rs in runs.values() for r in rs],
         "sweep": {f"{lr:g}": {"val_mean": val_mean[lr], "val_std": _std([r["val_accuracy"] for r in rs]),
                               "test_mean": float(np.mean([r["test_accuracy"] for r in rs])),
-                              "test_std": _std([r["test_accuracy"] for r in rs])} for lr, rs in runs.items()},
+                              "test_std": _std([r["test_accuracy"] for r in rs])} for lr, rs in runs.items()}
+                 | {f"{lr:g}": {"diverged": why} for lr, why in diverged.items()},
         "config": {"train": cfg.to_json(), "task_options": task.options()},
     }
     if trained:
