@@ -43,15 +43,14 @@ def main() -> int:
     p.add_argument("--data-dir", default=None, help="data folder holding MNIST (default: reservoir's)")
     args = p.parse_args()
 
-    import numpy as np
     import torch
 
     from matmul import matmul_rate
     from reservoir.runtime import engines
     from reservoir.runtime import runner as runner_module
     from reservoir.runtime.dtypes import candidates
+    from reservoir.runtime.machine import cpu
 
-    imported = time.perf_counter()
     batches: list[tuple[float, float, int]] = []  # (start, seconds, rows)
     prepared = {}
     run_async = runner_module.FeatureRunner.run_async
@@ -107,8 +106,11 @@ def main() -> int:
     phases = [("start-up (imports)", job_start - START), ("preparing (data, backbone)", prepared.get("s", 0.0)),
               ("first batch (convert, compile, check, forward)", first), ("steady batches (forward)", steady)]
     phases.append(("the rest (writing, digests, closing)", total - sum(s for _, s in phases)))
-    print(f"cpu: {cpu_name()}; flags: {', '.join(flags())}; threads {torch.get_num_threads()}; "
-          f"load before/after: {os.getloadavg()[0]:.2f}")
+    model, have = cpu()
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8")
+             if f in have]
+    print(f"cpu: {model}; flags: {', '.join(shown)}; threads {torch.get_num_threads()}; "
+          f"load average (1 min) after the job: {os.getloadavg()[0]:.2f}")
     print(f"roofline: {peak_dtype} torch.mm {peak / 1e9:,.0f} GFLOP/s (" +
           ", ".join(f"{f} {r / 1e9:,.0f}" for f, r in rates.items()) + f"); {flops / 1e6:.1f} MFLOP per token "
           f"-> {peak / flops:,.0f} tokens/s")
@@ -173,28 +175,6 @@ def engines_precision(dtype: str):
     from reservoir.runtime.engines import precision
 
     return precision(dtype)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown"
-
-
-def flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    have = set(text.split())
-    return [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8")
-            if f in have]
 
 
 if __name__ == "__main__":
