@@ -68,6 +68,11 @@ def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_pa
     again = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn",
                  "PRETRAINED=gpt2")
     assert again.returncode == 0 and "extract" not in again.stdout
+    # another HEAD fits again (the features are reused), and the table shows its rows
+    other = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn",
+                 "PRETRAINED=gpt2", "HEAD=logreg")
+    assert other.returncode == 0 and "--head logreg" in other.stdout, other.stdout[-3000:] + other.stderr[-3000:]
+    assert "| lstm | logreg |" in (tmp_path / "40" / "table2.md").read_text()
 
 
 def test_table18_sets_the_output_only_head_at_the_chosen_and_last_depth_beside_the_paper_and_end_to_end(tmp_path):
