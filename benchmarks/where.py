@@ -45,6 +45,7 @@ def main() -> int:
 
     import torch
 
+    from extract import flops_per_token
     from matmul import matmul_rate
     from reservoir.runtime import engines
     from reservoir.runtime import runner as runner_module
@@ -95,9 +96,8 @@ def main() -> int:
     peak_dtype = max(rates, key=rates.get)
     peak = rates[peak_dtype]
 
-    shape = {"n_layer": 12, "n_embd": 768, "T": 64, "token_dim": 16}
-    d, T = shape["n_embd"], shape["T"]
-    flops = shape["n_layer"] * (2 * (d * 3 * d + d * d + 2 * d * 4 * d) + 2 * (T + 1) * d) + 2 * shape["token_dim"] * d
+    T = 64  # MNIST's 64 tokens of 16 values, GPT-2 small
+    flops = flops_per_token(12, 768, 4 * 768, T, 16)
     tokens = args.rows * T
     total = job_end - START
     first = batches[0][1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -56,3 +57,20 @@ def cli():
         return runner.invoke(main, list(args), catch_exceptions=False)
 
     return invoke
+
+
+def write_mnist(folder, sizes: dict[str, int], cyclic_labels: bool = False):
+    """A tiny MNIST in the official format (gzipped IDX files) in ``folder``: random images, ``sizes``
+    rows per file prefix (``train``, ``t10k``); labels random, or ``0, 1, ..., 9, 0, ...``."""
+    import gzip
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in sizes.items():
+        with gzip.open(folder / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(b"\0\0\x08\x03" + n.to_bytes(4, "big") + (28).to_bytes(4, "big") * 2)
+            f.write(rng.integers(0, 256, (n, 28, 28), dtype=np.uint8).tobytes())
+        labels = (np.arange(n) % 10).astype(np.uint8) if cyclic_labels else rng.integers(0, 10, n, dtype=np.uint8)
+        with gzip.open(folder / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(b"\0\0\x08\x01" + n.to_bytes(4, "big") + labels.tobytes())
+    return folder

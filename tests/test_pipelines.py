@@ -1,7 +1,6 @@
 """The pipelines run as a user runs them: `make -C pipelines tableN` to a table, CSV and plots."""
 
 import csv
-import gzip
 import os
 import re
 import shutil
@@ -9,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,22 +29,14 @@ def stand_in(tmp_path):
     """A tiny GPT-2 saved as the folder ``tinygpt`` stands in for PRETRAINED (and ``tinygpt-random``, built
     from its config, for the random twin); Make targets take bare names, so the returned ``reservoir``
     runs in the folder that holds it. Also a tiny MNIST (random images, official IDX format) in DATA_DIR."""
-    from tests.conftest import save_tiny_gpt2
+    from tests.conftest import save_tiny_gpt2, write_mnist
 
     models = tmp_path / "models"
     save_tiny_gpt2(models / "tinygpt")
     wrapper = tmp_path / "reservoir"
     wrapper.write_text(f'#!/bin/sh\ncd "{models}" && exec "{RESERVOIR}" "$@"\n')
     wrapper.chmod(0o755)
-    mnist = tmp_path / "data" / "mnist"
-    mnist.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", 120), ("t10k", 100)):
-        with gzip.open(mnist / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
-            f.write(b"\0\0\x08\x03" + n.to_bytes(4, "big") + (28).to_bytes(4, "big") * 2)
-            f.write(rng.integers(0, 256, (n, 28, 28), dtype=np.uint8).tobytes())
-        with gzip.open(mnist / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
-            f.write(b"\0\0\x08\x01" + n.to_bytes(4, "big") + (np.arange(n) % 10).astype(np.uint8).tobytes())
+    write_mnist(tmp_path / "data" / "mnist", {"train": 120, "t10k": 100}, cyclic_labels=True)
     return wrapper
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from reservoir.tasks import get_task, list_tasks
 from reservoir.tasks import listops
+from tests.conftest import write_mnist
 
 #: a data folder holding the real MNIST files (mnist/), for the test that reads them
 SHARED_MNIST = __import__("os").environ.get("RESERVOIR_TEST_DATA", "data")
@@ -15,17 +16,7 @@ SHARED_MNIST = __import__("os").environ.get("RESERVOIR_TEST_DATA", "data")
 def data_dir_for(name: str, tmp_path):
     """Tasks that need files get a tiny fixture in the official format written here."""
     if name == "mnist":
-        import gzip
-
-        d = tmp_path / "mnist"
-        d.mkdir()
-        rng = np.random.default_rng(0)
-        for prefix, n in (("train", 12), ("t10k", 7)):
-            with gzip.open(d / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
-                f.write(b"\0\0\x08\x03" + n.to_bytes(4, "big") + (28).to_bytes(4, "big") * 2)
-                f.write(rng.integers(0, 256, (n, 28, 28), dtype=np.uint8).tobytes())
-            with gzip.open(d / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
-                f.write(b"\0\0\x08\x01" + n.to_bytes(4, "big") + rng.integers(0, 10, n, dtype=np.uint8).tobytes())
+        write_mnist(tmp_path / "mnist", {"train": 12, "t10k": 7})
     return tmp_path
 
 
