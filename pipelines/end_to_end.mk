@@ -39,6 +39,12 @@ REPORT_OPTS ?=
 FPT_GROUPS := input,pos,ln,out
 PAPER_AS_1 ?= --as $(PRETRAINED):$(FPT_GROUPS)=FPT --as $(FULL):input,pos,ln,attn,ff,out=Full \
 	--as $(FULL_LSTM):input,lstm,out=LSTM
+PAPER_AS_3 ?= --as $(PRETRAINED)-random:$(FPT_GROUPS)=Trans. --as lstm:$(FPT_GROUPS)=LSTM \
+	--as lstm-12-residual-pos:$(FPT_GROUPS)='LSTM*'
+PAPER_AS_4 ?= --as lstm-12:$(FPT_GROUPS)=12 --as lstm:$(FPT_GROUPS)=3
+PAPER_AS_5 ?= --as lstm-12:$(FPT_GROUPS)='12-Layer LSTM' --as lstm-12-residual:$(FPT_GROUPS)='+ Residual Connections' \
+	--as lstm-12-residual-pos:$(FPT_GROUPS)='+ Positional Embeddings' \
+	--as $(PRETRAINED)-random:$(FPT_GROUPS)='Random Transformer'
 PAPER_AS_6 ?= --as $(PRETRAINED)=FPT --as $(PRETRAINED)-random=Random
 PAPER_AS_9 ?= --as $(PRETRAINED)=Pretrained --as $(PRETRAINED)-stats='Statistics Only' --as $(PRETRAINED)-random=Default
 PAPER_AS_11 ?= --as $(PRETRAINED)=Pretrained --as $(PRETRAINED)-random=Random

@@ -80,3 +80,21 @@ def test_report_depth_option(cli, tmp_path):
     assert r.exit_code == 2 and "expected 'chosen', 'last' or a depth number (0, 1, ...); got 'deepest'" in r.output
     r = cli("report", str(folder), "--depth", "last")  # no paper table: laid out by depth, every depth a column
     assert r.exit_code == 2 and "--depth picks the depth of the task layout" in r.output and "--layout task" in r.output
+
+
+def test_the_lstm_tables_put_the_papers_rows_beside_the_pipelines_backbones():
+    """Tables 3 to 5 map the pipeline's LSTM backbones (PAPER_AS_3..5 in pipelines/end_to_end.mk) to the
+    paper's rows: the random transformer, the 3-layer LSTM and the 12-layer ones."""
+    import re
+    from pathlib import Path
+
+    make = (Path(__file__).resolve().parents[1] / "pipelines" / "end_to_end.mk").read_text()
+    groups = ["input", "pos", "ln", "out"]
+    for number, backbone, row, paper in ((3, "lstm", "LSTM", 50.9), (4, "lstm-12", "12", 16.2),
+                                         (5, "lstm-12-residual", "+ Residual Connections", 16.8)):
+        mapping = re.search(rf"--as {re.escape(backbone)}:\$\(FPT_GROUPS\)='?{re.escape(row)}'?( |$)", make, re.M)
+        assert mapping, (number, backbone)
+        task = "bit_memory" if number == 3 else "listops"
+        rep = Report([end_to_end(task, backbone, groups, 0.5)], paper=TABLES[number],
+                     paper_rows={f"{backbone}:{','.join(groups)}": row})
+        assert f"(paper {paper:g})" in rep.task_table(), (number, rep.task_table())
