@@ -150,7 +150,7 @@ $(TRAIN)/%.done: | $(NEEDS)
 # output-only tables; TRAIN_LIMIT sizes the runs that train more), fitted on the features of each extraction
 # seed in HEAD_SEEDS_N (a seed draws the input layer, and the backbone when it is random), at the paper's input scale
 # (at LIMIT=5000 bit memory's features of every depth take about 14 GB an extraction of SmolLM2: 10,000 rows x 31
-# depths x 20 readout tokens x 576, float32; DEPTHS_bit_memory=0,6,12,18,24,30 takes a fifth)
+# depths x 20 readout tokens x 576, float32; the Makefile keeps every sixth of SmolLM2's depths there)
 HEAD_TASKS_18 ?= $(call runnable,bit_memory bit_xor mnist cifar10)
 HEAD_TASKS_20 ?= $(HEAD_TASKS_18)
 HEAD_SEEDS_18 ?= 0
