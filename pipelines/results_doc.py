@@ -2,6 +2,8 @@
 
     python results_doc.py --root out/500 --tables 2 10 12 --out ../docs/results.md
 
+It opens with the findings computed from the tables' CSVs (``findings.py``: the pretrained
+stand-in against its random twin, with spreads, the paper's pair and the strongest baseline).
 For each table: its caption, the command that made it, the notes on what the numbers say
 (``notes/tableN.md``, written by hand against these numbers, if present), the rendered
 markdown, and its plots (copied next to the document, under ``results/tableN/``). The
@@ -22,6 +24,8 @@ def main() -> None:
     parser.add_argument("--root", type=Path, required=True, help="out/LIMIT: where the tables were rendered")
     parser.add_argument("--tables", nargs="+", required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--pretrained", default=None,
+                        help="the pretrained stand-in: findings set it against its -random twin (findings.py)")
     parser.add_argument("--command", default="make -C pipelines table{n} LIMIT={limit} DATA_DIR=DATA",
                         help="how each table was made ({n}, {limit})")
     args = parser.parse_args()
@@ -35,6 +39,15 @@ def main() -> None:
              "number below comes from a result file those commands wrote. DATA is a folder in the layout "
              "`reservoir data where` prints. Earlier measurements made with single commands (full-size MNIST, "
              "remote homology, end-to-end runs) are in [results-by-hand.md](results-by-hand.md).", ""]
+    if args.pretrained:
+        from findings import DECIDES, findings
+
+        found = findings(args.root, [int(n) for n in args.tables], args.pretrained)
+        if found:
+            parts += ["## Findings", "",
+                      f"Computed from the tables below: a difference is decided where it exceeds {DECIDES:g} times the "
+                      "combined spread of its two sides (a side's spread: the standard deviation over its seeds, at "
+                      "least the binomial standard error of its test accuracy).", "", *[p + "\n" for p in found]]
     differences = HERE / "notes" / "differences.md"
     if differences.exists():
         parts += [differences.read_text().strip(), ""]

@@ -1,0 +1,100 @@
+"""The findings that open docs/results.md, computed from the tables' CSVs (``reservoir report --csv``).
+
+For every table and task: the pretrained stand-in against its random twin (output-only, the paper's
+input scale, the depth chosen on validation), each as mean over seeds with its spread, and the
+strongest baseline; the difference is called decided only where it exceeds twice the combined
+spread. A side's spread is the larger of its seeds' standard deviation and the binomial
+standard error of one accuracy on its test rows, so a single seed still carries the sampling
+error of its test set. The paper's pair of numbers is set beside ours when the table holds it.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+#: a difference decides when it exceeds this many combined spreads
+DECIDES = 2.0
+
+
+@dataclass
+class Side:
+    name: str
+    test: float  # accuracy in [0, 1], mean over seeds
+    std: float  # over seeds (0 for one seed)
+    seeds: int
+    n_test: int
+    paper: float | None  # percent
+
+    @property
+    def spread(self) -> float:
+        return max(self.std, math.sqrt(self.test * (1 - self.test) / max(self.n_test, 1)))
+
+    def text(self) -> str:
+        seeds = f"{self.seeds} seeds" if self.seeds > 1 else "1 seed"
+        return f"{100 * self.test:.1f} ± {100 * self.spread:.1f}% ({seeds})"
+
+
+def _side(row: dict[str, str]) -> Side:
+    n_test = int(row["n_train/n_test"].split("/")[-1]) if "/" in row.get("n_train/n_test", "") else 0
+    return Side(row["setting"], float(row["test"]), float(row["test_std"] or 0.0), int(row["n_seeds"] or 1), n_test,
+                float(row["paper"]) if row.get("paper") else None)
+
+
+def pairs(rows: list[dict[str, str]], pretrained: str) -> dict[str, tuple[Side, Side, Side | None]]:
+    """Per task: (pretrained, random twin, strongest baseline) rows of one table's CSV."""
+    out = {}
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task and r["mode"] == "output-only" and r["input_scale"] == "paper"
+                and r.get("depth_rule", "chosen") in ("chosen", "")]
+        by_backbone = {r["backbone"]: r for r in mine}
+        if pretrained not in by_backbone or f"{pretrained}-random" not in by_backbone:
+            continue
+        baselines = [r for r in rows if r["task"] == task and r["mode"] == "baseline"]
+        best = max(baselines, key=lambda r: float(r["test"]), default=None)
+        out[task] = (_side(by_backbone[pretrained]), _side(by_backbone[f"{pretrained}-random"]),
+                     _side(best) if best else None)
+    return out
+
+
+def paragraph(table: int, task: str, pre: Side, rand: Side, base: Side | None) -> str:
+    diff = pre.test - rand.test
+    combined = math.hypot(pre.spread, rand.spread)
+    ahead = "the pretrained model" if diff > 0 else "the random twin"
+    if abs(diff) > DECIDES * combined:
+        verdict = (f"{ahead} is ahead by {100 * abs(diff):.1f} points, more than {DECIDES:g} times the combined "
+                   f"spread ({100 * combined:.1f}): decided")
+    else:
+        verdict = (f"they differ by {100 * abs(diff):.1f} points, within {DECIDES:g} times the combined spread "
+                   f"({100 * combined:.1f}): not decided at this size")
+    text = (f"**Table {table}, {task}.** Output only, depth chosen on validation: pretrained {pre.name} "
+            f"{pre.text()}, random twin {rand.text()}; {verdict}.")
+    if pre.paper is not None and rand.paper is not None:
+        paper_diff = pre.paper - rand.paper
+        agrees = (paper_diff > 0) == (diff > 0) if paper_diff else None
+        text += (f" The paper's table {table}: {pre.paper:g} against {rand.paper:g} "
+                 + ("(pretrained ahead)" if paper_diff > 0 else "(random ahead)" if paper_diff < 0 else "(level)")
+                 + ("" if agrees is None else "; ours agrees in direction" if agrees else "; ours goes the other way")
+                 + ".")
+    if base is not None:
+        top = max(pre.test, rand.test)
+        text += (f" Strongest baseline: {base.name.removeprefix('baseline: ')} {100 * base.test:.1f}%"
+                 + (f", {100 * (base.test - top):.1f} points above both." if base.test > top
+                    else f", {100 * (top - base.test):.1f} points below the better of the two."))
+    return text
+
+
+def findings(root: Path, tables: list[int], pretrained: str) -> list[str]:
+    """One paragraph per table and task with both sides present in ``root/tableN.csv``."""
+    out = []
+    for n in tables:
+        path = root / f"table{n}.csv"
+        if not path.exists():
+            continue
+        with path.open() as f:
+            rows = list(csv.DictReader(f))
+        for task, (pre, rand, base) in pairs(rows, pretrained).items():
+            out.append(paragraph(n, task, pre, rand, base))
+    return out

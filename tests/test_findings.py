@@ -1,0 +1,50 @@
+"""The findings that open docs/results.md: computed from a table's CSV, a difference called decided only
+where it exceeds twice the combined spread, the paper's direction set beside ours."""
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("findings", ROOT / "pipelines" / "findings.py")
+findings = sys.modules["findings"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+spec.loader.exec_module(findings)
+
+COLUMNS = ["task", "setting", "backbone", "mode", "head", "trainable", "input_scale", "run", "n_train/n_test", "column",
+           "depth", "test", "test_std", "n_seeds", "val", "paper"]
+
+
+def row(task, backbone, mode, test, std="", seeds=1, paper="", scale="paper", setting=None):
+    return {"task": task, "setting": setting or backbone, "backbone": backbone, "mode": mode, "head": "ridge",
+            "trainable": "out", "input_scale": scale, "run": "x", "n_train/n_test": "5000/5000", "column": task,
+            "depth": "3", "test": str(test), "test_std": str(std), "n_seeds": str(seeds), "val": "0.5", "paper": paper}
+
+
+def write(tmp_path, rows):
+    with (tmp_path / "table2.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_a_difference_beyond_twice_the_spread_decides_and_the_papers_direction_is_named(tmp_path):
+    write(tmp_path, [row("mnist", "p", "output-only", 0.647, paper="98.0"),
+                     row("mnist", "p-random", "output-only", 0.752, 0.022, 3, paper="91.7"),
+                     row("mnist", "p-random", "output-only", 0.99, scale="matched"),  # another input scale: ignored
+                     row("mnist", "", "baseline", 0.868, setting="baseline: random tanh features (576 wide)"),
+                     row("mnist", "", "baseline", 0.114, setting="baseline: majority class")])
+    (text,) = findings.findings(tmp_path, [2], "p")
+    assert "pretrained p 64.7 ± 0.7% (1 seed)" in text  # one seed: the binomial standard error of 5,000 rows
+    assert "random twin 75.2 ± 2.2% (3 seeds)" in text
+    assert "the random twin is ahead by 10.5 points, more than 2 times the combined spread (2.3): decided" in text
+    assert "The paper's table 2: 98 against 91.7 (pretrained ahead); ours goes the other way." in text
+    assert "Strongest baseline: random tanh features (576 wide) 86.8%, 11.6 points above both." in text
+
+
+def test_a_difference_within_the_spread_is_not_decided_and_missing_sides_give_no_finding(tmp_path):
+    write(tmp_path, [row("bit_xor", "p", "output-only", 0.95), row("bit_xor", "p-random", "output-only", 0.93, 0.02, 3),
+                     row("mnist", "p", "output-only", 0.6)])  # no random twin on MNIST
+    (text,) = findings.findings(tmp_path, [2, 10], "p")  # table 10 has no CSV: skipped
+    assert "they differ by 2.0 points, within 2 times the combined spread (2.0): not decided at this size" in text
+    assert "The paper" not in text and "baseline" not in text
