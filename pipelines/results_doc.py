@@ -19,6 +19,21 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 
+def walltime(runs: Path) -> str:
+    """The table's wall time on this machine, from ``tableN.runs`` (the Makefile's: marker, seconds, machine)."""
+    if not runs.exists():
+        return ""
+    lines = [ln.split("\t") for ln in runs.read_text().splitlines() if ln.strip()]
+    timed = [(float(ln[1]), ln[2]) for ln in lines if len(ln) > 2 and ln[1]]
+    if not timed:
+        return f"Wall time: not measured (its {len(lines)} extractions and fits predate timing)."
+    total = sum(s for s, _ in timed)
+    machines = "; ".join(dict.fromkeys(m.strip() for _, m in timed))
+    untimed = len(lines) - len(timed)
+    return (f"Wall time: {total / 60:.0f} min for {len(timed)} extractions and fits, one after another, on {machines}"
+            + (f" ({untimed} more predate timing)." if untimed else "."))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, required=True, help="out/LIMIT: where the tables were rendered")
@@ -61,6 +76,9 @@ def main() -> None:
         if notes.exists():
             parts += [notes.read_text().strip(), ""]
         parts += [table.read_text().strip(), ""]
+        took = walltime(args.root / f"table{n}.runs")
+        if took:
+            parts += [took, ""]
         plots = sorted((args.root / "plots" / f"table{n}").glob("*.png"))
         if plots:
             dest = folder / f"table{n}"

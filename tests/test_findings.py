@@ -48,3 +48,18 @@ def test_a_difference_within_the_spread_is_not_decided_and_missing_sides_give_no
     (text,) = findings.findings(tmp_path, [2, 10], "p")  # table 10 has no CSV: skipped
     assert "they differ by 2.0 points, within 2 times the combined spread (2.0): not decided at this size" in text
     assert "The paper" not in text and "baseline" not in text
+
+
+def test_a_tables_wall_time_sums_its_timed_runs_and_names_the_machine_and_the_untimed(tmp_path):
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    spec = spec_from_file_location("results_doc", ROOT / "pipelines" / "results_doc.py")
+    doc = module_from_spec(spec)
+    spec.loader.exec_module(doc)
+    runs = tmp_path / "table2.runs"
+    runs.write_text("a.done\t600\tXeon, 2 cores; avx2 \nb.done\t1200\tXeon, 2 cores; avx2 \nc.done\t\n")
+    assert doc.walltime(runs) == ("Wall time: 30 min for 2 extractions and fits, one after another, on "
+                                  "Xeon, 2 cores; avx2 (1 more predate timing).")
+    runs.write_text("c.done\t\n")
+    assert doc.walltime(runs) == "Wall time: not measured (its 1 extractions and fits predate timing)."
+    assert doc.walltime(tmp_path / "missing.runs") == ""

@@ -41,7 +41,8 @@ def stand_in(tmp_path):
 
 
 def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_path):
-    r = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn", "PRETRAINED=gpt2")
+    r = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn", "PRETRAINED=gpt2",
+             "SCALES=paper matched")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     table = (tmp_path / "40" / "table2.md").read_text()
     assert table.startswith("Paper table 2:")
@@ -54,13 +55,17 @@ def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_pa
     assert {r["input_scale"] for r in rows if r["mode"] == "output-only"} == {"paper", "matched"}
     (png,) = (tmp_path / "40" / "plots" / "table2").glob("*.png")
     assert png.name == "bit_xor-depth.png" and png.stat().st_size > 10_000
+    # every extraction and fit behind the table is timed, on a named machine (the doc states the wall time)
+    runs = [ln.split("\t") for ln in (tmp_path / "40" / "table2.runs").read_text().splitlines()]
+    assert len(runs) == 2 * 3 + 2  # two scales of three backbones, and the random twin's seeds 1 and 2
+    assert all(int(seconds) >= 0 and "cores;" in machine for _, seconds, machine in runs), runs
     # a second run finds everything made: nothing is extracted or fitted again
     again = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn",
-                 "PRETRAINED=gpt2")
+                 "PRETRAINED=gpt2", "SCALES=paper matched")
     assert again.returncode == 0 and "extract" not in again.stdout
     # another HEAD fits again (the features are reused), and the table shows its rows
     other = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn",
-                 "PRETRAINED=gpt2", "HEAD=logreg")
+                 "PRETRAINED=gpt2", "HEAD=logreg", "SCALES=paper matched")
     assert other.returncode == 0 and "--head logreg" in other.stdout, other.stdout[-3000:] + other.stderr[-3000:]
     assert "| lstm | logreg |" in (tmp_path / "40" / "table2.md").read_text()
 
