@@ -43,13 +43,23 @@ def _side(row: dict[str, str]) -> Side:
                 float(row["paper"]) if row.get("paper") else None)
 
 
+def _chosen(rows: list[dict[str, str]]) -> dict[str, str]:
+    """A backbone's row at the chosen depth: the task layout has one; the depth layout (table 12) a row per depth
+    and a "chosen" row, whose paper number is on the row of the depth it names."""
+    chosen = next((r for r in rows if r.get("column") == "chosen"), None)
+    if chosen is None:
+        return rows[-1]
+    at = next((r for r in rows if r.get("column") == f"d{chosen['depth']}"), {})
+    return {**chosen, "paper": chosen.get("paper") or at.get("paper", "")}
+
+
 def pairs(rows: list[dict[str, str]], pretrained: str) -> dict[str, tuple[Side, Side, Side | None]]:
     """Per task: (pretrained, random twin, strongest baseline) rows of one table's CSV."""
     out = {}
     for task in dict.fromkeys(r["task"] for r in rows):
         mine = [r for r in rows if r["task"] == task and r["mode"] == "output-only" and r["input_scale"] == "paper"
                 and r.get("depth_rule", "chosen") in ("chosen", "")]
-        by_backbone = {r["backbone"]: r for r in mine}
+        by_backbone = {r["backbone"]: _chosen([m for m in mine if m["backbone"] == r["backbone"]]) for r in mine}
         if pretrained not in by_backbone or f"{pretrained}-random" not in by_backbone:
             continue
         baselines = [r for r in rows if r["task"] == task and r["mode"] == "baseline"]
@@ -59,11 +69,16 @@ def pairs(rows: list[dict[str, str]], pretrained: str) -> dict[str, tuple[Side, 
     return out
 
 
+def _decides(a: Side, b: Side) -> tuple[float, float, bool]:
+    """(a - b, the combined spread, whether the difference exceeds DECIDES times it)."""
+    diff, combined = a.test - b.test, math.hypot(a.spread, b.spread)
+    return diff, combined, abs(diff) > DECIDES * combined
+
+
 def paragraph(table: int, task: str, pre: Side, rand: Side, base: Side | None) -> str:
-    diff = pre.test - rand.test
-    combined = math.hypot(pre.spread, rand.spread)
+    diff, combined, decided = _decides(pre, rand)
     ahead = "the pretrained model" if diff > 0 else "the random twin"
-    if abs(diff) > DECIDES * combined:
+    if decided:
         verdict = (f"{ahead} is ahead by {100 * abs(diff):.1f} points, more than {DECIDES:g} times the combined "
                    f"spread ({100 * combined:.1f}): decided")
     else:
@@ -73,28 +88,41 @@ def paragraph(table: int, task: str, pre: Side, rand: Side, base: Side | None) -
             f"{pre.text()}, random twin {rand.text()}; {verdict}.")
     if pre.paper is not None and rand.paper is not None:
         paper_diff = pre.paper - rand.paper
-        agrees = (paper_diff > 0) == (diff > 0) if paper_diff else None
+        if not paper_diff:
+            against = "; ours is not level" if decided else "; ours is level too, within the spread"
+        elif not decided:
+            against = "; ours does not decide a direction"
+        else:
+            against = "; ours agrees in direction" if (paper_diff > 0) == (diff > 0) else "; ours goes the other way"
         text += (f" The paper's table {table}: {pre.paper:g} against {rand.paper:g} "
                  + ("(pretrained ahead)" if paper_diff > 0 else "(random ahead)" if paper_diff < 0 else "(level)")
-                 + ("" if agrees is None else "; ours agrees in direction" if agrees else "; ours goes the other way")
-                 + ".")
+                 + against + ".")
     if base is not None:
-        top = max(pre.test, rand.test)
-        text += (f" Strongest baseline: {base.name.removeprefix('baseline: ')} {100 * base.test:.1f}%"
-                 + (f", {100 * (base.test - top):.1f} points above both." if base.test > top
-                    else f", {100 * (top - base.test):.1f} points below the better of the two."))
+        best = max(pre, rand, key=lambda side: side.test)
+        gap, spread, beyond = _decides(base, best)
+        where = (f"{100 * gap:.1f} points above both" if gap > 0 else
+                 f"{100 * -gap:.1f} points below the better of the two")
+        text += (f" Strongest baseline: {base.name.removeprefix('baseline: ')} {100 * base.test:.1f}%, {where}"
+                 + ("." if beyond else f", within {DECIDES:g} times the combined spread ({100 * spread:.1f}): level."))
     return text
 
 
 def findings(root: Path, tables: list[int], pretrained: str) -> list[str]:
-    """One paragraph per table and task with both sides present in ``root/tableN.csv``."""
-    out = []
+    """One paragraph per task with both sides present in some ``root/tableN.csv``: the tables share their
+    runs, so a task is told once, from the first table that holds the paper's numbers for both sides
+    (else the first that holds the task)."""
+    found: dict[str, list[tuple[int, Side, Side, Side | None]]] = {}
     for n in tables:
         path = root / f"table{n}.csv"
         if not path.exists():
             continue
         with path.open() as f:
             rows = list(csv.DictReader(f))
-        for task, (pre, rand, base) in pairs(rows, pretrained).items():
-            out.append(paragraph(n, task, pre, rand, base))
+        for task, sides in pairs(rows, pretrained).items():
+            found.setdefault(task, []).append((n, *sides))
+    out = []
+    for task, options in found.items():
+        n, pre, rand, base = next((o for o in options if o[1].paper is not None and o[2].paper is not None),
+                                  options[0])
+        out.append(paragraph(n, task, pre, rand, base))
     return out

@@ -21,8 +21,8 @@ def row(task, backbone, mode, test, std="", seeds=1, paper="", scale="paper", se
             "depth": "3", "test": str(test), "test_std": str(std), "n_seeds": str(seeds), "val": "0.5", "paper": paper}
 
 
-def write(tmp_path, rows):
-    with (tmp_path / "table2.csv").open("w", newline="") as f:
+def write(tmp_path, rows, n=2):
+    with (tmp_path / f"table{n}.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
         w.writeheader()
         w.writerows(rows)
@@ -63,3 +63,28 @@ def test_a_tables_wall_time_sums_its_timed_runs_and_names_the_machine_and_the_un
     runs.write_text("c.done\t\n")
     assert doc.walltime(runs) == "Wall time: not measured (its 1 extractions and fits predate timing)."
     assert doc.walltime(tmp_path / "missing.runs") == ""
+
+
+def test_a_task_in_several_tables_is_told_once_from_the_table_with_the_papers_pair(tmp_path):
+    write(tmp_path, [row("listops", "p", "output-only", 0.204, paper="32.8"),
+                     row("listops", "p-random", "output-only", 0.332, 0.013, 3)], n=10)
+    depths = [{**row("listops", "p", "output-only", 0.162, paper="33"), "column": "d6", "depth": ""},
+              {**row("listops", "p", "output-only", 0.204, paper="33"), "column": "d12", "depth": ""},
+              {**row("listops", "p", "output-only", 0.204), "column": "chosen", "depth": "12"},
+              {**row("listops", "p-random", "output-only", 0.332, 0.013, 3, paper="17"), "column": "d12", "depth": ""},
+              {**row("listops", "p-random", "output-only", 0.332, 0.013, 3), "column": "chosen", "depth": "12"}]
+    write(tmp_path, depths, n=12)  # the depth layout: a row per depth, the paper's number on the depth's row
+    write(tmp_path, [row("mnist", "p", "output-only", 0.6), row("mnist", "p-random", "output-only", 0.7)], n=2)
+    mnist, listops = findings.findings(tmp_path, [2, 10, 12], "p")
+    assert mnist.startswith("**Table 2, mnist.**") and listops.startswith("**Table 12, listops.**")
+    assert "The paper's table 12: 33 against 17" in listops
+
+
+def test_no_direction_is_claimed_against_the_paper_or_a_baseline_within_the_spread(tmp_path):
+    write(tmp_path, [row("bit_memory", "p", "output-only", 0.750, paper="100"),
+                     row("bit_memory", "p-random", "output-only", 0.752, 0.0, 3, paper="75.8"),
+                     row("bit_memory", "", "baseline", 0.745, setting="baseline: raw-input linear head")])
+    (text,) = findings.findings(tmp_path, [2], "p")
+    assert "The paper's table 2: 100 against 75.8 (pretrained ahead); ours does not decide a direction." in text
+    assert ("Strongest baseline: raw-input linear head 74.5%, 0.7 points below the better of the two, within 2 "
+            "times the combined spread (0.9): level.") in text

@@ -107,7 +107,7 @@ def test_table20_averages_the_heads_over_three_extraction_seeds(tmp_path):
         ours = r"[\d.]+ ± [\d.]+ \(n=3\) \(100/100, d\d\)"
         assert re.search(rf"\| tinygpt-random, {rule} \| ridge \| {ours} \(paper 25\) \|", table), rule
     assert re.search(r"\| tinygpt-random \[out\] \| linear \| [\d.]+ \(99/100\) \(paper 25\) \|", table)
-    assert [p.name for p in sorted((tmp_path / "100" / "done" / "paper" / "mnist").iterdir())] == \
+    assert [p.name for p in sorted((tmp_path / "100" / "done" / "paper" / "mnist").glob("*.done"))] == \
         ["tinygpt-random.done", "tinygpt-random~s1.done", "tinygpt-random~s2.done"]
 
 
