@@ -79,13 +79,18 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
-    with contextlib.suppress(OSError):  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    fsync_path(path.parent)  # make the rename itself durable
     return path
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file or folder (a folder: the names in it) to disk; best effort, a failure is ignored."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def result_path(result: dict[str, Any]) -> Path:

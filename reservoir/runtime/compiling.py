@@ -63,10 +63,9 @@ def shape_key(backbone: Any, *, dtype: str, device: str, batch_size: int, widths
     device type, batch shape and depths."""
     import torch
 
-    from reservoir.identity import config_dict, digest
+    from reservoir.identity import digest
 
-    return digest({"torch": torch.__version__, "class": type(backbone).__qualname__,
-                   "config": config_dict(getattr(backbone, "config", None)), "dtype": dtype, "device": device,
+    return digest({"torch": torch.__version__, **records.architecture(backbone), "dtype": dtype, "device": device,
                    "batch": batch_size, "widths": sorted(set(widths)), "depths": list(depths)})
 
 

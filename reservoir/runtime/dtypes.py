@@ -78,8 +78,7 @@ _MEASURED: dict[str, dict[str, float]] = {}
 
 
 def _key(width: int, threads: int) -> str:
-    model, flags = cpu()
-    return json.dumps([model, sorted(flags), threads, width, torch.__version__])
+    return json.dumps([*records.machine(threads), width, torch.__version__])
 
 
 #: the rates' file in the cache folder (:mod:`reservoir.runtime.records`)

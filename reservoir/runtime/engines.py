@@ -157,16 +157,14 @@ def engine_key(dtype: str, backbone: Any, width: int, threads: int) -> str:
     OpenVINO versions, the compute dtype, the architecture (not its weights) and the row width."""
     import json
 
-    from reservoir.identity import config_dict
-    from reservoir.runtime.machine import cpu
+    from reservoir.runtime import records
 
     try:
         from openvino import __version__ as ov_version
     except ImportError:
         ov_version = None
-    model, flags = cpu()
-    return json.dumps([model, sorted(flags), threads, torch.__version__, ov_version, dtype,
-                       type(backbone).__qualname__, config_dict(getattr(backbone, "config", None)), width],
+    return json.dumps([*records.machine(threads), torch.__version__, ov_version, dtype, records.architecture(backbone),
+                       width],
                       sort_keys=True, default=str)
 
 
@@ -175,8 +173,11 @@ def faster_engine(rates: dict[str, float]) -> str:
     return "torch" if rates.get("torch", 0.0) > rates.get("openvino", 0.0) else "openvino"
 
 
-def rates_text(rates: dict[str, float]) -> str:
-    return f"OpenVINO {rates['openvino']:,.0f} tokens/s, PyTorch eager {rates['torch']:,.0f}"
+def measured_reason(rates: dict[str, float], when: str) -> str:
+    """Why ``auto`` runs :func:`faster_engine` of ``rates`` (``when``: "before", "now, on the first batch")."""
+    name = "PyTorch" if faster_engine(rates) == "torch" else "OpenVINO"
+    return (f"auto: {name} ran this model fastest on this CPU (measured {when}: OpenVINO {rates['openvino']:,.0f} "
+            f"tokens/s, PyTorch eager {rates['torch']:,.0f})")
 
 
 def calibration_batches(rows: int) -> list[np.ndarray]:

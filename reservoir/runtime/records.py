@@ -11,6 +11,21 @@ from typing import Any
 from reservoir.config import cache_dir
 
 
+def machine(threads: int) -> list[Any]:
+    """What every measured rate depends on: the CPU (model and flags) and the threads."""
+    from reservoir.runtime.machine import cpu
+
+    model, flags = cpu()
+    return [model, sorted(flags), threads]
+
+
+def architecture(backbone: Any) -> dict[str, Any]:
+    """A backbone's architecture, not its weights: its class and configuration."""
+    from reservoir.identity import config_dict
+
+    return {"class": type(backbone).__qualname__, "config": config_dict(getattr(backbone, "config", None))}
+
+
 def read(name: str) -> dict[str, Any]:
     """Every record of ``$RESERVOIR_CACHE/name`` (``{}`` when missing or unreadable)."""
     try:

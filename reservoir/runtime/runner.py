@@ -22,7 +22,7 @@ from reservoir.model.reservoir import FixedDepths, Reservoir, readout_positions
 from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.runtime import records
 from reservoir.runtime.engines import (ENGINE_RATES, INT8_DTYPES, MEASURE_MIN_ROWS, OpenVINOForward,
-                                       choose_engine, engine_key, faster_engine, rates_text)
+                                       choose_engine, engine_key, faster_engine, measured_reason)
 from reservoir.errors import BackboneError, UsageError
 from reservoir.tasks import TaskSpec
 
@@ -179,9 +179,7 @@ class FeatureRunner:
         key = engine_key(self.dtype_name, backbone, self.spec.seq_len, torch.get_num_threads())
         kept = records.get(ENGINE_RATES, key)
         if isinstance(kept, dict) and {"torch", "openvino"} <= set(kept):
-            self.engine = faster_engine(kept)
-            self.engine_reason = (f"auto: {'PyTorch' if self.engine == 'torch' else 'OpenVINO'} ran this model "
-                                  f"fastest on this CPU (measured before: {rates_text(kept)})")
+            self.engine, self.engine_reason = faster_engine(kept), measured_reason(kept, "before")
         else:
             self.measure_key = key
             self.engine_reason += "; PyTorch measured against it on the first batch"
@@ -205,8 +203,7 @@ class FeatureRunner:
         records.put(ENGINE_RATES, key, rates)
         if faster_engine(rates) == "torch":
             self.engine, self.forward, ours = "torch", eager, theirs
-        self.engine_reason = (f"auto: {'PyTorch' if self.engine == 'torch' else 'OpenVINO'} ran this model fastest "
-                              f"on this CPU (measured now, on the first batch: {rates_text(rates)})")
+        self.engine_reason = measured_reason(rates, "now, on the first batch")
         self.log(f"engine {self.engine} ({self.engine_reason})")
         return ours
 

@@ -17,7 +17,6 @@ empty is refused, before the run trains and again at the rename, and left as it 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -29,6 +28,7 @@ import torch
 
 from reservoir.errors import BackboneError, UsageError
 from reservoir.model.backbones import Backbone, fingerprint, load_backbone
+from reservoir.results import fsync_path
 
 #: the provenance file of a saved backbone folder
 PROVENANCE = "reservoir.json"
@@ -49,15 +49,6 @@ def check_free(folder: Path) -> None:
         return
     raise UsageError(f"--save-backbone {folder}: {what} is there and is never overwritten; choose a new folder "
                      "(or remove that one)")
-
-
-def _fsync(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _check_reloads(backbone: Backbone, folder: Path) -> str:
@@ -89,8 +80,8 @@ def save_backbone(backbone: Backbone, folder: Path, provenance: dict[str, Any]) 
         info = {"format": PROVENANCE_FORMAT, **provenance, "fingerprint": _check_reloads(backbone, tmp)}
         (tmp / PROVENANCE).write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
         for path in tmp.iterdir():
-            _fsync(path)
-        _fsync(tmp)
+            fsync_path(path)
+        fsync_path(tmp)
         try:
             os.rename(tmp, folder)  # replaces an empty folder, never one with files in it
         except OSError:
@@ -100,5 +91,5 @@ def save_backbone(backbone: Backbone, folder: Path, provenance: dict[str, Any]) 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync(folder.parent)
+    fsync_path(folder.parent)
     return folder
