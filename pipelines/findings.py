@@ -44,13 +44,9 @@ def _side(row: dict[str, str]) -> Side:
 
 
 def _chosen(rows: list[dict[str, str]]) -> dict[str, str]:
-    """A backbone's row at the chosen depth: the task layout has one; the depth layout (table 12) a row per depth
-    and a "chosen" row, whose paper number is on the row of the depth it names."""
-    chosen = next((r for r in rows if r.get("column") == "chosen"), None)
-    if chosen is None:
-        return rows[-1]
-    at = next((r for r in rows if r.get("column") == f"d{chosen['depth']}"), {})
-    return {**chosen, "paper": chosen.get("paper") or at.get("paper", "")}
+    """A backbone's row at the chosen depth: the task layout has one; the depth layout (table 12) a row per
+    depth and the "chosen" one."""
+    return next((r for r in rows if r.get("column") == "chosen"), rows[-1])
 
 
 def pairs(rows: list[dict[str, str]], pretrained: str) -> dict[str, tuple[Side, Side, Side | None]]:

@@ -70,10 +70,11 @@ def test_a_task_in_several_tables_is_told_once_from_the_table_with_the_papers_pa
                      row("listops", "p-random", "output-only", 0.332, 0.013, 3)], n=10)
     depths = [{**row("listops", "p", "output-only", 0.162, paper="33"), "column": "d6", "depth": ""},
               {**row("listops", "p", "output-only", 0.204, paper="33"), "column": "d12", "depth": ""},
-              {**row("listops", "p", "output-only", 0.204), "column": "chosen", "depth": "12"},
+              {**row("listops", "p", "output-only", 0.204, paper="33"), "column": "chosen", "depth": "12"},
               {**row("listops", "p-random", "output-only", 0.332, 0.013, 3, paper="17"), "column": "d12", "depth": ""},
-              {**row("listops", "p-random", "output-only", 0.332, 0.013, 3), "column": "chosen", "depth": "12"}]
-    write(tmp_path, depths, n=12)  # the depth layout: a row per depth, the paper's number on the depth's row
+              {**row("listops", "p-random", "output-only", 0.332, 0.013, 3, paper="17"), "column": "chosen",
+               "depth": "12"}]
+    write(tmp_path, depths, n=12)  # the depth layout: a row per depth, and the chosen one with the paper's number
     write(tmp_path, [row("mnist", "p", "output-only", 0.6), row("mnist", "p-random", "output-only", 0.7)], n=2)
     mnist, listops = findings.findings(tmp_path, [2, 10, 12], "p")
     assert mnist.startswith("**Table 2, mnist.**") and listops.startswith("**Table 12, listops.**")

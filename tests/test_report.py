@@ -98,3 +98,12 @@ def test_the_lstm_tables_put_the_papers_rows_beside_the_pipelines_backbones():
         rep = Report([end_to_end(task, backbone, groups, 0.5)], paper=TABLES[number],
                      paper_rows={f"{backbone}:{','.join(groups)}": row})
         assert f"(paper {paper:g})" in rep.task_table(), (number, rep.task_table())
+
+
+def test_depth_layout_csv_gives_the_chosen_depth_its_papers_number():
+    # table 12 has the paper's Pretrained at 1, 3, 6 and 12 blocks; our row is chosen at depth 3 on validation
+    results = [output_only(d, val, test, task="listops") for d, val, test in ((1, 0.2, 0.2), (3, 0.4, 0.3), (6, 0.3, 0.4))]
+    rep = Report(results, paper=TABLES[12], paper_rows={"b": "Pretrained"})
+    rep.markdown("depth")
+    cells = {r["column"]: r for r in csv.DictReader(rep.csv().splitlines())}
+    assert cells["chosen"]["depth"] == "3" and cells["chosen"]["paper"] == cells["d3"]["paper"] == "18"

@@ -276,7 +276,8 @@ class Report:
                     self.record(row, f"d{d}", test=mean, test_std=std, n_seeds=n, val=row.val(d), paper=paper)
                 c, b = row.chosen, row.best_by_test
                 mean, std, n = row.spread(c)
-                self.record(row, "chosen", depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c))
+                self.record(row, "chosen", depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c),
+                            paper=self.paper_number(row, str(c)))
                 lines.append("| " + " | ".join([row_label(row), row.head, row.size] + cells + [
                     str(c), pct(mean, std, n), f"{pct(row.spread(b)[0])} (d{b})"]) + " |")
             lines += self.baseline_lines(task, len(depths))
