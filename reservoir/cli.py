@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from reservoir import __version__
-from reservoir.config import (DTYPE_CHOICES, ENGINE_CHOICES, HEAD_CHOICES, READOUT_CHOICES, TRAIN_DTYPES, ExtractConfig, FitConfig,
+from reservoir.config import (DTYPE_CHOICES, ENGINE_CHOICES, HEAD_CHOICES, READOUT_CHOICES, TRAIN_DTYPE_CHOICES, ExtractConfig, FitConfig,
                               TrainConfig, default, from_options, parse_depths, parse_input_scale)
 from reservoir.errors import ReservoirError, UsageError, WriteFailed
 
@@ -390,8 +390,9 @@ def comma_list(kind):
 @click.option("--depth", hidden=True, default=None, callback=renamed("--blocks"))
 @click.option("--input-scale", callback=check_input_scale, default=None, metavar="paper|matched|STD",
               help="Scale of the input layer's initialisation (as extract --input-scale)." + shown(TrainConfig, "input_scale"))
-@click.option("--dtype", type=click.Choice(TRAIN_DTYPES), default=None,
-              help="bfloat16 runs the forward under CPU autocast (parameters stay float32)." + shown(TrainConfig, "dtype"))
+@click.option("--dtype", type=click.Choice(TRAIN_DTYPE_CHOICES), default=None,
+              help="bfloat16 runs the forward under autocast (parameters and Adam stay float32); auto: the faster of "
+                   "the two on this machine, measured (as extract --dtype auto)." + shown(TrainConfig, "dtype"))
 @click.option("--compile/--no-compile", default=None, help="torch.compile the model." + shown(TrainConfig, "compile"))
 @device_option(TrainConfig)
 @click.option("--grad-clip", type=click.FloatRange(min=0), default=None,

@@ -343,8 +343,9 @@ class FitConfig:
 
 #: FPT parameter groups a ``train`` run can unfreeze; the paper's default is input, pos, ln, out
 TRAIN_GROUPS = ("input", "pos", "ln", "attn", "ff", "out")
-#: compute dtypes of training (bfloat16 runs the forward under CPU autocast)
+#: compute dtypes of training (bfloat16 runs the forward under autocast); auto picks one of them per machine
 TRAIN_DTYPES = ("float32", "bfloat16")
+TRAIN_DTYPE_CHOICES = ("auto", *TRAIN_DTYPES)
 PAPER_TRAINABLE = ("input", "pos", "ln", "out")
 
 
@@ -372,7 +373,11 @@ class TrainConfig:
     limit : keep the first ``limit`` examples of each split.
     blocks : blocks of the backbone to run (default: all).
     input_scale : the input layer's scale (as ``extract --input-scale``).
-    dtype : ``bfloat16`` runs the forward under CPU autocast; parameters stay float32.
+    dtype : ``bfloat16`` runs the forward under autocast (parameters, gradients and Adam stay float32);
+        ``auto`` (the default) takes the faster of the two on the machine the run is on, measured as
+        ``extract --dtype auto`` measures (:func:`reservoir.runtime.dtypes.choose`). The identity keeps
+        ``auto``, so a run resumed on another CPU continues in that CPU's dtype; each run's result
+        lists the dtypes it ran in.
     compile : torch.compile the model (falls back to eager on failure).
     device : as for extraction (``auto``: a CUDA GPU when present, else the CPU).
     grad_clip : maximum gradient norm.
@@ -401,7 +406,7 @@ class TrainConfig:
     limit: int | None = None
     blocks: int | None = None
     input_scale: str = "paper"
-    dtype: str = "float32"
+    dtype: str = "auto"
     compile: bool = False
     device: str = "auto"
     grad_clip: float = 1.0
@@ -425,7 +430,7 @@ class TrainConfig:
             (self.patience >= 0, "patience", ">= 0", self.patience),
             (self.limit is None or self.limit >= 1, "limit", ">= 1", self.limit),
             (self.blocks is None or self.blocks >= 0, "blocks", ">= 0", self.blocks),
-            (self.dtype in TRAIN_DTYPES, "dtype", f"one of {list(TRAIN_DTYPES)}", self.dtype),
+            (self.dtype in TRAIN_DTYPE_CHOICES, "dtype", f"one of {list(TRAIN_DTYPE_CHOICES)}", self.dtype),
             (0 <= self.dropout < 1, "dropout", "in [0, 1)", self.dropout),
             (self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip),
             (0 < self.val_fraction < 1, "val_fraction", "in (0, 1)", self.val_fraction),

@@ -1,6 +1,7 @@
 """The pipelines run as a user runs them: `make -C pipelines tableN` to a table, CSV and plots."""
 
 import csv
+import json
 import os
 import re
 import shutil
@@ -130,3 +131,37 @@ def test_critique_renders_table101_at_its_own_sizes_beside_the_critiques_numbers
                          rf"\(critique {re.escape(critique)}\) \|", table), setting
     summaries = list((tmp_path / "110" / "train").glob("steps2_seeds2_lr1e-3-1e-2_*/mnist/*/*~b1.done"))
     assert len(summaries) == 4
+
+
+def test_a_training_run_cut_short_continues_from_its_checkpoint_to_the_uninterrupted_result(tmp_path):
+    """A run cut at its step-10 checkpoint (as by the end of a session, before its marker was written) is made
+    again: it resumes there, and ends exactly as the run made in one go."""
+    reservoir = stand_in(tmp_path)
+    cut = tmp_path / "cut-reservoir"  # the same command, stopped after 10 of the 20 steps
+    cut.write_text(f'#!/bin/sh\ncase " $* " in *" train "*) exec "{reservoir}" "$@" --steps 10;; esac\n'
+                   f'exec "{reservoir}" "$@"\n')
+    cut.chmod(0o755)
+    args = ["table6", "LIMIT=64", "STEPS=20", "SEEDS=2", "PRETRAINED=tinygpt", "DATA_TASKS=", "TASKS_6=bit_xor",
+            "CHECKPOINT_EVERY=10", "TRAIN_OPTS=--batch-size 4 --eval-every 5 --dtype float32"]
+    results = {}
+    for name, first in (("whole", reservoir), ("resumed", cut)):
+        root = tmp_path / name
+        r = make(root, *args, reservoir=first)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        if first is cut:
+            markers = list((root / "64" / "train").glob("*/bit_xor/*/*.done"))
+            assert len(markers) == 2 and all(json.loads(Path(m.read_text().splitlines()[-1]).read_text())["steps"]
+                                             == [10, 10] for m in markers)
+            for m in markers:
+                m.unlink()  # as if the session had ended before the markers were written
+            r = make(root, *args, reservoir=reservoir)
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        results[name] = {m.parent.name: json.loads(Path(m.read_text().splitlines()[-1]).read_text())
+                         for m in (root / "64" / "train").glob("*/bit_xor/*/*.done")}
+    assert set(results["whole"]) == {"tinygpt", "tinygpt-random"}
+    for backbone, whole in results["whole"].items():
+        resumed = results["resumed"][backbone]
+        assert resumed["steps"] == whole["steps"] == [20, 20]
+        for a, b in zip(whole["runs"], resumed["runs"]):
+            assert a["history"] == b["history"] and a["test_accuracy"] == b["test_accuracy"]
+    assert (tmp_path / "resumed" / "64" / "table6.md").read_text() == (tmp_path / "whole" / "64" / "table6.md").read_text()

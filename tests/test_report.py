@@ -107,3 +107,19 @@ def test_depth_layout_csv_gives_the_chosen_depth_its_papers_number():
     rep.markdown("depth")
     cells = {r["column"]: r for r in csv.DictReader(rep.csv().splitlines())}
     assert cells["chosen"]["depth"] == "3" and cells["chosen"]["paper"] == cells["d3"]["paper"] == "18"
+
+
+def test_steps_table_gives_each_seeds_reach_the_spread_and_the_lowest_seed():
+    """Table 6's cells: steps to the target when every seed crossed it, else which seeds did; the test mean with
+    its spread and the lowest seed (a claim that every seed solves a task reads the lowest)."""
+    groups = ["input", "pos", "ln", "out"]
+    all_reached = {**end_to_end("bit_xor", "p", groups, 0.995), "target": 0.99, "steps_to_target": [200, 300, 400],
+                   "steps_to_target_mean": 300.0, "test_min": 0.99}
+    one_missed = {**end_to_end("bit_memory", "p", groups, 0.91), "target": 0.99,
+                  "steps_to_target": [1200, None, 1500], "steps_to_target_mean": None, "test_min": 0.75}
+    rep = Report([all_reached, one_missed], paper=TABLES[6], paper_rows={"p:input,pos,ln,out": "FPT"})
+    table = rep.task_table()
+    assert "300 steps to 99%; test 99.5 ± 1.0 (n=3), lowest seed 99.0 (20/20) (paper 500 steps)" in table
+    assert "2 of 3 seeds reached 99% (in 1,200, 1,500 steps); test 91.0 ± 1.0 (n=3), lowest seed 75.0" in table
+    lowest = {r["task"]: r["test_min"] for r in csv.DictReader(rep.csv().splitlines())}
+    assert lowest == {"bit_xor": "0.99", "bit_memory": "0.75"}

@@ -295,6 +295,33 @@ def test_resume_with_more_steps_extends_a_finished_run(tiny_gpt2, home):
     assert longer["test_accuracy"] == whole["test_accuracy"]
 
 
+def test_auto_dtype_takes_the_faster_training_dtype_and_a_resume_on_another_cpu_continues(tiny_gpt2, home,
+                                                                                          monkeypatch):
+    """``--dtype auto`` resolves per machine from the measured rates (float16 is never a training dtype); the
+    identity keeps ``auto``, so a run checkpointed where float32 was faster resumes where bf16 is, and says so."""
+    from reservoir.runtime import dtypes
+
+    def rates_of(fast):
+        return lambda width=768, threads=None: ({"float32": 100.0, "bfloat16": 100.0, "float16": 900.0,
+                                                  fast: 300.0}, True)
+
+    task = get_task("bit_xor", **XOR_OPTS)
+    cfg = xor_cfg(tiny_gpt2, home, steps=20, lr=(3e-3,))
+    data = load_data(task, cfg)
+    monkeypatch.setattr(dtypes, "measured_rates", rates_of("float32"))
+    first = train_run(cfg, task, data, lr=3e-3, seed=0, progress=False)
+    assert cfg.dtype == "auto" and first["dtypes"] == ["float32"]
+    monkeypatch.setattr(dtypes, "measured_rates", rates_of("bfloat16"))
+    said = []
+    longer = train_run(dataclasses.replace(cfg, steps=30, resume=True), task, data, lr=3e-3, seed=0, progress=False,
+                       log=said.append)
+    assert longer["steps"] == 30 and longer["dtypes"] == ["float32", "bfloat16"]
+    assert any("auto: bfloat16" in line for line in said)
+    fixed = train_run(dataclasses.replace(cfg, dtype="float32", checkpoint_dir=home / "f"), task, data, lr=3e-3,
+                      seed=0, progress=False)
+    assert fixed["dtypes"] == ["float32"] and fixed["history"] == first["history"]
+
+
 def test_resume_refuses_other_settings_and_broken_files(tiny_gpt2, home, cli):
     args = ["train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=256",
             "--task-opt", "n_test=64", "--steps", "10", "--eval-every", "10", "--checkpoint-dir", str(home / "c")]

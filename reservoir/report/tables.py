@@ -324,13 +324,19 @@ class Report:
                 depth = f", d{c}" if row.mode == "output-only" and len(row.by_depth) > 1 else ""
                 extra = {"depth_rule": str(rule)} if rules != ("chosen",) and row.mode == "output-only" else {}
                 if self.paper is not None and self.paper.unit == "steps":  # steps to the target (table 6)
-                    steps = row.by_depth[c][0].get("steps_to_target_mean")
-                    target = row.by_depth[c][0].get("target")
+                    r = row.by_depth[c][0]
+                    steps, target = r.get("steps_to_target_mean"), r.get("target")
+                    reached = [s for s in r.get("steps_to_target") or [] if s is not None]
+                    runs = len(r.get("steps_to_target") or [])
                     text = (f"{steps:,.0f} steps to {100 * target:g}%" if steps is not None
+                            else f"{len(reached)} of {runs} seeds reached {100 * target:g}% (in "
+                                 f"{', '.join(f'{s:,}' for s in reached)} steps)" if reached
                             else f"not reached ({100 * target:g}%)" if target else "no --target")
-                    cells.append(paper_cell(f"{text}; test {pct(mean)} ({row.size})",
+                    lowest = f", lowest seed {pct(r['test_min'])}" if n > 1 and r.get("test_min") is not None else ""
+                    cells.append(paper_cell(f"{text}; test {pct(mean, std, n)}{lowest} ({row.size})",
                                             None if paper is None else f"{paper:,.0f} steps", who=self.who))
-                    self.record(row, t, depth=c, steps_to_target=steps, target=target, test=mean, paper=paper, **extra)
+                    self.record(row, t, depth=c, steps_to_target=steps, target=target, test=mean, test_std=std,
+                                test_min=r.get("test_min"), n_seeds=n, paper=paper, **extra)
                     continue
                 cells.append(self.beside(row, t, f"{pct(mean, std, n)} ({row.size}{depth})"))
                 self.record(row, t, depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c), paper=paper, **extra)

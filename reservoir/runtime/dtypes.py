@@ -113,8 +113,9 @@ def fastest(rates: dict[str, float]) -> str:
     return best
 
 
-def choose(device: torch.device | str = "cpu", width: int = 768) -> tuple[str, str]:
-    """``(dtype, why)`` for ``--dtype auto`` on ``device``."""
+def choose(device: torch.device | str = "cpu", width: int = 768,
+           allowed: tuple[str, ...] | None = None) -> tuple[str, str]:
+    """``(dtype, why)`` for ``--dtype auto`` on ``device``, among ``allowed`` dtypes (default: every float)."""
     kind = torch.device(device).type
     if kind == "cuda":
         native = torch.cuda.is_bf16_supported()
@@ -122,6 +123,8 @@ def choose(device: torch.device | str = "cpu", width: int = 768) -> tuple[str, s
     if kind != "cpu":
         return "float32", f"auto on {kind}: float32"
     rates, cached = measured_rates(width)
+    if allowed is not None:
+        rates = {d: r for d, r in rates.items() if d in allowed}
     dtype = fastest(rates)
     shown = ", ".join(f"{d} {r:,.0f}" for d, r in sorted(rates.items(), key=lambda kv: -kv[1]))
     return dtype, (f"auto: {dtype} multiplies fastest on this CPU ({'measured before' if cached else 'measured now'}, "

@@ -46,6 +46,8 @@ class RunState:
     stop_reason: str = ""
     seconds: float = 0.0
     pending_losses: list[float] = dataclasses.field(default_factory=list)
+    #: the compute dtypes the run has taken steps in, in order (``--dtype auto`` resolves per machine)
+    dtypes: list[str] = dataclasses.field(default_factory=list)
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 

@@ -33,10 +33,11 @@ from torch import nn
 
 from reservoir import __version__
 from reservoir.model.backbones import load_backbone
-from reservoir.config import TrainConfig
+from reservoir.config import TRAIN_DTYPES, TrainConfig
 from reservoir.errors import DataError, UsageError
 from reservoir.model.devices import resolve_device
 from reservoir.model.reservoir import check_length
+from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.runtime.runner import CompiledOrEager
 from reservoir.identity import digest
 from reservoir.model.backbones import fingerprint as backbone_fingerprint
@@ -172,6 +173,16 @@ def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.O
     return float(loss.detach())
 
 
+def train_dtype(name: str, device: torch.device, width: int, log: Callable[[str], None], tag: str = "") -> str:
+    """The compute dtype of a run: ``name``, or for ``auto`` the faster training dtype on ``device``, measured
+    at the backbone's ``width`` (:func:`reservoir.runtime.dtypes.choose`; said in the log)."""
+    if name != "auto":
+        return name
+    dtype, why = choose_dtype(device, width, allowed=TRAIN_DTYPES)
+    log(f"{tag} {why}".strip())
+    return dtype
+
+
 def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int, progress: bool = True,
               on_step: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None,
               show_counts: bool = False, shared: dict[str, Any] | None = None,
@@ -228,6 +239,9 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         log(f"{tag} resumed {ckpt} at step {state.step}" + (" (finished)" if state.done or state.step >= cfg.steps else ""))
     elif ckpt.exists():
         log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
+    dtype = train_dtype(cfg.dtype, device, backbone.d_model, log, tag)
+    if not state.dtypes or state.dtypes[-1] != dtype:
+        state.dtypes.append(dtype)
     # evaluation runs the eager model: one compiled training graph, no recompiles for other batch sizes
     forward = CompiledOrEager(model, cfg.compile, dynamic=task.spec.variable_length)
 
@@ -246,7 +260,7 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         model.train()
         batch = batch_tensors(task, data.train, order[i * bs:(i + 1) * bs])
         try:
-            losses.append(train_step(forward, params, opt, batch, cfg.dtype, cfg.grad_clip))
+            losses.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
         except FloatingPointError as e:
             raise Diverged(
                 f"{tag} the gradients are not finite at step {state.step + 1} ({e}): with a finite loss this is an "
@@ -258,14 +272,14 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
             if not forward.compiled:
                 raise
             forward.fall_back(e)
-            losses.append(train_step(forward, params, opt, batch, cfg.dtype, cfg.grad_clip))
+            losses.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
         state.step += 1
         if not math.isfinite(losses[-1]):
             raise Diverged(f"{tag} the training loss became {losses[-1]} at step {state.step}; lower --lr "
                             f"(now {lr:g}) or keep --grad-clip above 0")
         if state.step % cfg.eval_every == 0 or state.step >= cfg.steps:
             model.eval()
-            val, val_loss = scores(model, task, data.val, cfg.eval_batch_size, cfg.dtype, device)
+            val, val_loss = scores(model, task, data.val, cfg.eval_batch_size, dtype, device)
             state.history.append({"step": state.step, "loss": float(np.mean(losses)), "val_accuracy": val,
                                   "val_loss": val_loss})
             losses.clear()
@@ -304,14 +318,14 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         for p, best in zip(params, state.best_params):
             p.copy_(best)
     model.eval()
-    test = evaluate(model, task, data.test, cfg.eval_batch_size, cfg.dtype, device)
+    test = evaluate(model, task, data.test, cfg.eval_batch_size, dtype, device)
     log(f"{tag} {stop_reason}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
         f"test {100 * test:.2f}%")
     if on_trained is not None:
         on_trained(model)
     return {"lr": lr, "seed": seed, "blocks": blocks, "test_accuracy": test, "val_accuracy": state.best_val,
             "best_step": state.best_step, "steps": state.step, "steps_to_target": state.steps_to_target,
-            "stop_reason": stop_reason, "seconds": state.seconds, "history": state.history,
+            "stop_reason": stop_reason, "seconds": state.seconds, "dtypes": state.dtypes, "history": state.history,
             "param_counts": counts, "checkpoint": str(ckpt), "backbone_fingerprint": ident["backbone_fingerprint"]}
 
 
