@@ -123,3 +123,17 @@ def test_steps_table_gives_each_seeds_reach_the_spread_and_the_lowest_seed():
     assert "2 of 3 seeds reached 99% (in 1,200, 1,500 steps); test 91.0 ± 1.0 (n=3), lowest seed 75.0" in table
     lowest = {r["task"]: r["test_min"] for r in csv.DictReader(rep.csv().splitlines())}
     assert lowest == {"bit_xor": "0.99", "bit_memory": "0.75"}
+
+
+def test_settings_that_would_share_a_label_are_told_apart_by_what_differs():
+    """Two settings of one task with the same backbone and head (here: 50 and 80 rows) get their own lines, each
+    named by the field that differs, and a third task's row of the same setting stays on the line it shares."""
+    results = [output_only(1, 0.9, 0.60, limit=50), output_only(1, 0.9, 0.70, limit=80),
+               output_only(1, 0.9, 0.40, task="cifar10", limit=50)]
+    rep = Report(results)
+    table = rep.task_table()
+    assert "| b, limit 50 | ridge | 40.0 (50/50) | 60.0 (50/50) |" in table  # columns: cifar10, mnist
+    assert "| b, limit 80 | ridge |  | 70.0 (50/50) |" in table
+    assert {r["setting"] for r in csv.DictReader(rep.csv().splitlines())} == {"b, limit 50", "b, limit 80"}
+    assert "| b, limit 80 | ridge | 50/50 | 70.0 |" in Report(results).depth_tables()
+    assert "| b | ridge |" in Report(results[:1] + results[2:]).task_table()  # nothing to tell apart: the plain label

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,6 +211,42 @@ def row_label(row: Row) -> str:
     return label
 
 
+#: identity fields that never tell two settings apart in a label (they follow the data or the seed)
+UNLABELLED = ("data", "backbone_fingerprint", "backbone_fingerprints")
+
+
+def _settings(row: Row) -> dict[str, str]:
+    """A row's identity, nested options flattened to ``key.option``, each value as short text."""
+    out = {}
+    for key, value in row.results[0].get("identity", {}).items():
+        if key in UNLABELLED:
+            continue
+        for k, v in (value.items() if isinstance(value, dict) else [(None, value)]):
+            text = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+            out[key if k is None else f"{key}.{k}"] = text if len(text) <= 24 else text[:21] + "..."
+    return out
+
+
+def row_labels(rows: list[Row]) -> dict[int, str]:
+    """Each row's label (by ``id``): :func:`row_label`, and where rows of one task and head would share
+    it, the settings that tell them apart (on every row of that label, so a setting keeps one line
+    across tasks)."""
+    labels = {id(r): row_label(r) for r in rows}
+    groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for r in rows:
+        groups[(labels[id(r)], r.head)].append(r)
+    for (label, _), group in groups.items():
+        settings = {id(r): _settings(r) for r in group}
+        keys: set[str] = set()
+        for task in {r.task for r in group}:
+            same = [settings[id(r)] for r in group if r.task == task]
+            if len(same) > 1:
+                keys |= {k for k in set().union(*same) if len({s.get(k, "-") for s in same}) > 1}
+        for r in group:
+            labels[id(r)] = label + "".join(f", {k} {settings[id(r)].get(k, '-')}" for k in sorted(keys))
+    return labels
+
+
 class Report:
     """Markdown and CSV of results, laid out by depth (one table per task) or by task (one row per
     setting, the validation-chosen depth's test accuracy per task column)."""
@@ -220,6 +257,10 @@ class Report:
         self.paper, self.paper_rows = paper, dict(paper_rows or {})
         self.depths = tuple(depths) or ("chosen",)  # the task layout's rules for output-only rows (DEPTH_RULES)
         self.records: list[dict[str, Any]] = []  # the CSV, one line per cell
+        self.labels = row_labels(self.rows)
+
+    def label(self, row: Row) -> str:
+        return self.labels[id(row)]
 
     def paper_row(self, row: Row) -> str | None:
         """The paper's row ``row`` stands for (``--as BACKBONE:GROUPS=ROW``, else ``--as BACKBONE=ROW``)."""
@@ -245,7 +286,7 @@ class Report:
         return paper_cell(ours, paper, pm, self.who)
 
     def record(self, row: Row, column: str, **values: Any) -> None:
-        self.records.append({"task": row.task, "setting": row_label(row), "backbone": row.backbone, "mode": row.mode,
+        self.records.append({"task": row.task, "setting": self.label(row), "backbone": row.backbone, "mode": row.mode,
                              "head": row.head, "trainable": row.trainable, "input_scale": row.scale, "run": row.run,
                              "n_train/n_test": row.size, "column": column, **values})
 
@@ -278,7 +319,7 @@ class Report:
                 mean, std, n = row.spread(c)
                 self.record(row, "chosen", depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c),
                             paper=self.paper_number(row, str(c)))
-                lines.append("| " + " | ".join([row_label(row), row.head, row.size] + cells + [
+                lines.append("| " + " | ".join([self.label(row), row.head, row.size] + cells + [
                     str(c), pct(mean, std, n), f"{pct(row.spread(b)[0])} (d{b})"]) + " |")
             lines += self.baseline_lines(task, len(depths))
             out.append("\n".join(lines))
@@ -305,7 +346,7 @@ class Report:
         settings: dict[tuple, dict[str, tuple[Row, str | int]]] = defaultdict(dict)
         for row in self.rows:
             for rule in rules if row.mode == "output-only" else ("chosen",):
-                label = row_label(row)
+                label = self.label(row)
                 if row.mode == "output-only" and rules != ("chosen",):
                     label += f", {rule_label(rule)}"
                 settings[(label, row.head)][row.task] = (row, rule)
@@ -376,9 +417,9 @@ class Report:
         for task in dict.fromkeys(r.task for r in self.rows):
             rows = [r for r in self.rows if r.task == task and r.mode == "output-only"]
             if rows:
-                curves = {f"{row_label(r)} ({r.head})": {d: 100 * r.spread(d)[0] for d in sorted(r.by_depth)}
+                curves = {f"{self.label(r)} ({r.head})": {d: 100 * r.spread(d)[0] for d in sorted(r.by_depth)}
                           for r in rows}
-                chosen = {f"{row_label(r)} ({r.head})": r.chosen for r in rows}
+                chosen = {f"{self.label(r)} ({r.head})": r.chosen for r in rows}
                 paper = {}  # each paper row once, at the depths we ran
                 deepest = max(d for r in rows for d in r.by_depth)
                 for r in rows:
@@ -394,7 +435,7 @@ class Report:
                                           paper=paper or None,
                                           title=f"{task}: test accuracy by depth (n train/test {size}); "
                                                 "ring: depth chosen on validation"))
-            runs = {f"{row_label(r)} d{d} lr{run.get('lr', '')} seed{run.get('seed', '')}": run["history"]
+            runs = {f"{self.label(r)} d{d} lr{run.get('lr', '')} seed{run.get('seed', '')}": run["history"]
                     for r in self.rows if r.task == task and r.mode == "end-to-end"
                     for d, rs in r.by_depth.items() for res in rs for run in res.get("runs", [])
                     if run.get("history")}
