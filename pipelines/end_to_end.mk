@@ -185,6 +185,7 @@ head_baselines = $(wildcard $(foreach t,$(call head_tasks,$(1)),$(OUT)/results/$
 # adds a line under the caption
 define render
 @test -n "$^" || { echo "$@: no runs to report (are its TASKS_ or backbone variables empty?)" >&2; exit 2; }
+@$(call walltime,$(1),$^)
 @{ $(if $(call trained_of,$^),tail -qn1 $(call trained_of,$^) &&) \
 	for m in $(call heads_of,$^); do grep -lF "\"features\": \"$$(cat $$m)\"" \
 	$(OUT)/results/*/*/output-only_$(HEAD)_*.json 2> /dev/null || { echo "$@: no $(HEAD) results of the features $$m \

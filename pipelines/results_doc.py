@@ -13,24 +13,45 @@ differences from the paper are stated once, at the top (``notes/differences.md``
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
 HERE = Path(__file__).parent
 
 
+def _trained(marker: Path) -> tuple[float, list[str]] | None:
+    """A training marker's run time and machines, from the result its last line names (None: not one)."""
+    try:
+        result = json.loads(Path(marker.read_text().splitlines()[-1]).read_text())
+    except (OSError, IndexError, ValueError):
+        return None
+    if result.get("mode") != "end-to-end" or result.get("seconds") is None:
+        return None
+    return float(result["seconds"]), list(result.get("machines") or [])
+
+
 def walltime(runs: Path) -> str:
-    """The table's wall time on this machine, from ``tableN.runs`` (the Makefile's: marker, seconds, machine)."""
+    """The table's wall time on this machine, from ``tableN.runs`` (the Makefile's: marker, seconds, machine;
+    a training marker has no seconds there: its result holds the run's time and machines)."""
     if not runs.exists():
         return ""
     lines = [ln.split("\t") for ln in runs.read_text().splitlines() if ln.strip()]
-    timed = [(float(ln[1]), ln[2]) for ln in lines if len(ln) > 2 and ln[1]]
-    if not timed:
+    timed, trained, untimed = [], [], 0
+    for ln in lines:
+        if len(ln) > 2 and ln[1]:
+            timed.append((float(ln[1]), [ln[2].strip()]))
+        elif (run := _trained(Path(ln[0]))) is not None:
+            trained.append(run)
+        else:
+            untimed += 1
+    if not timed and not trained:
         return f"Wall time: not measured (its {len(lines)} extractions and fits predate timing)."
-    total = sum(s for s, _ in timed)
-    machines = "; ".join(dict.fromkeys(m.strip() for _, m in timed))
-    untimed = len(lines) - len(timed)
-    return (f"Wall time: {total / 60:.0f} min for {len(timed)} extractions and fits, one after another, on {machines}"
+    total = sum(s for s, _ in timed + trained)
+    machines = "; ".join(dict.fromkeys(m for _, ms in timed + trained for m in ms)) or "an unrecorded machine"
+    what = " and ".join(part for part in (f"{len(timed)} extractions and fits" if timed else "",
+                                          f"{len(trained)} training runs (every seed)" if trained else "") if part)
+    return (f"Wall time: {total / 60:.0f} min for {what}, one after another, on {machines}"
             + (f" ({untimed} more predate timing)." if untimed else "."))
 
 

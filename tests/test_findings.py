@@ -3,6 +3,7 @@ where it exceeds twice the combined spread, the paper's direction set beside our
 
 import csv
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -63,6 +64,13 @@ def test_a_tables_wall_time_sums_its_timed_runs_and_names_the_machine_and_the_un
     runs.write_text("c.done\t\n")
     assert doc.walltime(runs) == "Wall time: not measured (its 1 extractions and fits predate timing)."
     assert doc.walltime(tmp_path / "missing.runs") == ""
+    # a training marker: its result holds the run's seconds (every seed) and the machines it ran on
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps({"mode": "end-to-end", "seconds": 1800.0, "machines": ["Zen 3, 2 cores; avx2"]}))
+    (tmp_path / "t.done").write_text(f"summary\n{result}\n")
+    runs.write_text(f"a.done\t600\tXeon, 2 cores; avx2\n{tmp_path / 't.done'}\t\n")
+    assert doc.walltime(runs) == ("Wall time: 40 min for 1 extractions and fits and 1 training runs (every seed), one "
+                                  "after another, on Xeon, 2 cores; avx2; Zen 3, 2 cores; avx2.")
 
 
 def test_a_task_in_several_tables_is_told_once_from_the_table_with_the_papers_pair(tmp_path):

@@ -165,3 +165,7 @@ def test_a_training_run_cut_short_continues_from_its_checkpoint_to_the_uninterru
         for a, b in zip(whole["runs"], resumed["runs"]):
             assert a["history"] == b["history"] and a["test_accuracy"] == b["test_accuracy"]
     assert (tmp_path / "resumed" / "64" / "table6.md").read_text() == (tmp_path / "whole" / "64" / "table6.md").read_text()
+    # the wall time results_doc.py states: each training marker's result, its seconds and machines
+    runs = (tmp_path / "whole" / "64" / "table6.runs").read_text().splitlines()
+    assert len(runs) == 2 and all(Path(ln.split("\t")[0]).name == "input+pos+ln+out~t0.9.done" for ln in runs)
+    assert all(run["machines"] and run["seconds"] > 0 for result in results["whole"].values() for run in result["runs"])

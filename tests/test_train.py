@@ -320,6 +320,7 @@ def test_auto_dtype_takes_the_faster_training_dtype_and_a_resume_on_another_cpu_
     fixed = train_run(dataclasses.replace(cfg, dtype="float32", checkpoint_dir=home / "f"), task, data, lr=3e-3,
                       seed=0, progress=False)
     assert fixed["dtypes"] == ["float32"] and fixed["history"] == first["history"]
+    assert longer["machines"] == first["machines"] and "cores;" in first["machines"][0]  # one CPU, named
 
 
 def test_resume_refuses_other_settings_and_broken_files(tiny_gpt2, home, cli):

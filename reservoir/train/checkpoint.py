@@ -48,6 +48,8 @@ class RunState:
     pending_losses: list[float] = dataclasses.field(default_factory=list)
     #: the compute dtypes the run has taken steps in, in order (``--dtype auto`` resolves per machine)
     dtypes: list[str] = dataclasses.field(default_factory=list)
+    #: the machines the run has taken steps on, in order (:func:`reservoir.runtime.machine.describe`)
+    machines: list[str] = dataclasses.field(default_factory=list)
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 

@@ -38,6 +38,7 @@ from reservoir.errors import DataError, UsageError
 from reservoir.model.devices import resolve_device
 from reservoir.model.reservoir import check_length
 from reservoir.runtime.dtypes import choose as choose_dtype
+from reservoir.runtime.machine import describe
 from reservoir.runtime.runner import CompiledOrEager
 from reservoir.identity import digest
 from reservoir.model.backbones import fingerprint as backbone_fingerprint
@@ -173,6 +174,13 @@ def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.O
     return float(loss.detach())
 
 
+def machine_of(device: torch.device) -> str:
+    """What a run's steps ran on, as speed figures name it: the CPU and its flags, or the accelerator."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA)"
+    return describe() if device.type == "cpu" else device.type
+
+
 def train_dtype(name: str, device: torch.device, width: int, log: Callable[[str], None], tag: str = "") -> str:
     """The compute dtype of a run: ``name``, or for ``auto`` the faster training dtype on ``device``, measured
     at the backbone's ``width`` (:func:`reservoir.runtime.dtypes.choose`; said in the log)."""
@@ -240,8 +248,9 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
     elif ckpt.exists():
         log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
     dtype = train_dtype(cfg.dtype, device, backbone.d_model, log, tag)
-    if not state.dtypes or state.dtypes[-1] != dtype:
-        state.dtypes.append(dtype)
+    for seen, now in ((state.dtypes, dtype), (state.machines, machine_of(device))):
+        if not seen or seen[-1] != now:
+            seen.append(now)
     # evaluation runs the eager model: one compiled training graph, no recompiles for other batch sizes
     forward = CompiledOrEager(model, cfg.compile, dynamic=task.spec.variable_length)
 
@@ -325,7 +334,8 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         on_trained(model)
     return {"lr": lr, "seed": seed, "blocks": blocks, "test_accuracy": test, "val_accuracy": state.best_val,
             "best_step": state.best_step, "steps": state.step, "steps_to_target": state.steps_to_target,
-            "stop_reason": stop_reason, "seconds": state.seconds, "dtypes": state.dtypes, "history": state.history,
+            "stop_reason": stop_reason, "seconds": state.seconds, "dtypes": state.dtypes,
+            "machines": state.machines, "history": state.history,
             "param_counts": counts, "checkpoint": str(ckpt), "backbone_fingerprint": ident["backbone_fingerprint"]}
 
 
@@ -404,6 +414,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], N
         "val_accuracy": val_mean[best_lr], "val_std": _std([r["val_accuracy"] for r in chosen]),
         "n_train": len(data.train), "n_val": len(data.val), "n_test": len(data.test), "test_split": data.test_name,
         "seconds": float(sum(r["seconds"] for rs in runs.values() for r in rs)),
+        "machines": list(dict.fromkeys(m for rs in runs.values() for r in rs for m in r["machines"])),
         "lr": best_lr, "seeds": seeds, "steps": [r["steps"] for r in chosen],
         "best_step": [r["best_step"] for r in chosen],
         "target": cfg.target, "steps_to_target": to_target,
