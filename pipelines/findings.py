@@ -6,6 +6,9 @@ strongest baseline; the difference is called decided only where it exceeds twice
 spread. A side's spread is the larger of its seeds' standard deviation and the binomial
 standard error of one accuracy on its test rows, so a single seed still carries the sampling
 error of its test set. The paper's pair of numbers is set beside ours when the table holds it.
+
+A table of steps to a target (table 6, end to end) gives each side's test mean, spread and lowest
+seed, whether every seed solves the task (at least 99%), and the paper's steps and accuracies.
 """
 
 from __future__ import annotations
@@ -103,17 +106,62 @@ def paragraph(table: int, task: str, pre: Side, rand: Side, base: Side | None) -
     return text
 
 
-def findings(root: Path, tables: list[int], pretrained: str) -> list[str]:
+#: a run "solves" a task when its test accuracy is at least this (the paper's 100% on the bit tasks)
+SOLVED = 0.99
+
+
+def _solved_text(row: dict[str, str]) -> str:
+    """How the seeds of one end-to-end setting did: test mean ± std, the lowest seed, the steps to the target."""
+    seeds, test = int(row["n_seeds"] or 1), float(row["test"])
+    lowest = float(row["test_min"]) if row.get("test_min") else test
+    steps, target = row.get("steps_to_target"), row.get("target")
+    text = f"{100 * test:.1f}" + (f" ± {100 * float(row['test_std'] or 0):.1f}% over {seeds} seeds, lowest seed "
+                                  f"{100 * lowest:.1f}%" if seeds > 1 else "% (1 seed)")
+    if target:
+        text += (f", validation {100 * float(target):g}% in {float(steps):,.0f} steps (mean over seeds)" if steps
+                 else f", {100 * float(target):g}% validation not reached by every seed")
+    verdict = ("every seed solves it" if lowest >= SOLVED
+               else f"not solved on every seed (a seed below {100 * SOLVED:g}% test)")
+    return f"{text}: {verdict}"
+
+
+def end_to_end(table: int, rows: list[dict[str, str]], pretrained: str) -> list[str]:
+    """Per task of an end-to-end table with steps to a target (table 6): how the pretrained stand-in and its
+    random twin did on every seed, beside the paper's steps and its test accuracies (table 2, same runs)."""
+    from reservoir.report.paper import TABLES
+
+    out = []
+    for task in dict.fromkeys(r["task"] for r in rows if r["mode"] == "end-to-end"):
+        sides = {r["backbone"]: r for r in rows if r["task"] == task and r["mode"] == "end-to-end"}
+        pre, rand = sides.get(pretrained), sides.get(f"{pretrained}-random")
+        if pre is None or rand is None:
+            continue
+        text = (f"**Table {table}, {task}, end to end** (input, positions, layer norms and output trained; test at "
+                f"the best validation step): pretrained {pretrained} {_solved_text(pre)}; random twin "
+                f"{_solved_text(rand)}.")
+        fpt, random = (TABLES[2].rows[name].get(task) for name in ("FPT", "Random"))
+        if pre.get("paper") and rand.get("paper"):
+            text += (f" The paper's table {table}: {float(pre['paper']):,.0f} steps against {float(rand['paper']):,.0f}"
+                     + (f", reaching {fpt:g}% and {random:g}% (table 2)" if fpt is not None and random is not None
+                        else "") + ".")
+        out.append(text)
+    return out
+
+
+def findings(root: Path, tables: list[int], pretrained: str, roots: dict[int, Path] | None = None) -> list[str]:
     """One paragraph per task with both sides present in some ``root/tableN.csv``: the tables share their
     runs, so a task is told once, from the first table that holds the paper's numbers for both sides
-    (else the first that holds the task)."""
+    (else the first that holds the task). ``roots`` names the folder of a table rendered elsewhere."""
     found: dict[str, list[tuple[int, Side, Side, Side | None]]] = {}
+    trained: list[tuple[int, list[dict[str, str]]]] = []  # tables with steps to a target (end to end)
     for n in tables:
-        path = root / f"table{n}.csv"
+        path = (roots or {}).get(n, root) / f"table{n}.csv"
         if not path.exists():
             continue
         with path.open() as f:
             rows = list(csv.DictReader(f))
+        if rows and "steps_to_target" in rows[0]:
+            trained.append((n, rows))
         for task, sides in pairs(rows, pretrained).items():
             found.setdefault(task, []).append((n, *sides))
     out = []
@@ -121,4 +169,4 @@ def findings(root: Path, tables: list[int], pretrained: str) -> list[str]:
         n, pre, rand, base = next((o for o in options if o[1].paper is not None and o[2].paper is not None),
                                   options[0])
         out.append(paragraph(n, task, pre, rand, base))
-    return out
+    return out + [text for n, rows in trained for text in end_to_end(n, rows, pretrained)]

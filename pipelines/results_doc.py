@@ -20,6 +20,10 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 
+#: tables made with their own training settings (end_to_end.mk's *_6 and CRITIQUE_*): the command that makes each
+OWN_SETTINGS = {6: "make -C pipelines table6", 101: "make -C pipelines critique DATA_DIR=DATA"}
+
+
 def _trained(marker: Path) -> tuple[float, list[str]] | None:
     """A training marker's run time and machines, from the result its last line names (None: not one)."""
     try:
@@ -64,7 +68,10 @@ def main() -> None:
                         help="the pretrained stand-in: findings set it against its -random twin (findings.py)")
     parser.add_argument("--command", default="make -C pipelines table{n} LIMIT={limit} DATA_DIR=DATA",
                         help="how each table was made ({n}, {limit})")
+    parser.add_argument("--elsewhere", action="append", default=[], metavar="N=DIR",
+                        help="table N was rendered in DIR (a table made at its own size: the critique's out/500)")
     args = parser.parse_args()
+    roots = {int(n): Path(d) for n, d in (item.split("=", 1) for item in args.elsewhere)}
 
     from reservoir.report.paper import TABLES
 
@@ -78,7 +85,7 @@ def main() -> None:
     if args.pretrained:
         from findings import DECIDES, findings
 
-        found = findings(args.root, [int(n) for n in args.tables], args.pretrained)
+        found = findings(args.root, [int(n) for n in args.tables], args.pretrained, roots)
         if found:
             parts += ["## Findings", "",
                       f"Computed from the tables below: a difference is decided where it exceeds {DECIDES:g} times the "
@@ -90,19 +97,21 @@ def main() -> None:
     if differences.exists():
         parts += [differences.read_text().strip(), ""]
     for n in args.tables:
-        table = args.root / f"table{n}.md"
+        root = roots.get(int(n), args.root)
+        command = OWN_SETTINGS.get(int(n), args.command).format(n=n, limit=limit)
+        table = root / f"table{n}.md"
         if not table.exists():
-            raise SystemExit(f"{table} is missing: run `make -C pipelines table{n} LIMIT={limit}` first")
+            raise SystemExit(f"{table} is missing: run `{command}` first")
         caption = TABLES[int(n)].caption if int(n) in TABLES else ""
-        parts += [f"## Table {n}: {caption}", "", "```", args.command.format(n=n, limit=limit), "```", ""]
+        parts += [f"## Table {n}: {caption}", "", "```", command, "```", ""]
         notes = HERE / "notes" / f"table{n}.md"
         if notes.exists():
             parts += [notes.read_text().strip(), ""]
         parts += [table.read_text().strip(), ""]
-        took = walltime(args.root / f"table{n}.runs")
+        took = walltime(root / f"table{n}.runs")
         if took:
             parts += [took, ""]
-        plots = sorted((args.root / "plots" / f"table{n}").glob("*.png"))
+        plots = sorted((root / "plots" / f"table{n}").glob("*.png"))
         if plots:
             dest = folder / f"table{n}"
             if dest.exists():

@@ -97,3 +97,21 @@ def test_no_direction_is_claimed_against_the_paper_or_a_baseline_within_the_spre
     assert "The paper's table 2: 100 against 75.8 (pretrained ahead); ours does not decide a direction." in text
     assert ("Strongest baseline: raw-input linear head 74.5%, 0.7 points below the better of the two, within 2 "
             "times the combined spread (0.9): level.") in text
+
+
+def test_the_steps_table_says_whether_every_seed_solves_the_task_beside_the_papers_steps(tmp_path):
+    def trained(backbone, test, std, lowest, steps, paper):
+        return {**row("bit_memory", backbone, "end-to-end", test, std, 3, paper=paper), "steps_to_target": steps,
+                "target": "0.99", "test_min": str(lowest)}
+
+    with (tmp_path / "table6.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS + ["steps_to_target", "target", "test_min"])
+        w.writeheader()
+        w.writerows([trained("p", 0.9995, 0.0005, 0.999, "1200.0", "10000"),
+                     trained("p-random", 0.752, 0.003, 0.749, "", "40000")])
+    (text,) = findings.findings(tmp_path, [6], "p")
+    assert ("pretrained p 100.0 ± 0.1% over 3 seeds, lowest seed 99.9%, validation 99% in 1,200 steps (mean over "
+            "seeds): every seed solves it") in text
+    assert ("random twin 75.2 ± 0.3% over 3 seeds, lowest seed 74.9%, 99% validation not reached by every seed: "
+            "not solved on every seed (a seed below 99% test)") in text
+    assert "The paper's table 6: 10,000 steps against 40,000, reaching 100% and 75.8% (table 2)." in text

@@ -141,8 +141,8 @@ def test_a_training_run_cut_short_continues_from_its_checkpoint_to_the_uninterru
     cut.write_text(f'#!/bin/sh\ncase " $* " in *" train "*) exec "{reservoir}" "$@" --steps 10;; esac\n'
                    f'exec "{reservoir}" "$@"\n')
     cut.chmod(0o755)
-    args = ["table6", "LIMIT=64", "STEPS=20", "SEEDS=2", "PRETRAINED=tinygpt", "DATA_TASKS=", "TASKS_6=bit_xor",
-            "CHECKPOINT_EVERY=10", "TRAIN_OPTS=--batch-size 4 --eval-every 5 --dtype float32"]
+    args = ["table6", "LIMIT=64", "STEPS_6=20", "SEEDS_6=2", "TRAIN_LIMIT_6=64", "PRETRAINED=tinygpt", "DATA_TASKS=",
+            "TASKS_6=bit_xor", "CHECKPOINT_EVERY=10", "TRAIN_OPTS_6=--batch-size 4 --eval-every 5 --dtype float32"]
     results = {}
     for name, first in (("whole", reservoir), ("resumed", cut)):
         root = tmp_path / name
@@ -167,5 +167,12 @@ def test_a_training_run_cut_short_continues_from_its_checkpoint_to_the_uninterru
     assert (tmp_path / "resumed" / "64" / "table6.md").read_text() == (tmp_path / "whole" / "64" / "table6.md").read_text()
     # the wall time results_doc.py states: each training marker's result, its seconds and machines
     runs = (tmp_path / "whole" / "64" / "table6.runs").read_text().splitlines()
-    assert len(runs) == 2 and all(Path(ln.split("\t")[0]).name == "input+pos+ln+out~t0.9.done" for ln in runs)
+    assert len(runs) == 2 and all(Path(ln.split("\t")[0]).name == "input+pos+ln+out~t0.99.done" for ln in runs)
     assert all(run["machines"] and run["seconds"] > 0 for result in results["whole"].values() for run in result["runs"])
+    # docs/results.md from it: the findings say whether every seed solves the task, the table states its wall time
+    doc = tmp_path / "results.md"
+    r = make(tmp_path / "whole", "docs", *args[1:], "DOC_TABLES=6", f"DOC_OUT={doc}", reservoir=reservoir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    text = doc.read_text()
+    assert "**Table 6, bit_xor, end to end**" in text and "random twin" in text and "solves it" in text
+    assert "make -C pipelines table6" in text and "training runs (every seed), one after another, on " in text
