@@ -4,7 +4,7 @@
 #   make -C pipelines table1 PRETRAINED=gpt2 DATA_DIR=/path/to/data
 #   make -C pipelines table15 DATA_TASKS=               # only the tasks that need no download
 #   make -C pipelines table3 LIMIT=8 STEPS=1 DATA_TASKS= OUT_ROOT=/tmp/pipetest TRAIN_OPTS="--batch-size 4"  # smoke test
-#   make -C pipelines table18 table20 LIMIT=5000 TRAIN_LIMIT=1000 DATA_DIR=/path/to/data   # + output-only heads
+#   make -C pipelines table18 table20 LIMIT=5000 DATA_DIR=/path/to/data   # + output-only heads (ABLATION_* sizes)
 #   make -C pipelines critique DATA_DIR=/path/to/data       # the critique's protocol at its own sizes (CRITIQUE_*)
 #
 # Every run trains the chosen parameter groups (`reservoir train --trainable`) on one task and
@@ -127,9 +127,9 @@ TASKS_13 ?= $(call runnable,$(PAPER_TASKS))
 TASKS_15 ?= $(call runnable,$(PAPER_TASKS))
 TASKS_16 ?= $(call runnable,cifar10)
 TASKS_17 ?= $(call runnable,listops cifar10)
-TASKS_18 ?= $(TASKS_15)
+TASKS_18 ?= $(HEAD_TASKS_18)
 TASKS_19 ?= $(TASKS_15)
-TASKS_20 ?= $(TASKS_15)
+TASKS_20 ?= $(HEAD_TASKS_20)
 TASKS_21 ?= $(TASKS_15)
 
 # out/TRAIN_LIMIT/train/TAG: the training settings every marker below depends on; a run's results and
@@ -163,12 +163,20 @@ $(TRAIN)/%.done: | $(NEEDS)
 		$(TRAIN_OPTS) > $@.tmp || { rm -f $@.tmp; exit 1; }
 	@mv -f $@.tmp $@
 
+# tables 18 and 20: their end-to-end columns have their own size (`make table18` runs this file again with it, as
+# table 6 and the critique do), one that fits a 2-core CPU in a few hours: ABLATION_LIMIT examples a split, at most
+# ABLATION_STEPS steps of 32, one seed, on the tasks of the output-only head (ListOps' 512-token rows would take
+# about four hours a table alone); each rendered table states its wall time
+ABLATION_LIMIT ?= 1000
+ABLATION_STEPS ?= 300
+ABLATION_SEEDS ?= 1
+ablation = $(MAKE) $(OUT)/table$(1).md STEPS=$(ABLATION_STEPS) SEEDS=$(ABLATION_SEEDS) TRAIN_LIMIT=$(ABLATION_LIMIT)
 # tables 18 and 20: the output-only head beside the end-to-end runs, on HEAD_TASKS_N at LIMIT (the size of the
 # output-only tables; TRAIN_LIMIT sizes the runs that train more), fitted on the features of each extraction
 # seed in HEAD_SEEDS_N (a seed draws the input layer, and the backbone when it is random), at the paper's input scale
 # (at LIMIT=5000 bit memory's features of every depth take about 14 GB an extraction of SmolLM2: 10,000 rows x 31
 # depths x 20 readout tokens x 576, float32; the Makefile keeps every sixth of SmolLM2's depths there)
-HEAD_TASKS_18 ?= $(call runnable,bit_memory bit_xor mnist cifar10)
+HEAD_TASKS_18 ?= $(call runnable,bit_xor mnist cifar10 bit_memory)
 HEAD_TASKS_20 ?= $(HEAD_TASKS_18)
 HEAD_SEEDS_18 ?= 0
 HEAD_SEEDS_20 ?= 0 1 2
@@ -273,9 +281,11 @@ table13: $(OUT)/table13.md ## finetuning more: the FPT, + feedforward, + attenti
 table15: $(OUT)/table15.md ## ablation, pretrained: output layer, + layer norms, + input, + positions (SUCCESSIVE)
 table16: $(OUT)/table16.md ## layer norms frozen against trained, pretrained and random (CIFAR-10, DATA_DIR)
 table17: $(OUT)/table17.md ## other architectures as the frozen backbone (OTHER_ARCHS), ListOps and CIFAR-10
-table18: $(OUT)/table18.md ## ablation, pretrained: each group alone with the output layer (SINGLE, at TRAIN_LIMIT) and our output-only head (at LIMIT)
+table18: ## ablation, pretrained: each group alone with the output layer (SINGLE, at ABLATION_LIMIT) and our output-only head (at LIMIT)
+	$(call ablation,18)
 table19: $(OUT)/table19.md ## ablation, pretrained, every task: groups added one after another (SUCCESSIVE)
-table20: $(OUT)/table20.md ## ablation, random: each group alone with the output layer (SINGLE, at TRAIN_LIMIT) and our output-only head (at LIMIT, 3 seeds)
+table20: ## ablation, random: each group alone with the output layer (SINGLE, at ABLATION_LIMIT) and our output-only head (at LIMIT, 3 seeds)
+	$(call ablation,20)
 table21: $(OUT)/table21.md ## ablation, random: groups added one after another (SUCCESSIVE)
 
 # ---------------------------------------------------------------------------------------------------------------------

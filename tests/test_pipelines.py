@@ -73,7 +73,8 @@ def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_pa
 
 def test_table18_sets_the_output_only_head_at_the_chosen_and_last_depth_beside_the_paper_and_end_to_end(tmp_path):
     reservoir = stand_in(tmp_path)
-    r = make(tmp_path, "table18", "LIMIT=100", "TRAIN_LIMIT=110", "STEPS=1", "PRETRAINED=tinygpt", "DATA_TASKS=mnist",
+    r = make(tmp_path, "table18", "LIMIT=100", "ABLATION_LIMIT=110", "ABLATION_STEPS=1", "PRETRAINED=tinygpt",
+             "DATA_TASKS=mnist",
              "TASKS_18=mnist", "HEAD_TASKS_18=mnist", "SINGLE=out ln+out", "TRAIN_OPTS=--batch-size 4",
              reservoir=reservoir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -98,7 +99,8 @@ def test_table18_sets_the_output_only_head_at_the_chosen_and_last_depth_beside_t
 
 def test_table20_averages_the_heads_over_three_extraction_seeds(tmp_path):
     reservoir = stand_in(tmp_path)
-    r = make(tmp_path, "table20", "LIMIT=100", "TRAIN_LIMIT=110", "STEPS=1", "PRETRAINED=tinygpt", "DATA_TASKS=mnist",
+    r = make(tmp_path, "table20", "LIMIT=100", "ABLATION_LIMIT=110", "ABLATION_STEPS=1", "PRETRAINED=tinygpt",
+             "DATA_TASKS=mnist",
              "TASKS_20=mnist", "HEAD_TASKS_20=mnist", "SINGLE=out", "TRAIN_OPTS=--batch-size 4", reservoir=reservoir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     table = (tmp_path / "100" / "table20.md").read_text()
