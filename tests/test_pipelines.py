@@ -178,3 +178,22 @@ def test_a_training_run_cut_short_continues_from_its_checkpoint_to_the_uninterru
     text = doc.read_text()
     assert "**Table 6, bit_xor, end to end**" in text and "random twin" in text and "solves it" in text
     assert "make -C pipelines table6" in text and "training runs (every seed), one after another, on " in text
+
+
+def test_the_bit_backbone_is_trained_once_saved_and_gives_table2_its_bit_row(tmp_path):
+    """`make bit` trains PRETRAINED's random twin end to end on bit memory and saves it as a backbone folder;
+    table 2 then has the paper's "Bit" row, extracted through that folder, beside the paper's number."""
+    reservoir = stand_in(tmp_path)
+    r = make(tmp_path, "bit", "PRETRAINED=tinygpt", "BIT_STEPS=2",
+             "BIT_OPTS=--batch-size 4 --eval-every 1 --limit 100 --task-opt n_bits=100", reservoir=reservoir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    folder = tmp_path / "models" / "bit-tinygpt"
+    assert (folder / "config.json").exists() and "--save-backbone" in r.stdout
+    r = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "PRETRAINED=tinygpt", "RANDOM_SEEDS=",
+             reservoir=reservoir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"--backbone {folder} " in r.stdout
+    table = (tmp_path / "40" / "table2.md").read_text()
+    assert re.search(r"\| bit-tinygpt \| ridge \| [\d.]+ \(40/40, d\d\) \(paper 100\) \|", table), table
+    again = make(tmp_path, "bit", "PRETRAINED=tinygpt", "BIT_STEPS=2", reservoir=reservoir)
+    assert again.returncode == 0 and "train" not in again.stdout  # made once
