@@ -267,3 +267,26 @@ def test_the_best_validation_step_is_saved_not_the_last(tiny_gpt2, home, monkeyp
             p.copy_(q)
     assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), last.backbone.parameters()))
     assert json.loads((cfg.save_backbone / "reservoir.json").read_text())["best_step"] == 4
+
+
+def test_a_sigkilled_save_s_half_written_folder_is_removed_by_the_next_save_on_its_host(home):
+    """A SIGKILL skips the cleanup and leaves the temporary folder (a whole model); the next save to the same
+    folder removes it when its process is gone, and leaves a live process's and another host's alone."""
+    import subprocess
+    import sys
+
+    from reservoir.model.backbones.gpt2 import random_gpt2
+    from reservoir.train.export import _HOST, save_backbone
+
+    folder = home / "models" / "bit"
+    folder.parent.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = folder.parent / f".bit.{_HOST}.{int(gone.stdout)}-0a1b2c.partial"
+    live = folder.parent / f".bit.{_HOST}.{os.getpid()}-3d4e5f.partial"
+    other_host = folder.parent / f".bit.elsewhere.{int(gone.stdout)}-6a7b8c.partial"
+    for d in (stale, live, other_host):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"half")
+    save_backbone(random_gpt2(0, n_layer=1, n_embd=16, n_head=2), folder, {"note": "x"})
+    assert (folder / "config.json").exists()
+    assert leftovers(folder) == sorted([live.name, other_host.name])

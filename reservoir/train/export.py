@@ -11,16 +11,19 @@ other. ``reservoir.json`` says what it is: the run, its task and settings, its s
 
 The folder is written under a temporary name beside ``DIR``, loaded back and compared with
 the trained backbone tensor by tensor, and only then renamed to ``DIR``: a failure or a
-kill never leaves a half-written folder under that name. An existing ``DIR`` that is not
+kill never leaves a half-written folder under that name (a SIGKILL leaves the temporary one, which
+the next save to ``DIR`` on that host removes). An existing ``DIR`` that is not
 empty is refused, before the run trains and again at the rename, and left as it was.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import secrets
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,32 @@ def _check_reloads(backbone: Backbone, folder: Path) -> str:
     return fingerprint(loaded)
 
 
+#: this machine, in the name of a folder being written (a process id means something on its own host only)
+_HOST = socket.gethostname().replace(".", "_") or "host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_partials(folder: Path) -> list[Path]:
+    """Remove the half-written folders that killed saves to ``folder`` left on this host (their process is
+    gone): a SIGKILL skips the cleanup, and each holds a whole model. Another host's are left alone."""
+    removed = []
+    for tmp in folder.parent.glob(f".{glob.escape(folder.name)}.{glob.escape(_HOST)}.*-*.partial"):
+        pid = tmp.name[len(f".{folder.name}.{_HOST}."):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
 def save_backbone(backbone: Backbone, folder: Path, provenance: dict[str, Any]) -> Path:
     """Write ``backbone`` as a backbone folder at ``folder`` (module docstring), atomically.
 
@@ -73,7 +102,8 @@ def save_backbone(backbone: Backbone, folder: Path, provenance: dict[str, Any]) 
     check_free(folder)
     backbone.check_saveable()
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.parent / f".{folder.name}.{secrets.token_hex(6)}.partial"
+    remove_stale_partials(folder)
+    tmp = folder.parent / f".{folder.name}.{_HOST}.{os.getpid()}-{secrets.token_hex(6)}.partial"
     os.mkdir(tmp)  # the permissions a plain folder gets (mkdtemp's would be private)
     try:
         backbone.save_pretrained(tmp)
