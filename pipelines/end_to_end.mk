@@ -151,12 +151,13 @@ run_spec = $(subst ~, ,$(call run_word,3))
 run_opts = $(patsubst b%,--blocks %,$(filter b%,$(wordlist 2,9,$(run_spec)))) \
 	$(patsubst t%,--target %,$(filter t%,$(wordlist 2,9,$(run_spec))))
 run_lr = $(if $(filter lstm%,$(call run_word,2)),$(LSTM_LR),$(LR))
-# (a killed run, or one cut by the end of a session, continues from its last checkpoint when made again:
+# (its progress, a line per validation pass, goes to stderr; a killed run, or one cut by a time limit, continues
+# from its last checkpoint when made again:
 # every run checkpoints every CHECKPOINT_EVERY steps into out/TRAIN_LIMIT/train/TAG/checkpoints/TASK/BACKBONE/GROUPS)
 CHECKPOINT_EVERY ?= 100
 $(TRAIN)/%.done: | $(NEEDS)
 	@mkdir -p $(@D)
-	RESERVOIR_HOME=$(TRAIN_OUT) $(RESERVOIR) -q train --task $(call run_word,1) --backbone $(call run_word,2) \
+	RESERVOIR_HOME=$(TRAIN_OUT) $(RESERVOIR) train --task $(call run_word,1) --backbone $(call run_word,2) \
 		--trainable $(subst +,$(comma),$(firstword $(run_spec))) $(strip $(run_opts)) --lr $(run_lr) \
 		--steps $(STEPS) --seeds $(SEEDS) --limit $(TRAIN_LIMIT) --data-dir $(DATA_DIR) \
 		--resume --checkpoint-every $(CHECKPOINT_EVERY) --checkpoint-dir $(TRAIN)/checkpoints/$* \
