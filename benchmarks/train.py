@@ -33,7 +33,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reservoir.model.backbones import load_backbone  # noqa: E402
-from reservoir.config import TrainConfig  # noqa: E402
+from reservoir.config import TRAIN_DTYPES, TrainConfig  # noqa: E402
+from reservoir.runtime.dtypes import candidates, fastest, rate  # noqa: E402
+from reservoir.runtime.machine import describe  # noqa: E402
 from reservoir.tasks import get_task  # noqa: E402
 from reservoir.runtime.runner import CompiledOrEager  # noqa: E402
 from reservoir.train import FPT, batch_tensors, select_trainable, train_step  # noqa: E402
@@ -86,8 +88,16 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     modes = args.modes.split(",")
     print(f"# {' '.join(sys.argv)}")
+    print(f"# {describe()}")
     print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
           f"task {args.task}, backbone {args.backbone}, batch {args.batch_size}, load {os.getloadavg()[0]:.1f}")
+    native = candidates()
+    roofline = {d: rate(d, threads=torch.get_num_threads()) for d in native}
+    print("# matrix products now, GFLOP/s: " + ", ".join(f"{d} {r:,.0f}" for d, r in roofline.items())
+          + f"; train --dtype auto takes {fastest({d: r for d, r in roofline.items() if d in TRAIN_DTYPES})}")
+    for m in [m for m in modes if MODES[m][0] not in native]:
+        print(f"# {m}: skipped, this CPU does not multiply {MODES[m][0]} natively (emulated, far slower)")
+        modes.remove(m)
     setups, warm = {}, {}
     for m in modes:
         setups[m], warm[m] = build(args, m)
