@@ -70,8 +70,11 @@ def main() -> None:
                         help="how each table was made ({n}, {limit})")
     parser.add_argument("--elsewhere", action="append", default=[], metavar="N=DIR",
                         help="table N was rendered in DIR (a table made at its own size: the critique's out/500)")
+    parser.add_argument("--command-of", action="append", default=[], metavar="N=COMMAND",
+                        help="the command that made table N, where it is not --command's")
     args = parser.parse_args()
     roots = {int(n): Path(d) for n, d in (item.split("=", 1) for item in args.elsewhere)}
+    commands = {**OWN_SETTINGS, **{int(n): c for n, c in (item.split("=", 1) for item in args.command_of)}}
 
     from reservoir.report.paper import TABLES
 
@@ -98,7 +101,7 @@ def main() -> None:
         parts += [differences.read_text().strip(), ""]
     for n in args.tables:
         root = roots.get(int(n), args.root)
-        command = OWN_SETTINGS.get(int(n), args.command).format(n=n, limit=limit)
+        command = commands.get(int(n), args.command).format(n=n, limit=limit)
         table = root / f"table{n}.md"
         if not table.exists():
             raise SystemExit(f"{table} is missing: run `{command}` first")

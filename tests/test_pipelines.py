@@ -178,7 +178,8 @@ def test_a_training_run_cut_short_continues_from_its_checkpoint_to_the_uninterru
     text = doc.read_text()
     finding = next(line for line in text.splitlines() if line.startswith("**Table 6, bit_xor, end to end**"))
     assert finding.count("lowest seed") == 2 and finding.count("solve") == 2  # both sides: solved on every seed or not
-    assert "make -C pipelines table6" in text and "training runs (every seed), one after another, on " in text
+    assert 'make -C pipelines table6 TASKS_6="bit_xor"' in text
+    assert "training runs (every seed), one after another, on " in text
 
 
 def test_the_bit_backbone_is_trained_once_saved_and_gives_table2_its_bit_row(tmp_path):
