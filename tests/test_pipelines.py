@@ -199,3 +199,18 @@ def test_the_bit_backbone_is_trained_once_saved_and_gives_table2_its_bit_row(tmp
     assert re.search(r"\| bit-tinygpt \| ridge \| [\d.]+ \(40/40, d\d\) \(paper 100\) \|", table), table
     again = make(tmp_path, "bit", "PRETRAINED=tinygpt", "BIT_STEPS=2", reservoir=reservoir)
     assert again.returncode == 0 and "train" not in again.stdout  # made once
+
+
+def test_a_vit_named_by_vit_gives_table2_the_papers_vit_row(tmp_path):
+    """VIT names ImageNet-21k ViT weights (here a tiny random ViT folder stands in): table 2 extracts through it and
+    sets it beside the paper's ViT row; without VIT the row is absent."""
+    from zoo import save_tiny
+
+    reservoir = stand_in(tmp_path)
+    vit = save_tiny("vit", tmp_path / "weights" / "tinyvit")
+    r = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "PRETRAINED=tinygpt", "RANDOM_SEEDS=", f"VIT={vit}/",
+             reservoir=reservoir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"--backbone {vit}/ " in r.stdout
+    table = (tmp_path / "40" / "table2.md").read_text()
+    assert re.search(r"\| tinyvit \| ridge \| [\d.]+ \(40/40, d\d\) \(paper 100\) \|", table), table
