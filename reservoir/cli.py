@@ -382,6 +382,9 @@ def comma_list(kind):
                    "loss) before stopping (0: never)." + shown(TrainConfig, "patience"))
 @click.option("--target", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Validation accuracy whose first crossing is reported as steps_to_target.")
+@click.option("--stop-at", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Validation accuracy at which a run counts as solved and stops (it may change on --resume)."
+                   + shown(TrainConfig, "stop_at"))
 @click.option("--val-fraction", type=click.FloatRange(0.01, 0.5), default=None,
               help="Share of train held out for validation (when the task has no val split)."
                    + shown(TrainConfig, "val_fraction"))
@@ -411,14 +414,15 @@ def comma_list(kind):
 @data_dir_option
 @pass_settings
 def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps, batch_size, eval_every, patience,
-          target, val_fraction, limit, blocks, depth, input_scale, dtype, compile, device, grad_clip, dropout, checkpoint_every,
+          target, stop_at, val_fraction, limit, blocks, depth, input_scale, dtype, compile, device, grad_clip, dropout, checkpoint_every,
           checkpoint_dir, resume, save_backbone, task_opts, data_dir) -> None:
     """Train the FPT end to end (input layer, chosen backbone groups, output layer); report test at the best val step."""
     from reservoir.train import summary, train as run_train
 
     cfg = configured(TrainConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
               trainable=trainable, lr=lr, seeds=seeds, seed=seed, steps=steps, batch_size=batch_size,
-              eval_every=eval_every, patience=patience, target=target, val_fraction=val_fraction, limit=limit,
+              eval_every=eval_every, patience=patience, target=target, stop_at=stop_at, val_fraction=val_fraction,
+              limit=limit,
               blocks=blocks, input_scale=input_scale, dtype=dtype, compile=compile, device=device, grad_clip=grad_clip,
               dropout=dropout, checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, resume=resume or None,
               save_backbone=save_backbone, data_dir=data_dir)

@@ -369,6 +369,9 @@ class TrainConfig:
     patience : validation passes without progress (neither a higher validation accuracy nor a validation
         loss 0.1% below its lowest) before stopping (0: never stop early).
     target : validation accuracy whose first crossing is reported as ``steps_to_target``.
+    stop_at : validation accuracy at which a run counts as solved and stops (default 1.0: only a perfect
+        validation pass stops it before ``patience``); may change on ``resume``, and a resumed run whose best
+        validation already reached it ends there.
     val_fraction : share of train held out (seeded by ``seed``) when the task has no val split.
     limit : keep the first ``limit`` examples of each split.
     blocks : blocks of the backbone to run (default: all).
@@ -402,6 +405,7 @@ class TrainConfig:
     eval_every: int = 100
     patience: int = 10
     target: float | None = None
+    stop_at: float = 1.0
     val_fraction: float = 0.1
     limit: int | None = None
     blocks: int | None = None
@@ -435,6 +439,7 @@ class TrainConfig:
             (self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip),
             (0 < self.val_fraction < 1, "val_fraction", "in (0, 1)", self.val_fraction),
             (self.target is None or 0 < self.target <= 1, "target", "in (0, 1]", self.target),
+            (0 < self.stop_at <= 1, "stop_at", "in (0, 1]", self.stop_at),
             (bool(self.trainable), "trainable", "at least one group", list(self.trainable)),
         ]
         for ok, name, rule, value in checks:

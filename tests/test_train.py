@@ -454,3 +454,22 @@ def test_split_roles_come_from_the_task_so_tapes_valid_and_test_holdouts_train()
     data = load_data(task, TrainConfig(task="remote_homology", backbone="lstm"))
     assert asked == ["train", "test_fold_holdout", "valid"]
     assert (data.val_name, data.test_name) == ("valid", "test_fold_holdout")
+
+
+def test_stop_at_ends_a_run_once_validation_reaches_it_and_a_resume_may_lower_it(tiny_gpt2, home):
+    """--stop-at stops at the first validation pass at or above it; resuming a run whose best validation already
+    reached a lower --stop-at ends it there; results of other --steps or --stop-at never share a file."""
+    task = get_task("bit_xor", **XOR_OPTS)
+    cfg = xor_cfg(tiny_gpt2, home, steps=40, lr=(3e-3,), stop_at=0.05)
+    data = load_data(task, cfg)
+    run = train_run(cfg, task, data, lr=3e-3, seed=0, progress=False)
+    assert run["steps"] == 10 and run["stop_reason"] == "validation accuracy reached 5%"
+    whole = train_run(dataclasses.replace(cfg, stop_at=1.0, checkpoint_dir=home / "b", steps=20), task, data,
+                      lr=3e-3, seed=0, progress=False)
+    best = whole["val_accuracy"]
+    lowered = train_run(dataclasses.replace(cfg, stop_at=best, checkpoint_dir=home / "b", steps=40, resume=True),
+                        task, data, lr=3e-3, seed=0, progress=False)
+    assert lowered["steps"] == 20 and lowered["stop_reason"] == f"validation accuracy reached {100 * best:g}%"
+    paths = {train(dataclasses.replace(cfg, **kw), progress=False)["path"] for kw in
+             ({}, {"stop_at": 0.5}, {"steps": 30})}
+    assert len(paths) == 3

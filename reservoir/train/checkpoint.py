@@ -26,7 +26,7 @@ from reservoir.results import atomic_write
 CHECKPOINT_FORMAT = 2
 #: TrainConfig fields that may change between a checkpoint and its ``--resume`` (they do not
 #: change the numbers of the steps already taken)
-RESUMABLE_CHANGES = ("steps", "resume", "checkpoint_every", "checkpoint_dir", "compile", "device",
+RESUMABLE_CHANGES = ("steps", "stop_at", "resume", "checkpoint_every", "checkpoint_dir", "compile", "device",
                      "eval_batch_size", "lr", "seeds", "data_dir", "save_backbone")
 
 

@@ -244,6 +244,8 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         check_resumable(ckpt, name, ident)
     if cfg.resume and ckpt.exists():
         state = load_checkpoint(ckpt, params, opt, ident)
+        if not state.done and state.best_val >= cfg.stop_at:  # solved by a lower --stop-at than it ran with
+            state.done, state.stop_reason = True, f"validation accuracy reached {100 * cfg.stop_at:g}%"
         log(f"{tag} resumed {ckpt} at step {state.step}" + (" (finished)" if state.done or state.step >= cfg.steps else ""))
     elif ckpt.exists():
         log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
@@ -303,8 +305,8 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
                 state.best_val_loss, state.evals_since_best = val_loss, 0
             if cfg.target is not None and state.steps_to_target is None and val >= cfg.target:
                 state.steps_to_target = state.step
-            if val >= 1.0:
-                state.done, state.stop_reason = True, "validation accuracy reached 100%"
+            if val >= cfg.stop_at:
+                state.done, state.stop_reason = True, f"validation accuracy reached {100 * cfg.stop_at:g}%"
             elif cfg.patience and state.evals_since_best >= cfg.patience:
                 state.done, state.stop_reason = True, (f"no higher validation accuracy and no lower validation loss "
                                                        f"in {cfg.patience} validation passes")
@@ -403,7 +405,9 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], N
     tests = [r["test_accuracy"] for r in chosen]
     to_target = [r["steps_to_target"] for r in chosen]
     reached = [s for s in to_target if s is not None]
-    identity = {**shared, "blocks": chosen[0]["blocks"], "lr": list(cfg.lr), "seeds": seeds,
+    # the result's identity adds what checkpoints may change on --resume but its numbers depend on
+    identity = {**shared, "blocks": chosen[0]["blocks"], "lr": list(cfg.lr), "seeds": seeds, "steps": cfg.steps,
+                "stop_at": cfg.stop_at,
                 "backbone_fingerprints": {str(r["seed"]): r["backbone_fingerprint"] for r in chosen}}
     result = {
         "task": shared["task"], "backbone": shared["backbone"], "mode": "end-to-end", "depth": chosen[0]["blocks"],
