@@ -422,8 +422,7 @@ def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps,
     cfg = configured(TrainConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
               trainable=trainable, lr=lr, seeds=seeds, seed=seed, steps=steps, batch_size=batch_size,
               eval_every=eval_every, patience=patience, target=target, stop_at=stop_at, val_fraction=val_fraction,
-              limit=limit,
-              blocks=blocks, input_scale=input_scale, dtype=dtype, compile=compile, device=device, grad_clip=grad_clip,
+              limit=limit, blocks=blocks, input_scale=input_scale, dtype=dtype, compile=compile, device=device, grad_clip=grad_clip,
               dropout=dropout, checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, resume=resume or None,
               save_backbone=save_backbone, data_dir=data_dir)
     check_trainable(cfg)

@@ -76,7 +76,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except OSError:  # it exists, owned by someone else
-        return True
+        pass
     return True
 
 
