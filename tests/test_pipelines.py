@@ -182,6 +182,7 @@ def test_a_training_run_cut_short_continues_from_its_checkpoint_to_the_uninterru
     assert "training runs (every seed), one after another, on " in text
 
 
+@pytest.mark.slow  # about 35 s: a whole table 2 through make
 def test_the_bit_backbone_is_trained_once_saved_and_gives_table2_its_bit_row(tmp_path):
     """`make bit` trains PRETRAINED's random twin end to end on bit memory and saves it as a backbone folder;
     table 2 then has the paper's "Bit" row, extracted through that folder, beside the paper's number."""
@@ -201,6 +202,7 @@ def test_the_bit_backbone_is_trained_once_saved_and_gives_table2_its_bit_row(tmp
     assert again.returncode == 0 and "train" not in again.stdout  # made once
 
 
+@pytest.mark.slow  # about 35 s: a whole table 2 through make
 def test_a_vit_named_by_vit_gives_table2_the_papers_vit_row(tmp_path):
     """VIT names ImageNet-21k ViT weights (here a tiny random ViT folder stands in): table 2 extracts through it and
     sets it beside the paper's ViT row; without VIT the row is absent."""
