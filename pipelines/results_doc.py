@@ -24,6 +24,11 @@ HERE = Path(__file__).parent
 OWN_SETTINGS = {6: "make -C pipelines table6", 101: "make -C pipelines critique DATA_DIR=DATA"}
 
 
+def by_table(items: list[str]) -> dict[int, str]:
+    """``N=TEXT`` options as {N: TEXT}."""
+    return {int(n): text for n, text in (item.split("=", 1) for item in items)}
+
+
 def _trained(marker: Path) -> tuple[float, list[str]] | None:
     """A training marker's run time and machines, from the result its last line names (None: not one)."""
     try:
@@ -73,8 +78,8 @@ def main() -> None:
     parser.add_argument("--command-of", action="append", default=[], metavar="N=COMMAND",
                         help="the command that made table N, where it is not --command's")
     args = parser.parse_args()
-    roots = {int(n): Path(d) for n, d in (item.split("=", 1) for item in args.elsewhere)}
-    commands = {**OWN_SETTINGS, **{int(n): c for n, c in (item.split("=", 1) for item in args.command_of)}}
+    roots = {n: Path(d) for n, d in by_table(args.elsewhere).items()}
+    commands = {**OWN_SETTINGS, **by_table(args.command_of)}
 
     from reservoir.report.paper import TABLES
 

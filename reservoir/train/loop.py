@@ -191,6 +191,11 @@ def train_dtype(name: str, device: torch.device, width: int, log: Callable[[str]
     return dtype
 
 
+def solved(state: RunState, stop_at: float) -> None:
+    """End a run whose validation accuracy reached ``stop_at`` (``--stop-at``)."""
+    state.done, state.stop_reason = True, f"validation accuracy reached {100 * stop_at:g}%"
+
+
 def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int, progress: bool = True,
               on_step: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None,
               show_counts: bool = False, shared: dict[str, Any] | None = None,
@@ -245,7 +250,7 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
     if cfg.resume and ckpt.exists():
         state = load_checkpoint(ckpt, params, opt, ident)
         if not state.done and state.best_val >= cfg.stop_at:  # solved by a lower --stop-at than it ran with
-            state.done, state.stop_reason = True, f"validation accuracy reached {100 * cfg.stop_at:g}%"
+            solved(state, cfg.stop_at)
         log(f"{tag} resumed {ckpt} at step {state.step}" + (" (finished)" if state.done or state.step >= cfg.steps else ""))
     elif ckpt.exists():
         log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
@@ -306,7 +311,7 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
             if cfg.target is not None and state.steps_to_target is None and val >= cfg.target:
                 state.steps_to_target = state.step
             if val >= cfg.stop_at:
-                state.done, state.stop_reason = True, f"validation accuracy reached {100 * cfg.stop_at:g}%"
+                solved(state, cfg.stop_at)
             elif cfg.patience and state.evals_since_best >= cfg.patience:
                 state.done, state.stop_reason = True, (f"no higher validation accuracy and no lower validation loss "
                                                        f"in {cfg.patience} validation passes")
