@@ -378,8 +378,8 @@ def comma_list(kind):
 @click.option("--eval-every", type=click.IntRange(min=1), default=None,
               help="Steps between validation passes." + shown(TrainConfig, "eval_every"))
 @click.option("--patience", type=click.IntRange(min=0), default=None,
-              help="Validation passes without progress (a higher validation accuracy or a 0.1% lower validation "
-                   "loss) before stopping (0: never)." + shown(TrainConfig, "patience"))
+              help="Validation passes without progress (a validation accuracy 0.1 points above the last progress, "
+                   "or a validation loss 0.1% below its lowest) before stopping (0: never)." + shown(TrainConfig, "patience"))
 @click.option("--target", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Validation accuracy whose first crossing is reported as steps_to_target.")
 @click.option("--stop-at", type=click.FloatRange(0, 1, min_open=True), default=None,

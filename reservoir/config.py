@@ -366,8 +366,8 @@ class TrainConfig:
     batch_size : training examples per step.
     eval_batch_size : examples per forward pass when scoring validation and test.
     eval_every : steps between validation passes (model selection and early stopping).
-    patience : validation passes without progress (neither a higher validation accuracy nor a validation
-        loss 0.1% below its lowest) before stopping (0: never stop early).
+    patience : validation passes without progress (neither a validation accuracy 0.1 points above the last
+        progress nor a validation loss 0.1% below its lowest) before stopping (0: never stop early).
     target : validation accuracy whose first crossing is reported as ``steps_to_target``.
     stop_at : validation accuracy at which a run counts as solved and stops (default 1.0: only a perfect
         validation pass stops it before ``patience``); may change on ``resume``, and a resumed run whose best

@@ -133,8 +133,24 @@ def test_patience_counts_a_falling_validation_loss_as_progress(tiny_gpt2, home, 
     result = train(xor_cfg(tiny_gpt2, home, steps=40, eval_every=1, patience=3, checkpoint_every=0), progress=False)
     run = result["runs"][0]
     assert run["steps"] == 12 + 3 and run["best_step"] == 1
-    assert run["stop_reason"] == "no higher validation accuracy and no lower validation loss in 3 validation passes"
+    assert run["stop_reason"] == ("no validation accuracy 0.1 points higher and no validation loss 0.1% lower in 3 "
+                                  "validation passes")
     assert [h["val_loss"] for h in run["history"]] == falling + flat[:3]
+
+
+@pytest.mark.parametrize("rise, steps", [(0.0003, 4), (0.0006, 12)])
+def test_patience_counts_accuracy_progress_of_a_tenth_of_a_point(tiny_gpt2, home, monkeypatch, rise, steps):
+    """A plateau scored over many outputs: records of 0.03 points a pass are noise, and patience (3) stops
+    the run at its fourth pass, on the last record; a creep of 0.06 a pass adds up to 0.1 points every
+    second pass, is progress, and runs to --steps (12). The loss is flat throughout."""
+    from reservoir.train import loop
+
+    accuracies = iter([0.7 + rise * i for i in range(20)])
+    monkeypatch.setattr(loop, "scores", lambda *args, **kw: (next(accuracies), 0.5))
+    result = train(xor_cfg(tiny_gpt2, home, steps=12, eval_every=1, patience=3, checkpoint_every=0), progress=False)
+    run = result["runs"][0]
+    assert run["steps"] == steps and run["best_step"] == steps
+    assert run["stop_reason"].startswith("no validation accuracy" if steps == 4 else "reached --steps")
 
 
 def test_zero_position_parameters_are_drawn_so_zero_tokens_keep_gradients_finite(tmp_path):

@@ -40,6 +40,8 @@ class RunState:
     best_params: list[torch.Tensor] | None = None
     steps_to_target: int | None = None
     best_val_loss: float = float("inf")
+    #: the validation accuracy of the last progress in accuracy (it counts from there; ``loop.ACC_PROGRESS``)
+    progress_val: float = -1.0
     #: validation passes since the last progress (a higher accuracy or a lower loss)
     evals_since_best: int = 0
     done: bool = False

@@ -13,8 +13,8 @@ whose conclusions flip with the learning rate:
   checkpointed, so a resumed run continues exactly where the checkpoint left it.
 
 A run stops at ``steps``, after ``patience`` validation passes without progress (neither a
-higher validation accuracy nor a lower validation loss), or when validation accuracy reaches
-100% (it cannot improve further). With ``save_backbone``, the run's trained backbone (at its
+validation accuracy 0.1 points above the last progress nor a validation loss 0.1% below its
+lowest), or when validation accuracy reaches ``stop_at`` (by default 100%: it cannot improve further). With ``save_backbone``, the run's trained backbone (at its
 best validation step) is then saved as a backbone folder (:mod:`reservoir.train.export`).
 """
 
@@ -124,6 +124,11 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 #: the relative fall of the lowest validation loss that counts as progress for ``patience``: bit XOR's
 #: plateau runs fall about 1% a validation pass, a run stuck on bit memory's 75% about 0.003%
 LOSS_PROGRESS = 1e-3
+#: the rise of validation accuracy over its value at the last progress that counts as progress for
+#: ``patience`` (0.1 points; as Keras' ``min_delta``, a slow creep counts once it adds up to it): on a
+#: plateau scored over many outputs (bit memory's 1,000,000 bits) the accuracy wanders by hundredths of
+#: a point, and every new record of that noise would otherwise restart the patience count
+ACC_PROGRESS = 1e-3
 
 
 def autocast(dtype: str, device: torch.device | str = "cpu"):
@@ -299,13 +304,16 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
             state.history.append({"step": state.step, "loss": float(np.mean(losses)), "val_accuracy": val,
                                   "val_loss": val_loss})
             losses.clear()
-            # progress is a higher validation accuracy (the selected step) or a lower validation loss: accuracy
-            # alone is a step function that stalls for thousands of steps on bit XOR's 75% plateau (the OR of
-            # the two bits) while the loss keeps falling until the run solves it
+            # progress is a validation accuracy 0.1 points above the last progress or a validation loss 0.1%
+            # below its lowest (any higher accuracy is the selected step): accuracy alone is a step function
+            # that stalls for thousands of steps on bit XOR's 75% plateau (the OR of the two bits) while the
+            # loss keeps falling until the run solves it
             state.evals_since_best += 1
             if val > state.best_val:
-                state.best_val, state.best_step, state.evals_since_best = val, state.step, 0
+                state.best_val, state.best_step = val, state.step
                 state.best_params = [p.detach().clone() for p in params]
+            if val - state.progress_val >= ACC_PROGRESS - 1e-12:  # 1e-12: 0.751 - 0.750 is not exactly 1e-3
+                state.progress_val, state.evals_since_best = val, 0
             if val_loss < state.best_val_loss * (1 - LOSS_PROGRESS):
                 state.best_val_loss, state.evals_since_best = val_loss, 0
             if cfg.target is not None and state.steps_to_target is None and val >= cfg.target:
@@ -313,8 +321,8 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
             if val >= cfg.stop_at:
                 solved(state, cfg.stop_at)
             elif cfg.patience and state.evals_since_best >= cfg.patience:
-                state.done, state.stop_reason = True, (f"no higher validation accuracy and no lower validation loss "
-                                                       f"in {cfg.patience} validation passes")
+                state.done, state.stop_reason = True, (f"no validation accuracy 0.1 points higher and no validation "
+                                                       f"loss 0.1% lower in {cfg.patience} validation passes")
             elapsed = state.seconds + time.perf_counter() - start
             rate = (state.step - start_step) / max(time.perf_counter() - start, 1e-9)
             log(f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, val loss {val_loss:.4f}, "
