@@ -13,8 +13,8 @@ import torch
 from reservoir.errors import DataError
 from reservoir.model.backbones import load_backbone
 from reservoir.config import TrainConfig
-from reservoir.tasks import SplitData, get_task
-from reservoir.train import (FPT, Splits, evaluate, load_data, param_counts, select_trainable, train, train_run,
+from reservoir.tasks import get_task
+from reservoir.train import (FPT, evaluate, load_data, param_counts, select_trainable, train, train_run,
                              train_step)
 
 #: a small, fast bit_xor: 512 train (51 held out for validation), 256 test
@@ -182,7 +182,7 @@ def test_zero_position_parameters_are_drawn_so_zero_tokens_keep_gradients_finite
         loss.backward()
         return float(torch.nn.utils.clip_grad_norm_(params, float("inf")))
 
-    (a, pos_a), (b, pos_b), (c, pos_c) = build(0), build(0), build(1)
+    (a, pos_a), (_, pos_b), (_, pos_c) = build(0), build(0), build(1)
     assert float(pos_a.detach().std()) == pytest.approx(0.02, rel=0.05) and torch.equal(pos_a, pos_b) and not torch.equal(pos_a, pos_c)
     assert grad_norm(a) < 100 < 1000 < grad_norm(build(0, keep_zero=True)[0])
 
