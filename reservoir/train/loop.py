@@ -14,8 +14,9 @@ whose conclusions flip with the learning rate:
 
 A run stops at ``steps``, after ``patience`` validation passes without progress (neither a
 validation accuracy 0.1 points above the last progress nor a validation loss 0.1% below its
-lowest), or when validation accuracy reaches ``stop_at`` (by default 100%: it cannot improve further). With ``save_backbone``, the run's trained backbone (at its
-best validation step) is then saved as a backbone folder (:mod:`reservoir.train.export`).
+lowest), or when validation accuracy reaches ``stop_at`` (by default 100%: it cannot improve
+further). With ``save_backbone``, the run's trained backbone (at its best validation step) is
+then saved as a backbone folder (:mod:`reservoir.train.export`).
 """
 
 from __future__ import annotations
@@ -321,8 +322,9 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
             if val >= cfg.stop_at:
                 solved(state, cfg.stop_at)
             elif cfg.patience and state.evals_since_best >= cfg.patience:
-                state.done, state.stop_reason = True, (f"no validation accuracy 0.1 points higher and no validation "
-                                                       f"loss 0.1% lower in {cfg.patience} validation passes")
+                state.done, state.stop_reason = True, (f"no validation accuracy {100 * ACC_PROGRESS:g} points higher "
+                                                       f"and no validation loss {100 * LOSS_PROGRESS:g}% lower in "
+                                                       f"{cfg.patience} validation passes")
             elapsed = state.seconds + time.perf_counter() - start
             rate = (state.step - start_step) / max(time.perf_counter() - start, 1e-9)
             log(f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, val loss {val_loss:.4f}, "
