@@ -91,8 +91,9 @@ TARGET_6_bit_memory ?= 0.99
 # table 6 trains to convergence, so it has its own settings (`make table6` runs this file again with them, as the
 # critique does): the training defaults' 20,000 steps at most, each run stopped once validation reaches its target
 # (solved; patience stops a run that stopped improving before), 3 seeds, the bit tasks at their own size (10,000
-# training rows, 1,000 test), bf16 where faster (`train --dtype auto`) and compiled. A step of SmolLM2 takes about 1 s on bit XOR and 3 s on bit memory on a 2-core Xeon with AMX, so the
-# tasks that read data (3 s a step on CIFAR-10, thousands of steps) are left to TASKS_6=... on a bigger machine.
+# training rows, 1,000 test), bf16 where faster (`train --dtype auto`) and compiled. A step of SmolLM2 takes about
+# 1 s on bit XOR and 3 s on bit memory on a 2-core Xeon with AMX, so the tasks that read data (3 s a step on
+# CIFAR-10, thousands of steps) are left to TASKS_6=... on a bigger machine.
 STEPS_6 ?= 20000
 SEEDS_6 ?= 3
 TRAIN_LIMIT_6 ?= 10000
@@ -299,9 +300,10 @@ table21: $(OUT)/table21.md ## ablation, random: groups added one after another (
 # -random twin, each frozen as in the FPT (input, positions, layer norms and output trained: FPT) and unfrozen (every
 # group trained: ALL_GROUPS; the random twin unfrozen is training from scratch), each with a learning-rate sweep
 # selected on validation, 3 seeds a learning rate, on ListOps, MNIST, CIFAR-10 and CIFAR-10 LRA (those this machine
-# runs: DATA_TASKS; CIFAR-10 LRA reads CIFAR-10's files, so it runs wherever CIFAR-10 does). `make critique` runs this file's rules again (a sub-make) at the critique's own sizes (LIMIT,
-# TRAIN_LIMIT, STEPS, SEEDS, LR and TRAIN_OPTS set from CRITIQUE_*), so its runs and out/CRITIQUE_LIMIT/table101.md
-# are kept apart from the other tables' settings. The defaults fit a 2-core CPU in a few hours: 450 training rows
+# runs: DATA_TASKS; CIFAR-10 LRA reads CIFAR-10's files, so it runs wherever CIFAR-10 does). `make critique` runs
+# this file's rules again (a sub-make) at the critique's own sizes (LIMIT, TRAIN_LIMIT, STEPS, SEEDS, LR and
+# TRAIN_OPTS set from CRITIQUE_*), so its runs and out/CRITIQUE_LIMIT/table101.md are kept apart from the other
+# tables' settings. The defaults fit a 2-core CPU in a few hours: 450 training rows
 # (500 a split), 100 steps of 8 rows, and a 6-block stand-in (only the first CRITIQUE_BLOCKS blocks run, as many as
 # the critique's DistilGPT2; its GPT2 has 12; empty: every block, 5 times the time for SmolLM2's 30). Estimated
 # from the training rate table 10 measured (docs/results.md): about 25 minutes for MNIST, as much for CIFAR-10 and

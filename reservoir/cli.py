@@ -379,7 +379,8 @@ def comma_list(kind):
               help="Steps between validation passes." + shown(TrainConfig, "eval_every"))
 @click.option("--patience", type=click.IntRange(min=0), default=None,
               help="Validation passes without progress (a validation accuracy 0.1 points above the last progress, "
-                   "or a validation loss 0.1% below its lowest) before stopping (0: never)." + shown(TrainConfig, "patience"))
+                   "or a validation loss 0.1% below its lowest) before stopping (0: never)."
+                   + shown(TrainConfig, "patience"))
 @click.option("--target", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Validation accuracy whose first crossing is reported as steps_to_target.")
 @click.option("--stop-at", type=click.FloatRange(0, 1, min_open=True), default=None,
@@ -414,17 +415,17 @@ def comma_list(kind):
 @data_dir_option
 @pass_settings
 def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps, batch_size, eval_every, patience,
-          target, stop_at, val_fraction, limit, blocks, depth, input_scale, dtype, compile, device, grad_clip, dropout, checkpoint_every,
-          checkpoint_dir, resume, save_backbone, task_opts, data_dir) -> None:
+          target, stop_at, val_fraction, limit, blocks, depth, input_scale, dtype, compile, device, grad_clip, dropout,
+          checkpoint_every, checkpoint_dir, resume, save_backbone, task_opts, data_dir) -> None:
     """Train the FPT end to end (input layer, chosen backbone groups, output layer); report test at the best val step."""
     from reservoir.train import summary, train as run_train
 
     cfg = configured(TrainConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
               trainable=trainable, lr=lr, seeds=seeds, seed=seed, steps=steps, batch_size=batch_size,
               eval_every=eval_every, patience=patience, target=target, stop_at=stop_at, val_fraction=val_fraction,
-              limit=limit, blocks=blocks, input_scale=input_scale, dtype=dtype, compile=compile, device=device, grad_clip=grad_clip,
-              dropout=dropout, checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, resume=resume or None,
-              save_backbone=save_backbone, data_dir=data_dir)
+              limit=limit, blocks=blocks, input_scale=input_scale, dtype=dtype, compile=compile, device=device,
+              grad_clip=grad_clip, dropout=dropout, checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir,
+              resume=resume or None, save_backbone=save_backbone, data_dir=data_dir)
     check_trainable(cfg)
     click.echo(summary(run(run_train, cfg, progress=not settings.quiet)))
 
