@@ -9,6 +9,13 @@ error of its test set. The paper's pair of numbers is set beside ours when the t
 
 A table of steps to a target (table 6, end to end) gives each side's test mean, spread and lowest
 seed, whether every seed solves the task (at least 99%), and the paper's steps and accuracies.
+
+The ablation tables (18: pretrained, 20: random) give, per task, each column (the output layer
+alone, then one group trained beside it) with its spread and the paper's number, which group
+helps most and whether that is decided, and, when both tables are there, the pretrained model
+against its random twin column by column beside the paper's difference. The critique's table
+(101) sets its four variants (frozen or every parameter trained, pretrained or random) against
+each other in the critique's four comparisons, each beside the critique's difference.
 """
 
 from __future__ import annotations
@@ -74,28 +81,34 @@ def _decides(a: Side, b: Side) -> tuple[float, float, bool]:
     return diff, combined, abs(diff) > DECIDES * combined
 
 
-def paragraph(table: int, task: str, pre: Side, rand: Side, base: Side | None) -> str:
-    diff, combined, decided = _decides(pre, rand)
-    ahead = "the pretrained model" if diff > 0 else "the random twin"
+def _verdict(a: Side, b: Side, names: tuple[str, str]) -> tuple[str, float, bool]:
+    """How ``a`` and ``b`` (called ``names``) compare: the sentence, a - b, and whether it is decided."""
+    diff, combined, decided = _decides(a, b)
     if decided:
-        verdict = (f"{ahead} is ahead by {100 * abs(diff):.1f} points, more than {DECIDES:g} times the combined "
-                   f"spread ({100 * combined:.1f}): decided")
-    else:
-        verdict = (f"they differ by {100 * abs(diff):.1f} points, within {DECIDES:g} times the combined spread "
-                   f"({100 * combined:.1f}): not decided at this size")
+        return (f"{names[0] if diff > 0 else names[1]} is ahead by {100 * abs(diff):.1f} points, more than "
+                f"{DECIDES:g} times the combined spread ({100 * combined:.1f}): decided"), diff, decided
+    return (f"they differ by {100 * abs(diff):.1f} points, within {DECIDES:g} times the combined spread "
+            f"({100 * combined:.1f}): not decided at this size"), diff, decided
+
+
+def _against(paper_diff: float, diff: float, decided: bool) -> str:
+    """Ours (a difference, decided or not) against the paper's difference of the same two sides."""
+    if not paper_diff:
+        return "ours is not level" if decided else "ours is level too, within the spread"
+    if not decided:
+        return "ours does not decide a direction"
+    return "ours agrees in direction" if (paper_diff > 0) == (diff > 0) else "ours goes the other way"
+
+
+def paragraph(table: int, task: str, pre: Side, rand: Side, base: Side | None) -> str:
+    verdict, diff, decided = _verdict(pre, rand, ("the pretrained model", "the random twin"))
     text = (f"**Table {table}, {task}.** Output only, depth chosen on validation: pretrained {pre.name} "
             f"{pre.text()}, random twin {rand.text()}; {verdict}.")
     if pre.paper is not None and rand.paper is not None:
         paper_diff = pre.paper - rand.paper
-        if not paper_diff:
-            against = "; ours is not level" if decided else "; ours is level too, within the spread"
-        elif not decided:
-            against = "; ours does not decide a direction"
-        else:
-            against = "; ours agrees in direction" if (paper_diff > 0) == (diff > 0) else "; ours goes the other way"
         text += (f" The paper's table {table}: {pre.paper:g} against {rand.paper:g} "
                  + ("(pretrained ahead)" if paper_diff > 0 else "(random ahead)" if paper_diff < 0 else "(level)")
-                 + against + ".")
+                 + "; " + _against(paper_diff, diff, decided) + ".")
     if base is not None:
         best = max(pre, rand, key=lambda side: side.test)
         gap, spread, beyond = _decides(base, best)
@@ -148,18 +161,147 @@ def end_to_end(table: int, rows: list[dict[str, str]], pretrained: str) -> list[
     return out
 
 
+#: the ablation tables: each group trained alone beside the output layer, pretrained (18) and random (20)
+ABLATIONS = {18: "", 20: "-random"}
+#: their columns: the trainable groups of the end-to-end runs, as the paper names them
+SINGLE = {"out": "output layer", "input,out": "+ input", "pos,out": "+ positions", "ln,out": "+ layer norms"}
+
+
+def _percent(side: Side) -> str:
+    paper = f" ({side.paper:g})" if side.paper is not None else ""
+    return f"{100 * side.test:.1f} ± {100 * side.spread:.1f}{paper}"
+
+
+def _columns(rows: list[dict[str, str]], task: str, backbone: str) -> dict[str, Side]:
+    """One ablation table's columns for a task and backbone: the output-only head at the chosen and the last
+    depth (``head``, ``head at the last depth``; the paper's output-only number beside the first), then the
+    end-to-end runs by SINGLE's names."""
+    mine = [r for r in rows if r["task"] == task and r["backbone"] == backbone]
+    out = {}
+    for rule, name in (("chosen", "head"), ("last", "head at the last depth")):
+        head = [r for r in mine if r["mode"] == "output-only" and r["input_scale"] == "paper"
+                and r.get("depth_rule") == rule]
+        if head:
+            out[name] = _side(head[0])
+    if "head at the last depth" in out:
+        out["head at the last depth"].paper = None
+    trained = {r["trainable"]: r for r in mine if r["mode"] == "end-to-end"}
+    out.update({name: _side(trained[groups]) for groups, name in SINGLE.items() if groups in trained})
+    return out
+
+
+def _best_group(columns: dict[str, Side]) -> str:
+    """Which group beside the output layer helps most, ours against the runner-up, and the paper's best."""
+    groups = sorted((name for name in SINGLE.values() if name in columns and name != SINGLE["out"]),
+                    key=lambda name: columns[name].test, reverse=True)
+    if len(groups) < 2:
+        return ""
+    best, second = groups[:2]
+    verdict, _, _ = _verdict(columns[best], columns[second], (best, second))
+    text = f"; best group {best}, against {second}: {verdict}"
+    papers = {name: columns[name].paper for name in groups if columns[name].paper is not None}
+    if papers:
+        top = max(papers.values())
+        text += f" (the paper's best: {' and '.join(n for n, v in papers.items() if v == top)}, {top:g}%)"
+    return text
+
+
+def ablations(tables: dict[int, list[dict[str, str]]], pretrained: str) -> list[str]:
+    """Per task of tables 18 and 20: each backbone's columns (test ± spread, the paper's number in brackets),
+    its best group, and, with both tables, pretrained minus random column by column beside the paper's."""
+    out = []
+    tasks = dict.fromkeys(r["task"] for rows in tables.values() for r in rows if r["mode"] != "baseline")
+    for task in tasks:
+        sides = {n: _columns(rows, task, pretrained + ABLATIONS[n]) for n, rows in tables.items()}
+        parts = []
+        for n, columns in sides.items():
+            if not columns:
+                continue
+            who = f"pretrained {pretrained}" if n == 18 else "random twin"
+            listed = ", ".join(f"{name} {_percent(side)}" for name, side in columns.items())
+            parts.append(f"Table {n}, {who}: {listed}{_best_group(columns)}.")
+        pre, rand = sides.get(18, {}), sides.get(20, {})
+        shared = [name for name in pre if name in rand]
+        if shared:
+            said = []
+            for name in shared:
+                verdict, diff, decided = _verdict(pre[name], rand[name], ("pretrained", "random"))
+                text = f"{name} {100 * diff:+.1f}, " + ("decided" if decided else "within the spread")
+                if pre[name].paper is not None and rand[name].paper is not None:
+                    paper_diff = pre[name].paper - rand[name].paper
+                    text += f" (paper {paper_diff:+g}: {_against(paper_diff, diff, decided)})"
+                said.append(text)
+            parts.append(f"Pretrained minus random, in points: {'; '.join(said)}.")
+        if parts:
+            out.append(f"**Tables 18 and 20, {task}** (test % ± spread, the paper's in brackets; the head is "
+                       f"ours, output only, at the depth chosen on validation unless named). " + " ".join(parts))
+    return out
+
+
+#: the critique's table
+CRITIQUE = 101
+#: its four comparisons, (a, b, what a - b measures): a variant is (pretrained or random, unfrozen or frozen)
+CRITIQUE_PAIRS = ((("Pretrained", "Unfrozen"), ("Pretrained", "Frozen"), "finetuning every parameter, pretrained"),
+                  (("Random", "Unfrozen"), ("Random", "Frozen"), "finetuning every parameter, random"),
+                  (("Pretrained", "Frozen"), ("Random", "Frozen"), "pretraining, frozen"),
+                  (("Pretrained", "Unfrozen"), ("Random", "Unfrozen"), "pretraining, unfrozen"),
+                  (("Random", "Unfrozen"), ("Pretrained", "Frozen"), "from scratch against the FPT"))
+
+
+def critique(rows: list[dict[str, str]], pretrained: str) -> list[str]:
+    """Per task of the critique's table: its four variants (mean ± spread over seeds at the learning rate
+    chosen on validation) and the critique's comparisons between them, beside the critique's differences.
+    A run is unfrozen when it trains attention and feedforward."""
+    out = []
+    for task in dict.fromkeys(r["task"] for r in rows if r["mode"] == "end-to-end"):
+        variants = {}
+        for r in rows:
+            if r["task"] != task or r["mode"] != "end-to-end" or r["backbone"] not in (pretrained,
+                                                                                          f"{pretrained}-random"):
+                continue
+            groups = set(r["trainable"].split(","))
+            variants[("Random" if r["backbone"].endswith("-random") else "Pretrained",
+                      "Unfrozen" if {"attn", "ff"} <= groups else "Frozen")] = _side(r)
+        if len(variants) < 2:
+            continue
+        listed = ", ".join(f"{frozen.lower()} {kind.lower()} {_percent(side)}"
+                           for (kind, frozen), side in sorted(variants.items(), key=lambda kv: kv[0][::-1]))
+        said = []
+        for a, b, what in CRITIQUE_PAIRS:
+            if a not in variants or b not in variants:
+                continue
+            _, diff, decided = _verdict(variants[a], variants[b], ("a", "b"))
+            text = f"{what} {100 * diff:+.1f}, " + ("decided" if decided else "within the spread")
+            if variants[a].paper is not None and variants[b].paper is not None:
+                paper_diff = variants[a].paper - variants[b].paper
+                text += f" (critique {paper_diff:+.1f}: {_against(paper_diff, diff, decided)})"
+            said.append(text)
+        out.append(f"**Table {CRITIQUE} (the critique's protocol), {task}** (test % ± spread at the learning rate "
+                   f"chosen on validation, the critique's GPT2 in brackets): {listed}. Differences in points: "
+                   + "; ".join(said) + ".")
+    return out
+
+
 def findings(root: Path, tables: list[int], pretrained: str, roots: dict[int, Path] | None = None) -> list[str]:
     """One paragraph per task with both sides present in some ``root/tableN.csv``: the tables share their
     runs, so a task is told once, from the first table that holds the paper's numbers for both sides
     (else the first that holds the task). ``roots`` names the folder of a table rendered elsewhere."""
     found: dict[str, list[tuple[int, Side, Side, Side | None]]] = {}
     trained: list[tuple[int, list[dict[str, str]]]] = []  # tables with steps to a target (end to end)
+    ablation: dict[int, list[dict[str, str]]] = {}  # tables 18 and 20
+    critique_rows: list[dict[str, str]] | None = None  # table 101
     for n in tables:
         path = (roots or {}).get(n, root) / f"table{n}.csv"
         if not path.exists():
             continue
         with path.open() as f:
             rows = list(csv.DictReader(f))
+        if n in ABLATIONS:
+            ablation[n] = rows
+            continue
+        if n == CRITIQUE:
+            critique_rows = rows
+            continue
         if rows and "steps_to_target" in rows[0]:
             trained.append((n, rows))
         for task, sides in pairs(rows, pretrained).items():
@@ -169,4 +311,6 @@ def findings(root: Path, tables: list[int], pretrained: str, roots: dict[int, Pa
         n, pre, rand, base = next((o for o in options if o[1].paper is not None and o[2].paper is not None),
                                   options[0])
         out.append(paragraph(n, task, pre, rand, base))
-    return out + [text for n, rows in trained for text in end_to_end(n, rows, pretrained)]
+    out += [text for n, rows in trained for text in end_to_end(n, rows, pretrained)]
+    out += ablations(ablation, pretrained)
+    return out + ([] if critique_rows is None else critique(critique_rows, pretrained))

@@ -115,3 +115,72 @@ def test_the_steps_table_says_whether_every_seed_solves_the_task_beside_the_pape
     assert ("random twin 75.2 ± 0.3% over 3 seeds, lowest seed 74.9%, 99% validation not reached by every seed: "
             "not solved on every seed (a seed below 99% test)") in text
     assert "The paper's table 6: 10,000 steps against 40,000, reaching 100% and 75.8% (table 2)." in text
+
+
+def trained_row(task, backbone, trainable, test, std="", seeds=1, paper=""):
+    return {**row(task, backbone, "end-to-end", test, std, seeds, paper=paper), "trainable": trainable,
+            "head": "linear", "n_train/n_test": "900/1000"}
+
+
+def head_row(task, backbone, test, rule, std="", seeds=1, paper=""):
+    return {**row(task, backbone, "output-only", test, std, seeds, paper=paper), "depth_rule": rule}
+
+
+def write_rows(tmp_path, n, rows):
+    with (tmp_path / f"table{n}.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS + ["depth_rule"])
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_the_ablations_name_the_best_group_and_set_pretrained_against_random_beside_the_papers_difference(tmp_path):
+    write_rows(tmp_path, 18, [head_row("mnist", "p", 0.647, "chosen", paper="23"),
+                              head_row("mnist", "p", 0.455, "last", paper="23"),
+                              trained_row("mnist", "p", "out", 0.511, paper="23"),
+                              trained_row("mnist", "p", "input,out", 0.664, paper="85"),
+                              trained_row("mnist", "p", "pos,out", 0.765, paper="93"),
+                              trained_row("mnist", "p", "ln,out", 0.850, paper="96"),
+                              row("mnist", "", "baseline", 0.88, setting="baseline: raw-input linear head")])
+    write_rows(tmp_path, 20, [head_row("mnist", "p-random", 0.752, "chosen", 0.022, 3, paper="25"),
+                              head_row("mnist", "p-random", 0.70, "last", 0.02, 3, paper="25"),
+                              trained_row("mnist", "p-random", "out", 0.52, paper="25"),
+                              trained_row("mnist", "p-random", "ln,out", 0.70, paper="83")])
+    (text,) = findings.findings(tmp_path, [18, 20], "p")
+    assert text.startswith("**Tables 18 and 20, mnist**")
+    # each column with its spread (one seed: the binomial standard error of its test rows), the paper's in brackets
+    assert ("Table 18, pretrained p: head 64.7 ± 0.7 (23), head at the last depth 45.5 ± 0.7, output layer "
+            "51.1 ± 1.6 (23), + input 66.4 ± 1.5 (85), + positions 76.5 ± 1.3 (93), + layer norms 85.0 ± 1.1 "
+            "(96)") in text
+    assert ("best group + layer norms, against + positions: + layer norms is ahead by 8.5 points, more than 2 times "
+            "the combined spread (1.8): decided (the paper's best: + layer norms, 96%)") in text
+    assert "Table 20, random twin: head 75.2 ± 2.2 (25)" in text
+    # only the columns both tables hold; the paper's difference beside ours
+    assert ("Pretrained minus random, in points: head -10.5, decided (paper -2: ours agrees in direction); head at "
+            "the last depth -24.5, decided; output layer -0.9, within the spread (paper -2: ours does not decide a "
+            "direction); + layer norms +15.0, decided (paper +13: ours agrees in direction).") in text
+
+
+def test_one_ablation_table_alone_has_no_comparison_and_a_lone_group_no_best(tmp_path):
+    write_rows(tmp_path, 20, [trained_row("bit_xor", "p-random", "out", 0.5, paper="50"),
+                              trained_row("bit_xor", "p-random", "ln,out", 1.0, paper="100")])
+    (text,) = findings.findings(tmp_path, [18, 20], "p")  # table 18 has no CSV
+    assert "Table 20, random twin: output layer 50.0 ± 1.6 (50), + layer norms 100.0 ± 0.0 (100)." in text
+    assert "best group" not in text and "minus" not in text
+
+
+def test_the_critique_sets_its_variants_against_each_other_beside_the_critiques_differences(tmp_path):
+    frozen, unfrozen = "input,pos,ln,out", "input,pos,ln,attn,ff,out"
+    write_rows(tmp_path, 101, [trained_row("cifar10", "p", frozen, 0.40, 0.01, 3, paper="66.3"),
+                               trained_row("cifar10", "p", unfrozen, 0.45, 0.01, 3, paper="77.7"),
+                               trained_row("cifar10", "p-random", frozen, 0.38, 0.01, 3, paper="61.8"),
+                               trained_row("cifar10", "p-random", unfrozen, 0.30, 0.01, 3, paper="77.8"),
+                               trained_row("listops", "p", frozen, 0.30, 0.01, 3),
+                               trained_row("listops", "p-random", frozen, 0.31, 0.01, 3)])
+    cifar, listops = findings.findings(tmp_path, [101], "p")
+    assert ("frozen pretrained 40.0 ± 1.5 (66.3), frozen random 38.0 ± 1.5 (61.8), unfrozen pretrained "
+            "45.0 ± 1.6 (77.7), unfrozen random 30.0 ± 1.4 (77.8)") in cifar
+    assert "finetuning every parameter, pretrained +5.0, decided (critique +11.4: ours agrees in direction)" in cifar
+    assert ("from scratch against the FPT -10.0, decided (critique +11.5: ours goes the other way)") in cifar
+    assert "pretraining, frozen +2.0, within the spread (critique +4.5: ours does not decide a direction)" in cifar
+    # ListOps: the critique prints no numbers; only the comparison both variants allow
+    assert listops.endswith("Differences in points: pretraining, frozen -1.0, within the spread.")
