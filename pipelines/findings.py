@@ -282,16 +282,17 @@ def critique(rows: list[dict[str, str]], pretrained: str) -> list[str]:
     return out
 
 
-def findings(root: Path, tables: list[int], pretrained: str, roots: dict[int, Path] | None = None) -> list[str]:
-    """One paragraph per task with both sides present in some ``root/tableN.csv``: the tables share their
+def findings(folders: dict[int, Path], pretrained: str) -> list[str]:
+    """One paragraph per task with both sides present in some table's CSV (``folders``: table number ->
+    the folder holding its ``tableN.csv``; a table without one is skipped): the tables share their
     runs, so a task is told once, from the first table that holds the paper's numbers for both sides
-    (else the first that holds the task). ``roots`` names the folder of a table rendered elsewhere."""
+    (else the first that holds the task)."""
     found: dict[str, list[tuple[int, Side, Side, Side | None]]] = {}
     trained: list[tuple[int, list[dict[str, str]]]] = []  # tables with steps to a target (end to end)
     ablation: dict[int, list[dict[str, str]]] = {}  # tables 18 and 20
     critique_rows: list[dict[str, str]] | None = None  # table 101
-    for n in tables:
-        path = (roots or {}).get(n, root) / f"table{n}.csv"
+    for n, folder in folders.items():
+        path = folder / f"table{n}.csv"
         if not path.exists():
             continue
         with path.open() as f:

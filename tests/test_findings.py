@@ -4,6 +4,7 @@ where it exceeds twice the combined spread, the paper's direction set beside our
 import csv
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def test_a_difference_beyond_twice_the_spread_decides_and_the_papers_direction_i
                      row("mnist", "p-random", "output-only", 0.99, scale="matched"),  # another input scale: ignored
                      row("mnist", "", "baseline", 0.868, setting="baseline: random tanh features (576 wide)"),
                      row("mnist", "", "baseline", 0.114, setting="baseline: majority class")])
-    (text,) = findings.findings(tmp_path, [2], "p")
+    (text,) = findings.findings({2: tmp_path}, "p")
     assert "pretrained p 64.7 ± 0.7% (1 seed)" in text  # one seed: the binomial standard error of 5,000 rows
     assert "random twin 75.2 ± 2.2% (3 seeds)" in text
     assert "the random twin is ahead by 10.5 points, more than 2 times the combined spread (2.3): decided" in text
@@ -46,7 +47,7 @@ def test_a_difference_beyond_twice_the_spread_decides_and_the_papers_direction_i
 def test_a_difference_within_the_spread_is_not_decided_and_missing_sides_give_no_finding(tmp_path):
     write(tmp_path, [row("bit_xor", "p", "output-only", 0.95), row("bit_xor", "p-random", "output-only", 0.93, 0.02, 3),
                      row("mnist", "p", "output-only", 0.6)])  # no random twin on MNIST
-    (text,) = findings.findings(tmp_path, [2, 10], "p")  # table 10 has no CSV: skipped
+    (text,) = findings.findings({2: tmp_path, 10: tmp_path}, "p")  # table 10 has no CSV: skipped
     assert "they differ by 2.0 points, within 2 times the combined spread (2.0): not decided at this size" in text
     assert "The paper" not in text and "baseline" not in text
 
@@ -84,7 +85,7 @@ def test_a_task_in_several_tables_is_told_once_from_the_table_with_the_papers_pa
                "depth": "12"}]
     write(tmp_path, depths, n=12)  # the depth layout: a row per depth, and the chosen one with the paper's number
     write(tmp_path, [row("mnist", "p", "output-only", 0.6), row("mnist", "p-random", "output-only", 0.7)], n=2)
-    mnist, listops = findings.findings(tmp_path, [2, 10, 12], "p")
+    mnist, listops = findings.findings({2: tmp_path, 10: tmp_path, 12: tmp_path}, "p")
     assert mnist.startswith("**Table 2, mnist.**") and listops.startswith("**Table 12, listops.**")
     assert "The paper's table 12: 33 against 17" in listops
 
@@ -93,7 +94,7 @@ def test_no_direction_is_claimed_against_the_paper_or_a_baseline_within_the_spre
     write(tmp_path, [row("bit_memory", "p", "output-only", 0.750, paper="100"),
                      row("bit_memory", "p-random", "output-only", 0.752, 0.0, 3, paper="75.8"),
                      row("bit_memory", "", "baseline", 0.745, setting="baseline: raw-input linear head")])
-    (text,) = findings.findings(tmp_path, [2], "p")
+    (text,) = findings.findings({2: tmp_path}, "p")
     assert "The paper's table 2: 100 against 75.8 (pretrained ahead); ours does not decide a direction." in text
     assert ("Strongest baseline: raw-input linear head 74.5%, 0.7 points below the better of the two, within 2 "
             "times the combined spread (0.9): level.") in text
@@ -109,7 +110,7 @@ def test_the_steps_table_says_whether_every_seed_solves_the_task_beside_the_pape
         w.writeheader()
         w.writerows([trained("p", 0.9995, 0.0005, 0.999, "1200.0", "10000"),
                      trained("p-random", 0.752, 0.003, 0.749, "", "40000")])
-    (text,) = findings.findings(tmp_path, [6], "p")
+    (text,) = findings.findings({6: tmp_path}, "p")
     assert ("pretrained p 100.0 ± 0.1% over 3 seeds, lowest seed 99.9%, validation 99% in 1,200 steps (mean over "
             "seeds): every seed solves it") in text
     assert ("random twin 75.2 ± 0.3% over 3 seeds, lowest seed 74.9%, 99% validation not reached by every seed: "
@@ -145,7 +146,7 @@ def test_the_ablations_name_the_best_group_and_set_pretrained_against_random_bes
                               head_row("mnist", "p-random", 0.70, "last", 0.02, 3, paper="25"),
                               trained_row("mnist", "p-random", "out", 0.52, paper="25"),
                               trained_row("mnist", "p-random", "ln,out", 0.70, paper="83")])
-    (text,) = findings.findings(tmp_path, [18, 20], "p")
+    (text,) = findings.findings({18: tmp_path, 20: tmp_path}, "p")
     assert text.startswith("**Tables 18 and 20, mnist**")
     # each column with its spread (one seed: the binomial standard error of its test rows), the paper's in brackets
     assert ("Table 18, pretrained p: head 64.7 ± 0.7 (23), head at the last depth 45.5 ± 0.7, output layer "
@@ -163,7 +164,7 @@ def test_the_ablations_name_the_best_group_and_set_pretrained_against_random_bes
 def test_one_ablation_table_alone_has_no_comparison_and_a_lone_group_no_best(tmp_path):
     write_rows(tmp_path, 20, [trained_row("bit_xor", "p-random", "out", 0.5, paper="50"),
                               trained_row("bit_xor", "p-random", "ln,out", 1.0, paper="100")])
-    (text,) = findings.findings(tmp_path, [18, 20], "p")  # table 18 has no CSV
+    (text,) = findings.findings({18: tmp_path, 20: tmp_path}, "p")  # table 18 has no CSV
     assert "Table 20, random twin: output layer 50.0 ± 1.6 (50), + layer norms 100.0 ± 0.0 (100)." in text
     assert "best group" not in text and "minus" not in text
 
@@ -176,7 +177,7 @@ def test_the_critique_sets_its_variants_against_each_other_beside_the_critiques_
                                trained_row("cifar10", "p-random", unfrozen, 0.30, 0.01, 3, paper="77.8"),
                                trained_row("listops", "p", frozen, 0.30, 0.01, 3),
                                trained_row("listops", "p-random", frozen, 0.31, 0.01, 3)])
-    cifar, listops = findings.findings(tmp_path, [101], "p")
+    cifar, listops = findings.findings({101: tmp_path}, "p")
     assert ("frozen pretrained 40.0 ± 1.5 (66.3), frozen random 38.0 ± 1.5 (61.8), unfrozen pretrained "
             "45.0 ± 1.6 (77.7), unfrozen random 30.0 ± 1.4 (77.8)") in cifar
     assert "finetuning every parameter, pretrained +5.0, decided (critique +11.4: ours agrees in direction)" in cifar
@@ -184,3 +185,56 @@ def test_the_critique_sets_its_variants_against_each_other_beside_the_critiques_
     assert "pretraining, frozen +2.0, within the spread (critique +4.5: ours does not decide a direction)" in cifar
     # ListOps: the critique prints no numbers; only the comparison both variants allow
     assert listops.endswith("Differences in points: pretraining, frozen -1.0, within the spread.")
+
+
+def results_doc(tmp_path, root, *tables, **options):
+    """Run pipelines/results_doc.py as `make docs` does: tables rendered under ``root``, the document in tmp_path/docs."""
+    cmd = [sys.executable, str(ROOT / "pipelines" / "results_doc.py"), "--root", str(root), "--pretrained", "p",
+           "--out", str(tmp_path / "docs" / "results.md"), "--tables", *map(str, tables),
+           *[f"--{k.replace('_', '-')}={v}" for k, v in options.items()]]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT / "pipelines")
+
+
+def render(root, n, text, rows, plots):
+    """Table n as the pipelines render it under root: markdown, CSV, runs (wall time) and plots."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"table{n}.md").write_text(text)
+    write(root, rows, n=n)
+    (root / f"table{n}.runs").write_text("a.done\t600\tZen 4, 2 cores; avx512_bf16\n")
+    (root / "plots" / f"table{n}").mkdir(parents=True, exist_ok=True)
+    for name in plots:
+        (root / "plots" / f"table{n}" / name).write_bytes(b"png")
+
+
+def test_the_document_keeps_each_table_as_a_record_that_outlives_the_folder_it_was_rendered_in(tmp_path):
+    rows = [row("mnist", "p", "output-only", 0.647, paper="98.0"), row("mnist", "p-random", "output-only", 0.752)]
+    render(tmp_path / "out" / "5000", 2, "| the table as rendered |\n", rows, ["mnist-depth.png"])
+    made = results_doc(tmp_path, tmp_path / "out" / "5000", 2, command_of="2=make -C pipelines table2 LIMIT=5000")
+    assert made.returncode == 0, made.stderr
+    record = tmp_path / "docs" / "results" / "table2"
+    assert sorted(p.name for p in record.iterdir()) == ["mnist-depth.png", "table2.csv", "table2.json", "table2.md"]
+    first = (tmp_path / "docs" / "results.md").read_text()
+    for part in ("make -C pipelines table2 LIMIT=5000", "| the table as rendered |", "**Table 2, mnist.**",
+                 "Wall time: 10 min for 1 extractions and fits, one after another, on Zen 4, 2 cores; avx512_bf16.",
+                 "![mnist-depth](results/table2/mnist-depth.png)"):
+        assert part in first
+    # out/ is gone (a new checkout): the same document from the record alone
+    made = results_doc(tmp_path, tmp_path / "fresh" / "5000", 2)
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "docs" / "results.md").read_text() == first
+    # rendered again: the record is replaced whole (no plot of the old rendering stays), its findings follow
+    render(tmp_path / "fresh" / "5000", 2, "| rendered again |\n", [row("mnist", "p", "output-only", 0.9),
+           row("mnist", "p-random", "output-only", 0.5)], ["cifar10-depth.png"])
+    assert results_doc(tmp_path, tmp_path / "fresh" / "5000", 2).returncode == 0
+    assert sorted(p.name for p in record.glob("*.png")) == ["cifar10-depth.png"]
+    again = (tmp_path / "docs" / "results.md").read_text()
+    assert "| rendered again |" in again and "the pretrained model is ahead by 40.0 points" in again
+    assert "mnist-depth" not in again and not list(record.parent.glob("*.new")) + list(record.parent.glob("*.old"))
+
+
+def test_a_table_neither_rendered_nor_recorded_names_the_command_that_makes_it(tmp_path):
+    made = results_doc(tmp_path, tmp_path / "out" / "5000", 12)
+    assert made.returncode == 1
+    assert "table12.md is missing and table 12 has no record" in made.stderr
+    assert "run `make -C pipelines table12 LIMIT=5000 DATA_DIR=DATA` first" in made.stderr
+    assert not (tmp_path / "docs" / "results.md").exists()
