@@ -6,7 +6,9 @@ Each table rendered under ``--root`` is first kept as a record beside the docume
 ``results/tableN/``: its markdown, its CSV, its plots and ``tableN.json`` (the command that made it
 and its wall time on the machines it ran on). The document is then assembled from the records
 alone, so a table rendered in an earlier session, on another machine, stays in the document until
-it is rendered again; a record is replaced whole, never merged with an older one.
+it is rendered again; a record is replaced whole, never merged with an older one. Records carried
+over from the document that predates them have no CSV: they keep their findings as computed then
+(``tableN.findings.md``).
 
 It opens with the findings computed from the records' CSVs (``findings.py``: the pretrained
 stand-in against its random twin, with spreads, the paper's pair and the strongest baseline).
@@ -92,6 +94,16 @@ def publish(n: int, root: Path, record: Path, command: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def kept_findings(records: dict[int, Path]) -> list[str]:
+    """The findings of records that carry no CSV: those carried over from the document that predates records
+    keep the paragraphs computed when they were rendered (``tableN.findings.md``), until they are made again."""
+    kept = []
+    for n, record in records.items():
+        if not (record / f"table{n}.csv").exists() and (record / f"table{n}.findings.md").exists():
+            kept += [p.strip() for p in (record / f"table{n}.findings.md").read_text().split("\n\n") if p.strip()]
+    return kept
+
+
 def section(n: int, record: Path, caption: str, folder: str) -> list[str]:
     """Table ``n``'s part of the document, from its record (``folder``: the record's path from the document)."""
     about = json.loads((record / f"table{n}.json").read_text())
@@ -146,7 +158,7 @@ def main() -> None:
     if args.pretrained:
         from findings import DECIDES, findings
 
-        found = findings(records, args.pretrained)
+        found = kept_findings(records) + findings(records, args.pretrained)
         if found:
             parts += ["## Findings", "",
                       f"Computed from the tables below: a difference is decided where it exceeds {DECIDES:g} times the "

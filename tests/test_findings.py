@@ -238,3 +238,19 @@ def test_a_table_neither_rendered_nor_recorded_names_the_command_that_makes_it(t
     assert "table12.md is missing and table 12 has no record" in made.stderr
     assert "run `make -C pipelines table12 LIMIT=5000 DATA_DIR=DATA` first" in made.stderr
     assert not (tmp_path / "docs" / "results.md").exists()
+
+
+def test_a_record_carried_over_without_a_csv_keeps_its_findings_until_it_is_made_again(tmp_path):
+    record = tmp_path / "docs" / "results" / "table6"
+    record.mkdir(parents=True)
+    (record / "table6.md").write_text("| old table |\n")
+    (record / "table6.json").write_text(json.dumps({"command": "make -C pipelines table6", "wall_time": ""}))
+    (record / "table6.findings.md").write_text("**Table 6, bit_xor, end to end** as computed then.\n")
+    made = results_doc(tmp_path, tmp_path / "out" / "5000", 6)
+    assert made.returncode == 0, made.stderr
+    assert "## Findings\n" in (doc := (tmp_path / "docs" / "results.md").read_text())
+    assert "**Table 6, bit_xor, end to end** as computed then." in doc and "| old table |" in doc
+    render(tmp_path / "out" / "5000", 6, "| new table |\n", [row("mnist", "p", "output-only", 0.5)], [])
+    assert results_doc(tmp_path, tmp_path / "out" / "5000", 6).returncode == 0
+    assert "as computed then" not in (tmp_path / "docs" / "results.md").read_text()
+    assert not (record / "table6.findings.md").exists()
