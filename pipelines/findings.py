@@ -5,7 +5,8 @@ input scale, the depth chosen on validation), each as mean over seeds with its s
 strongest baseline; the difference is called decided only where it exceeds twice the combined
 spread. A side's spread is the larger of its seeds' standard deviation and the binomial
 standard error of one accuracy on its test rows, so a single seed still carries the sampling
-error of its test set. The paper's pair of numbers is set beside ours when the table holds it.
+error of its test set. The standard error is Agresti and Coull's (two successes and two failures
+added), which stays above zero at 0% and 100%, where the plain one would claim no error at all. The paper's pair of numbers is set beside ours when the table holds it.
 
 A table of steps to a target (table 6, end to end) gives each side's test mean, spread and lowest
 seed, whether every seed solves the task (at least 99%), and the paper's steps and accuracies.
@@ -40,7 +41,9 @@ class Side:
 
     @property
     def spread(self) -> float:
-        return max(self.std, math.sqrt(self.test * (1 - self.test) / max(self.n_test, 1)))
+        n = max(self.n_test, 0) + 4  # Agresti-Coull: 2 successes and 2 failures added
+        p = (self.test * max(self.n_test, 0) + 2) / n
+        return max(self.std, math.sqrt(p * (1 - p) / n))
 
     def text(self) -> str:
         seeds = f"{self.seeds} seeds" if self.seeds > 1 else "1 seed"

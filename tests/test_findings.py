@@ -165,7 +165,8 @@ def test_one_ablation_table_alone_has_no_comparison_and_a_lone_group_no_best(tmp
     write_rows(tmp_path, 20, [trained_row("bit_xor", "p-random", "out", 0.5, paper="50"),
                               trained_row("bit_xor", "p-random", "ln,out", 1.0, paper="100")])
     (text,) = findings.findings({18: tmp_path, 20: tmp_path}, "p")  # table 18 has no CSV
-    assert "Table 20, random twin: output layer 50.0 ± 1.6 (50), + layer norms 100.0 ± 0.0 (100)." in text
+    # 100% on 1,000 test rows still has a spread (Agresti-Coull), never 0
+    assert "Table 20, random twin: output layer 50.0 ± 1.6 (50), + layer norms 100.0 ± 0.1 (100)." in text
     assert "best group" not in text and "minus" not in text
 
 
@@ -254,3 +255,10 @@ def test_a_record_carried_over_without_a_csv_keeps_its_findings_until_it_is_made
     assert results_doc(tmp_path, tmp_path / "out" / "5000", 6).returncode == 0
     assert "as computed then" not in (tmp_path / "docs" / "results.md").read_text()
     assert not (record / "table6.findings.md").exists()
+
+
+def test_a_perfect_score_is_not_decided_against_a_near_perfect_one_on_a_thousand_rows():
+    perfect, near = (findings.Side(name, test, 0.0, 1, 1000, None) for name, test in (("a", 1.0), ("b", 0.9956)))
+    assert 0.001 < perfect.spread < near.spread  # the plain binomial error would be 0 at 100%
+    diff, combined, decided = findings._decides(perfect, near)
+    assert abs(diff - 0.0044) < 1e-12 and not decided
