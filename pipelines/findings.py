@@ -6,7 +6,8 @@ strongest baseline; the difference is called decided only where it exceeds twice
 spread. A side's spread is the larger of its seeds' standard deviation and the binomial
 standard error of one accuracy on its test rows, so a single seed still carries the sampling
 error of its test set. The standard error is Agresti and Coull's (two successes and two failures
-added), which stays above zero at 0% and 100%, where the plain one would claim no error at all. The paper's pair of numbers is set beside ours when the table holds it.
+added), which stays above zero at 0% and 100%, where the plain one would claim no error at all.
+The paper's pair of numbers is set beside ours when the table holds it.
 
 A table of steps to a target (table 6, end to end) gives each side's test mean, spread and lowest
 seed, whether every seed solves the task (at least 99%), and the paper's steps and accuracies.

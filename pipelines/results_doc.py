@@ -163,9 +163,10 @@ def main() -> None:
             parts += ["## Findings", "",
                       f"Computed from the tables below: a difference is decided where it exceeds {DECIDES:g} times the "
                       "combined spread of its two sides (a side's spread: the standard deviation over its seeds, at "
-                      "least the binomial standard error of its test accuracy, Agresti-Coull). The paper's numbers in table 2 come "
-                      "from its FPT, which trains input, positions, layer norms and output: a direction is compared, "
-                      "not a level; tables 10, 12, 18 and 20 hold its output-only numbers.", "", *[p + "\n" for p in found]]
+                      "least the binomial standard error of its test accuracy, Agresti-Coull). The paper's numbers in "
+                      "table 2 come from its FPT, which trains input, positions, layer norms and output: a direction "
+                      "is compared, not a level; tables 10, 12, 18 and 20 hold its output-only numbers.", "",
+                      *[p + "\n" for p in found]]
     differences = HERE / "notes" / "differences.md"
     if differences.exists():
         parts += [differences.read_text().strip(), ""]

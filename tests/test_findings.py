@@ -189,7 +189,8 @@ def test_the_critique_sets_its_variants_against_each_other_beside_the_critiques_
 
 
 def results_doc(tmp_path, root, *tables, **options):
-    """Run pipelines/results_doc.py as `make docs` does: tables rendered under ``root``, the document in tmp_path/docs."""
+    """Run pipelines/results_doc.py as `make docs` does: the tables rendered under ``root``, the document in
+    tmp_path/docs."""
     cmd = [sys.executable, str(ROOT / "pipelines" / "results_doc.py"), "--root", str(root), "--pretrained", "p",
            "--out", str(tmp_path / "docs" / "results.md"), "--tables", *map(str, tables),
            *[f"--{k.replace('_', '-')}={v}" for k, v in options.items()]]
