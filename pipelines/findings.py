@@ -42,8 +42,8 @@ class Side:
 
     @property
     def spread(self) -> float:
-        n = max(self.n_test, 0) + 4  # Agresti-Coull: 2 successes and 2 failures added
-        p = (self.test * max(self.n_test, 0) + 2) / n
+        n = self.n_test + 4  # Agresti-Coull: 2 successes and 2 failures added
+        p = (self.test * self.n_test + 2) / n
         return max(self.std, math.sqrt(p * (1 - p) / n))
 
     def text(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -29,14 +30,23 @@ def tiny_gpt2(tmp_path_factory) -> Path:
     return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
 
 
+@contextmanager
+def torch_threads(n: int):
+    """Torch on ``n`` threads inside the block, as before after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models run fastest on one thread (and the machine is shared): ``pytestmark =
     pytest.mark.usefixtures("one_thread")`` in a module that runs them."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture
