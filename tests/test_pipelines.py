@@ -42,13 +42,15 @@ def stand_in(tmp_path):
 
 
 def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_path):
-    r = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn", "PRETRAINED=gpt2",
-             "SCALES=paper matched")
+    reservoir = stand_in(tmp_path)
+    settings = ("LIMIT=40", "TASKS_2=bit_xor", "PRETRAINED=tinygpt")
+    r = make(tmp_path, "table2", *settings, "BACKBONES_2=tinygpt-random esn", "SCALES=paper matched",
+             reservoir=reservoir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     table = (tmp_path / "40" / "table2.md").read_text()
     assert table.startswith("Paper table 2:")
-    for setting in ("| gpt2-random (paper 100) | ridge |", "| gpt2-random, input scale matched",
-                    "| lstm | ridge |", "| lstm, input scale matched", "| esn | ridge |", "| esn, input scale matched", "| baseline: majority class | rule |",
+    for setting in ("| tinygpt-random (paper 100) | ridge |", "| tinygpt-random, input scale matched",
+                    "| esn | ridge |", "| esn, input scale matched", "| baseline: majority class | rule |",
                     "| baseline: raw-input linear head | ridge |", "| baseline: random tanh features (768 wide)"):
         assert setting.split(" (paper")[0] in table, setting
     assert "(paper 100)" in table  # the paper's random-init GPT-2 on bit XOR, beside ours
@@ -58,17 +60,18 @@ def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_pa
     assert png.name == "bit_xor-depth.png" and png.stat().st_size > 10_000
     # every extraction and fit behind the table is timed, on a named machine (the doc states the wall time)
     runs = [ln.split("\t") for ln in (tmp_path / "40" / "table2.runs").read_text().splitlines()]
-    assert len(runs) == 2 * 3 + 2  # two scales of three backbones, and the random twin's seeds 1 and 2
+    assert len(runs) == 2 * 2 + 2  # two scales of two backbones, and the random twin's seeds 1 and 2
     assert all(int(seconds) >= 0 and "cores;" in machine for _, seconds, machine in runs), runs
     # a second run finds everything made: nothing is extracted or fitted again
-    again = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn",
-                 "PRETRAINED=gpt2", "SCALES=paper matched")
+    again = make(tmp_path, "table2", *settings, "BACKBONES_2=tinygpt-random esn", "SCALES=paper matched",
+                 reservoir=reservoir)
     assert again.returncode == 0 and "extract" not in again.stdout
-    # another HEAD fits again (the features are reused), and the table shows its rows
-    other = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "BACKBONES_2=gpt2-random lstm esn",
-                 "PRETRAINED=gpt2", "HEAD=logreg", "SCALES=paper matched")
+    # another HEAD fits again on the same features, and the table shows its rows
+    features = {p: p.stat().st_mtime_ns for p in (tmp_path / "40" / "features").rglob("*.h5")}
+    other = make(tmp_path, "table2", *settings, "BACKBONES_2=esn", "SCALES=paper", "HEAD=logreg", reservoir=reservoir)
     assert other.returncode == 0 and "--head logreg" in other.stdout, other.stdout[-3000:] + other.stderr[-3000:]
-    assert "| lstm | logreg |" in (tmp_path / "40" / "table2.md").read_text()
+    assert "| esn | logreg |" in (tmp_path / "40" / "table2.md").read_text()
+    assert features and all(p.stat().st_mtime_ns == t for p, t in features.items())
 
 
 def test_table18_sets_the_output_only_head_at_the_chosen_and_last_depth_beside_the_paper_and_end_to_end(tmp_path):

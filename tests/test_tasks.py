@@ -108,6 +108,17 @@ def test_listops_generator_lengths_dedup_and_heldout():
     assert (d.lengths == 512).all()  # 500+ tokens truncated to max_len
 
 
+def test_listops_streams_give_the_same_expressions_however_many_are_asked_for_and_when():
+    listops._stream.cache_clear()
+    args = (7, listops.STREAM["val"], 100, 400, 10, 10)
+    short = listops.generate(4, *args)
+    longer = listops.generate(9, *args)  # continues the kept stream
+    fresh = listops._Stream(*args, frozenset()).take(9)
+    assert longer == fresh and short == fresh[:4] and listops.generate(2, *args) == fresh[:2]
+    listops.generate(9, *args).clear()  # a caller holds a copy, never the stream's own list
+    assert listops.generate(9, *args) == fresh
+
+
 def test_listops_reads_lra_tsv(tmp_path):
     (tmp_path / "listops").mkdir()
     (tmp_path / "listops" / "basic_test.tsv").write_text(

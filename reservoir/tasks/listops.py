@@ -19,7 +19,9 @@ longer than ``max_len`` (512 by default, up to 2000) are truncated to their firs
 from __future__ import annotations
 
 import csv
+import functools
 import random
+import threading
 from dataclasses import dataclass
 from typing import ClassVar
 from pathlib import Path
@@ -91,29 +93,51 @@ def tokenize(text: str, keep_brackets: bool = True) -> np.ndarray:
         raise DataError(f"ListOps token {e.args[0]!r} is not one of {sorted(VOCAB)}") from None
 
 
+class _Stream:
+    """One seeded stream of distinct expressions, drawn as far as asked and kept: the first ``n`` of a
+    stream never depend on how many are asked for, so a later, shorter or longer request continues it."""
+
+    def __init__(self, seed: int, stream: int, min_length: int, max_length: int, max_depth: int, max_args: int,
+                 exclude: frozenset):
+        self.rng = random.Random(seed * 1000 + stream)
+        self.args = (min_length, max_length, max_depth, max_args)
+        self.exclude, self.seen, self.out = exclude, set(), []
+        self.misses = self.wasted = 0
+        self.lock = threading.Lock()
+
+    def take(self, n: int) -> list[str]:
+        min_length, max_length, max_depth, max_args = self.args
+        with self.lock:
+            while len(self.out) < n:
+                tree, length = generate_tree(self.rng, 1, max_depth, max_args)
+                if min_length < length < max_length:
+                    text = to_string(tree)
+                    if text not in self.seen and text not in self.exclude:
+                        self.seen.add(text)
+                        self.out.append(text)
+                        self.misses = self.wasted = 0
+                        continue
+                self.misses, self.wasted = self.misses + 1, self.wasted + length
+                if self.misses > MAX_MISSES or self.wasted > MAX_WASTED_TOKENS:  # the options admit no (or no
+                    # more distinct) expressions, or too few for the time they take: never loop (nearly) forever
+                    raise DataError(
+                        f"ListOps generation found {len(self.out)} of {n} distinct expressions of length in "
+                        f"({min_length}, {max_length}) and none in the next {self.misses:,d} draws (max_depth="
+                        f"{max_depth}, max_args={max_args}); widen min_length..max_length, raise max_depth, or "
+                        "ask for fewer examples (n_train, n_val, n_test, or --limit)")
+            return self.out[:n]
+
+
+@functools.lru_cache(maxsize=16)
+def _stream(*key) -> _Stream:
+    return _Stream(*key)
+
+
 def generate(n: int, seed: int, stream: int, min_length: int, max_length: int, max_depth: int, max_args: int,
              exclude: frozenset = frozenset()) -> list[str]:
-    rng = random.Random(seed * 1000 + stream)
-    seen: set[str] = set()
-    out = []
-    misses = wasted = 0
-    while len(out) < n:
-        tree, length = generate_tree(rng, 1, max_depth, max_args)
-        if min_length < length < max_length:
-            text = to_string(tree)
-            if text not in seen and text not in exclude:
-                seen.add(text)
-                out.append(text)
-                misses = wasted = 0
-                continue
-        misses, wasted = misses + 1, wasted + length
-        if misses > MAX_MISSES or wasted > MAX_WASTED_TOKENS:  # the options admit no (or no more distinct)
-            # expressions, or too few for the time they take: never loop (nearly) forever
-            raise DataError(f"ListOps generation found {len(out)} of {n} distinct expressions of length in "
-                            f"({min_length}, {max_length}) and none in the next {misses:,d} draws (max_depth="
-                            f"{max_depth}, max_args={max_args}); widen min_length..max_length, raise max_depth, or "
-                            "ask for fewer examples (n_train, n_val, n_test, or --limit)")
-    return out
+    """The first ``n`` distinct expressions of a seeded stream, none in ``exclude``. Drawing is the slow part of
+    loading (each split of train excludes the held-out ones), so a process keeps its streams and continues them."""
+    return _stream(seed, stream, min_length, max_length, max_depth, max_args, exclude).take(n)
 
 
 #: generation gives up after this many consecutive draws without a new expression, or this many tokens drawn
@@ -134,6 +158,15 @@ def expected_length(max_depth: int, max_args: int) -> float:
         if length > 10 * MAX_EXPECTED_LENGTH:
             break
     return length
+
+
+@functools.lru_cache(maxsize=4)
+def heldout(seed: int, min_length: int, max_length: int, max_depth: int, max_args: int, n_val: int,
+            n_test: int) -> frozenset:
+    """Every val and test expression, which train never holds (one object per setting, so the train stream
+    keyed by it is found again)."""
+    args = (min_length, max_length, max_depth, max_args)
+    return frozenset(t for s, n in (("val", n_val), ("test", n_test)) for t in generate(n, seed, STREAM[s], *args))
 
 
 @register_task("listops")
@@ -177,9 +210,7 @@ class ListOps(Task):
         sizes = {"train": self.n_train, "val": self.n_val, "test": self.n_test}
         n = min(limit or sizes[split], sizes[split])
         args = (self.min_length, self.max_length, self.max_depth, self.max_args)
-        exclude: frozenset = frozenset()
-        if split == "train":  # held-out trees never appear in train
-            exclude = frozenset(t for s in ("val", "test") for t in generate(sizes[s], self.seed, STREAM[s], *args))
+        exclude = heldout(self.seed, *args, sizes["val"], sizes["test"]) if split == "train" else frozenset()
         return generate(n, self.seed, STREAM[split], *args, exclude=exclude), None
 
     @staticmethod
