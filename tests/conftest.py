@@ -12,6 +12,10 @@ import torch
 from click.testing import CliRunner
 
 os.environ.setdefault("RESERVOIR_OFFLINE", "1")  # no test waits on the network
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs a worker per core (pytest-xdist): each takes one
+    # thread, and so do the commands it starts, or two workers of two threads would oversubscribe two cores
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 def save_tiny_gpt2(folder: Path, n_layer: int = 2, n_embd: int = 32, seed: int = 0) -> Path:
