@@ -119,6 +119,22 @@ def test_listops_streams_give_the_same_expressions_however_many_are_asked_for_an
     assert listops.generate(9, *args) == fresh
 
 
+def test_a_listops_stream_that_gave_up_stays_given_up(monkeypatch):
+    """As if drawn again from the start: the same error, not a stream that drew on past it."""
+    from reservoir.tasks import DataError
+
+    monkeypatch.setattr(listops, "MAX_MISSES", 0)  # the first repeated expression ends the stream
+    listops._stream.cache_clear()
+    digits = (0, listops.STREAM["train"], 0, 2, 1, 2)  # single digits only
+    with pytest.raises(DataError, match="distinct expressions") as first:
+        listops.generate(10, *digits)
+    with pytest.raises(DataError) as again:
+        listops.generate(10, *digits)
+    assert str(again.value) == str(first.value)
+    found = int(str(first.value).split("found ")[1].split(" of")[0])
+    assert len(set(listops.generate(found, *digits))) == found
+
+
 def test_listops_reads_lra_tsv(tmp_path):
     (tmp_path / "listops").mkdir()
     (tmp_path / "listops" / "basic_test.tsv").write_text(

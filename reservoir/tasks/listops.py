@@ -109,6 +109,14 @@ class _Stream:
         min_length, max_length, max_depth, max_args = self.args
         with self.lock:
             while len(self.out) < n:
+                if self.misses > MAX_MISSES or self.wasted > MAX_WASTED_TOKENS:  # the options admit no (or no
+                    # more distinct) expressions, or too few for the time they take: never loop (nearly) forever,
+                    # and a stream that gave up stays given up
+                    raise DataError(
+                        f"ListOps generation found {len(self.out)} of {n} distinct expressions of length in "
+                        f"({min_length}, {max_length}) and none in the next {self.misses:,d} draws (max_depth="
+                        f"{max_depth}, max_args={max_args}); widen min_length..max_length, raise max_depth, or "
+                        "ask for fewer examples (n_train, n_val, n_test, or --limit)")
                 tree, length = generate_tree(self.rng, 1, max_depth, max_args)
                 if min_length < length < max_length:
                     text = to_string(tree)
@@ -118,13 +126,6 @@ class _Stream:
                         self.misses = self.wasted = 0
                         continue
                 self.misses, self.wasted = self.misses + 1, self.wasted + length
-                if self.misses > MAX_MISSES or self.wasted > MAX_WASTED_TOKENS:  # the options admit no (or no
-                    # more distinct) expressions, or too few for the time they take: never loop (nearly) forever
-                    raise DataError(
-                        f"ListOps generation found {len(self.out)} of {n} distinct expressions of length in "
-                        f"({min_length}, {max_length}) and none in the next {self.misses:,d} draws (max_depth="
-                        f"{max_depth}, max_args={max_args}); widen min_length..max_length, raise max_depth, or "
-                        "ask for fewer examples (n_train, n_val, n_test, or --limit)")
             return self.out[:n]
 
 
