@@ -42,19 +42,15 @@ def assert_same_features(a: Path, b: Path) -> None:
 def single(tmp_path_factory, tiny_gpt2):
     """The single-process reference file, computed with one thread as each worker is (float32 CPU
     kernels split some reductions by thread, so equal bits need equal threads per computation)."""
-    import torch
     from click.testing import CliRunner
 
     from reservoir.cli import main
+    from tests.conftest import torch_threads
 
     out = tmp_path_factory.mktemp("single") / "f.h5"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         r = CliRunner().invoke(main, ["-q", "extract", *LISTOPS, "--backbone", str(tiny_gpt2), *OPTS, "--out",
                                       str(out)], catch_exceptions=False)
-    finally:
-        torch.set_num_threads(threads)
     assert r.exit_code == 0, r.output
     return out
 
