@@ -5,8 +5,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,6 +138,47 @@ def test_critique_renders_table101_at_its_own_sizes_beside_the_critiques_numbers
                          rf"\(critique {re.escape(critique)}\) \|", table), setting
     summaries = list((tmp_path / "110" / "train").glob("steps2_seeds2_lr1e-3-1e-2_*/mnist/*/*~b1.done"))
     assert len(summaries) == 4
+
+
+def test_an_extraction_cut_short_states_the_seconds_of_every_attempt_when_it_ends(tmp_path):
+    """The make behind an output-only marker is killed (as by the end of a session) 6 s into its extraction: made
+    again, the marker's wall time is the cut attempt's seconds and the second one's, and no clock is left."""
+    reservoir = stand_in(tmp_path)
+    slow = tmp_path / "slow-reservoir"  # an extraction that takes a minute
+    slow.write_text(f'#!/bin/sh\ncase " $* " in *" extract "*) sleep 60;; esac\nexec "{reservoir}" "$@"\n')
+    slow.chmod(0o755)
+    marker = tmp_path / "40" / "done" / "paper" / "bit_xor" / "esn.done"
+    clock, seconds = marker.with_suffix(".clock"), marker.with_suffix(".seconds")
+
+    def make_marker(reservoir, *settings):
+        return ["make", "-C", str(ROOT / "pipelines"), str(marker), f"OUT_ROOT={tmp_path}", "LIMIT=40",
+                "CLOCK_TICK=1", f"RESERVOIR={reservoir}", f"DATA_DIR={tmp_path / 'data'}", *settings]
+
+    cut = subprocess.Popen(make_marker(slow), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 50
+        while not (clock.exists() and int(clock.read_text() or 0) >= 6):
+            assert time.monotonic() < deadline and cut.poll() is None
+            time.sleep(0.2)
+    finally:
+        os.killpg(cut.pid, signal.SIGKILL)
+        cut.wait()
+    assert not marker.exists() and not seconds.exists()
+    before = int(clock.read_text())
+    start = time.monotonic()
+    r = subprocess.run(make_marker(reservoir), capture_output=True, text=True, timeout=300)
+    second = time.monotonic() - start
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    total = int(seconds.read_text().split("\t")[0])
+    assert second + 2 < total <= before + second, (before, second, total)
+    time.sleep(2.5)  # two ticks: the ticker ended with its recipe, and wrote no clock after it
+    assert not clock.exists() and not clock.with_suffix(".clock.tmp").exists()
+    # the next attempt starts from nought: a HEAD change remakes the marker, which states no more than its own time
+    start = time.monotonic()
+    r = subprocess.run(make_marker(reservoir, "HEAD=logreg"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert int(seconds.read_text().split("\t")[0]) <= time.monotonic() - start
 
 
 def test_a_training_run_cut_short_continues_from_its_checkpoint_to_the_uninterrupted_result(tmp_path):
