@@ -15,10 +15,11 @@ from reservoir.model.backbones.hf import HFBackbone
 from tests.zoo import ARCHITECTURES, KINDS, LAYERS, save_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-VISION = {"vit", "deit", "dinov2"}
+VISION = {"vit", "deit", "dinov2", "clip_vision", "siglip_vision"}
 #: where each architecture keeps its blocks, named independently of the adapters' own search
 BLOCKS = {"gpt2": "h", "gptj": "h", "opt": "decoder.layers", "bert": "encoder.layer", "roberta": "encoder.layer",
-          "electra": "encoder.layer", "deberta-v2": "encoder.layer", "t5": "block", "dinov2": "encoder.layer"}
+          "electra": "encoder.layer", "deberta-v2": "encoder.layer", "t5": "block", "dinov2": "encoder.layer",
+          "albert": "encoder.albert_layer_groups", "clip_vision": "encoder.layers", "siglip_vision": "encoder.layers"}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def library_model(folder, kind: str, k: int) -> nn.Module:
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
-    if kind == "t5":
+    if model.config.is_encoder_decoder:
         model = model.get_encoder()
     parent_name, _, name = BLOCKS.get(kind, "layers").rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -60,8 +61,10 @@ def inputs(backbone, kind: str, seed: int = 0):
 def reference(folder, kind: str, backbone, x, lengths, readout, k: int) -> torch.Tensor:
     model = library_model(folder, kind, k)
     if kind in VISION:  # the FPT input layer replaces the patch embedding: feed patches + patch positions
-        emb = model.embeddings
-        positions = emb.position_embeddings[:, emb.position_embeddings.shape[1] - emb.patch_embeddings.num_patches:]
+        emb = model.embeddings  # ViT, DeiT, DINOv2: a parameter and patch_embeddings; CLIP, SigLIP: an embedding
+        table = emb.position_embeddings if hasattr(emb, "patch_embeddings") else emb.position_embedding.weight[None]
+        n_patches = emb.patch_embeddings.num_patches if hasattr(emb, "patch_embeddings") else emb.num_patches
+        positions = table[:, table.shape[1] - n_patches:]
         emb.forward = lambda *a, **kw: x + positions
         out = model(pixel_values=torch.zeros(2, 3, 32, 32)).last_hidden_state
     else:
@@ -211,3 +214,23 @@ def test_extract_raises_no_python_warning(folders, kind, home):
         warnings.simplefilter("error")
         path = api.extract("digits", str(folders[kind]), limit=6, depths="0,3", dtype="float32")
     assert path.exists()
+
+
+def test_a_dual_encoder_folder_is_read_as_its_vision_tower(tmp_path):
+    """A CLIP folder of both towers (as the hub has them) extracts through its vision tower: the same
+    features as that tower saved alone."""
+    import transformers as t
+
+    from tests.zoo import VISION as TOWER
+
+    text = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=50,
+                max_position_embeddings=32, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    torch.manual_seed(0)
+    clip = t.CLIPModel(t.CLIPConfig(vision_config=TOWER, text_config=text, projection_dim=16)).eval()
+    clip.save_pretrained(tmp_path / "clip")
+    clip.vision_model.save_pretrained(tmp_path / "tower")
+    both, tower = load_backbone(str(tmp_path / "clip")), load_backbone(str(tmp_path / "tower"))
+    assert type(both) is type(tower) and both.n_layers == LAYERS and both.config.model_type == "clip_vision_model"
+    x, lengths, readout = inputs(both, "clip_vision")
+    with torch.inference_mode():
+        torch.testing.assert_close(both(x, lengths, [0, 2, 3], readout), tower(x, lengths, [0, 2, 3], readout))

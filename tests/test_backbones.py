@@ -307,15 +307,12 @@ def test_cli_accepts_twins_of_folders_and_rejects_unknown(cli, home, tiny):
 
 
 def test_a_model_the_generic_adapter_cannot_feed_is_refused_naming_why(tmp_path):
-    """CLIP's forward takes token ids and pixels, never embedded tokens: refused in words, naming it."""
-    from transformers import CLIPConfig, CLIPModel
+    """Swin's forward takes pixels, never embedded tokens (its stages merge patches): refused in words, naming it."""
+    from transformers import SwinConfig, SwinModel
 
-    config = CLIPConfig(text_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, vocab_size=20),
-                        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                           num_attention_heads=2, image_size=8, patch_size=4), projection_dim=8)
-    CLIPModel(config).save_pretrained(tmp_path)
-    with pytest.raises(BackboneError, match="'clip' model's forward takes no inputs_embeds.*families with an adapter"):
+    config = SwinConfig(embed_dim=16, depths=[1, 1], num_heads=[2, 2], image_size=16, patch_size=4, window_size=2)
+    SwinModel(config).save_pretrained(tmp_path)
+    with pytest.raises(BackboneError, match="'swin' model's forward takes no inputs_embeds.*families with an adapter"):
         load_backbone(str(tmp_path))
 
 

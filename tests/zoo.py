@@ -12,6 +12,8 @@ import torch
 #: every architecture's shared tiny shape
 W, LAYERS, HEADS, FF, VOCAB, POS = 32, 3, 4, 64, 50, 128
 
+VISION = dict(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF, image_size=32,
+              patch_size=4)
 DECODER = dict(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
                vocab_size=VOCAB, max_position_embeddings=POS)
 
@@ -38,31 +40,39 @@ def _cfg(kind: str):
         "gemma3_text": lambda: (t.Gemma3TextConfig(**DECODER, num_key_value_heads=2, head_dim=8, sliding_window=6),
                                 t.Gemma3ForCausalLM),
         "phi": lambda: (t.PhiConfig(**DECODER), t.PhiForCausalLM),
+        "olmo": lambda: (t.OlmoConfig(**DECODER), t.OlmoForCausalLM),
         "bert": lambda: (t.BertConfig(**DECODER), t.BertForMaskedLM),
         "roberta": lambda: (t.RobertaConfig(**DECODER), t.RobertaForMaskedLM),
         "electra": lambda: (t.ElectraConfig(**DECODER, embedding_size=16), t.ElectraForMaskedLM),
+        "albert": lambda: (t.AlbertConfig(**DECODER, embedding_size=16), t.AlbertForMaskedLM),
         "deberta-v2": lambda: (t.DebertaV2Config(**DECODER, relative_attention=True, position_buckets=8,
                                                  pos_att_type=["p2c", "c2p"], position_biased_input=False),
                                t.DebertaV2ForMaskedLM),
         "t5": lambda: (t.T5Config(d_model=W, d_kv=8, d_ff=FF, num_layers=LAYERS, num_heads=HEADS, vocab_size=VOCAB),
                        t.T5ForConditionalGeneration),
+        "bart": lambda: (t.BartConfig(d_model=W, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS,
+                                      decoder_attention_heads=HEADS, encoder_ffn_dim=FF, decoder_ffn_dim=FF,
+                                      vocab_size=VOCAB, max_position_embeddings=POS), t.BartForConditionalGeneration),
         "vit": lambda: (t.ViTConfig(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                                     intermediate_size=FF, image_size=32, patch_size=4), t.ViTModel),
         "deit": lambda: (t.DeiTConfig(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                                       intermediate_size=FF, image_size=32, patch_size=4), t.DeiTModel),
         "dinov2": lambda: (t.Dinov2Config(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                                           mlp_ratio=2, image_size=32, patch_size=4), t.Dinov2Model),
+        "clip_vision": lambda: (t.CLIPVisionConfig(**VISION), t.CLIPVisionModel),
+        "siglip_vision": lambda: (t.SiglipVisionConfig(**VISION), t.SiglipVisionModel),
         "mamba": lambda: (t.MambaConfig(hidden_size=W, num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=4,
                                         expand=2, conv_kernel=3), t.MambaForCausalLM),
     }[kind]()
 
 
 ARCHITECTURES = ("gpt2", "gptj", "gpt_neox", "opt", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
-                 "gemma3_text", "phi", "bert", "roberta", "electra", "deberta-v2", "t5", "vit", "deit", "dinov2",
-                 "mamba")
+                 "gemma3_text", "phi", "olmo", "bert", "roberta", "electra", "albert", "deberta-v2", "t5", "bart",
+                 "vit", "deit", "dinov2", "clip_vision", "siglip_vision", "mamba")
 #: the kind of each: decoder, encoder, encoder-decoder's encoder, vision, state-space
-KINDS = {"bert": "encoder", "roberta": "encoder", "electra": "encoder", "deberta-v2": "encoder",
-         "t5": "encoder-decoder", "vit": "vision", "deit": "vision", "dinov2": "vision", "mamba": "state-space"}
+KINDS = {"bert": "encoder", "roberta": "encoder", "electra": "encoder", "albert": "encoder", "deberta-v2": "encoder",
+         "t5": "encoder-decoder", "bart": "encoder-decoder", "vit": "vision", "deit": "vision", "dinov2": "vision", "clip_vision": "vision",
+         "siglip_vision": "vision", "mamba": "state-space"}
 
 
 def save_tiny(kind: str, folder: Path, seed: int = 0) -> Path:

@@ -33,13 +33,16 @@ class _Caught(Exception):
     """Raised by the hook once the attention module has returned: the rest need not run."""
 
 
-def catch_output(module: nn.Module, run: Callable[[], Any]) -> Any:
-    """What ``module`` returns on its first call while ``run()`` executes (which stops there)."""
+def catch_output(module: nn.Module, run: Callable[[], Any], call: int = 1) -> Any:
+    """What ``module`` returns on its ``call``-th call while ``run()`` executes (which stops there)."""
     caught: dict[str, Any] = {}
+    calls = [0]
 
     def hook(mod, args, output):
-        caught["out"] = output
-        raise _Caught
+        calls[0] += 1
+        if calls[0] == call:
+            caught["out"] = output
+            raise _Caught
 
     def ask(mod, args, kwargs):  # modules that return their weights only when asked (DeBERTa, T5)
         return args, {**kwargs, "output_attentions": True}
@@ -90,8 +93,12 @@ def attention_probs(reservoir: nn.Module, tokens: torch.Tensor, lengths: torch.T
         raise UsageError(f"layer {layer} is out of range for this backbone ({backbone.n_layers} blocks); "
                          f"choose a layer in [0, {backbone.n_layers - 1}]")
     module = backbone.attention_module(layer)
+    blocks = list(getattr(backbone, "blocks", None) or [])
+    # a block shared by several depths (ALBERT) runs its attention once for each: this depth's is the call
+    # after as many as the earlier depths that apply the same block
+    call = 1 + sum(b is blocks[layer] for b in blocks[:layer]) if blocks else 1
     with torch.inference_mode(), backbone.eager_attention():
-        output = catch_output(module, lambda: reservoir(tokens, lengths, [layer + 1]))
+        output = catch_output(module, lambda: reservoir(tokens, lengths, [layer + 1]), call)
     weights = weights_in(output, tokens.shape[1])
     if weights is None:
         raise BackboneError(f"the attention module of block {layer} ({type(module).__name__}) did not return its "

@@ -4,10 +4,11 @@ The contract and the helpers every adapter shares are in :mod:`.base` (depth con
 readout-only last block, readout positions). Each architecture family is one adapter file:
 
 - :mod:`.gpt2` (GPT-2), :mod:`.llama` (Llama, Mistral, Qwen2, Qwen3), :mod:`.bert` (BERT,
-  RoBERTa, XLM-RoBERTa, ELECTRA), :mod:`.vit` (ViT, DeiT, DINOv2): Hugging Face models whose
+  RoBERTa, XLM-RoBERTa, ELECTRA), :mod:`.vit` (ViT, DeiT, DINOv2, CLIP and SigLIP vision): Hugging Face models whose
   adapter runs the blocks itself, with the fast paths the family allows;
 - :mod:`.hf`: the generic adapter for any other Hugging Face model (GPT-J, GPT-NeoX/Pythia, OPT,
-  Phi, Gemma, DeBERTa, the encoder of T5, Mamba, ...), found from the model's own hints;
+  Phi, Gemma, OLMo, DeBERTa, the encoder of T5, Mamba, ...), found from the model's own hints;
+  :mod:`.albert` names ALBERT's shared blocks for it, one depth per application;
 - :mod:`.lstm` (the paper's LSTMs), :mod:`.esn` (echo state networks), :mod:`.smollm` (a real
   language-pretrained model that installs from PyPI).
 

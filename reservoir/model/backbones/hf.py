@@ -10,8 +10,9 @@ for any other model they are found from the model's own metadata and module tree
   class with as many entries as the config has layers;
 - the **modules after the blocks** (final norm, an output projection): those the model's own
   forward calls after its last block returns, found once by running it on two tokens;
-  poolers are not hidden states and are left out; anything but norms and linear layers there
-  is refused, since it could not be applied to the readout rows alone;
+  poolers (a ``*Pooler`` class, or a module named ``pooler*``) are not hidden states and are
+  left out; anything but norms and linear layers there is refused, since it could not be
+  applied to the readout rows alone;
 - the **token embedding**: ``get_input_embeddings()`` (the FPT input layer replaces it; its
   width is the width the input layer writes);
 - the **learned positions**: the other ``nn.Embedding`` modules outside the blocks. A model
@@ -21,8 +22,10 @@ for any other model they are found from the model's own metadata and module tree
 
 The generic adapter runs the model's own forward (``inputs_embeds``, and for bidirectional
 models an attention mask over padding) and reads the blocks' outputs with hooks, stopping
-after the deepest requested block; depth ``k`` is the output of block ``k`` through the
-modules after the blocks, exactly what the model truncated to ``k`` blocks outputs. It has no
+after the deepest requested block; depth ``k`` is the output of the ``k``-th block call
+through the modules after the blocks, exactly what the model truncated to ``k`` blocks
+outputs. Blocks are counted by call, so a stack that applies shared blocks again (ALBERT,
+whose adapter lists each application) has one depth per application. It has no
 fast paths (no readout-only last block, no OpenVINO, no compiling) and says so when it loads;
 a model it cannot map is refused, naming what it could not find.
 """
@@ -172,7 +175,7 @@ class HFBackbone(Backbone):
         self.token_std = float(weight.detach().double().std()) if isinstance(weight, torch.Tensor) and \
             not weight.is_meta else None
         self.drop_unused()
-        if type(self).states is HFBackbone.states and not quiet:
+        if type(self) is HFBackbone and not quiet:
             print(f"{self.config.model_type}: no adapter of its own; the generic adapter runs it (the model's own "
                   "forward read by hooks; no readout-only last block, no OpenVINO, no compiling)", file=sys.stderr)
 
@@ -183,7 +186,7 @@ class HFBackbone(Backbone):
         if "inputs_embeds" not in accepted(model.forward):
             raise BackboneError(f"this {model.config.model_type!r} model's forward takes no inputs_embeds, so the FPT "
                                 f"input layer cannot feed it; families with an adapter: {sorted(ADAPTERS)}")
-        blocks = find_blocks(model)
+        blocks = self.block_stack()
         try:
             embedding = model.get_input_embeddings()
         except (NotImplementedError, AttributeError):
@@ -194,13 +197,17 @@ class HFBackbone(Backbone):
         after = self._modules_after(blocks, embedding)
         return Parts(blocks, after, embedding, positions, max_positions_of(model.config) if positions else None)
 
+    def block_stack(self) -> nn.ModuleList:
+        """The blocks, one entry per application in the forward's order (:func:`find_blocks`; a family
+        whose blocks are shared lists each application)."""
+        return find_blocks(self.model)
+
     @torch.no_grad()
     def _modules_after(self, blocks: nn.ModuleList, embedding: nn.Module | None) -> tuple[nn.Module, ...]:
         """The leaf modules the model's forward calls after its last block returns, in order (dropout
         and poolers left out), found by running it on two tokens."""
         inside = {id(m) for m in blocks.modules()}
-        pooled = {id(m) for name, p in self.model.named_modules() if type(p).__name__.endswith("Pooler")
-                  for m in p.modules()}
+        pooled = {id(m) for name, p in self.model.named_modules() if is_pooler(name, p) for m in p.modules()}
         calls: list[nn.Module | None] = []
         leaves = [m for m in self.model.modules() if id(m) not in inside and id(m) not in pooled
                   and not any(True for _ in m.children())]
@@ -227,7 +234,8 @@ class HFBackbone(Backbone):
                                 "that its forward never calls; it needs an adapter of its own")
         last = len(calls) - 1 - calls[::-1].index(None)
         after = [m for m in calls[last + 1:] if not isinstance(m, (nn.Dropout, nn.Identity))]
-        odd = [type(m).__name__ for m in after if not (is_norm(m) or isinstance(m, nn.Linear))]
+        odd = [type(m).__name__ for m in after if not (is_norm(m) or isinstance(m, nn.Linear) or
+                                                        type(m).__name__.endswith("Norm"))]
         if odd:
             raise BackboneError(f"after its last block this {self.config.model_type!r} model runs {odd}, which the "
                                 "generic adapter cannot apply to the readout rows alone; it needs an adapter of its own")
@@ -284,21 +292,23 @@ class HFBackbone(Backbone):
         self.check_depths(depths)
         h = self.add_positions(x)
         last, caught = max(depths), {}
+        wanted, calls = set(depths), [0]
 
-        def before(module, args, kwargs):
-            caught[0] = gather(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0], readout)
+        def before(module, args, kwargs):  # the first block's input, at its first call only
+            if calls[0] == 0 and 0 not in caught:
+                caught[0] = gather(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0], readout)
             if last == 0:
                 raise _Stop
 
-        def after(k: int):
-            def hook(module, args, output):
-                caught[k] = gather(first_output(output), readout)
-                if k == last:
-                    raise _Stop
-            return hook
+        def after(module, args, output):  # the k-th block call gives depth k (a shared block is called again)
+            calls[0] += 1
+            if calls[0] in wanted:
+                caught[calls[0]] = gather(first_output(output), readout)
+            if calls[0] == last:
+                raise _Stop
 
         handles = [self.blocks[0].register_forward_pre_hook(before, with_kwargs=True)] if 0 in depths else []
-        handles += [self.blocks[k - 1].register_forward_hook(after(k)) for k in sorted(set(depths) | {last}) if k]
+        handles += [block.register_forward_hook(after) for block in unique(self.blocks)] if last else []
         try:
             with quiet_transformers():
                 self.model(**self.call_kwargs(h, lengths))
@@ -320,7 +330,7 @@ class HFBackbone(Backbone):
         pos = pos + (list(self.wpe.parameters()) if self.wpe is not None else [])
         attn: list[nn.Parameter] = []
         ff: list[nn.Parameter] = []
-        for block in self.blocks:
+        for block in unique(self.blocks):
             mixers = without(params(self.mixers(block)), ln)
             attn += mixers
             ff += without(without(params([block]), ln), mixers)
@@ -459,16 +469,27 @@ def load_model(path: str, config=None) -> nn.Module:
     return model
 
 
+def is_pooler(name: str, module: nn.Module) -> bool:
+    """A pooler (a head on the first token, not a hidden state): a ``*Pooler`` class, or a module
+    named ``pooler*`` (ALBERT's ``pooler`` and ``pooler_activation``)."""
+    return type(module).__name__.endswith("Pooler") or name.rpartition(".")[2].startswith("pooler")
+
+
+def unique(modules) -> list[nn.Module]:
+    """``modules`` each once, in order (a stack of shared blocks lists one module again)."""
+    return list({id(m): m for m in modules}.values())
+
+
 def _in_pooler(model: nn.Module, key: str) -> bool:
-    """Whether parameter ``key`` belongs to a pooler (a head on the first token, never read here: a
-    masked-LM folder has none saved, which is fine)."""
+    """Whether parameter ``key`` belongs to a pooler (:func:`is_pooler`; never read here: a masked-LM
+    folder has none saved, which is fine)."""
     parts = key.split(".")
     module = model
-    for name in parts[:-1]:
+    for i, name in enumerate(parts[:-1]):
         module = getattr(module, name, None)
         if module is None:
             return False
-        if type(module).__name__.endswith("Pooler"):
+        if is_pooler(".".join(parts[: i + 1]), module):
             return True
     return False
 

@@ -1,13 +1,17 @@
-"""Vision transformer adapter: ViT, DeiT, DINOv2 (bidirectional, pre-norm, final ``layernorm``).
+"""Vision transformer adapter: ViT, DeiT, DINOv2, and the vision towers of CLIP and SigLIP.
 
 As in the FPT paper's ViT row, the FPT input layer replaces the patch embedding: the embedded
 tokens are the patches. The model's class and distillation tokens are not used; its learned
-patch positions (``embeddings.position_embeddings`` after the special tokens) are added, resized
+patch positions (the position table after the special tokens: ``embeddings.position_embeddings``
+of ViT, DeiT and DINOv2, ``embeddings.position_embedding`` of CLIP and SigLIP) are added, resized
 bicubically to the task's grid when the task has a square number of tokens (as Hugging Face's
 ``interpolate_pos_encoding`` resizes them for other image sizes), else the first ``T`` are
-taken. Blocks are found as the generic adapter finds them (``_no_split_modules``); the final norm
-``layernorm`` is applied to the readout rows. The readout token is the last one, as for every
-family. No readout-only last block.
+taken. A norm the model applies before its blocks (CLIP's ``pre_layrnorm``) follows. Blocks are
+found as the generic adapter finds them (``_no_split_modules``); the norm the model applies to
+its last hidden state (``layernorm``; SigLIP's ``post_layernorm``; none for CLIP, whose
+``post_layernorm`` reads only the pooled class token) is applied to the readout rows. A CLIP or
+SigLIP folder of both towers is read as its vision tower. The readout token is the last one,
+as for every family. No readout-only last block.
 """
 
 from __future__ import annotations
@@ -22,23 +26,42 @@ from reservoir.errors import BackboneError
 from reservoir.model.backbones.base import first_output, gather
 from reservoir.model.backbones.hf import HFBackbone, Parts, find_blocks, register_family
 
+#: where each family keeps its position table, its norm before the blocks and its norm of the last hidden state
+LAYOUT = {"vit": ("position_embeddings", None, "layernorm"), "deit": ("position_embeddings", None, "layernorm"),
+          "dinov2": ("position_embeddings", None, "layernorm"),
+          "clip_vision_model": ("position_embedding", "pre_layrnorm", None),
+          "siglip_vision_model": ("position_embedding", None, "post_layernorm")}
+
 
 @register_family
 class VisionBackbone(HFBackbone):
-    """A Hugging Face ViT, DeiT or DINOv2 model whose patch embedding the FPT input layer replaces."""
+    """A Hugging Face vision transformer whose patch embedding the FPT input layer replaces."""
 
     family = "vit"
-    model_types = ("vit", "deit", "dinov2")
-    naming = "a save_pretrained folder of ViT, DeiT or DINOv2 (the input layer replaces the patch embedding)"
+    model_types = ("vit", "deit", "dinov2", "clip", "clip_vision_model", "siglip", "siglip_vision_model")
+    naming = ("a save_pretrained folder of ViT, DeiT, DINOv2, or CLIP's or SigLIP's vision tower (the input layer "
+              "replaces the patch embedding)")
     fast_paths = ("compile",)
+
+    def __init__(self, model: nn.Module, **kwargs):
+        super().__init__(getattr(model, "vision_model", model), **kwargs)  # a dual encoder: its vision tower
 
     def locate(self) -> Parts:
         m = self.model
+        table, before, after = LAYOUT[self.config.model_type]
         emb = m.embeddings
-        self.n_patches = emb.patch_embeddings.num_patches
-        self.n_special = emb.position_embeddings.shape[1] - self.n_patches
+        positions = getattr(emb, table)
+        self.n_patches = emb.patch_embeddings.num_patches if hasattr(emb, "patch_embeddings") else emb.num_patches
+        self.n_special = self.position_table().shape[1] - self.n_patches
+        object.__setattr__(self, "pre_norm", getattr(m, before) if before else None)  # a reference, not registered twice
         # positions past the patches' count exist only for square token counts (resized)
-        return Parts(find_blocks(m), (m.layernorm,), None, [emb.position_embeddings], None)
+        return Parts(find_blocks(m), (getattr(m, after),) if after else (), None, [positions], None)
+
+    def position_table(self) -> torch.Tensor:
+        """The model's positions ``(1, special + patches, d)``."""
+        table = LAYOUT[self.config.model_type][0]
+        positions = getattr(self.model.embeddings, table)
+        return positions.weight[None] if isinstance(positions, nn.Embedding) else positions
 
     def is_causal(self) -> bool:
         return False
@@ -46,7 +69,7 @@ class VisionBackbone(HFBackbone):
     def patch_positions(self, n: int, dtype: torch.dtype) -> torch.Tensor:
         """Positions ``(1, n, d)`` for ``n`` tokens: the model's patch positions, resized to a
         ``sqrt(n)`` grid when ``n`` is a square, else the first ``n``."""
-        pos = self.model.embeddings.position_embeddings[:, self.n_special:]
+        pos = self.position_table()[:, self.n_special:]
         side, grid = math.isqrt(n), math.isqrt(self.n_patches)
         if n == self.n_patches:
             return pos.to(dtype)
@@ -62,7 +85,10 @@ class VisionBackbone(HFBackbone):
 
     def states(self, x, lengths, depths: Sequence[int], readout):
         self.check_depths(depths)
-        h = self.model.embeddings.dropout(x + self.patch_positions(x.shape[1], x.dtype))
+        h = x + self.patch_positions(x.shape[1], x.dtype)
+        dropout = getattr(self.model.embeddings, "dropout", None)
+        h = dropout(h) if dropout is not None else h
+        h = self.pre_norm(h) if self.pre_norm is not None else h
         real = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
         mask = (1.0 - real[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
         out = {0: gather(h, readout)} if 0 in depths else {}
