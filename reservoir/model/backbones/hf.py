@@ -234,8 +234,8 @@ class HFBackbone(Backbone):
                                 "that its forward never calls; it needs an adapter of its own")
         last = len(calls) - 1 - calls[::-1].index(None)
         after = [m for m in calls[last + 1:] if not isinstance(m, (nn.Dropout, nn.Identity))]
-        odd = [type(m).__name__ for m in after if not (is_norm(m) or isinstance(m, nn.Linear) or
-                                                        type(m).__name__.endswith("Norm"))]
+        # norms by class name, with or without parameters of their own (OLMo's final norm has none)
+        odd = [type(m).__name__ for m in after if not (isinstance(m, nn.Linear) or type(m).__name__.endswith("Norm"))]
         if odd:
             raise BackboneError(f"after its last block this {self.config.model_type!r} model runs {odd}, which the "
                                 "generic adapter cannot apply to the readout rows alone; it needs an adapter of its own")
@@ -295,7 +295,7 @@ class HFBackbone(Backbone):
         wanted, calls = set(depths), [0]
 
         def before(module, args, kwargs):  # the first block's input, at its first call only
-            if calls[0] == 0 and 0 not in caught:
+            if calls[0] == 0:
                 caught[0] = gather(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0], readout)
             if last == 0:
                 raise _Stop
