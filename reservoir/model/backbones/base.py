@@ -223,16 +223,20 @@ def freeze(module: nn.Module) -> nn.Module:
 def quiet_transformers():
     """transformers' loading chatter off the terminal: its progress bars, its load report (a head
     model's unused weights; what matters is checked by the caller and said in the project's words)
-    and notes on optional kernels; its errors still show."""
+    and notes on optional kernels; huggingface_hub's retry lines when the hub is unreachable (the
+    caller's error names the cause once); errors still show."""
+    from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
+    levels = hf_logging.get_verbosity(), hub_logging.get_verbosity()
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()
     try:
         yield
     finally:
-        hf_logging.set_verbosity(level)
+        hf_logging.set_verbosity(levels[0])
+        hub_logging.set_verbosity(levels[1])
 
 
 def from_pretrained(cls, *args, **kwargs):
