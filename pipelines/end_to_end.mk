@@ -308,9 +308,10 @@ table21: $(OUT)/table21.md ## ablation, random: groups added one after another (
 # TRAIN_OPTS set from CRITIQUE_*), so its runs and out/CRITIQUE_LIMIT/table101.md are kept apart from the other
 # tables' settings. The defaults fit a 2-core CPU in a few hours: 450 training rows
 # (500 a split), 100 steps of 8 rows, and a 6-block stand-in (only the first CRITIQUE_BLOCKS blocks run, as many as
-# the critique's DistilGPT2; its GPT2 has 12; empty: every block, 5 times the time for SmolLM2's 30). Estimated
-# from the training rate table 10 measured (docs/results.md): about 25 minutes for MNIST, as much for CIFAR-10 and
-# 3 hours for ListOps (512-token rows); CIFAR-10 LRA (1024) about twice ListOps.
+# the critique's DistilGPT2; its GPT2 has 12; empty: every block, 5 times the time for SmolLM2's 30). Measured on a
+# 2-core Zen 4 (bf16 products, no matrix unit): 33 minutes for MNIST and CIFAR-10 together; a ListOps run (one
+# learning rate and seed, 512-token rows, its 500 validation rows read 4 times) about 7.5 minutes, so about 4.5 hours
+# for its 36; CIFAR-10 LRA (1024) about twice ListOps. CRITIQUE_TASKS takes the tasks a few at a time.
 CRITIQUE_TASKS ?= $(call runnable,listops mnist cifar10) $(if $(filter cifar10,$(DATA_TASKS)),cifar10_lra)
 CRITIQUE_LIMIT ?= 500
 CRITIQUE_STEPS ?= 100
@@ -336,7 +337,7 @@ $(OUT)/table101.md: $(call runs,$(CRITIQUE_TASKS),$(PRETRAINED) $(PRETRAINED)-ra
 	$(call render,101)
 
 table101: critique
-critique: ## the critique's table 101: frozen, unfrozen, from scratch; lr swept (CRITIQUE_*: 500 rows, 100 steps, 6 blocks, about 4 h)
+critique: ## the critique's table 101: frozen, unfrozen, from scratch; lr swept (CRITIQUE_*: 500 rows, 100 steps, 6 blocks; 2-core CPU: about 14 h)
 	$(MAKE) $(OUT_ROOT)/$(CRITIQUE_LIMIT)/table101.md LIMIT=$(CRITIQUE_LIMIT) TRAIN_LIMIT=$(CRITIQUE_LIMIT) \
 		STEPS=$(CRITIQUE_STEPS) SEEDS=$(CRITIQUE_SEEDS) LR=$(CRITIQUE_LR) LSTM_LR=$(CRITIQUE_LR) \
 		TRAIN_OPTS="$(CRITIQUE_TRAIN_OPTS)"
