@@ -306,7 +306,7 @@ table21: $(OUT)/table21.md ## ablation, random: groups added one after another (
 # runs: DATA_TASKS; CIFAR-10 LRA reads CIFAR-10's files, so it runs wherever CIFAR-10 does). `make critique` runs
 # this file's rules again (a sub-make) at the critique's own sizes (LIMIT, TRAIN_LIMIT, STEPS, SEEDS, LR and
 # TRAIN_OPTS set from CRITIQUE_*), so its runs and out/CRITIQUE_LIMIT/table101.md are kept apart from the other
-# tables' settings. The defaults fit a 2-core CPU in a few hours: 450 training rows
+# tables' settings. The defaults are sized for a 2-core CPU: 450 training rows
 # (500 a split), 100 steps of 8 rows, and a 6-block stand-in (only the first CRITIQUE_BLOCKS blocks run, as many as
 # the critique's DistilGPT2; its GPT2 has 12; empty: every block, 5 times the time for SmolLM2's 30). Measured on a
 # 2-core Zen 4 (bf16 products, no matrix unit): 33 minutes for MNIST and CIFAR-10 together; a ListOps run (one

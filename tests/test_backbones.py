@@ -268,17 +268,19 @@ def test_hub_retry_lines_stay_off_the_terminal_while_a_backbone_loads():
     handler.emit = lambda record: seen.append(record.getMessage())
     library = logging.getLogger("huggingface_hub")
     library.addHandler(handler)
+    before = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_warning()  # the library's default, whatever an earlier test left
     try:
         log = hub_logging.get_logger("huggingface_hub.utils._http")
-        before = hub_logging.get_verbosity()
         with quiet_transformers():
             log.warning("Retrying in 1s [Retry 1/5].")
         assert seen == []
-        assert hub_logging.get_verbosity() == before
+        assert hub_logging.get_verbosity() == logging.WARNING
         log.warning("Retrying in 2s [Retry 2/5].")
         assert seen == ["Retrying in 2s [Retry 2/5]."]
     finally:
         library.removeHandler(handler)
+        hub_logging.set_verbosity(before)
 
 
 def run_extract(tmp_path, backbone, **kw):
