@@ -258,17 +258,21 @@ def critique(rows: list[dict[str, str]], pretrained: str) -> list[str]:
     A run is unfrozen when it trains attention and feedforward."""
     out = []
     for task in dict.fromkeys(r["task"] for r in rows if r["mode"] == "end-to-end"):
-        variants = {}
+        variants, rates = {}, {}
         for r in rows:
             if r["task"] != task or r["mode"] != "end-to-end" or r["backbone"] not in (pretrained,
                                                                                           f"{pretrained}-random"):
                 continue
             groups = set(r["trainable"].split(","))
-            variants[("Random" if r["backbone"].endswith("-random") else "Pretrained",
-                      "Unfrozen" if {"attn", "ff"} <= groups else "Frozen")] = _side(r)
+            variant = ("Random" if r["backbone"].endswith("-random") else "Pretrained",
+                       "Unfrozen" if {"attn", "ff"} <= groups else "Frozen")
+            variants[variant] = _side(r)
+            if r.get("lr"):  # the rate a sweep chose on validation
+                rates[variant] = float(r["lr"])
         if len(variants) < 2:
             continue
         listed = ", ".join(f"{frozen.lower()} {kind.lower()} {_percent(side)}"
+                           + (f" at lr {rates[(kind, frozen)]:g}" if (kind, frozen) in rates else "")
                            for (kind, frozen), side in sorted(variants.items(), key=lambda kv: kv[0][::-1]))
         said = []
         for a, b, what in CRITIQUE_PAIRS:
@@ -280,9 +284,15 @@ def critique(rows: list[dict[str, str]], pretrained: str) -> list[str]:
                 paper_diff = variants[a].paper - variants[b].paper
                 text += f" (critique {paper_diff:+.1f}: {_against(paper_diff, diff, decided)})"
             said.append(text)
+        order = []  # the critique's point: unfrozen variants do best at lower rates than frozen ones
+        for kind in ("Pretrained", "Random"):
+            if (kind, "Unfrozen") in rates and (kind, "Frozen") in rates:
+                u, f = rates[(kind, "Unfrozen")], rates[(kind, "Frozen")]
+                order.append(f"{kind.lower()}, unfrozen {u:g} and frozen {f:g} "
+                             f"({'unfrozen lower' if u < f else 'unfrozen higher' if u > f else 'the same'})")
         out.append(f"**Table {CRITIQUE} (the critique's protocol), {task}** (test % ± spread at the learning rate "
                    f"chosen on validation, the critique's GPT2 in brackets): {listed}. Differences in points: "
-                   + "; ".join(said) + ".")
+                   + "; ".join(said) + "." + (f" Learning rates chosen: {'; '.join(order)}." if order else ""))
     return out
 
 

@@ -129,7 +129,7 @@ def head_row(task, backbone, test, rule, std="", seeds=1, paper=""):
 
 def write_rows(tmp_path, n, rows):
     with (tmp_path / f"table{n}.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, COLUMNS + ["depth_rule"])
+        w = csv.DictWriter(f, COLUMNS + ["depth_rule", "lr"])
         w.writeheader()
         w.writerows(rows)
 
@@ -172,15 +172,18 @@ def test_one_ablation_table_alone_has_no_comparison_and_a_lone_group_no_best(tmp
 
 def test_the_critique_sets_its_variants_against_each_other_beside_the_critiques_differences(tmp_path):
     frozen, unfrozen = "input,pos,ln,out", "input,pos,ln,attn,ff,out"
-    write_rows(tmp_path, 101, [trained_row("cifar10", "p", frozen, 0.40, 0.01, 3, paper="66.3"),
-                               trained_row("cifar10", "p", unfrozen, 0.45, 0.01, 3, paper="77.7"),
-                               trained_row("cifar10", "p-random", frozen, 0.38, 0.01, 3, paper="61.8"),
-                               trained_row("cifar10", "p-random", unfrozen, 0.30, 0.01, 3, paper="77.8"),
+    rate = lambda r, lr: r | {"lr": lr}  # noqa: E731 (the rate a sweep chose; empty without a sweep)
+    write_rows(tmp_path, 101, [rate(trained_row("cifar10", "p", frozen, 0.40, 0.01, 3, paper="66.3"), "0.001"),
+                               rate(trained_row("cifar10", "p", unfrozen, 0.45, 0.01, 3, paper="77.7"), "0.0001"),
+                               rate(trained_row("cifar10", "p-random", frozen, 0.38, 0.01, 3, paper="61.8"), "0.001"),
+                               rate(trained_row("cifar10", "p-random", unfrozen, 0.30, 0.01, 3, paper="77.8"), "0.001"),
                                trained_row("listops", "p", frozen, 0.30, 0.01, 3),
                                trained_row("listops", "p-random", frozen, 0.31, 0.01, 3)])
     cifar, listops = findings.findings({101: tmp_path}, "p")
-    assert ("frozen pretrained 40.0 ± 1.5 (66.3), frozen random 38.0 ± 1.5 (61.8), unfrozen pretrained "
-            "45.0 ± 1.6 (77.7), unfrozen random 30.0 ± 1.4 (77.8)") in cifar
+    assert ("frozen pretrained 40.0 ± 1.5 (66.3) at lr 0.001, frozen random 38.0 ± 1.5 (61.8) at lr 0.001, unfrozen "
+            "pretrained 45.0 ± 1.6 (77.7) at lr 0.0001, unfrozen random 30.0 ± 1.4 (77.8) at lr 0.001") in cifar
+    assert cifar.endswith("Learning rates chosen: pretrained, unfrozen 0.0001 and frozen 0.001 (unfrozen lower); "
+                          "random, unfrozen 0.001 and frozen 0.001 (the same).")
     assert "finetuning every parameter, pretrained +5.0, decided (critique +11.4: ours agrees in direction)" in cifar
     assert ("from scratch against the FPT -10.0, decided (critique +11.5: ours goes the other way)") in cifar
     assert "pretraining, frozen +2.0, within the spread (critique +4.5: ours does not decide a direction)" in cifar

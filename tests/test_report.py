@@ -137,3 +137,22 @@ def test_settings_that_would_share_a_label_are_told_apart_by_what_differs():
     assert {r["setting"] for r in csv.DictReader(rep.csv().splitlines())} == {"b, limit 50", "b, limit 80"}
     assert "| b, limit 80 | ridge | 50/50 | 70.0 |" in Report(results).depth_tables()
     assert "| b | ridge |" in Report(results[:1] + results[2:]).task_table()  # nothing to tell apart: the plain label
+
+
+def test_a_learning_rate_sweep_names_the_rate_chosen_on_validation_and_shows_every_rate():
+    swept = end_to_end("mnist", "p", ["input", "pos", "ln", "out"], 0.42)
+    swept |= {"lr": 0.001, "sweep": {"1e-05": {"val_mean": 0.2, "val_std": 0.0, "test_mean": 0.21, "test_std": 0.02},
+                                     "0.001": {"val_mean": 0.49, "val_std": 0.05, "test_mean": 0.42, "test_std": 0.021},
+                                     "0.01": {"diverged": "loss not finite at step 3"}}}
+    single = end_to_end("cifar10", "p", ["out"], 0.3) | {"sweep": {"0.0001": {"val_mean": 0.3, "val_std": 0.0,
+                                                                           "test_mean": 0.3, "test_std": 0.0}}}
+    rep = Report([swept, single])
+    table = rep.task_table()
+    assert "| p [input,pos,ln,out] | linear |  | 42.0 ± 1.0 (n=3) (20/20, lr 0.001) |" in table
+    assert "| p [out] | linear | 30.0 ± 1.0 (n=3) (20/20) |  |" in table  # one rate: nothing was chosen
+    by_rate = table.split("the rate chosen on validation.")[1]
+    assert "| setting | task | lr 1e-05 | lr 0.001 | lr 0.01 |" in by_rate
+    assert "| p [input,pos,ln,out] | mnist | 21.0 ± 2.0 [20.0] | **42.0 ± 2.1 [49.0]** | diverged |" in by_rate
+    assert "cifar10" not in by_rate
+    assert sorted(r["lr"] for r in csv.DictReader(rep.csv().splitlines())) == ["", "0.001"]
+    assert "learning rate" not in Report([single]).task_table()

@@ -202,6 +202,11 @@ def paper_cell(ours: str, paper: float | str | None, pm: float | None = None, wh
     return f"{ours} ({who} {paper:g})" if isinstance(paper, float) else f"{ours} ({who} {paper})"
 
 
+def swept_lr(result: dict[str, Any]) -> float | None:
+    """The learning rate an end-to-end result chose on validation, when it swept more than one."""
+    return result["lr"] if len(result.get("sweep") or {}) > 1 else None
+
+
 def row_label(row: Row) -> str:
     label = row.backbone
     if row.mode == "end-to-end":
@@ -379,8 +384,11 @@ class Report:
                     self.record(row, t, depth=c, steps_to_target=steps, target=target, test=mean, test_std=std,
                                 test_min=r.get("test_min"), n_seeds=n, paper=paper, **extra)
                     continue
-                cells.append(self.beside(row, t, f"{pct(mean, std, n)} ({row.size}{depth})"))
-                self.record(row, t, depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c), paper=paper, **extra)
+                lr = swept_lr(row.by_depth[c][0]) if row.mode == "end-to-end" else None
+                text = f"{pct(mean, std, n)} ({row.size}{depth}{f', lr {lr:g}' if lr is not None else ''})"
+                cells.append(self.beside(row, t, text))
+                self.record(row, t, depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c), paper=paper,
+                            **({"lr": lr} if lr is not None else {}), **extra)
             lines.append("| " + " | ".join([label, headname] + cells) + " |")
         by_name: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         for t in tasks:
@@ -393,6 +401,34 @@ class Report:
             for t, b in by_task.items():
                 self.record_baseline(b, t, t)
             lines.append("| " + " | ".join([label, headname] + cells) + " |")
+        return "\n".join(lines) + self.sweep_table()
+
+    def sweep_table(self) -> str:
+        """The end-to-end results that swept learning rates, one line per setting and task: test
+        accuracy (mean ± std over seeds) at each rate, the rate chosen on validation in bold, a diverged
+        rate as such (the critique's figure of accuracy by learning rate, as a table); empty without one."""
+        swept = [(row, r) for row in self.rows if row.mode == "end-to-end"
+                 for r in (row.by_depth[row.chosen][0],) if swept_lr(r) is not None]
+        if not swept:
+            return ""
+        rates = sorted({lr for _, r in swept for lr in r["sweep"]}, key=float)  # as the result names them
+        head = ["setting", "task"] + [f"lr {lr}" for lr in rates]
+        lines = ["", "", "Test accuracy at each learning rate of the sweep (mean ± std over seeds, validation in "
+                 "brackets); **bold**: the rate chosen on validation.", "",
+                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for row, r in swept:
+            cells = []
+            for lr in rates:
+                cell = r["sweep"].get(lr)
+                if cell is None:
+                    cells.append("")
+                elif "diverged" in cell:
+                    cells.append("diverged")
+                else:
+                    std = f" ± {100 * cell['test_std']:.1f}" if len(r.get("seeds", [0])) > 1 else ""
+                    text = f"{pct(cell['test_mean'])}{std} [{pct(cell['val_mean'])}]"
+                    cells.append(f"**{text}**" if lr == f"{r['lr']:g}" else text)
+            lines.append("| " + " | ".join([self.label(row), row.task] + cells) + " |")
         return "\n".join(lines)
 
     def markdown(self, layout: str) -> str:
