@@ -254,12 +254,14 @@ SMOLLM = {"smollm2-135m", "smollm2-135m-stats"}
 
 def test_hub_retry_lines_stay_off_the_terminal_while_a_backbone_loads():
     """An unreachable hub makes huggingface_hub log a line per retry; the loading error names the cause
-    once, so while a backbone loads those lines are dropped, and the library's level is restored.
+    once, so while a backbone loads those lines are dropped, and the library's level and progress bars
+    are restored.
     The lines are recorded by a handler of our own on the library's logger: its terminal handler may
     hold any stream an earlier test left in sys.stderr."""
     import logging
 
     from huggingface_hub.utils import logging as hub_logging
+    from transformers.utils import logging as hf_logging
 
     from reservoir.model.backbones.base import quiet_transformers
 
@@ -269,13 +271,16 @@ def test_hub_retry_lines_stay_off_the_terminal_while_a_backbone_loads():
     library = logging.getLogger("huggingface_hub")
     library.addHandler(handler)
     before = hub_logging.get_verbosity()
-    hub_logging.set_verbosity_warning()  # the library's default, whatever an earlier test left
+    hub_logging.set_verbosity_warning()  # the library's defaults, whatever an earlier test left
+    hf_logging.enable_progress_bar()
     try:
         log = hub_logging.get_logger("huggingface_hub.utils._http")
         with quiet_transformers():
             log.warning("Retrying in 1s [Retry 1/5].")
+            assert not hf_logging.is_progress_bar_enabled()
         assert seen == []
         assert hub_logging.get_verbosity() == logging.WARNING
+        assert hf_logging.is_progress_bar_enabled()  # a program's own bars come back
         log.warning("Retrying in 2s [Retry 2/5].")
         assert seen == ["Retrying in 2s [Retry 2/5]."]
     finally:

@@ -224,11 +224,13 @@ def quiet_transformers():
     """transformers' loading chatter off the terminal: its progress bars, its load report (a head
     model's unused weights; what matters is checked by the caller and said in the project's words)
     and notes on optional kernels; huggingface_hub's retry lines when the hub is unreachable (the
-    caller's error names the cause once); errors still show."""
+    caller's error names the cause once); errors still show. Levels and progress bars are as before
+    afterwards, for a program that uses transformers beside the project."""
     from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
 
     levels = hf_logging.get_verbosity(), hub_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     hub_logging.set_verbosity_error()
@@ -237,6 +239,8 @@ def quiet_transformers():
     finally:
         hf_logging.set_verbosity(levels[0])
         hub_logging.set_verbosity(levels[1])
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def from_pretrained(cls, *args, **kwargs):

@@ -101,7 +101,7 @@ def convert(gguf: Path, out: Path, *, progress: bool = True) -> Path:
 
     if progress:
         print(f"dequantizing {gguf} (about half a minute)", file=sys.stderr)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).model
+    model = from_pretrained(AutoModelForCausalLM, gguf.parent, gguf_file=gguf.name, dtype=torch.float32).model
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the saved weights are plain float32
     out.parent.mkdir(parents=True, exist_ok=True)
