@@ -132,6 +132,27 @@ def test_a_training_step_updates_exactly_the_requested_groups(folders, kind):
                    if id(p) in {id(q) for q in groups[g]}) for g in asked)
 
 
+@pytest.mark.parametrize("kind", ARCHITECTURES)
+def test_every_parameter_an_fpt_of_fewer_blocks_trains_is_reached_by_the_loss(folders, kind):
+    """An FPT that runs the first block of three trains only what runs: every group's parameters get a
+    gradient, and those of the blocks that never run are in no group (nor in the parameter count)."""
+    from reservoir.tasks import get_task
+    from reservoir.train.model import FPT, param_counts, select_trainable
+
+    task = get_task("digits")
+    model = FPT(task.spec, load_backbone(str(folders[kind])), blocks=1, seed=0, dropout=0.0)
+    params, _ = select_trainable(model, ["input", *model.groups(), "out"])
+    data = task.load("train", ".", limit=8)
+    logits = model(torch.from_numpy(task.encode(data.inputs)), torch.from_numpy(np.asarray(data.lengths)))
+    logits.float().sum().backward()
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert [names[id(p)] for p in params if p.grad is None] == []
+    later = {id(p) for b in model.backbone.blocks[1:] for p in b.parameters()} - \
+        {id(p) for p in model.backbone.blocks[0].parameters()}  # none where every depth runs one block (ALBERT)
+    assert bool(later) == (kind != "albert") and not later & {id(p) for p in params}
+    assert sum(r["params"] for r in param_counts(model)) == sum(p.numel() for p in params)
+
+
 ATTENTION = [a for a in ARCHITECTURES if a != "mamba"]
 
 

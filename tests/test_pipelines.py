@@ -134,8 +134,12 @@ def test_critique_renders_table101_at_its_own_sizes_beside_the_critiques_numbers
                               ("tinygpt-random [input,pos,ln,out]", "98.0 ± 0.0"),
                               ("tinygpt [input,pos,ln,attn,ff,out]", "99.0 ± 0.0"),
                               ("tinygpt-random [input,pos,ln,attn,ff,out]", "98.7 ± 0.0")):
-        assert re.search(rf"\| {re.escape(setting)} \| linear \| [\d.]+ ± [\d.]+ \(n=2\) \(99/100\) "
+        assert re.search(rf"\| {re.escape(setting)} \| linear \| [\d.]+ ± [\d.]+ \(n=2\) \(99/100, lr 0\.00?1\) "
                          rf"\(critique {re.escape(critique)}\) \|", table), setting
+        # and every rate of its sweep, the one chosen on validation in bold
+        assert re.search(rf"\| {re.escape(setting)} \| mnist \| (\*\*)?[\d.]+ ± [\d.]+ \[[\d.]+\](\*\*)? \| "
+                         rf"(\*\*)?[\d.]+ ± [\d.]+ \[[\d.]+\](\*\*)? \|", table), setting
+    assert "| setting | task | lr 0.001 | lr 0.01 |" in table
     summaries = list((tmp_path / "110" / "train").glob("steps2_seeds2_lr1e-3-1e-2_*/mnist/*/*~b1.done"))
     assert len(summaries) == 4
 

@@ -48,6 +48,10 @@ def test_paper_parameter_arithmetic_for_gpt2_base():
     assert rows["attn"]["params"] == 12 * (768 * 3 * 768 + 3 * 768 + 768 * 768 + 768)
     assert rows["ff"]["params"] == 12 * (768 * 3072 + 3072 + 3072 * 768 + 768)
     assert [r["trainable"] for r in rows.values()] == [True, True, True, False, False, True]
+    # the FPT of the first 6 blocks (--blocks 6) trains and counts only those blocks' parameters
+    half = {r["group"]: r for r in param_counts(FPT(get_task("bit_xor").spec, backbone, blocks=6, seed=0))}
+    assert half["ln"]["arithmetic"] == "6 x (4 x 768) + 2 x 768" and half["ln"]["params"] == 6 * 4 * 768 + 2 * 768
+    assert half["attn"]["params"] == rows["attn"]["params"] // 2
 
 
 def test_only_selected_groups_change(tiny_gpt2, home):
@@ -346,6 +350,10 @@ def test_resume_refuses_other_settings_and_broken_files(tiny_gpt2, home, cli):
     r = cli("-q", *args, "--resume", "--dropout", "0.2")
     assert r.exit_code == 1 and "was written with other settings: dropout: stored 0.1, asked 0.2" in r.output
     (ckpt,) = (home / "c").glob("*.pt")
+    obj = torch.load(ckpt, weights_only=False)  # as an earlier version wrote it: one more trainable tensor
+    torch.save({**obj, "params": obj["params"] + [torch.zeros(3)]}, ckpt)
+    r = cli("-q", *args, "--resume")
+    assert r.exit_code == 1 and f"checkpoint {ckpt} holds" in r.output and "delete it to start over" in r.output
     ckpt.write_bytes(b"not a checkpoint")
     r = cli("-q", *args, "--resume")
     assert r.exit_code == 1 and f"checkpoint {ckpt} is unreadable" in r.output and "delete it" in r.output

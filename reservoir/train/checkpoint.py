@@ -122,6 +122,10 @@ def load_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Opt
     if diff:
         raise IdentityError(f"checkpoint {path} was written with other settings: {'; '.join(diff)}; rerun with the "
                             "same options to resume it, or drop --resume to start over")
+    shapes = [tuple(t.shape) for t in obj["params"]]
+    if shapes != [tuple(p.shape) for p in params]:  # an earlier version's run also listed blocks past --blocks
+        raise DataError(f"checkpoint {path} holds {len(shapes)} trainable tensors of other shapes than this run's "
+                        f"{len(params)} (it was written by an earlier version of the project); delete it to start over")
     with torch.no_grad():
         for p, saved in zip(params, obj["params"], strict=True):
             p.copy_(saved)

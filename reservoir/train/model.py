@@ -103,9 +103,16 @@ class FPT(nn.Module):
         return self.out(h).view(*h.shape[:2], self.spec.outputs_per_token, self.spec.n_classes)
 
     def groups(self) -> dict[str, list[nn.Parameter]]:
-        """Parameters by group: ``input``, the backbone's groups (``pos``, ``ln``, ...), ``out``."""
-        return {"input": list(self.reservoir.input_layer.parameters()), **self.backbone.param_groups(),
-                "out": list(self.out.parameters())}
+        """Parameters by group: ``input``, the backbone's groups (``pos``, ``ln``, ...), ``out``; the
+        parameters of blocks past ``blocks`` never run, get no gradient, and are in no group."""
+        blocks = self.backbone.blocks
+        unrun = set()
+        if blocks is not None:
+            run = {id(p) for b in blocks[:self.blocks] for p in b.parameters()}  # shared blocks (ALBERT) run
+            unrun = {id(p) for b in blocks[self.blocks:] for p in b.parameters()} - run
+        groups = {"input": list(self.reservoir.input_layer.parameters()), **self.backbone.param_groups(),
+                  "out": list(self.out.parameters())}
+        return {name: [p for p in params if id(p) not in unrun] for name, params in groups.items()}
 
 
 def select_trainable(model: FPT, trainable: Sequence[str]) -> tuple[list[nn.Parameter], list[str]]:
@@ -144,11 +151,13 @@ def _shape_terms(params: Sequence[nn.Parameter]) -> str:
 def param_counts(model: FPT) -> list[dict[str, Any]]:
     """One row per group: parameter count and its arithmetic (``12 x (4 x 768) + 2 x 768 = 38,400``).
 
-    Blocks are assumed identical, so the per-block term is read from the first block.
+    Blocks are assumed identical, so the per-block term is read from the first block; it counts the
+    distinct blocks that run (a block shared across depths, as ALBERT's, once).
     """
     blocks = model.backbone.blocks
     in_blocks = {id(p) for p in blocks.parameters()} if blocks is not None else set()
     first = {id(p) for p in blocks[0].parameters()} if blocks is not None and len(blocks) else set()
+    n_run = len({id(b) for b in blocks[:model.blocks]}) if blocks is not None else 0
     rows = []
     for name, params in model.groups().items():
         total = sum(p.numel() for p in params)
@@ -156,7 +165,7 @@ def param_counts(model: FPT) -> list[dict[str, Any]]:
         outside = [p for p in params if id(p) not in in_blocks]
         terms = []
         if per_block:
-            terms.append(f"{len(blocks)} x ({_shape_terms(per_block)})")
+            terms.append(f"{n_run} x ({_shape_terms(per_block)})")
         if outside:
             terms.append(_shape_terms(outside))
         rows.append({"group": name, "params": total, "arithmetic": " + ".join(terms) or "0",

@@ -57,6 +57,14 @@ class VisionBackbone(HFBackbone):
         # positions past the patches' count exist only for square token counts (resized)
         return Parts(find_blocks(m), (getattr(m, after),) if after else (), None, [positions], None)
 
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """As every Hugging Face model's, with ``ln`` only the norms this path applies (the blocks',
+        the one before and the one after them): CLIP's ``post_layernorm`` and SigLIP's pooling head
+        read only the pooled token and would get no gradient."""
+        groups = super().param_groups()
+        applied = {id(p) for m in (*self.blocks, *self.after, self.pre_norm) if m is not None for p in m.parameters()}
+        return {**groups, "ln": [p for p in groups["ln"] if id(p) in applied]}
+
     def position_table(self) -> torch.Tensor:
         """The model's positions ``(1, special + patches, d)``."""
         table = LAYOUT[self.config.model_type][0]
