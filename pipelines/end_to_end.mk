@@ -142,8 +142,12 @@ TRAIN_LIMIT ?= $(LIMIT)
 TRAIN_OUT := $(OUT_ROOT)/$(TRAIN_LIMIT)
 # STOP_AT_TARGET: a run with a target (~tT) stops once validation reaches it (`train --stop-at`)
 STOP_AT_TARGET ?=
-TRAIN_TAG := steps$(STEPS)_seeds$(SEEDS)$(if $(STOP_AT_TARGET),_stop)_lr$(subst $(comma),-,$(LR))$(if $(filter-out $(LR),$(LSTM_LR)),_lstmlr$(subst $(comma),-,$(LSTM_LR)))$(if $(strip $(TRAIN_OPTS)),_opts$(shell printf '%s' '$(TRAIN_OPTS)' | md5sum | cut -c1-8))
+opts_tag := $(if $(strip $(TRAIN_OPTS)),_opts$(shell printf '%s' '$(TRAIN_OPTS)' | md5sum | cut -c1-8))
+TRAIN_TAG := steps$(STEPS)_seeds$(SEEDS)$(if $(STOP_AT_TARGET),_stop)_lr$(subst $(comma),-,$(LR))$(if $(filter-out $(LR),$(LSTM_LR)),_lstmlr$(subst $(comma),-,$(LSTM_LR)))$(opts_tag)
 TRAIN := $(TRAIN_OUT)/train/$(TRAIN_TAG)
+# a checkpoint is one (learning rate, seed) run, named by an identity no learning-rate list or seed count changes:
+# sweeps of the same settings share theirs, so a sweep widened by a rate (or a seed) trains only what it adds
+CHECKPOINTS := $(TRAIN_OUT)/train/checkpoints/steps$(STEPS)$(if $(STOP_AT_TARGET),_stop)$(opts_tag)
 
 # $(call runs,TASKS,BACKBONES,GROUPS): the markers of every combination
 runs = $(foreach t,$(1),$(foreach b,$(2),$(foreach g,$(3),$(TRAIN)/$(t)/$(b)/$(g).done)))
@@ -160,14 +164,14 @@ run_opts = $(patsubst b%,--blocks %,$(filter b%,$(wordlist 2,9,$(run_spec)))) \
 run_lr = $(if $(filter lstm%,$(call run_word,2)),$(LSTM_LR),$(LR))
 # (its progress, a line per validation pass, goes to stderr; a killed run, or one cut by a time limit, continues
 # from its last checkpoint when made again:
-# every run checkpoints every CHECKPOINT_EVERY steps into out/TRAIN_LIMIT/train/TAG/checkpoints/TASK/BACKBONE/GROUPS)
+# every run checkpoints every CHECKPOINT_EVERY steps into CHECKPOINTS/TASK/BACKBONE/GROUPS)
 CHECKPOINT_EVERY ?= 100
 $(TRAIN)/%.done: | $(NEEDS)
 	@mkdir -p $(@D)
 	RESERVOIR_HOME=$(TRAIN_OUT) $(RESERVOIR) train --task $(call run_word,1) --backbone $(call run_word,2) \
 		--trainable $(subst +,$(comma),$(firstword $(run_spec))) $(strip $(run_opts)) --lr $(run_lr) \
 		--steps $(STEPS) --seeds $(SEEDS) --limit $(TRAIN_LIMIT) --data-dir $(DATA_DIR) \
-		--resume --checkpoint-every $(CHECKPOINT_EVERY) --checkpoint-dir $(TRAIN)/checkpoints/$* \
+		--resume --checkpoint-every $(CHECKPOINT_EVERY) --checkpoint-dir $(CHECKPOINTS)/$* \
 		$(TRAIN_OPTS) > $@.tmp || { rm -f $@.tmp; exit 1; }
 	@mv -f $@.tmp $@
 
