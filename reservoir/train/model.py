@@ -102,14 +102,18 @@ class FPT(nn.Module):
         h = self.features(tokens, lengths)
         return self.out(h).view(*h.shape[:2], self.spec.outputs_per_token, self.spec.n_classes)
 
+    @property
+    def run_blocks(self) -> list[nn.Module]:
+        """The distinct blocks the first ``blocks`` applications run (a shared block, as ALBERT's, once)."""
+        blocks = self.backbone.blocks
+        return list({id(b): b for b in blocks[:self.blocks]}.values()) if blocks is not None else []
+
     def groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by group: ``input``, the backbone's groups (``pos``, ``ln``, ...), ``out``; the
         parameters of blocks past ``blocks`` never run, get no gradient, and are in no group."""
         blocks = self.backbone.blocks
-        unrun = set()
-        if blocks is not None:
-            run = {id(p) for b in blocks[:self.blocks] for p in b.parameters()}  # shared blocks (ALBERT) run
-            unrun = {id(p) for b in blocks[self.blocks:] for p in b.parameters()} - run
+        run = {id(p) for b in self.run_blocks for p in b.parameters()}
+        unrun = {id(p) for p in blocks.parameters()} - run if blocks is not None else set()
         groups = {"input": list(self.reservoir.input_layer.parameters()), **self.backbone.param_groups(),
                   "out": list(self.out.parameters())}
         return {name: [p for p in params if id(p) not in unrun] for name, params in groups.items()}
@@ -151,13 +155,13 @@ def _shape_terms(params: Sequence[nn.Parameter]) -> str:
 def param_counts(model: FPT) -> list[dict[str, Any]]:
     """One row per group: parameter count and its arithmetic (``12 x (4 x 768) + 2 x 768 = 38,400``).
 
-    Blocks are assumed identical, so the per-block term is read from the first block; it counts the
-    distinct blocks that run (a block shared across depths, as ALBERT's, once).
+    Blocks are assumed identical, so the per-block term is read from the first block and counts
+    :attr:`FPT.run_blocks`.
     """
     blocks = model.backbone.blocks
     in_blocks = {id(p) for p in blocks.parameters()} if blocks is not None else set()
     first = {id(p) for p in blocks[0].parameters()} if blocks is not None and len(blocks) else set()
-    n_run = len({id(b) for b in blocks[:model.blocks]}) if blocks is not None else 0
+    n_run = len(model.run_blocks)
     rows = []
     for name, params in model.groups().items():
         total = sum(p.numel() for p in params)
