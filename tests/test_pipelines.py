@@ -161,6 +161,24 @@ def test_a_sweep_widened_by_a_rate_trains_only_that_rate(tmp_path):
     assert re.findall(r"\[lr=(\S+) seed=0\] step 2/2", wider.stderr) == ["0.01"]
 
 
+def test_the_trained_attention_figure_reads_the_selected_rate_at_the_first_seed(tmp_path):
+    """The run folder's checkpoints hold every rate and seed: the figure takes the rate its run selected on
+    validation, at seed 0, not the newest file (the last seed of the last rate)."""
+    reservoir = stand_in(tmp_path)
+    settings = ("LIMIT=40", "STEPS=2", "SEEDS=2", "LR=1e-3,1e-2", "PRETRAINED=tinygpt",
+                "TASK_OPTS_bit_xor=--task-opt n_train=60 --task-opt n_test=40",
+                "TRAIN_OPTS=--batch-size 4 --eval-every 1")
+    png = tmp_path / "40" / "figures" / "bit_xor" / "tinygpt-trained.png"
+    r = make(tmp_path, str(png), *settings, reservoir=reservoir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (done,) = (tmp_path / "40" / "train").glob("steps2_seeds2_lr1e-3-1e-2*/bit_xor/tinygpt/input+pos+ln+out.done")
+    selected = re.search(r"end-to-end, .*, lr (\S+), seeds \[0, 1\]", done.read_text()).group(1)
+    (used,) = re.findall(r"^\S+tinygpt-trained\.png: (\S+\.pt)$", r.stdout, re.M)
+    assert Path(used).name.startswith(f"input-pos-ln-out_blocks2_lr{selected}_seed0-"), used
+    assert len(list(Path(used).parent.glob("*.pt"))) == 4
+    assert png.stat().st_size > 10_000
+
+
 def test_an_extraction_cut_short_states_the_seconds_of_every_attempt_when_it_ends(tmp_path):
     """The make behind an output-only marker is killed (as by the end of a session) 6 s into its extraction: made
     again, the marker's wall time is the cut attempt's seconds and the second one's, and no clock is left."""
