@@ -12,20 +12,27 @@ from torch import nn
 
 from reservoir.model.backbones import load_backbone
 from reservoir.model.backbones.hf import HFBackbone
-from tests.zoo import ARCHITECTURES, KINDS, LAYERS, save_tiny
+from tests.zoo import ARCHITECTURES, KINDS, LAYERS, MORE, save_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VISION = {"vit", "deit", "dinov2", "clip_vision", "siglip_vision"}
 #: where each architecture keeps its blocks, named independently of the adapters' own search
 BLOCKS = {"gpt2": "h", "gptj": "h", "opt": "decoder.layers", "bert": "encoder.layer", "roberta": "encoder.layer",
           "electra": "encoder.layer", "deberta-v2": "encoder.layer", "t5": "block", "dinov2": "encoder.layer",
-          "albert": "encoder.albert_layer_groups", "clip_vision": "encoder.layers", "siglip_vision": "encoder.layers"}
+          "albert": "encoder.albert_layer_groups", "clip_vision": "encoder.layers", "siglip_vision": "encoder.layers",
+          "falcon": "h", "bloom": "h", "mpt": "blocks", "gpt_bigcode": "h", "distilbert": "transformer.layer"}
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo")
     return {kind: save_tiny(kind, root / kind) for kind in ARCHITECTURES}
+
+
+@pytest.fixture(scope="module")
+def more_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zoo-more")
+    return {kind: save_tiny(kind, root / kind) for kind in MORE}
 
 
 def test_the_zoo_covers_every_kind():
@@ -78,8 +85,9 @@ def reference(folder, kind: str, backbone, x, lengths, readout, k: int) -> torch
     return torch.gather(out, 1, readout[:, :, None].expand(-1, -1, out.shape[-1]))
 
 
-@pytest.mark.parametrize("kind", ARCHITECTURES)
-def test_every_depth_equals_the_library_model_cut_there(folders, kind):
+@pytest.mark.parametrize("kind", ARCHITECTURES + MORE)
+def test_every_depth_equals_the_library_model_cut_there(request, kind):
+    folders = request.getfixturevalue("more_folders" if kind in MORE else "folders")
     backbone = load_backbone(str(folders[kind]))
     assert backbone.n_layers == LAYERS
     x, lengths, readout = inputs(backbone, kind)

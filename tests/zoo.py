@@ -63,16 +63,38 @@ def _cfg(kind: str):
         "siglip_vision": lambda: (t.SiglipVisionConfig(**VISION), t.SiglipVisionModel),
         "mamba": lambda: (t.MambaConfig(hidden_size=W, num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=4,
                                         expand=2, conv_kernel=3), t.MambaForCausalLM),
+        # read by the generic adapter (no family file): parallel attention, ALiBi, multi-query, mixture of experts,
+        # LayerNorm-free residual scaling, a distilled encoder, a second-generation state-space model
+        "falcon": lambda: (t.FalconConfig(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                          vocab_size=VOCAB), t.FalconForCausalLM),
+        "bloom": lambda: (t.BloomConfig(hidden_size=W, n_layer=LAYERS, n_head=HEADS, vocab_size=VOCAB),
+                          t.BloomForCausalLM),
+        "mpt": lambda: (t.MptConfig(d_model=W, n_layers=LAYERS, n_heads=HEADS, vocab_size=VOCAB, max_seq_len=POS),
+                        t.MptForCausalLM),
+        "gpt_bigcode": lambda: (t.GPTBigCodeConfig(n_embd=W, n_layer=LAYERS, n_head=HEADS, n_positions=POS,
+                                                   vocab_size=VOCAB), t.GPTBigCodeForCausalLM),
+        "phi3": lambda: (t.Phi3Config(**DECODER, num_key_value_heads=2, pad_token_id=0), t.Phi3ForCausalLM),
+        "mixtral": lambda: (t.MixtralConfig(**DECODER, num_key_value_heads=2, num_local_experts=4,
+                                            num_experts_per_tok=2), t.MixtralForCausalLM),
+        "granite": lambda: (t.GraniteConfig(**DECODER, num_key_value_heads=2), t.GraniteForCausalLM),
+        "distilbert": lambda: (t.DistilBertConfig(dim=W, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FF,
+                                                  vocab_size=VOCAB, max_position_embeddings=POS),
+                               t.DistilBertForMaskedLM),
+        "mamba2": lambda: (t.Mamba2Config(hidden_size=W, num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=4,
+                                          expand=2, conv_kernel=3, num_heads=4, head_dim=16, n_groups=1),
+                           t.Mamba2ForCausalLM),
     }[kind]()
 
 
 ARCHITECTURES = ("gpt2", "gptj", "gpt_neox", "opt", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
                  "gemma3_text", "phi", "olmo", "bert", "roberta", "electra", "albert", "deberta-v2", "t5", "bart",
                  "vit", "deit", "dinov2", "clip_vision", "siglip_vision", "mamba")
+#: more architectures, each checked depth by depth against the library's own model (the generic adapter reads them)
+MORE = ("falcon", "bloom", "mpt", "gpt_bigcode", "phi3", "mixtral", "granite", "distilbert", "mamba2")
 #: the kind of each: decoder, encoder, encoder-decoder's encoder, vision, state-space
 KINDS = {"bert": "encoder", "roberta": "encoder", "electra": "encoder", "albert": "encoder", "deberta-v2": "encoder",
          "t5": "encoder-decoder", "bart": "encoder-decoder", "vit": "vision", "deit": "vision", "dinov2": "vision", "clip_vision": "vision",
-         "siglip_vision": "vision", "mamba": "state-space"}
+         "siglip_vision": "vision", "mamba": "state-space", "distilbert": "encoder", "mamba2": "state-space"}
 
 
 def save_tiny(kind: str, folder: Path, seed: int = 0) -> Path:
