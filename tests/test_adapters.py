@@ -140,6 +140,16 @@ def test_a_training_step_updates_exactly_the_requested_groups(folders, kind):
                    if id(p) in {id(q) for q in groups[g]}) for g in asked)
 
 
+def test_a_group_a_model_lacks_is_skipped_with_a_note_naming_its_model_type(folders):
+    from reservoir.tasks import get_task
+    from reservoir.train.model import FPT, select_trainable
+
+    model = FPT(get_task("digits").spec, load_backbone(str(folders["mamba"])), blocks=LAYERS, seed=0)
+    params, notes = select_trainable(model, ["ff", "out"])
+    assert notes == ["mamba has no 'ff' parameters; skipped"]
+    assert {id(p) for p in params} == {id(p) for p in model.groups()["out"]}
+
+
 @pytest.mark.parametrize("kind", ARCHITECTURES)
 def test_every_parameter_an_fpt_of_fewer_blocks_trains_is_reached_by_the_loss(folders, kind):
     """An FPT that runs the first block of three trains only what runs: every group's parameters get a
