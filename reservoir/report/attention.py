@@ -210,7 +210,7 @@ def first_layer_attention(task_name: str, backbone_name: str, *, seed: int = 0, 
     try:
         reservoir.backbone.attention_module(0)
     except (UsageError, BackboneError):
-        raise UsageError(f"backbone {backbone_name!r} ({reservoir.backbone.family or type(reservoir.backbone).__name__})"
+        raise UsageError(f"backbone {backbone_name!r} ({reservoir.backbone.kind})"
                          " has no attention to show; choose a transformer backbone such as gpt2, gpt2-random, "
                          "smollm2-135m(-random) or a save_pretrained folder of a transformer") from None
     check_length(task.spec, reservoir.backbone, backbone_name)

@@ -462,7 +462,7 @@ def _save_trained(cfg: TrainConfig, model: FPT, result: dict[str, Any]) -> Path:
     blocks = (f"; only its first {run['blocks']} of {backbone.n_layers} blocks ran, the others are as loaded"
               if run["blocks"] < backbone.n_layers else "")
     provenance = {
-        "description": f"the {backbone.family or type(backbone).__name__} backbone of {result['backbone']} trained end "
+        "description": f"the {backbone.kind} backbone of {result['backbone']} trained end "
                        f"to end on {result['task']} (groups {','.join(cfg.trainable)}; lr {run['lr']:g}, seed "
                        f"{run['seed']}; {run['steps']} steps, best validation at step {run['best_step']}): test "
                        f"accuracy {100 * run['test_accuracy']:.2f}% on {result['test_split']}. The backbone alone: "

@@ -132,11 +132,9 @@ def select_trainable(model: FPT, trainable: Sequence[str]) -> tuple[list[nn.Para
     for p in model.parameters():
         p.requires_grad_(False)
     params, seen, notes = [], set(), []
-    config = getattr(model.backbone, "config", None)  # a Hugging Face model is named by its type, not its adapter
-    who = getattr(config, "model_type", None) or model.backbone.family or "this backbone"
     for name in trainable:
         if not groups.get(name):
-            notes.append(f"{who} has no {name!r} parameters; skipped")
+            notes.append(f"{model.backbone.kind} has no {name!r} parameters; skipped")
             continue
         for p in groups[name]:
             if id(p) not in seen:

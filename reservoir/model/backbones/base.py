@@ -62,6 +62,11 @@ class Backbone(nn.Module):
     #: checked to convert to OpenVINO with equal features (``engine="auto"`` takes OpenVINO then)
     openvino: bool = False
 
+    @property
+    def kind(self) -> str:
+        """What messages call this backbone: its family (a Hugging Face model: its ``model_type``)."""
+        return self.family or type(self).__name__
+
     def states(self, x: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int],
                readout: torch.Tensor) -> list[torch.Tensor]:
         """Hidden states at the ``readout`` positions ``(B, R)`` for each depth: ``[(B, R, d)]``.
@@ -84,7 +89,7 @@ class Backbone(nn.Module):
 
     def attention_module(self, layer: int) -> nn.Module:
         """The attention module of block ``layer`` (``reservoir attention`` reads its weights)."""
-        raise UsageError(f"a {self.family or type(self).__name__} backbone has no attention; choose a transformer "
+        raise UsageError(f"a {self.kind} backbone has no attention; choose a transformer "
                          "backbone")
 
     def eager_attention(self) -> contextlib.AbstractContextManager:
@@ -101,7 +106,7 @@ class Backbone(nn.Module):
 
     def check_saveable(self) -> None:
         """Refuse a backbone :meth:`save_pretrained` cannot write (checked before a run that will save it)."""
-        raise BackboneError(f"a {self.family or type(self).__name__} backbone cannot be saved as a backbone folder: "
+        raise BackboneError(f"a {self.kind} backbone cannot be saved as a backbone folder: "
                             "only Hugging Face backbones (GPT-2, Llama, a save_pretrained folder, ...) are written as "
                             "save_pretrained folders; choose one of them")
 

@@ -180,6 +180,10 @@ class HFBackbone(Backbone):
                   "forward read by hooks; no readout-only last block, no OpenVINO, no compiling)", file=sys.stderr)
 
     # -- where things are -------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return self.config.model_type
+
     def locate(self) -> Parts:
         """The generic adapter's search (module docstring); family adapters name their parts."""
         model = self.model
