@@ -37,6 +37,9 @@ def bar(total: int, desc: str, *, initial: int = 0, enabled: bool = True, unit: 
 
 
 def log(message: str, enabled: bool = True) -> None:
-    """One status line on stderr (loading a model, reusing a file, the path taken)."""
+    """One status line on stderr (loading a model, reusing a file, the path taken), above any bar on screen."""
     if enabled:
-        print(message, file=sys.stderr, flush=True)
+        from tqdm import tqdm
+
+        tqdm.write(message, file=sys.stderr)
+        sys.stderr.flush()

@@ -497,3 +497,23 @@ def test_stop_at_ends_a_run_once_validation_reaches_it_and_a_resume_may_lower_it
     paths = {train(dataclasses.replace(cfg, **kw), progress=False)["path"] for kw in
              ({}, {"stop_at": 0.5}, {"steps": 30})}
     assert len(paths) == 3
+
+
+def test_progress_shows_a_bar_of_steps_between_whole_validation_lines(tiny_gpt2, home, capsys):
+    """A run's progress counts its steps (a step of a large model takes seconds, and validation passes are far
+    apart); piped, the bar and the validation lines come out as whole lines, and a resumed run counts from its
+    checkpoint's step; with progress off nothing is written."""
+    task = get_task("bit_xor", **XOR_OPTS)
+    cfg = xor_cfg(tiny_gpt2, home, steps=20)
+    data = load_data(task, cfg)
+    train_run(cfg, task, data, lr=1e-3, seed=0, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    bars = [ln for ln in lines if ln.startswith("[lr=0.001 seed=0] training:")]
+    assert bars and "20/20" in bars[-1] and "step" in bars[-1]
+    assert any(ln.startswith("[lr=0.001 seed=0] step 10/20: loss ") for ln in lines)
+    assert not any("\r" in ln or "\x1b" in ln for ln in lines)
+    train_run(dataclasses.replace(cfg, steps=30, resume=True), task, data, lr=1e-3, seed=0, progress=True)
+    bars = [ln for ln in capsys.readouterr().err.splitlines() if "training:" in ln]
+    assert bars[0].split("|")[-1].strip().startswith("20/30") and "30/30" in bars[-1]
+    train_run(dataclasses.replace(cfg, checkpoint_dir=home / "quiet"), task, data, lr=1e-3, seed=0, progress=False)
+    assert capsys.readouterr().err == ""

@@ -43,7 +43,7 @@ from reservoir.runtime.machine import describe
 from reservoir.runtime.runner import CompiledOrEager
 from reservoir.identity import digest
 from reservoir.model.backbones import fingerprint as backbone_fingerprint
-from reservoir.progress import log as log_line
+from reservoir.progress import bar, log as log_line
 from reservoir.results import write_result
 from reservoir.tasks import SplitData, Task, make_task
 from reservoir.tasks.sizes import check_train_split
@@ -221,12 +221,13 @@ def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: in
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive(seed, "dropout"))
         return _train_run(cfg, task, data, lr=lr, seed=seed, on_step=on_step, log=log, show_counts=show_counts,
-                          shared=shared, on_trained=on_trained)
+                          shared=shared, on_trained=on_trained, progress=progress)
 
 
 def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int,
                on_step: Callable[[int], None] | None, log: Callable[[str], None], show_counts: bool,
-               shared: dict[str, Any], on_trained: Callable[[FPT], None] | None = None) -> dict[str, Any]:
+               shared: dict[str, Any], on_trained: Callable[[FPT], None] | None = None,
+               progress: bool = True) -> dict[str, Any]:
     log(f"[lr={lr:g} seed={seed}] loading backbone {cfg.backbone} ...")
     backbone = load_backbone(cfg.backbone, seed)
     check_length(task.spec, backbone, cfg.backbone)
@@ -275,67 +276,72 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
     order_epoch, order = -1, None
     losses = state.pending_losses
     start, start_step = time.perf_counter(), state.step
-    while not state.done and state.step < cfg.steps:
-        epoch, i = divmod(state.step, per_epoch)
-        if epoch != order_epoch:
-            order_epoch, order = epoch, epoch_order(seed, epoch, n)
-        model.train()
-        batch = batch_tensors(task, data.train, order[i * bs:(i + 1) * bs])
-        try:
-            losses.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
-        except FloatingPointError as e:
-            raise Diverged(
-                f"{tag} the gradients are not finite at step {state.step + 1} ({e}): with a finite loss this is an "
-                "overflow in the backward pass, not the learning rate. A known cause: a token whose hidden state is "
-                "exactly zero (an all-zero input token in a backbone without biases, e.g. SmolLM2, whose position "
-                "parameters were set to zero), where RMSNorm's derivative is 1/sqrt(eps) per block; the FPT draws "
-                "position parameters that start at zero, so check the backbone's own positions and norms") from None
-        except Exception as e:  # noqa: BLE001 - a compiled graph whose backward fails falls back to eager
-            if not forward.compiled:
-                raise
-            forward.fall_back(e)
-            losses.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
-        state.step += 1
-        if not math.isfinite(losses[-1]):
-            raise Diverged(f"{tag} the training loss became {losses[-1]} at step {state.step}; lower --lr "
-                            f"(now {lr:g}) or keep --grad-clip above 0")
-        if state.step % cfg.eval_every == 0 or state.step >= cfg.steps:
-            model.eval()
-            val, val_loss = scores(model, task, data.val, cfg.eval_batch_size, dtype, device)
-            state.history.append({"step": state.step, "loss": float(np.mean(losses)), "val_accuracy": val,
-                                  "val_loss": val_loss})
-            losses.clear()
-            # progress is a validation accuracy 0.1 points above the last progress or a validation loss 0.1%
-            # below its lowest (any higher accuracy is the selected step): accuracy alone is a step function
-            # that stalls for thousands of steps on bit XOR's 75% plateau (the OR of the two bits) while the
-            # loss keeps falling until the run solves it
-            state.evals_since_best += 1
-            if val > state.best_val:
-                state.best_val, state.best_step = val, state.step
-                state.best_params = [p.detach().clone() for p in params]
-            if val - state.progress_val >= ACC_PROGRESS - 1e-12:  # 1e-12: 0.751 - 0.750 is not exactly 1e-3
-                state.progress_val, state.evals_since_best = val, 0
-            if val_loss < state.best_val_loss * (1 - LOSS_PROGRESS):
-                state.best_val_loss, state.evals_since_best = val_loss, 0
-            if cfg.target is not None and state.steps_to_target is None and val >= cfg.target:
-                state.steps_to_target = state.step
-            if val >= cfg.stop_at:
-                solved(state, cfg.stop_at)
-            elif cfg.patience and state.evals_since_best >= cfg.patience:
-                state.done, state.stop_reason = True, (f"no validation accuracy {100 * ACC_PROGRESS:g} points higher "
-                                                       f"and no validation loss {100 * LOSS_PROGRESS:g}% lower in "
-                                                       f"{cfg.patience} validation passes")
-            elapsed = state.seconds + time.perf_counter() - start
-            rate = (state.step - start_step) / max(time.perf_counter() - start, 1e-9)
-            log(f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, val loss {val_loss:.4f}, "
-                f"val {100 * val:.2f}% (best {100 * state.best_val:.2f}% at {state.best_step}), "
-                f"{rate:.2f} steps/s, {elapsed:.0f}s")
-        if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not state.done:
-            state.seconds += time.perf_counter() - start
-            start, start_step = time.perf_counter(), state.step
-            checkpoint()
-        if on_step is not None:
-            on_step(state.step)
+    # a bar of steps (rate and ETA) between the validation lines: a step of a large model can take seconds
+    with bar(cfg.steps, f"{tag} training", initial=state.step, enabled=progress, unit="step") as shown:
+        while not state.done and state.step < cfg.steps:
+            epoch, i = divmod(state.step, per_epoch)
+            if epoch != order_epoch:
+                order_epoch, order = epoch, epoch_order(seed, epoch, n)
+            model.train()
+            batch = batch_tensors(task, data.train, order[i * bs:(i + 1) * bs])
+            try:
+                losses.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
+            except FloatingPointError as e:
+                raise Diverged(
+                    f"{tag} the gradients are not finite at step {state.step + 1} ({e}): with a finite loss this is "
+                    "an overflow in the backward pass, not the learning rate. A known cause: a token whose hidden state "
+                    "is exactly zero (an all-zero input token in a backbone without biases, e.g. SmolLM2, whose "
+                    "position parameters were set to zero), where RMSNorm's derivative is 1/sqrt(eps) per block; the "
+                    "FPT draws position parameters that start at zero, so check the backbone's own positions and norms"
+                ) from None
+            except Exception as e:  # noqa: BLE001 - a compiled graph whose backward fails falls back to eager
+                if not forward.compiled:
+                    raise
+                forward.fall_back(e)
+                losses.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
+            state.step += 1
+            shown.update()
+            if not math.isfinite(losses[-1]):
+                raise Diverged(f"{tag} the training loss became {losses[-1]} at step {state.step}; lower --lr "
+                                f"(now {lr:g}) or keep --grad-clip above 0")
+            if state.step % cfg.eval_every == 0 or state.step >= cfg.steps:
+                model.eval()
+                val, val_loss = scores(model, task, data.val, cfg.eval_batch_size, dtype, device)
+                state.history.append({"step": state.step, "loss": float(np.mean(losses)), "val_accuracy": val,
+                                      "val_loss": val_loss})
+                losses.clear()
+                # progress is a validation accuracy 0.1 points above the last progress or a validation loss 0.1%
+                # below its lowest (any higher accuracy is the selected step): accuracy alone is a step function
+                # that stalls for thousands of steps on bit XOR's 75% plateau (the OR of the two bits) while the
+                # loss keeps falling until the run solves it
+                state.evals_since_best += 1
+                if val > state.best_val:
+                    state.best_val, state.best_step = val, state.step
+                    state.best_params = [p.detach().clone() for p in params]
+                if val - state.progress_val >= ACC_PROGRESS - 1e-12:  # 1e-12: 0.751 - 0.750 is not exactly 1e-3
+                    state.progress_val, state.evals_since_best = val, 0
+                if val_loss < state.best_val_loss * (1 - LOSS_PROGRESS):
+                    state.best_val_loss, state.evals_since_best = val_loss, 0
+                if cfg.target is not None and state.steps_to_target is None and val >= cfg.target:
+                    state.steps_to_target = state.step
+                if val >= cfg.stop_at:
+                    solved(state, cfg.stop_at)
+                elif cfg.patience and state.evals_since_best >= cfg.patience:
+                    state.done, state.stop_reason = True, (
+                        f"no validation accuracy {100 * ACC_PROGRESS:g} points higher and no validation loss "
+                        f"{100 * LOSS_PROGRESS:g}% lower in {cfg.patience} validation passes")
+                elapsed = state.seconds + time.perf_counter() - start
+                rate = (state.step - start_step) / max(time.perf_counter() - start, 1e-9)
+                log(f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, "
+                    f"val loss {val_loss:.4f}, "
+                    f"val {100 * val:.2f}% (best {100 * state.best_val:.2f}% at {state.best_step}), "
+                    f"{rate:.2f} steps/s, {elapsed:.0f}s")
+            if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not state.done:
+                state.seconds += time.perf_counter() - start
+                start, start_step = time.perf_counter(), state.step
+                checkpoint()
+            if on_step is not None:
+                on_step(state.step)
     stop_reason = state.stop_reason if state.done else f"reached --steps {cfg.steps}"  # more --steps continue it
     assert state.best_params is not None, "the last step always runs a validation pass"
     state.seconds += time.perf_counter() - start
