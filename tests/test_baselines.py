@@ -17,6 +17,7 @@ from reservoir.report.tables import Report
 from reservoir.results import load_results
 from reservoir.tasks import get_task
 from reservoir.tasks.listops import VOCAB, first_operator
+from tests.conftest import save_tiny_gpt2
 
 
 def extract(cli, backbone, *args, task="listops"):
@@ -49,13 +50,13 @@ def test_fit_writes_every_baseline_and_reuses_them_for_another_backbone(cli, hom
     assert found["baseline-raw"]["head"] == "ridge" and found["baseline-raw"]["n_train"] == 120
     # the table shows them beside the reservoir's numbers
     assert "baseline: first-operator rule" in r.stdout and "baseline: random tanh features (32 wide)" in r.stdout
-    # another backbone of the same width on the same data reuses every baseline file untouched
+    # another backbone on the same data reuses every baseline file untouched
     stamps = {p: p.stat().st_mtime_ns for p in (home / "results" / "listops").glob("baseline-*/*.json")}
-    path2 = extract(cli, "lstm")
+    path2 = extract(cli, save_tiny_gpt2(home / "wider", n_embd=48))
     r = cli("-q", "fit", "--features", str(path2), "--head", "ridge")
     assert r.exit_code == 0, r.output
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
-    assert "baseline-tanh-768" in baselines(home)  # the LSTM's width gets its own random features
+    assert "baseline-tanh-48" in baselines(home)  # its width gets its own random features
 
 
 def test_no_baselines_and_a_head_changes_them(cli, home, tiny_gpt2):

@@ -102,6 +102,7 @@ def test_table18_sets_the_output_only_head_at_the_chosen_and_last_depth_beside_t
     assert {(r["depth_rule"], r["depth"]) for r in rows if r["mode"] == "output-only"} >= {("last", "2")}
 
 
+@pytest.mark.slow  # about 90 s: 12 runs through make (table 2 test averages seeds too)
 def test_table20_averages_the_heads_over_three_extraction_seeds(tmp_path):
     reservoir = stand_in(tmp_path)
     r = make(tmp_path, "table20", "LIMIT=100", "ABLATION_LIMIT=110", "ABLATION_STEPS=1", "PRETRAINED=tinygpt",
@@ -119,6 +120,7 @@ def test_table20_averages_the_heads_over_three_extraction_seeds(tmp_path):
         ["tinygpt-random.done", "tinygpt-random~s1.done", "tinygpt-random~s2.done"]
 
 
+@pytest.mark.slow  # about 90 s: a sweep through make (test_report renders table 101 in-process)
 def test_critique_renders_table101_at_its_own_sizes_beside_the_critiques_numbers(tmp_path):
     reservoir = stand_in(tmp_path)
     r = make(tmp_path, "critique", "PRETRAINED=tinygpt", "DATA_TASKS=mnist", "CRITIQUE_TASKS=mnist",
@@ -220,6 +222,7 @@ def test_an_extraction_cut_short_states_the_seconds_of_every_attempt_when_it_end
     assert int(seconds.read_text().split("\t")[0]) <= time.monotonic() - start
 
 
+@pytest.mark.slow  # about 80 s: two makes of a training run (test_train resumes killed runs)
 def test_a_training_run_cut_short_continues_from_its_checkpoint_to_the_uninterrupted_result(tmp_path):
     """A run cut at its step-10 checkpoint (as by the end of a session, before its marker was written) is made
     again: it resumes there, and ends exactly as the run made in one go."""
