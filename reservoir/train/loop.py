@@ -271,6 +271,39 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
     def checkpoint():
         save_checkpoint(ckpt, params, opt, state, ident)
 
+    def validate():
+        """A validation pass: history, best step, progress for patience, target and stop; one line of log."""
+        model.eval()
+        val, val_loss = scores(model, task, data.val, cfg.eval_batch_size, dtype, device)
+        state.history.append({"step": state.step, "loss": float(np.mean(losses)), "val_accuracy": val,
+                              "val_loss": val_loss})
+        losses.clear()
+        # progress is a validation accuracy 0.1 points above the last progress or a validation loss 0.1%
+        # below its lowest (any higher accuracy is the selected step): accuracy alone is a step function
+        # that stalls for thousands of steps on bit XOR's 75% plateau (the OR of the two bits) while the
+        # loss keeps falling until the run solves it
+        state.evals_since_best += 1
+        if val > state.best_val:
+            state.best_val, state.best_step = val, state.step
+            state.best_params = [p.detach().clone() for p in params]
+        if val - state.progress_val >= ACC_PROGRESS - 1e-12:  # 1e-12: 0.751 - 0.750 is not exactly 1e-3
+            state.progress_val, state.evals_since_best = val, 0
+        if val_loss < state.best_val_loss * (1 - LOSS_PROGRESS):
+            state.best_val_loss, state.evals_since_best = val_loss, 0
+        if cfg.target is not None and state.steps_to_target is None and val >= cfg.target:
+            state.steps_to_target = state.step
+        if val >= cfg.stop_at:
+            solved(state, cfg.stop_at)
+        elif cfg.patience and state.evals_since_best >= cfg.patience:
+            state.done, state.stop_reason = True, (
+                f"no validation accuracy {100 * ACC_PROGRESS:g} points higher and no validation loss "
+                f"{100 * LOSS_PROGRESS:g}% lower in {cfg.patience} validation passes")
+        elapsed = state.seconds + time.perf_counter() - start
+        rate = (state.step - start_step) / max(time.perf_counter() - start, 1e-9)
+        log(f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, val loss {val_loss:.4f}, "
+            f"val {100 * val:.2f}% (best {100 * state.best_val:.2f}% at {state.best_step}), "
+            f"{rate:.2f} steps/s, {elapsed:.0f}s")
+
     n, bs = len(data.train), cfg.batch_size
     per_epoch = max(1, n // bs)  # full batches only (each epoch drops a different remainder): one compiled shape
     order_epoch, order = -1, None
@@ -305,37 +338,7 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
                 raise Diverged(f"{tag} the training loss became {losses[-1]} at step {state.step}; lower --lr "
                                 f"(now {lr:g}) or keep --grad-clip above 0")
             if state.step % cfg.eval_every == 0 or state.step >= cfg.steps:
-                model.eval()
-                val, val_loss = scores(model, task, data.val, cfg.eval_batch_size, dtype, device)
-                state.history.append({"step": state.step, "loss": float(np.mean(losses)), "val_accuracy": val,
-                                      "val_loss": val_loss})
-                losses.clear()
-                # progress is a validation accuracy 0.1 points above the last progress or a validation loss 0.1%
-                # below its lowest (any higher accuracy is the selected step): accuracy alone is a step function
-                # that stalls for thousands of steps on bit XOR's 75% plateau (the OR of the two bits) while the
-                # loss keeps falling until the run solves it
-                state.evals_since_best += 1
-                if val > state.best_val:
-                    state.best_val, state.best_step = val, state.step
-                    state.best_params = [p.detach().clone() for p in params]
-                if val - state.progress_val >= ACC_PROGRESS - 1e-12:  # 1e-12: 0.751 - 0.750 is not exactly 1e-3
-                    state.progress_val, state.evals_since_best = val, 0
-                if val_loss < state.best_val_loss * (1 - LOSS_PROGRESS):
-                    state.best_val_loss, state.evals_since_best = val_loss, 0
-                if cfg.target is not None and state.steps_to_target is None and val >= cfg.target:
-                    state.steps_to_target = state.step
-                if val >= cfg.stop_at:
-                    solved(state, cfg.stop_at)
-                elif cfg.patience and state.evals_since_best >= cfg.patience:
-                    state.done, state.stop_reason = True, (
-                        f"no validation accuracy {100 * ACC_PROGRESS:g} points higher and no validation loss "
-                        f"{100 * LOSS_PROGRESS:g}% lower in {cfg.patience} validation passes")
-                elapsed = state.seconds + time.perf_counter() - start
-                rate = (state.step - start_step) / max(time.perf_counter() - start, 1e-9)
-                log(f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, "
-                    f"val loss {val_loss:.4f}, "
-                    f"val {100 * val:.2f}% (best {100 * state.best_val:.2f}% at {state.best_step}), "
-                    f"{rate:.2f} steps/s, {elapsed:.0f}s")
+                validate()
             if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not state.done:
                 state.seconds += time.perf_counter() - start
                 start, start_step = time.perf_counter(), state.step
