@@ -162,7 +162,7 @@ run_opts = $(patsubst b%,--blocks %,$(filter b%,$(wordlist 2,9,$(run_spec)))) \
 	$(patsubst t%,--target %,$(filter t%,$(wordlist 2,9,$(run_spec)))) \
 	$(if $(STOP_AT_TARGET),$(patsubst t%,--stop-at %,$(filter t%,$(wordlist 2,9,$(run_spec)))))
 run_lr = $(if $(filter lstm%,$(call run_word,2)),$(LSTM_LR),$(LR))
-# (its progress, a line per validation pass, goes to stderr; a killed run, or one cut by a time limit, continues
+# (its progress, a bar of steps and a line per validation pass, goes to stderr; a killed run, or one cut by a time limit, continues
 # from its last checkpoint when made again:
 # every run checkpoints every CHECKPOINT_EVERY steps into CHECKPOINTS/TASK/BACKBONE/GROUPS)
 CHECKPOINT_EVERY ?= 100
