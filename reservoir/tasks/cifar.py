@@ -11,8 +11,9 @@ A folder in the official layout (``data_batch_1`` .. ``data_batch_5``, ``test_ba
 ``batches.meta``: pickled dicts with ``b'data'`` uint8 ``(N, 3072)`` channel-major rows and
 ``b'labels'``) is accepted without the archive checksum, since a copy rebuilt from another
 source (JPEGs, another archive) cannot match it; ``reservoir data verify cifar10`` says
-whether each file is byte-for-byte the official one. The batches are pickles: read only
-folders you trust, as with any CIFAR-10 loader.
+whether each file is byte-for-byte the official one. The batches are pickles, read by
+:mod:`reservoir.tasks.pickles`: a batch that names anything but the containers and numpy arrays
+the official files hold is refused before it can run code.
 
 ``cifar10``: each 32x32x3 image is cut into 4x4 patches, a patch flattened row-major with the
 channel innermost (the FPT code's ``b c (h p1) (w p2) -> b (h w) (p1 p2 c)``): 64 tokens of 48.
@@ -37,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from reservoir.tasks.download import DataArchive, ensure_archive
+from reservoir.tasks import pickles
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, option, patches, register_task
 
 FOLDER = "cifar10"
@@ -74,8 +76,7 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """One python batch -> images ``(N, 32, 32, 3)`` uint8 and labels ``(N,)`` int64."""
     fix = "delete the folder and run `reservoir data fetch cifar10`, or rebuild it"
     try:
-        with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
+        batch = pickles.loads(Path(path).read_bytes(), path, "a CIFAR-10 batch", fix, encoding="bytes")
     except FileNotFoundError:
         raise DataError(f"{path} is missing; {fix}") from None
     except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError) as e:

@@ -40,6 +40,7 @@ import numpy as np
 
 from reservoir.tasks.download import DataArchive, ensure_archive
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, option, pad_ids, register_task
+from reservoir.tasks import pickles
 
 FOLDER = "remote_homology"
 SPLITS = ("train", "valid", "test_fold_holdout", "test_superfamily_holdout", "test_family_holdout")
@@ -114,13 +115,14 @@ def read_lmdb(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     except lmdb.Error as e:
         raise DataError(f"{path} is not a readable LMDB database ({e}); delete it and unpack TAPE's "
                         "remote_homology.tar.gz again, or use the .json files") from None
+    fix = "unpack TAPE's remote_homology.tar.gz again, or use its .json files"
     try:
         with env.begin(write=False) as txn:
             raw = txn.get(b"num_examples")
             if raw is None:
                 raise DataError(f"{path} has no b'num_examples' key, so it is not one of TAPE's LMDB files; "
                                 "unpack TAPE's remote_homology.tar.gz again")
-            n = int(pickle.loads(raw))
+            n = int(pickles.loads(raw, path, "a TAPE record", fix))
             n = n if limit is None else min(n, limit)
             records = []
             for i in range(n):
@@ -128,7 +130,7 @@ def read_lmdb(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
                 if value is None:
                     raise DataError(f"{path} says it holds records 0..{n - 1} but record {i} is missing; "
                                     "the database is truncated: unpack TAPE's remote_homology.tar.gz again")
-                records.append(pickle.loads(value))
+                records.append(pickles.loads(value, f"{path} (record {i})", "a TAPE record", fix))
     except lmdb.Error as e:
         raise DataError(f"{path} is not a readable LMDB database ({e}); unpack TAPE's remote_homology.tar.gz again") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:

@@ -5,6 +5,10 @@ validation and its parameters, history) and the run's torch RNG state, so ``--re
 continues exactly. Its file name carries the run's readable name and the digest of its
 identity; ``--resume`` with other settings finds no checkpoint of its own identity and is
 refused, naming the fields that differ from the one it finds.
+
+Nothing in a checkpoint runs code: it is read with ``torch.load(weights_only=True)``, which
+admits tensors and plain data (dicts, lists, tuples, strings, numbers) only, so a crafted file
+that pickles a callable is refused, naming the callable, before anything in it runs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from reservoir.errors import DataError, IdentityError
 from reservoir.identity import data_fingerprint, differences, digest, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.results import atomic_write
+from reservoir.tasks.pickles import refused_by_torch, torch_load_reason
 
 CHECKPOINT_FORMAT = 2
 #: TrainConfig fields that may change between a checkpoint and its ``--resume`` (they do not
@@ -84,7 +89,7 @@ def check_resumable(path: Path, name: str, identity: dict[str, Any]) -> None:
     others = sorted(p for p in path.parent.glob(f"{name}-*.pt") if p != path)
     for other in others:
         try:
-            old = torch.load(other, map_location="cpu", weights_only=False)["identity"]
+            old = torch.load(other, map_location="cpu", weights_only=True)["identity"]
         except Exception:  # noqa: BLE001 - an unreadable neighbour says nothing about this run
             continue
         raise IdentityError(f"checkpoint {other} was written with other settings: {'; '.join(differences(old, identity))}; "
@@ -105,10 +110,13 @@ def save_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Opt
 def read_checkpoint(path: Path, fix: str) -> dict[str, Any]:
     """The contents of a checkpoint of this format; DataError naming ``path`` and ``fix`` otherwise."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+        obj = torch.load(path, map_location="cpu", weights_only=True)
         fmt = obj.get("format")
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise DataError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); {fix}") from None
+        if refused := refused_by_torch(e):
+            raise DataError(f"checkpoint {path} holds {refused}, which a checkpoint of reservoir never holds; refused "
+                            f"without running it (checkpoints are read as tensors and plain data only); {fix}") from None
+        raise DataError(f"checkpoint {path} is unreadable ({torch_load_reason(e)}); {fix}") from None
     if fmt != CHECKPOINT_FORMAT:
         raise DataError(f"checkpoint {path} has format {fmt!r}, expected {CHECKPOINT_FORMAT}; {fix}")
     return obj

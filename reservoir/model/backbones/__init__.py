@@ -157,9 +157,18 @@ def load_config(path: str):
     if Path(path).is_dir() and not (Path(path) / "config.json").exists():
         raise BackboneError(f"{path} has no config.json; pass a folder written by save_pretrained")
     try:
-        with quiet_transformers():
-            return AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:
+        return from_pretrained(AutoConfig, path)
+    except ValueError as e:
+        if "custom code" in str(e) or "trust_remote_code" in str(e):
+            raise BackboneError(
+                f"{path!r} needs code of its own to load (its config's auto_map names Python files), and reservoir never "
+                "runs code from a model folder or the hub; load it in Python yourself and save a model of a "
+                "transformers architecture with save_pretrained, or choose a registered backbone") from None
+        raise BackboneError(
+            f"cannot load the config of {path!r} ({str(e).splitlines()[0]}); save the model with "
+            "save_pretrained where the hub is reachable and pass its folder, or choose a registered backbone"
+        ) from None
+    except OSError as e:
         raise BackboneError(
             f"cannot load the config of {path!r} ({str(e).splitlines()[0]}); save the model with "
             "save_pretrained where the hub is reachable and pass its folder, or choose a registered backbone"

@@ -250,9 +250,10 @@ def quiet_transformers():
 
 def from_pretrained(cls, *args, **kwargs):
     """``cls.from_pretrained(*args, **kwargs)`` without transformers' chatter (:func:`quiet_transformers`;
-    extract and train print their own progress)."""
+    extract and train print their own progress), never running code a model folder or hub repository
+    ships (``trust_remote_code=False``: transformers refuses such a model instead of asking)."""
     with quiet_transformers():
-        return cls.from_pretrained(*args, **kwargs)
+        return cls.from_pretrained(*args, **kwargs, trust_remote_code=False)
 
 
 def columns(module: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:

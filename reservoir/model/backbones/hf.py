@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import pickle
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ import torch
 from torch import nn
 
 from reservoir.errors import BackboneError
+from reservoir.tasks.pickles import refused_by_torch
 from reservoir.model.backbones.base import (Backbone, check_length, first_output, from_pretrained, gather, is_norm,
                                             params, quiet_transformers, seeded, without)
 
@@ -459,7 +461,11 @@ def load_model(path: str, config=None) -> nn.Module:
         raise BackboneError(
             f"cannot load weights from {path!r} ({str(e).splitlines()[0]}); pass a folder saved with "
             "save_pretrained (the hub is unreachable here), or use the -random twin") from None
-    except (RuntimeError, ValueError) as e:  # shape mismatches and the like
+    except (RuntimeError, ValueError, pickle.UnpicklingError) as e:  # shape mismatches and the like
+        if refused := refused_by_torch(e):  # a pytorch_model.bin is read as tensors and plain data only
+            raise BackboneError(f"the weights in {path!r} hold {refused}, which model weights never hold; refused "
+                                "without running it; pass a folder of safetensors weights saved with save_pretrained "
+                                "from a source you trust") from None
         raise BackboneError(f"the weights in {path!r} do not fit its config ({str(e).splitlines()[0][:300]}); "
                             "pass the folder save_pretrained wrote for this model") from None
     missing = [k for k in info.get("missing_keys", []) if not k.endswith("num_batches_tracked")
@@ -506,7 +512,7 @@ def model_from_config(config) -> nn.Module:
     from transformers import AutoModel
 
     with quiet_transformers():
-        return AutoModel.from_config(config, dtype=torch.float32)
+        return AutoModel.from_config(config, dtype=torch.float32, trust_remote_code=False)
 
 
 def adapter_for(model_type: str) -> type[HFBackbone]:
