@@ -212,10 +212,11 @@ heads_of = $(filter $(OUT)/done/%,$(1))
 head_tasks = $(sort $(foreach m,$(1),$(word 2,$(subst /, ,$(patsubst $(OUT)/done/%,%,$(m))))))
 head_baselines = $(wildcard $(foreach t,$(call head_tasks,$(1)),$(OUT)/results/$(t)/baseline-*))
 
-# $(call render,N): out/LIMIT/tableN.md (and .csv, plots/tableN/), `reservoir report --paper N` of the results
-# the table's markers name (a training marker's last line; the HEAD results of the features an output-only
-# marker names, with the baselines of their tasks); PAPER_AS_N maps our settings to the paper's rows, NOTE_N
-# adds a line under the caption
+# $(call render,N): out/LIMIT/tableN.md (and .csv, plots/tableN/): the results the table's markers name (a training
+# marker's last line; the HEAD results of the features an output-only marker names, with the baselines of their
+# tasks) are kept in the table's ledger (Makefile's LEDGER_DIR), and `reservoir report --paper N` renders every result
+# kept there; PAPER_AS_N maps our settings to the paper's rows, NOTE_N adds a line under the caption (the notes of
+# every invocation are kept, each once)
 define render
 @test -n "$^" || { echo "$@: no runs to report (are its TASKS_ or backbone variables empty?)" >&2; exit 2; }
 @$(call walltime,$(1),$^)
@@ -223,12 +224,12 @@ define render
 	for m in $(call heads_of,$^); do grep -lF "\"features\": \"$$(cat $$m)\"" \
 	$(OUT)/results/*/*/output-only_$(HEAD)_*.json 2> /dev/null || { echo "$@: no $(HEAD) results of the features $$m \
 	names; remove it to extract and fit again" >&2; exit 1; }; done; } > $@.results
-$(RESERVOIR) report $$(cat $@.results) $(call head_baselines,$(call heads_of,$^)) \
-	--paper $(1) $(PAPER_AS_$(1)) $(if $(call heads_of,$^),--depth chosen --depth last) --csv $(OUT)/table$(1).csv \
-	--plots $(OUT)/plots/table$(1) $(REPORT_OPTS) > $@.tmp || { rm -f $@.tmp $@.results; exit 1; }
-@{ head -n 2 $@.tmp && printf '%s\n\n' $(if $(call trained_of,$^),$(call quoted,$(trained_note))) \
-	$(if $(call heads_of,$^),$(call quoted,$(call heads_note,$(1)))) $(if $(NOTE_$(1)),$(call quoted,$(NOTE_$(1)))) && \
-	tail -n +3 $@.tmp; } > $@ && rm -f $@.tmp $@.results && cat $@
+$(LEDGER) report --table $(1) --ledger $(LEDGER_DIR) --runs $$(cat $@.results) $(call head_baselines,$(call heads_of,$^)) \
+	--opts $(call quoted,--paper $(1) $(PAPER_AS_$(1)) $(if $(call heads_of,$^),--depth chosen --depth last) $(REPORT_OPTS)) \
+	$(if $(call trained_of,$^),--note $(call quoted,$(trained_note))) \
+	$(if $(call heads_of,$^),--note $(call quoted,$(call heads_note,$(1)))) $(if $(NOTE_$(1)),--note $(call quoted,$(NOTE_$(1)))) \
+	--csv $(OUT)/table$(1).csv --plots $(OUT)/plots/table$(1) > $@.tmp || { rm -f $@.tmp $@.results; exit 1; }
+@mv -f $@.tmp $@ && rm -f $@.results && cat $@
 endef
 
 $(OUT)/table1.md: $(call runs,$(TASKS_1),$(PRETRAINED),$(FPT)) $(call runs,$(TASKS_1),$(FULL),$(ALL_GROUPS)) \

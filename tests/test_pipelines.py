@@ -24,8 +24,13 @@ def make(tmp_path, *args, reservoir=RESERVOIR):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("RESERVOIR_HOME", None)
     return subprocess.run(["make", "-C", str(ROOT / "pipelines"), *args, f"OUT_ROOT={tmp_path}",
-                           f"RESERVOIR={reservoir}", f"DATA_DIR={tmp_path / 'data'}"],
+                           f"RESERVOIR={reservoir}", f"DATA_DIR={tmp_path / 'data'}", *ledger(tmp_path, args)],
                           capture_output=True, text=True, env=env, timeout=600)
+
+
+def ledger(tmp_path, args) -> list[str]:
+    """The tables' kept runs in the test's folder, not the repository's (unless the test names a LEDGER_DIR)."""
+    return [] if any(a.startswith("LEDGER_DIR=") for a in args) else [f"LEDGER_DIR={tmp_path / 'ledger'}"]
 
 
 def stand_in(tmp_path):
@@ -74,6 +79,31 @@ def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_pa
     assert other.returncode == 0 and "--head logreg" in other.stdout, other.stdout[-3000:] + other.stderr[-3000:]
     assert "| esn | logreg |" in (tmp_path / "40" / "table2.md").read_text()
     assert features and all(p.stat().st_mtime_ns == t for p, t in features.items())
+
+
+def test_a_table_grows_run_by_run_across_machines_and_renders_from_its_kept_runs_alone(tmp_path):
+    """Two invocations in separate working folders (two machines) keep their runs in one ledger; the second's table
+    holds both; a third folder with no runs renders the table and docs/results.md from the ledger alone."""
+    reservoir = stand_in(tmp_path)
+    kept = tmp_path / "kept"
+    common = ("LIMIT=40", "TASKS_2=bit_xor", "PRETRAINED=tinygpt", "RANDOM_SEEDS=", f"LEDGER_DIR={kept}")
+    first = make(tmp_path / "a", "table2", *common, "BACKBONES_2=esn", reservoir=reservoir)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "| esn | ridge |" in (tmp_path / "a" / "40" / "table2.md").read_text()
+    second = make(tmp_path / "b", "table2", *common, "BACKBONES_2=tinygpt-random", reservoir=reservoir)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    table = (tmp_path / "b" / "40" / "table2.md").read_text()
+    assert "| esn | ridge |" in table and "| tinygpt-random | ridge |" in table  # the first machine's row stays
+    results = sorted(p.name for p in (kept / "table2").rglob("*.json"))
+    assert results and any("baseline" in p for p in results) and (kept / "table2.json").exists()
+    doc = tmp_path / "doc" / "results.md"
+    rendered = make(tmp_path / "c", "render", "LIMIT=40", "PRETRAINED=tinygpt", f"LEDGER_DIR={kept}", "RENDER_TABLES=2",
+                    "DOC_TABLES=2", f"DOC_OUT={doc}", reservoir=reservoir)
+    assert rendered.returncode == 0, rendered.stdout[-3000:] + rendered.stderr[-3000:]
+    assert not (tmp_path / "c" / "40" / "features").exists()  # nothing extracted or fitted: the ledger alone
+    again = (tmp_path / "c" / "40" / "table2.md").read_text()
+    assert again == table
+    assert "| esn | ridge |" in doc.read_text() and (doc.parent / "results" / "table2" / "table2.csv").exists()
 
 
 def test_table18_sets_the_output_only_head_at_the_chosen_and_last_depth_beside_the_paper_and_end_to_end(tmp_path):

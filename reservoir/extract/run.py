@@ -41,6 +41,7 @@ from torch import nn
 
 from reservoir.model.backbones import fingerprint, label, load_backbone
 from reservoir.config import ExtractConfig, select_depths
+from reservoir.runtime import machine
 from reservoir.runtime.engines import INT8_DTYPES
 from reservoir.model.devices import resolve_device
 from reservoir.model.reservoir import check_length
@@ -235,7 +236,7 @@ class Run:
         """The file's ``config``: the options and the execution settings actually used."""
         return {**self.cfg.to_json(), "out": str(self.out), "batch_size": self.batch_size, "engine_used": engine,
                 "device_used": str(self.device), "n_layers": self.backbone.n_layers, "d_model": self.backbone.d_model,
-                "torch": torch.__version__}
+                "torch": torch.__version__, "machine": machine.on(self.device)}
 
     def tokens(self, split: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Model tokens and lengths of ``rows`` (padded to the task's length for the padded readout)."""
@@ -260,12 +261,12 @@ class Run:
     def compile_key(self, plans: dict[str, list[np.ndarray]]) -> tuple[str, int]:
         """The record key of this run's compiled shapes (:mod:`reservoir.runtime.compiling`) and how many
         distinct batch widths it compiles."""
-        from reservoir.runtime.compiling import shape_key
+        from reservoir.runtime.compiling import device_label, shape_key
         from reservoir.runtime.runner import round_width
 
         widths = {round_width(self.width(s, rows), self.task.spec.seq_len) if self.bucket else self.width(s, rows)
                   for s in plans for rows in plans[s]}
-        key = shape_key(self.backbone, dtype=self.dtype, device=self.device.type, batch_size=self.batch_size,
+        key = shape_key(self.backbone, dtype=self.dtype, device=device_label(self.device), batch_size=self.batch_size,
                         widths=sorted(widths), depths=self.depths)
         return key, max(len(widths), 1)
 
@@ -275,22 +276,22 @@ class Run:
         (:func:`reservoir.runtime.compiling.decide`): the first batch runs eager as the probe of the
         eager rate (its features are kept) and is taken out of ``plans``. Says on stderr which
         path runs and why. Returns the rows the probe wrote per split, and the compile record's
-        key when the run compiles on the CPU (:meth:`record_compile` then remembers its costs)."""
+        key when the run compiles (:meth:`record_compile` then remembers its costs on this device)."""
         from reservoir.runtime.compiling import decide, read_record
 
         if runner.engine != "torch":
             log(f"{runner.engine} engine ({runner.engine_reason}): converted on the first batch, "
                 "no torch.compile", progress)
             return {}, None
-        on_cpu = self.device.type == "cpu" and any(plans.values())
+        measurable = any(plans.values())
         compilable = getattr(self.backbone, "compilable", True)
-        if self.cfg.compile is not None or not compilable or not on_cpu:
+        if self.cfg.compile is not None or not compilable or not measurable:
             if self.compile_for(plans):
                 runner.enable_compile()
             why = ("--compile" if self.cfg.compile else "--no-compile") if self.cfg.compile is not None else \
                 "the backbone does not compile" if not compilable else "by size"
             log(f"{'compiled' if runner.compiled else 'eager'} ({why})", progress)
-            return {}, self.compile_key(plans)[0] if runner.compiled and on_cpu else None
+            return {}, self.compile_key(plans)[0] if runner.compiled else None
         split = next(s for s in plans if plans[s])
         rows = plans[split].pop(0)
         background.submit(split, rows, runner.run_async(runner.prepare(*self.tokens(split, rows), self.padded)))

@@ -34,6 +34,7 @@ from reservoir.probe.heads import ArrayRows, fit_rows, holdout
 from reservoir.identity import digest, reread
 from reservoir.progress import log
 from reservoir.results import result_key, result_path, write_result
+from reservoir.runtime import machine
 from reservoir.tasks import SplitData, Task, make_task
 
 
@@ -129,7 +130,7 @@ def fit_baselines(identity: dict[str, Any], width: int, cfg: FitConfig, val: str
         result = {
             "task": identity["task"], "backbone": f"baseline-{baseline}", "mode": "baseline", "baseline": baseline,
             "depth": None, "head": head, "trainable": [], "seed": cfg.seed, "lr": None, "version": __version__,
-            "identity": baseline_identity(identity, baseline, **extra),
+            "identity": baseline_identity(identity, baseline, **extra), "machines": [machine.on("cpu")],
             "config": {"fit": {**cfg.to_json(), "features": None}},
         }
         result["identity_hash"] = digest(result["identity"])

@@ -24,6 +24,8 @@ from reservoir.tasks import split_roles as roles_of
 from reservoir.identity import canonical, reread, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.progress import log
+from reservoir.model.devices import resolve_device
+from reservoir.runtime import machine
 from reservoir.results import write_result
 from reservoir.extract.store import (extract_command, feature_splits, file_config, h5_file, iter_depth, open_features,
                                      stored_identity, verify)
@@ -198,7 +200,9 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
                               seed=cfg.seed, device=cfg.device if cfg.head == "torch" else "cpu",
                               memory_bytes=cfg.memory_mb * 2**20)
             scores["test_split"] = tests[0]
+            head_on = machine.on(resolve_device(cfg.device) if cfg.head == "torch" else "cpu")
             result = {
+                "machines": list(dict.fromkeys(m for m in (extract_cfg.get("machine"), head_on) if m)),
                 "task": identity["task"], "backbone": identity["backbone"], "mode": "output-only", "depth": depth,
                 "head": cfg.head, "trainable": ["out"], "seed": cfg.seed, "lr": None, "version": __version__,
                 "identity": identity, "identity_hash": f.attrs["identity_hash"], "features": str(path),

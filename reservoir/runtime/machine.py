@@ -43,3 +43,14 @@ def bf16_native() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
         return False
+
+
+def on(device: "str | object" = "cpu") -> str:
+    """The machine a computation ran on, as results record it: :func:`describe` for the CPU, the card
+    (``NVIDIA H100 80GB HBM3 (CUDA)``) for a CUDA device, the device type otherwise."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA)"
+    return describe() if device.type == "cpu" else device.type
