@@ -173,3 +173,11 @@ def test_int8_shards_calibrate_on_the_same_rows_as_one_process(cli, home, tiny_g
         assert fa.attrs["identity"] == fb.attrs["identity"]
         for s in ("train", "test"):
             np.testing.assert_allclose(fa[s]["features"][:], fb[s]["features"][:], rtol=1e-5, atol=1e-6)
+
+
+def test_without_dask_a_sharded_run_says_which_extra_to_install(cli, home, monkeypatch):
+    """dask is the `cluster` extra: without it, --workers exits 1 naming the extra, and one process still runs."""
+    monkeypatch.setitem(sys.modules, "distributed", None)  # `import distributed` raises ImportError
+    r = cli("extract", "--task", "bit_xor", "--backbone", "lstm", "--limit", "20", "--workers", "2")
+    assert r.exit_code == 1 and "pip install 'reservoir[cluster]'" in r.output, r.output
+    assert cli("-q", "extract", "--task", "bit_xor", "--backbone", "lstm", "--limit", "20").exit_code == 0

@@ -186,6 +186,15 @@ def _client(workers: int | None, scheduler: str | None):
     return Client(cluster), cluster
 
 
+def require_distributed() -> None:
+    """dask.distributed is the ``cluster`` extra: without it, say which extra to install."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise ReservoirError("--workers and --scheduler shard the run over dask.distributed, which is not installed; "
+                             "pip install 'reservoir[cluster]', or drop the option to extract in this process") from None
+
+
 def threads_per_worker(workers: int) -> int:
     """CPU threads each of ``workers`` local workers may use (the cores this process may use, split)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -199,6 +208,7 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
     from reservoir.model.reservoir import Reservoir
     from reservoir.model.input_layer import input_layer_tensors
 
+    require_distributed()
     cfg, out, identity = run.cfg, run.out, run.identity
     lock = WriterLock(out)
     try:

@@ -16,6 +16,7 @@ as for every family. No readout-only last block.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Sequence
 
@@ -91,6 +92,13 @@ class VisionBackbone(HFBackbone):
                                 "a square number of tokens")
         return pos[:, :n].to(dtype)
 
+    @property
+    def blocks_take_mask(self) -> bool:
+        """Whether a block's forward takes an attention mask after the hidden states (DINOv2's does from
+        transformers 5.18 on; ViT's, DeiT's, CLIP's and SigLIP's always have)."""
+        params = list(inspect.signature(self.blocks[0].forward).parameters.values())
+        return len(params) > 1 and params[1].kind in (params[1].POSITIONAL_ONLY, params[1].POSITIONAL_OR_KEYWORD)
+
     def states(self, x, lengths, depths: Sequence[int], readout):
         self.check_depths(depths)
         h = x + self.patch_positions(x.shape[1], x.dtype)
@@ -99,9 +107,16 @@ class VisionBackbone(HFBackbone):
         h = self.pre_norm(h) if self.pre_norm is not None else h
         real = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
         mask = (1.0 - real[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
+        masked = self.blocks_take_mask
+        if not masked and not bool(real.all()):
+            from transformers import __version__ as transformers_version
+
+            raise BackboneError(f"the {self.kind} blocks of transformers {transformers_version} take no attention mask, so "
+                                "rows padded to a common length would attend to the padding; pip install "
+                                "'transformers>=5.18' for tasks of variable length (image tasks need no mask)")
         out = {0: gather(h, readout)} if 0 in depths else {}
         for k, layer in enumerate(self.blocks[: max(depths)], start=1):
-            h = first_output(layer(h, mask))
+            h = first_output(layer(h, mask) if masked else layer(h))
             if k in depths:
                 out[k] = gather(h, readout)
         return [self.finish(out[d]) for d in depths]
