@@ -3,11 +3,13 @@
 A compiled forward runs faster than the eager one but costs a compile first. With
 ``--compile`` left to auto, ``extract`` decides from measurements instead of a fixed size:
 
-- the eager rate is measured on this CPU, now, on one batch of the run (a probe whose
-  features are kept);
-- the compile time and the compiled rate come from the last run of the same shapes (the
-  record below), or, the first time, from a conservative estimate
-  (:data:`COLD_SECONDS_PER_BLOCK` per block run, :data:`DEFAULT_SPEEDUP`);
+- the eager rate is measured on the run's device (the CPU or the CUDA card), now, on one batch
+  of the run (a probe whose features are kept; on CUDA the device time between events around
+  a second, warm call);
+- the compile time and the compiled rate come from the last run of the same shapes on the same
+  device (the record below, keyed by :func:`device_label`: the CPU model or the CUDA card's
+  name), or, the first time, from a conservative estimate (:data:`COLD_SECONDS_PER_BLOCK` per
+  block run, :data:`DEFAULT_SPEEDUP`);
 - it compiles when ``eager_seconds > compile_seconds + eager_seconds / speedup`` for the
   tokens left to run, and says why on stderr.
 
@@ -58,9 +60,25 @@ def costs_file() -> Path:
     return cache_dir() / COSTS
 
 
+def device_label(device: Any) -> str:
+    """The device a compile record was measured on: ``cuda: CARD (sm_XY)`` for a CUDA device, ``cpu: MODEL``
+    for the CPU, the device type otherwise."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda: {torch.cuda.get_device_name(device)} (sm_{major}{minor})"
+    if device.type == "cpu":
+        from reservoir.runtime.machine import cpu
+
+        return f"cpu: {cpu()[0]}"
+    return device.type
+
+
 def shape_key(backbone: Any, *, dtype: str, device: str, batch_size: int, widths: list[int], depths: list[int]) -> str:
     """What a compiled graph depends on: torch, the architecture (not the weights), dtype,
-    device type, batch shape and depths."""
+    the device (:func:`device_label`), batch shape and depths."""
     import torch
 
     from reservoir.identity import digest

@@ -18,11 +18,18 @@ ran at half the float32 rate; on a Zen 4, 2.3 to 2.5 times it; on a Zen 3 (no na
   float32's by about 5e-3).
 
 ``extract`` says on stderr what was measured and why it chose; the run's identity records the
-dtype as resolved. On a GPU, ``auto`` is bf16 where the device supports it (no measurement).
+dtype as resolved.
+
+On a CUDA device the fast dtype is bf16: ``auto`` takes it where the card multiplies bf16 natively
+(compute capability 8.0 or newer; torch's ``is_bf16_supported()`` also counts emulated bf16, which
+is slower than float32), else float32, with no measurement. float32 on CUDA is IEEE float32: the
+runner turns TF32 off (:func:`strict_float32`), so float32 features are the exact reference that
+CPU and CUDA agree on, and bf16 is the one fast path.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from typing import Callable
@@ -113,13 +120,41 @@ def fastest(rates: dict[str, float]) -> str:
     return best
 
 
+#: the compute capability from which NVIDIA cards multiply bf16 natively (Ampere)
+BF16_CAPABILITY = (8, 0)
+
+
+def cuda_bf16_native(device: torch.device | str = "cuda") -> bool:
+    """Whether the CUDA ``device`` multiplies bf16 natively: compute capability 8.0 or newer and, where
+    torch can say so, ``is_bf16_supported(including_emulation=False)`` on that device."""
+    device = torch.device(device)
+    if tuple(torch.cuda.get_device_capability(device)) < BF16_CAPABILITY:
+        return False
+    check = torch.cuda.is_bf16_supported
+    if "including_emulation" not in inspect.signature(check).parameters:  # older torch: capability alone
+        return True
+    with torch.cuda.device(device):
+        return bool(check(including_emulation=False))
+
+
+def strict_float32() -> None:
+    """IEEE float32 products on CUDA from now on (TF32 off for cuBLAS matmuls and cuDNN), so float32
+    features equal the CPU's to float32 rounding. Process-wide, as torch's flags are; bf16 runs are
+    unaffected."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def choose(device: torch.device | str = "cpu", width: int = 768,
            allowed: tuple[str, ...] | None = None) -> tuple[str, str]:
     """``(dtype, why)`` for ``--dtype auto`` on ``device``, among ``allowed`` dtypes (default: every float)."""
     kind = torch.device(device).type
     if kind == "cuda":
-        native = torch.cuda.is_bf16_supported()
-        return ("bfloat16" if native else "float32"), "auto on a CUDA device: bf16 where it supports it"
+        major, minor = torch.cuda.get_device_capability(device)
+        card = f"{torch.cuda.get_device_name(device)}, compute capability {major}.{minor}"
+        if cuda_bf16_native(device) and (allowed is None or "bfloat16" in allowed):
+            return "bfloat16", f"auto on CUDA ({card}): bf16, native on this card"
+        return "float32", f"auto on CUDA ({card}): float32 (IEEE, TF32 off), bf16 is not native here"
     if kind != "cpu":
         return "float32", f"auto on {kind}: float32"
     rates, cached = measured_rates(width)

@@ -5,11 +5,18 @@
 - :class:`FeatureRunner` turns token batches into float32 feature arrays for extraction:
   compute dtype, engine (PyTorch or OpenVINO, :mod:`reservoir.runtime.engines`), static shapes
   for the compiled graph, padding rows dropped.
+
+On a CUDA device, batches are copied into page-locked host buffers from a reused pool
+(:class:`PinnedPool`) on the prefetch thread, the forward and both copies run on the device's own
+current stream, and features come back as a :class:`Pending` copy whose completion event is
+recorded on that stream; nothing in the batch loop waits for the device except the first batch's
+timing (the compile decision's probe).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -20,6 +27,7 @@ from reservoir.model.backbones import Backbone, freeze
 from reservoir.model.devices import DTYPES
 from reservoir.model.reservoir import FixedDepths, Reservoir, readout_positions
 from reservoir.runtime.dtypes import choose as choose_dtype
+from reservoir.runtime.dtypes import strict_float32
 from reservoir.runtime import records
 from reservoir.runtime.engines import (ENGINE_RATES, INT8_DTYPES, MEASURE_MIN_ROWS, OpenVINOForward,
                                        choose_engine, engine_key, faster_engine, measured_reason)
@@ -30,6 +38,9 @@ from reservoir.tasks import TaskSpec
 WIDTH_MULTIPLE = 64
 #: batches whose time a :class:`FeatureRunner` keeps (the compile decision's measurements)
 TIMED_BATCHES = 64
+#: free page-locked buffers a :class:`PinnedPool` keeps per shape: the batches in flight (prefetched
+#: inputs, features queued for the writer) with room to spare
+PINNED_KEEP = 8
 
 
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> str:
@@ -78,18 +89,72 @@ class CompiledOrEager:
             return self.eager(*args, **kwargs)
 
 
+class PinnedPool:
+    """Reused page-locked host buffers, so a batch in flight never allocates one.
+
+    :meth:`take` lends a buffer of at least the rows asked for (viewed to the shape asked); :meth:`give`
+    returns it with the CUDA event after which it is free (the copy that reads or fills it), and
+    it is lent again only once that event has completed. At most ``keep`` free buffers are kept
+    per row shape and dtype. Thread-safe: inputs are taken on the prefetch thread, features given
+    back on the writer's. ``pin=False`` lends ordinary memory (the same bookkeeping on a CPU).
+    """
+
+    def __init__(self, pin: bool = True, keep: int = PINNED_KEEP):
+        self.pin, self.keep = pin, keep
+        self.free: dict[tuple, list[tuple[torch.Tensor, Any]]] = {}
+        self.lent: dict[int, torch.Tensor] = {}
+        self.allocated = 0
+        self.lock = threading.Lock()
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        rows, key = shape[0], (tuple(shape[1:]), dtype)
+        with self.lock:
+            kept = self.free.setdefault(key, [])
+            found = next((i for i, (buf, ready) in enumerate(kept)
+                          if len(buf) >= rows and (ready is None or ready.query())), None)
+            if found is None:
+                buf = torch.empty(tuple(shape), dtype=dtype, pin_memory=self.pin)
+                self.allocated += 1
+            else:
+                buf = kept.pop(found)[0]
+            view = buf[:rows]
+            self.lent[view.data_ptr()] = buf
+        return view
+
+    def give(self, view: torch.Tensor, ready: Any = None) -> None:
+        """Return a buffer :meth:`take` lent (a buffer given back twice is kept once)."""
+        with self.lock:
+            buf = self.lent.pop(view.data_ptr(), None)
+            if buf is None:
+                return
+            kept = self.free.setdefault((tuple(buf.shape[1:]), buf.dtype), [])
+            kept.append((buf, ready))
+            del kept[:-self.keep]
+
+    def copy_in(self, array: np.ndarray) -> torch.Tensor:
+        """A lent buffer holding ``array``."""
+        source = torch.from_numpy(np.ascontiguousarray(array))
+        return self.take(source.shape, source.dtype).copy_(source)
+
+
 class Pending(NamedTuple):
-    """Features being copied from the GPU into pinned host memory; :func:`resolve` waits for them."""
+    """Features being copied from the GPU into a pinned host buffer; :func:`resolve` waits for them
+    and returns the buffer to ``pool``."""
 
     host: torch.Tensor
-    done: Any  # torch.cuda.Event
+    done: Any  # torch.cuda.Event, recorded on the device's stream after the copy
+    pool: PinnedPool | None = None
 
 
 def resolve(features: "np.ndarray | Pending") -> np.ndarray:
-    """The features as a numpy array (waiting for a GPU copy to finish)."""
+    """The features as a numpy array (waiting for a GPU copy to finish; the pinned buffer is copied
+    out and lent again)."""
     if isinstance(features, Pending):
         features.done.synchronize()
-        return features.host.numpy()
+        array = features.host.numpy().copy()
+        if features.pool is not None:
+            features.pool.give(features.host)
+        return array
     return features
 
 
@@ -99,12 +164,15 @@ def round_width(width: int, seq_len: int, multiple: int = WIDTH_MULTIPLE) -> int
 
 
 class Batch(NamedTuple):
-    """Model inputs of one batch; rows past ``n`` are padding whose outputs are dropped."""
+    """Model inputs of one batch; rows past ``n`` are padding whose outputs are dropped. On CUDA the
+    tensors are buffers lent by the runner's :class:`PinnedPool`, returned once the batch is copied
+    to the device (so a batch runs once)."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
     readout: torch.Tensor
     n: int
+    pinned: bool = False
 
 
 class FeatureRunner:
@@ -121,7 +189,9 @@ class FeatureRunner:
         ``torch`` engine only).
     batch_size : when compiling, smaller batches are padded to this many rows so one graph serves.
     device : where the backbone runs (:func:`resolve_device`); batches are prepared on the CPU
-        (pinned for CUDA) and features come back as CPU arrays.
+        (in reused pinned buffers for CUDA) and features come back as CPU arrays. float32 on CUDA
+        is IEEE float32 (TF32 off, :func:`reservoir.runtime.dtypes.strict_float32`); bf16 is the fast
+        dtype there.
     engine : ``"torch"``, ``"openvino"`` or ``"auto"`` (:func:`reservoir.runtime.engines.choose_engine`;
         auto runs PyTorch when OpenVINO cannot convert the model or its check fails).
     tokens : tokens the run will extract (``engine="auto"`` takes OpenVINO for long runs only).
@@ -146,6 +216,11 @@ class FeatureRunner:
         reservoir.backbone.check_depths(self.depths)
         self.device = torch.device(device)
         self.dtype_name = resolve_dtype(dtype, self.device)
+        if self.device.type == "cuda" and self.dtype_name == "float32":
+            strict_float32()
+        on_cuda = self.device.type == "cuda"
+        #: page-locked buffers for the batches' inputs and for the features copied back (CUDA only)
+        self.inputs, self.outputs = PinnedPool(on_cuda), PinnedPool(on_cuda)
         self.engine, self.engine_reason = choose_engine(engine, self.dtype_name, self.device, reservoir.backbone,
                                                         tokens)
         #: ``auto`` between float engines: the key of this CPU and model's measured rates, while the
@@ -159,9 +234,9 @@ class FeatureRunner:
         self.reservoir = freeze(reservoir.float()).eval().to(self.device)
         self.backbone = self.reservoir.backbone
         self.batch_size = batch_size
-        #: ``(real tokens, seconds, compiled)`` of the first :data:`TIMED_BATCHES` CPU batches, for the
-        #: compile decision (:mod:`reservoir.runtime.compiling`)
-        self.timings: list[tuple[int, float, bool]] = []
+        #: ``(real tokens, seconds or a CUDA (start, end) event pair, compiled)`` of the first
+        #: :data:`TIMED_BATCHES` batches (:attr:`timings`)
+        self._timed: list[tuple[int, Any, bool]] = []
         if self.engine == "openvino":
             batches = None if calibration is None else \
                 (lambda: [tuple(t.numpy() for t in self.prepare(x, n, padded)[:3]) for x, n in calibration()])
@@ -250,6 +325,20 @@ class FeatureRunner:
     def compiled(self) -> bool:
         return getattr(self.forward, "compiled", False)
 
+    @property
+    def timings(self) -> list[tuple[int, float, bool]]:
+        """``(real tokens, seconds, compiled)`` of the first :data:`TIMED_BATCHES` batches, for the compile
+        decision (:mod:`reservoir.runtime.compiling`); on CUDA, the device time between events
+        recorded on its stream around the forward (reading it waits for those batches)."""
+        out = []
+        for tokens, took, compiled in self._timed:
+            if isinstance(took, tuple):
+                start, end = took
+                end.synchronize()
+                took = start.elapsed_time(end) / 1000
+            out.append((tokens, took, compiled))
+        return out
+
     def prepare(self, tokens: np.ndarray, lengths: np.ndarray, padded: bool = False) -> Batch:
         """Model inputs for a batch (thread-safe: runs on the prefetch thread).
 
@@ -269,10 +358,10 @@ class FeatureRunner:
                 lengths = np.concatenate([lengths, np.full(rows - n, wide, dtype=np.int64)])
         lengths_t = torch.from_numpy(lengths)
         readout = readout_positions(lengths_t, self.spec.n_readout, width if padded else None)
-        tokens_t = torch.from_numpy(np.ascontiguousarray(tokens))
         if self.device.type == "cuda":  # page-locked, so the copy to the GPU overlaps compute
-            tokens_t, lengths_t, readout = tokens_t.pin_memory(), lengths_t.pin_memory(), readout.pin_memory()
-        return Batch(tokens_t, lengths_t, readout, n)
+            pool = self.inputs
+            return Batch(pool.copy_in(tokens), pool.copy_in(lengths), pool.copy_in(readout.numpy()), n, True)
+        return Batch(torch.from_numpy(np.ascontiguousarray(tokens)), lengths_t, readout, n)
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> np.ndarray:
@@ -283,19 +372,45 @@ class FeatureRunner:
     def run_async(self, batch: Batch) -> "np.ndarray | Pending":
         """As :meth:`run`, but on a GPU the copy back to (pinned) host memory is only started: the
         result is a :class:`Pending` that the writer thread resolves while the next batch runs."""
+        tokens = int(batch.lengths[: batch.n].sum())
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                return self._run_cuda(batch, tokens)
         args = [t.to(self.device, non_blocking=True) for t in (batch.tokens, batch.lengths, batch.readout)]
         start = time.perf_counter()
+        features = self._call(*args)[: batch.n].cpu().numpy()
+        self._keep_time(tokens, time.perf_counter() - start)
+        return features
+
+    def _keep_time(self, tokens: int, took: Any) -> None:
+        if len(self._timed) < TIMED_BATCHES:  # a long-lived runner (the API's) keeps no growing log
+            self._timed.append((tokens, took, self.compiled))
+
+    def _run_cuda(self, batch: Batch, tokens: int) -> Pending:
+        """Copy in, forward and copy out, all queued on this device's current stream (the caller made
+        ``self.device`` current); the input buffers go back to the pool once their copy is done."""
+        stream = torch.cuda.current_stream(self.device)
+        args = [t.to(self.device, non_blocking=True) for t in (batch.tokens, batch.lengths, batch.readout)]
+        if batch.pinned:
+            copied = torch.cuda.Event()
+            copied.record(stream)
+            for t in (batch.tokens, batch.lengths, batch.readout):
+                self.inputs.give(t, copied)
+        if not self._timed and not self.compiled:
+            self._call(*args)  # the first CUDA call loads kernels and sets up cuBLAS: not the eager rate
+        start = end = None
+        if len(self._timed) < TIMED_BATCHES:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
         out = self._call(*args)[: batch.n]
-        if self.device.type != "cuda":
-            features = out.cpu().numpy()
-            if len(self.timings) < TIMED_BATCHES:  # a long-lived runner (the API's) keeps no growing log
-                self.timings.append((int(batch.lengths[: batch.n].sum()), time.perf_counter() - start, self.compiled))
-            return features
-        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        if end is not None:
+            end.record(stream)
+            self._keep_time(tokens, (start, end))
+        host = self.outputs.take(out.shape, out.dtype)
         host.copy_(out, non_blocking=True)
         done = torch.cuda.Event()
-        done.record()
-        return Pending(host, done)
+        done.record(stream)
+        return Pending(host, done, self.outputs)
 
     def __call__(self, tokens: np.ndarray, lengths: np.ndarray, padded: bool = False) -> np.ndarray:
         return self.run(self.prepare(tokens, lengths, padded))

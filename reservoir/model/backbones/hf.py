@@ -149,6 +149,8 @@ class HFBackbone(Backbone):
     model_types: tuple[str, ...] = ()
     #: an example name for ``reservoir backbones``
     example = ""
+    #: auto compiles only adapters that run their blocks themselves (``"compile"`` in ``fast_paths``), never the hooks
+    compilable = property(lambda self: "compile" in self.fast_paths)
 
     def __init__(self, model: nn.Module, *, quiet: bool = False):
         super().__init__()
