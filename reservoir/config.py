@@ -366,8 +366,12 @@ class TrainConfig:
     batch_size : training examples per step.
     eval_batch_size : examples per forward pass when scoring validation and test.
     eval_every : steps between validation passes (model selection and early stopping).
-    patience : validation passes without progress (neither a validation accuracy 0.1 points above the last
-        progress nor a validation loss 0.1% below its lowest) before stopping (0: never stop early).
+    patience : validation passes without progress before stopping (0: never stop early). Progress is a validation
+        accuracy 0.1 points above the last progress, a validation loss 0.1% below its lowest, or a training loss
+        still falling: the least-squares line through the mean training losses of the last 20 passes falls by 1%
+        or more, 2 standard errors or more (:func:`reservoir.train.loop.advance`). A run that converged or is
+        stuck has a flat training loss and stops; one whose validation wanders on a plateau while its training
+        loss falls goes on.
     target : validation accuracy whose first crossing is reported as ``steps_to_target``.
     stop_at : validation accuracy at which a run counts as solved and stops (default 1.0: only a perfect
         validation pass stops it before ``patience``); may change on ``resume``, and a resumed run whose best

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -65,10 +67,10 @@ def test_only_selected_groups_change(tiny_gpt2, home):
     assert all(p.requires_grad == (id(p) in chosen) for p in model.parameters())
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     data = task.load("train", home)
-    from reservoir.train import batch_tensors
+    from reservoir.train import batch_tensors, loop
 
     model.train()
-    train_step(model, params, torch.optim.Adam(params, lr=1e-2), batch_tensors(task, data, np.arange(16)),
+    train_step(model, params, loop.optimizer(params, 1e-2), batch_tensors(task, data, np.arange(16)),
                "float32", 1.0)
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     names = {id(p): n for n, p in model.named_parameters()}
@@ -127,9 +129,11 @@ def test_evaluate_scores_every_example_of_the_split():
 
 def test_patience_counts_a_falling_validation_loss_as_progress(tiny_gpt2, home, monkeypatch):
     """Bit XOR's 75% plateau: validation accuracy flat while the loss falls 1% a pass is progress (the
-    run goes on to solve it); a loss falling less than 0.1% a pass is not, and patience stops the run."""
+    run goes on to solve it); a loss falling less than 0.1% a pass is not, and patience stops the run (the
+    training loss's own trend, tests/test_stopping.py, is held flat here)."""
     from reservoir.train import loop
 
+    monkeypatch.setattr(loop, "loss_falling", lambda losses: False)
     falling = [0.5 * 0.99 ** i for i in range(12)]
     flat = [falling[-1] * (1 - 1e-4 * i) for i in range(1, 30)]
     passes = iter(falling + flat)
@@ -137,8 +141,8 @@ def test_patience_counts_a_falling_validation_loss_as_progress(tiny_gpt2, home, 
     result = train(xor_cfg(tiny_gpt2, home, steps=40, eval_every=1, patience=3, checkpoint_every=0), progress=False)
     run = result["runs"][0]
     assert run["steps"] == 12 + 3 and run["best_step"] == 1
-    assert run["stop_reason"] == ("no validation accuracy 0.1 points higher and no validation loss 0.1% lower in 3 "
-                                  "validation passes")
+    assert run["stop_reason"] == ("no validation accuracy 0.1 points higher, no validation loss 0.1% lower and no "
+                                  "falling training loss in 3 validation passes")
     assert [h["val_loss"] for h in run["history"]] == falling + flat[:3]
 
 
@@ -146,8 +150,10 @@ def test_patience_counts_a_falling_validation_loss_as_progress(tiny_gpt2, home, 
 def test_patience_counts_accuracy_progress_of_a_tenth_of_a_point(tiny_gpt2, home, monkeypatch, rise, steps):
     """A plateau scored over many outputs: records of 0.03 points a pass are noise, and patience (3) stops
     the run at its fourth pass, on the last record; a creep of 0.06 a pass adds up to 0.1 points every
-    second pass, is progress, and runs to --steps (12). The loss is flat throughout."""
+    second pass, is progress, and runs to --steps (12). The losses are flat throughout."""
     from reservoir.train import loop
+
+    monkeypatch.setattr(loop, "loss_falling", lambda losses: False)
 
     accuracies = iter([0.7 + rise * i for i in range(20)])
     monkeypatch.setattr(loop, "scores", lambda *args, **kw: (next(accuracies), 0.5))
@@ -261,7 +267,8 @@ def test_a_diverging_learning_rate_is_set_aside_and_the_sweep_goes_on(tiny_gpt2,
     real = loop.train_step
 
     def step(forward, params, opt, *args):  # the loss of a run at a learning rate above 1 is NaN
-        return float("nan") if opt.param_groups[0]["lr"] > 1 else real(forward, params, opt, *args)
+        nan = torch.tensor(float("nan"))
+        return (nan, nan) if opt.param_groups[0]["lr"] > 1 else real(forward, params, opt, *args)
     monkeypatch.setattr(loop, "train_step", step)
     result = train(xor_cfg(tiny_gpt2, home, lr=(1e-3, 50.0), seeds=2, steps=10), progress=False)
     assert result["lr"] == 1e-3 and "training loss became nan at step 1" in result["sweep"]["50"]["diverged"]
@@ -414,17 +421,41 @@ def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_gpt2, tmp_path):
     assert a["runs"][0]["history"] == b["runs"][0]["history"]
 
 
-def test_non_finite_gradients_with_a_finite_loss_are_named_not_blamed_on_the_learning_rate():
-    from reservoir.train.loop import train_step
+def test_non_finite_gradients_skip_the_step_on_the_device_and_the_next_read_names_them():
+    """A step whose gradient norm is NaN returns without waiting for the device and leaves parameters and Adam's
+    moments and step count as they were; the read of its loss and norm names the step and blames the backward
+    pass, not the learning rate (a NaN loss is blamed on the learning rate)."""
+    from reservoir.train.loop import Diverged, optimizer, read_steps, train_step
 
     layer = torch.nn.Linear(3, 2)
-    layer.weight.register_hook(lambda g: g * float("nan"))
-    opt = torch.optim.Adam(layer.parameters())
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[0.1, 0.1, 0.1], [0.2, 0.2, 0.2]]))
+        layer.bias.zero_()
+    params = list(layer.parameters())
+    opt = optimizer(params, 1e-2)
     forward = lambda tokens, lengths: layer(tokens)[:, None, None, :]  # noqa: E731  (B, readout, outputs, classes)
     batch = (torch.ones(4, 3), torch.full((4,), 1), torch.zeros(4, 1, 1, dtype=torch.long))
-    with pytest.raises(FloatingPointError, match="gradient norm nan with a finite loss"):
-        train_step(forward, list(layer.parameters()), opt, batch, "float32", 1.0)
-    assert torch.isfinite(layer.weight).all()  # no step was taken
+    steps = [train_step(forward, params, opt, batch, "float32", 1.0)]
+    before = [p.detach().clone() for p in params]
+    exp_avg = opt.state[layer.weight]["exp_avg"].clone()
+    hook = layer.weight.register_hook(lambda g: g * float("nan"))
+    steps.append(train_step(forward, params, opt, batch, "float32", 1.0))
+    assert all(isinstance(t, torch.Tensor) for t in steps[1]) and steps[1][1].isnan()
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    assert torch.equal(opt.state[layer.weight]["exp_avg"], exp_avg) and float(opt.state[layer.weight]["step"]) == 1
+    hook.remove()
+    steps.append(train_step(forward, params, opt, batch, "float32", 1.0))
+    assert float(opt.state[layer.weight]["step"]) == 2 and not torch.equal(layer.weight, before[0])
+    assert read_steps(steps[:1], 0, "[run]", 1e-2) == [pytest.approx(float(steps[0][0]))]
+    # logits 0.3 and 0.6 for class 0 and 1; Adam's first step (0.01 a parameter) closes the gap by 0.08
+    assert float(steps[1][0]) == pytest.approx(math.log1p(math.exp(0.22)), abs=1e-4)
+    said = (r"^\[run\] the gradients are not finite at step 42 \(gradient norm nan with a finite loss "
+            rf"{float(steps[1][0]):.4g}\): with a finite loss this is an overflow")
+    with pytest.raises(Diverged, match=said):
+        read_steps(steps, 40, "[run]", 1e-2)
+    nan = torch.tensor(float("nan"))
+    with pytest.raises(Diverged, match=r"the training loss became nan at step 2; lower --lr \(now 0\.01\)"):
+        read_steps([steps[0], (nan, nan)], 0, "[run]", 1e-2)
 
 
 @pytest.mark.parametrize("limit, held, left, classes", [("3", 1, 2, 3), ("60", 6, 54, 10)])
@@ -517,3 +548,139 @@ def test_progress_shows_a_bar_of_steps_between_whole_validation_lines(tiny_gpt2,
     assert bars[0].split("|")[-1].strip().startswith("20/30") and "30/30" in bars[-1]
     train_run(dataclasses.replace(cfg, checkpoint_dir=home / "quiet"), task, data, lr=1e-3, seed=0, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_batches_are_built_one_step_ahead_on_a_worker_thread_and_pinned_only_for_cuda(monkeypatch):
+    """Each step's batch is the rows of its epoch's seeded order, built on another thread than the caller's while
+    the step before it runs (taking step s has already asked for step s + 1); pinned only for a CUDA device."""
+    import threading
+
+    from reservoir.train import loop
+
+    task = get_task("bit_xor", **XOR_OPTS)
+    data = task.load("train", Path("."))
+    built = []
+    real = loop.batch_tensors
+
+    def recording(task, d, rows):
+        built.append((threading.current_thread() is threading.main_thread(), rows[0]))
+        return real(task, d, rows)
+
+    monkeypatch.setattr(loop, "batch_tensors", recording)
+    with loop.Batches(task, data, 3, 16, torch.device("cpu")) as batches:
+        per_epoch = len(data) // 16
+        for step in (0, 1, 2, per_epoch, per_epoch + 1):
+            rows = loop.epoch_order(3, step // per_epoch, len(data))[(step % per_epoch) * 16:][:16]
+            got = batches.take(step)
+            assert all(torch.equal(a, b) for a, b in zip(got, real(task, data, rows)))
+            assert not any(t.is_pinned() for t in got)
+        assert batches.rows(per_epoch).tolist() != batches.rows(0).tolist()  # a new epoch, a new order
+    assert not any(on_main for on_main, _ in built)
+    # each take started the next step's build: step 3 was built though never taken (the worker builds in order;
+    # step per_epoch + 2, asked for last, may be cancelled at close)
+    firsts = [int(loop.epoch_order(3, s // per_epoch, len(data))[(s % per_epoch) * 16]) for s in
+              (0, 1, 2, 3, per_epoch, per_epoch + 1)]
+    assert [int(first) for _, first in built[:6]] == firsts and len(built) in (6, 7)
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t)
+    with loop.Batches(task, data, 3, 16, torch.device("cuda", 0)) as batches:
+        batches.take(0)
+    assert len(pinned) >= 3  # tokens, lengths and labels of step 0
+
+
+class FakeCuda:
+    """torch.cuda's generator functions for a machine without CUDA: one generator state per device index."""
+
+    def __init__(self, monkeypatch):
+        self.states = {0: torch.arange(16, dtype=torch.uint8)}
+        index = lambda device: torch.device(device).index or 0  # noqa: E731
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": self.states[index(device)].clone())
+        monkeypatch.setattr(torch.cuda, "set_rng_state",
+                            lambda state, device="cuda": self.states.__setitem__(index(device), state.clone()))
+
+
+def test_checkpoints_of_a_cuda_run_carry_its_device_generator_and_resume_restores_it(tiny_gpt2, home, monkeypatch):
+    """The RNG block of a CUDA run's checkpoint holds the CUDA generator's state beside the CPU's, loads with
+    weights_only=True, and load_checkpoint puts both back; a CPU run's block holds the CPU's alone (a fake CUDA
+    stands in here; tests/test_cuda.py resumes a real CUDA run to the uninterrupted one's history)."""
+    from reservoir.train.checkpoint import RunState, load_checkpoint, save_checkpoint
+    from reservoir.train.loop import optimizer
+
+    fake = FakeCuda(monkeypatch)
+    cuda = torch.device("cuda", 0)
+    params = [torch.nn.Parameter(torch.ones(3))]
+    opt = optimizer(params, 1e-3)
+    identity = {"run": 1}
+    save_checkpoint(home / "gpu.pt", params, opt, RunState(step=5), identity, cuda)
+    save_checkpoint(home / "cpu.pt", params, opt, RunState(step=5), identity, torch.device("cpu"))
+    gpu = torch.load(home / "gpu.pt", weights_only=True)
+    assert set(gpu["rng"]) == {"torch", "cuda"} and torch.equal(gpu["rng"]["cuda"], fake.states[0])
+    assert set(torch.load(home / "cpu.pt", weights_only=True)["rng"]) == {"torch"}
+    saved_cpu = torch.get_rng_state()
+    fake.states[0] = torch.zeros(16, dtype=torch.uint8)
+    torch.rand(3)
+    assert load_checkpoint(home / "gpu.pt", params, opt, identity, cuda).step == 5
+    assert torch.equal(fake.states[0], torch.arange(16, dtype=torch.uint8))
+    assert torch.equal(torch.get_rng_state(), saved_cpu)
+
+
+def test_generator_states_round_trip_on_the_cpu_and_a_run_forks_its_generators():
+    """The helper a checkpoint uses gathers the CPU generator's state and restores it (the draws after equal the
+    draws before); run_generators seeds the run's generator from its seed and gives the caller's back untouched."""
+    from reservoir.train.seeds import derive, generator_states, run_generators, set_generator_states
+
+    cpu = torch.device("cpu")
+    states = generator_states(cpu)
+    assert set(states) == {"torch"}
+    first = torch.rand(4)
+    set_generator_states(states, cpu)
+    assert torch.equal(torch.rand(4), first)
+    before = torch.get_rng_state()
+    with run_generators(7, cpu):
+        inside = torch.rand(4)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(inside, torch.rand(4, generator=torch.Generator().manual_seed(derive(7, "dropout"))))
+
+
+@pytest.mark.parametrize("capability, emulated_only, dtype", [((7, 5), True, "float32"), ((8, 0), False, "bfloat16")])
+def test_auto_trains_in_bf16_only_on_a_card_that_multiplies_it_natively(monkeypatch, capability, emulated_only, dtype):
+    """A Turing card (7.5) runs bf16 only emulated, slower than float32 (torch's is_bf16_supported() still says
+    yes): --dtype auto trains in float32 there and in bf16 on an Ampere (8.0); an explicit bf16 on the emulating
+    card runs as asked and the log says it is emulated."""
+    from reservoir.train.loop import train_dtype
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Card")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: including_emulation or not emulated_only)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    said = []
+    assert train_dtype("auto", torch.device("cuda", 0), 64, said.append, "[run]") == dtype
+    assert said and said[0].startswith("[run] auto on CUDA (Card")
+    said.clear()
+    assert train_dtype("bfloat16", torch.device("cuda", 0), 64, said.append, "[run]") == "bfloat16"
+    assert said == (["[run] --dtype bfloat16: Card emulates bf16, slower than float32; --dtype auto runs float32 on it"]
+                    if emulated_only else [])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_training_step_on_cuda_never_synchronises_the_host(tiny_gpt2):
+    """torch's sync debug mode turns every host synchronisation into an error: a step (pinned batch, forward,
+    backward, clipping, fused Adam with found_inf) runs under it."""
+    from reservoir.train.loop import Batches, optimizer
+
+    task = get_task("bit_xor", **XOR_OPTS)
+    model = FPT(task.spec, load_backbone(str(tiny_gpt2), 0), blocks=2, seed=0).cuda()
+    params, _ = select_trainable(model, ("input", "pos", "ln", "out"))
+    opt = optimizer(params, 1e-3)
+    model.train()
+    with Batches(task, task.load("train", Path(".")), 0, 16, torch.device("cuda")) as batches:
+        train_step(model, params, opt, batches.take(0), "float32", 1.0)  # the first step initialises Adam's state
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for step in range(1, 4):
+                loss, norm = train_step(model, params, opt, batches.take(step), "float32", 1.0)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert loss.is_cuda and norm.is_cuda and torch.isfinite(loss)

@@ -1,8 +1,9 @@
 """Checkpoints of a training run: named and checked by the run's identity, written atomically.
 
 A checkpoint holds the trainable parameters, the optimiser, the run state (step, best
-validation and its parameters, history) and the run's torch RNG state, so ``--resume``
-continues exactly. Its file name carries the run's readable name and the digest of its
+validation and its parameters, history) and the state of every torch generator the run draws
+from (the CPU's and, on CUDA, the device's: :func:`reservoir.train.seeds.generator_states`), so
+``--resume`` continues exactly. Its file name carries the run's readable name and the digest of its
 identity; ``--resume`` with other settings finds no checkpoint of its own identity and is
 refused, naming the fields that differ from the one it finds.
 
@@ -27,8 +28,11 @@ from reservoir.identity import data_fingerprint, differences, digest, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.results import atomic_write
 from reservoir.tasks.pickles import refused_by_torch, torch_load_reason
+from reservoir.train.seeds import generator_states, set_generator_states
 
-CHECKPOINT_FORMAT = 2
+#: 3: the optimiser is fused Adam (a step with non-finite gradients is skipped on the device) and the RNG block
+#: holds the CUDA generator of a CUDA run
+CHECKPOINT_FORMAT = 3
 #: TrainConfig fields that may change between a checkpoint and its ``--resume`` (they do not
 #: change the numbers of the steps already taken)
 RESUMABLE_CHANGES = ("steps", "stop_at", "resume", "checkpoint_every", "checkpoint_dir", "compile", "device",
@@ -92,17 +96,22 @@ def check_resumable(path: Path, name: str, identity: dict[str, Any]) -> None:
             old = torch.load(other, map_location="cpu", weights_only=True)["identity"]
         except Exception:  # noqa: BLE001 - an unreadable neighbour says nothing about this run
             continue
+        if old.get("format") != CHECKPOINT_FORMAT:
+            raise IdentityError(f"checkpoint {other} was written by another version of reservoir (checkpoint format "
+                                f"{old.get('format')!r}; this version reads format {CHECKPOINT_FORMAT}) and cannot be "
+                                "resumed by it; drop --resume to start the run over (that file is left as it is)")
         raise IdentityError(f"checkpoint {other} was written with other settings: {'; '.join(differences(old, identity))}; "
                             "rerun with the same options to resume it, or drop --resume to start a new run")
 
 
 def save_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Optimizer, state: RunState,
-                    identity: dict[str, Any]) -> None:
-    """Write atomically (:func:`reservoir.results.atomic_write`)."""
+                    identity: dict[str, Any], device: torch.device = torch.device("cpu")) -> None:
+    """Write atomically (:func:`reservoir.results.atomic_write`); ``device`` is the run's, whose generator is saved
+    beside the CPU's."""
     obj = {
         "format": CHECKPOINT_FORMAT, "version": __version__, "identity": identity,
         "params": [p.detach().clone() for p in params], "optimizer": opt.state_dict(),
-        "state": dataclasses.asdict(state), "rng": {"torch": torch.get_rng_state()},
+        "state": dataclasses.asdict(state), "rng": generator_states(device),
     }
     atomic_write(path, lambda f: torch.save(obj, f))
 
@@ -123,8 +132,9 @@ def read_checkpoint(path: Path, fix: str) -> dict[str, Any]:
 
 
 def load_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Optimizer,
-                    identity: dict[str, Any]) -> RunState:
-    """Restore parameters, optimiser and RNG from ``path``; refuse a checkpoint of another identity."""
+                    identity: dict[str, Any], device: torch.device = torch.device("cpu")) -> RunState:
+    """Restore parameters, optimiser and the generators of a run on ``device`` from ``path``; refuse a checkpoint
+    of another identity."""
     obj = read_checkpoint(path, "delete it to start over")
     diff = differences(obj["identity"], identity)
     if diff:
@@ -138,5 +148,5 @@ def load_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Opt
         for p, saved in zip(params, obj["params"], strict=True):
             p.copy_(saved)
     opt.load_state_dict(obj["optimizer"])
-    torch.set_rng_state(obj["rng"]["torch"])
+    set_generator_states(obj["rng"], device)
     return RunState(**obj["state"])

@@ -9,14 +9,23 @@ whose conclusions flip with the learning rate:
   random test batches), with the parameters of the best validation step;
 - every source of randomness draws from a named stream of the run's seed
   (:mod:`reservoir.train.seeds`): the data order is a function of ``(seed, epoch)``, dropout
-  uses a torch RNG state forked for the run (the caller's global RNG is untouched) and
-  checkpointed, so a resumed run continues exactly where the checkpoint left it.
+  draws from torch generators forked for the run (the CPU's and, on CUDA, the device's; the
+  caller's are untouched) and checkpointed, so a resumed run continues exactly where the
+  checkpoint left it.
 
-A run stops at ``steps``, after ``patience`` validation passes without progress (neither a
-validation accuracy 0.1 points above the last progress nor a validation loss 0.1% below its
-lowest), or when validation accuracy reaches ``stop_at`` (by default 100%: it cannot improve
-further). With ``save_backbone``, the run's trained backbone (at its best validation step) is
-then saved as a backbone folder (:mod:`reservoir.train.export`).
+A step never waits for the host and the host never waits for a step: the next step's batch is
+built (and pinned, on CUDA) on a worker thread while the device runs the current one
+(:class:`Batches`), and each step's loss and gradient norm stay on the device until the next
+validation pass or checkpoint reads them all at once (:func:`read_steps`). A step whose
+gradient norm is not finite is skipped on the device (fused Adam's ``found_inf``: parameters,
+moments and step count stay as they were), and the read that finds it stops the run, naming
+the step.
+
+A run stops at ``steps``, after ``patience`` validation passes without progress (no validation
+accuracy 0.1 points above the last progress, no validation loss 0.1% below its lowest, and no
+training loss still falling: :func:`advance`), or when validation accuracy reaches ``stop_at``
+(by default 100%: it cannot improve further). With ``save_backbone``, the run's trained backbone
+(at its best validation step) is then saved as a backbone folder (:mod:`reservoir.train.export`).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -38,7 +48,7 @@ from reservoir.config import TRAIN_DTYPES, TrainConfig
 from reservoir.errors import DataError, UsageError
 from reservoir.model.devices import resolve_device
 from reservoir.model.reservoir import check_length
-from reservoir.runtime.dtypes import choose as choose_dtype
+from reservoir.runtime.dtypes import choose as choose_dtype, cuda_bf16_native
 from reservoir.runtime.machine import describe
 from reservoir.runtime.runner import CompiledOrEager
 from reservoir.identity import digest
@@ -51,7 +61,7 @@ from reservoir.train.checkpoint import (RunState, check_resumable, checkpoint_pa
                                         run_name, save_checkpoint, settings_identity)
 from reservoir.train.export import check_free, save_backbone
 from reservoir.train.model import FPT, format_counts, param_counts, select_trainable
-from reservoir.train.seeds import derive, rng
+from reservoir.train.seeds import rng, run_generators
 
 
 # ---------------------------------------------------------------- data
@@ -120,6 +130,51 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     return rng(seed, "data order", epoch).permutation(n)
 
 
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class Batches:
+    """The training batches of a run by step, each built on a worker thread while the step before it runs (and
+    pinned when the run's device is CUDA, so its copy to the device is asynchronous; pinned blocks come from
+    torch's caching host allocator, which reuses them). Full batches only: each epoch drops a different
+    remainder, and every step has one shape (one compiled graph)."""
+
+    def __init__(self, task: Task, data: SplitData, seed: int, batch_size: int, device: torch.device):
+        self.task, self.data, self.seed, self.batch_size = task, data, seed, batch_size
+        self.per_epoch = max(1, len(data) // batch_size)
+        self.pin = device.type == "cuda"
+        self._order: tuple[int, np.ndarray | None] = (-1, None)  # the worker thread's alone
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reservoir-batches")
+        self._ahead: tuple[int, Future] | None = None
+
+    def rows(self, step: int) -> np.ndarray:
+        """The training rows of step ``step`` (0-based): a function of (seed, step) alone."""
+        epoch, i = divmod(step, self.per_epoch)
+        if epoch != self._order[0]:
+            self._order = (epoch, epoch_order(self.seed, epoch, len(self.data)))
+        return self._order[1][i * self.batch_size:(i + 1) * self.batch_size]
+
+    def _build(self, step: int) -> Batch:
+        batch = batch_tensors(self.task, self.data, self.rows(step))
+        return tuple(t.pin_memory() for t in batch) if self.pin else batch
+
+    def take(self, step: int) -> Batch:
+        """The batch of ``step``; the worker starts building the next step's."""
+        ahead = self._ahead[1] if self._ahead is not None and self._ahead[0] == step else None
+        current = ahead or self._pool.submit(self._build, step)
+        self._ahead = (step + 1, self._pool.submit(self._build, step + 1))
+        return current.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> Batches:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 # ---------------------------------------------------------------- loop
 
 #: the relative fall of the lowest validation loss that counts as progress for ``patience``: bit XOR's
@@ -130,6 +185,12 @@ LOSS_PROGRESS = 1e-3
 #: plateau scored over many outputs (bit memory's 1,000,000 bits) the accuracy wanders by hundredths of
 #: a point, and every new record of that noise would otherwise restart the patience count
 ACC_PROGRESS = 1e-3
+#: validation passes whose mean training losses make the training-loss trend (:func:`loss_falling`)
+TREND_PASSES = 20
+#: the fall of the trend line over :data:`TREND_PASSES` passes, as a fraction of the loss, that counts as progress
+TREND_FALL = 0.01
+#: ... when it is also this many standard errors of the line's slope (a flat, noisy loss is not progress)
+TREND_T = 2.0
 
 
 def autocast(dtype: str, device: torch.device | str = "cpu"):
@@ -163,9 +224,17 @@ def evaluate(forward: Callable, task: Task, d: SplitData, batch_size: int, dtype
     return scores(forward, task, d, batch_size, dtype, device)[0]
 
 
-def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.Optimizer,
-               batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], dtype: str, grad_clip: float) -> float:
-    """One Adam step on one batch (the model must be in train mode; the batch moves to its device)."""
+def optimizer(params: list[nn.Parameter], lr: float) -> torch.optim.Adam:
+    """The run's Adam: fused, so that :func:`train_step` can skip a step on the device (``found_inf``)."""
+    return torch.optim.Adam(params, lr=lr, fused=True)
+
+
+def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.Optimizer, batch: Batch, dtype: str,
+               grad_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Adam step on one batch (the model must be in train mode; the batch moves to its device). Returns the
+    loss and the gradient norm as tensors on the device: nothing here waits for the device. A step whose gradient
+    norm is not finite is skipped by the device when ``opt`` is fused Adam (:func:`optimizer`): its kernel
+    leaves parameters, moments and step count as they were; :func:`read_steps` then stops the run."""
     device = params[0].device
     tokens, lengths, labels = (t.to(device, non_blocking=True) for t in batch)
     with autocast(dtype, device):
@@ -174,10 +243,32 @@ def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.O
     opt.zero_grad(set_to_none=True)
     loss.backward()
     norm = nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-    if not torch.isfinite(norm) and torch.isfinite(loss):
-        raise FloatingPointError(f"gradient norm {float(norm)} with a finite loss {float(loss.detach()):.4g}")
+    if opt.defaults.get("fused"):
+        opt.found_inf = (~torch.isfinite(norm)).to(torch.float32)
     opt.step()
-    return float(loss.detach())
+    return loss.detach(), norm.detach()
+
+
+def read_steps(steps: list[tuple[torch.Tensor, torch.Tensor]], first: int, tag: str, lr: float) -> list[float]:
+    """The losses of ``steps``, the (loss, gradient norm) device tensors of :func:`train_step` for steps
+    ``first + 1, first + 2, ...``, read in one synchronisation; Diverged naming the first step whose gradient
+    norm or loss is not finite."""
+    if not steps:
+        return []
+    losses, norms = torch.stack([torch.stack(s) for s in steps]).float().cpu().T.tolist()
+    for i, (loss, norm) in enumerate(zip(losses, norms)):
+        if not math.isfinite(norm) and math.isfinite(loss):
+            raise Diverged(
+                f"{tag} the gradients are not finite at step {first + i + 1} (gradient norm {norm} with a finite loss "
+                f"{loss:.4g}): with a finite loss this is an overflow in the backward pass, not the learning rate. "
+                "A known cause: a token whose hidden state is exactly zero (an all-zero input token in a backbone "
+                "without biases, e.g. SmolLM2, whose position parameters were set to zero), where RMSNorm's "
+                "derivative is 1/sqrt(eps) per block; the FPT draws position parameters that start at zero, so check "
+                "the backbone's own positions and norms")
+        if not math.isfinite(loss):
+            raise Diverged(f"{tag} the training loss became {loss} at step {first + i + 1}; lower --lr (now {lr:g}) "
+                           "or keep --grad-clip above 0")
+    return losses
 
 
 def machine_of(device: torch.device) -> str:
@@ -189,17 +280,71 @@ def machine_of(device: torch.device) -> str:
 
 def train_dtype(name: str, device: torch.device, width: int, log: Callable[[str], None], tag: str = "") -> str:
     """The compute dtype of a run: ``name``, or for ``auto`` the faster training dtype on ``device``, measured
-    at the backbone's ``width`` (:func:`reservoir.runtime.dtypes.choose`; said in the log)."""
-    if name != "auto":
-        return name
-    dtype, why = choose_dtype(device, width, allowed=TRAIN_DTYPES)
-    log(f"{tag} {why}".strip())
-    return dtype
+    at the backbone's ``width`` on a CPU, bf16 on a CUDA card only where it is native
+    (:func:`reservoir.runtime.dtypes.choose`; said in the log, as is an explicit bf16 the card emulates)."""
+    if name == "auto":
+        dtype, why = choose_dtype(device, width, allowed=TRAIN_DTYPES)
+        log(f"{tag} {why}".strip())
+        return dtype
+    if name == "bfloat16" and device.type == "cuda" and not cuda_bf16_native(device):
+        log(f"{tag} --dtype bfloat16: {torch.cuda.get_device_name(device)} emulates bf16, slower than float32; "
+            "--dtype auto runs float32 on it".strip())
+    return name
 
 
 def solved(state: RunState, stop_at: float) -> None:
     """End a run whose validation accuracy reached ``stop_at`` (``--stop-at``)."""
     state.done, state.stop_reason = True, f"validation accuracy reached {100 * stop_at:g}%"
+
+
+def loss_trend(losses: Sequence[float]) -> tuple[float, float]:
+    """``(fall, t)`` of the least-squares line through the logs of ``losses`` (one a validation pass): the
+    fraction of the loss the line falls over them, and its slope in standard errors (negative: falling)."""
+    y = np.log(np.maximum(np.asarray(losses, dtype=np.float64), 1e-12))
+    x = np.arange(len(y), dtype=np.float64) - (len(y) - 1) / 2
+    slope = float(x @ (y - y.mean()) / (x @ x))
+    residual = y - y.mean() - slope * x
+    se = math.sqrt(float(residual @ residual) / max(len(y) - 2, 1) / float(x @ x))
+    fall = -math.expm1(slope * (len(y) - 1))
+    return fall, (slope / se if se > 0 else math.copysign(math.inf, slope) if slope else 0.0)
+
+
+def loss_falling(losses: Sequence[float]) -> bool:
+    """Whether the training loss still falls: over its last :data:`TREND_PASSES` validation passes, its trend
+    line (:func:`loss_trend`) falls by :data:`TREND_FALL` of it or more, :data:`TREND_T` standard errors or more."""
+    window = list(losses)[-TREND_PASSES:]
+    if len(window) < 3:
+        return False
+    fall, t = loss_trend(window)
+    return fall >= TREND_FALL and t <= -TREND_T
+
+
+def advance(state: RunState, cfg: TrainConfig) -> None:
+    """The stopping rule, after the validation pass ``state.history[-1]``: record progress, the target, and stop
+    the run when it is solved (``stop_at``) or made no progress in ``patience`` passes.
+
+    Progress is any of: a validation accuracy :data:`ACC_PROGRESS` above the last progress, a validation loss
+    :data:`LOSS_PROGRESS` below its lowest, or a training loss still falling (:func:`loss_falling`). Validation
+    alone is noisy where it matters: on bit XOR a run's accuracy sits on a plateau and its validation loss
+    wanders for thousands of steps while the training loss (a mean over the pass's steps) keeps falling
+    until the run solves the task; a run that has converged or is stuck has a flat training loss and stops."""
+    last = state.history[-1]
+    val, val_loss = last["val_accuracy"], last["val_loss"]
+    state.evals_since_best += 1
+    if val - state.progress_val >= ACC_PROGRESS - 1e-12:  # 1e-12: 0.751 - 0.750 is not exactly 1e-3
+        state.progress_val, state.evals_since_best = val, 0
+    if val_loss < state.best_val_loss * (1 - LOSS_PROGRESS):
+        state.best_val_loss, state.evals_since_best = val_loss, 0
+    if loss_falling([h["loss"] for h in state.history]):
+        state.evals_since_best = 0
+    if cfg.target is not None and state.steps_to_target is None and val >= cfg.target:
+        state.steps_to_target = state.step
+    if val >= cfg.stop_at:
+        solved(state, cfg.stop_at)
+    elif cfg.patience and state.evals_since_best >= cfg.patience:
+        state.done, state.stop_reason = True, (
+            f"no validation accuracy {100 * ACC_PROGRESS:g} points higher, no validation loss {100 * LOSS_PROGRESS:g}% "
+            f"lower and no falling training loss in {cfg.patience} validation passes")
 
 
 def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int, progress: bool = True,
@@ -212,19 +357,20 @@ def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: in
     exception it raises interrupts the run as a kill would. ``on_trained(model)`` is called at
     the end with the model holding the parameters of the best validation step. ``shared`` is
     the sweep's :func:`~reservoir.train.checkpoint.settings_identity` (computed here when not given).
-    The run's torch RNG (dropout) is forked from the caller's and seeded from the run's seed.
+    The run's torch generators (dropout; the CPU's and a CUDA device's) are forked from the caller's and
+    seeded from the run's seed (:func:`reservoir.train.seeds.run_generators`).
     """
     if log is None:
         log = lambda msg: log_line(msg, progress)  # noqa: E731
     if shared is None:
         shared = settings_identity(cfg, task, data.named())
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive(seed, "dropout"))
-        return _train_run(cfg, task, data, lr=lr, seed=seed, on_step=on_step, log=log, show_counts=show_counts,
-                          shared=shared, on_trained=on_trained, progress=progress)
+    device = resolve_device(cfg.device)
+    with run_generators(seed, device):
+        return _train_run(cfg, task, data, lr=lr, seed=seed, device=device, on_step=on_step, log=log,
+                          show_counts=show_counts, shared=shared, on_trained=on_trained, progress=progress)
 
 
-def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int,
+def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int, device: torch.device,
                on_step: Callable[[int], None] | None, log: Callable[[str], None], show_counts: bool,
                shared: dict[str, Any], on_trained: Callable[[FPT], None] | None = None,
                progress: bool = True) -> dict[str, Any]:
@@ -238,7 +384,6 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         raise UsageError(f"--blocks {blocks}: backbone {cfg.backbone} has {backbone.n_layers} blocks; "
                          f"choose 0 to {backbone.n_layers} (or leave it out to run them all)")
     ident = run_identity(shared, backbone_fingerprint=backbone_fingerprint(backbone), blocks=blocks, lr=lr, seed=seed)
-    device = resolve_device(cfg.device)
     model = FPT(task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale,
                 dropout=cfg.dropout).to(device)
     params, notes = select_trainable(model, cfg.trainable)
@@ -247,7 +392,7 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
     counts = param_counts(model)
     if show_counts:
         log(format_counts(counts))
-    opt = torch.optim.Adam(params, lr=lr)
+    opt = optimizer(params, lr)
     name = run_name(cfg, blocks, lr, seed)
     ckpt = checkpoint_path(cfg.checkpoint_folder, name, ident)
     tag = f"[lr={lr:g} seed={seed}]"
@@ -255,7 +400,7 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
     if cfg.resume:
         check_resumable(ckpt, name, ident)
     if cfg.resume and ckpt.exists():
-        state = load_checkpoint(ckpt, params, opt, ident)
+        state = load_checkpoint(ckpt, params, opt, ident, device)
         if not state.done and state.best_val >= cfg.stop_at:  # solved by a lower --stop-at than it ran with
             solved(state, cfg.stop_at)
         log(f"{tag} resumed {ckpt} at step {state.step}" + (" (finished)" if state.done or state.step >= cfg.steps else ""))
@@ -269,74 +414,50 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
     forward = CompiledOrEager(model, cfg.compile, dynamic=task.spec.variable_length)
 
     def checkpoint():
-        save_checkpoint(ckpt, params, opt, state, ident)
+        read()
+        save_checkpoint(ckpt, params, opt, state, ident, device)
+
+    unread: list[tuple[torch.Tensor, torch.Tensor]] = []  # (loss, gradient norm) of the steps since the last read
+
+    def read():
+        """The steps since the last read, brought to the host at once (:func:`read_steps`)."""
+        state.pending_losses.extend(read_steps(unread, state.step - len(unread), tag, lr))
+        unread.clear()
 
     def validate():
-        """A validation pass: history, best step, progress for patience, target and stop; one line of log."""
+        """A validation pass: history, best step, the stopping rule (:func:`advance`); one line of log."""
+        read()
         model.eval()
         val, val_loss = scores(model, task, data.val, cfg.eval_batch_size, dtype, device)
-        state.history.append({"step": state.step, "loss": float(np.mean(losses)), "val_accuracy": val,
-                              "val_loss": val_loss})
-        losses.clear()
-        # progress is a validation accuracy 0.1 points above the last progress or a validation loss 0.1%
-        # below its lowest (any higher accuracy is the selected step): accuracy alone is a step function
-        # that stalls for thousands of steps on bit XOR's 75% plateau (the OR of the two bits) while the
-        # loss keeps falling until the run solves it
-        state.evals_since_best += 1
+        state.history.append({"step": state.step, "loss": float(np.mean(state.pending_losses)),
+                              "val_accuracy": val, "val_loss": val_loss})
+        state.pending_losses.clear()
         if val > state.best_val:
             state.best_val, state.best_step = val, state.step
             state.best_params = [p.detach().clone() for p in params]
-        if val - state.progress_val >= ACC_PROGRESS - 1e-12:  # 1e-12: 0.751 - 0.750 is not exactly 1e-3
-            state.progress_val, state.evals_since_best = val, 0
-        if val_loss < state.best_val_loss * (1 - LOSS_PROGRESS):
-            state.best_val_loss, state.evals_since_best = val_loss, 0
-        if cfg.target is not None and state.steps_to_target is None and val >= cfg.target:
-            state.steps_to_target = state.step
-        if val >= cfg.stop_at:
-            solved(state, cfg.stop_at)
-        elif cfg.patience and state.evals_since_best >= cfg.patience:
-            state.done, state.stop_reason = True, (
-                f"no validation accuracy {100 * ACC_PROGRESS:g} points higher and no validation loss "
-                f"{100 * LOSS_PROGRESS:g}% lower in {cfg.patience} validation passes")
+        advance(state, cfg)
         elapsed = state.seconds + time.perf_counter() - start
         rate = (state.step - start_step) / max(time.perf_counter() - start, 1e-9)
         log(f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, val loss {val_loss:.4f}, "
             f"val {100 * val:.2f}% (best {100 * state.best_val:.2f}% at {state.best_step}), "
             f"{rate:.2f} steps/s, {elapsed:.0f}s")
 
-    n, bs = len(data.train), cfg.batch_size
-    per_epoch = max(1, n // bs)  # full batches only (each epoch drops a different remainder): one compiled shape
-    order_epoch, order = -1, None
-    losses = state.pending_losses
     start, start_step = time.perf_counter(), state.step
     # a bar of steps (rate and ETA) between the validation lines: a step of a large model can take seconds
-    with bar(cfg.steps, f"{tag} training", initial=state.step, enabled=progress, unit="step") as shown:
+    with bar(cfg.steps, f"{tag} training", initial=state.step, enabled=progress, unit="step") as shown, \
+            Batches(task, data.train, seed, cfg.batch_size, device) as batches:
         while not state.done and state.step < cfg.steps:
-            epoch, i = divmod(state.step, per_epoch)
-            if epoch != order_epoch:
-                order_epoch, order = epoch, epoch_order(seed, epoch, n)
             model.train()
-            batch = batch_tensors(task, data.train, order[i * bs:(i + 1) * bs])
+            batch = batches.take(state.step)
             try:
-                losses.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
-            except FloatingPointError as e:
-                raise Diverged(
-                    f"{tag} the gradients are not finite at step {state.step + 1} ({e}): with a finite loss this is "
-                    "an overflow in the backward pass, not the learning rate. A known cause: a token whose hidden state "
-                    "is exactly zero (an all-zero input token in a backbone without biases, e.g. SmolLM2, whose "
-                    "position parameters were set to zero), where RMSNorm's derivative is 1/sqrt(eps) per block; the "
-                    "FPT draws position parameters that start at zero, so check the backbone's own positions and norms"
-                ) from None
+                unread.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
             except Exception as e:  # noqa: BLE001 - a compiled graph whose backward fails falls back to eager
                 if not forward.compiled:
                     raise
                 forward.fall_back(e)
-                losses.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
+                unread.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
             state.step += 1
             shown.update()
-            if not math.isfinite(losses[-1]):
-                raise Diverged(f"{tag} the training loss became {losses[-1]} at step {state.step}; lower --lr "
-                                f"(now {lr:g}) or keep --grad-clip above 0")
             if state.step % cfg.eval_every == 0 or state.step >= cfg.steps:
                 validate()
             if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not state.done:
