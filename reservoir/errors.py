@@ -49,3 +49,14 @@ class IdentityError(StoreError):
 
 class DeviceError(ReservoirError):
     """A compute device that was asked for and is not present."""
+
+
+def unreadable(path: object, e: BaseException, fix: str) -> DataError:
+    """A data file that could not be read, in the user's words: the disk's I/O error (EIO) says to check the disk
+    and rerun (the file may be fine); anything else calls the file unreadable or truncated and gives ``fix``."""
+    import errno
+
+    if getattr(e, "errno", None) == errno.EIO:
+        return DataError(f"reading {path} failed: the disk reported an I/O error ({e}); check the disk, or copy the "
+                         "data to another one and point --data-dir there, then rerun")
+    return DataError(f"{path} is unreadable or truncated ({type(e).__name__}: {e}); {fix}")

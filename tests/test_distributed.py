@@ -4,6 +4,7 @@ and after a worker dies mid-run; shards of another run are refused, missing ones
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -181,3 +182,41 @@ def test_without_dask_a_sharded_run_says_which_extra_to_install(cli, home, monke
     r = cli("extract", "--task", "bit_xor", "--backbone", "lstm", "--limit", "20", "--workers", "2")
     assert r.exit_code == 1 and "pip install 'reservoir[cluster]'" in r.output, r.output
     assert cli("-q", "extract", "--task", "bit_xor", "--backbone", "lstm", "--limit", "20").exit_code == 0
+
+
+@pytest.mark.parametrize("picked", ["openvino", "torch"])
+def test_auto_settles_one_engine_for_every_shard_and_equals_one_process(cli, home, tiny_gpt2, monkeypatch, picked):
+    """`--engine auto` on a CPU where it takes OpenVINO, and on one where PyTorch measured faster: the driver decides
+    once, every shard runs that engine and records it, and the joined file equals one process's bit for bit."""
+    pytest.importorskip("openvino")
+    from reservoir.runtime import engines, records
+    from tests.conftest import torch_threads
+
+    kept = records.get
+    monkeypatch.setattr(engines, "OPENVINO_MIN_TOKENS", 0)  # a tiny run: auto considers OpenVINO
+    monkeypatch.setattr(records, "get", lambda name, key: {"torch": 1.0, "openvino": 1.0} if name == engines.ENGINE_RATES
+                        else kept(name, key))  # measured before, on this machine ...
+    monkeypatch.setattr("reservoir.runtime.runner.faster_engine", lambda rates: picked)  # ... with this verdict
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with torch_threads(1):
+        r = extract(cli, tiny_gpt2, home / "one.h5", "--engine", "auto")
+    assert r.exit_code == 0, r.output
+    r = extract(cli, tiny_gpt2, home / "two.h5", "--engine", "auto", "--workers", "2")
+    assert r.exit_code == 0, r.output
+    assert_same_features(home / "two.h5", home / "one.h5")
+    for path in (home / "one.h5", home / "two.h5", *sorted((home / "two.h5.shards").glob("*.h5"))):
+        with h5py.File(path) as f:
+            assert json.loads(f.attrs["config"])["engine_used"] == picked, path
+
+
+def test_a_shard_another_engine_made_is_made_again(cli, home, tiny_gpt2, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert extract(cli, tiny_gpt2, home / "f.h5", "--workers", "2", "--engine", "torch").exit_code == 0
+    (home / "f.h5").unlink()
+    shard = sorted((home / "f.h5.shards").glob("*.h5"))[0]
+    with h5py.File(shard, "r+") as f:  # as if a worker had decided for itself
+        f.attrs["config"] = json.dumps({**json.loads(f.attrs["config"]), "engine_used": "openvino"})
+    r = extract(cli, tiny_gpt2, home / "f.h5", "--workers", "2", "--engine", "torch")
+    assert r.exit_code == 0 and f"shard {shard} was made by the openvino engine" in r.output, r.output
+    with h5py.File(shard) as f:
+        assert json.loads(f.attrs["config"])["engine_used"] == "torch"

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import IdentityError, ReservoirError, StoreError
+from reservoir.runtime.engines import INT8_DTYPES, choose_engine
 from reservoir.identity import differences, digest
 from reservoir.progress import bar, log
 from reservoir.extract.store import (FeatureWriter, WriterLock, check_space, h5_file, shard_dir, verify,
@@ -79,10 +80,11 @@ def shard_path(out: Path, split: str, start: int, stop: int) -> Path:
     return shard_dir(out) / f"{split}-{start:010d}-{stop:010d}.h5"
 
 
-def shard_state(path: Path, identity: dict[str, Any]) -> bool:
-    """Whether a complete, intact shard of this identity is at ``path`` (its contents read through
-    their checksums and compared with the digests recorded when it was completed; a damaged one is
-    removed, said on stderr, and redone); IdentityError for another run's."""
+def shard_state(path: Path, identity: dict[str, Any], engine: str) -> bool:
+    """Whether a complete, intact shard of this identity, made by ``engine``, is at ``path`` (its contents
+    read through their checksums and compared with the digests recorded when it was completed; a damaged
+    one, or one another engine made, is removed, said on stderr, and redone); IdentityError for another
+    run's."""
     if not path.exists():
         return False
     try:
@@ -90,6 +92,10 @@ def shard_state(path: Path, identity: dict[str, Any]) -> bool:
             stored = json.loads(f.attrs["identity"])
             complete = bool(f.attrs.get("complete", False))
             diff = differences(stored, identity)
+            made_by = json.loads(f.attrs.get("config", "{}")).get("engine_used")
+            if complete and not diff and made_by != engine:
+                raise StoreError(f"shard {path} was made by the {made_by or 'an unrecorded'} engine, this run's shards "
+                                 f"by {engine}")
             if complete and not diff:
                 verify(f, fix="")  # every chunk through its checksum, against the digests recorded at completion
     except StoreError as e:
@@ -155,7 +161,10 @@ def run_shard(job: ShardJob) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     shape = (len(job.depths), job.spec.n_readout, runner.backbone.d_model)
     # the store's one writer: the same locking, resuming, NaN refusal, digests and completion as a whole file
-    writer = FeatureWriter.open(path, job.identity, {"shard": [job.split, job.start, job.stop]}, job.input_layer,
+    if runner.engine != job.engine:  # an internal invariant: the worker runs the engine the driver settled
+        raise ReservoirError(f"this worker runs {runner.engine}, the run's shards {job.engine}")
+    writer = FeatureWriter.open(path, job.identity, {"shard": [job.split, job.start, job.stop],
+                                                     "engine_used": job.engine}, job.input_layer,
                                 nbytes=(job.stop - job.start) * int(np.prod(shape)) * 4)
     try:
         done = writer.split(job.split, job.labels, job.lengths, shape)
@@ -214,13 +223,16 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
     try:
         reservoir = Reservoir(run.task.spec, run.backbone, seed=cfg.seed, input_scale=cfg.input_scale)
         layer = {k: v.numpy() for k, v in input_layer_tensors(reservoir.input_layer).items()}
+        planned = {split: plan_split(d.lengths, run.batch_size, run.bucket, cfg.shard_rows)
+                   for split, d in run.data.items()}
+        engine = settle_engine(run, planned, progress)
         shards, todo = {}, {}
         for split, d in run.data.items():
             shards[split] = []
-            for (start, stop), batches in plan_split(d.lengths, run.batch_size, run.bucket, cfg.shard_rows):
+            for (start, stop), batches in planned[split]:
                 path = shard_path(out, split, start, stop)
                 shards[split].append((start, stop, path))
-                if not shard_state(path, identity):
+                if not shard_state(path, identity, engine):
                     todo[(split, start, stop)] = (path, batches)
         plans = {}
         for (split, _, _), (_, batches) in todo.items():
@@ -229,20 +241,39 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
         n_done = sum(len(v) for v in shards.values()) - len(todo)
         log(f"extracting {run.task.name} through {cfg.backbone} as {sum(len(v) for v in shards.values())} shards "
             f"({n_done} already complete) on "
-            f"{cfg.scheduler or f'{cfg.workers} local workers'}: {run.dtype}, {'compiled' if compile else 'eager'}, "
-            f"batch {run.batch_size} -> {out}", progress)
+            f"{cfg.scheduler or f'{cfg.workers} local workers'}: {run.dtype} on {engine}, "
+            f"{'compiled' if compile else 'eager'}, batch {run.batch_size} -> {out}", progress)
         if todo:
             rows = sum(stop - start for (_, start, stop) in todo)
             check_space(shard_dir(out) / "shard.h5", rows * int(np.prod(run.feature_shape)) * 4)
-            _run_jobs(run, todo, layer, compile, progress)
-        return write_joined(out, identity, run.config(), layer,
+            _run_jobs(run, todo, layer, compile, engine, progress)
+        return write_joined(out, identity, run.config(engine), layer,
                             {s: (run.data[s].labels, run.data[s].lengths, shards[s]) for s in run.data},
                             run.feature_shape)
     finally:
         lock.release(remove=out.exists())
 
 
-def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, progress: bool) -> None:
+def settle_engine(run, planned: dict[str, list], progress: bool) -> str:
+    """The engine every shard of ``run`` runs, decided once, here: workers with other threads (or other
+    machines) deciding ``--engine auto`` each for itself could run different engines, whose features differ
+    in their last bits. An explicit engine is taken as it is. ``auto`` builds the run's runner here: where it
+    takes OpenVINO for a float dtype, the first batch runs here too, so that the conversion is checked (a
+    model that fails it runs PyTorch everywhere) and, on a machine that never measured this model, both
+    engines are measured once, as a single process does."""
+    if run.cfg.engine != "auto" or run.device.type != "cpu":  # nothing to settle: as asked, or PyTorch off the CPU
+        engine, why = choose_engine(run.cfg.engine, run.dtype, run.device, run.backbone, run.tokens_total)
+        log(f"engine {engine} for every shard ({why})", progress)
+        return engine
+    runner = run.runner(progress=progress)
+    if runner.engine == "openvino" and run.dtype not in INT8_DTYPES:
+        split, batches = next((split, batches) for split, plan in planned.items() for _, batches in plan if batches)
+        runner(*run.tokens(split, batches[0]), run.padded)
+    log(f"engine {runner.engine} for every shard ({runner.engine_reason})", progress)
+    return runner.engine
+
+
+def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, engine: str, progress: bool) -> None:
     from distributed import as_completed
 
     cfg = run.cfg
@@ -257,7 +288,7 @@ def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, prog
                            backbone=cfg.backbone, seed=cfg.seed, input_scale=cfg.input_scale, spec=run.task.spec,
                            input_layer=layer, depths=run.depths, dtype=run.dtype, device=str(run.device),
                            compile=compile, batch_size=run.batch_size, padded=run.padded, threads=threads,
-                           batches=[(rows, *run.tokens(split, rows)) for rows in batches], engine=cfg.engine,
+                           batches=[(rows, *run.tokens(split, rows)) for rows in batches], engine=engine,
                            tokens=run.tokens_total, calibration=calibration,
                            labels=run.data[split].labels[start:stop], lengths=run.data[split].lengths[start:stop])
             future = client.submit(run_shard, job, pure=False, retries=2, key=f"reservoir-shard-{path.name}")

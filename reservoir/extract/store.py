@@ -103,6 +103,23 @@ def lock_path(path: Path) -> Path:
     return path.with_name(path.name + ".lock")
 
 
+def writer_of(path: Path) -> str | None:
+    """Who holds ``path``'s writer lock (``pid N on HOST``), or ``None`` when no live process writes it."""
+    import fcntl
+
+    try:
+        fd = os.open(lock_path(Path(path)), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return None
+
+
 class WriterLock:
     """One writer per feature file: an exclusive ``flock`` on ``FILE.lock``, taken before the
     ``.partial`` is touched. The kernel releases it when its holder exits or dies, so a killed
@@ -201,6 +218,10 @@ def extract_command(f: h5py.File) -> str:
 def check_ready(f: h5py.File) -> None:
     """A feature file that may be read: marked complete, and every shard it reads present."""
     if not f.attrs.get("complete", False):
+        final = Path(f.filename[: -len(".partial")] if f.filename.endswith(".partial") else f.filename)
+        if writer := writer_of(final):
+            raise StoreError(f"feature file {f.filename} is still being written by {writer} (`reservoir extract` is "
+                             "running); wait for it to finish, then read the complete file it prints")
         raise StoreError(f"feature file {f.filename} is not complete; rerun `reservoir extract` to finish it")
     check_shards(f)
 
@@ -328,7 +349,8 @@ def write_failed(path: Path, e: Exception, *keep: Any) -> WriteFailed:
     text = str(e)
     full = getattr(e, "errno", None) == errno.ENOSPC or "No space left" in text or "errno = 28" in text
     what = "the disk is full" if full else f"the write failed ({text.splitlines()[0] if text else type(e).__name__})"
-    return WriteFailed(f"writing {path} stopped: {what}. Free space (or pass --out on another disk) and rerun the "
+    fix = "Check the disk" if getattr(e, "errno", None) == errno.EIO else "Free space"
+    return WriteFailed(f"writing {path} stopped: {what}. {fix} (or pass --out on another disk) and rerun the "
                       "same command: it resumes where it stopped")
 
 
@@ -519,6 +541,9 @@ def open_features(path: Path) -> h5py.File:
     """Open a complete feature file read-only; raises StoreError otherwise."""
     path = Path(path)
     if not path.exists():
+        if writer := writer_of(path):
+            raise StoreError(f"feature file {path} is still being written by {writer} (`reservoir extract` is running); "
+                             "wait for it to finish, then run this again")
         hint = f" (an unfinished run left {partial_path(path)}: rerun extract to resume it)" if partial_path(path).exists() else ""
         raise StoreError(f"feature file {path} does not exist{hint}; run `reservoir extract` first")
     if path.is_dir():

@@ -1,12 +1,17 @@
 """Measurements this machine keeps in the cache folder (``$RESERVOIR_CACHE``): one JSON file of
 records by key per kind (the dtypes' product rates, the engines' rates, compile costs). A file
 that is missing or unreadable reads as empty; writes are atomic and best effort (a read-only
-cache measures again next time)."""
+cache measures again next time). A write reads, changes and replaces the file under an exclusive
+lock (``NAME.lock``, released by the kernel if its holder dies), so runs that start together (two
+terminals, the workers of a sharded run) never lose each other's records."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
-from typing import Any
+import os
+from typing import Any, Iterator
 
 from reservoir.config import cache_dir
 
@@ -40,14 +45,31 @@ def get(name: str, key: str) -> Any:
     return read(name).get(key)
 
 
+@contextlib.contextmanager
+def locked(name: str) -> Iterator[None]:
+    """Hold the exclusive lock of ``$RESERVOIR_CACHE/name`` (no lock where the folder is not writable)."""
+    try:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        fd = os.open(cache_dir() / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def put(name: str, key: str, value: Any) -> None:
-    """Keep ``value`` under ``key`` (the file's other records kept)."""
+    """Keep ``value`` under ``key`` (the file's other records kept, those other processes write meanwhile too)."""
     from reservoir.results import atomic_write
 
-    records = read(name)
-    records[key] = value
-    text = json.dumps(records, indent=1, sort_keys=True).encode()
-    try:
-        atomic_write(cache_dir() / name, lambda f: f.write(text))
-    except OSError:
-        pass
+    with locked(name):
+        records = read(name)
+        records[key] = value
+        text = json.dumps(records, indent=1, sort_keys=True).encode()
+        try:
+            atomic_write(cache_dir() / name, lambda f: f.write(text))
+        except OSError:
+            pass

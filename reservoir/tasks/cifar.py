@@ -39,6 +39,7 @@ import numpy as np
 
 from reservoir.tasks.download import DataArchive, ensure_archive
 from reservoir.tasks import pickles
+from reservoir.errors import unreadable
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, option, patches, register_task
 
 FOLDER = "cifar10"
@@ -80,7 +81,7 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     except FileNotFoundError:
         raise DataError(f"{path} is missing; {fix}") from None
     except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError) as e:
-        raise DataError(f"{path} is unreadable or truncated ({type(e).__name__}: {e}); {fix}") from None
+        raise unreadable(path, e, fix) from None
     if not isinstance(batch, dict):
         raise DataError(f"{path} holds a {type(batch).__name__}, not a CIFAR-10 batch dict; {fix}")
     batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from reservoir.errors import DataError
+from reservoir.errors import DataError, unreadable
 
 TIMEOUT_SECONDS = 5.0
 
@@ -41,7 +41,7 @@ def md5sum(path: Path, gunzip: bool = False) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     except (OSError, EOFError) as e:
-        raise DataError(f"{path} is unreadable or truncated ({e}); delete it and fetch it again") from None
+        raise unreadable(path, e, "delete it and fetch it again") from None
     return h.hexdigest()
 
 

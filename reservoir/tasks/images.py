@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from reservoir.tasks.download import DataFile, ensure_files
+from reservoir.errors import unreadable
 from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, option, patches, register_task
 
 MNIST_URLS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/")
@@ -30,7 +31,7 @@ def read_idx(path: Path, header: int, shape: tuple[int, ...]) -> np.ndarray:
         with gzip.open(path, "rb") as f:
             raw = f.read()
     except (OSError, EOFError) as e:
-        raise DataError(f"{path} is unreadable or truncated ({e}); delete it and fetch it again") from None
+        raise unreadable(path, e, "delete it and fetch it again") from None
     data = np.frombuffer(raw, dtype=np.uint8, offset=header)
     n = len(data) // int(np.prod(shape))
     if n * int(np.prod(shape)) != len(data):

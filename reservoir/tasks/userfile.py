@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from reservoir.errors import UsageError
+from reservoir.errors import UsageError, unreadable
 from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, _convert, check_value, option, pad_ids
 
 SUFFIXES = (".npz", ".h5", ".hdf5")
@@ -62,7 +62,7 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
         with h5py.File(path, "r", locking=False) as f:
             out = {k: f[k][()] for k in f if isinstance(f[k], h5py.Dataset)}
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
-        raise DataError(f"{path} is unreadable or truncated ({type(e).__name__}: {e}); write it again") from None
+        raise unreadable(path, e, "write it again") from None
     return {k: _strings(v) if v.dtype.kind in "SO" else v for k, v in out.items()}
 
 
