@@ -64,6 +64,9 @@ results/%/done: features/%.h5 ## results/TASK/BACKBONE/done: fit every depth (HE
 bench: install ## extraction speed: official baseline, peer runtimes (pip install -e '.[bench]'), ours, roofline, whole jobs (docs/benchmarks.md)
 	$(BIN)/python benchmarks/extract.py --data-dir $(DATA_DIR)
 
+gpu: ## check a GPU machine in one command: env, roofline, CUDA tests, extraction, job, training (OUT=folder; docs/gpu.md)
+	$(or $(wildcard $(BIN)/python),$(PYTHON)) benchmarks/gpu.py --out $(or $(OUT),$(error pass OUT=folder))
+
 lint: install ## static checks
 	$(BIN)/python -m compileall -q reservoir tests
 
