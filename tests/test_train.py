@@ -366,6 +366,27 @@ def test_resume_refuses_other_settings_and_broken_files(tiny_gpt2, home, cli):
     assert r.exit_code == 1 and f"checkpoint {ckpt} is unreadable" in r.output and "delete it" in r.output
 
 
+def test_resume_beside_a_checkpoint_of_an_earlier_format_says_so_in_words(tiny_gpt2, home, cli):
+    """A checkpoint written by a version with another checkpoint format (format 2: plain Adam, no CUDA generator)
+    cannot continue exactly: --resume is refused, naming both formats and the fix, and the old file is kept."""
+    from reservoir.train.checkpoint import CHECKPOINT_FORMAT
+
+    args = ["train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=256",
+            "--task-opt", "n_test=64", "--steps", "10", "--eval-every", "10", "--checkpoint-dir", str(home / "c")]
+    assert cli("-q", *args).exit_code == 0
+    (ckpt,) = (home / "c").glob("*.pt")
+    obj = torch.load(ckpt, weights_only=True)
+    obj["identity"]["format"] = 2
+    old = ckpt.with_name(ckpt.name.rsplit("-", 1)[0] + "-0123456789.pt")
+    torch.save(obj, old)
+    ckpt.unlink()
+    r = cli("-q", *args, "--resume")
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert (f"checkpoint {old} was written by another version of reservoir (checkpoint format 2; this version reads "
+            f"format {CHECKPOINT_FORMAT}) and cannot be resumed by it; drop --resume to start the run over") in r.output
+    assert old.exists()
+
+
 def test_tiny_gpt2_learns_bit_xor_above_chance(home):
     """A fast property of the default run: 100 steps take a 1-block GPT-2 well above 50% per bit."""
     from conftest import save_tiny_gpt2

@@ -51,7 +51,8 @@ class RunState:
     best_val_loss: float = float("inf")
     #: the validation accuracy of the last progress in accuracy (it counts from there; ``loop.ACC_PROGRESS``)
     progress_val: float = -1.0
-    #: validation passes since the last progress (a higher accuracy or a lower loss)
+    #: validation passes since the last progress (a higher validation accuracy, a lower validation loss or a
+    #: falling training loss: ``loop.advance``)
     evals_since_best: int = 0
     done: bool = False
     stop_reason: str = ""
