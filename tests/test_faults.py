@@ -4,6 +4,7 @@ being written, a dask worker killed mid-run."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import subprocess
@@ -181,3 +182,26 @@ def test_a_save_killed_while_writing_leaves_nothing_the_next_save_does_not_clean
     assert not folder.exists() and (left / "config.json").exists()
     save_backbone(random_gpt2(1, n_layer=1, n_embd=16, n_head=2), folder, {"note": "again"})
     assert not list(folder.parent.glob(".bit.*.partial")) and load_backbone(str(folder)).n_layers == 1
+
+
+def test_a_resumed_file_keeps_the_engine_that_began_it(cli, home, tiny_gpt2, monkeypatch):
+    """A file cut short on PyTorch and resumed where `--engine auto` would take OpenVINO goes on with PyTorch, so one
+    engine made every row; asking for the other engine explicitly is refused with the fix."""
+    import h5py
+
+    pytest.importorskip("openvino")
+    from reservoir.runtime import engines
+
+    out = home / "f.h5"
+    args = extract_args(tiny_gpt2, out)
+    r = subprocess.run([sys.executable, "-c", EIO_ON_WRITE, "3", *args], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "RESERVOIR_HOME": str(home)}, timeout=300)
+    assert r.returncode == 1 and out.with_name("f.h5.partial").exists(), r.stderr
+    monkeypatch.setattr(engines, "OPENVINO_MIN_TOKENS", 0)  # auto would take OpenVINO for this tiny run
+    auto = [a if a != "torch" else "auto" for a in args]
+    r = cli(*[a if a != "auto" else "openvino" for a in auto])
+    assert r.exit_code == 1 and "was begun on the torch engine; rerun with --engine torch (or auto)" in r.output
+    r = cli(*auto)
+    assert r.exit_code == 0, r.output
+    with h5py.File(out) as f:
+        assert json.loads(f.attrs["config"])["engine_used"] == "torch" and f.attrs["complete"]

@@ -51,7 +51,10 @@ from reservoir.identity import feature_identity, features_path_for
 from reservoir.model.input_layer import input_layer_tensors
 from reservoir.progress import bar, log
 from reservoir.extract.plan import auto_batch_size, plan_split
-from reservoir.extract.store import FeatureWriter, check_complete_match, file_config, move_aside, write_failed
+from reservoir.errors import IdentityError, StoreError
+from reservoir.extract.store import (FeatureWriter, check_complete_match, file_config, h5_file, move_aside, partial_path,
+                                     stored_identity, write_failed)
+from reservoir.identity import differences
 from reservoir.tasks import SplitData, Task, make_task
 
 #: sharded runs (no probe) with ``compile=None`` compile when they have at least this many tokens
@@ -214,14 +217,33 @@ class Run:
         split, n = self.identity["calibration"]["split"], self.identity["calibration"]["rows"]
         return [self.tokens(split, rows) for rows in calibration_batches(n)]
 
-    def runner(self, progress: bool = True) -> FeatureRunner:
-        """The run's :class:`FeatureRunner` (engine, calibration and messages set up; not compiled yet)."""
+    def runner(self, progress: bool = True, engine: str | None = None) -> FeatureRunner:
+        """The run's :class:`FeatureRunner` (engine, calibration and messages set up; not compiled yet), on
+        ``engine`` (default: the option's)."""
         return FeatureRunner.build(self.task.spec, self.backbone, self.depths, seed=self.cfg.seed,
                                    input_scale=self.cfg.input_scale, dtype=self.dtype, batch_size=self.batch_size,
-                                   device=self.device, engine=self.cfg.engine, tokens=self.tokens_total,
+                                   device=self.device, engine=engine or self.cfg.engine, tokens=self.tokens_total,
                                    padded=self.padded,
                                    calibration=self.calibration if self.dtype in INT8_DTYPES else None,
                                    log=lambda text: log(text, progress))
+
+    def settled_runner(self, progress: bool = True, begun_by: str | None = None) -> FeatureRunner:
+        """The run's runner on the one engine that makes every row of its file: as asked; for ``--engine
+        auto``, the engine ``begun_by`` (that made the rows of a file being resumed), else decided before
+        the first row is kept. Where auto takes OpenVINO for a float dtype, the first batch runs now, so
+        that the conversion is checked (a model that fails it runs PyTorch) and, on a machine that never
+        measured this model, both engines are measured on it."""
+        if begun_by and self.cfg.engine not in ("auto", begun_by):
+            raise IdentityError(f"{partial_path(self.out)} was begun on the {begun_by} engine; rerun with --engine "
+                                f"{begun_by} (or auto) to resume it, or delete it to start over on {self.cfg.engine}")
+        runner = self.runner(progress, engine=begun_by)
+        if self.cfg.engine == "auto" and not begun_by and runner.engine == "openvino" and self.dtype not in INT8_DTYPES:
+            split, rows = next((split, batches[0]) for split, d in self.data.items()
+                               for _, batches in plan_split(d.lengths, self.batch_size, self.bucket, self.cfg.shard_rows)
+                               if batches)
+            runner(*self.tokens(split, rows), self.padded)
+            runner.measure_key = None  # settled: no later batch measures and switches engines under the file
+        return runner
 
     @property
     def feature_shape(self) -> tuple[int, int, int]:
@@ -381,10 +403,25 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
         raise write_failed(run.out, e) from None
 
 
+def begun_engine(out: Path, identity: dict[str, Any]) -> str | None:
+    """The engine that made the rows of ``out``'s unfinished file of this identity, if it holds any."""
+    tmp = partial_path(out)
+    if not tmp.exists():
+        return None
+    try:
+        with h5_file(tmp) as f:
+            begun = any(int(f[s].attrs.get("rows_done", 0)) for s in f if s != "input_layer")
+            if differences(stored_identity(f), identity) or not begun:
+                return None
+            return file_config(f).get("engine_used")
+    except (OSError, KeyError, ValueError, StoreError):
+        return None  # unreadable, or another run's: the writer says so when it opens it
+
+
 def extract_local(run: Run, *, progress: bool = True) -> Path:
     """Extract in this process into ``run.out`` (``.partial`` until complete; resumable)."""
     task, data, out = run.task, run.data, run.out
-    runner = run.runner(progress=progress)
+    runner = run.settled_runner(progress, begun_by=begun_engine(out, run.identity))
     layer = input_layer_tensors(runner.reservoir.input_layer)
     writer = FeatureWriter.open(out, run.identity, run.config(runner.engine), layer, nbytes=run.feature_bytes)
     try:
@@ -415,9 +452,6 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
         finally:
             background.close()
         run.record_compile(runner, compile_key)
-        kept = file_config(writer.f)
-        if kept.get("engine_used") != runner.engine:  # the engine auto settled on while it ran
-            writer.set_config({**kept, "engine_used": runner.engine})
         return writer.finish()
     finally:
         writer.close()

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import IdentityError, ReservoirError, StoreError
-from reservoir.runtime.engines import INT8_DTYPES, choose_engine
+from reservoir.runtime.engines import choose_engine
 from reservoir.identity import differences, digest
 from reservoir.progress import bar, log
 from reservoir.extract.store import (FeatureWriter, WriterLock, check_space, h5_file, shard_dir, verify,
@@ -225,7 +225,7 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
         layer = {k: v.numpy() for k, v in input_layer_tensors(reservoir.input_layer).items()}
         planned = {split: plan_split(d.lengths, run.batch_size, run.bucket, cfg.shard_rows)
                    for split, d in run.data.items()}
-        engine = settle_engine(run, planned, progress)
+        engine = settle_engine(run, progress)
         shards, todo = {}, {}
         for split, d in run.data.items():
             shards[split] = []
@@ -254,23 +254,17 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
         lock.release(remove=out.exists())
 
 
-def settle_engine(run, planned: dict[str, list], progress: bool) -> str:
-    """The engine every shard of ``run`` runs, decided once, here: workers with other threads (or other
-    machines) deciding ``--engine auto`` each for itself could run different engines, whose features differ
-    in their last bits. An explicit engine is taken as it is. ``auto`` builds the run's runner here: where it
-    takes OpenVINO for a float dtype, the first batch runs here too, so that the conversion is checked (a
-    model that fails it runs PyTorch everywhere) and, on a machine that never measured this model, both
-    engines are measured once, as a single process does."""
+def settle_engine(run, progress: bool) -> str:
+    """The engine every shard of ``run`` runs, decided once, here (:meth:`Run.settled_runner`): workers with
+    other threads (or other machines) deciding ``--engine auto`` each for itself could run different
+    engines, whose features differ in their last bits."""
     if run.cfg.engine != "auto" or run.device.type != "cpu":  # nothing to settle: as asked, or PyTorch off the CPU
         engine, why = choose_engine(run.cfg.engine, run.dtype, run.device, run.backbone, run.tokens_total)
-        log(f"engine {engine} for every shard ({why})", progress)
-        return engine
-    runner = run.runner(progress=progress)
-    if runner.engine == "openvino" and run.dtype not in INT8_DTYPES:
-        split, batches = next((split, batches) for split, plan in planned.items() for _, batches in plan if batches)
-        runner(*run.tokens(split, batches[0]), run.padded)
-    log(f"engine {runner.engine} for every shard ({runner.engine_reason})", progress)
-    return runner.engine
+    else:
+        runner = run.settled_runner(progress)
+        engine, why = runner.engine, runner.engine_reason
+    log(f"engine {engine} for every shard ({why})", progress)
+    return engine
 
 
 def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, engine: str, progress: bool) -> None:
