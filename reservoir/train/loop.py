@@ -306,7 +306,9 @@ def loss_trend(losses: Sequence[float]) -> tuple[float, float]:
     residual = y - y.mean() - slope * x
     se = math.sqrt(float(residual @ residual) / max(len(y) - 2, 1) / float(x @ x))
     fall = -math.expm1(slope * (len(y) - 1))
-    return fall, (slope / se if se > 0 else math.copysign(math.inf, slope) if slope else 0.0)
+    if se == 0:  # the losses lie on the line: the slope is exact
+        return fall, math.copysign(math.inf, slope) if slope else 0.0
+    return fall, slope / se
 
 
 def loss_falling(losses: Sequence[float]) -> bool:
