@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from reservoir.errors import BackboneError, IdentityError, UsageError
+from reservoir.errors import BackboneError, DataError, IdentityError, UsageError
 
 
 class _Caught(Exception):
@@ -146,6 +146,9 @@ def _checkpoint_model(path: Path, task_name: str, backbone_name: str):
                 input_scale=ident["input_scale"], dropout=0.0)
     params, _ = select_trainable(model, ident["trainable"])
     saved = obj["state"].get("best_params") or obj["params"]
+    if [tuple(t.shape) for t in saved] != [tuple(p.shape) for p in params]:
+        raise DataError(f"checkpoint {path} holds {len(saved)} trained tensors of other shapes than this task and "
+                        f"backbone's {len(params)}; pass a checkpoint `reservoir train` wrote for them")
     with torch.no_grad():
         for p, value in zip(params, saved, strict=True):
             p.copy_(value)

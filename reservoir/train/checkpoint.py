@@ -129,7 +129,51 @@ def read_checkpoint(path: Path, fix: str) -> dict[str, Any]:
         raise DataError(f"checkpoint {path} is unreadable ({torch_load_reason(e)}); {fix}") from None
     if fmt != CHECKPOINT_FORMAT:
         raise DataError(f"checkpoint {path} has format {fmt!r}, expected {CHECKPOINT_FORMAT}; {fix}")
+    wrong = misshapen(obj)
+    if wrong:
+        raise DataError(f"checkpoint {path} does not hold what `reservoir train` writes ({wrong}); {fix}")
     return obj
+
+
+#: the types of the identity fields a checkpoint's readers use
+IDENTITY_TYPES = {"task": str, "backbone": str, "backbone_fingerprint": str, "input_scale": str, "task_options": dict,
+                  "trainable": list, "blocks": int, "run_seed": int}
+
+
+def misshapen(obj: dict[str, Any]) -> str:
+    """What in ``obj`` is not the shape :func:`save_checkpoint` writes (``""``: nothing), so that a damaged or
+    crafted file is refused before any of it is used."""
+    def tensors(value: Any) -> bool:
+        return isinstance(value, list) and all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in value)
+
+    kinds = {"identity": dict, "params": list, "optimizer": dict, "state": dict, "rng": dict}
+    for key, kind in kinds.items():
+        if not isinstance(obj.get(key), kind):
+            return f"{key!r} is {type(obj.get(key)).__name__}, not {kind.__name__}"
+    identity, state = obj["identity"], obj["state"]
+    for key, kind in IDENTITY_TYPES.items():
+        if not isinstance(identity.get(key), kind) or isinstance(identity.get(key), bool):
+            return f"its identity's {key!r} is {identity.get(key)!r}"
+    if identity["blocks"] < 1 or not 0 <= identity["run_seed"] < 2**32:
+        return f"its identity's blocks {identity['blocks']} or seed {identity['run_seed']} is out of range"
+    if not tensors(obj["params"]) or not (state.get("best_params") is None or tensors(state.get("best_params"))):
+        return "its trainable parameters are not a list of float tensors"
+    fields = {f.name: f for f in dataclasses.fields(RunState)}
+    if set(state) != set(fields):
+        return f"its run state has the fields {sorted(state)[:6]}, not {sorted(fields)[:6]}..."
+    defaults = RunState()
+    for name, value in state.items():
+        default = getattr(defaults, name)
+        if name != "best_params" and default is not None and not isinstance(value, type(default)) \
+                and not (isinstance(default, float) and isinstance(value, int)):
+            return f"its run state's {name!r} is {type(value).__name__}, not {type(default).__name__}"
+    rng = obj["rng"]
+    if not all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in rng.values()) \
+            or "torch" not in rng:
+        return "its generator states are not uint8 tensors"
+    if not isinstance(obj["optimizer"].get("state"), dict) or not isinstance(obj["optimizer"].get("param_groups"), list):
+        return "its optimiser state is not an optimiser's state_dict"
+    return ""
 
 
 def load_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Optimizer,
@@ -148,6 +192,10 @@ def load_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Opt
     with torch.no_grad():
         for p, saved in zip(params, obj["params"], strict=True):
             p.copy_(saved)
-    opt.load_state_dict(obj["optimizer"])
-    set_generator_states(obj["rng"], device)
+    try:
+        opt.load_state_dict(obj["optimizer"])
+        set_generator_states(obj["rng"], device)
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+        raise DataError(f"checkpoint {path} holds an optimiser or generator state this run cannot take "
+                        f"({type(e).__name__}: {str(e)[:200]}); delete it to start over") from None
     return RunState(**obj["state"])

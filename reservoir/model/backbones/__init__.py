@@ -158,8 +158,8 @@ def load_config(path: str):
         raise BackboneError(f"{path} has no config.json; pass a folder written by save_pretrained")
     try:
         return from_pretrained(AutoConfig, path)
-    except ValueError as e:
-        if "custom code" in str(e) or "trust_remote_code" in str(e):
+    except (OSError, ValueError) as e:
+        if isinstance(e, ValueError) and ("custom code" in str(e) or "trust_remote_code" in str(e)):
             raise BackboneError(
                 f"{path!r} needs code of its own to load (its config's auto_map names Python files), and reservoir never "
                 "runs code from a model folder or the hub; load it in Python yourself and save a model of a "
@@ -168,11 +168,10 @@ def load_config(path: str):
             f"cannot load the config of {path!r} ({str(e).splitlines()[0]}); save the model with "
             "save_pretrained where the hub is reachable and pass its folder, or choose a registered backbone"
         ) from None
-    except OSError as e:
-        raise BackboneError(
-            f"cannot load the config of {path!r} ({str(e).splitlines()[0]}); save the model with "
-            "save_pretrained where the hub is reachable and pass its folder, or choose a registered backbone"
-        ) from None
+    except Exception as e:  # noqa: BLE001 - transformers validates a config's fields with errors of its own kinds
+        raise BackboneError(f"the config.json of {path!r} is not one transformers can read ({type(e).__name__}: "
+                            f"{str(e).splitlines()[-1].strip()[:200]}); fix it, or pass the folder save_pretrained wrote"
+                            ) from None
 
 
 def load_pretrained(path: str, seed: int, init: str = "pretrained") -> Backbone:
@@ -184,9 +183,11 @@ def load_pretrained(path: str, seed: int, init: str = "pretrained") -> Backbone:
     (the caller redraws them for ``"stats"``), and the added positions of a folder written by
     ``train --save-backbone`` (:func:`.hf.load_added_positions`).
     """
-    from reservoir.model.backbones.hf import adapter_for, load_added_positions, load_model, model_from_config
+    from reservoir.model.backbones.hf import (adapter_for, check_buildable, load_added_positions, load_model,
+                                              model_from_config)
 
     config = load_config(path)
+    check_buildable(config, path)
     adapter = adapter_for(config.model_type)
     if init == "random":
         with seeded(seed):

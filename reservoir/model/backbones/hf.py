@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import pickle
 import sys
 from dataclasses import dataclass, field
@@ -515,6 +516,33 @@ def model_from_config(config) -> nn.Module:
 
     with quiet_transformers():
         return AutoModel.from_config(config, dtype=torch.float32, trust_remote_code=False)
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine can still give (``MemAvailable``; the total where that is unknown)."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+        return int(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("MemAvailable:"))) * 1024
+    except (OSError, StopIteration, ValueError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_buildable(config, source: str) -> None:
+    """Refuse, in words, a config that builds no model (a bad value) or one larger than this machine's free
+    memory in float32: it is built on the meta device first, which allocates nothing, so a config.json with
+    a mistyped size is named instead of taking every byte of memory."""
+    try:
+        with torch.device("meta"):
+            model = model_from_config(config)
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds for a bad config
+        raise BackboneError(f"the config of {source!r} builds no model ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200] if str(e) else ''}); fix its config.json or pass the "
+                            "folder save_pretrained wrote") from None
+    n = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+    if 4 * n > available_memory():
+        raise BackboneError(f"the config of {source!r} describes a model of {n:,} parameters ({4 * n / 2**30:,.1f} GiB "
+                            f"in float32), more than this machine's {available_memory() / 2**30:,.1f} GiB of free "
+                            "memory; check its config.json (sizes, layers, vocabulary) or use a larger machine")
 
 
 def adapter_for(model_type: str) -> type[HFBackbone]:
