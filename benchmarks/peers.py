@@ -192,27 +192,16 @@ class Setup:
     # -- the ONNX export shared by the ONNX Runtime rows (and OpenVINO's fallback) ---------------
     @cached_property
     def onnx_path(self) -> Path:
-        """The float32 :class:`Readout` exported to ONNX with a dynamic batch axis: the dynamo
-        exporter (``torch.onnx.export(dynamo=True)``), else the TorchScript one."""
+        """The float32 :class:`Readout` exported to ONNX with a dynamic batch axis
+        (:func:`reservoir.runtime.onnx.export`: the dynamo exporter, else the TorchScript one)."""
         need("onnx")
-        model = self.readout()
-        example = torch.from_numpy(self.tokens[:2])
+        from reservoir.runtime.onnx import export
+
         path = self.workdir / "readout.onnx"
-        errors = []
-        for dynamo in (True, False):
-            kwargs = (dict(dynamic_shapes={"tokens": {0: torch.export.Dim("batch")}}) if dynamo
-                      else dict(dynamic_axes={"tokens": {0: "batch"}, "features": {0: "batch"}}))
-            try:
-                with quiet(), torch.no_grad():
-                    torch.onnx.export(model, (example,), str(path), input_names=["tokens"], output_names=["features"],
-                                      dynamo=dynamo, verbose=False, **kwargs)
-                self.notes["onnx"] = f"torch.onnx.export({'dynamo=True' if dynamo else 'dynamo=False, TorchScript'})"
-                if errors:
-                    self.notes["onnx"] += f" (dynamo exporter failed: {errors[0]})"
-                return path
-            except Exception as e:  # noqa: BLE001 - try the other exporter
-                errors.append(one_line(e))
-        raise RuntimeError("both ONNX exporters failed: " + " | ".join(errors))
+        self.notes["onnx"] = export(self.readout(), (torch.from_numpy(self.tokens[:2]),), path,
+                                    input_names=["tokens"], output_names=["features"],
+                                    dynamic={"tokens": {0: "batch"}})
+        return path
 
 
 # -- the rows, in table order ----------------------------------------------------------------
@@ -245,18 +234,13 @@ def hf_compiled(s: Setup) -> Built:
 
 
 def ort_session(s: Setup, path: Path):
-    ort = need("onnxruntime")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = s.threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    tokens = s.timed
+    need("onnxruntime")
+    from reservoir.runtime.onnx import session
+
+    sess, tokens = session(path, s.threads), s.timed
 
     def run():
-        return session.run(None, {"tokens": tokens})[0]
+        return sess.run(None, {"tokens": tokens})[0]
     return run
 
 
@@ -272,24 +256,13 @@ def ort_fp32(s: Setup) -> Built:
 @row("ort-int8", "ONNX Runtime, dynamic int8 (quantize_dynamic, QInt8 weights)", cpu_only=True)
 def ort_int8(s: Setup) -> Built:
     need("onnxruntime")
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from reservoir.runtime.onnx import quantize_int8
 
-    source, pre = s.onnx_path, "quant_pre_process"
-    prepared = s.workdir / "readout-pre.onnx"
-    try:  # ORT's recommended pre-processing: symbolic shape inference and graph optimization
-        from onnxruntime.quantization.shape_inference import quant_pre_process
-
-        with quiet():
-            quant_pre_process(str(source), str(prepared))
-        source = prepared
-    except Exception as e:  # noqa: BLE001 - quantize the plain export instead
-        pre = f"no quant_pre_process ({one_line(e)})"
     path = s.workdir / "readout-int8.onnx"
-    with quiet():
-        quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8)
+    how = quantize_int8(s.onnx_path, path, s.workdir, op_types=None)  # ORT's defaults, as a user would run it
     return Built(ort_session(s, path), "int8 (U8S8, dynamic)",
-                 f"{s.notes['onnx']} -> {pre} -> quantize_dynamic(weight_type=QInt8: uint8 activations quantized "
-                 "per tensor at run time, int8 weights per tensor; ORT's x86 default) -> onnxruntime CPU", s.batch)
+                 f"{s.notes['onnx']} -> {how}; ORT's x86 default -> onnxruntime CPU, the whole batch at once "
+                 "(one activation scale per tensor: a row depends on its batch)", s.batch)
 
 
 def ov_float_model(s: Setup):
@@ -399,7 +372,9 @@ def ours_built(s: Setup, dtype: str, engine: str = "auto") -> Built:
 
     def run():
         return runner(tokens, lengths)[:, :, 0]
-    how = ("compiled" if runner.compiled else "eager") if runner.engine == "torch" else "OpenVINO CPU plugin"
+    how = {"torch": "compiled" if runner.compiled else "eager", "openvino": "OpenVINO CPU plugin",
+           "onnxruntime": "ONNX Runtime CPU provider" + (", one row per call" if runner.dtype_name == "int8" else "")
+           }[runner.engine]
     return Built(run, runner.dtype_name,
                  f"reservoir.runtime.runner.FeatureRunner(dtype={dtype!r} -> {runner.dtype_name}, engine={engine!r} -> "
                  f"{runner.engine}, {how}, batch {s.batch}): prepare, forward, features copied out to numpy", s.batch)
@@ -443,3 +418,22 @@ def ours_int8(s: Setup) -> Built:
                          "scales calibrated, both on the NNCF peer's calibration rows (OpenVINO)", cpu_only=True)
 def ours_int8_static(s: Setup) -> Built:
     return ours_built(s, "int8-static")
+
+
+def ours_on(engine: str, dtype: str):
+    def build(s: Setup) -> Built:
+        from reservoir.runtime.dtypes import candidates
+
+        if s.device.type != "cpu" and engine != "torch":
+            raise Unavailable(f"not available: --engine {engine} runs on the CPU")
+        if s.device.type == "cpu" and dtype in ("bfloat16", "float16") and dtype not in candidates():
+            raise Unavailable(f"not available: this CPU does not multiply {dtype} natively")
+        return ours_built(s, dtype, engine)
+    return build
+
+
+for _engine, _dtype in (("torch", "float32"), ("torch", "bfloat16"), ("openvino", "float32"), ("openvino", "bfloat16"),
+                        ("onnxruntime", "float32"), ("onnxruntime", "int8")):
+    row(f"ours-{_engine}-{_dtype}", f"reservoir.runtime.runner.FeatureRunner with --engine {_engine} --dtype {_dtype}, "
+                                   "compiled as an extraction of 50,000 such examples would be (torch)",
+        cpu_only=_engine != "torch")(ours_on(_engine, _dtype))

@@ -58,7 +58,7 @@ def results_dir(task: str, backbone: str) -> Path:
 #: choices of the options that take one (the CLI's click.Choice lists come from here)
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8", "int8-static")
 #: engines that run an extraction (:mod:`reservoir.runtime.engines`)
-ENGINE_CHOICES = ("auto", "torch", "openvino")
+ENGINE_CHOICES = ("auto", "torch", "openvino", "onnxruntime")
 READOUT_CHOICES = ("last", "padded")
 HEAD_CHOICES = ("logreg", "ridge", "torch")
 #: named input scales; a positive number is also accepted (:func:`parse_input_scale`)
@@ -216,10 +216,12 @@ class ExtractConfig:
         activations quantized per token at run time) and ``"int8-static"`` (activation scales
         calibrated on the run's first rows) run on the OpenVINO engine (:mod:`reservoir.runtime.engines`).
     engine : what runs the forward: ``"torch"`` (eager or compiled), ``"openvino"`` (the
-        ``openvino`` extra; CPU only), or ``"auto"``: OpenVINO on the CPU for runs of 20,000+
-        tokens when it is installed and the backbone converts, PyTorch otherwise or when
-        converting fails. Not part of the identity (like ``compile``): both compute the same
-        features, checked against PyTorch float32 on the first batch.
+        ``openvino`` extra; CPU only), ``"onnxruntime"`` (the ``onnx`` extra; CPU only; float32 and
+        int8), or ``"auto"``: on the CPU, for a backbone that converts, the installed engines measured
+        against PyTorch on the first batch (OpenVINO for runs of 20,000+ tokens, ONNX Runtime for
+        200,000+), PyTorch otherwise or when converting fails. Not part of the identity (like
+        ``compile``): the float engines compute the same features, checked against PyTorch float32 on
+        the first batch.
     depths : ``"all"`` or comma-separated depths (negative: from the last block).
     readout : ``"last"`` reads the last real token; ``"padded"`` pads every example to the
         task's length and reads the last position, reproducing the official FPT code.

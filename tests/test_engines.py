@@ -189,9 +189,10 @@ def test_engine_choice_follows_device_install_and_size(monkeypatch, tiny_gpt2):
     assert engines.resolve_engine("auto", "float32", torch.device("cuda"), bb) == "torch"
     with pytest.raises(DeviceError, match="--engine openvino runs on the CPU, not cuda"):
         engines.resolve_engine("openvino", "float32", torch.device("cuda"), bb)
-    with pytest.raises(UsageError, match="--dtype int8 runs on the OpenVINO engine only; pass --engine openvino"):
+    with pytest.raises(UsageError, match="--dtype int8 runs on the OpenVINO or ONNX Runtime engine; pass --engine openvino"):
         engines.resolve_engine("torch", "int8", cpu, bb)
     monkeypatch.setattr(engines, "openvino_installed", lambda: False)
+    monkeypatch.setattr(engines, "onnxruntime_installed", lambda: False)
     assert engines.resolve_engine("auto", "float32", cpu, bb) == "torch"
     with pytest.raises(UsageError, match=r"OpenVINO is not installed; pip install 'reservoir\[openvino\]'"):
         engines.resolve_engine("openvino", "float32", cpu, bb)
@@ -203,12 +204,14 @@ def test_auto_takes_the_engine_measured_fastest_before(tiny_gpt2, tmp_path, monk
     monkeypatch.setenv("RESERVOIR_CACHE", str(tmp_path))
     task, bb = get_task("bit_xor"), load_backbone(str(tiny_gpt2), 0)
     key = engines.engine_key("float32", bb, task.spec.seq_len, torch.get_num_threads())
-    records.put(engines.ENGINE_RATES, key, {"torch": 2.0, "openvino": 1.0} if faster == "torch" else
-                {"torch": 1.0, "openvino": 2.0})
+    others = engines.auto_candidates("float32", torch.device("cpu"), bb, 10**6)[0][1:]  # ONNX Runtime, where installed
+    records.put(engines.ENGINE_RATES, key, {"torch": 2.0, "openvino": 1.0, **dict.fromkeys(others, 0.5)}
+                if faster == "torch" else {"torch": 1.0, "openvino": 2.0, **dict.fromkeys(others, 0.5)})
     r = runner(task, str(tiny_gpt2), "auto", tokens=10**6)
     assert r.engine == faster and r.measure_key is None
-    assert "fastest on this CPU (measured before: OpenVINO 2 tokens/s, PyTorch eager 1)" in r.engine_reason \
-        or "fastest on this CPU (measured before: OpenVINO 1 tokens/s, PyTorch eager 2)" in r.engine_reason
+    shown = "".join(", ONNX Runtime 0" for _ in others)  # the installed engines' rates, every one named
+    assert f"fastest on this CPU (measured before: OpenVINO 2 tokens/s{shown}, PyTorch eager 1)" in r.engine_reason \
+        or f"fastest on this CPU (measured before: OpenVINO 1 tokens/s{shown}, PyTorch eager 2)" in r.engine_reason
 
 
 def test_auto_measures_both_engines_on_the_first_batch_and_keeps_the_rates(tiny_gpt2, tmp_path, monkeypatch):
@@ -229,7 +232,8 @@ def test_auto_measures_both_engines_on_the_first_batch_and_keeps_the_rates(tiny_
         np.testing.assert_allclose(np.concatenate([first, second]), ref, rtol=1e-4, atol=1e-5)
         assert r.engine == winner and r.measure_key is None and "measured now, on the first batch" in r.engine_reason
         kept = records.read(engines.ENGINE_RATES)
-        assert len(kept) == 1 and set(next(iter(kept.values()))) == {"torch", "openvino"}
+        measured = {"torch", *engines.auto_candidates("float32", torch.device("cpu"), r.backbone, 10**6)[0]}
+        assert len(kept) == 1 and set(next(iter(kept.values()))) == measured >= {"torch", "openvino"}
         assert runner(task, str(tiny_gpt2), "auto", tokens=10**6).measure_key is None  # measured once
 
 
@@ -279,9 +283,9 @@ def test_the_engine_is_not_part_of_the_identity(extract, home):
 
 def test_a_bad_engine_or_an_int8_dtype_on_pytorch_is_refused(extract, home):
     r, _ = extract("--engine", "onnx")
-    assert r.exit_code == 2 and "'onnx' is not one of 'auto', 'torch', 'openvino'" in r.output
+    assert r.exit_code == 2 and "'onnx' is not one of 'auto', 'torch', 'openvino', 'onnxruntime'" in r.output
     r, _ = extract("--dtype", "int8", "--engine", "torch")
-    assert r.exit_code == 1 and "--dtype int8 runs on the OpenVINO engine only; pass --engine openvino" in r.output
+    assert r.exit_code == 1 and "--dtype int8 runs on the OpenVINO or ONNX Runtime engine; pass --engine openvino" in r.output
     assert "Traceback" not in r.output and not list((home / "features").rglob("*.h5*"))
 
 

@@ -63,7 +63,9 @@ from reservoir.model.backbones import columns, quiet_transformers, readout_rows
 from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.errors import BackboneError, DeviceError, UsageError
 
-ENGINES = ("auto", "torch", "openvino")
+ENGINES = ("auto", "torch", "openvino", "onnxruntime")
+#: how stderr names each engine
+LABELS = {"torch": "PyTorch", "openvino": "OpenVINO", "onnxruntime": "ONNX Runtime"}
 #: dtypes only the OpenVINO engine computes
 INT8_DTYPES = ("int8", "int8-static")
 #: values per dynamic quantization group of the ``int8`` dtype (fastest of 32..768 measured on
@@ -81,6 +83,16 @@ CALIBRATION_TOKENS, CALIBRATION_ROWS, CALIBRATION_BATCH = 16384, 256, 16
 #: costs about 3.5 s, repaid after about 15,000 tokens at the measured rates (eager bf16 about
 #: 2,400 tokens/s, OpenVINO bf16 5,300; docs/benchmarks.md); tiny runs stay on PyTorch eager
 OPENVINO_MIN_TOKENS = 20_000
+#: ``engine="auto"`` considers ONNX Runtime for float32 runs of at least this many tokens: exporting GPT-2
+#: small with torch's dynamo exporter costs about EXPORT_SECONDS s the first time (the file is cached after),
+#: repaid at the measured rates only by long runs
+ONNX_MIN_TOKENS = 200_000
+
+
+
+def min_tokens(engine: str) -> int:
+    """Tokens a run needs for ``auto`` to convert to ``engine`` (:data:`OPENVINO_MIN_TOKENS`, :data:`ONNX_MIN_TOKENS`)."""
+    return {"openvino": OPENVINO_MIN_TOKENS, "onnxruntime": ONNX_MIN_TOKENS}[engine]
 #: the conversion example's width: converting GPT-2 small from 1024-token rows took 21 s (and,
 #: beside the benchmark's other models, ran the machine out of memory), from 64-token rows 3.7 s,
 #: with the same features at 1024 tokens
@@ -98,46 +110,79 @@ def openvino_installed() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
+def onnxruntime_installed() -> bool:
+    from reservoir.runtime import onnx
+
+    return onnx.installed()
+
+
 def choose_engine(name: str, dtype: str, device: torch.device, backbone: Any = None,
                   tokens: int | None = None) -> tuple[str, str]:
-    """``(engine, why)``. ``auto`` -> ``openvino`` on the CPU when it is installed and either an int8
-    dtype is asked or the backbone is known to convert (``Backbone.openvino``) and the run has at
-    least :data:`OPENVINO_MIN_TOKENS` tokens (``tokens=None``: a long-lived caller, the API's), else
-    ``torch``. An explicit engine is checked against the device, the dtype and what is installed."""
+    """``(engine, why)``. ``auto`` -> on the CPU, a converting engine (OpenVINO, else ONNX Runtime) when
+    an int8 dtype is asked and one that computes it is installed, or when the backbone is known to
+    convert (``Backbone.openvino``) and the run is long enough to repay converting
+    (:func:`auto_candidates`; ``tokens=None``: a long-lived caller, the API's), else ``torch``.
+    An explicit engine is checked against the device, the dtype and what is installed."""
     if name not in ENGINES:
         raise UsageError(f"engine {name!r} is not supported; choose from {list(ENGINES)}")
     int8 = dtype in INT8_DTYPES
     why = f"--engine {name}"
     if name == "auto":
-        name, why = "torch", _why_not_openvino(device, backbone, tokens)
-        if why is None or (int8 and device.type == "cpu" and openvino_installed()):
-            name, why = "openvino", "auto: int8" if int8 else "auto: OpenVINO is installed" + (
-                "" if tokens is None else f" and {tokens:,} tokens >= {OPENVINO_MIN_TOKENS:,}")
+        found, why = auto_candidates(dtype, device, backbone, tokens)
+        name = found[0] if found else "torch"
+        if found:
+            why = ("auto: int8" if int8 else f"auto: {LABELS[name]} is installed" + (
+                "" if tokens is None else f" and {tokens:,} tokens >= {min_tokens(name):,}"))
     if name == "torch" and int8:
+        runs_it = "the OpenVINO engine only" if dtype == "int8-static" else "the OpenVINO or ONNX Runtime engine"
         hint = "" if openvino_installed() else f" ({INSTALL})"
-        raise UsageError(f"--dtype {dtype} runs on the OpenVINO engine only; pass --engine openvino{hint}, "
-                         "or choose --dtype auto, float32 or bfloat16")
-    if name == "openvino":
+        raise UsageError(f"--dtype {dtype} runs on {runs_it}; pass --engine openvino{hint}"
+                         + (" or --engine onnxruntime" if dtype == "int8" else "")
+                         + ", or choose --dtype auto, float32 or bfloat16")
+    if name in ("openvino", "onnxruntime"):
         if device.type != "cpu":
-            raise DeviceError(f"--engine openvino runs on the CPU, not {device}; use --engine torch on {device}, "
+            raise DeviceError(f"--engine {name} runs on the CPU, not {device}; use --engine torch on {device}, "
                               "or --device cpu")
-        if not openvino_installed():
-            raise UsageError(f"--engine openvino (or --dtype {dtype}): OpenVINO is not installed; {INSTALL}, "
-                             "or pass --engine torch" + (" with --dtype auto" if int8 else ""))
+    if name == "openvino" and not openvino_installed():
+        raise UsageError(f"--engine openvino (or --dtype {dtype}): OpenVINO is not installed; {INSTALL}, "
+                         "or pass --engine torch" + (" with --dtype auto" if int8 else ""))
+    if name == "onnxruntime":
+        from reservoir.runtime import onnx
+
+        if dtype not in onnx.DTYPES:
+            raise UsageError(f"--engine onnxruntime computes {' or '.join(onnx.DTYPES)}, not --dtype {dtype}; choose "
+                             "--dtype float32 or int8, or --engine openvino or torch")
+        if not onnx.installed():
+            raise UsageError(f"--engine onnxruntime: ONNX Runtime (with onnx and onnxscript, for torch's exporter) "
+                             f"is not installed; {onnx.INSTALL}, or pass --engine torch")
     return name, why
 
 
-def _why_not_openvino(device: torch.device, backbone: Any, tokens: int | None) -> str | None:
-    """Why ``auto`` would not take OpenVINO for a float dtype, or ``None`` when it would."""
+def auto_candidates(dtype: str, device: torch.device, backbone: Any, tokens: int | None) -> tuple[list[str], str]:
+    """The converting engines ``auto`` may run for ``dtype`` (first: the one it starts on), and why
+    there are none. An int8 dtype: OpenVINO, else ONNX Runtime for ``int8``, whichever is installed (its
+    features are that engine's int8; ``auto`` does not switch between int8 recipes). A float dtype: the
+    installed engines that compute it, for a backbone checked to convert, in runs of at least their
+    :func:`min_tokens`; ``auto`` then measures them against PyTorch."""
     if device.type != "cpu":
-        return f"auto on {device.type}"
-    if not openvino_installed():
-        return f"auto: OpenVINO is not installed ({INSTALL})"
+        return [], f"auto on {device.type}"
+    if dtype in INT8_DTYPES:
+        if openvino_installed():
+            return ["openvino"], ""
+        if dtype == "int8" and onnxruntime_installed():
+            return ["onnxruntime"], ""
+        return [], f"auto: OpenVINO is not installed ({INSTALL})"
+    installed = [e for e, ok in (("openvino", openvino_installed()),
+                                 ("onnxruntime", dtype == "float32" and onnxruntime_installed())) if ok]
+    if not installed:
+        return [], f"auto: OpenVINO is not installed ({INSTALL})"
     if not getattr(backbone, "openvino", False):
-        return f"auto: {type(backbone).__name__} is not checked to convert to OpenVINO"
-    if tokens is not None and tokens < OPENVINO_MIN_TOKENS:
-        return f"auto: {tokens:,} tokens < {OPENVINO_MIN_TOKENS:,}, converting would not pay"
-    return None
+        return [], f"auto: {type(backbone).__name__} is not checked to convert to OpenVINO or ONNX"
+    found = [e for e in installed if tokens is None or tokens >= min_tokens(e)]
+    if not found:
+        least = min(installed, key=min_tokens)
+        return [], f"auto: {tokens:,} tokens < {min_tokens(least):,}, converting would not pay"
+    return found, ""
 
 
 def resolve_engine(name: str, dtype: str, device: torch.device, backbone: Any = None, tokens: int | None = None) -> str:
@@ -153,8 +198,8 @@ MEASURE_MIN_ROWS = 16
 
 
 def engine_key(dtype: str, backbone: Any, width: int, threads: int) -> str:
-    """What the engines' relative speed depends on: the CPU (model and flags), threads, torch and
-    OpenVINO versions, the compute dtype, the architecture (not its weights) and the row width."""
+    """What the engines' relative speed depends on: the CPU (model and flags), threads, the versions of
+    torch, OpenVINO and ONNX Runtime, the compute dtype, the architecture (not its weights) and the row width."""
     import json
 
     from reservoir.runtime import records
@@ -163,21 +208,29 @@ def engine_key(dtype: str, backbone: Any, width: int, threads: int) -> str:
         from openvino import __version__ as ov_version
     except ImportError:
         ov_version = None
+    try:
+        from onnxruntime import __version__ as ort_version
+    except ImportError:
+        ort_version = None
     return json.dumps([*records.machine(threads), torch.__version__, ov_version, dtype, records.architecture(backbone),
-                       width],
+                       width] + ([ort_version] if ort_version else []),
                       sort_keys=True, default=str)
 
 
 def faster_engine(rates: dict[str, float]) -> str:
-    """The engine ``auto`` takes from measured tokens/s: PyTorch only when it is faster."""
-    return "torch" if rates.get("torch", 0.0) > rates.get("openvino", 0.0) else "openvino"
+    """The engine ``auto`` takes from measured tokens/s: the fastest converting engine, PyTorch only when
+    it is faster than every one."""
+    others = {e: r for e, r in rates.items() if e != "torch"}
+    best = max(others, key=others.get) if others else "torch"
+    return "torch" if rates.get("torch", 0.0) > rates.get(best, 0.0) else best
 
 
 def measured_reason(rates: dict[str, float], when: str) -> str:
     """Why ``auto`` runs :func:`faster_engine` of ``rates`` (``when``: "before", "now, on the first batch")."""
-    name = "PyTorch" if faster_engine(rates) == "torch" else "OpenVINO"
-    return (f"auto: {name} ran this model fastest on this CPU (measured {when}: OpenVINO {rates['openvino']:,.0f} "
-            f"tokens/s, PyTorch eager {rates['torch']:,.0f})")
+    shown = ", ".join(f"{LABELS[e]} {rates[e]:,.0f} tokens/s" if i == 0 else f"{LABELS[e]} {rates[e]:,.0f}"
+                      for i, e in enumerate(e for e in ENGINES[2:] + ("torch",) if e in rates))
+    return (f"auto: {LABELS[faster_engine(rates)]} ran this model fastest on this CPU (measured {when}: "
+            f"{shown.replace('PyTorch', 'PyTorch eager')})")
 
 
 def calibration_batches(rows: int) -> list[np.ndarray]:

@@ -3,7 +3,7 @@
 - **Compilation** is :class:`CompiledOrEager`: torch.compile when asked, eager with a
   message when compiling or the compiled call fails.
 - :class:`FeatureRunner` turns token batches into float32 feature arrays for extraction:
-  compute dtype, engine (PyTorch or OpenVINO, :mod:`reservoir.runtime.engines`), static shapes
+  compute dtype, engine (PyTorch, OpenVINO or ONNX Runtime, :mod:`reservoir.runtime.engines`), static shapes
   for the compiled graph, padding rows dropped.
 
 On a CUDA device, batches are copied into page-locked host buffers from a reused pool
@@ -29,8 +29,9 @@ from reservoir.model.reservoir import FixedDepths, Reservoir, readout_positions
 from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.runtime.dtypes import strict_float32
 from reservoir.runtime import records
-from reservoir.runtime.engines import (ENGINE_RATES, INT8_DTYPES, MEASURE_MIN_ROWS, OpenVINOForward,
-                                       choose_engine, engine_key, faster_engine, measured_reason)
+from reservoir.runtime.engines import (ENGINE_RATES, INT8_DTYPES, LABELS, MEASURE_MIN_ROWS, OpenVINOForward,
+                                       auto_candidates, choose_engine, engine_key, faster_engine, measured_reason)
+from reservoir.runtime.onnx import ONNXForward
 from reservoir.errors import BackboneError, UsageError
 from reservoir.tasks import TaskSpec
 
@@ -192,8 +193,9 @@ class FeatureRunner:
         (in reused pinned buffers for CUDA) and features come back as CPU arrays. float32 on CUDA
         is IEEE float32 (TF32 off, :func:`reservoir.runtime.dtypes.strict_float32`); bf16 is the fast
         dtype there.
-    engine : ``"torch"``, ``"openvino"`` or ``"auto"`` (:func:`reservoir.runtime.engines.choose_engine`;
-        auto runs PyTorch when OpenVINO cannot convert the model or its check fails).
+    engine : ``"torch"``, ``"openvino"``, ``"onnxruntime"`` or ``"auto"``
+        (:func:`reservoir.runtime.engines.choose_engine`; auto measures the installed engines on the first
+        batch, and runs PyTorch when the converting engine cannot convert the model or its check fails).
     tokens : tokens the run will extract (``engine="auto"`` takes OpenVINO for long runs only).
     padded : the padded readout (``reservoir extract --readout padded``), for calibration batches.
     calibration : the int8 dtypes only: returns the calibration batches as ``(tokens, lengths)``.
@@ -224,11 +226,12 @@ class FeatureRunner:
         self.engine, self.engine_reason = choose_engine(engine, self.dtype_name, self.device, reservoir.backbone,
                                                         tokens)
         #: ``auto`` between float engines: the key of this CPU and model's measured rates, while the
-        #: first batch is still to measure them (:meth:`_measure`)
+        #: first batch is still to measure them (:meth:`_measure`), and the converting engines it measures
         self.measure_key: str | None = None
-        if engine == "auto" and self.engine == "openvino" and self.dtype_name in DTYPES:
-            self._engine_by_measurement(reservoir.backbone)
-        #: ``engine="auto"`` runs PyTorch when OpenVINO cannot convert or check (an explicit engine fails)
+        self.candidates: list[str] = []
+        if engine == "auto" and self.engine != "torch" and self.dtype_name in DTYPES:
+            self._engine_by_measurement(reservoir.backbone, tokens)
+        #: ``engine="auto"`` runs PyTorch when the converting engine cannot convert or check (an explicit engine fails)
         self.falls_back = engine == "auto" and self.dtype_name in DTYPES
         self.log = log or (lambda text: print(text, file=sys.stderr))
         self.reservoir = freeze(reservoir.float()).eval().to(self.device)
@@ -237,50 +240,71 @@ class FeatureRunner:
         #: ``(real tokens, seconds or a CUDA (start, end) event pair, compiled)`` of the first
         #: :data:`TIMED_BATCHES` batches (:attr:`timings`)
         self._timed: list[tuple[int, Any, bool]] = []
-        if self.engine == "openvino":
-            batches = None if calibration is None else \
-                (lambda: [tuple(t.numpy() for t in self.prepare(x, n, padded)[:3]) for x, n in calibration()])
-            self.forward = OpenVINOForward(FixedDepths(self.reservoir, self.depths), self.dtype_name,
-                                           torch.get_num_threads(), batches, self.log, width=self.spec.seq_len,
-                                           fixed_width=not self.spec.variable_length)
-        else:
+        self.calibration_batches = None if calibration is None else \
+            (lambda: [tuple(t.numpy() for t in self.prepare(x, n, padded)[:3]) for x, n in calibration()])
+        if self.engine == "torch":
             self._use_torch()
+        else:
+            self.forward = self._converting(self.engine)
         if compile:
             self.enable_compile()
 
-    def _engine_by_measurement(self, backbone: Backbone) -> None:
-        """``auto``: the engine measured fastest for this CPU and model before, or (never measured)
-        OpenVINO for now and a measurement on the first batch."""
+    def _converting(self, engine: str) -> "OpenVINOForward | ONNXForward":
+        """The forward of a converting engine (converted, checked, at its first call)."""
+        kind = OpenVINOForward if engine == "openvino" else ONNXForward
+        return kind(FixedDepths(self.reservoir, self.depths), self.dtype_name, torch.get_num_threads(),
+                    self.calibration_batches, self.log, width=self.spec.seq_len,
+                    fixed_width=not self.spec.variable_length)
+
+    def _engine_by_measurement(self, backbone: Backbone, tokens: int | None) -> None:
+        """``auto``: the engine measured fastest for this CPU and model before, or (never measured, or not
+        with every installed engine) the first converting engine for now and a measurement on the first batch."""
+        self.candidates = auto_candidates(self.dtype_name, self.device, backbone, tokens)[0]
         key = engine_key(self.dtype_name, backbone, self.spec.seq_len, torch.get_num_threads())
         kept = records.get(ENGINE_RATES, key)
-        if isinstance(kept, dict) and {"torch", "openvino"} <= set(kept):
-            self.engine, self.engine_reason = faster_engine(kept), measured_reason(kept, "before")
+        if isinstance(kept, dict) and {"torch", *self.candidates} <= set(kept):
+            rates = {e: kept[e] for e in ("torch", *self.candidates)}
+            self.engine, self.engine_reason = faster_engine(rates), measured_reason(rates, "before")
         else:
             self.measure_key = key
-            self.engine_reason += "; PyTorch measured against it on the first batch"
+            others = " and ".join(LABELS[e] for e in self.candidates[1:])
+            self.engine_reason += f"; {others + ' and ' if others else ''}PyTorch measured against it on the first batch"
 
     def _measure(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Run the first batch on both engines (PyTorch eager twice: its first call makes its kernels),
-        keep the rates for this CPU and model, go on with the faster and return its features."""
+        """Run the first batch on every candidate engine and PyTorch (eager twice: its first call makes its
+        kernels), keep the rates for this CPU and model, go on with the fastest and return its features.
+        A converting engine that cannot convert or check is said and left out."""
         key, self.measure_key = self.measure_key, None
-        if self.forward.request is None:
-            self.forward.prepare(tuple(args))  # converting, compiling and checking are not the rate
         tokens = int(args[1].sum())
-        start = time.perf_counter()
-        ours = self.forward(*args)
-        rates = {"openvino": tokens / (time.perf_counter() - start)}
+        rates, outputs, forwards, failed = {}, {}, {}, []
+        for engine in self.candidates:
+            forward = self.forward if engine == self.engine else self._converting(engine)
+            try:
+                if forward.request is None:
+                    forward.prepare(tuple(args))  # converting, compiling and checking are not the rate
+                start = time.perf_counter()
+                outputs[engine] = forward(*args)
+                rates[engine] = tokens / (time.perf_counter() - start)
+                forwards[engine] = forward
+            except BackboneError as e:
+                failed.append(f"{LABELS[engine]} failed ({e})")
+                self.log(f"{e}: " + ("measuring without it" if len(failed) < len(self.candidates) else
+                                     "running PyTorch eager instead"))
         self.reservoir.to_compute(DTYPES[self.dtype_name])
         eager = CompiledOrEager(FixedDepths(self.reservoir, self.depths), False)
         eager(*args)
         start = time.perf_counter()
-        theirs = eager(*args)
+        outputs["torch"] = eager(*args)
         rates["torch"] = tokens / (time.perf_counter() - start)
-        records.put(ENGINE_RATES, key, rates)
-        if faster_engine(rates) == "torch":
-            self.engine, self.forward, ours = "torch", eager, theirs
-        self.engine_reason = measured_reason(rates, "now, on the first batch")
+        forwards["torch"] = eager
+        if len(rates) > 1:  # a measurement without any converting engine says nothing about them
+            records.put(ENGINE_RATES, key, rates)
+        self.engine = faster_engine(rates)
+        self.forward = forwards[self.engine]
+        self.engine_reason = measured_reason(rates, "now, on the first batch") if len(rates) > 1 else \
+            "auto: " + "; ".join(failed)
         self.log(f"engine {self.engine} ({self.engine_reason})")
-        return ours
+        return outputs[self.engine]
 
     def _use_torch(self) -> None:
         self.reservoir.to_compute(DTYPES[self.dtype_name])
@@ -289,15 +313,16 @@ class FeatureRunner:
 
     def _call(self, *args: torch.Tensor) -> torch.Tensor:
         try:
-            if self.measure_key is not None and self.engine == "openvino" and len(args[0]) >= MEASURE_MIN_ROWS:
+            if self.measure_key is not None and self.engine != "torch" and len(args[0]) >= MEASURE_MIN_ROWS:
                 return self._measure(args)
             return self.forward(*args)
-        except BackboneError as e:  # OpenVINO could not convert or check, on the first batch
-            if not (self.engine == "openvino" and self.falls_back):
+        except BackboneError as e:  # the converting engine could not convert or check, on the first batch
+            if not (self.engine != "torch" and self.falls_back):
                 raise
             self.log(f"{e}: running PyTorch eager instead")
+            failed = LABELS[self.engine]
             self._use_torch()
-            self.engine_reason = f"auto: OpenVINO failed ({e})"
+            self.engine_reason = f"auto: {failed} failed ({e})"
             return self.forward(*args)
 
     def enable_compile(self) -> None:

@@ -1,0 +1,358 @@
+"""The ONNX Runtime engine: the forward module exported to ONNX and run by ONNX Runtime's CPU provider.
+
+The module is the one every engine runs (:class:`reservoir.model.reservoir.FixedDepths` over
+:class:`reservoir.runtime.runner.Reservoir`), exported with torch's ONNX exporter
+(``torch.onnx.export(dynamo=True)``, the TorchScript exporter where that fails) with the batch and
+the width free (:func:`export`), so one file serves every batch shape of a run:
+
+- ``float32``: the exported file as it is;
+- ``int8``: the projections centred per position as the OpenVINO engine's ``int8`` centres them
+  (:func:`reservoir.runtime.engines.centred`, the same calibration rows and tables) before export,
+  then ``onnxruntime.quantization.quantize_dynamic`` with int8 weights (``QInt8``; only the matrix
+  products with a constant operand, :data:`QUANTIZED_OPS`). ONNX Runtime quantizes each such
+  product's input with one scale per tensor computed at run time, so a row quantized beside others
+  would depend on them: ``int8`` runs each row alone, cut to its own length, and a row's scales are
+  its own (:meth:`ONNXForward._infer`).
+
+``bfloat16``, ``float16`` and ``int8-static`` are refused (:data:`DTYPES`).
+
+The file is kept in ``$RESERVOIR_CACHE/onnx/`` under a digest of everything that makes it (the
+module's weights and buffers, the int8 tables, the depths, the token shape and dtype, the dtype and
+the library versions: :func:`file_key`), so a second run of the same model loads it instead of
+exporting again. After loading, the engine checks its features on the first rows of the first batch
+against PyTorch's eager float32 forward, as the OpenVINO engine does, and stops naming ``--engine
+torch`` when they differ by more than :data:`reservoir.runtime.engines.TOLERANCE`.
+
+``benchmarks/peers.py`` builds its ONNX Runtime rows from the same functions (:func:`export`,
+:func:`quantize_int8`, :func:`session`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import json
+import logging
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from reservoir.errors import BackboneError, UsageError
+
+INSTALL = "pip install 'reservoir[onnx]'"
+#: dtypes the ONNX Runtime engine computes
+DTYPES = ("float32", "int8")
+#: operations ``int8`` quantizes (those with a constant weight: ``MatMulConstBOnly``); lookups stay float
+QUANTIZED_OPS = ("MatMul", "Gemm")
+#: operations a quantized file computes int8 products with
+INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "ConvInteger", "DynamicQuantizeLSTM", "QAttention")
+#: the ONNX file's input and output names
+INPUTS, OUTPUT = ("tokens", "lengths", "readout"), "features"
+#: version of how the file is made (export settings, quantization); a change that moves features bumps it
+FILE_RECIPE = 1
+#: the cache folder's subfolder of ONNX files
+FOLDER = "onnx"
+#: weights past this many bytes are written beside the ONNX file (its protobuf holds at most 2 GB)
+LARGE_BYTES = 1_800_000_000
+#: loggers whose lines say nothing to a user while exporting (torch's exporter notes, onnxscript's passes)
+LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "torch.fx", "onnxscript", "onnx_ir")
+
+
+def installed() -> bool:
+    """ONNX Runtime and what torch's exporter needs (``onnx``, ``onnxscript``) are importable."""
+    return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx", "onnxscript"))
+
+
+def versions() -> dict[str, str | None]:
+    """The versions a file and a measured rate depend on."""
+    out: dict[str, str | None] = {"torch": torch.__version__}
+    for name in ("onnxruntime", "onnx", "onnxscript"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            out[name] = None
+    return out
+
+
+@contextlib.contextmanager
+def quiet():
+    """The exporter's and the quantizer's chatter (progress bars, notes, warnings, log lines) kept off
+    the terminal."""
+    from reservoir.model.backbones import quiet_transformers
+
+    levels = {name: logging.getLogger(name).level for name in LOGGERS}
+    for name in LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings(), quiet_transformers():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def export(module: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Path | str, *,
+           input_names: Sequence[str] = INPUTS, output_names: Sequence[str] = (OUTPUT,),
+           dynamic: dict[str, dict[int, str]] | None = None) -> str:
+    """Export ``module`` called on ``example`` to the ONNX file ``path`` with the named axes of
+    ``dynamic`` (``{input name: {axis: name}}``; outputs follow) left free: torch's dynamo exporter,
+    else the TorchScript one. Returns which exporter wrote it; raises ``RuntimeError`` naming both
+    failures."""
+    dynamic = dynamic or {}
+    errors = []
+    for dynamo in (True, False):
+        if dynamo:
+            dims = {}
+            shapes = tuple({axis: dims.setdefault(name, torch.export.Dim(name)) for axis, name in dynamic.get(n, {}).items()}
+                           or None for n in input_names)
+            kwargs: dict[str, Any] = dict(dynamic_shapes=shapes, optimize=True)
+        else:
+            batch = {0: next(iter(dynamic.get(input_names[0], {}).values()), "batch")} if dynamic else {}
+            kwargs = dict(dynamic_axes={**dynamic, **{n: batch for n in output_names}} if dynamic else None)
+        try:
+            with quiet(), torch.no_grad():
+                torch.onnx.export(module, example, str(path), input_names=list(input_names),
+                                  output_names=list(output_names), dynamo=dynamo, verbose=False, **kwargs)
+            how = "torch.onnx.export(dynamo=True)" if dynamo else "torch.onnx.export(dynamo=False, TorchScript)"
+            return how + (f" (dynamo exporter failed: {errors[0]})" if errors else "")
+        except Exception as e:  # noqa: BLE001 - try the other exporter, then say both
+            errors.append(one_line(e))
+    raise RuntimeError("both ONNX exporters failed: " + " | ".join(errors))
+
+
+def quantize_int8(source: Path | str, path: Path | str, workdir: Path | str | None = None, *,
+                  op_types: Sequence[str] | None = QUANTIZED_OPS, large: bool = False) -> str:
+    """``source`` quantized to ``path`` by ``quantize_dynamic`` (int8 weights, ``QInt8``; activations
+    quantized per tensor at run time), after ONNX Runtime's recommended pre-processing
+    (``quant_pre_process``: shape inference and graph optimization) where it succeeds.
+    ``op_types=None``: ONNX Runtime's default operations; ``large``: weights past 2 GB, kept beside
+    the file. Returns what was done."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    pre = "quant_pre_process"
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        prepared = Path(tmp) / "pre.onnx"
+        try:
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            with quiet():
+                quant_pre_process(str(source), str(prepared), save_as_external_data=large)
+            source = prepared
+        except Exception as e:  # noqa: BLE001 - quantize the plain export instead
+            pre = f"no quant_pre_process ({one_line(e)})"
+        with quiet():
+            quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8, use_external_data_format=large,
+                             **({} if op_types is None else {"op_types_to_quantize": list(op_types)}))
+    ops = "ONNX Runtime's default ops" if op_types is None else "+".join(op_types)
+    return (f"{pre} -> quantize_dynamic(weight_type=QInt8, {ops}: uint8 activations quantized per tensor at run "
+            "time, int8 weights per tensor)")
+
+
+def session(path: Path | str, threads: int):
+    """An ONNX Runtime CPU session of ``path`` on ``threads`` threads (one stream, every graph optimization)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def file_key(module: torch.nn.Module, example: Sequence[torch.Tensor], dtype: str, dynamic: dict,
+             tables: dict[str, Sequence[torch.Tensor]] | None = None) -> str:
+    """SHA-256 of what an exported file depends on: the module's class, every weight and buffer
+    (input layer and backbone: a seed or checkpoint that differs makes another file), the depths
+    it reads, the inputs' dtypes and trailing shapes, the free axes, the dtype, the int8 tables,
+    :data:`FILE_RECIPE` and the library versions."""
+    h = hashlib.sha256()
+    head = {"recipe": FILE_RECIPE, "versions": versions(), "dtype": dtype, "dynamic": dynamic,
+            "class": type(module).__qualname__, "depths": list(getattr(module, "depths", ())),
+            "inputs": [[str(t.dtype), list(t.shape[2:])] for t in example],
+            "readout_last_block": [bool(getattr(m, "readout_last_block", False)) for m in module.modules()]}
+    h.update(json.dumps(head, sort_keys=True, default=str).encode())
+
+    def add(name: str, t: torch.Tensor) -> None:
+        t = t.detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{list(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+    for name, t in module.state_dict().items():
+        add(name, t)
+    for name in sorted(tables or {}):
+        for i, t in enumerate(tables[name]):
+            add(f"table:{name}:{i}", t)
+    return h.hexdigest()
+
+
+def cached_file(key: str) -> Path:
+    from reservoir.config import cache_dir
+
+    return cache_dir() / FOLDER / f"{key[:32]}.onnx"
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as ``Type: first line`` (at most 240 characters)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:240]
+
+
+class Unquantized(Exception):
+    """``int8``: quantizing left every product of the backbone float."""
+
+
+class ONNXForward:
+    """``(tokens, lengths, readout) -> (B, n_depths, n_readout, d)`` float32 tensor, computed by ONNX
+    Runtime from :class:`reservoir.runtime.runner.Reservoir` (exported, or loaded from the cache, at
+    the first call). The face of :class:`reservoir.runtime.engines.OpenVINOForward`: :meth:`prepare`,
+    ``request`` (the session; ``None`` until prepared), ``seconds``, ``error``.
+
+    Parameters
+    ----------
+    eager : the float32 PyTorch forward module: what is exported, and the reference of the check.
+    dtype : ``float32`` or ``int8``.
+    threads : ONNX Runtime's intra-op threads (PyTorch's thread count).
+    calibration : ``int8`` only: returns the calibration batches ``[(tokens, lengths, readout), ...]``
+        as numpy arrays, whose per-position means centre the projections.
+    width : the widest rows it will be called with (the int8 tables' length).
+    """
+
+    def __init__(self, eager: torch.nn.Module, dtype: str, threads: int,
+                 calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
+                 log: Callable[[str], None] | None = None, width: int | None = None, **_: Any):
+        if dtype not in DTYPES:
+            raise UsageError(f"--engine onnxruntime computes {' or '.join(DTYPES)}, not --dtype {dtype}; "
+                             "choose --dtype float32 or int8, or --engine openvino or torch")
+        if dtype == "int8" and calibration is None:
+            raise UsageError(f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)")
+        if dtype == "int8" and not width:
+            raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
+        self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
+        self.calibration, self.log = calibration, log or (lambda text: None)
+        self.request = None
+        self.path: Path | None = None
+        self.how = ""
+        self.seconds: dict[str, float] = {}
+        self.error: float | None = None
+
+    def _tables(self) -> dict[str, tuple[torch.Tensor, ...]] | None:
+        if self.dtype != "int8":
+            return None
+        from reservoir.runtime.engines import position_means
+
+        start = time.perf_counter()
+        tables = position_means(self.eager, self.calibration(), self.width)
+        self.seconds["centre"] = time.perf_counter() - start
+        return tables
+
+    def _make(self, example: tuple[torch.Tensor, ...], path: Path, tables) -> None:
+        """Export (int8: centred, then quantized) into ``path``, written whole or not at all: the weights
+        inside the file, or beside it in ``path.data`` for models past ONNX's 2 GB limit."""
+        import onnx
+
+        from reservoir.runtime.engines import centred
+
+        dynamic = {"tokens": {0: "batch", 1: "width"}, "lengths": {0: "batch"}, "readout": {0: "batch"}}
+        big = sum(t.numel() * t.element_size() for t in self.eager.state_dict().values()) > LARGE_BYTES
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
+            exported = Path(tmp) / "float.onnx"
+            start = time.perf_counter()
+            with centred(self.eager, tables) if tables else contextlib.nullcontext():
+                self.how = export(self.eager, example, exported, dynamic=dynamic)
+            self.seconds["export"] = time.perf_counter() - start
+            if self.dtype == "int8":
+                start = time.perf_counter()
+                quantized = Path(tmp) / "int8.onnx"
+                self.how += " -> " + quantize_int8(exported, quantized, tmp, large=big)
+                exported = quantized
+                if not any(n.op_type in INT8_OPS for n in onnx.load(str(exported), load_external_data=False).graph.node):
+                    raise Unquantized("quantize_dynamic found no matrix product with int8 weights in this backbone "
+                                      "(its recurrent or fused operations stay float); use --dtype float32")
+                self.seconds["quantize"] = time.perf_counter() - start
+            whole = Path(tmp) / path.name
+            with quiet():
+                onnx.save_model(onnx.load(str(exported)), str(whole), save_as_external_data=big,
+                                all_tensors_to_one_file=True, location=path.name + ".data")
+            if big:
+                os.replace(Path(tmp) / (path.name + ".data"), path.parent / (path.name + ".data"))
+            os.replace(whole, path)
+
+    def prepare(self, batch: tuple[torch.Tensor, ...]) -> None:
+        """Load the cached file of this module and dtype, or export it (from two rows of ``batch``),
+        open a session and check against PyTorch float32 on ``batch``'s first rows. Says what each
+        step took."""
+        from reservoir.runtime.engines import CHECK_ROWS, CHECK_TOKENS, TOLERANCE, narrow, relative_error
+
+        example = narrow(batch)
+        tables = self._tables()
+        start = time.perf_counter()
+        dynamic = {"batch": [0], "width": [1]}
+        path = cached_file(file_key(self.eager, example, self.dtype, dynamic, tables))
+        self.seconds["key"] = time.perf_counter() - start
+        cached = path.exists()
+        if not cached:
+            try:
+                self._make(example, path, tables)
+            except Unquantized as e:
+                raise BackboneError(f"--engine onnxruntime --dtype int8: {e}") from None
+            except Exception as e:  # noqa: BLE001 - named with the way out
+                raise BackboneError(f"ONNX Runtime could not take this backbone: torch could not export it to ONNX "
+                                    f"({one_line(e)}); pass --engine torch") from None
+        start = time.perf_counter()
+        try:
+            with quiet():
+                self.request = session(path, self.threads)
+        except Exception as e:  # noqa: BLE001 - a damaged cached file, or an op the runtime lacks
+            raise BackboneError(f"ONNX Runtime could not load the exported model {path} ({one_line(e)}); delete "
+                                "the file to export it again, or pass --engine torch") from None
+        self.path = path
+        self.seconds["load"] = time.perf_counter() - start
+        rows = tuple(t[:max(1, min(CHECK_ROWS, CHECK_TOKENS // batch[0].shape[1]))] for t in batch)
+        ours = self._infer(rows).numpy()
+        with torch.inference_mode():
+            ref = self.eager(*rows).float().numpy()
+        self.error = relative_error(ours, ref)
+        steps = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
+        source = f"cached file {path.name}" if cached else f"exported to {path.name}"
+        self.log(f"onnxruntime: {source}; {steps}; features within {self.error:.1e} of PyTorch float32 on "
+                 f"{len(ours)} rows")
+        if not self.error <= TOLERANCE[self.dtype]:
+            self.request = None
+            raise BackboneError(
+                f"the ONNX Runtime engine's features differ from PyTorch's by {self.error:.2g} (relative, worst "
+                f"depth; at most {TOLERANCE[self.dtype]:g} is accepted for {self.dtype}); pass --engine torch")
+
+    def _run(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> np.ndarray:
+        feed = {"tokens": np.ascontiguousarray(tokens.numpy()), "lengths": np.ascontiguousarray(lengths.numpy()),
+                "readout": np.ascontiguousarray(readout.numpy())}
+        return self.request.run(None, feed)[0]
+
+    def _infer(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
+        """float32: the batch at once. int8: each row alone, cut to its own length (and past its
+        readout positions), so that its run-time activation scales are its own."""
+        tokens, lengths, readout = args
+        if self.dtype != "int8":
+            return torch.from_numpy(self._run(tokens, lengths, readout))
+        out = []
+        for i in range(len(tokens)):
+            width = max(int(lengths[i]), int(readout[i].max()) + 1)
+            out.append(self._run(tokens[i:i + 1, :width], lengths[i:i + 1], readout[i:i + 1]))
+        return torch.from_numpy(np.concatenate(out))
+
+    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+        if self.request is None:
+            self.prepare((tokens, lengths, readout))
+        return self._infer((tokens, lengths, readout))
