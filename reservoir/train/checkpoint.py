@@ -97,6 +97,8 @@ def check_resumable(path: Path, name: str, identity: dict[str, Any]) -> None:
             old = torch.load(other, map_location="cpu", weights_only=True)["identity"]
         except Exception:  # noqa: BLE001 - an unreadable neighbour says nothing about this run
             continue
+        if not isinstance(old, dict):
+            continue
         if old.get("format") != CHECKPOINT_FORMAT:
             raise IdentityError(f"checkpoint {other} was written by another version of reservoir (checkpoint format "
                                 f"{old.get('format')!r}; this version reads format {CHECKPOINT_FORMAT}) and cannot be "
@@ -127,7 +129,7 @@ def read_checkpoint(path: Path, fix: str) -> dict[str, Any]:
             raise DataError(f"checkpoint {path} holds {refused}, which a checkpoint of reservoir never holds; refused "
                             f"without running it (checkpoints are read as tensors and plain data only); {fix}") from None
         raise DataError(f"checkpoint {path} is unreadable ({torch_load_reason(e)}); {fix}") from None
-    if fmt != CHECKPOINT_FORMAT:
+    if type(fmt) is not int or fmt != CHECKPOINT_FORMAT:
         raise DataError(f"checkpoint {path} has format {fmt!r}, expected {CHECKPOINT_FORMAT}; {fix}")
     wrong = misshapen(obj)
     if wrong:
