@@ -115,7 +115,8 @@ def test_features_that_disagree_with_pytorch_are_refused(tiny_gpt2, monkeypatch)
     monkeypatch.setitem(engines.TOLERANCE, "float32", -1.0)  # any difference is too large
     task = get_task("bit_xor")
     (tokens, lengths), _ = batches(task)
-    with pytest.raises(BackboneError, match="ONNX Runtime engine's features differ from PyTorch's by .*pass --engine torch"):
+    with pytest.raises(BackboneError,
+                       match="ONNX Runtime engine's features differ from PyTorch's by .*pass --engine torch"):
         runner(task, str(tiny_gpt2), "onnxruntime")(tokens, lengths)
 
 

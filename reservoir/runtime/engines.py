@@ -91,7 +91,8 @@ ONNX_MIN_TOKENS = 200_000
 
 
 def min_tokens(engine: str) -> int:
-    """Tokens a run needs for ``auto`` to convert to ``engine`` (:data:`OPENVINO_MIN_TOKENS`, :data:`ONNX_MIN_TOKENS`)."""
+    """Tokens a run needs for ``auto`` to convert to ``engine`` (:data:`OPENVINO_MIN_TOKENS`,
+    :data:`ONNX_MIN_TOKENS`)."""
     return {"openvino": OPENVINO_MIN_TOKENS, "onnxruntime": ONNX_MIN_TOKENS}[engine]
 #: the conversion example's width: converting GPT-2 small from 1024-token rows took 21 s (and,
 #: beside the benchmark's other models, ran the machine out of memory), from 64-token rows 3.7 s,

@@ -113,8 +113,8 @@ def export(module: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Pat
     for dynamo in (True, False):
         if dynamo:
             dims = {}
-            shapes = tuple({axis: dims.setdefault(name, torch.export.Dim(name)) for axis, name in dynamic.get(n, {}).items()}
-                           or None for n in input_names)
+            shapes = tuple({axis: dims.setdefault(name, torch.export.Dim(name))
+                            for axis, name in dynamic.get(n, {}).items()} or None for n in input_names)
             kwargs: dict[str, Any] = dict(dynamic_shapes=shapes, optimize=True)
         else:
             batch = {0: next(iter(dynamic.get(input_names[0], {}).values()), "batch")} if dynamic else {}
@@ -278,7 +278,8 @@ class ONNXForward:
                 quantized = Path(tmp) / "int8.onnx"
                 self.how += " -> " + quantize_int8(exported, quantized, tmp, large=big)
                 exported = quantized
-                if not any(n.op_type in INT8_OPS for n in onnx.load(str(exported), load_external_data=False).graph.node):
+                graph = onnx.load(str(exported), load_external_data=False).graph
+                if not any(n.op_type in INT8_OPS for n in graph.node):
                     raise Unquantized("quantize_dynamic found no matrix product with int8 weights in this backbone "
                                       "(its recurrent or fused operations stay float); use --dtype float32")
                 self.seconds["quantize"] = time.perf_counter() - start

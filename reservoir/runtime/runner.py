@@ -268,7 +268,8 @@ class FeatureRunner:
         else:
             self.measure_key = key
             others = " and ".join(LABELS[e] for e in self.candidates[1:])
-            self.engine_reason += f"; {others + ' and ' if others else ''}PyTorch measured against it on the first batch"
+            self.engine_reason += (f"; {others + ' and ' if others else ''}PyTorch measured against it on the "
+                                   "first batch")
 
     def _measure(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
         """Run the first batch on every candidate engine and PyTorch (eager twice: its first call makes its
