@@ -166,7 +166,7 @@ def _check_choice(owner: str, name: str, value: Any, choices: Sequence[Any]) -> 
 
 def check_device(owner: str, value: str) -> None:
     """``value`` is auto, cpu, cuda, cuda:N or mps (whether the device is present is checked
-    where it is used, :func:`reservoir.runtime.runner.resolve_device`)."""
+    where it is used, :func:`reservoir.model.devices.resolve_device`)."""
     import re
 
     if not re.fullmatch(DEVICE_PATTERN, str(value)):

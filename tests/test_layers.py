@@ -1,4 +1,4 @@
-"""The layers contract of DESIGN.md: imports flow down the pipeline's stages only (import-linter)."""
+"""The layers contract (setup.cfg's [importlinter]): imports flow down the pipeline's stages only (import-linter)."""
 
 from __future__ import annotations
 

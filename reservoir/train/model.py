@@ -1,4 +1,4 @@
-"""The FPT model: the shared forward path (:class:`reservoir.runtime.runner.Reservoir`) plus a linear
+"""The FPT model: the shared forward path (:class:`reservoir.model.reservoir.Reservoir`) plus a linear
 output layer on the readout tokens, its parameter groups and their counts.
 
 The FPT of Lu et al. (2021, section 2.2) trains a small parameter set of a frozen
