@@ -1,4 +1,4 @@
-"""Engines that run the frozen forward: PyTorch (eager or compiled), or OpenVINO.
+"""Engines that run the frozen forward: PyTorch (eager or compiled), OpenVINO, or ONNX Runtime (:mod:`reservoir.runtime.onnx`).
 
 The forward module is always :class:`reservoir.runtime.runner.Reservoir` (input layer, backbone,
 readout). The ``openvino`` engine converts that same module with ``openvino.convert_model``
