@@ -140,7 +140,9 @@ def quantize_int8(source: Path | str, path: Path | str, workdir: Path | str | No
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     pre = "quant_pre_process"
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+    source, path = Path(source).resolve(), Path(path).resolve()
+    # ONNX Runtime's shape inference writes a scratch file into the working folder: it works in ``tmp``
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp, contextlib.chdir(tmp):
         prepared = Path(tmp) / "pre.onnx"
         try:
             from onnxruntime.quantization.shape_inference import quant_pre_process
