@@ -258,8 +258,9 @@ def install(settings: Settings, name, source, force) -> None:
                    "scales calibrated on the first rows) run on OpenVINO. Features are stored as float32."
                    + shown(ExtractConfig, "dtype"))
 @click.option("--engine", type=click.Choice(ENGINE_CHOICES), default=None,
-              help="What runs the forward: torch, openvino (pip install 'reservoir[openvino]'; CPU), or auto: OpenVINO "
-                   "on the CPU for runs of 20,000+ tokens when installed and the backbone converts, else PyTorch."
+              help="What runs the forward: torch, openvino (pip install 'reservoir[openvino]'; CPU), onnxruntime "
+                   "(pip install 'reservoir[onnx]'; CPU), or auto: on the CPU, for runs long enough to repay converting, "
+                   "the installed engine measured fastest for this model and CPU, else PyTorch."
                    + shown(ExtractConfig, "engine"))
 @click.option("--depths", default=None, callback=check_depths,
               help="'all' or comma-separated depths, e.g. 0,3,6 (negative: from the last block)."

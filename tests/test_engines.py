@@ -3,6 +3,8 @@ every way it can fail says what to do, and ``engine="auto"`` falls back to PyTor
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 from pathlib import Path
 
@@ -260,18 +262,22 @@ def test_int8_dtypes_name_their_file_and_static_records_its_calibration(extract,
     assert r.exit_code == 0, r.output
     identity, config, _ = read(path)
     assert path.name.startswith("int8-seed0-") and identity["dtype"] == "int8"
-    assert identity["calibration"] == {"split": "train", "rows": 24, "recipe": engines.INT8_RECIPE}
+    assert identity["calibration"] == {"split": "train", "rows": 24, "recipe": engines.INT8_RECIPE, "engine": "openvino"}
     assert config["engine_used"] == "openvino" and "openvino engine (auto: int8)" in r.stderr
     r, path = extract("--dtype", "int8-static")
     assert r.exit_code == 0, r.output
     identity, _, _ = read(path)
     assert path.name.startswith("int8-static-seed0-")
-    assert identity["calibration"] == {"split": "train", "rows": 24, "recipe": engines.INT8_RECIPE}
+    assert identity["calibration"] == {"split": "train", "rows": 24, "recipe": engines.INT8_RECIPE, "engine": "openvino"}
     r, again = extract("--dtype", "int8-static")
     assert again == path and "reusing" in r.stderr
     monkeypatch.setattr(engines, "INT8_RECIPE", engines.INT8_RECIPE + 1)  # another int8 recipe: never reused
     r, other = extract("--dtype", "int8-static")
     assert r.exit_code == 0 and other != path and "reusing" not in r.stderr
+    if importlib.util.find_spec("onnxruntime"):  # another engine's int8 quantizes by its own recipe: never reused
+        r, first = extract("--dtype", "int8", "--engine", "openvino")
+        r, theirs = extract("--dtype", "int8", "--engine", "onnxruntime")
+        assert r.exit_code == 0 and theirs != first and read(theirs)[0]["calibration"]["engine"] == "onnxruntime"
 
 
 def test_the_engine_is_not_part_of_the_identity(extract, home):

@@ -230,14 +230,14 @@ class Run:
     def settled_runner(self, progress: bool = True, begun_by: str | None = None) -> FeatureRunner:
         """The run's runner on the one engine that makes every row of its file: as asked; for ``--engine
         auto``, the engine ``begun_by`` (that made the rows of a file being resumed), else decided before
-        the first row is kept. Where auto takes OpenVINO for a float dtype, the first batch runs now, so
-        that the conversion is checked (a model that fails it runs PyTorch) and, on a machine that never
-        measured this model, both engines are measured on it."""
+        the first row is kept. Where auto takes a converting engine (OpenVINO, ONNX Runtime) for a float
+        dtype, the first batch runs now, so that the conversion is checked (a model that fails it runs
+        PyTorch) and, on a machine that never measured this model, the engines are measured on it."""
         if begun_by and self.cfg.engine not in ("auto", begun_by):
             raise IdentityError(f"{partial_path(self.out)} was begun on the {begun_by} engine; rerun with --engine "
                                 f"{begun_by} (or auto) to resume it, or delete it to start over on {self.cfg.engine}")
         runner = self.runner(progress, engine=begun_by)
-        if self.cfg.engine == "auto" and not begun_by and runner.engine == "openvino" and self.dtype not in INT8_DTYPES:
+        if self.cfg.engine == "auto" and not begun_by and runner.engine != "torch" and self.dtype not in INT8_DTYPES:
             split, rows = next((split, batches[0]) for split, d in self.data.items()
                                for _, batches in plan_split(d.lengths, self.batch_size, self.bucket, self.cfg.shard_rows)
                                if batches)
@@ -355,12 +355,12 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
                            f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)")
     dtype = resolve_dtype(cfg.dtype, device)
     calibration = None
-    if dtype in INT8_DTYPES:
-        from reservoir.runtime.engines import INT8_RECIPE, calibration_rows
+    if dtype in INT8_DTYPES:  # engines quantize by their own recipes: the int8 engine is part of the identity
+        from reservoir.runtime.engines import INT8_RECIPE, calibration_rows, choose_engine
 
         first = next(iter(data))
         calibration = {"split": first, "rows": calibration_rows(task.spec.seq_len, len(data[first])),
-                       "recipe": INT8_RECIPE}
+                       "recipe": INT8_RECIPE, "engine": choose_engine(cfg.engine, dtype, device, backbone)[0]}
     identity = feature_identity(task_name=cfg.task, task=task, data=data, backbone=label(cfg.backbone),
                                 backbone_fingerprint=fingerprint(backbone), seed=cfg.seed, input_scale=cfg.input_scale, depths=depths,
                                 dtype=dtype, readout=cfg.readout, limit=cfg.limit, calibration=calibration)
