@@ -4,7 +4,6 @@ every way it can fail says what to do, and ``engine="auto"`` falls back to PyTor
 from __future__ import annotations
 
 import importlib.util
-
 import json
 from pathlib import Path
 
