@@ -1,9 +1,13 @@
-"""Python API: the CLI's ``extract`` and ``fit`` as functions, and a scikit-learn transformer.
+"""Python API: the CLI's ``extract``, ``fit``, ``train``, ``predict`` and ``report`` as functions, feature
+files read back (arrays, an xarray Dataset, a torch Dataset), and a scikit-learn transformer.
 
 >>> from reservoir import api
 >>> path = api.extract("digits", "lstm", limit=100)                 # doctest: +SKIP
 >>> results = api.fit(features=path, depths="all")                  # doctest: +SKIP
 >>> X, y = api.read_features(path, "test", depth=2)                 # doctest: +SKIP
+>>> X, y, depths = api.read_features(path, "test")                  # doctest: +SKIP
+>>> predictions = api.predict(results[0]["probe"], path, "test")    # doctest: +SKIP
+>>> table = api.results()                                           # doctest: +SKIP
 
 The transformer turns sequences into the readout features of a frozen backbone, so any
 scikit-learn estimator can sit on top of it::
@@ -17,18 +21,21 @@ scikit-learn estimator can sit on top of it::
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import torch.utils.data
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
-from reservoir.config import ExtractConfig, FitConfig, default, parse_input_scale, select_depths
-from reservoir.errors import UsageError
+from reservoir.config import ExtractConfig, FitConfig, TrainConfig, default, parse_input_scale, select_depths
+from reservoir.errors import DataError, StoreError, UsageError
 from reservoir.tasks import TaskSpec, pad_ids
 
-__all__ = ["ReservoirFeatures", "extract", "fit", "read_features"]
+__all__ = ["FeatureDataset", "ReservoirFeatures", "extract", "fit", "load_probe", "predict", "read_features", "results",
+           "train"]
 
 
 def _config(cls, task: Any, backbone: str, **settings: Any):
@@ -91,15 +98,324 @@ def fit(task: str | FitConfig | None = None, backbone: str | None = None, *, pro
     return run(_config(FitConfig, task=task, backbone=backbone, **settings), progress=progress)
 
 
-def read_features(path: str | Path, split: str, depth: int) -> tuple[np.ndarray, np.ndarray]:
-    """Features ``(N, n_readout * d_model)`` and labels of one depth of one split of a feature file."""
-    from reservoir.extract.store import open_features, read_depth, verify
+def _optional(module: str, what: str) -> Any:
+    """Import an optional package, or say what needs it and how to install it."""
+    import importlib
 
-    with open_features(Path(path)) as f:
-        if split in f:
-            verify(f, [depth] if depth in [int(d) for d in f.attrs["depths"]] else [], [split])
-        X, y = read_depth(f, split, depth)
-    return X.reshape(len(X), -1), y
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"{what} needs the optional package {module!r}, which is not installed here; "
+                          f"install it with `pip install {module}`") from None
+
+
+def read_features(path: str | Path, split: str, depth: int | None = None, *,
+                  depths: str | int | Sequence[int] | None = None, as_xarray: bool = False) -> Any:
+    """Features and labels of one split of a feature file, read through the store's verified readers
+    (every depth read is checked against the digests recorded when the file was completed).
+
+    Parameters
+    ----------
+    path : a complete feature file (what :func:`extract` returns).
+    split : a split it holds (``"train"``, ``"test"``, ...).
+    depth : one depth: returns ``(X, y)``, ``X`` of shape ``(N, n_readout * d_model)`` (the readout
+        tokens side by side) and the labels ``y``.
+    depths : several depths (``"all"``, the default without ``depth``; ``"0,6"``; a list; negative
+        counts from the last stored one): returns ``(X, y, depths)``, ``X`` float32 of shape
+        ``(N, n_depths, n_readout, d_model)``, ``y`` the labels ``(N,)`` or ``(N, n_readout, bits)``,
+        and ``depths`` the stored depths along ``X``'s second axis.
+    as_xarray : return an ``xarray.Dataset`` instead (either form; needs ``pip install xarray``):
+        ``features`` on the dimensions ``(row, depth, readout, feature)``, ``labels`` on ``(row,)``
+        (bit tasks: ``(row, readout, output)``), the coordinate ``depth``, and the file's task,
+        backbone, dtype, readout, seed and identity hash as attributes.
+
+    Examples
+    --------
+    >>> X, y = read_features(path, "test", depth=2)                  # doctest: +SKIP
+    >>> X, y, depths = read_features(path, "test")                   # doctest: +SKIP
+    >>> X.shape, depths                                               # doctest: +SKIP
+    ((100, 3, 1, 32), [0, 1, 2])
+    >>> read_features(path, "test", as_xarray=True).features.sel(depth=2)   # doctest: +SKIP
+    """
+    from reservoir.extract.store import feature_splits, open_features, read_depth, read_depths, verify
+
+    if depth is not None and depths is not None:
+        raise UsageError(f"give depth ({depth!r}: one depth, flattened features) or depths ({depths!r}: several, "
+                         "(N, n_depths, n_readout, d_model)), not both")
+    xr = _optional("xarray", "read_features(..., as_xarray=True)") if as_xarray else None
+    path = Path(path)
+    with open_features(path) as f:
+        if depth is not None and xr is None:  # the single-depth form
+            if split in f:
+                verify(f, [depth] if depth in [int(d) for d in f.attrs["depths"]] else [], [split])
+            X, y = read_depth(f, split, depth)
+            return X.reshape(len(X), -1), y
+        if split not in f:
+            raise UsageError(f"split {split!r} is not in {path}; it holds {feature_splits(f)}")
+        wanted = [depth] if depth is not None else ("all" if depths is None else depths)
+        chosen = select_depths(wanted, [int(d) for d in f.attrs["depths"]], f"in {path}")
+        verify(f, chosen, [split])
+        X, y = read_depths(f, split, chosen)
+        attrs = {"path": str(path), "split": split, "identity_hash": str(f.attrs["identity_hash"]),
+                 **{k: (f.attrs[k].item() if hasattr(f.attrs[k], "item") else f.attrs[k])
+                    for k in ("task", "backbone", "dtype", "readout", "seed") if k in f.attrs}}
+    if xr is None:
+        return X, y, chosen
+    if y.ndim == 1:
+        label_dims: tuple[str, ...] = ("row",)
+    elif y.ndim == 3 and y.shape[1] == X.shape[2]:
+        label_dims = ("row", "readout", "output")
+    else:
+        label_dims = ("row", *(f"label_axis{i}" for i in range(1, y.ndim)))
+    return xr.Dataset({"features": (("row", "depth", "readout", "feature"), X), "labels": (label_dims, y)},
+                      coords={"row": np.arange(len(X)), "depth": np.asarray(chosen, dtype=np.int64)}, attrs=attrs)
+
+
+class FeatureDataset(torch.utils.data.Dataset):
+    """One depth of one split of a feature file as a torch ``Dataset`` of ``(features, label)``.
+
+    Rows are read lazily: the file is opened on the first read in each process (so every
+    ``DataLoader`` worker opens its own handle; an HDF5 handle never crosses a fork), and a read
+    fetches the chunk holding the row, checked by its Fletcher-32 checksum, keeping it for the
+    rows after it. ``features`` is a float32 tensor ``(n_readout * d_model,)`` (as
+    :func:`read_features` with ``depth`` gives a row), ``label`` an int64 tensor (a scalar, or
+    ``(n_readout, bits)``).
+
+    Parameters
+    ----------
+    path : a complete feature file.
+    split : a split it holds.
+    depth : a depth it holds.
+    verify : check the depth and labels against the digests recorded when the file was completed
+        before the first row is served (one pass over the depth; ``False`` skips it).
+
+    Examples
+    --------
+    >>> from torch.utils.data import DataLoader
+    >>> data = FeatureDataset(path, "train", depth=2)                # doctest: +SKIP
+    >>> for X, y in DataLoader(data, batch_size=64, shuffle=True, num_workers=2):  # doctest: +SKIP
+    ...     loss = torch.nn.functional.cross_entropy(model(X), y)
+    """
+
+    def __init__(self, path: str | Path, split: str, depth: int, *, verify: bool = True):
+        from reservoir.extract.store import depth_index, feature_splits, open_features
+        from reservoir.extract.store import verify as verify_file
+
+        self.path, self.split, self.depth = Path(path), split, int(depth)
+        with open_features(self.path) as f:
+            if split not in f:
+                raise UsageError(f"split {split!r} is not in {self.path}; it holds {feature_splits(f)}")
+            self._k = depth_index(f, self.depth)
+            if verify:
+                verify_file(f, [self.depth], [split])
+            ds = f[split]["features"]
+            self.labels = f[split]["labels"][:]
+            self._rows = ds.chunks[0] if ds.chunks else 1
+        self._file = self._pid = self._block = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _features(self):
+        if self._file is None or self._pid != os.getpid():  # first read in this process (a worker)
+            from reservoir.extract.store import open_features
+
+            self._file, self._pid, self._block = open_features(self.path), os.getpid(), None
+        return self._file[self.split]["features"]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.labels)
+        i = int(index) + (n if int(index) < 0 else 0)
+        if not 0 <= i < n:
+            raise IndexError(f"row {index} is out of range: split {self.split!r} of {self.path} has {n} rows")
+        ds = self._features()
+        start = i // self._rows * self._rows
+        if self._block is None or self._block[0] != start:
+            where = f"{self.path}: split {self.split!r}, depth {self.depth}"
+            try:
+                block = ds[start:start + self._rows, self._k]
+            except OSError as e:
+                raise StoreError(f"{where} cannot be read ({str(e).splitlines()[0]}); the file is corrupt: delete "
+                                 "it and extract again") from None
+            if not np.isfinite(block).all():
+                raise StoreError(f"{where} holds NaN or inf features; delete the file and extract again")
+            self._block = (start, block)
+        row = self._block[1][i - start]
+        return torch.from_numpy(np.array(row, dtype=np.float32).reshape(-1)), torch.as_tensor(self.labels[i])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_file"] = state["_pid"] = state["_block"] = None  # a pickled copy (spawned worker) opens its own
+        return state
+
+    def close(self) -> None:
+        """Close this process's handle (a later read opens it again)."""
+        if self._file is not None and self._pid == os.getpid():
+            self._file.close()
+        self._file = self._pid = self._block = None
+
+
+# -- saved probes and results ----------------------------------------------------------------------
+
+
+def load_probe(path: str | Path) -> Any:
+    """The probe a fit saved beside a result (``RESULT.probe.npz``; a result's ``probe`` names it),
+    read without unpickling anything: a :class:`reservoir.probe.saved.SavedProbe` with ``depth``,
+    ``head``, ``hyperparameters``, ``meta`` and ``predict(X)`` on features ``(N, n_readout, d_model)``.
+
+    Examples
+    --------
+    >>> probe = load_probe(results[0]["probe"])                      # doctest: +SKIP
+    >>> X, y = read_features(path, "test", depth=probe.depth)        # doctest: +SKIP
+    >>> (probe.predict(X.reshape(len(X), probe.meta["n_readout"], -1)) == y).mean()   # doctest: +SKIP
+    """
+    from reservoir.probe.saved import load_probe as load
+
+    return load(path)
+
+
+def predict(probe: Any, features: str | Path, split: str = "test") -> np.ndarray:
+    """Class ids ``(N, *label_shape)`` of a saved probe on one split of a feature file; what
+    ``reservoir predict`` runs. The file must come from the probe's extraction settings (backbone,
+    seed, input scale, dtype, readout, a depth the probe reads, the same feature and label shapes):
+    another is refused naming each difference (:class:`reservoir.errors.IdentityError`). On the
+    file the probe was fitted on, the predictions are the fit's.
+
+    Parameters
+    ----------
+    probe : a ``RESULT.probe.npz`` path, or what :func:`load_probe` returns.
+    features : a complete feature file.
+    split : the split to predict.
+
+    Examples
+    --------
+    >>> results = fit(features=path, depths=2, head="ridge")          # doctest: +SKIP
+    >>> predictions = predict(results[0]["probe"], path, "test")      # doctest: +SKIP
+    >>> (predictions == read_features(path, "test", depth=2)[1]).mean() == results[0]["test_accuracy"]  # doctest: +SKIP
+    True
+    """
+    from reservoir.probe.saved import SavedProbe, load_probe as load, predict_file
+
+    return predict_file(probe if isinstance(probe, SavedProbe) else load(probe), features, split)[0]
+
+
+def results(paths: str | Path | Sequence[str | Path] | None = None, *, layout: str = "depth",
+            depths: str | int | Sequence[str | int] = "chosen") -> Any:
+    """The table ``reservoir report`` prints, as a ``pandas.DataFrame`` (needs ``pip install pandas``):
+    one row per cell of the report (its ``--csv`` lines): task, setting, backbone, mode, head,
+    column (a depth ``dN``, ``chosen``, a task, or ``baseline``), test accuracy (fraction), its std
+    over seeds, the number of seeds, validation accuracy, the depth chosen, ...
+
+    Parameters
+    ----------
+    paths : result JSON files or folders (default: ``results/`` under ``$RESERVOIR_HOME``).
+    layout : ``"depth"`` (a column per depth, one table per task) or ``"task"`` (a column per task).
+    depths : in the task layout, the depth an output-only setting reports: ``"chosen"`` on
+        validation, ``"last"``, a depth number, or several of them (a row per rule).
+
+    Examples
+    --------
+    >>> table = results()                                            # doctest: +SKIP
+    >>> table[table.column == "chosen"][["task", "setting", "depth", "test"]]   # doctest: +SKIP
+    """
+    pd = _optional("pandas", "api.results")
+    from reservoir.config import home
+    from reservoir.report.tables import Report, depth_rule
+    from reservoir.results import load_results
+
+    if layout not in ("depth", "task"):
+        raise UsageError(f"layout must be 'depth' or 'task'; got {layout!r}")
+    try:
+        rules = tuple(dict.fromkeys(depth_rule(str(v)) for v in ([depths] if isinstance(depths, (str, int))
+                                                                 else depths))) or ("chosen",)
+    except ValueError as e:
+        raise UsageError(f"depths: {e}") from None
+    if rules != ("chosen",) and layout == "depth":
+        raise UsageError(f"depths={depths!r} picks the depth of the task layout, and the depth layout shows every "
+                         "depth; pass layout='task'")
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths or [home() / "results"])
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    if missing:
+        raise DataError(f"{missing[0]} does not exist; pass result files or folders (default: results/)")
+    found = load_results([Path(p) for p in paths])
+    if not found:
+        raise DataError(f"no results found in {', '.join(map(str, paths))}; run `reservoir fit` or `reservoir train` "
+                        "(api.fit, api.train) first")
+    report = Report(found, depths=rules)
+    report.markdown(layout)  # fills the records, one per cell
+    return pd.DataFrame(report.records)
+
+
+# -- training end to end ------------------------------------------------------------------------------
+
+
+def _train_config(task: Any, backbone: str | None, settings: dict[str, Any]) -> TrainConfig:
+    """A TrainConfig from keyword arguments, checked as ``reservoir train`` checks its options: a known
+    task and backbone, the task's options, the trainable groups (lists may be comma-separated text)."""
+    from reservoir.config import TRAIN_GROUPS
+    from reservoir.model.backbones import is_backbone, list_backbones
+    from reservoir.tasks import TASKS, check_options, list_tasks
+
+    for name, kind in (("lr", float), ("trainable", str)):
+        value = settings.get(name)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if value is not None:
+            try:
+                settings[name] = tuple(kind(v) for v in ([value] if isinstance(value, (int, float)) else value))
+            except (TypeError, ValueError):
+                raise UsageError(f"{name} {settings[name]!r} must be a {kind.__name__} or a list of them") from None
+    cfg = _config(TrainConfig, task=task, backbone=backbone, **settings)
+    if not (cfg.task.startswith("file:") or cfg.task in TASKS):
+        raise UsageError(f"unknown task {cfg.task!r}; choose from {list_tasks()} or file:PATH")
+    if not is_backbone(cfg.backbone):
+        raise UsageError(f"unknown backbone {cfg.backbone!r}; choose from {list_backbones()}, a folder saved with "
+                         "save_pretrained, or hf:ID (any of them with -random or -stats appended)")
+    cfg = dataclasses.replace(cfg, task_options=check_options(cfg.task, dict(cfg.task_options)))
+    if not all(g in TRAIN_GROUPS for g in cfg.trainable):
+        from reservoir.model.backbones import load_backbone
+
+        groups = set(load_backbone(cfg.backbone, cfg.seed).param_groups())
+        bad = [g for g in cfg.trainable if g not in TRAIN_GROUPS and g not in groups]
+        if bad:
+            raise UsageError(f"unknown trainable group {bad[0]!r}; choose from {sorted(set(TRAIN_GROUPS) | groups)}")
+    return cfg
+
+
+def train(task: str | TrainConfig, backbone: str | None = None, *, progress: bool = False,
+          **settings: Any) -> dict[str, Any]:
+    """Train the FPT end to end (input layer, chosen backbone groups, output layer); what
+    ``reservoir train`` runs, with its options as keyword arguments checked as it checks them.
+
+    Parameters
+    ----------
+    task : a registered task or ``"file:PATH"`` (or a whole TrainConfig, then no settings).
+    backbone : a registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID``
+        (``None``: the config's default, gpt2-random).
+    progress : show progress on stderr.
+    **settings : any field of :class:`reservoir.config.TrainConfig` (``trainable``, ``lr``, ``seeds``,
+        ``steps``, ``batch_size``, ``eval_every``, ``patience``, ``limit``, ``task_options``, ...);
+        ``lr`` and ``trainable`` take one value, a list, or comma-separated text. An unknown name,
+        task, backbone, task option or trainable group raises ValueError naming the valid ones.
+
+    Returns
+    -------
+    The result dict (``mode="end-to-end"``), also written as JSON under ``results/TASK/BACKBONE/``:
+    test accuracy at the best validation step, mean over seeds at the learning rate chosen on validation.
+
+    Examples
+    --------
+    >>> result = train("bit_xor", "gpt2-random", lr=[1e-4, 1e-3], steps=2000, limit=1000)  # doctest: +SKIP
+    >>> result["test_accuracy"], result["lr"]                          # doctest: +SKIP
+    """
+    from reservoir.train.loop import train as run
+
+    if isinstance(task, TrainConfig):
+        if settings or backbone is not None:
+            raise UsageError(f"give either a TrainConfig or settings, not both (got {sorted(settings)})")
+        settings = {k: v for k, v in dataclasses.asdict(task).items() if k not in ("task", "backbone")}
+        task, backbone = task.task, task.backbone
+    return run(_train_config(task, backbone, dict(settings)), progress=progress)
 
 
 # -- the scikit-learn transformer -------------------------------------------------------------

@@ -345,6 +345,42 @@ def fit(settings: Settings, task, backbone, features, depths, depth, head, val_f
     click.echo(depth_table(run(run_fit, cfg, progress=not settings.quiet)))
 
 
+@main.command()
+@click.option("--probe", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="A probe `reservoir fit` saved beside a result (RESULT.probe.npz).")
+@click.option("--features", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Feature file extracted as the probe's were (backbone, seed, input scale, dtype, readout, its depth).")
+@click.option("--split", default="test", show_default=True, help="Split of the feature file to predict.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="CSV file to write: row, prediction(s), label(s) [default: stdout].")
+@pass_settings
+def predict(settings: Settings, probe, features, split, out) -> None:
+    """Apply a saved probe to a feature file: one CSV line per example; the accuracy on stderr.
+
+    A file of other extraction settings than the probe's is refused, naming each difference."""
+    from reservoir.probe.saved import accuracy, load_probe, predict_file, predictions_csv
+    from reservoir.results import atomic_write
+
+    saved = run(load_probe, probe)
+    predictions, labels = run(predict_file, saved, features, split)
+    text = predictions_csv(predictions, labels)
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        data = text.encode()
+        try:
+            run(atomic_write, out, lambda f: f.write(data))
+        except click.ClickException as e:
+            raise click.ClickException(f"cannot write the predictions to {out} ({e.message}); pass an --out you can "
+                                       "write") from None
+    if not settings.quiet:
+        fitted = (saved.meta.get("test_accuracies") or {}).get(split)
+        same = f" (the fit's {split} accuracy: {100 * fitted:.2f}%)" if fitted is not None else ""
+        where = f"; wrote {out}" if out is not None else ""
+        click.echo(f"{split}: {len(labels):,d} rows, accuracy {100 * accuracy(predictions, labels):.2f}% with the "
+                   f"{saved.head} probe of depth {saved.depth}{same}{where}", err=True)
+
+
 def comma_list(kind):
     """Callback parsing ``a,b,c`` into a tuple of ``kind`` values."""
 

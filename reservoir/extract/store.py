@@ -582,6 +582,25 @@ def read_depth(f: h5py.File, split: str, depth: int) -> tuple[np.ndarray, np.nda
     return np.concatenate([X for X, _ in blocks]), np.concatenate([y for _, y in blocks])
 
 
+def read_depths(f: h5py.File, split: str, depths: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Features ``(N, n_depths, n_readout, d_model)`` float32 and labels of several depths (default:
+    every stored one, in the file's order) of one split, each depth read and checked as
+    :func:`read_depth` reads it, into one array."""
+    if split not in f:
+        raise UsageError(f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}")
+    depths = [int(d) for d in f.attrs["depths"]] if depths is None else list(depths)
+    for depth in depths:
+        depth_index(f, depth)  # every depth present before anything is read
+    ds = f[split]["features"]
+    out = np.empty((ds.shape[0], len(depths), *ds.shape[2:]), dtype=np.float32)
+    for j, depth in enumerate(depths):
+        start = 0
+        for X, _ in iter_depth(f, split, depth):
+            out[start:start + len(X), j] = X
+            start += len(X)
+    return out, f[split]["labels"][:]
+
+
 #: bytes of features read at a time when a depth is streamed
 BLOCK_BYTES = 32 << 20
 

@@ -18,7 +18,7 @@ import numpy as np
 from reservoir import __version__
 from reservoir.config import FitConfig, default_data_dir, features_dir, select_depths, slug
 from reservoir.errors import IdentityError, StoreError, UsageError
-from reservoir.probe.heads import Rows, fit_rows, rows
+from reservoir.probe.heads import Predictor, Rows, fit_probe, rows
 from reservoir.tasks import VALIDATION_SPLITS
 from reservoir.tasks import split_roles as roles_of
 from reservoir.identity import canonical, reread, task_label
@@ -26,7 +26,7 @@ from reservoir.model.backbones import label as backbone_label
 from reservoir.progress import log
 from reservoir.model.devices import resolve_device
 from reservoir.runtime import machine
-from reservoir.results import write_result
+from reservoir.results import result_key, result_path, write_result
 from reservoir.extract.store import (extract_command, feature_splits, file_config, h5_file, iter_depth, open_features,
                                      stored_identity, verify)
 
@@ -170,7 +170,8 @@ def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
 def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
     """Fit ``cfg.head`` at each requested depth, then (``cfg.baselines``) the baselines of the same
     data (:mod:`reservoir.probe.baselines`); returns the result dicts, one per depth and then one per
-    baseline (``mode="baseline"``), each also written as JSON.
+    baseline (``mode="baseline"``), each also written as JSON. Each depth's fitted head is saved beside
+    its result as ``RESULT.probe.npz`` (:mod:`reservoir.probe.saved`), which the result names as ``probe``.
 
     Regularisation is chosen on the file's ``val`` (or TAPE's ``valid``) split when it has one,
     else on a seeded ``val_fraction`` of train; the test accuracy is over the whole stored test
@@ -195,10 +196,11 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         check_sizes(path, f["train"]["labels"][:], cfg, val is not None, identity.get("limit"),
                     max(len(np.unique(labels)), task_classes(identity)))
         for depth in depths:
-            scores = fit_rows(cfg.head, FileRows(f, "train", depth), {t: FileRows(f, t, depth) for t in tests},
-                              val=FileRows(f, val, depth) if val else None, val_fraction=cfg.val_fraction,
-                              seed=cfg.seed, device=cfg.device if cfg.head == "torch" else "cpu",
-                              memory_bytes=cfg.memory_mb * 2**20)
+            scores, predictor = fit_probe(cfg.head, FileRows(f, "train", depth),
+                                          {t: FileRows(f, t, depth) for t in tests},
+                                          val=FileRows(f, val, depth) if val else None, val_fraction=cfg.val_fraction,
+                                          seed=cfg.seed, device=cfg.device if cfg.head == "torch" else "cpu",
+                                          memory_bytes=cfg.memory_mb * 2**20)
             scores["test_split"] = tests[0]
             head_on = machine.on(resolve_device(cfg.device) if cfg.head == "torch" else "cpu")
             result = {
@@ -208,6 +210,11 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
                 "identity": identity, "identity_hash": f.attrs["identity_hash"], "features": str(path),
                 "config": {"fit": {**cfg.to_json(), "features": str(path)}, "extract": extract_cfg}, **scores,
             }
+            if isinstance(predictor, Predictor):  # the head, saved beside its result before the result names it
+                from reservoir.probe.saved import probe_path, save_probe
+
+                result["probe"] = str(save_probe(probe_path(result_path({**result, "key": result_key(result)})),
+                                                 predictor, f, result))
             result["path"] = str(write_result(result))
             results.append(result)
             if progress:

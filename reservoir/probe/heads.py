@@ -542,7 +542,7 @@ def streaming_logistic(C: float, source: Rows, *, seed: int = 0, device: str = "
     result = minimize(objective, np.zeros(d * m * k + m * k), jac=True, method="L-BFGS-B",
                       options={"maxiter": max_iter, "gtol": tol / n, "maxls": 50})
     W, b = result.x[: d * m * k].reshape(d, m * k), result.x[d * m * k:]
-    return lambda X: _predict(((X.astype(np.float64) - mean) / scale) @ W + b, m, k)
+    return LogisticPredictor(mean, scale, W, b, m, c)
 
 
 def streaming_linear(weight_decay: float, source: Rows, *, seed: int = 0, device: str = "cpu", lr: float = 1e-2,
@@ -575,17 +575,192 @@ def streaming_linear(weight_decay: float, source: Rows, *, seed: int = 0, device
     return _linear_predictor(linear, shift, div, m, c, dev)
 
 
-def _linear_predictor(linear: torch.nn.Linear, shift, div, m: int, c: int, dev) -> Callable[[np.ndarray], np.ndarray]:
+def _linear_predictor(linear: torch.nn.Linear, shift, div, m: int, c: int, dev) -> "LinearLayerPredictor":
     """``X -> (n, m)`` class ids of a trained linear layer (features standardized by ``shift`` and ``div``
     when given)."""
-    def predict(X: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            Xt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)).to(dev)
-            if shift is not None:
-                Xt = (Xt - shift) / div
-            return linear(Xt).view(len(Xt), m, c).argmax(-1).cpu().numpy()
+    return LinearLayerPredictor(linear.weight.detach(), linear.bias.detach(), shift, div, m, c, dev)
 
-    return predict
+
+# -- fitted state: a head's predictor as arrays and numbers, so a saved probe predicts as the fit did ------
+
+
+class Predictor:
+    """What a fitted head predicts with: ``X (n, d) -> (n, m)`` class ids, and its state.
+
+    :meth:`state` gives the numbers (``meta``, JSON) and arrays (numeric ``arrays``) that
+    :func:`predictor_from_state` turns back into a predictor computing the same operations in
+    the same dtypes, so its predictions equal the fit's exactly (on the same device).
+    ``n_outputs`` (``m``) and ``n_classes`` (per output) describe its labels.
+
+    Examples
+    --------
+    >>> meta, arrays = predictor.state()                            # doctest: +SKIP
+    >>> again = predictor_from_state(meta, arrays)                  # doctest: +SKIP
+    >>> (again(X) == predictor(X)).all()                            # doctest: +SKIP
+    True
+    """
+
+    kind = ""
+    n_outputs: int
+    n_classes: int
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class RidgePredictor(Predictor):
+    """The ridge head: ``argmax(X @ coef + intercept)`` per output on raw features (the
+    standardisation ``mean``/``scale`` is folded into ``coef`` and ``intercept``; kept for reference)."""
+
+    kind = "ridge"
+
+    def __init__(self, coef: np.ndarray, intercept: np.ndarray, m: int, c: int, mean: np.ndarray | None = None,
+                 scale: np.ndarray | None = None):
+        self.coef, self.intercept, self.n_outputs, self.n_classes = coef, intercept, int(m), int(c)
+        self.mean = np.zeros(len(coef)) if mean is None else mean
+        self.scale = np.ones(len(coef)) if scale is None else scale
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        return _predict(X @ self.coef + self.intercept, self.n_outputs, self.n_classes)
+
+    def state(self):
+        return ({"kind": self.kind, "n_outputs": self.n_outputs, "n_classes": self.n_classes},
+                {"coef": self.coef, "intercept": self.intercept, "mean": self.mean, "scale": self.scale})
+
+
+class LogisticPredictor(Predictor):
+    """The logistic head (:func:`streaming_logistic`): features standardized by ``mean`` and ``scale``
+    in float64, then ``W`` and ``b``; one logit per output for two classes, else one per class."""
+
+    kind = "logistic"
+
+    def __init__(self, mean: np.ndarray, scale: np.ndarray, W: np.ndarray, b: np.ndarray, m: int, c: int):
+        self.mean, self.scale, self.W, self.b = mean, scale, W, b
+        self.n_outputs, self.n_classes = int(m), int(c)
+        self.k = 1 if self.n_classes == 2 else self.n_classes
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        return _predict(((X.astype(np.float64) - self.mean) / self.scale) @ self.W + self.b, self.n_outputs, self.k)
+
+    def state(self):
+        return ({"kind": self.kind, "n_outputs": self.n_outputs, "n_classes": self.n_classes},
+                {"mean": self.mean, "scale": self.scale, "W": self.W, "b": self.b})
+
+
+class LinearLayerPredictor(Predictor):
+    """The torch head: a linear layer (``weight (m * c, d)``, ``bias``, float32) on features
+    standardized by ``shift`` and ``div`` (float32, when given), argmax per output."""
+
+    kind = "torch-linear"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, shift: torch.Tensor | None, div: torch.Tensor | None,
+                 m: int, c: int, dev: Any = "cpu"):
+        self.weight, self.bias, self.shift, self.div, self.dev = weight, bias, shift, div, dev
+        self.n_outputs, self.n_classes = int(m), int(c)
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            Xt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)).to(self.dev)
+            if self.shift is not None:
+                Xt = (Xt - self.shift) / self.div
+            logits = torch.nn.functional.linear(Xt, self.weight, self.bias)
+            return logits.view(len(Xt), self.n_outputs, self.n_classes).argmax(-1).cpu().numpy()
+
+    def state(self):
+        arrays = {"weight": self.weight.cpu().numpy(), "bias": self.bias.cpu().numpy()}
+        if self.shift is not None:
+            arrays.update(shift=self.shift.cpu().numpy(), div=self.div.cpu().numpy())
+        return {"kind": self.kind, "n_outputs": self.n_outputs, "n_classes": self.n_classes}, arrays
+
+
+class ScaledPredictor(Predictor):
+    """A fitted ``StandardScaler`` (``scaler.transform``, as the in-memory search's pipeline applies it)
+    before an inner predictor."""
+
+    kind = "standardized"
+
+    def __init__(self, scaler: StandardScaler, inner: Predictor):
+        self.scaler, self.inner = scaler, inner
+        self.n_outputs, self.n_classes = inner.n_outputs, inner.n_classes
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        return self.inner(self.scaler.transform(X))
+
+    def state(self):
+        meta, arrays = self.inner.state()
+        s = self.scaler
+        return ({"kind": self.kind, "n_outputs": self.n_outputs, "n_classes": self.n_classes, "inner": meta,
+                 "n_samples_seen": int(s.n_samples_seen_)},
+                {"scaler.mean": s.mean_, "scaler.scale": s.scale_, "scaler.var": s.var_,
+                 **{f"inner.{k}": v for k, v in arrays.items()}})
+
+
+def _pipeline_predictor(model) -> Callable[[np.ndarray], np.ndarray]:
+    """The predictor of a fitted ``StandardScaler`` + head pipeline: a :class:`ScaledPredictor` when the
+    head predicts with a :class:`Predictor` (the same operations as ``model.predict``), else ``model.predict``."""
+    scaler, est = model[0], model[-1]
+    inner = getattr(est, "predict_", None)
+    if isinstance(scaler, StandardScaler) and isinstance(inner, Predictor):
+        return ScaledPredictor(scaler, inner)
+    return lambda X: _outputs(model.predict(X))
+
+
+def _array(arrays: dict[str, np.ndarray], name: str, ndim: int, shape: tuple | None = None) -> np.ndarray:
+    if name not in arrays:
+        raise ValueError(f"the probe's state lacks the array {name!r}")
+    a = np.asarray(arrays[name])
+    if a.ndim != ndim or a.dtype.kind != "f" or (shape is not None and a.shape != shape):
+        raise ValueError(f"the probe's array {name!r} is {a.dtype} {a.shape}, expected {ndim}-D floats"
+                         f"{f' of shape {shape}' if shape else ''}")
+    return a
+
+
+def predictor_from_state(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Predictor:
+    """The predictor :meth:`Predictor.state` describes (ValueError naming what is missing or malformed)."""
+    kind = meta.get("kind")
+    try:
+        m, c = int(meta["n_outputs"]), int(meta["n_classes"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("the probe's state lacks n_outputs and n_classes") from None
+    if m < 1 or c < 1:
+        raise ValueError(f"the probe's state has {m} outputs of {c} classes")
+    if kind == "ridge":
+        coef = _array(arrays, "coef", 2)
+        d = coef.shape[0]
+        return RidgePredictor(coef, _array(arrays, "intercept", 1, (coef.shape[1],)), m, c,
+                              _array(arrays, "mean", 1, (d,)), _array(arrays, "scale", 1, (d,)))
+    if kind == "logistic":
+        W = _array(arrays, "W", 2)
+        d, k = W.shape[0], 1 if c == 2 else c
+        if W.shape[1] != m * k:
+            raise ValueError(f"the probe's W has {W.shape[1]} columns for {m} outputs of {c} classes")
+        return LogisticPredictor(_array(arrays, "mean", 1, (d,)), _array(arrays, "scale", 1, (d,)), W,
+                                 _array(arrays, "b", 1, (m * k,)), m, c)
+    if kind == "torch-linear":
+        weight = _array(arrays, "weight", 2)
+        if weight.shape[0] != m * c:
+            raise ValueError(f"the probe's weight has {weight.shape[0]} rows for {m} outputs of {c} classes")
+        d = weight.shape[1]
+        bias = _array(arrays, "bias", 1, (m * c,))
+        shift = div = None
+        if "shift" in arrays:
+            shift = torch.from_numpy(_array(arrays, "shift", 1, (d,)).astype(np.float32))
+            div = torch.from_numpy(_array(arrays, "div", 1, (d,)).astype(np.float32))
+        return LinearLayerPredictor(torch.from_numpy(weight.astype(np.float32)), torch.from_numpy(bias.astype(np.float32)),
+                                    shift, div, m, c)
+    if kind == "standardized":
+        inner = predictor_from_state(meta.get("inner") or {}, {k[6:]: v for k, v in arrays.items()
+                                                               if k.startswith("inner.")})
+        mean = _array(arrays, "scaler.mean", 1)
+        scaler = StandardScaler()
+        scaler.mean_, scaler.scale_ = mean, _array(arrays, "scaler.scale", 1, mean.shape)
+        scaler.var_ = _array(arrays, "scaler.var", 1, mean.shape)
+        scaler.n_features_in_, scaler.n_samples_seen_ = len(mean), int(meta.get("n_samples_seen", 0))
+        return ScaledPredictor(scaler, inner)
+    raise ValueError(f"unknown predictor kind {kind!r}; choose from ridge, logistic, torch-linear, standardized")
 
 
 #: what a grid search returns: validation accuracy per value, the best value, and the refitted
@@ -639,7 +814,7 @@ def search_refit(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool
     best = _best(kind.grid, scores)
     train = tuple(np.concatenate([a, b]) for a, b in zip(fit, val)) if refit_with_val else fit
     model = make(best).fit(*train)
-    return scores, best, lambda X: _outputs(model.predict(X))
+    return scores, best, _pipeline_predictor(model)
 
 
 def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool, seed: int, device: str = "cpu",
@@ -666,7 +841,8 @@ def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool
     best = _best(kind.grid, scores)
     refit = RidgeHead(n_classes=c).fit_blocks(Concat(fit, val)) if refit_with_val else head
     refit.solve(best)
-    return scores, best, lambda X: _predict(X @ refit.coef_ + refit.intercept_, refit.n_outputs_, c)
+    return scores, best, RidgePredictor(refit.coef_, refit.intercept_, refit.n_outputs_, c, refit.path_.mean_x,
+                                        refit.path_.scale)
 
 
 @dataclass(frozen=True)
@@ -717,6 +893,14 @@ def holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndar
 
 def fit_rows(head: str, train: Rows, tests: dict[str, Rows], *, val: Rows | None = None, val_fraction: float = 0.1,
              seed: int = 0, device: str = "cpu", memory_bytes: int | None = None) -> dict[str, Any]:
+    """The scores of :func:`fit_probe` (its docstring), without the fitted predictor."""
+    return fit_probe(head, train, tests, val=val, val_fraction=val_fraction, seed=seed, device=device,
+                     memory_bytes=memory_bytes)[0]
+
+
+def fit_probe(head: str, train: Rows, tests: dict[str, Rows], *, val: Rows | None = None, val_fraction: float = 0.1,
+              seed: int = 0, device: str = "cpu", memory_bytes: int | None = None
+              ) -> tuple[dict[str, Any], Callable[[np.ndarray], np.ndarray]]:
     """Choose the head's regularisation on validation, refit on all of train, score every test
     split with that one head (``test_accuracy`` and ``n_test`` are the first split's;
     ``test_accuracies`` and ``n_tests`` hold each).
@@ -727,6 +911,10 @@ def fit_rows(head: str, train: Rows, tests: dict[str, Rows], *, val: Rows | None
     threads meanwhile. ``device`` is where the torch head trains. With ``memory_bytes``,
     training rows holding more features than that are never loaded at once: ridge always
     accumulates block by block, the logistic and torch heads then stream (:func:`search_streaming`).
+
+    Returns the scores and the refitted head's predictor ``X (n, d) -> (n, m)``, the one that scored
+    the test splits: for the registered heads a :class:`Predictor`, whose state a saved probe keeps
+    (:mod:`reservoir.probe.saved`).
     """
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; choose from {sorted(HEADS)}")
@@ -749,4 +937,4 @@ def fit_rows(head: str, train: Rows, tests: dict[str, Rows], *, val: Rows | None
         "n_train": train.n, "n_val": val.n, "n_test": tests[first].n, "n_tests": {k: t.n for k, t in tests.items()},
         "hyperparameters": {kind.param: best}, "val_scores": {str(k): v for k, v in scores.items()},
         "seconds": time.perf_counter() - start,
-    }
+    }, predict

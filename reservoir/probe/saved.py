@@ -1,0 +1,271 @@
+"""Saved probes: the head a fit chose, kept beside its result and applied again to features.
+
+Every depth a ``fit`` scores writes, beside its result ``RESULT.json``, the fitted head as
+``RESULT.probe.npz``: a NumPy ``.npz`` of numeric arrays and one JSON text, read back with
+``allow_pickle=False`` (the project never unpickles a file it did not just write). It holds
+
+- the head's state as arrays (:class:`reservoir.probe.heads.Predictor`): its weights or
+  coefficients and intercept, and the standardisation (mean and scale) its fit applied;
+- ``meta`` (JSON): the head, the depth, the regularisation chosen on validation (``C``,
+  ``alpha`` or ``weight_decay``), the classes and label shape, the feature shape, the seed,
+  the feature file's identity and identity hash, a digest of its frozen input layer, and the
+  fit's test accuracies.
+
+Applied to a feature file (:func:`predict_file`; ``reservoir predict``), it computes the fit's
+operations in the fit's dtypes, block by block as the fit scored its test split, so the same
+file gives the same predictions. A file of other extraction settings is refused, naming each
+difference: another backbone (its fingerprint), seed, input scale, dtype, readout or input layer,
+a depth the file lacks, another feature or label shape, or labels beyond the probe's classes.
+Its task may differ (new data of the same shape, a ``file:`` task of another file).
+
+>>> probe = load_probe("results/digits/lstm/output-only_logreg_depth2_seed0_KEY.probe.npz")  # doctest: +SKIP
+>>> predictions, labels = predict_file(probe, "features/digits/lstm/FILE.h5", "test")          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from reservoir import __version__
+from reservoir.errors import DataError, IdentityError, UsageError
+from reservoir.extract.store import feature_splits, iter_depth, open_features, stored_identity, verify
+from reservoir.identity import array_digest, canonical
+from reservoir.probe.heads import Predictor, head_threads, predictor_from_state, rows
+
+#: version of the saved-probe layout
+PROBE_FORMAT = 1
+#: the ``kind`` a saved probe's metadata names
+PROBE_KIND = "reservoir-probe"
+#: the feature identity fields a probe's features and the features it is applied to must share
+SAME_EXTRACTION = ("format", "backbone", "backbone_fingerprint", "seed", "input_scale", "dtype", "readout",
+                   "calibration")
+#: what to do with a file that is not a saved probe
+FIX_PROBE = "pass the RESULT.probe.npz that `reservoir fit` wrote beside a result (rerun the fit to write it)"
+
+
+def probe_path(result_path: str | Path) -> Path:
+    """Where the probe of the result at ``result_path`` lies: ``RESULT.json`` -> ``RESULT.probe.npz``."""
+    return Path(result_path).with_suffix(".probe.npz")
+
+
+def input_layer_digest(f: h5py.File) -> str:
+    """SHA-256 of a feature file's frozen input layer (every tensor, by name)."""
+    g = f["input_layer"]
+    return array_digest(*[np.asarray(g[name]) for name in sorted(g)], np.array(sorted(g)))
+
+
+@dataclass
+class SavedProbe:
+    """A probe read back: its ``meta`` (module docstring) and the predictor its arrays rebuild.
+
+    Examples
+    --------
+    >>> probe = load_probe("RESULT.probe.npz")                      # doctest: +SKIP
+    >>> probe.depth, probe.head, probe.hyperparameters               # doctest: +SKIP
+    (2, 'logreg', {'C': 0.1})
+    >>> probe.predict(X)            # X (N, n_readout, d_model) features of depth 2  # doctest: +SKIP
+    """
+
+    path: Path
+    meta: dict[str, Any]
+    predictor: Predictor
+
+    @property
+    def depth(self) -> int:
+        return int(self.meta["depth"])
+
+    @property
+    def head(self) -> str:
+        return str(self.meta["head"])
+
+    @property
+    def hyperparameters(self) -> dict[str, float]:
+        return dict(self.meta["hyperparameters"])
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return dict(self.meta["identity"])
+
+    @property
+    def label_shape(self) -> tuple[int, ...]:
+        return tuple(self.meta["label_shape"])
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Class ids ``(N, *label_shape)`` of features ``(N, n_readout, d_model)`` of the probe's depth
+        (``(N, d_model)`` where the readout is one token)."""
+        from threadpoolctl import threadpool_limits
+
+        X = np.asarray(X)
+        r, d = self.meta["n_readout"], self.meta["d_model"]
+        if X.ndim == 2 and r == 1:
+            X = X[:, None]
+        if X.ndim != 3 or X.shape[1:] != (r, d):
+            raise UsageError(f"features must be (N, {r}, {d}) (N rows of {r} readout token(s) of width {d}) for the "
+                             f"probe {self.path}; got {X.shape}. Read them with api.read_features(path, split, "
+                             f"depth={self.depth})")
+        with threadpool_limits(limits=head_threads()):
+            pred = self.predictor(X.reshape(len(X) * r, d))
+        return pred.reshape(len(X), *self.label_shape)
+
+
+def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dict[str, Any]) -> Path:
+    """Write the probe of ``result`` (one depth's fit on the feature file ``f``; its head, depth, seed,
+    chosen regularisation, identity and test accuracies) to ``path`` atomically; returns ``path``."""
+    from reservoir.results import atomic_write
+
+    meta_state, arrays = predictor.state()
+    train = f["train"]
+    meta = {
+        "kind": PROBE_KIND, "format": PROBE_FORMAT, "version": __version__,
+        "head": result["head"], "depth": int(result["depth"]), "seed": result["seed"],
+        "hyperparameters": result["hyperparameters"],
+        "n_outputs": predictor.n_outputs, "n_classes": predictor.n_classes,
+        "classes": list(range(predictor.n_classes)), "label_shape": list(train["labels"].shape[1:]),
+        "n_readout": int(train["features"].shape[2]), "d_model": int(train["features"].shape[3]),
+        "task": result["task"], "backbone": result["backbone"], "identity": result["identity"],
+        "identity_hash": str(result["identity_hash"]), "input_layer": input_layer_digest(f),
+        "test_split": result.get("test_split"), "test_accuracies": result.get("test_accuracies"),
+        "predictor": meta_state,
+    }
+    bad = [k for k, v in arrays.items() if np.asarray(v).dtype.kind not in "fiub"]
+    if bad:  # an internal invariant: the state is numbers only
+        raise ValueError(f"probe arrays {bad} are not numeric")
+    arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    text = np.array(json.dumps(meta, sort_keys=True, default=str))
+    return atomic_write(Path(path), lambda out: np.savez(out, meta=text, **arrays))
+
+
+def load_probe(path: str | Path) -> SavedProbe:
+    """Read a probe written by ``fit`` (``allow_pickle=False``: numeric arrays and JSON only); DataError
+    naming the file and the fix when it is not one."""
+    import zipfile
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"probe {path} does not exist{' (it is a folder)' if path.is_dir() else ''}; {FIX_PROBE}")
+    try:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):  # a lone .npy array
+            raise ValueError("it holds one array, not an .npz archive")
+        with z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise DataError(f"{path} is not a saved probe (it cannot be read as .npz of plain arrays: "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}); {FIX_PROBE}") from None
+    if "meta" not in arrays or arrays["meta"].dtype.kind != "U" or arrays["meta"].ndim != 0:
+        raise DataError(f"{path} is not a saved probe (no metadata in it); {FIX_PROBE}")
+    try:
+        meta = json.loads(str(arrays.pop("meta")))
+    except json.JSONDecodeError:
+        raise DataError(f"{path} is not a saved probe (its metadata is not JSON); {FIX_PROBE}") from None
+    if not isinstance(meta, dict) or meta.get("kind") != PROBE_KIND:
+        raise DataError(f"{path} is not a saved probe (its metadata names no reservoir probe); {FIX_PROBE}")
+    if meta.get("format") != PROBE_FORMAT:
+        raise DataError(f"{path} is a probe of format {meta.get('format')!r}, written by reservoir "
+                        f"{meta.get('version')}; this version reads format {PROBE_FORMAT}: rerun the fit to write it")
+    missing = [k for k in ("head", "depth", "hyperparameters", "label_shape", "n_readout", "d_model", "identity",
+                           "identity_hash", "input_layer", "predictor") if k not in meta]
+    if missing:
+        raise DataError(f"{path} is a damaged probe (its metadata lacks {missing}); rerun the fit to write it")
+    try:
+        predictor = predictor_from_state(meta["predictor"], arrays)
+    except ValueError as e:
+        raise DataError(f"{path} is a damaged probe ({e}); rerun the fit to write it") from None
+    return SavedProbe(path, meta, predictor)
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = canonical(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def extract_hint(probe: SavedProbe) -> str:
+    """The ``reservoir extract`` options that make features this probe reads."""
+    i = probe.identity
+    task = "file:YOUR_DATA" if str(i.get("task", "")).startswith("file:") else i.get("task")
+    words = [f"--task {task}", f"--backbone {i.get('backbone')}", f"--seed {i.get('seed')}",
+             f"--dtype {i.get('dtype')}", f"--readout {i.get('readout')}", f"--depths {probe.depth}"]
+    if i.get("input_scale", "paper") != "paper":
+        words.append(f"--input-scale {i['input_scale']}")
+    return "reservoir extract " + " ".join(words)
+
+
+def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
+    """``f``'s ``split`` holds features this probe reads: the same extraction settings, depth, feature
+    and label shapes, labels among its classes. IdentityError naming every difference otherwise."""
+    if split not in f:
+        raise UsageError(f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}: pass --split "
+                         "with one of them")
+    identity, ours = stored_identity(f), probe.identity
+    problems = [f"{key}: probe {_short(ours.get(key))}, file {_short(identity.get(key))}"
+                for key in SAME_EXTRACTION if ours.get(key) != identity.get(key)]
+    depths = [int(d) for d in f.attrs["depths"]]
+    if probe.depth not in depths:
+        problems.append(f"depth: the probe reads depth {probe.depth}, the file holds depths {depths}")
+    shape = tuple(f[split]["features"].shape[2:])
+    if shape != (probe.meta["n_readout"], probe.meta["d_model"]):
+        problems.append(f"features: the probe reads {probe.meta['n_readout']} readout token(s) of width "
+                        f"{probe.meta['d_model']}, the file holds {shape[0]} of width {shape[1]}")
+    labels = f[split]["labels"]
+    if tuple(labels.shape[1:]) != probe.label_shape:
+        problems.append(f"labels: the probe predicts labels of shape {list(probe.label_shape)} a row, the file's "
+                        f"are {list(labels.shape[1:])}")
+    elif labels.shape[0] and int(np.max(labels[:])) >= probe.predictor.n_classes:
+        problems.append(f"classes: the probe knows classes 0..{probe.predictor.n_classes - 1}, the file's labels "
+                        f"reach {int(np.max(labels[:]))}")
+    if not problems and probe.meta["input_layer"] != input_layer_digest(f):
+        problems.append("input layer: the file's frozen input layer differs from the one the probe's features "
+                        "went through (another token kind, width or vocabulary)")
+    if problems:
+        raise IdentityError(f"probe {probe.path} cannot read {f.filename}: it holds features of other extraction "
+                            f"settings ({'; '.join(problems)}). Apply the probe to features extracted as its own "
+                            f"were: `{extract_hint(probe)}`")
+
+
+def predict_file(probe: SavedProbe, features: str | Path, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
+    """Predictions and labels, each ``(N, *label_shape)``, of ``probe`` on ``split`` of a feature file
+    (checked by :func:`check_features`, verified against its digests, read block by block as the fit
+    read its test split, so the fit's file gives the fit's predictions)."""
+    from threadpoolctl import threadpool_limits
+
+    with open_features(Path(features)) as f:
+        check_features(probe, f, split)
+        verify(f, [probe.depth], [split])
+        labels = f[split]["labels"][:]
+        parts = []
+        with threadpool_limits(limits=head_threads()):
+            for X, y in iter_depth(f, split, probe.depth):
+                parts.append(probe.predictor(rows(X, y)[0]))
+    if not parts:
+        return np.zeros(labels.shape, dtype=np.int64), labels
+    return np.concatenate(parts).reshape(labels.shape), labels
+
+
+def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """Fraction correct over every output (as the fit's ``test_accuracy``); NaN for no rows."""
+    return float(np.mean(predictions == labels)) if labels.size else float("nan")
+
+
+def predictions_csv(predictions: np.ndarray, labels: np.ndarray) -> str:
+    """CSV of one line per row: ``row,prediction,label``; labels of several values a row (bits, readout
+    tokens) give ``prediction_I,...`` and ``label_I,...`` columns (``I``: the value's index, ``_``-joined)."""
+    n = len(labels)
+    if labels.ndim == 1:
+        names = ["prediction", "label"]
+    else:
+        index = ["_".join(map(str, i)) for i in np.ndindex(*labels.shape[1:])]
+        names = [f"prediction_{i}" for i in index] + [f"label_{i}" for i in index]
+    values = np.concatenate([predictions.reshape(n, -1), labels.reshape(n, -1)], axis=1)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["row", *names])
+    writer.writerows([i, *map(int, row)] for i, row in enumerate(values))
+    return buf.getvalue()

@@ -1,0 +1,285 @@
+"""Outputs out: feature files read back (all depths, xarray, a torch Dataset), saved probes applied by
+``reservoir predict``, results as a DataFrame, and ``api.train``."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import pickle
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from reservoir import api
+from reservoir.errors import DataError, IdentityError, UsageError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def digits(tiny_gpt2, tmp_path_factory):
+    """Digits (120 a split) through the 2-block tiny GPT-2, depths 0..2, float32."""
+    folder = tmp_path_factory.mktemp("digits")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RESERVOIR_HOME", str(folder))
+        return api.extract("digits", str(tiny_gpt2), limit=120, dtype="float32", out=folder / "digits.h5")
+
+
+# -- reading features back ----------------------------------------------------------------------------
+
+
+def test_all_depth_reader_equals_the_per_depth_reads(digits):
+    X, y, depths = api.read_features(digits, "test")
+    assert depths == [0, 1, 2] and X.dtype == np.float32 and X.shape == (120, 3, 1, 32)
+    for k, depth in enumerate(depths):
+        one, labels = api.read_features(digits, "test", depth)  # the single-depth form, as before
+        np.testing.assert_array_equal(X[:, k].reshape(len(X), -1), one)
+        np.testing.assert_array_equal(y, labels)
+    some, _, chosen = api.read_features(digits, "test", depths="0,-1")
+    assert chosen == [0, 2]
+    np.testing.assert_array_equal(some, X[:, [0, 2]])
+    with pytest.raises(UsageError, match="depth 5 is not available"):
+        api.read_features(digits, "test", depths=[5])
+    with pytest.raises(UsageError, match="not both"):
+        api.read_features(digits, "test", 1, depths="all")
+    with pytest.raises(UsageError, match=r"split 'val' is not in .*; it holds \['test', 'train'\]|\['train', 'test'\]"):
+        api.read_features(digits, "val")
+
+
+def test_all_depth_reader_refuses_damaged_features(digits, tmp_path):
+    import shutil
+
+    import h5py
+
+    copy = tmp_path / "damaged.h5"
+    shutil.copy(digits, copy)
+    with h5py.File(copy, "r+") as f:
+        ds = f["test"]["features"]
+        ds[0, 1] = ds[0, 1] + 1.0  # rewritten with a valid checksum: only the recorded digest can tell
+    with pytest.raises(Exception, match="depth 1: the features differ from the digest"):
+        api.read_features(copy, "test")
+
+
+def test_read_features_as_an_xarray_dataset(digits):
+    xr = pytest.importorskip("xarray")
+    ds = api.read_features(digits, "train", as_xarray=True)
+    assert isinstance(ds, xr.Dataset)
+    assert ds.features.dims == ("row", "depth", "readout", "feature") and ds.labels.dims == ("row",)
+    assert list(ds.depth.values) == [0, 1, 2] and ds.attrs["task"] == "digits" and ds.attrs["split"] == "train"
+    X, y = api.read_features(digits, "train", depth=2)
+    np.testing.assert_array_equal(ds.features.sel(depth=2).values.reshape(len(X), -1), X)
+    np.testing.assert_array_equal(ds.labels.values, y)
+    assert list(api.read_features(digits, "train", 1, as_xarray=True).depth.values) == [1]
+
+
+def test_optional_packages_are_named_when_absent(digits, monkeypatch):
+    monkeypatch.setitem(sys.modules, "xarray", None)  # `import xarray` raises ImportError
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match=r"as_xarray=True\) needs the optional package 'xarray'.*pip install xarray"):
+        api.read_features(digits, "train", as_xarray=True)
+    with pytest.raises(ImportError, match=r"api.results needs the optional package 'pandas'.*pip install pandas"):
+        api.results()
+
+
+def test_feature_dataset_through_dataloader_workers(digits):
+    from torch.utils.data import DataLoader
+
+    data = api.FeatureDataset(digits, "train", depth=1)
+    assert isinstance(data, torch.utils.data.Dataset) and len(data) == 120
+    assert data._file is None  # nothing held open in the parent: each worker opens its own
+    X, y = api.read_features(digits, "train", depth=1)
+    for workers in (0, 2):
+        batches = list(DataLoader(data, batch_size=16, num_workers=workers))
+        got = torch.cat([b[0] for b in batches]).numpy()
+        labels = torch.cat([b[1] for b in batches]).numpy()
+        assert got.dtype == np.float32 and got.shape == (120, 32)
+        np.testing.assert_array_equal(got, X)
+        np.testing.assert_array_equal(labels, y)
+    shuffled = list(DataLoader(data, batch_size=50, shuffle=True, num_workers=2,
+                               generator=torch.Generator().manual_seed(0)))
+    assert sorted(torch.cat([b[1] for b in shuffled]).tolist()) == sorted(y.tolist())
+    features, label = data[-1]
+    np.testing.assert_array_equal(features.numpy(), X[-1])
+    assert label.dtype == torch.int64 and int(label) == y[-1]
+    with pytest.raises(IndexError, match="row 120 is out of range"):
+        data[120]
+    with pytest.raises(UsageError, match="depth 7 is not in"):
+        api.FeatureDataset(digits, "train", depth=7)
+    data.close()
+
+
+# -- saved probes --------------------------------------------------------------------------------------
+
+
+def reference_predictions(path, head, depth):
+    """The fit's head refitted in-process as ``fit`` fits it, and its predictions on the test split."""
+    from reservoir.extract.store import iter_depth, open_features
+    from reservoir.probe.fit import FileRows
+    from reservoir.probe.heads import fit_probe, rows
+
+    with open_features(path) as f:
+        scores, predictor = fit_probe(head, FileRows(f, "train", depth), {"test": FileRows(f, "test", depth)},
+                                      seed=0, device="cpu", memory_bytes=1024 * 2**20)
+        return scores, np.concatenate([predictor(rows(X, y)[0]) for X, y in iter_depth(f, "test", depth)])[:, 0]
+
+
+def read_csv(text):
+    lines = list(csv.DictReader(io.StringIO(text)))
+    return np.array([int(r["prediction"]) for r in lines]), np.array([int(r["label"]) for r in lines])
+
+
+@pytest.mark.parametrize("head", ["logreg", "ridge", "torch"])
+def test_saved_probe_applied_by_predict_reproduces_the_fit(digits, home, cli, head, tmp_path):
+    results = api.fit(features=digits, head=head, depths="1,2", baselines=False, device="cpu")
+    for result in results:
+        probe = result["probe"]
+        assert probe.endswith(".probe.npz") and probe[: -len(".probe.npz")] == result["path"][: -len(".json")]
+        assert json.loads(open(result["path"]).read())["probe"] == probe  # the result names its probe
+        with np.load(probe, allow_pickle=False) as z:  # plain arrays and JSON: nothing to unpickle
+            meta = json.loads(str(z["meta"]))
+        assert meta["head"] == head and meta["depth"] == result["depth"]
+        assert meta["hyperparameters"] == result["hyperparameters"] and meta["classes"] == list(range(10))
+        assert meta["identity_hash"] == result["identity_hash"]
+
+        out = tmp_path / f"{head}-{result['depth']}.csv"
+        ran = cli("predict", "--probe", probe, "--features", str(digits), "--split", "test", "--out", str(out))
+        assert ran.exit_code == 0, ran.output
+        predictions, labels = read_csv(out.read_text())
+        _, expected = reference_predictions(digits, head, result["depth"])
+        np.testing.assert_array_equal(predictions, expected)  # the fit's own test predictions, exactly
+        assert float(np.mean(predictions == labels)) == result["test_accuracy"]
+        assert f"accuracy {100 * result['test_accuracy']:.2f}%" in ran.stderr
+        np.testing.assert_array_equal(api.predict(probe, digits), predictions)  # the API gives the same
+
+        X, y = api.read_features(digits, "test", depth=result["depth"])
+        np.testing.assert_array_equal(api.load_probe(probe).predict(X), predictions)  # and in memory
+
+
+@pytest.mark.parametrize("head", ["logreg", "ridge", "torch"])
+@pytest.mark.parametrize("memory_bytes", [None, 1])
+@pytest.mark.parametrize("outputs", [None, 3])
+def test_predictor_state_round_trip_predicts_the_same(head, memory_bytes, outputs):
+    """Every predictor a head search returns (in memory, streamed; classes or bits) survives its state."""
+    from reservoir.probe.heads import ArrayRows, Predictor, fit_probe, predictor_from_state
+
+    rng = np.random.default_rng(0)
+    n, classes = 400, 2 if outputs else 4
+    y = rng.integers(0, classes, n if outputs is None else (n, 1, outputs))
+    first = y if outputs is None else y[:, 0, 0]
+    X = (rng.normal(size=(classes, 12))[first] + rng.normal(size=(n, 12)) + 3.0)[:, None].astype(np.float32)
+    scores, predictor = fit_probe(head, ArrayRows(X[:300], y[:300]), {"test": ArrayRows(X[300:], y[300:])},
+                                  memory_bytes=memory_bytes)
+    assert isinstance(predictor, Predictor)
+    meta, arrays = predictor.state()
+    json.dumps(meta)  # the metadata is JSON
+    again = predictor_from_state(json.loads(json.dumps(meta)), {k: np.array(v) for k, v in arrays.items()})
+    np.testing.assert_array_equal(again(X[300:, 0]), predictor(X[300:, 0]))
+    assert again(X[300:, 0]).shape == (100, outputs or 1)
+    assert scores["test_accuracy"] == float(np.mean(predictor(X[300:, 0])[:, 0] == y[300:] if outputs is None
+                                                    else predictor(X[300:, 0]) == y[300:, 0]))
+
+
+def test_predict_refuses_features_of_other_settings(tiny_gpt2, digits, home, cli, tmp_path):
+    probe = api.fit(features=digits, head="ridge", depths="2", baselines=False)[0]["probe"]
+    other = api.extract("digits", str(tiny_gpt2), limit=120, dtype="float32", seed=1, depths="0,1",
+                        out=tmp_path / "seed1.h5")
+    ran = cli("predict", "--probe", probe, "--features", str(other))
+    assert ran.exit_code == 1 and "Traceback" not in ran.output
+    assert "seed: probe 0, file 1" in ran.stderr and "the probe reads depth 2, the file holds depths [0, 1]" in ran.stderr
+    assert "reservoir extract --task digits" in ran.stderr and "--seed 0" in ran.stderr  # what to extract instead
+
+    rng = np.random.default_rng(0)  # another task's shape: 2 classes of 3-wide tokens, the same backbone and seed
+    np.savez(tmp_path / "mine.npz", x=rng.normal(size=(40, 6, 3)).astype(np.float32), y=np.arange(40) % 2,
+             split=np.where(np.arange(40) < 30, "train", "test"))
+    mine = api.extract(f"file:{tmp_path / 'mine.npz'}", str(tiny_gpt2), dtype="float32", out=tmp_path / "mine.h5")
+    with pytest.raises(IdentityError, match="input layer: the file's frozen input layer differs"):
+        api.predict(probe, mine)
+
+    more = api.extract("digits", str(tiny_gpt2), limit=150, dtype="float32", out=tmp_path / "more.h5")
+    assert api.predict(probe, more).shape == (150,)  # new data, the same settings: predicted
+    with pytest.raises(UsageError, match="split 'val' is not in"):
+        api.predict(probe, more, "val")
+
+
+class Payload:
+    """Unpickling this creates ``marker``: the side effect a crafted probe would have."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_predict_refuses_files_that_are_not_probes(digits, tmp_path, cli):
+    marker = tmp_path / "payload-ran"
+    pickled = tmp_path / "head.probe.npz"
+    pickled.write_bytes(pickle.dumps({"coef": Payload(marker)}))
+    objects = tmp_path / "objects.probe.npz"  # a real .npz whose array is pickled objects
+    np.savez(objects, meta=np.array(json.dumps({"kind": "reservoir-probe", "format": 1})),
+             coef=np.array([Payload(marker)], dtype=object))
+    lone = tmp_path / "lone.npz"
+    np.save(lone.with_suffix(".npy"), np.zeros(3))
+    lone.with_suffix(".npy").rename(lone)
+    plain = tmp_path / "plain.npz"
+    np.savez(plain, coef=np.zeros(3))
+    for path, why in ((pickled, "cannot be read as .npz of plain arrays"), (objects, "Object arrays cannot be loaded"),
+                      (lone, "holds one array"), (plain, "no metadata"), (tmp_path / "absent.npz", "does not exist")):
+        with pytest.raises(DataError, match=why):
+            api.load_probe(path)
+        ran = cli("predict", "--probe", str(path), "--features", str(digits))
+        assert ran.exit_code == 1 and "Traceback" not in ran.output and "reservoir fit" in ran.stderr
+        assert str(path) in ran.stderr
+    assert not marker.exists(), "a crafted probe's payload ran"
+
+
+# -- results and training ------------------------------------------------------------------------------
+
+
+def test_results_dataframe_is_the_report_table(digits, home, cli, tmp_path):
+    pd = pytest.importorskip("pandas")
+    api.fit(features=digits, head="ridge", depths="0,2", baselines=False)
+    table = api.results()
+    ran = cli("report", str(home / "results"), "--csv", str(tmp_path / "report.csv"))
+    assert ran.exit_code == 0, ran.output
+    printed = pd.read_csv(tmp_path / "report.csv")
+    assert list(table.columns) == list(printed.columns) and len(table) == len(printed) == 3  # d0, d2, chosen
+    np.testing.assert_allclose(table["test"].to_numpy(float), printed["test"].to_numpy(float))
+    assert list(table["column"]) == ["d0", "d2", "chosen"]
+    by_task = api.results(home / "results", layout="task", depths=["chosen", "last"])
+    assert len(by_task) == 2 and set(by_task["depth_rule"]) == {"chosen", "last"}
+    with pytest.raises(UsageError, match="layout='task'"):
+        api.results(depths="last")
+    with pytest.raises(DataError, match="does not exist"):
+        api.results(tmp_path / "nowhere")
+
+
+def test_train_checks_its_settings_as_the_command_line_does(tiny_gpt2, home):
+    from reservoir.api import _train_config
+
+    cfg = _train_config("digits", str(tiny_gpt2), {"lr": "1e-3,3e-4", "trainable": "input,ln", "steps": 2})
+    assert cfg.lr == (1e-3, 3e-4) and cfg.trainable == ("input", "ln") and cfg.steps == 2
+    assert _train_config("digits", "lstm", {"lr": 0.01}).lr == (0.01,)
+    with pytest.raises(UsageError, match="unknown task 'nope'; choose from"):
+        api.train("nope", "lstm")
+    with pytest.raises(UsageError, match="unknown backbone 'nope'"):
+        api.train("digits", "nope")
+    with pytest.raises(UsageError, match="unknown option 'colour' for task 'digits'"):
+        api.train("digits", "lstm", task_options={"colour": "red"})
+    with pytest.raises(UsageError, match="unknown trainable group 'wings'; choose from"):
+        api.train("digits", "lstm", trainable="input,wings")
+    with pytest.raises(UsageError, match="'lr' parameter of train must be in"):
+        api.train("digits", "lstm", lr=-1)
+    with pytest.raises(UsageError, match="unknown setting 'epochs'"):
+        api.train("digits", "lstm", epochs=3)
+
+
+def test_train_runs_and_writes_its_result(tiny_gpt2, home):
+    result = api.train("digits", str(tiny_gpt2), steps=3, eval_every=3, limit=100, batch_size=8, device="cpu",
+                       dtype="float32")
+    assert result["mode"] == "end-to-end" and max(result["steps"]) <= 3 and 0 <= result["test_accuracy"] <= 1
+    written = list((home / "results").rglob("end-to-end_*.json"))
+    assert len(written) == 1 and json.loads(written[0].read_text())["test_accuracy"] == result["test_accuracy"]
