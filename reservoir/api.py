@@ -176,8 +176,10 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     Rows are read lazily: the file is opened on the first read in each process (so every
     ``DataLoader`` worker opens its own handle; an HDF5 handle never crosses a fork), and a read
-    fetches the chunk holding the row, checked by its Fletcher-32 checksum, keeping it for the
-    rows after it. ``features`` is a float32 tensor ``(n_readout * d_model,)`` (as
+    fetches the chunk holding the row (about 1 MiB of rows), checked by its Fletcher-32 checksum,
+    keeping it for the rows after it: reading in order reads each chunk once, while fully random
+    access (``shuffle=True``) reads a chunk a row; for a split that fits in memory,
+    :func:`read_features` and a ``TensorDataset`` are faster. ``features`` is a float32 tensor ``(n_readout * d_model,)`` (as
     :func:`read_features` with ``depth`` gives a row), ``label`` an int64 tensor (a scalar, or
     ``(n_readout, bits)``).
 

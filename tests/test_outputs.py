@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from reservoir import api
-from reservoir.errors import DataError, IdentityError, UsageError
+from reservoir.errors import DataError, IdentityError, StoreError, UsageError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -45,7 +45,7 @@ def test_all_depth_reader_equals_the_per_depth_reads(digits):
         api.read_features(digits, "test", depths=[5])
     with pytest.raises(UsageError, match="not both"):
         api.read_features(digits, "test", 1, depths="all")
-    with pytest.raises(UsageError, match=r"split 'val' is not in .*; it holds \['test', 'train'\]|\['train', 'test'\]"):
+    with pytest.raises(UsageError, match=r"split 'val' is not in .*; it holds \[.*'train'"):
         api.read_features(digits, "val")
 
 
@@ -59,7 +59,7 @@ def test_all_depth_reader_refuses_damaged_features(digits, tmp_path):
     with h5py.File(copy, "r+") as f:
         ds = f["test"]["features"]
         ds[0, 1] = ds[0, 1] + 1.0  # rewritten with a valid checksum: only the recorded digest can tell
-    with pytest.raises(Exception, match="depth 1: the features differ from the digest"):
+    with pytest.raises(StoreError, match="depth 1: the features differ from the digest"):
         api.read_features(copy, "test")
 
 

@@ -215,12 +215,13 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
         problems.append(f"features: the probe reads {probe.meta['n_readout']} readout token(s) of width "
                         f"{probe.meta['d_model']}, the file holds {shape[0]} of width {shape[1]}")
     labels = f[split]["labels"]
+    top = int(np.max(labels[:])) if labels.shape[0] else -1
     if tuple(labels.shape[1:]) != probe.label_shape:
         problems.append(f"labels: the probe predicts labels of shape {list(probe.label_shape)} a row, the file's "
                         f"are {list(labels.shape[1:])}")
-    elif labels.shape[0] and int(np.max(labels[:])) >= probe.predictor.n_classes:
+    elif top >= probe.predictor.n_classes:
         problems.append(f"classes: the probe knows classes 0..{probe.predictor.n_classes - 1}, the file's labels "
-                        f"reach {int(np.max(labels[:]))}")
+                        f"reach {top}")
     if not problems and probe.meta["input_layer"] != input_layer_digest(f):
         problems.append("input layer: the file's frozen input layer differs from the one the probe's features "
                         "went through (another token kind, width or vocabulary)")
