@@ -416,7 +416,8 @@ def comma_list(kind):
               help="Steps between validation passes." + shown(TrainConfig, "eval_every"))
 @click.option("--patience", type=click.IntRange(min=0), default=None,
               help="Validation passes without progress (a validation accuracy 0.1 points above the last progress, "
-                   "or a validation loss 0.1% below its lowest) before stopping (0: never)."
+                   "a validation loss 0.1% below its lowest, or a training loss still falling over the last 20 "
+                   "passes) before stopping (0: never)."
                    + shown(TrainConfig, "patience"))
 @click.option("--target", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Validation accuracy whose first crossing is reported as steps_to_target.")

@@ -471,6 +471,9 @@ def load_model(path: str, config=None) -> nn.Module:
                                 "from a source you trust") from None
         raise BackboneError(f"the weights in {path!r} do not fit its config ({str(e).splitlines()[0][:300]}); "
                             "pass the folder save_pretrained wrote for this model") from None
+    except Exception as e:  # noqa: BLE001 - a damaged weight file fails in its reader's own error type
+        raise BackboneError(f"the weights in {path!r} are unreadable ({type(e).__name__}: {str(e)[:200]}); save the "
+                            "model again with save_pretrained, or copy the folder again") from None
     missing = [k for k in info.get("missing_keys", []) if not k.endswith("num_batches_tracked")
                and not _in_pooler(model, k)]
     mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", [])]
