@@ -141,6 +141,11 @@ def select_depths(value: Any, available: Sequence[int], where: str) -> list[int]
     return depths
 
 
+def depths_json(value: Any) -> str | list[int] | None:
+    """A depth selection as a config records it: ``"all"`` or text as given, else the list of ints (one int too)."""
+    return value if value is None or isinstance(value, str) else list(parse_depths(value))
+
+
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ",".join(map(str, parse_depths(value)))
 
@@ -284,7 +289,7 @@ class ExtractConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["data_dir"], d["out"] = str(self.data_dir), str(self.out) if self.out else None
-        d["depths"] = self.depths if isinstance(self.depths, str) else list(self.depths)
+        d["depths"] = depths_json(self.depths)
         return d
 
 
@@ -338,7 +343,7 @@ class FitConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["features"] = str(self.features) if self.features else None
-        d["depths"] = self.depths if isinstance(self.depths, str) else list(self.depths)
+        d["depths"] = depths_json(self.depths)
         d["data_dir"] = str(self.data_dir) if self.data_dir else None
         return d
 
