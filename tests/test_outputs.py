@@ -91,8 +91,9 @@ def test_feature_dataset_through_dataloader_workers(digits):
     assert isinstance(data, torch.utils.data.Dataset) and len(data) == 120
     assert data._file is None  # nothing held open in the parent: each worker opens its own
     X, y = api.read_features(digits, "train", depth=1)
-    for workers in (0, 2):
-        batches = list(DataLoader(data, batch_size=16, num_workers=workers))
+    for workers in (0, 2):  # spawned workers: a fork of a test process inherits the state of every earlier test
+        batches = list(DataLoader(data, batch_size=16, num_workers=workers,
+                                  multiprocessing_context="spawn" if workers else None))
         got = torch.cat([b[0] for b in batches]).numpy()
         labels = torch.cat([b[1] for b in batches]).numpy()
         assert got.dtype == np.float32 and got.shape == (120, 32)

@@ -631,7 +631,8 @@ def test_checkpoints_of_a_cuda_run_carry_its_device_generator_and_resume_restore
     cuda = torch.device("cuda", 0)
     params = [torch.nn.Parameter(torch.ones(3))]
     opt = optimizer(params, 1e-3)
-    identity = {"run": 1}
+    identity = {"task": "bit_xor", "backbone": "b", "backbone_fingerprint": "f", "input_scale": "paper",
+                "task_options": {}, "trainable": ["out"], "blocks": 1, "run_seed": 0}  # what the readers check
     save_checkpoint(home / "gpu.pt", params, opt, RunState(step=5), identity, cuda)
     save_checkpoint(home / "cpu.pt", params, opt, RunState(step=5), identity, torch.device("cpu"))
     gpu = torch.load(home / "gpu.pt", weights_only=True)
