@@ -84,35 +84,37 @@ def test_optional_packages_are_named_when_absent(digits, monkeypatch):
         api.results()
 
 
+WORKERS = """
+import sys
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from reservoir import api
+
+data = api.FeatureDataset(sys.argv[1], "train", depth=1)
+assert data._file is None  # nothing held open in the parent: each worker opens its own
+X, y = api.read_features(sys.argv[1], "train", depth=1)
+for workers in (0, 2):  # DataLoader's default start method on Linux: fork
+    batches = list(DataLoader(data, batch_size=16, num_workers=workers))
+    got = torch.cat([b[0] for b in batches]).numpy()
+    labels = torch.cat([b[1] for b in batches]).numpy()
+    assert got.dtype == np.float32 and got.shape == (120, 32), got.shape
+    np.testing.assert_array_equal(got, X)
+    np.testing.assert_array_equal(labels, y)
+print("ok")
+"""
+
+
 def test_feature_dataset_through_dataloader_workers(digits):
-    from torch.utils.data import DataLoader
+    """In a fresh process, as a training script runs it: DataLoader workers (forked) each open the file."""
+    import os
+    import subprocess
+    import sys
 
-    data = api.FeatureDataset(digits, "train", depth=1)
-    assert isinstance(data, torch.utils.data.Dataset) and len(data) == 120
-    assert data._file is None  # nothing held open in the parent: each worker opens its own
-    X, y = api.read_features(digits, "train", depth=1)
-    for workers in (0, 2):  # spawned workers: a fork of a test process inherits the state of every earlier test
-        batches = list(DataLoader(data, batch_size=16, num_workers=workers,
-                                  multiprocessing_context="spawn" if workers else None))
-        got = torch.cat([b[0] for b in batches]).numpy()
-        labels = torch.cat([b[1] for b in batches]).numpy()
-        assert got.dtype == np.float32 and got.shape == (120, 32)
-        np.testing.assert_array_equal(got, X)
-        np.testing.assert_array_equal(labels, y)
-    shuffled = list(DataLoader(data, batch_size=50, shuffle=True, num_workers=2,
-                               generator=torch.Generator().manual_seed(0)))
-    assert sorted(torch.cat([b[1] for b in shuffled]).tolist()) == sorted(y.tolist())
-    features, label = data[-1]
-    np.testing.assert_array_equal(features.numpy(), X[-1])
-    assert label.dtype == torch.int64 and int(label) == y[-1]
-    with pytest.raises(IndexError, match="row 120 is out of range"):
-        data[120]
-    with pytest.raises(UsageError, match="depth 7 is not in"):
-        api.FeatureDataset(digits, "train", depth=7)
-    data.close()
-
-
-# -- saved probes --------------------------------------------------------------------------------------
+    assert len(api.FeatureDataset(digits, "train", depth=1)) == 120
+    r = subprocess.run([sys.executable, "-c", WORKERS, str(digits)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
 
 def reference_predictions(path, head, depth):
