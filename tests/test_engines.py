@@ -262,17 +262,17 @@ def test_int8_dtypes_name_their_file_and_static_records_its_calibration(extract,
     identity, config, _ = read(path)
     assert path.name.startswith("int8-seed0-") and identity["dtype"] == "int8"
     assert identity["calibration"] == {"split": "train", "rows": 24, "recipe": engines.INT8_RECIPE, "engine": "openvino"}
-    assert config["engine_used"] == "openvino" and "openvino engine (auto: int8)" in r.stderr
+    assert config["engine_used"] == "openvino" and "openvino engine (auto: int8)" in r.output
     r, path = extract("--dtype", "int8-static")
     assert r.exit_code == 0, r.output
     identity, _, _ = read(path)
     assert path.name.startswith("int8-static-seed0-")
     assert identity["calibration"] == {"split": "train", "rows": 24, "recipe": engines.INT8_RECIPE, "engine": "openvino"}
     r, again = extract("--dtype", "int8-static")
-    assert again == path and "reusing" in r.stderr
+    assert again == path and "reusing" in r.output
     monkeypatch.setattr(engines, "INT8_RECIPE", engines.INT8_RECIPE + 1)  # another int8 recipe: never reused
     r, other = extract("--dtype", "int8-static")
-    assert r.exit_code == 0 and other != path and "reusing" not in r.stderr
+    assert r.exit_code == 0 and other != path and "reusing" not in r.output
     if importlib.util.find_spec("onnxruntime"):  # another engine's int8 quantizes by its own recipe: never reused
         r, first = extract("--dtype", "int8", "--engine", "openvino")
         r, theirs = extract("--dtype", "int8", "--engine", "onnxruntime")
@@ -283,7 +283,7 @@ def test_the_engine_is_not_part_of_the_identity(extract, home):
     r, path = extract("--dtype", "float32", "--engine", "torch")
     assert r.exit_code == 0
     r, again = extract("--dtype", "float32", "--engine", "openvino")
-    assert again == path and "reusing" in r.stderr  # the same features: the engines agree (tests above)
+    assert again == path and "reusing" in r.output  # the same features: the engines agree (tests above)
 
 
 def test_a_bad_engine_or_an_int8_dtype_on_pytorch_is_refused(extract, home):
@@ -307,8 +307,8 @@ def test_auto_falls_back_to_pytorch_when_openvino_cannot_convert(extract, home, 
     failing_conversion(monkeypatch)
     r, path = extract("--dtype", "float32")
     assert r.exit_code == 0, r.output
-    assert "could not convert" in r.stderr and "running PyTorch eager instead" in r.stderr
-    assert "on torch, batch" in r.stderr and read(path)[1]["engine_used"] == "torch"  # settled before the first row
+    assert "could not convert" in r.output and "running PyTorch eager instead" in r.output
+    assert "on torch, batch" in r.output and read(path)[1]["engine_used"] == "torch"  # settled before the first row
     np.testing.assert_array_equal(read(path)[2], read(expected)[2])
 
 

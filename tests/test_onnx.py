@@ -206,7 +206,7 @@ def test_engine_onnxruntime_through_the_cli_equals_torch_and_an_export_failure_e
     assert r.exit_code == 0, r.output
     r = cli(*base, "--engine", "onnxruntime", "--out", str(home / "ort.h5"))
     assert r.exit_code == 0, r.output
-    assert "onnxruntime engine (--engine onnxruntime)" in r.stderr and "features within" in r.stderr
+    assert "onnxruntime engine (--engine onnxruntime)" in r.output and "features within" in r.output
     _, config, ours = read(home / "ort.h5")
     assert config["engine_used"] == "onnxruntime"
     np.testing.assert_allclose(ours, read(home / "torch.h5")[2], rtol=1e-4, atol=1e-5)

@@ -154,7 +154,7 @@ def test_saved_probe_applied_by_predict_reproduces_the_fit(digits, home, cli, he
         _, expected = reference_predictions(digits, head, result["depth"])
         np.testing.assert_array_equal(predictions, expected)  # the fit's own test predictions, exactly
         assert float(np.mean(predictions == labels)) == result["test_accuracy"]
-        assert f"accuracy {100 * result['test_accuracy']:.2f}%" in ran.stderr
+        assert f"accuracy {100 * result['test_accuracy']:.2f}%" in ran.output
         np.testing.assert_array_equal(api.predict(probe, digits), predictions)  # the API gives the same
 
         X, y = api.read_features(digits, "test", depth=result["depth"])
@@ -191,8 +191,8 @@ def test_predict_refuses_features_of_other_settings(tiny_gpt2, digits, home, cli
                         out=tmp_path / "seed1.h5")
     ran = cli("predict", "--probe", probe, "--features", str(other))
     assert ran.exit_code == 1 and "Traceback" not in ran.output
-    assert "seed: probe 0, file 1" in ran.stderr and "the probe reads depth 2, the file holds depths [0, 1]" in ran.stderr
-    assert "reservoir extract --task digits" in ran.stderr and "--seed 0" in ran.stderr  # what to extract instead
+    assert "seed: probe 0, file 1" in ran.output and "the probe reads depth 2, the file holds depths [0, 1]" in ran.output
+    assert "reservoir extract --task digits" in ran.output and "--seed 0" in ran.output  # what to extract instead
 
     rng = np.random.default_rng(0)  # another task's shape: 2 classes of 3-wide tokens, the same backbone and seed
     np.savez(tmp_path / "mine.npz", x=rng.normal(size=(40, 6, 3)).astype(np.float32), y=np.arange(40) % 2,
@@ -234,8 +234,8 @@ def test_predict_refuses_files_that_are_not_probes(digits, tmp_path, cli):
         with pytest.raises(DataError, match=why):
             api.load_probe(path)
         ran = cli("predict", "--probe", str(path), "--features", str(digits))
-        assert ran.exit_code == 1 and "Traceback" not in ran.output and "reservoir fit" in ran.stderr
-        assert str(path) in ran.stderr
+        assert ran.exit_code == 1 and "Traceback" not in ran.output and "reservoir fit" in ran.output
+        assert str(path) in ran.output
     assert not marker.exists(), "a crafted probe's payload ran"
 
 
