@@ -9,7 +9,7 @@ one batch of random embedded tokens, reading the last token after every block up
 median tokens/s over ``--reps`` calls (warm-up and compilation excluded; the compile time
 is printed apart), the mean norm-wise relative error of the features per depth against
 float32 eager, and how much a row's features move when the other rows of its batch change
-(DESIGN.md: a feature never depends on which examples shared its batch). Candidates, each skipped with its reason when it cannot run here:
+(the project's promise: a feature never depends on which examples shared its batch). Candidates, each skipped with its reason when it cannot run here:
 
 - ``float32`` / ``bfloat16``, eager and ``torch.compile`` (inductor, weight freezing): the
   references (bf16 only where the CPU multiplies it natively: emulated bf16 is ~100x slower).

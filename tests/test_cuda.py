@@ -201,16 +201,13 @@ def test_a_short_training_run_on_cuda_has_finite_losses(cli, home, tiny_gpt2):
     assert losses and all(np.isfinite(losses)), losses
 
 
-class Killed(Exception):
-    pass
-
-
 def test_a_resumed_cuda_run_equals_an_uninterrupted_one(tiny_gpt2, home):
     """Dropout on (the CUDA generator draws it), checkpoints every 10 steps, killed at step 27: the resumed run
     redoes 21..27 and ends as the uninterrupted one did."""
     from reservoir.config import TrainConfig
     from reservoir.tasks import get_task
     from reservoir.train import load_data, train_run
+    from tests.test_train import whole_and_killed
 
     opts = {"n_train": "512", "n_test": "256"}
     task = get_task("bit_xor", **opts)
@@ -218,15 +215,7 @@ def test_a_resumed_cuda_run_equals_an_uninterrupted_one(tiny_gpt2, home):
                       eval_every=10, patience=0, checkpoint_every=10, dropout=0.1, lr=(3e-3,), device="cuda",
                       data_dir=home / "data")
     data = load_data(task, cfg)
-    whole = train_run(dataclasses.replace(cfg, checkpoint_dir=home / "a"), task, data, lr=3e-3, seed=0, progress=False)
-
-    def kill(step):
-        if step == 27:
-            raise Killed
-
-    cut = dataclasses.replace(cfg, checkpoint_dir=home / "b")
-    with pytest.raises(Killed):
-        train_run(cut, task, data, lr=3e-3, seed=0, progress=False, on_step=kill)
+    whole, cut = whole_and_killed(cfg, task, data, home)
     resumed = train_run(dataclasses.replace(cut, resume=True), task, data, lr=3e-3, seed=0, progress=False)
     for key in ("test_accuracy", "val_accuracy", "best_step", "steps", "history"):
         assert resumed[key] == whole[key], key

@@ -28,10 +28,11 @@ LISTOPS = {"max_len": 120, "n_train": 12, "n_val": 1, "n_test": 1, "min_length":
 BASE = ("--limit", "24", "--batch-size", "8")
 
 
-def runner(task, backbone: str, engine: str, dtype: str = "float32", **kwargs) -> FeatureRunner:
+def runner(task, backbone: str, engine: str, dtype: str = "float32", log=None, **kwargs) -> FeatureRunner:
+    """A runner of every depth of ``backbone`` on ``engine`` (messages to ``log``, else dropped)."""
     bb = load_backbone(backbone, 0)
     return FeatureRunner.build(task.spec, bb, list(range(bb.n_layers + 1)), seed=0, dtype=dtype, engine=engine,
-                               log=lambda text: None, **kwargs)
+                               log=log or (lambda text: None), **kwargs)
 
 
 def batches(task, n: int = 12):

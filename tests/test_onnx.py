@@ -24,10 +24,9 @@ from reservoir.runtime import engines, onnx, records  # noqa: E402
 from reservoir.runtime import runner as runner_module  # noqa: E402
 from reservoir.runtime.runner import FeatureRunner  # noqa: E402
 from reservoir.tasks import get_task  # noqa: E402
+from tests.test_engines import LISTOPS, batches, runner  # noqa: E402  (the same helpers, one copy)
 
 pytestmark = pytest.mark.usefixtures("one_thread", "cache")
-
-LISTOPS = {"max_len": 120, "n_train": 12, "n_val": 1, "n_test": 1, "min_length": 5, "max_length": 110}
 
 
 @pytest.fixture
@@ -35,20 +34,6 @@ def cache(tmp_path, monkeypatch) -> Path:
     """An empty RESERVOIR_CACHE: exported files and measured rates of this test alone."""
     monkeypatch.setenv("RESERVOIR_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
-
-
-def runner(task, backbone: str, engine: str, dtype: str = "float32", log=None, **kwargs) -> FeatureRunner:
-    bb = load_backbone(backbone, 0)
-    return FeatureRunner.build(task.spec, bb, list(range(bb.n_layers + 1)), seed=0, dtype=dtype, engine=engine,
-                               log=log or (lambda text: None), **kwargs)
-
-
-def batches(task, n: int = 12):
-    """Two batches of different widths (variable-length tasks) from the task's training rows."""
-    d = task.load("train", ".", None)
-    tokens, lengths = task.encode(d.inputs[:n]), d.lengths[:n]
-    short = np.argsort(lengths)[: n // 2]
-    return [(tokens, lengths), (tokens[short][:, : int(lengths[short].max())], lengths[short])]
 
 
 @pytest.mark.parametrize("task_name", ["listops", "bit_xor"])

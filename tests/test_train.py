@@ -283,21 +283,28 @@ class Killed(Exception):
     pass
 
 
-def test_killed_run_resumes_to_identical_metrics_and_weights(tiny_gpt2, home):
-    """Dropout on, checkpoint every 10 steps, killed at step 27: resume redoes 21..27 and ends identically."""
-    task = get_task("bit_xor", **XOR_OPTS)
-    cfg = xor_cfg(tiny_gpt2, home, steps=40, dropout=0.1, lr=(3e-3,))
-    data = load_data(task, cfg)
+def whole_and_killed(cfg, task, data, home, at: int = 27):
+    """The run of ``cfg`` at lr 3e-3, seed 0, whole (checkpoints in ``home/a``), and the same run killed at step
+    ``at`` (``home/b``); returns the whole run's result and the killed run's config, to resume."""
     whole = train_run(dataclasses.replace(cfg, checkpoint_dir=home / "a"), task, data, lr=3e-3, seed=0,
                       progress=False)
 
     def kill(step):
-        if step == 27:
+        if step == at:
             raise Killed
 
     cut = dataclasses.replace(cfg, checkpoint_dir=home / "b")
     with pytest.raises(Killed):
         train_run(cut, task, data, lr=3e-3, seed=0, progress=False, on_step=kill)
+    return whole, cut
+
+
+def test_killed_run_resumes_to_identical_metrics_and_weights(tiny_gpt2, home):
+    """Dropout on, checkpoint every 10 steps, killed at step 27: resume redoes 21..27 and ends identically."""
+    task = get_task("bit_xor", **XOR_OPTS)
+    cfg = xor_cfg(tiny_gpt2, home, steps=40, dropout=0.1, lr=(3e-3,))
+    data = load_data(task, cfg)
+    whole, cut = whole_and_killed(cfg, task, data, home)
     ckpt = torch.load(home / "b" / Path(whole["checkpoint"]).name, weights_only=False)
     assert ckpt["state"]["step"] == 20  # at most the steps since the last checkpoint are lost
     assert not list((home / "b").glob("*.tmp"))

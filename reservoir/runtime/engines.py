@@ -111,10 +111,14 @@ def openvino_installed() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
-def onnxruntime_installed() -> bool:
-    from reservoir.runtime import onnx
+#: the ONNX Runtime engine (:mod:`reservoir.runtime.onnx`): how to install it, and the dtypes it computes
+ONNX_INSTALL = "pip install 'reservoir[onnx]'"
+ONNX_DTYPES = ("float32", "int8")
 
-    return onnx.installed()
+
+def onnxruntime_installed() -> bool:
+    """ONNX Runtime and what torch's exporter needs (``onnx``, ``onnxscript``) are importable."""
+    return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx", "onnxscript"))
 
 
 def choose_engine(name: str, dtype: str, device: torch.device, backbone: Any = None,
@@ -148,14 +152,12 @@ def choose_engine(name: str, dtype: str, device: torch.device, backbone: Any = N
         raise UsageError(f"--engine openvino (or --dtype {dtype}): OpenVINO is not installed; {INSTALL}, "
                          "or pass --engine torch" + (" with --dtype auto" if int8 else ""))
     if name == "onnxruntime":
-        from reservoir.runtime import onnx
-
-        if dtype not in onnx.DTYPES:
-            raise UsageError(f"--engine onnxruntime computes {' or '.join(onnx.DTYPES)}, not --dtype {dtype}; choose "
+        if dtype not in ONNX_DTYPES:
+            raise UsageError(f"--engine onnxruntime computes {' or '.join(ONNX_DTYPES)}, not --dtype {dtype}; choose "
                              "--dtype float32 or int8, or --engine openvino or torch")
-        if not onnx.installed():
+        if not onnxruntime_installed():
             raise UsageError(f"--engine onnxruntime: ONNX Runtime (with onnx and onnxscript, for torch's exporter) "
-                             f"is not installed; {onnx.INSTALL}, or pass --engine torch")
+                             f"is not installed; {ONNX_INSTALL}, or pass --engine torch")
     return name, why
 
 

@@ -14,7 +14,7 @@ the width free (:func:`export`), so one file serves every batch shape of a run:
   would depend on them: ``int8`` runs each row alone, cut to its own length, and a row's scales are
   its own (:meth:`ONNXForward._infer`).
 
-``bfloat16``, ``float16`` and ``int8-static`` are refused (:data:`DTYPES`).
+``bfloat16``, ``float16`` and ``int8-static`` are refused where the engine is chosen (:data:`reservoir.runtime.engines.ONNX_DTYPES`).
 
 The file is kept in ``$RESERVOIR_CACHE/onnx/`` under a digest of everything that makes it (the
 module's weights and buffers, the int8 tables, the depths, the token shape and dtype, the dtype and
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import io
 import json
 import logging
@@ -46,10 +45,9 @@ import numpy as np
 import torch
 
 from reservoir.errors import BackboneError, UsageError
+from reservoir.runtime.engines import (CHECK_ROWS, CHECK_TOKENS, TOLERANCE, centred, narrow, position_means,
+                                       relative_error)
 
-INSTALL = "pip install 'reservoir[onnx]'"
-#: dtypes the ONNX Runtime engine computes
-DTYPES = ("float32", "int8")
 #: operations ``int8`` quantizes (those with a constant weight: ``MatMulConstBOnly``); lookups stay float
 QUANTIZED_OPS = ("MatMul", "Gemm")
 #: operations a quantized file computes int8 products with
@@ -64,11 +62,6 @@ FOLDER = "onnx"
 LARGE_BYTES = 1_800_000_000
 #: loggers whose lines say nothing to a user while exporting (torch's exporter notes, onnxscript's passes)
 LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "torch.fx", "onnxscript", "onnx_ir")
-
-
-def installed() -> bool:
-    """ONNX Runtime and what torch's exporter needs (``onnx``, ``onnxscript``) are importable."""
-    return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx", "onnxscript"))
 
 
 def versions() -> dict[str, str | None]:
@@ -234,9 +227,6 @@ class ONNXForward:
     def __init__(self, eager: torch.nn.Module, dtype: str, threads: int,
                  calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
                  log: Callable[[str], None] | None = None, width: int | None = None, **_: Any):
-        if dtype not in DTYPES:
-            raise UsageError(f"--engine onnxruntime computes {' or '.join(DTYPES)}, not --dtype {dtype}; "
-                             "choose --dtype float32 or int8, or --engine openvino or torch")
         if dtype == "int8" and calibration is None:
             raise UsageError(f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)")
         if dtype == "int8" and not width:
@@ -252,8 +242,6 @@ class ONNXForward:
     def _tables(self) -> dict[str, tuple[torch.Tensor, ...]] | None:
         if self.dtype != "int8":
             return None
-        from reservoir.runtime.engines import position_means
-
         start = time.perf_counter()
         tables = position_means(self.eager, self.calibration(), self.width)
         self.seconds["centre"] = time.perf_counter() - start
@@ -263,8 +251,6 @@ class ONNXForward:
         """Export (int8: centred, then quantized) into ``path``, written whole or not at all: the weights
         inside the file, or beside it in ``path.data`` for models past ONNX's 2 GB limit."""
         import onnx
-
-        from reservoir.runtime.engines import centred
 
         dynamic = {"tokens": {0: "batch", 1: "width"}, "lengths": {0: "batch"}, "readout": {0: "batch"}}
         big = sum(t.numel() * t.element_size() for t in self.eager.state_dict().values()) > LARGE_BYTES
@@ -297,7 +283,6 @@ class ONNXForward:
         """Load the cached file of this module and dtype, or export it (from two rows of ``batch``),
         open a session and check against PyTorch float32 on ``batch``'s first rows. Says what each
         step took."""
-        from reservoir.runtime.engines import CHECK_ROWS, CHECK_TOKENS, TOLERANCE, narrow, relative_error
 
         example = narrow(batch)
         tables = self._tables()
