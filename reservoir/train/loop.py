@@ -49,7 +49,7 @@ from reservoir.errors import DataError, UsageError
 from reservoir.model.devices import resolve_device
 from reservoir.model.reservoir import check_length
 from reservoir.runtime.dtypes import choose as choose_dtype, cuda_bf16_native
-from reservoir.runtime.machine import describe
+from reservoir.runtime import machine
 from reservoir.runtime.runner import CompiledOrEager
 from reservoir.identity import digest
 from reservoir.model.backbones import fingerprint as backbone_fingerprint
@@ -271,13 +271,6 @@ def read_steps(steps: list[tuple[torch.Tensor, torch.Tensor]], first: int, tag: 
     return losses
 
 
-def machine_of(device: torch.device) -> str:
-    """What a run's steps ran on, as speed figures name it: the CPU and its flags, or the accelerator."""
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (CUDA)"
-    return describe() if device.type == "cpu" else device.type
-
-
 def train_dtype(name: str, device: torch.device, width: int, log: Callable[[str], None], tag: str = "") -> str:
     """The compute dtype of a run: ``name``, or for ``auto`` the faster training dtype on ``device``, measured
     at the backbone's ``width`` on a CPU, bf16 on a CUDA card only where it is native
@@ -409,7 +402,7 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
     elif ckpt.exists():
         log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
     dtype = train_dtype(cfg.dtype, device, backbone.d_model, log, tag)
-    for seen, now in ((state.dtypes, dtype), (state.machines, machine_of(device))):
+    for seen, now in ((state.dtypes, dtype), (state.machines, machine.on(device))):
         if not seen or seen[-1] != now:
             seen.append(now)
     # evaluation runs the eager model: one compiled training graph, no recompiles for other batch sizes
