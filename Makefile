@@ -67,8 +67,10 @@ bench: install ## extraction speed: official baseline, peer runtimes (pip instal
 gpu: ## check a GPU machine in one command: env, roofline, CUDA tests, extraction, job, training (OUT=folder; docs/gpu.md)
 	$(or $(wildcard $(BIN)/python),$(PYTHON)) benchmarks/gpu.py --out $(or $(OUT),$(error pass OUT=folder))
 
-lint: install ## static checks
-	$(BIN)/python -m compileall -q reservoir tests
+lint: install ## static checks: ruff format --check, ruff check, the import layers (all also in make test)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports --config setup.cfg --no-cache
 
 clean: ## remove features, results and caches (not data, not .venv)
 	rm -rf features results .pytest_cache

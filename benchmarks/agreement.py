@@ -35,20 +35,36 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("candidate", type=Path, help="feature file to check (e.g. bf16)")
     p.add_argument("reference", type=Path, help="reference feature file (e.g. float32)")
-    p.add_argument("--partial", action="store_true", help="accept unfinished runs; compare rows written in both")
+    p.add_argument(
+        "--partial", action="store_true", help="accept unfinished runs; compare rows written in both"
+    )
     args = p.parse_args(argv)
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}")
     with open_file(args.candidate, args.partial) as fa, open_file(args.reference, args.partial) as fb:
         ca, cb = file_config(fa), file_config(fb)
         ia, ib = stored_identity(fa), stored_identity(fb)
-        print(f"candidate: dtype {ia['dtype']}, compile {ca.get('compile')}; reference: dtype {ib['dtype']}, "
-              f"compile {cb.get('compile')}")
-        for key in ("task", "task_options", "data", "seed", "input_scale", "backbone", "backbone_fingerprint"):
+        print(
+            f"candidate: dtype {ia['dtype']}, compile {ca.get('compile')}; reference: dtype {ib['dtype']}, "
+            f"compile {cb.get('compile')}"
+        )
+        for key in (
+            "task",
+            "task_options",
+            "data",
+            "seed",
+            "input_scale",
+            "backbone",
+            "backbone_fingerprint",
+        ):
             if ia.get(key) != ib.get(key):
-                raise SystemExit(f"the files differ in {key}; compare two extractions of the same rows through "
-                                 "the same backbone")
+                raise SystemExit(
+                    f"the files differ in {key}; compare two extractions of the same rows through "
+                    "the same backbone"
+                )
         if not np.array_equal(fa["input_layer/weight"][:], fb["input_layer/weight"][:]):
-            raise SystemExit("the files hold different input layers; compare two extractions with the same seed")
+            raise SystemExit(
+                "the files hold different input layers; compare two extractions with the same seed"
+            )
         depths = [int(d) for d in fa.attrs["depths"]]
         splits = [s for s in fa if s != "input_layer" and s in fb]
         print()
@@ -60,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for depth in depths:
                 errs, coss = [], []
-                for (a, _), (b, _) in zip(iter_depth(fa, split, depth, select=rows), iter_depth(fb, split, depth, select=rows)):
+                for (a, _), (b, _) in zip(
+                    iter_depth(fa, split, depth, select=rows), iter_depth(fb, split, depth, select=rows)
+                ):
                     a, b = a.reshape(len(a), -1).astype(np.float64), b.reshape(len(b), -1).astype(np.float64)
                     nb = np.maximum(np.linalg.norm(b, axis=1), 1e-12)
                     errs.append(np.linalg.norm(a - b, axis=1) / nb)

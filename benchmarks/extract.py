@@ -84,14 +84,23 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from matmul import matmul_rate, sync  # noqa: E402  (benchmarks/matmul.py, beside this script)
+from peers import (
+    BASELINE_BATCH,
+    CHECK_ROWS,
+    INSTALL,
+    ROWS,
+    NotInstalled,
+    Setup,
+    Unavailable,  # noqa: E402
+    one_line,
+    quiet,
+)
+
 from reservoir.model.devices import resolve_device
 from reservoir.runtime.dtypes import candidates, choose  # noqa: E402
-from reservoir.runtime.runner import resolve_dtype  # noqa: E402
 from reservoir.runtime.machine import FLAGS, cpu, load  # noqa: E402
-
-from matmul import matmul_rate, sync  # noqa: E402  (benchmarks/matmul.py, beside this script)
-from peers import (BASELINE_BATCH, CHECK_ROWS, INSTALL, ROWS, NotInstalled, Setup, Unavailable,  # noqa: E402
-                   one_line, quiet)
+from reservoir.runtime.runner import resolve_dtype  # noqa: E402
 
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768)
 TOKEN_DIM = 16  # MNIST's 4x4 patches
@@ -104,7 +113,9 @@ E2E = "e2e"
 FLOAT_PEERS, INT8_PEERS = ("hf-compiled", "ort-fp32", "ov-float"), ("ort-int8", "ov-int8", "ov-int8-dynamic")
 
 
-def flops_per_token(n_layer: int, d: int, d_ff: int, seq_len: int, token_dim: int, causal: bool = True) -> float:
+def flops_per_token(
+    n_layer: int, d: int, d_ff: int, seq_len: int, token_dim: int, causal: bool = True
+) -> float:
     """Matrix-product FLOPs per token of a GPT-2 forward over ``seq_len`` tokens (see module doc);
     ``causal=False`` counts the full ``T x T`` attention."""
     attention = 2 * (seq_len + 1) * d if causal else 2 * 2 * seq_len * d
@@ -129,6 +140,7 @@ def versions() -> str:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
             return "not installed"
+
     return ", ".join(f"{name} {version(name)}" for name in PACKAGES)
 
 
@@ -175,15 +187,21 @@ def build(name: str, setup: Setup) -> Result:
     if built.comparable:
         got = np.asarray(out, dtype=np.float32)[:CHECK_ROWS]
         ref = setup.reference[: len(got)]
-        result.errors = (np.linalg.norm(got - ref, axis=-1) / np.linalg.norm(ref, axis=-1)).mean(axis=0).tolist()
+        result.errors = (
+            (np.linalg.norm(got - ref, axis=-1) / np.linalg.norm(ref, axis=-1)).mean(axis=0).tolist()
+        )
     return result
 
 
 def synthetic_task(path: Path, rows: int, seq_len: int, seed: int) -> str:
     """A ``file:`` task of ``rows`` MNIST-like training rows (values k/255, float16) and 16 test rows."""
     rng = np.random.default_rng(seed)
-    x = (rng.integers(0, 256, (rows, seq_len, TOKEN_DIM), dtype=np.uint8) / np.float16(255)).astype(np.float16)
-    x_test = (rng.integers(0, 256, (16, seq_len, TOKEN_DIM), dtype=np.uint8) / np.float16(255)).astype(np.float16)
+    x = (rng.integers(0, 256, (rows, seq_len, TOKEN_DIM), dtype=np.uint8) / np.float16(255)).astype(
+        np.float16
+    )
+    x_test = (rng.integers(0, 256, (16, seq_len, TOKEN_DIM), dtype=np.uint8) / np.float16(255)).astype(
+        np.float16
+    )
     np.savez(path, x_train=x, y_train=rng.integers(0, 10, rows), x_test=x_test, y_test=np.arange(16) % 10)
     return f"file:{path}"
 
@@ -199,29 +217,53 @@ def end_to_end(rows: int, args, workdir: Path) -> Result:
     else:
         made = time.perf_counter()
         task = ["--task", synthetic_task(workdir / f"synthetic-{rows}.npz", rows, args.tokens, args.seed)]
-        result.help = (f"reservoir extract --task file:SYNTHETIC.npz --split train --limit {rows} ({rows:,} synthetic "
-                       f"MNIST-like rows of {args.tokens} x {TOKEN_DIM}, written in {time.perf_counter() - made:.0f} s,"
-                       " not timed)")
+        result.help = (
+            f"reservoir extract --task file:SYNTHETIC.npz --split train --limit {rows} ({rows:,} synthetic "
+            f"MNIST-like rows of {args.tokens} x {TOKEN_DIM}, written in {time.perf_counter() - made:.0f} s,"
+            " not timed)"
+        )
     backbone = "gpt2-random"
     if args.layers != GPT2_SMALL["n_layer"]:  # a smaller model: the same seeded weights, saved as a folder
         backbone = str(workdir / f"gpt2-{args.layers}-layers")
         if not Path(backbone).exists():
-            Setup(dict(GPT2_SMALL, n_layer=args.layers), args.seed, args.tokens, TOKEN_DIM, 1, DEVICE, args.threads,
-                  workdir).hf_model().save_pretrained(backbone)
+            Setup(
+                dict(GPT2_SMALL, n_layer=args.layers),
+                args.seed,
+                args.tokens,
+                TOKEN_DIM,
+                1,
+                DEVICE,
+                args.threads,
+                workdir,
+            ).hf_model().save_pretrained(backbone)
         result.help += f", backbone {args.layers}-block GPT-2 folder (gpt2-random's weights)"
-    command += ["extract", *task, "--split", "train", "--limit", str(rows), "--backbone", backbone,
-                "--seed", str(args.seed), "--device", args.device, "--out", str(workdir / f"{E2E}-{rows}.h5")]
+    command += [
+        "extract",
+        *task,
+        "--split",
+        "train",
+        "--limit",
+        str(rows),
+        "--backbone",
+        backbone,
+        "--seed",
+        str(args.seed),
+        "--device",
+        args.device,
+        "--out",
+        str(workdir / f"{E2E}-{rows}.h5"),
+    ]
     if args.data_dir:
         command += ["--data-dir", str(args.data_dir)]
     if args.dtype != "auto":
         command += ["--dtype", args.dtype]
     if args.compile is not None:
         command.append("--compile" if args.compile else "--no-compile")
-    result.how = shlex.join(["reservoir", *command[1 if cli.exists() else 3:]])
+    result.how = shlex.join(["reservoir", *command[1 if cli.exists() else 3 :]])
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     print(f"  running {result.how}", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         last = next((ln for ln in reversed(done.stderr.strip().splitlines()) if ln.strip()), "no message")
@@ -237,30 +279,59 @@ def fmt(x: float, spec: str = ".0f", suffix: str = "") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default=None,
-                   help=f"comma-separated rows, from {[*ROWS, E2E]} (default: all; the roofline is always measured)")
-    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions of every row and the matmul peak")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch, ONNX Runtime (intra-op) and OpenVINO threads, and OMP_NUM_THREADS of the end-to-end "
-                        "runs (default: torch's, i.e. OMP_NUM_THREADS or the cores)")
-    p.add_argument("--batch", type=int, default=None,
-                   help="examples per call of every row but the official baseline (16) "
-                        "(default: 16,384 tokens' worth: 256 at 64 tokens, 16 at 1024)")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated rows, from {[*ROWS, E2E]} (default: all; the roofline is always measured)",
+    )
+    p.add_argument(
+        "--reps", type=int, default=5, help="interleaved repetitions of every row and the matmul peak"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch, ONNX Runtime (intra-op) and OpenVINO threads, and OMP_NUM_THREADS of the end-to-end "
+        "runs (default: torch's, i.e. OMP_NUM_THREADS or the cores)",
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="examples per call of every row but the official baseline (16) "
+        "(default: 16,384 tokens' worth: 256 at 64 tokens, 16 at 1024)",
+    )
     p.add_argument("--tokens", type=int, default=64, help="tokens per example (16 values each; MNIST: 64)")
     p.add_argument("--layers", type=int, default=GPT2_SMALL["n_layer"], help="blocks (smoke tests: 1 or 2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="our path's compute dtype")
-    p.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
-                   help="force our path compiled or eager (default: as an extraction of 50,000 examples would)")
-    p.add_argument("--device", default="auto",
-                   help="auto (a CUDA GPU when present, else the CPU), cpu, cuda[:N], mps: our path, the HF rows and "
-                        "the roofline; ONNX Runtime and OpenVINO rows are CPU-only")
-    p.add_argument("--e2e-rows", default="4000,100000", help="rows of each end-to-end `reservoir extract` run")
+    p.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="our path's compute dtype"
+    )
+    p.add_argument(
+        "--compile",
+        default=None,
+        action=argparse.BooleanOptionalAction,
+        help="force our path compiled or eager (default: as an extraction of 50,000 examples would)",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (a CUDA GPU when present, else the CPU), cpu, cuda[:N], mps: our path, the HF rows and "
+        "the roofline; ONNX Runtime and OpenVINO rows are CPU-only",
+    )
+    p.add_argument(
+        "--e2e-rows", default="4000,100000", help="rows of each end-to-end `reservoir extract` run"
+    )
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end runs")
-    p.add_argument("--data-dir", type=Path, default=None,
-                   help="data folder holding MNIST for the end-to-end runs (default: reservoir's)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="data folder holding MNIST for the end-to-end runs (default: reservoir's)",
+    )
     p.add_argument("--verbose", action="store_true", help="print the feature error at every depth")
     args = p.parse_args(argv)
 
@@ -299,26 +370,46 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}")
     gpu = f" ({torch.cuda.get_device_name(DEVICE)})" if DEVICE.type == "cuda" else ""
-    print(f"cpu: {model}, {os.cpu_count()} CPUs; native float products: {', '.join(floats)}; --dtype auto -> "
-          f"{resolve_dtype('auto', DEVICE)} ({choose(DEVICE)[1]})")
+    print(
+        f"cpu: {model}, {os.cpu_count()} CPUs; native float products: {', '.join(floats)}; --dtype auto -> "
+        f"{resolve_dtype('auto', DEVICE)} ({choose(DEVICE)[1]})"
+    )
     have = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in FLAGS)
     print(f"cpu flags: {have}")
     print(f"versions: python {platform.python_version()}, {versions()}")
-    print(f"threads: {args.threads} (torch intra-op, ONNX Runtime intra-op, OpenVINO inference threads, "
-          f"OMP_NUM_THREADS of end-to-end runs); env OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    print(
+        f"threads: {args.threads} (torch intra-op, ONNX Runtime intra-op, OpenVINO inference threads, "
+        f"OMP_NUM_THREADS of end-to-end runs); env OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    )
     print(f"device: {DEVICE}{gpu}")
-    print(f"model: GPT-2 shape {shape}, random weights (gpt2-random's seeded initialisation, seed {args.seed}); "
-          f"depths 0..{n_layer}; inputs {args.tokens} tokens x {TOKEN_DIM} values in [0, 1]; batch {args.batch} "
-          f"(official: {BASELINE_BATCH})")
-    print(f"FLOPs per token: {flops / 1e6:.1f} M = {n_layer} x (2 x {12 * d * d / 1e6:.2f} M block matrix parameters "
-          f"+ 2 x (T+1) x d causal attention) + 2 x {TOKEN_DIM} x {d} input layer, T = {args.tokens}; "
-          f"with the full T x T attention (2 x 2 x T x d) it would be {flops_full / 1e6:.1f} M")
-    print(f"roofline: the fastest of {', '.join(floats)} torch.mm, 2048 x 2048, on {DEVICE}, measured each repetition")
+    print(
+        f"model: GPT-2 shape {shape}, random weights (gpt2-random's seeded initialisation, seed {args.seed}); "
+        f"depths 0..{n_layer}; inputs {args.tokens} tokens x {TOKEN_DIM} values in [0, 1]; batch {args.batch} "
+        f"(official: {BASELINE_BATCH})"
+    )
+    print(
+        f"FLOPs per token: {flops / 1e6:.1f} M = {n_layer} x (2 x {12 * d * d / 1e6:.2f} M block matrix parameters "
+        f"+ 2 x (T+1) x d causal attention) + 2 x {TOKEN_DIM} x {d} input layer, T = {args.tokens}; "
+        f"with the full T x T attention (2 x 2 x T x d) it would be {flops_full / 1e6:.1f} M"
+    )
+    print(
+        f"roofline: the fastest of {', '.join(floats)} torch.mm, 2048 x 2048, on {DEVICE}, measured each repetition"
+    )
     print(f"before: {load()}", flush=True)
 
     workdir = Path(tempfile.mkdtemp(prefix="reservoir-bench-"))
-    setup = Setup(shape, args.seed, args.tokens, TOKEN_DIM, args.batch, DEVICE, args.threads, workdir,
-                  ours_dtype=args.dtype, ours_compile=args.compile)
+    setup = Setup(
+        shape,
+        args.seed,
+        args.tokens,
+        TOKEN_DIM,
+        args.batch,
+        DEVICE,
+        args.threads,
+        workdir,
+        ours_dtype=args.dtype,
+        ours_compile=args.compile,
+    )
     results: list[Result] = []
     try:
         for name in (n for n in ROWS if n in only):
@@ -334,12 +425,21 @@ def main(argv: list[str] | None = None) -> int:
             measured = {f: matmul_rate(dtype=getattr(torch, f), device=DEVICE) for f in floats}
             peak_dtype = max(measured, key=measured.get)
             peaks.append(measured[peak_dtype])
-            print(f"rep {rep + 1}/{args.reps}: " + " | ".join(f"{r.name} {r.rates[-1]:.0f}" for r in live)
-                  + f" | roofline {peaks[-1] / flops:.0f} tok/s ({peak_dtype}; GFLOP/s "
-                  + ", ".join(f"{f} {v / 1e9:.0f}" for f, v in measured.items()) + f") | {load()}", flush=True)
-        roof = Result("roofline", f"{peak_dtype} torch.mm rate / FLOPs per token (the fastest float dtype measured)",
-                      peak_dtype, f"benchmarks/matmul.py's matmul_rate(2048, each of {floats})",
-                      rates=[p / flops for p in peaks])
+            print(
+                f"rep {rep + 1}/{args.reps}: "
+                + " | ".join(f"{r.name} {r.rates[-1]:.0f}" for r in live)
+                + f" | roofline {peaks[-1] / flops:.0f} tok/s ({peak_dtype}; GFLOP/s "
+                + ", ".join(f"{f} {v / 1e9:.0f}" for f, v in measured.items())
+                + f") | {load()}",
+                flush=True,
+            )
+        roof = Result(
+            "roofline",
+            f"{peak_dtype} torch.mm rate / FLOPs per token (the fastest float dtype measured)",
+            peak_dtype,
+            f"benchmarks/matmul.py's matmul_rate(2048, each of {floats})",
+            rates=[p / flops for p in peaks],
+        )
         results.append(roof)
         if E2E in only and not args.no_e2e:
             print(f"end to end: {load()}", flush=True)
@@ -373,44 +473,71 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(xs) if xs else float("nan")
 
     print()
-    print("| row | dtype | setup s | tokens/s | x official | x ours | % of roofline | feature error vs float32 "
-          "(max over depths) | note |")
+    print(
+        "| row | dtype | setup s | tokens/s | x official | x ours | % of roofline | feature error vs float32 "
+        "(max over depths) | note |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         err = "-" if r.errors is None else f"{max(r.errors):.2e}"
         note = r.status or ""
-        print(f"| {r.name} | {r.dtype} | {fmt(r.setup_s)} | {fmt(r.rate)} | {fmt(med(per_rep(r, base)), '.2f', 'x')} | "
-              f"{fmt(med(per_rep(r, ours)), '.2f', 'x')} | {fmt(100 * med(of_roof(r)), '.0f', '%')} | {err} | {note} |")
+        print(
+            f"| {r.name} | {r.dtype} | {fmt(r.setup_s)} | {fmt(r.rate)} | {fmt(med(per_rep(r, base)), '.2f', 'x')} | "
+            f"{fmt(med(per_rep(r, ours)), '.2f', 'x')} | {fmt(100 * med(of_roof(r)), '.0f', '%')} | {err} | {note} |"
+        )
     print()
     print("the issue's ratios (ours against the best peer of its kind, median of per-repetition ratios):")
     for mine, peers in (("ours", FLOAT_PEERS), ("ours-int8", INT8_PEERS), ("ours-int8-static", INT8_PEERS)):
         live = [by_name[n] for n in peers if n in by_name and by_name[n].rates]
         if mine in by_name and by_name[mine].rates and live:
             best = max(live, key=lambda r: r.rate)
-            print(f"  {mine} / {best.name} (the fastest of {', '.join(r.name for r in live)}): "
-                  f"{med(per_rep(by_name[mine], best)):.2f}x")
-    rivals = [by_name[n] for n in (f"ours-{f}" for f in ("float32", "bfloat16", "float16"))
-              if n in by_name and by_name[n].rates]
+            print(
+                f"  {mine} / {best.name} (the fastest of {', '.join(r.name for r in live)}): "
+                f"{med(per_rep(by_name[mine], best)):.2f}x"
+            )
+    rivals = [
+        by_name[n]
+        for n in (f"ours-{f}" for f in ("float32", "bfloat16", "float16"))
+        if n in by_name and by_name[n].rates
+    ]
     if "ours" in by_name and by_name["ours"].rates and rivals:
         best = max(rivals, key=lambda r: r.rate)
-        print(f"  ours (the default) / {best.name} (the fastest of {', '.join(r.name for r in rivals)}): "
-              f"{med(per_rep(by_name['ours'], best)):.2f}x")
-    for mine, peer in (("ours-int8", "ov-int8-dynamic"), ("ours-int8-static", "ov-int8")):  # the same kind of int8
+        print(
+            f"  ours (the default) / {best.name} (the fastest of {', '.join(r.name for r in rivals)}): "
+            f"{med(per_rep(by_name['ours'], best)):.2f}x"
+        )
+    for mine, peer in (
+        ("ours-int8", "ov-int8-dynamic"),
+        ("ours-int8-static", "ov-int8"),
+    ):  # the same kind of int8
         if all(n in by_name and by_name[n].rates for n in (mine, peer)):
-            print(f"  {mine} / {peer} (the same kind of int8): {med(per_rep(by_name[mine], by_name[peer])):.2f}x")
+            print(
+                f"  {mine} / {peer} (the same kind of int8): {med(per_rep(by_name[mine], by_name[peer])):.2f}x"
+            )
     print()
     print("per-repetition ratios (x official; x ours; fraction of roofline):")
     for r in results:
         if r.rates:
-            print(f"  {r.name}: " + "; ".join(" ".join(f"{x:.2f}" for x in xs) or "-"
-                                              for xs in (per_rep(r, base), per_rep(r, ours), of_roof(r))))
+            print(
+                f"  {r.name}: "
+                + "; ".join(
+                    " ".join(f"{x:.2f}" for x in xs) or "-"
+                    for xs in (per_rep(r, base), per_rep(r, ours), of_roof(r))
+                )
+            )
     print()
-    print("rows (setup s: building, exporting or compiling, and the first two calls; end to end: the whole job):")
+    print(
+        "rows (setup s: building, exporting or compiling, and the first two calls; end to end: the whole job):"
+    )
     for r in results:
-        print(f"- {r.name}: {r.help}" + (f"; {r.how}" if r.how else "") + (f" [{r.status}]" if r.status else ""))
-    print(f"- feature error: norm-wise |f - f32| / |f32| of each of the first {CHECK_ROWS} rows' features, averaged "
-          "over the rows, at each depth, against HF GPT2Model eager float32 on the CPU; official: not compared "
-          "(it keeps the hidden states without the final norm, as the official code does)")
+        print(
+            f"- {r.name}: {r.help}" + (f"; {r.how}" if r.how else "") + (f" [{r.status}]" if r.status else "")
+        )
+    print(
+        f"- feature error: norm-wise |f - f32| / |f32| of each of the first {CHECK_ROWS} rows' features, averaged "
+        "over the rows, at each depth, against HF GPT2Model eager float32 on the CPU; official: not compared "
+        "(it keeps the hidden states without the final norm, as the official code does)"
+    )
     if args.verbose:
         print()
         print("feature error per depth (depth 0 .. last):")

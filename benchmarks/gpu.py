@@ -39,9 +39,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -50,8 +51,15 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 #: the steps in the order they run, each with its time cap in seconds at the default budget (scaled to --budget)
 CAPS = {"env": 20, "roofline": 25, "test_cuda": 170, "extract": 90, "job": 80, "train": 50, "science": 45}
 #: the file each step writes
-FILES = {"env": "env.json", "roofline": "roofline.json", "test_cuda": "test_cuda.log", "extract": "extract.json",
-         "job": "job.json", "train": "train.json", "science": "science.log"}
+FILES = {
+    "env": "env.json",
+    "roofline": "roofline.json",
+    "test_cuda": "test_cuda.log",
+    "extract": "extract.json",
+    "job": "job.json",
+    "train": "train.json",
+    "science": "science.log",
+}
 SUMMARY = "summary.md"
 DEFAULT_BUDGET = 480
 #: a step given less than this many seconds is skipped
@@ -80,9 +88,22 @@ class Sizes:
 
 # -- the parent: runs each step in a child with a timeout -------------------------------------------------
 
+
 def child_command(step: str, args: argparse.Namespace, seconds: float) -> list[str]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--step", step, "--out", str(args.out),
-               "--device", args.device, "--seconds", f"{seconds:.0f}", "--work", str(args.work)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--step",
+        step,
+        "--out",
+        str(args.out),
+        "--device",
+        args.device,
+        "--seconds",
+        f"{seconds:.0f}",
+        "--work",
+        str(args.work),
+    ]
     return command + (["--small"] if args.small else [])
 
 
@@ -90,13 +111,24 @@ def run_step(step: str, args: argparse.Namespace, seconds: float) -> dict[str, A
     """Run ``step`` in a child for at most ``seconds``; its status, time and headline."""
     out = args.out / FILES[step]
     start = time.perf_counter()
-    env = dict(os.environ, RESERVOIR_HOME=str(args.work / "home"), RESERVOIR_CACHE=str(args.work / "cache"),
-               RESERVOIR_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        RESERVOIR_HOME=str(args.work / "home"),
+        RESERVOIR_CACHE=str(args.work / "cache"),
+        RESERVOIR_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
     log = args.work / f"{step}.stderr"
     try:
         with open(log, "w") as err:
-            done = subprocess.run(child_command(step, args, seconds), stdout=err, stderr=subprocess.STDOUT,
-                                  timeout=seconds, env=env, cwd=ROOT)
+            done = subprocess.run(
+                child_command(step, args, seconds),
+                stdout=err,
+                stderr=subprocess.STDOUT,
+                timeout=seconds,
+                env=env,
+                cwd=ROOT,
+            )
         status = "ok" if done.returncode == 0 else f"failed: exit {done.returncode}: {last_line(log)}"
     except subprocess.TimeoutExpired:
         status = f"skipped: out of time (stopped after {seconds:.0f} s)"
@@ -107,7 +139,9 @@ def run_step(step: str, args: argparse.Namespace, seconds: float) -> dict[str, A
 
 
 def last_line(path: Path) -> str:
-    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()] if path.exists() else []
+    lines = (
+        [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()] if path.exists() else []
+    )
     return lines[-1].strip()[:300] if lines else "no message"
 
 
@@ -134,8 +168,11 @@ def headline(step: str, out: Path) -> str:
     """One line of a step's results for the summary."""
     if step in ("test_cuda", "science"):
         lines = out.read_text(errors="replace").splitlines() if out.exists() else []
-        summary = [ln.strip("= ") for ln in lines if ln.startswith("=") and ("passed" in ln or "skipped" in ln
-                                                                            or "failed" in ln or "error" in ln)]
+        summary = [
+            ln.strip("= ")
+            for ln in lines
+            if ln.startswith("=") and ("passed" in ln or "skipped" in ln or "failed" in ln or "error" in ln)
+        ]
         return (summary or [last_line(out) if out.exists() else "-"])[-1]
     r = read_json(out)
     if step == "env":
@@ -143,19 +180,31 @@ def headline(step: str, out: Path) -> str:
     if step == "roofline":
         return ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in r.get("tflops", {}).items())
     if step == "extract":
-        return "; ".join(f"{name}: ours {s.get('ours_over_hf', '-')}x HF, {s.get('ours_of_roofline', '-')} of roofline"
-                         for name, s in r.get("shapes", {}).items())
+        return "; ".join(
+            f"{name}: ours {s.get('ours_over_hf', '-')}x HF, {s.get('ours_of_roofline', '-')} of roofline"
+            for name, s in r.get("shapes", {}).items()
+        )
     if step == "job":
         return f"{r.get('tokens_per_s', '-')} tokens/s over {r.get('rows', '-')} rows"
     if step == "train":
-        return "; ".join(f"{name}: {s.get('steps_per_s', '-')} steps/s" for name, s in r.get("tasks", {}).items())
+        return "; ".join(
+            f"{name}: {s.get('steps_per_s', '-')} steps/s" for name, s in r.get("tasks", {}).items()
+        )
     return ""
 
 
 def write_summary(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace, total: float) -> None:
-    lines = [f"# GPU check ({'small' if args.small else 'full'}, device {args.device}, budget {args.budget:.0f} s, "
-             f"took {total:.0f} s)", "", "| step | file | status | s | headline |", "|---|---|---|---|---|"]
-    lines += [f"| {r['step']} | {FILES[r['step']]} | {r['status']} | {r['seconds']} | {r['headline']} |" for r in rows]
+    lines = [
+        f"# GPU check ({'small' if args.small else 'full'}, device {args.device}, budget {args.budget:.0f} s, "
+        f"took {total:.0f} s)",
+        "",
+        "| step | file | status | s | headline |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['step']} | {FILES[r['step']]} | {r['status']} | {r['seconds']} | {r['headline']} |"
+        for r in rows
+    ]
     (out / SUMMARY).write_text("\n".join(lines) + "\n")
 
 
@@ -171,10 +220,12 @@ def run_all(args: argparse.Namespace) -> int:
     steps = list(CAPS)
     for i, step in enumerate(steps):
         left = args.budget - (time.perf_counter() - start)
-        later = steps[i + 1:]
+        later = steps[i + 1 :]
         # its cap while the later steps can still start, up to twice the cap from time the earlier steps left over
-        seconds = max(min(caps[step], left - MIN_STEP * len(later)),
-                      min(2 * caps[step], left - sum(caps[s] for s in later)))
+        seconds = max(
+            min(caps[step], left - MIN_STEP * len(later)),
+            min(2 * caps[step], left - sum(caps[s] for s in later)),
+        )
         if seconds < MIN_STEP:
             status = "skipped: out of time"
             record_failure(args.out / FILES[step], step, status, Path("/nonexistent"))
@@ -182,14 +233,18 @@ def run_all(args: argparse.Namespace) -> int:
         else:
             print(f"{step}: up to {seconds:.0f} s ...", file=sys.stderr, flush=True)
             rows.append(run_step(step, args, seconds))
-            print(f"{step}: {rows[-1]['status']} ({rows[-1]['seconds']} s) {rows[-1]['headline']}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"{step}: {rows[-1]['status']} ({rows[-1]['seconds']} s) {rows[-1]['headline']}",
+                file=sys.stderr,
+                flush=True,
+            )
     write_summary(args.out, rows, args, time.perf_counter() - start)
     print(args.out / SUMMARY)
     return 0
 
 
 # -- the children: one step each --------------------------------------------------------------------------
+
 
 def device_of(name: str):
     from reservoir.model.devices import resolve_device
@@ -210,23 +265,38 @@ def step_env(args, sizes: Sizes) -> dict[str, Any]:
     from reservoir.runtime.machine import describe
 
     device = device_of(args.device)
-    info: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda,
-                            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-                            "transformers": transformers.__version__, "python": platform.python_version(),
-                            "cpu": describe(), "card": None, "driver": driver_version()}
+    info: dict[str, Any] = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "cpu": describe(),
+        "card": None,
+        "driver": driver_version(),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info.update(card=props.name, capability=f"{props.major}.{props.minor}",
-                    memory_gib=round(props.total_memory / 2**30, 1), multiprocessors=props.multi_processor_count,
-                    devices=torch.cuda.device_count())
+        info.update(
+            card=props.name,
+            capability=f"{props.major}.{props.minor}",
+            memory_gib=round(props.total_memory / 2**30, 1),
+            multiprocessors=props.multi_processor_count,
+            devices=torch.cuda.device_count(),
+        )
     return info
 
 
 def driver_version() -> str | None:
     """The NVIDIA driver's version (``nvidia-smi``), or ``None`` where there is none."""
     try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10)
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
@@ -235,22 +305,28 @@ def driver_version() -> str | None:
 def roofline(device, n: int, seconds: float = 1.0) -> dict[str, float]:
     """FLOP/s of ``torch.mm`` on ``n x n`` matrices in bf16 and in IEEE float32 (TF32 off) on ``device``."""
     import torch
-
     from matmul import matmul_rate
+
     from reservoir.runtime.dtypes import strict_float32
 
     strict_float32()
-    return {name: matmul_rate(n, dtype, seconds, device) for name, dtype in
-            (("bfloat16", torch.bfloat16), ("float32", torch.float32))}
+    return {
+        name: matmul_rate(n, dtype, seconds, device)
+        for name, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32))
+    }
 
 
 def step_roofline(args, sizes: Sizes) -> dict[str, Any]:
     device = device_of(args.device)
     rates = roofline(device, sizes.matmul_n, sizes.matmul_s)
-    return {"device": str(device), "n": sizes.matmul_n, "tflops": {k: round(v / 1e12, 2) for k, v in rates.items()},
-            "how": f"benchmarks/matmul.py matmul_rate: torch.mm of two n x n matrices for about {sizes.matmul_s} s "
-                   "after one untimed; "
-                   "float32 with TF32 off (reservoir.runtime.dtypes.strict_float32)"}
+    return {
+        "device": str(device),
+        "n": sizes.matmul_n,
+        "tflops": {k: round(v / 1e12, 2) for k, v in rates.items()},
+        "how": f"benchmarks/matmul.py matmul_rate: torch.mm of two n x n matrices for about {sizes.matmul_s} s "
+        "after one untimed; "
+        "float32 with TF32 off (reservoir.runtime.dtypes.strict_float32)",
+    }
 
 
 def step_test_cuda(args, sizes: Sizes) -> None:
@@ -258,8 +334,12 @@ def step_test_cuda(args, sizes: Sizes) -> None:
     with open(args.out / FILES["test_cuda"], "w") as log:
         log.write("$ pytest -v -rs -p no:cacheprovider tests/test_cuda.py\n")
         log.flush()
-        done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider",
-                               "tests/test_cuda.py"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", "tests/test_cuda.py"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
         log.write(f"\npytest exit status {done.returncode}\n")
 
 
@@ -273,9 +353,9 @@ def in_time(seconds: float):
 def hf_sdpa(spec, shape: dict, seed: int, device, dtype):
     """The peer: a Hugging Face ``GPT2Model`` with ``gpt2-random``'s seeded weights, SDPA attention, in ``dtype``,
     behind the same input layer, every depth's last-token state through ``ln_f`` (``peers.Readout``)."""
+    from peers import Readout, frozen
     from transformers import GPT2Config, GPT2Model
 
-    from peers import Readout, frozen
     from reservoir.model.backbones import seeded
     from reservoir.model.input_layer import make_input_layer
 
@@ -290,8 +370,17 @@ def ours_runner(spec, shape: dict, seed: int, device, batch: int, compile: bool)
     from reservoir.runtime.runner import FeatureRunner
 
     backbone = random_gpt2(seed, **shape)
-    return FeatureRunner.build(spec, backbone, list(range(shape["n_layer"] + 1)), seed=seed, dtype="auto",
-                               compile=compile, batch_size=batch, device=device, engine="torch")
+    return FeatureRunner.build(
+        spec,
+        backbone,
+        list(range(shape["n_layer"] + 1)),
+        seed=seed,
+        dtype="auto",
+        compile=compile,
+        batch_size=batch,
+        device=device,
+        engine="torch",
+    )
 
 
 def shape_inputs(spec, batch: int, seed: int = 0):
@@ -305,7 +394,9 @@ def shape_inputs(spec, batch: int, seed: int = 0):
     return tokens, np.full(batch, spec.seq_len, dtype=np.int64)
 
 
-def measure_rows(rows: dict[str, Callable[[], Any]], device, reps: int, left: Callable[[], float]) -> dict[str, list[float]]:
+def measure_rows(
+    rows: dict[str, Callable[[], Any]], device, reps: int, left: Callable[[], float]
+) -> dict[str, list[float]]:
     """Seconds per call of each row, in interleaved repetitions after two untimed calls each, while time lasts."""
     import extract
 
@@ -321,19 +412,22 @@ def measure_rows(rows: dict[str, Callable[[], Any]], device, reps: int, left: Ca
     return times
 
 
-def one_shape(name: str, spec, sizes: Sizes, device, peak: float, left: Callable[[], float]) -> dict[str, Any]:
+def one_shape(
+    name: str, spec, sizes: Sizes, device, peak: float, left: Callable[[], float]
+) -> dict[str, Any]:
     """Ours (eager, then compiled while time lasts) against HF bf16 SDPA at one shape."""
     import statistics
 
     import numpy as np
     import torch
-
     from extract import flops_per_token
 
     shape, batch = sizes.shape, sizes.batch
     tokens, lengths = shape_inputs(spec, batch)
     d = shape["n_embd"]
-    flops = flops_per_token(shape["n_layer"], d, 4 * d, spec.seq_len, spec.token_dim if spec.token_kind == "dense" else 0)
+    flops = flops_per_token(
+        shape["n_layer"], d, 4 * d, spec.seq_len, spec.token_dim if spec.token_kind == "dense" else 0
+    )
     hf, attention = hf_sdpa(spec, shape, 0, device, torch.bfloat16)
     x = torch.from_numpy(tokens).to(device)
 
@@ -344,7 +438,9 @@ def one_shape(name: str, spec, sizes: Sizes, device, peak: float, left: Callable
     eager = ours_runner(spec, shape, 0, device, batch, compile=False)
     rows = {"hf-bf16-sdpa": hf_run, "ours-eager": lambda: eager(tokens, lengths)}
     if left() > 60 and not sizes.small:  # a cold compile takes tens of seconds
-        rows["ours-compiled"] = (lambda r: lambda: r(tokens, lengths))(ours_runner(spec, shape, 0, device, batch, True))
+        rows["ours-compiled"] = (lambda r: lambda: r(tokens, lengths))(
+            ours_runner(spec, shape, 0, device, batch, True)
+        )
     times = measure_rows(rows, device, sizes.reps, left)
     n = batch * spec.seq_len
     rates = {k: n / statistics.median(v) for k, v in times.items() if v}
@@ -352,13 +448,21 @@ def one_shape(name: str, spec, sizes: Sizes, device, peak: float, left: Callable
     got = eager(tokens[:16], lengths[:16])[:, :, 0]
     error = float((np.linalg.norm(got - ref, axis=-1) / np.linalg.norm(ref, axis=-1)).max())
     best = max((r for k, r in rates.items() if k.startswith("ours")), default=float("nan"))
-    return {"seq_len": spec.seq_len, "tokens": spec.token_kind, "batch": batch, "depths": shape["n_layer"] + 1,
-            "dtype_ours": eager.dtype_name, "attention_hf": attention, "flops_per_token": flops,
-            "tokens_per_s": {k: round(v) for k, v in rates.items()},
-            "ours_over_hf": round(best / rates["hf-bf16-sdpa"], 3) if "hf-bf16-sdpa" in rates else None,
-            "ours_of_roofline": f"{100 * best * flops / peak:.1f}%",
-            "of_roofline": {k: round(v * flops / peak, 4) for k, v in rates.items()},
-            "feature_error_ours_vs_hf": round(error, 5), "repetitions": {k: len(v) for k, v in times.items()}}
+    return {
+        "seq_len": spec.seq_len,
+        "tokens": spec.token_kind,
+        "batch": batch,
+        "depths": shape["n_layer"] + 1,
+        "dtype_ours": eager.dtype_name,
+        "attention_hf": attention,
+        "flops_per_token": flops,
+        "tokens_per_s": {k: round(v) for k, v in rates.items()},
+        "ours_over_hf": round(best / rates["hf-bf16-sdpa"], 3) if "hf-bf16-sdpa" in rates else None,
+        "ours_of_roofline": f"{100 * best * flops / peak:.1f}%",
+        "of_roofline": {k: round(v * flops / peak, 4) for k, v in rates.items()},
+        "feature_error_ours_vs_hf": round(error, 5),
+        "repetitions": {k: len(v) for k, v in times.items()},
+    }
 
 
 def step_extract(args, sizes: Sizes) -> dict[str, Any]:
@@ -366,10 +470,16 @@ def step_extract(args, sizes: Sizes) -> dict[str, Any]:
 
     device = device_of(args.device)
     peak = roofline(device, sizes.matmul_n, sizes.matmul_s / 2)["bfloat16"]
-    shapes = {"mnist": TaskSpec("mnist", "dense", seq_len=64, n_classes=10, token_dim=16),
-              "listops": TaskSpec("listops", "ids", seq_len=sizes.listops_len, n_classes=10, vocab_size=16)}
-    result: dict[str, Any] = {"device": str(device), "model": sizes.shape, "roofline_bf16_tflops": round(peak / 1e12, 2),
-                              "shapes": {}}
+    shapes = {
+        "mnist": TaskSpec("mnist", "dense", seq_len=64, n_classes=10, token_dim=16),
+        "listops": TaskSpec("listops", "ids", seq_len=sizes.listops_len, n_classes=10, vocab_size=16),
+    }
+    result: dict[str, Any] = {
+        "device": str(device),
+        "model": sizes.shape,
+        "roofline_bf16_tflops": round(peak / 1e12, 2),
+        "shapes": {},
+    }
     with in_time(args.seconds - 5) as left:
         for name, spec in shapes.items():
             if left() < 15:
@@ -378,7 +488,9 @@ def step_extract(args, sizes: Sizes) -> dict[str, Any]:
             try:
                 result["shapes"][name] = one_shape(name, spec, sizes, device, peak, left)
             except Exception as e:  # noqa: BLE001 - one shape's failure is recorded, the other still runs
-                result["shapes"][name] = {"status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+                result["shapes"][name] = {
+                    "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                }
             write_json(args.out / FILES["extract"], result)  # kept if the next shape runs out of time
     return result
 
@@ -402,19 +514,42 @@ def step_job(args, sizes: Sizes) -> dict[str, Any]:
     marks: dict[str, Any] = {"calls": [], "writer_wait": 0.0}
     imported = time.perf_counter()
     from reservoir.cli import main as cli
+
     imported = time.perf_counter() - imported
     patch_phases(marks)
-    argv = ["extract", "--task", task, "--split", "train", "--limit", str(sizes.job_rows), "--backbone", backbone,
-            "--device", args.device, "--out", str(args.work / "job.h5"), "--force"]
+    argv = [
+        "extract",
+        "--task",
+        task,
+        "--split",
+        "train",
+        "--limit",
+        str(sizes.job_rows),
+        "--backbone",
+        backbone,
+        "--device",
+        args.device,
+        "--out",
+        str(args.work / "job.h5"),
+        "--force",
+    ]
     err = io.StringIO()
     begin = time.perf_counter()
     with redirect_stderr(err):
         cli(argv, prog_name="reservoir", standalone_mode=False)
     end = time.perf_counter()
-    return {"command": "reservoir " + " ".join(argv), "rows": sizes.job_rows, "tokens": sizes.job_rows * 64,
-            "seconds": round(end - begin, 2), "tokens_per_s": round(sizes.job_rows * 64 / (end - begin)),
-            "data_written_s": round(made, 1), "phases": phases(marks, begin, end, imported),
-            "log": [ln for ln in err.getvalue().replace("\r", "\n").splitlines() if ln.strip() and "%|" not in ln][-20:]}
+    return {
+        "command": "reservoir " + " ".join(argv),
+        "rows": sizes.job_rows,
+        "tokens": sizes.job_rows * 64,
+        "seconds": round(end - begin, 2),
+        "tokens_per_s": round(sizes.job_rows * 64 / (end - begin)),
+        "data_written_s": round(made, 1),
+        "phases": phases(marks, begin, end, imported),
+        "log": [
+            ln for ln in err.getvalue().replace("\r", "\n").splitlines() if ln.strip() and "%|" not in ln
+        ][-20:],
+    }
 
 
 def patch_phases(marks: dict[str, Any]) -> None:
@@ -422,8 +557,12 @@ def patch_phases(marks: dict[str, Any]) -> None:
     from reservoir.extract import run as run_module
     from reservoir.runtime.runner import FeatureRunner
 
-    prepare, run_async, submit, drain = (run_module.prepare, FeatureRunner.run_async, run_module.BackgroundWriter.submit,
-                                         run_module.BackgroundWriter.drain)
+    prepare, run_async, submit, drain = (
+        run_module.prepare,
+        FeatureRunner.run_async,
+        run_module.BackgroundWriter.submit,
+        run_module.BackgroundWriter.drain,
+    )
 
     def timed_prepare(*a, **k):
         out = prepare(*a, **k)
@@ -453,9 +592,13 @@ def phases(marks: dict[str, Any], begin: float, end: float, imported: float) -> 
     out = {"imports_s": round(imported, 2), "preparing_s": round(marks.get("prepared", begin) - begin, 2)}
     if len(calls) >= 3:
         steady_rows = sum(n for _, n in calls[2:])
-        out.update(probe_and_decision_s=round(at[1] - at[0], 2), first_batch_after_decision_s=round(at[2] - at[1], 2),
-                   steady_s=round(at[-1] - at[2], 2), steady_tokens_per_s=round(steady_rows * 64 / (at[-1] - at[2])),
-                   batches=len(calls))
+        out.update(
+            probe_and_decision_s=round(at[1] - at[0], 2),
+            first_batch_after_decision_s=round(at[2] - at[1], 2),
+            steady_s=round(at[-1] - at[2], 2),
+            steady_tokens_per_s=round(steady_rows * 64 / (at[-1] - at[2])),
+            batches=len(calls),
+        )
     out.update(waiting_for_writer_s=round(marks["writer_wait"], 2), finishing_s=round(end - at[-1], 2))
     return out
 
@@ -472,7 +615,9 @@ def tiny_folder(work: Path) -> str:
     return str(folder)
 
 
-def train_rate(task_name: str, backbone: str, device, batch: int, left: Callable[[], float], steps: int) -> dict:
+def train_rate(
+    task_name: str, backbone: str, device, batch: int, left: Callable[[], float], steps: int
+) -> dict:
     """Steps/s of :func:`reservoir.train.train_step` (the loop's step) on fixed batches of the task's train split."""
     import numpy as np
     import torch
@@ -483,7 +628,10 @@ def train_rate(task_name: str, backbone: str, device, batch: int, left: Callable
     from reservoir.tasks import get_task
     from reservoir.train import FPT, batch_tensors, select_trainable, train_step
 
-    task, frozen = get_task(task_name, n_train=str(4 * batch)), load_backbone(backbone, 0)  # 4 batches: generated fast
+    task, frozen = (
+        get_task(task_name, n_train=str(4 * batch)),
+        load_backbone(backbone, 0),
+    )  # 4 batches: generated fast
     model = FPT(task.spec, frozen, blocks=frozen.n_layers, seed=0).to(device)
     params, _ = select_trainable(model, TrainConfig(task_name, backbone).trainable)
     opt = torch.optim.Adam(params, lr=1e-4)
@@ -500,8 +648,15 @@ def train_rate(task_name: str, backbone: str, device, batch: int, left: Callable
         done += 1
     sync(device)
     rate = done / (time.perf_counter() - start)
-    return {"dtype": dtype, "batch": batch, "seq_len": task.spec.seq_len, "steps": done, "steps_per_s": round(rate, 2),
-            "examples_per_s": round(rate * batch, 1), "trainable": list(TrainConfig(task_name, backbone).trainable)}
+    return {
+        "dtype": dtype,
+        "batch": batch,
+        "seq_len": task.spec.seq_len,
+        "steps": done,
+        "steps_per_s": round(rate, 2),
+        "examples_per_s": round(rate * batch, 1),
+        "trainable": list(TrainConfig(task_name, backbone).trainable),
+    }
 
 
 def step_train(args, sizes: Sizes) -> dict[str, Any]:
@@ -514,10 +669,13 @@ def step_train(args, sizes: Sizes) -> dict[str, Any]:
                 result["tasks"][name] = {"status": "skipped: out of time"}
                 continue
             try:
-                result["tasks"][name] = train_rate(name, backbone, device, sizes.train_batch, left,
-                                                   steps=sizes.train_steps)
+                result["tasks"][name] = train_rate(
+                    name, backbone, device, sizes.train_batch, left, steps=sizes.train_steps
+                )
             except Exception as e:  # noqa: BLE001 - one task's failure is recorded, the other still runs
-                result["tasks"][name] = {"status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+                result["tasks"][name] = {
+                    "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                }
             write_json(args.out / FILES["train"], result)
     return result
 
@@ -534,6 +692,7 @@ def step_science(args, sizes: Sizes) -> None:
     depths = "0,3,6,9,12" if not sizes.small else "all"
     limit = sizes.science_rows
     with open(args.out / FILES["science"], "w") as log:
+
         def say(text: str) -> None:
             log.write(text + "\n")
             log.flush()
@@ -542,27 +701,45 @@ def step_science(args, sizes: Sizes) -> None:
         files = {}
         for device in dict.fromkeys((args.device, "cpu")):
             start = time.perf_counter()
-            files[device] = api.extract("digits", backbone, dtype="float32", depths=depths, device=device, limit=limit,
-                                        out=args.work / f"science-{device.replace(':', '')}.h5")
+            files[device] = api.extract(
+                "digits",
+                backbone,
+                dtype="float32",
+                depths=depths,
+                device=device,
+                limit=limit,
+                out=args.work / f"science-{device.replace(':', '')}.h5",
+            )
             say(f"extract on {device}: {time.perf_counter() - start:.1f} s -> {files[device]}")
         with h5py.File(files[args.device]) as a, h5py.File(files["cpu"]) as b:
             for split in ("train", "test"):
                 x, y = a[split]["features"][:], b[split]["features"][:]
                 err = np.linalg.norm(x - y, axis=-1) / np.maximum(np.linalg.norm(y, axis=-1), 1e-12)
-                say(f"{split}: largest relative difference per depth, {args.device} vs cpu: "
-                    + ", ".join(f"{v:.1e}" for v in err.reshape(len(err), err.shape[1], -1).max(axis=(0, 2))))
+                say(
+                    f"{split}: largest relative difference per depth, {args.device} vs cpu: "
+                    + ", ".join(f"{v:.1e}" for v in err.reshape(len(err), err.shape[1], -1).max(axis=(0, 2)))
+                )
         for device, path in files.items():
             results = api.fit(features=path, head="ridge", depths="all", baselines=False)
-            say(f"ridge test accuracy per depth, features from {device}: "
-                + ", ".join(f"{r['depth']}: {100 * r['test_accuracy']:.1f}%" for r in results))
+            say(
+                f"ridge test accuracy per depth, features from {device}: "
+                + ", ".join(f"{r['depth']}: {100 * r['test_accuracy']:.1f}%" for r in results)
+            )
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
     path.write_text(json.dumps(value, indent=1, default=str))
 
 
-STEPS: dict[str, Callable] = {"env": step_env, "roofline": step_roofline, "test_cuda": step_test_cuda,
-                              "extract": step_extract, "job": step_job, "train": step_train, "science": step_science}
+STEPS: dict[str, Callable] = {
+    "env": step_env,
+    "roofline": step_roofline,
+    "test_cuda": step_test_cuda,
+    "extract": step_extract,
+    "job": step_job,
+    "train": step_train,
+    "science": step_science,
+}
 
 
 def run_child(args: argparse.Namespace) -> int:
@@ -574,19 +751,29 @@ def run_child(args: argparse.Namespace) -> int:
 
 # -- options ---------------------------------------------------------------------------------------------
 
+
 def fail(message: str) -> int:
     print(f"Error: {message}", file=sys.stderr)
     return 1
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=os.environ.get("OUT") or None,
-                   help="folder for the (at most 8) result files (default: $OUT)")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=os.environ.get("OUT") or None,
+        help="folder for the (at most 8) result files (default: $OUT)",
+    )
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET, help="seconds for every step together")
-    p.add_argument("--small", action="store_true", help="a tiny model and tiny sizes (runs on a CPU in under a minute)")
-    p.add_argument("--device", default="auto", help="auto (a CUDA GPU when present, else the CPU), cpu, cuda[:N]")
+    p.add_argument(
+        "--small", action="store_true", help="a tiny model and tiny sizes (runs on a CPU in under a minute)"
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (a CUDA GPU when present, else the CPU), cpu, cuda[:N]"
+    )
     p.add_argument("--step", choices=list(STEPS), help=argparse.SUPPRESS)  # a child: run one step
     p.add_argument("--seconds", type=float, default=60, help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, default=None, help=argparse.SUPPRESS)
@@ -602,7 +789,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        return fail(f"cannot create the output folder {args.out} ({e.strerror}); pass --out a folder you can write")
+        return fail(
+            f"cannot create the output folder {args.out} ({e.strerror}); pass --out a folder you can write"
+        )
     if args.step:
         return run_child(args)
     from reservoir.errors import ReservoirError

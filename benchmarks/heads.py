@@ -50,8 +50,8 @@ from threadpoolctl import threadpool_info, threadpool_limits
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reservoir.probe import heads  # noqa: E402
 from reservoir.config import default_data_dir  # noqa: E402
+from reservoir.probe import heads  # noqa: E402
 from reservoir.runtime.machine import describe, load  # noqa: E402
 from reservoir.tasks import get_task  # noqa: E402
 
@@ -64,14 +64,19 @@ NEIGHBOURS = ("none started", "busy process, same session", "busy process, own s
 
 def threads_line() -> str:
     libs = ", ".join(f"{lib['prefix']} ({lib['user_api']}) {lib['num_threads']}" for lib in threadpool_info())
-    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-                   if k in os.environ)
+    env = " ".join(
+        f"{k}={os.environ[k]}"
+        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+        if k in os.environ
+    )
     return f"threads: {libs}; torch {torch.get_num_threads()}; env {env or 'unset'}"
 
 
 def busy_jiffies() -> int:
     """Non-idle CPU time of the whole machine, in clock ticks (user, nice, system, irq, softirq)."""
-    user, nice, system, _idle, _iowait, irq, softirq, *_ = map(int, Path("/proc/stat").read_text().split()[1:11])
+    user, nice, system, _idle, _iowait, irq, softirq, *_ = map(
+        int, Path("/proc/stat").read_text().split()[1:11]
+    )
     return user + nice + system + irq + softirq
 
 
@@ -86,8 +91,9 @@ def timed(fn):
 
 def load_ref(ref: str) -> types.ModuleType:
     """``reservoir/heads.py`` of git revision ``ref`` as a module of its own (the working tree is untouched)."""
-    source = subprocess.run(["git", "show", f"{ref}:reservoir/heads.py"], cwd=ROOT, check=True, capture_output=True,
-                            text=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{ref}:reservoir/heads.py"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
     name = f"heads_at_{ref}"
     module = types.ModuleType(name)
     module.__file__ = f"{ref}:reservoir/heads.py"
@@ -99,12 +105,14 @@ def load_ref(ref: str) -> types.ModuleType:
 def features(images: np.ndarray, depth: int, dims: int = 768) -> np.ndarray:
     """``(N, 1, dims)`` float32: pixels through the seeded ``tanh`` projection of ``depth``."""
     rng = np.random.default_rng(depth)
-    proj = rng.standard_normal((images[0].size, dims), dtype=np.float32) * np.float32(3 / np.sqrt(images[0].size))
+    proj = rng.standard_normal((images[0].size, dims), dtype=np.float32) * np.float32(
+        3 / np.sqrt(images[0].size)
+    )
     bias = rng.standard_normal(dims, dtype=np.float32) * np.float32(0.5)
     out = np.empty((len(images), 1, dims), np.float32)
     for i in range(0, len(images), 10_000):
-        x = images[i:i + 10_000].reshape(-1, images[0].size).astype(np.float32) / 255 - np.float32(0.13)
-        out[i:i + 10_000, 0] = np.tanh(x @ proj + bias)
+        x = images[i : i + 10_000].reshape(-1, images[0].size).astype(np.float32) / 255 - np.float32(0.13)
+        out[i : i + 10_000, 0] = np.tanh(x @ proj + bias)
     return out
 
 
@@ -116,10 +124,15 @@ def compare(label: str, head: str, depths: list[int], data, versions: dict) -> d
         X_train, y_train, X_test, y_test = data(depth)
         order = list(versions) if i % 2 == 0 else list(versions)[::-1]
         for name in order:
-            res, wall, others = timed(lambda: versions[name].fit_depth(head, X_train, y_train, X_test, y_test, seed=0))
+            res, wall, others = timed(
+                lambda v=versions[name], d=(X_train, y_train, X_test, y_test): v.fit_depth(head, *d, seed=0)
+            )
             rows[name].append((wall, others, res))
-            print(f"# {label} depth {depth} {name}: {wall:.2f} s, {res['hyperparameters']}, "
-                  f"test {res['test_accuracy']:.4f}, other processes {others:.2f} cores", flush=True)
+            print(
+                f"# {label} depth {depth} {name}: {wall:.2f} s, {res['hyperparameters']}, "
+                f"test {res['test_accuracy']:.4f}, other processes {others:.2f} cores",
+                flush=True,
+            )
     return rows
 
 
@@ -138,14 +151,18 @@ def part_threads(train_images, train_labels, reps: int) -> list[str]:
     def ridge():
         heads.RidgeStats.zeros(big.shape[1], 10).add(big, onehot).decompose()
 
-    works = {f"logreg fit, {len(Z):,} x {Z.shape[1]}": logreg,
-             f"ridge stats + eigh, {len(big):,} x {big.shape[1]}": ridge}
+    works = {
+        f"logreg fit, {len(Z):,} x {Z.shape[1]}": logreg,
+        f"ridge stats + eigh, {len(big):,} x {big.shape[1]}": ridge,
+    }
     results = {}
     for neighbour in NEIGHBOURS:
         proc = None
         if neighbour != NEIGHBOURS[0]:
             env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-            proc = subprocess.Popen([sys.executable, "-c", BUSY], env=env, start_new_session="own" in neighbour)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", BUSY], env=env, start_new_session="own" in neighbour
+            )
             time.sleep(1.0)
         try:
             for _ in range(reps):
@@ -154,26 +171,35 @@ def part_threads(train_images, train_labels, reps: int) -> list[str]:
                         with threadpool_limits(limits=limit):
                             _, wall, others = timed(fn)
                         results.setdefault((work, neighbour, limit), []).append((wall, others))
-                        print(f"# threads {work}, {neighbour}, limit {limit}: {wall:.2f} s, "
-                              f"other processes {others:.2f} cores", flush=True)
+                        print(
+                            f"# threads {work}, {neighbour}, limit {limit}: {wall:.2f} s, "
+                            f"other processes {others:.2f} cores",
+                            flush=True,
+                        )
         finally:
             if proc is not None:
                 proc.terminate()
                 proc.wait()
-    lines = ["| work | neighbour we start | threads | seconds: median (min to max) | other processes (cores, median) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| work | neighbour we start | threads | seconds: median (min to max) | other processes (cores, median) |",
+        "|---|---|---|---|---|",
+    ]
     default = max(lib["num_threads"] for lib in threadpool_info())
     for (work, neighbour, limit), runs in results.items():
         walls = [w for w, _ in runs]
-        lines.append(f"| {work} | {neighbour} | {f'{default} (default)' if limit is None else limit} | "
-                     f"{statistics.median(walls):.2f} ({min(walls):.2f} to {max(walls):.2f}) | "
-                     f"{statistics.median(o for _, o in runs):.2f} |")
+        lines.append(
+            f"| {work} | {neighbour} | {f'{default} (default)' if limit is None else limit} | "
+            f"{statistics.median(walls):.2f} ({min(walls):.2f} to {max(walls):.2f}) | "
+            f"{statistics.median(o for _, o in runs):.2f} |"
+        )
     return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data-dir", type=Path, default=default_data_dir(), help="folder holding mnist/ [default: data]")
+    p.add_argument(
+        "--data-dir", type=Path, default=default_data_dir(), help="folder holding mnist/ [default: data]"
+    )
     p.add_argument("--ref", default=None, help="git revision whose fit_depth is timed too (before/after)")
     p.add_argument("--parts", default="logreg,ridge", help="comma-separated: logreg, ridge, threads")
     p.add_argument("--depths", type=int, default=13, help="logreg depths (0..N-1)")
@@ -182,9 +208,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ridge-train", type=int, default=50000)
     p.add_argument("--ridge-depths", type=int, default=3)
     p.add_argument("--reps", type=int, default=3, help="repetitions of each threads measurement")
-    p.add_argument("--features", type=Path, default=None,
-                   help="a feature file (`reservoir extract` output): the logreg part fits its depths (first --train "
-                        "train rows, first --test test rows) instead of projected pixels")
+    p.add_argument(
+        "--features",
+        type=Path,
+        default=None,
+        help="a feature file (`reservoir extract` output): the logreg part fits its depths (first --train "
+        "train rows, first --test test rows) instead of projected pixels",
+    )
     args = p.parse_args(argv)
     parts = args.parts.split(",")
     if unknown := set(parts) - {"logreg", "ridge", "threads"}:
@@ -192,8 +222,10 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"# benchmarks/heads.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(f"# {describe()}")
-    print(f"# torch {torch.__version__}, numpy {np.__version__}, scipy {scipy.__version__}, "
-          f"scikit-learn {sklearn.__version__}, threadpoolctl {threadpoolctl.__version__}")
+    print(
+        f"# torch {torch.__version__}, numpy {np.__version__}, scipy {scipy.__version__}, "
+        f"scikit-learn {sklearn.__version__}, threadpoolctl {threadpoolctl.__version__}"
+    )
     print(f"# {threads_line()}; fit_depth limits to heads.head_threads() = {heads.head_threads()}")
     print(f"# before: {load()}", flush=True)
 
@@ -204,11 +236,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.ref:
         versions = {f"before ({args.ref})": load_ref(args.ref), "after": heads}
     table = []
-    for head, label, n, depths in (("logreg", "logreg", args.train, args.depths),
-                                   ("ridge", "ridge", args.ridge_train, args.ridge_depths)):
+    for head, label, n, depths in (
+        ("logreg", "logreg", args.train, args.depths),
+        ("ridge", "ridge", args.ridge_train, args.ridge_depths),
+    ):
         if label not in parts:
             continue
-        sub = dataclasses.replace(train, inputs=train.inputs[:n], labels=train.labels[:n], lengths=train.lengths[:n])
+        sub = dataclasses.replace(
+            train, inputs=train.inputs[:n], labels=train.labels[:n], lengths=train.lengths[:n]
+        )
 
         def projected(depth, sub=sub):
             return features(sub.inputs, depth), sub.labels, features(test.inputs, depth), test.labels
@@ -219,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
             with open_features(args.features) as f:
                 X_train, y_train = read_depth(f, "train", depth)
                 X_test, y_test = read_depth(f, "test", depth)
-            return X_train[:n], y_train[:n], X_test[:args.test], y_test[:args.test]
+            return X_train[:n], y_train[:n], X_test[: args.test], y_test[: args.test]
 
         data = stored if (args.features and head == "logreg") else projected
         rows = compare(label, head, list(range(depths)), data, versions)
@@ -227,8 +263,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if table:
         names = list(versions)
-        print(f"\n| head | train x dims | depths | {' | '.join(f'{n} s' for n in names)} | "
-              f"{'before / after | ' if args.ref else ''}same choice, max test diff | other processes (cores) |")
+        print(
+            f"\n| head | train x dims | depths | {' | '.join(f'{n} s' for n in names)} | "
+            f"{'before / after | ' if args.ref else ''}same choice, max test diff | other processes (cores) |"
+        )
         print("|---|---|---|" + "---|" * (len(names) + (3 if args.ref else 2)))
         for head, n, depths, rows in table:
             total = {name: sum(w for w, _, _ in rows[name]) for name in names}
@@ -241,11 +279,17 @@ def main(argv: list[str] | None = None) -> None:
             diff = max(abs(a[2]["test_accuracy"] - b[2]["test_accuracy"]) for a, b in zip(first, last))
             others = statistics.median(o for name in names for _, o, _ in rows[name])
             what = f"{depths} (total)" if head == "logreg" else f"{depths} (median per depth)"
-            print(f"| {head} | {n:,} x 768 | {what} | {cells} | {ratio}{'yes' if same else 'no'}, "
-                  f"{100 * diff:.2f} pt | {others:.2f} |")
+            print(
+                f"| {head} | {n:,} x 768 | {what} | {cells} | {ratio}{'yes' if same else 'no'}, "
+                f"{100 * diff:.2f} pt | {others:.2f} |"
+            )
     if "threads" in parts:
         print()
-        print("\n".join(part_threads(train.inputs[:args.ridge_train], train.labels[:args.ridge_train], args.reps)))
+        print(
+            "\n".join(
+                part_threads(train.inputs[: args.ridge_train], train.labels[: args.ridge_train], args.reps)
+            )
+        )
     print(f"# after: {load()}")
 
 

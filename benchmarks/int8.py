@@ -34,7 +34,7 @@ import copy
 import statistics
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -50,8 +50,12 @@ def conv1d_to_linear(model: nn.Module) -> nn.Module:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is Conv1D:
-                linear = nn.Linear(child.weight.shape[0], child.weight.shape[1], dtype=child.weight.dtype,
-                                   device=child.weight.device)
+                linear = nn.Linear(
+                    child.weight.shape[0],
+                    child.weight.shape[1],
+                    dtype=child.weight.dtype,
+                    device=child.weight.device,
+                )
                 with torch.no_grad():
                     linear.weight.copy_(child.weight.t())
                     linear.bias.copy_(child.bias)
@@ -95,6 +99,7 @@ def candidates(base: nn.Module, args: tuple, bf16: bool) -> dict[str, Callable[[
     def cast(dtype):
         def run(model):
             return lambda x_, lengths_, readout_: model(x_.to(dtype), lengths_, readout_)
+
         return run
 
     def copy_as(dtype=torch.float32, linear=False):
@@ -116,7 +121,9 @@ def candidates(base: nn.Module, args: tuple, bf16: bool) -> dict[str, Callable[[
     def ao_dynamic():
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-        torch.backends.quantized.engine = "x86" if "x86" in torch.backends.quantized.supported_engines else "fbgemm"
+        torch.backends.quantized.engine = (
+            "x86" if "x86" in torch.backends.quantized.supported_engines else "fbgemm"
+        )
         return quantize_dynamic(copy_as(linear=True), {nn.Linear: per_channel_dynamic_qconfig})
 
     def torchao_int8(dtype):
@@ -128,14 +135,19 @@ def candidates(base: nn.Module, args: tuple, bf16: bool) -> dict[str, Callable[[
             model = copy_as(dtype, linear=True)
             quantize_(model, Int8DynamicActivationInt8WeightConfig())
             return cast(dtype)(compiled(model))
+
         return build
 
     def pt2e():
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
         from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
 
-        torch._inductor.config.freezing = True  # the int8 lowering passes read the global flag, not compile options
-        quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config(is_dynamic=True))
+        torch._inductor.config.freezing = (
+            True  # the int8 lowering passes read the global flag, not compile options
+        )
+        quantizer = xiq.X86InductorQuantizer().set_global(
+            xiq.get_default_x86_inductor_quantization_config(is_dynamic=True)
+        )
         with torch.no_grad():
             exported = torch.export.export(copy_as(linear=True), args).module()
             prepared = prepare_pt2e(exported, quantizer)
@@ -162,7 +174,9 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=None, help="blocks to run (default: all)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--backbone", default="gpt2-random")
-    p.add_argument("--only", nargs="*", default=None, help="run only candidates whose name contains one of these")
+    p.add_argument(
+        "--only", nargs="*", default=None, help="run only candidates whose name contains one of these"
+    )
     a = p.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(a.threads)
@@ -173,11 +187,14 @@ def main() -> None:
 
     try:
         import torchao
+
         ao_version = torchao.__version__
     except Exception as e:  # noqa: BLE001 - an optional library: report, never fail
         ao_version = f"not available ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     print(f"cpu: {describe()}")
-    print(f"torch {torch.__version__}, torchao {ao_version}, quantized engines {torch.backends.quantized.supported_engines}")
+    print(
+        f"torch {torch.__version__}, torchao {ao_version}, quantized engines {torch.backends.quantized.supported_engines}"
+    )
     print(f"{load()}; threads {a.threads}")
 
     backbone = load_backbone(a.backbone).eval()
@@ -195,10 +212,14 @@ def main() -> None:
 
     with torch.inference_mode():
         reference = base(*args)
-    print("batch dep.: largest relative change of a row's features when the other rows of its batch change\n"
-          "(per-tensor activation scales make features depend on batch composition; per-token ones do not)")
-    print(f"{'candidate':34} {'first s':>8} {'tokens/s':>9} {'x f32':>6} {'batch dep.':>10}  rel. error vs float32 "
-          "at depth " + " ".join(f"{d:>6}" for d in depths))
+    print(
+        "batch dep.: largest relative change of a row's features when the other rows of its batch change\n"
+        "(per-tensor activation scales make features depend on batch composition; per-token ones do not)"
+    )
+    print(
+        f"{'candidate':34} {'first s':>8} {'tokens/s':>9} {'x f32':>6} {'batch dep.':>10}  rel. error vs float32 "
+        "at depth " + " ".join(f"{d:>6}" for d in depths)
+    )
     f32_rate = None
     for name, build in candidates(base, args, bf16_native()).items():
         if a.only and not any(o in name for o in a.only):
@@ -209,7 +230,7 @@ def main() -> None:
             with torch.inference_mode():
                 out = fn(*args)
                 # same shapes (no recompile), other rows: the second half of the batch 5x larger
-                other = fn(torch.cat([x[: a.batch // 2], 5 * x[a.batch // 2:]]), *args[1:])
+                other = fn(torch.cat([x[: a.batch // 2], 5 * x[a.batch // 2 :]]), *args[1:])
         except Exception as e:  # noqa: BLE001 - a candidate that cannot run here is reported
             print(f"{name:34} skipped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200])
             continue
@@ -219,8 +240,11 @@ def main() -> None:
         half = a.batch // 2
         shared = float(((other[:half] - out[:half]).norm(dim=-1) / out[:half].norm(dim=-1)).max())
         ratio = f"{rate / f32_rate:6.2f}" if f32_rate else "     ?"
-        print(f"{name:34} {first:8.1f} {rate:9.0f} {ratio} {shared:10.1e}  " + " ".join(f"{float(e):6.4f}" for e in err),
-              flush=True)
+        print(
+            f"{name:34} {first:8.1f} {rate:9.0f} {ratio} {shared:10.1e}  "
+            + " ".join(f"{float(e):6.4f}" for e in err),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

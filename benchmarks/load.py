@@ -61,7 +61,9 @@ def watch(command: list[str], total: int, env: dict[str, str]) -> tuple[list[dic
     """Run ``command`` under a pseudo-terminal; at 10%, 50% and 100% of ``total`` rows: seconds, rows/s since
     the previous point, peak memory. Returns the points and the command's last output line."""
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))  # a terminal's width for the bar
+    fcntl.ioctl(
+        slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0)
+    )  # a terminal's width for the bar
     start = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=slave, env=env, text=True)
     os.close(slave)
@@ -83,9 +85,15 @@ def watch(command: list[str], total: int, env: dict[str, str]) -> tuple[list[dic
             rows = sum(done.values())
             while pending and rows >= pending[0] * total:
                 now = time.perf_counter() - start
-                points.append({"fraction": pending.pop(0), "rows": rows, "seconds": round(now, 1),
-                               "rows_per_s": round((rows - last[1]) / max(now - last[0], 1e-9), 1),
-                               "peak_mb": round(peak_kb(proc.pid) / 1024, 1)})
+                points.append(
+                    {
+                        "fraction": pending.pop(0),
+                        "rows": rows,
+                        "seconds": round(now, 1),
+                        "rows_per_s": round((rows - last[1]) / max(now - last[0], 1e-9), 1),
+                        "peak_mb": round(peak_kb(proc.pid) / 1024, 1),
+                    }
+                )
                 last = (now, rows)
     out = proc.communicate()[0]
     os.close(master)
@@ -105,25 +113,48 @@ def images_file(path: Path, rows: int) -> Path:
 
 def fit_peak(features: str, memory_mb: int, env: dict[str, str]) -> tuple[float, float]:
     """Peak resident MB and seconds of ``reservoir fit --head ridge --memory-mb M`` in a child process."""
-    code = ("import resource, sys\nfrom reservoir.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
-            "    code = e.code\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(code)\n")
+    code = (
+        "import resource, sys\nfrom reservoir.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "    code = e.code\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(code)\n"
+    )
     start = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", code, "-q", "fit", "--features", features, "--head", "ridge",
-                        "--memory-mb", str(memory_mb), "--no-baselines"], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "-q",
+            "fit",
+            "--features",
+            features,
+            "--head",
+            "ridge",
+            "--memory-mb",
+            str(memory_mb),
+            "--no-baselines",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if r.returncode:
         raise SystemExit(f"fit failed: {r.stderr[-2000:]}")
     return int(r.stderr.strip().splitlines()[-1]) / 1024, time.perf_counter() - start
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--bits-rows", type=int, default=1_000_000)
     parser.add_argument("--images-rows", type=int, default=100_000)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--memory-mb", type=int, default=256, help="fit's allowance")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--keep", type=Path, default=None, help="a folder for the files (default: a temporary one)")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="a folder for the files (default: a temporary one)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the measurements here")
     args = parser.parse_args()
 
@@ -133,15 +164,44 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     model = save_tiny_gpt2(work / "model", n_layer=args.layers, n_embd=args.width)
     env = {**os.environ, "RESERVOIR_HOME": str(work), "OMP_NUM_THREADS": str(args.threads)}
-    base = [sys.executable, "-m", "reservoir.cli", "extract", "--backbone", str(model), "--depths", str(args.layers),
-            "--dtype", "float32", "--engine", "torch"]
+    base = [
+        sys.executable,
+        "-m",
+        "reservoir.cli",
+        "extract",
+        "--backbone",
+        str(model),
+        "--depths",
+        str(args.layers),
+        "--dtype",
+        "float32",
+        "--engine",
+        "torch",
+    ]
     jobs = {
-        "bit XOR": (["--task", "bit_xor", "--task-opt", f"n_train={args.bits_rows}",
-                     "--task-opt", f"n_test={max(1, args.bits_rows // 100)}"], args.bits_rows + max(1, args.bits_rows // 100)),
-        "MNIST shape": (["--task", f"file:{images_file(work / 'images.npz', args.images_rows)}"], args.images_rows),
+        "bit XOR": (
+            [
+                "--task",
+                "bit_xor",
+                "--task-opt",
+                f"n_train={args.bits_rows}",
+                "--task-opt",
+                f"n_test={max(1, args.bits_rows // 100)}",
+            ],
+            args.bits_rows + max(1, args.bits_rows // 100),
+        ),
+        "MNIST shape": (
+            ["--task", f"file:{images_file(work / 'images.npz', args.images_rows)}"],
+            args.images_rows,
+        ),
     }
-    report = {"machine": describe(), "load": load(), "backbone": f"GPT-2, {args.layers} blocks, width {args.width}",
-              "threads": args.threads, "jobs": {}}
+    report = {
+        "machine": describe(),
+        "load": load(),
+        "backbone": f"GPT-2, {args.layers} blocks, width {args.width}",
+        "threads": args.threads,
+        "jobs": {},
+    }
     for name, (extra, total) in jobs.items():
         points, path = watch(base + extra, total, env)
         size = Path(path).stat().st_size / 2**20
@@ -149,21 +209,35 @@ def main() -> None:
         print(f"{name}: {total:,} rows -> {path} ({size:,.0f} MB)", file=sys.stderr)
     bits, small = report["jobs"]["bit XOR"], report["jobs"]["MNIST shape"]
     peak, seconds = fit_peak(bits["file"], args.memory_mb, env)
-    floor, _ = fit_peak(small["file"], args.memory_mb, env)  # the same fit on a small file: the process's own floor
-    report["fit"] = {"file_mb": bits["file_mb"], "memory_mb": args.memory_mb, "peak_mb": round(peak, 1),
-                     "seconds": round(seconds, 1), "small_file_mb": small["file_mb"], "small_peak_mb": round(floor, 1)}
-    print(f"Machine: {report['machine']}; {report['load']}; {args.threads} threads; backbone {report['backbone']}, "
-          "float32, PyTorch engine, one depth\n")
+    floor, _ = fit_peak(
+        small["file"], args.memory_mb, env
+    )  # the same fit on a small file: the process's own floor
+    report["fit"] = {
+        "file_mb": bits["file_mb"],
+        "memory_mb": args.memory_mb,
+        "peak_mb": round(peak, 1),
+        "seconds": round(seconds, 1),
+        "small_file_mb": small["file_mb"],
+        "small_peak_mb": round(floor, 1),
+    }
+    print(
+        f"Machine: {report['machine']}; {report['load']}; {args.threads} threads; backbone {report['backbone']}, "
+        "float32, PyTorch engine, one depth\n"
+    )
     print("| job | rows | at | rows done | seconds | rows/s since previous | peak memory (MB) |")
     print("|---|---|---|---|---|---|---|")
     for name, job in report["jobs"].items():
         for p in job["points"]:
-            print(f"| {name} | {job['rows']:,} | {100 * p['fraction']:.0f}% | {p['rows']:,} | {p['seconds']:,} | "
-                  f"{p['rows_per_s']:,.0f} | {p['peak_mb']:,.0f} |")
+            print(
+                f"| {name} | {job['rows']:,} | {100 * p['fraction']:.0f}% | {p['rows']:,} | {p['seconds']:,} | "
+                f"{p['rows_per_s']:,.0f} | {p['peak_mb']:,.0f} |"
+            )
     fit = report["fit"]
-    print(f"\n`fit --head ridge --memory-mb {fit['memory_mb']}` on the bit XOR file ({fit['file_mb']:,.0f} MB of "
-          f"features): peak {fit['peak_mb']:,.0f} MB resident, {fit['seconds']:.0f} s; the same fit on the MNIST-shaped "
-          f"file ({fit['small_file_mb']:,.0f} MB): peak {fit['small_peak_mb']:,.0f} MB.")
+    print(
+        f"\n`fit --head ridge --memory-mb {fit['memory_mb']}` on the bit XOR file ({fit['file_mb']:,.0f} MB of "
+        f"features): peak {fit['peak_mb']:,.0f} MB resident, {fit['seconds']:.0f} s; the same fit on the MNIST-shaped "
+        f"file ({fit['small_file_mb']:,.0f} MB): peak {fit['small_peak_mb']:,.0f} MB."
+    )
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 

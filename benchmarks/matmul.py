@@ -20,8 +20,12 @@ def sync(device: torch.device | str = "cpu") -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_rate(n: int = 2048, dtype: torch.dtype = torch.bfloat16, seconds: float = 1.0,
-                device: torch.device | str = "cpu") -> float:
+def matmul_rate(
+    n: int = 2048,
+    dtype: torch.dtype = torch.bfloat16,
+    seconds: float = 1.0,
+    device: torch.device | str = "cpu",
+) -> float:
     """FLOP/s of ``torch.mm`` on two ``n x n`` matrices in ``dtype`` on ``device``, timed over
     about ``seconds`` after one untimed product."""
     a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
@@ -41,7 +45,10 @@ def main() -> None:
         torch.set_num_threads(threads)
         for dtype in (torch.float32, torch.bfloat16):
             for n in (1024, 2048, 4096):
-                print(f"{threads:<3} {str(dtype).removeprefix('torch.'):<9} {n:5d} {matmul_rate(n, dtype) / 1e9:6.0f}", flush=True)
+                print(
+                    f"{threads:<3} {str(dtype).removeprefix('torch.'):<9} {n:5d} {matmul_rate(n, dtype) / 1e9:6.0f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -24,9 +24,27 @@ from pathlib import Path
 
 def measure(n: int, args: argparse.Namespace, folder: Path) -> tuple[float, float]:
     """Peak RSS (MiB) and wall seconds of one extraction of ``n`` examples."""
-    cmd = [sys.executable, "-m", "reservoir.cli", "--quiet", "extract", "--task", args.task, "--backbone", args.backbone,
-           "--split", "train", "--limit", str(n), "--data-dir", str(args.data_dir), "--out", str(folder / f"{n}.h5"),
-           *[x for opt in args.task_opts for x in ("--task-opt", opt)], *args.extract_opts]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reservoir.cli",
+        "--quiet",
+        "extract",
+        "--task",
+        args.task,
+        "--backbone",
+        args.backbone,
+        "--split",
+        "train",
+        "--limit",
+        str(n),
+        "--data-dir",
+        str(args.data_dir),
+        "--out",
+        str(folder / f"{n}.h5"),
+        *[x for opt in args.task_opts for x in ("--task-opt", opt)],
+        *args.extract_opts,
+    ]
     print(f"$ {shlex.join(cmd[1:])}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=sys.stderr)
@@ -40,14 +58,27 @@ def measure(n: int, args: argparse.Namespace, folder: Path) -> tuple[float, floa
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="2000,20000", help="comma-separated example counts; the first is the reference")
+    p.add_argument(
+        "--sizes", default="2000,20000", help="comma-separated example counts; the first is the reference"
+    )
     p.add_argument("--task", default="mnist")
     p.add_argument("--backbone", default="gpt2-random")
     p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("RESERVOIR_HOME", ".")) / "data")
-    p.add_argument("--task-opt", dest="task_opts", action="append", default=[], metavar="KEY=VALUE",
-                   help="task option for reservoir extract (repeatable), e.g. n_train=20000 for bit_xor")
-    p.add_argument("--extract-opt", dest="extract_opts", action="append", default=[],
-                   help="extra option for reservoir extract (repeatable), e.g. --extract-opt=--no-compile")
+    p.add_argument(
+        "--task-opt",
+        dest="task_opts",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="task option for reservoir extract (repeatable), e.g. n_train=20000 for bit_xor",
+    )
+    p.add_argument(
+        "--extract-opt",
+        dest="extract_opts",
+        action="append",
+        default=[],
+        help="extra option for reservoir extract (repeatable), e.g. --extract-opt=--no-compile",
+    )
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}")
@@ -63,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| examples | peak RSS MiB | vs first | wall s | examples/s (end to end) |")
     print("|---|---|---|---|---|")
     for n, rss, seconds in rows:
-        print(f"| {n} | {rss:.0f} | {100 * (rss / rows[0][1] - 1):+.1f}% | {seconds:.0f} | {n / seconds:.1f} |")
+        print(
+            f"| {n} | {rss:.0f} | {100 * (rss / rows[0][1] - 1):+.1f}% | {seconds:.0f} | {n / seconds:.1f} |"
+        )
     return 0
 
 

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reservoir import api  # noqa: E402
 from reservoir.runtime.engines import relative_error  # noqa: E402
-from reservoir.runtime.runner import resolve_dtype  # noqa: E402
 from reservoir.runtime.machine import describe, load  # noqa: E402
+from reservoir.runtime.runner import resolve_dtype  # noqa: E402
 
 #: tokens per example: MNIST's and CIFAR-10's 4 x 4 patches of a 32 x 32 image
 TOKENS = 64
@@ -48,8 +48,23 @@ def default_runs() -> list[str]:
 def extract(run: str, args, home: Path) -> tuple[Path, float]:
     dtype, engine = run.split(":")
     env = {**os.environ, "RESERVOIR_HOME": str(home)}
-    cmd = [str(Path(sys.executable).parent / "reservoir"), "--quiet", "extract", "--task", args.task, "--limit", str(args.limit),
-           "--backbone", args.backbone, "--dtype", dtype, "--engine", engine, "--data-dir", str(args.data_dir)]
+    cmd = [
+        str(Path(sys.executable).parent / "reservoir"),
+        "--quiet",
+        "extract",
+        "--task",
+        args.task,
+        "--limit",
+        str(args.limit),
+        "--backbone",
+        args.backbone,
+        "--dtype",
+        dtype,
+        "--engine",
+        engine,
+        "--data-dir",
+        str(args.data_dir),
+    ]
     start = time.perf_counter()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -68,9 +83,16 @@ def test_features(path: Path) -> np.ndarray:
 
 def probe(path: Path, args) -> tuple[int, float, float, dict[int, float]]:
     """(depth chosen on validation, its validation and test accuracy, test accuracy per depth)."""
-    results = [r for r in api.fit(features=str(path), head=args.head, baselines=False) if r.get("depth") is not None]
+    results = [
+        r for r in api.fit(features=str(path), head=args.head, baselines=False) if r.get("depth") is not None
+    ]
     best = max(results, key=lambda r: (r["val_accuracy"], -r["depth"]))
-    return best["depth"], best["val_accuracy"], best["test_accuracy"], {r["depth"]: r["test_accuracy"] for r in results}
+    return (
+        best["depth"],
+        best["val_accuracy"],
+        best["test_accuracy"],
+        {r["depth"]: r["test_accuracy"] for r in results},
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -81,12 +103,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--backbone", default="gpt2-random")
     p.add_argument("--head", default="ridge")
     p.add_argument("--keep", type=Path, default=None, help="keep the feature files under this folder")
-    p.add_argument("--runs", default=None, help="comma-separated DTYPE:ENGINE (default: float32:torch, then the "
-                                                "fastest float and int8 on OpenVINO)")
+    p.add_argument(
+        "--runs",
+        default=None,
+        help="comma-separated DTYPE:ENGINE (default: float32:torch, then the "
+        "fastest float and int8 on OpenVINO)",
+    )
     args = p.parse_args(argv)
     runs = args.runs.split(",") if args.runs else default_runs()
-    print(f"# {describe()}\n# {load()}\n# {args.task} --limit {args.limit}, {args.backbone}, head {args.head}, "
-          f"every depth; probe depth chosen on validation", flush=True)
+    print(
+        f"# {describe()}\n# {load()}\n# {args.task} --limit {args.limit}, {args.backbone}, head {args.head}, "
+        f"every depth; probe depth chosen on validation",
+        flush=True,
+    )
     rows, reference = [], None
     with tempfile.TemporaryDirectory() as tmp:
         for run in runs:
@@ -97,17 +126,27 @@ def main(argv: list[str] | None = None) -> None:
                 reference = (X, test, depth)
             error = relative_error(X, reference[0])
             tokens = 2 * args.limit * TOKENS
-            rows.append((run, seconds, tokens / seconds, depth, val, test, test - reference[1], error, per_depth))
-            print(f"{run}: {seconds:.1f} s, depth {depth}, val {val:.4f}, test {test:.4f}", file=sys.stderr, flush=True)
+            rows.append(
+                (run, seconds, tokens / seconds, depth, val, test, test - reference[1], error, per_depth)
+            )
+            print(
+                f"{run}: {seconds:.1f} s, depth {depth}, val {val:.4f}, test {test:.4f}",
+                file=sys.stderr,
+                flush=True,
+            )
     print(f"# {load()}\n")
     at = reference[2]
-    print(f"| dtype:engine | job seconds | tokens/s | depth (val) | val acc | test acc | test - float32 (points) "
-          f"| test acc at depth {at} (float32's) | its - float32 (points) | feature error vs float32 |")
+    print(
+        f"| dtype:engine | job seconds | tokens/s | depth (val) | val acc | test acc | test - float32 (points) "
+        f"| test acc at depth {at} (float32's) | its - float32 (points) | feature error vs float32 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for run, seconds, rate, depth, val, test, delta, error, per_depth in rows:
         same = per_depth[at] - rows[0][8][at]
-        print(f"| {run} | {seconds:.1f} | {rate:,.0f} | {depth} | {100 * val:.2f}% | {100 * test:.2f}% | "
-              f"{100 * delta:+.2f} | {100 * per_depth[at]:.2f}% | {100 * same:+.2f} | {error:.1e} |")
+        print(
+            f"| {run} | {seconds:.1f} | {rate:,.0f} | {depth} | {100 * val:.2f}% | {100 * test:.2f}% | "
+            f"{100 * delta:+.2f} | {100 * per_depth[at]:.2f}% | {100 * same:+.2f} | {error:.1e} |"
+        )
     print("\ntest accuracy per depth:")
     for run, *_, per_depth in rows:
         print(f"  {run}: " + " ".join(f"{k}:{100 * v:.2f}" for k, v in sorted(per_depth.items())))

@@ -35,20 +35,43 @@ from reservoir.runtime.machine import describe, load  # noqa: E402
 
 
 def reservoir(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reservoir.cli", "-q", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "reservoir.cli", "-q", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def throughput(args) -> None:
-    print(f"\n## extraction: mnist, gpt2-random, every depth, --limit {args.limit} (train + test), --no-compile")
+    print(
+        f"\n## extraction: mnist, gpt2-random, every depth, --limit {args.limit} (train + test), --no-compile"
+    )
     print("| configuration | seconds | examples/s | vs one process |")
     print("|---|---|---|---|")
     base = None
-    for name, extra in (("one process", []), ("--workers 1", ["--workers", "1"]), ("--workers 2", ["--workers", "2"])):
+    for name, extra in (
+        ("one process", []),
+        ("--workers 1", ["--workers", "1"]),
+        ("--workers 2", ["--workers", "2"]),
+    ):
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
-            r = reservoir("extract", "--task", "mnist", "--backbone", "gpt2-random", "--limit", str(args.limit),
-                          "--data-dir", str(args.data_dir), "--no-compile", "--out", str(Path(tmp) / "f.h5"), *extra)
+            r = reservoir(
+                "extract",
+                "--task",
+                "mnist",
+                "--backbone",
+                "gpt2-random",
+                "--limit",
+                str(args.limit),
+                "--data-dir",
+                str(args.data_dir),
+                "--no-compile",
+                "--out",
+                str(Path(tmp) / "f.h5"),
+                *extra,
+            )
             seconds = time.perf_counter() - start
             if r.returncode:
                 raise SystemExit(r.stderr)
@@ -63,9 +86,21 @@ def synthetic_file(path: Path, n: int, seed: int = 0) -> None:
 
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(10, 768)).astype(np.float32)
-    identity = {"format": 2, "task": "file:synthetic.npz", "task_options": {"n": n}, "data": {}, "backbone": "synthetic",
-                "backbone_fingerprint": "", "seed": seed, "input_scale": "paper", "depths": [0, 1],
-                "dtype": "float32", "readout": "last", "limit": None, "splits": ["train", "test"]}
+    identity = {
+        "format": 2,
+        "task": "file:synthetic.npz",
+        "task_options": {"n": n},
+        "data": {},
+        "backbone": "synthetic",
+        "backbone_fingerprint": "",
+        "seed": seed,
+        "input_scale": "paper",
+        "depths": [0, 1],
+        "dtype": "float32",
+        "readout": "last",
+        "limit": None,
+        "splits": ["train", "test"],
+    }
     writer = FeatureWriter.open(path, identity, {}, {"weight": np.zeros((768, 1), np.float32)})
     try:
         for split, rows in (("train", n), ("test", max(1000, n // 5))):
@@ -73,7 +108,9 @@ def synthetic_file(path: Path, n: int, seed: int = 0) -> None:
             writer.split(split, labels, np.ones(rows, np.int64), (2, 1, 768))
             for start in range(0, rows, 8192):
                 idx = np.arange(start, min(start + 8192, rows))
-                x = 3 * centres[labels[idx]][:, None, None, :] + rng.normal(size=(len(idx), 2, 1, 768)).astype(np.float32)
+                x = 3 * centres[labels[idx]][:, None, None, :] + rng.normal(
+                    size=(len(idx), 2, 1, 768)
+                ).astype(np.float32)
                 writer.write(split, idx, x.astype(np.float32))
         writer.finish()
     finally:
@@ -82,22 +119,42 @@ def synthetic_file(path: Path, n: int, seed: int = 0) -> None:
 
 def peak_fit_memory(path: Path, head: str, extra: list[str]) -> tuple[float, float]:
     """Peak RSS (MiB) and seconds of ``reservoir fit --head HEAD --depths 1`` in a fresh child."""
-    code = ("import resource, sys; from reservoir.cli import main\n"
-            "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(code)\n")
+    code = (
+        "import resource, sys; from reservoir.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(code)\n"
+    )
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as home:
-        r = subprocess.run([sys.executable, "-c", code, "-q", "fit", "--features", str(path), "--head", head,
-                            "--depths", "1", *extra], capture_output=True, text=True,
-                           env={**os.environ, "RESERVOIR_HOME": home})
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                code,
+                "-q",
+                "fit",
+                "--features",
+                str(path),
+                "--head",
+                head,
+                "--depths",
+                "1",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "RESERVOIR_HOME": home},
+        )
     if r.returncode:
         raise SystemExit(r.stderr)
     return int(r.stderr.strip().splitlines()[-1]) / 1024, time.perf_counter() - start
 
 
 def memory(args) -> None:
-    print(f"\n## fit peak memory: one depth of 768 float32 features, N = {args.rows:,d} and 10N "
-          f"(logreg and torch streamed with --memory-mb 1)")
+    print(
+        f"\n## fit peak memory: one depth of 768 float32 features, N = {args.rows:,d} and 10N "
+        f"(logreg and torch streamed with --memory-mb 1)"
+    )
     print("| head | train rows | features of one depth (MiB) | peak RSS of fit (MiB) | seconds |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,7 +166,10 @@ def memory(args) -> None:
                     synthetic_file(path, n)
                 extra = [] if head == "ridge" else ["--memory-mb", "1"]
                 peak, seconds = peak_fit_memory(path, head, extra)
-                print(f"| {head} | {n:,d} | {n * 768 * 4 / 2**20:,.0f} | {peak:,.0f} | {seconds:.1f} |", flush=True)
+                print(
+                    f"| {head} | {n:,d} | {n * 768 * 4 / 2**20:,.0f} | {peak:,.0f} | {seconds:.1f} |",
+                    flush=True,
+                )
 
 
 def main() -> None:

@@ -32,17 +32,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reservoir.model.backbones import load_backbone  # noqa: E402
 from reservoir.config import TRAIN_DTYPES, TrainConfig  # noqa: E402
+from reservoir.model.backbones import load_backbone  # noqa: E402
 from reservoir.runtime.dtypes import candidates, fastest, rate  # noqa: E402
 from reservoir.runtime.machine import describe  # noqa: E402
-from reservoir.tasks import get_task  # noqa: E402
 from reservoir.runtime.runner import CompiledOrEager  # noqa: E402
+from reservoir.tasks import get_task  # noqa: E402
 from reservoir.train import FPT, batch_tensors, select_trainable, train_step  # noqa: E402
 from reservoir.train.loop import optimizer  # noqa: E402
 
-MODES = {"fp32-eager": ("float32", False), "bf16-eager": ("bfloat16", False),
-         "fp32-compile": ("float32", True), "bf16-compile": ("bfloat16", True)}
+MODES = {
+    "fp32-eager": ("float32", False),
+    "bf16-eager": ("bfloat16", False),
+    "fp32-compile": ("float32", True),
+    "bf16-compile": ("bfloat16", True),
+}
 
 
 def build(args, mode: str):
@@ -55,8 +59,10 @@ def build(args, mode: str):
     opt = optimizer(params, lr=1e-3)  # the run's own (fused) Adam
     forward = CompiledOrEager(model, compile_, dynamic=task.spec.variable_length)
     data = task.load("train", Path(args.data_dir), args.batch_size * 4)
-    batches = [batch_tensors(task, data, np.arange(i * args.batch_size, (i + 1) * args.batch_size) % len(data))
-               for i in range(4)]
+    batches = [
+        batch_tensors(task, data, np.arange(i * args.batch_size, (i + 1) * args.batch_size) % len(data))
+        for i in range(4)
+    ]
     model.train()
     start = time.perf_counter()
     for b in batches[:2]:  # warm-up; compiles forward and backward graphs
@@ -91,12 +97,17 @@ def main() -> None:
     modes = args.modes.split(",")
     print(f"# {' '.join(sys.argv)}")
     print(f"# {describe()}")
-    print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"task {args.task}, backbone {args.backbone}, batch {args.batch_size}, load {os.getloadavg()[0]:.1f}")
+    print(
+        f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"task {args.task}, backbone {args.backbone}, batch {args.batch_size}, load {os.getloadavg()[0]:.1f}"
+    )
     native = candidates()
     roofline = {d: rate(d, threads=torch.get_num_threads()) for d in native}
-    print("# matrix products now, GFLOP/s: " + ", ".join(f"{d} {r:,.0f}" for d, r in roofline.items())
-          + f"; train --dtype auto takes {fastest({d: r for d, r in roofline.items() if d in TRAIN_DTYPES})}")
+    print(
+        "# matrix products now, GFLOP/s: "
+        + ", ".join(f"{d} {r:,.0f}" for d, r in roofline.items())
+        + f"; train --dtype auto takes {fastest({d: r for d, r in roofline.items() if d in TRAIN_DTYPES})}"
+    )
     for m in [m for m in modes if MODES[m][0] not in native]:
         print(f"# {m}: skipped, this CPU does not multiply {MODES[m][0]} natively (emulated, far slower)")
         modes.remove(m)

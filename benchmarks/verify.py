@@ -44,8 +44,14 @@ def write(path: Path, gb: float) -> tuple[int, float]:
 
     rows = int(gb * 1e9 / (DEPTHS * READOUT * WIDTH * 4))
     n_test = rows // 5
-    identity = {"task": "bench", "backbone": "bench", "seed": 0, "dtype": "float32", "readout": "last",
-                "depths": list(range(DEPTHS))}
+    identity = {
+        "task": "bench",
+        "backbone": "bench",
+        "seed": 0,
+        "dtype": "float32",
+        "readout": "last",
+        "depths": list(range(DEPTHS)),
+    }
     writer = FeatureWriter.open(path, identity, {}, {}, nbytes=int(gb * 1e9))
     rng = np.random.default_rng(0)
     try:
@@ -53,8 +59,11 @@ def write(path: Path, gb: float) -> tuple[int, float]:
             writer.split(split, np.arange(n) % 10, np.full(n, 64), (DEPTHS, READOUT, WIDTH))
             for start in range(0, n, 2048):
                 stop = min(n, start + 2048)
-                writer.write(split, np.arange(start, stop),
-                             rng.standard_normal((stop - start, DEPTHS, READOUT, WIDTH), dtype=np.float32))
+                writer.write(
+                    split,
+                    np.arange(start, stop),
+                    rng.standard_normal((stop - start, DEPTHS, READOUT, WIDTH), dtype=np.float32),
+                )
         sealed = {}
         seal = store.seal
 
@@ -80,7 +89,7 @@ def read_only(path: Path) -> None:
             rows = block_rows(ds)
             for k in range(DEPTHS):
                 for start in range(0, ds.shape[0], rows):
-                    ds[start:start + rows, k]
+                    ds[start : start + rows, k]
 
 
 def verify_file(path: Path) -> None:
@@ -96,7 +105,9 @@ def drop_caches() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=1.0, help="size of the feature file")
-    parser.add_argument("--dir", type=Path, default=None, help="where to write it [default: a temporary folder]")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write it [default: a temporary folder]"
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--cold", action="store_true", help="drop the page cache before each run (root)")
     args = parser.parse_args()
@@ -110,10 +121,15 @@ def main() -> None:
         path = Path(folder) / "bench.h5"
         size, seal_s = write(path, args.gb)
         gb = size / 1e9
-        print(f"# file: {gb:.3f} GB ({DEPTHS} depths x {READOUT} x {WIDTH} float32 per row, 1 MiB chunks with "
-              "Fletcher-32)")
+        print(
+            f"# file: {gb:.3f} GB ({DEPTHS} depths x {READOUT} x {WIDTH} float32 per row, 1 MiB chunks with "
+            "Fletcher-32)"
+        )
         print(f"seal (at completion): {seal_s:.2f} s, {seal_s / gb:.2f} s/GB")
-        for name, fn in (("read through checksums", read_only), ("verify (read + finite + SHA-256)", verify_file)):
+        for name, fn in (
+            ("read through checksums", read_only),
+            ("verify (read + finite + SHA-256)", verify_file),
+        ):
             times = []
             for _ in range(args.reps):
                 if args.cold:
@@ -122,8 +138,10 @@ def main() -> None:
                 fn(path)
                 times.append(time.perf_counter() - start)
             best, median = min(times), statistics.median(times)
-            print(f"{name}{' (cold)' if args.cold else ' (warm)'}: best {best:.2f} s, median {median:.2f} s; "
-                  f"{best / gb:.2f} s/GB ({gb / best:.2f} GB/s)")
+            print(
+                f"{name}{' (cold)' if args.cold else ' (warm)'}: best {best:.2f} s, median {median:.2f} s; "
+                f"{best / gb:.2f} s/GB ({gb / best:.2f} GB/s)"
+            )
     print(f"# after: {load()}")
 
 

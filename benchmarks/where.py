@@ -39,14 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=4000, help="MNIST training rows of the job (2,000 + 2,000: 4,000)")
+    p.add_argument(
+        "--rows", type=int, default=4000, help="MNIST training rows of the job (2,000 + 2,000: 4,000)"
+    )
     p.add_argument("--data-dir", default=None, help="data folder holding MNIST (default: reservoir's)")
     args = p.parse_args()
 
     import torch
-
     from extract import flops_per_token
     from matmul import matmul_rate
+
     from reservoir.runtime import engines
     from reservoir.runtime import runner as runner_module
     from reservoir.runtime.dtypes import candidates
@@ -61,6 +63,7 @@ def main() -> int:
         out = run_async(self, batch)
         batches.append((t, time.perf_counter() - t, batch.n))
         return out
+
     runner_module.FeatureRunner.run_async = timed_run
 
     models = {}
@@ -70,10 +73,12 @@ def main() -> int:
         models.setdefault("graph", model)
         models["forward"] = self
         return compile_(self, model)
+
     engines.OpenVINOForward._compile = keep
 
     from reservoir.cli import main as cli
     from reservoir.extract import run as run_module
+
     prepare = run_module.prepare
 
     def timed_prepare(*a, **k):
@@ -81,10 +86,21 @@ def main() -> int:
         out = prepare(*a, **k)
         prepared["s"] = time.perf_counter() - t
         return out
+
     run_module.prepare = timed_prepare
 
     with tempfile.TemporaryDirectory() as tmp:
-        argv = ["extract", "--task", "mnist", "--split", "train", "--limit", str(args.rows), "--out", f"{tmp}/f.h5"]
+        argv = [
+            "extract",
+            "--task",
+            "mnist",
+            "--split",
+            "train",
+            "--limit",
+            str(args.rows),
+            "--out",
+            f"{tmp}/f.h5",
+        ]
         argv += ["--data-dir", args.data_dir] if args.data_dir else []
         job_start = time.perf_counter()
         try:
@@ -103,27 +119,43 @@ def main() -> int:
     first = batches[0][1]
     steady = sum(s for _, s, _ in batches[1:])
     steady_tokens = sum(n for _, _, n in batches[1:]) * T
-    phases = [("start-up (imports)", job_start - START), ("preparing (data, backbone)", prepared.get("s", 0.0)),
-              ("first batch (convert, compile, check, forward)", first), ("steady batches (forward)", steady)]
+    phases = [
+        ("start-up (imports)", job_start - START),
+        ("preparing (data, backbone)", prepared.get("s", 0.0)),
+        ("first batch (convert, compile, check, forward)", first),
+        ("steady batches (forward)", steady),
+    ]
     phases.append(("the rest (writing, digests, closing)", total - sum(s for _, s in phases)))
     model, have = cpu()
-    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8")
-             if f in have]
-    print(f"cpu: {model}; flags: {', '.join(shown)}; threads {torch.get_num_threads()}; "
-          f"load average (1 min) after the job: {os.getloadavg()[0]:.2f}")
-    print(f"roofline: {peak_dtype} torch.mm {peak / 1e9:,.0f} GFLOP/s (" +
-          ", ".join(f"{f} {r / 1e9:,.0f}" for f, r in rates.items()) + f"); {flops / 1e6:.1f} MFLOP per token "
-          f"-> {peak / flops:,.0f} tokens/s")
-    print(f"\nthe job: reservoir {' '.join(argv[:-2 if not args.data_dir else -4])} ({tokens:,d} tokens)\n")
+    shown = [
+        f
+        for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8")
+        if f in have
+    ]
+    print(
+        f"cpu: {model}; flags: {', '.join(shown)}; threads {torch.get_num_threads()}; "
+        f"load average (1 min) after the job: {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"roofline: {peak_dtype} torch.mm {peak / 1e9:,.0f} GFLOP/s ("
+        + ", ".join(f"{f} {r / 1e9:,.0f}" for f, r in rates.items())
+        + f"); {flops / 1e6:.1f} MFLOP per token "
+        f"-> {peak / flops:,.0f} tokens/s"
+    )
+    print(f"\nthe job: reservoir {' '.join(argv[: -2 if not args.data_dir else -4])} ({tokens:,d} tokens)\n")
     print("| phase | s | share of the job |")
     print("|---|---|---|")
     for name, s in phases:
         print(f"| {name} | {s:.1f} | {100 * s / total:.0f}% |")
-    print(f"| **the job** | **{total:.1f}** | {tokens / total:,.0f} tokens/s = **{100 * tokens / total / (peak / flops):.0f}%"
-          f" of the roofline** |")
+    print(
+        f"| **the job** | **{total:.1f}** | {tokens / total:,.0f} tokens/s = **{100 * tokens / total / (peak / flops):.0f}%"
+        f" of the roofline** |"
+    )
     if steady_tokens:
-        print(f"\nsteady batches alone: {steady_tokens / steady:,.0f} tokens/s = "
-              f"{100 * steady_tokens / steady / (peak / flops):.0f}% of the roofline")
+        print(
+            f"\nsteady batches alone: {steady_tokens / steady:,.0f} tokens/s = "
+            f"{100 * steady_tokens / steady / (peak / flops):.0f}% of the roofline"
+        )
 
     if "graph" in models:
         profile_forward(models, peak, flops, T)
@@ -136,15 +168,21 @@ def profile_forward(models: dict, peak: float, flops: float, T: int) -> None:
 
     forward = models["forward"]
     props = ov.properties
-    config = {props.inference_num_threads: forward.threads, props.enable_profiling: True,
-              props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
-              props.hint.inference_precision: engines_precision(forward.dtype)}
+    config = {
+        props.inference_num_threads: forward.threads,
+        props.enable_profiling: True,
+        props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
+        props.hint.inference_precision: engines_precision(forward.dtype),
+    }
     compiled = ov.Core().compile_model(models["graph"], "CPU", config)
     request = compiled.create_infer_request()
     rows = 256
     rng = np.random.default_rng(0)
-    feed = {0: rng.random((rows, T, 16), dtype=np.float32), 1: np.full(rows, T, dtype=np.int64),
-            2: np.full((rows, 1), T - 1, dtype=np.int64)}
+    feed = {
+        0: rng.random((rows, T, 16), dtype=np.float32),
+        1: np.full(rows, T, dtype=np.int64),
+        2: np.full((rows, 1), T - 1, dtype=np.int64),
+    }
     for _ in range(2):
         request.infer(feed)
     walls, by_type = [], defaultdict(float)
@@ -159,16 +197,20 @@ def profile_forward(models: dict, peak: float, flops: float, T: int) -> None:
     products = sum(v for k, v in by_type.items() if k in ("FullyConnected", "MatMul"))
     share = products / summed
     tokens = rows * T
-    print(f"\nthe forward: OpenVINO {forward.dtype}, one batch of {rows} x {T} tokens, {tokens / wall:,.0f} tokens/s = "
-          f"{100 * tokens / wall / (peak / flops):.0f}% of the roofline (median of 3 profiled calls)\n")
+    print(
+        f"\nthe forward: OpenVINO {forward.dtype}, one batch of {rows} x {T} tokens, {tokens / wall:,.0f} tokens/s = "
+        f"{100 * tokens / wall / (peak / flops):.0f}% of the roofline (median of 3 profiled calls)\n"
+    )
     print("| operation type | share of the forward's time |")
     print("|---|---|")
     for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])[:10]:
         print(f"| {k} | {100 * v / summed:.1f}% |")
     rate = tokens * flops / (wall * share)
-    print(f"\nmatrix products: {100 * share:.0f}% of the forward's time, at {rate / 1e9:,.0f} GFLOP/s "
-          f"({100 * rate / peak:.0f}% of the roofline; FLOPs of the whole model, so the readout-only last block's "
-          f"saving counts for them); every other operation: {100 * (1 - share):.0f}%")
+    print(
+        f"\nmatrix products: {100 * share:.0f}% of the forward's time, at {rate / 1e9:,.0f} GFLOP/s "
+        f"({100 * rate / peak:.0f}% of the roofline; FLOPs of the whole model, so the readout-only last block's "
+        f"saving counts for them); every other operation: {100 * (1 - share):.0f}%"
+    )
 
 
 def engines_precision(dtype: str):

@@ -53,8 +53,14 @@ class Side:
 
 def _side(row: dict[str, str]) -> Side:
     n_test = int(row["n_train/n_test"].split("/")[-1]) if "/" in row.get("n_train/n_test", "") else 0
-    return Side(row["setting"], float(row["test"]), float(row["test_std"] or 0.0), int(row["n_seeds"] or 1), n_test,
-                float(row["paper"]) if row.get("paper") else None)
+    return Side(
+        row["setting"],
+        float(row["test"]),
+        float(row["test_std"] or 0.0),
+        int(row["n_seeds"] or 1),
+        n_test,
+        float(row["paper"]) if row.get("paper") else None,
+    )
 
 
 def _chosen(rows: list[dict[str, str]]) -> dict[str, str]:
@@ -67,15 +73,26 @@ def pairs(rows: list[dict[str, str]], pretrained: str) -> dict[str, tuple[Side, 
     """Per task: (pretrained, random twin, strongest baseline) rows of one table's CSV."""
     out = {}
     for task in dict.fromkeys(r["task"] for r in rows):
-        mine = [r for r in rows if r["task"] == task and r["mode"] == "output-only" and r["input_scale"] == "paper"
-                and r.get("depth_rule", "chosen") in ("chosen", "")]
-        by_backbone = {r["backbone"]: _chosen([m for m in mine if m["backbone"] == r["backbone"]]) for r in mine}
+        mine = [
+            r
+            for r in rows
+            if r["task"] == task
+            and r["mode"] == "output-only"
+            and r["input_scale"] == "paper"
+            and r.get("depth_rule", "chosen") in ("chosen", "")
+        ]
+        by_backbone = {
+            r["backbone"]: _chosen([m for m in mine if m["backbone"] == r["backbone"]]) for r in mine
+        }
         if pretrained not in by_backbone or f"{pretrained}-random" not in by_backbone:
             continue
         baselines = [r for r in rows if r["task"] == task and r["mode"] == "baseline"]
         best = max(baselines, key=lambda r: float(r["test"]), default=None)
-        out[task] = (_side(by_backbone[pretrained]), _side(by_backbone[f"{pretrained}-random"]),
-                     _side(best) if best else None)
+        out[task] = (
+            _side(by_backbone[pretrained]),
+            _side(by_backbone[f"{pretrained}-random"]),
+            _side(best) if best else None,
+        )
     return out
 
 
@@ -89,10 +106,22 @@ def _verdict(a: Side, b: Side, names: tuple[str, str]) -> tuple[str, float, bool
     """How ``a`` and ``b`` (called ``names``) compare: the sentence, a - b, and whether it is decided."""
     diff, combined, decided = _decides(a, b)
     if decided:
-        return (f"{names[0] if diff > 0 else names[1]} is ahead by {100 * abs(diff):.1f} points, more than "
-                f"{DECIDES:g} times the combined spread ({100 * combined:.1f}): decided"), diff, decided
-    return (f"they differ by {100 * abs(diff):.1f} points, within {DECIDES:g} times the combined spread "
-            f"({100 * combined:.1f}): not decided at this size"), diff, decided
+        return (
+            (
+                f"{names[0] if diff > 0 else names[1]} is ahead by {100 * abs(diff):.1f} points, more than "
+                f"{DECIDES:g} times the combined spread ({100 * combined:.1f}): decided"
+            ),
+            diff,
+            decided,
+        )
+    return (
+        (
+            f"they differ by {100 * abs(diff):.1f} points, within {DECIDES:g} times the combined spread "
+            f"({100 * combined:.1f}): not decided at this size"
+        ),
+        diff,
+        decided,
+    )
 
 
 def _against(paper_diff: float, diff: float, decided: bool) -> str:
@@ -106,20 +135,35 @@ def _against(paper_diff: float, diff: float, decided: bool) -> str:
 
 def paragraph(table: int, task: str, pre: Side, rand: Side, base: Side | None) -> str:
     verdict, diff, decided = _verdict(pre, rand, ("the pretrained model", "the random twin"))
-    text = (f"**Table {table}, {task}.** Output only, depth chosen on validation: pretrained {pre.name} "
-            f"{pre.text()}, random twin {rand.text()}; {verdict}.")
+    text = (
+        f"**Table {table}, {task}.** Output only, depth chosen on validation: pretrained {pre.name} "
+        f"{pre.text()}, random twin {rand.text()}; {verdict}."
+    )
     if pre.paper is not None and rand.paper is not None:
         paper_diff = pre.paper - rand.paper
-        text += (f" The paper's table {table}: {pre.paper:g} against {rand.paper:g} "
-                 + ("(pretrained ahead)" if paper_diff > 0 else "(random ahead)" if paper_diff < 0 else "(level)")
-                 + "; " + _against(paper_diff, diff, decided) + ".")
+        text += (
+            f" The paper's table {table}: {pre.paper:g} against {rand.paper:g} "
+            + ("(pretrained ahead)" if paper_diff > 0 else "(random ahead)" if paper_diff < 0 else "(level)")
+            + "; "
+            + _against(paper_diff, diff, decided)
+            + "."
+        )
     if base is not None:
         best = max(pre, rand, key=lambda side: side.test)
         gap, spread, beyond = _decides(base, best)
-        where = (f"{100 * gap:.1f} points above both" if gap > 0 else
-                 f"{100 * -gap:.1f} points below the better of the two")
-        text += (f" Strongest baseline: {base.name.removeprefix('baseline: ')} {100 * base.test:.1f}%, {where}"
-                 + ("." if beyond else f", within {DECIDES:g} times the combined spread ({100 * spread:.1f}): level."))
+        where = (
+            f"{100 * gap:.1f} points above both"
+            if gap > 0
+            else f"{100 * -gap:.1f} points below the better of the two"
+        )
+        text += (
+            f" Strongest baseline: {base.name.removeprefix('baseline: ')} {100 * base.test:.1f}%, {where}"
+            + (
+                "."
+                if beyond
+                else f", within {DECIDES:g} times the combined spread ({100 * spread:.1f}): level."
+            )
+        )
     return text
 
 
@@ -132,13 +176,22 @@ def _solved_text(row: dict[str, str]) -> str:
     seeds, test = int(row["n_seeds"] or 1), float(row["test"])
     lowest = float(row["test_min"]) if row.get("test_min") else test
     steps, target = row.get("steps_to_target"), row.get("target")
-    text = f"{100 * test:.1f}" + (f" ± {100 * float(row['test_std'] or 0):.1f}% over {seeds} seeds, lowest seed "
-                                  f"{100 * lowest:.1f}%" if seeds > 1 else "% (1 seed)")
+    text = f"{100 * test:.1f}" + (
+        f" ± {100 * float(row['test_std'] or 0):.1f}% over {seeds} seeds, lowest seed {100 * lowest:.1f}%"
+        if seeds > 1
+        else "% (1 seed)"
+    )
     if target:
-        text += (f", validation {100 * float(target):g}% in {float(steps):,.0f} steps (mean over seeds)" if steps
-                 else f", {100 * float(target):g}% validation not reached by every seed")
-    verdict = ("every seed solves it" if lowest >= SOLVED
-               else f"not solved on every seed (a seed below {100 * SOLVED:g}% test)")
+        text += (
+            f", validation {100 * float(target):g}% in {float(steps):,.0f} steps (mean over seeds)"
+            if steps
+            else f", {100 * float(target):g}% validation not reached by every seed"
+        )
+    verdict = (
+        "every seed solves it"
+        if lowest >= SOLVED
+        else f"not solved on every seed (a seed below {100 * SOLVED:g}% test)"
+    )
     return f"{text}: {verdict}"
 
 
@@ -153,14 +206,22 @@ def end_to_end(table: int, rows: list[dict[str, str]], pretrained: str) -> list[
         pre, rand = sides.get(pretrained), sides.get(f"{pretrained}-random")
         if pre is None or rand is None:
             continue
-        text = (f"**Table {table}, {task}, end to end** (input, positions, layer norms and output trained; test at "
-                f"the best validation step): pretrained {pretrained} {_solved_text(pre)}; random twin "
-                f"{_solved_text(rand)}.")
+        text = (
+            f"**Table {table}, {task}, end to end** (input, positions, layer norms and output trained; test at "
+            f"the best validation step): pretrained {pretrained} {_solved_text(pre)}; random twin "
+            f"{_solved_text(rand)}."
+        )
         fpt, random = (TABLES[2].rows[name].get(task) for name in ("FPT", "Random"))
         if pre.get("paper") and rand.get("paper"):
-            text += (f" The paper's table {table}: {float(pre['paper']):,.0f} steps against {float(rand['paper']):,.0f}"
-                     + (f", reaching {fpt:g}% and {random:g}% (table 2)" if fpt is not None and random is not None
-                        else "") + ".")
+            text += (
+                f" The paper's table {table}: {float(pre['paper']):,.0f} steps against {float(rand['paper']):,.0f}"
+                + (
+                    f", reaching {fpt:g}% and {random:g}% (table 2)"
+                    if fpt is not None and random is not None
+                    else ""
+                )
+                + "."
+            )
         out.append(text)
     return out
 
@@ -183,8 +244,11 @@ def _columns(rows: list[dict[str, str]], task: str, backbone: str) -> dict[str, 
     mine = [r for r in rows if r["task"] == task and r["backbone"] == backbone]
     out = {}
     for rule, name in (("chosen", "head"), ("last", "head at the last depth")):
-        head = [r for r in mine if r["mode"] == "output-only" and r["input_scale"] == "paper"
-                and r.get("depth_rule") == rule]
+        head = [
+            r
+            for r in mine
+            if r["mode"] == "output-only" and r["input_scale"] == "paper" and r.get("depth_rule") == rule
+        ]
         if head:
             out[name] = _side(head[0])
     if "head at the last depth" in out:
@@ -196,8 +260,11 @@ def _columns(rows: list[dict[str, str]], task: str, backbone: str) -> dict[str, 
 
 def _best_group(columns: dict[str, Side]) -> str:
     """Which group beside the output layer helps most, ours against the runner-up, and the paper's best."""
-    groups = sorted((name for name in SINGLE.values() if name in columns and name != SINGLE["out"]),
-                    key=lambda name: columns[name].test, reverse=True)
+    groups = sorted(
+        (name for name in SINGLE.values() if name in columns and name != SINGLE["out"]),
+        key=lambda name: columns[name].test,
+        reverse=True,
+    )
     if len(groups) < 2:
         return ""
     best, second = groups[:2]
@@ -237,19 +304,23 @@ def ablations(tables: dict[int, list[dict[str, str]]], pretrained: str) -> list[
                 said.append(text)
             parts.append(f"Pretrained minus random, in points: {'; '.join(said)}.")
         if parts:
-            out.append(f"**Tables 18 and 20, {task}** (test % ± spread, the paper's in brackets; the head is "
-                       f"ours, output only, at the depth chosen on validation unless named). " + " ".join(parts))
+            out.append(
+                f"**Tables 18 and 20, {task}** (test % ± spread, the paper's in brackets; the head is "
+                f"ours, output only, at the depth chosen on validation unless named). " + " ".join(parts)
+            )
     return out
 
 
 #: the critique's table
 CRITIQUE = 101
 #: its four comparisons, (a, b, what a - b measures): a variant is (pretrained or random, unfrozen or frozen)
-CRITIQUE_PAIRS = ((("Pretrained", "Unfrozen"), ("Pretrained", "Frozen"), "finetuning every parameter, pretrained"),
-                  (("Random", "Unfrozen"), ("Random", "Frozen"), "finetuning every parameter, random"),
-                  (("Pretrained", "Frozen"), ("Random", "Frozen"), "pretraining, frozen"),
-                  (("Pretrained", "Unfrozen"), ("Random", "Unfrozen"), "pretraining, unfrozen"),
-                  (("Random", "Unfrozen"), ("Pretrained", "Frozen"), "from scratch against the FPT"))
+CRITIQUE_PAIRS = (
+    (("Pretrained", "Unfrozen"), ("Pretrained", "Frozen"), "finetuning every parameter, pretrained"),
+    (("Random", "Unfrozen"), ("Random", "Frozen"), "finetuning every parameter, random"),
+    (("Pretrained", "Frozen"), ("Random", "Frozen"), "pretraining, frozen"),
+    (("Pretrained", "Unfrozen"), ("Random", "Unfrozen"), "pretraining, unfrozen"),
+    (("Random", "Unfrozen"), ("Pretrained", "Frozen"), "from scratch against the FPT"),
+)
 
 
 def critique(rows: list[dict[str, str]], pretrained: str) -> list[str]:
@@ -260,20 +331,27 @@ def critique(rows: list[dict[str, str]], pretrained: str) -> list[str]:
     for task in dict.fromkeys(r["task"] for r in rows if r["mode"] == "end-to-end"):
         variants, rates = {}, {}
         for r in rows:
-            if r["task"] != task or r["mode"] != "end-to-end" or r["backbone"] not in (pretrained,
-                                                                                          f"{pretrained}-random"):
+            if (
+                r["task"] != task
+                or r["mode"] != "end-to-end"
+                or r["backbone"] not in (pretrained, f"{pretrained}-random")
+            ):
                 continue
             groups = set(r["trainable"].split(","))
-            variant = ("Random" if r["backbone"].endswith("-random") else "Pretrained",
-                       "Unfrozen" if {"attn", "ff"} <= groups else "Frozen")
+            variant = (
+                "Random" if r["backbone"].endswith("-random") else "Pretrained",
+                "Unfrozen" if {"attn", "ff"} <= groups else "Frozen",
+            )
             variants[variant] = _side(r)
             if r.get("lr"):  # the rate a sweep chose on validation
                 rates[variant] = float(r["lr"])
         if len(variants) < 2:
             continue
-        listed = ", ".join(f"{frozen.lower()} {kind.lower()} {_percent(side)}"
-                           + (f" at lr {rates[(kind, frozen)]:g}" if (kind, frozen) in rates else "")
-                           for (kind, frozen), side in sorted(variants.items(), key=lambda kv: kv[0][::-1]))
+        listed = ", ".join(
+            f"{frozen.lower()} {kind.lower()} {_percent(side)}"
+            + (f" at lr {rates[(kind, frozen)]:g}" if (kind, frozen) in rates else "")
+            for (kind, frozen), side in sorted(variants.items(), key=lambda kv: kv[0][::-1])
+        )
         said = []
         for a, b, what in CRITIQUE_PAIRS:
             if a not in variants or b not in variants:
@@ -288,11 +366,17 @@ def critique(rows: list[dict[str, str]], pretrained: str) -> list[str]:
         for kind in ("Pretrained", "Random"):
             if (kind, "Unfrozen") in rates and (kind, "Frozen") in rates:
                 u, f = rates[(kind, "Unfrozen")], rates[(kind, "Frozen")]
-                order.append(f"{kind.lower()}, unfrozen {u:g} and frozen {f:g} "
-                             f"({'unfrozen lower' if u < f else 'unfrozen higher' if u > f else 'the same'})")
-        out.append(f"**Table {CRITIQUE} (the critique's protocol), {task}** (test % ± spread at the learning rate "
-                   f"chosen on validation, the critique's GPT2 in brackets): {listed}. Differences in points: "
-                   + "; ".join(said) + "." + (f" Learning rates chosen: {'; '.join(order)}." if order else ""))
+                order.append(
+                    f"{kind.lower()}, unfrozen {u:g} and frozen {f:g} "
+                    f"({'unfrozen lower' if u < f else 'unfrozen higher' if u > f else 'the same'})"
+                )
+        out.append(
+            f"**Table {CRITIQUE} (the critique's protocol), {task}** (test % ± spread at the learning rate "
+            f"chosen on validation, the critique's GPT2 in brackets): {listed}. Differences in points: "
+            + "; ".join(said)
+            + "."
+            + (f" Learning rates chosen: {'; '.join(order)}." if order else "")
+        )
     return out
 
 
@@ -323,8 +407,9 @@ def findings(folders: dict[int, Path], pretrained: str) -> list[str]:
             found.setdefault(task, []).append((n, *sides))
     out = []
     for task, options in found.items():
-        n, pre, rand, base = next((o for o in options if o[1].paper is not None and o[2].paper is not None),
-                                  options[0])
+        n, pre, rand, base = next(
+            (o for o in options if o[1].paper is not None and o[2].paper is not None), options[0]
+        )
         out.append(paragraph(n, task, pre, rand, base))
     out += [text for n, rows in trained for text in end_to_end(n, rows, pretrained)]
     out += ablations(ablation, pretrained)

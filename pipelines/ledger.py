@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+
 def result_files(paths: list[str]) -> list[Path]:
     """The result JSON files among ``paths`` (files as they are; folders searched, as ``reservoir report`` does)."""
     from reservoir.results import load_results
@@ -49,8 +50,16 @@ def keep(files: list[Path], folder: Path) -> int:
 def render(table: int, ledger: Path, csv: str, plots: str, reservoir: str) -> str:
     """The markdown of table ``table`` from every result in its ledger, with its recorded options and notes."""
     settings = json.loads((ledger / f"table{table}.json").read_text())
-    command = [reservoir, "report", str(ledger / f"table{table}"), *shlex.split(settings["opts"]),
-               "--csv", csv, "--plots", plots]
+    command = [
+        reservoir,
+        "report",
+        str(ledger / f"table{table}"),
+        *shlex.split(settings["opts"]),
+        "--csv",
+        csv,
+        "--plots",
+        plots,
+    ]
     made = subprocess.run(command, stdout=subprocess.PIPE, text=True)
     if made.returncode:
         raise SystemExit(made.returncode)
@@ -61,14 +70,20 @@ def render(table: int, ledger: Path, csv: str, plots: str, reservoir: str) -> st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("action", choices=("report", "render"))
     parser.add_argument("--table", type=int, required=True)
     parser.add_argument("--ledger", type=Path, required=True, help="the folder of every table's kept results")
     parser.add_argument("--runs", nargs="*", default=[], help="result files or folders to keep (report)")
-    parser.add_argument("--opts", default="", help="`reservoir report` options of the table, one string (report)")
+    parser.add_argument(
+        "--opts", default="", help="`reservoir report` options of the table, one string (report)"
+    )
     parser.add_argument("--note", action="append", default=[], help="a line under the caption (report)")
-    parser.add_argument("--append", type=Path, default=None, help="a markdown file added under the table (report)")
+    parser.add_argument(
+        "--append", type=Path, default=None, help="a markdown file added under the table (report)"
+    )
     parser.add_argument("--csv", required=True)
     parser.add_argument("--plots", required=True)
     parser.add_argument("--reservoir", default=str(Path(sys.executable).with_name("reservoir")))
@@ -77,17 +92,24 @@ def main() -> None:
     if args.action == "report":
         files = result_files(args.runs)
         if not files:
-            raise SystemExit(f"table {args.table}: none of the runs given holds a result; run its pipeline first")
+            raise SystemExit(
+                f"table {args.table}: none of the runs given holds a result; run its pipeline first"
+            )
         new = keep(files, folder)
         recorded = args.ledger / f"table{args.table}.json"
         earlier = json.loads(recorded.read_text())["note"] if recorded.exists() else []
-        settings = {"opts": args.opts, "note": list(dict.fromkeys(earlier + args.note)),
-                    "append": args.append.read_text() if args.append else ""}
+        settings = {
+            "opts": args.opts,
+            "note": list(dict.fromkeys(earlier + args.note)),
+            "append": args.append.read_text() if args.append else "",
+        }
         recorded.write_text(json.dumps(settings, indent=1) + "\n")
         print(f"table {args.table}: {new} new of {len(files)} results kept in {folder}", file=sys.stderr)
     elif not (args.ledger / f"table{args.table}.json").exists():
-        raise SystemExit(f"table {args.table} has no ledger in {args.ledger}: run its pipeline (make table{args.table}) "
-                         "once, here or elsewhere, and keep the folder it writes")
+        raise SystemExit(
+            f"table {args.table} has no ledger in {args.ledger}: run its pipeline (make table{args.table}) "
+            "once, here or elsewhere, and keep the folder it writes"
+        )
     sys.stdout.write(render(args.table, args.ledger, args.csv, args.plots, args.reservoir))
 
 

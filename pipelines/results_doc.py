@@ -66,10 +66,17 @@ def walltime(runs: Path) -> str:
         return f"Wall time: not measured (its {len(lines)} extractions and fits predate timing)."
     total = sum(s for s, _ in timed + trained)
     machines = "; ".join(dict.fromkeys(m for _, ms in timed + trained for m in ms)) or "an unrecorded machine"
-    what = " and ".join(part for part in (f"{len(timed)} extractions and fits" if timed else "",
-                                          f"{len(trained)} training runs (every seed)" if trained else "") if part)
-    return (f"Wall time: {total / 60:.0f} min for {what}, one after another, on {machines}"
-            + (f" ({untimed} more predate timing)." if untimed else "."))
+    what = " and ".join(
+        part
+        for part in (
+            f"{len(timed)} extractions and fits" if timed else "",
+            f"{len(trained)} training runs (every seed)" if trained else "",
+        )
+        if part
+    )
+    return f"Wall time: {total / 60:.0f} min for {what}, one after another, on {machines}" + (
+        f" ({untimed} more predate timing)." if untimed else "."
+    )
 
 
 def publish(n: int, root: Path, record: Path, command: str) -> None:
@@ -84,9 +91,14 @@ def publish(n: int, root: Path, record: Path, command: str) -> None:
             shutil.copy2(root / f"table{n}{suffix}", fresh / f"table{n}{suffix}")
     for png in sorted((root / "plots" / f"table{n}").glob("*.png")):
         shutil.copy2(png, fresh / png.name)
-    earlier = json.loads((record / f"table{n}.json").read_text()) if (record / f"table{n}.json").exists() else {}
+    earlier = (
+        json.loads((record / f"table{n}.json").read_text()) if (record / f"table{n}.json").exists() else {}
+    )
     # a table rendered from its ledger alone (`make render`) measured no time here: it keeps the record's
-    about = {"command": command, "wall_time": walltime(root / f"table{n}.runs") or earlier.get("wall_time", "")}
+    about = {
+        "command": command,
+        "wall_time": walltime(root / f"table{n}.runs") or earlier.get("wall_time", ""),
+    }
     (fresh / f"table{n}.json").write_text(json.dumps(about, indent=1) + "\n")
     old = record.with_name(record.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
@@ -102,7 +114,9 @@ def kept_findings(records: dict[int, Path]) -> list[str]:
     kept = []
     for n, record in records.items():
         if not (record / f"table{n}.csv").exists() and (record / f"table{n}.findings.md").exists():
-            kept += [p.strip() for p in (record / f"table{n}.findings.md").read_text().split("\n\n") if p.strip()]
+            kept += [
+                p.strip() for p in (record / f"table{n}.findings.md").read_text().split("\n\n") if p.strip()
+            ]
     return kept
 
 
@@ -122,18 +136,36 @@ def section(n: int, record: Path, caption: str, folder: str) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--root", type=Path, required=True, help="out/LIMIT: where the tables were rendered")
     parser.add_argument("--tables", nargs="+", required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--pretrained", default=None,
-                        help="the pretrained stand-in: findings set it against its -random twin (findings.py)")
-    parser.add_argument("--command", default="make -C pipelines table{n} LIMIT={limit} DATA_DIR=DATA",
-                        help="how each table was made ({n}, {limit})")
-    parser.add_argument("--elsewhere", action="append", default=[], metavar="N=DIR",
-                        help="table N was rendered in DIR (a table made at its own size: the critique's out/500)")
-    parser.add_argument("--command-of", action="append", default=[], metavar="N=COMMAND",
-                        help="the command that made table N, where it is not --command's")
+    parser.add_argument(
+        "--pretrained",
+        default=None,
+        help="the pretrained stand-in: findings set it against its -random twin (findings.py)",
+    )
+    parser.add_argument(
+        "--command",
+        default="make -C pipelines table{n} LIMIT={limit} DATA_DIR=DATA",
+        help="how each table was made ({n}, {limit})",
+    )
+    parser.add_argument(
+        "--elsewhere",
+        action="append",
+        default=[],
+        metavar="N=DIR",
+        help="table N was rendered in DIR (a table made at its own size: the critique's out/500)",
+    )
+    parser.add_argument(
+        "--command-of",
+        action="append",
+        default=[],
+        metavar="N=COMMAND",
+        help="the command that made table N, where it is not --command's",
+    )
     args = parser.parse_args()
     tables = [int(n) for n in args.tables]
     roots = {n: Path(d) for n, d in by_table(args.elsewhere).items()}
@@ -148,28 +180,38 @@ def main() -> None:
         if (root / f"table{n}.md").exists():
             publish(n, root, records[n], command)
         elif not (records[n] / f"table{n}.json").exists():
-            raise SystemExit(f"{root / f'table{n}.md'} is missing and table {n} has no record in "
-                             f"{records[n]}: run `{command}` first")
-    parts = ["# Measured accuracies", "",
-             "Generated by `make -C pipelines docs` from the tables the pipelines rendered; every number below "
-             "comes from a result file those commands wrote, and each table names the command that made it. Each "
-             "table is kept, with its CSV and plots, under `results/tableN/`, so a table made in an earlier run "
-             "stays until it is made again; the result files of every run behind a table, on whichever machine it "
-             "ran, are kept under `results/runs/tableN/`, and the table is rendered from all of them. DATA is a folder in the layout `reservoir data where` prints. Earlier "
-             "measurements made with single commands (full-size MNIST, remote homology, end-to-end runs) are in "
-             "[results-by-hand.md](results-by-hand.md).", ""]
+            raise SystemExit(
+                f"{root / f'table{n}.md'} is missing and table {n} has no record in "
+                f"{records[n]}: run `{command}` first"
+            )
+    parts = [
+        "# Measured accuracies",
+        "",
+        "Generated by `make -C pipelines docs` from the tables the pipelines rendered; every number below "
+        "comes from a result file those commands wrote, and each table names the command that made it. Each "
+        "table is kept, with its CSV and plots, under `results/tableN/`, so a table made in an earlier run "
+        "stays until it is made again; the result files of every run behind a table, on whichever machine it "
+        "ran, are kept under `results/runs/tableN/`, and the table is rendered from all of them. DATA is a folder in the layout `reservoir data where` prints. Earlier "
+        "measurements made with single commands (full-size MNIST, remote homology, end-to-end runs) are in "
+        "[results-by-hand.md](results-by-hand.md).",
+        "",
+    ]
     if args.pretrained:
         from findings import DECIDES, findings
 
         found = kept_findings(records) + findings(records, args.pretrained)
         if found:
-            parts += ["## Findings", "",
-                      f"Computed from the tables below: a difference is decided where it exceeds {DECIDES:g} times the "
-                      "combined spread of its two sides (a side's spread: the standard deviation over its seeds, at "
-                      "least the binomial standard error of its test accuracy, Agresti-Coull). The paper's numbers in "
-                      "table 2 come from its FPT, which trains input, positions, layer norms and output: a direction "
-                      "is compared, not a level; tables 10, 12, 18 and 20 hold its output-only numbers.", "",
-                      *[p + "\n" for p in found]]
+            parts += [
+                "## Findings",
+                "",
+                f"Computed from the tables below: a difference is decided where it exceeds {DECIDES:g} times the "
+                "combined spread of its two sides (a side's spread: the standard deviation over its seeds, at "
+                "least the binomial standard error of its test accuracy, Agresti-Coull). The paper's numbers in "
+                "table 2 come from its FPT, which trains input, positions, layer norms and output: a direction "
+                "is compared, not a level; tables 10, 12, 18 and 20 hold its output-only numbers.",
+                "",
+                *[p + "\n" for p in found],
+            ]
     differences = HERE / "notes" / "differences.md"
     if differences.exists():
         parts += [differences.read_text().strip(), ""]

@@ -29,20 +29,28 @@ import tempfile
 import time
 from pathlib import Path
 
-
 BIN = Path(sys.executable).parent / "reservoir"
 
 
 def timed(args: list[str], home: Path) -> tuple[float, str]:
     start = time.perf_counter()
-    out = subprocess.run([str(BIN), "-q", *args], check=True, capture_output=True, text=True,
-                         env={**os.environ, "RESERVOIR_HOME": str(home)})
+    out = subprocess.run(
+        [str(BIN), "-q", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RESERVOIR_HOME": str(home)},
+    )
     return time.perf_counter() - start, out.stdout
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--features", type=Path, required=True, help="the pipeline's feature file of the task")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--features", type=Path, required=True, help="the pipeline's feature file of the task"
+    )
     parser.add_argument("--task", required=True)
     parser.add_argument("--backbone", required=True)
     parser.add_argument("--limit", type=int, required=True)
@@ -51,21 +59,44 @@ def main() -> None:
     args = parser.parse_args()
 
     from reservoir.api import read_features
-    from reservoir.probe.heads import HEADS, TorchHead, fit_depth
     from reservoir.extract.store import open_features, stored_identity
+    from reservoir.probe.heads import HEADS, TorchHead, fit_depth
 
     with open_features(args.features) as f:
         identity = stored_identity(f)
     depth = identity["depths"][-1]
     X, y = read_features(args.features, "train", depth)
     n = len(y)
-    common = ["--task", args.task, "--backbone", args.backbone, "--limit", str(args.limit),
-              "--data-dir", str(args.data_dir)]
+    common = [
+        "--task",
+        args.task,
+        "--backbone",
+        args.backbone,
+        "--limit",
+        str(args.limit),
+        "--data-dir",
+        str(args.data_dir),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         extract_s, _ = timed(["extract", *common, "--input-scale", identity["input_scale"]], Path(tmp))
         steps = math.ceil(n / args.batch_size)
-        train_s, out = timed(["train", *common, "--steps", str(steps), "--eval-every", str(steps), "--patience", "0",
-                              "--batch-size", str(args.batch_size), "--checkpoint-every", "0"], Path(tmp))
+        train_s, out = timed(
+            [
+                "train",
+                *common,
+                "--steps",
+                str(steps),
+                "--eval-every",
+                str(steps),
+                "--patience",
+                "0",
+                "--batch-size",
+                str(args.batch_size),
+                "--checkpoint-every",
+                "0",
+            ],
+            Path(tmp),
+        )
         result = json.loads(Path(out.strip().splitlines()[-1]).read_text())  # its last line names the result
     epochs = 20
     head = TorchHead(epochs=epochs, batch_size=256)
@@ -82,17 +113,27 @@ def main() -> None:
     print(f"\n### Cost: output-only against end-to-end ({args.task}, {args.backbone}, {n} training rows)\n")
     print(f"Measured by `pipelines/speedup.py` on {describe()}; {load()}.\n")
     print("| step | seconds |\n|---|---|")
-    print(f"| end-to-end: one epoch of `reservoir train` (FPT groups, batch {args.batch_size}, {steps} steps, one "
-          f"validation pass), the run's own time | {epoch_s:.1f} |")
+    print(
+        f"| end-to-end: one epoch of `reservoir train` (FPT groups, batch {args.batch_size}, {steps} steps, one "
+        f"validation pass), the run's own time | {epoch_s:.1f} |"
+    )
     print(f"| the same, whole command (start-up and loading included) | {train_s:.1f} |")
-    print(f"| extraction once: `reservoir extract`, every depth, train and test, whole command | {extract_s:.1f} |")
-    print(f"| output-only: one epoch of the torch head on cached features (depth {depth}; {epochs} epochs timed, "
-          f"set-up included) | {head_epoch_s:.3f} |")
-    print(f"| output-only: ridge head, closed form, all {len(HEADS['ridge'].grid)} alphas (depth {depth}) "
-          f"| {ridge_s:.3f} |")
-    print(f"\nPer epoch, the output-only head is {epoch_s / head_epoch_s:,.0f} times faster than end-to-end training; "
-          f"with the extraction paid once, {10} epochs cost {extract_s + 10 * head_epoch_s:.0f} s output-only "
-          f"against {10 * epoch_s:.0f} s end to end ({10 * epoch_s / (extract_s + 10 * head_epoch_s):.1f} times).")
+    print(
+        f"| extraction once: `reservoir extract`, every depth, train and test, whole command | {extract_s:.1f} |"
+    )
+    print(
+        f"| output-only: one epoch of the torch head on cached features (depth {depth}; {epochs} epochs timed, "
+        f"set-up included) | {head_epoch_s:.3f} |"
+    )
+    print(
+        f"| output-only: ridge head, closed form, all {len(HEADS['ridge'].grid)} alphas (depth {depth}) "
+        f"| {ridge_s:.3f} |"
+    )
+    print(
+        f"\nPer epoch, the output-only head is {epoch_s / head_epoch_s:,.0f} times faster than end-to-end training; "
+        f"with the extraction paid once, {10} epochs cost {extract_s + 10 * head_epoch_s:.0f} s output-only "
+        f"against {10 * epoch_s:.0f} s end to end ({10 * epoch_s / (extract_s + 10 * head_epoch_s):.1f} times)."
+    )
 
 
 if __name__ == "__main__":

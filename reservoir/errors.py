@@ -57,6 +57,8 @@ def unreadable(path: object, e: BaseException, fix: str) -> DataError:
     import errno
 
     if getattr(e, "errno", None) == errno.EIO:
-        return DataError(f"reading {path} failed: the disk reported an I/O error ({e}); check the disk, or copy the "
-                         "data to another one and point --data-dir there, then rerun")
+        return DataError(
+            f"reading {path} failed: the disk reported an I/O error ({e}); check the disk, or copy the "
+            "data to another one and point --data-dir there, then rerun"
+        )
     return DataError(f"{path} is unreadable or truncated ({type(e).__name__}: {e}); {fix}")

@@ -34,16 +34,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from reservoir.config import features_dir, slug
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torch import nn
-
     from reservoir.tasks import SplitData, Task
 
 #: version of the feature-file layout; a file of another format is never reused
@@ -81,13 +80,15 @@ def array_digest(*arrays: Any) -> str:
     return h.hexdigest()
 
 
-def data_fingerprint(data: Mapping[str, "SplitData"]) -> dict[str, dict[str, Any]]:
+def data_fingerprint(data: Mapping[str, SplitData]) -> dict[str, dict[str, Any]]:
     """Per split: rows and a digest of the inputs, labels and lengths actually read."""
-    return {split: {"rows": len(d), "sha256": array_digest(d.inputs, d.labels, d.lengths)}
-            for split, d in data.items()}
+    return {
+        split: {"rows": len(d), "sha256": array_digest(d.inputs, d.labels, d.lengths)}
+        for split, d in data.items()
+    }
 
 
-def reread(task: "Task", identity: Mapping[str, Any], data_dir: Path | str) -> dict[str, "SplitData"] | None:
+def reread(task: Task, identity: Mapping[str, Any], data_dir: Path | str) -> dict[str, SplitData] | None:
     """The splits behind a recorded identity, read again from ``data_dir`` as recorded (its
     splits and limit), or ``None`` when they differ from its data digest."""
     data = {s: task.load(s, Path(data_dir), identity["limit"]) for s in identity["splits"]}
@@ -109,9 +110,21 @@ def task_label(name: str) -> str:
     return f"file:{Path(name[5:]).name}" if name.startswith("file:") else name
 
 
-def feature_identity(*, task_name: str, task: "Task", data: Mapping[str, "SplitData"], backbone: str,
-                     backbone_fingerprint: str, seed: int, input_scale: str, depths: list[int], dtype: str, readout: str,
-                     limit: int | None, calibration: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def feature_identity(
+    *,
+    task_name: str,
+    task: Task,
+    data: Mapping[str, SplitData],
+    backbone: str,
+    backbone_fingerprint: str,
+    seed: int,
+    input_scale: str,
+    depths: list[int],
+    dtype: str,
+    readout: str,
+    limit: int | None,
+    calibration: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The identity of a feature file (module docstring); ``backbone`` is the readable label and
     ``backbone_fingerprint`` the hash of :func:`reservoir.model.backbones.fingerprint`."""
     extra = {"calibration": dict(calibration)} if calibration else {}

@@ -31,9 +31,19 @@ def bar(total: int, desc: str, *, initial: int = 0, enabled: bool = True, unit: 
     from tqdm import tqdm
 
     tty = sys.stderr.isatty()
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=not enabled, leave=True,
-                file=sys.stderr if tty else _Lines(sys.stderr), dynamic_ncols=tty, ncols=None if tty else 100,
-                mininterval=TTY_INTERVAL if tty else PIPE_INTERVAL, smoothing=0.1)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit=unit,
+        disable=not enabled,
+        leave=True,
+        file=sys.stderr if tty else _Lines(sys.stderr),
+        dynamic_ncols=tty,
+        ncols=None if tty else 100,
+        mininterval=TTY_INTERVAL if tty else PIPE_INTERVAL,
+        smoothing=0.1,
+    )
 
 
 def log(message: str, enabled: bool = True) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from reservoir.errors import UsageError
 
@@ -25,7 +26,9 @@ class Registry(Generic[T]):
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._entries[name] = f
-            self._help[name] = help or (f.__doc__ or "").strip().splitlines()[0] if (help or f.__doc__) else ""
+            self._help[name] = (
+                help or (f.__doc__ or "").strip().splitlines()[0] if (help or f.__doc__) else ""
+            )
             return f
 
         return add(factory) if factory is not None else add

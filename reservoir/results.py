@@ -25,26 +25,54 @@ import contextlib
 import json
 import os
 import secrets
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO
 
 from reservoir import __version__
 from reservoir.config import results_dir, slug
 from reservoir.errors import DataError
 from reservoir.identity import digest
 
-REQUIRED = ("task", "backbone", "mode", "depth", "head", "trainable", "test_accuracy", "val_accuracy",
-            "n_train", "n_val", "n_test", "seconds", "seed", "lr", "identity", "identity_hash", "key", "config",
-            "version")
+REQUIRED = (
+    "task",
+    "backbone",
+    "mode",
+    "depth",
+    "head",
+    "trainable",
+    "test_accuracy",
+    "val_accuracy",
+    "n_train",
+    "n_val",
+    "n_test",
+    "seconds",
+    "seed",
+    "lr",
+    "identity",
+    "identity_hash",
+    "key",
+    "config",
+    "version",
+)
 MODES = ("output-only", "end-to-end", "baseline")
 
 
 def result_key(result: dict[str, Any]) -> str:
     """What makes a result distinct: the producing run's identity and the head's own settings."""
     fit = result.get("config", {}).get("fit", {})
-    return digest({"identity": result["identity_hash"], "mode": result["mode"], "head": result["head"],
-                   "depth": result["depth"], "seed": result["seed"], "trainable": list(result["trainable"]),
-                   "lr": result.get("lr"), "val_fraction": fit.get("val_fraction")})
+    return digest(
+        {
+            "identity": result["identity_hash"],
+            "mode": result["mode"],
+            "head": result["head"],
+            "depth": result["depth"],
+            "seed": result["seed"],
+            "trainable": list(result["trainable"]),
+            "lr": result.get("lr"),
+            "val_fraction": fit.get("val_fraction"),
+        }
+    )
 
 
 def result_name(result: dict[str, Any]) -> str:
@@ -130,13 +158,17 @@ def load_results(paths: Iterable[Path]) -> list[dict[str, Any]]:
             try:
                 obj = json.loads(f.read_text())
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise DataError(f"cannot read result {f} ({type(e).__name__}: {e}); delete it or rerun the "
-                                "fit/train that wrote it") from None
+                raise DataError(
+                    f"cannot read result {f} ({type(e).__name__}: {e}); delete it or rerun the "
+                    "fit/train that wrote it"
+                ) from None
             if not _is_result(obj):
                 if p.is_dir():
                     continue
-                raise DataError(f"{f} is not a reservoir result (it lacks "
-                                f"{[k for k in REQUIRED if not isinstance(obj, dict) or k not in obj][:4]}); "
-                                "pass result files written by `reservoir fit` or `reservoir train`")
+                raise DataError(
+                    f"{f} is not a reservoir result (it lacks "
+                    f"{[k for k in REQUIRED if not isinstance(obj, dict) or k not in obj][:4]}); "
+                    "pass result files written by `reservoir fit` or `reservoir train`"
+                )
             out.setdefault(obj["key"], {**obj, "path": str(f)})
     return list(out.values())

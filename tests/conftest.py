@@ -84,7 +84,9 @@ def write_mnist(folder, sizes: dict[str, int], cyclic_labels: bool = False):
         with gzip.open(folder / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
             f.write(b"\0\0\x08\x03" + n.to_bytes(4, "big") + (28).to_bytes(4, "big") * 2)
             f.write(rng.integers(0, 256, (n, 28, 28), dtype=np.uint8).tobytes())
-        labels = (np.arange(n) % 10).astype(np.uint8) if cyclic_labels else rng.integers(0, 10, n, dtype=np.uint8)
+        labels = (
+            (np.arange(n) % 10).astype(np.uint8) if cyclic_labels else rng.integers(0, 10, n, dtype=np.uint8)
+        )
         with gzip.open(folder / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
             f.write(b"\0\0\x08\x01" + n.to_bytes(4, "big") + labels.tobytes())
     return folder

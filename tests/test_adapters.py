@@ -20,10 +20,25 @@ DINOV2_MASK = tuple(int(x) for x in __import__("transformers").__version__.split
 pytestmark = pytest.mark.usefixtures("one_thread")
 VISION = {"vit", "deit", "dinov2", "clip_vision", "siglip_vision"}
 #: where each architecture keeps its blocks, named independently of the adapters' own search
-BLOCKS = {"gpt2": "h", "gptj": "h", "opt": "decoder.layers", "bert": "encoder.layer", "roberta": "encoder.layer",
-          "electra": "encoder.layer", "deberta-v2": "encoder.layer", "t5": "block", "dinov2": "encoder.layer",
-          "albert": "encoder.albert_layer_groups", "clip_vision": "encoder.layers", "siglip_vision": "encoder.layers",
-          "falcon": "h", "bloom": "h", "mpt": "blocks", "gpt_bigcode": "h", "distilbert": "transformer.layer"}
+BLOCKS = {
+    "gpt2": "h",
+    "gptj": "h",
+    "opt": "decoder.layers",
+    "bert": "encoder.layer",
+    "roberta": "encoder.layer",
+    "electra": "encoder.layer",
+    "deberta-v2": "encoder.layer",
+    "t5": "block",
+    "dinov2": "encoder.layer",
+    "albert": "encoder.albert_layer_groups",
+    "clip_vision": "encoder.layers",
+    "siglip_vision": "encoder.layers",
+    "falcon": "h",
+    "bloom": "h",
+    "mpt": "blocks",
+    "gpt_bigcode": "h",
+    "distilbert": "transformer.layer",
+}
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +86,16 @@ def inputs(backbone, kind: str, seed: int = 0):
 def reference(folder, kind: str, backbone, x, lengths, readout, k: int) -> torch.Tensor:
     model = library_model(folder, kind, k)
     if kind in VISION:  # the FPT input layer replaces the patch embedding: feed patches + patch positions
-        emb = model.embeddings  # ViT, DeiT, DINOv2: a parameter and patch_embeddings; CLIP, SigLIP: an embedding
-        table = emb.position_embeddings if hasattr(emb, "patch_embeddings") else emb.position_embedding.weight[None]
+        emb = (
+            model.embeddings
+        )  # ViT, DeiT, DINOv2: a parameter and patch_embeddings; CLIP, SigLIP: an embedding
+        table = (
+            emb.position_embeddings
+            if hasattr(emb, "patch_embeddings")
+            else emb.position_embedding.weight[None]
+        )
         n_patches = emb.patch_embeddings.num_patches if hasattr(emb, "patch_embeddings") else emb.num_patches
-        positions = table[:, table.shape[1] - n_patches:]
+        positions = table[:, table.shape[1] - n_patches :]
         emb.forward = lambda *a, **kw: x + positions
         out = model(pixel_values=torch.zeros(2, 3, 32, 32)).last_hidden_state
     else:
@@ -130,8 +151,9 @@ def test_a_training_step_updates_exactly_the_requested_groups(folders, kind):
     data = task.load("train", ".", limit=8)
     tokens = torch.from_numpy(task.encode(data.inputs))
     logits = model(tokens, torch.from_numpy(np.asarray(data.lengths)))
-    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                       torch.from_numpy(np.asarray(data.labels)).reshape(-1).long())
+    loss = nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), torch.from_numpy(np.asarray(data.labels)).reshape(-1).long()
+    )
     torch.optim.SGD(params, lr=1.0).zero_grad()
     loss.backward()
     torch.optim.SGD(params, lr=1.0).step()
@@ -139,8 +161,14 @@ def test_a_training_step_updates_exactly_the_requested_groups(folders, kind):
     for name, p in model.named_parameters():
         changed = not torch.equal(p.detach(), before[name])
         assert changed == (id(p) in chosen and p.grad is not None and bool(p.grad.abs().sum())), name
-    assert all(any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters()
-                   if id(p) in {id(q) for q in groups[g]}) for g in asked)
+    assert all(
+        any(
+            not torch.equal(p.detach(), before[n])
+            for n, p in model.named_parameters()
+            if id(p) in {id(q) for q in groups[g]}
+        )
+        for g in asked
+    )
 
 
 def test_a_group_a_model_lacks_is_skipped_with_a_note_naming_its_model_type(folders):
@@ -239,8 +267,11 @@ def test_mismatched_weights_are_refused_naming_them(folders, tmp_path):
     folder = tmp_path / "broken"
     shutil.copytree(folders["llama"], folder)
     weights = load_file(folder / "model.safetensors")
-    save_file({k: v for k, v in weights.items() if ".layers.1." not in k}, folder / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in weights.items() if ".layers.1." not in k},
+        folder / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
     with pytest.raises(BackboneError, match=r"do not fit its config \(missing: .*layers\.1\."):
         load_backbone(str(folder))
@@ -268,17 +299,32 @@ def test_a_dual_encoder_folder_is_read_as_its_vision_tower(tmp_path):
 
     from tests.zoo import VISION as TOWER
 
-    text = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=50,
-                max_position_embeddings=32, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    text = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=50,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
     torch.manual_seed(0)
     clip = t.CLIPModel(t.CLIPConfig(vision_config=TOWER, text_config=text, projection_dim=16)).eval()
     clip.save_pretrained(tmp_path / "clip")
     clip.vision_model.save_pretrained(tmp_path / "tower")
     both, tower = load_backbone(str(tmp_path / "clip")), load_backbone(str(tmp_path / "tower"))
-    assert type(both) is type(tower) and both.n_layers == LAYERS and both.config.model_type == "clip_vision_model"
+    assert (
+        type(both) is type(tower)
+        and both.n_layers == LAYERS
+        and both.config.model_type == "clip_vision_model"
+    )
     x, lengths, readout = inputs(both, "clip_vision")
     with torch.inference_mode():
-        torch.testing.assert_close(both(x, lengths, [0, 2, 3], readout), tower(x, lengths, [0, 2, 3], readout))
+        torch.testing.assert_close(
+            both(x, lengths, [0, 2, 3], readout), tower(x, lengths, [0, 2, 3], readout)
+        )
 
 
 def test_vision_blocks_without_a_mask_run_full_rows_and_refuse_padded_ones(folders, monkeypatch):
@@ -298,5 +344,7 @@ def test_vision_blocks_without_a_mask_run_full_rows_and_refuse_padded_ones(folde
         monkeypatch.setattr(VisionBackbone, "blocks_take_mask", property(lambda self: False))
         for a, b in zip(masked, reservoir(tokens, full, [1, 2])):
             torch.testing.assert_close(a, b)
-        with pytest.raises(BackboneError, match=r"blocks of transformers .* take no attention mask.*'transformers>=5.18'"):
+        with pytest.raises(
+            BackboneError, match=r"blocks of transformers .* take no attention mask.*'transformers>=5.18'"
+        ):
             reservoir(tokens, torch.tensor([tokens.shape[1], 9]), [1])

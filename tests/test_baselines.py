@@ -10,25 +10,39 @@ import pytest
 import torch
 
 from reservoir.model.backbones import load_backbone
-from reservoir.probe.baselines import lookup_rule, raw_inputs
 from reservoir.model.reservoir import Reservoir
+from reservoir.probe.baselines import lookup_rule, raw_inputs
 from reservoir.probe.heads import RidgePath, RidgeStats
 from reservoir.report.tables import Report
-from reservoir.results import load_results
 from reservoir.tasks import get_task
 from reservoir.tasks.listops import VOCAB, first_operator
 from tests.conftest import save_tiny_gpt2
 
 
 def extract(cli, backbone, *args, task="listops"):
-    r = cli("-q", "extract", "--task", task, "--backbone", str(backbone), "--limit", "120", "--depths", "0,1",
-            "--dtype", "float32", *args)
+    r = cli(
+        "-q",
+        "extract",
+        "--task",
+        task,
+        "--backbone",
+        str(backbone),
+        "--limit",
+        "120",
+        "--depths",
+        "0,1",
+        "--dtype",
+        "float32",
+        *args,
+    )
     assert r.exit_code == 0, r.output
     return Path(r.stdout.strip().splitlines()[-1])
 
 
 def baselines(home, task="listops"):
-    return {p.parent.name: json.loads(p.read_text()) for p in (home / "results" / task).glob("baseline-*/*.json")}
+    return {
+        p.parent.name: json.loads(p.read_text()) for p in (home / "results" / task).glob("baseline-*/*.json")
+    }
 
 
 def test_fit_writes_every_baseline_and_reuses_them_for_another_backbone(cli, home, tiny_gpt2):
@@ -36,7 +50,12 @@ def test_fit_writes_every_baseline_and_reuses_them_for_another_backbone(cli, hom
     r = cli("fit", "--features", str(path), "--head", "ridge")
     assert r.exit_code == 0, r.output
     found = baselines(home)
-    assert sorted(found) == ["baseline-first-operator", "baseline-majority", "baseline-raw", "baseline-tanh-32"]
+    assert sorted(found) == [
+        "baseline-first-operator",
+        "baseline-majority",
+        "baseline-raw",
+        "baseline-tanh-32",
+    ]
     # the majority and first-operator numbers are what the rule gives, computed here by hand
     task = get_task("listops", seed=0)
     train, test = task.load("train", Path("."), 120), task.load("test", Path("."), 120)
@@ -49,7 +68,9 @@ def test_fit_writes_every_baseline_and_reuses_them_for_another_backbone(cli, hom
     assert found["baseline-first-operator"]["test_accuracy"] == pytest.approx(expected)
     assert found["baseline-raw"]["head"] == "ridge" and found["baseline-raw"]["n_train"] == 120
     # the table shows them beside the reservoir's numbers
-    assert "baseline: first-operator rule" in r.stdout and "baseline: random tanh features (32 wide)" in r.stdout
+    assert (
+        "baseline: first-operator rule" in r.stdout and "baseline: random tanh features (32 wide)" in r.stdout
+    )
     # another backbone on the same data reuses every baseline file untouched
     stamps = {p: p.stat().st_mtime_ns for p in (home / "results" / "listops").glob("baseline-*/*.json")}
     path2 = extract(cli, save_tiny_gpt2(home / "wider", n_embd=48))
@@ -76,7 +97,9 @@ def test_baselines_refuse_other_data(cli, home, tmp_path, tiny_gpt2):
     path = Path(r.stdout.strip())
     np.savez(file, x=rng.random((60, 5, 2), dtype=np.float32), y=np.arange(60) % 3)  # the file changed since
     r = cli("fit", "--features", str(path))
-    assert r.exit_code == 0 and "no baselines: pass --task file:PATH" in r.output  # the file's path is not stored
+    assert (
+        r.exit_code == 0 and "no baselines: pass --task file:PATH" in r.output
+    )  # the file's path is not stored
     r = cli("fit", "--features", str(path), "--task", f"file:{file}")
     assert r.exit_code == 1 and "was extracted from another file" in r.output and "Traceback" not in r.output
 
@@ -135,24 +158,66 @@ def test_input_scale_is_part_of_the_identity_and_checked(cli, home, tiny_gpt2):
     assert "scale-matched" in matched.name and "scale-0.02-" in number.name and "scale" not in paper.name
     with h5py.File(matched, "r") as f:
         assert json.loads(f.attrs["identity"])["input_scale"] == "matched"
-    r = cli("-q", "extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "120", "--depths", "0,1",
-            "--dtype", "float32", "--out", str(paper), "--input-scale", "matched")
+    r = cli(
+        "-q",
+        "extract",
+        "--task",
+        "digits",
+        "--backbone",
+        str(tiny_gpt2),
+        "--limit",
+        "120",
+        "--depths",
+        "0,1",
+        "--dtype",
+        "float32",
+        "--out",
+        str(paper),
+        "--input-scale",
+        "matched",
+    )
     assert r.exit_code == 1 and 'input_scale: stored "paper", asked "matched"' in r.output
     for bad in ("0", "-1", "big", "inf"):
         r = cli("extract", "--task", "digits", "--input-scale", bad)
-        assert r.exit_code == 2 and "--input-scale must be one of ['paper', 'matched'] or a positive number" in r.output
+        assert (
+            r.exit_code == 2
+            and "--input-scale must be one of ['paper', 'matched'] or a positive number" in r.output
+        )
 
 
 def test_report_chooses_the_depth_on_validation_and_writes_csv_and_plots(tmp_path):
     def result(depth, val, test, backbone="b", seed=0):
-        return {"task": "t", "backbone": backbone, "mode": "output-only", "depth": depth, "head": "ridge",
-                "trainable": ["out"], "test_accuracy": test, "val_accuracy": val, "n_train": 10, "n_val": 2,
-                "n_test": 5, "seconds": 0.0, "seed": seed, "lr": None, "identity": {"data": 1, "input_scale": "paper"},
-                "identity_hash": "abcdef", "key": f"{backbone}{depth}{seed}", "config": {}, "version": "x"}
+        return {
+            "task": "t",
+            "backbone": backbone,
+            "mode": "output-only",
+            "depth": depth,
+            "head": "ridge",
+            "trainable": ["out"],
+            "test_accuracy": test,
+            "val_accuracy": val,
+            "n_train": 10,
+            "n_val": 2,
+            "n_test": 5,
+            "seconds": 0.0,
+            "seed": seed,
+            "lr": None,
+            "identity": {"data": 1, "input_scale": "paper"},
+            "identity_hash": "abcdef",
+            "key": f"{backbone}{depth}{seed}",
+            "config": {},
+            "version": "x",
+        }
 
     results = [result(0, 0.5, 0.9), result(1, 0.8, 0.6), result(2, 0.8, 0.7), result(1, 0.9, 0.62, seed=1)]
-    results.append({**result(None, 0.3, 0.3, backbone="baseline-majority"), "mode": "baseline",
-                    "baseline": "majority", "head": "rule"})
+    results.append(
+        {
+            **result(None, 0.3, 0.3, backbone="baseline-majority"),
+            "mode": "baseline",
+            "baseline": "majority",
+            "head": "rule",
+        }
+    )
     rep = Report(results)
     (row,) = rep.rows
     assert row.chosen == 1 and row.best_by_test == 0  # validation picks depth 1 although depth 0 tests best
@@ -174,11 +239,30 @@ def test_report_plots_training_curves_and_puts_paper_numbers_beside_ours(tmp_pat
     from reservoir.report.paper import TABLES
 
     history = [{"step": s, "loss": 1.0 / s, "val_accuracy": 0.5 + s / 100} for s in (10, 20, 30)]
-    e2e = {"task": "bit_xor", "backbone": "gpt2-random", "mode": "end-to-end", "depth": 12, "head": "linear",
-           "trainable": ["input", "pos", "ln", "out"], "test_accuracy": 0.99, "test_std": 0.0, "seeds": [0],
-           "val_accuracy": 0.8, "n_train": 90, "n_val": 10, "n_test": 50, "seconds": 1.0, "seed": 0, "lr": 0.001,
-           "identity": {"input_scale": "paper"}, "identity_hash": "123456", "key": "k", "config": {}, "version": "x",
-           "runs": [{"lr": 0.001, "seed": 0, "history": history}]}
+    e2e = {
+        "task": "bit_xor",
+        "backbone": "gpt2-random",
+        "mode": "end-to-end",
+        "depth": 12,
+        "head": "linear",
+        "trainable": ["input", "pos", "ln", "out"],
+        "test_accuracy": 0.99,
+        "test_std": 0.0,
+        "seeds": [0],
+        "val_accuracy": 0.8,
+        "n_train": 90,
+        "n_val": 10,
+        "n_test": 50,
+        "seconds": 1.0,
+        "seed": 0,
+        "lr": 0.001,
+        "identity": {"input_scale": "paper"},
+        "identity_hash": "123456",
+        "key": "k",
+        "config": {},
+        "version": "x",
+        "runs": [{"lr": 0.001, "seed": 0, "history": history}],
+    }
     rep = Report([e2e], paper=TABLES[2], paper_rows={"gpt2-random:input,pos,ln,out": "Random"})
     table = rep.task_table()
     assert "| gpt2-random [input,pos,ln,out] | linear | 99.0 (90/50) (paper 100) |" in table
@@ -197,10 +281,21 @@ def test_report_options_refuse_bad_input(cli, home, tiny_gpt2, tmp_path):
     assert r.exit_code == 2 and "ROW one of ['Bit', 'FPT', 'Random', 'ViT']" in r.output
     blocked = tmp_path / "file"
     blocked.write_text("")
-    for option, target, fix in (("--plots", blocked / "plots", "pass a --plots folder you can write"),
-                                ("--csv", blocked / "t.csv", "pass a --csv file you can write")):
+    for option, target, fix in (
+        ("--plots", blocked / "plots", "pass a --plots folder you can write"),
+        ("--csv", blocked / "t.csv", "pass a --csv file you can write"),
+    ):
         r = cli("report", option, str(target))
         assert r.exit_code == 1 and fix in r.output and "Traceback" not in r.output
-    r = cli("report", "--paper", "2", "--as", f"{tiny_gpt2.name}=Random", "--layout", "task", "--csv",
-            str(tmp_path / "t.csv"))
+    r = cli(
+        "report",
+        "--paper",
+        "2",
+        "--as",
+        f"{tiny_gpt2.name}=Random",
+        "--layout",
+        "task",
+        "--csv",
+        str(tmp_path / "t.csv"),
+    )
     assert r.exit_code == 0 and r.output.startswith("Paper table 2:") and (tmp_path / "t.csv").exists()

@@ -22,8 +22,9 @@ def installed(module: str) -> bool:
 
 def run(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def table(stdout: str) -> dict[str, list[str]]:
@@ -38,10 +39,16 @@ def table(stdout: str) -> dict[str, list[str]]:
 
 def check(r: subprocess.CompletedProcess, rows: list[str]) -> dict[str, list[str]]:
     assert r.returncode == 0, r.stderr[-3000:]
-    assert re.search(r"^cpu flags: avx2 (yes|no), avx512f (yes|no), avx512_bf16 (yes|no), avx512_vnni (yes|no), "
-                     r"avx_vnni (yes|no), amx_bf16 (yes|no), amx_int8 (yes|no)$", r.stdout, re.M), r.stdout
+    assert re.search(
+        r"^cpu flags: avx2 (yes|no), avx512f (yes|no), avx512_bf16 (yes|no), avx512_vnni (yes|no), "
+        r"avx_vnni (yes|no), amx_bf16 (yes|no), amx_int8 (yes|no)$",
+        r.stdout,
+        re.M,
+    ), r.stdout
     assert re.search(r"^versions: .*torch .*onnxruntime .*openvino .*nncf ", r.stdout, re.M), r.stdout
-    assert re.search(r"^before: load average", r.stdout, re.M) and re.search(r"^after: load average", r.stdout, re.M)
+    assert re.search(r"^before: load average", r.stdout, re.M) and re.search(
+        r"^after: load average", r.stdout, re.M
+    )
     found = table(r.stdout)
     for name in [*rows, "roofline"]:
         assert name in found, f"no table line for {name}:\n{r.stdout}"
@@ -56,7 +63,9 @@ def test_smoke_official_ours_and_onnxruntime():
     for name in rows:  # measured, not failed: a number in tokens/s and no note
         assert re.fullmatch(r"\d+", found[name][3]) and not found[name][8], found[name]
     assert found["ours"][4] != "-" and found["ours"][5] == "1.00x"
-    for name in rows[2:]:  # the ONNX Runtime rows compute our features (float32: to rounding; int8: within 10%)
+    for name in rows[
+        2:
+    ]:  # the ONNX Runtime rows compute our features (float32: to rounding; int8: within 10%)
         assert float(found[name][7]) < (1e-4 if name == "ort-fp32" else 0.1), found[name]
 
 
@@ -72,15 +81,30 @@ def test_the_default_against_each_native_dtype():
         native = name.removeprefix("ours-") in candidates()
         assert bool(re.fullmatch(r"\d+", found[name][3])) == native, found[name]
         assert native or "does not multiply" in found[name][8], found[name]
-    assert re.search(r"^  ours \(the default\) / ours-\w+ \(the fastest of ours-float32.*\): \d+\.\d\dx$", r.stdout, re.M)
+    assert re.search(
+        r"^  ours \(the default\) / ours-\w+ \(the fastest of ours-float32.*\): \d+\.\d\dx$", r.stdout, re.M
+    )
 
 
 @pytest.mark.slow  # real inductor compiles, an ONNX export, OpenVINO conversion and NNCF calibration: about a minute
 def test_every_row():
     r = run(*SMOKE)
-    found = check(r, ["official", "hf-compiled", "ort-fp32", "ort-int8", "ov-float", "ov-int8", "ours", "ours-torch",
-                      "ours-int8", "ours-int8-static"])
-    for name, cells in found.items():
+    found = check(
+        r,
+        [
+            "official",
+            "hf-compiled",
+            "ort-fp32",
+            "ort-int8",
+            "ov-float",
+            "ov-int8",
+            "ours",
+            "ours-torch",
+            "ours-int8",
+            "ours-int8-static",
+        ],
+    )
+    for cells in found.values():
         note = cells[8]
         # each row is measured, or says why not: never a failure of the benchmark itself
         assert re.fullmatch(r"\d+", cells[3]) or note.startswith(("not installed", "not available")), cells
@@ -88,7 +112,9 @@ def test_every_row():
         assert "OpenVINO's choice" in found["ov-float"][1]
         for name in ("ours-int8", "ours-int8-static"):  # measured, and within 10% of float32
             assert re.fullmatch(r"\d+", found[name][3]) and float(found[name][7]) < 0.1, found[name]
-        assert re.search(r"^  ours-int8-static / \S+ \(the fastest of ort-int8, ov-int8\): \d+\.\d\dx$", r.stdout, re.M)
+        assert re.search(
+            r"^  ours-int8-static / \S+ \(the fastest of ort-int8, ov-int8\): \d+\.\d\dx$", r.stdout, re.M
+        )
 
 
 def test_usage_errors():
@@ -116,4 +142,6 @@ def test_flops_per_token():
     extract = load("extract")
     # GPT-2 small at MNIST's 64 tokens of 16: 171.1 MFLOP (docs/benchmarks.md)
     assert extract.flops_per_token(12, 768, 3072, 64, 16) == pytest.approx(171.1e6, rel=1e-3)
-    assert extract.flops_per_token(12, 768, 3072, 64, 16, causal=False) > extract.flops_per_token(12, 768, 3072, 64, 16)
+    assert extract.flops_per_token(12, 768, 3072, 64, 16, causal=False) > extract.flops_per_token(
+        12, 768, 3072, 64, 16
+    )

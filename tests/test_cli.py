@@ -11,7 +11,11 @@ from reservoir.runtime.runner import resolve_dtype
 def test_unknown_task_exits_2_listing_choices(cli, home):
     r = cli("extract", "--task", "cifar11")
     assert r.exit_code == 2
-    assert "unknown task 'cifar11'; choose from [" in r.output and "'digits'" in r.output and "'mnist'" in r.output
+    assert (
+        "unknown task 'cifar11'; choose from [" in r.output
+        and "'digits'" in r.output
+        and "'mnist'" in r.output
+    )
 
 
 def test_unknown_backbone_exits_2(cli, home):
@@ -36,7 +40,9 @@ def test_fit_depth_is_the_single_depth_form_of_depths(cli, home, tmp_path):
     from conftest import save_tiny_gpt2
 
     folder = save_tiny_gpt2(tmp_path / "gpt2-12x16", n_layer=12, n_embd=16)
-    r = cli("-q", "extract", "--task", "digits", "--backbone", str(folder), "--limit", "100", "--dtype", "float32")
+    r = cli(
+        "-q", "extract", "--task", "digits", "--backbone", str(folder), "--limit", "100", "--dtype", "float32"
+    )
     assert r.exit_code == 0, r.output
     path = Path(r.stdout.strip())
     r = cli("-q", "fit", "--features", str(path), "--depth", "6", "--head", "ridge")
@@ -51,7 +57,10 @@ def test_fit_depth_is_the_single_depth_form_of_depths(cli, home, tmp_path):
 
 def test_a_depth_the_backbone_lacks_exits_1_naming_the_range(cli, home):
     r = cli("extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,9", "--limit", "4")
-    assert r.exit_code == 1 and "depth 9 is not available in backbone lstm (3 blocks); choose depths in [0, 3]" in r.output
+    assert (
+        r.exit_code == 1
+        and "depth 9 is not available in backbone lstm (3 blocks); choose depths in [0, 3]" in r.output
+    )
     r = cli("extract", "--task", "digits", "--backbone", "lstm", "--depths", "-9", "--limit", "4")
     assert r.exit_code == 1 and "depth -9 is not available" in r.output  # the value given, not -9 + 4
     assert "Traceback" not in r.output and not (home / "features").exists()
@@ -101,13 +110,32 @@ def test_extract_fit_report_on_digits(cli, home, tiny_gpt2):
     results = sorted((home / "results" / "digits" / tiny_gpt2.name).glob("*.json"))
     assert len(results) == 3
     res = json.loads(results[-1].read_text())
-    for key in ("task", "backbone", "mode", "depth", "head", "trainable", "test_accuracy", "val_accuracy",
-                "n_train", "n_val", "n_test", "seconds", "seed", "config", "version"):
+    for key in (
+        "task",
+        "backbone",
+        "mode",
+        "depth",
+        "head",
+        "trainable",
+        "test_accuracy",
+        "val_accuracy",
+        "n_train",
+        "n_val",
+        "n_test",
+        "seconds",
+        "seed",
+        "config",
+        "version",
+    ):
         assert key in res
     assert res["mode"] == "output-only" and res["n_test"] == 360 and res["n_train"] == 1437
     assert res["test_accuracy"] > 0.5  # chance is 0.1
     r = cli("report")
-    assert r.exit_code == 0 and "| tiny-gpt20 | ridge |" in r.stdout and "baseline: raw-input linear head" in r.stdout
+    assert (
+        r.exit_code == 0
+        and "| tiny-gpt20 | ridge |" in r.stdout
+        and "baseline: raw-input linear head" in r.stdout
+    )
 
 
 def test_fit_without_features_exits_1(cli, home):
@@ -127,40 +155,91 @@ def test_listings(cli):
 
 
 BAD_VALUES = [
-    (("extract", "--task", "bit_xor", "--task-opt", "n_bits=-3"),
-     "The 'n_bits' option of task bit_xor must be in [1, 1048576]. Got -3 instead."),
-    (("extract", "--task", "bit_memory", "--task-opt", "mask_prob=1.5"),
-     "The 'mask_prob' option of task bit_memory must be in [0.0, 1.0]. Got 1.5 instead."),
-    (("extract", "--task", "bit_memory", "--task-opt", "n_bits=70"),
-     "The 'n_bits' option of task bit_memory must be a multiple of token_bits (50). Got 70 instead."),
-    (("extract", "--task", "listops", "--task-opt", "max_args=1"),
-     "The 'max_args' option of task listops must be in [2, 1000]. Got 1 instead."),
-    (("extract", "--task", "listops", "--task-opt", "min_length=10", "--task-opt", "max_length=11"),
-     "The 'max_length' option of task listops must be > min_length + 1 (11)"),
-    (("extract", "--task", "listops", "--task-opt", "max_depth=100"),  # found by tests/test_fuzz.py: a hang
-     "The 'max_depth' and 'max_args' options of task listops (100, 10) draw expressions of 1,006,691 tokens on average"),
-    (("extract", "--task", "mnist", "--task-opt", "patch=3"),
-     "The 'patch' option of task mnist must be a divisor of 32 (1, 2, 4, 8, 16, 32). Got 3 instead."),
-    (("extract", "--task", "digits", "--task-opt", "seed=-1"),
-     "The 'seed' option of task digits must be in [0, 4294967295]. Got -1 instead."),
-    (("extract", "--task", "file:nowhere.npz", "--task-opt", "test_fraction=1.5"),
-     "The 'test_fraction' option of task file:PATH must be in (0, 1). Got 1.5 instead."),
-    (("extract", "--task", "digits", "--split", "nosuch"),
-     "Invalid value for --split: task 'digits' has no split 'nosuch'; choose from ['train', 'test'] or 'all'"),
-    (("extract", "--task", "digits", "--seed", "-1"), "The 'seed' parameter of extract must be in [0, 4294967295]. Got -1"),
-    (("extract", "--task", "digits", "--workers", "2", "--scheduler", "tcp://x:1"), "give --workers (2) or --scheduler"),
-    (("fit", "--task", "digits", "--seed", "4294967296"), "The 'seed' parameter of fit must be in [0, 4294967295]"),
-    (("train", "--task", "digits", "--lr", "-1"),
-     "The 'lr' parameter of train must be in (0, 100] (each). Got [-1.0] instead."),
-    (("train", "--task", "digits", "--lr", "1e-3,1e-3"),
-     "The 'lr' parameter of train must be distinct values. Got [0.001, 0.001] instead."),
+    (
+        ("extract", "--task", "bit_xor", "--task-opt", "n_bits=-3"),
+        "The 'n_bits' option of task bit_xor must be in [1, 1048576]. Got -3 instead.",
+    ),
+    (
+        ("extract", "--task", "bit_memory", "--task-opt", "mask_prob=1.5"),
+        "The 'mask_prob' option of task bit_memory must be in [0.0, 1.0]. Got 1.5 instead.",
+    ),
+    (
+        ("extract", "--task", "bit_memory", "--task-opt", "n_bits=70"),
+        "The 'n_bits' option of task bit_memory must be a multiple of token_bits (50). Got 70 instead.",
+    ),
+    (
+        ("extract", "--task", "listops", "--task-opt", "max_args=1"),
+        "The 'max_args' option of task listops must be in [2, 1000]. Got 1 instead.",
+    ),
+    (
+        ("extract", "--task", "listops", "--task-opt", "min_length=10", "--task-opt", "max_length=11"),
+        "The 'max_length' option of task listops must be > min_length + 1 (11)",
+    ),
+    (
+        (
+            "extract",
+            "--task",
+            "listops",
+            "--task-opt",
+            "max_depth=100",
+        ),  # found by tests/test_fuzz.py: a hang
+        "The 'max_depth' and 'max_args' options of task listops (100, 10) draw expressions of 1,006,691 tokens on average",
+    ),
+    (
+        ("extract", "--task", "mnist", "--task-opt", "patch=3"),
+        "The 'patch' option of task mnist must be a divisor of 32 (1, 2, 4, 8, 16, 32). Got 3 instead.",
+    ),
+    (
+        ("extract", "--task", "digits", "--task-opt", "seed=-1"),
+        "The 'seed' option of task digits must be in [0, 4294967295]. Got -1 instead.",
+    ),
+    (
+        ("extract", "--task", "file:nowhere.npz", "--task-opt", "test_fraction=1.5"),
+        "The 'test_fraction' option of task file:PATH must be in (0, 1). Got 1.5 instead.",
+    ),
+    (
+        ("extract", "--task", "digits", "--split", "nosuch"),
+        "Invalid value for --split: task 'digits' has no split 'nosuch'; choose from ['train', 'test'] or 'all'",
+    ),
+    (
+        ("extract", "--task", "digits", "--seed", "-1"),
+        "The 'seed' parameter of extract must be in [0, 4294967295]. Got -1",
+    ),
+    (
+        ("extract", "--task", "digits", "--workers", "2", "--scheduler", "tcp://x:1"),
+        "give --workers (2) or --scheduler",
+    ),
+    (
+        ("fit", "--task", "digits", "--seed", "4294967296"),
+        "The 'seed' parameter of fit must be in [0, 4294967295]",
+    ),
+    (
+        ("train", "--task", "digits", "--lr", "-1"),
+        "The 'lr' parameter of train must be in (0, 100] (each). Got [-1.0] instead.",
+    ),
+    (
+        ("train", "--task", "digits", "--lr", "1e-3,1e-3"),
+        "The 'lr' parameter of train must be distinct values. Got [0.001, 0.001] instead.",
+    ),
     (("train", "--task", "digits", "--lr", "nan"), "The 'lr' parameter of train must be in (0, 100] (each)"),
-    (("train", "--task", "digits", "--lr", "3.4e37"),  # found by tests/test_fuzz.py: torch's Adam overflowed
-     "The 'lr' parameter of train must be in (0, 100] (each). Got [3.4e+37] instead."),
-    (("train", "--task", "digits", "--trainable", "nosuch"),
-     "Invalid value for --trainable: unknown trainable group 'nosuch'; choose from ['attn', 'ff', 'input', 'ln', 'out', 'pos']"),
-    (("train", "--task", "digits", "--seed", "4294967295", "--seeds", "2"),
-     "The 'seed' parameter of train must be in [0, 4294967294] (it seeds 2 runs). Got 4294967295 instead."),
+    (
+        (
+            "train",
+            "--task",
+            "digits",
+            "--lr",
+            "3.4e37",
+        ),  # found by tests/test_fuzz.py: torch's Adam overflowed
+        "The 'lr' parameter of train must be in (0, 100] (each). Got [3.4e+37] instead.",
+    ),
+    (
+        ("train", "--task", "digits", "--trainable", "nosuch"),
+        "Invalid value for --trainable: unknown trainable group 'nosuch'; choose from ['attn', 'ff', 'input', 'ln', 'out', 'pos']",
+    ),
+    (
+        ("train", "--task", "digits", "--seed", "4294967295", "--seeds", "2"),
+        "The 'seed' parameter of train must be in [0, 4294967294] (it seeds 2 runs). Got 4294967295 instead.",
+    ),
 ]
 
 
@@ -174,8 +253,24 @@ def test_bad_option_values_exit_2_naming_the_value_and_the_range(cli, home):
 
 
 def test_a_backbone_s_own_trainable_group_is_accepted(cli, home):
-    r = cli("-q", "train", "--task", "digits", "--backbone", "lstm", "--trainable", "lstm,out", "--limit", "120",
-            "--steps", "1", "--eval-every", "1", "--checkpoint-every", "0")
+    r = cli(
+        "-q",
+        "train",
+        "--task",
+        "digits",
+        "--backbone",
+        "lstm",
+        "--trainable",
+        "lstm,out",
+        "--limit",
+        "120",
+        "--steps",
+        "1",
+        "--eval-every",
+        "1",
+        "--checkpoint-every",
+        "0",
+    )
     assert r.exit_code == 0, r.output
 
 
@@ -185,7 +280,9 @@ def test_the_readme_s_exit_status_table_matches_the_code(cli, home):
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     rows = dict(re.findall(r"^  \| (\d) \| (.*?) \|", readme, flags=re.M))
-    assert set(rows) == {"0", "1", "2"} and "usage error" in rows["2"] and "once the command runs" in rows["1"]
+    assert (
+        set(rows) == {"0", "1", "2"} and "usage error" in rows["2"] and "once the command runs" in rows["1"]
+    )
     assert cli("tasks").exit_code == 0
     assert cli("extract", "--task", "bit_xor", "--task-opt", "n_bits=-3").exit_code == 2
     assert cli("fit", "--task", "digits", "--backbone", "lstm").exit_code == 1  # nothing extracted
@@ -198,5 +295,7 @@ def test_listops_generation_that_cannot_finish_gives_up_in_words():
     from reservoir.tasks import get_task
 
     task = get_task("listops", min_length=0, max_length=3, max_depth=1, n_train=50)
-    with pytest.raises(DataError, match=r"found 10 of \d+ distinct expressions .* widen min_length..max_length"):
+    with pytest.raises(
+        DataError, match=r"found 10 of \d+ distinct expressions .* widen min_length..max_length"
+    ):
         task.load("train", Path("."))

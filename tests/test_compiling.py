@@ -1,9 +1,6 @@
 """The compile decision follows measured costs, says why, and remembers what a compiled run cost."""
 
 import json
-from pathlib import Path
-
-import pytest
 
 from reservoir.runtime import compiling
 from reservoir.runtime.compiling import decide
@@ -15,7 +12,11 @@ def test_decide_compiles_only_when_it_pays():
     assert decide(100_000, 1000.0, blocks=12, shapes=1, record=record).compile
     # 15 s eager against 10 s + 7.5 s: eager
     small = decide(15_000, 1000.0, blocks=12, shapes=1, record=record)
-    assert not small.compile and "eager: eager 1,000 tokens/s" in small.reason and "measured last time" in small.reason
+    assert (
+        not small.compile
+        and "eager: eager 1,000 tokens/s" in small.reason
+        and "measured last time" in small.reason
+    )
     # every distinct width compiles once
     assert not decide(100_000, 1000.0, blocks=12, shapes=6, record=record).compile
     first = decide(10**6, 1000.0, blocks=12, shapes=1, record=None)
@@ -33,18 +34,42 @@ def test_records_round_trip_and_blend(tmp_path, monkeypatch):
     compiling.write_record("new", 9.0, None)
     assert compiling.read_record("new") == {"compile_seconds": 9.0, "speedup": None}
     # a record without a speedup falls back to the dtype's default (bf16 1.7)
-    assert "at 1.70x" in decide(10**5, 1000.0, blocks=12, shapes=1, record={"compile_seconds": 9.0, "speedup": None},
-                                dtype="bfloat16").reason
+    assert (
+        "at 1.70x"
+        in decide(
+            10**5,
+            1000.0,
+            blocks=12,
+            shapes=1,
+            record={"compile_seconds": 9.0, "speedup": None},
+            dtype="bfloat16",
+        ).reason
+    )
     assert json.loads((tmp_path / "compile-costs.json").read_text()).keys() == {"k", "new"}
 
 
 def test_extract_says_which_path_runs_and_why(cli, home, tiny_gpt2, monkeypatch):
     monkeypatch.setenv("RESERVOIR_CACHE", str(home / "cache"))
-    r = cli("extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "300", "--dtype", "float32")
+    r = cli(
+        "extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "300", "--dtype", "float32"
+    )
     assert r.exit_code == 0, r.output
     assert "float32 (--dtype float32)" in r.output
-    assert "eager: eager" in r.output and "tokens/s (measured now)" in r.output  # too small to repay a compile
-    r = cli("extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "300", "--no-compile", "--seed", "1")
+    assert (
+        "eager: eager" in r.output and "tokens/s (measured now)" in r.output
+    )  # too small to repay a compile
+    r = cli(
+        "extract",
+        "--task",
+        "digits",
+        "--backbone",
+        str(tiny_gpt2),
+        "--limit",
+        "300",
+        "--no-compile",
+        "--seed",
+        "1",
+    )
     assert r.exit_code == 0 and "eager (--no-compile)" in r.output
     assert "this CPU" in r.output  # dtype auto says what the CPU does
 
@@ -53,6 +78,10 @@ def test_a_cheap_remembered_compile_is_taken(cli, home, tiny_gpt2, monkeypatch):
     monkeypatch.setenv("RESERVOIR_CACHE", str(home / "cache"))
     monkeypatch.setattr(compiling, "read_record", lambda key: {"compile_seconds": 0.0, "speedup": 5.0})
     calls = []
-    monkeypatch.setattr("reservoir.runtime.runner.FeatureRunner.enable_compile", lambda self: calls.append(self))
-    r = cli("extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "300", "--dtype", "float32")
+    monkeypatch.setattr(
+        "reservoir.runtime.runner.FeatureRunner.enable_compile", lambda self: calls.append(self)
+    )
+    r = cli(
+        "extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "300", "--dtype", "float32"
+    )
     assert r.exit_code == 0 and "compiled: eager" in r.output and len(calls) == 1

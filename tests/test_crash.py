@@ -16,17 +16,49 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_sigkill_at_random_moments_then_rerun_equals_the_uninterrupted_file():
     """Three kills through the stress script (``benchmarks/kill_stress.py --kills 20`` runs more)."""
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kill_stress.py"), "--kills", "3", "--limit", "120",
-                        "--seed", "1"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "kill_stress.py"),
+            "--kills",
+            "3",
+            "--limit",
+            "120",
+            "--seed",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "3 kills" in r.stdout and "every rerun equals the uninterrupted file" in r.stdout
 
 
 @pytest.mark.slow
 def test_sigkill_of_a_sharded_run_then_rerun_equals_the_uninterrupted_file():
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kill_stress.py"), "--kills", "4", "--limit", "300",
-                        "--seed", "2", "--", "--workers", "2", "--shard-rows", "64"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "kill_stress.py"),
+            "--kills",
+            "4",
+            "--limit",
+            "300",
+            "--seed",
+            "2",
+            "--",
+            "--workers",
+            "2",
+            "--shard-rows",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -35,8 +67,22 @@ def test_a_torn_chunk_in_a_partial_file_is_not_trusted(cli, home, tmp_path, monk
     from reservoir.runtime.runner import FeatureRunner
 
     out = tmp_path / "f.h5"
-    args = ("-q", "extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,1", "--limit", "200",
-            "--dtype", "float32", "--batch-size", "50")
+    args = (
+        "-q",
+        "extract",
+        "--task",
+        "digits",
+        "--backbone",
+        "lstm",
+        "--depths",
+        "0,1",
+        "--limit",
+        "200",
+        "--dtype",
+        "float32",
+        "--batch-size",
+        "50",
+    )
     assert cli(*args, "--out", str(tmp_path / "ref.h5")).exit_code == 0
     calls = {"n": 0}
     run = FeatureRunner.run_async
@@ -65,8 +111,23 @@ def test_a_torn_chunk_in_a_partial_file_is_not_trusted(cli, home, tmp_path, monk
 
 def test_a_truncated_feature_file_is_named_with_the_fix(cli, home, tmp_path):
     out = tmp_path / "f.h5"
-    assert cli("-q", "extract", "--task", "digits", "--backbone", "lstm", "--depths", "0", "--limit", "200",
-               "--out", str(out)).exit_code == 0
+    assert (
+        cli(
+            "-q",
+            "extract",
+            "--task",
+            "digits",
+            "--backbone",
+            "lstm",
+            "--depths",
+            "0",
+            "--limit",
+            "200",
+            "--out",
+            str(out),
+        ).exit_code
+        == 0
+    )
     out.write_bytes(out.read_bytes()[: out.stat().st_size // 2])
     r = cli("fit", "--features", str(out))
     assert r.exit_code == 1 and str(out) in r.output and "Traceback" not in r.output
@@ -75,8 +136,23 @@ def test_a_truncated_feature_file_is_named_with_the_fix(cli, home, tmp_path):
 
 def test_nan_features_are_refused_naming_file_split_and_depth(cli, home, tmp_path):
     out = tmp_path / "f.h5"
-    assert cli("-q", "extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,1", "--limit", "200",
-               "--out", str(out)).exit_code == 0
+    assert (
+        cli(
+            "-q",
+            "extract",
+            "--task",
+            "digits",
+            "--backbone",
+            "lstm",
+            "--depths",
+            "0,1",
+            "--limit",
+            "200",
+            "--out",
+            str(out),
+        ).exit_code
+        == 0
+    )
     with h5py.File(out, "r+") as f:
         x = f["train/features"][:]
         x[3, 1] = np.nan
@@ -106,24 +182,50 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.parametrize("when", ["known before writing", "filling during the run"])
-def test_a_full_disk_fails_cleanly_and_the_rerun_after_freeing_space_completes(cli, home, tmp_path, small_disk, when):
+def test_a_full_disk_fails_cleanly_and_the_rerun_after_freeing_space_completes(
+    cli, home, tmp_path, small_disk, when
+):
     mount, grow = small_disk
-    args = ("-q", "extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,1,2", "--limit", "300",
-            "--dtype", "float32", "--batch-size", "50")
+    args = (
+        "-q",
+        "extract",
+        "--task",
+        "digits",
+        "--backbone",
+        "lstm",
+        "--depths",
+        "0,1,2",
+        "--limit",
+        "300",
+        "--dtype",
+        "float32",
+        "--batch-size",
+        "50",
+    )
     assert cli(*args, "--out", str(tmp_path / "ref.h5")).exit_code == 0
     out = mount / "f.h5"
     if when == "filling during the run":
         # the free-space check passes and the disk fills while writing; run as a user runs it, in a
         # process of its own (after a mid-write ENOSPC, HDF5's state in that process is not reusable)
-        code = (f"from reservoir.extract import store; store.check_space = lambda path, nbytes: None\n"
-                f"from reservoir.cli import main; main({[*args, '--out', str(out)]!r})")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        code = (
+            f"from reservoir.extract import store; store.check_space = lambda path, nbytes: None\n"
+            f"from reservoir.cli import main; main({[*args, '--out', str(out)]!r})"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+        )
         r = SimpleNamespace(exit_code=proc.returncode, output=proc.stdout + proc.stderr)
     else:
         r = cli(*args, "--out", str(out))
     assert r.exit_code == 1, r.output
-    assert "the disk is full" in r.output and "rerun the same command" in r.output and "Traceback" not in r.output
+    assert (
+        "the disk is full" in r.output
+        and "rerun the same command" in r.output
+        and "Traceback" not in r.output
+    )
     assert not out.exists()
     grow()
     r = cli(*args, "--out", str(out))
@@ -154,21 +256,45 @@ main(sys.argv[2:])
 
 
 @pytest.mark.parametrize("rows", [0, 130])
-def test_a_disk_that_fills_mid_run_exits_1_in_words_and_the_rerun_resumes_to_the_same_file(cli, home, tmp_path, rows):
+def test_a_disk_that_fills_mid_run_exits_1_in_words_and_the_rerun_resumes_to_the_same_file(
+    cli, home, tmp_path, rows
+):
     import os
 
     from reservoir.extract.store import h5_file, partial_path, verify
 
-    args = ("-q", "extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,1,2", "--limit", "300",
-            "--dtype", "float32", "--batch-size", "50")
+    args = (
+        "-q",
+        "extract",
+        "--task",
+        "digits",
+        "--backbone",
+        "lstm",
+        "--depths",
+        "0,1,2",
+        "--limit",
+        "300",
+        "--dtype",
+        "float32",
+        "--batch-size",
+        "50",
+    )
     assert cli(*args, "--out", str(tmp_path / "ref.h5")).exit_code == 0
     out = tmp_path / "f.h5"
-    proc = subprocess.run([sys.executable, "-c", FILLING_DISK, str(rows), *args, "--out", str(out)], capture_output=True,
-                          text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", FILLING_DISK, str(rows), *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
-    assert f"writing {partial_path(out)} stopped: the disk is full. Free space (or pass --out on another disk) and " \
-           "rerun the same command: it resumes where it stopped" in output
+    assert (
+        f"writing {partial_path(out)} stopped: the disk is full. Free space (or pass --out on another disk) and "
+        "rerun the same command: it resumes where it stopped" in output
+    )
     assert "Traceback" not in output and output.count("\n") <= 2  # one line
     assert not out.exists() and partial_path(out).exists()  # nothing that looks complete
     with h5_file(partial_path(out)) as f:

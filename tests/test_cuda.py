@@ -27,7 +27,9 @@ from reservoir.runtime.runner import FeatureRunner, resolve
 from reservoir.tasks import TaskSpec
 from tests.conftest import save_tiny_gpt2
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu runs these)")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (make gpu runs these)"
+)
 
 #: the devices the comparison helpers run on here: the CPU, and CUDA where present
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
@@ -67,17 +69,36 @@ def inputs(spec: TaskSpec, rows: int = ROWS, seed: int = 0) -> tuple[np.ndarray,
     return tokens[:, : lengths.max()], lengths
 
 
-def features(backbone: Backbone, spec: TaskSpec, device: str, dtype: str = "float32", *, compile: bool = False,
-             batch_size: int = 8, readout_last_block: bool = True) -> np.ndarray:
+def features(
+    backbone: Backbone,
+    spec: TaskSpec,
+    device: str,
+    dtype: str = "float32",
+    *,
+    compile: bool = False,
+    batch_size: int = 8,
+    readout_last_block: bool = True,
+) -> np.ndarray:
     """Every depth's features of :func:`inputs` through a :class:`FeatureRunner` on ``device`` (a copy of
     ``backbone``: the runner converts its own), in batches of ``batch_size`` run asynchronously."""
     backbone = copy.deepcopy(backbone)
     backbone.readout_last_block = readout_last_block
-    runner = FeatureRunner.build(spec, backbone, list(range(backbone.n_layers + 1)), seed=0, dtype=dtype,
-                                 compile=compile, batch_size=batch_size, device=device, engine="torch")
+    runner = FeatureRunner.build(
+        spec,
+        backbone,
+        list(range(backbone.n_layers + 1)),
+        seed=0,
+        dtype=dtype,
+        compile=compile,
+        batch_size=batch_size,
+        device=device,
+        engine="torch",
+    )
     tokens, lengths = inputs(spec)
-    pending = [runner.run_async(runner.prepare(tokens[i:i + batch_size], lengths[i:i + batch_size]))
-               for i in range(0, len(tokens), batch_size)]
+    pending = [
+        runner.run_async(runner.prepare(tokens[i : i + batch_size], lengths[i : i + batch_size]))
+        for i in range(0, len(tokens), batch_size)
+    ]
     return np.concatenate([resolve(p) for p in pending])
 
 
@@ -91,7 +112,9 @@ def assert_close_per_depth(got: np.ndarray, ref: np.ndarray, rel: float, what: s
     assert got.shape == ref.shape, (got.shape, ref.shape)
     assert np.isfinite(got).all(), f"{what}: features not finite"
     errors = rel_errors(got, ref)
-    assert errors.max() < rel, f"{what}: relative error per depth {np.array2string(errors, precision=2)} >= {rel}"
+    assert errors.max() < rel, (
+        f"{what}: relative error per depth {np.array2string(errors, precision=2)} >= {rel}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +141,9 @@ def test_cuda_bf16_features_are_within_bf16_of_float32(folder, kind):
         pytest.skip(f"{torch.cuda.get_device_name()} has no native bf16")
     backbone = tiny(kind, folder)
     ref = features(backbone, DENSE, "cpu")
-    assert_close_per_depth(features(backbone, DENSE, "cuda", "bfloat16"), ref, BF16_REL, f"{kind} bf16 cuda vs cpu float32")
+    assert_close_per_depth(
+        features(backbone, DENSE, "cuda", "bfloat16"), ref, BF16_REL, f"{kind} bf16 cuda vs cpu float32"
+    )
 
 
 def test_auto_is_bf16_exactly_where_the_card_is_native():
@@ -138,18 +163,41 @@ def test_the_readout_only_last_block_equals_the_full_block_on_cuda(folder, kind)
 
 def test_pinned_buffers_are_reused_across_batches(folder):
     backbone = tiny("gpt2", folder)
-    runner = FeatureRunner.build(DENSE, backbone, [0, 3], seed=0, dtype="float32", batch_size=4, device="cuda",
-                                 engine="torch")
+    runner = FeatureRunner.build(
+        DENSE, backbone, [0, 3], seed=0, dtype="float32", batch_size=4, device="cuda", engine="torch"
+    )
     tokens, lengths = inputs(DENSE, rows=80)
-    out = [resolve(runner.run_async(runner.prepare(tokens[i:i + 4], lengths[i:i + 4]))) for i in range(0, 80, 4)]
+    out = [
+        resolve(runner.run_async(runner.prepare(tokens[i : i + 4], lengths[i : i + 4])))
+        for i in range(0, 80, 4)
+    ]
     assert np.concatenate(out).shape == (80, 2, 1, WIDTH)
-    assert runner.outputs.allocated == 1 and runner.inputs.allocated == 3  # tokens, lengths, readout: one each
+    assert (
+        runner.outputs.allocated == 1 and runner.inputs.allocated == 3
+    )  # tokens, lengths, readout: one each
     assert all(t.is_pinned() for kept in runner.inputs.free.values() for t, _ in kept)
 
 
 def extract_file(cli, home: Path, backbone: str, device: str, *extra: str) -> Path:
-    r = cli("-q", "extract", "--task", "digits", "--backbone", backbone, "--limit", "100", "--dtype", "float32",
-            "--batch-size", "7", "--device", device, "--out", str(home / f"{device}-{len(extra)}.h5"), *extra)
+    r = cli(
+        "-q",
+        "extract",
+        "--task",
+        "digits",
+        "--backbone",
+        backbone,
+        "--limit",
+        "100",
+        "--dtype",
+        "float32",
+        "--batch-size",
+        "7",
+        "--device",
+        device,
+        "--out",
+        str(home / f"{device}-{len(extra)}.h5"),
+        *extra,
+    )
     assert r.exit_code == 0, r.output
     return Path(r.stdout.strip())
 
@@ -179,7 +227,10 @@ def test_on_a_second_device_features_land_before_they_are_read(cli, home, tiny_g
 def test_a_missing_device_index_exits_1_in_words(cli, home):
     name = f"cuda:{torch.cuda.device_count()}"
     r = cli("extract", "--task", "digits", "--backbone", "lstm", "--limit", "4", "--device", name)
-    assert r.exit_code == 1 and f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)" in r.output
+    assert (
+        r.exit_code == 1
+        and f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)" in r.output
+    )
     assert "use --device cuda:0" in r.output and "Traceback" not in r.output
 
 
@@ -187,14 +238,32 @@ def test_the_torch_head_on_cuda_scores_within_a_point_of_the_cpus(home, tiny_gpt
     from reservoir import api
 
     path = api.extract("digits", str(tiny_gpt2), limit=600, dtype="float32")
-    scores = {d: api.fit(features=path, head="torch", depths="2", device=d, baselines=False)[0]["test_accuracy"]
-              for d in ("cpu", "cuda")}
+    scores = {
+        d: api.fit(features=path, head="torch", depths="2", device=d, baselines=False)[0]["test_accuracy"]
+        for d in ("cpu", "cuda")
+    }
     assert abs(scores["cuda"] - scores["cpu"]) <= 0.01, scores
 
 
 def test_a_short_training_run_on_cuda_has_finite_losses(cli, home, tiny_gpt2):
-    r = cli("-q", "train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--steps", "20", "--eval-every", "5",
-            "--device", "cuda", "--task-opt", "n_train=512", "--task-opt", "n_test=256")
+    r = cli(
+        "-q",
+        "train",
+        "--task",
+        "bit_xor",
+        "--backbone",
+        str(tiny_gpt2),
+        "--steps",
+        "20",
+        "--eval-every",
+        "5",
+        "--device",
+        "cuda",
+        "--task-opt",
+        "n_train=512",
+        "--task-opt",
+        "n_test=256",
+    )
     assert r.exit_code == 0, r.output
     result = json.loads(Path(r.stdout.strip().splitlines()[-1]).read_text())
     losses = [h["loss"] for run in result.get("runs", [result]) for h in run.get("history", [])]
@@ -211,9 +280,20 @@ def test_a_resumed_cuda_run_equals_an_uninterrupted_one(tiny_gpt2, home):
 
     opts = {"n_train": "512", "n_test": "256"}
     task = get_task("bit_xor", **opts)
-    cfg = TrainConfig(task="bit_xor", backbone=str(tiny_gpt2), task_options=opts, steps=40, batch_size=16,
-                      eval_every=10, patience=0, checkpoint_every=10, dropout=0.1, lr=(3e-3,), device="cuda",
-                      data_dir=home / "data")
+    cfg = TrainConfig(
+        task="bit_xor",
+        backbone=str(tiny_gpt2),
+        task_options=opts,
+        steps=40,
+        batch_size=16,
+        eval_every=10,
+        patience=0,
+        checkpoint_every=10,
+        dropout=0.1,
+        lr=(3e-3,),
+        device="cuda",
+        data_dir=home / "data",
+    )
     data = load_data(task, cfg)
     whole, cut = whole_and_killed(cfg, task, data, home)
     resumed = train_run(dataclasses.replace(cut, resume=True), task, data, lr=3e-3, seed=0, progress=False)
@@ -222,6 +302,7 @@ def test_a_resumed_cuda_run_equals_an_uninterrupted_one(tiny_gpt2, home):
 
 
 # -- compiled graphs last: each compiles for tens of seconds on a cold cache --------------------------------
+
 
 @pytest.mark.parametrize("kind, dtype", [("gpt2", "float32"), ("gpt2", "bfloat16"), ("llama", "bfloat16")])
 def test_the_compiled_forward_equals_eager_on_cuda(folder, kind, dtype):
@@ -232,16 +313,48 @@ def test_the_compiled_forward_equals_eager_on_cuda(folder, kind, dtype):
     backbone = tiny(kind, folder)
     eager = features(backbone, DENSE, "cuda", dtype)
     compiled = features(backbone, DENSE, "cuda", dtype, compile=True)
-    assert_close_per_depth(compiled, eager, F32_REL if dtype == "float32" else BF16_REL, f"{kind} {dtype} compiled")
+    assert_close_per_depth(
+        compiled, eager, F32_REL if dtype == "float32" else BF16_REL, f"{kind} {dtype} compiled"
+    )
 
 
 def test_the_compile_decision_is_measured_and_recorded_on_the_card(cli, home, tiny_gpt2, monkeypatch):
     monkeypatch.setenv("RESERVOIR_CACHE", str(home / "cache"))
-    r = cli("extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "100", "--dtype", "float32",
-            "--batch-size", "8", "--device", "cuda")
+    r = cli(
+        "extract",
+        "--task",
+        "digits",
+        "--backbone",
+        str(tiny_gpt2),
+        "--limit",
+        "100",
+        "--dtype",
+        "float32",
+        "--batch-size",
+        "8",
+        "--device",
+        "cuda",
+    )
     assert r.exit_code == 0 and "tokens/s (measured now)" in r.output, r.output  # the probe ran on the card
-    r = cli("-q", "extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "100", "--dtype", "float32",
-            "--batch-size", "8", "--device", "cuda", "--compile", "--seed", "1")
+    r = cli(
+        "-q",
+        "extract",
+        "--task",
+        "digits",
+        "--backbone",
+        str(tiny_gpt2),
+        "--limit",
+        "100",
+        "--dtype",
+        "float32",
+        "--batch-size",
+        "8",
+        "--device",
+        "cuda",
+        "--compile",
+        "--seed",
+        "1",
+    )
     assert r.exit_code == 0, r.output
     records = json.loads((home / "cache" / "compile-costs.json").read_text())
     assert records and all(v["compile_seconds"] >= 0 for v in records.values())

@@ -5,9 +5,8 @@ records by device) checked here with the CUDA queries stood in for, so they run 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import contextlib
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -35,7 +34,9 @@ def one_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # emulation counts
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation=True: True
+    )  # emulation counts
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     return capability
 
@@ -43,8 +44,10 @@ def one_gpu(monkeypatch):
 @pytest.mark.usefixtures("no_cuda")
 @pytest.mark.parametrize("name", ["cuda", "cuda:1"])
 def test_absent_cuda_exits_1_naming_what_was_found(cli, home, name):
-    for command in (("extract", "--task", "digits", "--backbone", "lstm", "--limit", "4"),
-                    ("train", "--task", "bit_xor", "--backbone", "lstm", "--steps", "1")):
+    for command in (
+        ("extract", "--task", "digits", "--backbone", "lstm", "--limit", "4"),
+        ("train", "--task", "bit_xor", "--backbone", "lstm", "--steps", "1"),
+    ):
         r = cli(*command, "--device", name)
         assert r.exit_code == 1 and f"--device {name}: this machine has 0 CUDA device(s)" in r.output
         assert "use --device cpu" in r.output and "Traceback" not in r.output
@@ -63,8 +66,22 @@ def test_cpu_and_auto_give_identical_files(cli, home, tiny_gpt2):
     paths = []
     for device in ("cpu", "auto"):
         out = home / f"{device}.h5"
-        r = cli("-q", "extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "24", "--dtype",
-                "float32", "--device", device, "--out", str(out))
+        r = cli(
+            "-q",
+            "extract",
+            "--task",
+            "digits",
+            "--backbone",
+            str(tiny_gpt2),
+            "--limit",
+            "24",
+            "--dtype",
+            "float32",
+            "--device",
+            device,
+            "--out",
+            str(out),
+        )
         assert r.exit_code == 0, r.output
         paths.append(Path(r.stdout.strip()))
     assert resolve_device("auto") == torch.device("cpu")
@@ -85,7 +102,9 @@ def test_the_torch_head_on_an_absent_device_exits_1(cli, home, tiny_gpt2):
 
 
 def test_a_second_gpu_on_a_one_gpu_machine_exits_1_naming_the_card(cli, home, one_gpu):
-    with pytest.raises(DeviceError, match=r"--device cuda:1: this machine has 1 CUDA device\(s\) \(cuda:0 Test GPU"):
+    with pytest.raises(
+        DeviceError, match=r"--device cuda:1: this machine has 1 CUDA device\(s\) \(cuda:0 Test GPU"
+    ):
         resolve_device("cuda:1")
     r = cli("extract", "--task", "digits", "--backbone", "lstm", "--limit", "4", "--device", "cuda:1")
     assert r.exit_code == 1 and "use --device cuda:0, cuda (the first), or cpu" in r.output
@@ -93,12 +112,16 @@ def test_a_second_gpu_on_a_one_gpu_machine_exits_1_naming_the_card(cli, home, on
     assert resolve_device("cuda:0") == torch.device("cuda:0")
 
 
-@pytest.mark.parametrize("capability, auto", [((7, 5), "float32"), ((8, 0), "bfloat16"), ((9, 0), "bfloat16")])
+@pytest.mark.parametrize(
+    "capability, auto", [((7, 5), "float32"), ((8, 0), "bfloat16"), ((9, 0), "bfloat16")]
+)
 def test_auto_takes_bf16_on_cuda_only_where_native(one_gpu, capability, auto):
     """torch's is_bf16_supported() says yes on a 7.5 card too (emulated, slower than float32): auto must not."""
     one_gpu[0] = capability
     dtype, why = dtypes.choose("cuda")
-    assert dtype == auto and "Test GPU" in why and f"compute capability {capability[0]}.{capability[1]}" in why
+    assert (
+        dtype == auto and "Test GPU" in why and f"compute capability {capability[0]}.{capability[1]}" in why
+    )
     assert dtypes.choose("cuda", allowed=("float32",))[0] == "float32"
 
 
@@ -173,8 +196,10 @@ def test_compile_records_are_kept_per_device(one_gpu):
 
     assert device_label("cuda:0") == "cuda: Test GPU (sm_90)" and device_label("cpu").startswith("cpu: ")
     esn = load_backbone("esn:units=64")
-    keys = {shape_key(esn, dtype="float32", device=device_label(d), batch_size=8, widths=[16], depths=[1])
-            for d in ("cpu", "cuda:0")}
+    keys = {
+        shape_key(esn, dtype="float32", device=device_label(d), batch_size=8, widths=[16], depths=[1])
+        for d in ("cpu", "cuda:0")
+    }
     assert len(keys) == 2
 
 

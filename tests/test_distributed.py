@@ -18,8 +18,22 @@ import numpy as np
 import pytest
 
 #: variable-length ListOps (bucketed within shards) through the tiny GPT-2: 7 shards of up to 16 rows
-LISTOPS = ("--task", "listops", "--task-opt", "max_len=64", "--task-opt", "n_train=64", "--task-opt", "n_val=8",
-           "--task-opt", "n_test=24", "--task-opt", "min_length=5", "--task-opt", "max_length=60")
+LISTOPS = (
+    "--task",
+    "listops",
+    "--task-opt",
+    "max_len=64",
+    "--task-opt",
+    "n_train=64",
+    "--task-opt",
+    "n_val=8",
+    "--task-opt",
+    "n_test=24",
+    "--task-opt",
+    "min_length=5",
+    "--task-opt",
+    "max_length=60",
+)
 OPTS = ("--dtype", "float32", "--batch-size", "4", "--shard-rows", "16", "--depths", "0,1,2")
 
 
@@ -50,8 +64,11 @@ def single(tmp_path_factory, tiny_gpt2):
 
     out = tmp_path_factory.mktemp("single") / "f.h5"
     with torch_threads(1):
-        r = CliRunner().invoke(main, ["-q", "extract", *LISTOPS, "--backbone", str(tiny_gpt2), *OPTS, "--out",
-                                      str(out)], catch_exceptions=False)
+        r = CliRunner().invoke(
+            main,
+            ["-q", "extract", *LISTOPS, "--backbone", str(tiny_gpt2), *OPTS, "--out", str(out)],
+            catch_exceptions=False,
+        )
     assert r.exit_code == 0, r.output
     return out
 
@@ -86,12 +103,34 @@ def cluster(tmp_path):
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread per worker, as the reference
-    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--dashboard-address", ":0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [
+        subprocess.Popen(
+            [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
     for i in range(2):
-        procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--no-nanny", "--name", str(i),
-                                       "--local-directory", str(tmp_path / f"w{i}")],
-                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [
+                    dask,
+                    "worker",
+                    address,
+                    "--nthreads",
+                    "1",
+                    "--no-nanny",
+                    "--name",
+                    str(i),
+                    "--local-directory",
+                    str(tmp_path / f"w{i}"),
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
     from distributed import Client
 
     deadline = time.time() + 60
@@ -113,7 +152,9 @@ def test_scheduler_with_separately_started_workers_equals_one_process(cli, home,
     assert_same_features(out, single)
 
 
-def test_a_worker_killed_mid_run_then_a_rerun_equals_one_process(cli, home, tiny_gpt2, single, cluster, monkeypatch):
+def test_a_worker_killed_mid_run_then_a_rerun_equals_one_process(
+    cli, home, tiny_gpt2, single, cluster, monkeypatch
+):
     """Kill one worker as soon as the first shard lands; the run finishes on the other worker (dask
     reschedules the lost shards) or fails, and a rerun completes; either way the file equals the
     single-process one."""
@@ -148,7 +189,9 @@ def test_a_shard_of_another_run_is_refused_and_a_missing_shard_is_named(cli, hom
     # another run (seed 1) told to write to the same place finds shards of seed 0
     out.unlink()
     r = extract(cli, tiny_gpt2, out, "--workers", "1", "--seed", "1")
-    assert r.exit_code == 1 and "belongs to another run (" in r.output and "seed: stored 0, asked 1" in r.output
+    assert (
+        r.exit_code == 1 and "belongs to another run (" in r.output and "seed: stored 0, asked 1" in r.output
+    )
     # the joined file of seed 0 again, then one of its shards disappears
     assert extract(cli, tiny_gpt2, out, "--workers", "1").exit_code == 0
     shard.unlink()
@@ -185,7 +228,9 @@ def test_without_dask_a_sharded_run_says_which_extra_to_install(cli, home, monke
 
 
 @pytest.mark.parametrize("picked", ["openvino", "torch"])
-def test_auto_settles_one_engine_for_every_shard_and_equals_one_process(cli, home, tiny_gpt2, monkeypatch, picked):
+def test_auto_settles_one_engine_for_every_shard_and_equals_one_process(
+    cli, home, tiny_gpt2, monkeypatch, picked
+):
     """`--engine auto` on a CPU where it takes OpenVINO, and on one where PyTorch measured faster: the driver decides
     once, every shard runs that engine and records it, and the joined file equals one process's bit for bit."""
     pytest.importorskip("openvino")
@@ -194,9 +239,16 @@ def test_auto_settles_one_engine_for_every_shard_and_equals_one_process(cli, hom
 
     kept = records.get
     monkeypatch.setattr(engines, "OPENVINO_MIN_TOKENS", 0)  # a tiny run: auto considers OpenVINO
-    monkeypatch.setattr(records, "get", lambda name, key: {"torch": 1.0, "openvino": 1.0} if name == engines.ENGINE_RATES
-                        else kept(name, key))  # measured before, on this machine ...
-    monkeypatch.setattr("reservoir.runtime.runner.faster_engine", lambda rates: picked)  # ... with this verdict
+    monkeypatch.setattr(
+        records,
+        "get",
+        lambda name, key: (
+            {"torch": 1.0, "openvino": 1.0} if name == engines.ENGINE_RATES else kept(name, key)
+        ),
+    )  # measured before, on this machine ...
+    monkeypatch.setattr(
+        "reservoir.runtime.runner.faster_engine", lambda rates: picked
+    )  # ... with this verdict
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     with torch_threads(1):
         r = extract(cli, tiny_gpt2, home / "one.h5", "--engine", "auto")

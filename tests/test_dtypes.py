@@ -22,16 +22,24 @@ def fake(rates):
     def measure(dtype, width, threads):
         calls.append(dtype)
         return rates[dtype]
+
     return measure, calls
 
 
-@pytest.mark.parametrize("rates, chosen", [({"float32": 310.0, "bfloat16": 165.0}, "float32"),
-                                           ({"float32": 310.0, "bfloat16": 1400.0}, "bfloat16"),
-                                           ({"float32": 310.0, "bfloat16": 320.0}, "float32")])  # within the margin
+@pytest.mark.parametrize(
+    "rates, chosen",
+    [
+        ({"float32": 310.0, "bfloat16": 165.0}, "float32"),
+        ({"float32": 310.0, "bfloat16": 1400.0}, "bfloat16"),
+        ({"float32": 310.0, "bfloat16": 320.0}, "float32"),
+    ],
+)  # within the margin
 def test_auto_takes_the_fastest_measured_dtype(cache, monkeypatch, rates, chosen):
     measure, _ = fake(rates)
     real = dtypes.measured_rates
-    monkeypatch.setattr(dtypes, "measured_rates", lambda width=768, threads=None: real(width, threads, measure=measure))
+    monkeypatch.setattr(
+        dtypes, "measured_rates", lambda width=768, threads=None: real(width, threads, measure=measure)
+    )
     dtype, why = dtypes.choose("cpu")
     assert dtype == chosen
     assert "measured now" in why and f"{rates['bfloat16']:,.0f}" in why

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from reservoir.errors import BackboneError, DeviceError, UsageError
+from reservoir.model.backbones import gather, load_backbone
+from reservoir.model.reservoir import FixedDepths
 from reservoir.runtime import engines, records
 from reservoir.runtime import runner as runner_module
-from reservoir.model.backbones import gather, load_backbone
-from reservoir.errors import BackboneError, DeviceError, UsageError
-from reservoir.model.reservoir import FixedDepths
 from reservoir.runtime.runner import FeatureRunner
 from reservoir.tasks import get_task
 
@@ -31,8 +31,16 @@ BASE = ("--limit", "24", "--batch-size", "8")
 def runner(task, backbone: str, engine: str, dtype: str = "float32", log=None, **kwargs) -> FeatureRunner:
     """A runner of every depth of ``backbone`` on ``engine`` (messages to ``log``, else dropped)."""
     bb = load_backbone(backbone, 0)
-    return FeatureRunner.build(task.spec, bb, list(range(bb.n_layers + 1)), seed=0, dtype=dtype, engine=engine,
-                               log=log or (lambda text: None), **kwargs)
+    return FeatureRunner.build(
+        task.spec,
+        bb,
+        list(range(bb.n_layers + 1)),
+        seed=0,
+        dtype=dtype,
+        engine=engine,
+        log=log or (lambda text: None),
+        **kwargs,
+    )
 
 
 def batches(task, n: int = 12):
@@ -61,8 +69,9 @@ def test_rows_of_one_width_run_on_graphs_compiled_for_their_shapes_with_equal_fe
     tokens, lengths = task.encode(d.inputs), d.lengths
     ov, pt = runner(task, str(tiny_gpt2), "openvino"), runner(task, str(tiny_gpt2), "torch")
     for rows in (32, 32, 20, 24, 4):
-        np.testing.assert_allclose(ov(tokens[:rows], lengths[:rows]), pt(tokens[:rows], lengths[:rows]),
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            ov(tokens[:rows], lengths[:rows]), pt(tokens[:rows], lengths[:rows]), rtol=1e-4, atol=1e-5
+        )
     assert sorted(shapes[0][0] for shapes in ov.forward.static) == [20, 32]
     lstm = runner(get_task("listops", **LISTOPS), "lstm", "openvino")
     assert not lstm.forward.static_shapes  # rows of many widths keep one dynamic graph
@@ -85,7 +94,9 @@ def test_int8_is_close_to_float32_and_a_row_never_depends_on_its_batch(tiny_gpt2
     together = q(tokens, lengths)
     assert engines.relative_error(together, ref) < 0.1
     assert not np.array_equal(together, ref)  # it is quantized
-    alone = np.concatenate([q(tokens[i:i + 1, : lengths[i]], lengths[i:i + 1]) for i in range(len(tokens))])
+    alone = np.concatenate(
+        [q(tokens[i : i + 1, : lengths[i]], lengths[i : i + 1]) for i in range(len(tokens))]
+    )
     # per-tensor scales would move a row by about the quantization error (2 to 3% on GPT-2 small);
     # per-token and static scales leave only rounding from other kernel shapes (bf16 between the
     # int8 products, about 1e-4 here)
@@ -98,14 +109,19 @@ def test_int8_fixes_its_width_on_fixed_length_tasks_and_reads_nothing_past_a_row
     reaches its features. Variable-length tasks keep a free width (short batches stay short)."""
     task = get_task("listops", **LISTOPS)
     (tokens, lengths), (short, short_lengths) = batches(task)
-    assert not runner(task, str(tiny_gpt2), "openvino", "int8", calibration=lambda: []).forward.fixed
+    assert not runner(task, str(tiny_gpt2), "openvino", "int8", calibration=list).forward.fixed
     q = runner(task, str(tiny_gpt2), "openvino", "int8", calibration=lambda: [(tokens[:4], lengths[:4])])
     model = FixedDepths(q.reservoir, q.depths)
-    forward = engines.OpenVINOForward(model, "int8", 1, q.forward.calibration, width=task.spec.seq_len,
-                                      fixed_width=True)
+    forward = engines.OpenVINOForward(
+        model, "int8", 1, q.forward.calibration, width=task.spec.seq_len, fixed_width=True
+    )
     narrow_batch = q.prepare(short, short_lengths)
     assert forward.fixed and short.shape[1] < task.spec.seq_len
-    filled = np.random.default_rng(0).choice(np.unique(tokens), (len(short), task.spec.seq_len)).astype(short.dtype)
+    filled = (
+        np.random.default_rng(0)
+        .choice(np.unique(tokens), (len(short), task.spec.seq_len))
+        .astype(short.dtype)
+    )
     filled[:, : short.shape[1]] = short
     narrow_features = forward(*narrow_batch[:3]).numpy()  # converts and checks on the narrow batch
     filled_features = forward(*q.prepare(filled, short_lengths)[:3]).numpy()
@@ -127,8 +143,11 @@ def test_centred_projections_compute_the_same_features(tmp_path, tiny_gpt2, fami
     readout position) included."""
     from tests.test_backbones import save_tiny_encoder, save_tiny_llama
 
-    path = {"gpt2": tiny_gpt2, "llama": save_tiny_llama(tmp_path / "llama"),
-            "bert": save_tiny_encoder(tmp_path / "bert")}[family]
+    path = {
+        "gpt2": tiny_gpt2,
+        "llama": save_tiny_llama(tmp_path / "llama"),
+        "bert": save_tiny_encoder(tmp_path / "bert"),
+    }[family]
     task = get_task("listops", **{**LISTOPS, "max_len": 60, "max_length": 55})
     r = runner(task, str(path), "torch")
     model = FixedDepths(r.reservoir, r.depths)
@@ -138,13 +157,17 @@ def test_centred_projections_compute_the_same_features(tmp_path, tiny_gpt2, fami
     assert set(shifts) == set(engines.projections(model))
     assert shifts and all(name.startswith("reservoir.backbone.") for name in shifts)
     batch = r.prepare(tokens, lengths)[:3]
-    last = [name for name in engines.projections(model) if ".mlp." in name or ".output." in name][-1]  # deepest MLP's
+    last = [name for name in engines.projections(model) if ".mlp." in name or ".output." in name][
+        -1
+    ]  # deepest MLP's
     quantized = []  # what int8 would quantize there: the centred input of the deepest block's last projection
     with torch.inference_mode():
         ref = model(*batch)
         with engines.centred(model, shifts):
             assert all(isinstance(model.get_submodule(name), engines.Centred) for name in shifts)
-            hook = model.get_submodule(last).module.register_forward_pre_hook(lambda m, a: quantized.append(a[0]))
+            hook = model.get_submodule(last).module.register_forward_pre_hook(
+                lambda m, a: quantized.append(a[0])
+            )
             centred = model(*batch)
             with engines.whole_blocks(model):
                 model(*batch)
@@ -171,7 +194,8 @@ def test_a_position_mean_is_the_mean_input_there(tiny_gpt2):
     tokens, lengths = tokens[:4, :30], np.minimum(lengths[:4], 30)
     batch = r.prepare(tokens, lengths)[:3]
     shift, scale, moved = engines.position_means(model, [tuple(t.numpy() for t in batch)], 50)[
-        "reservoir.backbone.model.h.0.attn.c_attn"]
+        "reservoir.backbone.model.h.0.attn.c_attn"
+    ]
     bb = r.backbone
     with torch.inference_mode():
         x = bb.blocks[0].ln_1(r.reservoir.input_layer(batch[0]) + bb.model.wpe(torch.arange(30)))
@@ -180,18 +204,26 @@ def test_a_position_mean_is_the_mean_input_there(tiny_gpt2):
     np.testing.assert_allclose(shift[:30], x.mean(0), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(scale[:30, 0], (x - x.mean(0)).abs().amax(dim=(0, 2)), rtol=1e-4, atol=1e-5)
     assert torch.all(scale[30:] == scale[:30].max())
-    np.testing.assert_allclose(shift[30:], np.broadcast_to(x.mean((0, 1)), (20, x.shape[-1])), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        shift[30:], np.broadcast_to(x.mean((0, 1)), (20, x.shape[-1])), rtol=1e-4, atol=1e-6
+    )
 
 
 def test_engine_choice_follows_device_install_and_size(monkeypatch, tiny_gpt2):
     cpu, bb = torch.device("cpu"), load_backbone(str(tiny_gpt2), 0)
-    assert engines.resolve_engine("auto", "bfloat16", cpu, bb, tokens=engines.OPENVINO_MIN_TOKENS) == "openvino"
-    assert engines.resolve_engine("auto", "bfloat16", cpu, bb, tokens=engines.OPENVINO_MIN_TOKENS - 1) == "torch"
+    assert (
+        engines.resolve_engine("auto", "bfloat16", cpu, bb, tokens=engines.OPENVINO_MIN_TOKENS) == "openvino"
+    )
+    assert (
+        engines.resolve_engine("auto", "bfloat16", cpu, bb, tokens=engines.OPENVINO_MIN_TOKENS - 1) == "torch"
+    )
     assert engines.resolve_engine("auto", "int8", cpu, bb, tokens=10) == "openvino"
     assert engines.resolve_engine("auto", "float32", torch.device("cuda"), bb) == "torch"
     with pytest.raises(DeviceError, match="--engine openvino runs on the CPU, not cuda"):
         engines.resolve_engine("openvino", "float32", torch.device("cuda"), bb)
-    with pytest.raises(UsageError, match="--dtype int8 runs on the OpenVINO or ONNX Runtime engine; pass --engine openvino"):
+    with pytest.raises(
+        UsageError, match="--dtype int8 runs on the OpenVINO or ONNX Runtime engine; pass --engine openvino"
+    ):
         engines.resolve_engine("torch", "int8", cpu, bb)
     monkeypatch.setattr(engines, "openvino_installed", lambda: False)
     monkeypatch.setattr(engines, "onnxruntime_installed", lambda: False)
@@ -206,14 +238,25 @@ def test_auto_takes_the_engine_measured_fastest_before(tiny_gpt2, tmp_path, monk
     monkeypatch.setenv("RESERVOIR_CACHE", str(tmp_path))
     task, bb = get_task("bit_xor"), load_backbone(str(tiny_gpt2), 0)
     key = engines.engine_key("float32", bb, task.spec.seq_len, torch.get_num_threads())
-    others = engines.auto_candidates("float32", torch.device("cpu"), bb, 10**6)[0][1:]  # ONNX Runtime, where installed
-    records.put(engines.ENGINE_RATES, key, {"torch": 2.0, "openvino": 1.0, **dict.fromkeys(others, 0.5)}
-                if faster == "torch" else {"torch": 1.0, "openvino": 2.0, **dict.fromkeys(others, 0.5)})
+    others = engines.auto_candidates("float32", torch.device("cpu"), bb, 10**6)[0][
+        1:
+    ]  # ONNX Runtime, where installed
+    records.put(
+        engines.ENGINE_RATES,
+        key,
+        {"torch": 2.0, "openvino": 1.0, **dict.fromkeys(others, 0.5)}
+        if faster == "torch"
+        else {"torch": 1.0, "openvino": 2.0, **dict.fromkeys(others, 0.5)},
+    )
     r = runner(task, str(tiny_gpt2), "auto", tokens=10**6)
     assert r.engine == faster and r.measure_key is None
     shown = "".join(", ONNX Runtime 0" for _ in others)  # the installed engines' rates, every one named
-    assert f"fastest on this CPU (measured before: OpenVINO 2 tokens/s{shown}, PyTorch eager 1)" in r.engine_reason \
-        or f"fastest on this CPU (measured before: OpenVINO 1 tokens/s{shown}, PyTorch eager 2)" in r.engine_reason
+    assert (
+        f"fastest on this CPU (measured before: OpenVINO 2 tokens/s{shown}, PyTorch eager 1)"
+        in r.engine_reason
+        or f"fastest on this CPU (measured before: OpenVINO 1 tokens/s{shown}, PyTorch eager 2)"
+        in r.engine_reason
+    )
 
 
 def test_auto_measures_both_engines_on_the_first_batch_and_keeps_the_rates(tiny_gpt2, tmp_path, monkeypatch):
@@ -229,10 +272,18 @@ def test_auto_measures_both_engines_on_the_first_batch_and_keeps_the_rates(tiny_
         (tmp_path / engines.ENGINE_RATES).unlink(missing_ok=True)
         monkeypatch.setattr(runner_module, "faster_engine", lambda rates, w=winner: w)
         r = runner(task, str(tiny_gpt2), "auto", tokens=10**6)
-        assert r.engine == "openvino" and r.measure_key and "measured against it on the first batch" in r.engine_reason
+        assert (
+            r.engine == "openvino"
+            and r.measure_key
+            and "measured against it on the first batch" in r.engine_reason
+        )
         first, second = r(tokens[:32], lengths[:32]), r(tokens[32:], lengths[32:])
         np.testing.assert_allclose(np.concatenate([first, second]), ref, rtol=1e-4, atol=1e-5)
-        assert r.engine == winner and r.measure_key is None and "measured now, on the first batch" in r.engine_reason
+        assert (
+            r.engine == winner
+            and r.measure_key is None
+            and "measured now, on the first batch" in r.engine_reason
+        )
         kept = records.read(engines.ENGINE_RATES)
         measured = {"torch", *engines.auto_candidates("float32", torch.device("cpu"), r.backbone, 10**6)[0]}
         assert len(kept) == 1 and set(next(iter(kept.values()))) == measured >= {"torch", "openvino"}
@@ -240,6 +291,7 @@ def test_auto_measures_both_engines_on_the_first_batch_and_keeps_the_rates(tiny_
 
 
 # -- through the command line -----------------------------------------------------------------
+
 
 @pytest.fixture
 def extract(cli, tiny_gpt2):
@@ -262,22 +314,36 @@ def test_int8_dtypes_name_their_file_and_static_records_its_calibration(extract,
     assert r.exit_code == 0, r.output
     identity, config, _ = read(path)
     assert path.name.startswith("int8-seed0-") and identity["dtype"] == "int8"
-    assert identity["calibration"] == {"split": "train", "rows": 24, "recipe": engines.INT8_RECIPE, "engine": "openvino"}
+    assert identity["calibration"] == {
+        "split": "train",
+        "rows": 24,
+        "recipe": engines.INT8_RECIPE,
+        "engine": "openvino",
+    }
     assert config["engine_used"] == "openvino" and "openvino engine (auto: int8)" in r.output
     r, path = extract("--dtype", "int8-static")
     assert r.exit_code == 0, r.output
     identity, _, _ = read(path)
     assert path.name.startswith("int8-static-seed0-")
-    assert identity["calibration"] == {"split": "train", "rows": 24, "recipe": engines.INT8_RECIPE, "engine": "openvino"}
+    assert identity["calibration"] == {
+        "split": "train",
+        "rows": 24,
+        "recipe": engines.INT8_RECIPE,
+        "engine": "openvino",
+    }
     r, again = extract("--dtype", "int8-static")
     assert again == path and "reusing" in r.output
     monkeypatch.setattr(engines, "INT8_RECIPE", engines.INT8_RECIPE + 1)  # another int8 recipe: never reused
     r, other = extract("--dtype", "int8-static")
     assert r.exit_code == 0 and other != path and "reusing" not in r.output
-    if importlib.util.find_spec("onnxruntime"):  # another engine's int8 quantizes by its own recipe: never reused
+    if importlib.util.find_spec(
+        "onnxruntime"
+    ):  # another engine's int8 quantizes by its own recipe: never reused
         r, first = extract("--dtype", "int8", "--engine", "openvino")
         r, theirs = extract("--dtype", "int8", "--engine", "onnxruntime")
-        assert r.exit_code == 0 and theirs != first and read(theirs)[0]["calibration"]["engine"] == "onnxruntime"
+        assert (
+            r.exit_code == 0 and theirs != first and read(theirs)[0]["calibration"]["engine"] == "onnxruntime"
+        )
 
 
 def test_the_engine_is_not_part_of_the_identity(extract, home):
@@ -291,14 +357,19 @@ def test_a_bad_engine_or_an_int8_dtype_on_pytorch_is_refused(extract, home):
     r, _ = extract("--engine", "onnx")
     assert r.exit_code == 2 and "'onnx' is not one of 'auto', 'torch', 'openvino', 'onnxruntime'" in r.output
     r, _ = extract("--dtype", "int8", "--engine", "torch")
-    assert r.exit_code == 1 and "--dtype int8 runs on the OpenVINO or ONNX Runtime engine; pass --engine openvino" in r.output
+    assert (
+        r.exit_code == 1
+        and "--dtype int8 runs on the OpenVINO or ONNX Runtime engine; pass --engine openvino" in r.output
+    )
     assert "Traceback" not in r.output and not list((home / "features").rglob("*.h5*"))
 
 
 def failing_conversion(monkeypatch):
     def fail(self, example):
-        raise BackboneError("OpenVINO could not convert this backbone (OpConversionFailure: aten::x); "
-                            "pass --engine torch")
+        raise BackboneError(
+            "OpenVINO could not convert this backbone (OpConversionFailure: aten::x); pass --engine torch"
+        )
+
     monkeypatch.setattr(engines.OpenVINOForward, "prepare", fail)
 
 
@@ -309,21 +380,31 @@ def test_auto_falls_back_to_pytorch_when_openvino_cannot_convert(extract, home, 
     r, path = extract("--dtype", "float32")
     assert r.exit_code == 0, r.output
     assert "could not convert" in r.output and "running PyTorch eager instead" in r.output
-    assert "on torch, batch" in r.output and read(path)[1]["engine_used"] == "torch"  # settled before the first row
+    assert (
+        "on torch, batch" in r.output and read(path)[1]["engine_used"] == "torch"
+    )  # settled before the first row
     np.testing.assert_array_equal(read(path)[2], read(expected)[2])
 
 
 def test_an_explicit_engine_that_fails_stops_with_the_fix_and_no_complete_file(extract, home, monkeypatch):
     failing_conversion(monkeypatch)
     r, _ = extract("--engine", "openvino")
-    assert r.exit_code == 1 and "could not convert this backbone" in r.output and "pass --engine torch" in r.output
+    assert (
+        r.exit_code == 1
+        and "could not convert this backbone" in r.output
+        and "pass --engine torch" in r.output
+    )
     assert "Traceback" not in r.output and not list((home / "features").rglob("*.h5"))
 
 
 def test_features_that_disagree_with_pytorch_stop_the_run(extract, home, monkeypatch):
     monkeypatch.setitem(engines.TOLERANCE, "bfloat16", -1.0)  # any difference is too large
     r, _ = extract("--dtype", "bfloat16", "--engine", "openvino")
-    assert r.exit_code == 1 and "features differ from PyTorch's by" in r.output and "pass --engine torch" in r.output
+    assert (
+        r.exit_code == 1
+        and "features differ from PyTorch's by" in r.output
+        and "pass --engine torch" in r.output
+    )
     assert not list((home / "features").rglob("*.h5"))
 
 
@@ -336,7 +417,9 @@ def test_the_sklearn_transformer_runs_on_openvino(tiny_gpt2):
     ov = ReservoirFeatures(str(tiny_gpt2), depth="all", dtype="float32", engine="openvino").fit(X)
     assert ov.runner_.engine == "openvino"
     np.testing.assert_allclose(ov.transform(X), pt, rtol=1e-4, atol=1e-5)
-    static = ReservoirFeatures(str(tiny_gpt2), depth="all", dtype="int8-static").fit(X)  # calibrated on X's rows
+    static = ReservoirFeatures(str(tiny_gpt2), depth="all", dtype="int8-static").fit(
+        X
+    )  # calibrated on X's rows
     assert engines.relative_error(static.transform_depths(X), pt.reshape(20, 3, -1)) < 0.1
 
 
@@ -349,9 +432,30 @@ def test_no_library_log_line_reaches_the_terminal(tiny_gpt2, tmp_path):
 
     env = {**os.environ, "RESERVOIR_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     env.pop("TRANSFORMERS_VERBOSITY", None)
-    r = subprocess.run([sys.executable, "-m", "reservoir", "extract", "--task", "digits", "--backbone", str(tiny_gpt2),
-                        "--limit", "24", "--engine", "openvino", "--dtype", "float32", "--out", str(tmp_path / "f.h5")],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reservoir",
+            "extract",
+            "--task",
+            "digits",
+            "--backbone",
+            str(tiny_gpt2),
+            "--limit",
+            "24",
+            "--engine",
+            "openvino",
+            "--dtype",
+            "float32",
+            "--out",
+            str(tmp_path / "f.h5"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "openvino: convert" in r.stderr
     assert "[transformers]" not in r.stderr and "Warning" not in r.stderr, r.stderr

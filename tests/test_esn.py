@@ -14,7 +14,7 @@ from reservoir.model.backbones.esn import ESNConfig, parse_name
 def test_states_equal_reservoirpy_on_the_same_weights():
     """A deep ESN (two reservoirs, leak 0.3, bias) against reservoirpy's ``Reservoir`` nodes fed the same
     W, Win and bias: every step's state agrees, for each reservoir reading the one below."""
-    rpy = pytest.importorskip("reservoirpy")
+    pytest.importorskip("reservoirpy")
     from reservoirpy.nodes import Reservoir
 
     backbone = load_backbone("esn:units=40,layers=2,sr=0.9,lr=0.3,bias_scaling=0.5,input_scaling=0.7", seed=5)
@@ -32,7 +32,9 @@ def test_states_equal_reservoirpy_on_the_same_weights():
     lengths = torch.tensor([12, 7, 3])
     with torch.inference_mode():
         states = backbone(x, lengths, [0, 1, 2], (lengths - 1)[:, None])
-    np.testing.assert_allclose(states[0, 2, 0].numpy(), u[-1], atol=1e-10)  # row 0's depth 2 at its last token
+    np.testing.assert_allclose(
+        states[0, 2, 0].numpy(), u[-1], atol=1e-10
+    )  # row 0's depth 2 at its last token
 
 
 def test_weights_follow_the_settings():
@@ -53,9 +55,14 @@ def test_a_row_never_depends_on_its_padding_or_its_batch():
     torch.testing.assert_close(both[1:], alone)
 
 
-@pytest.mark.parametrize("name, message", [("esn:sr=-1", "'sr' setting .* must be > 0. Got -1.0"),
-                                           ("esn:units=x", "units='x' is not a number"),
-                                           ("esn:nosuch=1", "'nosuch=1' .* KEY=VALUE with a key from")])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("esn:sr=-1", "'sr' setting .* must be > 0. Got -1.0"),
+        ("esn:units=x", "units='x' is not a number"),
+        ("esn:nosuch=1", "'nosuch=1' .* KEY=VALUE with a key from"),
+    ],
+)
 def test_bad_settings_are_refused_in_words(name, message):
     with pytest.raises(UsageError, match=message):
         load_backbone(name)

@@ -14,8 +14,17 @@ from tests.conftest import save_tiny_gpt2
 
 
 def run(tmp_path, name="f.h5", **kw):
-    cfg = ExtractConfig(**{"task": "digits", "backbone": "lstm", "limit": 40, "batch_size": 16, "dtype": "float32",
-                           "out": tmp_path / name, **kw})
+    cfg = ExtractConfig(
+        **{
+            "task": "digits",
+            "backbone": "lstm",
+            "limit": 40,
+            "batch_size": 16,
+            "dtype": "float32",
+            "out": tmp_path / name,
+            **kw,
+        }
+    )
     return extract(cfg, progress=False)
 
 
@@ -85,8 +94,15 @@ def test_variable_length_readout_is_last_real_token(tmp_path, tiny_gpt2):
     from transformers import GPT2Model
 
     opts = {"max_len": 64, "n_train": 6, "n_val": 1, "n_test": 1, "min_length": 5, "max_length": 60}
-    path = run(tmp_path, task="listops", task_options=opts, backbone=str(tiny_gpt2), batch_size=3, limit=None,
-               split="train")
+    path = run(
+        tmp_path,
+        task="listops",
+        task_options=opts,
+        backbone=str(tiny_gpt2),
+        batch_size=3,
+        limit=None,
+        split="train",
+    )
     task, d = task_tokens("listops", limit=None, **opts)
     assert len(set(d.lengths.tolist())) > 1
     model = GPT2Model.from_pretrained(tiny_gpt2).eval()

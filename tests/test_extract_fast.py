@@ -10,25 +10,28 @@ import numpy as np
 import pytest
 import torch
 
+from reservoir.config import ExtractConfig
 from reservoir.extract import plan
 from reservoir.extract import run as ex
-from reservoir.model.backbones import load_backbone
-from reservoir.config import ExtractConfig
-from reservoir.runtime import runner as fw
 from reservoir.extract.plan import plan_batches
 from reservoir.extract.run import prefetch
-from reservoir.runtime.runner import FeatureRunner, resolve_dtype, round_width
 from reservoir.extract.store import FeatureWriter, StoreError, open_features, partial_path
+from reservoir.model.backbones import load_backbone
+from reservoir.runtime import runner as fw
+from reservoir.runtime.runner import FeatureRunner, resolve_dtype, round_width
 from reservoir.tasks import get_task
 
 LISTOPS = {"max_len": 200, "n_train": 14, "n_val": 1, "n_test": 1, "min_length": 5, "max_length": 190}
 
 
-def runner_for(task, backbone, dtype="float32", compile=False, batch_size=None, depths=None, seed=0, engine="torch"):
+def runner_for(
+    task, backbone, dtype="float32", compile=False, batch_size=None, depths=None, seed=0, engine="torch"
+):
     bb = load_backbone(str(backbone), seed)
     depths = depths or list(range(bb.n_layers + 1))
-    return FeatureRunner.build(task.spec, bb, depths, seed=seed, dtype=dtype, compile=compile, batch_size=batch_size,
-                               engine=engine)
+    return FeatureRunner.build(
+        task.spec, bb, depths, seed=seed, dtype=dtype, compile=compile, batch_size=batch_size, engine=engine
+    )
 
 
 def digits(n=48):
@@ -66,7 +69,9 @@ def test_auto_dtype_is_a_native_float_dtype_and_others_are_refused():
 
 
 def test_auto_compile_only_for_big_runs():
-    assert ex.should_compile(None, ex.AUTO_COMPILE_TOKENS) and not ex.should_compile(None, ex.AUTO_COMPILE_TOKENS - 1)
+    assert ex.should_compile(None, ex.AUTO_COMPILE_TOKENS) and not ex.should_compile(
+        None, ex.AUTO_COMPILE_TOKENS - 1
+    )
     assert ex.should_compile(True, 1) and not ex.should_compile(False, 10**9)
     lstm = load_backbone("lstm")  # dynamo cannot capture nn.LSTM: auto never compiles it, asked it does
     assert not ex.should_compile(None, 10**9, lstm) and ex.should_compile(True, 1, lstm)
@@ -112,6 +117,7 @@ def test_compile_failure_falls_back_to_eager(monkeypatch, capsys, tiny_gpt2):
     def broken(fn, **kw):
         def run(*a):
             raise RuntimeError("inductor exploded")
+
         return run
 
     monkeypatch.setattr(torch, "compile", broken)
@@ -159,12 +165,25 @@ def test_prefetch_keeps_order_runs_ahead_on_a_thread_and_raises_producer_errors(
 
 
 def run(tmp_path, name, backbone, **kw):
-    cfg = ExtractConfig(**{"task": "digits", "backbone": str(backbone), "limit": 40, "batch_size": 8, "depths": "0,1",
-                           "dtype": "float32", "compile": False, "out": tmp_path / name, **kw})
+    cfg = ExtractConfig(
+        **{
+            "task": "digits",
+            "backbone": str(backbone),
+            "limit": 40,
+            "batch_size": 8,
+            "depths": "0,1",
+            "dtype": "float32",
+            "compile": False,
+            "out": tmp_path / name,
+            **kw,
+        }
+    )
     return ex.extract(cfg, progress=False)
 
 
-def test_writer_thread_failure_surfaces_and_never_completes_then_resume_matches(tmp_path, monkeypatch, tiny_gpt2):
+def test_writer_thread_failure_surfaces_and_never_completes_then_resume_matches(
+    tmp_path, monkeypatch, tiny_gpt2
+):
     full = run(tmp_path, "full.h5", tiny_gpt2)
     write, seen = FeatureWriter.write, []
 
@@ -176,7 +195,9 @@ def test_writer_thread_failure_surfaces_and_never_completes_then_resume_matches(
 
     monkeypatch.setattr(FeatureWriter, "write", failing)
     out = tmp_path / "resumed.h5"
-    with pytest.raises(StoreError, match=r"resumed.h5 stopped: the write failed \(disk full\).*rerun the same"):
+    with pytest.raises(
+        StoreError, match=r"resumed.h5 stopped: the write failed \(disk full\).*rerun the same"
+    ):
         run(tmp_path, "resumed.h5", tiny_gpt2)
     assert set(seen) == {"reservoir-writer"}  # writes ran off the main thread
     assert not out.exists() and partial_path(out).exists()
@@ -194,8 +215,10 @@ def test_writer_thread_failure_surfaces_and_never_completes_then_resume_matches(
 
 
 def test_default_extraction_records_the_resolved_dtype(tmp_path):
-    path = ex.extract(ExtractConfig(task="digits", backbone="lstm", limit=8, depths="0,1", out=tmp_path / "d.h5"),
-                      progress=False)
+    path = ex.extract(
+        ExtractConfig(task="digits", backbone="lstm", limit=8, depths="0,1", out=tmp_path / "d.h5"),
+        progress=False,
+    )
     with open_features(path) as f:
         assert f.attrs["dtype"] == resolve_dtype("auto")
 

@@ -46,8 +46,21 @@ def test_fit_on_a_file_still_being_written_is_refused_naming_the_writer(cli, hom
     import h5py
 
     out = home / "f.h5"
-    assert cli("-q", "extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "60",
-               "--out", str(out)).exit_code == 0
+    assert (
+        cli(
+            "-q",
+            "extract",
+            "--task",
+            "digits",
+            "--backbone",
+            str(tiny_gpt2),
+            "--limit",
+            "60",
+            "--out",
+            str(out),
+        ).exit_code
+        == 0
+    )
     partial = out.with_name("f.h5.partial")
     out.rename(partial)
     with h5py.File(partial, "r+") as f:
@@ -58,12 +71,17 @@ def test_fit_on_a_file_still_being_written_is_refused_naming_the_writer(cli, hom
         for path in (out, partial):
             r = cli("fit", "--features", str(path), "--head", "ridge")
             assert r.exit_code == 1, r.output
-            assert f"is still being written by pid {holder.pid}" in r.output and "wait for it to finish" in r.output
+            assert (
+                f"is still being written by pid {holder.pid}" in r.output
+                and "wait for it to finish" in r.output
+            )
     finally:
         holder.kill()
         holder.wait()
     r = cli("fit", "--features", str(out), "--head", "ridge")
-    assert r.exit_code == 1 and "an unfinished run left" in r.output and "rerun extract to resume it" in r.output
+    assert (
+        r.exit_code == 1 and "an unfinished run left" in r.output and "rerun extract to resume it" in r.output
+    )
 
 
 # -- I/O errors while reading data and writing features ---------------------------------------
@@ -85,26 +103,57 @@ main(sys.argv[2:])
 
 
 def extract_args(tiny_gpt2, out):
-    return ["-q", "extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "64", "--batch-size", "8",
-            "--dtype", "float32", "--engine", "torch", "--out", str(out)]
+    return [
+        "-q",
+        "extract",
+        "--task",
+        "digits",
+        "--backbone",
+        str(tiny_gpt2),
+        "--limit",
+        "64",
+        "--batch-size",
+        "8",
+        "--dtype",
+        "float32",
+        "--engine",
+        "torch",
+        "--out",
+        str(out),
+    ]
 
 
-def test_an_io_error_writing_features_mid_run_is_reported_and_the_rerun_equals_an_uninterrupted_run(home, tiny_gpt2):
+def test_an_io_error_writing_features_mid_run_is_reported_and_the_rerun_equals_an_uninterrupted_run(
+    home, tiny_gpt2
+):
     import h5py
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RESERVOIR_HOME": str(home)}
     out = home / "f.h5"
-    r = subprocess.run([sys.executable, "-c", EIO_ON_WRITE, "3", *extract_args(tiny_gpt2, out)], capture_output=True,
-                       text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", EIO_ON_WRITE, "3", *extract_args(tiny_gpt2, out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
-    assert f"writing {out}.partial stopped: the write failed ([Errno 5] Input/output error). Check the disk" in r.stderr
+    assert (
+        f"writing {out}.partial stopped: the write failed ([Errno 5] Input/output error). Check the disk"
+        in r.stderr
+    )
     assert "rerun the same command: it resumes where it stopped" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists()  # nothing that looks complete
     with h5py.File(out.with_name("f.h5.partial")) as f:
         assert not f.attrs.get("complete", False)
     for path, argv in ((out, [EIO_ON_WRITE, "0"]), (home / "whole.h5", [EIO_ON_WRITE, "0"])):
-        r = subprocess.run([sys.executable, "-c", *argv, *extract_args(tiny_gpt2, path)], capture_output=True,
-                           text=True, env=env, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-c", *argv, *extract_args(tiny_gpt2, path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr
     with h5py.File(out) as a, h5py.File(home / "whole.h5") as b:
         assert a.attrs["complete"] and a.attrs["identity"] == b.attrs["identity"]
@@ -134,15 +183,43 @@ def test_an_io_error_reading_the_data_is_reported_in_words(cli, home, tmp_path, 
             raise OSError(errno.EIO, "Input/output error")
 
     real = gzip.open
-    monkeypatch.setattr(gzip, "open", lambda path, *a, **k: FailingDisk() if "train-images" in str(path)
-                        else real(path, *a, **k))
-    r = cli("extract", "--task", "mnist", "--backbone", "lstm", "--limit", "20", "--data-dir", str(tmp_path / "data"))
+    monkeypatch.setattr(
+        gzip,
+        "open",
+        lambda path, *a, **k: FailingDisk() if "train-images" in str(path) else real(path, *a, **k),
+    )
+    r = cli(
+        "extract",
+        "--task",
+        "mnist",
+        "--backbone",
+        "lstm",
+        "--limit",
+        "20",
+        "--data-dir",
+        str(tmp_path / "data"),
+    )
     assert r.exit_code == 1, r.output
-    assert "train-images-idx3-ubyte.gz failed: the disk reported an I/O error ([Errno 5] Input/output error)" \
-        in r.output and "then rerun" in r.output and "Traceback" not in r.output
+    assert (
+        "train-images-idx3-ubyte.gz failed: the disk reported an I/O error ([Errno 5] Input/output error)"
+        in r.output
+        and "then rerun" in r.output
+        and "Traceback" not in r.output
+    )
     assert not (home / "features").exists() or not list((home / "features").rglob("*.h5*"))
     monkeypatch.setattr(gzip, "open", real)
-    r = cli("-q", "extract", "--task", "mnist", "--backbone", "lstm", "--limit", "20", "--data-dir", str(tmp_path / "data"))
+    r = cli(
+        "-q",
+        "extract",
+        "--task",
+        "mnist",
+        "--backbone",
+        "lstm",
+        "--limit",
+        "20",
+        "--data-dir",
+        str(tmp_path / "data"),
+    )
     assert r.exit_code == 0, r.output
 
 
@@ -173,8 +250,12 @@ def test_a_save_killed_while_writing_leaves_nothing_the_next_save_does_not_clean
     from reservoir.train.export import save_backbone
 
     folder = home / "models" / "bit"
-    saver = subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(folder)], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    saver = subprocess.Popen(
+        [sys.executable, "-c", SLOW_SAVE, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert saver.stdout.readline().strip() == "written"
     os.kill(saver.pid, signal.SIGKILL)
     saver.wait()
@@ -194,13 +275,20 @@ def test_a_resumed_file_keeps_the_engine_that_began_it(cli, home, tiny_gpt2, mon
 
     out = home / "f.h5"
     args = extract_args(tiny_gpt2, out)
-    r = subprocess.run([sys.executable, "-c", EIO_ON_WRITE, "3", *args], capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "RESERVOIR_HOME": str(home)}, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", EIO_ON_WRITE, "3", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "RESERVOIR_HOME": str(home)},
+        timeout=300,
+    )
     assert r.returncode == 1 and out.with_name("f.h5.partial").exists(), r.stderr
     monkeypatch.setattr(engines, "OPENVINO_MIN_TOKENS", 0)  # auto would take OpenVINO for this tiny run
     auto = [a if a != "torch" else "auto" for a in args]
     r = cli(*[a if a != "auto" else "openvino" for a in auto])
-    assert r.exit_code == 1 and "was begun on the torch engine; rerun with --engine torch (or auto)" in r.output
+    assert (
+        r.exit_code == 1 and "was begun on the torch engine; rerun with --engine torch (or auto)" in r.output
+    )
     r = cli(*auto)
     assert r.exit_code == 0, r.output
     with h5py.File(out) as f:

@@ -31,8 +31,19 @@ def test_fit_picks_the_file_whose_data_digest_matches_among_same_named_user_file
     fa, fb = extract(cli, f"file:{a}", tiny_gpt2), extract(cli, f"file:{b}", tiny_gpt2)
     assert fa.parent == fb.parent and fa != fb  # one folder: features/data.npz/BACKBONE/
     for path, features in ((b, fb), (a, fa)):
-        r = cli("-q", "fit", "--task", f"file:{path}", "--backbone", str(tiny_gpt2), "--head", "ridge",
-                "--depths", "1", "--no-baselines")
+        r = cli(
+            "-q",
+            "fit",
+            "--task",
+            f"file:{path}",
+            "--backbone",
+            str(tiny_gpt2),
+            "--head",
+            "ridge",
+            "--depths",
+            "1",
+            "--no-baselines",
+        )
         assert r.exit_code == 0, r.output
         results = sorted((home / "results").rglob("*depth1*.json"), key=lambda p: p.stat().st_mtime)
         assert json.loads(results[-1].read_text())["features"] == str(features)

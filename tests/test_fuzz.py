@@ -24,8 +24,13 @@ from reservoir.cli import main
 
 DEFAULT_EXAMPLES = 25
 SLOW_EXAMPLES = 1000
-FAST = settings(max_examples=DEFAULT_EXAMPLES, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+FAST = settings(
+    max_examples=DEFAULT_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 SLOW = settings(FAST, max_examples=SLOW_EXAMPLES, derandomize=False)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -57,7 +62,8 @@ def user_files(draw) -> dict[str, np.ndarray]:
     elif kind == "ids":
         low = -1 if sometimes(draw) else 0
         x = rng.integers(low, draw(st.integers(1, 40)), size=(n, T)).astype(
-            draw(st.sampled_from(["uint8", "int8", "int32", "int64"])))
+            draw(st.sampled_from(["uint8", "int8", "int32", "int64"]))
+        )
     else:
         shape = tuple(draw(st.lists(st.integers(0, 4), min_size=1, max_size=4)))
         dtype = draw(st.sampled_from(["bool", "complex64", "int16", "float32", "U3"]))
@@ -65,7 +71,9 @@ def user_files(draw) -> dict[str, np.ndarray]:
     classes = draw(st.integers(2, 4)) if not sometimes(draw, 10) else 1
     y = rng.integers(0, classes, size=n)
     if sometimes(draw, 3):
-        match draw(st.sampled_from(["negative", "fraction", "length", "2-D", "strings", "bool", "float", "large"])):
+        match draw(
+            st.sampled_from(["negative", "fraction", "length", "2-D", "strings", "bool", "float", "large"])
+        ):
             case "negative" if n:
                 y[rng.integers(n)] = -1
             case "fraction":
@@ -87,7 +95,8 @@ def user_files(draw) -> dict[str, np.ndarray]:
         low = -1 if sometimes(draw) else 1
         high = T + (2 if sometimes(draw) else 1)
         arrays["lengths"] = rng.integers(low, max(low + 1, high), size=n).astype(
-            draw(st.sampled_from(["int64", "int64", "int32", "float64"])))
+            draw(st.sampled_from(["int64", "int64", "int32", "float64"]))
+        )
     if sometimes(draw, 3):
         names = ["train", "test", *draw(st.lists(st.sampled_from(SPLIT_NAMES), max_size=3))]
         size = n + (draw(st.sampled_from([-1, 1])) if sometimes(draw) else 0)
@@ -118,7 +127,9 @@ def invoke(home: Path, *args: str):
     r = CliRunner().invoke(main, list(args), env={"RESERVOIR_HOME": str(home), "RESERVOIR_OFFLINE": "1"})
     event(f"{args[1]} exit {r.exit_code}")
     if r.exception is not None and not isinstance(r.exception, SystemExit):
-        raise AssertionError(f"{args} raised {type(r.exception).__name__}: {r.exception}\n{r.output}") from r.exception
+        raise AssertionError(
+            f"{args} raised {type(r.exception).__name__}: {r.exception}\n{r.output}"
+        ) from r.exception
     return r.exit_code, r.output
 
 
@@ -129,16 +140,26 @@ def check_failure(code: int, output: str, *names: str) -> None:
     error = [line for line in output.splitlines() if line.startswith("Error:")]
     assert len(error) == 1, output  # one message
     message = error[0]
-    assert any(name in message for name in names) or "--" in message or "parameter of" in message \
-        or "option of task" in message, output
+    assert (
+        any(name in message for name in names)
+        or "--" in message
+        or "parameter of" in message
+        or "option of task" in message
+    ), output
 
 
 def complete_files(home: Path) -> list[Path]:
     return sorted(p for p in home.rglob("*") if p.suffix in (".h5", ".json") and p.is_file())
 
 
-def run_user_file(tiny: Path, arrays: dict[str, np.ndarray], suffix: str, limit: int | None, train: bool,
-                  truncate: bool = False) -> None:
+def run_user_file(
+    tiny: Path,
+    arrays: dict[str, np.ndarray],
+    suffix: str,
+    limit: int | None,
+    train: bool,
+    truncate: bool = False,
+) -> None:
     from reservoir.extract.store import h5_file, verify
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,8 +169,22 @@ def run_user_file(tiny: Path, arrays: dict[str, np.ndarray], suffix: str, limit:
             path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
         task = f"file:{path}"
         extra = ("--limit", str(limit)) if limit else ()
-        command = ("-q", "extract", "--task", task, "--backbone", str(tiny), "--dtype", "float32", "--batch-size", "8",
-                   "--no-compile", "--engine", "torch", *extra)
+        command = (
+            "-q",
+            "extract",
+            "--task",
+            task,
+            "--backbone",
+            str(tiny),
+            "--dtype",
+            "float32",
+            "--batch-size",
+            "8",
+            "--no-compile",
+            "--engine",
+            "torch",
+            *extra,
+        )
         code, output = invoke(home, *command)
         if code != 0:
             check_failure(code, output, str(path), path.name)
@@ -161,16 +196,47 @@ def run_user_file(tiny: Path, arrays: dict[str, np.ndarray], suffix: str, limit:
                 verify(f)
             again = invoke(home, *command)  # the same run again: the file verified and reused
             assert again == (0, output), again
-            code, output = invoke(home, "-q", "fit", "--features", str(features), "--head", "ridge",
-                                  "--no-baselines", "--depths", "0,2", "--val-fraction", "0.3")
+            code, output = invoke(
+                home,
+                "-q",
+                "fit",
+                "--features",
+                str(features),
+                "--head",
+                "ridge",
+                "--no-baselines",
+                "--depths",
+                "0,2",
+                "--val-fraction",
+                "0.3",
+            )
             if code != 0:
                 check_failure(code, output, str(features), features.name)
                 assert not (home / "results").exists()
         if train:
             before = set(complete_files(home))
-            code, output = invoke(home, "-q", "train", "--task", task, "--backbone", str(tiny), "--steps", "2",
-                                  "--eval-every", "1", "--batch-size", "4", "--checkpoint-every", "0",
-                                  "--val-fraction", "0.3", "--checkpoint-dir", str(home / "ckpt"), *extra)
+            code, output = invoke(
+                home,
+                "-q",
+                "train",
+                "--task",
+                task,
+                "--backbone",
+                str(tiny),
+                "--steps",
+                "2",
+                "--eval-every",
+                "1",
+                "--batch-size",
+                "4",
+                "--checkpoint-every",
+                "0",
+                "--val-fraction",
+                "0.3",
+                "--checkpoint-dir",
+                str(home / "ckpt"),
+                *extra,
+            )
             if code != 0:
                 check_failure(code, output, str(path), path.name)
                 assert not [p for p in set(complete_files(home)) - before if p.suffix == ".json"]
@@ -183,9 +249,12 @@ def tiny(tmp_path_factory) -> Path:
     return save_tiny_gpt2(tmp_path_factory.mktemp("fuzz-gpt2"), n_layer=2, n_embd=16)
 
 
-user_file_runs = dict(arrays=user_files(), suffix=st.sampled_from([".npz", ".h5"]),
-                      limit=st.sampled_from([None, None, None, 1, 2, 5, 12, 40]),
-                      truncate=st.sampled_from([False] * 9 + [True]))
+user_file_runs = dict(
+    arrays=user_files(),
+    suffix=st.sampled_from([".npz", ".h5"]),
+    limit=st.sampled_from([None, None, None, 1, 2, 5, 12, 40]),
+    truncate=st.sampled_from([False] * 9 + [True]),
+)
 
 
 @FAST
@@ -209,15 +278,41 @@ def test_user_files_through_every_command_many(tiny, arrays, suffix, limit, trun
 
 # -- option values -----------------------------------------------------------------------------------
 
-NUMBERS = st.one_of(st.integers(-3, 40), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
-                    st.sampled_from(["0", "-0", "1e309", "nan", "inf", "-inf", "0x10", "1_000", " 3 "]))
-TEXTS = st.one_of(NUMBERS.map(str), st.text(max_size=8), st.sampled_from(["", ",", "1,,2", "all", "-1", "0,-1", "a=b"]))
+NUMBERS = st.one_of(
+    st.integers(-3, 40),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["0", "-0", "1e309", "nan", "inf", "-inf", "0x10", "1_000", " 3 "]),
+)
+TEXTS = st.one_of(
+    NUMBERS.map(str), st.text(max_size=8), st.sampled_from(["", ",", "1,,2", "all", "-1", "0,-1", "a=b"])
+)
 #: options whose valid values set how much work a run does (steps, examples, tokens): valid ones stay small, so a
 #: run ends in seconds; values past their bounds (refused while parsing) and garbage still come
-SIZES = {"--steps", "--seeds", "--eval-every", "--patience", "--blocks", "--limit", "n_train", "n_test", "n_val",
-         "n_bits", "n_patterns", "token_bits", "max_len", "min_length", "max_length", "max_depth", "max_args"}
-SIZE_TEXTS = st.one_of(st.integers(-3, 12).map(str), st.sampled_from(["2147483648", "1048577", str(2**70), "1e3", "0x8"]),
-                       st.text(max_size=4))
+SIZES = {
+    "--steps",
+    "--seeds",
+    "--eval-every",
+    "--patience",
+    "--blocks",
+    "--limit",
+    "n_train",
+    "n_test",
+    "n_val",
+    "n_bits",
+    "n_patterns",
+    "token_bits",
+    "max_len",
+    "min_length",
+    "max_length",
+    "max_depth",
+    "max_args",
+}
+SIZE_TEXTS = st.one_of(
+    st.integers(-3, 12).map(str),
+    st.sampled_from(["2147483648", "1048577", str(2**70), "1e3", "0x8"]),
+    st.text(max_size=4),
+)
 
 
 def value(draw, name: str) -> str:
@@ -226,20 +321,60 @@ def value(draw, name: str) -> str:
 
 #: (command, option) -> the values to try; the command's other options keep it small and fast
 OPTIONS = {
-    "extract": ["--limit", "--batch-size", "--seed", "--depths", "--input-scale", "--shard-rows", "--split",
-                "--readout", "--dtype", "--device"],
+    "extract": [
+        "--limit",
+        "--batch-size",
+        "--seed",
+        "--depths",
+        "--input-scale",
+        "--shard-rows",
+        "--split",
+        "--readout",
+        "--dtype",
+        "--device",
+    ],
     "fit": ["--depths", "--val-fraction", "--seed", "--memory-mb", "--head"],
-    "train": ["--lr", "--steps", "--seed", "--seeds", "--target", "--dropout", "--grad-clip", "--trainable",
-              "--blocks", "--val-fraction", "--eval-every", "--patience", "--limit"],
+    "train": [
+        "--lr",
+        "--steps",
+        "--seed",
+        "--seeds",
+        "--target",
+        "--dropout",
+        "--grad-clip",
+        "--trainable",
+        "--blocks",
+        "--val-fraction",
+        "--eval-every",
+        "--patience",
+        "--limit",
+    ],
 }
-TASK_OPTIONS = {"bit_xor": ["n_bits", "n_train", "n_test", "seed"], "bit_memory": ["n_bits", "token_bits", "mask_prob"],
-                "digits": ["test_size", "seed"], "listops": ["max_len", "min_length", "max_length", "max_depth", "max_args",
-                                                            "source", "tokenization"]}
-SMALL = {"bit_xor": ("--task-opt", "n_train=24", "--task-opt", "n_test=8"),
-         "bit_memory": ("--task-opt", "n_train=24", "--task-opt", "n_test=8", "--task-opt", "n_patterns=2"),
-         "digits": ("--limit", "100"),
-         "listops": ("--task-opt", "n_train=30", "--task-opt", "n_val=10", "--task-opt", "n_test=10",
-                     "--task-opt", "min_length=3", "--task-opt", "max_length=40", "--task-opt", "max_len=64")}
+TASK_OPTIONS = {
+    "bit_xor": ["n_bits", "n_train", "n_test", "seed"],
+    "bit_memory": ["n_bits", "token_bits", "mask_prob"],
+    "digits": ["test_size", "seed"],
+    "listops": ["max_len", "min_length", "max_length", "max_depth", "max_args", "source", "tokenization"],
+}
+SMALL = {
+    "bit_xor": ("--task-opt", "n_train=24", "--task-opt", "n_test=8"),
+    "bit_memory": ("--task-opt", "n_train=24", "--task-opt", "n_test=8", "--task-opt", "n_patterns=2"),
+    "digits": ("--limit", "100"),
+    "listops": (
+        "--task-opt",
+        "n_train=30",
+        "--task-opt",
+        "n_val=10",
+        "--task-opt",
+        "n_test=10",
+        "--task-opt",
+        "min_length=3",
+        "--task-opt",
+        "max_length=40",
+        "--task-opt",
+        "max_len=64",
+    ),
+}
 
 
 @st.composite
@@ -261,7 +396,17 @@ def option_runs(draw) -> tuple[str, str, list[str]]:
 def run_options(tiny: Path, command: str, task: str, fuzzed: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        extract = ["--backbone", str(tiny), "--dtype", "float32", "--no-compile", "--engine", "torch", "--depths", "0,1"]
+        extract = [
+            "--backbone",
+            str(tiny),
+            "--dtype",
+            "float32",
+            "--no-compile",
+            "--engine",
+            "torch",
+            "--depths",
+            "0,1",
+        ]
         if command == "fit":  # fit reads features: extract the small task first, then fuzz fit's own options
             code, output = invoke(home, "-q", "extract", "--task", task, *SMALL[task], *extract)
             assert code == 0, output
@@ -269,8 +414,22 @@ def run_options(tiny: Path, command: str, task: str, fuzzed: list[str]) -> None:
         elif command == "extract":
             args = ["extract", "--task", task, *SMALL[task], *extract]
         else:
-            args = ["train", "--task", task, *SMALL[task], "--backbone", str(tiny), "--steps", "2", "--eval-every", "1",
-                    "--checkpoint-every", "0", "--checkpoint-dir", str(home / "ckpt")]
+            args = [
+                "train",
+                "--task",
+                task,
+                *SMALL[task],
+                "--backbone",
+                str(tiny),
+                "--steps",
+                "2",
+                "--eval-every",
+                "1",
+                "--checkpoint-every",
+                "0",
+                "--checkpoint-dir",
+                str(home / "ckpt"),
+            ]
         before = set(complete_files(home))
         code, output = invoke(home, "-q", *args, *fuzzed)  # given later, the fuzzed options win
         if code != 0:  # the message names an option given (or the file, for what is found in it)

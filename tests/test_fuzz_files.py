@@ -50,11 +50,42 @@ def mutations(draw) -> list[tuple[str, tuple[str, ...], object]]:
     """Changes to a checkpoint's contents: (action, path of keys, value)."""
     out = []
     for _ in range(draw(st.integers(1, 3))):
-        path = tuple(draw(st.lists(st.sampled_from(["format", "identity", "params", "optimizer", "state", "rng",
-                                                    "torch", "step", "best_params", "history", "run_lr", "param_groups",
-                                                    "lr", "blocks", "0", "cuda"]), min_size=1, max_size=3)))
+        path = tuple(
+            draw(
+                st.lists(
+                    st.sampled_from(
+                        [
+                            "format",
+                            "identity",
+                            "params",
+                            "optimizer",
+                            "state",
+                            "rng",
+                            "torch",
+                            "step",
+                            "best_params",
+                            "history",
+                            "run_lr",
+                            "param_groups",
+                            "lr",
+                            "blocks",
+                            "0",
+                            "cuda",
+                        ]
+                    ),
+                    min_size=1,
+                    max_size=3,
+                )
+            )
+        )
         action = draw(st.sampled_from(["set", "set", "delete", "tensor", "payload"]))
-        out.append((action, path, draw(JUNK) if action == "set" else junk_tensor(draw) if action == "tensor" else None))
+        out.append(
+            (
+                action,
+                path,
+                draw(JUNK) if action == "set" else junk_tensor(draw) if action == "tensor" else None,
+            )
+        )
     return out
 
 
@@ -63,8 +94,13 @@ def mutate(obj, path: tuple[str, ...], action: str, value, marker: str):
     node, keys = obj, list(path)
     while len(keys) > 1:
         key = keys[0]
-        child = node.get(key) if isinstance(node, dict) else \
-            node[int(key)] if isinstance(node, list) and key.isdigit() and int(key) < len(node) else None
+        child = (
+            node.get(key)
+            if isinstance(node, dict)
+            else node[int(key)]
+            if isinstance(node, list) and key.isdigit() and int(key) < len(node)
+            else None
+        )
         if not isinstance(child, (dict, list)):
             break
         node, keys = child, keys[1:]
@@ -90,14 +126,34 @@ def trained(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("fuzz-ckpt")
     tiny = save_tiny_gpt2(root / "tiny", n_layer=2, n_embd=16)
-    args = ("train", "--task", "bit_xor", "--backbone", str(tiny), "--task-opt", "n_train=64", "--task-opt", "n_test=16",
-            "--steps", "2", "--eval-every", "1", "--batch-size", "4", "--checkpoint-every", "1")
+    args = (
+        "train",
+        "--task",
+        "bit_xor",
+        "--backbone",
+        str(tiny),
+        "--task-opt",
+        "n_train=64",
+        "--task-opt",
+        "n_test=16",
+        "--steps",
+        "2",
+        "--eval-every",
+        "1",
+        "--batch-size",
+        "4",
+        "--checkpoint-every",
+        "1",
+    )
     from click.testing import CliRunner
 
     from reservoir.cli import main
 
-    r = CliRunner().invoke(main, ["-q", *args, "--checkpoint-dir", str(root / "ckpt")],
-                           env={"RESERVOIR_HOME": str(root / "home")})
+    r = CliRunner().invoke(
+        main,
+        ["-q", *args, "--checkpoint-dir", str(root / "ckpt")],
+        env={"RESERVOIR_HOME": str(root / "home")},
+    )
     assert r.exit_code == 0, r.output
     (ckpt,) = (root / "ckpt").glob("*.pt")
     return tiny, args, ckpt
@@ -126,15 +182,30 @@ def run_checkpoint(trained, changes, cut: int | None, flip: int | None, resume: 
         if resume:
             code, output = invoke(tmp / "home", "-q", *args, "--checkpoint-dir", str(folder), "--resume")
         else:
-            code, output = invoke(tmp / "home", "-q", "attention", "--task", "bit_xor", "--backbone", str(tiny),
-                                  "--checkpoint", str(ckpt), "--out", str(tmp / "a.png"))
+            code, output = invoke(
+                tmp / "home",
+                "-q",
+                "attention",
+                "--task",
+                "bit_xor",
+                "--backbone",
+                str(tiny),
+                "--checkpoint",
+                str(ckpt),
+                "--out",
+                str(tmp / "a.png"),
+            )
         if code != 0:
             check_failure(code, output, str(ckpt), ckpt.name)
         assert not Path(marker).exists(), "a crafted checkpoint ran its payload"
 
 
-checkpoint_runs = dict(changes=mutations(), cut=st.one_of(st.none(), st.none(), st.integers(0, 10**6)),
-                       flip=st.one_of(st.none(), st.none(), st.integers(0, 10**6)), resume=st.booleans())
+checkpoint_runs = dict(
+    changes=mutations(),
+    cut=st.one_of(st.none(), st.none(), st.integers(0, 10**6)),
+    flip=st.one_of(st.none(), st.none(), st.integers(0, 10**6)),
+    resume=st.booleans(),
+)
 
 
 @FEW
@@ -152,8 +223,21 @@ def test_damaged_and_crafted_checkpoints_many(trained, changes, cut, flip, resum
 
 # -- model folders with odd configs ------------------------------------------------------------------
 
-CONFIG_KEYS = ("model_type", "n_layer", "n_embd", "n_head", "n_positions", "architectures", "layer_norm_epsilon",
-               "vocab_size", "activation_function", "torch_dtype", "auto_map", "num_hidden_layers", "hidden_size")
+CONFIG_KEYS = (
+    "model_type",
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "n_positions",
+    "architectures",
+    "layer_norm_epsilon",
+    "vocab_size",
+    "activation_function",
+    "torch_dtype",
+    "auto_map",
+    "num_hidden_layers",
+    "hidden_size",
+)
 MODEL_TYPES = ("gpt2", "llama", "bert", "vit", "t5", "mamba", "nonexistent", "", "GPT2", "gpt2 ")
 
 
@@ -180,15 +264,33 @@ def run_model_folder(tiny_folder: Path, changes, weights: str) -> None:
             if action == "delete":
                 config.pop(key, None)
             else:
-                config[key] = {"AutoConfig": "custom.Config", "AutoModel": "custom.Model"} if key == "auto_map" else value
+                config[key] = (
+                    {"AutoConfig": "custom.Config", "AutoModel": "custom.Model"}
+                    if key == "auto_map"
+                    else value
+                )
         (folder / "config.json").write_text(json.dumps(config))
         weights_file = folder / "model.safetensors"
         if weights == "missing":
             weights_file.unlink()
         elif weights == "truncated":
             weights_file.write_bytes(weights_file.read_bytes()[:200])
-        code, output = invoke(tmp / "home", "-q", "extract", "--task", "digits", "--backbone", str(folder),
-                              "--limit", "20", "--dtype", "float32", "--engine", "torch", "--no-compile")
+        code, output = invoke(
+            tmp / "home",
+            "-q",
+            "extract",
+            "--task",
+            "digits",
+            "--backbone",
+            str(folder),
+            "--limit",
+            "20",
+            "--dtype",
+            "float32",
+            "--engine",
+            "torch",
+            "--no-compile",
+        )
         if code != 0:
             check_failure(code, output, str(folder), folder.name)
             assert not list((tmp / "home").rglob("*.h5"))

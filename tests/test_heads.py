@@ -14,7 +14,17 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_info
 
 from reservoir.probe import heads
-from reservoir.probe.heads import HEADS, HeadKind, LogRegHead, RidgeHead, RidgeStats, TorchHead, fit_depth, head_threads, rows
+from reservoir.probe.heads import (
+    HEADS,
+    HeadKind,
+    LogRegHead,
+    RidgeHead,
+    RidgeStats,
+    TorchHead,
+    fit_depth,
+    head_threads,
+    rows,
+)
 
 
 def blobs(n=300, d=8, classes=3, seed=0, outputs=None):
@@ -38,7 +48,9 @@ def test_head_contract_and_learning(head):
 def test_torch_head_lbfgs_and_bad_optimizer():
     X, y = blobs()
     assert np.mean(TorchHead(optimizer="lbfgs").fit(X, y).predict(X) == y) > 0.9
-    with pytest.raises(ValueError, match="'optimizer' parameter of TorchHead must be 'adam' or 'lbfgs'. Got 'sgd'"):
+    with pytest.raises(
+        ValueError, match="'optimizer' parameter of TorchHead must be 'adam' or 'lbfgs'. Got 'sgd'"
+    ):
         TorchHead(optimizer="sgd").fit(X, y)
 
 
@@ -47,7 +59,7 @@ def test_ridge_partial_fit_equals_fit():
     whole = RidgeHead(alpha=3.0).fit(X, y)
     chunked = RidgeHead(alpha=3.0)
     for i in range(0, 400, 64):
-        chunked.partial_fit(X[i:i + 64], y[i:i + 64])
+        chunked.partial_fit(X[i : i + 64], y[i : i + 64])
     np.testing.assert_allclose(chunked.solve().coef_, whole.coef_, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(chunked.intercept_, whole.intercept_, rtol=1e-8, atol=1e-10)
     path = chunked.path_
@@ -106,8 +118,12 @@ def test_ridge_path_equals_direct_solve_and_sklearn(outputs):
     for alpha in HEADS["ridge"].grid:
         coef, intercept = path.coef(alpha)
         scaler, W = direct_ridge(X, Y, alpha)
-        np.testing.assert_allclose(X @ coef + intercept, np.hstack([scaler.transform(X), np.ones((len(X), 1))]) @ W,
-                                   rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(
+            X @ coef + intercept,
+            np.hstack([scaler.transform(X), np.ones((len(X), 1))]) @ W,
+            rtol=1e-6,
+            atol=1e-9,
+        )
         ref = Ridge(alpha=alpha).fit(scaler.transform(X), Y)
         np.testing.assert_allclose(coef * path.scale[:, None], ref.coef_.T, rtol=1e-6, atol=1e-9)
         np.testing.assert_allclose(intercept + path.mean_x @ coef, ref.intercept_, rtol=1e-6, atol=1e-9)
@@ -132,8 +148,9 @@ def old_fit_depth_ridge(X_train, y_train, X_test, y_test, X_val=None, y_val=None
     """fit_depth's ridge path before accumulation: a standardized ridge solved per alpha."""
     if X_val is None:
         strat = y_train if y_train.ndim == 1 else None
-        X_fit, X_val, y_fit, y_val = train_test_split(X_train, y_train, test_size=val_fraction, random_state=seed,
-                                                      stratify=strat)
+        X_fit, X_val, y_fit, y_val = train_test_split(
+            X_train, y_train, test_size=val_fraction, random_state=seed, stratify=strat
+        )
         X_all, y_all = np.concatenate([X_fit, X_val]), np.concatenate([y_fit, y_val])
     else:
         X_fit, y_fit, X_all, y_all = X_train, y_train, X_train, y_train
@@ -164,8 +181,9 @@ def test_fit_depth_ridge_equals_per_alpha_solves(tokens, outputs, explicit_val):
     n_train = 400 if explicit_val else 500
     val = dict(X_val=X[400:500], y_val=y[400:500]) if explicit_val else {}
     new = fit_depth("ridge", X[:n_train], y[:n_train], X[500:], y[500:], seed=0, **val)
-    best, scores, test = old_fit_depth_ridge(X[:n_train], y[:n_train], X[500:], y[500:], val.get("X_val"),
-                                             val.get("y_val"))
+    best, scores, test = old_fit_depth_ridge(
+        X[:n_train], y[:n_train], X[500:], y[500:], val.get("X_val"), val.get("y_val")
+    )
     assert new["hyperparameters"] == {"alpha": best}
     assert new["val_scores"] == {str(a): s for a, s in scores.items()}
     assert new["test_accuracy"] == test
@@ -203,8 +221,13 @@ def test_fit_depth_limits_threads(monkeypatch):
 
     decompositions = []
     original = RidgeStats.decompose
-    monkeypatch.setattr(RidgeStats, "decompose", lambda self: decompositions.append(
-        {lib["num_threads"] for lib in threadpool_info()}) or original(self))
+    monkeypatch.setattr(
+        RidgeStats,
+        "decompose",
+        lambda self: (
+            decompositions.append({lib["num_threads"] for lib in threadpool_info()}) or original(self)
+        ),
+    )
     fit_depth("ridge", X[:200, None], y[:200], X[200:, None], y[200:])
     assert decompositions == [{head_threads()}, {head_threads()}]  # one for the grid, one for the refit
 
@@ -232,7 +255,7 @@ class BlockRows(Rows):
         from reservoir.probe.heads import rows
 
         for i in range(0, len(self.labels), self.block):
-            yield rows(self.inner.X[i:i + self.block], self.labels[i:i + self.block])
+            yield rows(self.inner.X[i : i + self.block], self.labels[i : i + self.block])
 
     def take(self, index):
         return BlockRows(self.inner.X[index], self.labels[index], self.block)
@@ -271,13 +294,14 @@ def test_streaming_logistic_handles_bits_as_independent_outputs():
     pred = predict(X[:, 0])
     assert pred.shape == (600, 3) and np.mean(pred == y[:, 0]) > 0.8
     for j in range(2):
-        ref = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=1000)).fit(X[:, 0], y[:, 0, j])
+        ref = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=1000)).fit(
+            X[:, 0], y[:, 0, j]
+        )
         assert np.mean(pred[:, j] == ref.predict(X[:, 0])) >= 0.99
 
 
 @pytest.mark.parametrize("head", ["logreg", "torch"])
 def test_over_the_memory_budget_heads_stream_instead_of_loading(head, monkeypatch):
-    from reservoir.probe import heads
 
     X, y = separable(n=800)
     train, test = BlockRows(X[:600], y[:600]), BlockRows(X[600:], y[600:])

@@ -4,7 +4,6 @@ an unchanged rerun reuses its file without recomputing, results never overwrite 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import h5py
@@ -12,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from reservoir.runtime.runner import FeatureRunner
 from reservoir.identity import digest
 from reservoir.model.backbones import fingerprint as backbone_fingerprint
+from reservoir.runtime.runner import FeatureRunner
 from tests.conftest import save_tiny_gpt2
 
 #: a fast run: 24 digits per split through the 2-block, 32-wide GPT-2, float32
@@ -65,7 +64,9 @@ def test_unchanged_rerun_reuses_the_file_without_recomputing(extract, home, monk
     code, out, again = extract("--seed", "1", "--dtype", "float32")
     assert code == 0 and again == path, out
     assert (path.stat().st_mtime_ns, path.read_bytes()) == before
-    code, out, explicit = extract("--seed", "1", "--out", str(path))  # the same file named explicitly: reused too
+    code, out, explicit = extract(
+        "--seed", "1", "--out", str(path)
+    )  # the same file named explicitly: reused too
     assert code == 0 and explicit == path
 
 
@@ -149,7 +150,9 @@ def test_the_random_twin_of_another_seed_is_another_backbone():
     assert backbone_fingerprint(load_backbone("lstm", 0)) == backbone_fingerprint(load_backbone("lstm", 0))
     assert backbone_fingerprint(load_backbone("lstm", 0)) != backbone_fingerprint(load_backbone("lstm", 1))
     # same weights, another architecture (residual connections have no parameters)
-    assert backbone_fingerprint(load_backbone("lstm-12", 0)) != backbone_fingerprint(load_backbone("lstm-12-residual", 0))
+    assert backbone_fingerprint(load_backbone("lstm-12", 0)) != backbone_fingerprint(
+        load_backbone("lstm-12-residual", 0)
+    )
 
 
 def test_a_partial_file_of_another_run_is_not_resumed(extract, home, monkeypatch, tmp_path, tiny_gpt2):
@@ -163,8 +166,18 @@ def test_a_partial_file_of_another_run_is_not_resumed(extract, home, monkeypatch
 
     monkeypatch.setattr(FeatureRunner, "run_async", killed)
     with pytest.raises(KeyboardInterrupt):
-        run_extract(ExtractConfig(task="digits", backbone=str(tiny_gpt2), limit=24, dtype="float32", batch_size=8,
-                                  seed=3, out=out), progress=False)
+        run_extract(
+            ExtractConfig(
+                task="digits",
+                backbone=str(tiny_gpt2),
+                limit=24,
+                dtype="float32",
+                batch_size=8,
+                seed=3,
+                out=out,
+            ),
+            progress=False,
+        )
     monkeypatch.undo()
     assert not out.exists() and out.with_name("f.h5.partial").exists()
     code, output, _ = extract("--seed", "4", "--out", str(out))
@@ -177,7 +190,9 @@ def test_files_that_are_not_feature_files_are_named(extract, cli, home, tmp_path
     junk = tmp_path / "junk.h5"
     junk.write_bytes(b"not hdf5 at all")
     code, out, _ = extract("--out", str(junk))
-    assert code == 1 and f"{junk} is not an HDF5 feature file" in out and junk.read_bytes() == b"not hdf5 at all"
+    assert (
+        code == 1 and f"{junk} is not an HDF5 feature file" in out and junk.read_bytes() == b"not hdf5 at all"
+    )
     other = tmp_path / "other.h5"
     with h5py.File(other, "w") as f:
         f["x"] = np.zeros(3)
@@ -197,10 +212,12 @@ def test_fit_refuses_features_of_another_task_or_file(extract, cli, home, tmp_pa
     (tmp_path / "other").mkdir()
     np.savez(tmp_path / "mine.npz", x=rng.random((60, 5, 2), dtype=np.float32), y=np.arange(60) % 3)
     np.savez(tmp_path / "other" / "mine.npz", x=rng.random((60, 5, 2), dtype=np.float32), y=np.arange(60) % 2)
-    code, _, mine = extract(task=f"file:{tmp_path / 'mine.npz'}", *())
+    code, _, mine = extract(task=f"file:{tmp_path / 'mine.npz'}")
     r = cli("fit", "--task", f"file:{tmp_path / 'other' / 'mine.npz'}", "--features", str(mine))
     assert r.exit_code == 1 and "was extracted from another file named 'mine.npz'" in r.output
-    r = cli("-q", "fit", "--features", str(digits), "--head", "ridge", "--depths", "-1", "--no-baselines")  # task from the file
+    r = cli(
+        "-q", "fit", "--features", str(digits), "--head", "ridge", "--depths", "-1", "--no-baselines"
+    )  # task from the file
     assert r.exit_code == 0, r.output
     (result,) = (home / "results").rglob("*.json")
     assert result.parent == home / "results" / "digits" / "tiny-gpt20"
@@ -209,14 +226,33 @@ def test_fit_refuses_features_of_another_task_or_file(extract, cli, home, tmp_pa
 def test_fits_that_differ_only_in_seed_keep_both_results(extract, cli, home):
     code, _, path = extract("--limit", "200")
     for seed in ("0", "1"):
-        r = cli("-q", "fit", "--features", str(path), "--head", "torch", "--depths", "2", "--seed", seed, "--no-baselines")
+        r = cli(
+            "-q",
+            "fit",
+            "--features",
+            str(path),
+            "--head",
+            "torch",
+            "--depths",
+            "2",
+            "--seed",
+            seed,
+            "--no-baselines",
+        )
         assert r.exit_code == 0, r.output
     files = sorted((home / "results").rglob("*.json"))
     assert len(files) == 2 and "seed0" in files[0].name and "seed1" in files[1].name
     results = [json.loads(f.read_text()) for f in files]
-    assert results[0]["identity_hash"] == results[1]["identity_hash"] and results[0]["key"] != results[1]["key"]
+    assert (
+        results[0]["identity_hash"] == results[1]["identity_hash"] and results[0]["key"] != results[1]["key"]
+    )
     # refitting the same seed replaces its own file only; report lists each result once
-    assert cli("-q", "fit", "--features", str(path), "--head", "torch", "--depths", "2", "--no-baselines").exit_code == 0
+    assert (
+        cli(
+            "-q", "fit", "--features", str(path), "--head", "torch", "--depths", "2", "--no-baselines"
+        ).exit_code
+        == 0
+    )
     assert len(list((home / "results").rglob("*.json"))) == 2
     table = cli("report", str(home / "results"), str(home / "results" / "digits")).stdout
     (row,) = [line for line in table.splitlines() if "| torch |" in line and "baseline" not in line]
@@ -229,14 +265,21 @@ def test_fit_finds_the_one_file_or_lists_the_candidates(extract, cli, home, tiny
     assert r.exit_code == 0, r.output
     extract("--limit", "200", "--seed", "1")
     r = cli("fit", "--task", "digits", "--backbone", str(tiny_gpt2))
-    assert r.exit_code == 1 and "2 feature files match task 'digits'" in r.output and "pass --features" in r.output
+    assert (
+        r.exit_code == 1
+        and "2 feature files match task 'digits'" in r.output
+        and "pass --features" in r.output
+    )
     assert "seed 0" in r.output and "seed 1" in r.output
 
 
 def test_a_too_small_split_is_refused_naming_limit(extract, cli, home):
     code, _, path = extract("--limit", "30")
     r = cli("fit", "--features", str(path))
-    assert r.exit_code == 1 and "leaves 3 for validation and 27 to train on, fewer than one per class" in r.output
+    assert (
+        r.exit_code == 1
+        and "leaves 3 for validation and 27 to train on, fewer than one per class" in r.output
+    )
     assert "pass --limit 91 or more (now 30)" in r.output
 
 
@@ -252,8 +295,21 @@ def test_flipped_bytes_in_a_feature_chunk_fail_loudly(extract, cli, home):
 
 
 def test_a_task_longer_than_the_backbone_is_refused_up_front(cli, home, tiny_gpt2):
-    r = cli("extract", "--task", "listops", "--backbone", str(tiny_gpt2), "--task-opt", "max_len=2000",
-            "--task-opt", "n_train=4", "--task-opt", "n_val=1", "--task-opt", "n_test=1")
+    r = cli(
+        "extract",
+        "--task",
+        "listops",
+        "--backbone",
+        str(tiny_gpt2),
+        "--task-opt",
+        "max_len=2000",
+        "--task-opt",
+        "n_train=4",
+        "--task-opt",
+        "n_val=1",
+        "--task-opt",
+        "n_test=1",
+    )
     assert r.exit_code == 1 and "up to 2000 tokens" in r.output and "at most 1024 positions" in r.output
     assert "max_len=1024" in r.output and not list(home.rglob("*.h5*"))
 

@@ -68,7 +68,9 @@ def test_int8_is_close_to_float32_and_a_row_never_depends_on_its_batch(tiny_gpt2
     together = q(tokens, lengths)
     assert 0 < engines.relative_error(together, ref) < 0.1  # quantized, and close
     assert "MatMulInteger" in {n.op_type for n in __import__("onnx").load(str(q.forward.path)).graph.node}
-    alone = np.concatenate([q(tokens[i:i + 1, : lengths[i]], lengths[i:i + 1]) for i in range(len(tokens))])
+    alone = np.concatenate(
+        [q(tokens[i : i + 1, : lengths[i]], lengths[i : i + 1]) for i in range(len(tokens))]
+    )
     shuffled = np.random.default_rng(0).permutation(len(tokens))
     mixed = np.empty_like(together)
     mixed[shuffled] = q(tokens[shuffled], lengths[shuffled])
@@ -86,13 +88,23 @@ def test_the_exported_file_is_cached_by_model_and_a_second_run_does_not_export(t
 
     def no_export(*args, **kwargs):
         raise AssertionError("exported again")
+
     monkeypatch.setattr(onnx, "export", no_export)
     again = runner(task, str(tiny_gpt2), "onnxruntime", log=said.append)(tokens, lengths)
     assert "cached file" in said[-1] and "export" not in said[-1].split(";")[1]
     np.testing.assert_array_equal(again, first)
-    other = FeatureRunner.build(task.spec, load_backbone(str(tiny_gpt2), 0), [0, 1], seed=1, dtype="float32",
-                                engine="onnxruntime", log=said.append)  # another input layer and depths: another file
-    with pytest.raises(BackboneError, match="torch could not export it to ONNX .*exported again.*pass --engine torch"):
+    other = FeatureRunner.build(
+        task.spec,
+        load_backbone(str(tiny_gpt2), 0),
+        [0, 1],
+        seed=1,
+        dtype="float32",
+        engine="onnxruntime",
+        log=said.append,
+    )  # another input layer and depths: another file
+    with pytest.raises(
+        BackboneError, match="torch could not export it to ONNX .*exported again.*pass --engine torch"
+    ):
         other(tokens, lengths)
 
 
@@ -100,15 +112,18 @@ def test_features_that_disagree_with_pytorch_are_refused(tiny_gpt2, monkeypatch)
     monkeypatch.setitem(engines.TOLERANCE, "float32", -1.0)  # any difference is too large
     task = get_task("bit_xor")
     (tokens, lengths), _ = batches(task)
-    with pytest.raises(BackboneError,
-                       match="ONNX Runtime engine's features differ from PyTorch's by .*pass --engine torch"):
+    with pytest.raises(
+        BackboneError, match="ONNX Runtime engine's features differ from PyTorch's by .*pass --engine torch"
+    ):
         runner(task, str(tiny_gpt2), "onnxruntime")(tokens, lengths)
 
 
 def test_dtypes_it_does_not_compute_and_other_devices_are_refused_in_words(tiny_gpt2):
     cpu, bb = torch.device("cpu"), load_backbone(str(tiny_gpt2), 0)
     for dtype in ("bfloat16", "float16", "int8-static"):
-        with pytest.raises(UsageError, match=f"--engine onnxruntime computes float32 or int8, not --dtype {dtype}"):
+        with pytest.raises(
+            UsageError, match=f"--engine onnxruntime computes float32 or int8, not --dtype {dtype}"
+        ):
             engines.resolve_engine("onnxruntime", dtype, cpu, bb)
     with pytest.raises(Exception, match="--engine onnxruntime runs on the CPU, not cuda"):
         engines.resolve_engine("onnxruntime", "float32", torch.device("cuda"), bb)
@@ -118,10 +133,14 @@ def test_auto_considers_onnxruntime_for_long_float32_runs_of_backbones_that_conv
     cpu, bb = torch.device("cpu"), load_backbone(str(tiny_gpt2), 0)
     assert "onnxruntime" in engines.auto_candidates("float32", cpu, bb, engines.ONNX_MIN_TOKENS)[0]
     assert "onnxruntime" not in engines.auto_candidates("float32", cpu, bb, engines.ONNX_MIN_TOKENS - 1)[0]
-    assert "onnxruntime" not in engines.auto_candidates("bfloat16", cpu, bb, None)[0]  # it computes float32 only
+    assert (
+        "onnxruntime" not in engines.auto_candidates("bfloat16", cpu, bb, None)[0]
+    )  # it computes float32 only
     monkeypatch.setattr(engines, "openvino_installed", lambda: False)
-    assert engines.choose_engine("auto", "float32", cpu, bb, None) == \
-        ("onnxruntime", "auto: ONNX Runtime is installed")
+    assert engines.choose_engine("auto", "float32", cpu, bb, None) == (
+        "onnxruntime",
+        "auto: ONNX Runtime is installed",
+    )
     assert engines.resolve_engine("auto", "int8", cpu, bb, 10) == "onnxruntime"  # the int8 engine installed
 
 
@@ -129,7 +148,9 @@ def test_auto_takes_onnxruntime_when_its_measured_rate_is_highest(tiny_gpt2):
     task, bb = get_task("bit_xor"), load_backbone(str(tiny_gpt2), 0)
     key = engines.engine_key("float32", bb, task.spec.seq_len, torch.get_num_threads())
     candidates = engines.auto_candidates("float32", torch.device("cpu"), bb, 10**6)[0]
-    records.put(engines.ENGINE_RATES, key, {"torch": 1.0, **{e: 2.0 for e in candidates}, "onnxruntime": 3.0})
+    records.put(
+        engines.ENGINE_RATES, key, {"torch": 1.0, **dict.fromkeys(candidates, 2.0), "onnxruntime": 3.0}
+    )
     r = runner(task, str(tiny_gpt2), "auto", tokens=10**6)
     assert r.engine == "onnxruntime" and r.measure_key is None
     assert "auto: ONNX Runtime ran this model fastest on this CPU (measured before:" in r.engine_reason
@@ -158,6 +179,7 @@ def test_auto_measures_onnxruntime_on_the_first_batch_and_keeps_its_rate(tiny_gp
 def failing_export(monkeypatch):
     def fail(*args, **kwargs):
         raise RuntimeError("both ONNX exporters failed: Unsupported: aten::x")
+
     monkeypatch.setattr(onnx, "export", fail)
 
 
@@ -170,23 +192,39 @@ def test_auto_falls_back_to_pytorch_when_the_model_fails_to_export(tiny_gpt2, mo
     r = runner(task, str(tiny_gpt2), "auto", tokens=10**6, log=said.append)
     assert r.engine == "onnxruntime"
     features = r(tokens[:8], lengths[:8])  # too few rows to measure: converting fails on the batch
-    np.testing.assert_allclose(features, runner(task, str(tiny_gpt2), "torch")(tokens[:8], lengths[:8]),
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        features, runner(task, str(tiny_gpt2), "torch")(tokens[:8], lengths[:8]), rtol=1e-6, atol=1e-7
+    )
     assert r.engine == "torch" and r.engine_reason.startswith("auto: ONNX Runtime failed")
-    assert "torch could not export it to ONNX" in said[-1] and said[-1].endswith("running PyTorch eager instead")
+    assert "torch could not export it to ONNX" in said[-1] and said[-1].endswith(
+        "running PyTorch eager instead"
+    )
 
 
 # -- through the command line -----------------------------------------------------------------
+
 
 def read(path: Path) -> tuple[dict, dict, np.ndarray]:
     with h5py.File(path, "r") as f:
         return json.loads(f.attrs["identity"]), json.loads(f.attrs["config"]), f["test"]["features"][:]
 
 
-def test_engine_onnxruntime_through_the_cli_equals_torch_and_an_export_failure_exits_1(cli, home, tiny_gpt2,
-                                                                                          monkeypatch):
-    base = ("extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "24", "--batch-size", "8",
-            "--dtype", "float32")
+def test_engine_onnxruntime_through_the_cli_equals_torch_and_an_export_failure_exits_1(
+    cli, home, tiny_gpt2, monkeypatch
+):
+    base = (
+        "extract",
+        "--task",
+        "digits",
+        "--backbone",
+        str(tiny_gpt2),
+        "--limit",
+        "24",
+        "--batch-size",
+        "8",
+        "--dtype",
+        "float32",
+    )
     r = cli(*base, "--engine", "torch", "--out", str(home / "torch.h5"))
     assert r.exit_code == 0, r.output
     r = cli(*base, "--engine", "onnxruntime", "--out", str(home / "ort.h5"))
@@ -196,22 +234,53 @@ def test_engine_onnxruntime_through_the_cli_equals_torch_and_an_export_failure_e
     assert config["engine_used"] == "onnxruntime"
     np.testing.assert_allclose(ours, read(home / "torch.h5")[2], rtol=1e-4, atol=1e-5)
     r = cli(*base, "--engine", "onnxruntime", "--dtype", "bfloat16", "--out", str(home / "bf16.h5"))
-    assert r.exit_code == 1 and "--engine onnxruntime computes float32 or int8, not --dtype bfloat16" in r.output
+    assert (
+        r.exit_code == 1 and "--engine onnxruntime computes float32 or int8, not --dtype bfloat16" in r.output
+    )
     failing_export(monkeypatch)
     monkeypatch.setenv("RESERVOIR_CACHE", str(home / "empty-cache"))
     r = cli(*base, "--engine", "onnxruntime", "--out", str(home / "failed.h5"))
-    assert r.exit_code == 1 and "torch could not export it to ONNX" in r.output and "pass --engine torch" in r.output
+    assert (
+        r.exit_code == 1
+        and "torch could not export it to ONNX" in r.output
+        and "pass --engine torch" in r.output
+    )
     assert "Traceback" not in r.output and not (home / "failed.h5").exists()
 
 
 def test_no_exporter_line_reaches_the_terminal(tiny_gpt2, tmp_path):
     """A whole ``reservoir extract --engine onnxruntime --dtype int8`` in its own process: the exporter's
     and quantizer's notes, progress bars and warnings never reach stderr."""
-    env = {**os.environ, "RESERVOIR_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
-           "RESERVOIR_HOME": str(tmp_path)}
-    r = subprocess.run([sys.executable, "-m", "reservoir", "extract", "--task", "digits", "--backbone", str(tiny_gpt2),
-                        "--limit", "24", "--engine", "onnxruntime", "--dtype", "int8", "--out", str(tmp_path / "f.h5")],
-                       capture_output=True, text=True, env=env, timeout=300)
+    env = {
+        **os.environ,
+        "RESERVOIR_CACHE": str(tmp_path / "cache"),
+        "OMP_NUM_THREADS": "1",
+        "RESERVOIR_HOME": str(tmp_path),
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reservoir",
+            "extract",
+            "--task",
+            "digits",
+            "--backbone",
+            str(tiny_gpt2),
+            "--limit",
+            "24",
+            "--engine",
+            "onnxruntime",
+            "--dtype",
+            "int8",
+            "--out",
+            str(tmp_path / "f.h5"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "onnxruntime: exported to" in r.stderr
     for noise in ("torchvision", "Writing model", "[torch.onnx]", "Warning", "W1", "[transformers]"):

@@ -8,10 +8,10 @@ import io
 import json
 import pickle
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from reservoir import api
 from reservoir.errors import DataError, IdentityError, StoreError, UsageError
@@ -68,7 +68,9 @@ def test_read_features_as_an_xarray_dataset(digits):
     ds = api.read_features(digits, "train", as_xarray=True)
     assert isinstance(ds, xr.Dataset)
     assert ds.features.dims == ("row", "depth", "readout", "feature") and ds.labels.dims == ("row",)
-    assert list(ds.depth.values) == [0, 1, 2] and ds.attrs["task"] == "digits" and ds.attrs["split"] == "train"
+    assert (
+        list(ds.depth.values) == [0, 1, 2] and ds.attrs["task"] == "digits" and ds.attrs["split"] == "train"
+    )
     X, y = api.read_features(digits, "train", depth=2)
     np.testing.assert_array_equal(ds.features.sel(depth=2).values.reshape(len(X), -1), X)
     np.testing.assert_array_equal(ds.labels.values, y)
@@ -78,9 +80,13 @@ def test_read_features_as_an_xarray_dataset(digits):
 def test_optional_packages_are_named_when_absent(digits, monkeypatch):
     monkeypatch.setitem(sys.modules, "xarray", None)  # `import xarray` raises ImportError
     monkeypatch.setitem(sys.modules, "pandas", None)
-    with pytest.raises(ImportError, match=r"as_xarray=True\) needs the optional package 'xarray'.*pip install xarray"):
+    with pytest.raises(
+        ImportError, match=r"as_xarray=True\) needs the optional package 'xarray'.*pip install xarray"
+    ):
         api.read_features(digits, "train", as_xarray=True)
-    with pytest.raises(ImportError, match=r"api.results needs the optional package 'pandas'.*pip install pandas"):
+    with pytest.raises(
+        ImportError, match=r"api.results needs the optional package 'pandas'.*pip install pandas"
+    ):
         api.results()
 
 
@@ -112,8 +118,13 @@ def test_feature_dataset_through_dataloader_workers(digits):
     import sys
 
     assert len(api.FeatureDataset(digits, "train", depth=1)) == 120
-    r = subprocess.run([sys.executable, "-c", WORKERS, str(digits)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [sys.executable, "-c", WORKERS, str(digits)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
 
@@ -124,9 +135,17 @@ def reference_predictions(path, head, depth):
     from reservoir.probe.heads import fit_probe, rows
 
     with open_features(path) as f:
-        scores, predictor = fit_probe(head, FileRows(f, "train", depth), {"test": FileRows(f, "test", depth)},
-                                      seed=0, device="cpu", memory_bytes=1024 * 2**20)
-        return scores, np.concatenate([predictor(rows(X, y)[0]) for X, y in iter_depth(f, "test", depth)])[:, 0]
+        scores, predictor = fit_probe(
+            head,
+            FileRows(f, "train", depth),
+            {"test": FileRows(f, "test", depth)},
+            seed=0,
+            device="cpu",
+            memory_bytes=1024 * 2**20,
+        )
+        return scores, np.concatenate([predictor(rows(X, y)[0]) for X, y in iter_depth(f, "test", depth)])[
+            :, 0
+        ]
 
 
 def read_csv(text):
@@ -140,7 +159,7 @@ def test_saved_probe_applied_by_predict_reproduces_the_fit(digits, home, cli, he
     for result in results:
         probe = result["probe"]
         assert probe.endswith(".probe.npz") and probe[: -len(".probe.npz")] == result["path"][: -len(".json")]
-        assert json.loads(open(result["path"]).read())["probe"] == probe  # the result names its probe
+        assert json.loads(Path(result["path"]).read_text())["probe"] == probe  # the result names its probe
         with np.load(probe, allow_pickle=False) as z:  # plain arrays and JSON: nothing to unpickle
             meta = json.loads(str(z["meta"]))
         assert meta["head"] == head and meta["depth"] == result["depth"]
@@ -148,7 +167,9 @@ def test_saved_probe_applied_by_predict_reproduces_the_fit(digits, home, cli, he
         assert meta["identity_hash"] == result["identity_hash"]
 
         out = tmp_path / f"{head}-{result['depth']}.csv"
-        ran = cli("predict", "--probe", probe, "--features", str(digits), "--split", "test", "--out", str(out))
+        ran = cli(
+            "predict", "--probe", probe, "--features", str(digits), "--split", "test", "--out", str(out)
+        )
         assert ran.exit_code == 0, ran.output
         predictions, labels = read_csv(out.read_text())
         _, expected = reference_predictions(digits, head, result["depth"])
@@ -173,31 +194,49 @@ def test_predictor_state_round_trip_predicts_the_same(head, memory_bytes, output
     y = rng.integers(0, classes, n if outputs is None else (n, 1, outputs))
     first = y if outputs is None else y[:, 0, 0]
     X = (rng.normal(size=(classes, 12))[first] + rng.normal(size=(n, 12)) + 3.0)[:, None].astype(np.float32)
-    scores, predictor = fit_probe(head, ArrayRows(X[:300], y[:300]), {"test": ArrayRows(X[300:], y[300:])},
-                                  memory_bytes=memory_bytes)
+    scores, predictor = fit_probe(
+        head, ArrayRows(X[:300], y[:300]), {"test": ArrayRows(X[300:], y[300:])}, memory_bytes=memory_bytes
+    )
     assert isinstance(predictor, Predictor)
     meta, arrays = predictor.state()
     json.dumps(meta)  # the metadata is JSON
     again = predictor_from_state(json.loads(json.dumps(meta)), {k: np.array(v) for k, v in arrays.items()})
     np.testing.assert_array_equal(again(X[300:, 0]), predictor(X[300:, 0]))
     assert again(X[300:, 0]).shape == (100, outputs or 1)
-    assert scores["test_accuracy"] == float(np.mean(predictor(X[300:, 0])[:, 0] == y[300:] if outputs is None
-                                                    else predictor(X[300:, 0]) == y[300:, 0]))
+    assert scores["test_accuracy"] == float(
+        np.mean(
+            predictor(X[300:, 0])[:, 0] == y[300:] if outputs is None else predictor(X[300:, 0]) == y[300:, 0]
+        )
+    )
 
 
 def test_predict_refuses_features_of_other_settings(tiny_gpt2, digits, home, cli, tmp_path):
     probe = api.fit(features=digits, head="ridge", depths="2", baselines=False)[0]["probe"]
-    other = api.extract("digits", str(tiny_gpt2), limit=120, dtype="float32", seed=1, depths="0,1",
-                        out=tmp_path / "seed1.h5")
+    other = api.extract(
+        "digits", str(tiny_gpt2), limit=120, dtype="float32", seed=1, depths="0,1", out=tmp_path / "seed1.h5"
+    )
     ran = cli("predict", "--probe", probe, "--features", str(other))
     assert ran.exit_code == 1 and "Traceback" not in ran.output
-    assert "seed: probe 0, file 1" in ran.output and "the probe reads depth 2, the file holds depths [0, 1]" in ran.output
-    assert "reservoir extract --task digits" in ran.output and "--seed 0" in ran.output  # what to extract instead
+    assert (
+        "seed: probe 0, file 1" in ran.output
+        and "the probe reads depth 2, the file holds depths [0, 1]" in ran.output
+    )
+    assert (
+        "reservoir extract --task digits" in ran.output and "--seed 0" in ran.output
+    )  # what to extract instead
 
-    rng = np.random.default_rng(0)  # another task's shape: 2 classes of 3-wide tokens, the same backbone and seed
-    np.savez(tmp_path / "mine.npz", x=rng.normal(size=(40, 6, 3)).astype(np.float32), y=np.arange(40) % 2,
-             split=np.where(np.arange(40) < 30, "train", "test"))
-    mine = api.extract(f"file:{tmp_path / 'mine.npz'}", str(tiny_gpt2), dtype="float32", out=tmp_path / "mine.h5")
+    rng = np.random.default_rng(
+        0
+    )  # another task's shape: 2 classes of 3-wide tokens, the same backbone and seed
+    np.savez(
+        tmp_path / "mine.npz",
+        x=rng.normal(size=(40, 6, 3)).astype(np.float32),
+        y=np.arange(40) % 2,
+        split=np.where(np.arange(40) < 30, "train", "test"),
+    )
+    mine = api.extract(
+        f"file:{tmp_path / 'mine.npz'}", str(tiny_gpt2), dtype="float32", out=tmp_path / "mine.h5"
+    )
     with pytest.raises(IdentityError, match="input layer: the file's frozen input layer differs"):
         api.predict(probe, mine)
 
@@ -222,15 +261,23 @@ def test_predict_refuses_files_that_are_not_probes(digits, tmp_path, cli):
     pickled = tmp_path / "head.probe.npz"
     pickled.write_bytes(pickle.dumps({"coef": Payload(marker)}))
     objects = tmp_path / "objects.probe.npz"  # a real .npz whose array is pickled objects
-    np.savez(objects, meta=np.array(json.dumps({"kind": "reservoir-probe", "format": 1})),
-             coef=np.array([Payload(marker)], dtype=object))
+    np.savez(
+        objects,
+        meta=np.array(json.dumps({"kind": "reservoir-probe", "format": 1})),
+        coef=np.array([Payload(marker)], dtype=object),
+    )
     lone = tmp_path / "lone.npz"
     np.save(lone.with_suffix(".npy"), np.zeros(3))
     lone.with_suffix(".npy").rename(lone)
     plain = tmp_path / "plain.npz"
     np.savez(plain, coef=np.zeros(3))
-    for path, why in ((pickled, "cannot be read as .npz of plain arrays"), (objects, "Object arrays cannot be loaded"),
-                      (lone, "holds one array"), (plain, "no metadata"), (tmp_path / "absent.npz", "does not exist")):
+    for path, why in (
+        (pickled, "cannot be read as .npz of plain arrays"),
+        (objects, "Object arrays cannot be loaded"),
+        (lone, "holds one array"),
+        (plain, "no metadata"),
+        (tmp_path / "absent.npz", "does not exist"),
+    ):
         with pytest.raises(DataError, match=why):
             api.load_probe(path)
         ran = cli("predict", "--probe", str(path), "--features", str(digits))
@@ -281,8 +328,18 @@ def test_train_checks_its_settings_as_the_command_line_does(tiny_gpt2, home):
 
 
 def test_train_runs_and_writes_its_result(tiny_gpt2, home):
-    result = api.train("digits", str(tiny_gpt2), steps=3, eval_every=3, limit=100, batch_size=8, device="cpu",
-                       dtype="float32")
+    result = api.train(
+        "digits",
+        str(tiny_gpt2),
+        steps=3,
+        eval_every=3,
+        limit=100,
+        batch_size=8,
+        device="cpu",
+        dtype="float32",
+    )
     assert result["mode"] == "end-to-end" and max(result["steps"]) <= 3 and 0 <= result["test_accuracy"] <= 1
     written = list((home / "results").rglob("end-to-end_*.json"))
-    assert len(written) == 1 and json.loads(written[0].read_text())["test_accuracy"] == result["test_accuracy"]
+    assert (
+        len(written) == 1 and json.loads(written[0].read_text())["test_accuracy"] == result["test_accuracy"]
+    )

@@ -16,16 +16,31 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RESERVOIR = Path(sys.executable).parent / "reservoir"
 
-pytestmark = pytest.mark.skipif(shutil.which("make") is None or not RESERVOIR.exists(),
-                                reason="needs make and the installed reservoir command")
+pytestmark = pytest.mark.skipif(
+    shutil.which("make") is None or not RESERVOIR.exists(),
+    reason="needs make and the installed reservoir command",
+)
 
 
 def make(tmp_path, *args, reservoir=RESERVOIR):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("RESERVOIR_HOME", None)
-    return subprocess.run(["make", "-C", str(ROOT / "pipelines"), *args, f"OUT_ROOT={tmp_path}",
-                           f"RESERVOIR={reservoir}", f"DATA_DIR={tmp_path / 'data'}", *ledger(tmp_path, args)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [
+            "make",
+            "-C",
+            str(ROOT / "pipelines"),
+            *args,
+            f"OUT_ROOT={tmp_path}",
+            f"RESERVOIR={reservoir}",
+            f"DATA_DIR={tmp_path / 'data'}",
+            *ledger(tmp_path, args),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 def ledger(tmp_path, args) -> list[str]:
@@ -51,14 +66,26 @@ def stand_in(tmp_path):
 def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_path):
     reservoir = stand_in(tmp_path)
     settings = ("LIMIT=40", "TASKS_2=bit_xor", "PRETRAINED=tinygpt")
-    r = make(tmp_path, "table2", *settings, "BACKBONES_2=tinygpt-random esn", "SCALES=paper matched",
-             reservoir=reservoir)
+    r = make(
+        tmp_path,
+        "table2",
+        *settings,
+        "BACKBONES_2=tinygpt-random esn",
+        "SCALES=paper matched",
+        reservoir=reservoir,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     table = (tmp_path / "40" / "table2.md").read_text()
     assert table.startswith("Paper table 2:")
-    for setting in ("| tinygpt-random (paper 100) | ridge |", "| tinygpt-random, input scale matched",
-                    "| esn | ridge |", "| esn, input scale matched", "| baseline: majority class | rule |",
-                    "| baseline: raw-input linear head | ridge |", "| baseline: random tanh features (768 wide)"):
+    for setting in (
+        "| tinygpt-random (paper 100) | ridge |",
+        "| tinygpt-random, input scale matched",
+        "| esn | ridge |",
+        "| esn, input scale matched",
+        "| baseline: majority class | rule |",
+        "| baseline: raw-input linear head | ridge |",
+        "| baseline: random tanh features (768 wide)",
+    ):
         assert setting.split(" (paper")[0] in table, setting
     assert "(paper 100)" in table  # the paper's random-init GPT-2 on bit XOR, beside ours
     rows = list(csv.DictReader((tmp_path / "40" / "table2.csv").open()))
@@ -70,13 +97,23 @@ def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_pa
     assert len(runs) == 2 * 2 + 2  # two scales of two backbones, and the random twin's seeds 1 and 2
     assert all(int(seconds) >= 0 and "cores;" in machine for _, seconds, machine in runs), runs
     # a second run finds everything made: nothing is extracted or fitted again
-    again = make(tmp_path, "table2", *settings, "BACKBONES_2=tinygpt-random esn", "SCALES=paper matched",
-                 reservoir=reservoir)
+    again = make(
+        tmp_path,
+        "table2",
+        *settings,
+        "BACKBONES_2=tinygpt-random esn",
+        "SCALES=paper matched",
+        reservoir=reservoir,
+    )
     assert again.returncode == 0 and "extract" not in again.stdout
     # another HEAD fits again on the same features, and the table shows its rows
     features = {p: p.stat().st_mtime_ns for p in (tmp_path / "40" / "features").rglob("*.h5")}
-    other = make(tmp_path, "table2", *settings, "BACKBONES_2=esn", "SCALES=paper", "HEAD=logreg", reservoir=reservoir)
-    assert other.returncode == 0 and "--head logreg" in other.stdout, other.stdout[-3000:] + other.stderr[-3000:]
+    other = make(
+        tmp_path, "table2", *settings, "BACKBONES_2=esn", "SCALES=paper", "HEAD=logreg", reservoir=reservoir
+    )
+    assert other.returncode == 0 and "--head logreg" in other.stdout, (
+        other.stdout[-3000:] + other.stderr[-3000:]
+    )
     assert "| esn | logreg |" in (tmp_path / "40" / "table2.md").read_text()
     assert features and all(p.stat().st_mtime_ns == t for p, t in features.items())
 
@@ -93,34 +130,62 @@ def test_a_table_grows_run_by_run_across_machines_and_renders_from_its_kept_runs
     second = make(tmp_path / "b", "table2", *common, "BACKBONES_2=tinygpt-random", reservoir=reservoir)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     table = (tmp_path / "b" / "40" / "table2.md").read_text()
-    assert "| esn | ridge |" in table and "| tinygpt-random | ridge |" in table  # the first machine's row stays
+    assert (
+        "| esn | ridge |" in table and "| tinygpt-random | ridge |" in table
+    )  # the first machine's row stays
     results = sorted(p.name for p in (kept / "table2").rglob("*.json"))
     assert results and any("baseline" in p for p in results) and (kept / "table2.json").exists()
     doc = tmp_path / "doc" / "results.md"
-    rendered = make(tmp_path / "c", "render", "LIMIT=40", "PRETRAINED=tinygpt", f"LEDGER_DIR={kept}", "RENDER_TABLES=2",
-                    "DOC_TABLES=2", f"DOC_OUT={doc}", reservoir=reservoir)
+    rendered = make(
+        tmp_path / "c",
+        "render",
+        "LIMIT=40",
+        "PRETRAINED=tinygpt",
+        f"LEDGER_DIR={kept}",
+        "RENDER_TABLES=2",
+        "DOC_TABLES=2",
+        f"DOC_OUT={doc}",
+        reservoir=reservoir,
+    )
     assert rendered.returncode == 0, rendered.stdout[-3000:] + rendered.stderr[-3000:]
     assert not (tmp_path / "c" / "40" / "features").exists()  # nothing extracted or fitted: the ledger alone
     again = (tmp_path / "c" / "40" / "table2.md").read_text()
     assert again == table
-    assert "| esn | ridge |" in doc.read_text() and (doc.parent / "results" / "table2" / "table2.csv").exists()
+    assert (
+        "| esn | ridge |" in doc.read_text() and (doc.parent / "results" / "table2" / "table2.csv").exists()
+    )
 
 
-def test_table18_sets_the_output_only_head_at_the_chosen_and_last_depth_beside_the_paper_and_end_to_end(tmp_path):
+def test_table18_sets_the_output_only_head_at_the_chosen_and_last_depth_beside_the_paper_and_end_to_end(
+    tmp_path,
+):
     reservoir = stand_in(tmp_path)
-    r = make(tmp_path, "table18", "LIMIT=100", "ABLATION_LIMIT=110", "ABLATION_STEPS=1", "PRETRAINED=tinygpt",
-             "DATA_TASKS=mnist",
-             "TASKS_18=mnist", "HEAD_TASKS_18=mnist", "SINGLE=out ln+out", "TRAIN_OPTS=--batch-size 4",
-             reservoir=reservoir)
+    r = make(
+        tmp_path,
+        "table18",
+        "LIMIT=100",
+        "ABLATION_LIMIT=110",
+        "ABLATION_STEPS=1",
+        "PRETRAINED=tinygpt",
+        "DATA_TASKS=mnist",
+        "TASKS_18=mnist",
+        "HEAD_TASKS_18=mnist",
+        "SINGLE=out ln+out",
+        "TRAIN_OPTS=--batch-size 4",
+        reservoir=reservoir,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     table = (tmp_path / "100" / "table18.md").read_text()
     lines = table.splitlines()
     assert lines[0].startswith("Paper table 18:") and lines[1] == ""
-    assert "at most 110 examples a split, at most 1 steps" in lines[2]  # the end-to-end runs' size, under the caption
+    assert (
+        "at most 110 examples a split, at most 1 steps" in lines[2]
+    )  # the end-to-end runs' size, under the caption
     assert "at most 100 examples a split, extraction and fit seed(s) 0" in lines[4]  # the heads' size
     # ours beside the paper's output only (MNIST 23%) and output + layernorm (96%)
-    assert re.search(r"\| tinygpt, depth chosen on validation \| ridge \| [\d.]+ \(100/100, d\d\) \(paper 23\) \|",
-                     table)
+    assert re.search(
+        r"\| tinygpt, depth chosen on validation \| ridge \| [\d.]+ \(100/100, d\d\) \(paper 23\) \|", table
+    )
     assert re.search(r"\| tinygpt, last depth \| ridge \| [\d.]+ \(100/100, d2\) \(paper 23\) \|", table)
     assert re.search(r"\| tinygpt \[out\] \| linear \| [\d.]+ \(99/100\) \(paper 23\) \|", table)
     assert re.search(r"\| tinygpt \[ln,out\] \| linear \| [\d.]+ \(99/100\) \(paper 96\) \|", table)
@@ -135,9 +200,20 @@ def test_table18_sets_the_output_only_head_at_the_chosen_and_last_depth_beside_t
 @pytest.mark.slow  # about 90 s: 12 runs through make (table 2 test averages seeds too)
 def test_table20_averages_the_heads_over_three_extraction_seeds(tmp_path):
     reservoir = stand_in(tmp_path)
-    r = make(tmp_path, "table20", "LIMIT=100", "ABLATION_LIMIT=110", "ABLATION_STEPS=1", "PRETRAINED=tinygpt",
-             "DATA_TASKS=mnist",
-             "TASKS_20=mnist", "HEAD_TASKS_20=mnist", "SINGLE=out", "TRAIN_OPTS=--batch-size 4", reservoir=reservoir)
+    r = make(
+        tmp_path,
+        "table20",
+        "LIMIT=100",
+        "ABLATION_LIMIT=110",
+        "ABLATION_STEPS=1",
+        "PRETRAINED=tinygpt",
+        "DATA_TASKS=mnist",
+        "TASKS_20=mnist",
+        "HEAD_TASKS_20=mnist",
+        "SINGLE=out",
+        "TRAIN_OPTS=--batch-size 4",
+        reservoir=reservoir,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     table = (tmp_path / "100" / "table20.md").read_text()
     assert "extraction and fit seed(s) 0 1 2 (mean and spread over seeds)" in table
@@ -146,31 +222,53 @@ def test_table20_averages_the_heads_over_three_extraction_seeds(tmp_path):
         ours = r"[\d.]+ ± [\d.]+ \(n=3\) \(100/100, d\d\)"
         assert re.search(rf"\| tinygpt-random, {rule} \| ridge \| {ours} \(paper 25\) \|", table), rule
     assert re.search(r"\| tinygpt-random \[out\] \| linear \| [\d.]+ \(99/100\) \(paper 25\) \|", table)
-    assert [p.name for p in sorted((tmp_path / "100" / "done" / "paper" / "mnist").glob("*.done"))] == \
-        ["tinygpt-random.done", "tinygpt-random~s1.done", "tinygpt-random~s2.done"]
+    assert [p.name for p in sorted((tmp_path / "100" / "done" / "paper" / "mnist").glob("*.done"))] == [
+        "tinygpt-random.done",
+        "tinygpt-random~s1.done",
+        "tinygpt-random~s2.done",
+    ]
 
 
 @pytest.mark.slow  # about 90 s: a sweep through make (test_report renders table 101 in-process)
 def test_critique_renders_table101_at_its_own_sizes_beside_the_critiques_numbers(tmp_path):
     reservoir = stand_in(tmp_path)
-    r = make(tmp_path, "critique", "PRETRAINED=tinygpt", "DATA_TASKS=mnist", "CRITIQUE_TASKS=mnist",
-             "CRITIQUE_LIMIT=110", "CRITIQUE_STEPS=2", "CRITIQUE_SEEDS=2", "CRITIQUE_LR=1e-3,1e-2", "CRITIQUE_BLOCKS=1",
-             "CRITIQUE_TRAIN_OPTS=--batch-size 4 --eval-every 1", reservoir=reservoir)
+    r = make(
+        tmp_path,
+        "critique",
+        "PRETRAINED=tinygpt",
+        "DATA_TASKS=mnist",
+        "CRITIQUE_TASKS=mnist",
+        "CRITIQUE_LIMIT=110",
+        "CRITIQUE_STEPS=2",
+        "CRITIQUE_SEEDS=2",
+        "CRITIQUE_LR=1e-3,1e-2",
+        "CRITIQUE_BLOCKS=1",
+        "CRITIQUE_TRAIN_OPTS=--batch-size 4 --eval-every 1",
+        reservoir=reservoir,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     table = (tmp_path / "110" / "table101.md").read_text()
     assert table.startswith("Paper table 101: Critique (Rothermel et al. 2021)")
     assert "at most 110 examples a split, at most 2 steps, 2 seed(s) a learning rate, --lr 1e-3,1e-2" in table
     assert "only the first 1 blocks run" in table
     # frozen and unfrozen, pretrained and random: each beside the critique's GPT2 row, with its printed error
-    for setting, critique in (("tinygpt [input,pos,ln,out]", "98.5 ± 0.1"),
-                              ("tinygpt-random [input,pos,ln,out]", "98.0 ± 0.0"),
-                              ("tinygpt [input,pos,ln,attn,ff,out]", "99.0 ± 0.0"),
-                              ("tinygpt-random [input,pos,ln,attn,ff,out]", "98.7 ± 0.0")):
-        assert re.search(rf"\| {re.escape(setting)} \| linear \| [\d.]+ ± [\d.]+ \(n=2\) \(99/100, lr 0\.00?1\) "
-                         rf"\(critique {re.escape(critique)}\) \|", table), setting
+    for setting, critique in (
+        ("tinygpt [input,pos,ln,out]", "98.5 ± 0.1"),
+        ("tinygpt-random [input,pos,ln,out]", "98.0 ± 0.0"),
+        ("tinygpt [input,pos,ln,attn,ff,out]", "99.0 ± 0.0"),
+        ("tinygpt-random [input,pos,ln,attn,ff,out]", "98.7 ± 0.0"),
+    ):
+        assert re.search(
+            rf"\| {re.escape(setting)} \| linear \| [\d.]+ ± [\d.]+ \(n=2\) \(99/100, lr 0\.00?1\) "
+            rf"\(critique {re.escape(critique)}\) \|",
+            table,
+        ), setting
         # and every rate of its sweep, the one chosen on validation in bold
-        assert re.search(rf"\| {re.escape(setting)} \| mnist \| (\*\*)?[\d.]+ ± [\d.]+ \[[\d.]+\](\*\*)? \| "
-                         rf"(\*\*)?[\d.]+ ± [\d.]+ \[[\d.]+\](\*\*)? \|", table), setting
+        assert re.search(
+            rf"\| {re.escape(setting)} \| mnist \| (\*\*)?[\d.]+ ± [\d.]+ \[[\d.]+\](\*\*)? \| "
+            rf"(\*\*)?[\d.]+ ± [\d.]+ \[[\d.]+\](\*\*)? \|",
+            table,
+        ), setting
     assert "| setting | task | lr 0.001 | lr 0.01 |" in table
     summaries = list((tmp_path / "110" / "train").glob("steps2_seeds2_lr1e-3-1e-2_*/mnist/*/*~b1.done"))
     assert len(summaries) == 4
@@ -182,12 +280,22 @@ def test_a_sweep_widened_by_a_rate_trains_only_that_rate(tmp_path):
     reservoir = stand_in(tmp_path)
     run = "mnist/tinygpt/input+pos+ln+out~b1.done"
     settings = ("LIMIT=110", "STEPS=2", "SEEDS=1", "PRETRAINED=tinygpt", "DATA_TASKS=mnist")
-    first = make(tmp_path, f"{tmp_path}/110/train/steps2_seeds1_lr1e-3/{run}", *settings, "LR=1e-3",
-                 reservoir=reservoir)
+    first = make(
+        tmp_path,
+        f"{tmp_path}/110/train/steps2_seeds1_lr1e-3/{run}",
+        *settings,
+        "LR=1e-3",
+        reservoir=reservoir,
+    )
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "resumed" not in first.stderr
-    wider = make(tmp_path, f"{tmp_path}/110/train/steps2_seeds1_lr1e-3-1e-2/{run}", *settings, "LR=1e-3,1e-2",
-                 reservoir=reservoir)
+    wider = make(
+        tmp_path,
+        f"{tmp_path}/110/train/steps2_seeds1_lr1e-3-1e-2/{run}",
+        *settings,
+        "LR=1e-3,1e-2",
+        reservoir=reservoir,
+    )
     assert wider.returncode == 0, wider.stdout[-3000:] + wider.stderr[-3000:]
     assert re.findall(r"\[lr=(\S+) seed=0\] resumed .* at step 2 \(finished\)", wider.stderr) == ["0.001"]
     assert re.findall(r"\[lr=(\S+) seed=0\] step 2/2", wider.stderr) == ["0.01"]
@@ -197,13 +305,21 @@ def test_the_trained_attention_figure_reads_the_selected_rate_at_the_first_seed(
     """The run folder's checkpoints hold every rate and seed: the figure takes the rate its run selected on
     validation, at seed 0, not the newest file (the last seed of the last rate)."""
     reservoir = stand_in(tmp_path)
-    settings = ("LIMIT=40", "STEPS=2", "SEEDS=2", "LR=1e-3,1e-2", "PRETRAINED=tinygpt",
-                "TASK_OPTS_bit_xor=--task-opt n_train=60 --task-opt n_test=40",
-                "TRAIN_OPTS=--batch-size 4 --eval-every 1")
+    settings = (
+        "LIMIT=40",
+        "STEPS=2",
+        "SEEDS=2",
+        "LR=1e-3,1e-2",
+        "PRETRAINED=tinygpt",
+        "TASK_OPTS_bit_xor=--task-opt n_train=60 --task-opt n_test=40",
+        "TRAIN_OPTS=--batch-size 4 --eval-every 1",
+    )
     png = tmp_path / "40" / "figures" / "bit_xor" / "tinygpt-trained.png"
     r = make(tmp_path, str(png), *settings, reservoir=reservoir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    (done,) = (tmp_path / "40" / "train").glob("steps2_seeds2_lr1e-3-1e-2*/bit_xor/tinygpt/input+pos+ln+out.done")
+    (done,) = (tmp_path / "40" / "train").glob(
+        "steps2_seeds2_lr1e-3-1e-2*/bit_xor/tinygpt/input+pos+ln+out.done"
+    )
     selected = re.search(r"end-to-end, .*, lr (\S+), seeds \[0, 1\]", done.read_text()).group(1)
     (used,) = re.findall(r"^\S+tinygpt-trained\.png: (\S+\.pt)$", r.stdout, re.M)
     assert Path(used).name.startswith(f"input-pos-ln-out_blocks2_lr{selected}_seed0-"), used
@@ -222,11 +338,22 @@ def test_an_extraction_cut_short_states_the_seconds_of_every_attempt_when_it_end
     clock, seconds = marker.with_suffix(".clock"), marker.with_suffix(".seconds")
 
     def make_marker(reservoir, *settings):
-        return ["make", "-C", str(ROOT / "pipelines"), str(marker), f"OUT_ROOT={tmp_path}", "LIMIT=40",
-                "CLOCK_TICK=1", f"RESERVOIR={reservoir}", f"DATA_DIR={tmp_path / 'data'}", *settings]
+        return [
+            "make",
+            "-C",
+            str(ROOT / "pipelines"),
+            str(marker),
+            f"OUT_ROOT={tmp_path}",
+            "LIMIT=40",
+            "CLOCK_TICK=1",
+            f"RESERVOIR={reservoir}",
+            f"DATA_DIR={tmp_path / 'data'}",
+            *settings,
+        ]
 
-    cut = subprocess.Popen(make_marker(slow), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           start_new_session=True)
+    cut = subprocess.Popen(
+        make_marker(slow), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 50
         while not (clock.exists() and int(clock.read_text() or 0) >= 6):
@@ -258,11 +385,23 @@ def test_a_training_run_cut_short_continues_from_its_checkpoint_to_the_uninterru
     again: it resumes there, and ends exactly as the run made in one go."""
     reservoir = stand_in(tmp_path)
     cut = tmp_path / "cut-reservoir"  # the same command, stopped after 10 of the 20 steps
-    cut.write_text(f'#!/bin/sh\ncase " $* " in *" train "*) exec "{reservoir}" "$@" --steps 10;; esac\n'
-                   f'exec "{reservoir}" "$@"\n')
+    cut.write_text(
+        f'#!/bin/sh\ncase " $* " in *" train "*) exec "{reservoir}" "$@" --steps 10;; esac\n'
+        f'exec "{reservoir}" "$@"\n'
+    )
     cut.chmod(0o755)
-    args = ["table6", "LIMIT=64", "STEPS_6=20", "SEEDS_6=2", "TRAIN_LIMIT_6=64", "PRETRAINED=tinygpt", "DATA_TASKS=",
-            "TASKS_6=bit_xor", "CHECKPOINT_EVERY=10", "TRAIN_OPTS_6=--batch-size 4 --eval-every 5 --dtype float32"]
+    args = [
+        "table6",
+        "LIMIT=64",
+        "STEPS_6=20",
+        "SEEDS_6=2",
+        "TRAIN_LIMIT_6=64",
+        "PRETRAINED=tinygpt",
+        "DATA_TASKS=",
+        "TASKS_6=bit_xor",
+        "CHECKPOINT_EVERY=10",
+        "TRAIN_OPTS_6=--batch-size 4 --eval-every 5 --dtype float32",
+    ]
     results = {}
     for name, first in (("whole", reservoir), ("resumed", cut)):
         root = tmp_path / name
@@ -270,32 +409,46 @@ def test_a_training_run_cut_short_continues_from_its_checkpoint_to_the_uninterru
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         if first is cut:
             markers = list((root / "64" / "train").glob("*/bit_xor/*/*.done"))
-            assert len(markers) == 2 and all(json.loads(Path(m.read_text().splitlines()[-1]).read_text())["steps"]
-                                             == [10, 10] for m in markers)
+            assert len(markers) == 2 and all(
+                json.loads(Path(m.read_text().splitlines()[-1]).read_text())["steps"] == [10, 10]
+                for m in markers
+            )
             for m in markers:
                 m.unlink()  # as if the session had ended before the markers were written
             r = make(root, *args, reservoir=reservoir)
             assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        results[name] = {m.parent.name: json.loads(Path(m.read_text().splitlines()[-1]).read_text())
-                         for m in (root / "64" / "train").glob("*/bit_xor/*/*.done")}
+        results[name] = {
+            m.parent.name: json.loads(Path(m.read_text().splitlines()[-1]).read_text())
+            for m in (root / "64" / "train").glob("*/bit_xor/*/*.done")
+        }
     assert set(results["whole"]) == {"tinygpt", "tinygpt-random"}
     for backbone, whole in results["whole"].items():
         resumed = results["resumed"][backbone]
         assert resumed["steps"] == whole["steps"] == [20, 20]
         for a, b in zip(whole["runs"], resumed["runs"]):
             assert a["history"] == b["history"] and a["test_accuracy"] == b["test_accuracy"]
-    assert (tmp_path / "resumed" / "64" / "table6.md").read_text() == (tmp_path / "whole" / "64" / "table6.md").read_text()
+    assert (tmp_path / "resumed" / "64" / "table6.md").read_text() == (
+        tmp_path / "whole" / "64" / "table6.md"
+    ).read_text()
     # the wall time results_doc.py states: each training marker's result, its seconds and machines
     runs = (tmp_path / "whole" / "64" / "table6.runs").read_text().splitlines()
-    assert len(runs) == 2 and all(Path(ln.split("\t")[0]).name == "input+pos+ln+out~t0.99.done" for ln in runs)
-    assert all(run["machines"] and run["seconds"] > 0 for result in results["whole"].values() for run in result["runs"])
+    assert len(runs) == 2 and all(
+        Path(ln.split("\t")[0]).name == "input+pos+ln+out~t0.99.done" for ln in runs
+    )
+    assert all(
+        run["machines"] and run["seconds"] > 0
+        for result in results["whole"].values()
+        for run in result["runs"]
+    )
     # docs/results.md from it: the findings say whether every seed solves the task, the table states its wall time
     doc = tmp_path / "results.md"
     r = make(tmp_path / "whole", "docs", *args[1:], "DOC_TABLES=6", f"DOC_OUT={doc}", reservoir=reservoir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     text = doc.read_text()
     finding = next(line for line in text.splitlines() if line.startswith("**Table 6, bit_xor, end to end**"))
-    assert finding.count("lowest seed") == 2 and finding.count("solve") == 2  # both sides: solved on every seed or not
+    assert (
+        finding.count("lowest seed") == 2 and finding.count("solve") == 2
+    )  # both sides: solved on every seed or not
     assert 'make -C pipelines table6 TASKS_6="bit_xor"' in text
     assert "training runs (every seed), one after another, on " in text
 
@@ -305,13 +458,26 @@ def test_the_bit_backbone_is_trained_once_saved_and_gives_table2_its_bit_row(tmp
     """`make bit` trains PRETRAINED's random twin end to end on bit memory and saves it as a backbone folder;
     table 2 then has the paper's "Bit" row, extracted through that folder, beside the paper's number."""
     reservoir = stand_in(tmp_path)
-    r = make(tmp_path, "bit", "PRETRAINED=tinygpt", "BIT_STEPS=2",
-             "BIT_OPTS=--batch-size 4 --eval-every 1 --limit 100 --task-opt n_bits=100", reservoir=reservoir)
+    r = make(
+        tmp_path,
+        "bit",
+        "PRETRAINED=tinygpt",
+        "BIT_STEPS=2",
+        "BIT_OPTS=--batch-size 4 --eval-every 1 --limit 100 --task-opt n_bits=100",
+        reservoir=reservoir,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     folder = tmp_path / "models" / "bit-tinygpt"
     assert (folder / "config.json").exists() and "--save-backbone" in r.stdout
-    r = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "PRETRAINED=tinygpt", "RANDOM_SEEDS=",
-             reservoir=reservoir)
+    r = make(
+        tmp_path,
+        "table2",
+        "LIMIT=40",
+        "TASKS_2=bit_xor",
+        "PRETRAINED=tinygpt",
+        "RANDOM_SEEDS=",
+        reservoir=reservoir,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"--backbone {folder} " in r.stdout
     table = (tmp_path / "40" / "table2.md").read_text()
@@ -328,8 +494,16 @@ def test_a_vit_named_by_vit_gives_table2_the_papers_vit_row(tmp_path):
 
     reservoir = stand_in(tmp_path)
     vit = save_tiny("vit", tmp_path / "weights" / "tinyvit")
-    r = make(tmp_path, "table2", "LIMIT=40", "TASKS_2=bit_xor", "PRETRAINED=tinygpt", "RANDOM_SEEDS=", f"VIT={vit}/",
-             reservoir=reservoir)
+    r = make(
+        tmp_path,
+        "table2",
+        "LIMIT=40",
+        "TASKS_2=bit_xor",
+        "PRETRAINED=tinygpt",
+        "RANDOM_SEEDS=",
+        f"VIT={vit}/",
+        reservoir=reservoir,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"--backbone {vit}/ " in r.stdout
     table = (tmp_path / "40" / "table2.md").read_text()

@@ -10,10 +10,9 @@ import torch
 
 pytest.importorskip("matplotlib")
 
+from reservoir.errors import UsageError  # noqa: E402
 from reservoir.report import plots  # noqa: E402
 from reservoir.report.attention import first_layer_attention  # noqa: E402
-from reservoir.errors import UsageError  # noqa: E402
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,16 +36,23 @@ def made_up_depths():
 
 def test_depth_plot_with_baselines_chosen_and_paper(tmp_path):
     out = tmp_path / "new" / "folder" / "depth.png"
-    got = plots.depth_plot(made_up_depths(), out, title="bit_xor by depth",
-                           baselines={"majority": 50.0, "raw-input linear": 51.3, "random tanh features": 56.7},
-                           chosen={"gpt2": 8, "gpt2-random": 10, "lstm": 3},
-                           paper={"gpt2": {12: 100.0}, "lstm": {3: 60.9}})
+    got = plots.depth_plot(
+        made_up_depths(),
+        out,
+        title="bit_xor by depth",
+        baselines={"majority": 50.0, "raw-input linear": 51.3, "random tanh features": 56.7},
+        chosen={"gpt2": 8, "gpt2-random": 10, "lstm": 3},
+        paper={"gpt2": {12: 100.0}, "lstm": {3: 60.9}},
+    )
     assert got == out
     read_png(out, plots.DEPTH_SIZE)
 
 
 def test_depth_plot_alone_and_bad_input(tmp_path):
-    read_png(plots.depth_plot({"lstm": {0: 40.0, 3: 55.0}}, tmp_path / "d.png", title="one curve"), plots.DEPTH_SIZE)
+    read_png(
+        plots.depth_plot({"lstm": {0: 40.0, 3: 55.0}}, tmp_path / "d.png", title="one curve"),
+        plots.DEPTH_SIZE,
+    )
     with pytest.raises(UsageError, match="at least one curve"):
         plots.depth_plot({}, tmp_path / "x.png", title="none")
     with pytest.raises(UsageError, match=r"chosen depth 5 of 'lstm' has no accuracy"):
@@ -58,10 +64,19 @@ def test_depth_plot_alone_and_bad_input(tmp_path):
 
 def test_training_curves(tmp_path):
     def history(rate):
-        return [{"step": s, "loss": 0.7 * np.exp(-s * rate / 300), "val_accuracy": min(1.0, 0.5 + s * rate / 1000)}
-                for s in range(100, 1100, 100)]
+        return [
+            {
+                "step": s,
+                "loss": 0.7 * np.exp(-s * rate / 300),
+                "val_accuracy": min(1.0, 0.5 + s * rate / 1000),
+            }
+            for s in range(100, 1100, 100)
+        ]
 
-    runs = {"lr=1e-3": history(1.0), "lr=1e-4": history(0.4) + [{"step": 1100, "loss": 0.1, "val_accuracy": None}]}
+    runs = {
+        "lr=1e-3": history(1.0),
+        "lr=1e-4": history(0.4) + [{"step": 1100, "loss": 0.1, "val_accuracy": None}],
+    }
     out = plots.training_curves(runs, tmp_path / "train.png", title="bit_xor end-to-end")
     read_png(out, plots.TRAINING_SIZE)
 
@@ -71,7 +86,9 @@ def test_attention_maps(tmp_path, n_heads, heads):
     rng = np.random.default_rng(0)
     w = np.tril(rng.random((n_heads, 10, 10)))
     w /= w.sum(-1, keepdims=True)
-    out = plots.attention_maps(w, tmp_path / "att.png", title="made up", tokens=list("0110100110"), heads=heads)
+    out = plots.attention_maps(
+        w, tmp_path / "att.png", title="made up", tokens=list("0110100110"), heads=heads
+    )
     read_png(out, plots.attention_layout(len(heads or range(n_heads)))[2])
 
 
@@ -85,11 +102,14 @@ def test_attention_maps_refuses_bad_input(tmp_path):
         plots.attention_maps(w, tmp_path / "a.png", title="t", tokens=["a", "b"])
 
 
-@pytest.mark.parametrize("call", [
-    lambda p: plots.depth_plot({"a": {0: 1.0}}, p, title="t"),
-    lambda p: plots.training_curves({"a": [{"step": 1, "loss": 1.0, "val_accuracy": 0.5}]}, p, title="t"),
-    lambda p: plots.attention_maps(np.ones((1, 2, 2)) / 2, p, title="t"),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: plots.depth_plot({"a": {0: 1.0}}, p, title="t"),
+        lambda p: plots.training_curves({"a": [{"step": 1, "loss": 1.0, "val_accuracy": 0.5}]}, p, title="t"),
+        lambda p: plots.attention_maps(np.ones((1, 2, 2)) / 2, p, title="t"),
+    ],
+)
 def test_missing_matplotlib_says_how_to_install(tmp_path, monkeypatch, call):
     import builtins
 
@@ -115,7 +135,8 @@ def hf_attentions(cls, folder: Path, task_name: str, example: int, seed: int = 0
     data = task.load("test", None, example + 1)
     model = cls.from_pretrained(folder, attn_implementation="eager").eval()
     x = make_input_layer(task.spec, model.config.hidden_size, seed, "paper")(
-        torch.from_numpy(task.encode(data.inputs[example:example + 1])))
+        torch.from_numpy(task.encode(data.inputs[example : example + 1]))
+    )
     with torch.no_grad():
         return [a[0].numpy() for a in model(inputs_embeds=x, output_attentions=True).attentions]
 
@@ -144,8 +165,14 @@ def test_rotary_and_encoder_attention_equal_hugging_face(tmp_path, family):
     from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel
 
     torch.manual_seed(0)
-    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=50,
-                 max_position_embeddings=64)
+    shape = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=50,
+        max_position_embeddings=64,
+    )
     if family == "llama":  # grouped key-value heads, rotary positions
         cls, model = LlamaModel, LlamaModel(LlamaConfig(num_key_value_heads=2, **shape))
     else:
@@ -161,21 +188,32 @@ def test_rotary_and_encoder_attention_equal_hugging_face(tmp_path, family):
 def test_attention_refuses_bad_layer_and_example(tiny_gpt2):
     with pytest.raises(UsageError, match=r"layer 2 is out of range .* \[0, 1\]"):
         first_layer_attention("bit_xor", str(tiny_gpt2), layer=2)
-    with pytest.raises(UsageError, match="split 'test' of task 'bit_xor' has 1000 examples; choose an example below"):
+    with pytest.raises(
+        UsageError, match="split 'test' of task 'bit_xor' has 1000 examples; choose an example below"
+    ):
         first_layer_attention("bit_xor", str(tiny_gpt2), example=1000)
     with pytest.raises(UsageError, match="outside the first 5 examples"):
         first_layer_attention("bit_xor", str(tiny_gpt2), example=5, limit=5)
 
 
 def test_attention_with_a_training_checkpoint(tiny_gpt2, home):
-    from reservoir.report.attention import _checkpoint_model
     from reservoir.config import TrainConfig
     from reservoir.errors import IdentityError
+    from reservoir.report.attention import _checkpoint_model
     from reservoir.train import train
 
-    cfg = TrainConfig(task="bit_xor", backbone=str(tiny_gpt2), task_options={"n_train": "256", "n_test": "64"},
-                      steps=4, batch_size=16, eval_every=2, patience=0, lr=(0.05,), checkpoint_dir=home / "ckpt",
-                      data_dir=home / "data")
+    cfg = TrainConfig(
+        task="bit_xor",
+        backbone=str(tiny_gpt2),
+        task_options={"n_train": "256", "n_test": "64"},
+        steps=4,
+        batch_size=16,
+        eval_every=2,
+        patience=0,
+        lr=(0.05,),
+        checkpoint_dir=home / "ckpt",
+        data_dir=home / "data",
+    )
     train(cfg, progress=False)
     (ckpt,) = (home / "ckpt").glob("*.pt")
     reservoir, ident = _checkpoint_model(ckpt, "bit_xor", str(tiny_gpt2))
@@ -191,8 +229,19 @@ def test_attention_with_a_training_checkpoint(tiny_gpt2, home):
 
 def test_cli_attention_writes_a_png(cli, tiny_gpt2, tmp_path):
     out = tmp_path / "plots" / "attention.png"
-    r = cli("attention", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--layer", "1", "--example", "2",
-            "--out", str(out))
+    r = cli(
+        "attention",
+        "--task",
+        "bit_xor",
+        "--backbone",
+        str(tiny_gpt2),
+        "--layer",
+        "1",
+        "--example",
+        "2",
+        "--out",
+        str(out),
+    )
     assert r.exit_code == 0, r.output
     assert r.output.strip() == str(out)
     read_png(out, plots.attention_layout(4)[2])

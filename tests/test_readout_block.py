@@ -26,9 +26,21 @@ def tiny_llama(seed: int = 0, **overrides) -> RotaryBackbone:
     from transformers import LlamaConfig, LlamaModel
 
     torch.manual_seed(seed)
-    config = LlamaConfig(**{**dict(hidden_size=WIDTH, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=10, max_position_embeddings=64,
-                                   initializer_range=0.3), **overrides})
+    config = LlamaConfig(
+        **{
+            **dict(
+                hidden_size=WIDTH,
+                intermediate_size=64,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=10,
+                max_position_embeddings=64,
+                initializer_range=0.3,
+            ),
+            **overrides,
+        }
+    )
     backbone = RotaryBackbone(LlamaModel(config))
     torch.nn.init.normal_(backbone.wpe.weight, std=0.3)
     return backbone.eval()
@@ -176,11 +188,11 @@ def test_last_block_does_r_over_t_of_the_query_output_and_mlp_work(backbone, n_r
     fast = flops(backbone, [3], readout) - before
     d, R = WIDTH, n_readout
     if backbone.family == "gpt2":
-        kv, rows = 2 * d * d, d * d + d * d + 2 * d * 4 * d          # c_attn's k,v | q, c_proj, c_fc + c_proj
+        kv, rows = 2 * d * d, d * d + d * d + 2 * d * 4 * d  # c_attn's k,v | q, c_proj, c_fc + c_proj
     else:
         kv_width = backbone.config.num_key_value_heads * (d // backbone.config.num_attention_heads)
         ff = backbone.config.intermediate_size
-        kv, rows = 2 * d * kv_width, d * d + d * d + 3 * d * ff      # k, v | q, o, gate + up + down
+        kv, rows = 2 * d * kv_width, d * d + d * d + 3 * d * ff  # k, v | q, o, gate + up + down
     # attention itself: 4 B Tq T d where the counter knows the SDPA kernel (not CPU's fused one: 0)
     attention = full - 2 * B * T * (kv + rows)
     assert attention in (0, 4 * B * T * T * d)
@@ -238,5 +250,7 @@ def test_the_readout_only_block_compiles_as_one_graph(tmp_path):
     backbone = load_backbone(str(save_tiny_gpt2(tmp_path / "gpt2")), 0)
     x, lengths = torch.randn(2, 16, backbone.d_model), torch.full((2,), 16)
     with torch.inference_mode():
-        explained = torch._dynamo.explain(backbone)(x, lengths, [0, backbone.n_layers], readout_positions(lengths, 1))
+        explained = torch._dynamo.explain(backbone)(
+            x, lengths, [0, backbone.n_layers], readout_positions(lengths, 1)
+        )
     assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]

@@ -10,27 +10,75 @@ from reservoir.report.tables import Report
 
 def output_only(depth, val, test, *, task="mnist", backbone="b", seed=0, **identity):
     """An output-only result of the features of ``identity`` (seed, data and fingerprint vary with the seed)."""
-    ident = {"data": f"data{seed}", "backbone_fingerprint": f"fp{seed}", "seed": seed, "input_scale": "paper",
-             "limit": 50, "task_options": {"n_bits": 5, "seed": seed}, **identity}
-    return {"task": task, "backbone": backbone, "mode": "output-only", "depth": depth, "head": "ridge",
-            "trainable": ["out"], "test_accuracy": test, "val_accuracy": val, "n_train": 50, "n_val": 5, "n_test": 50,
-            "seconds": 0.0, "seed": seed, "lr": None, "identity": ident, "identity_hash": f"hash{seed}{identity}",
-            "key": f"{task}{backbone}{depth}{seed}{identity}", "config": {}, "version": "x"}
+    ident = {
+        "data": f"data{seed}",
+        "backbone_fingerprint": f"fp{seed}",
+        "seed": seed,
+        "input_scale": "paper",
+        "limit": 50,
+        "task_options": {"n_bits": 5, "seed": seed},
+        **identity,
+    }
+    return {
+        "task": task,
+        "backbone": backbone,
+        "mode": "output-only",
+        "depth": depth,
+        "head": "ridge",
+        "trainable": ["out"],
+        "test_accuracy": test,
+        "val_accuracy": val,
+        "n_train": 50,
+        "n_val": 5,
+        "n_test": 50,
+        "seconds": 0.0,
+        "seed": seed,
+        "lr": None,
+        "identity": ident,
+        "identity_hash": f"hash{seed}{identity}",
+        "key": f"{task}{backbone}{depth}{seed}{identity}",
+        "config": {},
+        "version": "x",
+    }
 
 
 def end_to_end(task, backbone, trainable, test, *, blocks=3):
-    return {"task": task, "backbone": backbone, "mode": "end-to-end", "depth": blocks, "head": "linear",
-            "trainable": trainable, "test_accuracy": test, "test_std": 0.01, "seeds": [0, 1, 2], "val_accuracy": 0.5,
-            "n_train": 20, "n_val": 2, "n_test": 20, "seconds": 1.0, "seed": 0, "lr": 1e-4,
-            "identity": {"input_scale": "paper", "task": task, "trainable": trainable}, "identity_hash": "e2e",
-            "key": f"{task}{backbone}{trainable}", "config": {}, "version": "x"}
+    return {
+        "task": task,
+        "backbone": backbone,
+        "mode": "end-to-end",
+        "depth": blocks,
+        "head": "linear",
+        "trainable": trainable,
+        "test_accuracy": test,
+        "test_std": 0.01,
+        "seeds": [0, 1, 2],
+        "val_accuracy": 0.5,
+        "n_train": 20,
+        "n_val": 2,
+        "n_test": 20,
+        "seconds": 1.0,
+        "seed": 0,
+        "lr": 1e-4,
+        "identity": {"input_scale": "paper", "task": task, "trainable": trainable},
+        "identity_hash": "e2e",
+        "key": f"{task}{backbone}{trainable}",
+        "config": {},
+        "version": "x",
+    }
 
 
 def test_task_layout_reports_the_depth_chosen_on_validation_and_the_last_depth():
     # two seeds of one setting (each its own extraction: seed, data digest and backbone fingerprint differ)
-    results = [output_only(0, 0.5, 0.20, seed=0), output_only(1, 0.9, 0.60, seed=0), output_only(2, 0.7, 0.40, seed=0),
-               output_only(0, 0.5, 0.30, seed=1), output_only(1, 0.8, 0.70, seed=1), output_only(2, 0.6, 0.50, seed=1),
-               end_to_end("mnist", "b", ["out"], 0.25)]
+    results = [
+        output_only(0, 0.5, 0.20, seed=0),
+        output_only(1, 0.9, 0.60, seed=0),
+        output_only(2, 0.7, 0.40, seed=0),
+        output_only(0, 0.5, 0.30, seed=1),
+        output_only(1, 0.8, 0.70, seed=1),
+        output_only(2, 0.6, 0.50, seed=1),
+        end_to_end("mnist", "b", ["out"], 0.25),
+    ]
     rep = Report(results, paper=TABLES[18], paper_rows={"b:out": "output only"}, depths=("chosen", "last"))
     (e2e, row) = rep.rows  # sorted by mode: end-to-end first
     assert row.by_depth[1] and len(row.by_depth[1]) == 2 and (row.chosen, row.depth_for("last")) == (1, 2)
@@ -43,27 +91,49 @@ def test_task_layout_reports_the_depth_chosen_on_validation_and_the_last_depth()
     assert rules == {("chosen", "1"), ("last", "2")}
     # a fixed depth; a row without it has an empty cell; the default keeps one unlabelled line
     fixed = Report(results, depths=(0, 5)).task_table()
-    assert "| b, depth 0 | ridge | 25.0 ± 7.1 (n=2) (50/50, d0) |" in fixed and "| b, depth 5 | ridge |  |" in fixed
+    assert (
+        "| b, depth 0 | ridge | 25.0 ± 7.1 (n=2) (50/50, d0) |" in fixed
+        and "| b, depth 5 | ridge |  |" in fixed
+    )
     assert "| b | ridge | 65.0 ± 7.1 (n=2) (50/50, d1) |" in Report(results).task_table()
 
 
 def test_settings_that_differ_beyond_the_seed_keep_their_own_rows():
-    rows = Report([output_only(1, 0.9, 0.6, seed=0), output_only(1, 0.9, 0.6, seed=0, limit=80),
-                   output_only(1, 0.9, 0.6, seed=1, task_options={"n_bits": 5, "seed": 7})]).rows  # data seed set apart
+    rows = Report(
+        [
+            output_only(1, 0.9, 0.6, seed=0),
+            output_only(1, 0.9, 0.6, seed=0, limit=80),
+            output_only(1, 0.9, 0.6, seed=1, task_options={"n_bits": 5, "seed": 7}),
+        ]
+    ).rows  # data seed set apart
     assert len(rows) == 3
 
 
 def test_critique_numbers_stand_beside_ours_with_their_error_and_tasks_it_lacks_get_a_column():
     groups = ["input", "pos", "ln", "out"]
-    results = [end_to_end("mnist", "p", groups, 0.97), end_to_end("listops", "p", groups, 0.3),
-               end_to_end("cifar10", "p-random", groups + ["attn", "ff"], 0.5)]
-    rep = Report(results, paper=TABLES[101], paper_rows={"p:input,pos,ln,out": "Frozen Pretrained, GPT2",
-                                                         "p-random:input,pos,ln,out,attn,ff": "Unfrozen Random, GPT2"})
+    results = [
+        end_to_end("mnist", "p", groups, 0.97),
+        end_to_end("listops", "p", groups, 0.3),
+        end_to_end("cifar10", "p-random", groups + ["attn", "ff"], 0.5),
+    ]
+    rep = Report(
+        results,
+        paper=TABLES[101],
+        paper_rows={
+            "p:input,pos,ln,out": "Frozen Pretrained, GPT2",
+            "p-random:input,pos,ln,out,attn,ff": "Unfrozen Random, GPT2",
+        },
+    )
     table = rep.task_table()
     header = table.splitlines()[0]
-    assert header == "| setting | head | mnist (n train/test) | cifar10 (n train/test) | listops (n train/test) |"
-    assert "| p [input,pos,ln,out] | linear | 97.0 ± 1.0 (n=3) (20/20) (critique 98.5 ± 0.1) |  | " \
-           "30.0 ± 1.0 (n=3) (20/20) |" in table
+    assert (
+        header
+        == "| setting | head | mnist (n train/test) | cifar10 (n train/test) | listops (n train/test) |"
+    )
+    assert (
+        "| p [input,pos,ln,out] | linear | 97.0 ± 1.0 (n=3) (20/20) (critique 98.5 ± 0.1) |  | "
+        "30.0 ± 1.0 (n=3) (20/20) |" in table
+    )
     assert "(critique 77.8 ± 0.2)" in table
 
 
@@ -77,9 +147,18 @@ def test_report_depth_option(cli, tmp_path):
     assert "| b, depth chosen on validation | ridge | 60.0 (50/50, d1) |" in r.output
     assert "| b, last depth | ridge | 40.0 (50/50, d2) |" in r.output
     r = cli("report", str(folder), "--layout", "task", "--depth", "deepest")
-    assert r.exit_code == 2 and "expected 'chosen', 'last' or a depth number (0, 1, ...); got 'deepest'" in r.output
-    r = cli("report", str(folder), "--depth", "last")  # no paper table: laid out by depth, every depth a column
-    assert r.exit_code == 2 and "--depth picks the depth of the task layout" in r.output and "--layout task" in r.output
+    assert (
+        r.exit_code == 2
+        and "expected 'chosen', 'last' or a depth number (0, 1, ...); got 'deepest'" in r.output
+    )
+    r = cli(
+        "report", str(folder), "--depth", "last"
+    )  # no paper table: laid out by depth, every depth a column
+    assert (
+        r.exit_code == 2
+        and "--depth picks the depth of the task layout" in r.output
+        and "--layout task" in r.output
+    )
 
 
 def test_the_lstm_tables_put_the_papers_rows_beside_the_pipelines_backbones():
@@ -90,19 +169,30 @@ def test_the_lstm_tables_put_the_papers_rows_beside_the_pipelines_backbones():
 
     make = (Path(__file__).resolve().parents[1] / "pipelines" / "end_to_end.mk").read_text()
     groups = ["input", "pos", "ln", "out"]
-    for number, backbone, row, paper in ((3, "lstm", "LSTM", 50.9), (4, "lstm-12", "12", 16.2),
-                                         (5, "lstm-12-residual", "+ Residual Connections", 16.8)):
-        mapping = re.search(rf"--as {re.escape(backbone)}:\$\(FPT_GROUPS\)='?{re.escape(row)}'?( |$)", make, re.M)
+    for number, backbone, row, paper in (
+        (3, "lstm", "LSTM", 50.9),
+        (4, "lstm-12", "12", 16.2),
+        (5, "lstm-12-residual", "+ Residual Connections", 16.8),
+    ):
+        mapping = re.search(
+            rf"--as {re.escape(backbone)}:\$\(FPT_GROUPS\)='?{re.escape(row)}'?( |$)", make, re.M
+        )
         assert mapping, (number, backbone)
         task = "bit_memory" if number == 3 else "listops"
-        rep = Report([end_to_end(task, backbone, groups, 0.5)], paper=TABLES[number],
-                     paper_rows={f"{backbone}:{','.join(groups)}": row})
+        rep = Report(
+            [end_to_end(task, backbone, groups, 0.5)],
+            paper=TABLES[number],
+            paper_rows={f"{backbone}:{','.join(groups)}": row},
+        )
         assert f"(paper {paper:g})" in rep.task_table(), (number, rep.task_table())
 
 
 def test_depth_layout_csv_gives_the_chosen_depth_its_papers_number():
     # table 12 has the paper's Pretrained at 1, 3, 6 and 12 blocks; our row is chosen at depth 3 on validation
-    results = [output_only(d, val, test, task="listops") for d, val, test in ((1, 0.2, 0.2), (3, 0.4, 0.3), (6, 0.3, 0.4))]
+    results = [
+        output_only(d, val, test, task="listops")
+        for d, val, test in ((1, 0.2, 0.2), (3, 0.4, 0.3), (6, 0.3, 0.4))
+    ]
     rep = Report(results, paper=TABLES[12], paper_rows={"b": "Pretrained"})
     rep.markdown("depth")
     cells = {r["column"]: r for r in csv.DictReader(rep.csv().splitlines())}
@@ -113,14 +203,26 @@ def test_steps_table_gives_each_seeds_reach_the_spread_and_the_lowest_seed():
     """Table 6's cells: steps to the target when every seed crossed it, else which seeds did; the test mean with
     its spread and the lowest seed (a claim that every seed solves a task reads the lowest)."""
     groups = ["input", "pos", "ln", "out"]
-    all_reached = {**end_to_end("bit_xor", "p", groups, 0.995), "target": 0.99, "steps_to_target": [200, 300, 400],
-                   "steps_to_target_mean": 300.0, "test_min": 0.99}
-    one_missed = {**end_to_end("bit_memory", "p", groups, 0.91), "target": 0.99,
-                  "steps_to_target": [1200, None, 1500], "steps_to_target_mean": None, "test_min": 0.75}
+    all_reached = {
+        **end_to_end("bit_xor", "p", groups, 0.995),
+        "target": 0.99,
+        "steps_to_target": [200, 300, 400],
+        "steps_to_target_mean": 300.0,
+        "test_min": 0.99,
+    }
+    one_missed = {
+        **end_to_end("bit_memory", "p", groups, 0.91),
+        "target": 0.99,
+        "steps_to_target": [1200, None, 1500],
+        "steps_to_target_mean": None,
+        "test_min": 0.75,
+    }
     rep = Report([all_reached, one_missed], paper=TABLES[6], paper_rows={"p:input,pos,ln,out": "FPT"})
     table = rep.task_table()
     assert "300 steps to 99%; test 99.5 ± 1.0 (n=3), lowest seed 99.0 (20/20) (paper 500 steps)" in table
-    assert "2 of 3 seeds reached 99% (in 1,200, 1,500 steps); test 91.0 ± 1.0 (n=3), lowest seed 75.0" in table
+    assert (
+        "2 of 3 seeds reached 99% (in 1,200, 1,500 steps); test 91.0 ± 1.0 (n=3), lowest seed 75.0" in table
+    )
     lowest = {r["task"]: r["test_min"] for r in csv.DictReader(rep.csv().splitlines())}
     assert lowest == {"bit_xor": "0.99", "bit_memory": "0.75"}
 
@@ -128,31 +230,44 @@ def test_steps_table_gives_each_seeds_reach_the_spread_and_the_lowest_seed():
 def test_settings_that_would_share_a_label_are_told_apart_by_what_differs():
     """Two settings of one task with the same backbone and head (here: 50 and 80 rows) get their own lines, each
     named by the field that differs, and a third task's row of the same setting stays on the line it shares."""
-    results = [output_only(1, 0.9, 0.60, limit=50), output_only(1, 0.9, 0.70, limit=80),
-               output_only(1, 0.9, 0.40, task="cifar10", limit=50)]
+    results = [
+        output_only(1, 0.9, 0.60, limit=50),
+        output_only(1, 0.9, 0.70, limit=80),
+        output_only(1, 0.9, 0.40, task="cifar10", limit=50),
+    ]
     rep = Report(results)
     table = rep.task_table()
     assert "| b, limit 50 | ridge | 40.0 (50/50) | 60.0 (50/50) |" in table  # columns: cifar10, mnist
     assert "| b, limit 80 | ridge |  | 70.0 (50/50) |" in table
     assert {r["setting"] for r in csv.DictReader(rep.csv().splitlines())} == {"b, limit 50", "b, limit 80"}
     assert "| b, limit 80 | ridge | 50/50 | 70.0 |" in Report(results).depth_tables()
-    assert "| b | ridge |" in Report(results[:1] + results[2:]).task_table()  # nothing to tell apart: the plain label
+    assert (
+        "| b | ridge |" in Report(results[:1] + results[2:]).task_table()
+    )  # nothing to tell apart: the plain label
 
 
 def test_a_learning_rate_sweep_names_the_rate_chosen_on_validation_and_shows_every_rate():
     swept = end_to_end("mnist", "p", ["input", "pos", "ln", "out"], 0.42)
-    swept |= {"lr": 0.001, "sweep": {"1e-05": {"val_mean": 0.2, "val_std": 0.0, "test_mean": 0.21, "test_std": 0.02},
-                                     "0.001": {"val_mean": 0.49, "val_std": 0.05, "test_mean": 0.42, "test_std": 0.021},
-                                     "0.01": {"diverged": "loss not finite at step 3"}}}
-    single = end_to_end("cifar10", "p", ["out"], 0.3) | {"sweep": {"0.0001": {"val_mean": 0.3, "val_std": 0.0,
-                                                                           "test_mean": 0.3, "test_std": 0.0}}}
+    swept |= {
+        "lr": 0.001,
+        "sweep": {
+            "1e-05": {"val_mean": 0.2, "val_std": 0.0, "test_mean": 0.21, "test_std": 0.02},
+            "0.001": {"val_mean": 0.49, "val_std": 0.05, "test_mean": 0.42, "test_std": 0.021},
+            "0.01": {"diverged": "loss not finite at step 3"},
+        },
+    }
+    single = end_to_end("cifar10", "p", ["out"], 0.3) | {
+        "sweep": {"0.0001": {"val_mean": 0.3, "val_std": 0.0, "test_mean": 0.3, "test_std": 0.0}}
+    }
     rep = Report([swept, single])
     table = rep.task_table()
     assert "| p [input,pos,ln,out] | linear |  | 42.0 ± 1.0 (n=3) (20/20, lr 0.001) |" in table
     assert "| p [out] | linear | 30.0 ± 1.0 (n=3) (20/20) |  |" in table  # one rate: nothing was chosen
     by_rate = table.split("the rate chosen on validation.")[1]
     assert "| setting | task | lr 1e-05 | lr 0.001 | lr 0.01 |" in by_rate
-    assert "| p [input,pos,ln,out] | mnist | 21.0 ± 2.0 [20.0] | **42.0 ± 2.1 [49.0]** | diverged |" in by_rate
+    assert (
+        "| p [input,pos,ln,out] | mnist | 21.0 ± 2.0 [20.0] | **42.0 ± 2.1 [49.0]** | diverged |" in by_rate
+    )
     assert "cifar10" not in by_rate
     assert sorted(r["lr"] for r in csv.DictReader(rep.csv().splitlines())) == ["", "0.001"]
     assert "learning rate" not in Report([single]).task_table()

@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from zoo import save_tiny
 
 from reservoir.config import TrainConfig
 from reservoir.errors import BackboneError, DataError, UsageError
@@ -18,8 +19,6 @@ from reservoir.model.reservoir import readout_positions
 from reservoir.tasks import make_task
 from reservoir.train import FPT, batch_tensors, select_trainable, train
 from reservoir.train.checkpoint import read_checkpoint
-
-from zoo import save_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,17 +34,34 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 
 def xor_cfg(backbone, home: Path, **kw) -> TrainConfig:
-    base = dict(task="bit_xor", backbone=str(backbone), task_options=XOR_OPTS, trainable=EVERY_GROUP, steps=12,
-                batch_size=16, eval_every=4, patience=0, checkpoint_every=0, checkpoint_dir=home / "ckpt",
-                data_dir=home / "data", save_backbone=home / "models" / "bit")
+    base = dict(
+        task="bit_xor",
+        backbone=str(backbone),
+        task_options=XOR_OPTS,
+        trainable=EVERY_GROUP,
+        steps=12,
+        batch_size=16,
+        eval_every=4,
+        patience=0,
+        checkpoint_every=0,
+        checkpoint_dir=home / "ckpt",
+        data_dir=home / "data",
+        save_backbone=home / "models" / "bit",
+    )
     return TrainConfig(**{**base, **kw})
 
 
 def trained_fpt(cfg: TrainConfig, result: dict) -> FPT:
     """The run's FPT rebuilt independently: its source backbone, then its checkpoint's best parameters."""
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
-    model = FPT(task.spec, load_backbone(cfg.backbone, cfg.seed), blocks=result["depth"], seed=cfg.seed,
-                input_scale=cfg.input_scale, dropout=cfg.dropout)
+    model = FPT(
+        task.spec,
+        load_backbone(cfg.backbone, cfg.seed),
+        blocks=result["depth"],
+        seed=cfg.seed,
+        input_scale=cfg.input_scale,
+        dropout=cfg.dropout,
+    )
     params, _ = select_trainable(model, cfg.trainable)
     best = read_checkpoint(Path(result["runs"][0]["checkpoint"]), "")["state"]["best_params"]
     with torch.no_grad():
@@ -62,18 +78,28 @@ def some_test_rows(cfg: TrainConfig, n: int = 32):
 
 def leftovers(folder: Path) -> list[str]:
     """Entries beside ``folder`` other than it (a temporary folder left behind)."""
-    return sorted(p.name for p in folder.parent.iterdir() if p.name != folder.name) if folder.parent.exists() else []
+    return (
+        sorted(p.name for p in folder.parent.iterdir() if p.name != folder.name)
+        if folder.parent.exists()
+        else []
+    )
 
 
 @pytest.mark.parametrize("source", ["gpt2", "gpt2-random", "llama"])
-def test_saved_backbone_reloads_to_the_run_s_best_parameters_and_features(source, tiny_gpt2, tiny_llama, home):
-    backbone = {"gpt2": str(tiny_gpt2), "gpt2-random": f"{tiny_gpt2}-random", "llama": str(tiny_llama)}[source]
+def test_saved_backbone_reloads_to_the_run_s_best_parameters_and_features(
+    source, tiny_gpt2, tiny_llama, home
+):
+    backbone = {"gpt2": str(tiny_gpt2), "gpt2-random": f"{tiny_gpt2}-random", "llama": str(tiny_llama)}[
+        source
+    ]
     cfg = xor_cfg(backbone, home, seed=3)
     result = train(cfg, progress=False)
     folder = cfg.save_backbone
     names = {p.name for p in folder.iterdir()}
     assert {"config.json", "model.safetensors", "reservoir.json"} <= names
-    assert ("added_positions.safetensors" in names) == (source == "llama")  # rotary: the FPT's positions beside
+    assert ("added_positions.safetensors" in names) == (
+        source == "llama"
+    )  # rotary: the FPT's positions beside
     assert leftovers(folder) == []
 
     saved = load_backbone(str(folder), 0)  # a folder's weights do not depend on the seed
@@ -103,7 +129,10 @@ def test_saved_backbone_reloads_to_the_run_s_best_parameters_and_features(source
     info = json.loads((folder / "reservoir.json").read_text())
     assert info["task"] == "bit_xor" and info["trainable"] == list(EVERY_GROUP) and info["seed"] == 3
     assert info["steps"] == 12 and info["best_step"] == result["best_step"][0]
-    assert info["test_accuracy"] == result["test_accuracy"] and info["run_identity_hash"] == result["identity_hash"]
+    assert (
+        info["test_accuracy"] == result["test_accuracy"]
+        and info["run_identity_hash"] == result["identity_hash"]
+    )
     # the identity of features extracted from it is not the untrained model's
     assert info["fingerprint"] == fingerprint(saved) != fingerprint(untrained) == info["source_fingerprint"]
     assert result["config"]["train"]["save_backbone"] == str(folder)
@@ -118,8 +147,14 @@ def test_features_extracted_from_the_folder_are_the_trained_fpt_s(tiny_gpt2, hom
     result = train(cfg, progress=False)
     model = trained_fpt(cfg, result)
     _, tokens, lengths = some_test_rows(cfg, 64)
-    common = dict(task_options=XOR_OPTS, seed=cfg.seed, split="test", dtype="float32", engine="torch",
-                  data_dir=cfg.data_dir)
+    common = dict(
+        task_options=XOR_OPTS,
+        seed=cfg.seed,
+        split="test",
+        dtype="float32",
+        engine="torch",
+        data_dir=cfg.data_dir,
+    )
     path = api.extract("bit_xor", str(cfg.save_backbone), depths=str(result["depth"]), **common)
     X, _ = api.read_features(path, "test", depth=result["depth"])
     with torch.inference_mode():
@@ -136,7 +171,10 @@ def test_a_sweep_or_several_seeds_is_a_usage_error_naming_the_fix(many, tiny_gpt
     folder = home / "models" / "bit"
     r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), *many, "--save-backbone", str(folder))
     assert r.exit_code == 2
-    assert "--save-backbone saves the backbone of one run" in r.output and "Give one --lr and --seeds 1" in r.output
+    assert (
+        "--save-backbone saves the backbone of one run" in r.output
+        and "Give one --lr and --seeds 1" in r.output
+    )
     assert "Traceback" not in r.output and not folder.exists()
     with pytest.raises(UsageError, match="saves the backbone of one run"):
         xor_cfg(tiny_gpt2, home, lr=(1e-3, 1e-4))
@@ -161,11 +199,26 @@ def test_an_existing_folder_is_refused_before_training_and_left_as_it_was(tiny_g
     folder = home / "models" / "bit"
     folder.mkdir(parents=True)
     (folder / "notes.txt").write_text("mine")
-    r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=256",
-            "--steps", "4", "--save-backbone", str(folder))
+    r = cli(
+        "train",
+        "--task",
+        "bit_xor",
+        "--backbone",
+        str(tiny_gpt2),
+        "--task-opt",
+        "n_train=256",
+        "--steps",
+        "4",
+        "--save-backbone",
+        str(folder),
+    )
     assert r.exit_code == 1
-    assert f"--save-backbone {folder}: a folder holding notes.txt is there and is never overwritten" in r.output
-    assert [p.name for p in folder.iterdir()] == ["notes.txt"] and (folder / "notes.txt").read_text() == "mine"
+    assert (
+        f"--save-backbone {folder}: a folder holding notes.txt is there and is never overwritten" in r.output
+    )
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"] and (
+        folder / "notes.txt"
+    ).read_text() == "mine"
     assert not (home / "checkpoints").exists() and not (home / "results").exists()  # nothing ran
     assert leftovers(folder) == []
     plain = home / "models" / "file"
@@ -182,7 +235,9 @@ def test_a_folder_filled_while_the_run_trained_is_refused_and_the_fix_named(tiny
             cfg.save_backbone.mkdir(parents=True)
             (cfg.save_backbone / "notes.txt").write_text("mine")
 
-    with pytest.raises(UsageError, match=r"is never overwritten.*rerun with --resume to save it without training"):
+    with pytest.raises(
+        UsageError, match=r"is never overwritten.*rerun with --resume to save it without training"
+    ):
         train(cfg, progress=False, on_step=fill)
     assert [p.name for p in cfg.save_backbone.iterdir()] == ["notes.txt"]
     assert leftovers(cfg.save_backbone) == []
@@ -204,12 +259,15 @@ def test_a_failed_write_leaves_no_folder_behind(where, tiny_gpt2, home, monkeypa
 
         monkeypatch.setattr(HFBackbone, "save_pretrained", save_then_fail)
     else:
+
         def rename(src, dst):
             raise OSError(28, "No space left on device")
 
         monkeypatch.setattr(export.os, "rename", rename)
     cfg = xor_cfg(tiny_gpt2, home)
-    with pytest.raises(DataError, match=r"cannot write the backbone folder .*No space left.*rerun with --resume"):
+    with pytest.raises(
+        DataError, match=r"cannot write the backbone folder .*No space left.*rerun with --resume"
+    ):
         train(cfg, progress=False)
     assert not cfg.save_backbone.exists() and leftovers(cfg.save_backbone) == []
 
@@ -227,7 +285,9 @@ def test_an_empty_folder_is_filled_and_a_registered_random_gpt2_round_trips(home
     assert json.loads((folder / "reservoir.json").read_text())["note"] == "x"
     umask = os.umask(0)
     os.umask(umask)
-    assert os.stat(folder).st_mode & 0o777 == 0o777 & ~umask  # a plain folder's permissions, not mkdtemp's private ones
+    assert (
+        os.stat(folder).st_mode & 0o777 == 0o777 & ~umask
+    )  # a plain folder's permissions, not mkdtemp's private ones
 
 
 def test_backbones_that_cannot_be_saved_are_refused_before_training(home, tmp_path, tiny_gpt2):
@@ -263,7 +323,9 @@ def test_the_best_validation_step_is_saved_not_the_last(tiny_gpt2, home, monkeyp
     last = FPT(task.spec, load_backbone(cfg.backbone, cfg.seed), blocks=2, seed=cfg.seed)
     params, _ = select_trainable(last, cfg.trainable)
     with torch.no_grad():
-        for p, q in zip(params, read_checkpoint(Path(result["runs"][0]["checkpoint"]), "")["params"], strict=True):
+        for p, q in zip(
+            params, read_checkpoint(Path(result["runs"][0]["checkpoint"]), "")["params"], strict=True
+        ):
             p.copy_(q)
     assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), last.backbone.parameters()))
     assert json.loads((cfg.save_backbone / "reservoir.json").read_text())["best_step"] == 4
@@ -280,7 +342,9 @@ def test_a_sigkilled_save_s_half_written_folder_is_removed_by_the_next_save_on_i
 
     folder = home / "models" / "bit"
     folder.parent.mkdir(parents=True)
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     stale = folder.parent / f".bit.{_HOST}.{int(gone.stdout)}-0a1b2c.partial"
     live = folder.parent / f".bit.{_HOST}.{os.getpid()}-3d4e5f.partial"
     other_host = folder.parent / f".bit.elsewhere.{int(gone.stdout)}-6a7b8c.partial"

@@ -11,8 +11,7 @@ import pytest
 
 from reservoir.config import TrainConfig
 from reservoir.tasks import get_task
-from reservoir.train import load_data, train, train_run
-from reservoir.train import loop
+from reservoir.train import load_data, loop, train, train_run
 from reservoir.train.checkpoint import RunState
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -89,7 +88,9 @@ def test_a_fall_too_small_or_too_noisy_is_not_progress():
     assert loop.loss_falling(noisy(0.3 * 0.9984 ** np.arange(20), 0.005, 0))
     assert not loop.loss_falling([0.3, 0.2])  # two passes make no trend
     assert not loop.loss_falling(0.3 * 1.01 ** np.arange(20))  # rising
-    assert not loop.loss_falling(list(0.5 * 0.9 ** np.arange(20)) + [0.06] * 20)  # fell, then flat for 20 passes
+    assert not loop.loss_falling(
+        list(0.5 * 0.9 ** np.arange(20)) + [0.06] * 20
+    )  # fell, then flat for 20 passes
 
 
 def test_the_plateau_of_the_issue_goes_on_while_its_training_loss_falls():
@@ -125,16 +126,28 @@ def test_real_runs_go_on_while_the_training_loss_falls_and_stop_when_it_is_flat(
     (the first pass is a validation record)."""
     monkeypatch.setattr(loop, "scores", lambda *args, **kw: (0.75, 0.5))
     task = get_task("bit_xor", **XOR)
-    cfg = TrainConfig(task="bit_xor", backbone=str(tiny_gpt2), task_options=XOR, steps=200, batch_size=32,
-                      eval_every=10, patience=3, dropout=0.0, checkpoint_every=0, checkpoint_dir=home / "ckpt",
-                      data_dir=home / "data")
+    cfg = TrainConfig(
+        task="bit_xor",
+        backbone=str(tiny_gpt2),
+        task_options=XOR,
+        steps=200,
+        batch_size=32,
+        eval_every=10,
+        patience=3,
+        dropout=0.0,
+        checkpoint_every=0,
+        checkpoint_dir=home / "ckpt",
+        data_dir=home / "data",
+    )
     data = load_data(task, cfg)
     learning = train_run(cfg, task, data, lr=3e-3, seed=0, progress=False)
     assert learning["steps"] == 200 and learning["stop_reason"] == "reached --steps 200"
     losses = [h["loss"] for h in learning["history"]]
     assert losses[-1] < 0.95 * losses[0]
     stuck = train_run(dataclasses.replace(cfg, lr=(1e-7,)), task, data, lr=1e-7, seed=0, progress=False)
-    assert stuck["steps"] == 4 * 10 and stuck["stop_reason"].endswith("no falling training loss in 3 validation passes")
+    assert stuck["steps"] == 4 * 10 and stuck["stop_reason"].endswith(
+        "no falling training loss in 3 validation passes"
+    )
 
 
 @pytest.mark.slow
@@ -145,6 +158,14 @@ def test_every_seed_of_a_4_block_gpt2_solves_bit_xor_with_the_defaults(home, see
     from conftest import save_tiny_gpt2
 
     folder = save_tiny_gpt2(home / "gpt2-4x64", n_layer=4, n_embd=64)
-    result = train(TrainConfig(task="bit_xor", backbone=str(folder), seed=seed, checkpoint_dir=home / "ckpt",
-                               data_dir=home / "data"), progress=False)
+    result = train(
+        TrainConfig(
+            task="bit_xor",
+            backbone=str(folder),
+            seed=seed,
+            checkpoint_dir=home / "ckpt",
+            data_dir=home / "data",
+        ),
+        progress=False,
+    )
     assert result["test_accuracy"] >= 0.99, result["runs"][0]["stop_reason"]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reservoir.tasks import get_task, list_tasks
-from reservoir.tasks import listops
+from reservoir.tasks import get_task, list_tasks, listops
 from tests.conftest import write_mnist
 
 #: a data folder holding the real MNIST files (mnist/), for the test that reads them
@@ -29,7 +28,9 @@ def test_task_yields_declared_shapes(name, tmp_path):
     spec = task.spec
     assert "train" in spec.splits and "test" in spec.splits
     for split in spec.splits:
-        data = task.load(split, data_dir_for(name, tmp_path) if split == spec.splits[0] else tmp_path, limit=5)
+        data = task.load(
+            split, data_dir_for(name, tmp_path) if split == spec.splits[0] else tmp_path, limit=5
+        )
         assert len(data) == 5
         tokens = task.encode(data.inputs)
         assert tokens.shape[0] == 5
@@ -47,7 +48,9 @@ def test_task_yields_declared_shapes(name, tmp_path):
 def test_unknown_task_and_option_name_the_choices():
     with pytest.raises(ValueError, match=r"unknown task 'nope'; choose from \[.*'digits'"):
         get_task("nope")
-    with pytest.raises(ValueError, match=r"unknown option 'n_bitz' for task 'bit_xor'; choose from \[.*'n_bits'"):
+    with pytest.raises(
+        ValueError, match=r"unknown option 'n_bitz' for task 'bit_xor'; choose from \[.*'n_bits'"
+    ):
         get_task("bit_xor", n_bitz="3")
     assert get_task("bit_xor", n_bits="3").spec.seq_len == 6
 
@@ -69,7 +72,9 @@ def test_bit_tasks_labels_are_what_the_paper_says():
     m = t.load("train", ".", limit=30)
     patterns, query = m.inputs[:, :500].reshape(30, 5, 100), m.inputs[:, 500:]
     target = m.labels.reshape(30, 100) * 2 - 1
-    assert all(any((p == target[i]).all() for p in patterns[i]) for i in range(30))  # query is a stored pattern
+    assert all(
+        any((p == target[i]).all() for p in patterns[i]) for i in range(30)
+    )  # query is a stored pattern
     shown = query != 0
     np.testing.assert_array_equal(query[shown], target[shown])  # unmasked bits agree
     assert 0.35 < shown.mean() < 0.65
@@ -138,7 +143,8 @@ def test_a_listops_stream_that_gave_up_stays_given_up(monkeypatch):
 def test_listops_reads_lra_tsv(tmp_path):
     (tmp_path / "listops").mkdir()
     (tmp_path / "listops" / "basic_test.tsv").write_text(
-        "Source\tTarget\n( ( ( [MAX 4 ) 7 ) ] )\t7\n( ( ( [SM 4 ) 7 ) ] )\t1\n")
+        "Source\tTarget\n( ( ( [MAX 4 ) 7 ) ] )\t7\n( ( ( [SM 4 ) 7 ) ] )\t1\n"
+    )
     d = get_task("listops", source="lra").load("test", tmp_path)
     np.testing.assert_array_equal(d.labels, [7, 1])
     np.testing.assert_array_equal(d.lengths, [4, 4])
@@ -149,7 +155,10 @@ def test_listops_reads_lra_tsv(tmp_path):
         get_task("listops", source="lra").load("val", tmp_path)
 
 
-@pytest.mark.skipif(not __import__("os").path.exists(SHARED_MNIST + "/mnist"), reason="real MNIST not present: set RESERVOIR_TEST_DATA to a data folder holding mnist/")
+@pytest.mark.skipif(
+    not __import__("os").path.exists(SHARED_MNIST + "/mnist"),
+    reason="real MNIST not present: set RESERVOIR_TEST_DATA to a data folder holding mnist/",
+)
 def test_real_mnist_layout():
     task = get_task("mnist")
     d = task.load("test", SHARED_MNIST)

@@ -11,9 +11,8 @@ import tarfile
 import numpy as np
 import pytest
 
+from reservoir.tasks import DataError, cifar, get_task, homology
 from reservoir.tasks.download import DataArchive
-from reservoir.tasks import DataError, get_task
-from reservoir.tasks import cifar, homology
 
 PER_BATCH = 4  # images per fixture batch: 5 train batches -> 20 train images, 4 test images
 
@@ -61,7 +60,9 @@ def test_cifar10_patches_and_labels(cifar_dir):
     tokens = task.encode(train.inputs)
     assert tokens.shape == (6, 64, 48) and tokens.dtype == np.float32 and task.spec.seq_len == 64
     img = (train.inputs[0].astype(np.float32) / 255 - cifar.FPT_MEAN) / cifar.FPT_STD
-    np.testing.assert_allclose(tokens[0, 0].reshape(4, 4, 3), img[:4, :4], atol=1e-6)  # (p1 p2 c), c innermost
+    np.testing.assert_allclose(
+        tokens[0, 0].reshape(4, 4, 3), img[:4, :4], atol=1e-6
+    )  # (p1 p2 c), c innermost
     np.testing.assert_allclose(tokens[0, 1].reshape(4, 4, 3), img[:4, 4:8], atol=1e-6)  # row-major patches
     np.testing.assert_allclose(tokens[0, 8].reshape(4, 4, 3), img[4:8, :4], atol=1e-6)
     raw = get_task("cifar10", normalize="false").encode(train.inputs[:1])
@@ -70,8 +71,10 @@ def test_cifar10_patches_and_labels(cifar_dir):
 
 def test_grayscale_matches_hand_computed_lra_values():
     # floor((0.2989 R + 0.5870 G + 0.1140 B) / 255 * 255.5), tf.image.rgb_to_grayscale on uint8
-    pixels = np.array([[255, 0, 0], [0, 255, 0], [0, 0, 255], [255, 255, 255], [100, 150, 200], [0, 0, 0],
-                       [10, 20, 30]], dtype=np.uint8)
+    pixels = np.array(
+        [[255, 0, 0], [0, 255, 0], [0, 0, 255], [255, 255, 255], [100, 150, 200], [0, 0, 0], [10, 20, 30]],
+        dtype=np.uint8,
+    )
     hand = [76, 149, 29, 255, 141, 0, 18]  # 0.2989*255.5=76.4; 0.587*255.5=149.98; ...; 18.08 for (10,20,30)
     np.testing.assert_array_equal(cifar.grayscale(pixels), hand)
 
@@ -85,7 +88,9 @@ def test_cifar10_lra_tokens_and_lra_split(cifar_dir):
     np.testing.assert_array_equal(d.inputs, cifar.grayscale(batches["test_batch"][0]))
     tokens = task.encode(d.inputs)
     assert tokens.shape == (PER_BATCH, 1024, 1)
-    np.testing.assert_allclose(tokens[0, 33, 0], (d.inputs[0, 1, 1] / 255 - 0.5) / 0.5, rtol=1e-6)  # row-major
+    np.testing.assert_allclose(
+        tokens[0, 33, 0], (d.inputs[0, 1, 1] / 255 - 0.5) / 0.5, rtol=1e-6
+    )  # row-major
     lra = get_task("cifar10_lra", lra_split="true")
     assert lra.spec.splits == ("train", "val", "test")
     train, val = lra.load("train", data_dir), lra.load("val", data_dir)
@@ -123,8 +128,13 @@ def test_cifar_archive_is_checked_then_unpacked(tmp_path, monkeypatch):
     assert (data_dir / "cifar10" / "cifar-10-batches-py" / "data_batch_5").exists()
 
 
-@pytest.mark.parametrize("corrupt, message", [("truncate", r"is truncated \(\d+ of \d+ bytes\); delete it"),
-                                              ("flip", r"has checksum \w+, expected \w+; delete it")])
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        ("truncate", r"is truncated \(\d+ of \d+ bytes\); delete it"),
+        ("flip", r"has checksum \w+, expected \w+; delete it"),
+    ],
+)
 def test_bad_archive_names_the_file_and_leaves_no_folder(tmp_path, monkeypatch, corrupt, message):
     data_dir, path = fixture_archive(tmp_path, monkeypatch, corrupt)
     with pytest.raises(DataError, match=message) as e:
@@ -135,7 +145,9 @@ def test_bad_archive_names_the_file_and_leaves_no_folder(tmp_path, monkeypatch, 
 
 def test_truncated_archive_without_checksum_is_caught_when_unpacking(tmp_path, monkeypatch):
     data_dir, path = fixture_archive(tmp_path, monkeypatch, "truncate")
-    monkeypatch.setattr(cifar, "ARCHIVE", DataArchive(path.name, None, (), "cifar-10-batches-py", cifar.ARCHIVE.members))
+    monkeypatch.setattr(
+        cifar, "ARCHIVE", DataArchive(path.name, None, (), "cifar-10-batches-py", cifar.ARCHIVE.members)
+    )
     with pytest.raises(DataError, match="is truncated or not a valid archive"):
         get_task("cifar10").load("train", data_dir)
     assert [p.name for p in (data_dir / "cifar10").iterdir()] == [path.name]  # no half-unpacked folder
@@ -144,8 +156,11 @@ def test_truncated_archive_without_checksum_is_caught_when_unpacking(tmp_path, m
 def test_cifar_errors_name_the_file_and_the_fix(cifar_dir, tmp_path):
     data_dir, _ = cifar_dir
     folder = data_dir / "cifar10" / "cifar-10-batches-py"
-    with pytest.raises(DataError, match=r"needs the folder cifar-10-batches-py/ .* Place that folder there, or the "
-                                        r"archive cifar-10-python.tar.gz \(md5 c58f30108f718f92721af3b95e74349a"):
+    with pytest.raises(
+        DataError,
+        match=r"needs the folder cifar-10-batches-py/ .* Place that folder there, or the "
+        r"archive cifar-10-python.tar.gz \(md5 c58f30108f718f92721af3b95e74349a",
+    ):
         get_task("cifar10", download="false").load("train", tmp_path / "empty")
     (folder / "data_batch_1").write_bytes((folder / "data_batch_1").read_bytes()[:1000])
     with pytest.raises(DataError, match=r"data_batch_1 is unreadable or truncated .* fetch cifar10"):
@@ -158,8 +173,38 @@ def test_cifar_errors_name_the_file_and_the_fix(cifar_dir, tmp_path):
 
 # -- remote homology ------------------------------------------------------------------------
 
-TAPE_IUPAC = ["<pad>", "<mask>", "<cls>", "<sep>", "<unk>", "A", "B", "C", "D", "E", "F", "G", "H", "I", "K", "L",
-              "M", "N", "O", "P", "Q", "R", "S", "T", "U", "V", "W", "X", "Y", "Z"]  # TAPE's IUPAC_VOCAB order
+TAPE_IUPAC = [
+    "<pad>",
+    "<mask>",
+    "<cls>",
+    "<sep>",
+    "<unk>",
+    "A",
+    "B",
+    "C",
+    "D",
+    "E",
+    "F",
+    "G",
+    "H",
+    "I",
+    "K",
+    "L",
+    "M",
+    "N",
+    "O",
+    "P",
+    "Q",
+    "R",
+    "S",
+    "T",
+    "U",
+    "V",
+    "W",
+    "X",
+    "Y",
+    "Z",
+]  # TAPE's IUPAC_VOCAB order
 
 
 def protein_records(n: int, seed: int, long_every: int = 0) -> list[dict]:
@@ -168,8 +213,14 @@ def protein_records(n: int, seed: int, long_every: int = 0) -> list[dict]:
     out = []
     for i in range(n):
         length = 40 if long_every and i % long_every == 0 else int(rng.integers(5, 20))
-        out.append({"id": f"d{seed}_{i}", "primary": "".join(rng.choice(letters, length)),
-                    "protein_length": length, "fold_label": int(rng.integers(0, homology.N_FOLDS))})
+        out.append(
+            {
+                "id": f"d{seed}_{i}",
+                "primary": "".join(rng.choice(letters, length)),
+                "protein_length": length,
+                "fold_label": int(rng.integers(0, homology.N_FOLDS)),
+            }
+        )
     return out
 
 
@@ -195,8 +246,13 @@ def rewrite(path, records):
 def write_tape(data_dir, fmt: str, sizes=None, long_every: int = 0) -> dict[str, list[dict]]:
     folder = data_dir / "remote_homology"
     folder.mkdir(parents=True, exist_ok=True)
-    sizes = sizes or {"train": 30, "valid": 6, "test_fold_holdout": 5, "test_superfamily_holdout": 5,
-                      "test_family_holdout": 6}
+    sizes = sizes or {
+        "train": 30,
+        "valid": 6,
+        "test_fold_holdout": 5,
+        "test_superfamily_holdout": 5,
+        "test_family_holdout": 6,
+    }
     out = {}
     for k, (split, n) in enumerate(sizes.items()):
         out[split] = protein_records(n, k, long_every)
@@ -214,8 +270,13 @@ def test_vocabulary_is_tapes_iupac_order_with_padding_zero():
     np.testing.assert_array_equal(homology.tokenize("ACDXZ", "x"), [1, 3, 4, 23, 25])
     task = get_task("remote_homology")
     assert (task.spec.vocab_size, task.spec.n_classes, task.spec.seq_len) == (26, 1195, 1024)
-    assert task.spec.splits == ("train", "valid", "test_fold_holdout", "test_superfamily_holdout",
-                                "test_family_holdout")
+    assert task.spec.splits == (
+        "train",
+        "valid",
+        "test_fold_holdout",
+        "test_superfamily_holdout",
+        "test_family_holdout",
+    )
 
 
 def test_tape_json_and_lmdb_readers_agree(tmp_path):
@@ -241,9 +302,13 @@ def test_long_sequences_are_truncated_counted_and_kept(tmp_path, capsys):
     task = get_task("remote_homology", max_len="30")
     d = task.load("train", tmp_path)
     n_long = sum(len(r["primary"]) > 30 for r in records["train"])
-    assert len(d) == len(records["train"]) and n_long == 10  # every example stays: accuracy is over all of them
+    assert (
+        len(d) == len(records["train"]) and n_long == 10
+    )  # every example stays: accuracy is over all of them
     assert d.lengths.max() == 30 and task.truncated["train"] == n_long
-    assert f"{n_long} of 30 sequences are longer than 30 residues and were truncated" in capsys.readouterr().err
+    assert (
+        f"{n_long} of 30 sequences are longer than 30 residues and were truncated" in capsys.readouterr().err
+    )
     np.testing.assert_array_equal(d.inputs[0], homology.tokenize(records["train"][0]["primary"][:30], ""))
 
 
@@ -255,8 +320,11 @@ def test_tape_errors_name_the_file_and_the_fix(tmp_path, fmt):
     bad = [dict(r) for r in records["valid"]]
     bad[2]["fold_label"] = 1195
     rewrite(path, bad)
-    with pytest.raises(DataError, match=r"record 2 \(d1_2\) of .*remote_homology_valid.* fold_label 1195 is outside "
-                                        r"0..1194"):
+    with pytest.raises(
+        DataError,
+        match=r"record 2 \(d1_2\) of .*remote_homology_valid.* fold_label 1195 is outside "
+        r"0..1194",
+    ):
         task.load("valid", tmp_path)
     bad[2]["fold_label"], bad[3]["primary"] = 3, "ACJD"
     rewrite(path, bad)
@@ -264,8 +332,11 @@ def test_tape_errors_name_the_file_and_the_fix(tmp_path, fmt):
         task.load("valid", tmp_path)
     with pytest.raises(ValueError, match="has no split 'test'; choose from"):
         task.load("test", tmp_path)
-    with pytest.raises(DataError, match=r"remote_homology_train.lmdb \(TAPE's LMDB\) or .*remote_homology_train.json "
-                                        r"\(TAPE's JSON\)\. Download TAPE's .*remote_homology.tar.gz"):
+    with pytest.raises(
+        DataError,
+        match=r"remote_homology_train.lmdb \(TAPE's LMDB\) or .*remote_homology_train.json "
+        r"\(TAPE's JSON\)\. Download TAPE's .*remote_homology.tar.gz",
+    ):
         task.load("train", tmp_path / "elsewhere")
 
 
@@ -274,7 +345,9 @@ def test_unreadable_lmdb_and_json_raise_data_errors(tmp_path):
     folder.mkdir()
     (folder / "remote_homology_train.lmdb").write_bytes(b"not an lmdb database at all" * 100)
     task = get_task("remote_homology", download="false")
-    with pytest.raises(DataError, match=r"remote_homology_train.lmdb (is not a readable LMDB|has no b'num_examples')"):
+    with pytest.raises(
+        DataError, match=r"remote_homology_train.lmdb (is not a readable LMDB|has no b'num_examples')"
+    ):
         task.load("train", tmp_path)
     import lmdb
 
@@ -291,6 +364,7 @@ def test_unreadable_lmdb_and_json_raise_data_errors(tmp_path):
 
 
 # -- user files -------------------------------------------------------------------------------
+
 
 def test_user_npz_dense_with_split_array(tmp_path):
     rng = np.random.default_rng(0)
@@ -345,27 +419,67 @@ def test_user_file_without_splits_gets_a_seeded_stratified_test(tmp_path):
     assert np.bincount(a.load("test", ".").labels).tolist() == [5, 5]
 
 
-@pytest.mark.parametrize("arrays, message", [
-    ({"x": np.zeros(5), "y": np.zeros(5, int)}, r"x is float64 with shape \(5,\); expected \(N, T, d\) floats"),
-    ({"x": np.zeros((5, 3, 2)), "y": np.zeros(4, int)}, r"y has shape \(4,\); expected \(5,\)"),
-    ({"x": np.zeros((5, 3, 2))}, r"has no array 'y'"),
-    ({"x": np.full((5, 3, 2), np.nan), "y": np.zeros(5, int)}, r"NaN or infinite"),
-    ({"x": np.zeros((5, 3), int), "y": np.array([0, 1, 2, 3, 0.5])}, r"non-integer values"),
-    ({"x": np.zeros((5, 3), int), "y": np.arange(5), "split": np.array(["train"] * 5)}, r"no .* 'test' split"),
-    ({"x": np.zeros((5, 3), int), "y": np.arange(5), "lengths": np.array([1, 2, 3, 4, 9])}, r"lengths must lie in 1..3"),
-    # found by tests/test_fuzz.py: each of these was a traceback, an h5py or scikit-learn message, or a hang
-    ({"x": np.zeros((6, 3), int), "y": np.arange(6) % 2, "split": np.array(["train", "test", ""] * 2)},
-     r"the split array names a split ''; split names are letters, digits"),
-    ({"x": np.zeros((6, 3), int), "y": np.arange(6) % 2, "split": np.array(["train", "test", "a/b"] * 2)},
-     r"names a split 'a/b'"),
-    ({"x": np.zeros((6, 3), int), "y": np.arange(6) % 2, "split": np.array(["train", "test", "input_layer"] * 2)},
-     r"names a split 'input_layer'"),
-    ({"x_train": np.zeros((4, 3), int), "y_train": np.arange(4) % 2, "x_test": np.zeros((2, 3), int),
-      "y_test": np.arange(2), "x_.hidden": np.zeros((2, 3), int), "y_.hidden": np.arange(2)},
-     r"an x_<split> array names a split '.hidden'"),
-    ({"x": np.zeros((6, 3, 1)), "y": np.array([0, 1, 0, 1, 0, 2**40])}, r"y has label 1099511627776 \(row 5\), not a class id"),
-    ({"x": np.full((6, 3), 2**40), "y": np.arange(6) % 2}, r"x holds token id 1099511627776; ids must be at most 1,048,575"),
-])
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        (
+            {"x": np.zeros(5), "y": np.zeros(5, int)},
+            r"x is float64 with shape \(5,\); expected \(N, T, d\) floats",
+        ),
+        ({"x": np.zeros((5, 3, 2)), "y": np.zeros(4, int)}, r"y has shape \(4,\); expected \(5,\)"),
+        ({"x": np.zeros((5, 3, 2))}, r"has no array 'y'"),
+        ({"x": np.full((5, 3, 2), np.nan), "y": np.zeros(5, int)}, r"NaN or infinite"),
+        ({"x": np.zeros((5, 3), int), "y": np.array([0, 1, 2, 3, 0.5])}, r"non-integer values"),
+        (
+            {"x": np.zeros((5, 3), int), "y": np.arange(5), "split": np.array(["train"] * 5)},
+            r"no .* 'test' split",
+        ),
+        (
+            {"x": np.zeros((5, 3), int), "y": np.arange(5), "lengths": np.array([1, 2, 3, 4, 9])},
+            r"lengths must lie in 1..3",
+        ),
+        # found by tests/test_fuzz.py: each of these was a traceback, an h5py or scikit-learn message, or a hang
+        (
+            {"x": np.zeros((6, 3), int), "y": np.arange(6) % 2, "split": np.array(["train", "test", ""] * 2)},
+            r"the split array names a split ''; split names are letters, digits",
+        ),
+        (
+            {
+                "x": np.zeros((6, 3), int),
+                "y": np.arange(6) % 2,
+                "split": np.array(["train", "test", "a/b"] * 2),
+            },
+            r"names a split 'a/b'",
+        ),
+        (
+            {
+                "x": np.zeros((6, 3), int),
+                "y": np.arange(6) % 2,
+                "split": np.array(["train", "test", "input_layer"] * 2),
+            },
+            r"names a split 'input_layer'",
+        ),
+        (
+            {
+                "x_train": np.zeros((4, 3), int),
+                "y_train": np.arange(4) % 2,
+                "x_test": np.zeros((2, 3), int),
+                "y_test": np.arange(2),
+                "x_.hidden": np.zeros((2, 3), int),
+                "y_.hidden": np.arange(2),
+            },
+            r"an x_<split> array names a split '.hidden'",
+        ),
+        (
+            {"x": np.zeros((6, 3, 1)), "y": np.array([0, 1, 0, 1, 0, 2**40])},
+            r"y has label 1099511627776 \(row 5\), not a class id",
+        ),
+        (
+            {"x": np.full((6, 3), 2**40), "y": np.arange(6) % 2},
+            r"x holds token id 1099511627776; ids must be at most 1,048,575",
+        ),
+    ],
+)
 def test_user_file_with_wrong_shapes_names_the_array(tmp_path, arrays, message):
     np.savez(tmp_path / "bad.npz", **arrays)
     with pytest.raises(DataError, match=message) as e:
@@ -379,7 +493,9 @@ def test_user_file_label_out_of_range_and_missing_file(tmp_path):
         get_task(f"file:{tmp_path / 'l.npz'}", n_classes="5", test_fraction="0.5")
     with pytest.raises(DataError, match=r"nope.npz does not exist; give --task file:PATH"):
         get_task(f"file:{tmp_path / 'nope.npz'}")
-    with pytest.raises(ValueError, match=r"unknown option 'n_class' for task file:PATH; choose from \['n_classes'"):
+    with pytest.raises(
+        ValueError, match=r"unknown option 'n_class' for task file:PATH; choose from \['n_classes'"
+    ):
         get_task(f"file:{tmp_path / 'l.npz'}", n_class="5")
 
 
@@ -389,17 +505,24 @@ def test_user_file_without_splits_too_few_rows_per_class_to_stratify_is_split_un
     task = get_task(f"file:{tmp_path / 's.npz'}")
     assert (len(task.load("train", ".")), len(task.load("test", "."))) == (9, 3)
     np.savez(tmp_path / "one.npz", x=np.zeros((1, 2, 1), np.float32), y=np.zeros(1, int))
-    with pytest.raises(DataError, match=r"one.npz has 1 rows without a split array: holding out test_fraction 0.2 "
-                                        r"leaves none to train on"):
+    with pytest.raises(
+        DataError,
+        match=r"one.npz has 1 rows without a split array: holding out test_fraction 0.2 "
+        r"leaves none to train on",
+    ):
         get_task(f"file:{tmp_path / 'one.npz'}")
 
 
 # -- through the command line -------------------------------------------------------------------
 
+
 def test_data_errors_exit_1_and_leave_no_feature_file(cli, home, tmp_path, tiny_gpt2):
     np.savez(tmp_path / "bad.npz", x=np.zeros((5, 3, 2)), y=np.zeros(4, int))
-    cases = [("--task", f"file:{tmp_path / 'bad.npz'}"), ("--task", "cifar10", "--data-dir", str(tmp_path / "none")),
-             ("--task", "remote_homology", "--data-dir", str(tmp_path / "none"))]
+    cases = [
+        ("--task", f"file:{tmp_path / 'bad.npz'}"),
+        ("--task", "cifar10", "--data-dir", str(tmp_path / "none")),
+        ("--task", "remote_homology", "--data-dir", str(tmp_path / "none")),
+    ]
     for args in cases:
         r = cli("extract", *args, "--backbone", str(tiny_gpt2), "--out", str(tmp_path / "f.h5"))
         assert r.exit_code == 1, r.output
@@ -410,16 +533,46 @@ def test_data_errors_exit_1_and_leave_no_feature_file(cli, home, tmp_path, tiny_
 def test_homology_extract_and_fit_report_every_test_split(cli, home, tmp_path, tiny_gpt2):
     write_tape(tmp_path, "json")
     out = tmp_path / "rh.h5"
-    r = cli("-q", "extract", "--task", "remote_homology", "--backbone", str(tiny_gpt2), "--data-dir", str(tmp_path),
-            "--out", str(out))
+    r = cli(
+        "-q",
+        "extract",
+        "--task",
+        "remote_homology",
+        "--backbone",
+        str(tiny_gpt2),
+        "--data-dir",
+        str(tmp_path),
+        "--out",
+        str(out),
+    )
     assert r.exit_code == 0, r.output
-    r = cli("-q", "fit", "--task", "remote_homology", "--backbone", str(tiny_gpt2), "--features", str(out),
-            "--head", "ridge", "--depths", "2")
+    r = cli(
+        "-q",
+        "fit",
+        "--task",
+        "remote_homology",
+        "--backbone",
+        str(tiny_gpt2),
+        "--features",
+        str(out),
+        "--head",
+        "ridge",
+        "--depths",
+        "2",
+    )
     assert r.exit_code == 0, r.output
     result = json.loads(next((home / "results").rglob("*.json")).read_text())
     assert result["test_split"] == "test_fold_holdout" and result["n_val"] == 6 and result["n_test"] == 5
-    assert set(result["test_accuracies"]) == {"test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"}
-    assert result["n_tests"] == {"test_fold_holdout": 5, "test_superfamily_holdout": 5, "test_family_holdout": 6}
+    assert set(result["test_accuracies"]) == {
+        "test_fold_holdout",
+        "test_superfamily_holdout",
+        "test_family_holdout",
+    }
+    assert result["n_tests"] == {
+        "test_fold_holdout": 5,
+        "test_superfamily_holdout": 5,
+        "test_family_holdout": 6,
+    }
     assert result["test_accuracy"] == result["test_accuracies"]["test_fold_holdout"]
 
 
@@ -437,7 +590,11 @@ def test_data_commands(cli, tmp_path, monkeypatch, cifar_dir):
     assert r.exit_code == 0, r.output
     assert "differs from the official" in r.output and "train: 20 examples of the official 50000" in r.output
     r = cli("data", "fetch", "cifar10", "--data-dir", str(tmp_path / "none"))  # offline in tests
-    assert r.exit_code == 1 and f"in {tmp_path / 'none' / 'cifar10'}" in r.output and "cifar-10-python.tar.gz" in r.output
+    assert (
+        r.exit_code == 1
+        and f"in {tmp_path / 'none' / 'cifar10'}" in r.output
+        and "cifar-10-python.tar.gz" in r.output
+    )
     write_tape(tmp_path / "rh", "lmdb")
     r = cli("data", "verify", "remote_homology", "--data-dir", str(tmp_path / "rh"))
     assert r.exit_code == 0 and "train: 30 examples of the official 12312" in r.output

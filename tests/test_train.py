@@ -12,20 +12,38 @@ import numpy as np
 import pytest
 import torch
 
+from reservoir.config import TrainConfig
 from reservoir.errors import DataError
 from reservoir.model.backbones import load_backbone
-from reservoir.config import TrainConfig
 from reservoir.tasks import get_task
-from reservoir.train import (FPT, evaluate, load_data, param_counts, select_trainable, train, train_run,
-                             train_step)
+from reservoir.train import (
+    FPT,
+    evaluate,
+    load_data,
+    param_counts,
+    select_trainable,
+    train,
+    train_run,
+    train_step,
+)
 
 #: a small, fast bit_xor: 512 train (51 held out for validation), 256 test
 XOR_OPTS = {"n_train": "512", "n_test": "256"}
 
 
 def xor_cfg(backbone, home: Path, **kw) -> TrainConfig:
-    base = dict(task="bit_xor", backbone=str(backbone), task_options=XOR_OPTS, steps=30, batch_size=16,
-                eval_every=10, patience=0, checkpoint_every=10, checkpoint_dir=home / "ckpt", data_dir=home / "data")
+    base = dict(
+        task="bit_xor",
+        backbone=str(backbone),
+        task_options=XOR_OPTS,
+        steps=30,
+        batch_size=16,
+        eval_every=10,
+        patience=0,
+        checkpoint_every=10,
+        checkpoint_dir=home / "ckpt",
+        data_dir=home / "data",
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -52,7 +70,10 @@ def test_paper_parameter_arithmetic_for_gpt2_base():
     assert [r["trainable"] for r in rows.values()] == [True, True, True, False, False, True]
     # the FPT of the first 6 blocks (--blocks 6) trains and counts only those blocks' parameters
     half = {r["group"]: r for r in param_counts(FPT(get_task("bit_xor").spec, backbone, blocks=6, seed=0))}
-    assert half["ln"]["arithmetic"] == "6 x (4 x 768) + 2 x 768" and half["ln"]["params"] == 6 * 4 * 768 + 2 * 768
+    assert (
+        half["ln"]["arithmetic"] == "6 x (4 x 768) + 2 x 768"
+        and half["ln"]["params"] == 6 * 4 * 768 + 2 * 768
+    )
     assert half["attn"]["params"] == rows["attn"]["params"] // 2
 
 
@@ -70,8 +91,9 @@ def test_only_selected_groups_change(tiny_gpt2, home):
     from reservoir.train import batch_tensors, loop
 
     model.train()
-    train_step(model, params, loop.optimizer(params, 1e-2), batch_tensors(task, data, np.arange(16)),
-               "float32", 1.0)
+    train_step(
+        model, params, loop.optimizer(params, 1e-2), batch_tensors(task, data, np.arange(16)), "float32", 1.0
+    )
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     names = {id(p): n for n, p in model.named_parameters()}
     assert changed == {names[i] for i in chosen}
@@ -134,15 +156,19 @@ def test_patience_counts_a_falling_validation_loss_as_progress(tiny_gpt2, home, 
     from reservoir.train import loop
 
     monkeypatch.setattr(loop, "loss_falling", lambda losses: False)
-    falling = [0.5 * 0.99 ** i for i in range(12)]
+    falling = [0.5 * 0.99**i for i in range(12)]
     flat = [falling[-1] * (1 - 1e-4 * i) for i in range(1, 30)]
     passes = iter(falling + flat)
     monkeypatch.setattr(loop, "scores", lambda *args, **kw: (0.75, next(passes)))
-    result = train(xor_cfg(tiny_gpt2, home, steps=40, eval_every=1, patience=3, checkpoint_every=0), progress=False)
+    result = train(
+        xor_cfg(tiny_gpt2, home, steps=40, eval_every=1, patience=3, checkpoint_every=0), progress=False
+    )
     run = result["runs"][0]
     assert run["steps"] == 12 + 3 and run["best_step"] == 1
-    assert run["stop_reason"] == ("no validation accuracy 0.1 points higher, no validation loss 0.1% lower and no "
-                                  "falling training loss in 3 validation passes")
+    assert run["stop_reason"] == (
+        "no validation accuracy 0.1 points higher, no validation loss 0.1% lower and no "
+        "falling training loss in 3 validation passes"
+    )
     assert [h["val_loss"] for h in run["history"]] == falling + flat[:3]
 
 
@@ -157,7 +183,9 @@ def test_patience_counts_accuracy_progress_of_a_tenth_of_a_point(tiny_gpt2, home
 
     accuracies = iter([0.7 + rise * i for i in range(20)])
     monkeypatch.setattr(loop, "scores", lambda *args, **kw: (next(accuracies), 0.5))
-    result = train(xor_cfg(tiny_gpt2, home, steps=12, eval_every=1, patience=3, checkpoint_every=0), progress=False)
+    result = train(
+        xor_cfg(tiny_gpt2, home, steps=12, eval_every=1, patience=3, checkpoint_every=0), progress=False
+    )
     run = result["runs"][0]
     assert run["steps"] == steps and run["best_step"] == steps
     assert run["stop_reason"].startswith("no validation accuracy" if steps == 4 else "reached --steps")
@@ -168,8 +196,8 @@ def test_zero_position_parameters_are_drawn_so_zero_tokens_keep_gradients_finite
     states); bit XOR's 0 bits are all-zero input tokens. Left at zero, their states stay zero and
     RMSNorm's derivative there (1/sqrt(eps) a norm) blows the gradient up (inf at SmolLM2's 30 blocks);
     the FPT draws the zero positions, seeded, and the gradient is of order 1."""
-    from tests.zoo import save_tiny
     from reservoir.train.loop import batch_tensors, loss_and_correct
+    from tests.zoo import save_tiny
 
     folder = save_tiny("llama", tmp_path / "llama")
     task = get_task("bit_xor")
@@ -187,20 +215,42 @@ def test_zero_position_parameters_are_drawn_so_zero_tokens_keep_gradients_finite
 
     def grad_norm(model):
         params, _ = select_trainable(model, ("input", "pos", "ln", "out"))
-        loss, _ = loss_and_correct(model(*batch_tensors(task, data, np.arange(16))[:2]),
-                                   batch_tensors(task, data, np.arange(16))[2])
+        loss, _ = loss_and_correct(
+            model(*batch_tensors(task, data, np.arange(16))[:2]), batch_tensors(task, data, np.arange(16))[2]
+        )
         loss.backward()
         return float(torch.nn.utils.clip_grad_norm_(params, float("inf")))
 
     (a, pos_a), (_, pos_b), (_, pos_c) = build(0), build(0), build(1)
-    assert float(pos_a.detach().std()) == pytest.approx(0.02, rel=0.05) and torch.equal(pos_a, pos_b) and not torch.equal(pos_a, pos_c)
+    assert (
+        float(pos_a.detach().std()) == pytest.approx(0.02, rel=0.05)
+        and torch.equal(pos_a, pos_b)
+        and not torch.equal(pos_a, pos_c)
+    )
     assert grad_norm(a) < 100 < 1000 < grad_norm(build(0, keep_zero=True)[0])
 
 
 def test_train_writes_a_result_in_the_shared_schema(tiny_gpt2, home, cli):
-    r = cli("-q", "train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=512",
-            "--task-opt", "n_test=256", "--steps", "20", "--eval-every", "10", "--batch-size", "16",
-            "--checkpoint-dir", str(home / "ckpt"))
+    r = cli(
+        "-q",
+        "train",
+        "--task",
+        "bit_xor",
+        "--backbone",
+        str(tiny_gpt2),
+        "--task-opt",
+        "n_train=512",
+        "--task-opt",
+        "n_test=256",
+        "--steps",
+        "20",
+        "--eval-every",
+        "10",
+        "--batch-size",
+        "16",
+        "--checkpoint-dir",
+        str(home / "ckpt"),
+    )
     assert r.exit_code == 0, r.output
     assert "12 x" not in r.output and "2 x (4 x 32) + 2 x 32" in r.output  # the tiny model's layer norms
     path = Path(r.output.strip().splitlines()[-1])
@@ -219,9 +269,24 @@ def test_train_writes_a_result_in_the_shared_schema(tiny_gpt2, home, cli):
 def test_report_puts_end_to_end_beside_output_only(tiny_gpt2, home, cli):
     opts = ["--task-opt", "n_train=256", "--task-opt", "n_test=128"]
     assert cli("-q", "extract", "--task", "bit_xor", "--backbone", str(tiny_gpt2), *opts).exit_code == 0
-    assert cli("-q", "fit", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--head", "ridge").exit_code == 0
-    r = cli("-q", "train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), *opts, "--steps", "10",
-            "--eval-every", "10", "--checkpoint-dir", str(home / "ckpt"))
+    assert (
+        cli("-q", "fit", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--head", "ridge").exit_code == 0
+    )
+    r = cli(
+        "-q",
+        "train",
+        "--task",
+        "bit_xor",
+        "--backbone",
+        str(tiny_gpt2),
+        *opts,
+        "--steps",
+        "10",
+        "--eval-every",
+        "10",
+        "--checkpoint-dir",
+        str(home / "ckpt"),
+    )
     assert r.exit_code == 0, r.output
     for layout in ("depth", "task"):
         table = cli("report", "--layout", layout).output
@@ -269,6 +334,7 @@ def test_a_diverging_learning_rate_is_set_aside_and_the_sweep_goes_on(tiny_gpt2,
     def step(forward, params, opt, *args):  # the loss of a run at a learning rate above 1 is NaN
         nan = torch.tensor(float("nan"))
         return (nan, nan) if opt.param_groups[0]["lr"] > 1 else real(forward, params, opt, *args)
+
     monkeypatch.setattr(loop, "train_step", step)
     result = train(xor_cfg(tiny_gpt2, home, lr=(1e-3, 50.0), seeds=2, steps=10), progress=False)
     assert result["lr"] == 1e-3 and "training loss became nan at step 1" in result["sweep"]["50"]["diverged"]
@@ -286,8 +352,9 @@ class Killed(Exception):
 def whole_and_killed(cfg, task, data, home, at: int = 27):
     """The run of ``cfg`` at lr 3e-3, seed 0, whole (checkpoints in ``home/a``), and the same run killed at step
     ``at`` (``home/b``); returns the whole run's result and the killed run's config, to resume."""
-    whole = train_run(dataclasses.replace(cfg, checkpoint_dir=home / "a"), task, data, lr=3e-3, seed=0,
-                      progress=False)
+    whole = train_run(
+        dataclasses.replace(cfg, checkpoint_dir=home / "a"), task, data, lr=3e-3, seed=0, progress=False
+    )
 
     def kill(step):
         if step == at:
@@ -321,23 +388,30 @@ def test_resume_with_more_steps_extends_a_finished_run(tiny_gpt2, home):
     task = get_task("bit_xor", **XOR_OPTS)
     cfg = xor_cfg(tiny_gpt2, home, steps=30, lr=(3e-3,))
     data = load_data(task, cfg)
-    whole = train_run(dataclasses.replace(cfg, checkpoint_dir=home / "a"), task, data, lr=3e-3, seed=0, progress=False)
+    whole = train_run(
+        dataclasses.replace(cfg, checkpoint_dir=home / "a"), task, data, lr=3e-3, seed=0, progress=False
+    )
     short = dataclasses.replace(cfg, checkpoint_dir=home / "b", steps=20)
     assert train_run(short, task, data, lr=3e-3, seed=0, progress=False)["steps"] == 20
-    longer = train_run(dataclasses.replace(short, steps=30, resume=True), task, data, lr=3e-3, seed=0, progress=False)
+    longer = train_run(
+        dataclasses.replace(short, steps=30, resume=True), task, data, lr=3e-3, seed=0, progress=False
+    )
     assert longer["steps"] == 30 and longer["history"] == whole["history"]
     assert longer["test_accuracy"] == whole["test_accuracy"]
 
 
-def test_auto_dtype_takes_the_faster_training_dtype_and_a_resume_on_another_cpu_continues(tiny_gpt2, home,
-                                                                                          monkeypatch):
+def test_auto_dtype_takes_the_faster_training_dtype_and_a_resume_on_another_cpu_continues(
+    tiny_gpt2, home, monkeypatch
+):
     """``--dtype auto`` resolves per machine from the measured rates (float16 is never a training dtype); the
     identity keeps ``auto``, so a run checkpointed where float32 was faster resumes where bf16 is, and says so."""
     from reservoir.runtime import dtypes
 
     def rates_of(fast):
-        return lambda width=768, threads=None: ({"float32": 100.0, "bfloat16": 100.0, "float16": 900.0,
-                                                  fast: 300.0}, True)
+        return lambda width=768, threads=None: (
+            {"float32": 100.0, "bfloat16": 100.0, "float16": 900.0, fast: 300.0},
+            True,
+        )
 
     task = get_task("bit_xor", **XOR_OPTS)
     cfg = xor_cfg(tiny_gpt2, home, steps=20, lr=(3e-3,))
@@ -347,19 +421,47 @@ def test_auto_dtype_takes_the_faster_training_dtype_and_a_resume_on_another_cpu_
     assert cfg.dtype == "auto" and first["dtypes"] == ["float32"]
     monkeypatch.setattr(dtypes, "measured_rates", rates_of("bfloat16"))
     said = []
-    longer = train_run(dataclasses.replace(cfg, steps=30, resume=True), task, data, lr=3e-3, seed=0, progress=False,
-                       log=said.append)
+    longer = train_run(
+        dataclasses.replace(cfg, steps=30, resume=True),
+        task,
+        data,
+        lr=3e-3,
+        seed=0,
+        progress=False,
+        log=said.append,
+    )
     assert longer["steps"] == 30 and longer["dtypes"] == ["float32", "bfloat16"]
     assert any("auto: bfloat16" in line for line in said)
-    fixed = train_run(dataclasses.replace(cfg, dtype="float32", checkpoint_dir=home / "f"), task, data, lr=3e-3,
-                      seed=0, progress=False)
+    fixed = train_run(
+        dataclasses.replace(cfg, dtype="float32", checkpoint_dir=home / "f"),
+        task,
+        data,
+        lr=3e-3,
+        seed=0,
+        progress=False,
+    )
     assert fixed["dtypes"] == ["float32"] and fixed["history"] == first["history"]
     assert longer["machines"] == first["machines"] and "cores;" in first["machines"][0]  # one CPU, named
 
 
 def test_resume_refuses_other_settings_and_broken_files(tiny_gpt2, home, cli):
-    args = ["train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=256",
-            "--task-opt", "n_test=64", "--steps", "10", "--eval-every", "10", "--checkpoint-dir", str(home / "c")]
+    args = [
+        "train",
+        "--task",
+        "bit_xor",
+        "--backbone",
+        str(tiny_gpt2),
+        "--task-opt",
+        "n_train=256",
+        "--task-opt",
+        "n_test=64",
+        "--steps",
+        "10",
+        "--eval-every",
+        "10",
+        "--checkpoint-dir",
+        str(home / "c"),
+    ]
     assert cli("-q", *args).exit_code == 0
     r = cli("-q", *args, "--resume", "--dropout", "0.2")
     assert r.exit_code == 1 and "was written with other settings: dropout: stored 0.1, asked 0.2" in r.output
@@ -367,7 +469,9 @@ def test_resume_refuses_other_settings_and_broken_files(tiny_gpt2, home, cli):
     obj = torch.load(ckpt, weights_only=False)  # as an earlier version wrote it: one more trainable tensor
     torch.save({**obj, "params": obj["params"] + [torch.zeros(3)]}, ckpt)
     r = cli("-q", *args, "--resume")
-    assert r.exit_code == 1 and f"checkpoint {ckpt} holds" in r.output and "delete it to start over" in r.output
+    assert (
+        r.exit_code == 1 and f"checkpoint {ckpt} holds" in r.output and "delete it to start over" in r.output
+    )
     ckpt.write_bytes(b"not a checkpoint")
     r = cli("-q", *args, "--resume")
     assert r.exit_code == 1 and f"checkpoint {ckpt} is unreadable" in r.output and "delete it" in r.output
@@ -378,8 +482,23 @@ def test_resume_beside_a_checkpoint_of_an_earlier_format_says_so_in_words(tiny_g
     cannot continue exactly: --resume is refused, naming both formats and the fix, and the old file is kept."""
     from reservoir.train.checkpoint import CHECKPOINT_FORMAT
 
-    args = ["train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=256",
-            "--task-opt", "n_test=64", "--steps", "10", "--eval-every", "10", "--checkpoint-dir", str(home / "c")]
+    args = [
+        "train",
+        "--task",
+        "bit_xor",
+        "--backbone",
+        str(tiny_gpt2),
+        "--task-opt",
+        "n_train=256",
+        "--task-opt",
+        "n_test=64",
+        "--steps",
+        "10",
+        "--eval-every",
+        "10",
+        "--checkpoint-dir",
+        str(home / "c"),
+    ]
     assert cli("-q", *args).exit_code == 0
     (ckpt,) = (home / "c").glob("*.pt")
     obj = torch.load(ckpt, weights_only=True)
@@ -389,8 +508,10 @@ def test_resume_beside_a_checkpoint_of_an_earlier_format_says_so_in_words(tiny_g
     ckpt.unlink()
     r = cli("-q", *args, "--resume")
     assert r.exit_code == 1 and "Traceback" not in r.output
-    assert (f"checkpoint {old} was written by another version of reservoir (checkpoint format 2; this version reads "
-            f"format {CHECKPOINT_FORMAT}) and cannot be resumed by it; drop --resume to start the run over") in r.output
+    assert (
+        f"checkpoint {old} was written by another version of reservoir (checkpoint format 2; this version reads "
+        f"format {CHECKPOINT_FORMAT}) and cannot be resumed by it; drop --resume to start the run over"
+    ) in r.output
     assert old.exists()
 
 
@@ -399,16 +520,39 @@ def test_tiny_gpt2_learns_bit_xor_above_chance(home):
     from conftest import save_tiny_gpt2
 
     folder = save_tiny_gpt2(home / "gpt2-1x128", n_layer=1, n_embd=128)
-    result = train(xor_cfg(folder, home, lr=(3e-3,), dropout=0.0, steps=100, eval_every=50, batch_size=64,
-                           task_options={"n_train": "4000", "n_test": "500"}), progress=False)
+    result = train(
+        xor_cfg(
+            folder,
+            home,
+            lr=(3e-3,),
+            dropout=0.0,
+            steps=100,
+            eval_every=50,
+            batch_size=64,
+            task_options={"n_train": "4000", "n_test": "500"},
+        ),
+        progress=False,
+    )
     assert result["test_accuracy"] > 0.65
 
 
 @pytest.mark.slow
 def test_tiny_gpt2_reaches_100_percent_on_bit_xor(tiny_gpt2, home):
     """The paper's claim (tables 2, 3) on the test fixture: a frozen random GPT-2 solves bit XOR."""
-    result = train(xor_cfg(tiny_gpt2, home, lr=(1e-2,), dropout=0.0, steps=3000, eval_every=100, batch_size=64,
-                           target=1.0, task_options={}), progress=False)
+    result = train(
+        xor_cfg(
+            tiny_gpt2,
+            home,
+            lr=(1e-2,),
+            dropout=0.0,
+            steps=3000,
+            eval_every=100,
+            batch_size=64,
+            target=1.0,
+            task_options={},
+        ),
+        progress=False,
+    )
     assert result["test_accuracy"] == 1.0 and result["steps_to_target"][0] is not None
 
 
@@ -421,9 +565,31 @@ def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_gpt2, tmp_path):
     import sys
     import time
 
-    args = [sys.executable, "-m", "reservoir.cli", "-q", "train", "--task", "bit_xor", "--backbone", str(tiny_gpt2),
-            "--task-opt", "n_train=1024", "--task-opt", "n_test=256", "--steps", "400", "--eval-every", "20",
-            "--checkpoint-every", "20", "--patience", "0", "--batch-size", "16"]
+    args = [
+        sys.executable,
+        "-m",
+        "reservoir.cli",
+        "-q",
+        "train",
+        "--task",
+        "bit_xor",
+        "--backbone",
+        str(tiny_gpt2),
+        "--task-opt",
+        "n_train=1024",
+        "--task-opt",
+        "n_test=256",
+        "--steps",
+        "400",
+        "--eval-every",
+        "20",
+        "--checkpoint-every",
+        "20",
+        "--patience",
+        "0",
+        "--batch-size",
+        "16",
+    ]
 
     def env(name):
         return {**os.environ, "RESERVOIR_HOME": str(tmp_path / name), "OMP_NUM_THREADS": "1"}
@@ -443,7 +609,9 @@ def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_gpt2, tmp_path):
     step = torch.load(ckpts[0], weights_only=False)["state"]["step"]
     assert 100 <= step < 400
     subprocess.run(args + ["--resume"], env=env("killed"), check=True, capture_output=True)
-    a, b = (json.loads(next((tmp_path / n / "results").rglob("*.json")).read_text()) for n in ("whole", "killed"))
+    a, b = (
+        json.loads(next((tmp_path / n / "results").rglob("*.json")).read_text()) for n in ("whole", "killed")
+    )
     for key in ("test_accuracy", "val_accuracy", "best_step", "steps"):
         assert a[key] == b[key], key
     assert a["runs"][0]["history"] == b["runs"][0]["history"]
@@ -470,15 +638,20 @@ def test_non_finite_gradients_skip_the_step_on_the_device_and_the_next_read_name
     steps.append(train_step(forward, params, opt, batch, "float32", 1.0))
     assert all(isinstance(t, torch.Tensor) for t in steps[1]) and steps[1][1].isnan()
     assert all(torch.equal(p, b) for p, b in zip(params, before))
-    assert torch.equal(opt.state[layer.weight]["exp_avg"], exp_avg) and float(opt.state[layer.weight]["step"]) == 1
+    assert (
+        torch.equal(opt.state[layer.weight]["exp_avg"], exp_avg)
+        and float(opt.state[layer.weight]["step"]) == 1
+    )
     hook.remove()
     steps.append(train_step(forward, params, opt, batch, "float32", 1.0))
     assert float(opt.state[layer.weight]["step"]) == 2 and not torch.equal(layer.weight, before[0])
     assert read_steps(steps[:1], 0, "[run]", 1e-2) == [pytest.approx(float(steps[0][0]))]
     # logits 0.3 and 0.6 for class 0 and 1; Adam's first step (0.01 a parameter) closes the gap by 0.08
     assert float(steps[1][0]) == pytest.approx(math.log1p(math.exp(0.22)), abs=1e-4)
-    said = (r"^\[run\] the gradients are not finite at step 42 \(gradient norm nan with a finite loss "
-            rf"{float(steps[1][0]):.4g}\): with a finite loss this is an overflow")
+    said = (
+        r"^\[run\] the gradients are not finite at step 42 \(gradient norm nan with a finite loss "
+        rf"{float(steps[1][0]):.4g}\): with a finite loss this is an overflow"
+    )
     with pytest.raises(Diverged, match=said):
         read_steps(steps, 40, "[run]", 1e-2)
     nan = torch.tensor(float("nan"))
@@ -490,16 +663,32 @@ def test_non_finite_gradients_skip_the_step_on_the_device_and_the_next_read_name
 def test_data_too_small_to_train_on_is_refused_up_front_naming_limit(cli, home, limit, held, left, classes):
     r = cli("train", "--task", "digits", "--backbone", "lstm", "--limit", limit, "--steps", "2")
     assert r.exit_code == 1, r.output
-    assert (f"task 'digits': the train split has {limit} examples of {classes} classes; holding out --val-fraction "
-            f"0.1 leaves {held} for validation and {left} to train on, fewer than one per class: pass --limit 95 or more "
-            f"(now {limit})") in r.output
+    assert (
+        f"task 'digits': the train split has {limit} examples of {classes} classes; holding out --val-fraction "
+        f"0.1 leaves {held} for validation and {left} to train on, fewer than one per class: pass --limit 95 or more "
+        f"(now {limit})"
+    ) in r.output
     assert "Traceback" not in r.output and "test_size" not in r.output
     assert not (home / "results").exists() and not (home / "checkpoints").exists()
 
 
 def test_the_smallest_limit_named_trains(cli, home):
-    r = cli("-q", "train", "--task", "digits", "--backbone", "lstm", "--limit", "95", "--steps", "2",
-            "--eval-every", "2", "--checkpoint-every", "0")
+    r = cli(
+        "-q",
+        "train",
+        "--task",
+        "digits",
+        "--backbone",
+        "lstm",
+        "--limit",
+        "95",
+        "--steps",
+        "2",
+        "--eval-every",
+        "2",
+        "--checkpoint-every",
+        "0",
+    )
     assert r.exit_code == 0, r.output
 
 
@@ -507,8 +696,12 @@ def test_a_single_class_train_split_is_refused(cli, home, tmp_path):
     import numpy as np
 
     path = tmp_path / "one.npz"
-    np.savez(path, x=np.random.rand(40, 4, 2).astype("float32"), y=np.zeros(40, dtype=int),
-             split=np.array(["train"] * 30 + ["test"] * 10))
+    np.savez(
+        path,
+        x=np.random.rand(40, 4, 2).astype("float32"),
+        y=np.zeros(40, dtype=int),
+        split=np.array(["train"] * 30 + ["test"] * 10),
+    )
     r = cli("train", "--task", f"file:{path}", "--backbone", "lstm", "--steps", "2")
     assert r.exit_code == 1 and "the train split holds a single class in its 30 examples" in r.output
     assert not (home / "results").exists() and not (home / "checkpoints").exists()
@@ -524,7 +717,10 @@ def test_split_roles_come_from_the_task_so_tapes_valid_and_test_holdouts_train()
     from reservoir.train.loop import load_data
 
     task = get_task("remote_homology")
-    assert task.spec.roles == ("valid", ("test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"))
+    assert task.spec.roles == (
+        "valid",
+        ("test_fold_holdout", "test_superfamily_holdout", "test_family_holdout"),
+    )
     assert split_roles(("train", "val", "valid", "test")) == ("val", ("test",))
     asked = []
 
@@ -547,14 +743,28 @@ def test_stop_at_ends_a_run_once_validation_reaches_it_and_a_resume_may_lower_it
     data = load_data(task, cfg)
     run = train_run(cfg, task, data, lr=3e-3, seed=0, progress=False)
     assert run["steps"] == 10 and run["stop_reason"] == "validation accuracy reached 5%"
-    whole = train_run(dataclasses.replace(cfg, stop_at=1.0, checkpoint_dir=home / "b", steps=20), task, data,
-                      lr=3e-3, seed=0, progress=False)
+    whole = train_run(
+        dataclasses.replace(cfg, stop_at=1.0, checkpoint_dir=home / "b", steps=20),
+        task,
+        data,
+        lr=3e-3,
+        seed=0,
+        progress=False,
+    )
     best = whole["val_accuracy"]
-    lowered = train_run(dataclasses.replace(cfg, stop_at=best, checkpoint_dir=home / "b", steps=40, resume=True),
-                        task, data, lr=3e-3, seed=0, progress=False)
+    lowered = train_run(
+        dataclasses.replace(cfg, stop_at=best, checkpoint_dir=home / "b", steps=40, resume=True),
+        task,
+        data,
+        lr=3e-3,
+        seed=0,
+        progress=False,
+    )
     assert lowered["steps"] == 20 and lowered["stop_reason"] == f"validation accuracy reached {100 * best:g}%"
-    paths = {train(dataclasses.replace(cfg, **kw), progress=False)["path"] for kw in
-             ({}, {"stop_at": 0.5}, {"steps": 30})}
+    paths = {
+        train(dataclasses.replace(cfg, **kw), progress=False)["path"]
+        for kw in ({}, {"stop_at": 0.5}, {"steps": 30})
+    }
     assert len(paths) == 3
 
 
@@ -574,7 +784,9 @@ def test_progress_shows_a_bar_of_steps_between_whole_validation_lines(tiny_gpt2,
     train_run(dataclasses.replace(cfg, steps=30, resume=True), task, data, lr=1e-3, seed=0, progress=True)
     bars = [ln for ln in capsys.readouterr().err.splitlines() if "training:" in ln]
     assert bars[0].split("|")[-1].strip().startswith("20/30") and "30/30" in bars[-1]
-    train_run(dataclasses.replace(cfg, checkpoint_dir=home / "quiet"), task, data, lr=1e-3, seed=0, progress=False)
+    train_run(
+        dataclasses.replace(cfg, checkpoint_dir=home / "quiet"), task, data, lr=1e-3, seed=0, progress=False
+    )
     assert capsys.readouterr().err == ""
 
 
@@ -598,7 +810,7 @@ def test_batches_are_built_one_step_ahead_on_a_worker_thread_and_pinned_only_for
     with loop.Batches(task, data, 3, 16, torch.device("cpu")) as batches:
         per_epoch = len(data) // 16
         for step in (0, 1, 2, per_epoch, per_epoch + 1):
-            rows = loop.epoch_order(3, step // per_epoch, len(data))[(step % per_epoch) * 16:][:16]
+            rows = loop.epoch_order(3, step // per_epoch, len(data))[(step % per_epoch) * 16 :][:16]
             got = batches.take(step)
             assert all(torch.equal(a, b) for a, b in zip(got, real(task, data, rows)))
             assert not any(t.is_pinned() for t in got)
@@ -606,8 +818,10 @@ def test_batches_are_built_one_step_ahead_on_a_worker_thread_and_pinned_only_for
     assert not any(on_main for on_main, _ in built)
     # each take started the next step's build: step 3 was built though never taken (the worker builds in order;
     # step per_epoch + 2, asked for last, may be cancelled at close)
-    firsts = [int(loop.epoch_order(3, s // per_epoch, len(data))[(s % per_epoch) * 16]) for s in
-              (0, 1, 2, 3, per_epoch, per_epoch + 1)]
+    firsts = [
+        int(loop.epoch_order(3, s // per_epoch, len(data))[(s % per_epoch) * 16])
+        for s in (0, 1, 2, 3, per_epoch, per_epoch + 1)
+    ]
     assert [int(first) for _, first in built[:6]] == firsts and len(built) in (6, 7)
     pinned = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t)
@@ -622,12 +836,19 @@ class FakeCuda:
     def __init__(self, monkeypatch):
         self.states = {0: torch.arange(16, dtype=torch.uint8)}
         index = lambda device: torch.device(device).index or 0  # noqa: E731
-        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": self.states[index(device)].clone())
-        monkeypatch.setattr(torch.cuda, "set_rng_state",
-                            lambda state, device="cuda": self.states.__setitem__(index(device), state.clone()))
+        monkeypatch.setattr(
+            torch.cuda, "get_rng_state", lambda device="cuda": self.states[index(device)].clone()
+        )
+        monkeypatch.setattr(
+            torch.cuda,
+            "set_rng_state",
+            lambda state, device="cuda": self.states.__setitem__(index(device), state.clone()),
+        )
 
 
-def test_checkpoints_of_a_cuda_run_carry_its_device_generator_and_resume_restores_it(tiny_gpt2, home, monkeypatch):
+def test_checkpoints_of_a_cuda_run_carry_its_device_generator_and_resume_restores_it(
+    tiny_gpt2, home, monkeypatch
+):
     """The RNG block of a CUDA run's checkpoint holds the CUDA generator's state beside the CPU's, loads with
     weights_only=True, and load_checkpoint puts both back; a CPU run's block holds the CPU's alone (a fake CUDA
     stands in here; tests/test_cuda.py resumes a real CUDA run to the uninterrupted one's history)."""
@@ -638,8 +859,16 @@ def test_checkpoints_of_a_cuda_run_carry_its_device_generator_and_resume_restore
     cuda = torch.device("cuda", 0)
     params = [torch.nn.Parameter(torch.ones(3))]
     opt = optimizer(params, 1e-3)
-    identity = {"task": "bit_xor", "backbone": "b", "backbone_fingerprint": "f", "input_scale": "paper",
-                "task_options": {}, "trainable": ["out"], "blocks": 1, "run_seed": 0}  # what the readers check
+    identity = {
+        "task": "bit_xor",
+        "backbone": "b",
+        "backbone_fingerprint": "f",
+        "input_scale": "paper",
+        "task_options": {},
+        "trainable": ["out"],
+        "blocks": 1,
+        "run_seed": 0,
+    }  # what the readers check
     save_checkpoint(home / "gpu.pt", params, opt, RunState(step=5), identity, cuda)
     save_checkpoint(home / "cpu.pt", params, opt, RunState(step=5), identity, torch.device("cpu"))
     gpu = torch.load(home / "gpu.pt", weights_only=True)
@@ -671,8 +900,12 @@ def test_generator_states_round_trip_on_the_cpu_and_a_run_forks_its_generators()
     assert torch.equal(inside, torch.rand(4, generator=torch.Generator().manual_seed(derive(7, "dropout"))))
 
 
-@pytest.mark.parametrize("capability, emulated_only, dtype", [((7, 5), True, "float32"), ((8, 0), False, "bfloat16")])
-def test_auto_trains_in_bf16_only_on_a_card_that_multiplies_it_natively(monkeypatch, capability, emulated_only, dtype):
+@pytest.mark.parametrize(
+    "capability, emulated_only, dtype", [((7, 5), True, "float32"), ((8, 0), False, "bfloat16")]
+)
+def test_auto_trains_in_bf16_only_on_a_card_that_multiplies_it_natively(
+    monkeypatch, capability, emulated_only, dtype
+):
     """A Turing card (7.5) runs bf16 only emulated, slower than float32 (torch's is_bf16_supported() still says
     yes): --dtype auto trains in float32 there and in bf16 on an Ampere (8.0); an explicit bf16 on the emulating
     card runs as asked and the log says it is emulated."""
@@ -680,16 +913,22 @@ def test_auto_trains_in_bf16_only_on_a_card_that_multiplies_it_natively(monkeypa
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Card")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
-                        lambda including_emulation=True: including_emulation or not emulated_only)
+    monkeypatch.setattr(
+        torch.cuda,
+        "is_bf16_supported",
+        lambda including_emulation=True: including_emulation or not emulated_only,
+    )
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     said = []
     assert train_dtype("auto", torch.device("cuda", 0), 64, said.append, "[run]") == dtype
     assert said and said[0].startswith("[run] auto on CUDA (Card")
     said.clear()
     assert train_dtype("bfloat16", torch.device("cuda", 0), 64, said.append, "[run]") == "bfloat16"
-    assert said == (["[run] --dtype bfloat16: Card emulates bf16, slower than float32; --dtype auto runs float32 on it"]
-                    if emulated_only else [])
+    assert said == (
+        ["[run] --dtype bfloat16: Card emulates bf16, slower than float32; --dtype auto runs float32 on it"]
+        if emulated_only
+        else []
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -704,7 +943,9 @@ def test_a_training_step_on_cuda_never_synchronises_the_host(tiny_gpt2):
     opt = optimizer(params, 1e-3)
     model.train()
     with Batches(task, task.load("train", Path(".")), 0, 16, torch.device("cuda")) as batches:
-        train_step(model, params, opt, batches.take(0), "float32", 1.0)  # the first step initialises Adam's state
+        train_step(
+            model, params, opt, batches.take(0), "float32", 1.0
+        )  # the first step initialises Adam's state
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:

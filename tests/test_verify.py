@@ -15,8 +15,8 @@ import h5py
 import numpy as np
 import pytest
 
-from reservoir.extract.store import DIGESTS, content_digests, h5_file, verify
 from reservoir.errors import StoreError
+from reservoir.extract.store import DIGESTS, content_digests, h5_file, verify
 from tests.conftest import torch_threads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,8 +39,11 @@ def reference(tmp_path_factory, tiny_gpt2) -> Path:
 
     out = tmp_path_factory.mktemp("ref") / "ref.h5"
     with torch_threads(1):
-        r = CliRunner().invoke(main, ["-q", "extract", *OPTS, "--backbone", str(tiny_gpt2), "--out", str(out)],
-                               catch_exceptions=False)
+        r = CliRunner().invoke(
+            main,
+            ["-q", "extract", *OPTS, "--backbone", str(tiny_gpt2), "--out", str(out)],
+            catch_exceptions=False,
+        )
     assert r.exit_code == 0, r.output
     return out
 
@@ -65,25 +68,38 @@ def edit(path: Path, split: str, depth_index: int, value: float) -> None:
 
 
 DAMAGE = {
-    "flipped bytes": (lambda p: flip_bytes(p, "test", 1), r"split 'test', depth 1 cannot be read \(.*\): the file is corrupt"),
-    "NaN after completion": (lambda p: edit(p, "train", 2, np.nan),
-                             r"split 'train', depth 2 holds NaN or inf features \(row 5\)"),
-    "inf after completion": (lambda p: edit(p, "test", 0, np.inf), r"split 'test', depth 0 holds NaN or inf features"),
-    "a finite edit": (lambda p: edit(p, "train", 1, 0.125),
-                      r"split 'train', depth 1: the features differ from the digest recorded when the file was completed"),
+    "flipped bytes": (
+        lambda p: flip_bytes(p, "test", 1),
+        r"split 'test', depth 1 cannot be read \(.*\): the file is corrupt",
+    ),
+    "NaN after completion": (
+        lambda p: edit(p, "train", 2, np.nan),
+        r"split 'train', depth 2 holds NaN or inf features \(row 5\)",
+    ),
+    "inf after completion": (
+        lambda p: edit(p, "test", 0, np.inf),
+        r"split 'test', depth 0 holds NaN or inf features",
+    ),
+    "a finite edit": (
+        lambda p: edit(p, "train", 1, 0.125),
+        r"split 'train', depth 1: the features differ from the digest recorded when the file was completed",
+    ),
 }
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_a_damaged_complete_file_is_refused_by_extract_and_fit_and_force_extracts_again(cli, home, tmp_path,
-                                                                                       reference, tiny_gpt2, damage):
+def test_a_damaged_complete_file_is_refused_by_extract_and_fit_and_force_extracts_again(
+    cli, home, tmp_path, reference, tiny_gpt2, damage
+):
     out = tmp_path / "f.h5"
     shutil.copy(reference, out)
     assert extract(cli, tiny_gpt2, out).exit_code == 0  # intact: reused
     hurt, message = DAMAGE[damage]
     hurt(out)
-    for r in (extract(cli, tiny_gpt2, out),  # reuse
-              cli("-q", "fit", "--features", str(out), "--head", "ridge", "--no-baselines")):
+    for r in (
+        extract(cli, tiny_gpt2, out),  # reuse
+        cli("-q", "fit", "--features", str(out), "--head", "ridge", "--no-baselines"),
+    ):
         assert r.exit_code == 1, r.output
         assert re.search(message, r.output) and str(out) in r.output, r.output
         assert "--force" in r.output and "Traceback" not in r.output
@@ -111,8 +127,19 @@ def test_fit_by_task_and_backbone_verifies_the_file_it_finds(cli, home, tiny_gpt
     r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--depths", "2", "--no-baselines")
     assert r.exit_code == 1 and "split 'test', depth 2 holds NaN or inf features" in r.output
     # only the depths fitted are read: depth 0 is intact
-    r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--depths", "0", "--head", "ridge",
-            "--no-baselines")
+    r = cli(
+        "-q",
+        "fit",
+        "--task",
+        "digits",
+        "--backbone",
+        str(tiny_gpt2),
+        "--depths",
+        "0",
+        "--head",
+        "ridge",
+        "--no-baselines",
+    )
     assert r.exit_code == 0, r.output
 
 
@@ -145,7 +172,9 @@ def test_api_read_features_verifies_the_depth_it_reads(tmp_path, reference):
         api.read_features(out, "test", 1)
 
 
-def test_report_reads_results_only_so_a_damaged_feature_file_does_not_change_it(cli, home, tmp_path, reference):
+def test_report_reads_results_only_so_a_damaged_feature_file_does_not_change_it(
+    cli, home, tmp_path, reference
+):
     """``report`` never opens a feature file: its numbers come from results that ``fit`` wrote after
     verifying the file, so damage afterwards changes nothing it prints (and it cannot mistake it)."""
     out = tmp_path / "f.h5"
@@ -175,12 +204,16 @@ def one_core():
     os.sched_setaffinity(0, cores)
 
 
-def test_a_shard_damaged_after_the_join_is_refused_and_force_redoes_it(cli, home, tmp_path, tiny_gpt2, reference,
-                                                                        one_core):
+def test_a_shard_damaged_after_the_join_is_refused_and_force_redoes_it(
+    cli, home, tmp_path, tiny_gpt2, reference, one_core
+):
     out = tmp_path / "joined.h5"
     r = extract(cli, tiny_gpt2, out, "--workers", "1", "--shard-rows", "64")
     assert r.exit_code == 0, r.output
-    with h5_file(out) as a, h5_file(reference) as b:  # one thread each (one_core): the same bits, the same digests
+    with (
+        h5_file(out) as a,
+        h5_file(reference) as b,
+    ):  # one thread each (one_core): the same bits, the same digests
         for split in ("train", "test"):
             assert a[split].attrs[DIGESTS] == b[split].attrs[DIGESTS]
     shard = sorted((tmp_path / "joined.h5.shards").glob("test-*.h5"))[-1]
@@ -192,7 +225,10 @@ def test_a_shard_damaged_after_the_join_is_refused_and_force_redoes_it(cli, home
     assert r.exit_code == 1 and "split 'test', depth 1 holds NaN or inf features" in r.output
     r = extract(cli, tiny_gpt2, out, "--workers", "1", "--shard-rows", "64", "--force")
     assert r.exit_code == 0, r.output
-    assert f"{shard}: split 'test', depth 1 holds NaN or inf features" in r.output and "extracting it again" in r.output
+    assert (
+        f"{shard}: split 'test', depth 1 holds NaN or inf features" in r.output
+        and "extracting it again" in r.output
+    )
     with h5_file(out) as a, h5_file(reference) as b:
         verify(a)
         np.testing.assert_array_equal(a["test"]["features"][:], b["test"]["features"][:])

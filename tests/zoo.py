@@ -12,89 +12,249 @@ import torch
 #: every architecture's shared tiny shape
 W, LAYERS, HEADS, FF, VOCAB, POS = 32, 3, 4, 64, 50, 128
 
-VISION = dict(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF, image_size=32,
-              patch_size=4)
-DECODER = dict(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
-               vocab_size=VOCAB, max_position_embeddings=POS)
+VISION = dict(
+    hidden_size=W,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    intermediate_size=FF,
+    image_size=32,
+    patch_size=4,
+)
+DECODER = dict(
+    hidden_size=W,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    intermediate_size=FF,
+    vocab_size=VOCAB,
+    max_position_embeddings=POS,
+)
 
 
 def _cfg(kind: str):
     import transformers as t
 
     return {
-        "gpt2": lambda: (t.GPT2Config(n_layer=LAYERS, n_embd=W, n_head=HEADS, n_positions=POS, vocab_size=VOCAB),
-                         t.GPT2LMHeadModel),
-        "gptj": lambda: (t.GPTJConfig(n_layer=LAYERS, n_embd=W, n_head=HEADS, n_positions=POS, vocab_size=VOCAB,
-                                      rotary_dim=4), t.GPTJForCausalLM),
+        "gpt2": lambda: (
+            t.GPT2Config(n_layer=LAYERS, n_embd=W, n_head=HEADS, n_positions=POS, vocab_size=VOCAB),
+            t.GPT2LMHeadModel,
+        ),
+        "gptj": lambda: (
+            t.GPTJConfig(
+                n_layer=LAYERS, n_embd=W, n_head=HEADS, n_positions=POS, vocab_size=VOCAB, rotary_dim=4
+            ),
+            t.GPTJForCausalLM,
+        ),
         "gpt_neox": lambda: (t.GPTNeoXConfig(**DECODER), t.GPTNeoXForCausalLM),
-        "opt": lambda: (t.OPTConfig(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS, ffn_dim=FF,
-                                    vocab_size=VOCAB, max_position_embeddings=POS, word_embed_proj_dim=W),
-                        t.OPTForCausalLM),
+        "opt": lambda: (
+            t.OPTConfig(
+                hidden_size=W,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS,
+                ffn_dim=FF,
+                vocab_size=VOCAB,
+                max_position_embeddings=POS,
+                word_embed_proj_dim=W,
+            ),
+            t.OPTForCausalLM,
+        ),
         "llama": lambda: (t.LlamaConfig(**DECODER, num_key_value_heads=2), t.LlamaForCausalLM),
-        "mistral": lambda: (t.MistralConfig(**DECODER, num_key_value_heads=2, sliding_window=6), t.MistralForCausalLM),
+        "mistral": lambda: (
+            t.MistralConfig(**DECODER, num_key_value_heads=2, sliding_window=6),
+            t.MistralForCausalLM,
+        ),
         "qwen2": lambda: (t.Qwen2Config(**DECODER, num_key_value_heads=2), t.Qwen2ForCausalLM),
         "qwen3": lambda: (t.Qwen3Config(**DECODER, num_key_value_heads=2, head_dim=8), t.Qwen3ForCausalLM),
         "gemma": lambda: (t.GemmaConfig(**DECODER, num_key_value_heads=2, head_dim=8), t.GemmaForCausalLM),
-        "gemma2": lambda: (t.Gemma2Config(**DECODER, num_key_value_heads=2, head_dim=8, sliding_window=6),
-                           t.Gemma2ForCausalLM),
-        "gemma3_text": lambda: (t.Gemma3TextConfig(**DECODER, num_key_value_heads=2, head_dim=8, sliding_window=6),
-                                t.Gemma3ForCausalLM),
+        "gemma2": lambda: (
+            t.Gemma2Config(**DECODER, num_key_value_heads=2, head_dim=8, sliding_window=6),
+            t.Gemma2ForCausalLM,
+        ),
+        "gemma3_text": lambda: (
+            t.Gemma3TextConfig(**DECODER, num_key_value_heads=2, head_dim=8, sliding_window=6),
+            t.Gemma3ForCausalLM,
+        ),
         "phi": lambda: (t.PhiConfig(**DECODER), t.PhiForCausalLM),
         "olmo": lambda: (t.OlmoConfig(**DECODER), t.OlmoForCausalLM),
         "bert": lambda: (t.BertConfig(**DECODER), t.BertForMaskedLM),
         "roberta": lambda: (t.RobertaConfig(**DECODER), t.RobertaForMaskedLM),
         "electra": lambda: (t.ElectraConfig(**DECODER, embedding_size=16), t.ElectraForMaskedLM),
         "albert": lambda: (t.AlbertConfig(**DECODER, embedding_size=16), t.AlbertForMaskedLM),
-        "deberta-v2": lambda: (t.DebertaV2Config(**DECODER, relative_attention=True, position_buckets=8,
-                                                 pos_att_type=["p2c", "c2p"], position_biased_input=False),
-                               t.DebertaV2ForMaskedLM),
-        "t5": lambda: (t.T5Config(d_model=W, d_kv=8, d_ff=FF, num_layers=LAYERS, num_heads=HEADS, vocab_size=VOCAB),
-                       t.T5ForConditionalGeneration),
-        "bart": lambda: (t.BartConfig(d_model=W, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS,
-                                      decoder_attention_heads=HEADS, encoder_ffn_dim=FF, decoder_ffn_dim=FF,
-                                      vocab_size=VOCAB, max_position_embeddings=POS), t.BartForConditionalGeneration),
-        "vit": lambda: (t.ViTConfig(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                    intermediate_size=FF, image_size=32, patch_size=4), t.ViTModel),
-        "deit": lambda: (t.DeiTConfig(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                      intermediate_size=FF, image_size=32, patch_size=4), t.DeiTModel),
-        "dinov2": lambda: (t.Dinov2Config(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                          mlp_ratio=2, image_size=32, patch_size=4), t.Dinov2Model),
+        "deberta-v2": lambda: (
+            t.DebertaV2Config(
+                **DECODER,
+                relative_attention=True,
+                position_buckets=8,
+                pos_att_type=["p2c", "c2p"],
+                position_biased_input=False,
+            ),
+            t.DebertaV2ForMaskedLM,
+        ),
+        "t5": lambda: (
+            t.T5Config(d_model=W, d_kv=8, d_ff=FF, num_layers=LAYERS, num_heads=HEADS, vocab_size=VOCAB),
+            t.T5ForConditionalGeneration,
+        ),
+        "bart": lambda: (
+            t.BartConfig(
+                d_model=W,
+                encoder_layers=LAYERS,
+                decoder_layers=LAYERS,
+                encoder_attention_heads=HEADS,
+                decoder_attention_heads=HEADS,
+                encoder_ffn_dim=FF,
+                decoder_ffn_dim=FF,
+                vocab_size=VOCAB,
+                max_position_embeddings=POS,
+            ),
+            t.BartForConditionalGeneration,
+        ),
+        "vit": lambda: (
+            t.ViTConfig(
+                hidden_size=W,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS,
+                intermediate_size=FF,
+                image_size=32,
+                patch_size=4,
+            ),
+            t.ViTModel,
+        ),
+        "deit": lambda: (
+            t.DeiTConfig(
+                hidden_size=W,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS,
+                intermediate_size=FF,
+                image_size=32,
+                patch_size=4,
+            ),
+            t.DeiTModel,
+        ),
+        "dinov2": lambda: (
+            t.Dinov2Config(
+                hidden_size=W,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS,
+                mlp_ratio=2,
+                image_size=32,
+                patch_size=4,
+            ),
+            t.Dinov2Model,
+        ),
         "clip_vision": lambda: (t.CLIPVisionConfig(**VISION), t.CLIPVisionModel),
         "siglip_vision": lambda: (t.SiglipVisionConfig(**VISION), t.SiglipVisionModel),
-        "mamba": lambda: (t.MambaConfig(hidden_size=W, num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=4,
-                                        expand=2, conv_kernel=3), t.MambaForCausalLM),
+        "mamba": lambda: (
+            t.MambaConfig(
+                hidden_size=W,
+                num_hidden_layers=LAYERS,
+                vocab_size=VOCAB,
+                state_size=4,
+                expand=2,
+                conv_kernel=3,
+            ),
+            t.MambaForCausalLM,
+        ),
         # read by the generic adapter (no family file): parallel attention, ALiBi, multi-query, mixture of experts,
         # LayerNorm-free residual scaling, a distilled encoder, a second-generation state-space model
-        "falcon": lambda: (t.FalconConfig(hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                          vocab_size=VOCAB), t.FalconForCausalLM),
-        "bloom": lambda: (t.BloomConfig(hidden_size=W, n_layer=LAYERS, n_head=HEADS, vocab_size=VOCAB),
-                          t.BloomForCausalLM),
-        "mpt": lambda: (t.MptConfig(d_model=W, n_layers=LAYERS, n_heads=HEADS, vocab_size=VOCAB, max_seq_len=POS),
-                        t.MptForCausalLM),
-        "gpt_bigcode": lambda: (t.GPTBigCodeConfig(n_embd=W, n_layer=LAYERS, n_head=HEADS, n_positions=POS,
-                                                   vocab_size=VOCAB), t.GPTBigCodeForCausalLM),
+        "falcon": lambda: (
+            t.FalconConfig(
+                hidden_size=W, num_hidden_layers=LAYERS, num_attention_heads=HEADS, vocab_size=VOCAB
+            ),
+            t.FalconForCausalLM,
+        ),
+        "bloom": lambda: (
+            t.BloomConfig(hidden_size=W, n_layer=LAYERS, n_head=HEADS, vocab_size=VOCAB),
+            t.BloomForCausalLM,
+        ),
+        "mpt": lambda: (
+            t.MptConfig(d_model=W, n_layers=LAYERS, n_heads=HEADS, vocab_size=VOCAB, max_seq_len=POS),
+            t.MptForCausalLM,
+        ),
+        "gpt_bigcode": lambda: (
+            t.GPTBigCodeConfig(n_embd=W, n_layer=LAYERS, n_head=HEADS, n_positions=POS, vocab_size=VOCAB),
+            t.GPTBigCodeForCausalLM,
+        ),
         "phi3": lambda: (t.Phi3Config(**DECODER, num_key_value_heads=2, pad_token_id=0), t.Phi3ForCausalLM),
-        "mixtral": lambda: (t.MixtralConfig(**DECODER, num_key_value_heads=2, num_local_experts=4,
-                                            num_experts_per_tok=2), t.MixtralForCausalLM),
+        "mixtral": lambda: (
+            t.MixtralConfig(**DECODER, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+            t.MixtralForCausalLM,
+        ),
         "granite": lambda: (t.GraniteConfig(**DECODER, num_key_value_heads=2), t.GraniteForCausalLM),
-        "distilbert": lambda: (t.DistilBertConfig(dim=W, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FF,
-                                                  vocab_size=VOCAB, max_position_embeddings=POS),
-                               t.DistilBertForMaskedLM),
-        "mamba2": lambda: (t.Mamba2Config(hidden_size=W, num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=4,
-                                          expand=2, conv_kernel=3, num_heads=4, head_dim=16, n_groups=1),
-                           t.Mamba2ForCausalLM),
+        "distilbert": lambda: (
+            t.DistilBertConfig(
+                dim=W,
+                n_layers=LAYERS,
+                n_heads=HEADS,
+                hidden_dim=FF,
+                vocab_size=VOCAB,
+                max_position_embeddings=POS,
+            ),
+            t.DistilBertForMaskedLM,
+        ),
+        "mamba2": lambda: (
+            t.Mamba2Config(
+                hidden_size=W,
+                num_hidden_layers=LAYERS,
+                vocab_size=VOCAB,
+                state_size=4,
+                expand=2,
+                conv_kernel=3,
+                num_heads=4,
+                head_dim=16,
+                n_groups=1,
+            ),
+            t.Mamba2ForCausalLM,
+        ),
     }[kind]()
 
 
-ARCHITECTURES = ("gpt2", "gptj", "gpt_neox", "opt", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
-                 "gemma3_text", "phi", "olmo", "bert", "roberta", "electra", "albert", "deberta-v2", "t5", "bart",
-                 "vit", "deit", "dinov2", "clip_vision", "siglip_vision", "mamba")
+ARCHITECTURES = (
+    "gpt2",
+    "gptj",
+    "gpt_neox",
+    "opt",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi",
+    "olmo",
+    "bert",
+    "roberta",
+    "electra",
+    "albert",
+    "deberta-v2",
+    "t5",
+    "bart",
+    "vit",
+    "deit",
+    "dinov2",
+    "clip_vision",
+    "siglip_vision",
+    "mamba",
+)
 #: more architectures, each checked depth by depth against the library's own model (the generic adapter reads them)
 MORE = ("falcon", "bloom", "mpt", "gpt_bigcode", "phi3", "mixtral", "granite", "distilbert", "mamba2")
 #: the kind of each: decoder, encoder, encoder-decoder's encoder, vision, state-space
-KINDS = {"bert": "encoder", "roberta": "encoder", "electra": "encoder", "albert": "encoder", "deberta-v2": "encoder",
-         "t5": "encoder-decoder", "bart": "encoder-decoder", "vit": "vision", "deit": "vision", "dinov2": "vision", "clip_vision": "vision",
-         "siglip_vision": "vision", "mamba": "state-space", "distilbert": "encoder", "mamba2": "state-space"}
+KINDS = {
+    "bert": "encoder",
+    "roberta": "encoder",
+    "electra": "encoder",
+    "albert": "encoder",
+    "deberta-v2": "encoder",
+    "t5": "encoder-decoder",
+    "bart": "encoder-decoder",
+    "vit": "vision",
+    "deit": "vision",
+    "dinov2": "vision",
+    "clip_vision": "vision",
+    "siglip_vision": "vision",
+    "mamba": "state-space",
+    "distilbert": "encoder",
+    "mamba2": "state-space",
+}
 
 
 def save_tiny(kind: str, folder: Path, seed: int = 0) -> Path:

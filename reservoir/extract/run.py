@@ -31,30 +31,38 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
-from reservoir.model.backbones import fingerprint, label, load_backbone
 from reservoir.config import ExtractConfig, select_depths
+from reservoir.errors import IdentityError, StoreError
+from reservoir.extract.plan import auto_batch_size, plan_split
+from reservoir.extract.store import (
+    FeatureWriter,
+    check_complete_match,
+    file_config,
+    h5_file,
+    move_aside,
+    partial_path,
+    stored_identity,
+    write_failed,
+)
+from reservoir.identity import differences, feature_identity, features_path_for
+from reservoir.identity import digest as identity_hash
+from reservoir.model.backbones import fingerprint, label, load_backbone
+from reservoir.model.devices import resolve_device
+from reservoir.model.input_layer import input_layer_tensors
+from reservoir.model.reservoir import check_length
+from reservoir.progress import bar, log
 from reservoir.runtime import machine
 from reservoir.runtime.engines import INT8_DTYPES
-from reservoir.model.devices import resolve_device
-from reservoir.model.reservoir import check_length
 from reservoir.runtime.runner import Batch, FeatureRunner, resolve, resolve_dtype
-from reservoir.identity import digest as identity_hash
-from reservoir.identity import feature_identity, features_path_for
-from reservoir.model.input_layer import input_layer_tensors
-from reservoir.progress import bar, log
-from reservoir.extract.plan import auto_batch_size, plan_split
-from reservoir.errors import IdentityError, StoreError
-from reservoir.extract.store import (FeatureWriter, check_complete_match, file_config, h5_file, move_aside, partial_path,
-                                     stored_identity, write_failed)
-from reservoir.identity import differences
 from reservoir.tasks import SplitData, Task, make_task
 
 #: sharded runs (no probe) with ``compile=None`` compile when they have at least this many tokens
@@ -131,7 +139,9 @@ class BackgroundWriter:
                     return
                 if self.error is None:
                     split, rows, features = job
-                    self.writer.write(split, rows, resolve(features))  # a GPU copy finishes here, off the main thread
+                    self.writer.write(
+                        split, rows, resolve(features)
+                    )  # a GPU copy finishes here, off the main thread
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 self.error = e
             finally:
@@ -163,7 +173,7 @@ def load_splits(task: Task, cfg: ExtractConfig) -> dict[str, SplitData]:
     return {s: task.load(s, Path(cfg.data_dir), cfg.limit) for s in splits}
 
 
-def dtype_reason(run: "Run") -> str:
+def dtype_reason(run: Run) -> str:
     """Why the compute dtype is what it is, in words (``extract`` prints it)."""
     from reservoir.runtime.dtypes import choose
 
@@ -220,12 +230,21 @@ class Run:
     def runner(self, progress: bool = True, engine: str | None = None) -> FeatureRunner:
         """The run's :class:`FeatureRunner` (engine, calibration and messages set up; not compiled yet), on
         ``engine`` (default: the option's)."""
-        return FeatureRunner.build(self.task.spec, self.backbone, self.depths, seed=self.cfg.seed,
-                                   input_scale=self.cfg.input_scale, dtype=self.dtype, batch_size=self.batch_size,
-                                   device=self.device, engine=engine or self.cfg.engine, tokens=self.tokens_total,
-                                   padded=self.padded,
-                                   calibration=self.calibration if self.dtype in INT8_DTYPES else None,
-                                   log=lambda text: log(text, progress))
+        return FeatureRunner.build(
+            self.task.spec,
+            self.backbone,
+            self.depths,
+            seed=self.cfg.seed,
+            input_scale=self.cfg.input_scale,
+            dtype=self.dtype,
+            batch_size=self.batch_size,
+            device=self.device,
+            engine=engine or self.cfg.engine,
+            tokens=self.tokens_total,
+            padded=self.padded,
+            calibration=self.calibration if self.dtype in INT8_DTYPES else None,
+            log=lambda text: log(text, progress),
+        )
 
     def settled_runner(self, progress: bool = True, begun_by: str | None = None) -> FeatureRunner:
         """The run's runner on the one engine that makes every row of its file: as asked; for ``--engine
@@ -234,13 +253,23 @@ class Run:
         dtype, the first batch runs now, so that the conversion is checked (a model that fails it runs
         PyTorch) and, on a machine that never measured this model, the engines are measured on it."""
         if begun_by and self.cfg.engine not in ("auto", begun_by):
-            raise IdentityError(f"{partial_path(self.out)} was begun on the {begun_by} engine; rerun with --engine "
-                                f"{begun_by} (or auto) to resume it, or delete it to start over on {self.cfg.engine}")
+            raise IdentityError(
+                f"{partial_path(self.out)} was begun on the {begun_by} engine; rerun with --engine "
+                f"{begun_by} (or auto) to resume it, or delete it to start over on {self.cfg.engine}"
+            )
         runner = self.runner(progress, engine=begun_by)
-        if self.cfg.engine == "auto" and not begun_by and runner.engine != "torch" and self.dtype not in INT8_DTYPES:
-            split, rows = next((split, batches[0]) for split, d in self.data.items()
-                               for _, batches in plan_split(d.lengths, self.batch_size, self.bucket, self.cfg.shard_rows)
-                               if batches)
+        if (
+            self.cfg.engine == "auto"
+            and not begun_by
+            and runner.engine != "torch"
+            and self.dtype not in INT8_DTYPES
+        ):
+            split, rows = next(
+                (split, batches[0])
+                for split, d in self.data.items()
+                for _, batches in plan_split(d.lengths, self.batch_size, self.bucket, self.cfg.shard_rows)
+                if batches
+            )
             runner(*self.tokens(split, rows), self.padded)
             runner.measure_key = None  # settled: no later batch measures and switches engines under the file
         return runner
@@ -256,9 +285,17 @@ class Run:
 
     def config(self, engine: str | None = None) -> dict[str, Any]:
         """The file's ``config``: the options and the execution settings actually used."""
-        return {**self.cfg.to_json(), "out": str(self.out), "batch_size": self.batch_size, "engine_used": engine,
-                "device_used": str(self.device), "n_layers": self.backbone.n_layers, "d_model": self.backbone.d_model,
-                "torch": torch.__version__, "machine": machine.on(self.device)}
+        return {
+            **self.cfg.to_json(),
+            "out": str(self.out),
+            "batch_size": self.batch_size,
+            "engine_used": engine,
+            "device_used": str(self.device),
+            "n_layers": self.backbone.n_layers,
+            "d_model": self.backbone.d_model,
+            "torch": torch.__version__,
+            "machine": machine.on(self.device),
+        }
 
     def tokens(self, split: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Model tokens and lengths of ``rows`` (padded to the task's length for the padded readout)."""
@@ -286,14 +323,28 @@ class Run:
         from reservoir.runtime.compiling import device_label, shape_key
         from reservoir.runtime.runner import round_width
 
-        widths = {round_width(self.width(s, rows), self.task.spec.seq_len) if self.bucket else self.width(s, rows)
-                  for s in plans for rows in plans[s]}
-        key = shape_key(self.backbone, dtype=self.dtype, device=device_label(self.device), batch_size=self.batch_size,
-                        widths=sorted(widths), depths=self.depths)
+        widths = {
+            round_width(self.width(s, rows), self.task.spec.seq_len) if self.bucket else self.width(s, rows)
+            for s in plans
+            for rows in plans[s]
+        }
+        key = shape_key(
+            self.backbone,
+            dtype=self.dtype,
+            device=device_label(self.device),
+            batch_size=self.batch_size,
+            widths=sorted(widths),
+            depths=self.depths,
+        )
         return key, max(len(widths), 1)
 
-    def decide_compile(self, runner: FeatureRunner, plans: dict[str, list[np.ndarray]],
-                       background: "BackgroundWriter", progress: bool = True) -> tuple[dict[str, int], str | None]:
+    def decide_compile(
+        self,
+        runner: FeatureRunner,
+        plans: dict[str, list[np.ndarray]],
+        background: BackgroundWriter,
+        progress: bool = True,
+    ) -> tuple[dict[str, int], str | None]:
         """Compile as asked, or (``compile=None``) when the measured costs say it pays
         (:func:`reservoir.runtime.compiling.decide`): the first batch runs eager as the probe of the
         eager rate (its features are kept) and is taken out of ``plans``. Says on stderr which
@@ -302,25 +353,41 @@ class Run:
         from reservoir.runtime.compiling import decide, read_record
 
         if runner.engine != "torch":
-            log(f"{runner.engine} engine ({runner.engine_reason}): converted on the first batch, "
-                "no torch.compile", progress)
+            log(
+                f"{runner.engine} engine ({runner.engine_reason}): converted on the first batch, "
+                "no torch.compile",
+                progress,
+            )
             return {}, None
         measurable = any(plans.values())
         compilable = getattr(self.backbone, "compilable", True)
         if self.cfg.compile is not None or not compilable or not measurable:
             if self.compile_for(plans):
                 runner.enable_compile()
-            why = ("--compile" if self.cfg.compile else "--no-compile") if self.cfg.compile is not None else \
-                "the backbone does not compile" if not compilable else "by size"
+            why = (
+                ("--compile" if self.cfg.compile else "--no-compile")
+                if self.cfg.compile is not None
+                else "the backbone does not compile"
+                if not compilable
+                else "by size"
+            )
             log(f"{'compiled' if runner.compiled else 'eager'} ({why})", progress)
             return {}, self.compile_key(plans)[0] if runner.compiled else None
         split = next(s for s in plans if plans[s])
         rows = plans[split].pop(0)
-        background.submit(split, rows, runner.run_async(runner.prepare(*self.tokens(split, rows), self.padded)))
+        background.submit(
+            split, rows, runner.run_async(runner.prepare(*self.tokens(split, rows), self.padded))
+        )
         tokens, seconds, _ = runner.timings[-1]
         key, shapes = self.compile_key(plans)
-        decision = decide(self.tokens_left(plans), tokens / seconds, blocks=max(self.depths), shapes=shapes,
-                          record=read_record(key), dtype=self.dtype)
+        decision = decide(
+            self.tokens_left(plans),
+            tokens / seconds,
+            blocks=max(self.depths),
+            shapes=shapes,
+            record=read_record(key),
+            dtype=self.dtype,
+        )
         if decision.compile:
             runner.enable_compile()
         log(decision.reason, progress)
@@ -351,19 +418,35 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     log(f"loading backbone {cfg.backbone} ...", progress)
     backbone = load_backbone(cfg.backbone, cfg.seed)
     check_length(task.spec, backbone, cfg.backbone)
-    depths = select_depths(cfg.depths, range(backbone.n_layers + 1),
-                           f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)")
+    depths = select_depths(
+        cfg.depths, range(backbone.n_layers + 1), f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)"
+    )
     dtype = resolve_dtype(cfg.dtype, device)
     calibration = None
     if dtype in INT8_DTYPES:  # engines quantize by their own recipes: the int8 engine is part of the identity
         from reservoir.runtime.engines import INT8_RECIPE, calibration_rows, choose_engine
 
         first = next(iter(data))
-        calibration = {"split": first, "rows": calibration_rows(task.spec.seq_len, len(data[first])),
-                       "recipe": INT8_RECIPE, "engine": choose_engine(cfg.engine, dtype, device, backbone)[0]}
-    identity = feature_identity(task_name=cfg.task, task=task, data=data, backbone=label(cfg.backbone),
-                                backbone_fingerprint=fingerprint(backbone), seed=cfg.seed, input_scale=cfg.input_scale, depths=depths,
-                                dtype=dtype, readout=cfg.readout, limit=cfg.limit, calibration=calibration)
+        calibration = {
+            "split": first,
+            "rows": calibration_rows(task.spec.seq_len, len(data[first])),
+            "recipe": INT8_RECIPE,
+            "engine": choose_engine(cfg.engine, dtype, device, backbone)[0],
+        }
+    identity = feature_identity(
+        task_name=cfg.task,
+        task=task,
+        data=data,
+        backbone=label(cfg.backbone),
+        backbone_fingerprint=fingerprint(backbone),
+        seed=cfg.seed,
+        input_scale=cfg.input_scale,
+        depths=depths,
+        dtype=dtype,
+        readout=cfg.readout,
+        limit=cfg.limit,
+        calibration=calibration,
+    )
     out = Path(cfg.out) if cfg.out else features_path_for(identity)
     batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)
     return Run(cfg, task, data, backbone, depths, dtype, device, identity, out, batch_size)
@@ -387,11 +470,16 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
     run = prepare(cfg, progress)
     if run.out.exists() and cfg.force:
         aside = move_aside(run.out, run.identity)
-        log(f"--force: moved {run.out} aside to {aside} (delete it when you no longer need it); extracting again",
-            progress)
+        log(
+            f"--force: moved {run.out} aside to {aside} (delete it when you no longer need it); extracting again",
+            progress,
+        )
     elif run.out.exists():
         check_complete_match(run.out, run.identity)  # identity, completeness, then every chunk and digest
-        log(f"reusing {run.out} (same run identity {identity_hash(run.identity)}, contents verified)", progress)
+        log(
+            f"reusing {run.out} (same run identity {identity_hash(run.identity)}, contents verified)",
+            progress,
+        )
         return run.out
     try:
         if cfg.workers or cfg.scheduler:
@@ -428,11 +516,18 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
         plans, done = {}, {}
         for split, d in data.items():
             done[split] = writer.split(split, d.labels, d.lengths, run.feature_shape)
-            plans[split] = [rows for _, batches in plan_split(d.lengths, run.batch_size, run.bucket, run.cfg.shard_rows) for rows in batches
-                            if not done[split][rows].all()]
-        log(f"extracting {task.name} through {run.cfg.backbone} on {run.device}: {run.dtype} ({dtype_reason(run)}) on "
+            plans[split] = [
+                rows
+                for _, batches in plan_split(d.lengths, run.batch_size, run.bucket, run.cfg.shard_rows)
+                for rows in batches
+                if not done[split][rows].all()
+            ]
+        log(
+            f"extracting {task.name} through {run.cfg.backbone} on {run.device}: {run.dtype} ({dtype_reason(run)}) on "
             f"{runner.engine}, batch {run.batch_size}, depths {run.depths[0]}..{run.depths[-1]} ({len(run.depths)}) "
-            f"-> {out}", progress)
+            f"-> {out}",
+            progress,
+        )
 
         def batches(split: str) -> Iterator[tuple[np.ndarray, Batch]]:
             for rows in plans[split]:
@@ -442,8 +537,15 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
         try:
             probed, compile_key = run.decide_compile(runner, plans, background, progress)
             for split, d in data.items():
-                with bar(len(d), f"{task.name}/{split}", initial=int(done[split].sum()) + probed.get(split, 0),
-                         enabled=progress) as shown, contextlib.closing(prefetch(batches(split))) as stream:
+                with (
+                    bar(
+                        len(d),
+                        f"{task.name}/{split}",
+                        initial=int(done[split].sum()) + probed.get(split, 0),
+                        enabled=progress,
+                    ) as shown,
+                    contextlib.closing(prefetch(batches(split))) as stream,
+                ):
                     for rows, batch in stream:
                         fresh = len(rows) - int(done[split][rows].sum())  # a resumed batch may hold done rows
                         background.submit(split, rows, runner.run_async(batch))

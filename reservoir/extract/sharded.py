@@ -40,11 +40,18 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import IdentityError, ReservoirError, StoreError
-from reservoir.runtime.engines import choose_engine
+from reservoir.extract.store import (
+    FeatureWriter,
+    WriterLock,
+    check_space,
+    h5_file,
+    shard_dir,
+    verify,
+    write_joined,
+)
 from reservoir.identity import differences, digest
 from reservoir.progress import bar, log
-from reservoir.extract.store import (FeatureWriter, WriterLock, check_space, h5_file, shard_dir, verify,
-                                     write_joined)
+from reservoir.runtime.engines import choose_engine
 
 
 @dataclass
@@ -71,8 +78,12 @@ class ShardJob:
     batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (rows, tokens, lengths)
     engine: str = "auto"
     tokens: int | None = None  # of the whole run (engine="auto" decides by it)
-    calibration: list[tuple[np.ndarray, np.ndarray]] | None = None  # the int8 dtypes: (tokens, lengths) batches
-    labels: np.ndarray | None = None  # of the shard's rows (the store's writer keeps them beside the features)
+    calibration: list[tuple[np.ndarray, np.ndarray]] | None = (
+        None  # the int8 dtypes: (tokens, lengths) batches
+    )
+    labels: np.ndarray | None = (
+        None  # of the shard's rows (the store's writer keeps them beside the features)
+    )
     lengths: np.ndarray | None = None
 
 
@@ -94,10 +105,14 @@ def shard_state(path: Path, identity: dict[str, Any], engine: str) -> bool:
             diff = differences(stored, identity)
             made_by = json.loads(f.attrs.get("config", "{}")).get("engine_used")
             if complete and not diff and made_by != engine:
-                raise StoreError(f"shard {path} was made by the {made_by or 'an unrecorded'} engine, this run's shards "
-                                 f"by {engine}")
+                raise StoreError(
+                    f"shard {path} was made by the {made_by or 'an unrecorded'} engine, this run's shards "
+                    f"by {engine}"
+                )
             if complete and not diff:
-                verify(f, fix="")  # every chunk through its checksum, against the digests recorded at completion
+                verify(
+                    f, fix=""
+                )  # every chunk through its checksum, against the digests recorded at completion
     except StoreError as e:
         print(f"{str(e).rstrip('; ')}; extracting it again", file=sys.stderr)
         os.remove(path)
@@ -106,8 +121,10 @@ def shard_state(path: Path, identity: dict[str, Any], engine: str) -> bool:
         os.remove(path)  # unreadable: redo it
         return False
     if diff:
-        raise IdentityError(f"shard {path} belongs to another run ({'; '.join(diff)}); delete {path.parent} "
-                            "to extract again, or pass another --out")
+        raise IdentityError(
+            f"shard {path} belongs to another run ({'; '.join(diff)}); delete {path.parent} "
+            "to extract again, or pass another --out"
+        )
     return complete
 
 
@@ -121,9 +138,9 @@ def _runner(job: ShardJob):
     """The worker's FeatureRunner for this run (built once per worker process and reused)."""
     import torch
 
+    from reservoir.model.backbones import fingerprint as backbone_fingerprint
     from reservoir.model.backbones import load_backbone
     from reservoir.runtime.runner import FeatureRunner
-    from reservoir.model.backbones import fingerprint as backbone_fingerprint
 
     device = job.device
     if device == "cuda" and torch.cuda.device_count() > 1:  # one worker per GPU
@@ -141,16 +158,28 @@ def _runner(job: ShardJob):
                 torch.set_num_threads(job.threads)
             backbone = load_backbone(job.backbone, job.seed)
             if backbone_fingerprint(backbone) != job.identity["backbone_fingerprint"]:
-                raise IdentityError(f"this worker's backbone {job.backbone!r} has other weights than the driver's; "
-                                    "give every worker the same model folder (or a registered name)")
+                raise IdentityError(
+                    f"this worker's backbone {job.backbone!r} has other weights than the driver's; "
+                    "give every worker the same model folder (or a registered name)"
+                )
             _RUNNERS.clear()  # one run at a time per worker: free the previous model
             calibration = job.calibration
-            _RUNNERS[key] = FeatureRunner.build(job.spec, backbone, job.depths, seed=job.seed,
-                                                input_scale=job.input_scale, input_layer=job.input_layer,
-                                                dtype=job.dtype, compile=job.compile, batch_size=job.batch_size,
-                                                device=device, engine=job.engine, tokens=job.tokens,
-                                                padded=job.padded,
-                                                calibration=(lambda: calibration) if calibration else None)
+            _RUNNERS[key] = FeatureRunner.build(
+                job.spec,
+                backbone,
+                job.depths,
+                seed=job.seed,
+                input_scale=job.input_scale,
+                input_layer=job.input_layer,
+                dtype=job.dtype,
+                compile=job.compile,
+                batch_size=job.batch_size,
+                device=device,
+                engine=job.engine,
+                tokens=job.tokens,
+                padded=job.padded,
+                calibration=(lambda: calibration) if calibration else None,
+            )
         return _RUNNERS[key]
 
 
@@ -163,9 +192,13 @@ def run_shard(job: ShardJob) -> str:
     # the store's one writer: the same locking, resuming, NaN refusal, digests and completion as a whole file
     if runner.engine != job.engine:  # an internal invariant: the worker runs the engine the driver settled
         raise ReservoirError(f"this worker runs {runner.engine}, the run's shards {job.engine}")
-    writer = FeatureWriter.open(path, job.identity, {"shard": [job.split, job.start, job.stop],
-                                                     "engine_used": job.engine}, job.input_layer,
-                                nbytes=(job.stop - job.start) * int(np.prod(shape)) * 4)
+    writer = FeatureWriter.open(
+        path,
+        job.identity,
+        {"shard": [job.split, job.start, job.stop], "engine_used": job.engine},
+        job.input_layer,
+        nbytes=(job.stop - job.start) * int(np.prod(shape)) * 4,
+    )
     try:
         done = writer.split(job.split, job.labels, job.lengths, shape)
         for batch_rows, tokens, lengths in job.batches:
@@ -188,10 +221,13 @@ def _client(workers: int | None, scheduler: str | None):
         try:
             return Client(scheduler, timeout="10s"), None
         except (OSError, TimeoutError) as e:
-            raise ReservoirError(f"cannot reach the dask scheduler at {scheduler!r} ({e}); start one with "
-                                 "`dask scheduler` and pass its address (tcp://HOST:PORT)") from None
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                           host="127.0.0.1")
+            raise ReservoirError(
+                f"cannot reach the dask scheduler at {scheduler!r} ({e}); start one with "
+                "`dask scheduler` and pass its address (tcp://HOST:PORT)"
+            ) from None
+    cluster = LocalCluster(
+        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, host="127.0.0.1"
+    )
     return Client(cluster), cluster
 
 
@@ -200,8 +236,10 @@ def require_distributed() -> None:
     try:
         import distributed  # noqa: F401
     except ImportError:
-        raise ReservoirError("--workers and --scheduler shard the run over dask.distributed, which is not installed; "
-                             "pip install 'reservoir[cluster]', or drop the option to extract in this process") from None
+        raise ReservoirError(
+            "--workers and --scheduler shard the run over dask.distributed, which is not installed; "
+            "pip install 'reservoir[cluster]', or drop the option to extract in this process"
+        ) from None
 
 
 def threads_per_worker(workers: int) -> int:
@@ -214,8 +252,8 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
     """Extract ``run`` (a prepared :class:`reservoir.extract.run.Run`) as shards on dask workers, then
     join them into ``run.out``."""
     from reservoir.extract.plan import plan_split
-    from reservoir.model.reservoir import Reservoir
     from reservoir.model.input_layer import input_layer_tensors
+    from reservoir.model.reservoir import Reservoir
 
     require_distributed()
     cfg, out, identity = run.cfg, run.out, run.identity
@@ -223,11 +261,13 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
     try:
         reservoir = Reservoir(run.task.spec, run.backbone, seed=cfg.seed, input_scale=cfg.input_scale)
         layer = {k: v.numpy() for k, v in input_layer_tensors(reservoir.input_layer).items()}
-        planned = {split: plan_split(d.lengths, run.batch_size, run.bucket, cfg.shard_rows)
-                   for split, d in run.data.items()}
+        planned = {
+            split: plan_split(d.lengths, run.batch_size, run.bucket, cfg.shard_rows)
+            for split, d in run.data.items()
+        }
         engine = settle_engine(run, progress)
         shards, todo = {}, {}
-        for split, d in run.data.items():
+        for split, _d in run.data.items():
             shards[split] = []
             for (start, stop), batches in planned[split]:
                 path = shard_path(out, split, start, stop)
@@ -239,17 +279,25 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
             plans.setdefault(split, []).extend(batches)
         compile = run.compile_for(plans)
         n_done = sum(len(v) for v in shards.values()) - len(todo)
-        log(f"extracting {run.task.name} through {cfg.backbone} as {sum(len(v) for v in shards.values())} shards "
+        log(
+            f"extracting {run.task.name} through {cfg.backbone} as {sum(len(v) for v in shards.values())} shards "
             f"({n_done} already complete) on "
             f"{cfg.scheduler or f'{cfg.workers} local workers'}: {run.dtype} on {engine}, "
-            f"{'compiled' if compile else 'eager'}, batch {run.batch_size} -> {out}", progress)
+            f"{'compiled' if compile else 'eager'}, batch {run.batch_size} -> {out}",
+            progress,
+        )
         if todo:
             rows = sum(stop - start for (_, start, stop) in todo)
             check_space(shard_dir(out) / "shard.h5", rows * int(np.prod(run.feature_shape)) * 4)
             _run_jobs(run, todo, layer, compile, engine, progress)
-        return write_joined(out, identity, run.config(engine), layer,
-                            {s: (run.data[s].labels, run.data[s].lengths, shards[s]) for s in run.data},
-                            run.feature_shape)
+        return write_joined(
+            out,
+            identity,
+            run.config(engine),
+            layer,
+            {s: (run.data[s].labels, run.data[s].lengths, shards[s]) for s in run.data},
+            run.feature_shape,
+        )
     finally:
         lock.release(remove=out.exists())
 
@@ -258,7 +306,9 @@ def settle_engine(run, progress: bool) -> str:
     """The engine every shard of ``run`` runs, decided once, here (:meth:`Run.settled_runner`): workers with
     other threads (or other machines) deciding ``--engine auto`` each for itself could run different
     engines, whose features differ in their last bits."""
-    if run.cfg.engine != "auto" or run.device.type != "cpu":  # nothing to settle: as asked, or PyTorch off the CPU
+    if (
+        run.cfg.engine != "auto" or run.device.type != "cpu"
+    ):  # nothing to settle: as asked, or PyTorch off the CPU
         engine, why = choose_engine(run.cfg.engine, run.dtype, run.device, run.backbone, run.tokens_total)
     else:
         runner = run.settled_runner(progress)
@@ -267,24 +317,47 @@ def settle_engine(run, progress: bool) -> str:
     return engine
 
 
-def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, engine: str, progress: bool) -> None:
+def _run_jobs(
+    run, todo: dict, layer: dict[str, np.ndarray], compile: bool, engine: str, progress: bool
+) -> None:
     from distributed import as_completed
 
     cfg = run.cfg
-    calibration = run.calibration() if "calibration" in run.identity else None  # int8: the same rows for every shard
+    calibration = (
+        run.calibration() if "calibration" in run.identity else None
+    )  # int8: the same rows for every shard
     client, cluster = _client(cfg.workers, cfg.scheduler)
     try:
         n_workers = cfg.workers or max(1, len(client.scheduler_info().get("workers", {})))
         threads = threads_per_worker(n_workers) if cfg.workers else 0
+
         def submit(split: str, start: int, stop: int, path: Path, batches: list):
             """Encode one shard's tokens now (not every shard's up front) and send it."""
-            job = ShardJob(path=str(path), split=split, start=start, stop=stop, identity=run.identity,
-                           backbone=cfg.backbone, seed=cfg.seed, input_scale=cfg.input_scale, spec=run.task.spec,
-                           input_layer=layer, depths=run.depths, dtype=run.dtype, device=str(run.device),
-                           compile=compile, batch_size=run.batch_size, padded=run.padded, threads=threads,
-                           batches=[(rows, *run.tokens(split, rows)) for rows in batches], engine=engine,
-                           tokens=run.tokens_total, calibration=calibration,
-                           labels=run.data[split].labels[start:stop], lengths=run.data[split].lengths[start:stop])
+            job = ShardJob(
+                path=str(path),
+                split=split,
+                start=start,
+                stop=stop,
+                identity=run.identity,
+                backbone=cfg.backbone,
+                seed=cfg.seed,
+                input_scale=cfg.input_scale,
+                spec=run.task.spec,
+                input_layer=layer,
+                depths=run.depths,
+                dtype=run.dtype,
+                device=str(run.device),
+                compile=compile,
+                batch_size=run.batch_size,
+                padded=run.padded,
+                threads=threads,
+                batches=[(rows, *run.tokens(split, rows)) for rows in batches],
+                engine=engine,
+                tokens=run.tokens_total,
+                calibration=calibration,
+                labels=run.data[split].labels[start:stop],
+                lengths=run.data[split].lengths[start:stop],
+            )
             future = client.submit(run_shard, job, pure=False, retries=2, key=f"reservoir-shard-{path.name}")
             sizes[future] = stop - start
             return future
@@ -292,7 +365,9 @@ def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, engi
         # at most two shards per worker in flight: the driver holds a few shards' tokens, not the dataset's
         pending, sizes = iter(todo.items()), {}
         first = [submit(*key, *value) for key, value in itertools.islice(pending, 2 * n_workers)]
-        with bar(sum(stop - start for _, start, stop in todo), f"{run.task.name} shards", enabled=progress) as shown:
+        with bar(
+            sum(stop - start for _, start, stop in todo), f"{run.task.name} shards", enabled=progress
+        ) as shown:
             running = as_completed(first)
             for future in running:
                 future.result()  # a worker's error is raised here, with its message
@@ -303,4 +378,3 @@ def _run_jobs(run, todo: dict, layer: dict[str, np.ndarray], compile: bool, engi
         client.close()
         if cluster is not None:
             cluster.close()
-

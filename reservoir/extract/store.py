@@ -25,8 +25,9 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import h5py
 import numpy as np
@@ -42,16 +43,24 @@ FIX_OTHER = "pass another --out, or delete it to extract again"
 #: (:func:`reservoir.identity.array_digest`); a shard file keeps its ``features`` digests on its root
 DIGESTS = "sha256"
 #: what to do about a complete file whose contents fail verification
-FIX_FORCE = ("extract it again with --force (the same `reservoir extract` command plus --force: the damaged file "
-             "is moved aside and a new one written)")
+FIX_FORCE = (
+    "extract it again with --force (the same `reservoir extract` command plus --force: the damaged file "
+    "is moved aside and a new one written)"
+)
 
 
 def create_features(group: h5py.Group, n: int, shape: tuple[int, int, int]) -> h5py.Dataset:
     """The ``features`` dataset ``(n, n_depths, n_readout, d)`` float32: chunks of whole rows of one
     depth (a depth reads contiguously), each with a Fletcher-32 checksum."""
     rows = max(1, min(n, CHUNK_BYTES // (4 * shape[1] * shape[2])))
-    return group.create_dataset("features", shape=(n, *shape), dtype=np.float32, chunks=(rows, 1, *shape[1:]),
-                                fletcher32=True, track_times=False)
+    return group.create_dataset(
+        "features",
+        shape=(n, *shape),
+        dtype=np.float32,
+        chunks=(rows, 1, *shape[1:]),
+        fletcher32=True,
+        track_times=False,
+    )
 
 
 def partial_path(path: Path) -> Path:
@@ -76,18 +85,25 @@ def _open_h5(path: Path, mode: str = "r") -> h5py.File:
         return h5_file(path, mode)
     except OSError as e:
         if not h5py.is_hdf5(path):
-            raise StoreError(f"{path} is not an HDF5 feature file (it is {path.stat().st_size:,d} bytes of something "
-                             f"else); {FIX_OTHER}") from None
-        raise StoreError(f"{path} is an HDF5 file that cannot be opened ({str(e).splitlines()[0]}); it may be "
-                         f"truncated or in use by another program; {FIX_OTHER}") from None
+            raise StoreError(
+                f"{path} is not an HDF5 feature file (it is {path.stat().st_size:,d} bytes of something "
+                f"else); {FIX_OTHER}"
+            ) from None
+        raise StoreError(
+            f"{path} is an HDF5 file that cannot be opened ({str(e).splitlines()[0]}); it may be "
+            f"truncated or in use by another program; {FIX_OTHER}"
+        ) from None
 
 
 def stored_identity(f: h5py.File) -> dict[str, Any]:
     """The identity recorded in a feature file; StoreError for files that are not ours or older formats."""
     if "identity" not in f.attrs:
         version = f.attrs.get("version")
-        what = f"written by reservoir {version} (an older format without a run identity)" if version is not None \
+        what = (
+            f"written by reservoir {version} (an older format without a run identity)"
+            if version is not None
             else "not a reservoir feature file (no identity recorded)"
+        )
         raise StoreError(f"{f.filename} is {what}; {FIX_OTHER}")
     return json.loads(f.attrs["identity"])
 
@@ -137,8 +153,10 @@ class WriterLock:
         except OSError:
             holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(self.fd)
-            raise StoreError(f"{path} is being written by {holder}; wait for that run to finish or stop it, "
-                             "or pass another --out") from None
+            raise StoreError(
+                f"{path} is being written by {holder}; wait for that run to finish or stop it, "
+                "or pass another --out"
+            ) from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
 
@@ -167,8 +185,10 @@ def check_shards(f: h5py.File) -> None:
             continue
         missing = sorted({s.file_name for s in ds.virtual_sources() if not (folder / s.file_name).exists()})
         if missing:
-            raise StoreError(f"{f.filename} reads its features from {len(missing)} shard file(s) that are gone "
-                             f"(e.g. {folder / missing[0]}); delete {f.filename} and rerun the extraction to redo them")
+            raise StoreError(
+                f"{f.filename} reads its features from {len(missing)} shard file(s) that are gone "
+                f"(e.g. {folder / missing[0]}); delete {f.filename} and rerun the extraction to redo them"
+            )
 
 
 def check_complete_match(path: Path, identity: dict[str, Any], fix: str = FIX_FORCE) -> None:
@@ -204,12 +224,22 @@ def extract_command(f: h5py.File) -> str:
     words = ["reservoir", "extract", "--task", c["task"], "--backbone", c["backbone"]]
     for key, value in sorted(c.get("task_options", {}).items()):
         words += ["--task-opt", f"{key}={value}"]
-    defaults = {"split": "all", "limit": None, "seed": 0, "input_scale": "paper", "dtype": "auto", "depths": "all",
-                "readout": "last"}
+    defaults = {
+        "split": "all",
+        "limit": None,
+        "seed": 0,
+        "input_scale": "paper",
+        "dtype": "auto",
+        "depths": "all",
+        "readout": "last",
+    }
     for key, default in defaults.items():
         value = c.get(key, default)
         if value != default:
-            words += [f"--{key.replace('_', '-')}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+            words += [
+                f"--{key.replace('_', '-')}",
+                ",".join(map(str, value)) if isinstance(value, list) else str(value),
+            ]
     if c.get("data_dir") and c["data_dir"] != str(default_data_dir()):
         words += ["--data-dir", c["data_dir"]]
     return shlex.join(words + ["--out", str(f.filename), "--force"])
@@ -220,8 +250,10 @@ def check_ready(f: h5py.File) -> None:
     if not f.attrs.get("complete", False):
         final = Path(f.filename[: -len(".partial")] if f.filename.endswith(".partial") else f.filename)
         if writer := writer_of(final):
-            raise StoreError(f"feature file {f.filename} is still being written by {writer} (`reservoir extract` is "
-                             "running); wait for it to finish, then read the complete file it prints")
+            raise StoreError(
+                f"feature file {f.filename} is still being written by {writer} (`reservoir extract` is "
+                "running); wait for it to finish, then read the complete file it prints"
+            )
         raise StoreError(f"feature file {f.filename} is not complete; rerun `reservoir extract` to finish it")
     check_shards(f)
 
@@ -242,7 +274,6 @@ def readable(f: h5py.File) -> bool:
 # ---------------------------------------------------------------- content digests: verify before trust
 
 
-
 def block_rows(ds: h5py.Dataset) -> int:
     """Rows of one depth read at a time (about :data:`BLOCK_BYTES`), a whole number of chunks."""
     rows = max(1, BLOCK_BYTES // (4 * int(np.prod(ds.shape[2:])) or 1))
@@ -259,13 +290,16 @@ def depth_digest(ds: h5py.Dataset, k: int, where: str, fix: str) -> str:
     rows = block_rows(ds)
     for start in range(0, ds.shape[0], rows):
         try:
-            X = ds[start:start + rows, k]
+            X = ds[start : start + rows, k]
         except OSError as e:
-            raise StoreError(f"{where} cannot be read ({str(e).splitlines()[0]}): the file is corrupt; {fix}") from None
+            raise StoreError(
+                f"{where} cannot be read ({str(e).splitlines()[0]}): the file is corrupt; {fix}"
+            ) from None
         finite = np.isfinite(X).reshape(len(X), -1).all(1)
         if not finite.all():
-            raise StoreError(f"{where} holds NaN or inf features (row {start + int(np.flatnonzero(~finite)[0])}); "
-                             f"{fix}")
+            raise StoreError(
+                f"{where} holds NaN or inf features (row {start + int(np.flatnonzero(~finite)[0])}); {fix}"
+            )
         h.update(np.ascontiguousarray(X).data)
     return h.hexdigest()
 
@@ -275,19 +309,27 @@ def content_digests(f: h5py.File, split: str, fix: str = FIX_FORCE) -> dict[str,
     from reservoir.identity import array_digest
 
     g, depths = f[split], [int(d) for d in f.attrs["depths"]]
-    return {"features": [depth_digest(g["features"], k, f"{f.filename}: split {split!r}, depth {d}", fix)
-                         for k, d in enumerate(depths)],
-            "labels": array_digest(g["labels"][:]), "lengths": array_digest(g["lengths"][:])}
+    return {
+        "features": [
+            depth_digest(g["features"], k, f"{f.filename}: split {split!r}, depth {d}", fix)
+            for k, d in enumerate(depths)
+        ],
+        "labels": array_digest(g["labels"][:]),
+        "lengths": array_digest(g["lengths"][:]),
+    }
 
 
 def seal(f: h5py.File) -> None:
     """Record every split's content digests (the last step before a file is marked complete)."""
     for split in feature_splits(f):
-        f[split].attrs[DIGESTS] = json.dumps(content_digests(f, split, fix="the run is not marked complete; rerun it"))
+        f[split].attrs[DIGESTS] = json.dumps(
+            content_digests(f, split, fix="the run is not marked complete; rerun it")
+        )
 
 
-def verify(f: h5py.File, depths: list[int] | None = None, splits: list[str] | None = None,
-           fix: str = FIX_FORCE) -> None:
+def verify(
+    f: h5py.File, depths: list[int] | None = None, splits: list[str] | None = None, fix: str = FIX_FORCE
+) -> None:
     """Before a complete file is trusted: read ``depths`` (default: all) of ``splits`` (default: all)
     through their checksums, refuse NaN or inf, and compare every digest with the one recorded at
     completion. StoreError naming the file, split and depth, and ``fix``, otherwise. A file written
@@ -299,22 +341,28 @@ def verify(f: h5py.File, depths: list[int] | None = None, splits: list[str] | No
             recorded = json.loads(g.attrs[DIGESTS]) if DIGESTS in g.attrs else None
             labels, lengths = g["labels"][:], g["lengths"][:]
         except (OSError, ValueError) as e:
-            raise StoreError(f"{f.filename}: split {split!r} cannot be read ({str(e).splitlines()[0]}): the file is "
-                             f"corrupt; {fix}") from None
+            raise StoreError(
+                f"{f.filename}: split {split!r} cannot be read ({str(e).splitlines()[0]}): the file is "
+                f"corrupt; {fix}"
+            ) from None
         for depth in stored_depths if depths is None else depths:
             k = stored_depths.index(depth)
             where = f"{f.filename}: split {split!r}, depth {depth}"
             got = depth_digest(g["features"], k, where, fix)
             if recorded is not None and got != recorded["features"][k]:
-                raise StoreError(f"{where}: the features differ from the digest recorded when the file was completed "
-                                 f"(changed or damaged since); {fix}")
+                raise StoreError(
+                    f"{where}: the features differ from the digest recorded when the file was completed "
+                    f"(changed or damaged since); {fix}"
+                )
         if recorded is not None:
             from reservoir.identity import array_digest
 
             for name, values in (("labels", labels), ("lengths", lengths)):
                 if array_digest(values) != recorded[name]:
-                    raise StoreError(f"{f.filename}: split {split!r}: the {name} differ from the digest recorded when "
-                                     f"the file was completed (changed or damaged since); {fix}")
+                    raise StoreError(
+                        f"{f.filename}: split {split!r}: the {name} differ from the digest recorded when "
+                        f"the file was completed (changed or damaged since); {fix}"
+                    )
 
 
 #: room left for HDF5 metadata beside the features when checking free space
@@ -329,9 +377,11 @@ def check_space(path: Path, nbytes: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(path.parent).free
     if free < nbytes + HEADROOM_BYTES:
-        raise StoreError(f"{path} needs about {(nbytes + HEADROOM_BYTES) / 2**20:,.1f} MiB and {path.parent} has "
-                         f"{free / 2**20:,.1f} MiB free: the disk is full. Free space (or pass --out on "
-                         "another disk) and rerun the same command")
+        raise StoreError(
+            f"{path} needs about {(nbytes + HEADROOM_BYTES) / 2**20:,.1f} MiB and {path.parent} has "
+            f"{free / 2**20:,.1f} MiB free: the disk is full. Free space (or pass --out on "
+            "another disk) and rerun the same command"
+        )
 
 
 #: what failed writes left behind (the exception with its frames, the open file): kept referenced
@@ -348,10 +398,16 @@ def write_failed(path: Path, e: Exception, *keep: Any) -> WriteFailed:
     _FAILED.append((e, keep))
     text = str(e)
     full = getattr(e, "errno", None) == errno.ENOSPC or "No space left" in text or "errno = 28" in text
-    what = "the disk is full" if full else f"the write failed ({text.splitlines()[0] if text else type(e).__name__})"
+    what = (
+        "the disk is full"
+        if full
+        else f"the write failed ({text.splitlines()[0] if text else type(e).__name__})"
+    )
     fix = "Check the disk" if getattr(e, "errno", None) == errno.EIO else "Free space"
-    return WriteFailed(f"writing {path} stopped: {what}. {fix} (or pass --out on another disk) and rerun the "
-                      "same command: it resumes where it stopped")
+    return WriteFailed(
+        f"writing {path} stopped: {what}. {fix} (or pass --out on another disk) and rerun the "
+        "same command: it resumes where it stopped"
+    )
 
 
 class FeatureWriter:
@@ -363,8 +419,14 @@ class FeatureWriter:
         self.failed = False
 
     @classmethod
-    def open(cls, path: Path, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any],
-             nbytes: int = 0) -> "FeatureWriter":
+    def open(
+        cls,
+        path: Path,
+        identity: dict[str, Any],
+        config: dict[str, Any],
+        input_layer: dict[str, Any],
+        nbytes: int = 0,
+    ) -> FeatureWriter:
         """Lock ``path``, then open ``path.partial`` for writing, resuming it when its identity equals
         ``identity`` (IdentityError naming the differences otherwise). A new file must find
         ``nbytes`` (the features it will hold) free on its disk."""
@@ -377,8 +439,15 @@ class FeatureWriter:
             raise
 
     @classmethod
-    def _open(cls, path: Path, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any],
-              lock: WriterLock, nbytes: int) -> "FeatureWriter":
+    def _open(
+        cls,
+        path: Path,
+        identity: dict[str, Any],
+        config: dict[str, Any],
+        input_layer: dict[str, Any],
+        lock: WriterLock,
+        nbytes: int,
+    ) -> FeatureWriter:
         tmp = partial_path(path)
         if tmp.exists():
             f = None
@@ -395,12 +464,15 @@ class FeatureWriter:
                     f.close()
                     raise IdentityError(
                         f"{tmp} is an unfinished run with other settings ({'; '.join(diff)}); rerun with the same "
-                        "options to resume it, pass another --out, or delete it to start over")
+                        "options to resume it, pass another --out, or delete it to start over"
+                    )
                 if readable(f):
                     return cls(path, f, lock)
                 f.close()  # a chunk torn by a kill mid-write: start over rather than trust it
-                print(f"{tmp} has a chunk that fails its checksum (a write was cut short); starting over",
-                      file=sys.stderr)
+                print(
+                    f"{tmp} has a chunk that fails its checksum (a write was cut short); starting over",
+                    file=sys.stderr,
+                )
                 os.remove(tmp)
         check_space(tmp, nbytes)  # a resumed file has its space already
         f = None
@@ -412,7 +484,9 @@ class FeatureWriter:
             raise write_failed(tmp, e, f) from None
         return cls(path, f, lock)
 
-    def split(self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
+    def split(
+        self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]
+    ) -> np.ndarray:
         """Create (or reopen) a split; returns its ``done`` mask."""
         if name in self.f:
             return self.f[name]["done"][:]
@@ -422,7 +496,9 @@ class FeatureWriter:
             raise self._failed(e) from None
         return np.zeros(len(labels), dtype=bool)
 
-    def _create(self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]) -> None:
+    def _create(
+        self, name: str, labels: np.ndarray, lengths: np.ndarray, shape: tuple[int, int, int]
+    ) -> None:
         n = len(labels)
         g = self.f.create_group(name)
         create_features(g, n, shape)
@@ -436,12 +512,11 @@ class FeatureWriter:
         """Write ``features`` for the (increasing) row indices ``rows``, then mark them done."""
         if not np.isfinite(features).all():
             bad = int(rows[np.flatnonzero(~np.isfinite(features.reshape(len(rows), -1)).all(1))[0]])
-            raise StoreError(f"the backbone produced NaN or inf features for row {bad} of split {split!r}; "
-                             "nothing was stored for it. Try --dtype float32, or check the input data")
-        if len(rows) and np.all(np.diff(rows) == 1):
-            sel = slice(int(rows[0]), int(rows[-1]) + 1)
-        else:
-            sel = rows
+            raise StoreError(
+                f"the backbone produced NaN or inf features for row {bad} of split {split!r}; "
+                "nothing was stored for it. Try --dtype float32, or check the input data"
+            )
+        sel = slice(int(rows[0]), int(rows[-1]) + 1) if len(rows) and np.all(np.diff(rows) == 1) else rows
         try:
             self._write(split, sel, len(rows), features)
         except (OSError, RuntimeError) as e:  # h5py reports failed flushes as RuntimeError
@@ -495,9 +570,14 @@ class FeatureWriter:
             self.lock.release()
 
 
-def write_joined(out: Path, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any],
-                 splits: dict[str, tuple[np.ndarray, np.ndarray, list[tuple[int, int, Path]]]],
-                 shape: tuple[int, int, int]) -> Path:
+def write_joined(
+    out: Path,
+    identity: dict[str, Any],
+    config: dict[str, Any],
+    input_layer: dict[str, Any],
+    splits: dict[str, tuple[np.ndarray, np.ndarray, list[tuple[int, int, Path]]]],
+    shape: tuple[int, int, int],
+) -> Path:
     """Write ``out`` whose features are virtual datasets over shard files (no copy); labels,
     lengths and the input layer as in a single-process file. ``splits`` maps a split to its
     labels, lengths and ``(start, stop, shard path)`` list. Written as ``.partial``, marked
@@ -524,7 +604,9 @@ def write_joined(out: Path, identity: dict[str, Any], config: dict[str, Any], in
     return out
 
 
-def _write_header(f: h5py.File, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any]) -> None:
+def _write_header(
+    f: h5py.File, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any]
+) -> None:
     f.attrs["identity"] = canonical(identity)
     f.attrs["identity_hash"] = digest(identity)
     f.attrs.update({k: identity[k] for k in ("task", "backbone", "seed", "dtype", "readout")})
@@ -542,12 +624,20 @@ def open_features(path: Path) -> h5py.File:
     path = Path(path)
     if not path.exists():
         if writer := writer_of(path):
-            raise StoreError(f"feature file {path} is still being written by {writer} (`reservoir extract` is running); "
-                             "wait for it to finish, then run this again")
-        hint = f" (an unfinished run left {partial_path(path)}: rerun extract to resume it)" if partial_path(path).exists() else ""
+            raise StoreError(
+                f"feature file {path} is still being written by {writer} (`reservoir extract` is running); "
+                "wait for it to finish, then run this again"
+            )
+        hint = (
+            f" (an unfinished run left {partial_path(path)}: rerun extract to resume it)"
+            if partial_path(path).exists()
+            else ""
+        )
         raise StoreError(f"feature file {path} does not exist{hint}; run `reservoir extract` first")
     if path.is_dir():
-        raise StoreError(f"{path} is a folder, not a feature file; pass the .h5 file `reservoir extract` printed")
+        raise StoreError(
+            f"{path} is a folder, not a feature file; pass the .h5 file `reservoir extract` printed"
+        )
     f = _open_h5(path)
     try:
         stored_identity(f)
@@ -596,7 +686,7 @@ def read_depths(f: h5py.File, split: str, depths: list[int] | None = None) -> tu
     for j, depth in enumerate(depths):
         start = 0
         for X, _ in iter_depth(f, split, depth):
-            out[start:start + len(X), j] = X
+            out[start : start + len(X), j] = X
             start += len(X)
     return out, f[split]["labels"][:]
 
@@ -605,8 +695,9 @@ def read_depths(f: h5py.File, split: str, depths: list[int] | None = None) -> tu
 BLOCK_BYTES = 32 << 20
 
 
-def iter_depth(f: h5py.File, split: str, depth: int, rows: int | None = None,
-               select: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def iter_depth(
+    f: h5py.File, split: str, depth: int, rows: int | None = None, select: np.ndarray | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stream one depth in blocks of ``rows`` (default: about :data:`BLOCK_BYTES`), so memory stays
     flat as the split grows; with ``select`` (increasing row indices) only those rows. A corrupt
     chunk or a non-finite value raises StoreError naming the file, split and depth."""
@@ -616,13 +707,17 @@ def iter_depth(f: h5py.File, split: str, depth: int, rows: int | None = None,
     ds, labels = f[split]["features"], f[split]["labels"]
     rows = rows or max(1, BLOCK_BYTES // (4 * int(np.prod(ds.shape[2:]))))
     for start in range(0, ds.shape[0] if select is None else len(select), rows):
-        index = slice(start, start + rows) if select is None else select[start:start + rows]
+        index = slice(start, start + rows) if select is None else select[start : start + rows]
         try:
             X = ds[index, k]
         except OSError as e:
-            raise StoreError(f"{f.filename}: split {split!r}, depth {depth} cannot be read "
-                             f"({str(e).splitlines()[0]}); the file is corrupt: delete it and extract again") from None
+            raise StoreError(
+                f"{f.filename}: split {split!r}, depth {depth} cannot be read "
+                f"({str(e).splitlines()[0]}); the file is corrupt: delete it and extract again"
+            ) from None
         if not np.isfinite(X).all():
-            raise StoreError(f"{f.filename}: split {split!r}, depth {depth} holds NaN or inf features; "
-                             "delete the file and extract again (try --dtype float32)")
+            raise StoreError(
+                f"{f.filename}: split {split!r}, depth {depth} holds NaN or inf features; "
+                "delete the file and extract again (try --dtype float32)"
+            )
         yield X, labels[index]

@@ -23,7 +23,9 @@ def resolve_device(name: str) -> torch.device:
         if index >= found:
             raise DeviceError(absent_cuda(name, found))
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise DeviceError("--device mps: Apple's Metal backend is not available here; use --device cpu or auto")
+        raise DeviceError(
+            "--device mps: Apple's Metal backend is not available here; use --device cpu or auto"
+        )
     return torch.device(name)
 
 
@@ -31,8 +33,12 @@ def absent_cuda(name: str, found: int) -> str:
     """The message for ``--device NAME`` past the ``found`` CUDA devices: what there is and what to pass."""
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
     if not found:
-        return (f"--device {name}: this machine has 0 CUDA device(s) (torch {torch.__version__}, {build}); "
-                "use --device cpu, or auto to take a GPU when there is one")
+        return (
+            f"--device {name}: this machine has 0 CUDA device(s) (torch {torch.__version__}, {build}); "
+            "use --device cpu, or auto to take a GPU when there is one"
+        )
     cards = ", ".join(f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(found))
-    return (f"--device {name}: this machine has {found} CUDA device(s) ({cards}; torch {torch.__version__}, {build}); "
-            f"use --device cuda:0{f' to cuda:{found - 1}' if found > 1 else ''}, cuda (the first), or cpu")
+    return (
+        f"--device {name}: this machine has {found} CUDA device(s) ({cards}; torch {torch.__version__}, {build}); "
+        f"use --device cuda:0{f' to cuda:{found - 1}' if found > 1 else ''}, cuda (the first), or cpu"
+    )

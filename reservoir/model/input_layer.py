@@ -35,14 +35,17 @@ def target_std(scale: str, token_std: float | None) -> float | None:
         return None
     if scale == "matched":
         if token_std is None:
-            raise UsageError("--input-scale matched needs the backbone's token-embedding std, which this backbone "
-                             "does not report; pass a number (e.g. --input-scale 0.02) or paper")
+            raise UsageError(
+                "--input-scale matched needs the backbone's token-embedding std, which this backbone "
+                "does not report; pass a number (e.g. --input-scale 0.02) or paper"
+            )
         return float(token_std)
     return float(scale)
 
 
-def make_input_layer(spec: TaskSpec, d_model: int, seed: int, scale: str = "paper",
-                     token_std: float | None = None) -> nn.Module:
+def make_input_layer(
+    spec: TaskSpec, d_model: int, seed: int, scale: str = "paper", token_std: float | None = None
+) -> nn.Module:
     """The seeded input layer of a task at ``scale`` (module docstring); ``token_std`` is the
     backbone's, for ``"matched"``."""
     std = target_std(scale, token_std)

@@ -14,7 +14,7 @@ same numbers (tests check it).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -40,7 +40,8 @@ def check_length(spec: TaskSpec, backbone: Backbone, backbone_name: str) -> None
         raise BackboneError(
             f"task {spec.name!r} has sequences of up to {spec.seq_len} tokens, but backbone {backbone_name!r} reads at "
             f"most {limit} positions; shorten the task (e.g. --task-opt max_len={limit} where the task has it) or "
-            "choose a backbone with more positions")
+            "choose a backbone with more positions"
+        )
 
 
 class Reservoir(nn.Module):
@@ -58,24 +59,37 @@ class Reservoir(nn.Module):
     in the backbone's dtype; ``readout=None`` reads the last real tokens.
     """
 
-    def __init__(self, spec: TaskSpec, backbone: Backbone, *, seed: int, input_scale: str = "paper",
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        spec: TaskSpec,
+        backbone: Backbone,
+        *,
+        seed: int,
+        input_scale: str = "paper",
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.spec = spec
-        self.input_layer = make_input_layer(spec, backbone.input_width, seed, input_scale,
-                                            getattr(backbone, "token_std", None))
+        self.input_layer = make_input_layer(
+            spec, backbone.input_width, seed, input_scale, getattr(backbone, "token_std", None)
+        )
         self.dropout = nn.Dropout(dropout)
         self.backbone = backbone
         self.compute_dtype = torch.float32
 
-    def to_compute(self, dtype: torch.dtype) -> "Reservoir":
+    def to_compute(self, dtype: torch.dtype) -> Reservoir:
         """Run the backbone in ``dtype``; the input layer stays float32."""
         self.backbone.to(dtype)
         self.compute_dtype = dtype
         return self
 
-    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int],
-                readout: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        depths: Sequence[int],
+        readout: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if readout is None:
             readout = readout_positions(lengths, self.spec.n_readout)
         x = self.dropout(self.input_layer(tokens)).to(self.compute_dtype)

@@ -22,16 +22,17 @@ data reuses the same baseline results (read back instead of recomputed).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from reservoir import __version__
 from reservoir.config import FitConfig
 from reservoir.errors import DataError, IdentityError
-from reservoir.probe.heads import ArrayRows, fit_rows, holdout
 from reservoir.identity import digest, reread
+from reservoir.probe.heads import ArrayRows, fit_rows, holdout
 from reservoir.progress import log
 from reservoir.results import result_key, result_path, write_result
 from reservoir.runtime import machine
@@ -43,10 +44,14 @@ def load_data(task: Task, identity: dict[str, Any], data_dir: Path) -> dict[str,
     try:
         data = reread(task, identity, data_dir)
     except DataError as e:
-        raise DataError(f"{e}\n(the baselines read the task's data again: pass --data-dir, or --no-baselines)") from None
+        raise DataError(
+            f"{e}\n(the baselines read the task's data again: pass --data-dir, or --no-baselines)"
+        ) from None
     if data is None:
-        raise IdentityError(f"the data of task {identity['task']!r} under {data_dir} differs from the data the "
-                            "features were extracted from; pass the --data-dir the extraction read, or --no-baselines")
+        raise IdentityError(
+            f"the data of task {identity['task']!r} under {data_dir} differs from the data the "
+            "features were extracted from; pass the --data-dir the extraction read, or --no-baselines"
+        )
     return data
 
 
@@ -89,8 +94,14 @@ def lookup_rule(keys: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], 
     return predict
 
 
-def rule_scores(keys: dict[str, np.ndarray], data: dict[str, SplitData], val: str | None, tests: list[str],
-                val_fraction: float, seed: int) -> dict[str, Any]:
+def rule_scores(
+    keys: dict[str, np.ndarray],
+    data: dict[str, SplitData],
+    val: str | None,
+    tests: list[str],
+    val_fraction: float,
+    seed: int,
+) -> dict[str, Any]:
     """A lookup rule scored like a head: validation on the val split (or a seeded held-out part
     of train), test after refitting on all of train (as :func:`reservoir.probe.heads.fit_rows`)."""
     train_y = data["train"].labels
@@ -103,9 +114,18 @@ def rule_scores(keys: dict[str, np.ndarray], data: dict[str, SplitData], val: st
     val_acc = float(np.mean(lookup_rule(fit_keys, fit_y)(val_keys) == val_y))
     rule = lookup_rule(keys["train"], train_y)
     accs = {t: float(np.mean(rule(keys[t]) == data[t].labels)) for t in tests}
-    return {"test_accuracy": accs[tests[0]], "test_accuracies": accs, "val_accuracy": val_acc,
-            "n_train": len(train_y), "n_val": len(val_y), "n_test": len(data[tests[0]]),
-            "n_tests": {t: len(data[t]) for t in tests}, "hyperparameters": {}, "val_scores": {}, "seconds": 0.0}
+    return {
+        "test_accuracy": accs[tests[0]],
+        "test_accuracies": accs,
+        "val_accuracy": val_acc,
+        "n_train": len(train_y),
+        "n_val": len(val_y),
+        "n_test": len(data[tests[0]]),
+        "n_tests": {t: len(data[t]) for t in tests},
+        "hyperparameters": {},
+        "val_scores": {},
+        "seconds": 0.0,
+    }
 
 
 def baseline_identity(identity: dict[str, Any], name: str, **extra: Any) -> dict[str, Any]:
@@ -113,14 +133,25 @@ def baseline_identity(identity: dict[str, Any], name: str, **extra: Any) -> dict
     return {**{k: identity[k] for k in keep}, "baseline": name, **extra}
 
 
-def fit_baselines(identity: dict[str, Any], width: int, cfg: FitConfig, val: str | None, tests: list[str], *,
-                  data_dir: Path, loaded: tuple[Task, dict[str, SplitData]] | None = None,
-                  progress: bool = True) -> list[dict[str, Any]]:
+def fit_baselines(
+    identity: dict[str, Any],
+    width: int,
+    cfg: FitConfig,
+    val: str | None,
+    tests: list[str],
+    *,
+    data_dir: Path,
+    loaded: tuple[Task, dict[str, SplitData]] | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     """Every baseline of the data behind ``identity`` (module docstring), each written as a
     result with ``mode="baseline"`` under ``results/TASK/baseline-NAME/``; a baseline already
     written for the same data, head and selection is read back, not recomputed. ``loaded``:
     the task and its data when the caller has read and checked them already (``file:`` tasks)."""
-    task, data = loaded or (make_task(identity["task"], dict(identity["task_options"]), identity["seed"]), None)
+    task, data = loaded or (
+        make_task(identity["task"], dict(identity["task_options"]), identity["seed"]),
+        None,
+    )
     rules = task.baseline_rules()
     plan = [(rule, "rule", {}) for rule in ("majority", *rules)]
     plan += [("raw", cfg.head, {}), (f"tanh-{width}", cfg.head, {"width": width, "seed": identity["seed"]})]
@@ -128,9 +159,18 @@ def fit_baselines(identity: dict[str, Any], width: int, cfg: FitConfig, val: str
     out = []
     for baseline, head, extra in plan:
         result = {
-            "task": identity["task"], "backbone": f"baseline-{baseline}", "mode": "baseline", "baseline": baseline,
-            "depth": None, "head": head, "trainable": [], "seed": cfg.seed, "lr": None, "version": __version__,
-            "identity": baseline_identity(identity, baseline, **extra), "machines": [machine.on("cpu")],
+            "task": identity["task"],
+            "backbone": f"baseline-{baseline}",
+            "mode": "baseline",
+            "baseline": baseline,
+            "depth": None,
+            "head": head,
+            "trainable": [],
+            "seed": cfg.seed,
+            "lr": None,
+            "version": __version__,
+            "identity": baseline_identity(identity, baseline, **extra),
+            "machines": [machine.on("cpu")],
             "config": {"fit": {**cfg.to_json(), "features": None}},
         }
         result["identity_hash"] = digest(result["identity"])
@@ -143,25 +183,38 @@ def fit_baselines(identity: dict[str, Any], width: int, cfg: FitConfig, val: str
             data = load_data(task, identity, data_dir)
         if head == "rule":
             rule = rules.get(baseline, lambda d: np.zeros(len(d), np.int64))
-            scores = rule_scores({s: rule(d) for s, d in data.items()}, data, val, tests, cfg.val_fraction, cfg.seed)
+            scores = rule_scores(
+                {s: rule(d) for s, d in data.items()}, data, val, tests, cfg.val_fraction, cfg.seed
+            )
         else:
             if raw is None:
                 raw = {s: raw_inputs(task, d) for s, d in data.items()}
             X = raw if baseline == "raw" else tanh_features(raw, width, identity["seed"])
             train, test_rows, val_rows = _rows(X, data, val, tests)
-            scores = fit_rows(head, train, test_rows, val=val_rows, val_fraction=cfg.val_fraction, seed=cfg.seed,
-                              memory_bytes=cfg.memory_mb * 2**20)
+            scores = fit_rows(
+                head,
+                train,
+                test_rows,
+                val=val_rows,
+                val_fraction=cfg.val_fraction,
+                seed=cfg.seed,
+                memory_bytes=cfg.memory_mb * 2**20,
+            )
         scores["test_split"] = tests[0]
         result = {**result, **scores}
         result["path"] = str(write_result(result))
         out.append(result)
-        log(f"baseline {baseline} ({head}): {tests[0]} {100 * scores['test_accuracy']:.1f}% "
-            f"(val {100 * scores['val_accuracy']:.1f}%, {scores['seconds']:.1f}s)", progress)
+        log(
+            f"baseline {baseline} ({head}): {tests[0]} {100 * scores['test_accuracy']:.1f}% "
+            f"(val {100 * scores['val_accuracy']:.1f}%, {scores['seconds']:.1f}s)",
+            progress,
+        )
     return out
 
 
 def _rows(X: dict[str, np.ndarray], data: dict[str, SplitData], val: str | None, tests: list[str]):
     """The head's rows: one row per example, every output of a multi-output task beside the others."""
+
     def rows_of(split):
         y = data[split].labels
         return ArrayRows(X[split][:, None, :], y if y.ndim == 1 else y.reshape(len(y), 1, -1))

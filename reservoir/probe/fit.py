@@ -18,17 +18,26 @@ import numpy as np
 from reservoir import __version__
 from reservoir.config import FitConfig, default_data_dir, features_dir, select_depths, slug
 from reservoir.errors import IdentityError, StoreError, UsageError
-from reservoir.probe.heads import Predictor, Rows, fit_probe, rows
-from reservoir.tasks import VALIDATION_SPLITS
-from reservoir.tasks import split_roles as roles_of
+from reservoir.extract.store import (
+    extract_command,
+    feature_splits,
+    file_config,
+    h5_file,
+    iter_depth,
+    open_features,
+    stored_identity,
+    verify,
+)
 from reservoir.identity import canonical, reread, task_label
 from reservoir.model.backbones import label as backbone_label
-from reservoir.progress import log
 from reservoir.model.devices import resolve_device
-from reservoir.runtime import machine
+from reservoir.probe.heads import Predictor, Rows, fit_probe, rows
+from reservoir.progress import log
 from reservoir.results import result_key, result_path, write_result
-from reservoir.extract.store import (extract_command, feature_splits, file_config, h5_file, iter_depth, open_features,
-                                     stored_identity, verify)
+from reservoir.runtime import machine
+from reservoir.tasks import VALIDATION_SPLITS
+from reservoir.tasks import split_roles as roles_of
+
 
 class FileRows(Rows):
     """One depth of one split of a feature file (``index``: a subset of its rows), streamed in
@@ -38,9 +47,14 @@ class FileRows(Rows):
         self.f, self.split, self.depth, self.index = f, split, depth, index
         self.labels = f[split]["labels"][:] if labels is None else labels
 
-    def take(self, index) -> "FileRows":
-        return FileRows(self.f, self.split, self.depth, index if self.index is None else self.index[index],
-                        self.labels[index])
+    def take(self, index) -> FileRows:
+        return FileRows(
+            self.f,
+            self.split,
+            self.depth,
+            index if self.index is None else self.index[index],
+            self.labels[index],
+        )
 
     @property
     def nbytes(self) -> int:
@@ -52,11 +66,11 @@ class FileRows(Rows):
             yield rows(X, y)
 
 
-
-
 def describe_file(p: Path, i: dict[str, Any]) -> str:
-    return (f"  {p}  (backbone {i['backbone']}, seed {i['seed']}, {i['dtype']}, limit {i['limit']}, "
-            f"depths {i['depths'][0]}..{i['depths'][-1]}, readout {i['readout']})")
+    return (
+        f"  {p}  (backbone {i['backbone']}, seed {i['seed']}, {i['dtype']}, limit {i['limit']}, "
+        f"depths {i['depths'][0]}..{i['depths'][-1]}, readout {i['readout']})"
+    )
 
 
 def identity_mismatch(task: str, backbone: str | None, identity: dict[str, Any], read: dict) -> str | None:
@@ -88,8 +102,10 @@ def find_features(task: str, backbone: str | None) -> Path:
     if not found:
         partial = sorted(folder.glob(pattern + ".partial"))
         hint = f" ({len(partial)} unfinished: rerun the same extract to finish it)" if partial else ""
-        raise StoreError(f"no feature file for {what} under {folder}{hint}; run `reservoir extract --task {task}"
-                         f"{' --backbone ' + backbone if backbone else ''}` first, or pass --features FILE")
+        raise StoreError(
+            f"no feature file for {what} under {folder}{hint}; run `reservoir extract --task {task}"
+            f"{' --backbone ' + backbone if backbone else ''}` first, or pass --features FILE"
+        )
     matching, others, read = [], [], {}
     for p in found:
         try:
@@ -106,37 +122,49 @@ def find_features(task: str, backbone: str | None) -> Path:
     if len(matching) == 1:
         return matching[0][0]
     if not matching:
-        raise StoreError(f"none of the {len(found)} feature files under {folder} holds features of {what}:\n"
-                         + "\n".join(others) + f"\nrun `reservoir extract --task {task}"
-                         f"{' --backbone ' + backbone if backbone else ''}` first, or pass --features FILE")
-    raise StoreError(f"{len(matching)} feature files match {what}; pass --features with one of them:\n"
-                     + "\n".join(describe_file(p, i) for p, i in matching))
+        raise StoreError(
+            f"none of the {len(found)} feature files under {folder} holds features of {what}:\n"
+            + "\n".join(others)
+            + f"\nrun `reservoir extract --task {task}"
+            f"{' --backbone ' + backbone if backbone else ''}` first, or pass --features FILE"
+        )
+    raise StoreError(
+        f"{len(matching)} feature files match {what}; pass --features with one of them:\n"
+        + "\n".join(describe_file(p, i) for p, i in matching)
+    )
 
 
 def check_task(f: h5py.File, identity: dict[str, Any], cfg: FitConfig) -> tuple[Any, dict[str, Any]] | None:
     """The file belongs to ``cfg.task`` and ``cfg.backbone`` (when given); IdentityError otherwise.
     For a ``file:PATH`` task, returns the task and its data (read to check them), else ``None``."""
     if cfg.task is not None and task_label(cfg.task) != identity["task"]:
-        raise IdentityError(f"{f.filename} holds features of task {identity['task']!r}, not {cfg.task!r}; pass the "
-                            "feature file of that task, or leave out --task to take it from the file")
+        raise IdentityError(
+            f"{f.filename} holds features of task {identity['task']!r}, not {cfg.task!r}; pass the "
+            "feature file of that task, or leave out --task to take it from the file"
+        )
     if cfg.backbone is not None and backbone_label(cfg.backbone) != identity["backbone"]:
-        raise IdentityError(f"{f.filename} holds features of backbone {identity['backbone']!r}, not {cfg.backbone!r}; "
-                            "pass the feature file of that backbone, or leave out --backbone")
+        raise IdentityError(
+            f"{f.filename} holds features of backbone {identity['backbone']!r}, not {cfg.backbone!r}; "
+            "pass the feature file of that backbone, or leave out --backbone"
+        )
     if cfg.task is not None and cfg.task.startswith("file:"):
         from reservoir.tasks.userfile import FileTask
 
         task = FileTask(path=cfg.task[5:], **identity["task_options"])
         data = reread(task, identity, ".")
         if data is None:
-            raise IdentityError(f"{f.filename} was extracted from another file named {Path(cfg.task[5:]).name!r} "
-                                f"(its contents differ from {cfg.task[5:]}); extract this file first, or pass the "
-                                "features of this one")
+            raise IdentityError(
+                f"{f.filename} was extracted from another file named {Path(cfg.task[5:]).name!r} "
+                f"(its contents differ from {cfg.task[5:]}); extract this file first, or pass the "
+                "features of this one"
+            )
         return task, data
     return None
 
 
-def check_sizes(path: Path, y_train, cfg: FitConfig, has_val: bool, limit: int | None = None,
-                n_classes: int = 0) -> None:
+def check_sizes(
+    path: Path, y_train, cfg: FitConfig, has_val: bool, limit: int | None = None, n_classes: int = 0
+) -> None:
     """Refuse up front a train split too small for the head's validation split or its classes
     (:func:`reservoir.tasks.sizes.check_train_split`; ``limit``: the extraction's ``--limit``;
     ``n_classes``: the classes of every split, for the minimum)."""
@@ -144,8 +172,14 @@ def check_sizes(path: Path, y_train, cfg: FitConfig, has_val: bool, limit: int |
 
     from reservoir.tasks.sizes import check_train_split
 
-    check_train_split(str(path), y_train, limit=limit, val_fraction=cfg.val_fraction,
-                      n_val=None if has_val else (lambda n: math.ceil(cfg.val_fraction * n)), n_classes=n_classes)
+    check_train_split(
+        str(path),
+        y_train,
+        limit=limit,
+        val_fraction=cfg.val_fraction,
+        n_val=None if has_val else (lambda n: math.ceil(cfg.val_fraction * n)),
+        n_classes=n_classes,
+    )
 
 
 def task_classes(identity: dict[str, Any]) -> int:
@@ -163,7 +197,9 @@ def task_classes(identity: dict[str, Any]) -> int:
 def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
     """The validation split (or None) and the test splits of a feature file, in the task's order
     (the roles every task declares, :func:`reservoir.tasks.split_roles`)."""
-    val, tests = roles_of([s for s in order if s in f] + [s for s in VALIDATION_SPLITS if s in f and s not in order])
+    val, tests = roles_of(
+        [s for s in order if s in f] + [s for s in VALIDATION_SPLITS if s in f and s not in order]
+    )
     return val, list(tests)
 
 
@@ -187,47 +223,96 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         depths = select_depths(cfg.depths, identity["depths"], f"in {path}")
         val, tests = split_roles(f, identity["splits"])
         if "train" not in f or not tests:
-            raise StoreError(f"{path} has no {'train' if 'train' not in f else 'test'!r} split (it holds "
-                             f"{feature_splits(f)}); extract it with --split all")
+            raise StoreError(
+                f"{path} has no {'train' if 'train' not in f else 'test'!r} split (it holds "
+                f"{feature_splits(f)}); extract it with --split all"
+            )
         extract_cfg = file_config(f)
         # verify before trust: the depths fitted, of every split read, against the digests recorded at completion
-        verify(f, depths, ["train", *([val] if val else []), *tests], fix=f"extract it again: `{extract_command(f)}`")
+        verify(
+            f,
+            depths,
+            ["train", *([val] if val else []), *tests],
+            fix=f"extract it again: `{extract_command(f)}`",
+        )
         labels = np.concatenate([f[s]["labels"][:].ravel() for s in feature_splits(f)])
-        check_sizes(path, f["train"]["labels"][:], cfg, val is not None, identity.get("limit"),
-                    max(len(np.unique(labels)), task_classes(identity)))
+        check_sizes(
+            path,
+            f["train"]["labels"][:],
+            cfg,
+            val is not None,
+            identity.get("limit"),
+            max(len(np.unique(labels)), task_classes(identity)),
+        )
         for depth in depths:
-            scores, predictor = fit_probe(cfg.head, FileRows(f, "train", depth),
-                                          {t: FileRows(f, t, depth) for t in tests},
-                                          val=FileRows(f, val, depth) if val else None, val_fraction=cfg.val_fraction,
-                                          seed=cfg.seed, device=cfg.device if cfg.head == "torch" else "cpu",
-                                          memory_bytes=cfg.memory_mb * 2**20)
+            scores, predictor = fit_probe(
+                cfg.head,
+                FileRows(f, "train", depth),
+                {t: FileRows(f, t, depth) for t in tests},
+                val=FileRows(f, val, depth) if val else None,
+                val_fraction=cfg.val_fraction,
+                seed=cfg.seed,
+                device=cfg.device if cfg.head == "torch" else "cpu",
+                memory_bytes=cfg.memory_mb * 2**20,
+            )
             scores["test_split"] = tests[0]
             head_on = machine.on(resolve_device(cfg.device) if cfg.head == "torch" else "cpu")
             result = {
                 "machines": list(dict.fromkeys(m for m in (extract_cfg.get("machine"), head_on) if m)),
-                "task": identity["task"], "backbone": identity["backbone"], "mode": "output-only", "depth": depth,
-                "head": cfg.head, "trainable": ["out"], "seed": cfg.seed, "lr": None, "version": __version__,
-                "identity": identity, "identity_hash": f.attrs["identity_hash"], "features": str(path),
-                "config": {"fit": {**cfg.to_json(), "features": str(path)}, "extract": extract_cfg}, **scores,
+                "task": identity["task"],
+                "backbone": identity["backbone"],
+                "mode": "output-only",
+                "depth": depth,
+                "head": cfg.head,
+                "trainable": ["out"],
+                "seed": cfg.seed,
+                "lr": None,
+                "version": __version__,
+                "identity": identity,
+                "identity_hash": f.attrs["identity_hash"],
+                "features": str(path),
+                "config": {"fit": {**cfg.to_json(), "features": str(path)}, "extract": extract_cfg},
+                **scores,
             }
-            if isinstance(predictor, Predictor):  # the head, saved beside its result before the result names it
+            if isinstance(
+                predictor, Predictor
+            ):  # the head, saved beside its result before the result names it
                 from reservoir.probe.saved import probe_path, save_probe
 
-                result["probe"] = str(save_probe(probe_path(result_path({**result, "key": result_key(result)})),
-                                                 predictor, f, result))
+                result["probe"] = str(
+                    save_probe(
+                        probe_path(result_path({**result, "key": result_key(result)})), predictor, f, result
+                    )
+                )
             result["path"] = str(write_result(result))
             results.append(result)
             if progress:
-                more = "".join(f", {t} {100 * a:.1f}%" for t, a in list(scores["test_accuracies"].items())[1:])
-                print(f"depth {depth}: {tests[0]} {100 * scores['test_accuracy']:.1f}%{more} "
-                      f"(val {100 * scores['val_accuracy']:.1f}%, {scores['seconds']:.1f}s)", file=sys.stderr)
+                more = "".join(
+                    f", {t} {100 * a:.1f}%" for t, a in list(scores["test_accuracies"].items())[1:]
+                )
+                print(
+                    f"depth {depth}: {tests[0]} {100 * scores['test_accuracy']:.1f}%{more} "
+                    f"(val {100 * scores['val_accuracy']:.1f}%, {scores['seconds']:.1f}s)",
+                    file=sys.stderr,
+                )
         if cfg.baselines:
             if identity["task"].startswith("file:") and not cfg.task:
-                log("no baselines: pass --task file:PATH (the file the features came from) to compute them", progress)
+                log(
+                    "no baselines: pass --task file:PATH (the file the features came from) to compute them",
+                    progress,
+                )
             else:
                 from reservoir.probe.baselines import fit_baselines
 
                 data_dir = Path(cfg.data_dir or extract_cfg.get("data_dir") or default_data_dir())
-                results += fit_baselines(identity, f["train"]["features"].shape[-1], cfg, val, tests,
-                                         data_dir=data_dir, loaded=checked, progress=progress)
+                results += fit_baselines(
+                    identity,
+                    f["train"]["features"].shape[-1],
+                    cfg,
+                    val,
+                    tests,
+                    data_dir=data_dir,
+                    loaded=checked,
+                    progress=progress,
+                )
     return results

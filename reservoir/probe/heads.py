@@ -21,8 +21,9 @@ rows, the same code that reads a feature file block by block when it does not fi
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,7 +60,9 @@ def _outputs(y: np.ndarray) -> np.ndarray:
 def _onehot(Y: np.ndarray, n_classes: int) -> np.ndarray:
     """``(n, m)`` class ids -> ``(n, m * n_classes)`` 0/1 targets (uint8; widened per chunk)."""
     if Y.size and (Y.min() < 0 or Y.max() >= n_classes):
-        raise ValueError(f"class ids must be in [0, {n_classes - 1}]. Got {int(Y.min())}..{int(Y.max())} instead.")
+        raise ValueError(
+            f"class ids must be in [0, {n_classes - 1}]. Got {int(Y.min())}..{int(Y.max())} instead."
+        )
     out = np.zeros((len(Y), Y.shape[1], n_classes), np.uint8)
     np.put_along_axis(out, Y[:, :, None], 1, axis=2)
     return out.reshape(len(Y), -1)
@@ -109,21 +112,22 @@ class RidgeStats:
     chunk_rows = 4096
 
     @classmethod
-    def zeros(cls, d: int, k: int) -> "RidgeStats":
+    def zeros(cls, d: int, k: int) -> RidgeStats:
         return cls(0, np.zeros(d), np.zeros(k), np.zeros((d, d)), np.zeros((d, k)))
 
-    def add(self, X: np.ndarray, Y: np.ndarray) -> "RidgeStats":
+    def add(self, X: np.ndarray, Y: np.ndarray) -> RidgeStats:
         """Fold in rows ``X (n, d)`` with targets ``Y (n, k)`` (in place; returns self)."""
         if X.shape[1:] != self.sum_x.shape or Y.shape[1:] != self.sum_y.shape or len(X) != len(Y):
-            raise ValueError(f"expected X (n, {len(self.sum_x)}) and Y (n, {len(self.sum_y)}); "
-                             f"got {X.shape} and {Y.shape}")
+            raise ValueError(
+                f"expected X (n, {len(self.sum_x)}) and Y (n, {len(self.sum_y)}); got {X.shape} and {Y.shape}"
+            )
         buffer = None if X.dtype == np.float64 else np.empty((min(len(X), self.chunk_rows), X.shape[1]))
         for i in range(0, len(X), self.chunk_rows):
-            x = X[i:i + self.chunk_rows]
+            x = X[i : i + self.chunk_rows]
             if buffer is not None:  # one float64 buffer for every chunk: no fresh pages per chunk
-                x = buffer[:len(x)]
-                x[...] = X[i:i + self.chunk_rows]
-            y = np.asarray(Y[i:i + self.chunk_rows], dtype=np.float64)
+                x = buffer[: len(x)]
+                x[...] = X[i : i + self.chunk_rows]
+            y = np.asarray(Y[i : i + self.chunk_rows], dtype=np.float64)
             self.n += len(x)
             self.sum_x += x.sum(0)
             self.sum_y += y.sum(0)
@@ -131,11 +135,16 @@ class RidgeStats:
             self.xty += x.T @ y
         return self
 
-    def __add__(self, other: "RidgeStats") -> "RidgeStats":
-        return RidgeStats(self.n + other.n, self.sum_x + other.sum_x, self.sum_y + other.sum_y,
-                          self.xtx + other.xtx, self.xty + other.xty)
+    def __add__(self, other: RidgeStats) -> RidgeStats:
+        return RidgeStats(
+            self.n + other.n,
+            self.sum_x + other.sum_x,
+            self.sum_y + other.sum_y,
+            self.xtx + other.xtx,
+            self.xty + other.xty,
+        )
 
-    def decompose(self) -> "RidgePath":
+    def decompose(self) -> RidgePath:
         """Standardize (as ``StandardScaler`` would on these rows), centre the targets and
         eigendecompose the Gram matrix once: the ridge solution for any alpha follows."""
         if self.n == 0:
@@ -170,7 +179,7 @@ class RidgePath:
     mean_y: np.ndarray
 
     @classmethod
-    def from_rows(cls, X: np.ndarray, Y: np.ndarray) -> "RidgePath":
+    def from_rows(cls, X: np.ndarray, Y: np.ndarray) -> RidgePath:
         """The same path computed from the rows through their ``n x n`` Gram matrix: cheaper than
         :class:`RidgeStats` when features outnumber rows (raw-input baselines). With the thin SVD
         ``Z = U S V^T``, ``eigvals = S^2``, ``V = Z^T U / S`` and ``proj = S U^T (Y - mean_y)``;
@@ -217,7 +226,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
         self.alpha = alpha
         self.n_classes = n_classes
 
-    def partial_fit(self, X: np.ndarray, y: np.ndarray) -> "RidgeHead":
+    def partial_fit(self, X: np.ndarray, y: np.ndarray) -> RidgeHead:
         """Add one chunk to the statistics (no solve: call :meth:`solve`)."""
         Y = _outputs(y)
         if not hasattr(self, "stats_"):
@@ -228,7 +237,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
         self.path_ = None  # the decomposition of the previous statistics is stale
         return self
 
-    def solve(self, alpha: float | None = None) -> "RidgeHead":
+    def solve(self, alpha: float | None = None) -> RidgeHead:
         """Coefficients for ``alpha`` (default ``self.alpha``); the eigendecomposition is
         computed once per set of statistics and reused for every further alpha."""
         if getattr(self, "path_", None) is None:
@@ -237,18 +246,22 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
         self.coef_, self.intercept_ = self.path_.coef(self.alpha if alpha is None else alpha)
         return self
 
-    def fit(self, X: np.ndarray, y: np.ndarray) -> "RidgeHead":
+    def fit(self, X: np.ndarray, y: np.ndarray) -> RidgeHead:
         """All rows at once: through their ``n x n`` Gram matrix when features outnumber rows
         (:meth:`RidgePath.from_rows`), else through the accumulated statistics."""
         self.__dict__.pop("stats_", None)
         if X.shape[0] >= X.shape[1]:
             return self.partial_fit(X, y).solve()
         Y = _outputs(y)
-        self.n_outputs_, self.n_classes_, self.y_ndim_ = Y.shape[1], self.n_classes or int(Y.max()) + 1, y.ndim
+        self.n_outputs_, self.n_classes_, self.y_ndim_ = (
+            Y.shape[1],
+            self.n_classes or int(Y.max()) + 1,
+            y.ndim,
+        )
         self.path_ = RidgePath.from_rows(X, _onehot(Y, self.n_classes_))
         return self.solve()
 
-    def fit_blocks(self, source: "Rows") -> "RidgeHead":
+    def fit_blocks(self, source: Rows) -> RidgeHead:
         """Rows read block by block (one block in memory at a time), statistics accumulated; rows held
         in memory and fewer than the features take :meth:`fit`'s Gram-matrix path."""
         if source.in_memory:
@@ -259,7 +272,6 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
         for X, y in source.blocks():
             self.partial_fit(X, y)
         return self.solve()
-
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "coef_")
@@ -277,8 +289,17 @@ class TorchHead(ClassifierMixin, BaseEstimator):
     device : where the layer trains (``auto``, ``cpu``, ``cuda[:N]``, ``mps``; as ``--device``).
     """
 
-    def __init__(self, weight_decay: float = 0.0, *, optimizer: str = "adam", lr: float = 1e-2, epochs: int = 30,
-                 batch_size: int = 256, seed: int = 0, device: str = "cpu"):
+    def __init__(
+        self,
+        weight_decay: float = 0.0,
+        *,
+        optimizer: str = "adam",
+        lr: float = 1e-2,
+        epochs: int = 30,
+        batch_size: int = 256,
+        seed: int = 0,
+        device: str = "cpu",
+    ):
         self.weight_decay = weight_decay
         self.optimizer = optimizer
         self.lr = lr
@@ -287,11 +308,13 @@ class TorchHead(ClassifierMixin, BaseEstimator):
         self.seed = seed
         self.device = device
 
-    def fit(self, X: np.ndarray, y: np.ndarray) -> "TorchHead":
+    def fit(self, X: np.ndarray, y: np.ndarray) -> TorchHead:
         from reservoir.model.devices import resolve_device
 
         if self.optimizer not in ("adam", "lbfgs"):
-            raise ValueError(f"The 'optimizer' parameter of TorchHead must be 'adam' or 'lbfgs'. Got {self.optimizer!r} instead.")
+            raise ValueError(
+                f"The 'optimizer' parameter of TorchHead must be 'adam' or 'lbfgs'. Got {self.optimizer!r} instead."
+            )
         self.device_ = resolve_device(self.device)
         if self.optimizer == "adam":  # the same implementation as a fit on rows read block by block
             return self.fit_blocks(FlatRows(X, y))
@@ -308,7 +331,9 @@ class TorchHead(ClassifierMixin, BaseEstimator):
             loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), yb)
             return loss + self.weight_decay * self.linear_.weight.pow(2).sum()
 
-        opt = torch.optim.LBFGS(self.linear_.parameters(), lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS(
+            self.linear_.parameters(), lr=1.0, max_iter=200, line_search_fn="strong_wolfe"
+        )
 
         def closure():
             opt.zero_grad()
@@ -317,18 +342,29 @@ class TorchHead(ClassifierMixin, BaseEstimator):
             return loss
 
         opt.step(closure)
-        self.predict_ = _linear_predictor(self.linear_, None, None, self.n_outputs_, self.n_classes_, self.device_)
+        self.predict_ = _linear_predictor(
+            self.linear_, None, None, self.n_outputs_, self.n_classes_, self.device_
+        )
         return self
 
-    def fit_blocks(self, source: "Rows") -> "TorchHead":
+    def fit_blocks(self, source: Rows) -> TorchHead:
         """Adam on rows read block by block (:func:`streaming_linear`): the one implementation of
         the ``adam`` head, in memory or not."""
         if self.optimizer != "adam":
-            raise ValueError(f"The 'optimizer' parameter of TorchHead must be 'adam' to fit rows read block by block. "
-                             f"Got {self.optimizer!r} instead.")
+            raise ValueError(
+                f"The 'optimizer' parameter of TorchHead must be 'adam' to fit rows read block by block. "
+                f"Got {self.optimizer!r} instead."
+            )
         self.y_ndim_ = source.y_ndim
-        self.predict_ = streaming_linear(self.weight_decay, source, seed=self.seed, device=self.device, lr=self.lr,
-                                         epochs=self.epochs, batch_size=self.batch_size)
+        self.predict_ = streaming_linear(
+            self.weight_decay,
+            source,
+            seed=self.seed,
+            device=self.device,
+            lr=self.lr,
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+        )
         return self
 
     def predict(self, X: np.ndarray) -> np.ndarray:
@@ -353,10 +389,10 @@ class LogRegHead(ClassifierMixin, BaseEstimator):
         self.C = C
         self.max_iter = max_iter
 
-    def fit(self, X: np.ndarray, y: np.ndarray) -> "LogRegHead":
+    def fit(self, X: np.ndarray, y: np.ndarray) -> LogRegHead:
         return self.fit_blocks(FlatRows(X, y))
 
-    def fit_blocks(self, source: "Rows") -> "LogRegHead":
+    def fit_blocks(self, source: Rows) -> LogRegHead:
         self.y_ndim_ = source.y_ndim
         self.predict_ = streaming_logistic(self.C, source, max_iter=self.max_iter)
         return self
@@ -463,7 +499,7 @@ class ArrayRows(Rows):
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         return rows(self.X, self.labels)
 
-    def take(self, index: np.ndarray) -> "ArrayRows":
+    def take(self, index: np.ndarray) -> ArrayRows:
         return ArrayRows(self.X[index], self.labels[index])
 
     @property
@@ -503,8 +539,9 @@ def stream_accuracy(predict: Callable[[np.ndarray], np.ndarray], source: Rows) -
     return correct / total
 
 
-def streaming_logistic(C: float, source: Rows, *, seed: int = 0, device: str = "cpu", max_iter: int = 300,
-                       tol: float = 1e-4) -> Callable[[np.ndarray], np.ndarray]:
+def streaming_logistic(
+    C: float, source: Rows, *, seed: int = 0, device: str = "cpu", max_iter: int = 300, tol: float = 1e-4
+) -> Callable[[np.ndarray], np.ndarray]:
     """Logistic regression out of core: scikit-learn's objective (``C`` times the summed log loss
     plus half the squared weights, intercept unpenalised, on standardized features; softmax over
     the classes, or one logit for two classes, per output) minimised by SciPy's L-BFGS, each
@@ -517,7 +554,7 @@ def streaming_logistic(C: float, source: Rows, *, seed: int = 0, device: str = "
     d = len(mean)
 
     def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
-        W, b = theta[: d * m * k].reshape(d, m * k), theta[d * m * k:]
+        W, b = theta[: d * m * k].reshape(d, m * k), theta[d * m * k :]
         loss, gW, gb = 0.0, np.zeros_like(W), np.zeros_like(b)
         for X, y in source.blocks():
             Z = (X.astype(np.float64) - mean) / scale
@@ -539,14 +576,27 @@ def streaming_logistic(C: float, source: Rows, *, seed: int = 0, device: str = "
         value = (C * loss + 0.5 * float(np.sum(W * W))) / n
         return value, np.concatenate([(C * gW + W).ravel(), C * gb]) / n
 
-    result = minimize(objective, np.zeros(d * m * k + m * k), jac=True, method="L-BFGS-B",
-                      options={"maxiter": max_iter, "gtol": tol / n, "maxls": 50})
-    W, b = result.x[: d * m * k].reshape(d, m * k), result.x[d * m * k:]
+    result = minimize(
+        objective,
+        np.zeros(d * m * k + m * k),
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": max_iter, "gtol": tol / n, "maxls": 50},
+    )
+    W, b = result.x[: d * m * k].reshape(d, m * k), result.x[d * m * k :]
     return LogisticPredictor(mean, scale, W, b, m, c)
 
 
-def streaming_linear(weight_decay: float, source: Rows, *, seed: int = 0, device: str = "cpu", lr: float = 1e-2,
-                     epochs: int = 30, batch_size: int = 256) -> Callable[[np.ndarray], np.ndarray]:
+def streaming_linear(
+    weight_decay: float,
+    source: Rows,
+    *,
+    seed: int = 0,
+    device: str = "cpu",
+    lr: float = 1e-2,
+    epochs: int = 30,
+    batch_size: int = 256,
+) -> Callable[[np.ndarray], np.ndarray]:
     """:class:`TorchHead` out of core: the same layer, loss and Adam, on standardized features,
     with mini-batches drawn block by block (blocks in file order, rows shuffled within a block)."""
     from reservoir.model.devices import resolve_device
@@ -575,7 +625,7 @@ def streaming_linear(weight_decay: float, source: Rows, *, seed: int = 0, device
     return _linear_predictor(linear, shift, div, m, c, dev)
 
 
-def _linear_predictor(linear: torch.nn.Linear, shift, div, m: int, c: int, dev) -> "LinearLayerPredictor":
+def _linear_predictor(linear: torch.nn.Linear, shift, div, m: int, c: int, dev) -> LinearLayerPredictor:
     """``X -> (n, m)`` class ids of a trained linear layer (features standardized by ``shift`` and ``div``
     when given)."""
     return LinearLayerPredictor(linear.weight.detach(), linear.bias.detach(), shift, div, m, c, dev)
@@ -617,8 +667,15 @@ class RidgePredictor(Predictor):
 
     kind = "ridge"
 
-    def __init__(self, coef: np.ndarray, intercept: np.ndarray, m: int, c: int, mean: np.ndarray | None = None,
-                 scale: np.ndarray | None = None):
+    def __init__(
+        self,
+        coef: np.ndarray,
+        intercept: np.ndarray,
+        m: int,
+        c: int,
+        mean: np.ndarray | None = None,
+        scale: np.ndarray | None = None,
+    ):
         self.coef, self.intercept, self.n_outputs, self.n_classes = coef, intercept, int(m), int(c)
         self.mean = np.zeros(len(coef)) if mean is None else mean
         self.scale = np.ones(len(coef)) if scale is None else scale
@@ -627,8 +684,10 @@ class RidgePredictor(Predictor):
         return _predict(X @ self.coef + self.intercept, self.n_outputs, self.n_classes)
 
     def state(self):
-        return ({"kind": self.kind, "n_outputs": self.n_outputs, "n_classes": self.n_classes},
-                {"coef": self.coef, "intercept": self.intercept, "mean": self.mean, "scale": self.scale})
+        return (
+            {"kind": self.kind, "n_outputs": self.n_outputs, "n_classes": self.n_classes},
+            {"coef": self.coef, "intercept": self.intercept, "mean": self.mean, "scale": self.scale},
+        )
 
 
 class LogisticPredictor(Predictor):
@@ -643,11 +702,15 @@ class LogisticPredictor(Predictor):
         self.k = 1 if self.n_classes == 2 else self.n_classes
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
-        return _predict(((X.astype(np.float64) - self.mean) / self.scale) @ self.W + self.b, self.n_outputs, self.k)
+        return _predict(
+            ((X.astype(np.float64) - self.mean) / self.scale) @ self.W + self.b, self.n_outputs, self.k
+        )
 
     def state(self):
-        return ({"kind": self.kind, "n_outputs": self.n_outputs, "n_classes": self.n_classes},
-                {"mean": self.mean, "scale": self.scale, "W": self.W, "b": self.b})
+        return (
+            {"kind": self.kind, "n_outputs": self.n_outputs, "n_classes": self.n_classes},
+            {"mean": self.mean, "scale": self.scale, "W": self.W, "b": self.b},
+        )
 
 
 class LinearLayerPredictor(Predictor):
@@ -656,8 +719,16 @@ class LinearLayerPredictor(Predictor):
 
     kind = "torch-linear"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, shift: torch.Tensor | None, div: torch.Tensor | None,
-                 m: int, c: int, dev: Any = "cpu"):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor,
+        shift: torch.Tensor | None,
+        div: torch.Tensor | None,
+        m: int,
+        c: int,
+        dev: Any = "cpu",
+    ):
         self.weight, self.bias, self.shift, self.div, self.dev = weight, bias, shift, div, dev
         self.n_outputs, self.n_classes = int(m), int(c)
 
@@ -692,10 +763,21 @@ class ScaledPredictor(Predictor):
     def state(self):
         meta, arrays = self.inner.state()
         s = self.scaler
-        return ({"kind": self.kind, "n_outputs": self.n_outputs, "n_classes": self.n_classes, "inner": meta,
-                 "n_samples_seen": int(s.n_samples_seen_)},
-                {"scaler.mean": s.mean_, "scaler.scale": s.scale_, "scaler.var": s.var_,
-                 **{f"inner.{k}": v for k, v in arrays.items()}})
+        return (
+            {
+                "kind": self.kind,
+                "n_outputs": self.n_outputs,
+                "n_classes": self.n_classes,
+                "inner": meta,
+                "n_samples_seen": int(s.n_samples_seen_),
+            },
+            {
+                "scaler.mean": s.mean_,
+                "scaler.scale": s.scale_,
+                "scaler.var": s.var_,
+                **{f"inner.{k}": v for k, v in arrays.items()},
+            },
+        )
 
 
 def _pipeline_predictor(model) -> Callable[[np.ndarray], np.ndarray]:
@@ -713,8 +795,10 @@ def _array(arrays: dict[str, np.ndarray], name: str, ndim: int, shape: tuple | N
         raise ValueError(f"the probe's state lacks the array {name!r}")
     a = np.asarray(arrays[name])
     if a.ndim != ndim or a.dtype.kind != "f" or (shape is not None and a.shape != shape):
-        raise ValueError(f"the probe's array {name!r} is {a.dtype} {a.shape}, expected {ndim}-D floats"
-                         f"{f' of shape {shape}' if shape else ''}")
+        raise ValueError(
+            f"the probe's array {name!r} is {a.dtype} {a.shape}, expected {ndim}-D floats"
+            f"{f' of shape {shape}' if shape else ''}"
+        )
     return a
 
 
@@ -730,15 +814,27 @@ def predictor_from_state(meta: dict[str, Any], arrays: dict[str, np.ndarray]) ->
     if kind == "ridge":
         coef = _array(arrays, "coef", 2)
         d = coef.shape[0]
-        return RidgePredictor(coef, _array(arrays, "intercept", 1, (coef.shape[1],)), m, c,
-                              _array(arrays, "mean", 1, (d,)), _array(arrays, "scale", 1, (d,)))
+        return RidgePredictor(
+            coef,
+            _array(arrays, "intercept", 1, (coef.shape[1],)),
+            m,
+            c,
+            _array(arrays, "mean", 1, (d,)),
+            _array(arrays, "scale", 1, (d,)),
+        )
     if kind == "logistic":
         W = _array(arrays, "W", 2)
         d, k = W.shape[0], 1 if c == 2 else c
         if W.shape[1] != m * k:
             raise ValueError(f"the probe's W has {W.shape[1]} columns for {m} outputs of {c} classes")
-        return LogisticPredictor(_array(arrays, "mean", 1, (d,)), _array(arrays, "scale", 1, (d,)), W,
-                                 _array(arrays, "b", 1, (m * k,)), m, c)
+        return LogisticPredictor(
+            _array(arrays, "mean", 1, (d,)),
+            _array(arrays, "scale", 1, (d,)),
+            W,
+            _array(arrays, "b", 1, (m * k,)),
+            m,
+            c,
+        )
     if kind == "torch-linear":
         weight = _array(arrays, "weight", 2)
         if weight.shape[0] != m * c:
@@ -749,18 +845,27 @@ def predictor_from_state(meta: dict[str, Any], arrays: dict[str, np.ndarray]) ->
         if "shift" in arrays:
             shift = torch.from_numpy(_array(arrays, "shift", 1, (d,)).astype(np.float32))
             div = torch.from_numpy(_array(arrays, "div", 1, (d,)).astype(np.float32))
-        return LinearLayerPredictor(torch.from_numpy(weight.astype(np.float32)), torch.from_numpy(bias.astype(np.float32)),
-                                    shift, div, m, c)
+        return LinearLayerPredictor(
+            torch.from_numpy(weight.astype(np.float32)),
+            torch.from_numpy(bias.astype(np.float32)),
+            shift,
+            div,
+            m,
+            c,
+        )
     if kind == "standardized":
-        inner = predictor_from_state(meta.get("inner") or {}, {k[6:]: v for k, v in arrays.items()
-                                                               if k.startswith("inner.")})
+        inner = predictor_from_state(
+            meta.get("inner") or {}, {k[6:]: v for k, v in arrays.items() if k.startswith("inner.")}
+        )
         mean = _array(arrays, "scaler.mean", 1)
         scaler = StandardScaler()
         scaler.mean_, scaler.scale_ = mean, _array(arrays, "scaler.scale", 1, mean.shape)
         scaler.var_ = _array(arrays, "scaler.var", 1, mean.shape)
         scaler.n_features_in_, scaler.n_samples_seen_ = len(mean), int(meta.get("n_samples_seen", 0))
         return ScaledPredictor(scaler, inner)
-    raise ValueError(f"unknown predictor kind {kind!r}; choose from ridge, logistic, torch-linear, standardized")
+    raise ValueError(
+        f"unknown predictor kind {kind!r}; choose from ridge, logistic, torch-linear, standardized"
+    )
 
 
 #: what a grid search returns: validation accuracy per value, the best value, and the refitted
@@ -768,7 +873,7 @@ def predictor_from_state(meta: dict[str, Any], arrays: dict[str, np.ndarray]) ->
 Search = tuple[dict[float, float], float, Callable[[np.ndarray], np.ndarray]]
 
 
-def _estimator(kind: "HeadKind", value: float, seed: int, device: str):
+def _estimator(kind: HeadKind, value: float, seed: int, device: str):
     """The head's estimator at one grid value (seed and device set where it takes them)."""
     est = clone(kind.estimator).set_params(**{kind.param: value})
     if "seed" in est.get_params():
@@ -778,10 +883,12 @@ def _estimator(kind: "HeadKind", value: float, seed: int, device: str):
     return est
 
 
-def search_streaming(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool, seed: int,
-                     device: str = "cpu") -> Search:
+def search_streaming(
+    kind: HeadKind, fit: Rows, val: Rows, *, refit_with_val: bool, seed: int, device: str = "cpu"
+) -> Search:
     """:func:`search_refit` for rows that do not fit in memory: the head's ``fit_blocks`` (the same
     implementation as its ``fit``) reads the rows block by block; validation is scored block by block."""
+
     def trained(value, source):
         return _estimator(kind, value, seed, device).fit_blocks(source).predict_
 
@@ -795,8 +902,16 @@ def _best(grid: tuple[float, ...], scores: dict[float, float]) -> float:
     return max(grid, key=lambda v: (scores[v], -grid.index(v)))
 
 
-def search_refit(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool, seed: int, device: str = "cpu",
-                 memory_bytes: int | None = None) -> Search:
+def search_refit(
+    kind: HeadKind,
+    fit: Rows,
+    val: Rows,
+    *,
+    refit_with_val: bool,
+    seed: int,
+    device: str = "cpu",
+    memory_bytes: int | None = None,
+) -> Search:
     """Any head: fit a standardize-then-estimate pipeline per grid value on ``fit``, score it on
     ``val``, refit the best on ``fit`` (+ ``val`` when ``refit_with_val``). The rows are loaded
     into memory, unless the training rows hold more than ``memory_bytes`` of features: then
@@ -817,8 +932,16 @@ def search_refit(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool
     return scores, best, _pipeline_predictor(model)
 
 
-def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool, seed: int, device: str = "cpu",
-                 memory_bytes: int | None = None) -> Search:
+def search_ridge(
+    kind: HeadKind,
+    fit: Rows,
+    val: Rows,
+    *,
+    refit_with_val: bool,
+    seed: int,
+    device: str = "cpu",
+    memory_bytes: int | None = None,
+) -> Search:
     """The ridge head's :func:`search_refit`, by :class:`RidgeHead` itself: one pass over ``fit``
     (block by block, :meth:`RidgeHead.fit_blocks`) and one eigendecomposition score every alpha of
     the grid; the refit adds ``val`` and decomposes once more. Same results as a standardized ridge
@@ -841,8 +964,13 @@ def search_ridge(kind: "HeadKind", fit: Rows, val: Rows, *, refit_with_val: bool
     best = _best(kind.grid, scores)
     refit = RidgeHead(n_classes=c).fit_blocks(Concat(fit, val)) if refit_with_val else head
     refit.solve(best)
-    return scores, best, RidgePredictor(refit.coef_, refit.intercept_, refit.n_outputs_, c, refit.path_.mean_x,
-                                        refit.path_.scale)
+    return (
+        scores,
+        best,
+        RidgePredictor(
+            refit.coef_, refit.intercept_, refit.n_outputs_, c, refit.path_.mean_x, refit.path_.scale
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -876,31 +1004,74 @@ def rows(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return X.reshape(n * r, d), y.reshape(n * r, -1)
 
 
-def fit_depth(head: str, X_train, y_train, X_test, y_test, *, X_val=None, y_val=None, val_fraction: float = 0.1,
-              seed: int = 0) -> dict[str, Any]:
+def fit_depth(
+    head: str,
+    X_train,
+    y_train,
+    X_test,
+    y_test,
+    *,
+    X_val=None,
+    y_val=None,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+) -> dict[str, Any]:
     """:func:`fit_rows` on arrays: ``X_*`` are ``(N, R, d)`` readout features."""
-    return fit_rows(head, ArrayRows(X_train, y_train), {"test": ArrayRows(X_test, y_test)},
-                    val=None if X_val is None else ArrayRows(X_val, y_val), val_fraction=val_fraction, seed=seed)
+    return fit_rows(
+        head,
+        ArrayRows(X_train, y_train),
+        {"test": ArrayRows(X_test, y_test)},
+        val=None if X_val is None else ArrayRows(X_val, y_val),
+        val_fraction=val_fraction,
+        seed=seed,
+    )
 
 
 def holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Sorted row indices of the fit part and of a seeded (stratified for single-label tasks)
     validation part of ``val_fraction``."""
     strat = labels if labels.ndim == 1 and np.bincount(labels).min() >= 2 else None
-    fit, val = train_test_split(np.arange(len(labels)), test_size=val_fraction, random_state=seed, stratify=strat)
+    fit, val = train_test_split(
+        np.arange(len(labels)), test_size=val_fraction, random_state=seed, stratify=strat
+    )
     return np.sort(fit), np.sort(val)
 
 
-def fit_rows(head: str, train: Rows, tests: dict[str, Rows], *, val: Rows | None = None, val_fraction: float = 0.1,
-             seed: int = 0, device: str = "cpu", memory_bytes: int | None = None) -> dict[str, Any]:
+def fit_rows(
+    head: str,
+    train: Rows,
+    tests: dict[str, Rows],
+    *,
+    val: Rows | None = None,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    device: str = "cpu",
+    memory_bytes: int | None = None,
+) -> dict[str, Any]:
     """The scores of :func:`fit_probe` (its docstring), without the fitted predictor."""
-    return fit_probe(head, train, tests, val=val, val_fraction=val_fraction, seed=seed, device=device,
-                     memory_bytes=memory_bytes)[0]
+    return fit_probe(
+        head,
+        train,
+        tests,
+        val=val,
+        val_fraction=val_fraction,
+        seed=seed,
+        device=device,
+        memory_bytes=memory_bytes,
+    )[0]
 
 
-def fit_probe(head: str, train: Rows, tests: dict[str, Rows], *, val: Rows | None = None, val_fraction: float = 0.1,
-              seed: int = 0, device: str = "cpu", memory_bytes: int | None = None
-              ) -> tuple[dict[str, Any], Callable[[np.ndarray], np.ndarray]]:
+def fit_probe(
+    head: str,
+    train: Rows,
+    tests: dict[str, Rows],
+    *,
+    val: Rows | None = None,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    device: str = "cpu",
+    memory_bytes: int | None = None,
+) -> tuple[dict[str, Any], Callable[[np.ndarray], np.ndarray]]:
     """Choose the head's regularisation on validation, refit on all of train, score every test
     split with that one head (``test_accuracy`` and ``n_test`` are the first split's;
     ``test_accuracies`` and ``n_tests`` hold each).
@@ -927,14 +1098,20 @@ def fit_probe(head: str, train: Rows, tests: dict[str, Rows], *, val: Rows | Non
     else:
         fit = train
     with threadpool_limits(limits=head_threads()):
-        scores, best, predict = kind.search(kind, fit, val, refit_with_val=held_out, seed=seed, device=device,
-                                            memory_bytes=memory_bytes)
+        scores, best, predict = kind.search(
+            kind, fit, val, refit_with_val=held_out, seed=seed, device=device, memory_bytes=memory_bytes
+        )
         accuracies = {name: stream_accuracy(predict, test) for name, test in tests.items()}
     first = next(iter(tests))
     return {
-        "test_accuracy": accuracies[first], "test_accuracies": accuracies,
+        "test_accuracy": accuracies[first],
+        "test_accuracies": accuracies,
         "val_accuracy": scores[best],
-        "n_train": train.n, "n_val": val.n, "n_test": tests[first].n, "n_tests": {k: t.n for k, t in tests.items()},
-        "hyperparameters": {kind.param: best}, "val_scores": {str(k): v for k, v in scores.items()},
+        "n_train": train.n,
+        "n_val": val.n,
+        "n_test": tests[first].n,
+        "n_tests": {k: t.n for k, t in tests.items()},
+        "hyperparameters": {kind.param: best},
+        "val_scores": {str(k): v for k, v in scores.items()},
         "seconds": time.perf_counter() - start,
     }, predict

@@ -45,8 +45,16 @@ PROBE_FORMAT = 1
 #: the ``kind`` a saved probe's metadata names
 PROBE_KIND = "reservoir-probe"
 #: the feature identity fields a probe's features and the features it is applied to must share
-SAME_EXTRACTION = ("format", "backbone", "backbone_fingerprint", "seed", "input_scale", "dtype", "readout",
-                   "calibration")
+SAME_EXTRACTION = (
+    "format",
+    "backbone",
+    "backbone_fingerprint",
+    "seed",
+    "input_scale",
+    "dtype",
+    "readout",
+    "calibration",
+)
 #: what to do with a file that is not a saved probe
 FIX_PROBE = "pass the RESULT.probe.npz that `reservoir fit` wrote beside a result (rerun the fit to write it)"
 
@@ -108,9 +116,11 @@ class SavedProbe:
         if X.ndim == 2 and r == 1:
             X = X[:, None]
         if X.ndim != 3 or X.shape[1:] != (r, d):
-            raise UsageError(f"features must be (N, {r}, {d}) (N rows of {r} readout token(s) of width {d}) for the "
-                             f"probe {self.path}; got {X.shape}. Read them with api.read_features(path, split, "
-                             f"depth={self.depth})")
+            raise UsageError(
+                f"features must be (N, {r}, {d}) (N rows of {r} readout token(s) of width {d}) for the "
+                f"probe {self.path}; got {X.shape}. Read them with api.read_features(path, split, "
+                f"depth={self.depth})"
+            )
         with threadpool_limits(limits=head_threads()):
             pred = self.predictor(X.reshape(len(X) * r, d))
         return pred.reshape(len(X), *self.label_shape)
@@ -124,15 +134,26 @@ def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dic
     meta_state, arrays = predictor.state()
     train = f["train"]
     meta = {
-        "kind": PROBE_KIND, "format": PROBE_FORMAT, "version": __version__,
-        "head": result["head"], "depth": int(result["depth"]), "seed": result["seed"],
+        "kind": PROBE_KIND,
+        "format": PROBE_FORMAT,
+        "version": __version__,
+        "head": result["head"],
+        "depth": int(result["depth"]),
+        "seed": result["seed"],
         "hyperparameters": result["hyperparameters"],
-        "n_outputs": predictor.n_outputs, "n_classes": predictor.n_classes,
-        "classes": list(range(predictor.n_classes)), "label_shape": list(train["labels"].shape[1:]),
-        "n_readout": int(train["features"].shape[2]), "d_model": int(train["features"].shape[3]),
-        "task": result["task"], "backbone": result["backbone"], "identity": result["identity"],
-        "identity_hash": str(result["identity_hash"]), "input_layer": input_layer_digest(f),
-        "test_split": result.get("test_split"), "test_accuracies": result.get("test_accuracies"),
+        "n_outputs": predictor.n_outputs,
+        "n_classes": predictor.n_classes,
+        "classes": list(range(predictor.n_classes)),
+        "label_shape": list(train["labels"].shape[1:]),
+        "n_readout": int(train["features"].shape[2]),
+        "d_model": int(train["features"].shape[3]),
+        "task": result["task"],
+        "backbone": result["backbone"],
+        "identity": result["identity"],
+        "identity_hash": str(result["identity_hash"]),
+        "input_layer": input_layer_digest(f),
+        "test_split": result.get("test_split"),
+        "test_accuracies": result.get("test_accuracies"),
         "predictor": meta_state,
     }
     bad = [k for k, v in arrays.items() if np.asarray(v).dtype.kind not in "fiub"]
@@ -150,7 +171,9 @@ def load_probe(path: str | Path) -> SavedProbe:
 
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"probe {path} does not exist{' (it is a folder)' if path.is_dir() else ''}; {FIX_PROBE}")
+        raise DataError(
+            f"probe {path} does not exist{' (it is a folder)' if path.is_dir() else ''}; {FIX_PROBE}"
+        )
     try:
         z = np.load(path, allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):  # a lone .npy array
@@ -158,8 +181,10 @@ def load_probe(path: str | Path) -> SavedProbe:
         with z:
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise DataError(f"{path} is not a saved probe (it cannot be read as .npz of plain arrays: "
-                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}); {FIX_PROBE}") from None
+        raise DataError(
+            f"{path} is not a saved probe (it cannot be read as .npz of plain arrays: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}); {FIX_PROBE}"
+        ) from None
     if "meta" not in arrays or arrays["meta"].dtype.kind != "U" or arrays["meta"].ndim != 0:
         raise DataError(f"{path} is not a saved probe (no metadata in it); {FIX_PROBE}")
     try:
@@ -169,12 +194,30 @@ def load_probe(path: str | Path) -> SavedProbe:
     if not isinstance(meta, dict) or meta.get("kind") != PROBE_KIND:
         raise DataError(f"{path} is not a saved probe (its metadata names no reservoir probe); {FIX_PROBE}")
     if meta.get("format") != PROBE_FORMAT:
-        raise DataError(f"{path} is a probe of format {meta.get('format')!r}, written by reservoir "
-                        f"{meta.get('version')}; this version reads format {PROBE_FORMAT}: rerun the fit to write it")
-    missing = [k for k in ("head", "depth", "hyperparameters", "label_shape", "n_readout", "d_model", "identity",
-                           "identity_hash", "input_layer", "predictor") if k not in meta]
+        raise DataError(
+            f"{path} is a probe of format {meta.get('format')!r}, written by reservoir "
+            f"{meta.get('version')}; this version reads format {PROBE_FORMAT}: rerun the fit to write it"
+        )
+    missing = [
+        k
+        for k in (
+            "head",
+            "depth",
+            "hyperparameters",
+            "label_shape",
+            "n_readout",
+            "d_model",
+            "identity",
+            "identity_hash",
+            "input_layer",
+            "predictor",
+        )
+        if k not in meta
+    ]
     if missing:
-        raise DataError(f"{path} is a damaged probe (its metadata lacks {missing}); rerun the fit to write it")
+        raise DataError(
+            f"{path} is a damaged probe (its metadata lacks {missing}); rerun the fit to write it"
+        )
     try:
         predictor = predictor_from_state(meta["predictor"], arrays)
     except ValueError as e:
@@ -191,8 +234,14 @@ def extract_hint(probe: SavedProbe) -> str:
     """The ``reservoir extract`` options that make features this probe reads."""
     i = probe.identity
     task = "file:YOUR_DATA" if str(i.get("task", "")).startswith("file:") else i.get("task")
-    words = [f"--task {task}", f"--backbone {i.get('backbone')}", f"--seed {i.get('seed')}",
-             f"--dtype {i.get('dtype')}", f"--readout {i.get('readout')}", f"--depths {probe.depth}"]
+    words = [
+        f"--task {task}",
+        f"--backbone {i.get('backbone')}",
+        f"--seed {i.get('seed')}",
+        f"--dtype {i.get('dtype')}",
+        f"--readout {i.get('readout')}",
+        f"--depths {probe.depth}",
+    ]
     if i.get("input_scale", "paper") != "paper":
         words.append(f"--input-scale {i['input_scale']}")
     return "reservoir extract " + " ".join(words)
@@ -202,36 +251,53 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
     """``f``'s ``split`` holds features this probe reads: the same extraction settings, depth, feature
     and label shapes, labels among its classes. IdentityError naming every difference otherwise."""
     if split not in f:
-        raise UsageError(f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}: pass --split "
-                         "with one of them")
+        raise UsageError(
+            f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}: pass --split "
+            "with one of them"
+        )
     identity, ours = stored_identity(f), probe.identity
-    problems = [f"{key}: probe {_short(ours.get(key))}, file {_short(identity.get(key))}"
-                for key in SAME_EXTRACTION if ours.get(key) != identity.get(key)]
+    problems = [
+        f"{key}: probe {_short(ours.get(key))}, file {_short(identity.get(key))}"
+        for key in SAME_EXTRACTION
+        if ours.get(key) != identity.get(key)
+    ]
     depths = [int(d) for d in f.attrs["depths"]]
     if probe.depth not in depths:
         problems.append(f"depth: the probe reads depth {probe.depth}, the file holds depths {depths}")
     shape = tuple(f[split]["features"].shape[2:])
     if shape != (probe.meta["n_readout"], probe.meta["d_model"]):
-        problems.append(f"features: the probe reads {probe.meta['n_readout']} readout token(s) of width "
-                        f"{probe.meta['d_model']}, the file holds {shape[0]} of width {shape[1]}")
+        problems.append(
+            f"features: the probe reads {probe.meta['n_readout']} readout token(s) of width "
+            f"{probe.meta['d_model']}, the file holds {shape[0]} of width {shape[1]}"
+        )
     labels = f[split]["labels"]
     top = int(np.max(labels[:])) if labels.shape[0] else -1
     if tuple(labels.shape[1:]) != probe.label_shape:
-        problems.append(f"labels: the probe predicts labels of shape {list(probe.label_shape)} a row, the file's "
-                        f"are {list(labels.shape[1:])}")
+        problems.append(
+            f"labels: the probe predicts labels of shape {list(probe.label_shape)} a row, the file's "
+            f"are {list(labels.shape[1:])}"
+        )
     elif top >= probe.predictor.n_classes:
-        problems.append(f"classes: the probe knows classes 0..{probe.predictor.n_classes - 1}, the file's labels "
-                        f"reach {top}")
+        problems.append(
+            f"classes: the probe knows classes 0..{probe.predictor.n_classes - 1}, the file's labels "
+            f"reach {top}"
+        )
     if not problems and probe.meta["input_layer"] != input_layer_digest(f):
-        problems.append("input layer: the file's frozen input layer differs from the one the probe's features "
-                        "went through (another token kind, width or vocabulary)")
+        problems.append(
+            "input layer: the file's frozen input layer differs from the one the probe's features "
+            "went through (another token kind, width or vocabulary)"
+        )
     if problems:
-        raise IdentityError(f"probe {probe.path} cannot read {f.filename}: it holds features of other extraction "
-                            f"settings ({'; '.join(problems)}). Apply the probe to features extracted as its own "
-                            f"were: `{extract_hint(probe)}`")
+        raise IdentityError(
+            f"probe {probe.path} cannot read {f.filename}: it holds features of other extraction "
+            f"settings ({'; '.join(problems)}). Apply the probe to features extracted as its own "
+            f"were: `{extract_hint(probe)}`"
+        )
 
 
-def predict_file(probe: SavedProbe, features: str | Path, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
+def predict_file(
+    probe: SavedProbe, features: str | Path, split: str = "test"
+) -> tuple[np.ndarray, np.ndarray]:
     """Predictions and labels, each ``(N, *label_shape)``, of ``probe`` on ``split`` of a feature file
     (checked by :func:`check_features`, verified against its digests, read block by block as the fit
     read its test split, so the fit's file gives the fit's predictions)."""

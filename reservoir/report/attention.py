@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,22 +59,34 @@ def catch_output(module: nn.Module, run: Callable[[], Any], call: int = 1) -> An
         for handle in handles:
             handle.remove()
     if "out" not in caught:
-        raise BackboneError("the attention module of the requested block was never called by the forward pass")
+        raise BackboneError(
+            "the attention module of the requested block was never called by the forward pass"
+        )
     return caught["out"]
 
 
 def weights_in(output: Any, n: int) -> torch.Tensor | None:
     """The attention weights ``(B, heads, n, n)`` among what an attention module returned."""
-    items = [output] if isinstance(output, torch.Tensor) else list(output.values() if isinstance(output, dict)
-                                                                  else output)
+    items = (
+        [output]
+        if isinstance(output, torch.Tensor)
+        else list(output.values() if isinstance(output, dict) else output)
+    )
     for item in items:  # probabilities: (.., n, n), non-negative rows summing to 1 (not T5's position bias)
-        if isinstance(item, torch.Tensor) and item.dim() == 4 and tuple(item.shape[-2:]) == (n, n) and \
-                bool((item >= 0).all()) and torch.allclose(item.float().sum(-1), torch.ones(()), atol=1e-3):
+        if (
+            isinstance(item, torch.Tensor)
+            and item.dim() == 4
+            and tuple(item.shape[-2:]) == (n, n)
+            and bool((item >= 0).all())
+            and torch.allclose(item.float().sum(-1), torch.ones(()), atol=1e-3)
+        ):
             return item
     return None
 
 
-def attention_probs(reservoir: nn.Module, tokens: torch.Tensor, lengths: torch.Tensor, layer: int) -> torch.Tensor:
+def attention_probs(
+    reservoir: nn.Module, tokens: torch.Tensor, lengths: torch.Tensor, layer: int
+) -> torch.Tensor:
     """Attention probabilities ``(B, heads, T, T)`` (float32) of block ``layer`` of ``reservoir``'s backbone.
 
     The backbone's adapter names the block's attention module (``attention_module``); the module
@@ -90,8 +103,10 @@ def attention_probs(reservoir: nn.Module, tokens: torch.Tensor, lengths: torch.T
     """
     backbone = reservoir.backbone
     if not 0 <= layer < backbone.n_layers:
-        raise UsageError(f"layer {layer} is out of range for this backbone ({backbone.n_layers} blocks); "
-                         f"choose a layer in [0, {backbone.n_layers - 1}]")
+        raise UsageError(
+            f"layer {layer} is out of range for this backbone ({backbone.n_layers} blocks); "
+            f"choose a layer in [0, {backbone.n_layers - 1}]"
+        )
     module = backbone.attention_module(layer)
     blocks = list(getattr(backbone, "blocks", None) or [])
     # a block shared by several depths (ALBERT) runs its attention once for each: this depth's is the call
@@ -101,8 +116,10 @@ def attention_probs(reservoir: nn.Module, tokens: torch.Tensor, lengths: torch.T
         output = catch_output(module, lambda: reservoir(tokens, lengths, [layer + 1]), call)
     weights = weights_in(output, tokens.shape[1])
     if weights is None:
-        raise BackboneError(f"the attention module of block {layer} ({type(module).__name__}) did not return its "
-                            "weights; this family cannot show attention maps")
+        raise BackboneError(
+            f"the attention module of block {layer} ({type(module).__name__}) did not return its "
+            "weights; this family cannot show attention maps"
+        )
     return weights.float()
 
 
@@ -124,31 +141,46 @@ def token_labels(task, tokens: np.ndarray) -> list[str]:
 
 def _checkpoint_model(path: Path, task_name: str, backbone_name: str):
     """The trained FPT of a ``reservoir train`` checkpoint (best-validation parameters) and its identity."""
-    from reservoir.model.backbones import load_backbone
     from reservoir.identity import task_label
-    from reservoir.model.backbones import fingerprint as backbone_fingerprint, label as backbone_label
+    from reservoir.model.backbones import fingerprint as backbone_fingerprint
+    from reservoir.model.backbones import label as backbone_label
+    from reservoir.model.backbones import load_backbone
     from reservoir.train.checkpoint import read_checkpoint
     from reservoir.train.model import FPT, select_trainable
 
-    obj = read_checkpoint(path, "pass a .pt file written by this version of `reservoir train` (its checkpoint folder)")
+    obj = read_checkpoint(
+        path, "pass a .pt file written by this version of `reservoir train` (its checkpoint folder)"
+    )
     ident = obj["identity"]
     wanted = {"task": task_label(task_name), "backbone": backbone_label(backbone_name)}
     for key, value in wanted.items():
         if ident.get(key) != value:
-            raise IdentityError(f"checkpoint {path} was trained with {key} {ident.get(key)!r}, not {value!r}; "
-                                f"pass --{key} {ident.get(key)}, or a checkpoint of this {key}")
+            raise IdentityError(
+                f"checkpoint {path} was trained with {key} {ident.get(key)!r}, not {value!r}; "
+                f"pass --{key} {ident.get(key)}, or a checkpoint of this {key}"
+            )
     seed = ident["run_seed"]
     backbone = load_backbone(backbone_name, seed)
     if backbone_fingerprint(backbone) != ident["backbone_fingerprint"]:
-        raise IdentityError(f"backbone {backbone_name!r} is not the one checkpoint {path} was trained on (its weights "
-                            "differ); pass the same backbone folder or name")
-    model = FPT(_task(task_name, ident["task_options"], seed).spec, backbone, blocks=ident["blocks"], seed=seed,
-                input_scale=ident["input_scale"], dropout=0.0)
+        raise IdentityError(
+            f"backbone {backbone_name!r} is not the one checkpoint {path} was trained on (its weights "
+            "differ); pass the same backbone folder or name"
+        )
+    model = FPT(
+        _task(task_name, ident["task_options"], seed).spec,
+        backbone,
+        blocks=ident["blocks"],
+        seed=seed,
+        input_scale=ident["input_scale"],
+        dropout=0.0,
+    )
     params, _ = select_trainable(model, ident["trainable"])
     saved = obj["state"].get("best_params") or obj["params"]
     if [tuple(t.shape) for t in saved] != [tuple(p.shape) for p in params]:
-        raise DataError(f"checkpoint {path} holds {len(saved)} trained tensors of other shapes than this task and "
-                        f"backbone's {len(params)}; pass a checkpoint `reservoir train` wrote for them")
+        raise DataError(
+            f"checkpoint {path} holds {len(saved)} trained tensors of other shapes than this task and "
+            f"backbone's {len(params)}; pass a checkpoint `reservoir train` wrote for them"
+        )
     with torch.no_grad():
         for p, value in zip(params, saved, strict=True):
             p.copy_(value)
@@ -161,10 +193,19 @@ def _task(task_name: str, options: dict[str, Any], seed: int):
     return make_task(task_name, options, seed)
 
 
-def first_layer_attention(task_name: str, backbone_name: str, *, seed: int = 0, layer: int = 0, example: int = 0,
-                          split: str = "test", input_scale: str = "paper", data_dir: Path | str | None = None,
-                          limit: int | None = None,
-                          checkpoint: Path | str | None = None) -> tuple[np.ndarray, list[str]]:
+def first_layer_attention(
+    task_name: str,
+    backbone_name: str,
+    *,
+    seed: int = 0,
+    layer: int = 0,
+    example: int = 0,
+    split: str = "test",
+    input_scale: str = "paper",
+    data_dir: Path | str | None = None,
+    limit: int | None = None,
+    checkpoint: Path | str | None = None,
+) -> tuple[np.ndarray, list[str]]:
     """Attention probabilities of one block for one example, through the project's forward path.
 
     Parameters
@@ -194,15 +235,17 @@ def first_layer_attention(task_name: str, backbone_name: str, *, seed: int = 0, 
     >>> w.shape, labels[:3]                                           # doctest: +SKIP
     ((12, 10, 10), ['1', '0', '1'])
     """
-    from reservoir.model.backbones import freeze, load_backbone
     from reservoir.config import default_data_dir, parse_input_scale
+    from reservoir.model.backbones import freeze, load_backbone
     from reservoir.model.reservoir import Reservoir, check_length
 
     if example < 0 or layer < 0:
         raise UsageError(f"example and layer count from 0; got example {example}, layer {layer}")
     if limit is not None and example >= limit:
-        raise UsageError(f"example {example} is outside the first {limit} examples (--limit); "
-                         f"choose an example below {limit} or raise the limit")
+        raise UsageError(
+            f"example {example} is outside the first {limit} examples (--limit); "
+            f"choose an example below {limit} or raise the limit"
+        )
     if checkpoint is not None:
         reservoir, ident = _checkpoint_model(Path(checkpoint), task_name, backbone_name)
         task = _task(task_name, ident["task_options"], ident["run_seed"])
@@ -213,18 +256,23 @@ def first_layer_attention(task_name: str, backbone_name: str, *, seed: int = 0, 
     try:
         reservoir.backbone.attention_module(0)
     except (UsageError, BackboneError):
-        raise UsageError(f"backbone {backbone_name!r} ({reservoir.backbone.kind})"
-                         " has no attention to show; choose a transformer backbone such as gpt2, gpt2-random, "
-                         "smollm2-135m(-random) or a save_pretrained folder of a transformer") from None
+        raise UsageError(
+            f"backbone {backbone_name!r} ({reservoir.backbone.kind})"
+            " has no attention to show; choose a transformer backbone such as gpt2, gpt2-random, "
+            "smollm2-135m(-random) or a save_pretrained folder of a transformer"
+        ) from None
     check_length(task.spec, reservoir.backbone, backbone_name)
     task.check_split(split)
     data = task.load(split, Path(data_dir) if data_dir is not None else default_data_dir(), example + 1)
     if example >= len(data):
-        raise UsageError(f"split {split!r} of task {task_name!r} has {len(data)} examples; choose an example "
-                         f"below {len(data)}")
+        raise UsageError(
+            f"split {split!r} of task {task_name!r} has {len(data)} examples; choose an example "
+            f"below {len(data)}"
+        )
     length = int(data.lengths[example])
-    tokens = task.encode(data.inputs[example:example + 1])[:, :length]
+    tokens = task.encode(data.inputs[example : example + 1])[:, :length]
     freeze(reservoir.float()).eval()
-    weights = attention_probs(reservoir, torch.from_numpy(np.ascontiguousarray(tokens)),
-                              torch.tensor([length]), layer)
+    weights = attention_probs(
+        reservoir, torch.from_numpy(np.ascontiguousarray(tokens)), torch.tensor([length]), layer
+    )
     return weights[0].numpy(), token_labels(task, tokens[0])

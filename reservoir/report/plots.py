@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,9 @@ def _figure(figsize: tuple[float, float]):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise UsageError("plots need matplotlib, but matplotlib is not installed; pip install 'reservoir[plot]'") from None
+        raise UsageError(
+            "plots need matplotlib, but matplotlib is not installed; pip install 'reservoir[plot]'"
+        ) from None
     fig = Figure(figsize=figsize, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -68,9 +71,16 @@ def _union(*keyed: dict[str, Any] | None) -> list[str]:
     return names
 
 
-def depth_plot(curves: dict[str, dict[int, float]], path: Path | str, *, title: str,
-               baselines: dict[str, float] | None = None, chosen: dict[str, int] | None = None,
-               paper: dict[str, dict[int, float]] | None = None, ylabel: str = "test accuracy (%)") -> Path:
+def depth_plot(
+    curves: dict[str, dict[int, float]],
+    path: Path | str,
+    *,
+    title: str,
+    baselines: dict[str, float] | None = None,
+    chosen: dict[str, int] | None = None,
+    paper: dict[str, dict[int, float]] | None = None,
+    ylabel: str = "test accuracy (%)",
+) -> Path:
     """Accuracy against depth (number of blocks), one line per backbone, with baselines.
 
     Parameters
@@ -110,26 +120,69 @@ def depth_plot(curves: dict[str, dict[int, float]], path: Path | str, *, title: 
     for name, curve in curves.items():
         xs = sorted(curve)
         depths += xs
-        ax.plot(xs, [curve[x] for x in xs], marker="o", markersize=4, linewidth=1.6, color=colour[name], label=name)
+        ax.plot(
+            xs,
+            [curve[x] for x in xs],
+            marker="o",
+            markersize=4,
+            linewidth=1.6,
+            color=colour[name],
+            label=name,
+        )
     for i, (name, curve) in enumerate((paper or {}).items()):  # shrinking sizes: equal numbers stay visible
         xs = sorted(curve)
         depths += xs
         size = 7 + 3 * (len(paper) - 1 - i)
-        ax.plot(xs, [curve[x] for x in xs], linestyle="none", marker="D", markersize=size, markerfacecolor="none",
-                markeredgewidth=1.4, color=colour[name], label=name if "paper" in name else f"{name} (paper)")
+        ax.plot(
+            xs,
+            [curve[x] for x in xs],
+            linestyle="none",
+            marker="D",
+            markersize=size,
+            markerfacecolor="none",
+            markeredgewidth=1.4,
+            color=colour[name],
+            label=name if "paper" in name else f"{name} (paper)",
+        )
     for name, depth in (chosen or {}).items():
         if depth not in curves[name]:
-            raise UsageError(f"chosen depth {depth} of {name!r} has no accuracy in its curve (depths "
-                             f"{sorted(curves[name])}); pass a depth the curve holds")
-        ax.plot([depth], [curves[name][depth]], linestyle="none", marker="o", markersize=13, markerfacecolor="none",
-                markeredgewidth=1.8, color=colour[name])
+            raise UsageError(
+                f"chosen depth {depth} of {name!r} has no accuracy in its curve (depths "
+                f"{sorted(curves[name])}); pass a depth the curve holds"
+            )
+        ax.plot(
+            [depth],
+            [curves[name][depth]],
+            linestyle="none",
+            marker="o",
+            markersize=13,
+            markerfacecolor="none",
+            markeredgewidth=1.8,
+            color=colour[name],
+        )
     for i, (name, value) in enumerate((baselines or {}).items()):
-        ax.axhline(value, linestyle=(0, BASELINE_DASHES[i % len(BASELINE_DASHES)]), linewidth=1.3,
-                   color=str(0.15 + 0.5 * (i % 4) / 3), label=f"{name} ({value:.1f})")
+        ax.axhline(
+            value,
+            linestyle=(0, BASELINE_DASHES[i % len(BASELINE_DASHES)]),
+            linewidth=1.3,
+            color=str(0.15 + 0.5 * (i % 4) / 3),
+            label=f"{name} ({value:.1f})",
+        )
     handles, _ = ax.get_legend_handles_labels()
     if chosen:
-        handles.append(Line2D([], [], linestyle="none", marker="o", markersize=11, markerfacecolor="none",
-                              markeredgewidth=1.8, color="black", label="chosen on validation"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                linestyle="none",
+                marker="o",
+                markersize=11,
+                markerfacecolor="none",
+                markeredgewidth=1.8,
+                color="black",
+                label="chosen on validation",
+            )
+        )
     fig.legend(handles=handles, loc="outside center right", fontsize="small", frameon=False)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if depths:
@@ -171,8 +224,15 @@ def training_curves(runs: dict[str, list[dict]], path: Path | str, *, title: str
             points = [(e["step"], e[key] * scale) for e in history if e.get(key) is not None]
             if points:
                 xs, ys = zip(*sorted(points))
-                ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, linewidth=1.4,
-                        color=colour[name], label=name if ax is acc_ax else None)
+                ax.plot(
+                    xs,
+                    ys,
+                    marker="o" if len(xs) <= 30 else None,
+                    markersize=3,
+                    linewidth=1.4,
+                    color=colour[name],
+                    label=name if ax is acc_ax else None,
+                )
     acc_ax.set(xlabel="step", ylabel="validation accuracy (%)", title="validation accuracy")
     loss_ax.set(xlabel="step", ylabel="training loss", title="training loss")
     for ax in (acc_ax, loss_ax):
@@ -189,8 +249,14 @@ def attention_layout(n_heads: int) -> tuple[int, int, tuple[float, float]]:
     return rows, cols, (cols * PANEL_SIZE + 0.9, rows * PANEL_SIZE + 0.6)
 
 
-def attention_maps(weights: np.ndarray, path: Path | str, *, title: str, tokens: list[str] | None = None,
-                   heads: list[int] | None = None) -> Path:
+def attention_maps(
+    weights: np.ndarray,
+    path: Path | str,
+    *,
+    title: str,
+    tokens: list[str] | None = None,
+    heads: list[int] | None = None,
+) -> Path:
     """A grid of attention heatmaps, one per head, of one layer for one example (FPT paper, figs. 3 to 5).
 
     Parameters
@@ -218,7 +284,9 @@ def attention_maps(weights: np.ndarray, path: Path | str, *, title: str, tokens:
     heads = list(range(n)) if heads is None else list(heads)
     bad = [h for h in heads if not 0 <= h < n]
     if bad or not heads:
-        raise UsageError(f"heads {bad or heads} are not in [0, {n - 1}]; choose heads of the {n} the layer has")
+        raise UsageError(
+            f"heads {bad or heads} are not in [0, {n - 1}]; choose heads of the {n} the layer has"
+        )
     if tokens is not None and len(tokens) != t:
         raise UsageError(f"{len(tokens)} token labels for {t} tokens; give one label per token")
     rows, cols, figsize = attention_layout(len(heads))

@@ -30,8 +30,12 @@ from reservoir.results import load_results  # noqa: F401  (report's entry point 
 
 #: baselines in the order tables list them
 BASELINE_ORDER = ("majority", "first-operator", "raw", "tanh")
-BASELINE_LABELS = {"majority": "majority class", "first-operator": "first-operator rule",
-                   "raw": "raw-input linear head", "tanh": "random tanh features"}
+BASELINE_LABELS = {
+    "majority": "majority class",
+    "first-operator": "first-operator rule",
+    "raw": "raw-input linear head",
+    "tanh": "random tanh features",
+}
 
 
 def baseline_label(name: str) -> str:
@@ -102,7 +106,11 @@ class Row:
         if len(rs) == 1 and rs[0].get("test_std") is not None:  # an end-to-end result folds its seeds
             return rs[0]["test_accuracy"], rs[0]["test_std"], len(rs[0].get("seeds", [0]))
         values = self.tests(depth)
-        return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else None), len(values)
+        return (
+            float(np.mean(values)),
+            (float(np.std(values, ddof=1)) if len(values) > 1 else None),
+            len(values),
+        )
 
     @property
     def size(self) -> str:
@@ -131,7 +139,15 @@ def run_of(r: dict[str, Any]) -> str:
 
 
 def row_key(r: dict[str, Any]) -> tuple:
-    return (r["task"], r["backbone"], r["mode"], r["head"], ",".join(r["trainable"]), input_scale(r), run_of(r))
+    return (
+        r["task"],
+        r["backbone"],
+        r["mode"],
+        r["head"],
+        ",".join(r["trainable"]),
+        input_scale(r),
+        run_of(r),
+    )
 
 
 def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, Any]]]:
@@ -145,15 +161,21 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
         key = row_key(r)
         row = rows.setdefault(key, Row(*key))
         row.by_depth[int(r["depth"])].append(r)
-    order = sorted(rows, key=lambda k: (k[0], k[1], k[2], k[3], k[4], k[5] != "paper", k[5], k[6]))  # paper scale first
+    order = sorted(
+        rows, key=lambda k: (k[0], k[1], k[2], k[3], k[4], k[5] != "paper", k[5], k[6])
+    )  # paper scale first
     return [rows[k] for k in order], baselines
 
 
 def baselines_for(rows: list[Row], baselines: list[dict[str, Any]], task: str) -> list[dict[str, Any]]:
     """The baselines of ``task`` computed on the same data and with the same head as its output-only
     rows (rules have no head); one per name."""
-    want = {(data_key(r), r["head"]) for row in rows if row.task == task and row.mode == "output-only"
-            for r in row.results[:1]}
+    want = {
+        (data_key(r), r["head"])
+        for row in rows
+        if row.task == task and row.mode == "output-only"
+        for r in row.results[:1]
+    }
     found: dict[str, dict[str, Any]] = {}
     for b in baselines:
         if b["task"] != task:
@@ -226,7 +248,7 @@ def _settings(row: Row) -> dict[str, str]:
     for key, value in row.results[0].get("identity", {}).items():
         if key in UNLABELLED:
             continue
-        for k, v in (value.items() if isinstance(value, dict) else [(None, value)]):
+        for k, v in value.items() if isinstance(value, dict) else [(None, value)]:
             text = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
             out[key if k is None else f"{key}.{k}"] = text if len(text) <= 24 else text[:21] + "..."
     return out
@@ -256,11 +278,19 @@ class Report:
     """Markdown and CSV of results, laid out by depth (one table per task) or by task (one row per
     setting, the validation-chosen depth's test accuracy per task column)."""
 
-    def __init__(self, results: list[dict[str, Any]], *, paper: Any = None, paper_rows: dict[str, str] | None = None,
-                 depths: tuple[str | int, ...] = ("chosen",)):
+    def __init__(
+        self,
+        results: list[dict[str, Any]],
+        *,
+        paper: Any = None,
+        paper_rows: dict[str, str] | None = None,
+        depths: tuple[str | int, ...] = ("chosen",),
+    ):
         self.rows, self.baselines = collect(results)
         self.paper, self.paper_rows = paper, dict(paper_rows or {})
-        self.depths = tuple(depths) or ("chosen",)  # the task layout's rules for output-only rows (DEPTH_RULES)
+        self.depths = tuple(depths) or (
+            "chosen",
+        )  # the task layout's rules for output-only rows (DEPTH_RULES)
         self.records: list[dict[str, Any]] = []  # the CSV, one line per cell
         self.labels = row_labels(self.rows)
 
@@ -291,15 +321,36 @@ class Report:
         return paper_cell(ours, paper, pm, self.who)
 
     def record(self, row: Row, column: str, **values: Any) -> None:
-        self.records.append({"task": row.task, "setting": self.label(row), "backbone": row.backbone, "mode": row.mode,
-                             "head": row.head, "trainable": row.trainable, "input_scale": row.scale, "run": row.run,
-                             "n_train/n_test": row.size, "column": column, **values})
+        self.records.append(
+            {
+                "task": row.task,
+                "setting": self.label(row),
+                "backbone": row.backbone,
+                "mode": row.mode,
+                "head": row.head,
+                "trainable": row.trainable,
+                "input_scale": row.scale,
+                "run": row.run,
+                "n_train/n_test": row.size,
+                "column": column,
+                **values,
+            }
+        )
 
     def record_baseline(self, b: dict[str, Any], task: str, column: str) -> None:
-        self.records.append({"task": task, "setting": f"baseline: {baseline_label(b['baseline'])}",
-                             "backbone": b["backbone"], "mode": "baseline", "head": b["head"],
-                             "n_train/n_test": f"{b['n_train']}/{b['n_test']}", "column": column,
-                             "test": b["test_accuracy"], "val": b["val_accuracy"]})
+        self.records.append(
+            {
+                "task": task,
+                "setting": f"baseline: {baseline_label(b['baseline'])}",
+                "backbone": b["backbone"],
+                "mode": "baseline",
+                "head": b["head"],
+                "n_train/n_test": f"{b['n_train']}/{b['n_test']}",
+                "column": column,
+                "test": b["test_accuracy"],
+                "val": b["val_accuracy"],
+            }
+        )
 
     # ---------------------------------------------------------------- depth layout
     def depth_tables(self) -> str:
@@ -307,8 +358,11 @@ class Report:
         for task in dict.fromkeys(r.task for r in self.rows):
             rows = [r for r in self.rows if r.task == task]
             depths = sorted({d for r in rows for d in r.by_depth})
-            head = ["setting", "head", "n train/test"] + [f"d{d}" for d in depths] + \
-                   ["chosen on val: depth", "test at chosen", "best by test (not for claims)"]
+            head = (
+                ["setting", "head", "n train/test"]
+                + [f"d{d}" for d in depths]
+                + ["chosen on val: depth", "test at chosen", "best by test (not for claims)"]
+            )
             lines = [f"### {task}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             for row in rows:
                 cells = []
@@ -322,10 +376,25 @@ class Report:
                     self.record(row, f"d{d}", test=mean, test_std=std, n_seeds=n, val=row.val(d), paper=paper)
                 c, b = row.chosen, row.best_by_test
                 mean, std, n = row.spread(c)
-                self.record(row, "chosen", depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c),
-                            paper=self.paper_number(row, str(c)))
-                lines.append("| " + " | ".join([self.label(row), row.head, row.size] + cells + [
-                    str(c), pct(mean, std, n), f"{pct(row.spread(b)[0])} (d{b})"]) + " |")
+                self.record(
+                    row,
+                    "chosen",
+                    depth=c,
+                    test=mean,
+                    test_std=std,
+                    n_seeds=n,
+                    val=row.val(c),
+                    paper=self.paper_number(row, str(c)),
+                )
+                lines.append(
+                    "| "
+                    + " | ".join(
+                        [self.label(row), row.head, row.size]
+                        + cells
+                        + [str(c), pct(mean, std, n), f"{pct(row.spread(b)[0])} (d{b})"]
+                    )
+                    + " |"
+                )
             lines += self.baseline_lines(task, len(depths))
             out.append("\n".join(lines))
         return "\n\n".join(out)
@@ -335,16 +404,23 @@ class Report:
         for b in baselines_for(self.rows, self.baselines, task):
             label = f"baseline: {baseline_label(b['baseline'])}"
             n = f"{b['n_train']}/{b['n_test']}"
-            lines.append("| " + " | ".join([label, b["head"], n] + [""] * n_depths + [
-                "", pct(b["test_accuracy"]), ""]) + " |")
+            lines.append(
+                "| "
+                + " | ".join([label, b["head"], n] + [""] * n_depths + ["", pct(b["test_accuracy"]), ""])
+                + " |"
+            )
             self.record_baseline(b, task, "baseline")
         return lines
 
     # ---------------------------------------------------------------- task layout
     def task_table(self) -> str:
         ours = list(dict.fromkeys(r.task for r in self.rows))
-        if self.paper is not None:  # the paper's columns we have results for, then our tasks the paper's table lacks
-            tasks = [t for t in self.paper.columns if t in ours] + [t for t in ours if t not in self.paper.columns]
+        if (
+            self.paper is not None
+        ):  # the paper's columns we have results for, then our tasks the paper's table lacks
+            tasks = [t for t in self.paper.columns if t in ours] + [
+                t for t in ours if t not in self.paper.columns
+            ]
         else:
             tasks = ours
         rules = self.depths
@@ -368,36 +444,80 @@ class Report:
                 mean, std, n = row.spread(c)
                 paper = self.paper_number(row, t)
                 depth = f", d{c}" if row.mode == "output-only" and len(row.by_depth) > 1 else ""
-                extra = {"depth_rule": str(rule)} if rules != ("chosen",) and row.mode == "output-only" else {}
+                extra = (
+                    {"depth_rule": str(rule)} if rules != ("chosen",) and row.mode == "output-only" else {}
+                )
                 if self.paper is not None and self.paper.unit == "steps":  # steps to the target (table 6)
                     r = row.by_depth[c][0]
                     steps, target = r.get("steps_to_target_mean"), r.get("target")
                     reached = [s for s in r.get("steps_to_target") or [] if s is not None]
                     runs = len(r.get("steps_to_target") or [])
-                    text = (f"{steps:,.0f} steps to {100 * target:g}%" if steps is not None
-                            else f"{len(reached)} of {runs} seeds reached {100 * target:g}% (in "
-                                 f"{', '.join(f'{s:,}' for s in reached)} steps)" if reached
-                            else f"not reached ({100 * target:g}%)" if target else "no --target")
-                    lowest = f", lowest seed {pct(r['test_min'])}" if n > 1 and r.get("test_min") is not None else ""
-                    cells.append(paper_cell(f"{text}; test {pct(mean, std, n)}{lowest} ({row.size})",
-                                            None if paper is None else f"{paper:,.0f} steps", who=self.who))
-                    self.record(row, t, depth=c, steps_to_target=steps, target=target, test=mean, test_std=std,
-                                test_min=r.get("test_min"), n_seeds=n, paper=paper, **extra)
+                    text = (
+                        f"{steps:,.0f} steps to {100 * target:g}%"
+                        if steps is not None
+                        else f"{len(reached)} of {runs} seeds reached {100 * target:g}% (in "
+                        f"{', '.join(f'{s:,}' for s in reached)} steps)"
+                        if reached
+                        else f"not reached ({100 * target:g}%)"
+                        if target
+                        else "no --target"
+                    )
+                    lowest = (
+                        f", lowest seed {pct(r['test_min'])}"
+                        if n > 1 and r.get("test_min") is not None
+                        else ""
+                    )
+                    cells.append(
+                        paper_cell(
+                            f"{text}; test {pct(mean, std, n)}{lowest} ({row.size})",
+                            None if paper is None else f"{paper:,.0f} steps",
+                            who=self.who,
+                        )
+                    )
+                    self.record(
+                        row,
+                        t,
+                        depth=c,
+                        steps_to_target=steps,
+                        target=target,
+                        test=mean,
+                        test_std=std,
+                        test_min=r.get("test_min"),
+                        n_seeds=n,
+                        paper=paper,
+                        **extra,
+                    )
                     continue
                 lr = swept_lr(row.by_depth[c][0]) if row.mode == "end-to-end" else None
                 text = f"{pct(mean, std, n)} ({row.size}{depth}{f', lr {lr:g}' if lr is not None else ''})"
                 cells.append(self.beside(row, t, text))
-                self.record(row, t, depth=c, test=mean, test_std=std, n_seeds=n, val=row.val(c), paper=paper,
-                            **({"lr": lr} if lr is not None else {}), **extra)
+                self.record(
+                    row,
+                    t,
+                    depth=c,
+                    test=mean,
+                    test_std=std,
+                    n_seeds=n,
+                    val=row.val(c),
+                    paper=paper,
+                    **({"lr": lr} if lr is not None else {}),
+                    **extra,
+                )
             lines.append("| " + " | ".join([label, headname] + cells) + " |")
         by_name: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
         for t in tasks:
             for b in baselines_for(self.rows, self.baselines, t):
                 by_name[f"baseline: {baseline_label(b['baseline'])}|{b['head']}"][t] = b
-        for name, by_task in sorted(by_name.items(), key=lambda kv: baseline_rank(next(iter(kv[1].values()))["baseline"])):
+        for name, by_task in sorted(
+            by_name.items(), key=lambda kv: baseline_rank(next(iter(kv[1].values()))["baseline"])
+        ):
             label, headname = name.split("|")
-            cells = [f"{pct(by_task[t]['test_accuracy'])} ({by_task[t]['n_train']}/{by_task[t]['n_test']})"
-                     if t in by_task else "" for t in tasks]
+            cells = [
+                f"{pct(by_task[t]['test_accuracy'])} ({by_task[t]['n_train']}/{by_task[t]['n_test']})"
+                if t in by_task
+                else ""
+                for t in tasks
+            ]
             for t, b in by_task.items():
                 self.record_baseline(b, t, t)
             lines.append("| " + " | ".join([label, headname] + cells) + " |")
@@ -407,15 +527,26 @@ class Report:
         """The end-to-end results that swept learning rates, one line per setting and task: test
         accuracy (mean ± std over seeds) at each rate, the rate chosen on validation in bold, a diverged
         rate as such (the critique's figure of accuracy by learning rate, as a table); empty without one."""
-        swept = [(row, r) for row in self.rows if row.mode == "end-to-end"
-                 for r in (row.by_depth[row.chosen][0],) if swept_lr(r) is not None]
+        swept = [
+            (row, r)
+            for row in self.rows
+            if row.mode == "end-to-end"
+            for r in (row.by_depth[row.chosen][0],)
+            if swept_lr(r) is not None
+        ]
         if not swept:
             return ""
         rates = sorted({lr for _, r in swept for lr in r["sweep"]}, key=float)  # as the result names them
         head = ["setting", "task"] + [f"lr {lr}" for lr in rates]
-        lines = ["", "", "Test accuracy at each learning rate of the sweep (mean ± std over seeds, validation in "
-                 "brackets); **bold**: the rate chosen on validation.", "",
-                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines = [
+            "",
+            "",
+            "Test accuracy at each learning rate of the sweep (mean ± std over seeds, validation in "
+            "brackets); **bold**: the rate chosen on validation.",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
         for row, r in swept:
             cells = []
             for lr in rates:
@@ -453,31 +584,57 @@ class Report:
         for task in dict.fromkeys(r.task for r in self.rows):
             rows = [r for r in self.rows if r.task == task and r.mode == "output-only"]
             if rows:
-                curves = {f"{self.label(r)} ({r.head})": {d: 100 * r.spread(d)[0] for d in sorted(r.by_depth)}
-                          for r in rows}
+                curves = {
+                    f"{self.label(r)} ({r.head})": {d: 100 * r.spread(d)[0] for d in sorted(r.by_depth)}
+                    for r in rows
+                }
                 chosen = {f"{self.label(r)} ({r.head})": r.chosen for r in rows}
                 paper = {}  # each paper row once, at the depths we ran
                 deepest = max(d for r in rows for d in r.by_depth)
                 for r in rows:
                     name = self.paper_row(r)
-                    numbers = {int(c): v for c in (self.paper.columns if self.paper else ()) if c.isdigit()
-                               and int(c) <= deepest for v in [self.paper_number(r, c)] if v is not None}
+                    numbers = {
+                        int(c): v
+                        for c in (self.paper.columns if self.paper else ())
+                        if c.isdigit() and int(c) <= deepest
+                        for v in [self.paper_number(r, c)]
+                        if v is not None
+                    }
                     if numbers:
                         paper[f"paper: {name}"] = numbers
-                baselines = {f"{baseline_label(b['baseline'])} ({b['head']})": 100 * b["test_accuracy"]
-                             for b in baselines_for(self.rows, self.baselines, task)}
+                baselines = {
+                    f"{baseline_label(b['baseline'])} ({b['head']})": 100 * b["test_accuracy"]
+                    for b in baselines_for(self.rows, self.baselines, task)
+                }
                 size = rows[0].size
-                written.append(depth_plot(curves, folder / f"{task}-depth.png", baselines=baselines, chosen=chosen,
-                                          paper=paper or None,
-                                          title=f"{task}: test accuracy by depth (n train/test {size}); "
-                                                "ring: depth chosen on validation"))
-            runs = {f"{self.label(r)} d{d} lr{run.get('lr', '')} seed{run.get('seed', '')}": run["history"]
-                    for r in self.rows if r.task == task and r.mode == "end-to-end"
-                    for d, rs in r.by_depth.items() for res in rs for run in res.get("runs", [])
-                    if run.get("history")}
+                written.append(
+                    depth_plot(
+                        curves,
+                        folder / f"{task}-depth.png",
+                        baselines=baselines,
+                        chosen=chosen,
+                        paper=paper or None,
+                        title=f"{task}: test accuracy by depth (n train/test {size}); "
+                        "ring: depth chosen on validation",
+                    )
+                )
+            runs = {
+                f"{self.label(r)} d{d} lr{run.get('lr', '')} seed{run.get('seed', '')}": run["history"]
+                for r in self.rows
+                if r.task == task and r.mode == "end-to-end"
+                for d, rs in r.by_depth.items()
+                for res in rs
+                for run in res.get("runs", [])
+                if run.get("history")
+            }
             if runs:
-                written.append(training_curves(runs, folder / f"{task}-training.png",
-                                               title=f"{task}: end-to-end training, validation accuracy and loss"))
+                written.append(
+                    training_curves(
+                        runs,
+                        folder / f"{task}-training.png",
+                        title=f"{task}: end-to-end training, validation accuracy and loss",
+                    )
+                )
         return written
 
 

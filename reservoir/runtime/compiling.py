@@ -45,7 +45,9 @@ def use_persistent_cache() -> Path:
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):  # torch's, not the user's
+    if current is None or os.path.abspath(current) == os.path.abspath(
+        default_cache_dir()
+    ):  # torch's, not the user's
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
     folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     folder.mkdir(parents=True, exist_ok=True)
@@ -76,15 +78,26 @@ def device_label(device: Any) -> str:
     return device.type
 
 
-def shape_key(backbone: Any, *, dtype: str, device: str, batch_size: int, widths: list[int], depths: list[int]) -> str:
+def shape_key(
+    backbone: Any, *, dtype: str, device: str, batch_size: int, widths: list[int], depths: list[int]
+) -> str:
     """What a compiled graph depends on: torch, the architecture (not the weights), dtype,
     the device (:func:`device_label`), batch shape and depths."""
     import torch
 
     from reservoir.identity import digest
 
-    return digest({"torch": torch.__version__, **records.architecture(backbone), "dtype": dtype, "device": device,
-                   "batch": batch_size, "widths": sorted(set(widths)), "depths": list(depths)})
+    return digest(
+        {
+            "torch": torch.__version__,
+            **records.architecture(backbone),
+            "dtype": dtype,
+            "device": device,
+            "batch": batch_size,
+            "widths": sorted(set(widths)),
+            "depths": list(depths),
+        }
+    )
 
 
 def read_record(key: str) -> dict[str, float] | None:
@@ -99,8 +112,14 @@ def write_record(key: str, compile_seconds: float, speedup: float | None) -> Non
         speedup = old.get("speedup") if old else None
     elif old and old.get("speedup"):  # one run's speedup is noisy on a shared machine: blend it with the last
         speedup = (speedup + old["speedup"]) / 2
-    records.put(COSTS, key, {"compile_seconds": round(compile_seconds, 2),
-                             "speedup": None if speedup is None else round(speedup, 3)})
+    records.put(
+        COSTS,
+        key,
+        {
+            "compile_seconds": round(compile_seconds, 2),
+            "speedup": None if speedup is None else round(speedup, 3),
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -109,21 +128,33 @@ class Decision:
     reason: str
 
 
-def decide(tokens_left: int, eager_rate: float, *, blocks: int, shapes: int, record: dict[str, float] | None,
-           dtype: str = "float32") -> Decision:
+def decide(
+    tokens_left: int,
+    eager_rate: float,
+    *,
+    blocks: int,
+    shapes: int,
+    record: dict[str, float] | None,
+    dtype: str = "float32",
+) -> Decision:
     """Compile when the eager time of ``tokens_left`` exceeds the compile time plus the compiled
     time (module docstring); ``shapes`` distinct batch shapes each compile once."""
     if record:
         compile_s, source = record["compile_seconds"] * shapes, "measured last time"
         speedup = record.get("speedup") or DEFAULT_SPEEDUP.get(dtype, 1.3)
     else:
-        compile_s, speedup, source = (COLD_SECONDS_PER_BLOCK * blocks * shapes, DEFAULT_SPEEDUP.get(dtype, 1.3),
-                                      "first-time estimate")
+        compile_s, speedup, source = (
+            COLD_SECONDS_PER_BLOCK * blocks * shapes,
+            DEFAULT_SPEEDUP.get(dtype, 1.3),
+            "first-time estimate",
+        )
     eager_s = tokens_left / eager_rate
     compiled_s = compile_s + eager_s / max(speedup, 1e-6)
     verdict = eager_s > compiled_s
-    reason = (f"{'compiled' if verdict else 'eager'}: eager {eager_rate:,.0f} tokens/s (measured now) needs "
-              f"~{eager_s:.0f} s for the {tokens_left:,} tokens left; compiling ~{compile_s:.0f} s "
-              f"({shapes} shape{'s' if shapes > 1 else ''}) then ~{eager_s / speedup:.0f} s at {speedup:.2f}x "
-              f"({source})")
+    reason = (
+        f"{'compiled' if verdict else 'eager'}: eager {eager_rate:,.0f} tokens/s (measured now) needs "
+        f"~{eager_s:.0f} s for the {tokens_left:,} tokens left; compiling ~{compile_s:.0f} s "
+        f"({shapes} shape{'s' if shapes > 1 else ''}) then ~{eager_s / speedup:.0f} s at {speedup:.2f}x "
+        f"({source})"
+    )
     return Decision(verdict, reason)

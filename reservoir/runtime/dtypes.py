@@ -32,7 +32,7 @@ from __future__ import annotations
 import inspect
 import json
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -92,8 +92,9 @@ def _key(width: int, threads: int) -> str:
 RATES = "dtype-rates.json"
 
 
-def measured_rates(width: int = 768, threads: int | None = None, *,
-                   measure: Callable[[str, int, int], float] | None = None) -> tuple[dict[str, float], bool]:
+def measured_rates(
+    width: int = 768, threads: int | None = None, *, measure: Callable[[str, int, int], float] | None = None
+) -> tuple[dict[str, float], bool]:
     """``({dtype: GFLOP/s}, cached)`` of every candidate on this CPU: read from the cache when this
     CPU, thread count, width and torch version were measured before, else measured and kept."""
     threads = threads or torch.get_num_threads()
@@ -145,8 +146,9 @@ def strict_float32() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def choose(device: torch.device | str = "cpu", width: int = 768,
-           allowed: tuple[str, ...] | None = None) -> tuple[str, str]:
+def choose(
+    device: torch.device | str = "cpu", width: int = 768, allowed: tuple[str, ...] | None = None
+) -> tuple[str, str]:
     """``(dtype, why)`` for ``--dtype auto`` on ``device``, among ``allowed`` dtypes (default: every float)."""
     kind = torch.device(device).type
     if kind == "cuda":
@@ -162,5 +164,7 @@ def choose(device: torch.device | str = "cpu", width: int = 768,
         rates = {d: r for d, r in rates.items() if d in allowed}
     dtype = fastest(rates)
     shown = ", ".join(f"{d} {r:,.0f}" for d, r in sorted(rates.items(), key=lambda kv: -kv[1]))
-    return dtype, (f"auto: {dtype} multiplies fastest on this CPU ({'measured before' if cached else 'measured now'}, "
-                   f"GFLOP/s: {shown})")
+    return dtype, (
+        f"auto: {dtype} multiplies fastest on this CPU ({'measured before' if cached else 'measured now'}, "
+        f"GFLOP/s: {shown})"
+    )

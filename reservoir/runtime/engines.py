@@ -53,15 +53,16 @@ import io
 import logging
 import time
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from reservoir.errors import BackboneError, DeviceError, UsageError
 from reservoir.model.backbones import columns, quiet_transformers, readout_rows
 from reservoir.runtime.dtypes import choose as choose_dtype
-from reservoir.errors import BackboneError, DeviceError, UsageError
 
 ENGINES = ("auto", "torch", "openvino", "onnxruntime")
 #: how stderr names each engine
@@ -89,11 +90,12 @@ OPENVINO_MIN_TOKENS = 20_000
 ONNX_MIN_TOKENS = 200_000
 
 
-
 def min_tokens(engine: str) -> int:
     """Tokens a run needs for ``auto`` to convert to ``engine`` (:data:`OPENVINO_MIN_TOKENS`,
     :data:`ONNX_MIN_TOKENS`)."""
     return {"openvino": OPENVINO_MIN_TOKENS, "onnxruntime": ONNX_MIN_TOKENS}[engine]
+
+
 #: the conversion example's width: converting GPT-2 small from 1024-token rows took 21 s (and,
 #: beside the benchmark's other models, ran the machine out of memory), from 64-token rows 3.7 s,
 #: with the same features at 1024 tokens
@@ -121,8 +123,9 @@ def onnxruntime_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx", "onnxscript"))
 
 
-def choose_engine(name: str, dtype: str, device: torch.device, backbone: Any = None,
-                  tokens: int | None = None) -> tuple[str, str]:
+def choose_engine(
+    name: str, dtype: str, device: torch.device, backbone: Any = None, tokens: int | None = None
+) -> tuple[str, str]:
     """``(engine, why)``. ``auto`` -> on the CPU, a converting engine (OpenVINO, else ONNX Runtime) when
     an int8 dtype is asked and one that computes it is installed, or when the backbone is known to
     convert (``Backbone.openvino``) and the run is long enough to repay converting
@@ -136,32 +139,48 @@ def choose_engine(name: str, dtype: str, device: torch.device, backbone: Any = N
         found, why = auto_candidates(dtype, device, backbone, tokens)
         name = found[0] if found else "torch"
         if found:
-            why = ("auto: int8" if int8 else f"auto: {LABELS[name]} is installed" + (
-                "" if tokens is None else f" and {tokens:,} tokens >= {min_tokens(name):,}"))
+            why = (
+                "auto: int8"
+                if int8
+                else f"auto: {LABELS[name]} is installed"
+                + ("" if tokens is None else f" and {tokens:,} tokens >= {min_tokens(name):,}")
+            )
     if name == "torch" and int8:
-        runs_it = "the OpenVINO engine only" if dtype == "int8-static" else "the OpenVINO or ONNX Runtime engine"
+        runs_it = (
+            "the OpenVINO engine only" if dtype == "int8-static" else "the OpenVINO or ONNX Runtime engine"
+        )
         hint = "" if openvino_installed() else f" ({INSTALL})"
-        raise UsageError(f"--dtype {dtype} runs on {runs_it}; pass --engine openvino{hint}"
-                         + (" or --engine onnxruntime" if dtype == "int8" else "")
-                         + ", or choose --dtype auto, float32 or bfloat16")
-    if name in ("openvino", "onnxruntime"):
-        if device.type != "cpu":
-            raise DeviceError(f"--engine {name} runs on the CPU, not {device}; use --engine torch on {device}, "
-                              "or --device cpu")
+        raise UsageError(
+            f"--dtype {dtype} runs on {runs_it}; pass --engine openvino{hint}"
+            + (" or --engine onnxruntime" if dtype == "int8" else "")
+            + ", or choose --dtype auto, float32 or bfloat16"
+        )
+    if name in ("openvino", "onnxruntime") and device.type != "cpu":
+        raise DeviceError(
+            f"--engine {name} runs on the CPU, not {device}; use --engine torch on {device}, or --device cpu"
+        )
     if name == "openvino" and not openvino_installed():
-        raise UsageError(f"--engine openvino (or --dtype {dtype}): OpenVINO is not installed; {INSTALL}, "
-                         "or pass --engine torch" + (" with --dtype auto" if int8 else ""))
+        raise UsageError(
+            f"--engine openvino (or --dtype {dtype}): OpenVINO is not installed; {INSTALL}, "
+            "or pass --engine torch" + (" with --dtype auto" if int8 else "")
+        )
     if name == "onnxruntime":
         if dtype not in ONNX_DTYPES:
-            raise UsageError(f"--engine onnxruntime computes {' or '.join(ONNX_DTYPES)}, not --dtype {dtype}; choose "
-                             "--dtype float32 or int8, or --engine openvino or torch")
+            raise UsageError(
+                f"--engine onnxruntime computes {' or '.join(ONNX_DTYPES)}, not --dtype {dtype}; choose "
+                "--dtype float32 or int8, or --engine openvino or torch"
+            )
         if not onnxruntime_installed():
-            raise UsageError(f"--engine onnxruntime: ONNX Runtime (with onnx and onnxscript, for torch's exporter) "
-                             f"is not installed; {ONNX_INSTALL}, or pass --engine torch")
+            raise UsageError(
+                f"--engine onnxruntime: ONNX Runtime (with onnx and onnxscript, for torch's exporter) "
+                f"is not installed; {ONNX_INSTALL}, or pass --engine torch"
+            )
     return name, why
 
 
-def auto_candidates(dtype: str, device: torch.device, backbone: Any, tokens: int | None) -> tuple[list[str], str]:
+def auto_candidates(
+    dtype: str, device: torch.device, backbone: Any, tokens: int | None
+) -> tuple[list[str], str]:
     """The converting engines ``auto`` may run for ``dtype`` (first: the one it starts on), and why
     there are none. An int8 dtype: OpenVINO, else ONNX Runtime for ``int8``, whichever is installed (its
     features are that engine's int8; ``auto`` does not switch between int8 recipes). A float dtype: the
@@ -175,8 +194,14 @@ def auto_candidates(dtype: str, device: torch.device, backbone: Any, tokens: int
         if dtype == "int8" and onnxruntime_installed():
             return ["onnxruntime"], ""
         return [], f"auto: OpenVINO is not installed ({INSTALL})"
-    installed = [e for e, ok in (("openvino", openvino_installed()),
-                                 ("onnxruntime", dtype == "float32" and onnxruntime_installed())) if ok]
+    installed = [
+        e
+        for e, ok in (
+            ("openvino", openvino_installed()),
+            ("onnxruntime", dtype == "float32" and onnxruntime_installed()),
+        )
+        if ok
+    ]
     if not installed:
         return [], f"auto: OpenVINO is not installed ({INSTALL})"
     if not getattr(backbone, "openvino", False):
@@ -188,7 +213,9 @@ def auto_candidates(dtype: str, device: torch.device, backbone: Any, tokens: int
     return found, ""
 
 
-def resolve_engine(name: str, dtype: str, device: torch.device, backbone: Any = None, tokens: int | None = None) -> str:
+def resolve_engine(
+    name: str, dtype: str, device: torch.device, backbone: Any = None, tokens: int | None = None
+) -> str:
     """The engine :func:`choose_engine` chooses."""
     return choose_engine(name, dtype, device, backbone, tokens)[0]
 
@@ -215,9 +242,19 @@ def engine_key(dtype: str, backbone: Any, width: int, threads: int) -> str:
         from onnxruntime import __version__ as ort_version
     except ImportError:
         ort_version = None
-    return json.dumps([*records.machine(threads), torch.__version__, ov_version, dtype, records.architecture(backbone),
-                       width] + ([ort_version] if ort_version else []),
-                      sort_keys=True, default=str)
+    return json.dumps(
+        [
+            *records.machine(threads),
+            torch.__version__,
+            ov_version,
+            dtype,
+            records.architecture(backbone),
+            width,
+        ]
+        + ([ort_version] if ort_version else []),
+        sort_keys=True,
+        default=str,
+    )
 
 
 def faster_engine(rates: dict[str, float]) -> str:
@@ -230,10 +267,14 @@ def faster_engine(rates: dict[str, float]) -> str:
 
 def measured_reason(rates: dict[str, float], when: str) -> str:
     """Why ``auto`` runs :func:`faster_engine` of ``rates`` (``when``: "before", "now, on the first batch")."""
-    shown = ", ".join(f"{LABELS[e]} {rates[e]:,.0f} tokens/s" if i == 0 else f"{LABELS[e]} {rates[e]:,.0f}"
-                      for i, e in enumerate(e for e in ENGINES[2:] + ("torch",) if e in rates))
-    return (f"auto: {LABELS[faster_engine(rates)]} ran this model fastest on this CPU (measured {when}: "
-            f"{shown.replace('PyTorch', 'PyTorch eager')})")
+    shown = ", ".join(
+        f"{LABELS[e]} {rates[e]:,.0f} tokens/s" if i == 0 else f"{LABELS[e]} {rates[e]:,.0f}"
+        for i, e in enumerate(e for e in ENGINES[2:] + ("torch",) if e in rates)
+    )
+    return (
+        f"auto: {LABELS[faster_engine(rates)]} ran this model fastest on this CPU (measured {when}: "
+        f"{shown.replace('PyTorch', 'PyTorch eager')})"
+    )
 
 
 def calibration_batches(rows: int) -> list[np.ndarray]:
@@ -272,11 +313,20 @@ class OpenVINOForward:
         fixes the graph's width, which lets OpenVINO fuse the centring tables.
     """
 
-    def __init__(self, eager: torch.nn.Module, dtype: str, threads: int,
-                 calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
-                 log: Callable[[str], None] | None = None, width: int | None = None, fixed_width: bool = False):
+    def __init__(
+        self,
+        eager: torch.nn.Module,
+        dtype: str,
+        threads: int,
+        calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
+        log: Callable[[str], None] | None = None,
+        width: int | None = None,
+        fixed_width: bool = False,
+    ):
         if dtype in INT8_DTYPES and calibration is None:
-            raise UsageError(f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)")
+            raise UsageError(
+                f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)"
+            )
         if dtype in INT8_DTYPES and not width:
             raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
         self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
@@ -286,7 +336,9 @@ class OpenVINOForward:
         self.fixed = dtype == "int8" and fixed_width
         #: rows of one width: each batch shape (the full batch, the last one) gets a graph compiled for
         #: that shape (:meth:`_request`); a dynamic graph's first large call costs several seconds more
-        self.static_shapes = fixed_width and dtype not in INT8_DTYPES  # int8's kernels differ by graph: one graph
+        self.static_shapes = (
+            fixed_width and dtype not in INT8_DTYPES
+        )  # int8's kernels differ by graph: one graph
         self.model = None
         self.static: dict[tuple[int, ...], Any] = {}
         self.calibration, self.log = calibration, log or (lambda text: None)
@@ -307,7 +359,9 @@ class OpenVINOForward:
                     tokens = model.inputs[0]
                     model.reshape({tokens: ov.PartialShape([-1, self.width, *example[0].shape[2:]])})
         except Exception as e:  # noqa: BLE001 - named with the way out
-            raise BackboneError(f"OpenVINO could not convert this backbone ({one_line(e)}); pass --engine torch") from None
+            raise BackboneError(
+                f"OpenVINO could not convert this backbone ({one_line(e)}); pass --engine torch"
+            ) from None
         self.seconds["convert"] = self.seconds.get("convert", 0.0) + time.perf_counter() - start
         return model
 
@@ -334,15 +388,23 @@ class OpenVINOForward:
 
         start = time.perf_counter()
         nncf.set_log_level(logging.ERROR)
-        lookups = nncf.IgnoredScope(types=["Gather"], validate=False)  # stay float: int8 tables moved every position
+        lookups = nncf.IgnoredScope(
+            types=["Gather"], validate=False
+        )  # stay float: int8 tables moved every position
         with _quiet():
             if self.dtype == "int8":
-                model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM, ignored_scope=lookups)
+                model = nncf.compress_weights(
+                    model, mode=nncf.CompressWeightsMode.INT8_SYM, ignored_scope=lookups
+                )
             else:
                 batches = self._calibration()
-                model = nncf.quantize(model, nncf.Dataset(batches, lambda b: {0: b[0], 1: b[1], 2: b[2]}),
-                                      model_type=nncf.ModelType.TRANSFORMER, subset_size=len(batches),
-                                      ignored_scope=lookups)
+                model = nncf.quantize(
+                    model,
+                    nncf.Dataset(batches, lambda b: {0: b[0], 1: b[1], 2: b[2]}),
+                    model_type=nncf.ModelType.TRANSFORMER,
+                    subset_size=len(batches),
+                    ignored_scope=lookups,
+                )
         self.seconds["quantize"] = self.seconds.get("quantize", 0.0) + time.perf_counter() - start
         return model
 
@@ -350,9 +412,11 @@ class OpenVINOForward:
         import openvino as ov
 
         props = ov.properties
-        config: dict[Any, Any] = {props.inference_num_threads: self.threads,
-                                  props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
-                                  props.hint.inference_precision: precision(self.dtype)}
+        config: dict[Any, Any] = {
+            props.inference_num_threads: self.threads,
+            props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
+            props.hint.inference_precision: precision(self.dtype),
+        }
         if self.dtype == "int8":
             config[props.hint.dynamic_quantization_group_size] = DYNAMIC_GROUP
         start = time.perf_counter()
@@ -385,14 +449,16 @@ class OpenVINOForward:
         and converting long rows costs far more time and memory), quantize (int8), compile for
         the CPU and check against PyTorch on ``batch``'s first rows at their full width; a graph
         that fails the check is converted again from the full width. Says what each step took."""
-        examples = [narrow(batch)] + ([tuple(t[:2] for t in batch)] if batch[0].shape[1] > EXAMPLE_WIDTH else [])
+        examples = [narrow(batch)] + (
+            [tuple(t[:2] for t in batch)] if batch[0].shape[1] > EXAMPLE_WIDTH else []
+        )
         for example in examples:
             model = self._convert(example)
             if self.dtype in INT8_DTYPES:
                 model = self._quantize(model)
             self.model, self.static = model, {}
             self.request = self._compile(model)
-            rows = tuple(t[:max(1, min(CHECK_ROWS, CHECK_TOKENS // batch[0].shape[1]))] for t in batch)
+            rows = tuple(t[: max(1, min(CHECK_ROWS, CHECK_TOKENS // batch[0].shape[1]))] for t in batch)
             ours = self._infer(rows).numpy()
             with torch.inference_mode():
                 ref = self.eager(*rows).float().numpy()
@@ -400,11 +466,14 @@ class OpenVINOForward:
             if self.error <= TOLERANCE[self.dtype]:
                 break
         steps = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
-        self.log(f"openvino: {steps}; features within {self.error:.1e} of PyTorch float32 on {len(ours)} rows")
+        self.log(
+            f"openvino: {steps}; features within {self.error:.1e} of PyTorch float32 on {len(ours)} rows"
+        )
         if not self.error <= TOLERANCE[self.dtype]:
             raise BackboneError(
                 f"the OpenVINO engine's features differ from PyTorch's by {self.error:.2g} (relative, worst depth; "
-                f"at most {TOLERANCE[self.dtype]:g} is accepted for {self.dtype}); pass --engine torch")
+                f"at most {TOLERANCE[self.dtype]:g} is accepted for {self.dtype}); pass --engine torch"
+            )
 
     def _widen(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """``(tokens, lengths, readout)`` with the tokens widened to :attr:`width` positions by repeating
@@ -496,8 +565,9 @@ def whole_blocks(model: nn.Module):
             m.readout_last_block = True
 
 
-def position_means(model: nn.Module, batches: list[tuple[np.ndarray, ...]], width: int
-                   ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def position_means(
+    model: nn.Module, batches: list[tuple[np.ndarray, ...]], width: int
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``{name: (shift, scale, moved)}`` for :class:`Centred`, over ``batches``: each projection's
     mean input at each of ``width`` positions, ``(width, d)``; the largest departure from it there,
     ``(width, 1)``; and ``module(shift) - scale * module(0)``. Positions no row reaches get the mean
@@ -513,21 +583,22 @@ def position_means(model: nn.Module, batches: list[tuple[np.ndarray, ...]], widt
         if name not in total:
             total[name] = torch.zeros(width, x.shape[-1], dtype=torch.float64)
             count[name] = torch.zeros(width, 1, dtype=torch.float64)
-        total[name][:x.shape[1]] += x.double().sum(0)
-        count[name][:x.shape[1]] += x.shape[0]
+        total[name][: x.shape[1]] += x.double().sum(0)
+        count[name][: x.shape[1]] += x.shape[0]
 
     _observe(model, found, batches, width, add, flat)
     shift = {}
     for name in set(total) - flat:
         seen = count[name] > 0
-        shift[name] = torch.where(seen, total[name] / count[name].clamp(min=1),
-                                  total[name].sum(0) / count[name].sum()).float()
+        shift[name] = torch.where(
+            seen, total[name] / count[name].clamp(min=1), total[name].sum(0) / count[name].sum()
+        ).float()
     spread = {name: torch.zeros(width, 1) for name in shift}
 
     def depart(name: str, x: torch.Tensor) -> None:
         if name in spread:
-            here = (x.float() - shift[name][:x.shape[1]]).abs().amax(dim=(0, 2))[:, None]
-            spread[name][:x.shape[1]] = torch.maximum(spread[name][:x.shape[1]], here)
+            here = (x.float() - shift[name][: x.shape[1]]).abs().amax(dim=(0, 2))[:, None]
+            spread[name][: x.shape[1]] = torch.maximum(spread[name][: x.shape[1]], here)
 
     _observe(model, found, batches, width, depart, flat)
     tables = {}
@@ -540,10 +611,17 @@ def position_means(model: nn.Module, batches: list[tuple[np.ndarray, ...]], widt
     return tables
 
 
-def _observe(model: nn.Module, found: dict[str, nn.Module], batches: list[tuple[np.ndarray, ...]], width: int,
-             see: Callable[[str, torch.Tensor], None], flat: set[str]) -> None:
+def _observe(
+    model: nn.Module,
+    found: dict[str, nn.Module],
+    batches: list[tuple[np.ndarray, ...]],
+    width: int,
+    see: Callable[[str, torch.Tensor], None],
+    flat: set[str],
+) -> None:
     """Run ``model`` (whole blocks) on ``batches``, calling ``see(name, input)`` for each projection
     in ``found`` fed ``(B, T <= width, d)`` rows; names fed anything else go into ``flat``."""
+
     def hook(name):
         def call(module, args):
             x = args[0]
@@ -551,6 +629,7 @@ def _observe(model: nn.Module, found: dict[str, nn.Module], batches: list[tuple[
                 flat.add(name)
             else:
                 see(name, x.detach())
+
         return call
 
     handles = [m.register_forward_pre_hook(hook(name)) for name, m in found.items()]
@@ -564,8 +643,9 @@ def _observe(model: nn.Module, found: dict[str, nn.Module], batches: list[tuple[
 
 
 @contextlib.contextmanager
-def centred(model: nn.Module, shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-            whole: bool = False):
+def centred(
+    model: nn.Module, shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], whole: bool = False
+):
     """``model`` with the projections named in ``shifts`` wrapped in :class:`Centred`, restored after
     (a readout-only last block reads the tables at its readout positions; ``whole``: whole last
     blocks instead, :func:`whole_blocks`)."""
@@ -591,8 +671,11 @@ def narrow(batch: tuple[torch.Tensor, ...], width: int | None = None) -> tuple[t
     if tokens.shape[1] <= width:
         return tokens, lengths, readout
     shift = (readout.max(dim=1).values + 1 - width).clamp(min=0)
-    return tokens[:, :width].contiguous(), (lengths - shift).clamp(min=1, max=width), \
-        (readout - shift[:, None]).clamp(min=0)
+    return (
+        tokens[:, :width].contiguous(),
+        (lengths - shift).clamp(min=1, max=width),
+        (readout - shift[:, None]).clamp(min=0),
+    )
 
 
 def precision(dtype: str):
@@ -622,7 +705,11 @@ def one_line(e: BaseException) -> str:
 @contextlib.contextmanager
 def _quiet():
     """Converter and NNCF chatter (progress bars, tables, warnings) kept off the terminal."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-            warnings.catch_warnings(), quiet_transformers():
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+        warnings.catch_warnings(),
+        quiet_transformers(),
+    ):
         warnings.simplefilter("ignore")
         yield

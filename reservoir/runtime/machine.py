@@ -14,9 +14,13 @@ FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16"
 def cpu() -> tuple[str, set[str]]:
     """``(model name, flags)`` from ``/proc/cpuinfo`` (the platform's processor name elsewhere)."""
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
-                 platform.processor() or "unknown CPU")
-    flags = next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines() if ln.startswith("flags")), set())
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
+        platform.processor() or "unknown CPU",
+    )
+    flags = next(
+        (set(ln.split(":", 1)[1].split()) for ln in text.splitlines() if ln.startswith("flags")), set()
+    )
     return model, flags
 
 
@@ -45,7 +49,7 @@ def bf16_native() -> bool:
         return False
 
 
-def on(device: "str | object" = "cpu") -> str:
+def on(device: str | object = "cpu") -> str:
     """The machine a computation ran on, as results record it: :func:`describe` for the CPU, the card
     (``NVIDIA H100 80GB HBM3 (CUDA)``) for a CUDA device, the device type otherwise."""
     import torch

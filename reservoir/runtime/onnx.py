@@ -38,15 +38,23 @@ import os
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from reservoir.errors import BackboneError, UsageError
-from reservoir.runtime.engines import (CHECK_ROWS, CHECK_TOKENS, TOLERANCE, centred, narrow, position_means,
-                                       relative_error)
+from reservoir.runtime.engines import (
+    CHECK_ROWS,
+    CHECK_TOKENS,
+    TOLERANCE,
+    centred,
+    narrow,
+    position_means,
+    relative_error,
+)
 
 #: operations ``int8`` quantizes (those with a constant weight: ``MatMulConstBOnly``); lookups stay float
 QUANTIZED_OPS = ("MatMul", "Gemm")
@@ -85,8 +93,12 @@ def quiet():
     for name in LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-                warnings.catch_warnings(), quiet_transformers():
+        with (
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+            warnings.catch_warnings(),
+            quiet_transformers(),
+        ):
             warnings.simplefilter("ignore")
             yield
     finally:
@@ -94,9 +106,15 @@ def quiet():
             logging.getLogger(name).setLevel(level)
 
 
-def export(module: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Path | str, *,
-           input_names: Sequence[str] = INPUTS, output_names: Sequence[str] = (OUTPUT,),
-           dynamic: dict[str, dict[int, str]] | None = None) -> str:
+def export(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    path: Path | str,
+    *,
+    input_names: Sequence[str] = INPUTS,
+    output_names: Sequence[str] = (OUTPUT,),
+    dynamic: dict[str, dict[int, str]] | None = None,
+) -> str:
     """Export ``module`` called on ``example`` to the ONNX file ``path`` with the named axes of
     ``dynamic`` (``{input name: {axis: name}}``; outputs follow) left free: torch's dynamo exporter,
     else the TorchScript one. Returns which exporter wrote it; raises ``RuntimeError`` naming both
@@ -106,25 +124,47 @@ def export(module: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Pat
     for dynamo in (True, False):
         if dynamo:
             dims = {}
-            shapes = tuple({axis: dims.setdefault(name, torch.export.Dim(name))
-                            for axis, name in dynamic.get(n, {}).items()} or None for n in input_names)
+            shapes = tuple(
+                {
+                    axis: dims.setdefault(name, torch.export.Dim(name))
+                    for axis, name in dynamic.get(n, {}).items()
+                }
+                or None
+                for n in input_names
+            )
             kwargs: dict[str, Any] = dict(dynamic_shapes=shapes, optimize=True)
         else:
             batch = {0: next(iter(dynamic.get(input_names[0], {}).values()), "batch")} if dynamic else {}
-            kwargs = dict(dynamic_axes={**dynamic, **{n: batch for n in output_names}} if dynamic else None)
+            kwargs = dict(dynamic_axes={**dynamic, **dict.fromkeys(output_names, batch)} if dynamic else None)
         try:
             with quiet(), torch.no_grad():
-                torch.onnx.export(module, example, str(path), input_names=list(input_names),
-                                  output_names=list(output_names), dynamo=dynamo, verbose=False, **kwargs)
-            how = "torch.onnx.export(dynamo=True)" if dynamo else "torch.onnx.export(dynamo=False, TorchScript)"
+                torch.onnx.export(
+                    module,
+                    example,
+                    str(path),
+                    input_names=list(input_names),
+                    output_names=list(output_names),
+                    dynamo=dynamo,
+                    verbose=False,
+                    **kwargs,
+                )
+            how = (
+                "torch.onnx.export(dynamo=True)" if dynamo else "torch.onnx.export(dynamo=False, TorchScript)"
+            )
             return how + (f" (dynamo exporter failed: {errors[0]})" if errors else "")
         except Exception as e:  # noqa: BLE001 - try the other exporter, then say both
             errors.append(one_line(e))
     raise RuntimeError("both ONNX exporters failed: " + " | ".join(errors))
 
 
-def quantize_int8(source: Path | str, path: Path | str, workdir: Path | str | None = None, *,
-                  op_types: Sequence[str] | None = QUANTIZED_OPS, large: bool = False) -> str:
+def quantize_int8(
+    source: Path | str,
+    path: Path | str,
+    workdir: Path | str | None = None,
+    *,
+    op_types: Sequence[str] | None = QUANTIZED_OPS,
+    large: bool = False,
+) -> str:
     """``source`` quantized to ``path`` by ``quantize_dynamic`` (int8 weights, ``QInt8``; activations
     quantized per tensor at run time), after ONNX Runtime's recommended pre-processing
     (``quant_pre_process``: shape inference and graph optimization) where it succeeds.
@@ -146,11 +186,18 @@ def quantize_int8(source: Path | str, path: Path | str, workdir: Path | str | No
         except Exception as e:  # noqa: BLE001 - quantize the plain export instead
             pre = f"no quant_pre_process ({one_line(e)})"
         with quiet():
-            quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8, use_external_data_format=large,
-                             **({} if op_types is None else {"op_types_to_quantize": list(op_types)}))
+            quantize_dynamic(
+                str(source),
+                str(path),
+                weight_type=QuantType.QInt8,
+                use_external_data_format=large,
+                **({} if op_types is None else {"op_types_to_quantize": list(op_types)}),
+            )
     ops = "ONNX Runtime's default ops" if op_types is None else "+".join(op_types)
-    return (f"{pre} -> quantize_dynamic(weight_type=QInt8, {ops}: uint8 activations quantized per tensor at run "
-            "time, int8 weights per tensor)")
+    return (
+        f"{pre} -> quantize_dynamic(weight_type=QInt8, {ops}: uint8 activations quantized per tensor at run "
+        "time, int8 weights per tensor)"
+    )
 
 
 def session(path: Path | str, threads: int):
@@ -166,17 +213,28 @@ def session(path: Path | str, threads: int):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def file_key(module: torch.nn.Module, example: Sequence[torch.Tensor], dtype: str, dynamic: dict,
-             tables: dict[str, Sequence[torch.Tensor]] | None = None) -> str:
+def file_key(
+    module: torch.nn.Module,
+    example: Sequence[torch.Tensor],
+    dtype: str,
+    dynamic: dict,
+    tables: dict[str, Sequence[torch.Tensor]] | None = None,
+) -> str:
     """SHA-256 of what an exported file depends on: the module's class, every weight and buffer
     (input layer and backbone: a seed or checkpoint that differs makes another file), the depths
     it reads, the inputs' dtypes and trailing shapes, the free axes, the dtype, the int8 tables,
     :data:`FILE_RECIPE` and the library versions."""
     h = hashlib.sha256()
-    head = {"recipe": FILE_RECIPE, "versions": versions(), "dtype": dtype, "dynamic": dynamic,
-            "class": type(module).__qualname__, "depths": list(getattr(module, "depths", ())),
-            "inputs": [[str(t.dtype), list(t.shape[2:])] for t in example],
-            "readout_last_block": [bool(getattr(m, "readout_last_block", False)) for m in module.modules()]}
+    head = {
+        "recipe": FILE_RECIPE,
+        "versions": versions(),
+        "dtype": dtype,
+        "dynamic": dynamic,
+        "class": type(module).__qualname__,
+        "depths": list(getattr(module, "depths", ())),
+        "inputs": [[str(t.dtype), list(t.shape[2:])] for t in example],
+        "readout_last_block": [bool(getattr(m, "readout_last_block", False)) for m in module.modules()],
+    }
     h.update(json.dumps(head, sort_keys=True, default=str).encode())
 
     def add(name: str, t: torch.Tensor) -> None:
@@ -224,11 +282,20 @@ class ONNXForward:
     width : the widest rows it will be called with (the int8 tables' length).
     """
 
-    def __init__(self, eager: torch.nn.Module, dtype: str, threads: int,
-                 calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
-                 log: Callable[[str], None] | None = None, width: int | None = None, **_: Any):
+    def __init__(
+        self,
+        eager: torch.nn.Module,
+        dtype: str,
+        threads: int,
+        calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
+        log: Callable[[str], None] | None = None,
+        width: int | None = None,
+        **_: Any,
+    ):
         if dtype == "int8" and calibration is None:
-            raise UsageError(f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)")
+            raise UsageError(
+                f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)"
+            )
         if dtype == "int8" and not width:
             raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
         self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
@@ -268,13 +335,20 @@ class ONNXForward:
                 exported = quantized
                 graph = onnx.load(str(exported), load_external_data=False).graph
                 if not any(n.op_type in INT8_OPS for n in graph.node):
-                    raise Unquantized("quantize_dynamic found no matrix product with int8 weights in this backbone "
-                                      "(its recurrent or fused operations stay float); use --dtype float32")
+                    raise Unquantized(
+                        "quantize_dynamic found no matrix product with int8 weights in this backbone "
+                        "(its recurrent or fused operations stay float); use --dtype float32"
+                    )
                 self.seconds["quantize"] = time.perf_counter() - start
             whole = Path(tmp) / path.name
             with quiet():
-                onnx.save_model(onnx.load(str(exported)), str(whole), save_as_external_data=big,
-                                all_tensors_to_one_file=True, location=path.name + ".data")
+                onnx.save_model(
+                    onnx.load(str(exported)),
+                    str(whole),
+                    save_as_external_data=big,
+                    all_tensors_to_one_file=True,
+                    location=path.name + ".data",
+                )
             if big:
                 os.replace(Path(tmp) / (path.name + ".data"), path.parent / (path.name + ".data"))
             os.replace(whole, path)
@@ -297,35 +371,45 @@ class ONNXForward:
             except Unquantized as e:
                 raise BackboneError(f"--engine onnxruntime --dtype int8: {e}") from None
             except Exception as e:  # noqa: BLE001 - named with the way out
-                raise BackboneError(f"ONNX Runtime could not take this backbone: torch could not export it to ONNX "
-                                    f"({one_line(e)}); pass --engine torch") from None
+                raise BackboneError(
+                    f"ONNX Runtime could not take this backbone: torch could not export it to ONNX "
+                    f"({one_line(e)}); pass --engine torch"
+                ) from None
         start = time.perf_counter()
         try:
             with quiet():
                 self.request = session(path, self.threads)
         except Exception as e:  # noqa: BLE001 - a damaged cached file, or an op the runtime lacks
-            raise BackboneError(f"ONNX Runtime could not load the exported model {path} ({one_line(e)}); delete "
-                                "the file to export it again, or pass --engine torch") from None
+            raise BackboneError(
+                f"ONNX Runtime could not load the exported model {path} ({one_line(e)}); delete "
+                "the file to export it again, or pass --engine torch"
+            ) from None
         self.path = path
         self.seconds["load"] = time.perf_counter() - start
-        rows = tuple(t[:max(1, min(CHECK_ROWS, CHECK_TOKENS // batch[0].shape[1]))] for t in batch)
+        rows = tuple(t[: max(1, min(CHECK_ROWS, CHECK_TOKENS // batch[0].shape[1]))] for t in batch)
         ours = self._infer(rows).numpy()
         with torch.inference_mode():
             ref = self.eager(*rows).float().numpy()
         self.error = relative_error(ours, ref)
         steps = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
         source = f"cached file {path.name}" if cached else f"exported to {path.name}"
-        self.log(f"onnxruntime: {source}; {steps}; features within {self.error:.1e} of PyTorch float32 on "
-                 f"{len(ours)} rows")
+        self.log(
+            f"onnxruntime: {source}; {steps}; features within {self.error:.1e} of PyTorch float32 on "
+            f"{len(ours)} rows"
+        )
         if not self.error <= TOLERANCE[self.dtype]:
             self.request = None
             raise BackboneError(
                 f"the ONNX Runtime engine's features differ from PyTorch's by {self.error:.2g} (relative, worst "
-                f"depth; at most {TOLERANCE[self.dtype]:g} is accepted for {self.dtype}); pass --engine torch")
+                f"depth; at most {TOLERANCE[self.dtype]:g} is accepted for {self.dtype}); pass --engine torch"
+            )
 
     def _run(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> np.ndarray:
-        feed = {"tokens": np.ascontiguousarray(tokens.numpy()), "lengths": np.ascontiguousarray(lengths.numpy()),
-                "readout": np.ascontiguousarray(readout.numpy())}
+        feed = {
+            "tokens": np.ascontiguousarray(tokens.numpy()),
+            "lengths": np.ascontiguousarray(lengths.numpy()),
+            "readout": np.ascontiguousarray(readout.numpy()),
+        }
         return self.request.run(None, feed)[0]
 
     def _infer(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -337,7 +421,7 @@ class ONNXForward:
         out = []
         for i in range(len(tokens)):
             width = max(int(lengths[i]), int(readout[i].max()) + 1)
-            out.append(self._run(tokens[i:i + 1, :width], lengths[i:i + 1], readout[i:i + 1]))
+            out.append(self._run(tokens[i : i + 1, :width], lengths[i : i + 1], readout[i : i + 1]))
         return torch.from_numpy(np.concatenate(out))
 
     def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,8 @@ import contextlib
 import fcntl
 import json
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from reservoir.config import cache_dir
 
@@ -69,7 +70,5 @@ def put(name: str, key: str, value: Any) -> None:
         records = read(name)
         records[key] = value
         text = json.dumps(records, indent=1, sort_keys=True).encode()
-        try:
+        with contextlib.suppress(OSError):
             atomic_write(cache_dir() / name, lambda f: f.write(text))
-        except OSError:
-            pass

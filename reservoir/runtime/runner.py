@@ -18,21 +18,32 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from reservoir.errors import BackboneError, UsageError
 from reservoir.model.backbones import Backbone, freeze
 from reservoir.model.devices import DTYPES
 from reservoir.model.reservoir import FixedDepths, Reservoir, readout_positions
+from reservoir.runtime import records
 from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.runtime.dtypes import strict_float32
-from reservoir.runtime import records
-from reservoir.runtime.engines import (ENGINE_RATES, INT8_DTYPES, LABELS, MEASURE_MIN_ROWS, OpenVINOForward,
-                                       auto_candidates, choose_engine, engine_key, faster_engine, measured_reason)
+from reservoir.runtime.engines import (
+    ENGINE_RATES,
+    INT8_DTYPES,
+    LABELS,
+    MEASURE_MIN_ROWS,
+    OpenVINOForward,
+    auto_candidates,
+    choose_engine,
+    engine_key,
+    faster_engine,
+    measured_reason,
+)
 from reservoir.runtime.onnx import ONNXForward
-from reservoir.errors import BackboneError, UsageError
 from reservoir.tasks import TaskSpec
 
 #: compiled variable-length batches are padded to a multiple of this many tokens
@@ -77,7 +88,9 @@ class CompiledOrEager:
 
     def fall_back(self, e: BaseException) -> None:
         first = str(e).splitlines()[0] if str(e) else ""
-        print(f"torch.compile failed ({type(e).__name__}: {first}); running eager{self.hint}", file=sys.stderr)
+        print(
+            f"torch.compile failed ({type(e).__name__}: {first}); running eager{self.hint}", file=sys.stderr
+        )
         self.fn, self.compiled = self.eager, False
 
     def __call__(self, *args, **kwargs):
@@ -111,8 +124,14 @@ class PinnedPool:
         rows, key = shape[0], (tuple(shape[1:]), dtype)
         with self.lock:
             kept = self.free.setdefault(key, [])
-            found = next((i for i, (buf, ready) in enumerate(kept)
-                          if len(buf) >= rows and (ready is None or ready.query())), None)
+            found = next(
+                (
+                    i
+                    for i, (buf, ready) in enumerate(kept)
+                    if len(buf) >= rows and (ready is None or ready.query())
+                ),
+                None,
+            )
             if found is None:
                 buf = torch.empty(tuple(shape), dtype=dtype, pin_memory=self.pin)
                 self.allocated += 1
@@ -130,7 +149,7 @@ class PinnedPool:
                 return
             kept = self.free.setdefault((tuple(buf.shape[1:]), buf.dtype), [])
             kept.append((buf, ready))
-            del kept[:-self.keep]
+            del kept[: -self.keep]
 
     def copy_in(self, array: np.ndarray) -> torch.Tensor:
         """A lent buffer holding ``array``."""
@@ -147,7 +166,7 @@ class Pending(NamedTuple):
     pool: PinnedPool | None = None
 
 
-def resolve(features: "np.ndarray | Pending") -> np.ndarray:
+def resolve(features: np.ndarray | Pending) -> np.ndarray:
     """The features as a numpy array (waiting for a GPU copy to finish; the pinned buffer is copied
     out and lent again)."""
     if isinstance(features, Pending):
@@ -209,11 +228,21 @@ class FeatureRunner:
     (32, 3, 1, 768)
     """
 
-    def __init__(self, reservoir: Reservoir, depths: Sequence[int], dtype: str, compile: bool = False, *,
-                 batch_size: int | None = None, device: torch.device | str = "cpu", engine: str = "auto",
-                 tokens: int | None = None, padded: bool = False,
-                 calibration: Callable[[], list[tuple[np.ndarray, np.ndarray]]] | None = None,
-                 log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        reservoir: Reservoir,
+        depths: Sequence[int],
+        dtype: str,
+        compile: bool = False,
+        *,
+        batch_size: int | None = None,
+        device: torch.device | str = "cpu",
+        engine: str = "auto",
+        tokens: int | None = None,
+        padded: bool = False,
+        calibration: Callable[[], list[tuple[np.ndarray, np.ndarray]]] | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
         self.spec, self.depths = reservoir.spec, tuple(depths)
         reservoir.backbone.check_depths(self.depths)
         self.device = torch.device(device)
@@ -223,8 +252,9 @@ class FeatureRunner:
         on_cuda = self.device.type == "cuda"
         #: page-locked buffers for the batches' inputs and for the features copied back (CUDA only)
         self.inputs, self.outputs = PinnedPool(on_cuda), PinnedPool(on_cuda)
-        self.engine, self.engine_reason = choose_engine(engine, self.dtype_name, self.device, reservoir.backbone,
-                                                        tokens)
+        self.engine, self.engine_reason = choose_engine(
+            engine, self.dtype_name, self.device, reservoir.backbone, tokens
+        )
         #: ``auto`` between float engines: the key of this CPU and model's measured rates, while the
         #: first batch is still to measure them (:meth:`_measure`), and the converting engines it measures
         self.measure_key: str | None = None
@@ -240,8 +270,13 @@ class FeatureRunner:
         #: ``(real tokens, seconds or a CUDA (start, end) event pair, compiled)`` of the first
         #: :data:`TIMED_BATCHES` batches (:attr:`timings`)
         self._timed: list[tuple[int, Any, bool]] = []
-        self.calibration_batches = None if calibration is None else \
-            (lambda: [tuple(t.numpy() for t in self.prepare(x, n, padded)[:3]) for x, n in calibration()])
+        self.calibration_batches = (
+            None
+            if calibration is None
+            else (
+                lambda: [tuple(t.numpy() for t in self.prepare(x, n, padded)[:3]) for x, n in calibration()]
+            )
+        )
         if self.engine == "torch":
             self._use_torch()
         else:
@@ -249,12 +284,18 @@ class FeatureRunner:
         if compile:
             self.enable_compile()
 
-    def _converting(self, engine: str) -> "OpenVINOForward | ONNXForward":
+    def _converting(self, engine: str) -> OpenVINOForward | ONNXForward:
         """The forward of a converting engine (converted, checked, at its first call)."""
         kind = OpenVINOForward if engine == "openvino" else ONNXForward
-        return kind(FixedDepths(self.reservoir, self.depths), self.dtype_name, torch.get_num_threads(),
-                    self.calibration_batches, self.log, width=self.spec.seq_len,
-                    fixed_width=not self.spec.variable_length)
+        return kind(
+            FixedDepths(self.reservoir, self.depths),
+            self.dtype_name,
+            torch.get_num_threads(),
+            self.calibration_batches,
+            self.log,
+            width=self.spec.seq_len,
+            fixed_width=not self.spec.variable_length,
+        )
 
     def _engine_by_measurement(self, backbone: Backbone, tokens: int | None) -> None:
         """``auto``: the engine measured fastest for this CPU and model before, or (never measured, or not
@@ -268,8 +309,9 @@ class FeatureRunner:
         else:
             self.measure_key = key
             others = " and ".join(LABELS[e] for e in self.candidates[1:])
-            self.engine_reason += (f"; {others + ' and ' if others else ''}PyTorch measured against it on the "
-                                   "first batch")
+            self.engine_reason += (
+                f"; {others + ' and ' if others else ''}PyTorch measured against it on the first batch"
+            )
 
     def _measure(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
         """Run the first batch on every candidate engine and PyTorch (eager twice: its first call makes its
@@ -289,8 +331,14 @@ class FeatureRunner:
                 forwards[engine] = forward
             except BackboneError as e:
                 failed.append(f"{LABELS[engine]} failed ({e})")
-                self.log(f"{e}: " + ("measuring without it" if len(failed) < len(self.candidates) else
-                                     "running PyTorch eager instead"))
+                self.log(
+                    f"{e}: "
+                    + (
+                        "measuring without it"
+                        if len(failed) < len(self.candidates)
+                        else "running PyTorch eager instead"
+                    )
+                )
         self.reservoir.to_compute(DTYPES[self.dtype_name])
         eager = CompiledOrEager(FixedDepths(self.reservoir, self.depths), False)
         eager(*args)
@@ -302,8 +350,11 @@ class FeatureRunner:
             records.put(ENGINE_RATES, key, rates)
         self.engine = faster_engine(rates)
         self.forward = forwards[self.engine]
-        self.engine_reason = measured_reason(rates, "now, on the first batch") if len(rates) > 1 else \
-            "auto: " + "; ".join(failed)
+        self.engine_reason = (
+            measured_reason(rates, "now, on the first batch")
+            if len(rates) > 1
+            else "auto: " + "; ".join(failed)
+        )
         self.log(f"engine {self.engine} ({self.engine_reason})")
         return outputs[self.engine]
 
@@ -331,20 +382,38 @@ class FeatureRunner:
         are padded to the compiled shape. Eager, with a message, if compiling fails. The OpenVINO
         engine compiles in its own way and ignores this."""
         if self.engine == "torch" and not self.compiled:
-            self.forward = CompiledOrEager(self.forward.eager, True, hint=" (pass --no-compile to skip compiling)",
-                                           options={"freezing": True})
+            self.forward = CompiledOrEager(
+                self.forward.eager,
+                True,
+                hint=" (pass --no-compile to skip compiling)",
+                options={"freezing": True},
+            )
 
     @classmethod
-    def build(cls, spec: TaskSpec, backbone: Backbone, depths: Sequence[int], *, seed: int, dtype: str,
-              input_scale: str = "paper", input_layer: dict[str, Any] | None = None, compile: bool = False,
-              batch_size: int | None = None, device: torch.device | str = "cpu", **kwargs: Any) -> "FeatureRunner":
+    def build(
+        cls,
+        spec: TaskSpec,
+        backbone: Backbone,
+        depths: Sequence[int],
+        *,
+        seed: int,
+        dtype: str,
+        input_scale: str = "paper",
+        input_layer: dict[str, Any] | None = None,
+        compile: bool = False,
+        batch_size: int | None = None,
+        device: torch.device | str = "cpu",
+        **kwargs: Any,
+    ) -> FeatureRunner:
         """The one construction of a runner, shared by ``extract``, its shards and the Python API: a
         seeded :class:`Reservoir` over ``backbone`` (its input layer set to ``input_layer``'s tensors
         when given: a shard's worker takes the driver's) and the runner around it (``kwargs``:
         ``engine``, ``tokens``, ``padded``, ``calibration``, ``log``)."""
         reservoir = Reservoir(spec, backbone, seed=seed, input_scale=input_scale)
         if input_layer is not None:
-            reservoir.input_layer.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in input_layer.items()})
+            reservoir.input_layer.load_state_dict(
+                {k: torch.as_tensor(np.asarray(v)) for k, v in input_layer.items()}
+            )
         return cls(reservoir, depths, dtype, compile, batch_size=batch_size, device=device, **kwargs)
 
     @property
@@ -375,7 +444,9 @@ class FeatureRunner:
         lengths = np.asarray(lengths, dtype=np.int64)
         if self.compiled:
             rows = max(n, self.batch_size or n)
-            wide = round_width(width, self.spec.seq_len) if self.spec.variable_length and not padded else width
+            wide = (
+                round_width(width, self.spec.seq_len) if self.spec.variable_length and not padded else width
+            )
             if (rows, wide) != (n, width):
                 fill = self.spec.pad_id if tokens.dtype.kind in "iu" else 0
                 grown = np.full((rows, wide, *tokens.shape[2:]), fill, dtype=tokens.dtype)
@@ -395,7 +466,7 @@ class FeatureRunner:
         return resolve(self.run_async(batch))
 
     @torch.inference_mode()
-    def run_async(self, batch: Batch) -> "np.ndarray | Pending":
+    def run_async(self, batch: Batch) -> np.ndarray | Pending:
         """As :meth:`run`, but on a GPU the copy back to (pinned) host memory is only started: the
         result is a :class:`Pending` that the writer thread resolves while the next batch runs."""
         tokens = int(batch.lengths[: batch.n].sum())

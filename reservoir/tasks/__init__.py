@@ -11,9 +11,10 @@ its dataclass fields are the task's options (``--task-opt key=value`` on the CLI
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -67,9 +68,14 @@ class TaskSpec:
     def describe(self) -> str:
         width = f"x {self.token_dim}" if self.token_kind == "dense" else f"ids < {self.vocab_size}"
         length = f"<= {self.seq_len}" if self.variable_length else str(self.seq_len)
-        outs = f"{self.n_classes} classes" if self.label_shape == () else (
-            f"{self.outputs_per_token} x {self.n_classes}-way per readout token")
-        return f"{length} tokens {width}; {outs}; readout last {self.n_readout}; splits {','.join(self.splits)}"
+        outs = (
+            f"{self.n_classes} classes"
+            if self.label_shape == ()
+            else (f"{self.outputs_per_token} x {self.n_classes}-way per readout token")
+        )
+        return (
+            f"{length} tokens {width}; {outs}; readout last {self.n_readout}; splits {','.join(self.splits)}"
+        )
 
 
 #: names of a validation split, in order of preference (TAPE calls it ``valid``)
@@ -99,7 +105,7 @@ class SplitData:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def head(self, n: int | None) -> "SplitData":
+    def head(self, n: int | None) -> SplitData:
         if n is None or n >= len(self):
             return self
         return SplitData(self.inputs[:n], self.labels[:n], self.lengths[:n])
@@ -140,11 +146,12 @@ class Task:
 
     def check_split(self, split: str) -> None:
         if split not in self.spec.splits:
-            raise UsageError(f"task {self.name!r} has no split {split!r}; choose from {list(self.spec.splits)}")
+            raise UsageError(
+                f"task {self.name!r} has no split {split!r}; choose from {list(self.spec.splits)}"
+            )
 
 
 TASKS: Registry[Task] = Registry("task")
-
 
 
 #: bounds of generated tasks' sizes: examples per split, and tokens (or bits) per example
@@ -152,13 +159,30 @@ MAX_ROWS = 2**31 - 1
 MAX_TOKENS = 2**20
 
 
-def option(default: Any, *, low: float | None = None, high: float | None = None, above: float | None = None,
-           below: float | None = None, choices: Sequence[Any] | None = None, divides: int | None = None) -> Any:
+def option(
+    default: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    choices: Sequence[Any] | None = None,
+    divides: int | None = None,
+) -> Any:
     """A task option (a dataclass field) with its valid values stated: ``low``/``high`` bounds (inclusive),
     ``above``/``below`` (exclusive), ``choices``, or a divisor of ``divides``. :func:`check_value` checks
     them wherever options arrive (the command line while parsing, :func:`get_task`)."""
-    return dataclasses.field(default=default, metadata={"low": low, "high": high, "above": above, "below": below,
-                                                        "choices": choices, "divides": divides})
+    return dataclasses.field(
+        default=default,
+        metadata={
+            "low": low,
+            "high": high,
+            "above": above,
+            "below": below,
+            "choices": choices,
+            "divides": divides,
+        },
+    )
 
 
 def check_value(task: str, key: str, value: Any, meta: Any) -> None:
@@ -172,12 +196,15 @@ def check_value(task: str, key: str, value: Any, meta: Any) -> None:
         ok, rule = value in choices, f"one of {list(choices)}"
     elif divides is not None:
         ok = isinstance(value, int) and value >= 1 and divides % value == 0
-        rule = f"a divisor of {divides} ({', '.join(str(d) for d in range(1, divides + 1) if divides % d == 0)})"
+        rule = (
+            f"a divisor of {divides} ({', '.join(str(d) for d in range(1, divides + 1) if divides % d == 0)})"
+        )
     elif low is None and high is None:
         return
     else:
-        ok = ((low is None or (value > low if lo_open else value >= low))
-              and (high is None or (value < high if hi_open else value <= high)))  # NaN fails every comparison
+        ok = (low is None or (value > low if lo_open else value >= low)) and (
+            high is None or (value < high if hi_open else value <= high)
+        )  # NaN fails every comparison
         if low is not None and high is not None:
             rule = f"in {'(' if lo_open else '['}{low}, {high}{')' if hi_open else ']'}"
         elif low is not None:
@@ -223,7 +250,7 @@ def get_task(name: str, **options: Any) -> Task:
     if name.startswith("file:"):
         from reservoir.tasks.userfile import FileTask  # noqa: PLC0415 - optional family
 
-        return FileTask(path=name[len("file:"):], **options)
+        return FileTask(path=name[len("file:") :], **options)
     cls = TASKS.factory(name)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -255,7 +282,9 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     for key, value in values.items():
         check_value("file:PATH" if name.startswith("file:") else name, key, value, fields[key].metadata)
     if not name.startswith("file:"):
-        get_task(name, **values)  # options checked together (e.g. bit_memory's n_bits by token_bits); reads nothing
+        get_task(
+            name, **values
+        )  # options checked together (e.g. bit_memory's n_bits by token_bits); reads nothing
     return values
 
 
@@ -296,10 +325,10 @@ def pad_ids(seqs: Sequence[np.ndarray], pad_id: int = 0) -> np.ndarray:
     return out
 
 
-def patches(images: np.ndarray, size: int) -> np.ndarray:
+def patches(pixels: np.ndarray, size: int) -> np.ndarray:
     """``(B, H, W, C)`` -> ``(B, (H/size)*(W/size), size*size*C)`` row-major patches."""
-    b, h, w, c = images.shape
-    x = images.reshape(b, h // size, size, w // size, size, c)
+    b, h, w, c = pixels.shape
+    x = pixels.reshape(b, h // size, size, w // size, size, c)
     return x.transpose(0, 1, 3, 2, 4, 5).reshape(b, (h // size) * (w // size), size * size * c)
 
 

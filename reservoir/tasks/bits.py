@@ -10,8 +10,8 @@ tokens. Each split draws from its own seeded stream, so ``--limit`` only truncat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -39,8 +39,15 @@ class BitXor(Task):
 
     @property
     def spec(self) -> TaskSpec:
-        return TaskSpec(self.name, "dense", seq_len=2 * self.n_bits, token_dim=1, n_classes=2,
-                        n_readout=self.n_bits, outputs_per_token=1)
+        return TaskSpec(
+            self.name,
+            "dense",
+            seq_len=2 * self.n_bits,
+            token_dim=1,
+            n_classes=2,
+            n_readout=self.n_bits,
+            outputs_per_token=1,
+        )
 
     def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
         self.check_split(split)
@@ -70,14 +77,23 @@ class BitMemory(Task):
 
     def __post_init__(self):
         if self.n_bits % self.token_bits:
-            raise UsageError(f"The 'n_bits' option of task bit_memory must be a multiple of token_bits "
-                             f"({self.token_bits}). Got {self.n_bits} instead.")
+            raise UsageError(
+                f"The 'n_bits' option of task bit_memory must be a multiple of token_bits "
+                f"({self.token_bits}). Got {self.n_bits} instead."
+            )
 
     @property
     def spec(self) -> TaskSpec:
         per = self.n_bits // self.token_bits
-        return TaskSpec(self.name, "dense", seq_len=(self.n_patterns + 1) * per, token_dim=self.token_bits,
-                        n_classes=2, n_readout=per, outputs_per_token=self.token_bits)
+        return TaskSpec(
+            self.name,
+            "dense",
+            seq_len=(self.n_patterns + 1) * per,
+            token_dim=self.token_bits,
+            n_classes=2,
+            n_readout=per,
+            outputs_per_token=self.token_bits,
+        )
 
     def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
         self.check_split(split)

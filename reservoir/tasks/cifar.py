@@ -37,10 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from reservoir.tasks.download import DataArchive, ensure_archive
-from reservoir.tasks import pickles
 from reservoir.errors import unreadable
-from reservoir.tasks import DataError, SplitData, Task, TaskSpec, option, patches, register_task
+from reservoir.tasks import DataError, SplitData, Task, TaskSpec, option, patches, pickles, register_task
+from reservoir.tasks.download import DataArchive, ensure_archive
 
 FOLDER = "cifar10"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -55,9 +54,13 @@ OFFICIAL_MD5 = {  # of the files inside the official archive
     "batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
 }
 ARCHIVE = DataArchive(
-    name="cifar-10-python.tar.gz", md5="c58f30108f718f92721af3b95e74349a",
+    name="cifar-10-python.tar.gz",
+    md5="c58f30108f718f92721af3b95e74349a",
     urls=("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",),
-    contents="cifar-10-batches-py", members=(*TRAIN_FILES, *TEST_FILES, "batches.meta"), size=170498071)
+    contents="cifar-10-batches-py",
+    members=(*TRAIN_FILES, *TEST_FILES, "batches.meta"),
+    size=170498071,
+)
 FPT_MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)
 FPT_STD = np.array([0.2023, 0.1994, 0.2010], dtype=np.float32)
 LUMA = np.array([0.2989, 0.5870, 0.1140], dtype=np.float32)
@@ -149,7 +152,9 @@ class Cifar10(_Cifar):
 
     @property
     def spec(self) -> TaskSpec:
-        return TaskSpec(self.name, "dense", seq_len=(32 // self.patch) ** 2, token_dim=3 * self.patch**2, n_classes=10)
+        return TaskSpec(
+            self.name, "dense", seq_len=(32 // self.patch) ** 2, token_dim=3 * self.patch**2, n_classes=10
+        )
 
     def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
         x, y = self._images(split, data_dir, limit)

@@ -10,9 +10,9 @@ import tarfile
 import tempfile
 import urllib.request
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from reservoir.errors import DataError, unreadable
 
@@ -89,14 +89,18 @@ def ensure_files(folder: Path, files: tuple[DataFile, ...], task: str, download:
     missing = [f for f in files if not (folder / f.name).exists()]
     errors: list[str] = []
     if missing and download and not os.environ.get("RESERVOIR_OFFLINE"):
-        missing = [f for f in missing
-                   if not fetch_verified(f.urls, folder / f.name, lambda tmp, f=f: verify(tmp, f), errors)]
+        missing = [
+            f
+            for f in missing
+            if not fetch_verified(f.urls, folder / f.name, lambda tmp, f=f: verify(tmp, f), errors)
+        ]
     if missing:
         names = ", ".join(f.name for f in missing)
         why = f" (download failed: {errors[0]})" if errors else ""
         raise DataError(
             f"task {task!r} needs {names} in {folder}{why}; place the files there "
-            f"or point --data-dir (or RESERVOIR_HOME) at a folder that has {task}/ with them")
+            f"or point --data-dir (or RESERVOIR_HOME) at a folder that has {task}/ with them"
+        )
     return [folder / f.name for f in files]
 
 
@@ -130,7 +134,9 @@ def check_archive(path: Path, archive: DataArchive) -> None:
     if archive.md5 is not None:
         got = md5sum(path)
         if got != archive.md5:
-            raise DataError(f"{path} has checksum {got}, expected {archive.md5}; delete it and fetch it again")
+            raise DataError(
+                f"{path} has checksum {got}, expected {archive.md5}; delete it and fetch it again"
+            )
 
 
 def unpack(path: Path, folder: Path, archive: DataArchive) -> Path:
@@ -150,11 +156,15 @@ def unpack(path: Path, folder: Path, archive: DataArchive) -> Path:
                 else:  # pragma: no cover - Python < 3.11.4
                     tar.extractall(tmp)
         except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
-            raise DataError(f"{path} is truncated or not a valid archive ({type(e).__name__}: {e}); "
-                            "delete it and fetch it again") from None
+            raise DataError(
+                f"{path} is truncated or not a valid archive ({type(e).__name__}: {e}); "
+                "delete it and fetch it again"
+            ) from None
         missing = [m for m in archive.members if not (tmp / archive.contents / m).exists()]
         if missing:
-            raise DataError(f"{path} does not hold {archive.contents}/{missing[0]}; delete it and fetch it again")
+            raise DataError(
+                f"{path} does not hold {archive.contents}/{missing[0]}; delete it and fetch it again"
+            )
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp / archive.contents, dest)
@@ -171,8 +181,9 @@ def find_contents(candidates: Sequence[Path], members: Sequence[str]) -> Path | 
     return None
 
 
-def ensure_archive(folder: Path, archive: DataArchive, task: str, download: bool = True,
-                   look_in: Sequence[Path] = ()) -> Path:
+def ensure_archive(
+    folder: Path, archive: DataArchive, task: str, download: bool = True, look_in: Sequence[Path] = ()
+) -> Path:
     """Return a folder holding the archive's ``members``, unpacking or downloading it if needed.
 
     Order: an unpacked folder in ``folder / archive.contents`` or any of ``look_in`` (accepted
@@ -191,9 +202,13 @@ def ensure_archive(folder: Path, archive: DataArchive, task: str, download: bool
         check_archive(local, archive)
         return unpack(local, folder, archive)
     errors: list[str] = []
-    if download and archive.urls and not os.environ.get("RESERVOIR_OFFLINE"):
-        if fetch_verified(archive.urls, local, lambda tmp: check_archive(tmp, archive), errors):
-            return unpack(local, folder, archive)
+    if (
+        download
+        and archive.urls
+        and not os.environ.get("RESERVOIR_OFFLINE")
+        and fetch_verified(archive.urls, local, lambda tmp: check_archive(tmp, archive), errors)
+    ):
+        return unpack(local, folder, archive)
     partial = [c for c in candidates if c.is_dir()]
     have = ""
     if partial:
@@ -205,5 +220,5 @@ def ensure_archive(folder: Path, archive: DataArchive, task: str, download: bool
         f"task {task!r} needs the folder {archive.contents}/ ({', '.join(archive.members)}) in {folder}{also}"
         f"{have}{why}. "
         f"Place that folder there, or the archive {archive.describe()} in {folder}, "
-        f"or point --data-dir (or RESERVOIR_HOME) at a folder that has it; then run `reservoir data verify {task}`")
-
+        f"or point --data-dir (or RESERVOIR_HOME) at a folder that has it; then run `reservoir data verify {task}`"
+    )

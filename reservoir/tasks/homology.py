@@ -29,6 +29,7 @@ every ``test_*`` split, ``test_fold_holdout`` first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import sys
@@ -38,21 +39,28 @@ from typing import Any
 
 import numpy as np
 
+from reservoir.tasks import DataError, SplitData, Task, TaskSpec, option, pad_ids, pickles, register_task
 from reservoir.tasks.download import DataArchive, ensure_archive
-from reservoir.tasks import DataError, SplitData, Task, TaskSpec, option, pad_ids, register_task
-from reservoir.tasks import pickles
 
 FOLDER = "remote_homology"
 SPLITS = ("train", "valid", "test_fold_holdout", "test_superfamily_holdout", "test_family_holdout")
-TAPE_SIZES = {"train": 12312, "valid": 736, "test_fold_holdout": 718, "test_superfamily_holdout": 1254,
-              "test_family_holdout": 1272}
+TAPE_SIZES = {
+    "train": 12312,
+    "valid": 736,
+    "test_fold_holdout": 718,
+    "test_superfamily_holdout": 1254,
+    "test_family_holdout": 1272,
+}
 AMINO_ACIDS = "ABCDEFGHIKLMNOPQRSTUVWXYZ"  # TAPE's IUPAC_VOCAB order (after its 5 special tokens)
 VOCAB = {"<pad>": 0, **{a: i + 1 for i, a in enumerate(AMINO_ACIDS)}}
 N_FOLDS = 1195
 ARCHIVE = DataArchive(
-    name="remote_homology.tar.gz", md5=None,
+    name="remote_homology.tar.gz",
+    md5=None,
     urls=("http://s3.amazonaws.com/songlabdata/proteindata/data_pytorch/remote_homology.tar.gz",),
-    contents=FOLDER, members=tuple(f"remote_homology_{s}.lmdb" for s in SPLITS))
+    contents=FOLDER,
+    members=tuple(f"remote_homology_{s}.lmdb" for s in SPLITS),
+)
 _LUT = np.full(256, 255, dtype=np.uint8)
 for _a, _i in VOCAB.items():
     if len(_a) == 1:
@@ -76,17 +84,16 @@ def find_split(data_dir: Path, split: str, download: bool = True) -> Path:
     key = str(Path(data_dir).resolve())
     if (download and key not in _TRIED) or (Path(data_dir) / ARCHIVE.name).exists():
         _TRIED.add(key)  # one download attempt per folder and process, not one per split
-        try:
+        with contextlib.suppress(DataError):  # the message below says more precisely what is missing
             ensure_archive(Path(data_dir), ARCHIVE, "remote_homology", download)
-        except DataError:
-            pass  # the message below says more precisely what is missing
         if lmdb_path.exists():
             return lmdb_path
     raise DataError(
         f"remote_homology split {split!r} needs {lmdb_path} (TAPE's LMDB) or {json_path} (TAPE's JSON). "
         f"Download TAPE's {ARCHIVE.urls[0]} and unpack it in {Path(data_dir)} "
         f"(tar -xzf remote_homology.tar.gz -C {Path(data_dir)}), or point --data-dir at a folder that has "
-        f"{FOLDER}/remote_homology_<split>.lmdb or .json")
+        f"{FOLDER}/remote_homology_<split>.lmdb or .json"
+    )
 
 
 def read_json(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
@@ -95,10 +102,14 @@ def read_json(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
         with open(path, encoding="utf-8") as f:
             records = json.load(f)
     except (OSError, ValueError) as e:
-        raise DataError(f"{path} is not readable JSON ({type(e).__name__}: {e}); "
-                        "replace it with TAPE's file or use its .lmdb version") from None
+        raise DataError(
+            f"{path} is not readable JSON ({type(e).__name__}: {e}); "
+            "replace it with TAPE's file or use its .lmdb version"
+        ) from None
     if not isinstance(records, list):
-        raise DataError(f"{path} holds a JSON {type(records).__name__}, expected a list of records as in TAPE's JSON files")
+        raise DataError(
+            f"{path} holds a JSON {type(records).__name__}, expected a list of records as in TAPE's JSON files"
+        )
     return records[:limit]
 
 
@@ -107,35 +118,54 @@ def read_lmdb(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     try:
         import lmdb
     except ImportError:
-        raise DataError(f"reading {path} needs the lmdb package: pip install 'reservoir[data]' (or pip install lmdb), "
-                        "or use TAPE's JSON files instead") from None
+        raise DataError(
+            f"reading {path} needs the lmdb package: pip install 'reservoir[data]' (or pip install lmdb), "
+            "or use TAPE's JSON files instead"
+        ) from None
     try:
-        env = lmdb.open(str(path), subdir=Path(path).is_dir(), readonly=True, lock=False, readahead=False,
-                        meminit=False, max_readers=1)
+        env = lmdb.open(
+            str(path),
+            subdir=Path(path).is_dir(),
+            readonly=True,
+            lock=False,
+            readahead=False,
+            meminit=False,
+            max_readers=1,
+        )
     except lmdb.Error as e:
-        raise DataError(f"{path} is not a readable LMDB database ({e}); delete it and unpack TAPE's "
-                        "remote_homology.tar.gz again, or use the .json files") from None
+        raise DataError(
+            f"{path} is not a readable LMDB database ({e}); delete it and unpack TAPE's "
+            "remote_homology.tar.gz again, or use the .json files"
+        ) from None
     fix = "unpack TAPE's remote_homology.tar.gz again, or use its .json files"
     try:
         with env.begin(write=False) as txn:
             raw = txn.get(b"num_examples")
             if raw is None:
-                raise DataError(f"{path} has no b'num_examples' key, so it is not one of TAPE's LMDB files; "
-                                "unpack TAPE's remote_homology.tar.gz again")
+                raise DataError(
+                    f"{path} has no b'num_examples' key, so it is not one of TAPE's LMDB files; "
+                    "unpack TAPE's remote_homology.tar.gz again"
+                )
             n = int(pickles.loads(raw, path, "a TAPE record", fix))
             n = n if limit is None else min(n, limit)
             records = []
             for i in range(n):
                 value = txn.get(str(i).encode())
                 if value is None:
-                    raise DataError(f"{path} says it holds records 0..{n - 1} but record {i} is missing; "
-                                    "the database is truncated: unpack TAPE's remote_homology.tar.gz again")
+                    raise DataError(
+                        f"{path} says it holds records 0..{n - 1} but record {i} is missing; "
+                        "the database is truncated: unpack TAPE's remote_homology.tar.gz again"
+                    )
                 records.append(pickles.loads(value, f"{path} (record {i})", "a TAPE record", fix))
     except lmdb.Error as e:
-        raise DataError(f"{path} is not a readable LMDB database ({e}); unpack TAPE's remote_homology.tar.gz again") from None
+        raise DataError(
+            f"{path} is not a readable LMDB database ({e}); unpack TAPE's remote_homology.tar.gz again"
+        ) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
-        raise DataError(f"{path} holds a record that does not unpickle ({type(e).__name__}: {e}); "
-                        "unpack TAPE's remote_homology.tar.gz again") from None
+        raise DataError(
+            f"{path} holds a record that does not unpickle ({type(e).__name__}: {e}); "
+            "unpack TAPE's remote_homology.tar.gz again"
+        ) from None
     finally:
         env.close()
     return records
@@ -155,26 +185,36 @@ def tokenize(sequence: str, where: str) -> np.ndarray:
     ids = _LUT[raw]
     if (ids == 255).any():
         pos = int(np.flatnonzero(ids == 255)[0])
-        raise DataError(f"{where}: residue {sequence[pos]!r} at position {pos} is not one of TAPE's 25 amino-acid "
-                        f"codes {AMINO_ACIDS}; fix the sequence or remove the record")
+        raise DataError(
+            f"{where}: residue {sequence[pos]!r} at position {pos} is not one of TAPE's 25 amino-acid "
+            f"codes {AMINO_ACIDS}; fix the sequence or remove the record"
+        )
     return ids
 
 
 def parse(records: list[dict[str, Any]], path: Path) -> tuple[list[np.ndarray], np.ndarray]:
     seqs, labels = [], np.empty(len(records), dtype=np.int64)
     for i, rec in enumerate(records):
-        where = f"record {i}" + (f" ({rec.get('id')})" if isinstance(rec, dict) and "id" in rec else "") + f" of {path}"
+        where = (
+            f"record {i}"
+            + (f" ({rec.get('id')})" if isinstance(rec, dict) and "id" in rec else "")
+            + f" of {path}"
+        )
         if not isinstance(rec, dict) or "primary" not in rec or "fold_label" not in rec:
             keys = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
-            raise DataError(f"{where} has {keys}; TAPE's remote-homology records need 'primary' and 'fold_label'")
+            raise DataError(
+                f"{where} has {keys}; TAPE's remote-homology records need 'primary' and 'fold_label'"
+            )
         label = rec["fold_label"]
         try:
             label = int(np.asarray(label).reshape(()))
         except (TypeError, ValueError):
             raise DataError(f"{where}: fold_label {label!r} is not an integer") from None
         if not 0 <= label < N_FOLDS:
-            raise DataError(f"{where}: fold_label {label} is outside 0..{N_FOLDS - 1}; "
-                            "the file is not TAPE's remote-homology data or is corrupt")
+            raise DataError(
+                f"{where}: fold_label {label} is outside 0..{N_FOLDS - 1}; "
+                "the file is not TAPE's remote-homology data or is corrupt"
+            )
         labels[i] = label
         seqs.append(tokenize(rec["primary"], where))
     return seqs, labels
@@ -193,8 +233,16 @@ class RemoteHomology(Task):
 
     @property
     def spec(self) -> TaskSpec:
-        return TaskSpec(self.name, "ids", seq_len=self.max_len, vocab_size=len(VOCAB), n_classes=N_FOLDS,
-                        splits=SPLITS, variable_length=True, pad_id=0)
+        return TaskSpec(
+            self.name,
+            "ids",
+            seq_len=self.max_len,
+            vocab_size=len(VOCAB),
+            n_classes=N_FOLDS,
+            splits=SPLITS,
+            variable_length=True,
+            pad_id=0,
+        )
 
     def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
         self.check_split(split)
@@ -202,9 +250,11 @@ class RemoteHomology(Task):
         seqs, labels = parse(read_records(path, limit), path)
         self.truncated[split] = sum(len(s) > self.max_len for s in seqs)
         if self.truncated[split]:
-            print(f"remote_homology/{split}: {self.truncated[split]} of {len(seqs)} sequences are longer than "
-                  f"{self.max_len} residues and were truncated to their first {self.max_len} (still counted)",
-                  file=sys.stderr)
+            print(
+                f"remote_homology/{split}: {self.truncated[split]} of {len(seqs)} sequences are longer than "
+                f"{self.max_len} residues and were truncated to their first {self.max_len} (still counted)",
+                file=sys.stderr,
+            )
         inputs = np.empty(len(seqs), dtype=object)
         inputs[:] = [s[: self.max_len] for s in seqs]
         return SplitData(inputs, labels, np.array([len(s) for s in inputs], dtype=np.int64))

@@ -12,18 +12,23 @@ from pathlib import Path
 
 import numpy as np
 
-from reservoir.tasks.download import DataFile, ensure_files
 from reservoir.errors import unreadable
 from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, option, patches, register_task
+from reservoir.tasks.download import DataFile, ensure_files
 
-MNIST_URLS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/")
+MNIST_URLS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
 MNIST_FILES = {  # md5 of the uncompressed IDX files (official)
     "train-images-idx3-ubyte.gz": "6bbc9ace898e44ae57da46a324031adb",
     "train-labels-idx1-ubyte.gz": "a25bea736e30d166cdddb491f175f624",
     "t10k-images-idx3-ubyte.gz": "2646ac647ad5339dbf082846283269ea",
     "t10k-labels-idx1-ubyte.gz": "27ae3e4e09519cfbb04c329615203637",
 }
-MNIST_DATA = tuple(DataFile(n, md5, tuple(u + n for u in MNIST_URLS), gunzip_md5=True) for n, md5 in MNIST_FILES.items())
+MNIST_DATA = tuple(
+    DataFile(n, md5, tuple(u + n for u in MNIST_URLS), gunzip_md5=True) for n, md5 in MNIST_FILES.items()
+)
 
 
 def read_idx(path: Path, header: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -35,7 +40,9 @@ def read_idx(path: Path, header: int, shape: tuple[int, ...]) -> np.ndarray:
     data = np.frombuffer(raw, dtype=np.uint8, offset=header)
     n = len(data) // int(np.prod(shape))
     if n * int(np.prod(shape)) != len(data):
-        raise DataError(f"{path} has {len(data)} bytes of data, not a multiple of {shape}; delete it and fetch it again")
+        raise DataError(
+            f"{path} has {len(data)} bytes of data, not a multiple of {shape}; delete it and fetch it again"
+        )
     return data.reshape(n, *shape)
 
 
@@ -49,16 +56,22 @@ class Mnist(Task):
 
     @property
     def spec(self) -> TaskSpec:
-        return TaskSpec(self.name, "dense", seq_len=(32 // self.patch) ** 2, token_dim=self.patch**2, n_classes=10)
+        return TaskSpec(
+            self.name, "dense", seq_len=(32 // self.patch) ** 2, token_dim=self.patch**2, n_classes=10
+        )
 
     def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
         self.check_split(split)
-        paths = dict(zip(MNIST_FILES, ensure_files(Path(data_dir) / "mnist", MNIST_DATA, self.name, self.download)))
+        paths = dict(
+            zip(MNIST_FILES, ensure_files(Path(data_dir) / "mnist", MNIST_DATA, self.name, self.download))
+        )
         prefix = "train" if split == "train" else "t10k"
         images = read_idx(paths[f"{prefix}-images-idx3-ubyte.gz"], 16, (28, 28))
         labels = read_idx(paths[f"{prefix}-labels-idx1-ubyte.gz"], 8, ()).astype(np.int64)
         if len(images) != len(labels):
-            raise DataError(f"{prefix} images ({len(images)}) and labels ({len(labels)}) in {data_dir}/mnist disagree")
+            raise DataError(
+                f"{prefix} images ({len(images)}) and labels ({len(labels)}) in {data_dir}/mnist disagree"
+            )
         n = min(limit or len(labels), len(labels))
         return SplitData(images[:n], labels[:n], np.full(n, self.spec.seq_len))
 
@@ -86,8 +99,9 @@ class Digits(Task):
         self.check_split(split)
         d = load_digits()
         images = d.images.astype(np.uint8)  # values 0..16
-        parts = train_test_split(images, d.target, test_size=self.test_size, random_state=self.seed,
-                                 stratify=d.target)
+        parts = train_test_split(
+            images, d.target, test_size=self.test_size, random_state=self.seed, stratify=d.target
+        )
         x, y = (parts[0], parts[2]) if split == "train" else (parts[1], parts[3])
         n = min(limit or len(y), len(y))
         return SplitData(x[:n], y[:n].astype(np.int64), np.full(n, 16))

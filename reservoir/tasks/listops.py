@@ -23,18 +23,33 @@ import functools
 import random
 import threading
 from dataclasses import dataclass
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
 from reservoir.errors import UsageError
-from reservoir.tasks import (MAX_ROWS, MAX_SEED, MAX_TOKENS, DataError, SplitData, Task, TaskSpec, option, pad_ids,
-                             register_task)
+from reservoir.tasks import (
+    MAX_ROWS,
+    MAX_SEED,
+    MAX_TOKENS,
+    DataError,
+    SplitData,
+    Task,
+    TaskSpec,
+    option,
+    pad_ids,
+    register_task,
+)
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
-VOCAB = {"<pad>": 0, **{op: i + 1 for i, op in enumerate(OPERATORS)}, END: 5, **{str(d): 6 + d for d in range(10)}}
+VOCAB = {
+    "<pad>": 0,
+    **{op: i + 1 for i, op in enumerate(OPERATORS)},
+    END: 5,
+    **{str(d): 6 + d for d in range(10)},
+}
 VALUE_P = 0.25  # LRA: a node is an operator when random() <= VALUE_P
 STREAM = {"train": 0, "val": 1, "test": 2}
 
@@ -97,8 +112,16 @@ class _Stream:
     """One seeded stream of distinct expressions, drawn as far as asked and kept: the first ``n`` of a
     stream never depend on how many are asked for, so a later, shorter or longer request continues it."""
 
-    def __init__(self, seed: int, stream: int, min_length: int, max_length: int, max_depth: int, max_args: int,
-                 exclude: frozenset):
+    def __init__(
+        self,
+        seed: int,
+        stream: int,
+        min_length: int,
+        max_length: int,
+        max_depth: int,
+        max_args: int,
+        exclude: frozenset,
+    ):
         self.rng = random.Random(seed * 1000 + stream)
         self.args = (min_length, max_length, max_depth, max_args)
         self.exclude, self.seen, self.out = exclude, set(), []
@@ -116,7 +139,8 @@ class _Stream:
                         f"ListOps generation found {len(self.out)} of {n} distinct expressions of length in "
                         f"({min_length}, {max_length}) and none in the next {self.misses:,d} draws (max_depth="
                         f"{max_depth}, max_args={max_args}); widen min_length..max_length, raise max_depth, or "
-                        "ask for fewer examples (n_train, n_val, n_test, or --limit)")
+                        "ask for fewer examples (n_train, n_val, n_test, or --limit)"
+                    )
                 tree, length = generate_tree(self.rng, 1, max_depth, max_args)
                 if min_length < length < max_length:
                     text = to_string(tree)
@@ -134,8 +158,16 @@ def _stream(*key) -> _Stream:
     return _Stream(*key)
 
 
-def generate(n: int, seed: int, stream: int, min_length: int, max_length: int, max_depth: int, max_args: int,
-             exclude: frozenset = frozenset()) -> list[str]:
+def generate(
+    n: int,
+    seed: int,
+    stream: int,
+    min_length: int,
+    max_length: int,
+    max_depth: int,
+    max_args: int,
+    exclude: frozenset = frozenset(),
+) -> list[str]:
     """The first ``n`` distinct expressions of a seeded stream, none in ``exclude``. Drawing is the slow part of
     loading (each split of train excludes the held-out ones), so a process keeps its streams and continues them."""
     return _stream(seed, stream, min_length, max_length, max_depth, max_args, exclude).take(n)
@@ -162,12 +194,15 @@ def expected_length(max_depth: int, max_args: int) -> float:
 
 
 @functools.lru_cache(maxsize=4)
-def heldout(seed: int, min_length: int, max_length: int, max_depth: int, max_args: int, n_val: int,
-            n_test: int) -> frozenset:
+def heldout(
+    seed: int, min_length: int, max_length: int, max_depth: int, max_args: int, n_val: int, n_test: int
+) -> frozenset:
     """Every val and test expression, which train never holds (one object per setting, so the train stream
     keyed by it is found again)."""
     args = (min_length, max_length, max_depth, max_args)
-    return frozenset(t for s, n in (("val", n_val), ("test", n_test)) for t in generate(n, seed, STREAM[s], *args))
+    return frozenset(
+        t for s, n in (("val", n_val), ("test", n_test)) for t in generate(n, seed, STREAM[s], *args)
+    )
 
 
 @register_task("listops")
@@ -191,19 +226,31 @@ class ListOps(Task):
 
     def __post_init__(self):
         if self.source == "generate" and expected_length(self.max_depth, self.max_args) > MAX_EXPECTED_LENGTH:
-            raise UsageError(f"The 'max_depth' and 'max_args' options of task listops ({self.max_depth}, {self.max_args}) "
-                             f"draw expressions of {expected_length(self.max_depth, self.max_args):,.0f} tokens on "
-                             f"average, more than the {MAX_EXPECTED_LENGTH:,d} that can be drawn in reasonable time "
-                             "(LRA: 10 and 10, about 120); lower max_depth or max_args")
+            raise UsageError(
+                f"The 'max_depth' and 'max_args' options of task listops ({self.max_depth}, {self.max_args}) "
+                f"draw expressions of {expected_length(self.max_depth, self.max_args):,.0f} tokens on "
+                f"average, more than the {MAX_EXPECTED_LENGTH:,d} that can be drawn in reasonable time "
+                "(LRA: 10 and 10, about 120); lower max_depth or max_args"
+            )
         if self.max_length <= self.min_length + 1:
-            raise UsageError(f"The 'max_length' option of task listops must be > min_length + 1 "
-                             f"({self.min_length + 1}): lengths are drawn strictly between them. "
-                             f"Got {self.max_length} instead.")
+            raise UsageError(
+                f"The 'max_length' option of task listops must be > min_length + 1 "
+                f"({self.min_length + 1}): lengths are drawn strictly between them. "
+                f"Got {self.max_length} instead."
+            )
 
     @property
     def spec(self) -> TaskSpec:
-        return TaskSpec(self.name, "ids", seq_len=self.max_len, vocab_size=len(VOCAB), n_classes=10,
-                        splits=("train", "val", "test"), variable_length=True, pad_id=0)
+        return TaskSpec(
+            self.name,
+            "ids",
+            seq_len=self.max_len,
+            vocab_size=len(VOCAB),
+            n_classes=10,
+            splits=("train", "val", "test"),
+            variable_length=True,
+            pad_id=0,
+        )
 
     def texts(self, split: str, data_dir: Path, limit: int | None) -> tuple[list[str], list[int] | None]:
         if self.source == "lra":
@@ -217,8 +264,10 @@ class ListOps(Task):
     @staticmethod
     def _read_tsv(path: Path, limit: int | None) -> tuple[list[str], list[int]]:
         if not path.exists():
-            raise DataError(f"{path} is missing; place LRA's basic_{{train,val,test}}.tsv in {path.parent} "
-                            "or use the generator (--task-opt source=generate)")
+            raise DataError(
+                f"{path} is missing; place LRA's basic_{{train,val,test}}.tsv in {path.parent} "
+                "or use the generator (--task-opt source=generate)"
+            )
         texts, targets = [], []
         with open(path, newline="") as f:
             reader = csv.reader(f, delimiter="\t")

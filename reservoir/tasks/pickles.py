@@ -20,13 +20,19 @@ from reservoir.errors import DataError
 #: the only globals a data pickle may name: what numpy arrays, dtypes and scalars pickle to (both
 #: numpy 1's ``numpy.core`` and numpy 2's ``numpy._core``; ``_frombuffer`` for protocol 5), and the
 #: bytes codec that protocol-2 pickles written by Python 3 use for ``bytes``
-ALLOWED = frozenset({
-    ("numpy", "ndarray"), ("numpy", "dtype"),
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-    ("_codecs", "encode"),
-})
+ALLOWED = frozenset(
+    {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("_codecs", "encode"),
+    }
+)
 
 
 class UnsafePickle(pickle.UnpicklingError):
@@ -56,9 +62,11 @@ def loads(data: bytes, source: Path | str, what: str, fix: str, **kwargs: Any) -
     try:
         return DataUnpickler(io.BytesIO(data), **kwargs).load()
     except UnsafePickle as e:
-        raise DataError(f"{source} holds a reference to {e.where}, which {what} never holds; refused without "
-                        f"running it (only dicts, lists, bytes, strings, numbers and numpy arrays are read); "
-                        f"{fix}") from None
+        raise DataError(
+            f"{source} holds a reference to {e.where}, which {what} never holds; refused without "
+            f"running it (only dicts, lists, bytes, strings, numbers and numpy arrays are read); "
+            f"{fix}"
+        ) from None
 
 
 def refused_by_torch(e: BaseException) -> str | None:

@@ -9,7 +9,7 @@ classes = 10") or "training" to a meaningless number.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from reservoir.errors import UsageError
 def holdout_minimum(classes: int, n_val: Callable[[int], int]) -> int:
     """The fewest train examples from which holding out ``n_val(n)`` leaves at least ``classes``
     for validation and ``classes`` for training."""
+
     def enough(n: int) -> bool:
         return n_val(n) >= classes and n - n_val(n) >= classes
 
@@ -34,13 +35,23 @@ def holdout_minimum(classes: int, n_val: Callable[[int], int]) -> int:
 
 def _more(limit: int | None, need: int | None) -> str:
     if limit is not None:
-        return f"pass --limit {need} or more (now {limit}), or leave --limit out" if need else \
-            f"raise --limit (now {limit}) or leave it out"
+        return (
+            f"pass --limit {need} or more (now {limit}), or leave --limit out"
+            if need
+            else f"raise --limit (now {limit}) or leave it out"
+        )
     return f"give at least {need} training examples" if need else "give more examples"
 
 
-def check_train_split(where: str, labels: np.ndarray, *, limit: int | None, n_val: Callable[[int], int] | None,
-                      val_fraction: float, n_classes: int = 0) -> None:
+def check_train_split(
+    where: str,
+    labels: np.ndarray,
+    *,
+    limit: int | None,
+    n_val: Callable[[int], int] | None,
+    val_fraction: float,
+    n_classes: int = 0,
+) -> None:
     """Refuse a train split too small to mean anything (UsageError naming ``--limit`` and the minimum).
 
     ``labels`` are the train split's, one class per example (1-D) or several outputs per example
@@ -51,8 +62,10 @@ def check_train_split(where: str, labels: np.ndarray, *, limit: int | None, n_va
     if labels.ndim == 1:
         present = len(np.unique(labels))
         if present < 2:
-            raise UsageError(f"{where}: the train split holds {'no examples' if n == 0 else f'a single class in its {n} examples'}; "
-                             f"a head needs at least two classes: {_more(limit, None)}")
+            raise UsageError(
+                f"{where}: the train split holds {'no examples' if n == 0 else f'a single class in its {n} examples'}; "
+                f"a head needs at least two classes: {_more(limit, None)}"
+            )
     else:
         present = min(max(int(np.unique(labels).size), 1), max(n_classes, 2))
     if n_val is None:
@@ -62,6 +75,8 @@ def check_train_split(where: str, labels: np.ndarray, *, limit: int | None, n_va
         return
     need = holdout_minimum(max(present, n_classes), n_val)
     kind = "examples" if labels.ndim == 1 else "examples (of several outputs each)"
-    raise UsageError(f"{where}: the train split has {n} {kind} of {present} classes; holding out --val-fraction "
-                     f"{val_fraction:g} leaves {held} for validation and {n - held} to train on, fewer than one per "
-                     f"class: {_more(limit, need)}, or raise --val-fraction")
+    raise UsageError(
+        f"{where}: the train split has {n} {kind} of {present} classes; holding out --val-fraction "
+        f"{val_fraction:g} leaves {held} for validation and {n - held} to train on, fewer than one per "
+        f"class: {_more(limit, need)}, or raise --val-fraction"
+    )

@@ -36,7 +36,17 @@ from typing import Any, ClassVar
 import numpy as np
 
 from reservoir.errors import UsageError, unreadable
-from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, _convert, check_value, option, pad_ids
+from reservoir.tasks import (
+    MAX_SEED,
+    DataError,
+    SplitData,
+    Task,
+    TaskSpec,
+    _convert,
+    check_value,
+    option,
+    pad_ids,
+)
 
 SUFFIXES = (".npz", ".h5", ".hdf5")
 #: the largest class id and token id a user file may hold (an output layer, one-hot targets and an
@@ -73,8 +83,10 @@ SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 def _check_split_names(path: Path, where: str, names) -> None:
     for name in names:
         if not SPLIT_NAME.fullmatch(name) or name == "input_layer":
-            raise DataError(f"{path}: {where} names a split {name!r}; split names are letters, digits, _ . - "
-                            "(not starting with . or -), other than 'input_layer': rename it (train, val, test, ...)")
+            raise DataError(
+                f"{path}: {where} names a split {name!r}; split names are letters, digits, _ . - "
+                "(not starting with . or -), other than 'input_layer': rename it (train, val, test, ...)"
+            )
 
 
 def _strings(v: np.ndarray) -> np.ndarray:
@@ -116,12 +128,16 @@ class FileTask(Task):
             lengths = arrays.get("lengths")
             self._check(path, "x", "y", "lengths", x, y, lengths)
             rows = self._split_rows(path, arrays, y)
-            splits = {s: self._split(x[r], y[r], None if lengths is None else lengths[r]) for s, r in rows.items()}
+            splits = {
+                s: self._split(x[r], y[r], None if lengths is None else lengths[r]) for s, r in rows.items()
+            }
         else:
             names = sorted(k[2:] for k in arrays if k.startswith("x_"))
             if not names:
-                raise DataError(f"{path} has arrays {sorted(arrays)}; it needs x and y (or x_train, y_train, "
-                                f"x_test, y_test) ({FIX})")
+                raise DataError(
+                    f"{path} has arrays {sorted(arrays)}; it needs x and y (or x_train, y_train, "
+                    f"x_test, y_test) ({FIX})"
+                )
             _check_split_names(path, "an x_<split> array", names)
             splits = {}
             for s in names:
@@ -131,24 +147,36 @@ class FileTask(Task):
                 splits[s] = self._split(x, y, lengths)
         for s in ("train", "test"):
             if s not in splits or not len(splits[s]):
-                raise DataError(f"{path} has no (or an empty) {s!r} split; splits found: {sorted(splits)}. "
-                                "Give a split array with 'train' and 'test' rows, x_train/x_test arrays, or neither")
+                raise DataError(
+                    f"{path} has no (or an empty) {s!r} split; splits found: {sorted(splits)}. "
+                    "Give a split array with 'train' and 'test' rows, x_train/x_test arrays, or neither"
+                )
         dims = {self._dim(d) for d in splits.values()}
         if len(dims) > 1:
-            raise DataError(f"{path}: the splits disagree on the token width ({sorted(dims)}); every x_<split> "
-                            "must have the same last dimension (or all be integer ids)")
+            raise DataError(
+                f"{path}: the splits disagree on the token width ({sorted(dims)}); every x_<split> "
+                "must have the same last dimension (or all be integer ids)"
+            )
         self._kind = "ids" if self._dim(next(iter(splits.values()))) == 0 else "dense"
         labels = np.concatenate([d.labels for d in splits.values()])
         top = int(labels.max()) + 1
         if self.n_classes and top > self.n_classes:
-            split, row = next((s, int(np.argmax(d.labels >= self.n_classes))) for s, d in splits.items()
-                              if (d.labels >= self.n_classes).any())
-            raise DataError(f"{path}: label {splits[split].labels[row]} (split {split!r}, row {row}) is out of range "
-                            f"for n_classes={self.n_classes}; labels must be in 0..{self.n_classes - 1}")
+            split, row = next(
+                (s, int(np.argmax(d.labels >= self.n_classes)))
+                for s, d in splits.items()
+                if (d.labels >= self.n_classes).any()
+            )
+            raise DataError(
+                f"{path}: label {splits[split].labels[row]} (split {split!r}, row {row}) is out of range "
+                f"for n_classes={self.n_classes}; labels must be in 0..{self.n_classes - 1}"
+            )
         self._n_classes = self.n_classes or top
         self._seq_len = max(int(d.lengths.max()) for d in splits.values())
-        self._vocab = (max(int(max(s.max() for s in d.inputs)) for d in splits.values()) + 1
-                       if self._kind == "ids" else 0)
+        self._vocab = (
+            max(int(max(s.max() for s in d.inputs)) for d in splits.values()) + 1
+            if self._kind == "ids"
+            else 0
+        )
         return splits
 
     @staticmethod
@@ -160,10 +188,16 @@ class FileTask(Task):
     @staticmethod
     def _check(path, xname, yname, lname, x, y, lengths) -> None:
         shape = "(N, T, d) floats or (N, T) integer ids"
-        if x.dtype.kind not in "fiu" or x.ndim not in (2, 3) or (x.ndim == 3 and x.dtype.kind != "f") or (
-                x.ndim == 2 and x.dtype.kind == "f"):
-            raise DataError(f"{path}: {xname} is {x.dtype} with shape {x.shape}; expected {shape} "
-                            "(integer ids need an integer dtype; a single feature per token is (N, T, 1))")
+        if (
+            x.dtype.kind not in "fiu"
+            or x.ndim not in (2, 3)
+            or (x.ndim == 3 and x.dtype.kind != "f")
+            or (x.ndim == 2 and x.dtype.kind == "f")
+        ):
+            raise DataError(
+                f"{path}: {xname} is {x.dtype} with shape {x.shape}; expected {shape} "
+                "(integer ids need an integer dtype; a single feature per token is (N, T, 1))"
+            )
         if 0 in x.shape:
             raise DataError(f"{path}: {xname} is empty (shape {x.shape}); {FIX}")
         if x.dtype.kind == "f" and not np.isfinite(x).all():
@@ -171,33 +205,51 @@ class FileTask(Task):
         if x.dtype.kind in "iu" and x.min() < 0:
             raise DataError(f"{path}: {xname} holds negative token ids (min {x.min()}); ids must be >= 0")
         if x.dtype.kind in "iu" and x.max() > MAX_ID:
-            raise DataError(f"{path}: {xname} holds token id {x.max()}; ids must be at most {MAX_ID:,d} (the input "
-                            "layer holds a vector per id): renumber them 0..V-1")
+            raise DataError(
+                f"{path}: {xname} holds token id {x.max()}; ids must be at most {MAX_ID:,d} (the input "
+                "layer holds a vector per id): renumber them 0..V-1"
+            )
         if y.ndim != 1 or len(y) != len(x):
-            raise DataError(f"{path}: {yname} has shape {y.shape}; expected ({len(x)},), one label per row of {xname}")
+            raise DataError(
+                f"{path}: {yname} has shape {y.shape}; expected ({len(x)},), one label per row of {xname}"
+            )
         if y.dtype.kind == "f" and not (np.isfinite(y).all() and (y == np.round(y)).all()):
-            raise DataError(f"{path}: {yname} holds non-integer values; give class ids 0..C-1 "
-                            "(sklearn.preprocessing.LabelEncoder turns names into ids)")
+            raise DataError(
+                f"{path}: {yname} holds non-integer values; give class ids 0..C-1 "
+                "(sklearn.preprocessing.LabelEncoder turns names into ids)"
+            )
         if y.dtype.kind not in "fiub":
-            raise DataError(f"{path}: {yname} is {y.dtype}; give integer class ids 0..C-1 "
-                            "(sklearn.preprocessing.LabelEncoder turns names into ids)")
+            raise DataError(
+                f"{path}: {yname} is {y.dtype}; give integer class ids 0..C-1 "
+                "(sklearn.preprocessing.LabelEncoder turns names into ids)"
+            )
         if y.min() < 0:
-            raise DataError(f"{path}: {yname} has label {y.min()} (row {int(np.argmin(y))}); labels must be in 0..C-1")
+            raise DataError(
+                f"{path}: {yname} has label {y.min()} (row {int(np.argmin(y))}); labels must be in 0..C-1"
+            )
         if y.max() > MAX_ID:
-            raise DataError(f"{path}: {yname} has label {y.max()} (row {int(np.argmax(y))}), not a class id: labels must "
-                            f"be 0..C-1 with C at most {MAX_ID + 1:,d}; relabel them (sklearn.preprocessing.LabelEncoder)")
+            raise DataError(
+                f"{path}: {yname} has label {y.max()} (row {int(np.argmax(y))}), not a class id: labels must "
+                f"be 0..C-1 with C at most {MAX_ID + 1:,d}; relabel them (sklearn.preprocessing.LabelEncoder)"
+            )
         if lengths is not None:
             if lengths.shape != (len(x),) or lengths.dtype.kind not in "iu":
-                raise DataError(f"{path}: {lname} is {lengths.dtype} {lengths.shape}; expected ({len(x)},) integers")
+                raise DataError(
+                    f"{path}: {lname} is {lengths.dtype} {lengths.shape}; expected ({len(x)},) integers"
+                )
             if lengths.min() < 1 or lengths.max() > x.shape[1]:
-                raise DataError(f"{path}: {lname} must lie in 1..{x.shape[1]} (the T of {xname}); "
-                                f"found {lengths.min()}..{lengths.max()}")
+                raise DataError(
+                    f"{path}: {lname} must lie in 1..{x.shape[1]} (the T of {xname}); "
+                    f"found {lengths.min()}..{lengths.max()}"
+                )
 
     def _split_rows(self, path: Path, arrays: dict[str, np.ndarray], y: np.ndarray) -> dict[str, np.ndarray]:
         if "split" in arrays:
             split = np.asarray(arrays["split"]).astype(str)
             if split.shape != y.shape:
-                raise DataError(f"{path}: split has shape {split.shape}; expected ({len(y)},), one name per row")
+                raise DataError(
+                    f"{path}: split has shape {split.shape}; expected ({len(y)},), one name per row"
+                )
             order = ["train", "val", "test"] + sorted(str(s) for s in set(split) - {"train", "val", "test"})
             _check_split_names(path, "the split array", order[3:])
             return {s: np.flatnonzero(split == s) for s in order if (split == s).any()}
@@ -206,9 +258,11 @@ class FileTask(Task):
         rows = np.arange(len(y))
         n_test = int(np.ceil(self.test_fraction * len(y)))  # as scikit-learn rounds a fraction
         if n_test >= len(y):
-            raise DataError(f"{path} has {len(y)} rows without a split array: holding out test_fraction "
-                            f"{self.test_fraction:g} leaves none to train on; give more rows, a lower test_fraction, "
-                            "or a split array naming each row's split")
+            raise DataError(
+                f"{path} has {len(y)} rows without a split array: holding out test_fraction "
+                f"{self.test_fraction:g} leaves none to train on; give more rows, a lower test_fraction, "
+                "or a split array naming each row's split"
+            )
         counts = np.bincount(y.astype(np.int64))
         classes = int((counts > 0).sum())
         # stratified when every class can go to both sides (scikit-learn refuses otherwise)
@@ -236,12 +290,25 @@ class FileTask(Task):
     def spec(self) -> TaskSpec:
         variable = any(d.inputs.dtype == object for d in self._splits.values())
         dim = self._dim(next(iter(self._splits.values())))
-        return TaskSpec(f"file:{self.path}", self._kind, seq_len=self._seq_len, n_classes=self._n_classes,
-                        token_dim=dim, vocab_size=self._vocab, splits=tuple(self._splits),
-                        variable_length=variable, pad_id=0)
+        return TaskSpec(
+            f"file:{self.path}",
+            self._kind,
+            seq_len=self._seq_len,
+            n_classes=self._n_classes,
+            token_dim=dim,
+            vocab_size=self._vocab,
+            splits=tuple(self._splits),
+            variable_length=variable,
+            pad_id=0,
+        )
 
     def options(self) -> dict[str, Any]:
-        return {"path": self.path, "n_classes": self.n_classes, "test_fraction": self.test_fraction, "seed": self.seed}
+        return {
+            "path": self.path,
+            "n_classes": self.n_classes,
+            "test_fraction": self.test_fraction,
+            "seed": self.seed,
+        }
 
     def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
         self.check_split(split)

@@ -30,13 +30,27 @@ from reservoir.results import atomic_write
 from reservoir.tasks.pickles import refused_by_torch, torch_load_reason
 from reservoir.train.seeds import generator_states, set_generator_states
 
+CPU = torch.device("cpu")
+
 #: 3: the optimiser is fused Adam (a step with non-finite gradients is skipped on the device) and the RNG block
 #: holds the CUDA generator of a CUDA run
 CHECKPOINT_FORMAT = 3
 #: TrainConfig fields that may change between a checkpoint and its ``--resume`` (they do not
 #: change the numbers of the steps already taken)
-RESUMABLE_CHANGES = ("steps", "stop_at", "resume", "checkpoint_every", "checkpoint_dir", "compile", "device",
-                     "eval_batch_size", "lr", "seeds", "data_dir", "save_backbone")
+RESUMABLE_CHANGES = (
+    "steps",
+    "stop_at",
+    "resume",
+    "checkpoint_every",
+    "checkpoint_dir",
+    "compile",
+    "device",
+    "eval_batch_size",
+    "lr",
+    "seeds",
+    "data_dir",
+    "save_backbone",
+)
 
 
 @dataclasses.dataclass
@@ -67,16 +81,32 @@ class RunState:
 
 def settings_identity(cfg: TrainConfig, task, data) -> dict[str, Any]:
     """The part of a training identity shared by every run of a sweep: task, data, settings."""
-    settings = {k: v for k, v in cfg.to_json().items()
-                if k not in RESUMABLE_CHANGES and k not in ("task", "backbone", "task_options", "seed")}
-    return {"format": CHECKPOINT_FORMAT, "task": task_label(cfg.task), "task_options": task.identity_options(),
-            "data": data_fingerprint(data), "backbone": backbone_label(cfg.backbone), **settings}
+    settings = {
+        k: v
+        for k, v in cfg.to_json().items()
+        if k not in RESUMABLE_CHANGES and k not in ("task", "backbone", "task_options", "seed")
+    }
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "task": task_label(cfg.task),
+        "task_options": task.identity_options(),
+        "data": data_fingerprint(data),
+        "backbone": backbone_label(cfg.backbone),
+        **settings,
+    }
 
 
-def run_identity(shared: dict[str, Any], *, backbone_fingerprint: str, blocks: int, lr: float,
-                 seed: int) -> dict[str, Any]:
+def run_identity(
+    shared: dict[str, Any], *, backbone_fingerprint: str, blocks: int, lr: float, seed: int
+) -> dict[str, Any]:
     """The identity of one (learning rate, seed) run."""
-    return {**shared, "backbone_fingerprint": backbone_fingerprint, "blocks": blocks, "run_lr": lr, "run_seed": seed}
+    return {
+        **shared,
+        "backbone_fingerprint": backbone_fingerprint,
+        "blocks": blocks,
+        "run_lr": lr,
+        "run_seed": seed,
+    }
 
 
 def run_name(cfg: TrainConfig, blocks: int, lr: float, seed: int) -> str:
@@ -100,21 +130,35 @@ def check_resumable(path: Path, name: str, identity: dict[str, Any]) -> None:
         if not isinstance(old, dict):
             continue
         if old.get("format") != CHECKPOINT_FORMAT:
-            raise IdentityError(f"checkpoint {other} was written by another version of reservoir (checkpoint format "
-                                f"{old.get('format')!r}; this version reads format {CHECKPOINT_FORMAT}) and cannot be "
-                                "resumed by it; drop --resume to start the run over (that file is left as it is)")
-        raise IdentityError(f"checkpoint {other} was written with other settings: {'; '.join(differences(old, identity))}; "
-                            "rerun with the same options to resume it, or drop --resume to start a new run")
+            raise IdentityError(
+                f"checkpoint {other} was written by another version of reservoir (checkpoint format "
+                f"{old.get('format')!r}; this version reads format {CHECKPOINT_FORMAT}) and cannot be "
+                "resumed by it; drop --resume to start the run over (that file is left as it is)"
+            )
+        raise IdentityError(
+            f"checkpoint {other} was written with other settings: {'; '.join(differences(old, identity))}; "
+            "rerun with the same options to resume it, or drop --resume to start a new run"
+        )
 
 
-def save_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Optimizer, state: RunState,
-                    identity: dict[str, Any], device: torch.device = torch.device("cpu")) -> None:
+def save_checkpoint(
+    path: Path,
+    params: list[nn.Parameter],
+    opt: torch.optim.Optimizer,
+    state: RunState,
+    identity: dict[str, Any],
+    device: torch.device = CPU,
+) -> None:
     """Write atomically (:func:`reservoir.results.atomic_write`); ``device`` is the run's, whose generator is saved
     beside the CPU's."""
     obj = {
-        "format": CHECKPOINT_FORMAT, "version": __version__, "identity": identity,
-        "params": [p.detach().clone() for p in params], "optimizer": opt.state_dict(),
-        "state": dataclasses.asdict(state), "rng": generator_states(device),
+        "format": CHECKPOINT_FORMAT,
+        "version": __version__,
+        "identity": identity,
+        "params": [p.detach().clone() for p in params],
+        "optimizer": opt.state_dict(),
+        "state": dataclasses.asdict(state),
+        "rng": generator_states(device),
     }
     atomic_write(path, lambda f: torch.save(obj, f))
 
@@ -126,8 +170,10 @@ def read_checkpoint(path: Path, fix: str) -> dict[str, Any]:
         fmt = obj.get("format")
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
         if refused := refused_by_torch(e):
-            raise DataError(f"checkpoint {path} holds {refused}, which a checkpoint of reservoir never holds; refused "
-                            f"without running it (checkpoints are read as tensors and plain data only); {fix}") from None
+            raise DataError(
+                f"checkpoint {path} holds {refused}, which a checkpoint of reservoir never holds; refused "
+                f"without running it (checkpoints are read as tensors and plain data only); {fix}"
+            ) from None
         raise DataError(f"checkpoint {path} is unreadable ({torch_load_reason(e)}); {fix}") from None
     if type(fmt) is not int or fmt != CHECKPOINT_FORMAT:
         raise DataError(f"checkpoint {path} has format {fmt!r}, expected {CHECKPOINT_FORMAT}; {fix}")
@@ -138,15 +184,26 @@ def read_checkpoint(path: Path, fix: str) -> dict[str, Any]:
 
 
 #: the types of the identity fields a checkpoint's readers use
-IDENTITY_TYPES = {"task": str, "backbone": str, "backbone_fingerprint": str, "input_scale": str, "task_options": dict,
-                  "trainable": list, "blocks": int, "run_seed": int}
+IDENTITY_TYPES = {
+    "task": str,
+    "backbone": str,
+    "backbone_fingerprint": str,
+    "input_scale": str,
+    "task_options": dict,
+    "trainable": list,
+    "blocks": int,
+    "run_seed": int,
+}
 
 
 def misshapen(obj: dict[str, Any]) -> str:
     """What in ``obj`` is not the shape :func:`save_checkpoint` writes (``""``: nothing), so that a damaged or
     crafted file is refused before any of it is used."""
+
     def tensors(value: Any) -> bool:
-        return isinstance(value, list) and all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in value)
+        return isinstance(value, list) and all(
+            isinstance(t, torch.Tensor) and t.is_floating_point() for t in value
+        )
 
     kinds = {"identity": dict, "params": list, "optimizer": dict, "state": dict, "rng": dict}
     for key, kind in kinds.items():
@@ -158,7 +215,9 @@ def misshapen(obj: dict[str, Any]) -> str:
             return f"its identity's {key!r} is {identity.get(key)!r}"
     if identity["blocks"] < 1 or not 0 <= identity["run_seed"] < 2**32:
         return f"its identity's blocks {identity['blocks']} or seed {identity['run_seed']} is out of range"
-    if not tensors(obj["params"]) or not (state.get("best_params") is None or tensors(state.get("best_params"))):
+    if not tensors(obj["params"]) or not (
+        state.get("best_params") is None or tensors(state.get("best_params"))
+    ):
         return "its trainable parameters are not a list of float tensors"
     fields = {f.name: f for f in dataclasses.fields(RunState)}
     if set(state) != set(fields):
@@ -166,31 +225,50 @@ def misshapen(obj: dict[str, Any]) -> str:
     defaults = RunState()
     for name, value in state.items():
         default = getattr(defaults, name)
-        if name != "best_params" and default is not None and not isinstance(value, type(default)) \
-                and not (isinstance(default, float) and isinstance(value, int)):
+        if (
+            name != "best_params"
+            and default is not None
+            and not isinstance(value, type(default))
+            and not (isinstance(default, float) and isinstance(value, int))
+        ):
             return f"its run state's {name!r} is {type(value).__name__}, not {type(default).__name__}"
     rng = obj["rng"]
-    if not all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in rng.values()) \
-            or "torch" not in rng:
+    if (
+        not all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in rng.values())
+        or "torch" not in rng
+    ):
         return "its generator states are not uint8 tensors"
-    if not isinstance(obj["optimizer"].get("state"), dict) or not isinstance(obj["optimizer"].get("param_groups"), list):
+    if not isinstance(obj["optimizer"].get("state"), dict) or not isinstance(
+        obj["optimizer"].get("param_groups"), list
+    ):
         return "its optimiser state is not an optimiser's state_dict"
     return ""
 
 
-def load_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Optimizer,
-                    identity: dict[str, Any], device: torch.device = torch.device("cpu")) -> RunState:
+def load_checkpoint(
+    path: Path,
+    params: list[nn.Parameter],
+    opt: torch.optim.Optimizer,
+    identity: dict[str, Any],
+    device: torch.device = CPU,
+) -> RunState:
     """Restore parameters, optimiser and the generators of a run on ``device`` from ``path``; refuse a checkpoint
     of another identity."""
     obj = read_checkpoint(path, "delete it to start over")
     diff = differences(obj["identity"], identity)
     if diff:
-        raise IdentityError(f"checkpoint {path} was written with other settings: {'; '.join(diff)}; rerun with the "
-                            "same options to resume it, or drop --resume to start over")
+        raise IdentityError(
+            f"checkpoint {path} was written with other settings: {'; '.join(diff)}; rerun with the "
+            "same options to resume it, or drop --resume to start over"
+        )
     shapes = [tuple(t.shape) for t in obj["params"]]
-    if shapes != [tuple(p.shape) for p in params]:  # an earlier version's run also listed blocks past --blocks
-        raise DataError(f"checkpoint {path} holds {len(shapes)} trainable tensors of other shapes than this run's "
-                        f"{len(params)} (it was written by an earlier version of the project); delete it to start over")
+    if shapes != [
+        tuple(p.shape) for p in params
+    ]:  # an earlier version's run also listed blocks past --blocks
+        raise DataError(
+            f"checkpoint {path} holds {len(shapes)} trainable tensors of other shapes than this run's "
+            f"{len(params)} (it was written by an earlier version of the project); delete it to start over"
+        )
     with torch.no_grad():
         for p, saved in zip(params, obj["params"], strict=True):
             p.copy_(saved)
@@ -198,6 +276,8 @@ def load_checkpoint(path: Path, params: list[nn.Parameter], opt: torch.optim.Opt
         opt.load_state_dict(obj["optimizer"])
         set_generator_states(obj["rng"], device)
     except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
-        raise DataError(f"checkpoint {path} holds an optimiser or generator state this run cannot take "
-                        f"({type(e).__name__}: {str(e)[:200]}); delete it to start over") from None
+        raise DataError(
+            f"checkpoint {path} holds an optimiser or generator state this run cannot take "
+            f"({type(e).__name__}: {str(e)[:200]}); delete it to start over"
+        ) from None
     return RunState(**obj["state"])

@@ -50,19 +50,24 @@ def check_free(folder: Path) -> None:
         what = "a file"
     else:
         return
-    raise UsageError(f"--save-backbone {folder}: {what} is there and is never overwritten; choose a new folder "
-                     "(or remove that one)")
+    raise UsageError(
+        f"--save-backbone {folder}: {what} is there and is never overwritten; choose a new folder "
+        "(or remove that one)"
+    )
 
 
 def _check_reloads(backbone: Backbone, folder: Path) -> str:
     """Load ``folder`` back and compare every tensor with ``backbone``'s; returns its fingerprint."""
     loaded = load_backbone(str(folder), 0)
     saved, read = backbone.state_dict(), loaded.state_dict()
-    differ = sorted(set(saved) ^ set(read)) or \
-        [k for k in saved if not torch.equal(saved[k].detach().cpu().float(), read[k].float())]
+    differ = sorted(set(saved) ^ set(read)) or [
+        k for k in saved if not torch.equal(saved[k].detach().cpu().float(), read[k].float())
+    ]
     if differ:  # an internal invariant: the adapter wrote a folder that does not read back
-        raise BackboneError(f"the backbone folder written for {folder.name} does not load back to the trained "
-                            f"parameters ({', '.join(differ[:4])} differ); it was not kept")
+        raise BackboneError(
+            f"the backbone folder written for {folder.name} does not load back to the trained "
+            f"parameters ({', '.join(differ[:4])} differ); it was not kept"
+        )
     return fingerprint(loaded)
 
 
@@ -85,7 +90,7 @@ def remove_stale_partials(folder: Path) -> list[Path]:
     gone): a SIGKILL skips the cleanup, and each holds a whole model. Another host's are left alone."""
     removed = []
     for tmp in folder.parent.glob(f".{glob.escape(folder.name)}.{glob.escape(_HOST)}.*-*.partial"):
-        pid = tmp.name[len(f".{folder.name}.{_HOST}."):].split("-", 1)[0]
+        pid = tmp.name[len(f".{folder.name}.{_HOST}.") :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
             removed.append(tmp)

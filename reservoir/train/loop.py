@@ -34,35 +34,45 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from reservoir import __version__
-from reservoir.model.backbones import load_backbone
 from reservoir.config import TRAIN_DTYPES, TrainConfig
 from reservoir.errors import DataError, UsageError
-from reservoir.model.devices import resolve_device
-from reservoir.model.reservoir import check_length
-from reservoir.runtime.dtypes import choose as choose_dtype, cuda_bf16_native
-from reservoir.runtime import machine
-from reservoir.runtime.runner import CompiledOrEager
 from reservoir.identity import digest
 from reservoir.model.backbones import fingerprint as backbone_fingerprint
-from reservoir.progress import bar, log as log_line
+from reservoir.model.backbones import load_backbone
+from reservoir.model.devices import resolve_device
+from reservoir.model.reservoir import check_length
+from reservoir.progress import bar
+from reservoir.progress import log as log_line
 from reservoir.results import write_result
+from reservoir.runtime import machine
+from reservoir.runtime.dtypes import choose as choose_dtype
+from reservoir.runtime.dtypes import cuda_bf16_native
+from reservoir.runtime.runner import CompiledOrEager
 from reservoir.tasks import SplitData, Task, make_task
 from reservoir.tasks.sizes import check_train_split
-from reservoir.train.checkpoint import (RunState, check_resumable, checkpoint_path, load_checkpoint, run_identity,
-                                        run_name, save_checkpoint, settings_identity)
+from reservoir.train.checkpoint import (
+    RunState,
+    check_resumable,
+    checkpoint_path,
+    load_checkpoint,
+    run_identity,
+    run_name,
+    save_checkpoint,
+    settings_identity,
+)
 from reservoir.train.export import check_free, save_backbone
 from reservoir.train.model import FPT, format_counts, param_counts, select_trainable
 from reservoir.train.seeds import rng, run_generators
-
 
 # ---------------------------------------------------------------- data
 
@@ -93,10 +103,17 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
     if not test_names:
         raise DataError(f"task {task.name!r} declares no test split (splits {list(task.spec.splits)})")
     train = task.load("train", data_dir, cfg.limit)
-    held_out = not any(s in task.spec.splits for s in ("val", "valid"))  # else the task's own validation split
-    check_train_split(f"task {task.spec.name!r}", train.labels, limit=cfg.limit, val_fraction=cfg.val_fraction,
-                      n_val=(lambda n: max(1, int(round(cfg.val_fraction * n)))) if held_out else None,
-                      n_classes=task.spec.n_classes)
+    held_out = not any(
+        s in task.spec.splits for s in ("val", "valid")
+    )  # else the task's own validation split
+    check_train_split(
+        f"task {task.spec.name!r}",
+        train.labels,
+        limit=cfg.limit,
+        val_fraction=cfg.val_fraction,
+        n_val=(lambda n: max(1, int(round(cfg.val_fraction * n)))) if held_out else None,
+        n_classes=task.spec.n_classes,
+    )
     test = task.load(test_names[0], data_dir, cfg.limit)
     if val_name is not None:
         val = task.load(val_name, data_dir, cfg.limit)
@@ -107,10 +124,13 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
         strat = y if y.ndim == 1 and len(np.unique(y)) > 1 and np.bincount(y).min() >= 2 else None
         n_val = max(1, int(round(cfg.val_fraction * len(train))))
         if len(train) - n_val < 1:
-            raise DataError(f"train split has {len(train)} examples: too few to hold out a validation split; "
-                            "raise --limit or the task's n_train")
-        fit_idx, val_idx = train_test_split(np.arange(len(train)), test_size=n_val, random_state=cfg.seed,
-                                            stratify=strat)
+            raise DataError(
+                f"train split has {len(train)} examples: too few to hold out a validation split; "
+                "raise --limit or the task's n_train"
+            )
+        fit_idx, val_idx = train_test_split(
+            np.arange(len(train)), test_size=n_val, random_state=cfg.seed, stratify=strat
+        )
         train, val = _take(train, np.sort(fit_idx)), _take(train, np.sort(val_idx))
     for name, d in (("train", train), (val_name or "held-out validation", val), (test_names[0], test)):
         if len(d) == 0:
@@ -118,7 +138,9 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
     return Splits(train, val, test, val_name, test_names[0])
 
 
-def batch_tensors(task: Task, d: SplitData, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def batch_tensors(
+    task: Task, d: SplitData, rows: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     tokens = torch.from_numpy(np.ascontiguousarray(task.encode(d.inputs[rows])))
     lengths = torch.from_numpy(np.asarray(d.lengths[rows], dtype=np.int64))
     labels = torch.from_numpy(np.asarray(d.labels[rows], dtype=np.int64))
@@ -152,7 +174,7 @@ class Batches:
         epoch, i = divmod(step, self.per_epoch)
         if epoch != self._order[0]:
             self._order = (epoch, epoch_order(self.seed, epoch, len(self.data)))
-        return self._order[1][i * self.batch_size:(i + 1) * self.batch_size]
+        return self._order[1][i * self.batch_size : (i + 1) * self.batch_size]
 
     def _build(self, step: int) -> Batch:
         batch = batch_tensors(self.task, self.data, self.rows(step))
@@ -205,8 +227,14 @@ def loss_and_correct(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
     return nn.functional.cross_entropy(flat, y), (flat.argmax(-1) == y).sum()
 
 
-def scores(forward: Callable, task: Task, d: SplitData, batch_size: int, dtype: str,
-           device: torch.device | str = "cpu") -> tuple[float, float]:
+def scores(
+    forward: Callable,
+    task: Task,
+    d: SplitData,
+    batch_size: int,
+    dtype: str,
+    device: torch.device | str = "cpu",
+) -> tuple[float, float]:
     """Accuracy and mean cross-entropy over every output (every bit for bit tasks) of the whole split."""
     correct, total, loss_sum = 0, 0, 0.0
     with torch.inference_mode(), autocast(dtype, device):
@@ -214,12 +242,22 @@ def scores(forward: Callable, task: Task, d: SplitData, batch_size: int, dtype: 
             rows = np.arange(start, min(start + batch_size, len(d)))
             tokens, lengths, labels = (t.to(device) for t in batch_tensors(task, d, rows))
             loss, c = loss_and_correct(forward(tokens, lengths), labels)
-            correct, total, loss_sum = correct + int(c), total + labels.numel(), loss_sum + float(loss) * labels.numel()
+            correct, total, loss_sum = (
+                correct + int(c),
+                total + labels.numel(),
+                loss_sum + float(loss) * labels.numel(),
+            )
     return correct / total, loss_sum / total
 
 
-def evaluate(forward: Callable, task: Task, d: SplitData, batch_size: int, dtype: str,
-             device: torch.device | str = "cpu") -> float:
+def evaluate(
+    forward: Callable,
+    task: Task,
+    d: SplitData,
+    batch_size: int,
+    dtype: str,
+    device: torch.device | str = "cpu",
+) -> float:
     """Accuracy over every output (every bit for bit tasks) of the whole split."""
     return scores(forward, task, d, batch_size, dtype, device)[0]
 
@@ -229,8 +267,14 @@ def optimizer(params: list[nn.Parameter], lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, fused=True)
 
 
-def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.Optimizer, batch: Batch, dtype: str,
-               grad_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+def train_step(
+    forward: Callable,
+    params: list[nn.Parameter],
+    opt: torch.optim.Optimizer,
+    batch: Batch,
+    dtype: str,
+    grad_clip: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One Adam step on one batch (the model must be in train mode; the batch moves to its device). Returns the
     loss and the gradient norm as tensors on the device: nothing here waits for the device. A step whose gradient
     norm is not finite is skipped by the device when ``opt`` is fused Adam (:func:`optimizer`): its kernel
@@ -249,7 +293,9 @@ def train_step(forward: Callable, params: list[nn.Parameter], opt: torch.optim.O
     return loss.detach(), norm.detach()
 
 
-def read_steps(steps: list[tuple[torch.Tensor, torch.Tensor]], first: int, tag: str, lr: float) -> list[float]:
+def read_steps(
+    steps: list[tuple[torch.Tensor, torch.Tensor]], first: int, tag: str, lr: float
+) -> list[float]:
     """The losses of ``steps``, the (loss, gradient norm) device tensors of :func:`train_step` for steps
     ``first + 1, first + 2, ...``, read in one synchronisation; Diverged naming the first step whose gradient
     norm or loss is not finite."""
@@ -264,14 +310,19 @@ def read_steps(steps: list[tuple[torch.Tensor, torch.Tensor]], first: int, tag: 
                 "A known cause: a token whose hidden state is exactly zero (an all-zero input token in a backbone "
                 "without biases, e.g. SmolLM2, whose position parameters were set to zero), where RMSNorm's "
                 "derivative is 1/sqrt(eps) per block; the FPT draws position parameters that start at zero, so check "
-                "the backbone's own positions and norms")
+                "the backbone's own positions and norms"
+            )
         if not math.isfinite(loss):
-            raise Diverged(f"{tag} the training loss became {loss} at step {first + i + 1}; lower --lr (now {lr:g}) "
-                           "or keep --grad-clip above 0")
+            raise Diverged(
+                f"{tag} the training loss became {loss} at step {first + i + 1}; lower --lr (now {lr:g}) "
+                "or keep --grad-clip above 0"
+            )
     return losses
 
 
-def train_dtype(name: str, device: torch.device, width: int, log: Callable[[str], None], tag: str = "") -> str:
+def train_dtype(
+    name: str, device: torch.device, width: int, log: Callable[[str], None], tag: str = ""
+) -> str:
     """The compute dtype of a run: ``name``, or for ``auto`` the faster training dtype on ``device``, measured
     at the backbone's ``width`` on a CPU, bf16 on a CUDA card only where it is native
     (:func:`reservoir.runtime.dtypes.choose`; said in the log, as is an explicit bf16 the card emulates)."""
@@ -280,8 +331,10 @@ def train_dtype(name: str, device: torch.device, width: int, log: Callable[[str]
         log(f"{tag} {why}".strip())
         return dtype
     if name == "bfloat16" and device.type == "cuda" and not cuda_bf16_native(device):
-        log(f"{tag} --dtype bfloat16: {torch.cuda.get_device_name(device)} emulates bf16, slower than float32; "
-            "--dtype auto runs float32 on it".strip())
+        log(
+            f"{tag} --dtype bfloat16: {torch.cuda.get_device_name(device)} emulates bf16, slower than float32; "
+            "--dtype auto runs float32 on it".strip()
+        )
     return name
 
 
@@ -337,15 +390,29 @@ def advance(state: RunState, cfg: TrainConfig) -> None:
     if val >= cfg.stop_at:
         solved(state, cfg.stop_at)
     elif cfg.patience and state.evals_since_best >= cfg.patience:
-        state.done, state.stop_reason = True, (
-            f"no validation accuracy {100 * ACC_PROGRESS:g} points higher, no validation loss {100 * LOSS_PROGRESS:g}% "
-            f"lower and no falling training loss in {cfg.patience} validation passes")
+        state.done, state.stop_reason = (
+            True,
+            (
+                f"no validation accuracy {100 * ACC_PROGRESS:g} points higher, no validation loss {100 * LOSS_PROGRESS:g}% "
+                f"lower and no falling training loss in {cfg.patience} validation passes"
+            ),
+        )
 
 
-def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int, progress: bool = True,
-              on_step: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None,
-              show_counts: bool = False, shared: dict[str, Any] | None = None,
-              on_trained: Callable[[FPT], None] | None = None) -> dict[str, Any]:
+def train_run(
+    cfg: TrainConfig,
+    task: Task,
+    data: Splits,
+    *,
+    lr: float,
+    seed: int,
+    progress: bool = True,
+    on_step: Callable[[int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    show_counts: bool = False,
+    shared: dict[str, Any] | None = None,
+    on_trained: Callable[[FPT], None] | None = None,
+) -> dict[str, Any]:
     """Train one (learning rate, seed); returns its scores and bookkeeping.
 
     ``on_step(step)`` is called after every step (after any checkpoint of that step); an
@@ -361,14 +428,37 @@ def train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: in
         shared = settings_identity(cfg, task, data.named())
     device = resolve_device(cfg.device)
     with run_generators(seed, device):
-        return _train_run(cfg, task, data, lr=lr, seed=seed, device=device, on_step=on_step, log=log,
-                          show_counts=show_counts, shared=shared, on_trained=on_trained, progress=progress)
+        return _train_run(
+            cfg,
+            task,
+            data,
+            lr=lr,
+            seed=seed,
+            device=device,
+            on_step=on_step,
+            log=log,
+            show_counts=show_counts,
+            shared=shared,
+            on_trained=on_trained,
+            progress=progress,
+        )
 
 
-def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: int, device: torch.device,
-               on_step: Callable[[int], None] | None, log: Callable[[str], None], show_counts: bool,
-               shared: dict[str, Any], on_trained: Callable[[FPT], None] | None = None,
-               progress: bool = True) -> dict[str, Any]:
+def _train_run(
+    cfg: TrainConfig,
+    task: Task,
+    data: Splits,
+    *,
+    lr: float,
+    seed: int,
+    device: torch.device,
+    on_step: Callable[[int], None] | None,
+    log: Callable[[str], None],
+    show_counts: bool,
+    shared: dict[str, Any],
+    on_trained: Callable[[FPT], None] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     log(f"[lr={lr:g} seed={seed}] loading backbone {cfg.backbone} ...")
     backbone = load_backbone(cfg.backbone, seed)
     check_length(task.spec, backbone, cfg.backbone)
@@ -376,11 +466,16 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         backbone.check_saveable()  # before it trains
     blocks = backbone.n_layers if cfg.blocks is None else cfg.blocks
     if not 0 <= blocks <= backbone.n_layers:
-        raise UsageError(f"--blocks {blocks}: backbone {cfg.backbone} has {backbone.n_layers} blocks; "
-                         f"choose 0 to {backbone.n_layers} (or leave it out to run them all)")
-    ident = run_identity(shared, backbone_fingerprint=backbone_fingerprint(backbone), blocks=blocks, lr=lr, seed=seed)
-    model = FPT(task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale,
-                dropout=cfg.dropout).to(device)
+        raise UsageError(
+            f"--blocks {blocks}: backbone {cfg.backbone} has {backbone.n_layers} blocks; "
+            f"choose 0 to {backbone.n_layers} (or leave it out to run them all)"
+        )
+    ident = run_identity(
+        shared, backbone_fingerprint=backbone_fingerprint(backbone), blocks=blocks, lr=lr, seed=seed
+    )
+    model = FPT(
+        task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale, dropout=cfg.dropout
+    ).to(device)
     params, notes = select_trainable(model, cfg.trainable)
     for note in notes:
         log(note)
@@ -398,7 +493,10 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         state = load_checkpoint(ckpt, params, opt, ident, device)
         if not state.done and state.best_val >= cfg.stop_at:  # solved by a lower --stop-at than it ran with
             solved(state, cfg.stop_at)
-        log(f"{tag} resumed {ckpt} at step {state.step}" + (" (finished)" if state.done or state.step >= cfg.steps else ""))
+        log(
+            f"{tag} resumed {ckpt} at step {state.step}"
+            + (" (finished)" if state.done or state.step >= cfg.steps else "")
+        )
     elif ckpt.exists():
         log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
     dtype = train_dtype(cfg.dtype, device, backbone.d_model, log, tag)
@@ -412,7 +510,9 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         read()
         save_checkpoint(ckpt, params, opt, state, ident, device)
 
-    unread: list[tuple[torch.Tensor, torch.Tensor]] = []  # (loss, gradient norm) of the steps since the last read
+    unread: list[
+        tuple[torch.Tensor, torch.Tensor]
+    ] = []  # (loss, gradient norm) of the steps since the last read
 
     def read():
         """The steps since the last read, brought to the host at once (:func:`read_steps`)."""
@@ -424,8 +524,14 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         read()
         model.eval()
         val, val_loss = scores(model, task, data.val, cfg.eval_batch_size, dtype, device)
-        state.history.append({"step": state.step, "loss": float(np.mean(state.pending_losses)),
-                              "val_accuracy": val, "val_loss": val_loss})
+        state.history.append(
+            {
+                "step": state.step,
+                "loss": float(np.mean(state.pending_losses)),
+                "val_accuracy": val,
+                "val_loss": val_loss,
+            }
+        )
         state.pending_losses.clear()
         if val > state.best_val:
             state.best_val, state.best_step = val, state.step
@@ -433,14 +539,18 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
         advance(state, cfg)
         elapsed = state.seconds + time.perf_counter() - start
         rate = (state.step - start_step) / max(time.perf_counter() - start, 1e-9)
-        log(f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, val loss {val_loss:.4f}, "
+        log(
+            f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, val loss {val_loss:.4f}, "
             f"val {100 * val:.2f}% (best {100 * state.best_val:.2f}% at {state.best_step}), "
-            f"{rate:.2f} steps/s, {elapsed:.0f}s")
+            f"{rate:.2f} steps/s, {elapsed:.0f}s"
+        )
 
     start, start_step = time.perf_counter(), state.step
     # a bar of steps (rate and ETA) between the validation lines: a step of a large model can take seconds
-    with bar(cfg.steps, f"{tag} training", initial=state.step, enabled=progress, unit="step") as shown, \
-            Batches(task, data.train, seed, cfg.batch_size, device) as batches:
+    with (
+        bar(cfg.steps, f"{tag} training", initial=state.step, enabled=progress, unit="step") as shown,
+        Batches(task, data.train, seed, cfg.batch_size, device) as batches,
+    ):
         while not state.done and state.step < cfg.steps:
             model.train()
             batch = batches.take(state.step)
@@ -461,7 +571,9 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
                 checkpoint()
             if on_step is not None:
                 on_step(state.step)
-    stop_reason = state.stop_reason if state.done else f"reached --steps {cfg.steps}"  # more --steps continue it
+    stop_reason = (
+        state.stop_reason if state.done else f"reached --steps {cfg.steps}"
+    )  # more --steps continue it
     assert state.best_params is not None, "the last step always runs a validation pass"
     state.seconds += time.perf_counter() - start
     checkpoint()
@@ -470,15 +582,30 @@ def _train_run(cfg: TrainConfig, task: Task, data: Splits, *, lr: float, seed: i
             p.copy_(best)
     model.eval()
     test = evaluate(model, task, data.test, cfg.eval_batch_size, dtype, device)
-    log(f"{tag} {stop_reason}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
-        f"test {100 * test:.2f}%")
+    log(
+        f"{tag} {stop_reason}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
+        f"test {100 * test:.2f}%"
+    )
     if on_trained is not None:
         on_trained(model)
-    return {"lr": lr, "seed": seed, "blocks": blocks, "test_accuracy": test, "val_accuracy": state.best_val,
-            "best_step": state.best_step, "steps": state.step, "steps_to_target": state.steps_to_target,
-            "stop_reason": stop_reason, "seconds": state.seconds, "dtypes": state.dtypes,
-            "machines": state.machines, "history": state.history,
-            "param_counts": counts, "checkpoint": str(ckpt), "backbone_fingerprint": ident["backbone_fingerprint"]}
+    return {
+        "lr": lr,
+        "seed": seed,
+        "blocks": blocks,
+        "test_accuracy": test,
+        "val_accuracy": state.best_val,
+        "best_step": state.best_step,
+        "steps": state.step,
+        "steps_to_target": state.steps_to_target,
+        "stop_reason": stop_reason,
+        "seconds": state.seconds,
+        "dtypes": state.dtypes,
+        "machines": state.machines,
+        "history": state.history,
+        "param_counts": counts,
+        "checkpoint": str(ckpt),
+        "backbone_fingerprint": ident["backbone_fingerprint"],
+    }
 
 
 class Diverged(DataError):
@@ -486,8 +613,13 @@ class Diverged(DataError):
     learning rate is set aside (recorded as diverged, never selected) and the sweep goes on."""
 
 
-def _sweep_runs(cfg: TrainConfig, lr: float, seeds: list[int], run: Callable[[float, int], dict[str, Any]],
-                log: Callable[[str], None]) -> list[dict[str, Any]] | str:
+def _sweep_runs(
+    cfg: TrainConfig,
+    lr: float,
+    seeds: list[int],
+    run: Callable[[float, int], dict[str, Any]],
+    log: Callable[[str], None],
+) -> list[dict[str, Any]] | str:
     """The runs of one learning rate, or (in a sweep) why it diverged: its other seeds are skipped."""
     out = []
     for seed in seeds:
@@ -505,7 +637,9 @@ def _std(values: Sequence[float]) -> float:
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
-def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], None] | None = None
+) -> dict[str, Any]:
     """Train every (learning rate, seed) of ``cfg``; select the learning rate on mean validation accuracy.
 
     Writes one result (``mode: end-to-end``) to ``results/{task}/{backbone}/`` and returns it.
@@ -529,16 +663,34 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], N
     keep = trained.append if cfg.save_backbone is not None else None
     diverged: dict[float, str] = {}
     for lr in cfg.lr:
-        done = _sweep_runs(cfg, lr, seeds, lambda lr, s: train_run(
-            cfg, task, data, lr=lr, seed=s, progress=progress, on_step=on_step, log=log,
-            show_counts=(lr, s) == (cfg.lr[0], seeds[0]), shared=shared, on_trained=keep), log)
+        done = _sweep_runs(
+            cfg,
+            lr,
+            seeds,
+            lambda lr, s: train_run(
+                cfg,
+                task,
+                data,
+                lr=lr,
+                seed=s,
+                progress=progress,
+                on_step=on_step,
+                log=log,
+                show_counts=(lr, s) == (cfg.lr[0], seeds[0]),
+                shared=shared,
+                on_trained=keep,
+            ),
+            log,
+        )
         if isinstance(done, str):
             diverged[lr] = done
         else:
             runs[lr] = done
     if not runs:
-        raise DataError(f"every learning rate of the sweep diverged ({', '.join(f'{lr:g}' for lr in cfg.lr)}); "
-                        "sweep lower ones")
+        raise DataError(
+            f"every learning rate of the sweep diverged ({', '.join(f'{lr:g}' for lr in cfg.lr)}); "
+            "sweep lower ones"
+        )
     val_mean = {lr: float(np.mean([r["val_accuracy"] for r in rs])) for lr, rs in runs.items()}
     best_lr = max(runs, key=lambda lr: (val_mean[lr], -cfg.lr.index(lr)))
     chosen = runs[best_lr]
@@ -546,30 +698,58 @@ def train(cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], N
     to_target = [r["steps_to_target"] for r in chosen]
     reached = [s for s in to_target if s is not None]
     # the result's identity adds what checkpoints may change on --resume but its numbers depend on
-    identity = {**shared, "blocks": chosen[0]["blocks"], "lr": list(cfg.lr), "seeds": seeds, "steps": cfg.steps,
-                "stop_at": cfg.stop_at,
-                "backbone_fingerprints": {str(r["seed"]): r["backbone_fingerprint"] for r in chosen}}
+    identity = {
+        **shared,
+        "blocks": chosen[0]["blocks"],
+        "lr": list(cfg.lr),
+        "seeds": seeds,
+        "steps": cfg.steps,
+        "stop_at": cfg.stop_at,
+        "backbone_fingerprints": {str(r["seed"]): r["backbone_fingerprint"] for r in chosen},
+    }
     result = {
-        "task": shared["task"], "backbone": shared["backbone"], "mode": "end-to-end", "depth": chosen[0]["blocks"],
-        "identity": identity, "identity_hash": digest(identity),
-        "head": "linear", "trainable": list(cfg.trainable), "seed": cfg.seed, "version": __version__,
-        "test_accuracy": float(np.mean(tests)), "test_std": _std(tests),
-        "test_min": float(min(tests)), "test_max": float(max(tests)),
-        "val_accuracy": val_mean[best_lr], "val_std": _std([r["val_accuracy"] for r in chosen]),
-        "n_train": len(data.train), "n_val": len(data.val), "n_test": len(data.test), "test_split": data.test_name,
+        "task": shared["task"],
+        "backbone": shared["backbone"],
+        "mode": "end-to-end",
+        "depth": chosen[0]["blocks"],
+        "identity": identity,
+        "identity_hash": digest(identity),
+        "head": "linear",
+        "trainable": list(cfg.trainable),
+        "seed": cfg.seed,
+        "version": __version__,
+        "test_accuracy": float(np.mean(tests)),
+        "test_std": _std(tests),
+        "test_min": float(min(tests)),
+        "test_max": float(max(tests)),
+        "val_accuracy": val_mean[best_lr],
+        "val_std": _std([r["val_accuracy"] for r in chosen]),
+        "n_train": len(data.train),
+        "n_val": len(data.val),
+        "n_test": len(data.test),
+        "test_split": data.test_name,
         "seconds": float(sum(r["seconds"] for rs in runs.values() for r in rs)),
         "machines": list(dict.fromkeys(m for rs in runs.values() for r in rs for m in r["machines"])),
-        "lr": best_lr, "seeds": seeds, "steps": [r["steps"] for r in chosen],
+        "lr": best_lr,
+        "seeds": seeds,
+        "steps": [r["steps"] for r in chosen],
         "best_step": [r["best_step"] for r in chosen],
-        "target": cfg.target, "steps_to_target": to_target,
+        "target": cfg.target,
+        "steps_to_target": to_target,
         "steps_to_target_mean": float(np.mean(reached)) if reached and len(reached) == len(chosen) else None,
         "param_counts": chosen[0]["param_counts"],
         "n_trainable": sum(r["params"] for r in chosen[0]["param_counts"] if r["trainable"]),
         "runs": [{k: v for k, v in r.items() if k != "param_counts"} for rs in runs.values() for r in rs],
-        "sweep": {f"{lr:g}": {"val_mean": val_mean[lr], "val_std": _std([r["val_accuracy"] for r in rs]),
-                              "test_mean": float(np.mean([r["test_accuracy"] for r in rs])),
-                              "test_std": _std([r["test_accuracy"] for r in rs])} for lr, rs in runs.items()}
-                 | {f"{lr:g}": {"diverged": why} for lr, why in diverged.items()},
+        "sweep": {
+            f"{lr:g}": {
+                "val_mean": val_mean[lr],
+                "val_std": _std([r["val_accuracy"] for r in rs]),
+                "test_mean": float(np.mean([r["test_accuracy"] for r in rs])),
+                "test_std": _std([r["test_accuracy"] for r in rs]),
+            }
+            for lr, rs in runs.items()
+        }
+        | {f"{lr:g}": {"diverged": why} for lr, why in diverged.items()},
         "config": {"train": cfg.to_json(), "task_options": task.options()},
     }
     if trained:
@@ -584,36 +764,56 @@ def _save_trained(cfg: TrainConfig, model: FPT, result: dict[str, Any]) -> Path:
     what it is in its ``reservoir.json``."""
     run = result["runs"][0]
     backbone = model.backbone
-    blocks = (f"; only its first {run['blocks']} of {backbone.n_layers} blocks ran, the others are as loaded"
-              if run["blocks"] < backbone.n_layers else "")
+    blocks = (
+        f"; only its first {run['blocks']} of {backbone.n_layers} blocks ran, the others are as loaded"
+        if run["blocks"] < backbone.n_layers
+        else ""
+    )
     provenance = {
         "description": f"the {backbone.kind} backbone of {result['backbone']} trained end "
-                       f"to end on {result['task']} (groups {','.join(cfg.trainable)}; lr {run['lr']:g}, seed "
-                       f"{run['seed']}; {run['steps']} steps, best validation at step {run['best_step']}): test "
-                       f"accuracy {100 * run['test_accuracy']:.2f}% on {result['test_split']}. The backbone alone: "
-                       f"the input and output layers of the run are not saved{blocks}.",
-        "made_by": "reservoir train --save-backbone", "version": __version__,
-        "task": result["task"], "task_options": result["config"]["task_options"],
-        "source_backbone": result["backbone"], "source_fingerprint": run["backbone_fingerprint"],
-        "trainable": list(cfg.trainable), "lr": run["lr"], "seed": run["seed"], "blocks": run["blocks"],
-        "steps": run["steps"], "best_step": run["best_step"], "stop_reason": run["stop_reason"],
-        "val_accuracy": run["val_accuracy"], "test_accuracy": run["test_accuracy"],
-        "test_split": result["test_split"], "n_train": result["n_train"], "n_val": result["n_val"], "n_test": result["n_test"],
-        "run_identity_hash": result["identity_hash"], "checkpoint": run["checkpoint"],
+        f"to end on {result['task']} (groups {','.join(cfg.trainable)}; lr {run['lr']:g}, seed "
+        f"{run['seed']}; {run['steps']} steps, best validation at step {run['best_step']}): test "
+        f"accuracy {100 * run['test_accuracy']:.2f}% on {result['test_split']}. The backbone alone: "
+        f"the input and output layers of the run are not saved{blocks}.",
+        "made_by": "reservoir train --save-backbone",
+        "version": __version__,
+        "task": result["task"],
+        "task_options": result["config"]["task_options"],
+        "source_backbone": result["backbone"],
+        "source_fingerprint": run["backbone_fingerprint"],
+        "trainable": list(cfg.trainable),
+        "lr": run["lr"],
+        "seed": run["seed"],
+        "blocks": run["blocks"],
+        "steps": run["steps"],
+        "best_step": run["best_step"],
+        "stop_reason": run["stop_reason"],
+        "val_accuracy": run["val_accuracy"],
+        "test_accuracy": run["test_accuracy"],
+        "test_split": result["test_split"],
+        "n_train": result["n_train"],
+        "n_val": result["n_val"],
+        "n_test": result["n_test"],
+        "run_identity_hash": result["identity_hash"],
+        "checkpoint": run["checkpoint"],
         "config": result["config"],
     }
     if backbone.token_std is not None:
-        provenance["token_embedding"] = ("not trained and not read by the FPT (its input layer replaces it): written "
-                                         f"redrawn, N(0, 1) scaled to the std it had ({backbone.token_std:.6g}), so the "
-                                         "folder is a complete model")
+        provenance["token_embedding"] = (
+            "not trained and not read by the FPT (its input layer replaces it): written "
+            f"redrawn, N(0, 1) scaled to the std it had ({backbone.token_std:.6g}), so the "
+            "folder is a complete model"
+        )
     again = f"the run is checkpointed ({run['checkpoint']}): rerun with --resume to save it without training again"
     try:
         return save_backbone(backbone, cfg.save_backbone, provenance)
     except UsageError as e:
         raise UsageError(f"{e}; {again}") from None
     except OSError as e:
-        raise DataError(f"cannot write the backbone folder {cfg.save_backbone} ({type(e).__name__}: {e}); free the "
-                        f"space or choose another folder: {again}") from None
+        raise DataError(
+            f"cannot write the backbone folder {cfg.save_backbone} ({type(e).__name__}: {e}); free the "
+            f"space or choose another folder: {again}"
+        ) from None
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -624,14 +824,18 @@ def summary(result: dict[str, Any]) -> str:
         lines.append("|---|---|---|---|---|")
         for lr, s in result["sweep"].items():
             mark = " (selected)" if float(lr) == result["lr"] else ""
-            lines.append(f"| {lr}{mark} | {100 * s['val_mean']:.2f} | {100 * s['val_std']:.2f} | "
-                         f"{100 * s['test_mean']:.2f} | {100 * s['test_std']:.2f} |")
+            lines.append(
+                f"| {lr}{mark} | {100 * s['val_mean']:.2f} | {100 * s['val_std']:.2f} | "
+                f"{100 * s['test_mean']:.2f} | {100 * s['test_std']:.2f} |"
+            )
         lines.append("")
     spread = f" +- {100 * result['test_std']:.2f}" if len(result["seeds"]) > 1 else ""
-    lines.append(f"{result['task']} / {result['backbone']} end-to-end, trainable {','.join(result['trainable'])}, "
-                 f"lr {result['lr']:g}, seeds {result['seeds']}: test {100 * result['test_accuracy']:.2f}%{spread} "
-                 f"(val {100 * result['val_accuracy']:.2f}%), best steps {result['best_step']}, "
-                 f"steps run {result['steps']}, steps to target {result['steps_to_target']}")
+    lines.append(
+        f"{result['task']} / {result['backbone']} end-to-end, trainable {','.join(result['trainable'])}, "
+        f"lr {result['lr']:g}, seeds {result['seeds']}: test {100 * result['test_accuracy']:.2f}%{spread} "
+        f"(val {100 * result['val_accuracy']:.2f}%), best steps {result['best_step']}, "
+        f"steps run {result['steps']}, steps to target {result['steps_to_target']}"
+    )
     if result["config"]["train"].get("save_backbone"):
         lines.append(f"backbone saved to {result['config']['train']['save_backbone']}")
     lines.append(result["path"])

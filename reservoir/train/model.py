@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from reservoir.model.backbones import Backbone
 from reservoir.config import TRAIN_GROUPS
 from reservoir.errors import UsageError
+from reservoir.model.backbones import Backbone
 from reservoir.model.reservoir import Reservoir
 from reservoir.tasks import TaskSpec
-
 
 #: std of position parameters that start at exactly zero, drawn when the FPT is built: GPT-2's
 #: initialisation of its learned positions (``initializer_range``), where the paper's random GPT-2 starts
@@ -44,7 +44,9 @@ def draw_zero_positions(backbone: Backbone, generator: torch.Generator) -> int:
     with torch.no_grad():
         for p in backbone.param_groups().get("pos", []):
             if p.numel() and not p.is_meta and not bool(p.detach().any()):
-                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32).to(p.dtype) * POSITION_STD)
+                p.copy_(
+                    torch.randn(p.shape, generator=generator, dtype=torch.float32).to(p.dtype) * POSITION_STD
+                )
                 drawn += 1
     return drawn
 
@@ -75,8 +77,16 @@ class FPT(nn.Module):
     ``forward(tokens, lengths)`` returns logits ``(B, n_readout, outputs_per_token, n_classes)``.
     """
 
-    def __init__(self, spec: TaskSpec, backbone: Backbone, *, blocks: int, seed: int, input_scale: str = "paper",
-                 dropout: float = 0.1):
+    def __init__(
+        self,
+        spec: TaskSpec,
+        backbone: Backbone,
+        *,
+        blocks: int,
+        seed: int,
+        input_scale: str = "paper",
+        dropout: float = 0.1,
+    ):
         super().__init__()
         from reservoir.train.seeds import derive
 
@@ -106,7 +116,7 @@ class FPT(nn.Module):
     def run_blocks(self) -> list[nn.Module]:
         """The distinct blocks the first ``blocks`` applications run (a shared block, as ALBERT's, once)."""
         blocks = self.backbone.blocks
-        return list({id(b): b for b in blocks[:self.blocks]}.values()) if blocks is not None else []
+        return list({id(b): b for b in blocks[: self.blocks]}.values()) if blocks is not None else []
 
     def groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by group: ``input``, the backbone's groups (``pos``, ``ln``, ...), ``out``; the
@@ -114,8 +124,11 @@ class FPT(nn.Module):
         blocks = self.backbone.blocks
         run = {id(p) for b in self.run_blocks for p in b.parameters()}
         unrun = {id(p) for p in blocks.parameters()} - run if blocks is not None else set()
-        groups = {"input": list(self.reservoir.input_layer.parameters()), **self.backbone.param_groups(),
-                  "out": list(self.out.parameters())}
+        groups = {
+            "input": list(self.reservoir.input_layer.parameters()),
+            **self.backbone.param_groups(),
+            "out": list(self.out.parameters()),
+        }
         return {name: [p for p in params if id(p) not in unrun] for name, params in groups.items()}
 
 
@@ -128,7 +141,9 @@ def select_trainable(model: FPT, trainable: Sequence[str]) -> tuple[list[nn.Para
     groups = model.groups()
     unknown = [g for g in trainable if g not in groups and g not in TRAIN_GROUPS]
     if unknown:
-        raise UsageError(f"unknown trainable group {unknown[0]!r}; choose from {sorted(set(groups) | set(TRAIN_GROUPS))}")
+        raise UsageError(
+            f"unknown trainable group {unknown[0]!r}; choose from {sorted(set(groups) | set(TRAIN_GROUPS))}"
+        )
     for p in model.parameters():
         p.requires_grad_(False)
     params, seen, notes = [], set(), []
@@ -142,8 +157,10 @@ def select_trainable(model: FPT, trainable: Sequence[str]) -> tuple[list[nn.Para
                 p.requires_grad_(True)
                 params.append(p)
     if not params:
-        raise UsageError(f"trainable groups {list(trainable)} select no parameters of this model; "
-                         f"choose from {sorted(g for g, ps in groups.items() if ps)}")
+        raise UsageError(
+            f"trainable groups {list(trainable)} select no parameters of this model; "
+            f"choose from {sorted(g for g, ps in groups.items() if ps)}"
+        )
     return params, notes
 
 
@@ -172,15 +189,24 @@ def param_counts(model: FPT) -> list[dict[str, Any]]:
             terms.append(f"{n_run} x ({_shape_terms(per_block)})")
         if outside:
             terms.append(_shape_terms(outside))
-        rows.append({"group": name, "params": total, "arithmetic": " + ".join(terms) or "0",
-                     "trainable": bool(params) and all(p.requires_grad for p in params)})
+        rows.append(
+            {
+                "group": name,
+                "params": total,
+                "arithmetic": " + ".join(terms) or "0",
+                "trainable": bool(params) and all(p.requires_grad for p in params),
+            }
+        )
     return rows
 
 
 def format_counts(rows: list[dict[str, Any]]) -> str:
     width = max(len(r["group"]) for r in rows)
-    lines = [f"{r['group']:{width}s} {'train ' if r['trainable'] else 'frozen'} {r['params']:>12,d}  "
-             f"= {r['arithmetic']}" for r in rows]
+    lines = [
+        f"{r['group']:{width}s} {'train ' if r['trainable'] else 'frozen'} {r['params']:>12,d}  "
+        f"= {r['arithmetic']}"
+        for r in rows
+    ]
     n_train = sum(r["params"] for r in rows if r["trainable"])
     lines.append(f"{'':{width}s} trainable {n_train:,d} of {sum(r['params'] for r in rows):,d}")
     return "\n".join(lines)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -14,7 +14,9 @@ import torch
 
 def derive(seed: int, stream: str) -> int:
     """A 63-bit seed for ``stream`` of run ``seed`` (numpy's SeedSequence over both)."""
-    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, zlib.crc32(stream.encode())]).generate_state(2, np.uint32)
+    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, zlib.crc32(stream.encode())]).generate_state(
+        2, np.uint32
+    )
     return int((int(state[0]) << 31) ^ int(state[1]))
 
 

@@ -26,22 +26,53 @@ import hashlib
 import importlib
 import os
 import pkgutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
 
 from reservoir.errors import BackboneError
 from reservoir.identity import canonical, config_dict
-from reservoir.model.backbones.base import (Backbone, at_readout, columns, freeze, from_pretrained, gather, hooked,
-                                            quiet_transformers, readout_attention, readout_rows, seeded, stats_init,
-                                            weight_std)
+from reservoir.model.backbones.base import (
+    Backbone,
+    at_readout,
+    columns,
+    freeze,
+    from_pretrained,
+    gather,
+    hooked,
+    quiet_transformers,
+    readout_attention,
+    readout_rows,
+    seeded,
+    stats_init,
+    weight_std,
+)
 from reservoir.registry import Registry
 
-__all__ = ["Backbone", "BackboneError", "at_readout", "columns", "freeze", "from_pretrained", "gather", "hooked",
-           "readout_attention", "readout_rows", "seeded", "stats_init", "weight_std", "load_backbone",
-           "list_backbones", "register_backbone", "families", "fingerprint", "label"]
+__all__ = [
+    "Backbone",
+    "BackboneError",
+    "at_readout",
+    "columns",
+    "freeze",
+    "from_pretrained",
+    "gather",
+    "hooked",
+    "quiet_transformers",
+    "readout_attention",
+    "readout_rows",
+    "seeded",
+    "stats_init",
+    "weight_std",
+    "load_backbone",
+    "list_backbones",
+    "register_backbone",
+    "families",
+    "fingerprint",
+    "label",
+]
 
 
 BACKBONES: Registry[Backbone] = Registry("backbone")
@@ -80,7 +111,7 @@ def split_twin(name: str) -> tuple[str, str]:
     return name, "pretrained"
 
 
-def fingerprint(model: "nn.Module") -> str:
+def fingerprint(model: nn.Module) -> str:
     """SHA-256 (hex) of the backbone's class, configuration and every tensor of its state dict."""
     h = hashlib.sha256()
     h.update(f"{type(model).__module__}.{type(model).__qualname__}".encode())
@@ -163,15 +194,17 @@ def load_config(path: str):
             raise BackboneError(
                 f"{path!r} needs code of its own to load (its config's auto_map names Python files), and reservoir never "
                 "runs code from a model folder or the hub; load it in Python yourself and save a model of a "
-                "transformers architecture with save_pretrained, or choose a registered backbone") from None
+                "transformers architecture with save_pretrained, or choose a registered backbone"
+            ) from None
         raise BackboneError(
             f"cannot load the config of {path!r} ({str(e).splitlines()[0]}); save the model with "
             "save_pretrained where the hub is reachable and pass its folder, or choose a registered backbone"
         ) from None
     except Exception as e:  # noqa: BLE001 - transformers validates a config's fields with errors of its own kinds
-        raise BackboneError(f"the config.json of {path!r} is not one transformers can read ({type(e).__name__}: "
-                            f"{str(e).splitlines()[-1].strip()[:200]}); fix it, or pass the folder save_pretrained wrote"
-                            ) from None
+        raise BackboneError(
+            f"the config.json of {path!r} is not one transformers can read ({type(e).__name__}: "
+            f"{str(e).splitlines()[-1].strip()[:200]}); fix it, or pass the folder save_pretrained wrote"
+        ) from None
 
 
 def load_pretrained(path: str, seed: int, init: str = "pretrained") -> Backbone:
@@ -183,8 +216,13 @@ def load_pretrained(path: str, seed: int, init: str = "pretrained") -> Backbone:
     (the caller redraws them for ``"stats"``), and the added positions of a folder written by
     ``train --save-backbone`` (:func:`.hf.load_added_positions`).
     """
-    from reservoir.model.backbones.hf import (adapter_for, check_buildable, load_added_positions, load_model,
-                                              model_from_config)
+    from reservoir.model.backbones.hf import (
+        adapter_for,
+        check_buildable,
+        load_added_positions,
+        load_model,
+        model_from_config,
+    )
 
     config = load_config(path)
     check_buildable(config, path)
@@ -193,7 +231,9 @@ def load_pretrained(path: str, seed: int, init: str = "pretrained") -> Backbone:
         with seeded(seed):
             return adapter(model_from_config(config))
     backbone = adapter(load_model(path))
-    load_added_positions(backbone, path)  # a folder train --save-backbone wrote of a model without learned positions
+    load_added_positions(
+        backbone, path
+    )  # a folder train --save-backbone wrote of a model without learned positions
     return backbone
 
 

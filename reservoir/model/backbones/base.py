@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -67,8 +67,9 @@ class Backbone(nn.Module):
         """What messages call this backbone: its family (a Hugging Face model: its ``model_type``)."""
         return self.family or type(self).__name__
 
-    def states(self, x: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int],
-               readout: torch.Tensor) -> list[torch.Tensor]:
+    def states(
+        self, x: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int], readout: torch.Tensor
+    ) -> list[torch.Tensor]:
         """Hidden states at the ``readout`` positions ``(B, R)`` for each depth: ``[(B, R, d)]``.
 
         ``x`` is the input layer's output ``(B, T, d)`` (positions not yet added);
@@ -89,8 +90,7 @@ class Backbone(nn.Module):
 
     def attention_module(self, layer: int) -> nn.Module:
         """The attention module of block ``layer`` (``reservoir attention`` reads its weights)."""
-        raise UsageError(f"a {self.kind} backbone has no attention; choose a transformer "
-                         "backbone")
+        raise UsageError(f"a {self.kind} backbone has no attention; choose a transformer backbone")
 
     def eager_attention(self) -> contextlib.AbstractContextManager:
         """Within: attention modules compute their weights explicitly (Hugging Face's ``eager``
@@ -106,9 +106,11 @@ class Backbone(nn.Module):
 
     def check_saveable(self) -> None:
         """Refuse a backbone :meth:`save_pretrained` cannot write (checked before a run that will save it)."""
-        raise BackboneError(f"a {self.kind} backbone cannot be saved as a backbone folder: "
-                            "only Hugging Face backbones (GPT-2, Llama, a save_pretrained folder, ...) are written as "
-                            "save_pretrained folders; choose one of them")
+        raise BackboneError(
+            f"a {self.kind} backbone cannot be saved as a backbone folder: "
+            "only Hugging Face backbones (GPT-2, Llama, a save_pretrained folder, ...) are written as "
+            "save_pretrained folders; choose one of them"
+        )
 
     def save_pretrained(self, folder) -> None:
         """Write the backbone as a folder that :func:`~reservoir.model.backbones.load_backbone` reads back
@@ -120,7 +122,9 @@ class Backbone(nn.Module):
         if not depths:
             raise UsageError(f"no depth requested; choose depths in [0, {self.n_layers}]")
         if bad:
-            raise UsageError(f"depth {bad[0]} is out of range for this backbone; choose depths in [0, {self.n_layers}]")
+            raise UsageError(
+                f"depth {bad[0]} is out of range for this backbone; choose depths in [0, {self.n_layers}]"
+            )
 
 
 def weight_std(weight: torch.Tensor) -> float | None:
@@ -131,7 +135,9 @@ def weight_std(weight: torch.Tensor) -> float | None:
     return float(weight.detach().double().std())
 
 
-_READOUT_ROWS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("readout_rows", default=None)
+_READOUT_ROWS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
+    "readout_rows", default=None
+)
 
 
 def at_readout(block: nn.Module, readout: torch.Tensor) -> contextlib.AbstractContextManager:
@@ -163,8 +169,15 @@ def gather(h: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
     return torch.gather(h, 1, readout[:, :, None].expand(-1, -1, h.shape[-1]))
 
 
-def readout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, readout: torch.Tensor, scale: float,
-                      dropout: float = 0.0, window: int | None = None) -> torch.Tensor:
+def readout_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    readout: torch.Tensor,
+    scale: float,
+    dropout: float = 0.0,
+    window: int | None = None,
+) -> torch.Tensor:
     """Causal attention of the readout queries alone: ``(B, R, H * hd)``.
 
     ``q (B, H, R, hd)`` are the queries of the positions ``readout (B, R)``; ``k``, ``v``
@@ -190,8 +203,6 @@ def hooked(*modules: nn.Module) -> bool:
     :mod:`reservoir.report.attention`'s pre-hook) expects the module itself to run, so the readout-only
     last block is not used then."""
     return any(m._forward_pre_hooks or m._forward_hooks for m in modules)
-
-
 
 
 @torch.no_grad()
@@ -295,7 +306,9 @@ def is_norm(module: nn.Module) -> bool:
     """A normalisation layer: ``nn.LayerNorm`` or a module whose class is named like one
     (transformers' ``LlamaRMSNorm``, ``T5LayerNorm``, ...) holding its own parameters."""
     own = any(True for _ in module.parameters(recurse=False))
-    return isinstance(module, (nn.LayerNorm, nn.GroupNorm)) or (own and type(module).__name__.endswith("Norm"))
+    return isinstance(module, (nn.LayerNorm, nn.GroupNorm)) or (
+        own and type(module).__name__.endswith("Norm")
+    )
 
 
 def first_output(output) -> torch.Tensor:
@@ -305,8 +318,10 @@ def first_output(output) -> torch.Tensor:
 
 def check_length(x: torch.Tensor, limit: int | None, name: str) -> None:
     if limit is not None and x.shape[1] > limit:
-        raise BackboneError(f"{name} reads at most {limit} tokens; got a batch of {x.shape[1]}. "
-                            "Choose a task with shorter sequences or a backbone with more positions")
+        raise BackboneError(
+            f"{name} reads at most {limit} tokens; got a batch of {x.shape[1]}. "
+            "Choose a task with shorter sequences or a backbone with more positions"
+        )
 
 
 def make_mask(fn, embeds, positions, **kwargs):

@@ -10,7 +10,7 @@ would be needed by the blocks below; the last block alone could, but is not writ
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -24,16 +24,21 @@ class EncoderBackbone(HFBackbone):
 
     family = "bert"
     model_types = ("bert", "roberta", "xlm-roberta", "electra")
-    naming = "a save_pretrained folder of BERT, RoBERTa, XLM-RoBERTa, ELECTRA or a MiniLM-style sentence encoder"
+    naming = (
+        "a save_pretrained folder of BERT, RoBERTa, XLM-RoBERTa, ELECTRA or a MiniLM-style sentence encoder"
+    )
     fast_paths = ("openvino", "compile")
     openvino = True
 
     def locate(self) -> Parts:
         m, c = self.model, self.model.config
         emb = m.embeddings
-        offset = c.pad_token_id + 1 if hasattr(emb, "padding_idx") and c.model_type != "bert" else 0  # RoBERTa: pad+1
-        positions = [emb.position_embeddings] + ([emb.token_type_embeddings] if hasattr(emb, "token_type_embeddings")
-                                                 else [])
+        offset = (
+            c.pad_token_id + 1 if hasattr(emb, "padding_idx") and c.model_type != "bert" else 0
+        )  # RoBERTa: pad+1
+        positions = [emb.position_embeddings] + (
+            [emb.token_type_embeddings] if hasattr(emb, "token_type_embeddings") else []
+        )
         return Parts(m.encoder.layer, (), emb.word_embeddings, positions, c.max_position_embeddings - offset)
 
     def is_causal(self) -> bool:
@@ -59,7 +64,9 @@ class EncoderBackbone(HFBackbone):
         if create_bidirectional_mask is None:
             mask = (1.0 - real[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
         else:
-            mask = make_mask(create_bidirectional_mask, h, None, config=self.config, attention_mask=real.long())
+            mask = make_mask(
+                create_bidirectional_mask, h, None, config=self.config, attention_mask=real.long()
+            )
         out = {0: gather(h, readout)} if 0 in depths else {}
         for k, layer in enumerate(self.blocks[: max(depths)], start=1):
             h = first_output(layer(h, attention_mask=mask))

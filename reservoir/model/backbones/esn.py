@@ -21,8 +21,8 @@ setting as ``esn:units=2000,sr=0.95,lr=0.3,layers=3`` (keys as above; unknown ke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -44,16 +44,32 @@ class ESNConfig:
     rc_connectivity: float = 0.1
 
     def __post_init__(self) -> None:
-        checks = {"units": self.units >= 1, "layers": self.layers >= 1, "sr": self.sr > 0, "lr": 0 < self.lr <= 1,
-                  "input_scaling": self.input_scaling > 0, "bias_scaling": self.bias_scaling >= 0,
-                  "input_connectivity": 0 < self.input_connectivity <= 1,
-                  "rc_connectivity": 0 < self.rc_connectivity <= 1}
+        checks = {
+            "units": self.units >= 1,
+            "layers": self.layers >= 1,
+            "sr": self.sr > 0,
+            "lr": 0 < self.lr <= 1,
+            "input_scaling": self.input_scaling > 0,
+            "bias_scaling": self.bias_scaling >= 0,
+            "input_connectivity": 0 < self.input_connectivity <= 1,
+            "rc_connectivity": 0 < self.rc_connectivity <= 1,
+        }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
-            ranges = {"units": ">= 1", "layers": ">= 1", "sr": "> 0", "lr": "in (0, 1]", "input_scaling": "> 0",
-                      "bias_scaling": ">= 0", "input_connectivity": "in (0, 1]", "rc_connectivity": "in (0, 1]"}
-            raise UsageError(f"The {bad[0]!r} setting of the echo state network must be {ranges[bad[0]]}. "
-                             f"Got {getattr(self, bad[0])!r} instead.")
+            ranges = {
+                "units": ">= 1",
+                "layers": ">= 1",
+                "sr": "> 0",
+                "lr": "in (0, 1]",
+                "input_scaling": "> 0",
+                "bias_scaling": ">= 0",
+                "input_connectivity": "in (0, 1]",
+                "rc_connectivity": "in (0, 1]",
+            }
+            raise UsageError(
+                f"The {bad[0]!r} setting of the echo state network must be {ranges[bad[0]]}. "
+                f"Got {getattr(self, bad[0])!r} instead."
+            )
 
 
 VARIANTS = {"esn": ESNConfig(), "esn-deep": ESNConfig(layers=4)}
@@ -68,8 +84,10 @@ def parse_name(name: str) -> ESNConfig | None:
     for pair in filter(None, name[4:].split(",")):
         key, _, value = pair.partition("=")
         if key not in types or not value:
-            raise UsageError(f"echo state network setting {pair!r} in {name!r} is not KEY=VALUE with a key from "
-                             f"{sorted(types)}")
+            raise UsageError(
+                f"echo state network setting {pair!r} in {name!r} is not KEY=VALUE with a key from "
+                f"{sorted(types)}"
+            )
         try:
             settings[key] = int(value) if types[key] in (int, "int") else float(value)
         except ValueError:
@@ -92,8 +110,10 @@ class ESNBackbone(Backbone):
     """A (deep) echo state network; depth ``k`` is reservoir ``k``'s state."""
 
     family = "esn"
-    naming = "esn, esn-deep, or esn:units=U,layers=L,sr=S,lr=A,input_scaling=I,bias_scaling=B," \
-             "input_connectivity=C,rc_connectivity=R"
+    naming = (
+        "esn, esn-deep, or esn:units=U,layers=L,sr=S,lr=A,input_scaling=I,bias_scaling=B,"
+        "input_connectivity=C,rc_connectivity=R"
+    )
     example = "esn"
     #: every step is a (rows, units) x (units, units) product: hundreds of rows keep the CPU busy
     batch_tokens = 32768
@@ -150,11 +170,20 @@ def _register() -> None:
     from reservoir.model.backbones import PARSERS, register_backbone
 
     for name, cfg in VARIANTS.items():
-        register_backbone(name, help=f"echo state network: {cfg.layers} reservoir(s) of {cfg.units} units, "
-                                     f"spectral radius {cfg.sr}, leak rate {cfg.lr}")(
-            lambda seed=0, _c=cfg: build(_c, seed))
-    PARSERS.append(lambda name: (lambda seed=0, _c=parse_name(name): build(_c, seed)) if name.startswith("esn:")
-                   else None)
+        register_backbone(
+            name,
+            help=f"echo state network: {cfg.layers} reservoir(s) of {cfg.units} units, "
+            f"spectral radius {cfg.sr}, leak rate {cfg.lr}",
+        )(lambda seed=0, _c=cfg: build(_c, seed))
+    PARSERS.append(parsed_builder)
+
+
+def parsed_builder(name: str):
+    """The builder of an ``esn:...`` name (``None`` for any other name)."""
+    if not name.startswith("esn:"):
+        return None
+    cfg = parse_name(name)
+    return lambda seed=0: build(cfg, seed)
 
 
 _register()

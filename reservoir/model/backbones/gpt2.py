@@ -3,13 +3,23 @@ deepest block; the released sizes as registered names and their ``-random``/``-s
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from reservoir.model.backbones.base import (at_readout, columns, first_output, gather, hooked, make_mask,
-                                            quiet_transformers, readout_attention, seeded, stats_init)
+from reservoir.model.backbones.base import (
+    at_readout,
+    columns,
+    first_output,
+    gather,
+    hooked,
+    make_mask,
+    quiet_transformers,
+    readout_attention,
+    seeded,
+    stats_init,
+)
 from reservoir.model.backbones.hf import HFBackbone, Parts, load_model, register_family
 
 #: nanoGPT's table: shapes of the released GPT-2 sizes (hub id -> config arguments)
@@ -44,7 +54,9 @@ class GPT2Backbone(HFBackbone):
         positions = torch.arange(x.shape[1], device=x.device)
         h = m.drop(x + m.wpe(positions).to(x.dtype))
         # None under SDPA (its own causal mask); an explicit one under eager attention (attention maps)
-        mask = make_mask(create_causal_mask, h, positions, config=self.config, attention_mask=None, position_ids=None)
+        mask = make_mask(
+            create_causal_mask, h, positions, config=self.config, attention_mask=None, position_ids=None
+        )
         # keep only the readout rows of each wanted depth, not every hidden state
         out = {0: gather(h, readout)} if 0 in depths else {}
         last = max(depths)
@@ -64,8 +76,11 @@ def readout_block_supported(block: nn.Module) -> bool:
     ``reorder_and_upcast_attn`` (an eager-attention-only upcast not reproduced here), without
     cross-attention and without hooks on it or its attention."""
     attn = getattr(block, "attn", None)
-    if attn is None or not all(hasattr(block, n) for n in ("ln_1", "ln_2", "mlp")) or \
-            any(hasattr(block, n) for n in ("crossattention", "ln_cross_attn")):
+    if (
+        attn is None
+        or not all(hasattr(block, n) for n in ("ln_1", "ln_2", "mlp"))
+        or any(hasattr(block, n) for n in ("crossattention", "ln_cross_attn"))
+    ):
         return False
     return not (attn.is_cross_attention or attn.reorder_and_upcast_attn or hooked(block, attn))
 
@@ -83,7 +98,7 @@ def readout_block(block: nn.Module, h: torch.Tensor, readout: torch.Tensor) -> t
     normed = block.ln_1(h)
     kv = columns(attn.c_attn, normed, d, 3 * d)
     k, v = (t.reshape(*t.shape[:2], -1, hd).transpose(1, 2) for t in kv.split(d, dim=2))
-    scale = hd ** -0.5 if attn.scale_attn_weights else 1.0
+    scale = hd**-0.5 if attn.scale_attn_weights else 1.0
     if attn.scale_attn_by_inverse_layer_idx:
         scale /= float(attn.layer_idx + 1)
     with at_readout(block, readout):
@@ -110,12 +125,15 @@ def _register() -> None:
     from reservoir.model.backbones import register_backbone
 
     for name, shape in GPT2_SIZES.items():
-        register_backbone(name, help=f"pretrained GPT-2 ({shape['n_layer']} blocks x {shape['n_embd']}), hub id or "
-                                     "cache")(lambda seed=0, _n=name: load_gpt2(_n, seed))
-        register_backbone(f"{name}-random", help=f"{name} architecture, default random initialisation, no download")(
-            lambda seed=0, _s=shape: random_gpt2(seed, **_s))
-        register_backbone(f"{name}-stats", help=f"{name} with each tensor redrawn from N(mean, std) of the pretrained "
-                                                "one")(lambda seed=0, _n=name: stats_init(load_gpt2(_n, seed), seed))
+        register_backbone(
+            name, help=f"pretrained GPT-2 ({shape['n_layer']} blocks x {shape['n_embd']}), hub id or cache"
+        )(lambda seed=0, _n=name: load_gpt2(_n, seed))
+        register_backbone(
+            f"{name}-random", help=f"{name} architecture, default random initialisation, no download"
+        )(lambda seed=0, _s=shape: random_gpt2(seed, **_s))
+        register_backbone(
+            f"{name}-stats", help=f"{name} with each tensor redrawn from N(mean, std) of the pretrained one"
+        )(lambda seed=0, _n=name: stats_init(load_gpt2(_n, seed), seed))
 
 
 _register()

@@ -37,17 +37,28 @@ import inspect
 import os
 import pickle
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from reservoir.errors import BackboneError
+from reservoir.model.backbones.base import (
+    Backbone,
+    check_length,
+    first_output,
+    from_pretrained,
+    gather,
+    is_norm,
+    params,
+    quiet_transformers,
+    seeded,
+    without,
+)
 from reservoir.tasks.pickles import refused_by_torch
-from reservoir.model.backbones.base import (Backbone, check_length, first_output, from_pretrained, gather, is_norm,
-                                            params, quiet_transformers, seeded, without)
 
 #: longest sequence the learned additive position embedding covers (the paper's longest inputs
 #: are 2,000 ListOps tokens); capped so that 128k-context configs do not allocate gigabytes of zeros
@@ -58,10 +69,10 @@ MIXER_NAMES = ("Attention", "Attn", "Mixer")
 #: positions of its own has no place for them among its weights)
 ADDED_POSITIONS = "added_positions.safetensors"
 #: model_type -> the adapter class of its family (families register themselves, :func:`register_family`)
-ADAPTERS: dict[str, type["HFBackbone"]] = {}
+ADAPTERS: dict[str, type[HFBackbone]] = {}
 
 
-def register_family(cls: type["HFBackbone"]) -> type["HFBackbone"]:
+def register_family(cls: type[HFBackbone]) -> type[HFBackbone]:
     """Class decorator: ``cls`` adapts every ``model_type`` in ``cls.model_types``."""
     for model_type in cls.model_types:
         ADAPTERS[model_type] = cls
@@ -123,7 +134,8 @@ def find_blocks(model: nn.Module) -> nn.ModuleList:
         f"the generic adapter found no block stack in this {model.config.model_type!r} model: no ModuleList of "
         f"{sorted(hints) or 'the classes in _no_split_modules (the model names none)'} and none of one class with "
         f"{n} entries (the config's layer count); this model needs an adapter of its own "
-        "(reservoir/model/backbones/, one file)")
+        "(reservoir/model/backbones/, one file)"
+    )
 
 
 def accepted(fn: Callable) -> set[str]:
@@ -159,11 +171,18 @@ class HFBackbone(Backbone):
         self.config = self.model.config
         parts = self.locate()
         # references into self.model, not registered twice (state_dict and fingerprints see each tensor once)
-        for name, value in (("blocks", parts.blocks), ("after", tuple(parts.after)), ("embedding", parts.embedding)):
+        for name, value in (
+            ("blocks", parts.blocks),
+            ("after", tuple(parts.after)),
+            ("embedding", parts.embedding),
+        ):
             object.__setattr__(self, name, value)
         self.n_layers = len(self.blocks)
-        self.d_model = int(getattr(self.config, "hidden_size", None) or getattr(self.config, "n_embd", 0) or
-                           getattr(self.config, "d_model", 0))
+        self.d_model = int(
+            getattr(self.config, "hidden_size", None)
+            or getattr(self.config, "n_embd", 0)
+            or getattr(self.config, "d_model", 0)
+        )
         width = getattr(self.embedding, "embedding_dim", None)
         self.d_input = int(width) if width else self.d_model
         self.causal = self.is_causal()
@@ -177,12 +196,18 @@ class HFBackbone(Backbone):
             nn.init.zeros_(self.wpe.weight)
             self.max_positions = n_pos
         weight = getattr(self.embedding, "weight", None)
-        self.token_std = float(weight.detach().double().std()) if isinstance(weight, torch.Tensor) and \
-            not weight.is_meta else None
+        self.token_std = (
+            float(weight.detach().double().std())
+            if isinstance(weight, torch.Tensor) and not weight.is_meta
+            else None
+        )
         self.drop_unused()
         if type(self) is HFBackbone and not quiet:
-            print(f"{self.config.model_type}: no adapter of its own; the generic adapter runs it (the model's own "
-                  "forward read by hooks; no readout-only last block, no OpenVINO, no compiling)", file=sys.stderr)
+            print(
+                f"{self.config.model_type}: no adapter of its own; the generic adapter runs it (the model's own "
+                "forward read by hooks; no readout-only last block, no OpenVINO, no compiling)",
+                file=sys.stderr,
+            )
 
     # -- where things are -------------------------------------------------------------------------
     @property
@@ -193,18 +218,25 @@ class HFBackbone(Backbone):
         """The generic adapter's search (module docstring); family adapters name their parts."""
         model = self.model
         if "inputs_embeds" not in accepted(model.forward):
-            raise BackboneError(f"this {model.config.model_type!r} model's forward takes no inputs_embeds, so the FPT "
-                                f"input layer cannot feed it; families with an adapter: {sorted(ADAPTERS)}")
+            raise BackboneError(
+                f"this {model.config.model_type!r} model's forward takes no inputs_embeds, so the FPT "
+                f"input layer cannot feed it; families with an adapter: {sorted(ADAPTERS)}"
+            )
         blocks = self.block_stack()
         try:
             embedding = model.get_input_embeddings()
         except (NotImplementedError, AttributeError):
             embedding = None
         inside = {id(m) for m in blocks.modules()}
-        positions = [m for m in model.modules() if isinstance(m, nn.Embedding) and id(m) not in inside
-                     and m is not embedding]
+        positions = [
+            m
+            for m in model.modules()
+            if isinstance(m, nn.Embedding) and id(m) not in inside and m is not embedding
+        ]
         after = self._modules_after(blocks, embedding)
-        return Parts(blocks, after, embedding, positions, max_positions_of(model.config) if positions else None)
+        return Parts(
+            blocks, after, embedding, positions, max_positions_of(model.config) if positions else None
+        )
 
     def block_stack(self) -> nn.ModuleList:
         """The blocks, one entry per application in the forward's order (:func:`find_blocks`; a family
@@ -218,8 +250,11 @@ class HFBackbone(Backbone):
         inside = {id(m) for m in blocks.modules()}
         pooled = {id(m) for name, p in self.model.named_modules() if is_pooler(name, p) for m in p.modules()}
         calls: list[nn.Module | None] = []
-        leaves = [m for m in self.model.modules() if id(m) not in inside and id(m) not in pooled
-                  and not any(True for _ in m.children())]
+        leaves = [
+            m
+            for m in self.model.modules()
+            if id(m) not in inside and id(m) not in pooled and not any(True for _ in m.children())
+        ]
         handles = [m.register_forward_hook(lambda m, a, o: calls.append(m)) for m in leaves]
         handles.append(blocks[-1].register_forward_hook(lambda m, a, o: calls.append(None)))
         width = getattr(embedding, "embedding_dim", None) or self.config.hidden_size
@@ -228,26 +263,39 @@ class HFBackbone(Backbone):
         self.model.eval()
         try:
             with quiet_transformers():
-                self.model(**self.call_kwargs(torch.zeros(1, 2, width, dtype=param.dtype, device=param.device),
-                                              torch.tensor([2])))
+                self.model(
+                    **self.call_kwargs(
+                        torch.zeros(1, 2, width, dtype=param.dtype, device=param.device), torch.tensor([2])
+                    )
+                )
         except Exception as e:  # noqa: BLE001 - any failure here means the generic adapter cannot take it
-            raise BackboneError(f"the generic adapter could not run this {self.config.model_type!r} model on embedded "
-                                f"tokens ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); it needs "
-                                "an adapter of its own (reservoir/model/backbones/, one file)") from None
+            raise BackboneError(
+                f"the generic adapter could not run this {self.config.model_type!r} model on embedded "
+                f"tokens ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); it needs "
+                "an adapter of its own (reservoir/model/backbones/, one file)"
+            ) from None
         finally:
             for h in handles:
                 h.remove()
             self.model.train(was)
         if None not in calls:
-            raise BackboneError(f"the generic adapter found a block stack in this {self.config.model_type!r} model "
-                                "that its forward never calls; it needs an adapter of its own")
+            raise BackboneError(
+                f"the generic adapter found a block stack in this {self.config.model_type!r} model "
+                "that its forward never calls; it needs an adapter of its own"
+            )
         last = len(calls) - 1 - calls[::-1].index(None)
-        after = [m for m in calls[last + 1:] if not isinstance(m, (nn.Dropout, nn.Identity))]
+        after = [m for m in calls[last + 1 :] if not isinstance(m, (nn.Dropout, nn.Identity))]
         # norms by class name, with or without parameters of their own (OLMo's final norm has none)
-        odd = [type(m).__name__ for m in after if not (isinstance(m, nn.Linear) or type(m).__name__.endswith("Norm"))]
+        odd = [
+            type(m).__name__
+            for m in after
+            if not (isinstance(m, nn.Linear) or type(m).__name__.endswith("Norm"))
+        ]
         if odd:
-            raise BackboneError(f"after its last block this {self.config.model_type!r} model runs {odd}, which the "
-                                "generic adapter cannot apply to the readout rows alone; it needs an adapter of its own")
+            raise BackboneError(
+                f"after its last block this {self.config.model_type!r} model runs {odd}, which the "
+                "generic adapter cannot apply to the readout rows alone; it needs an adapter of its own"
+            )
         return tuple(after)
 
     def is_causal(self) -> bool:
@@ -257,7 +305,10 @@ class HFBackbone(Backbone):
         kind = self.config.model_type
         if getattr(self.config, "is_encoder_decoder", False):
             return False  # the encoder of an encoder-decoder is bidirectional
-        return kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        return (
+            kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            and kind not in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        )
 
     def drop_unused(self) -> None:
         """Remove the token embedding (the FPT input layer replaces it; its width and std are read):
@@ -265,7 +316,7 @@ class HFBackbone(Backbone):
         costs memory. The forward never reads it when given ``inputs_embeds``."""
         if self.embedding is None:
             return
-        for name, module in list(self.model.named_modules()):
+        for _name, module in list(self.model.named_modules()):
             for child_name, child in list(module.named_children()):
                 if child is self.embedding:
                     setattr(module, child_name, None)
@@ -278,8 +329,9 @@ class HFBackbone(Backbone):
         names = accepted(self.model.forward)
         kwargs: dict[str, Any] = {"inputs_embeds": h}
         if not self.causal and "attention_mask" in names:
-            kwargs["attention_mask"] = (torch.arange(h.shape[1], device=h.device)[None, :]
-                                        < lengths.to(h.device)[:, None]).long()
+            kwargs["attention_mask"] = (
+                torch.arange(h.shape[1], device=h.device)[None, :] < lengths.to(h.device)[:, None]
+            ).long()
         if "use_cache" in names:
             kwargs["use_cache"] = False
         return kwargs
@@ -333,9 +385,16 @@ class HFBackbone(Backbone):
         """``pos``: learned positions (or the added ``wpe``); ``ln``: every norm; ``attn``: each block's
         sequence-mixing module (class named like ``*Attention``, ``*Attn``, ``*Mixer``); ``ff``: the
         rest of each block."""
-        ln = params(m for m in self.modules() if m is not self and type(m).__name__ != type(self).__name__
-                     and is_norm(m))
-        pos = [p for item in self.positions for p in ([item] if isinstance(item, nn.Parameter) else item.parameters())]
+        ln = params(
+            m
+            for m in self.modules()
+            if m is not self and type(m).__name__ != type(self).__name__ and is_norm(m)
+        )
+        pos = [
+            p
+            for item in self.positions
+            for p in ([item] if isinstance(item, nn.Parameter) else item.parameters())
+        ]
         pos = pos + (list(self.wpe.parameters()) if self.wpe is not None else [])
         attn: list[nn.Parameter] = []
         ff: list[nn.Parameter] = []
@@ -350,17 +409,22 @@ class HFBackbone(Backbone):
         """The outermost modules of ``block`` whose class is named like a sequence mixer."""
         found: list[nn.Module] = []
         for m in block.modules():
-            if m is not block and any(s in type(m).__name__ for s in MIXER_NAMES) and \
-                    not any(m in f.modules() for f in found):
+            if (
+                m is not block
+                and any(s in type(m).__name__ for s in MIXER_NAMES)
+                and not any(m in f.modules() for f in found)
+            ):
                 found.append(m)
         return found
 
     def attention_module(self, layer: int) -> nn.Module:
         attention = [m for m in self.mixers(self.blocks[layer]) if "Mixer" not in type(m).__name__]
         if not attention:
-            raise BackboneError(f"a {self.config.model_type!r} block has no attention module (it mixes tokens by "
-                                f"{[type(m).__name__ for m in self.mixers(self.blocks[layer])] or 'nothing named'}); "
-                                "choose a transformer backbone")
+            raise BackboneError(
+                f"a {self.config.model_type!r} block has no attention module (it mixes tokens by "
+                f"{[type(m).__name__ for m in self.mixers(self.blocks[layer])] or 'nothing named'}); "
+                "choose a transformer backbone"
+            )
         return attention[0]
 
     @contextlib.contextmanager
@@ -389,9 +453,11 @@ class HFBackbone(Backbone):
         names = MODEL_MAPPING_NAMES.get(self.config.model_type, ())
         names = (names,) if isinstance(names, str) else tuple(names)
         if type(self.model).__name__ not in names:
-            raise BackboneError(f"this backbone is the {type(self.model).__name__} of a {self.config.model_type!r} "
-                                f"model, which loads as {names[0] if names else 'another class'}: it cannot be saved "
-                                "as a backbone folder of its own; choose a decoder (GPT-2, Llama, ...) or an encoder model")
+            raise BackboneError(
+                f"this backbone is the {type(self.model).__name__} of a {self.config.model_type!r} "
+                f"model, which loads as {names[0] if names else 'another class'}: it cannot be saved "
+                "as a backbone folder of its own; choose a decoder (GPT-2, Llama, ...) or an encoder model"
+            )
 
     @torch.no_grad()
     def save_pretrained(self, folder: str | Path) -> None:
@@ -413,10 +479,15 @@ class HFBackbone(Backbone):
         missing, unexpected = model.load_state_dict(self.model.state_dict(), strict=False)
         missing = [k for k in missing if k not in names and not _in_pooler(model, k)]
         if missing or unexpected:
-            named = "; ".join(f"{what}: {_few(keys)}" for what, keys in (("missing", missing), ("unexpected", unexpected))
-                              if keys)
-            raise BackboneError(f"this {self.config.model_type!r} backbone does not fit the model its config builds "
-                                f"({named}); it cannot be saved as a folder")
+            named = "; ".join(
+                f"{what}: {_few(keys)}"
+                for what, keys in (("missing", missing), ("unexpected", unexpected))
+                if keys
+            )
+            raise BackboneError(
+                f"this {self.config.model_type!r} backbone does not fit the model its config builds "
+                f"({named}); it cannot be saved as a folder"
+            )
         if names and self.token_std:
             weight = embedding.weight
             z = torch.randn(weight.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -426,8 +497,10 @@ class HFBackbone(Backbone):
         if self.wpe is not None:
             from safetensors.torch import save_file
 
-            save_file({"weight": self.wpe.weight.detach().to("cpu", torch.float32).contiguous()},
-                      str(Path(folder) / ADDED_POSITIONS))
+            save_file(
+                {"weight": self.wpe.weight.detach().to("cpu", torch.float32).contiguous()},
+                str(Path(folder) / ADDED_POSITIONS),
+            )
 
 
 def load_added_positions(backbone: HFBackbone, folder: str) -> None:
@@ -441,14 +514,18 @@ def load_added_positions(backbone: HFBackbone, folder: str) -> None:
     try:
         weight = load_file(str(path))["weight"]
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise BackboneError(f"cannot read the added positions {path} ({type(e).__name__}: {e}); pass the folder as "
-                            "train --save-backbone wrote it") from None
+        raise BackboneError(
+            f"cannot read the added positions {path} ({type(e).__name__}: {e}); pass the folder as "
+            "train --save-backbone wrote it"
+        ) from None
     want = None if backbone.wpe is None else tuple(backbone.wpe.weight.shape)
     if want != tuple(weight.shape):
         has = "learned positions of its own" if want is None else f"added positions of shape {want}"
-        raise BackboneError(f"{path} holds added positions of shape {tuple(weight.shape)}, but this "
-                            f"{backbone.config.model_type!r} model has {has}; pass the folder as train --save-backbone "
-                            "wrote it")
+        raise BackboneError(
+            f"{path} holds added positions of shape {tuple(weight.shape)}, but this "
+            f"{backbone.config.model_type!r} model has {has}; pass the folder as train --save-backbone "
+            "wrote it"
+        )
     with torch.no_grad():
         backbone.wpe.weight.copy_(weight)
 
@@ -463,25 +540,40 @@ def load_model(path: str, config=None) -> nn.Module:
     except OSError as e:
         raise BackboneError(
             f"cannot load weights from {path!r} ({str(e).splitlines()[0]}); pass a folder saved with "
-            "save_pretrained (the hub is unreachable here), or use the -random twin") from None
+            "save_pretrained (the hub is unreachable here), or use the -random twin"
+        ) from None
     except (RuntimeError, ValueError, pickle.UnpicklingError) as e:  # shape mismatches and the like
         if refused := refused_by_torch(e):  # a pytorch_model.bin is read as tensors and plain data only
-            raise BackboneError(f"the weights in {path!r} hold {refused}, which model weights never hold; refused "
-                                "without running it; pass a folder of safetensors weights saved with save_pretrained "
-                                "from a source you trust") from None
-        raise BackboneError(f"the weights in {path!r} do not fit its config ({str(e).splitlines()[0][:300]}); "
-                            "pass the folder save_pretrained wrote for this model") from None
+            raise BackboneError(
+                f"the weights in {path!r} hold {refused}, which model weights never hold; refused "
+                "without running it; pass a folder of safetensors weights saved with save_pretrained "
+                "from a source you trust"
+            ) from None
+        raise BackboneError(
+            f"the weights in {path!r} do not fit its config ({str(e).splitlines()[0][:300]}); "
+            "pass the folder save_pretrained wrote for this model"
+        ) from None
     except Exception as e:  # noqa: BLE001 - a damaged weight file fails in its reader's own error type
-        raise BackboneError(f"the weights in {path!r} are unreadable ({type(e).__name__}: {str(e)[:200]}); save the "
-                            "model again with save_pretrained, or copy the folder again") from None
-    missing = [k for k in info.get("missing_keys", []) if not k.endswith("num_batches_tracked")
-               and not _in_pooler(model, k)]
+        raise BackboneError(
+            f"the weights in {path!r} are unreadable ({type(e).__name__}: {str(e)[:200]}); save the "
+            "model again with save_pretrained, or copy the folder again"
+        ) from None
+    missing = [
+        k
+        for k in info.get("missing_keys", [])
+        if not k.endswith("num_batches_tracked") and not _in_pooler(model, k)
+    ]
     mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", [])]
     if missing or mismatched:
-        named = (f"missing: {_few(missing)}" if missing else "") + ("; " if missing and mismatched else "") + \
-            (f"wrongly shaped: {_few(mismatched)}" if mismatched else "")
-        raise BackboneError(f"the weights in {path!r} do not fit its config ({named}); these parts would be random. "
-                            "Pass the folder save_pretrained wrote for this model, or the -random twin for random weights")
+        named = (
+            (f"missing: {_few(missing)}" if missing else "")
+            + ("; " if missing and mismatched else "")
+            + (f"wrongly shaped: {_few(mismatched)}" if mismatched else "")
+        )
+        raise BackboneError(
+            f"the weights in {path!r} do not fit its config ({named}); these parts would be random. "
+            "Pass the folder save_pretrained wrote for this model, or the -random twin for random weights"
+        )
     return model
 
 
@@ -538,14 +630,18 @@ def check_buildable(config, source: str) -> None:
         with torch.device("meta"):
             model = model_from_config(config)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds for a bad config
-        raise BackboneError(f"the config of {source!r} builds no model ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200] if str(e) else ''}); fix its config.json or pass the "
-                            "folder save_pretrained wrote") from None
+        raise BackboneError(
+            f"the config of {source!r} builds no model ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200] if str(e) else ''}); fix its config.json or pass the "
+            "folder save_pretrained wrote"
+        ) from None
     n = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
     if 4 * n > available_memory():
-        raise BackboneError(f"the config of {source!r} describes a model of {n:,} parameters ({4 * n / 2**30:,.1f} GiB "
-                            f"in float32), more than this machine's {available_memory() / 2**30:,.1f} GiB of free "
-                            "memory; check its config.json (sizes, layers, vocabulary) or use a larger machine")
+        raise BackboneError(
+            f"the config of {source!r} describes a model of {n:,} parameters ({4 * n / 2**30:,.1f} GiB "
+            f"in float32), more than this machine's {available_memory() / 2**30:,.1f} GiB of free "
+            "memory; check its config.json (sizes, layers, vocabulary) or use a larger machine"
+        )
 
 
 def adapter_for(model_type: str) -> type[HFBackbone]:

