@@ -1,6 +1,8 @@
 """Python API: the CLI's ``extract``, ``fit``, ``train``, ``predict`` and ``report`` as functions, feature
 files read back (arrays, an xarray Dataset, a torch Dataset), and a scikit-learn transformer.
 
+Examples
+--------
 >>> from reservoir import api
 >>> path = api.extract("digits", "lstm", limit=100)                 # doctest: +SKIP
 >>> results = api.fit(features=path, depths="all")                  # doctest: +SKIP
@@ -537,6 +539,10 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     :class:`sklearn.pipeline.Pipeline` and cross-validation. The readout is the last real
     token of each sequence; features are those ``reservoir extract`` stores (a test checks it).
 
+    Input ``X``: an array ``(N, T, d)`` of floats, ``(N, T)`` of integer ids, ``(N, T)`` of
+    floats (one value a token), or a list of variable-length sequences (``(T_i,)`` ids or
+    ``(T_i, d)`` floats).
+
     Parameters
     ----------
     backbone : a registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID``.
@@ -553,10 +559,6 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         backbone converts), as ``reservoir extract --engine``.
     batch_size : sequences per forward pass (variable-length ones are bucketed by length).
     vocab_size : id vocabulary for integer input (None: largest id seen by ``fit`` + 1).
-
-    Input ``X``: an array ``(N, T, d)`` of floats, ``(N, T)`` of integer ids, ``(N, T)`` of
-    floats (one value a token), or a list of variable-length sequences (``(T_i,)`` ids or
-    ``(T_i, d)`` floats).
 
     Examples
     --------

@@ -375,8 +375,8 @@ def install(settings: Settings, name, source, force) -> None:
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Feature file [default: features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5, named by the run's "
-    "identity].",
+    help="Feature file [default: features/TASK/BACKBONE/DTYPE-seedS-HASH.h5, named by the run's identity; "
+    "-limitN and -scale-X come before the hash when set].",
 )
 @click.option(
     "--force",
