@@ -38,17 +38,14 @@ from threadpoolctl import threadpool_limits
 def head_threads() -> int:
     """BLAS and OpenMP threads while a head fits: one, whatever the number of cores.
 
-    Threads pay off only while every core stays free for the whole fit, which a shared
-    machine does not promise. Measured with ``benchmarks/heads.py --parts threads`` on the
-    project's 2-core machine (docs/benchmarks.md, "Heads"), one thread against the default two:
+    :func:`fit_depth` holds this limit (threadpoolctl) for the whole fit of a depth. Threads
+    pay off only while every core stays free for the whole fit, which a shared machine does not
+    promise; the measurements behind the choice are in docs/benchmarks.md, section "Heads".
 
-    - idle machine: a logistic regression fit (4,500 x 768) 0.37 s against 0.91 s (its lbfgs
-      iterations are small products that two threads split at a loss); ridge statistics and
-      decomposition (50,000 x 768) 0.72 s against 0.48 s, the one case where two threads win;
-    - beside a one-thread busy process started in another session: 0.66 s against 6.1 s and
-      1.2 s against 2.6 s; during another engineer's job, 0.40 s against 11.9 s (30x). The
-      kernel's autogroup scheduler gives each session an equal share of the CPUs, so one of
-      the two threads keeps losing its core, and OpenBLAS waits for it in every product.
+    Returns
+    -------
+    int
+        The thread count, always 1.
     """
     return 1
 
