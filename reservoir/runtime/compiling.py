@@ -30,12 +30,11 @@ from typing import Any
 from reservoir.config import cache_dir
 from reservoir.runtime import records
 
-#: a first compile's cost per block run, in seconds, before any run measured it (GPT-2 small, 12
-#: blocks, compiled in 17.5 s on 2 Zen 4 cores with a cold cache, 5 s with a warm one)
+#: a first compile's cost per block run, in seconds, before any run measured it (docs/benchmarks.md,
+#: "Constants the code takes from these measurements")
 COLD_SECONDS_PER_BLOCK = 1.5
-#: compiled rate over eager rate assumed before a run measured it, by compute dtype (GPT-2 small,
-#: 64 tokens, Zen 4, docs/benchmarks.md: bf16 4,073 compiled against 2,406 eager; float32 4,060
-#: against 3,050 on one thread)
+#: compiled rate over eager rate assumed before a run measured it, by compute dtype (docs/benchmarks.md,
+#: "Constants the code takes from these measurements")
 DEFAULT_SPEEDUP = {"bfloat16": 1.7, "float32": 1.3}
 
 

@@ -2,9 +2,9 @@
 
 Instruction-set flags say only what is possible: bf16 products are native with AVX512-BF16 or
 AMX, fp16 ones with AVX512-FP16 or AMX-FP16. Whether they are faster than float32 differs by
-CPU, and the difference is large: on an Intel Xeon with AVX512-BF16 but no AMX exposed, bf16
-ran at half the float32 rate; on a Zen 4, 2.3 to 2.5 times it; on a Zen 3 (no native bf16) at
-1%. So ``auto`` measures.
+CPU, and the difference is large (bf16 slower than float32 on some CPUs with AVX512-BF16,
+several times faster on others: docs/benchmarks.md, "Constants the code takes from these
+measurements"). So ``auto`` measures.
 
 - The candidates are float32 and each lower float dtype the flags make native here.
 - Each is timed on a matrix product of a transformer block's shape (rows of a batch times the

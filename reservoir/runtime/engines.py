@@ -18,21 +18,19 @@ position and divided by its largest departure from that mean there, both over th
 rows (:func:`calibration_rows`: 256 MNIST images, 16 sequences of 1,024 tokens), undone after
 the product in float (:class:`Centred`; exact in real arithmetic). A random GPT-2's rows share
 most of their value at each position; quantized whole, the part that tells rows apart drowned in
-the rounding (3 points of MNIST probe accuracy lost; centred, 0.5 to 0.7 points for ``int8``,
-about 1 for ``int8-static``). A row's int8 features therefore depend on those calibration rows,
+the rounding (docs/benchmarks.md, section "int8 on OpenVINO"). A row's int8 features therefore depend on those calibration rows,
 which are part of the run's identity. Under ``int8`` the readout-only deepest block reads the
 tables at its readout positions (its queries, attention output and MLP run on those rows alone);
 ``int8-static`` keeps whole last blocks. Lookups (position embeddings, the tables read at the
 readout rows) stay float in both. On tasks of fixed length, ``int8``'s graph
 takes rows of the task's width only (a narrower batch is widened, each row's last token repeated;
 nothing past a row's length reaches its features): OpenVINO then folds the tables' slices to
-constants and fuses them into the neighbouring operations (GPT-2 small, 64 tokens: 2,950 tokens/s
-in docs/benchmarks.md; with the width left free, one-off runs gave about 2,600).
-``int8-static`` keeps the width free: with the tables constant, OpenVINO's static int8 pass
-folds the per-position factor after a product wrongly (features 60% off, measured; the engine's
-check refuses them).
+constants and fuses them into the neighbouring operations. ``int8-static`` keeps the width free:
+with the tables constant, OpenVINO's static int8 pass folds the per-position factor after a product
+wrongly (the engine's check refuses such features). Why, measured: docs/benchmarks.md, section
+"Constants the code takes from these measurements".
 
-Measured in ``docs/benchmarks.md`` (``benchmarks/extract.py``). OpenVINO is an optional extra
+The engines' speed is in docs/benchmarks.md (``benchmarks/extract.py``). OpenVINO is an optional extra
 (``pip install 'reservoir[openvino]'``); ``engine="auto"`` takes it on the CPU when it is
 installed and the backbone has been checked to convert (``Backbone.openvino``), else PyTorch;
 between the two it then goes by measurement: the first batch of a CPU and model never measured
@@ -69,8 +67,8 @@ ENGINES = ("auto", "torch", "openvino", "onnxruntime")
 LABELS = {"torch": "PyTorch", "openvino": "OpenVINO", "onnxruntime": "ONNX Runtime"}
 #: dtypes only the OpenVINO engine computes
 INT8_DTYPES = ("int8", "int8-static")
-#: values per dynamic quantization group of the ``int8`` dtype (fastest of 32..768 measured on
-#: GPT-2 small, Zen 4: 64 tokens, 6,746 tokens/s at 128 against 6,333 at 64 and 5,878 at 768)
+#: values per dynamic quantization group of the ``int8`` dtype (the fastest group size: docs/benchmarks.md,
+#: "Constants the code takes from these measurements")
 DYNAMIC_GROUP = 128
 #: version of the int8 recipe (what is centred, what stays float), recorded in an int8 run's identity
 #: (``calibration.recipe``): a change that moves int8 features bumps it, so no earlier file is reused.
@@ -80,13 +78,11 @@ INT8_RECIPE = 2
 #: ``int8-static`` calibrates on the first rows of the run's first split: about this many tokens,
 #: at most :data:`CALIBRATION_ROWS` rows, in batches of :data:`CALIBRATION_BATCH` rows
 CALIBRATION_TOKENS, CALIBRATION_ROWS, CALIBRATION_BATCH = 16384, 256, 16
-#: ``engine="auto"`` takes OpenVINO for runs of at least this many tokens: converting GPT-2 small
-#: costs about 3.5 s, repaid after about 15,000 tokens at the measured rates (eager bf16 about
-#: 2,400 tokens/s, OpenVINO bf16 5,300; docs/benchmarks.md); tiny runs stay on PyTorch eager
+#: ``engine="auto"`` takes OpenVINO for runs of at least this many tokens, where converting is repaid
+#: (docs/benchmarks.md, "Constants the code takes from these measurements"); tiny runs stay on PyTorch eager
 OPENVINO_MIN_TOKENS = 20_000
-#: ``engine="auto"`` considers ONNX Runtime for float32 runs of at least this many tokens: exporting GPT-2
-#: small with torch's dynamo exporter took 18.8 s on a loaded Zen 4 (2 threads; the file is cached after, and
-#: loads in under a second; OpenVINO converted it in 31.5 s in the same run, docs/benchmarks.md)
+#: ``engine="auto"`` considers ONNX Runtime for float32 runs of at least this many tokens, where the export
+#: (cached after) is repaid (docs/benchmarks.md, "Constants the code takes from these measurements")
 ONNX_MIN_TOKENS = 200_000
 
 
@@ -96,15 +92,14 @@ def min_tokens(engine: str) -> int:
     return {"openvino": OPENVINO_MIN_TOKENS, "onnxruntime": ONNX_MIN_TOKENS}[engine]
 
 
-#: the conversion example's width: converting GPT-2 small from 1024-token rows took 21 s (and,
-#: beside the benchmark's other models, ran the machine out of memory), from 64-token rows 3.7 s,
-#: with the same features at 1024 tokens
+#: the conversion example's width: the converted graph computes the same features at any width, and a
+#: narrow example converts faster and in less memory (docs/benchmarks.md, "Constants the code takes ...")
 EXAMPLE_WIDTH = 64
 #: rows of the first batch checked against PyTorch's eager float32 forward after converting: 4, or
 #: fewer for long rows (about CHECK_TOKENS tokens: the eager float32 reference is the slow part)
 CHECK_ROWS, CHECK_TOKENS = 4, 2048
 #: largest relative feature error (norm-wise, worst depth) accepted against PyTorch's float32
-#: forward (measured on GPT-2 small: 1e-6 for float32, 0.5% for bf16, 2% to 2.5% for int8)
+#: forward, by compute dtype (the errors measured: docs/benchmarks.md, "Constants the code takes ...")
 TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2, "int8": 0.15, "int8-static": 0.15}
 INSTALL = "pip install 'reservoir[openvino]'"
 
@@ -429,9 +424,8 @@ class OpenVINOForward:
         """The request for a batch of ``args``' shapes: on rows of one width, a graph compiled for exactly
         these shapes (at most :data:`STATIC_SHAPES` of them: the full batch and the last); else the dynamic one.
 
-        Measured on GPT-2 small, 256 x 64 tokens, bf16 (Xeon with AMX, 2 threads): the dynamic graph's
-        first call took 6.2 s against 1.8 s for the next; a graph compiled for the shape (0.25 s)
-        runs its first call at the steady rate, and its steady rate is the dynamic graph's."""
+        A graph compiled for the shape runs its first call at the steady rate, where the dynamic graph's
+        first call is slow (docs/benchmarks.md, "Constants the code takes from these measurements")."""
         shapes = tuple(tuple(a.shape) for a in args)
         if shapes in self.static:
             return self.static[shapes]
@@ -504,9 +498,8 @@ class Centred(nn.Module):
     int8 then quantizes each row's departure from the mean row at its position, in units of that
     position's spread, not the large part every row shares there.
 
-    Measured on GPT-2 small (random weights, MNIST): 97% of the readout rows' energy is their
-    mean and the digit lives in the other 3%. Quantized whole, int8 activations cost 3 points of
-    probe accuracy (docs/benchmarks.md, "int8 on OpenVINO").
+    On a random GPT-2 most of a readout row's energy is the mean row at its position, and quantized
+    whole the part that tells rows apart drowns (docs/benchmarks.md, "int8 on OpenVINO").
     """
 
     #: its tables are per position: a readout-only block tells it the readout rows' positions

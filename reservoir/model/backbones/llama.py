@@ -45,9 +45,8 @@ class RotaryBackbone(HFBackbone):
     naming = "a save_pretrained folder of Llama, Mistral, Qwen2 or Qwen3 (smollm2-135m is one)"
     example = "smollm2-135m-random"
     fast_paths = ("readout-only last block", "compile")
-    #: not taken by engine="auto": in bf16, OpenVINO's features of the pretrained SmolLM2-135M differ
-    #: from PyTorch float32's by 30% to 77% from block 3 on (PyTorch bf16's: at most 5%; the random
-    #: twin's under OpenVINO: 0.5%); float32 agrees to 3e-6
+    #: not taken by engine="auto": in bf16, OpenVINO computes the pretrained SmolLM2-135M's features
+    #: wrongly (docs/benchmarks.md, "Constants the code takes from these measurements")
     openvino = False
 
     def locate(self) -> Parts:
