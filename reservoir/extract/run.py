@@ -7,8 +7,7 @@ CPUs (measured in ``docs/benchmarks.md``, ``make bench``):
 - bf16 compute where the CPU multiplies bf16 natively (``dtype="auto"``; float32 on
   request); the input layer stays float32 and features are stored as float32;
 - on the CPU, runs of 20,000+ tokens go to OpenVINO when it is installed and the backbone
-  converts (``engine="auto"``, :mod:`reservoir.runtime.engines`: 1.4 times the compiled PyTorch path
-  on GPT-2 small); otherwise PyTorch runs, as below;
+  converts (``engine="auto"``, :mod:`reservoir.runtime.engines`); otherwise PyTorch runs, as below;
 - the forward (input layer, backbone, readout) compiled by inductor with weight freezing
   (oneDNN-packed weights), falling back to eager, with a message, when compilation fails;
   ``compile=None`` compiles when the measured costs say it is repaid
@@ -66,7 +65,8 @@ from reservoir.runtime.runner import Batch, FeatureRunner, resolve, resolve_dtyp
 from reservoir.tasks import SplitData, Task, make_task
 
 #: sharded runs (no probe) with ``compile=None`` compile when they have at least this many tokens
-#: left to extract: compiling costs 30 to 90 s here and gains about 4x over eager bf16 (docs/benchmarks.md)
+#: left to extract, where compiling is repaid (docs/benchmarks.md, "Constants the code takes from these
+#: measurements")
 AUTO_COMPILE_TOKENS = 300_000
 T = TypeVar("T")
 
