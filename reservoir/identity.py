@@ -61,23 +61,45 @@ def digest(identity: Mapping[str, Any], n: int = SHORT) -> str:
     return hashlib.sha256(canonical(identity).encode()).hexdigest()[:n]
 
 
-def _update(h, a: Any) -> None:
-    a = np.asarray(a)
-    if a.dtype == object:  # variable-length rows: each row's dtype, shape and bytes
-        h.update(f"object{a.shape}".encode())
+def rows_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """What :func:`array_digest` hashes before an array's contents: its dtype and shape."""
+    return (f"object{tuple(shape)}" if np.dtype(dtype).kind == "O" else f"{dtype.str}{tuple(shape)}").encode()
+
+
+def update_rows(h, a: np.ndarray) -> None:
+    """Hash an array's contents after its header: object rows one by one (each with its own header),
+    others as their bytes; rows fed in consecutive pieces hash as the whole array would."""
+    if a.dtype.kind == "O":  # variable-length rows: each row's dtype, shape and bytes
         for row in a.ravel():
             _update(h, row)
         return
-    h.update(f"{a.dtype.str}{a.shape}".encode())
     h.update(np.ascontiguousarray(a).tobytes())
 
 
+def _update(h, a: Any) -> None:
+    if hasattr(a, "chunks_in_order"):  # lazy rows (reservoir.tasks.streams.Rows): streamed in order
+        h.update(rows_header(a.dtype, a.shape))
+        for piece in a.chunks_in_order():
+            update_rows(h, piece)
+        return
+    a = np.asarray(a)
+    h.update(rows_header(a.dtype, a.shape))
+    update_rows(h, a)
+
+
 def array_digest(*arrays: Any) -> str:
-    """SHA-256 (hex) of arrays' dtypes, shapes and bytes (object arrays row by row)."""
-    h = hashlib.sha256()
+    """SHA-256 (hex) of arrays' dtypes, shapes and bytes (object arrays row by row). Lazy rows are
+    streamed; a first array that carries its digest state (``sha256``, computed while its rows were
+    checked) is not read again."""
+    h = None
     for a in arrays:
+        state = getattr(a, "sha256", None)
+        if h is None and state is not None:
+            h = state.copy()
+            continue
+        h = h or hashlib.sha256()
         _update(h, a)
-    return h.hexdigest()
+    return (h or hashlib.sha256()).hexdigest()
 
 
 def data_fingerprint(data: Mapping[str, SplitData]) -> dict[str, dict[str, Any]]:
