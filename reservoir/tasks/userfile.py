@@ -1,4 +1,5 @@
-"""Your own data as a task: ``--task file:PATH`` with an ``.npz`` or ``.h5``/``.hdf5`` file.
+"""Your own data as a task: ``--task file:PATH`` with an ``.npz`` or ``.h5``/``.hdf5`` file (or a table
+or image source: :mod:`reservoir.tasks.streams`).
 
 Arrays (names are case-sensitive):
 
@@ -18,6 +19,12 @@ split), ``test_fraction``, ``seed``. The file is checked when the task is built 
 dtypes, finite values, ids >= 0, labels in range, lengths in ``1..T``, both ``train`` and
 ``test`` present), and each problem raises a DataError naming the file, the array and what
 to change.
+
+Options for tables and images (``input``, ``target``, ``split``, ``patch``, ``image_size``,
+``mode``) and the other layouts ``PATH`` may have (Parquet, Arrow, Hugging Face ``datasets``
+folders, image folders) are described in :mod:`reservoir.tasks.streams`. An ``.h5`` file's ``x``
+arrays and every table or image source are read a chunk at a time, so inputs larger than memory
+can be used; an ``.npz`` is read whole.
 
 Example::
 
@@ -46,6 +53,18 @@ from reservoir.tasks import (
     check_value,
     option,
     pad_ids,
+    patches,
+)
+from reservoir.tasks.streams import (
+    H5Chunks,
+    Images,
+    Part,
+    Rows,
+    image_parts,
+    kind_of,
+    parse_size,
+    scan,
+    table_parts,
 )
 
 SUFFIXES = (".npz", ".h5", ".hdf5")
@@ -56,24 +75,30 @@ FIX = "see `reservoir data where` for the file layout"
 
 
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
-    if not path.exists():
-        raise DataError(f"{path} does not exist; give --task file:PATH with an existing .npz or .h5 file")
-    if path.suffix.lower() not in SUFFIXES:
-        raise DataError(f"{path} is not an .npz or .h5 file; save x and y with numpy.savez or h5py ({FIX})")
+    """Every array of an ``.npz`` file."""
     import zipfile
     import zlib
 
     try:
-        if path.suffix.lower() == ".npz":
-            with np.load(path, allow_pickle=False) as f:
-                return {k: f[k] for k in f.files}
-        import h5py
-
-        with h5py.File(path, "r", locking=False) as f:
-            out = {k: f[k][()] for k in f if isinstance(f[k], h5py.Dataset)}
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
         raise unreadable(path, e, "write it again") from None
-    return {k: _strings(v) if v.dtype.kind in "SO" else v for k, v in out.items()}
+
+
+def _read_h5(path: Path) -> tuple[dict[str, np.ndarray], dict[str, tuple[tuple[int, ...], np.dtype]]]:
+    """An ``.h5`` file's small arrays (labels, lengths, splits), read, and the shapes and dtypes of its
+    ``x`` and ``x_<split>`` arrays, which are read a chunk at a time later."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            sets = {k: f[k] for k in f if isinstance(f[k], h5py.Dataset)}
+            big = {k: (v.shape, v.dtype) for k, v in sets.items() if k == "x" or k.startswith("x_")}
+            out = {k: v[()] for k, v in sets.items() if k not in big}
+    except (OSError, ValueError, EOFError, KeyError) as e:
+        raise unreadable(path, e, "write it again") from None
+    return {k: _strings(v) if v.dtype.kind in "SO" else v for k, v in out.items()}, big
 
 
 #: what a split may be called: it names a group of the feature file
@@ -97,13 +122,24 @@ def _strings(v: np.ndarray) -> np.ndarray:
 
 @dataclass(init=False)
 class FileTask(Task):
-    """A task read from a user's .npz/.h5 file (``--task file:PATH``)."""
+    """A task read from a user's file or folder (``--task file:PATH``): .npz, .h5, Parquet, Arrow, a
+    datasets folder or an image folder."""
 
     name: ClassVar[str] = "file"
     path: str = ""
     n_classes: int = option(0, low=0, high=MAX_ID + 1)
     test_fraction: float = option(0.2, above=0, below=1)
     seed: int = option(0, low=0, high=MAX_SEED)
+    input: str = ""
+    target: str = ""
+    split: str = ""
+    patch: int = option(4, low=1, high=1024)
+    image_size: str = ""
+    mode: str = option("", choices=("", "RGB", "L"))
+
+    #: options every feature file's identity records; the others only when set, so that files made
+    #: before they existed keep their identity
+    RECORDED: ClassVar[tuple[str, ...]] = ("n_classes", "test_fraction", "seed")
 
     def __init__(self, path: str, **options: Any):
         fields = {f.name: f for f in dataclasses.fields(self) if f.name != "path"}
@@ -118,46 +154,39 @@ class FileTask(Task):
 
     def identity_options(self) -> dict[str, Any]:
         """Where the file lies is not part of the identity; its contents are (the data fingerprint)."""
-        return {k: v for k, v in self.options().items() if k != "path"}
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return {
+            k: v
+            for k, v in self.options().items()
+            if k != "path" and (k in self.RECORDED or v != defaults[k])
+        }
 
     # -- reading and checking -------------------------------------------------------------
     def _read(self, path: Path) -> dict[str, SplitData]:
-        arrays = _read_arrays(path)
-        if "x" in arrays or "y" in arrays:
-            x, y = self._need(arrays, "x", path), self._need(arrays, "y", path)
-            lengths = arrays.get("lengths")
-            self._check(path, "x", "y", "lengths", x, y, lengths)
-            rows = self._split_rows(path, arrays, y)
-            splits = {
-                s: self._split(x[r], y[r], None if lengths is None else lengths[r]) for s, r in rows.items()
-            }
+        kind = kind_of(path)
+        self._images = Images(parse_size(self.image_size), self.mode)
+        self._image = False
+        if kind == "npz":
+            splits = self._read_npz(path, _read_arrays(path))
+            dims = {s: self._dim(d) for s, d in splits.items()}
+            ids = not any(dims.values())
+            tops = {s: max(int(r.max()) for r in d.inputs) if ids else 0 for s, d in splits.items()}
         else:
-            names = sorted(k[2:] for k in arrays if k.startswith("x_"))
-            if not names:
-                raise DataError(
-                    f"{path} has arrays {sorted(arrays)}; it needs x and y (or x_train, y_train, "
-                    f"x_test, y_test) ({FIX})"
-                )
-            _check_split_names(path, "an x_<split> array", names)
-            splits = {}
-            for s in names:
-                x, y = arrays[f"x_{s}"], self._need(arrays, f"y_{s}", path)
-                lengths = arrays.get(f"lengths_{s}")
-                self._check(path, f"x_{s}", f"y_{s}", f"lengths_{s}", x, y, lengths)
-                splits[s] = self._split(x, y, lengths)
+            parts = self._h5_parts(path) if kind == "h5" else self._source_parts(path, kind)
+            splits, dims, tops = self._read_parts(path, parts)
         for s in ("train", "test"):
             if s not in splits or not len(splits[s]):
                 raise DataError(
                     f"{path} has no (or an empty) {s!r} split; splits found: {sorted(splits)}. "
                     "Give a split array with 'train' and 'test' rows, x_train/x_test arrays, or neither"
                 )
-        dims = {self._dim(d) for d in splits.values()}
-        if len(dims) > 1:
+        if len(set(dims.values())) > 1:
             raise DataError(
-                f"{path}: the splits disagree on the token width ({sorted(dims)}); every x_<split> "
+                f"{path}: the splits disagree on the token width ({sorted(set(dims.values()))}); every x_<split> "
                 "must have the same last dimension (or all be integer ids)"
             )
-        self._kind = "ids" if self._dim(next(iter(splits.values()))) == 0 else "dense"
+        self._token_dim = next(iter(dims.values()))
+        self._kind = "ids" if self._token_dim == 0 else "dense"
         labels = np.concatenate([d.labels for d in splits.values()])
         top = int(labels.max()) + 1
         if self.n_classes and top > self.n_classes:
@@ -172,12 +201,138 @@ class FileTask(Task):
             )
         self._n_classes = self.n_classes or top
         self._seq_len = max(int(d.lengths.max()) for d in splits.values())
-        self._vocab = (
-            max(int(max(s.max() for s in d.inputs)) for d in splits.values()) + 1
-            if self._kind == "ids"
-            else 0
-        )
+        self._vocab = max(tops.values()) + 1 if self._kind == "ids" else 0
         return splits
+
+    def _read_npz(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, SplitData]:
+        if "x" in arrays or "y" in arrays:
+            x, y = self._need(arrays, "x", path), self._need(arrays, "y", path)
+            lengths = arrays.get("lengths")
+            self._check(path, "x", "y", "lengths", x, y, lengths)
+            rows = self._split_rows(path, arrays, y)
+            return {
+                s: self._split(x[r], y[r], None if lengths is None else lengths[r]) for s, r in rows.items()
+            }
+        names = sorted(k[2:] for k in arrays if k.startswith("x_"))
+        if not names:
+            raise DataError(
+                f"{path} has arrays {sorted(arrays)}; it needs x and y (or x_train, y_train, "
+                f"x_test, y_test) ({FIX})"
+            )
+        _check_split_names(path, "an x_<split> array", names)
+        splits = {}
+        for s in names:
+            x, y = arrays[f"x_{s}"], self._need(arrays, f"y_{s}", path)
+            lengths = arrays.get(f"lengths_{s}")
+            self._check(path, f"x_{s}", f"y_{s}", f"lengths_{s}", x, y, lengths)
+            splits[s] = self._split(x, y, lengths)
+        return splits
+
+    def _h5_parts(self, path: Path) -> list[Part]:
+        """An .h5 file's x (or each x_<split>) as a part read a chunk at a time, its small arrays checked."""
+        arrays, big = _read_h5(path)
+        if "x" in big or "y" in arrays:
+            if "x" not in big:
+                raise DataError(f"{path} has no array 'x' (it has {sorted([*arrays, *big])}); {FIX}")
+            y = self._need(arrays, "y", path)
+            names = {None: ("x", "y", "lengths")}
+        else:
+            found = sorted(k[2:] for k in big if k.startswith("x_"))
+            if not found:
+                raise DataError(
+                    f"{path} has arrays {sorted([*arrays, *big])}; it needs x and y (or x_train, y_train, "
+                    f"x_test, y_test) ({FIX})"
+                )
+            _check_split_names(path, "an x_<split> array", found)
+            names = {s: (f"x_{s}", f"y_{s}", f"lengths_{s}") for s in found}
+        parts = []
+        for split, (xname, yname, lname) in names.items():
+            shape, dtype = big[xname]
+            y, lengths = self._need(arrays, yname, path), arrays.get(lname)
+            self._check_x(f"{path}: {xname}", dtype, shape)
+            self._check_y(path, xname, yname, y, shape[0])
+            self._check_lengths(path, xname, lname, lengths, shape)
+            if split is None and "split" in arrays and arrays["split"].shape != y.shape:
+                raise DataError(
+                    f"{path}: split has shape {arrays['split'].shape}; expected ({len(y)},), one name per row"
+                )
+            parts.append(
+                Part(
+                    H5Chunks(path, xname, shape, dtype),
+                    y,
+                    f"{path}: {xname}",
+                    yname,
+                    split,
+                    arrays.get("split") if split is None else None,
+                    cut=None if lengths is None else lengths.astype(np.int64),
+                )
+            )
+        return parts
+
+    def _source_parts(self, path: Path, kind: str) -> list[Part]:
+        if kind == "images":
+            return image_parts(path, self._images)
+        return table_parts(path, input=self.input, target=self.target, split=self.split, images=self._images)
+
+    def _read_parts(
+        self, path: Path, parts: list[Part]
+    ) -> tuple[dict[str, SplitData], dict[str, int], dict[str, int]]:
+        """Each part's rows read once (:func:`reservoir.tasks.streams.scan`): checked, digested, and
+        made the lazy inputs of its splits. Returns the splits, and per split the token width (0 for
+        ids) and the largest id."""
+        splits, dims, tops = {}, {}, {}
+        for part in parts:
+            y = part.labels
+            if not len(y):
+                raise DataError(f"{part.where} holds no rows; drop it or give it rows")
+            if not isinstance(part.chunks, H5Chunks):  # an .h5 file's labels are checked with its arrays
+                self._check_y(path, part.where, part.target, y, len(y))
+            if part.split is not None:
+                _check_split_names(path, "a split folder or file", [part.split])
+                rows = {part.split: np.arange(len(y))}
+            else:
+                arrays = {} if part.split_names is None else {"split": part.split_names}
+                rows = self._split_rows(path, arrays, y)
+            fixed = part.image or isinstance(part.chunks, H5Chunks)
+            found = scan(part.chunks, rows, where=part.where, cut=part.cut, objects=not fixed)
+            if part.image:
+                dim, seq = self._check_image(path, found.row_shape)
+                self._image = True
+            else:
+                shape = (len(y), *(found.row_shape or ("T", *found.token_shape)))
+                self._check_x(part.where, found.dtype, shape)
+                self._check_ids(part.where, found)
+                dim = 0 if found.dtype.kind in "iu" else int(found.token_shape[-1])
+            variable = part.cut is not None or not found.uniform
+            for s, pos in rows.items():
+                inputs = Rows(
+                    part.chunks,
+                    pos,
+                    found.dtype,
+                    found.row_shape,
+                    cut=None if part.cut is None else part.cut[pos],
+                    sha256=found.objects[s] if variable else found.fixed[s],
+                )
+                lengths = (
+                    np.full(len(pos), seq)
+                    if part.image
+                    else (part.cut if part.cut is not None else found.lengths)[pos]
+                )
+                splits[s] = SplitData(inputs, y[pos].astype(np.int64), lengths.astype(np.int64))
+                dims[s], tops[s] = dim, int(found.top) if found.dtype.kind in "iu" and len(pos) else 0
+        return splits, dims, tops
+
+    def _check_image(self, path: Path, shape: tuple[int, int, int]) -> tuple[int, int]:
+        """Token width and tokens per image of ``(H, W, C)`` images cut into ``patch`` patches."""
+        h, w, c = shape
+        p = self.patch
+        if h % p or w % p:
+            raise DataError(
+                f"{path}: images are {h}x{w}, which patch={p} does not divide; pass --task-opt patch=P "
+                f"with P dividing both, or --task-opt image_size=HxW to resize them"
+            )
+        self._image_shape = shape
+        return p * p * c, (h // p) * (w // p)
 
     @staticmethod
     def _need(arrays: dict[str, np.ndarray], key: str, path: Path) -> np.ndarray:
@@ -185,21 +340,10 @@ class FileTask(Task):
             raise DataError(f"{path} has no array {key!r} (it has {sorted(arrays)}); {FIX}")
         return arrays[key]
 
-    @staticmethod
-    def _check(path, xname, yname, lname, x, y, lengths) -> None:
-        shape = "(N, T, d) floats or (N, T) integer ids"
-        if (
-            x.dtype.kind not in "fiu"
-            or x.ndim not in (2, 3)
-            or (x.ndim == 3 and x.dtype.kind != "f")
-            or (x.ndim == 2 and x.dtype.kind == "f")
-        ):
-            raise DataError(
-                f"{path}: {xname} is {x.dtype} with shape {x.shape}; expected {shape} "
-                "(integer ids need an integer dtype; a single feature per token is (N, T, 1))"
-            )
-        if 0 in x.shape:
-            raise DataError(f"{path}: {xname} is empty (shape {x.shape}); {FIX}")
+    @classmethod
+    def _check(cls, path, xname, yname, lname, x, y, lengths) -> None:
+        """An in-memory file's arrays: x's type and values, the labels and the lengths."""
+        cls._check_x(f"{path}: {xname}", x.dtype, x.shape)
         if x.dtype.kind == "f" and not np.isfinite(x).all():
             raise DataError(f"{path}: {xname} holds NaN or infinite values; replace them before extracting")
         if x.dtype.kind in "iu" and x.min() < 0:
@@ -209,9 +353,42 @@ class FileTask(Task):
                 f"{path}: {xname} holds token id {x.max()}; ids must be at most {MAX_ID:,d} (the input "
                 "layer holds a vector per id): renumber them 0..V-1"
             )
-        if y.ndim != 1 or len(y) != len(x):
+        cls._check_y(path, xname, yname, y, len(x))
+        cls._check_lengths(path, xname, lname, lengths, x.shape)
+
+    @staticmethod
+    def _check_x(where: str, dtype: np.dtype, shape: tuple) -> None:
+        kinds = "(N, T, d) floats or (N, T) integer ids"
+        ndim = len(shape)
+        if (
+            dtype.kind not in "fiu"
+            or ndim not in (2, 3)
+            or (ndim == 3 and dtype.kind != "f")
+            or (ndim == 2 and dtype.kind == "f")
+        ):
             raise DataError(
-                f"{path}: {yname} has shape {y.shape}; expected ({len(x)},), one label per row of {xname}"
+                f"{where} is {dtype} with shape {shape}; expected {kinds} "
+                "(integer ids need an integer dtype; a single feature per token is (N, T, 1))"
+            )
+        if 0 in shape:
+            raise DataError(f"{where} is empty (shape {shape}); {FIX}")
+
+    @staticmethod
+    def _check_ids(where: str, found) -> None:
+        """Token ids streamed by a scan lie in ``0..MAX_ID``."""
+        if found.dtype.kind in "iu" and found.low < 0:
+            raise DataError(f"{where} holds negative token ids (min {found.low:.0f}); ids must be >= 0")
+        if found.dtype.kind in "iu" and found.high > MAX_ID:
+            raise DataError(
+                f"{where} holds token id {found.high:.0f}; ids must be at most {MAX_ID:,d} (the input "
+                "layer holds a vector per id): renumber them 0..V-1"
+            )
+
+    @staticmethod
+    def _check_y(path, xname, yname, y, n) -> None:
+        if y.ndim != 1 or len(y) != n:
+            raise DataError(
+                f"{path}: {yname} has shape {y.shape}; expected ({n},), one label per row of {xname}"
             )
         if y.dtype.kind == "f" and not (np.isfinite(y).all() and (y == np.round(y)).all()):
             raise DataError(
@@ -232,16 +409,20 @@ class FileTask(Task):
                 f"{path}: {yname} has label {y.max()} (row {int(np.argmax(y))}), not a class id: labels must "
                 f"be 0..C-1 with C at most {MAX_ID + 1:,d}; relabel them (sklearn.preprocessing.LabelEncoder)"
             )
-        if lengths is not None:
-            if lengths.shape != (len(x),) or lengths.dtype.kind not in "iu":
-                raise DataError(
-                    f"{path}: {lname} is {lengths.dtype} {lengths.shape}; expected ({len(x)},) integers"
-                )
-            if lengths.min() < 1 or lengths.max() > x.shape[1]:
-                raise DataError(
-                    f"{path}: {lname} must lie in 1..{x.shape[1]} (the T of {xname}); "
-                    f"found {lengths.min()}..{lengths.max()}"
-                )
+
+    @staticmethod
+    def _check_lengths(path, xname, lname, lengths, shape) -> None:
+        if lengths is None:
+            return
+        if lengths.shape != (shape[0],) or lengths.dtype.kind not in "iu":
+            raise DataError(
+                f"{path}: {lname} is {lengths.dtype} {lengths.shape}; expected ({shape[0]},) integers"
+            )
+        if lengths.min() < 1 or lengths.max() > shape[1]:
+            raise DataError(
+                f"{path}: {lname} must lie in 1..{shape[1]} (the T of {xname}); "
+                f"found {lengths.min()}..{lengths.max()}"
+            )
 
     def _split_rows(self, path: Path, arrays: dict[str, np.ndarray], y: np.ndarray) -> dict[str, np.ndarray]:
         if "split" in arrays:
@@ -289,13 +470,12 @@ class FileTask(Task):
     @property
     def spec(self) -> TaskSpec:
         variable = any(d.inputs.dtype == object for d in self._splits.values())
-        dim = self._dim(next(iter(self._splits.values())))
         return TaskSpec(
             f"file:{self.path}",
             self._kind,
             seq_len=self._seq_len,
             n_classes=self._n_classes,
-            token_dim=dim,
+            token_dim=self._token_dim,
             vocab_size=self._vocab,
             splits=tuple(self._splits),
             variable_length=variable,
@@ -303,18 +483,17 @@ class FileTask(Task):
         )
 
     def options(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "n_classes": self.n_classes,
-            "test_fraction": self.test_fraction,
-            "seed": self.seed,
-        }
+        return {"path": self.path, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)[1:]}}
 
     def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
         self.check_split(split)
         return self._splits[split].head(limit)
 
     def encode(self, inputs: np.ndarray) -> np.ndarray:
+        """Raw rows (an array, or lazy rows read now) -> tokens; images are cut into patches in [0, 1]."""
+        inputs = np.asarray(inputs) if isinstance(inputs, Rows) else inputs
+        if self._image:
+            return patches(inputs, self.patch).astype(np.float32) / 255.0
         if inputs.dtype != object:
             return inputs.astype(np.int64) if self._kind == "ids" else inputs.astype(np.float32)
         if self._kind == "ids":

@@ -1,0 +1,824 @@
+"""Your own data, read a chunk at a time: the sources ``--task file:PATH`` accepts besides ``.npz``.
+
+``PATH`` may be any of:
+
+- an ``.npz`` file (read whole: numpy compresses it) or an ``.h5``/``.hdf5`` file (``x`` or
+  ``x_<split>`` streamed in blocks of rows), holding the arrays :mod:`reservoir.tasks.userfile`
+  describes;
+- a Parquet file (``.parquet``, ``.pq``), read one row group at a time;
+- an Arrow file (``.arrow``, ``.feather``, ``.ipc``: the IPC file or stream format), read one
+  record batch at a time;
+- a Hugging Face ``datasets`` folder written by ``save_to_disk``: a ``Dataset`` (``state.json``
+  and ``data-*.arrow`` files) or a ``DatasetDict`` (``dataset_dict.json``, one such folder per
+  split); the ``datasets`` package is not needed to read it;
+- a folder of Parquet or Arrow files: files named by split (``train.parquet``, ``test.parquet``,
+  or the Hub's ``train-00000-of-00002.parquet``) give the splits; otherwise the files are one table;
+- an image folder in torchvision's ``ImageFolder`` layout: ``root/CLASS/*.png`` (one folder per
+  class; classes numbered in sorted order), or ``root/SPLIT/CLASS/*.png`` with ``train`` and
+  ``test`` (and ``val``) folders. Files ending ``.png .jpg .jpeg .bmp .gif .ppm .pgm .tif .tiff
+  .webp`` are images; others are skipped.
+
+Tables (Parquet, Arrow, ``datasets``) have named columns. ``--task-opt input=COLUMN`` names the
+column holding each example (default: the one of ``x``, ``input``, ``inputs``, ``image``,
+``img``, ``pixel_values``, ``sequence`` present), ``target=COLUMN`` the label (default: the one
+of ``y``, ``label``, ``labels``, ``target`` present), ``split=COLUMN`` a column naming each row's
+split (default: ``split`` when present). An input column holds one of:
+
+- lists of numbers per row (nested lists, fixed-size lists, ``datasets`` ``Array2D`` or Arrow
+  tensors): integers ``(T,)`` are token ids, floats ``(T, d)`` are tokens of ``d`` values; rows
+  of different ``T`` make a variable-length task (each row's length is its list's);
+- images (``datasets`` ``Image``: structs of ``bytes`` and ``path``, or raw encoded bytes).
+
+Images (from a folder or an image column) are decoded with Pillow, as ``uint8`` ``(H, W, C)``,
+and cut into ``patch`` x ``patch`` patches as tokens of ``patch * patch * C`` values in
+``[0, 1]`` (row-major patches, channel innermost, as :func:`reservoir.tasks.patches`). Options:
+``patch`` (default 4; must divide the height and width), ``image_size=HxW`` (resize every image,
+bilinear; default: all images must have the first one's size), ``mode=RGB`` or ``mode=L``
+(convert every image; default: all must have the first one's mode, ``RGB`` or ``L``).
+
+Splits: from the ``DatasetDict``, the split folders, the file names or the split column, else a
+seeded stratified ``test_fraction`` (default 0.2; ``seed``) of the rows becomes ``test``.
+``train`` and ``test`` must be present. Labels are class ids ``0..n_classes-1``.
+
+Memory: labels, lengths and split names are held (a few bytes per row); inputs are read when a
+batch asks for them, a chunk at a time (a Parquet row group, an Arrow record batch, about
+:data:`H5_CHUNK_BYTES` of HDF5 rows, :data:`IMAGE_CHUNK` images), at most :data:`CACHED` chunks
+kept. Write large Parquet files with row groups of tens of megabytes (pyarrow's
+``row_group_size``); memory holds a few row groups of the input column.
+
+Checks: building the task reads every row once, in order, and refuses (DataError naming the
+file, the column or the image, and what to pass) missing or ambiguous columns, columns of
+another type, missing values, NaN or infinite values, negative or huge token ids, labels out of
+range, images of another size or mode, unreadable images and empty class folders, before any
+feature file exists. The same pass computes the data digest the run's identity records
+(:func:`reservoir.identity.data_fingerprint`), equal to the digest of the same rows in memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reservoir.errors import DataError, unreadable
+from reservoir.identity import rows_header, update_rows
+
+#: bytes of HDF5 rows read at a time
+H5_CHUNK_BYTES = 16 * 2**20
+#: images decoded at a time
+IMAGE_CHUNK = 64
+#: chunks kept decoded for the batches that ask for them
+CACHED = 2
+PARQUET = (".parquet", ".pq")
+ARROW = (".arrow", ".feather", ".ipc")
+IMAGES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
+INPUTS = ("x", "input", "inputs", "image", "img", "pixel_values", "sequence")
+TARGETS = ("y", "label", "labels", "target")
+FIX = "see `reservoir data where` for the layouts --task file:PATH accepts"
+
+
+def need(module: str, what: str) -> Any:
+    """Import an optional module of the ``data`` extra, or a DataError saying how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise DataError(
+            f"reading {what} needs the {module.split('.')[0]} package, which is not installed: "
+            "pip install 'reservoir[data]'"
+        ) from None
+
+
+# -- chunked sources --------------------------------------------------------------------------
+
+
+class Chunks:
+    """Rows of one input, read a chunk at a time: chunk ``i`` holds rows ``starts[i]:starts[i+1]``.
+
+    Subclasses set ``starts`` and ``name`` (for messages) and implement :meth:`read`, which returns a
+    chunk's rows as one array ``(n, *row_shape)`` or an object array of row arrays."""
+
+    name: str = ""
+    starts: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def read(self, i: int) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def get(self, i: int) -> np.ndarray:
+        """Chunk ``i``, from the cache of the last :data:`CACHED` chunks read (thread-safe)."""
+        with self._lock:
+            cache = self.__dict__.setdefault("_cache", OrderedDict())
+            if i in cache:
+                cache.move_to_end(i)
+                return cache[i]
+        block = self.read(i)
+        with self._lock:
+            cache[i] = block
+            while len(cache) > CACHED:
+                cache.popitem(last=False)
+        return block
+
+    @property
+    def _lock(self) -> threading.Lock:
+        return self.__dict__.setdefault("_lock_", threading.Lock())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_lock_", "_handle")}
+
+
+class H5Chunks(Chunks):
+    """An HDF5 dataset's rows, about :data:`H5_CHUNK_BYTES` at a time."""
+
+    def __init__(self, path: Path, dataset: str, shape: tuple[int, ...], dtype: np.dtype):
+        self.path, self.dataset, self.name = path, dataset, f"{path}: {dataset}"
+        per = max(1, H5_CHUNK_BYTES // max(1, int(np.prod(shape[1:])) * dtype.itemsize))
+        self.starts = np.append(np.arange(0, shape[0], per), shape[0]).astype(np.int64)
+
+    def read(self, i: int) -> np.ndarray:
+        import h5py
+
+        try:
+            with h5py.File(self.path, "r", locking=False) as f:
+                return f[self.dataset][self.starts[i] : self.starts[i + 1]]
+        except (OSError, ValueError, KeyError) as e:
+            raise unreadable(self.path, e, "write it again") from None
+
+
+class TableChunks(Chunks):
+    """One column of Parquet or Arrow files (a row group or record batch a chunk), converted to numpy
+    rows by ``convert(arrow_array, first_row)``."""
+
+    def __init__(self, files: list[Path], column: str, convert: Callable[[Any, int], np.ndarray]):
+        self.files, self.column, self.convert = files, column, convert
+        self.name = f"{files[0] if len(files) == 1 else files[0].parent}: column {column!r}"
+        self.pieces: list[tuple[int, int]] = []  # (file, row group / batch index / stream offset)
+        counts = []
+        self.schemas = []
+        for k, f in enumerate(files):
+            for where, n in table_pieces(f):
+                self.pieces.append((k, where))
+                counts.append(n)
+        self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+
+    def table(self, i: int, columns: list[str]):
+        """Chunk ``i``'s ``columns`` as a pyarrow Table."""
+        k, where = self.pieces[i]
+        return read_piece(self.files[k], where, columns)
+
+    def read(self, i: int) -> np.ndarray:
+        col = self.table(i, [self.column]).column(0).combine_chunks()
+        return self.convert(col, int(self.starts[i]))
+
+
+def table_pieces(path: Path) -> list[tuple[Any, int]]:
+    """The chunks of a Parquet or Arrow file: ``[(where, rows), ...]`` (a Parquet row group's index,
+    an Arrow file's batch index, or an Arrow stream's message offset)."""
+    pa = need("pyarrow", "Parquet and Arrow files")
+    try:
+        if path.suffix.lower() in PARQUET:
+            import pyarrow.parquet as pq
+
+            meta = pq.ParquetFile(path).metadata
+            return [(("parquet", g), meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+        import pyarrow.ipc as ipc
+
+        with pa.memory_map(str(path)) as mm:  # batch headers only: no body is read
+            if mm.read(6) == b"ARROW1":
+                reader = ipc.open_file(mm)
+                return [(("file", i), reader.get_batch(i).num_rows) for i in range(reader.num_record_batches)]
+            mm.seek(0)
+            reader = ipc.open_stream(mm)
+            out, offset = [], mm.tell()
+            for batch in reader:
+                out.append((("stream", offset), batch.num_rows))
+                offset = mm.tell()
+            return out
+    except (OSError, pa.ArrowException) as e:
+        raise unreadable(path, e, "write it again (pyarrow.parquet.write_table, pyarrow.feather)") from None
+
+
+def read_piece(path: Path, where: tuple[str, int], columns: list[str]):
+    """One chunk of a Parquet or Arrow file (:func:`table_pieces`), only ``columns`` kept."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    kind, at = where
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).read_row_group(at, columns=columns)
+        with pa.OSFile(str(path)) as f:  # read into memory (a memory map would outlive the arrays)
+            if kind == "file":
+                batch = ipc.open_file(f).get_batch(at)
+            else:
+                schema = ipc.open_stream(f).schema
+                f.seek(at)
+                batch = ipc.read_record_batch(ipc.read_message(f), schema)
+        return pa.Table.from_batches([batch]).select(columns)
+    except (OSError, pa.ArrowException) as e:
+        raise unreadable(path, e, "write it again") from None
+
+
+class ImageChunks(Chunks):
+    """Image files, :data:`IMAGE_CHUNK` decoded at a time."""
+
+    def __init__(self, files: list[Path], decode: Images):
+        self.files, self.decode, self.name = files, decode, str(files[0].parent.parent) if files else ""
+        self.starts = np.append(np.arange(0, len(files), IMAGE_CHUNK), len(files)).astype(np.int64)
+
+    def read(self, i: int) -> np.ndarray:
+        files = self.files[self.starts[i] : self.starts[i + 1]]
+        return np.stack([self.decode(f, f) for f in files])
+
+
+# -- images -----------------------------------------------------------------------------------
+
+
+def parse_size(text: str) -> tuple[int, int] | None:
+    """``"HxW"`` -> ``(H, W)``; ``""`` -> None; a DataError otherwise."""
+    if not text:
+        return None
+    h, sep, w = text.lower().partition("x")
+    if not (sep and h.isdigit() and w.isdigit() and int(h) > 0 and int(w) > 0):
+        raise DataError(f"image_size={text!r} is not HEIGHTxWIDTH in pixels; pass e.g. image_size=32x32")
+    return int(h), int(w)
+
+
+@dataclass
+class Images:
+    """Decodes images to ``uint8`` ``(H, W, C)``: every image resized to ``size`` and converted to
+    ``mode`` when given, else required to have the first image's size and mode."""
+
+    size: tuple[int, int] | None = None
+    mode: str = ""
+    #: the (H, W, C) every image has, and the mode (set by the first image decoded)
+    shape: tuple[int, int, int] | None = None
+    seen_mode: str = ""
+    first: str = ""
+
+    def __call__(self, data: Any, name: Any) -> np.ndarray:
+        Image = need("PIL.Image", "images")
+        import io
+
+        try:
+            with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as im:
+                im.load()
+                if self.mode:
+                    im = im.convert(self.mode)
+                elif im.mode not in ("RGB", "L"):
+                    raise DataError(
+                        f"image {name} has mode {im.mode}; pass --task-opt mode=RGB (or mode=L) to convert "
+                        "every image"
+                    )
+                elif self.seen_mode and im.mode != self.seen_mode:
+                    raise DataError(
+                        f"image {name} has mode {im.mode}, {self.first} {self.seen_mode}; pass --task-opt "
+                        f"mode={self.seen_mode} (or mode={im.mode}) to convert every image"
+                    )
+                if self.size:
+                    im = im.resize(self.size[::-1], Image.Resampling.BILINEAR)
+                pixels = np.asarray(im, dtype=np.uint8)
+        except DataError:
+            raise
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+            raise DataError(
+                f"image {name} is unreadable ({type(e).__name__}: {e}); replace or delete it"
+            ) from None
+        pixels = pixels[..., None] if pixels.ndim == 2 else pixels
+        if self.shape is None:
+            self.shape, self.seen_mode, self.first = pixels.shape, self.mode or im.mode, f"image {name} has"
+        elif pixels.shape != self.shape:
+            h, w = self.shape[:2]
+            raise DataError(
+                f"image {name} is {pixels.shape[0]}x{pixels.shape[1]}, {self.first} {h}x{w}; pass "
+                f"--task-opt image_size={h}x{w} to resize every image to one size"
+            )
+        return pixels
+
+
+# -- arrow columns to numpy rows ---------------------------------------------------------------
+
+
+def arrow_rows(col: Any, first: int, *, where: str, images: Images) -> np.ndarray:
+    """An Arrow column's rows as numpy: ``(n, T)`` ids / ``(n, T, d)`` floats when every row has one
+    length, an object array of rows otherwise; images ``(n, H, W, C)`` uint8. ``first`` is the
+    column's first row number (for messages)."""
+    import pyarrow as pa
+
+    t = col.type
+    if isinstance(t, pa.ExtensionType):
+        if hasattr(col, "to_numpy_ndarray"):  # an Arrow fixed-shape tensor
+            return _numbers(col.to_numpy_ndarray(), where)
+        col, t = col.storage, t.storage_type  # datasets' Array2D: nested lists
+    if col.null_count:
+        row = first + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{where} has a missing value in row {row}; fill or drop it")
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:  # datasets' Image: bytes and path
+        data, paths = (
+            col.field("bytes").to_pylist(),
+            col.field("path").to_pylist() if t.get_field_index("path") >= 0 else [None] * len(col),
+        )
+        return np.stack(
+            [
+                images(b if b is not None else p, p or f"row {first + i} of {where}")
+                for i, (b, p) in enumerate(zip(data, paths))
+            ]
+        )
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return np.stack([images(b, f"row {first + i} of {where}") for i, b in enumerate(col.to_pylist())])
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+        kind = "text" if pa.types.is_string(t) or pa.types.is_large_string(t) else str(t)
+        raise DataError(
+            f"{where} holds {kind}, one value per row; each row must be a list of token ids, a list of "
+            "tokens (lists of floats) or an image (tokenize text into ids first; " + FIX + ")"
+        )
+    lengths = _list_lengths(col)
+    inner = col.flatten()
+    if inner.null_count:
+        raise DataError(f"{where} has missing values inside its lists; fill or drop them")
+    width = None
+    if isinstance(inner.type, pa.ExtensionType):
+        inner = inner.storage
+    if (
+        pa.types.is_list(inner.type)
+        or pa.types.is_large_list(inner.type)
+        or pa.types.is_fixed_size_list(inner.type)
+    ):
+        widths = _list_lengths(inner)
+        if len(widths) and (widths != widths[0]).any():
+            raise DataError(
+                f"{where}: the tokens of a row have different widths ({sorted(set(widths.tolist()))[:5]}); "
+                "every token must be a list of the same number of floats"
+            )
+        width = int(widths[0]) if len(widths) else 0
+        inner = inner.flatten()
+        if inner.null_count:
+            raise DataError(f"{where} has missing values inside its lists; fill or drop them")
+        if pa.types.is_list(inner.type) or pa.types.is_large_list(inner.type):
+            raise DataError(f"{where} nests lists three deep; rows must be (T,) ids or (T, d) floats ({FIX})")
+    if not (pa.types.is_integer(inner.type) or pa.types.is_floating(inner.type)):
+        raise DataError(
+            f"{where} holds lists of {inner.type}; rows must be (T,) integer ids or (T, d) floats"
+        )
+    values = inner.to_numpy(zero_copy_only=False)
+    values = values.reshape(-1, width) if width is not None else values
+    if len(lengths) and (lengths == lengths[0]).all():
+        return _numbers(values.reshape(len(lengths), int(lengths[0]), *values.shape[1:]), where)
+    out = np.empty(len(lengths), dtype=object)
+    out[:] = np.split(values, np.cumsum(lengths)[:-1])
+    return out
+
+
+def _list_lengths(arr: Any) -> np.ndarray:
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(arr.type):
+        return np.full(len(arr), arr.type.list_size, dtype=np.int64)
+    return arr.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _numbers(a: np.ndarray, where: str) -> np.ndarray:
+    if a.dtype.kind not in "fiu":
+        raise DataError(f"{where} holds {a.dtype}; rows must be (T,) integer ids or (T, d) floats")
+    return a
+
+
+# -- lazy rows ------------------------------------------------------------------------------------
+
+
+class Rows:
+    """One split's inputs, read when asked: ``rows[index_array]`` reads the chunks holding those rows and
+    returns a numpy array (an object array of rows for variable-length data), ``rows[a:b]`` is a lazy
+    view. ``positions`` are the split's rows in the source, ascending; ``cut`` (optional) the real
+    tokens of each row (right-padded rows are cut to them, as an in-memory object array would be).
+    ``sha256``: the digest state of these rows as :func:`reservoir.identity.array_digest` computes it,
+    when the scan computed it."""
+
+    def __init__(
+        self,
+        chunks: Chunks,
+        positions: np.ndarray,
+        value_dtype: np.dtype,
+        row_shape: tuple[int, ...] | None,
+        cut: np.ndarray | None = None,
+        sha256: Any = None,
+    ):
+        self.chunks, self.positions, self.value_dtype = chunks, np.asarray(positions, np.int64), value_dtype
+        self.row_shape, self.cut, self.sha256 = row_shape, cut, sha256
+
+    @property
+    def variable(self) -> bool:
+        return self.row_shape is None or self.cut is not None
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(object) if self.variable else self.value_dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self),) if self.variable else (len(self), *self.row_shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[np.arange(len(self))]
+        return out if dtype is None else out.astype(dtype)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            cut = None if self.cut is None else self.cut[key]
+            full = key == slice(None) or self.positions[key].shape == self.positions.shape
+            return Rows(
+                self.chunks,
+                self.positions[key],
+                self.value_dtype,
+                self.row_shape,
+                cut,
+                self.sha256 if full else None,
+            )
+        if np.isscalar(key):
+            return self[np.array([key])][0]
+        return self.take(np.asarray(key, dtype=np.int64))
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        """The rows at ``idx`` (positions in this split, any order), read from their chunks."""
+        pos = self.positions[idx]
+        starts = self.chunks.starts
+        which = np.searchsorted(starts, pos, side="right") - 1
+        variable = self.variable
+        out = (
+            np.empty(len(idx), dtype=object)
+            if variable
+            else np.empty((len(idx), *self.row_shape), self.value_dtype)
+        )
+        for c in np.unique(which):
+            sel = np.flatnonzero(which == c)
+            block = self.chunks.get(int(c))
+            part = block[pos[sel] - starts[c]]
+            if not variable:
+                out[sel] = part
+                continue
+            for k, j in enumerate(sel):
+                row = part[k]
+                out[j] = row if self.cut is None else row[: self.cut[idx[j]]]
+        return out
+
+    def chunks_in_order(self, rows: int = 4096) -> Iterator[np.ndarray]:
+        """The rows in order, a few thousand at a time (the digest of a view streams them)."""
+        for a in range(0, len(self), rows):
+            yield self.take(np.arange(a, min(a + rows, len(self))))
+
+
+# -- the scan: every row once, checked and digested -----------------------------------------------
+
+
+@dataclass
+class Scan:
+    """What one pass over a source found: per source row the length (tokens); the value dtype and
+    row shape (``None`` where rows differ in length); value extremes; per split the digest states."""
+
+    dtype: np.dtype | None = None
+    row_shape: tuple[int, ...] | None = None
+    uniform: bool = True
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    low: float = np.inf
+    high: float = -np.inf
+    top: float = -np.inf  # the largest value among real tokens (cut rows)
+    token_shape: tuple[int, ...] = ()
+    fixed: dict[str, Any] = field(default_factory=dict)
+    objects: dict[str, Any] = field(default_factory=dict)
+
+
+def scan(
+    chunks: Chunks,
+    splits: dict[str, np.ndarray],
+    *,
+    where: str,
+    cut: np.ndarray | None = None,
+    objects: bool = True,
+) -> Scan:
+    """Read every chunk once, in order: check values (finite, one dtype, one token width), find each
+    row's length and the extremes, and feed each split's rows (``splits``: source rows, ascending) into
+    its digests: as object rows (cut to ``cut``, per source row, when given; only when ``objects``) and,
+    while every row has one shape, as fixed-shape rows. The caller keeps the one that applies."""
+    s = Scan(lengths=np.zeros(len(chunks), np.int64))
+    if objects or cut is not None:
+        s.objects = {k: hashlib.sha256(rows_header(np.dtype(object), (len(p),))) for k, p in splits.items()}
+    for i in range(len(chunks.starts) - 1):
+        a, b = int(chunks.starts[i]), int(chunks.starts[i + 1])
+        block = chunks.read(i)
+        if len(block) != b - a:
+            raise DataError(f"{chunks.name}: chunk {i} holds {len(block)} rows, its header says {b - a}")
+        if not len(block):
+            continue
+        ragged = block.dtype == object
+        rows = list(block) if ragged else None
+        shapes = {r.shape for r in rows} if ragged else {block.shape[1:]}
+        _layout(s, (rows[0] if ragged else block).dtype, shapes, chunks.name, a)
+        s.lengths[a:b] = [len(r) for r in rows] if ragged else block.shape[1]
+        values = np.concatenate([r.reshape(-1) for r in rows]) if ragged else block
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            bad = a + next(k for k, r in enumerate(block) if not np.isfinite(r).all())
+            raise DataError(
+                f"{where} holds NaN or infinite values (row {bad}); replace them before extracting"
+            )
+        if values.size:
+            s.low, s.high = min(s.low, float(values.min())), max(s.high, float(values.max()))
+        for name, pos in splits.items():
+            lo, hi = np.searchsorted(pos, [a, b])
+            if hi == lo:
+                continue
+            part = block[pos[lo:hi] - a]
+            if cut is not None:
+                part = _objects([r[: cut[p]] for r, p in zip(part, pos[lo:hi])])
+            real = [r for r in part if r.size] if part.dtype == object else [part] if part.size else []
+            s.top = max([s.top, *(float(r.max()) for r in real)])
+            if s.objects:
+                update_rows(s.objects[name], part if part.dtype == object else _objects(list(part)))
+            if s.uniform and not ragged and cut is None:
+                if name not in s.fixed:
+                    s.fixed[name] = hashlib.sha256(rows_header(s.dtype, (len(pos), *s.row_shape)))
+                update_rows(s.fixed[name], part)
+    if not s.uniform:
+        s.fixed = {}
+    return s
+
+
+def _objects(rows: list[np.ndarray]) -> np.ndarray:
+    out = np.empty(len(rows), dtype=object)
+    for k, r in enumerate(rows):
+        out[k] = r
+    return out
+
+
+def _layout(s: Scan, dtype: np.dtype, shapes: set[tuple[int, ...]], name: str, first: int) -> None:
+    """One dtype and one token layout (the row shape past its length) for the whole source; rows of
+    one shape throughout keep ``s.uniform``."""
+    if s.dtype is None:
+        s.dtype, s.row_shape = dtype, next(iter(shapes))
+    if dtype != s.dtype:
+        raise DataError(f"{name}: rows from {first} on are {dtype}, earlier ones {s.dtype}; give one dtype")
+    tokens = {shape[1:] for shape in shapes}
+    known = s.row_shape[1:] if s.row_shape is not None else s.token_shape
+    if len(tokens) > 1 or next(iter(tokens)) != known:
+        raise DataError(
+            f"{name}: rows from {first} on have tokens of shape {sorted(tokens)}, earlier ones {known}; "
+            "every token needs the same number of values"
+        )
+    s.token_shape = known
+    if s.row_shape is not None and shapes != {s.row_shape}:
+        s.uniform, s.row_shape = False, None
+
+
+# -- naming a source ------------------------------------------------------------------------------
+
+
+@dataclass
+class Part:
+    """Rows of a source that share one reader: their inputs (read lazily), their labels, and which
+    split they belong to: ``split`` (all of them), ``split_names`` (a name per row), or neither (the
+    task draws a seeded test fraction)."""
+
+    chunks: Chunks
+    labels: np.ndarray
+    where: str
+    target: str
+    split: str | None = None
+    split_names: np.ndarray | None = None
+    image: bool = False
+    #: real tokens of each right-padded row (an .h5 file's ``lengths``)
+    cut: np.ndarray | None = None
+
+
+def kind_of(path: Path) -> str:
+    """What ``path`` holds: ``npz``, ``h5``, ``table`` (a Parquet or Arrow file), ``dataset`` (a
+    ``datasets`` folder, a DatasetDict or a folder of tables) or ``images`` (an image folder)."""
+    if not path.exists():
+        raise DataError(
+            f"{path} does not exist; give --task file:PATH with an existing file or folder ({FIX})"
+        )
+    suffix = path.suffix.lower()
+    if path.is_file():
+        if suffix == ".npz":
+            return "npz"
+        if suffix in (".h5", ".hdf5"):
+            return "h5"
+        if suffix in PARQUET + ARROW:
+            return "table"
+        raise DataError(
+            f"{path} is not a file --task file:PATH reads: give an .npz, .h5, .parquet or .arrow file, a "
+            f"datasets folder (save_to_disk) or an image folder ({FIX})"
+        )
+    if (path / "dataset_dict.json").exists() or (path / "state.json").exists() or _table_files(path):
+        return "dataset"
+    if any(p.is_dir() for p in path.iterdir()):
+        return "images"
+    raise DataError(
+        f"{path} is a folder without Parquet or Arrow files, a datasets save_to_disk folder or class "
+        f"folders of images ({FIX})"
+    )
+
+
+def _table_files(folder: Path) -> list[Path]:
+    for place in (folder, folder / "data"):
+        files = (
+            sorted(p for p in place.glob("*") if p.suffix.lower() in PARQUET + ARROW)
+            if place.is_dir()
+            else []
+        )
+        if files:
+            return files
+    return []
+
+
+def table_parts(path: Path, *, input: str, target: str, split: str, images: Images) -> list[Part]:
+    """The parts of a table source (a Parquet/Arrow file, a ``datasets`` folder, a folder of tables),
+    their labels and split names read (one pass over those columns)."""
+    need("pyarrow", "Parquet, Arrow and datasets folders")
+    if path.is_file():
+        groups = {None: [path]}
+    elif (path / "dataset_dict.json").exists():
+        try:
+            names = json.loads((path / "dataset_dict.json").read_text())["splits"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise unreadable(path / "dataset_dict.json", e, "save the DatasetDict again") from None
+        groups = {s: _dataset_files(path / s) for s in names}
+    elif (path / "state.json").exists():
+        groups = {None: _dataset_files(path)}
+    else:
+        files = _table_files(path)
+        by_name: dict[str, list[Path]] = {}
+        for f in files:
+            by_name.setdefault(f.name.split(".")[0].split("-")[0], []).append(f)
+        groups = by_name if "train" in by_name else {None: files}
+    parts = []
+    for name, files in groups.items():
+        columns = _schema(files[0])
+        x = _pick(files[0], columns, input, INPUTS, "input", "the examples")
+        y = _pick(files[0], columns, target, TARGETS, "target", "the labels")
+        s = split or ("split" if "split" in columns and name is None else "")
+        if s and s not in columns:
+            raise DataError(
+                f"{files[0]} has no column {s!r} (columns: {columns}); pass --task-opt split=COLUMN"
+            )
+        base = files[0] if len(files) == 1 else files[0].parent
+        where = f"{base}: column {x!r}"
+        chunks = TableChunks(files, x, functools.partial(arrow_rows, where=where, images=images))
+        labels, names = [], []
+        for i in range(len(chunks.pieces)):
+            t = chunks.table(i, [y] + ([s] if s else []))
+            labels.append(_column(t.column(0), f"{base}: column {y!r}", int(chunks.starts[i])))
+            if s:
+                names.append(np.asarray(t.column(1).to_pylist(), dtype=str))
+        y_all = np.concatenate(labels) if labels else np.zeros(0, np.int64)
+        image = _is_image(files[0], x)
+        parts.append(
+            Part(chunks, y_all, where, f"column {y!r}", name, np.concatenate(names) if s else None, image)
+        )
+    return parts
+
+
+def _dataset_files(folder: Path) -> list[Path]:
+    try:
+        state = json.loads((folder / "state.json").read_text())
+        files = [folder / f["filename"] for f in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise unreadable(folder / "state.json", e, "save the dataset again (Dataset.save_to_disk)") from None
+    if not files:
+        raise DataError(f"{folder} holds no data files (state.json lists none); save the dataset again")
+    return files
+
+
+def _schema(path: Path) -> list[str]:
+    import pyarrow as pa
+
+    try:
+        if path.suffix.lower() in PARQUET:
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names)
+        import pyarrow.ipc as ipc
+
+        with pa.memory_map(str(path)) as mm:
+            file_format = mm.read(6) == b"ARROW1"
+            mm.seek(0)
+            return list((ipc.open_file(mm) if file_format else ipc.open_stream(mm)).schema.names)
+    except (OSError, pa.ArrowException) as e:
+        raise unreadable(path, e, "write it again") from None
+
+
+def _is_image(path: Path, column: str) -> bool:
+    import pyarrow as pa
+
+    if path.suffix.lower() in PARQUET:
+        import pyarrow.parquet as pq
+
+        t = pq.read_schema(path).field(column).type
+    else:
+        import pyarrow.ipc as ipc
+
+        with pa.memory_map(str(path)) as mm:
+            file_format = mm.read(6) == b"ARROW1"
+            mm.seek(0)
+            t = (ipc.open_file(mm) if file_format else ipc.open_stream(mm)).schema.field(column).type
+    return (pa.types.is_struct(t) and t.get_field_index("bytes") >= 0) or pa.types.is_binary(t)
+
+
+def _pick(
+    path: Path, columns: list[str], given: str, defaults: tuple[str, ...], option: str, what: str
+) -> str:
+    if given:
+        if given not in columns:
+            raise DataError(
+                f"{path} has no column {given!r} (columns: {columns}); pass --task-opt {option}=COLUMN naming "
+                f"the column of {what}"
+            )
+        return given
+    found = [c for c in defaults if c in columns]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise DataError(
+            f"{path}: more than one column could hold {what} ({found}); pass --task-opt {option}=COLUMN "
+            "naming the one to use"
+        )
+    raise DataError(
+        f"{path} has no column named {' / '.join(defaults)} for {what} (columns: {columns}); pass "
+        f"--task-opt {option}=COLUMN naming it"
+    )
+
+
+def _column(col: Any, where: str, first: int) -> np.ndarray:
+    """A label column as numpy (ints, floats, bools; strings as str), refusing missing values."""
+    import pyarrow as pa
+
+    col = col.combine_chunks() if hasattr(col, "combine_chunks") else col
+    if col.null_count:
+        row = first + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{where} has a missing value in row {row}; fill or drop it")
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return np.asarray(col.to_pylist(), dtype=str)
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type)):
+        raise DataError(
+            f"{where} holds {col.type}; labels must be integer class ids 0..C-1 "
+            "(sklearn.preprocessing.LabelEncoder turns names into ids)"
+        )
+    return col.to_numpy(zero_copy_only=False)
+
+
+def image_parts(root: Path, images: Images) -> list[Part]:
+    """The parts of an image folder (``root/CLASS/*`` or ``root/SPLIT/CLASS/*``): files in sorted
+    order, classes numbered in sorted order of their folder names across splits."""
+    subfolders = sorted(p for p in root.iterdir() if p.is_dir())
+    by_split = {p.name: p for p in subfolders} if (root / "train").is_dir() else {None: root}
+    classes_of = {}
+    for name, folder in by_split.items():
+        classes_of[name] = sorted(p for p in folder.iterdir() if p.is_dir())
+        if not classes_of[name]:
+            raise DataError(
+                f"{folder} holds no class folders; put each class's images in {folder}/CLASS/ ({FIX})"
+            )
+    classes = sorted({c.name for cs in classes_of.values() for c in cs})
+    parts = []
+    for name, folder in by_split.items():
+        files, labels = [], []
+        for c in classes_of[name]:
+            found = sorted(p for p in c.rglob("*") if p.suffix.lower() in IMAGES and p.is_file())
+            if not found:
+                raise DataError(
+                    f"class folder {c} holds no images (files ending {' '.join(IMAGES)}); add images or "
+                    "delete the folder"
+                )
+            files += found
+            labels += [classes.index(c.name)] * len(found)
+        parts.append(
+            Part(
+                ImageChunks(files, images),
+                np.asarray(labels, np.int64),
+                str(folder),
+                "class folders",
+                name,
+                None,
+                True,
+            )
+        )
+    return parts
