@@ -162,7 +162,7 @@ def _file_source(task: Task) -> Source:
     path = Path(task.options()["path"])
     return Source(
         task.spec.name,
-        "your .npz/.h5 file (x, y, optional lengths and splits)",
+        "your file or folder (.npz, .h5, Parquet, Arrow, a datasets folder or an image folder)",
         looks_in=(path,),
         files=((path,),),
     )
@@ -202,12 +202,9 @@ def where_lines(data_dir: Path, origin: str, names: list[str]) -> list[str]:
             have = next((p for p in group if p.exists()), None)
             shown = " | ".join(str(p) for p in group)
             lines.append(f"  {'have' if have else 'need'} {have or shown}")
-    lines += [
-        "",
-        "your own data: --task file:PATH, an .npz or .h5 with x (N, T, d) floats or (N, T) integer ids,",
-        "  y (N,) class ids, optional lengths (N,) and split (N,) names (train/val/test) or x_train/y_train/x_test/y_test",
-    ]
-    return lines
+    from reservoir.tasks.streams import LAYOUTS
+
+    return [*lines, "", *LAYOUTS]
 
 
 def fetch(task: Task, data_dir: Path) -> list[str]:

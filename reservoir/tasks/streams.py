@@ -85,6 +85,23 @@ INPUTS = ("x", "input", "inputs", "image", "img", "pixel_values", "sequence")
 TARGETS = ("y", "label", "labels", "target")
 FIX = "see `reservoir data where` for the layouts --task file:PATH accepts"
 
+#: what ``reservoir data where`` prints about ``--task file:PATH`` (the module docstring in short)
+LAYOUTS = (
+    "your own data: --task file:PATH, where PATH is",
+    "  an .npz or .h5 file: x (N, T, d) floats or (N, T) integer ids, y (N,) class ids, optional lengths (N,)",
+    "    and split (N,) names (train/val/test), or x_train/y_train/x_test/y_test (.h5 x arrays are streamed)",
+    "  a Parquet (.parquet) or Arrow (.arrow/.feather) file, or a folder of them (train.parquet, test.parquet,",
+    "    or train-00000-of-00002.parquet: files named by split), streamed a row group / record batch at a time",
+    "  a Hugging Face datasets folder written by save_to_disk (a Dataset, or a DatasetDict: one folder per split)",
+    "  an image folder: PATH/CLASS/*.png|jpg (classes numbered in sorted order) or PATH/train/CLASS/...,",
+    "    PATH/test/CLASS/... (and val)",
+    "  table columns: --task-opt input=COLUMN (default x, input, inputs, image, img, pixel_values or sequence),",
+    "    target=COLUMN (default y, label, labels or target), split=COLUMN (default split, when present); an input",
+    "    holds per row a list of token ids (T,), a list of tokens (T, d) of floats, or an image (datasets Image)",
+    "  images: --task-opt patch=P (default 4: P x P patches as tokens), image_size=HxW (resize all), mode=RGB|L",
+    "  without splits a seeded stratified test_fraction (0.2; --task-opt test_fraction=F seed=S) becomes test",
+)
+
 
 def need(module: str, what: str) -> Any:
     """Import an optional module of the ``data`` extra, or a DataError saying how to install it."""
@@ -607,6 +624,12 @@ class Part:
     cut: np.ndarray | None = None
 
 
+def ordered(names) -> list[Any]:
+    """Split names in the order a task lists them: train, val, valid, test, then the others sorted."""
+    first = ("train", "val", "valid", "test")
+    return [n for n in first if n in names] + sorted(n for n in names if n not in first)
+
+
 def kind_of(path: Path) -> str:
     """What ``path`` holds: ``npz``, ``h5``, ``table`` (a Parquet or Arrow file), ``dataset`` (a
     ``datasets`` folder, a DatasetDict or a folder of tables) or ``images`` (an image folder)."""
@@ -667,7 +690,7 @@ def table_parts(path: Path, *, input: str, target: str, split: str, images: Imag
         by_name: dict[str, list[Path]] = {}
         for f in files:
             by_name.setdefault(f.name.split(".")[0].split("-")[0], []).append(f)
-        groups = by_name if "train" in by_name else {None: files}
+        groups = {k: by_name[k] for k in ordered(by_name)} if "train" in by_name else {None: files}
     parts = []
     for name, files in groups.items():
         columns = _schema(files[0])
@@ -789,7 +812,8 @@ def image_parts(root: Path, images: Images) -> list[Part]:
     """The parts of an image folder (``root/CLASS/*`` or ``root/SPLIT/CLASS/*``): files in sorted
     order, classes numbered in sorted order of their folder names across splits."""
     subfolders = sorted(p for p in root.iterdir() if p.is_dir())
-    by_split = {p.name: p for p in subfolders} if (root / "train").is_dir() else {None: root}
+    named = {p.name: p for p in subfolders}
+    by_split = {k: named[k] for k in ordered(named)} if (root / "train").is_dir() else {None: root}
     classes_of = {}
     for name, folder in by_split.items():
         classes_of[name] = sorted(p for p in folder.iterdir() if p.is_dir())
