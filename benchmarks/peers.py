@@ -8,7 +8,7 @@ line saying exactly which API did the work. A builder raises :class:`NotInstalle
 library is missing and :class:`Unavailable` when the row cannot exist here; anything else it
 raises is a failure, reported in one line by the caller.
 
-Feature convention (the project's, README "Feature file layout"): depth ``k`` is the hidden state after
+Feature convention (the project's, docs/guide/feature-file.md): depth ``k`` is the hidden state after
 block ``k`` through the final layer norm ``ln_f``; depth 0 is the embedded input (input layer
 plus positions) through ``ln_f``. Hugging Face's ``hidden_states`` apply ``ln_f`` to the last
 one only, so the peers' wrapper (:class:`Readout`) applies it to the others; the official

@@ -3,7 +3,7 @@
 #   make -C pipelines table3 LIMIT=1000 STEPS=2000       # random transformer against random LSTMs
 #   make -C pipelines table1 PRETRAINED=gpt2 DATA_DIR=/path/to/data
 #   make -C pipelines table15 DATA_TASKS=               # only the tasks that need no download
-#   make -C pipelines table3 LIMIT=8 STEPS=1 DATA_TASKS= OUT_ROOT=/tmp/pipetest TRAIN_OPTS="--batch-size 4"  # smoke test
+#   make -C pipelines table3 LIMIT=8 STEPS=1 DATA_TASKS= OUT_ROOT=out/pipetest TRAIN_OPTS="--batch-size 4"  # smoke test
 #   make -C pipelines table18 table20 LIMIT=5000 DATA_DIR=/path/to/data   # + output-only heads (ABLATION_* sizes)
 #   make -C pipelines critique DATA_DIR=/path/to/data       # the critique's protocol at its own sizes (CRITIQUE_*)
 #
@@ -69,7 +69,7 @@ DATA_TASKS ?= mnist cifar10
 PAPER_TASKS := bit_memory bit_xor listops mnist cifar10 cifar10_lra remote_homology
 GENERATED_TASKS := bit_memory bit_xor listops
 # $(call runnable,TASKS): the given paper tasks this machine runs (generated ones and DATA_TASKS); a
-# Llama-family PRETRAINED trains on all of them (all-zero input tokens included: README, "Experiments")
+# Llama-family PRETRAINED trains on all of them (all-zero input tokens included: docs/guide/pipelines.md)
 runnable = $(filter $(GENERATED_TASKS) $(DATA_TASKS),$(1))
 
 # trained groups

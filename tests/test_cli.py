@@ -36,7 +36,7 @@ def test_bad_depths_and_task_options_exit_2_while_parsing(cli, home):
 
 
 def test_fit_depth_is_the_single_depth_form_of_depths(cli, home, tmp_path):
-    """The design card's `reservoir fit --depth 6`: on a 12-block file it fits depth 6 and no other."""
+    """`reservoir fit --depth 6`: on a 12-block file it fits depth 6 and no other."""
     from conftest import save_tiny_gpt2
 
     folder = save_tiny_gpt2(tmp_path / "gpt2-12x16", n_layer=12, n_embd=16)
@@ -274,12 +274,12 @@ def test_a_backbone_s_own_trainable_group_is_accepted(cli, home):
     assert r.exit_code == 0, r.output
 
 
-def test_the_readme_s_exit_status_table_matches_the_code(cli, home):
-    """One command per row of the README's table, with the status the table gives it."""
+def test_the_documented_exit_status_table_matches_the_code(cli, home):
+    """One command per row of the user guide's exit status table, with the status the table gives it."""
     import re
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    rows = dict(re.findall(r"^  \| (\d) \| (.*?) \|", readme, flags=re.M))
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "commands.md").read_text()
+    rows = dict(re.findall(r"^\| (\d) \| (.*?) \|", guide, flags=re.M))
     assert (
         set(rows) == {"0", "1", "2"} and "usage error" in rows["2"] and "once the command runs" in rows["1"]
     )
