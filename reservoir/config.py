@@ -60,7 +60,7 @@ def results_dir(task: str, backbone: str) -> Path:
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8", "int8-static")
 #: engines that run an extraction (:mod:`reservoir.runtime.engines`)
 ENGINE_CHOICES = ("auto", "torch", "openvino", "onnxruntime")
-READOUT_CHOICES = ("last", "padded")
+READOUT_CHOICES = ("last", "mean", "all", "padded")
 HEAD_CHOICES = ("logreg", "ridge", "torch")
 #: named input scales; a positive number is also accepted (:func:`parse_input_scale`)
 INPUT_SCALE_CHOICES = ("paper", "matched")
@@ -239,8 +239,9 @@ class ExtractConfig:
         ``compile``): the float engines compute the same features, checked against PyTorch float32 on
         the first batch.
     depths : ``"all"`` or comma-separated depths (negative: from the last block).
-    readout : ``"last"`` reads the last real token; ``"padded"`` pads every example to the
-        task's length and reads the last position, reproducing the official FPT code.
+    readout : ``"last"`` reads the last real token; ``"mean"`` averages the states of every real
+        token; ``"all"`` keeps every token's state (tasks of fixed length); ``"padded"`` pads every
+        example to the task's length and reads the last position, reproducing the official FPT code.
     compile : compile the forward with torch.compile (falls back to eager on failure);
         ``None`` compiles when the measured costs say it repays the compile time
         (:mod:`reservoir.runtime.compiling`; sharded runs: ``reservoir.extract.run.AUTO_COMPILE_TOKENS``).

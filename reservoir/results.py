@@ -5,8 +5,12 @@ One JSON file per result under ``results/{task}/{backbone}/``. Schema (both mode
 - ``task``, ``backbone``, ``mode`` (``output-only``, ``end-to-end``, or ``baseline``: see
   :mod:`reservoir.probe.baselines`; its backbone is ``baseline-NAME``, its depth ``None``), ``depth``, ``head``,
   ``trainable`` (groups), ``seed``, ``lr`` (``None`` for output-only heads);
-- ``test_accuracy``, ``val_accuracy`` (fractions in [0, 1]), ``n_train``, ``n_val``,
-  ``n_test``, ``seconds``;
+- ``metric`` (the primary metric of the task's targets, :mod:`reservoir.probe.metrics`:
+  ``accuracy`` for classes, ``nrmse`` for real values), ``test_score`` and ``val_score`` (that
+  metric on the test and validation rows), ``test_metrics`` (every metric of the target kind on the
+  test rows), ``n_train``, ``n_val``, ``n_test``, ``seconds``; results of class targets also carry
+  ``test_accuracy`` and ``val_accuracy`` (fractions in [0, 1]), which results written before
+  ``metric`` existed hold alone (:func:`load_results` reads them as ``accuracy`` scores);
 - ``identity``: the identity of what produced it (the feature file's, or the training
   run's), and ``identity_hash``, its digest;
 - ``key``: digest of the identity hash, mode, head, depth, seed, trainable groups, learning
@@ -41,8 +45,9 @@ REQUIRED = (
     "depth",
     "head",
     "trainable",
-    "test_accuracy",
-    "val_accuracy",
+    "metric",
+    "test_score",
+    "val_score",
     "n_train",
     "n_val",
     "n_test",
@@ -127,9 +132,9 @@ def result_path(result: dict[str, Any]) -> Path:
 
 
 def write_result(result: dict[str, Any]) -> Path:
-    """Complete ``result`` (version, key), check the schema, write it under
+    """Complete ``result`` (version, key, the scores of an accuracy: :func:`with_scores`), check the schema, write it under
     ``results/{task}/{backbone}/``; returns the path."""
-    result = {"version": __version__, "lr": None, **result}
+    result = with_scores({"version": __version__, "lr": None, **result})
     result["key"] = result_key(result)
     missing = [k for k in REQUIRED if k not in result]
     if missing:
@@ -138,6 +143,19 @@ def write_result(result: dict[str, Any]) -> Path:
     text = json.dumps(result, indent=2, sort_keys=True, default=str).encode()
     atomic_write(path, lambda f: f.write(text))
     return path
+
+
+def with_scores(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with ``metric``, ``test_score`` and ``val_score``: a result written before they existed
+    (an accuracy alone) gets them from its ``test_accuracy`` and ``val_accuracy``."""
+    if "test_score" in result or "test_accuracy" not in result:
+        return result
+    return {
+        "metric": "accuracy",
+        "test_score": result["test_accuracy"],
+        "val_score": result.get("val_accuracy"),
+        **result,
+    }
 
 
 def _is_result(obj: Any) -> bool:
@@ -162,6 +180,8 @@ def load_results(paths: Iterable[Path]) -> list[dict[str, Any]]:
                     f"cannot read result {f} ({type(e).__name__}: {e}); delete it or rerun the "
                     "fit/train that wrote it"
                 ) from None
+            if isinstance(obj, dict):
+                obj = with_scores(obj)
             if not _is_result(obj):
                 if p.is_dir():
                     continue

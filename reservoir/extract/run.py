@@ -57,7 +57,7 @@ from reservoir.identity import digest as identity_hash
 from reservoir.model.backbones import fingerprint, label, load_backbone
 from reservoir.model.devices import resolve_device
 from reservoir.model.input_layer import input_layer_tensors
-from reservoir.model.reservoir import check_length
+from reservoir.model.reservoir import check_length, check_readout, readout_count
 from reservoir.progress import bar, log
 from reservoir.runtime import machine
 from reservoir.runtime.engines import INT8_DTYPES
@@ -242,6 +242,7 @@ class Run:
             engine=engine or self.cfg.engine,
             tokens=self.tokens_total,
             padded=self.padded,
+            readout=self.cfg.readout,
             calibration=self.calibration if self.dtype in INT8_DTYPES else None,
             log=lambda text: log(text, progress),
         )
@@ -276,7 +277,7 @@ class Run:
 
     @property
     def feature_shape(self) -> tuple[int, int, int]:
-        return (len(self.depths), self.task.spec.n_readout, self.backbone.d_model)
+        return (len(self.depths), readout_count(self.task.spec, self.cfg.readout), self.backbone.d_model)
 
     @property
     def feature_bytes(self) -> int:
@@ -414,6 +415,7 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     """Load data and backbone, compute the identity and the output file; touches no file."""
     device = resolve_device(cfg.device)  # an absent device fails before any data is read
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
+    check_readout(task.spec, cfg.readout)
     data = load_splits(task, cfg)
     log(f"loading backbone {cfg.backbone} ...", progress)
     backbone = load_backbone(cfg.backbone, cfg.seed)

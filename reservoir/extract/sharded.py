@@ -50,6 +50,7 @@ from reservoir.extract.store import (
     write_joined,
 )
 from reservoir.identity import differences, digest
+from reservoir.model.reservoir import readout_count
 from reservoir.progress import bar, log
 from reservoir.runtime.engines import choose_engine
 
@@ -78,6 +79,7 @@ class ShardJob:
     batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (rows, tokens, lengths)
     engine: str = "auto"
     tokens: int | None = None  # of the whole run (engine="auto" decides by it)
+    readout: str = "last"  # the run's readout (reservoir.model.reservoir.READOUTS)
     calibration: list[tuple[np.ndarray, np.ndarray]] | None = (
         None  # the int8 dtypes: (tokens, lengths) batches
     )
@@ -178,6 +180,7 @@ def _runner(job: ShardJob):
                 engine=job.engine,
                 tokens=job.tokens,
                 padded=job.padded,
+                readout=job.readout,
                 calibration=(lambda: calibration) if calibration else None,
             )
         return _RUNNERS[key]
@@ -188,7 +191,7 @@ def run_shard(job: ShardJob) -> str:
     path = Path(job.path)
     runner = _runner(job)
     path.parent.mkdir(parents=True, exist_ok=True)
-    shape = (len(job.depths), job.spec.n_readout, runner.backbone.d_model)
+    shape = (len(job.depths), readout_count(job.spec, job.readout), runner.backbone.d_model)
     # the store's one writer: the same locking, resuming, NaN refusal, digests and completion as a whole file
     if runner.engine != job.engine:  # an internal invariant: the worker runs the engine the driver settled
         raise ReservoirError(f"this worker runs {runner.engine}, the run's shards {job.engine}")
@@ -350,6 +353,7 @@ def _run_jobs(
                 compile=compile,
                 batch_size=run.batch_size,
                 padded=run.padded,
+                readout=run.cfg.readout,
                 threads=threads,
                 batches=[(rows, *run.tokens(split, rows)) for rows in batches],
                 engine=engine,

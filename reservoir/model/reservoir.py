@@ -7,9 +7,11 @@ same numbers (tests check it).
 - The **depth convention** is the backbones' (:mod:`reservoir.model.backbones`): depth ``k`` is
   the backbone truncated to its first ``k`` blocks, final norm included; depth 0 is the
   embedded input through that norm.
-- The **readout rule** is :func:`readout_positions`: the last ``n_readout`` real tokens of
-  each row, or with ``padded`` the last positions of rows padded to the task's length (the
-  official FPT code's readout, which depends on padding).
+- The **readout rule** is :func:`readout_index`, by the run's readout (:data:`READOUTS`): ``last``
+  reads the last ``n_readout`` real tokens of each row (:func:`readout_positions`); ``padded`` the
+  last positions of rows padded to the task's length (the official FPT code's readout, which depends
+  on padding); ``mean`` the mean of the states of every real token (one row); ``all`` every token's
+  state (tasks of fixed length: ``seq_len`` rows, for per-timestep analyses).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from reservoir.errors import BackboneError
+from reservoir.errors import BackboneError, UsageError
 from reservoir.model.backbones import Backbone
 from reservoir.model.input_layer import make_input_layer
 from reservoir.tasks import TaskSpec
@@ -31,6 +33,46 @@ def readout_positions(lengths: torch.Tensor, n_readout: int, width: int | None =
     positions of rows padded to ``width``."""
     last = lengths if width is None else torch.full_like(lengths, width)
     return last[:, None] - n_readout + torch.arange(n_readout, device=lengths.device)[None, :]
+
+
+#: the readouts (``reservoir extract --readout``), the default first
+READOUTS = ("last", "mean", "all", "padded")
+
+
+def readout_count(spec: TaskSpec, readout: str) -> int:
+    """Rows a feature holds per example and depth under ``readout``: 1 for ``mean``, the task's length
+    for ``all``, else the task's ``n_readout``."""
+    return {"mean": 1, "all": spec.seq_len}.get(readout, spec.n_readout)
+
+
+def readout_index(lengths: torch.Tensor, spec: TaskSpec, readout: str, width: int) -> torch.Tensor:
+    """Positions ``(B, R)`` the backbone's states are read at, for a batch ``width`` tokens wide:
+    :func:`readout_positions` for ``last`` and ``padded``, every position ``0..width-1`` for ``mean``
+    (whose rows :meth:`Reservoir.forward` then averages over the real tokens) and ``0..seq_len-1`` for
+    ``all``."""
+    if readout == "mean":
+        return torch.arange(width, device=lengths.device).expand(len(lengths), width)
+    if readout == "all":
+        return readout_positions(lengths, spec.seq_len)
+    return readout_positions(lengths, spec.n_readout, width if readout == "padded" else None)
+
+
+def check_readout(spec: TaskSpec, readout: str) -> None:
+    """Refuse, before anything runs, a readout the task cannot take (UsageError naming the fix):
+    ``mean`` and ``all`` of a task that reads several tokens, ``all`` of a task of variable length."""
+    if readout not in READOUTS:
+        raise UsageError(f"unknown readout {readout!r}; choose from {', '.join(READOUTS)}")
+    if readout in ("mean", "all") and spec.n_readout > 1 and spec.n_readout != spec.seq_len:
+        raise UsageError(
+            f"task {spec.name!r} reads its last {spec.n_readout} tokens, one label each; --readout {readout} "
+            "gives another number of rows than it has labels: use --readout last"
+        )
+    if readout == "all" and spec.variable_length:
+        raise UsageError(
+            f"--readout all stores every position's state and needs a task of fixed length; task {spec.name!r} "
+            f"has sequences of up to {spec.seq_len} tokens: use --readout mean (every real token, averaged) "
+            "or last"
+        )
 
 
 def check_length(spec: TaskSpec, backbone: Backbone, backbone_name: str) -> None:
@@ -54,9 +96,12 @@ class Reservoir(nn.Module):
     seed : seeds the input layer (:func:`reservoir.model.input_layer.make_input_layer`).
     input_scale : the input layer's scale (``"paper"``, ``"matched"`` or a std as text).
     dropout : after the input layer (training only; 0 for extraction).
+    readout : one of :data:`READOUTS` (:func:`check_readout` refuses what the task cannot take).
 
-    ``forward(tokens, lengths, depths, readout=None)`` returns ``(B, n_depths, n_readout, d)``
-    in the backbone's dtype; ``readout=None`` reads the last real tokens.
+    ``forward(tokens, lengths, depths, readout=None)`` returns ``(B, n_depths, R, d)`` in the
+    backbone's dtype, ``R`` :func:`readout_count`; ``readout`` the positions to read (default
+    :func:`readout_index` of the batch). Under the ``mean`` readout the states at those positions
+    are averaged over the positions before each row's length.
     """
 
     def __init__(
@@ -67,9 +112,11 @@ class Reservoir(nn.Module):
         seed: int,
         input_scale: str = "paper",
         dropout: float = 0.0,
+        readout: str = "last",
     ):
         super().__init__()
-        self.spec = spec
+        check_readout(spec, readout)
+        self.spec, self.readout = spec, readout
         self.input_layer = make_input_layer(
             spec, backbone.input_width, seed, input_scale, getattr(backbone, "token_std", None)
         )
@@ -91,9 +138,14 @@ class Reservoir(nn.Module):
         readout: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if readout is None:
-            readout = readout_positions(lengths, self.spec.n_readout)
+            readout = readout_index(lengths, self.spec, self.readout, tokens.shape[1])
         x = self.dropout(self.input_layer(tokens)).to(self.compute_dtype)
-        return self.backbone(x, lengths, depths, readout)
+        states = self.backbone(x, lengths, depths, readout)
+        if self.readout != "mean":
+            return states
+        real = (readout < lengths[:, None]).to(states.dtype)  # (B, W): 1 at real tokens
+        total = (states * real[:, None, :, None]).sum(2, keepdim=True)
+        return total / lengths.to(states.dtype)[:, None, None, None]
 
 
 class FixedDepths(nn.Module):

@@ -4,7 +4,8 @@
 again and must hash to the file's recorded data), with the same head, the same choice of
 its regularisation on validation and the same refit:
 
-- ``majority``: the most common train label (per output for multi-output tasks);
+- ``majority``: the most common train label (per output for multi-output tasks; the train mean of
+  real-valued targets);
 - ``raw``: the head on the task's raw tokens, flattened: dense values zero-padded to the
   task's length, id tokens one-hot per position;
 - ``tanh-W``: the head on ``W`` random tanh features of those raw tokens, ``W`` the width
@@ -33,6 +34,8 @@ from reservoir.config import FitConfig
 from reservoir.errors import DataError, IdentityError
 from reservoir.identity import digest, reread
 from reservoir.probe.heads import ArrayRows, fit_rows, holdout
+from reservoir.probe.metrics import METRICS_BY_TARGET, result_scores, score_line, target_kind
+from reservoir.probe.metrics import scores as metric_scores
 from reservoir.progress import log
 from reservoir.results import result_key, result_path, write_result
 from reservoir.runtime import machine
@@ -94,6 +97,14 @@ def lookup_rule(keys: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], 
     return predict
 
 
+def rule_predictor(keys: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """:func:`lookup_rule` for class labels; for real-valued labels, the mean of ``labels`` for every key."""
+    if labels.dtype.kind != "f":
+        return lookup_rule(keys, labels)
+    mean = labels.mean(0)
+    return lambda new_keys: np.broadcast_to(mean, (len(new_keys), *labels.shape[1:])).copy()
+
+
 def rule_scores(
     keys: dict[str, np.ndarray],
     data: dict[str, SplitData],
@@ -105,19 +116,20 @@ def rule_scores(
     """A lookup rule scored like a head: validation on the val split (or a seeded held-out part
     of train), test after refitting on all of train (as :func:`reservoir.probe.heads.fit_rows`)."""
     train_y = data["train"].labels
+    kind = target_kind(train_y)
     if val is None:
         fit_i, val_i = holdout(train_y, val_fraction, seed)
         val_keys, val_y = keys["train"][val_i], train_y[val_i]
         fit_keys, fit_y = keys["train"][fit_i], train_y[fit_i]
     else:
         val_keys, val_y, fit_keys, fit_y = keys[val], data[val].labels, keys["train"], train_y
-    val_acc = float(np.mean(lookup_rule(fit_keys, fit_y)(val_keys) == val_y))
-    rule = lookup_rule(keys["train"], train_y)
-    accs = {t: float(np.mean(rule(keys[t]) == data[t].labels)) for t in tests}
+    primary = METRICS_BY_TARGET[kind][0]
+    val_score = metric_scores(rule_predictor(fit_keys, fit_y)(val_keys), val_y, kind)[primary]
+    rule = rule_predictor(keys["train"], train_y)
     return {
-        "test_accuracy": accs[tests[0]],
-        "test_accuracies": accs,
-        "val_accuracy": val_acc,
+        **result_scores(
+            kind, val_score, {t: metric_scores(rule(keys[t]), data[t].labels, kind) for t in tests}
+        ),
         "n_train": len(train_y),
         "n_val": len(val_y),
         "n_test": len(data[tests[0]]),
@@ -204,11 +216,7 @@ def fit_baselines(
         result = {**result, **scores}
         result["path"] = str(write_result(result))
         out.append(result)
-        log(
-            f"baseline {baseline} ({head}): {tests[0]} {100 * scores['test_accuracy']:.1f}% "
-            f"(val {100 * scores['val_accuracy']:.1f}%, {scores['seconds']:.1f}s)",
-            progress,
-        )
+        log(f"baseline {baseline} ({head}): {score_line(scores)}", progress)
     return out
 
 

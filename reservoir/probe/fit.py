@@ -17,7 +17,7 @@ import numpy as np
 
 from reservoir import __version__
 from reservoir.config import FitConfig, default_data_dir, features_dir, select_depths, slug
-from reservoir.errors import IdentityError, StoreError, UsageError
+from reservoir.errors import DataError, IdentityError, StoreError, UsageError
 from reservoir.extract.store import (
     extract_command,
     feature_splits,
@@ -32,6 +32,7 @@ from reservoir.identity import canonical, reread, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.model.devices import resolve_device
 from reservoir.probe.heads import Predictor, Rows, fit_probe, rows
+from reservoir.probe.metrics import score_line
 from reservoir.progress import log
 from reservoir.results import result_key, result_path, write_result
 from reservoir.runtime import machine
@@ -194,6 +195,21 @@ def task_classes(identity: dict[str, Any]) -> int:
         return 0
 
 
+def check_label_rows(path: Path, f: h5py.File, identity: dict[str, Any]) -> None:
+    """Refuse (DataError) a file whose readout rows per example differ from its labels per example: a
+    head pairs each readout row with one label (``--readout all`` of a task with one label per example)."""
+    rows_per = f["train"]["features"].shape[2]
+    labels = f["train"]["labels"]
+    per = 1 if labels.ndim == 1 else labels.shape[1]
+    if rows_per != per:
+        raise DataError(
+            f"{path} holds {rows_per} readout rows per example (--readout {identity.get('readout')}) but "
+            f"{per} label(s) per example, and a head pairs each row with one label; extract with --readout "
+            "last or mean to fit this task, or read the rows with reservoir.api.read_features to fit "
+            "targets of your own"
+        )
+
+
 def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
     """The validation split (or None) and the test splits of a feature file, in the task's order
     (the roles every task declares, :func:`reservoir.tasks.split_roles`)."""
@@ -235,14 +251,21 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             ["train", *([val] if val else []), *tests],
             fix=f"extract it again: `{extract_command(f)}`",
         )
+        check_label_rows(path, f, identity)
         labels = np.concatenate([f[s]["labels"][:].ravel() for s in feature_splits(f)])
+        regression = labels.dtype.kind == "f"
+        if regression and cfg.head != "ridge":
+            raise DataError(
+                f"{path} holds real-valued targets (regression); --head {cfg.head} fits classes: "
+                "use --head ridge"
+            )
         check_sizes(
             path,
             f["train"]["labels"][:],
             cfg,
             val is not None,
             identity.get("limit"),
-            max(len(np.unique(labels)), task_classes(identity)),
+            0 if regression else max(len(np.unique(labels)), task_classes(identity)),
         )
         for depth in depths:
             scores, predictor = fit_probe(
@@ -287,14 +310,7 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             result["path"] = str(write_result(result))
             results.append(result)
             if progress:
-                more = "".join(
-                    f", {t} {100 * a:.1f}%" for t, a in list(scores["test_accuracies"].items())[1:]
-                )
-                print(
-                    f"depth {depth}: {tests[0]} {100 * scores['test_accuracy']:.1f}%{more} "
-                    f"(val {100 * scores['val_accuracy']:.1f}%, {scores['seconds']:.1f}s)",
-                    file=sys.stderr,
-                )
+                print(f"depth {depth}: {score_line(scores)}", file=sys.stderr)
         if cfg.baselines:
             if identity["task"].startswith("file:") and not cfg.task:
                 log(

@@ -34,6 +34,9 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
+from reservoir.probe.metrics import Metric, accuracy, metric, result_scores, target_kind
+from reservoir.probe.metrics import scores as metric_scores
+
 
 def head_threads() -> int:
     """BLAS and OpenMP threads while a head fits: one, whatever the number of cores.
@@ -50,12 +53,27 @@ def head_threads() -> int:
     return 1
 
 
+#: ``n_classes`` of a head whose outputs are real values (float targets: ridge regression)
+REGRESSION = 0
+
+
 def _outputs(y: np.ndarray) -> np.ndarray:
     return y[:, None] if y.ndim == 1 else y
 
 
+def _classes(Y: np.ndarray, n_classes: int | None) -> int:
+    """Classes per output: ``n_classes`` when given, :data:`REGRESSION` for float targets, else the
+    largest id + 1."""
+    if Y.dtype.kind == "f":
+        return REGRESSION
+    return n_classes or int(Y.max()) + 1
+
+
 def _onehot(Y: np.ndarray, n_classes: int) -> np.ndarray:
-    """``(n, m)`` class ids -> ``(n, m * n_classes)`` 0/1 targets (uint8; widened per chunk)."""
+    """``(n, m)`` class ids -> ``(n, m * n_classes)`` 0/1 targets (uint8; widened per chunk); real
+    targets (``n_classes`` :data:`REGRESSION`) are their own targets."""
+    if n_classes == REGRESSION:
+        return Y
     if Y.size and (Y.min() < 0 or Y.max() >= n_classes):
         raise ValueError(
             f"class ids must be in [0, {n_classes - 1}]. Got {int(Y.min())}..{int(Y.max())} instead."
@@ -67,7 +85,11 @@ def _onehot(Y: np.ndarray, n_classes: int) -> np.ndarray:
 
 def _predict(scores: np.ndarray, m: int, k: int, y_ndim: int = 2) -> np.ndarray:
     """Scores ``(n, m * k)`` -> class ids ``(n, m)`` (``(n,)`` for ``y_ndim == 1``): the argmax of
-    each output's ``k`` class scores, or the sign of its one logit when ``k == 1`` (binary)."""
+    each output's ``k`` class scores, or the sign of its one logit when ``k == 1`` (binary); for
+    ``k`` :data:`REGRESSION` the scores ``(n, m)`` are the predicted values."""
+    if k == REGRESSION:
+        pred = scores.reshape(len(scores), m)
+        return pred[:, 0] if y_ndim == 1 else pred
     z = scores.reshape(len(scores), m, k)
     pred = (z[:, :, 0] > 0).astype(np.int64) if k == 1 else z.argmax(-1)
     return pred[:, 0] if y_ndim == 1 else pred
@@ -200,7 +222,8 @@ class RidgePath:
 
 
 class RidgeHead(ClassifierMixin, BaseEstimator):
-    """Closed-form ridge regression on one-hot targets; predicts the argmax per output.
+    """Closed-form ridge regression on one-hot targets; predicts the argmax per output. Float
+    targets are regressed as they are (``n_classes_`` is then :data:`REGRESSION`) and predicted as values.
 
     Features are standardized and the intercept is not penalised, both from the
     accumulated :class:`RidgeStats` (so ``alpha`` is comparable across datasets).
@@ -227,8 +250,8 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
         """Add one chunk to the statistics (no solve: call :meth:`solve`)."""
         Y = _outputs(y)
         if not hasattr(self, "stats_"):
-            self.n_outputs_, self.n_classes_ = Y.shape[1], self.n_classes or int(Y.max()) + 1
-            self.stats_ = RidgeStats.zeros(X.shape[1], self.n_outputs_ * self.n_classes_)
+            self.n_outputs_, self.n_classes_ = Y.shape[1], _classes(Y, self.n_classes)
+            self.stats_ = RidgeStats.zeros(X.shape[1], self.n_outputs_ * max(self.n_classes_, 1))
         self.y_ndim_ = y.ndim
         self.stats_.add(X, _onehot(Y, self.n_classes_))
         self.path_ = None  # the decomposition of the previous statistics is stale
@@ -252,7 +275,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
         Y = _outputs(y)
         self.n_outputs_, self.n_classes_, self.y_ndim_ = (
             Y.shape[1],
-            self.n_classes or int(Y.max()) + 1,
+            _classes(Y, self.n_classes),
             y.ndim,
         )
         self.path_ = RidgePath.from_rows(X, _onehot(Y, self.n_classes_))
@@ -806,7 +829,7 @@ def predictor_from_state(meta: dict[str, Any], arrays: dict[str, np.ndarray]) ->
         m, c = int(meta["n_outputs"]), int(meta["n_classes"])
     except (KeyError, TypeError, ValueError):
         raise ValueError("the probe's state lacks n_outputs and n_classes") from None
-    if m < 1 or c < 1:
+    if m < 1 or c < (REGRESSION if kind == "ridge" else 1):
         raise ValueError(f"the probe's state has {m} outputs of {c} classes")
     if kind == "ridge":
         coef = _array(arrays, "coef", 2)
@@ -894,9 +917,11 @@ def search_streaming(
     return scores, best, trained(best, Concat(fit, val) if refit_with_val else fit)
 
 
-def _best(grid: tuple[float, ...], scores: dict[float, float]) -> float:
-    """The best-scoring value; ties go to the first in the grid."""
-    return max(grid, key=lambda v: (scores[v], -grid.index(v)))
+def _best(grid: tuple[float, ...], scores: dict[float, float], by: Metric | None = None) -> float:
+    """The best-scoring value by metric ``by`` (default: accuracy, greater is better); ties and NaN
+    scores go to the first in the grid."""
+    sign = 1.0 if by is None or by.greater_is_better else -1.0
+    return max(grid, key=lambda v: (-np.inf if np.isnan(scores[v]) else sign * scores[v], -grid.index(v)))
 
 
 def search_refit(
@@ -942,23 +967,34 @@ def search_ridge(
     """The ridge head's :func:`search_refit`, by :class:`RidgeHead` itself: one pass over ``fit``
     (block by block, :meth:`RidgeHead.fit_blocks`) and one eigendecomposition score every alpha of
     the grid; the refit adds ``val`` and decomposes once more. Same results as a standardized ridge
-    per alpha."""
-    c = int(max(fit.labels.max(), val.labels.max())) + 1
+    per alpha. Class targets are scored by accuracy, float targets by NRMSE (:mod:`.metrics`)."""
+    regression = fit.labels.dtype.kind == "f"
+    c = REGRESSION if regression else int(max(fit.labels.max(), val.labels.max())) + 1
     head = RidgeHead(n_classes=c).fit_blocks(fit)
 
     def scores_of(alphas, source: Rows) -> dict[float, float]:
-        coefs = {alpha: head.solve(alpha).coef_ for alpha in alphas}
-        intercepts = {alpha: head.solve(alpha).intercept_ for alpha in alphas}
-        correct, total = dict.fromkeys(alphas, 0.0), 0
+        coefs = {}
+        for alpha in alphas:
+            head.solve(alpha)
+            coefs[alpha] = (head.coef_, head.intercept_)
+        hits, total = dict.fromkeys(alphas, 0.0), 0
+        sum_y, sum_yy = 0.0, 0.0
         for X, y in source.blocks():
             for alpha in alphas:
-                pred = _predict(X @ coefs[alpha] + intercepts[alpha], head.n_outputs_, c, y.ndim)
-                correct[alpha] += float(np.sum(pred == y))
-            total += y.size
-        return {alpha: correct[alpha] / total for alpha in alphas}
+                coef, intercept = coefs[alpha]
+                pred = _predict(X @ coef + intercept, head.n_outputs_, c, y.ndim)
+                hits[alpha] += float(np.sum((pred - y) ** 2)) if regression else float(np.sum(pred == y))
+            if regression:
+                yy = np.asarray(y, np.float64).reshape(len(y), -1)
+                sum_y, sum_yy = sum_y + yy.sum(0), sum_yy + (yy * yy).sum(0)
+            total += len(y) if regression else y.size
+        if not regression:
+            return {alpha: hits[alpha] / total for alpha in alphas}
+        sst = float(np.sum(sum_yy - sum_y * sum_y / total))
+        return {alpha: (float(np.sqrt(hits[alpha] / sst)) if sst > 0 else float("nan")) for alpha in alphas}
 
     scores = scores_of(kind.grid, val)
-    best = _best(kind.grid, scores)
+    best = _best(kind.grid, scores, metric("nrmse" if regression else "accuracy"))
     refit = RidgeHead(n_classes=c).fit_blocks(Concat(fit, val)) if refit_with_val else head
     refit.solve(best)
     return (
@@ -988,9 +1024,16 @@ HEADS = {
 }
 
 
-def accuracy(pred: np.ndarray, y: np.ndarray) -> float:
-    """Fraction correct, over every output (every bit for bit tasks)."""
-    return float(np.mean(pred == y))
+def evaluate(predict: Callable[[np.ndarray], np.ndarray], source: Rows) -> dict[str, float]:
+    """Every metric of ``source``'s target kind (:func:`reservoir.probe.metrics.scores`) of the
+    predictions of ``predict``, made block by block; the predictions and labels of the split are
+    gathered (one value per output per row), never its features."""
+    preds, ys = [], []
+    for X, y in source.blocks():
+        pred = predict(X)
+        preds.append(pred[:, 0] if (y.ndim == 1 and pred.ndim == 2) else pred)
+        ys.append(y)
+    return metric_scores(np.concatenate(preds), np.concatenate(ys), target_kind(source.labels))
 
 
 def rows(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -1027,7 +1070,9 @@ def fit_depth(
 def holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Sorted row indices of the fit part and of a seeded (stratified for single-label tasks)
     validation part of ``val_fraction``."""
-    strat = labels if labels.ndim == 1 and np.bincount(labels).min() >= 2 else None
+    strat = (
+        labels if labels.ndim == 1 and labels.dtype.kind in "iu" and np.bincount(labels).min() >= 2 else None
+    )
     fit, val = train_test_split(
         np.arange(len(labels)), test_size=val_fraction, random_state=seed, stratify=strat
     )
@@ -1087,6 +1132,11 @@ def fit_probe(
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; choose from {sorted(HEADS)}")
     kind = HEADS[head]
+    target = target_kind(train.labels)
+    if target == "regression" and kind.search is not search_ridge:
+        raise ValueError(
+            f"the targets are real values (regression); --head {head} fits classes: use --head ridge"
+        )
     start = time.perf_counter()
     held_out = val is None
     if held_out:
@@ -1098,12 +1148,10 @@ def fit_probe(
         scores, best, predict = kind.search(
             kind, fit, val, refit_with_val=held_out, seed=seed, device=device, memory_bytes=memory_bytes
         )
-        accuracies = {name: stream_accuracy(predict, test) for name, test in tests.items()}
+        metrics = {name: evaluate(predict, test) for name, test in tests.items()}
     first = next(iter(tests))
-    return {
-        "test_accuracy": accuracies[first],
-        "test_accuracies": accuracies,
-        "val_accuracy": scores[best],
+    out = {
+        **result_scores(target, scores[best], metrics),
         "n_train": train.n,
         "n_val": val.n,
         "n_test": tests[first].n,
@@ -1111,4 +1159,5 @@ def fit_probe(
         "hyperparameters": {kind.param: best},
         "val_scores": {str(k): v for k, v in scores.items()},
         "seconds": time.perf_counter() - start,
-    }, predict
+    }
+    return out, predict

@@ -27,7 +27,7 @@ import torch
 from reservoir.errors import BackboneError, UsageError
 from reservoir.model.backbones import Backbone, freeze
 from reservoir.model.devices import DTYPES
-from reservoir.model.reservoir import FixedDepths, Reservoir, readout_positions
+from reservoir.model.reservoir import FixedDepths, Reservoir, readout_index
 from reservoir.runtime import records
 from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.runtime.dtypes import strict_float32
@@ -243,7 +243,7 @@ class FeatureRunner:
         calibration: Callable[[], list[tuple[np.ndarray, np.ndarray]]] | None = None,
         log: Callable[[str], None] | None = None,
     ):
-        self.spec, self.depths = reservoir.spec, tuple(depths)
+        self.spec, self.depths, self.readout = reservoir.spec, tuple(depths), reservoir.readout
         reservoir.backbone.check_depths(self.depths)
         self.device = torch.device(device)
         self.dtype_name = resolve_dtype(dtype, self.device)
@@ -403,13 +403,15 @@ class FeatureRunner:
         compile: bool = False,
         batch_size: int | None = None,
         device: torch.device | str = "cpu",
+        readout: str = "last",
         **kwargs: Any,
     ) -> FeatureRunner:
         """The one construction of a runner, shared by ``extract``, its shards and the Python API: a
         seeded :class:`Reservoir` over ``backbone`` (its input layer set to ``input_layer``'s tensors
-        when given: a shard's worker takes the driver's) and the runner around it (``kwargs``:
+        when given: a shard's worker takes the driver's) reading ``readout``
+        (:data:`reservoir.model.reservoir.READOUTS`), and the runner around it (``kwargs``:
         ``engine``, ``tokens``, ``padded``, ``calibration``, ``log``)."""
-        reservoir = Reservoir(spec, backbone, seed=seed, input_scale=input_scale)
+        reservoir = Reservoir(spec, backbone, seed=seed, input_scale=input_scale, readout=readout)
         if input_layer is not None:
             reservoir.input_layer.load_state_dict(
                 {k: torch.as_tensor(np.asarray(v)) for k, v in input_layer.items()}
@@ -454,7 +456,7 @@ class FeatureRunner:
                 tokens, width = grown, wide
                 lengths = np.concatenate([lengths, np.full(rows - n, wide, dtype=np.int64)])
         lengths_t = torch.from_numpy(lengths)
-        readout = readout_positions(lengths_t, self.spec.n_readout, width if padded else None)
+        readout = readout_index(lengths_t, self.spec, "padded" if padded else self.readout, width)
         if self.device.type == "cuda":  # page-locked, so the copy to the GPU overlaps compute
             pool = self.inputs
             return Batch(pool.copy_in(tokens), pool.copy_in(lengths), pool.copy_in(readout.numpy()), n, True)

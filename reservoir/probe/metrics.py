@@ -1,0 +1,175 @@
+"""The scores a probe reports, by the kind of target it predicts.
+
+A task's labels say what is predicted (:func:`target_kind`): integer class ids (one per example,
+``"class"``), several integer outputs per example (bits, multi-label 0/1 targets or a class per
+readout token: ``"multi"``), or floats (``"regression"``). Each kind has its metrics, the first of
+which is the primary one (:data:`METRICS_BY_TARGET`): the one a fit chooses its depth and its
+regularisation by, and the one tables print.
+
+Regression metrics pool every output of every row:
+
+- ``r2``: ``1 - SSE / SST``, ``SST`` the squared deviations of each output from its mean over the
+  scored rows (scikit-learn's ``r2_score`` with ``multioutput="variance_weighted"``; for one output
+  exactly ``r2_score``);
+- ``nrmse``: ``sqrt(SSE / SST)``, the root-mean-square error over the targets' standard deviation,
+  so ``nrmse = sqrt(1 - r2)``; 0 is perfect, 1 is what predicting the mean gives. (reservoirpy's
+  ``nrmse`` divides the RMSE by the targets' range by default, ``norm="minmax"``; the NARMA and
+  Mackey-Glass literature mostly divides by their standard deviation, as here.)
+- ``rmse``: the root-mean-square error in the targets' units.
+
+Classification metrics: ``accuracy`` (fraction correct over every output), ``balanced_accuracy``
+(the mean of the per-class recalls, scikit-learn's) and ``macro_f1`` (F1 per class, or per output
+for multi-output 0/1 targets, averaged with equal weight).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.metrics import balanced_accuracy_score, f1_score
+
+
+def target_kind(labels: np.ndarray) -> str:
+    """``"regression"`` for float labels, ``"class"`` for one integer label per example, else ``"multi"``."""
+    if labels.dtype.kind == "f":
+        return "regression"
+    return "class" if labels.ndim == 1 else "multi"
+
+
+def _sse_sst(pred: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    p = np.asarray(pred, np.float64).reshape(len(y), -1)
+    t = np.asarray(y, np.float64).reshape(len(y), -1)
+    return float(np.sum((p - t) ** 2)), float(np.sum((t - t.mean(0)) ** 2))
+
+
+def r2(pred: np.ndarray, y: np.ndarray) -> float:
+    """``1 - SSE / SST`` over every output (module docstring); NaN when the targets are constant."""
+    sse, sst = _sse_sst(pred, y)
+    return 1.0 - sse / sst if sst > 0 else float("nan")
+
+
+def nrmse(pred: np.ndarray, y: np.ndarray) -> float:
+    """``sqrt(SSE / SST)``: RMSE over the targets' standard deviation; NaN when they are constant."""
+    sse, sst = _sse_sst(pred, y)
+    return float(np.sqrt(sse / sst)) if sst > 0 else float("nan")
+
+
+def rmse(pred: np.ndarray, y: np.ndarray) -> float:
+    """Root-mean-square error over every output, in the targets' units."""
+    return float(np.sqrt(np.mean((np.asarray(pred, np.float64) - np.asarray(y, np.float64)) ** 2)))
+
+
+def accuracy(pred: np.ndarray, y: np.ndarray) -> float:
+    """Fraction correct, over every output (every bit for bit tasks)."""
+    return float(np.mean(pred == y))
+
+
+def balanced_accuracy(pred: np.ndarray, y: np.ndarray) -> float:
+    """Mean recall over the classes present in ``y`` (every output's ids pooled); a class predicted but
+    absent from ``y`` lowers no recall (scikit-learn's warning about it is not passed on)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return float(balanced_accuracy_score(np.ravel(y), np.ravel(pred)))
+
+
+def macro_f1(pred: np.ndarray, y: np.ndarray) -> float:
+    """F1 averaged with equal weight: per class for one label per example, per output for several
+    0/1 outputs (multi-label), per class over every output's ids pooled otherwise."""
+    y, pred = np.asarray(y), np.asarray(pred)
+    if y.ndim > 1 and y.size and int(max(y.max(), pred.max())) <= 1:
+        return float(
+            f1_score(y.reshape(len(y), -1), pred.reshape(len(y), -1), average="macro", zero_division=0)
+        )
+    return float(f1_score(np.ravel(y), np.ravel(pred), average="macro", zero_division=0))
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A score of predictions against labels: its name, function and direction; ``percent``: shown
+    as a percentage (fractions in [0, 1])."""
+
+    name: str
+    fn: Callable[[np.ndarray, np.ndarray], float]
+    greater_is_better: bool = True
+    percent: bool = True
+
+    def __call__(self, pred: np.ndarray, y: np.ndarray) -> float:
+        return self.fn(pred, y)
+
+    def better(self, a: float, b: float) -> bool:
+        """``a`` is strictly better than ``b`` (NaN is never better)."""
+        if np.isnan(a):
+            return False
+        return np.isnan(b) or (a > b if self.greater_is_better else a < b)
+
+    def format(self, value: float | None) -> str:
+        if value is None or np.isnan(value):
+            return "-"
+        return f"{100 * value:.1f}%" if self.percent else f"{value:.4f}"
+
+
+METRICS = {
+    m.name: m
+    for m in (
+        Metric("accuracy", accuracy),
+        Metric("balanced_accuracy", balanced_accuracy),
+        Metric("macro_f1", macro_f1),
+        Metric("nrmse", nrmse, greater_is_better=False, percent=False),
+        Metric("r2", r2, percent=False),
+        Metric("rmse", rmse, greater_is_better=False, percent=False),
+    )
+}
+
+#: each target kind's metrics, the primary one first
+METRICS_BY_TARGET = {
+    "class": ("accuracy", "balanced_accuracy", "macro_f1"),
+    "multi": ("accuracy", "macro_f1"),
+    "regression": ("nrmse", "r2", "rmse"),
+}
+
+
+def metric(name: str) -> Metric:
+    """The registered metric ``name`` (ValueError naming the choices)."""
+    if name not in METRICS:
+        raise ValueError(f"unknown metric {name!r}; choose from {sorted(METRICS)}")
+    return METRICS[name]
+
+
+def scores(pred: np.ndarray, y: np.ndarray, kind: str) -> dict[str, float]:
+    """Every metric of target ``kind`` (:data:`METRICS_BY_TARGET`) of ``pred`` against ``y``."""
+    return {name: METRICS[name](pred, y) for name in METRICS_BY_TARGET[kind]}
+
+
+def score_line(result: dict) -> str:
+    """A fit's scores on one line: ``test 91.2%, test_fold 88.0% (val 90.1%, 1.2s)``, each split in the
+    result's primary metric (``nrmse 0.0213`` for regression)."""
+    m = METRICS[result.get("metric", "accuracy")]
+    label = "" if m.name == "accuracy" else f"{m.name} "
+    tests = ", ".join(f"{name} {label}{m.format(v)}" for name, v in result["test_scores"].items())
+    return f"{tests} (val {m.format(result['val_score'])}, {result['seconds']:.1f}s)"
+
+
+def result_scores(kind: str, val_score: float, tests: dict[str, dict[str, float]]) -> dict:
+    """The score fields of a result (:mod:`reservoir.results`): ``metric`` (the primary metric of target
+    ``kind``), ``val_score``, ``test_score`` and ``test_metrics`` of the first test split, ``test_scores``
+    of each; for accuracy also the ``test_accuracy``, ``test_accuracies`` and ``val_accuracy`` that results
+    of class targets have always had. ``tests``: every metric (:func:`scores`) per test split, in order."""
+    primary = METRICS_BY_TARGET[kind][0]
+    first = next(iter(tests))
+    out = {
+        "metric": primary,
+        "test_score": tests[first][primary],
+        "val_score": val_score,
+        "test_scores": {name: m[primary] for name, m in tests.items()},
+        "test_metrics": tests[first],
+    }
+    if primary == "accuracy":
+        out |= {
+            "test_accuracy": out["test_score"],
+            "test_accuracies": out["test_scores"],
+            "val_accuracy": val_score,
+        }
+    return out
