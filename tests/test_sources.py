@@ -1,0 +1,336 @@
+"""``--task file:PATH`` sources (:mod:`reservoir.tasks.streams`): Parquet, Arrow, ``datasets`` folders, image
+folders, .npz and .h5, each through ``extract`` and ``fit``, with the features of the same rows given as an
+.npz; lazy rows equal eager ones bit for bit; bad inputs refused in words before any feature file exists."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from reservoir.api import read_features
+from reservoir.identity import data_fingerprint
+from reservoir.tasks import get_task, patches
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+feather = pytest.importorskip("pyarrow.feather")
+Image = pytest.importorskip("PIL.Image")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N_TRAIN, N_TEST = 36, 12
+
+
+def arrays(seed: int = 0) -> dict[str, np.ndarray]:
+    """Dense rows (6 tokens of 3 floats), 3 classes, a train and a test split."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N_TRAIN + N_TEST, 6, 3)).astype(np.float32)
+    y = np.arange(len(x)) % 3
+    return {"x_train": x[:N_TRAIN], "y_train": y[:N_TRAIN], "x_test": x[N_TRAIN:], "y_test": y[N_TRAIN:]}
+
+
+def table(a: dict[str, np.ndarray], target: str = "y"):
+    """The rows of ``a`` as one Arrow table: train rows then test rows, a ``split`` column naming them."""
+    x = np.concatenate([a["x_train"], a["x_test"]])
+    return pa.table(
+        {
+            "x": pa.array(x.tolist(), type=pa.list_(pa.list_(pa.float32()))),
+            target: np.concatenate([a["y_train"], a["y_test"]]),
+            "split": ["train"] * N_TRAIN + ["test"] * N_TEST,
+        }
+    )
+
+
+def write(kind: str, folder: Path, a: dict[str, np.ndarray]) -> Path:
+    """``a`` written as a source of ``kind``."""
+    if kind == "npz":
+        np.savez(folder / "d.npz", **a)
+        return folder / "d.npz"
+    if kind == "h5":
+        with h5py.File(folder / "d.h5", "w") as f:
+            for k, v in a.items():
+                f[k] = v
+        return folder / "d.h5"
+    if kind == "parquet":
+        pq.write_table(table(a), folder / "d.parquet", row_group_size=5)
+        return folder / "d.parquet"
+    if kind == "arrow":
+        feather.write_feather(table(a), folder / "d.arrow", chunksize=7)
+        return folder / "d.arrow"
+    if kind == "datasets":
+        datasets = pytest.importorskip("datasets")
+        datasets.disable_progress_bars()
+        split = {
+            s: datasets.Dataset.from_dict({"x": a[f"x_{s}"], "label": a[f"y_{s}"]}, features=None)
+            for s in ("train", "test")
+        }
+        datasets.DatasetDict(split).save_to_disk(folder / "ds")
+        return folder / "ds"
+    raise AssertionError(kind)
+
+
+def image_folder(root: Path, seed: int = 0) -> tuple[Path, dict[str, np.ndarray]]:
+    """An image folder (``root/SPLIT/CLASS/NNN.png``, 8x8 RGB) and the same images as patch tokens (4x4
+    patches in [0, 1]) in the folder's order (class folders sorted, files sorted), as npz arrays."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for split, n in (("train", 30), ("test", 9)):
+        pixels, labels = [], []
+        for c in range(3):
+            for i in range(n // 3):
+                im = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+                path = root / split / f"class{c}" / f"{i:03d}.png"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(im).save(path)
+                pixels.append(im)
+                labels.append(c)
+        out[f"x_{split}"] = patches(np.stack(pixels), 4).astype(np.float32) / 255.0
+        out[f"y_{split}"] = np.array(labels)
+    return root, out
+
+
+def extract(cli, task: str, backbone: Path, out: Path, *extra: str) -> Path:
+    r = cli(
+        "-q",
+        "extract",
+        "--task",
+        task,
+        "--backbone",
+        str(backbone),
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+        *extra,
+    )
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def fit(cli, home: Path, task: str, backbone: Path, features: Path) -> dict:
+    """``fit`` with a ridge head (and the baselines, which read the data again); the depth-1 result."""
+    r = cli(
+        "-q",
+        "fit",
+        "--task",
+        task,
+        "--backbone",
+        str(backbone),
+        "--features",
+        str(features),
+        "--head",
+        "ridge",
+    )
+    assert r.exit_code == 0, r.output
+    assert list((home / "results").rglob("baseline_ridge_*.json"))
+    latest = sorted((home / "results").rglob("*depth1*.json"), key=lambda p: p.stat().st_mtime)[-1]
+    return json.loads(latest.read_text())
+
+
+def same_features(a: Path, b: Path) -> None:
+    for split in ("train", "test"):
+        xa, ya, da = read_features(a, split)
+        xb, yb, db = read_features(b, split)
+        assert np.array_equal(xa, xb) and np.array_equal(ya, yb) and list(da) == list(db)
+
+
+@pytest.mark.parametrize("kind", ["npz", "h5", "parquet", "arrow", "datasets"])
+def test_each_source_extracts_the_features_of_the_same_rows_as_npz_and_fits(
+    cli, home, tmp_path, tiny_gpt2, kind
+):
+    a = arrays()
+    ref = extract(cli, f"file:{write('npz', tmp_path, a)}", tiny_gpt2, tmp_path / "ref.h5")
+    (tmp_path / kind).mkdir()
+    source = write(kind, tmp_path / kind, a)
+    got = extract(cli, f"file:{source}", tiny_gpt2, tmp_path / f"{kind}.h5")
+    same_features(ref, got)
+    result = fit(cli, home, f"file:{source}", tiny_gpt2, got)
+    assert result["features"] == str(got) and 0 <= result["test_accuracy"] <= 1
+
+
+def test_an_image_folder_extracts_as_its_patches_given_as_npz_and_fits(cli, home, tmp_path, tiny_gpt2):
+    root, a = image_folder(tmp_path / "images")
+    np.savez(tmp_path / "ref.npz", **a)
+    ref = extract(cli, f"file:{tmp_path / 'ref.npz'}", tiny_gpt2, tmp_path / "ref.h5")
+    got = extract(cli, f"file:{root}", tiny_gpt2, tmp_path / "images.h5")
+    same_features(ref, got)
+    result = fit(cli, home, f"file:{root}", tiny_gpt2, got)
+    assert result["features"] == str(got)
+    task = get_task(f"file:{root}")
+    assert (task.spec.seq_len, task.spec.token_dim, task.spec.n_classes) == (4, 48, 3)
+
+
+def test_an_image_folder_without_splits_holds_out_a_seeded_fraction(tmp_path):
+    root, _ = image_folder(tmp_path / "images")
+    flat = tmp_path / "flat"
+    shutil.copytree(root / "train", flat)
+    a, b = get_task(f"file:{flat}", seed="3"), get_task(f"file:{flat}", seed="3")
+    assert a.spec.splits == ("train", "test")
+    assert (len(a.load("train", ".")), len(a.load("test", "."))) == (24, 6)
+    assert data_fingerprint({s: a.load(s, ".") for s in ["train", "test"]}) == data_fingerprint(
+        {s: b.load(s, ".") for s in ["train", "test"]}
+    )
+
+
+def fingerprints(path: Path, limit: int | None = None, **options: str):
+    task = get_task(f"file:{path}", **options)
+    data = {s: task.load(s, ".", limit) for s in task.spec.splits}
+    return task, data, data_fingerprint(data)
+
+
+@pytest.mark.parametrize("kind", ["h5", "parquet", "arrow", "datasets"])
+@pytest.mark.parametrize("limit", [None, 7])
+def test_lazy_rows_equal_eager_rows_bit_for_bit(tmp_path, kind, limit):
+    a = arrays(1)
+    _, eager, digest = fingerprints(write("npz", tmp_path, a), limit)
+    (tmp_path / kind).mkdir()
+    task, lazy, lazy_digest = fingerprints(write(kind, tmp_path / kind, a), limit)
+    assert lazy_digest == digest  # the data digest a feature file's identity records
+    rng = np.random.default_rng(0)
+    for s in ("train", "test"):
+        assert type(lazy[s].inputs).__name__ == "Rows" and isinstance(eager[s].inputs, np.ndarray)
+        rows = rng.permutation(len(eager[s]))  # any order, as bucketed batches ask
+        got = lazy[s].inputs[rows]
+        assert got.dtype == eager[s].inputs.dtype and got.tobytes() == eager[s].inputs[rows].tobytes()
+        assert np.array_equal(lazy[s].labels, eager[s].labels) and np.array_equal(
+            lazy[s].lengths, eager[s].lengths
+        )
+
+
+def test_variable_length_lists_equal_padded_ids_with_lengths(tmp_path):
+    """Ragged Parquet lists and an .h5 of padded ids with ``lengths`` give the .npz's rows and digest."""
+    rng = np.random.default_rng(2)
+    n = 40
+    ids = rng.integers(1, 30, (n, 9))
+    lengths = rng.integers(1, 10, n)
+    y = np.arange(n) % 2
+    np.savez(tmp_path / "v.npz", x=ids, y=y, lengths=lengths)
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f["x"], f["y"], f["lengths"] = ids, y, lengths
+    rows = [r[:k].tolist() for r, k in zip(ids, lengths)]
+    pq.write_table(pa.table({"sequence": rows, "label": y}), tmp_path / "v.parquet", row_group_size=6)
+    task, eager, digest = fingerprints(tmp_path / "v.npz")
+    for name in ("v.h5", "v.parquet"):
+        other, lazy, lazy_digest = fingerprints(tmp_path / name)
+        assert lazy_digest == digest and other.spec == task.spec.__class__(
+            **{**vars(task.spec), "name": other.spec.name}
+        )
+        for s in eager:
+            picked = np.arange(len(eager[s]))[::-1]
+            assert all(np.array_equal(u, v) for u, v in zip(lazy[s].inputs[picked], eager[s].inputs[picked]))
+            assert np.array_equal(other.encode(lazy[s].inputs[picked]), task.encode(eager[s].inputs[picked]))
+
+
+def test_an_npz_records_the_same_task_options_as_before(tmp_path):
+    """Options added for tables and images enter the identity only when set: npz feature files keep theirs."""
+    path = write("npz", tmp_path, arrays())
+    assert get_task(f"file:{path}").identity_options() == {"n_classes": 0, "test_fraction": 0.2, "seed": 0}
+    assert get_task(f"file:{path}", patch="2").identity_options()["patch"] == 2
+
+
+# -- bad inputs ------------------------------------------------------------------------------------
+
+
+def _parquet(path: Path, columns: dict) -> Path:
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def _images(root: Path, sizes, modes=None) -> Path:
+    for i, size in enumerate(sizes):
+        f = root / f"c{i % 2}" / f"{i}.png"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        mode = (modes or ["RGB"] * len(sizes))[i]
+        Image.new(mode, size[::-1]).save(f)
+    return root
+
+
+def _with(root: Path, name: str, data: bytes | None) -> Path:
+    """``root`` with an empty folder (``data`` None) or a file of ``data`` at ``name``."""
+    if data is None:
+        (root / name).mkdir(parents=True)
+    else:
+        (root / name).write_bytes(data)
+    return root
+
+
+def bad_sources(tmp: Path):
+    """(name, build(tmp) -> (path, options), the message expected)."""
+    x = [[[0.5, 1.0]] * 3] * 6
+    y = [0, 1] * 3
+    return {
+        "no input column": (
+            lambda: (_parquet(tmp / "a.parquet", {"feat": x, "y": y}), ()),
+            "has no column named x / input / inputs / image / img / pixel_values / sequence for the examples "
+            "(columns: ['feat', 'y']); pass --task-opt input=COLUMN",
+        ),
+        "two input columns": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": x, "inputs": x, "y": y}), ()),
+            "more than one column could hold the examples (['x', 'inputs']); pass --task-opt input=COLUMN",
+        ),
+        "named column missing": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": y}), ("target=kind",)),
+            "has no column 'kind' (columns: ['x', 'y']); pass --task-opt target=COLUMN",
+        ),
+        "text input": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": ["ab"] * 6, "y": y}), ()),
+            "column 'x' holds text, one value per row",
+        ),
+        "text labels": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": ["a", "b"] * 3}), ()),
+            "give integer class ids 0..C-1 (sklearn.preprocessing.LabelEncoder",
+        ),
+        "missing value": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": x[:5] + [None], "y": y}), ()),
+            "column 'x' has a missing value in row 5; fill or drop it",
+        ),
+        "NaN": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": x[:4] + [[[float("nan"), 1.0]] * 3] * 2, "y": y}), ()),
+            "column 'x' holds NaN or infinite values (row 4)",
+        ),
+        "ragged tokens": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": x[:5] + [[[0.5]] * 3], "y": y}), ()),
+            "the tokens of a row have different widths ([1, 2])",
+        ),
+        "image of another size": (
+            lambda: (_images(tmp / "im", [(8, 8)] * 5 + [(8, 12)]), ()),
+            "is 8x12, image",
+        ),
+        "image of another mode": (
+            lambda: (_images(tmp / "im", [(8, 8)] * 6, ["RGB"] * 5 + ["L"]), ()),
+            "has mode L, image",
+        ),
+        "empty class folder": (
+            lambda: (_with(_images(tmp / "im", [(8, 8)] * 4), "c9", None), ()),
+            "c9 holds no images (files ending .png",
+        ),
+        "unreadable image": (
+            lambda: (_with(_images(tmp / "im", [(8, 8)] * 4), "c1/zz.png", b"not a png"), ()),
+            "zz.png is unreadable",
+        ),
+        "patch not dividing": (
+            lambda: (_images(tmp / "im", [(8, 8)] * 6), ("patch=3",)),
+            "images are 8x8, which patch=3 does not divide; pass --task-opt patch=P",
+        ),
+        "split missing": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": y, "split": ["train"] * 6}), ()),
+            "has no (or an empty) 'test' split",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(bad_sources(Path("."))))
+def test_bad_inputs_are_refused_in_words_before_any_feature_file(cli, home, tmp_path, tiny_gpt2, case):
+    build, message = bad_sources(tmp_path)[case]
+    path, options = build()
+    opts = [a for o in options for a in ("--task-opt", o)]
+    out = tmp_path / "f.h5"
+    r = cli("extract", "--task", f"file:{path}", *opts, "--backbone", str(tiny_gpt2), "--out", str(out))
+    assert r.exit_code == 1 and message in r.output, r.output
+    assert "Traceback" not in r.output and str(path) in r.output
+    assert not list(tmp_path.glob("f.h5*")) and not (home / "features").exists()
