@@ -4,6 +4,7 @@ folders, .npz and .h5, each through ``extract`` and ``fit``, with the features o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -217,9 +218,7 @@ def test_variable_length_lists_equal_padded_ids_with_lengths(tmp_path):
     task, eager, digest = fingerprints(tmp_path / "v.npz")
     for name in ("v.h5", "v.parquet"):
         other, lazy, lazy_digest = fingerprints(tmp_path / name)
-        assert lazy_digest == digest and other.spec == task.spec.__class__(
-            **{**vars(task.spec), "name": other.spec.name}
-        )
+        assert lazy_digest == digest and other.spec == dataclasses.replace(task.spec, name=other.spec.name)
         for s in eager:
             picked = np.arange(len(eager[s]))[::-1]
             assert all(np.array_equal(u, v) for u, v in zip(lazy[s].inputs[picked], eager[s].inputs[picked]))
