@@ -68,20 +68,41 @@ def extract(
 ) -> Path:
     """Stream a task through a frozen backbone into an HDF5 feature file; what ``reservoir extract`` runs.
 
+    A file of the same run identity that is already complete is verified and reused; an
+    interrupted one is resumed.
+
     Parameters
     ----------
-    task : a registered task name or ``"file:PATH"`` (or a whole ExtractConfig, then no settings).
-    backbone : a registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID``
-        (``None``: the config's default, gpt2-random).
-    progress : show progress on stderr.
-    **settings : any field of :class:`reservoir.config.ExtractConfig` (``split``, ``limit``,
-        ``seed``, ``batch_size``, ``dtype``, ``depths``, ``task_options``, ``data_dir``, ``out``, ...);
-        an unknown name raises ValueError listing the valid ones.
+    task : str or ExtractConfig
+        A registered task name or ``"file:PATH"``; or a whole
+        [`ExtractConfig`][reservoir.config.ExtractConfig], and then no other settings.
+    backbone : str, optional
+        A registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID`` (``None``: the
+        config's default, ``gpt2-random``).
+    progress : bool
+        Show progress on stderr.
+    **settings
+        Any field of [`ExtractConfig`][reservoir.config.ExtractConfig] (``split``, ``limit``, ``seed``,
+        ``batch_size``, ``dtype``, ``depths``, ``task_options``, ``data_dir``, ``out``, ...).
 
     Returns
     -------
-    The path of the complete feature file. Bad data raises :class:`reservoir.tasks.DataError`
-    before any file is created.
+    Path
+        The complete feature file.
+
+    Raises
+    ------
+    ValueError
+        An unknown setting (naming the valid ones) or a value outside its range
+        ([`UsageError`][reservoir.errors.UsageError]).
+    reservoir.errors.DataError
+        Missing or bad data, before any file is created.
+
+    Examples
+    --------
+    >>> path = extract("digits", "lstm", limit=100)                  # doctest: +SKIP
+    >>> path.name                                                     # doctest: +SKIP
+    'bfloat16-seed0-limit100-....h5'
     """
     from reservoir.extract.run import extract as run
 
@@ -95,21 +116,41 @@ def fit(
     progress: bool = False,
     **settings: Any,
 ) -> list[dict[str, Any]]:
-    """Fit a linear head per depth on a feature file; what ``reservoir fit`` runs.
+    """Fit a linear head per depth on a feature file, and the baselines of the same data; what
+    ``reservoir fit`` runs.
 
     Parameters
     ----------
-    task, backbone : find the feature file extracted for them (or check that ``features``
-        belongs to them); a whole FitConfig as ``task``, then no settings.
-    progress : print one line per depth on stderr.
-    **settings : any field of :class:`reservoir.config.FitConfig` (``features``, ``depths``,
-        ``head``, ``val_fraction``, ``seed``, ...).
+    task : str or FitConfig, optional
+        With ``backbone``: find the feature file extracted for them (or check that ``features``
+        belongs to them). A whole [`FitConfig`][reservoir.config.FitConfig], and then no other settings.
+    backbone : str, optional
+        The backbone the features were extracted with.
+    progress : bool
+        Print one line per depth on stderr.
+    **settings
+        Any field of [`FitConfig`][reservoir.config.FitConfig] (``features``, ``depths``, ``head``,
+        ``val_fraction``, ``seed``, ``baselines``, ...).
 
     Returns
     -------
-    One result dict per depth (also written as JSON under ``results/TASK/BACKBONE/``, named by
-    the features' identity, head, depth and seed), then one per baseline (``mode="baseline"``,
-    under ``results/TASK/baseline-NAME/``) unless ``baselines=False``.
+    list of dict
+        One result per depth (also written as JSON under ``results/TASK/BACKBONE/``, named by the
+        features' identity, head, depth and seed; ``probe`` names the saved head), then one per
+        baseline (``mode="baseline"``, under ``results/TASK/baseline-NAME/``) unless
+        ``baselines=False``.
+
+    Raises
+    ------
+    ValueError
+        An unknown setting or a value outside its range ([`UsageError`][reservoir.errors.UsageError]).
+    reservoir.errors.StoreError
+        A feature file that is unfinished, of another task, or fails verification.
+
+    Examples
+    --------
+    >>> results = fit(features=path, head="ridge", depths="0,2")     # doctest: +SKIP
+    >>> [(r["depth"], r["test_accuracy"]) for r in results if r["mode"] == "output-only"]  # doctest: +SKIP
     """
     from reservoir.probe.fit import fit as run
 
@@ -142,18 +183,38 @@ def read_features(
 
     Parameters
     ----------
-    path : a complete feature file (what :func:`extract` returns).
-    split : a split it holds (``"train"``, ``"test"``, ...).
-    depth : one depth: returns ``(X, y)``, ``X`` of shape ``(N, n_readout * d_model)`` (the readout
+    path : str or Path
+        A complete feature file (what [`extract`][reservoir.api.extract] returns).
+    split : str
+        A split it holds (``"train"``, ``"test"``, ...).
+    depth : int, optional
+        One depth: returns ``(X, y)``, ``X`` of shape ``(N, n_readout * d_model)`` (the readout
         tokens side by side) and the labels ``y``.
-    depths : several depths (``"all"``, the default without ``depth``; ``"0,6"``; a list; negative
-        counts from the last stored one): returns ``(X, y, depths)``, ``X`` float32 of shape
-        ``(N, n_depths, n_readout, d_model)``, ``y`` the labels ``(N,)`` or ``(N, n_readout, bits)``,
-        and ``depths`` the stored depths along ``X``'s second axis.
-    as_xarray : return an ``xarray.Dataset`` instead (either form; needs ``pip install xarray``):
+    depths : str, int or sequence of int, optional
+        Several depths (``"all"``, the default without ``depth``; ``"0,6"``; a list; negative counts
+        from the last stored one): returns ``(X, y, depths)``.
+    as_xarray : bool
+        Return an ``xarray.Dataset`` instead (either form; needs ``pip install xarray``):
         ``features`` on the dimensions ``(row, depth, readout, feature)``, ``labels`` on ``(row,)``
         (bit tasks: ``(row, readout, output)``), the coordinate ``depth``, and the file's task,
         backbone, dtype, readout, seed and identity hash as attributes.
+
+    Returns
+    -------
+    tuple or xarray.Dataset
+        ``(X, y)`` for one ``depth``; else ``(X, y, depths)`` with ``X`` float32 of shape
+        ``(N, n_depths, n_readout, d_model)``, ``y`` the labels ``(N,)`` or ``(N, n_readout, bits)``,
+        and ``depths`` the stored depths along ``X``'s second axis; a Dataset with ``as_xarray``.
+
+    Raises
+    ------
+    ValueError
+        Both ``depth`` and ``depths``, a split or depth the file lacks
+        ([`UsageError`][reservoir.errors.UsageError]).
+    reservoir.errors.StoreError
+        A file that is unfinished, damaged or fails verification.
+    ImportError
+        ``as_xarray`` without xarray installed.
 
     Examples
     --------
@@ -214,20 +275,31 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     Rows are read lazily: the file is opened on the first read in each process (so every
     ``DataLoader`` worker opens its own handle; an HDF5 handle never crosses a fork), and a read
-    fetches the chunk holding the row (about 1 MiB of rows), checked by its Fletcher-32 checksum,
-    keeping it for the rows after it: reading in order reads each chunk once, while fully random
-    access (``shuffle=True``) reads a chunk a row; for a split that fits in memory,
-    :func:`read_features` and a ``TensorDataset`` are faster. ``features`` is a float32 tensor ``(n_readout * d_model,)`` (as
-    :func:`read_features` with ``depth`` gives a row), ``label`` an int64 tensor (a scalar, or
-    ``(n_readout, bits)``).
+    fetches the chunk holding the row, checked by its Fletcher-32 checksum, keeping it for the rows
+    after it: reading in order reads each chunk once, while fully random access (``shuffle=True``)
+    reads a chunk a row; for a split that fits in memory,
+    [`read_features`][reservoir.api.read_features] and a ``TensorDataset`` are faster. ``features``
+    is a float32 tensor ``(n_readout * d_model,)`` (as [`read_features`][reservoir.api.read_features]
+    with ``depth`` gives a row), ``label`` an int64 tensor (a scalar, or ``(n_readout, bits)``).
 
     Parameters
     ----------
-    path : a complete feature file.
-    split : a split it holds.
-    depth : a depth it holds.
-    verify : check the depth and labels against the digests recorded when the file was completed
+    path : str or Path
+        A complete feature file.
+    split : str
+        A split it holds.
+    depth : int
+        A depth it holds.
+    verify : bool
+        Check the depth and labels against the digests recorded when the file was completed
         before the first row is served (one pass over the depth; ``False`` skips it).
+
+    Raises
+    ------
+    ValueError
+        A split or depth the file lacks ([`UsageError`][reservoir.errors.UsageError]).
+    reservoir.errors.StoreError
+        A file that fails verification, or a row that cannot be read or is not finite.
 
     Examples
     --------
@@ -304,8 +376,23 @@ class FeatureDataset(torch.utils.data.Dataset):
 
 def load_probe(path: str | Path) -> Any:
     """The probe a fit saved beside a result (``RESULT.probe.npz``; a result's ``probe`` names it),
-    read without unpickling anything: a :class:`reservoir.probe.saved.SavedProbe` with ``depth``,
-    ``head``, ``hyperparameters``, ``meta`` and ``predict(X)`` on features ``(N, n_readout, d_model)``.
+    read without unpickling anything.
+
+    Parameters
+    ----------
+    path : str or Path
+        The ``.probe.npz`` file.
+
+    Returns
+    -------
+    reservoir.probe.saved.SavedProbe
+        With ``depth``, ``head``, ``hyperparameters``, ``meta`` and ``predict(X)`` on features
+        ``(N, n_readout, d_model)``.
+
+    Raises
+    ------
+    reservoir.errors.DataError
+        A file that is missing, not a probe, or damaged.
 
     Examples
     --------
@@ -319,23 +406,37 @@ def load_probe(path: str | Path) -> Any:
 
 
 def predict(probe: Any, features: str | Path, split: str = "test") -> np.ndarray:
-    """Class ids ``(N, *label_shape)`` of a saved probe on one split of a feature file; what
-    ``reservoir predict`` runs. The file must come from the probe's extraction settings (backbone,
-    seed, input scale, dtype, readout, a depth the probe reads, the same feature and label shapes):
-    another is refused naming each difference (:class:`reservoir.errors.IdentityError`). On the
-    file the probe was fitted on, the predictions are the fit's.
+    """Class ids of a saved probe on one split of a feature file; what ``reservoir predict`` runs.
+
+    The file must come from the probe's extraction settings (backbone, seed, input scale, dtype,
+    readout, a depth the probe reads, the same feature and label shapes). On the file the probe was
+    fitted on, the predictions are the fit's.
 
     Parameters
     ----------
-    probe : a ``RESULT.probe.npz`` path, or what :func:`load_probe` returns.
-    features : a complete feature file.
-    split : the split to predict.
+    probe : str, Path or SavedProbe
+        A ``RESULT.probe.npz`` path, or what [`load_probe`][reservoir.api.load_probe] returns.
+    features : str or Path
+        A complete feature file.
+    split : str
+        The split to predict.
+
+    Returns
+    -------
+    numpy.ndarray
+        Class ids ``(N, *label_shape)``.
+
+    Raises
+    ------
+    reservoir.errors.IdentityError
+        A file of other extraction settings, naming each difference.
 
     Examples
     --------
     >>> results = fit(features=path, depths=2, head="ridge")          # doctest: +SKIP
     >>> predictions = predict(results[0]["probe"], path, "test")      # doctest: +SKIP
-    >>> (predictions == read_features(path, "test", depth=2)[1]).mean() == results[0]["test_accuracy"]  # doctest: +SKIP
+    >>> accuracy = (predictions == read_features(path, "test", depth=2)[1]).mean()  # doctest: +SKIP
+    >>> accuracy == results[0]["test_accuracy"]                       # doctest: +SKIP
     True
     """
     from reservoir.probe.saved import SavedProbe, predict_file
@@ -350,17 +451,33 @@ def results(
     layout: str = "depth",
     depths: str | int | Sequence[str | int] = "chosen",
 ) -> Any:
-    """The table ``reservoir report`` prints, as a ``pandas.DataFrame`` (needs ``pip install pandas``):
-    one row per cell of the report (its ``--csv`` lines): task, setting, backbone, mode, head,
-    column (a depth ``dN``, ``chosen``, a task, or ``baseline``), test accuracy (fraction), its std
-    over seeds, the number of seeds, validation accuracy, the depth chosen, ...
+    """The table ``reservoir report`` prints, as a ``pandas.DataFrame`` (needs ``pip install pandas``).
 
     Parameters
     ----------
-    paths : result JSON files or folders (default: ``results/`` under ``$RESERVOIR_HOME``).
-    layout : ``"depth"`` (a column per depth, one table per task) or ``"task"`` (a column per task).
-    depths : in the task layout, the depth an output-only setting reports: ``"chosen"`` on
-        validation, ``"last"``, a depth number, or several of them (a row per rule).
+    paths : str, Path or sequence of them, optional
+        Result JSON files or folders (default: ``results/`` under ``$RESERVOIR_HOME``).
+    layout : str
+        ``"depth"`` (a column per depth, one table per task) or ``"task"`` (a column per task).
+    depths : str, int or sequence of them
+        In the task layout, the depth an output-only setting reports: ``"chosen"`` on validation,
+        ``"last"``, a depth number, or several of them (a row per rule).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per cell of the report (its ``--csv`` lines): task, setting, backbone, mode, head,
+        column (a depth ``dN``, ``chosen``, a task, or ``baseline``), test accuracy (fraction), its
+        std over seeds, the number of seeds, validation accuracy, the depth chosen, ...
+
+    Raises
+    ------
+    ValueError
+        An unknown layout or depth rule ([`UsageError`][reservoir.errors.UsageError]).
+    reservoir.errors.DataError
+        A path that does not exist, or no results found.
+    ImportError
+        pandas is not installed.
 
     Examples
     --------
@@ -454,19 +571,31 @@ def train(
 
     Parameters
     ----------
-    task : a registered task or ``"file:PATH"`` (or a whole TrainConfig, then no settings).
-    backbone : a registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID``
-        (``None``: the config's default, gpt2-random).
-    progress : show progress on stderr.
-    **settings : any field of :class:`reservoir.config.TrainConfig` (``trainable``, ``lr``, ``seeds``,
+    task : str or TrainConfig
+        A registered task or ``"file:PATH"``; or a whole [`TrainConfig`][reservoir.config.TrainConfig], and
+        then no other settings.
+    backbone : str, optional
+        A registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID`` (``None``: the
+        config's default, ``gpt2-random``).
+    progress : bool
+        Show progress on stderr.
+    **settings
+        Any field of [`TrainConfig`][reservoir.config.TrainConfig] (``trainable``, ``lr``, ``seeds``,
         ``steps``, ``batch_size``, ``eval_every``, ``patience``, ``limit``, ``task_options``, ...);
-        ``lr`` and ``trainable`` take one value, a list, or comma-separated text. An unknown name,
-        task, backbone, task option or trainable group raises ValueError naming the valid ones.
+        ``lr`` and ``trainable`` take one value, a list, or comma-separated text.
 
     Returns
     -------
-    The result dict (``mode="end-to-end"``), also written as JSON under ``results/TASK/BACKBONE/``:
-    test accuracy at the best validation step, mean over seeds at the learning rate chosen on validation.
+    dict
+        The result (``mode="end-to-end"``), also written as JSON under ``results/TASK/BACKBONE/``:
+        test accuracy at the best validation step, mean over seeds at the learning rate chosen on
+        validation.
+
+    Raises
+    ------
+    ValueError
+        An unknown setting, task, backbone, task option or trainable group, naming the valid ones
+        ([`UsageError`][reservoir.errors.UsageError]).
 
     Examples
     --------
@@ -536,7 +665,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
 
     ``fit`` learns nothing from the data: it only sizes the frozen, seeded input layer (token
     width, or the id vocabulary) and loads the backbone, so the transformer is safe inside a
-    :class:`sklearn.pipeline.Pipeline` and cross-validation. The readout is the last real
+    ``sklearn.pipeline.Pipeline`` and cross-validation. The readout is the last real
     token of each sequence; features are those ``reservoir extract`` stores (a test checks it).
 
     Input ``X``: an array ``(N, T, d)`` of floats, ``(N, T)`` of integer ids, ``(N, T)`` of
@@ -545,20 +674,34 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
 
     Parameters
     ----------
-    backbone : a registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID``.
-    depth : a depth (negative counts from the last block: ``-1``), a list of depths, ``"0,6"``
-        or ``"all"`` (the same selection as ``reservoir extract --depths``). One depth gives
+    backbone : str
+        A registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID``.
+    depth : int, sequence of int or str
+        A depth (negative counts from the last block: ``-1``), a list of depths, ``"0,6"`` or
+        ``"all"`` (the same selection as ``reservoir extract --depths``). One depth gives
         ``(N, d_model)``; several give ``(N, n_depths * d_model)``, depth-major.
-    seed : seeds the input layer and randomly initialised backbones.
-    input_scale : the input layer's scale, as ``reservoir extract --input-scale``.
-    device : where the backbone runs, as ``reservoir extract --device``.
-    dtype : compute dtype, as ``reservoir extract --dtype`` (``"auto"``: bfloat16 where the CPU
-        multiplies it natively, else float32; ``"int8"``, or ``"int8-static"`` calibrated on the
-        first rows given to ``fit``); features are returned as float32.
-    engine : ``"torch"``, ``"openvino"`` or ``"auto"`` (OpenVINO on the CPU when installed and the
-        backbone converts), as ``reservoir extract --engine``.
-    batch_size : sequences per forward pass (variable-length ones are bucketed by length).
-    vocab_size : id vocabulary for integer input (None: largest id seen by ``fit`` + 1).
+    seed : int
+        Seeds the input layer and randomly initialised backbones.
+    input_scale : str
+        The input layer's scale, as ``reservoir extract --input-scale``.
+    dtype : str
+        Compute dtype, as ``reservoir extract --dtype`` (``"auto"``: the float dtype this machine
+        multiplies fastest; ``"int8"``, or ``"int8-static"`` calibrated on the first rows given to
+        ``fit``); features are returned as float32.
+    device : str
+        Where the backbone runs, as ``reservoir extract --device``.
+    batch_size : int
+        Sequences per forward pass (variable-length ones are bucketed by length).
+    vocab_size : int, optional
+        Id vocabulary for integer input (``None``: the largest id seen by ``fit`` + 1).
+    engine : str
+        ``"torch"``, ``"openvino"``, ``"onnxruntime"`` or ``"auto"``, as ``reservoir extract --engine``.
+
+    Raises
+    ------
+    ValueError
+        From ``fit``: a setting outside its range, input of another shape, sequences longer than
+        the backbone's positions ([`UsageError`][reservoir.errors.UsageError]).
 
     Examples
     --------
@@ -592,6 +735,20 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         self.engine = engine
 
     def fit(self, X: Any, y: Any = None) -> ReservoirFeatures:
+        """Size the frozen input layer on ``X`` (token width, or id vocabulary) and load the backbone.
+
+        Parameters
+        ----------
+        X : array or list of arrays
+            Sequences (the class's input forms); only their shape and ids are read.
+        y : ignored
+            Present for the scikit-learn API.
+
+        Returns
+        -------
+        ReservoirFeatures
+            ``self``, fitted (``runner_``, ``depths_``).
+        """
         from reservoir.model.devices import resolve_device
         from reservoir.model.reservoir import check_length
         from reservoir.runtime.engines import INT8_DTYPES, calibration_batches, calibration_rows
@@ -682,6 +839,8 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         return feats.reshape(len(feats), -1)
 
     def get_feature_names_out(self, input_features=None) -> np.ndarray:
+        """Output feature names ``depth{k}_{i}``, depth-major as
+        [`transform`][reservoir.api.ReservoirFeatures.transform] lays them out."""
         check_is_fitted(self, "runner_")
         d = self.runner_.backbone.d_model
         return np.array([f"depth{k}_{i}" for k in self.depths_ for i in range(d)], dtype=object)
