@@ -565,10 +565,12 @@ def fit(
 )
 @pass_settings
 def predict(settings: Settings, probe, features, split, out) -> None:
-    """Apply a saved probe to a feature file: one CSV line per example; the accuracy on stderr.
+    """Apply a saved probe to a feature file: one CSV line per example; its score on stderr (accuracy, or
+    the fit's metric: NRMSE for real-valued targets).
 
     A file of other extraction settings than the probe's is refused, naming each difference."""
-    from reservoir.probe.saved import accuracy, load_probe, predict_file, predictions_csv
+    from reservoir.probe.metrics import METRICS
+    from reservoir.probe.saved import load_probe, predict_file, predictions_csv, score
     from reservoir.results import atomic_write
 
     saved = run(load_probe, probe)
@@ -585,11 +587,13 @@ def predict(settings: Settings, probe, features, split, out) -> None:
                 f"cannot write the predictions to {out} ({e.message}); pass an --out you can write"
             ) from None
     if not settings.quiet:
-        fitted = (saved.meta.get("test_accuracies") or {}).get(split)
-        same = f" (the fit's {split} accuracy: {100 * fitted:.2f}%)" if fitted is not None else ""
+        name, value = score(saved, predictions, labels)
+        metric = METRICS[name]
+        fitted = (saved.meta.get("test_scores") or saved.meta.get("test_accuracies") or {}).get(split)
+        same = f" (the fit's {split} {name}: {metric.format(fitted)})" if fitted is not None else ""
         where = f"; wrote {out}" if out is not None else ""
         click.echo(
-            f"{split}: {len(labels):,d} rows, accuracy {100 * accuracy(predictions, labels):.2f}% with the "
+            f"{split}: {len(labels):,d} rows, {name} {metric.format(value)} with the "
             f"{saved.head} probe of depth {saved.depth}{same}{where}",
             err=True,
         )

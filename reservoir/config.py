@@ -228,7 +228,8 @@ class ExtractConfig:
     batch_size : examples per forward pass; ``None``: about 16,384 tokens a batch, more for
         backbones that ask (``reservoir.extract.plan.auto_batch_size``).
     dtype : compute dtype of the backbone: ``"auto"`` is bfloat16 where the CPU multiplies
-        bf16 natively, else float32 (features are stored as float32); ``"int8"`` (int8 weights,
+        bf16 natively, else float32 (features are stored as float32), and float32 for a task with
+        real-valued targets (forecasting needs more digits than bf16 keeps); ``"int8"`` (int8 weights,
         activations quantized per token at run time) and ``"int8-static"`` (activation scales
         calibrated on the run's first rows) run on the OpenVINO engine (:mod:`reservoir.runtime.engines`).
     engine : what runs the forward: ``"torch"`` (eager or compiled), ``"openvino"`` (the

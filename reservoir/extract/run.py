@@ -424,6 +424,12 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
         cfg.depths, range(backbone.n_layers + 1), f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)"
     )
     dtype = resolve_dtype(cfg.dtype, device)
+    if cfg.dtype == "auto" and task.spec.target == "regression" and dtype != "float32":
+        # bf16 keeps 8 bits of a state: a forecast's error then stops near 1% of the target's spread
+        log(
+            f"dtype float32, not {dtype}: task {task.name!r} has real-valued targets (--dtype auto)", progress
+        )
+        dtype = "float32"
     calibration = None
     if dtype in INT8_DTYPES:  # engines quantize by their own recipes: the int8 engine is part of the identity
         from reservoir.runtime.engines import INT8_RECIPE, calibration_rows, choose_engine

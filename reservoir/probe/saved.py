@@ -38,7 +38,7 @@ from reservoir import __version__
 from reservoir.errors import DataError, IdentityError, UsageError
 from reservoir.extract.store import feature_splits, iter_depth, open_features, stored_identity, verify
 from reservoir.identity import array_digest, canonical
-from reservoir.probe.heads import Predictor, head_threads, predictor_from_state, rows
+from reservoir.probe.heads import REGRESSION, Predictor, head_threads, predictor_from_state, rows
 
 #: version of the saved-probe layout
 PROBE_FORMAT = 1
@@ -154,6 +154,8 @@ def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dic
         "input_layer": input_layer_digest(f),
         "test_split": result.get("test_split"),
         "test_accuracies": result.get("test_accuracies"),
+        "metric": result.get("metric", "accuracy"),
+        "test_scores": result.get("test_scores", result.get("test_accuracies")),
         "predictor": meta_state,
     }
     bad = [k for k, v in arrays.items() if np.asarray(v).dtype.kind not in "fiub"]
@@ -277,7 +279,7 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
             f"labels: the probe predicts labels of shape {list(probe.label_shape)} a row, the file's "
             f"are {list(labels.shape[1:])}"
         )
-    elif top >= probe.predictor.n_classes:
+    elif probe.predictor.n_classes != REGRESSION and top >= probe.predictor.n_classes:
         problems.append(
             f"classes: the probe knows classes 0..{probe.predictor.n_classes - 1}, the file's labels "
             f"reach {top}"
@@ -321,6 +323,15 @@ def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(predictions == labels)) if labels.size else float("nan")
 
 
+def score(probe: SavedProbe, predictions: np.ndarray, labels: np.ndarray) -> tuple[str, float]:
+    """The probe's primary metric (its fit's, :mod:`reservoir.probe.metrics`) and its value on these
+    predictions; NaN for no rows."""
+    from reservoir.probe.metrics import METRICS
+
+    name = probe.meta.get("metric", "accuracy")
+    return name, (METRICS[name](predictions, labels) if labels.size else float("nan"))
+
+
 def predictions_csv(predictions: np.ndarray, labels: np.ndarray) -> str:
     """CSV of one line per row: ``row,prediction,label``; labels of several values a row (bits, readout
     tokens) give ``prediction_I,...`` and ``label_I,...`` columns (``I``: the value's index, ``_``-joined)."""
@@ -334,5 +345,6 @@ def predictions_csv(predictions: np.ndarray, labels: np.ndarray) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["row", *names])
-    writer.writerows([i, *map(int, row)] for i, row in enumerate(values))
+    number = int if values.dtype.kind in "iub" else repr  # real values in full (float64's shortest repr)
+    writer.writerows([i, *(number(v) for v in row.tolist())] for i, row in enumerate(values))
     return buf.getvalue()

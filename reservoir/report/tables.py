@@ -26,7 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.results import load_results  # noqa: F401  (report's entry point reads through it)
+from reservoir.probe.metrics import METRICS, Metric
+from reservoir.results import (
+    load_results,  # noqa: F401  (report's entry point reads through it)
+    with_scores,
+)
 
 #: baselines in the order tables list them
 BASELINE_ORDER = ("majority", "first-operator", "raw", "tanh")
@@ -75,17 +79,29 @@ class Row:
     def results(self) -> list[dict[str, Any]]:
         return [r for rs in self.by_depth.values() for r in rs]
 
+    @property
+    def metric(self) -> Metric:
+        """The metric the row's results score (:mod:`reservoir.probe.metrics`): accuracy for classes."""
+        return METRICS[self.results[0].get("metric", "accuracy")]
+
+    def text(self, x: float | None, std: float | None = None, n: int = 1) -> str:
+        """A value of the row's metric as its cells show it (:func:`score_text`)."""
+        return score_text(x, std, n, self.metric)
+
     def tests(self, depth: int) -> list[float]:
-        """Test accuracies at ``depth``, one per seed (an end-to-end result holds its seeds' mean)."""
-        return [r["test_accuracy"] for r in self.by_depth[depth]]
+        """Test scores at ``depth``, one per seed (an end-to-end result holds its seeds' mean)."""
+        return [r["test_score"] for r in self.by_depth[depth]]
 
     def val(self, depth: int) -> float:
-        return float(np.mean([r["val_accuracy"] for r in self.by_depth[depth]]))
+        return float(np.mean([r["val_score"] for r in self.by_depth[depth]]))
+
+    def _better_first(self, value: float) -> float:
+        return value if self.metric.greater_is_better else -value
 
     @property
     def chosen(self) -> int:
-        """The depth with the best mean validation accuracy (the shallower on ties)."""
-        return max(sorted(self.by_depth), key=lambda d: (self.val(d), -d))
+        """The depth with the best mean validation score (the shallower on ties)."""
+        return max(sorted(self.by_depth), key=lambda d: (self._better_first(self.val(d)), -d))
 
     def depth_for(self, rule: str | int) -> int | None:
         """The depth a :data:`DEPTH_RULES` rule picks: ``"chosen"`` on validation, ``"last"`` the
@@ -98,13 +114,15 @@ class Row:
 
     @property
     def best_by_test(self) -> int:
-        return max(sorted(self.by_depth), key=lambda d: (float(np.mean(self.tests(d))), -d))
+        return max(
+            sorted(self.by_depth), key=lambda d: (self._better_first(float(np.mean(self.tests(d)))), -d)
+        )
 
     def spread(self, depth: int) -> tuple[float, float | None, int]:
         """Mean test, its std over seeds (``None`` for one seed) and the number of seeds."""
         rs = self.by_depth[depth]
         if len(rs) == 1 and rs[0].get("test_std") is not None:  # an end-to-end result folds its seeds
-            return rs[0]["test_accuracy"], rs[0]["test_std"], len(rs[0].get("seeds", [0]))
+            return rs[0]["test_score"], rs[0]["test_std"], len(rs[0].get("seeds", [0]))
         values = self.tests(depth)
         return (
             float(np.mean(values)),
@@ -154,7 +172,7 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
     """Rows of the reservoir results (sorted) and the baseline results."""
     rows: dict[tuple, Row] = {}
     baselines = []
-    for r in results:
+    for r in map(with_scores, results):
         if r["mode"] == "baseline":
             baselines.append(r)
             continue
@@ -212,6 +230,19 @@ def pct(x: float | None, std: float | None = None, n: int = 1) -> str:
     text = f"{100 * x:.1f}"
     if std is not None and n > 1:
         text += f" ± {100 * std:.1f} (n={n})"
+    return text
+
+
+def score_text(x: float | None, std: float | None = None, n: int = 1, metric: Metric | None = None) -> str:
+    """A score as tables show it: a percentage with one decimal (:func:`pct`) for accuracies, four
+    significant digits for other metrics (NRMSE, R^2), with the spread over ``n`` seeds."""
+    if metric is None or metric.percent:
+        return pct(x, std, n)
+    if x is None:
+        return ""
+    text = f"{x:.4g}"
+    if std is not None and n > 1:
+        text += f" ± {std:.2g} (n={n})"
     return text
 
 
@@ -347,8 +378,9 @@ class Report:
                 "head": b["head"],
                 "n_train/n_test": f"{b['n_train']}/{b['n_test']}",
                 "column": column,
-                "test": b["test_accuracy"],
-                "val": b["val_accuracy"],
+                "metric": b.get("metric", "accuracy"),
+                "test": b["test_score"],
+                "val": b["val_score"],
             }
         )
 
@@ -363,7 +395,13 @@ class Report:
                 + [f"d{d}" for d in depths]
                 + ["chosen on val: depth", "test at chosen", "best by test (not for claims)"]
             )
-            lines = [f"### {task}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            named = rows[0].metric.name if rows else "accuracy"
+            title = f"### {task}" + (
+                ""
+                if named == "accuracy"
+                else f" ({named}, {'higher' if rows[0].metric.greater_is_better else 'lower'} is better)"
+            )
+            lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             for row in rows:
                 cells = []
                 for d in depths:
@@ -372,7 +410,7 @@ class Report:
                         continue
                     mean, std, n = row.spread(d)
                     paper = self.paper_number(row, str(d))
-                    cells.append(self.beside(row, str(d), pct(mean, std, n)))
+                    cells.append(self.beside(row, str(d), row.text(mean, std, n)))
                     self.record(row, f"d{d}", test=mean, test_std=std, n_seeds=n, val=row.val(d), paper=paper)
                 c, b = row.chosen, row.best_by_test
                 mean, std, n = row.spread(c)
@@ -391,7 +429,7 @@ class Report:
                     + " | ".join(
                         [self.label(row), row.head, row.size]
                         + cells
-                        + [str(c), pct(mean, std, n), f"{pct(row.spread(b)[0])} (d{b})"]
+                        + [str(c), row.text(mean, std, n), f"{row.text(row.spread(b)[0])} (d{b})"]
                     )
                     + " |"
                 )
@@ -402,11 +440,20 @@ class Report:
     def baseline_lines(self, task: str, n_depths: int) -> list[str]:
         lines = []
         for b in baselines_for(self.rows, self.baselines, task):
-            label = f"baseline: {baseline_label(b['baseline'])}"
+            real = b.get("metric", "accuracy") in ("nrmse", "r2", "rmse")
+            label = (
+                "baseline: train mean"
+                if real and b["baseline"] == "majority"
+                else f"baseline: {baseline_label(b['baseline'])}"
+            )
             n = f"{b['n_train']}/{b['n_test']}"
             lines.append(
                 "| "
-                + " | ".join([label, b["head"], n] + [""] * n_depths + ["", pct(b["test_accuracy"]), ""])
+                + " | ".join(
+                    [label, b["head"], n]
+                    + [""] * n_depths
+                    + ["", score_text(b["test_score"], metric=METRICS[b.get("metric", "accuracy")]), ""]
+                )
                 + " |"
             )
             self.record_baseline(b, task, "baseline")

@@ -38,6 +38,8 @@ class TaskSpec:
         tasks, 1 for classification).
     splits : split names; always includes ``train`` and ``test``.
     variable_length : examples have different lengths (padding with id ``pad_id``).
+    target : ``"class"`` (integer labels, ``n_classes`` per output) or ``"regression"`` (float
+        labels, ``outputs_per_token`` real values per readout token; ``n_classes`` unused).
     """
 
     name: str
@@ -51,6 +53,7 @@ class TaskSpec:
     splits: tuple[str, ...] = ("train", "test")
     variable_length: bool = False
     pad_id: int = 0
+    target: Literal["class", "regression"] = "class"
 
     @property
     def label_shape(self) -> tuple[int, ...]:
@@ -68,11 +71,12 @@ class TaskSpec:
     def describe(self) -> str:
         width = f"x {self.token_dim}" if self.token_kind == "dense" else f"ids < {self.vocab_size}"
         length = f"<= {self.seq_len}" if self.variable_length else str(self.seq_len)
-        outs = (
-            f"{self.n_classes} classes"
-            if self.label_shape == ()
-            else (f"{self.outputs_per_token} x {self.n_classes}-way per readout token")
-        )
+        if self.target == "regression":
+            outs = f"{self.outputs_per_token} real value(s) per readout token"
+        elif self.label_shape == ():
+            outs = f"{self.n_classes} classes"
+        else:
+            outs = f"{self.outputs_per_token} x {self.n_classes}-way per readout token"
         return (
             f"{length} tokens {width}; {outs}; readout last {self.n_readout}; splits {','.join(self.splits)}"
         )
@@ -333,4 +337,4 @@ def patches(pixels: np.ndarray, size: int) -> np.ndarray:
 
 
 # Import task modules so they register themselves.
-from reservoir.tasks import bits, cifar, homology, images, listops  # noqa: E402,F401
+from reservoir.tasks import bits, cifar, homology, images, listops, series  # noqa: E402,F401

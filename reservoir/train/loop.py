@@ -654,6 +654,12 @@ def train(
     if cfg.save_backbone is not None:
         check_free(cfg.save_backbone)  # before anything trains
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
+    if task.spec.target != "class":
+        raise UsageError(
+            f"reservoir train trains a classifier end to end; task {cfg.task!r} has real-valued targets: "
+            f"extract its features and fit a ridge readout (reservoir extract --task {cfg.task}, then "
+            "reservoir fit --head ridge)"
+        )
     data = load_data(task, cfg)
     shared = settings_identity(cfg, task, data.named())
     log = lambda msg: log_line(msg, progress)  # noqa: E731

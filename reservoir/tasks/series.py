@@ -1,0 +1,153 @@
+"""Reservoir computing's home tasks: one-step forecasting of Mackey-Glass and NARMA-10, generated from a seed.
+
+Both series are generated with reservoirpy's definitions (``reservoirpy.datasets``, version 0.4), so a
+series here equals reservoirpy's for the same seed (tests check it where reservoirpy is installed):
+
+- **Mackey-Glass** (``mackey_glass``): the delay differential equation
+  ``dx/dt = a x(t - tau) / (1 + x(t - tau)^n) - b x(t)`` with ``tau = 17``, ``a = 0.2``, ``b = 0.1``,
+  ``n = 10``, stepped by reservoirpy's fourth-order update with ``h = 1`` from ``x0 = 1.2`` after a
+  history of ``tau`` values drawn as ``x0 + 0.2 (U[0, 1) - 0.5)`` from ``numpy.random.default_rng(seed)``.
+  The series is then scaled to ``[-1, 1]`` by its minimum and maximum (as reservoirpy's tutorials do).
+- **NARMA-10** (``narma10``): inputs ``u[t]`` drawn from ``U[0, 0.5]`` by ``default_rng(seed)`` and
+  ``y[t+1] = 0.3 y[t] + 0.05 y[t] (y[t-10] + ... + y[t-1]) + 1.5 u[t-10] u[t] + 0.1`` from ``y = 0``:
+  reservoirpy's ``narma(order=10, a1=0.3, a2=0.05, b=1.5, c=0.1)``. (Its sum runs over the ten values
+  before ``y[t]`` and its product pairs ``u[t]`` with ``u[t-10]``; the classic statement of Atiya and
+  Parlos sums ``y[t-9..t]`` and pairs ``u[t]`` with ``u[t-9]``.) Its target at each step is the ``y``
+  reservoirpy pairs with that input, which depends on the inputs before it.
+
+An example is a window of ``window`` consecutive steps, one value a token; its label is the value
+``horizon`` steps after the window's last (Mackey-Glass: the series itself; NARMA: ``y``). Windows
+advance by one step. The splits are consecutive stretches of one series, ``train`` then ``val`` then
+``test``, so no label of one split is an input or label of another; the first ``washout`` steps are
+dropped. Labels are float32: a probe regresses them (``reservoir fit --head ridge``) and reports NRMSE
+and R^2 (:mod:`reservoir.probe.metrics`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from reservoir.tasks import MAX_ROWS, MAX_SEED, MAX_TOKENS, SplitData, Task, TaskSpec, option, register_task
+
+SPLITS = ("train", "val", "test")
+
+
+def mackey_glass(
+    n_steps: int, seed: int, *, tau: int = 17, a: float = 0.2, b: float = 0.1, n: int = 10, x0: float = 1.2
+) -> np.ndarray:
+    """``n_steps`` values of the Mackey-Glass series, float64, as ``reservoirpy.datasets.mackey_glass``
+    computes them with ``h = 1`` (module docstring)."""
+    rng = np.random.default_rng(seed)
+    history = x0 * np.ones(tau) + 0.2 * (rng.random(tau) - 0.5)
+    x = np.empty(tau + n_steps)
+    x[:tau] = history
+    xt = x0
+    for i in range(tau, tau + n_steps):
+        x[i] = xt
+        xtau = x[i - tau]
+        k1 = -b * xt + a * xtau / (1 + xtau**n)  # reservoirpy's update, step h = 1
+        k2 = 2 * k1 - b * k1
+        k3 = 2 * k1 - b * k2
+        k4 = k1 - b * k3
+        xt = xt + (k1 + k2 + k3 + k4) / 6
+    return x[tau:]
+
+
+def narma(
+    n_steps: int,
+    seed: int,
+    *,
+    order: int = 10,
+    a1: float = 0.3,
+    a2: float = 0.05,
+    b: float = 1.5,
+    c: float = 0.1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs ``u`` and outputs ``y`` of NARMA of ``order``, both ``(n_steps,)`` float64 and paired step by
+    step as ``reservoirpy.datasets.narma`` pairs ``u[order:]`` with ``y`` (module docstring)."""
+    u = np.random.default_rng(seed).uniform(0, 0.5, size=(n_steps + order, 1))[:, 0]
+    y = np.zeros(n_steps + order)
+    for t in range(order, n_steps + order - 1):
+        y[t + 1] = a1 * y[t] + a2 * y[t] * np.sum(y[t - order : t]) + b * u[t - order] * u[t] + c
+    return u[order:], y[order:]
+
+
+def windows(inputs: np.ndarray, targets: np.ndarray, start: int, n: int, window: int, horizon: int):
+    """``n`` windows of ``inputs`` starting at ``start``, one step apart, and the ``targets`` ``horizon``
+    steps after each window's last step: ``(n, window)`` and ``(n,)`` float32."""
+    index = start + np.arange(n)[:, None] + np.arange(window)[None, :]
+    return inputs[index].astype(np.float32), targets[start + np.arange(n) + window - 1 + horizon].astype(
+        np.float32
+    )
+
+
+@dataclass
+class Forecast(Task):
+    """One-step (``horizon``) forecasting from windows of a generated series (module docstring)."""
+
+    generated: ClassVar[bool] = True
+
+    window: int = option(32, low=1, high=MAX_TOKENS)
+    horizon: int = option(1, low=1, high=MAX_TOKENS)
+    n_train: int = option(2000, low=1, high=MAX_ROWS)
+    n_val: int = option(500, low=1, high=MAX_ROWS)
+    n_test: int = option(1000, low=1, high=MAX_ROWS)
+    washout: int = option(100, low=0, high=MAX_ROWS)
+    seed: int = option(0, low=0, high=MAX_SEED)
+
+    @property
+    def spec(self) -> TaskSpec:
+        return TaskSpec(
+            self.name,
+            "dense",
+            seq_len=self.window,
+            token_dim=1,
+            n_classes=1,
+            splits=SPLITS,
+            target="regression",
+        )
+
+    def series(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs and targets of ``n_steps`` steps, aligned step by step."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
+        self.check_split(split)
+        sizes = {"train": self.n_train, "val": self.n_val, "test": self.n_test}
+        span = self.window + self.horizon - 1  # steps a split adds beyond its number of windows
+        start = self.washout
+        for s in SPLITS[: SPLITS.index(split)]:
+            start += sizes[s] + span
+        inputs, targets = self.series(self.washout + sum(sizes.values()) + len(SPLITS) * span)
+        n = min(limit or sizes[split], sizes[split])
+        x, y = windows(inputs, targets, start, n, self.window, self.horizon)
+        return SplitData(x, y, np.full(n, self.window))
+
+    def encode(self, inputs: np.ndarray) -> np.ndarray:
+        return inputs.astype(np.float32)[:, :, None]
+
+
+@register_task("mackey_glass")
+@dataclass
+class MackeyGlass(Forecast):
+    """Mackey-Glass (tau 17) one-step forecasting, scaled to [-1, 1] (reservoirpy's definition)."""
+
+    tau: int = option(17, low=1, high=1000)
+
+    def series(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        x = mackey_glass(n_steps, self.seed, tau=self.tau)
+        x = 2 * (x - x.min()) / (x.max() - x.min()) - 1
+        return x, x
+
+
+@register_task("narma10")
+@dataclass
+class Narma10(Forecast):
+    """NARMA-10: the output y from the inputs u (reservoirpy's definition)."""
+
+    def series(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        return narma(n_steps, self.seed)
