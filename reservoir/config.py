@@ -214,51 +214,70 @@ class ExtractConfig:
 
     Parameters
     ----------
-    task, backbone : registered names (or ``file:PATH`` / a model folder).
-    task_options : the task's own options (``--task-opt key=value``).
-    split : a split name or ``"all"``.
-    limit : keep the first ``limit`` examples of each split.
-    seed : seeds the input layer, random backbones and generated data (tasks marked
+    task, backbone
+        registered names (or ``file:PATH`` / a model folder).
+    task_options
+        the task's own options (``--task-opt key=value``).
+    split
+        a split name or ``"all"``.
+    limit
+        keep the first ``limit`` examples of each split.
+    seed
+        seeds the input layer, random backbones and generated data (tasks marked
         ``generated``: bit tasks, generated ListOps); a task's own ``seed`` option, when given,
         seeds its data instead.
-    input_scale : scale of the frozen input layer; ``"paper"``: orthogonal gain 1.41 for
+    input_scale
+        scale of the frozen input layer; ``"paper"``: orthogonal gain 1.41 for
         dense tokens, N(0, 1) embeddings for ids (the FPT code); ``"matched"``: the std of the
         backbone's own token embedding (:func:`reservoir.model.input_layer.make_input_layer`); a
         positive number: that std.
-    batch_size : examples per forward pass; ``None``: about 16,384 tokens a batch, more for
+    batch_size
+        examples per forward pass; ``None``: about 16,384 tokens a batch, more for
         backbones that ask (``reservoir.extract.plan.auto_batch_size``).
-    dtype : compute dtype of the backbone: ``"auto"`` is bfloat16 where the CPU multiplies
+    dtype
+        compute dtype of the backbone: ``"auto"`` is bfloat16 where the CPU multiplies
         bf16 natively, else float32 (features are stored as float32), and float32 for a task with
         real-valued targets (forecasting needs more digits than bf16 keeps); ``"int8"`` (int8 weights,
         activations quantized per token at run time) and ``"int8-static"`` (activation scales
         calibrated on the run's first rows) run on the OpenVINO engine (:mod:`reservoir.runtime.engines`).
-    engine : what runs the forward: ``"torch"`` (eager or compiled), ``"openvino"`` (the
+    engine
+        what runs the forward: ``"torch"`` (eager or compiled), ``"openvino"`` (the
         ``openvino`` extra; CPU only), ``"onnxruntime"`` (the ``onnx`` extra; CPU only; float32 and
         int8), or ``"auto"``: on the CPU, for a backbone that converts, the installed engines measured
         against PyTorch on the first batch (OpenVINO for runs of 20,000+ tokens, ONNX Runtime for
         200,000+), PyTorch otherwise or when converting fails. Not part of the identity (like
         ``compile``): the float engines compute the same features, checked against PyTorch float32 on
         the first batch.
-    depths : ``"all"`` or comma-separated depths (negative: from the last block).
-    readout : ``"last"`` reads the last real token; ``"mean"`` averages the states of every real
+    depths
+        ``"all"`` or comma-separated depths (negative: from the last block).
+    readout
+        ``"last"`` reads the last real token; ``"mean"`` averages the states of every real
         token; ``"all"`` keeps every token's state (tasks of fixed length); ``"padded"`` pads every
         example to the task's length and reads the last position, reproducing the official FPT code.
-    compile : compile the forward with torch.compile (falls back to eager on failure);
+    compile
+        compile the forward with torch.compile (falls back to eager on failure);
         ``None`` compiles when the measured costs say it repays the compile time
         (:mod:`reservoir.runtime.compiling`; sharded runs: ``reservoir.extract.run.AUTO_COMPILE_TOKENS``).
-    device : ``auto`` (a CUDA GPU when present, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or
+    device
+        ``auto`` (a CUDA GPU when present, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or
         ``mps``. Not part of the run's identity: it changes where the numbers are computed.
-    workers : extract shards on a dask ``LocalCluster`` of this many worker processes (threads
+    workers
+        extract shards on a dask ``LocalCluster`` of this many worker processes (threads
         split between them; on a machine with several GPUs one per GPU).
-    scheduler : the address of a running dask.distributed scheduler whose workers extract the
+    scheduler
+        the address of a running dask.distributed scheduler whose workers extract the
         shards (``tcp://host:8786``); excludes ``workers``.
-    shard_rows : rows of a shard, rounded to the batch size; variable-length tasks are bucketed
+    shard_rows
+        rows of a shard, rounded to the batch size; variable-length tasks are bucketed
         by length within these blocks in every run, so a single process and a sharded run
         compute the same batches.
-    data_dir : the data folder.
-    out : the feature file; ``None``: derived from the run's identity
+    data_dir
+        the data folder.
+    out
+        the feature file; ``None``: derived from the run's identity
         (``features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5``).
-    force : extract again even when a complete file of this run is there (one that failed
+    force
+        extract again even when a complete file of this run is there (one that failed
         verification, say): that file is moved aside to ``FILE.old``, never overwritten.
     """
 
@@ -314,21 +333,31 @@ class FitConfig:
 
     Parameters
     ----------
-    task, backbone : the task and backbone of the features; ``None``: taken from the file.
+    task, backbone
+        the task and backbone of the features; ``None``: taken from the file.
         Given with ``features``, they must match the file's.
-    features : the HDF5 file; ``None``: the one complete file extracted for ``task`` and
+    features
+        the HDF5 file; ``None``: the one complete file extracted for ``task`` and
         ``backbone`` under ``features/`` (several: name one).
-    depths : ``"all"`` or comma-separated depths (negative: from the last stored one).
-    head : ``logreg``, ``ridge`` or ``torch``.
-    val_fraction : share of train carved out (seeded) to choose regularisation.
-    seed : seeds the validation split and the torch head.
-    device : where the torch head trains (``auto``: a CUDA GPU when present, else the CPU).
-    memory_mb : features of one depth (train rows) above this many MiB are never loaded at once:
+    depths
+        ``"all"`` or comma-separated depths (negative: from the last stored one).
+    head
+        ``logreg``, ``ridge`` or ``torch``.
+    val_fraction
+        share of train carved out (seeded) to choose regularisation.
+    seed
+        seeds the validation split and the torch head.
+    device
+        where the torch head trains (``auto``: a CUDA GPU when present, else the CPU).
+    memory_mb
+        features of one depth (train rows) above this many MiB are never loaded at once:
         the logistic and torch heads then train on blocks read from the file (ridge always does).
-    baselines : also fit the baselines of the file's data (:mod:`reservoir.probe.baselines`: majority,
+    baselines
+        also fit the baselines of the file's data (:mod:`reservoir.probe.baselines`: majority,
         raw input, random tanh features of the same width, the task's rules), read again from
         ``data_dir``; results already written for the same data are reused.
-    data_dir : the data folder the baselines read the task's data from; ``None``: the folder the
+    data_dir
+        the data folder the baselines read the task's data from; ``None``: the folder the
         extraction read (recorded in the feature file), else the default data folder.
     """
 
@@ -381,43 +410,68 @@ class TrainConfig:
 
     Parameters
     ----------
-    task, backbone : registered names (or ``file:PATH`` / a model folder).
-    task_options : the task's own options (``--task-opt key=value``).
-    trainable : parameter groups to train (input, pos, ln, attn, ff, out, or a backbone's own group).
-    lr : Adam learning rates; more than one makes a sweep selected on validation accuracy.
-    seeds : runs per learning rate, with seeds ``seed, seed+1, ...``.
-    seed : first seed; seeds the input layer, random backbones, output layer, dropout and data order
+    task, backbone
+        registered names (or ``file:PATH`` / a model folder).
+    task_options
+        the task's own options (``--task-opt key=value``).
+    trainable
+        parameter groups to train (input, pos, ln, attn, ff, out, or a backbone's own group).
+    lr
+        Adam learning rates; more than one makes a sweep selected on validation accuracy.
+    seeds
+        runs per learning rate, with seeds ``seed, seed+1, ...``.
+    seed
+        first seed; seeds the input layer, random backbones, output layer, dropout and data order
         (and generated data, unless the task's own ``seed`` option is given).
-    steps : maximum gradient steps per run (the paper's random GPT-2 needs about 2e4 on bit XOR, its table 6).
-    batch_size : training examples per step.
-    eval_batch_size : examples per forward pass when scoring validation and test.
-    eval_every : steps between validation passes (model selection and early stopping).
-    patience : validation passes without progress before stopping (0: never stop early). Progress is a validation
+    steps
+        maximum gradient steps per run (the paper's random GPT-2 needs about 2e4 on bit XOR, its table 6).
+    batch_size
+        training examples per step.
+    eval_batch_size
+        examples per forward pass when scoring validation and test.
+    eval_every
+        steps between validation passes (model selection and early stopping).
+    patience
+        validation passes without progress before stopping (0: never stop early). Progress is a validation
         accuracy 0.1 points above the last progress, a validation loss 0.1% below its lowest, or a training loss
         still falling: the least-squares line through the mean training losses of the last 20 passes falls by 1%
         or more, 2 standard errors or more (:func:`reservoir.train.loop.advance`). A run that converged or is
         stuck has a flat training loss and stops; one whose validation wanders on a plateau while its training
         loss falls goes on.
-    target : validation accuracy whose first crossing is reported as ``steps_to_target``.
-    stop_at : validation accuracy at which a run counts as solved and stops (default 1.0: only a perfect
+    target
+        validation accuracy whose first crossing is reported as ``steps_to_target``.
+    stop_at
+        validation accuracy at which a run counts as solved and stops (default 1.0: only a perfect
         validation pass stops it before ``patience``); may change on ``resume``, and a resumed run whose best
         validation already reached it ends there.
-    val_fraction : share of train held out (seeded by ``seed``) when the task has no val split.
-    limit : keep the first ``limit`` examples of each split.
-    blocks : blocks of the backbone to run (default: all).
-    input_scale : the input layer's scale (as ``extract --input-scale``).
-    dtype : ``bfloat16`` runs the forward under autocast (parameters, gradients and Adam stay float32);
+    val_fraction
+        share of train held out (seeded by ``seed``) when the task has no val split.
+    limit
+        keep the first ``limit`` examples of each split.
+    blocks
+        blocks of the backbone to run (default: all).
+    input_scale
+        the input layer's scale (as ``extract --input-scale``).
+    dtype
+        ``bfloat16`` runs the forward under autocast (parameters, gradients and Adam stay float32);
         ``auto`` (the default) takes the faster of the two on the machine the run is on, measured as
         ``extract --dtype auto`` measures (:func:`reservoir.runtime.dtypes.choose`). The identity keeps
         ``auto``, so a run resumed on another CPU continues in that CPU's dtype; each run's result
         lists the dtypes it ran in.
-    compile : torch.compile the model (falls back to eager on failure).
-    device : as for extraction (``auto``: a CUDA GPU when present, else the CPU).
-    grad_clip : maximum gradient norm.
-    dropout : dropout after the input layer and in the backbone's own dropout layers.
-    checkpoint_every : steps between checkpoints (0: only at the end).
-    resume : continue from the run's checkpoint when one exists.
-    save_backbone : after the run, write its trained backbone (the parameters of the best validation step) to
+    compile
+        torch.compile the model (falls back to eager on failure).
+    device
+        as for extraction (``auto``: a CUDA GPU when present, else the CPU).
+    grad_clip
+        maximum gradient norm.
+    dropout
+        dropout after the input layer and in the backbone's own dropout layers.
+    checkpoint_every
+        steps between checkpoints (0: only at the end).
+    resume
+        continue from the run's checkpoint when one exists.
+    save_backbone
+        after the run, write its trained backbone (the parameters of the best validation step) to
         this folder, which must not exist or be empty, as a ``save_pretrained`` folder that ``backbone`` takes
         (:mod:`reservoir.train.export`); one learning rate and one seed only.
     """
