@@ -111,9 +111,12 @@ class RidgeStats:
 
     Parameters
     ----------
-    n : rows seen.
-    sum_x, sum_y : column sums of the features ``(d,)`` and of the targets ``(k,)``.
-    xtx, xty : ``X^T X`` ``(d, d)`` and ``X^T Y`` ``(d, k)``.
+    n
+        rows seen.
+    sum_x, sum_y
+        column sums of the features ``(d,)`` and of the targets ``(k,)``.
+    xtx, xty
+        ``X^T X`` ``(d, d)`` and ``X^T Y`` ``(d, k)``.
 
     Examples
     --------
@@ -233,8 +236,10 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
 
     Parameters
     ----------
-    alpha : L2 penalty on the standardized features.
-    n_classes : classes per output (inferred from the first chunk's ``y`` when None).
+    alpha
+        L2 penalty on the standardized features.
+    n_classes
+        classes per output (inferred from the first chunk's ``y`` when None).
 
     Examples
     --------
@@ -306,10 +311,14 @@ class TorchHead(ClassifierMixin, BaseEstimator):
 
     Parameters
     ----------
-    weight_decay : L2 penalty added to the loss.
-    optimizer : ``"adam"`` (mini-batches, ``epochs`` passes) or ``"lbfgs"`` (full batch).
-    lr, epochs, batch_size, seed : optimisation settings; ``seed`` fixes init and order.
-    device : where the layer trains (``auto``, ``cpu``, ``cuda[:N]``, ``mps``; as ``--device``).
+    weight_decay
+        L2 penalty added to the loss.
+    optimizer
+        ``"adam"`` (mini-batches, ``epochs`` passes) or ``"lbfgs"`` (full batch).
+    lr, epochs, batch_size, seed
+        optimisation settings; ``seed`` fixes init and order.
+    device
+        where the layer trains (``auto``, ``cpu``, ``cuda[:N]``, ``mps``; as ``--device``).
     """
 
     def __init__(
@@ -404,8 +413,10 @@ class LogRegHead(ClassifierMixin, BaseEstimator):
 
     Parameters
     ----------
-    C : inverse L2 penalty.
-    max_iter : L-BFGS iterations.
+    C
+        inverse L2 penalty.
+    max_iter
+        L-BFGS iterations.
     """
 
     def __init__(self, C: float = 1.0, *, max_iter: int = 300):

@@ -29,16 +29,25 @@ class TaskSpec:
 
     Parameters
     ----------
-    name : registered task name.
-    token_kind : ``"dense"`` (float vectors of ``token_dim``) or ``"ids"`` (ints < ``vocab_size``).
-    seq_len : tokens per example (the maximum for variable-length tasks).
-    n_classes : classes per predicted output.
-    n_readout : readout tokens per example (the last ``n_readout`` real tokens).
-    outputs_per_token : outputs predicted from each readout token (bits per token for bit
+    name
+        registered task name.
+    token_kind
+        ``"dense"`` (float vectors of ``token_dim``) or ``"ids"`` (ints < ``vocab_size``).
+    seq_len
+        tokens per example (the maximum for variable-length tasks).
+    n_classes
+        classes per predicted output.
+    n_readout
+        readout tokens per example (the last ``n_readout`` real tokens).
+    outputs_per_token
+        outputs predicted from each readout token (bits per token for bit
         tasks, 1 for classification).
-    splits : split names; always includes ``train`` and ``test``.
-    variable_length : examples have different lengths (padding with id ``pad_id``).
-    target : ``"class"`` (integer labels, ``n_classes`` per output) or ``"regression"`` (float
+    splits
+        split names; always includes ``train`` and ``test``.
+    variable_length
+        examples have different lengths (padding with id ``pad_id``).
+    target
+        ``"class"`` (integer labels, ``n_classes`` per output) or ``"regression"`` (float
         labels, ``outputs_per_token`` real values per readout token; ``n_classes`` unused).
     """
 
