@@ -91,12 +91,18 @@ class Reservoir(nn.Module):
 
     Parameters
     ----------
-    spec : the task's spec (token kind and width or vocabulary, readout count).
-    backbone : the backbone (its blocks run up to the deepest requested depth).
-    seed : seeds the input layer (:func:`reservoir.model.input_layer.make_input_layer`).
-    input_scale : the input layer's scale (``"paper"``, ``"matched"`` or a std as text).
-    dropout : after the input layer (training only; 0 for extraction).
-    readout : one of :data:`READOUTS` (:func:`check_readout` refuses what the task cannot take).
+    spec
+        the task's spec (token kind and width or vocabulary, readout count).
+    backbone
+        the backbone (its blocks run up to the deepest requested depth).
+    seed
+        seeds the input layer (:func:`reservoir.model.input_layer.make_input_layer`).
+    input_scale
+        the input layer's scale (``"paper"``, ``"matched"`` or a std as text).
+    dropout
+        after the input layer (training only; 0 for extraction).
+    readout
+        one of :data:`READOUTS` (:func:`check_readout` refuses what the task cannot take).
 
     ``forward(tokens, lengths, depths, readout=None)`` returns ``(B, n_depths, R, d)`` in the
     backbone's dtype, ``R`` :func:`readout_count`; ``readout`` the positions to read (default

@@ -96,10 +96,13 @@ def attention_probs(
 
     Parameters
     ----------
-    reservoir : a :class:`reservoir.model.reservoir.Reservoir` (or anything called as one).
-    tokens, lengths : a batch as the task encodes it (rows should not be padded: a causal
+    reservoir
+        a :class:`reservoir.model.reservoir.Reservoir` (or anything called as one).
+    tokens, lengths
+        a batch as the task encodes it (rows should not be padded: a causal
         model's real tokens never see padding, but an encoder's would).
-    layer : the block, from 0.
+    layer
+        the block, from 0.
     """
     backbone = reservoir.backbone
     if not 0 <= layer < backbone.n_layers:
@@ -210,16 +213,26 @@ def first_layer_attention(
 
     Parameters
     ----------
-    task_name : a registered task (``reservoir tasks``) or ``file:PATH``.
-    backbone_name : a registered backbone, a ``save_pretrained`` folder or ``hf:ID`` (and twins).
-    seed : seeds the input layer, a random backbone and generated data (as ``extract --seed``).
-    layer : the block, from 0 (the FPT paper's figures show block 0).
-    example : row of ``split``.
-    split : the split the example comes from.
-    input_scale : the frozen input layer's scale (as ``extract --input-scale``).
-    data_dir : data folder (default: ``$RESERVOIR_HOME/data`` or ``./data``).
-    limit : the split's first ``limit`` examples are the ones available (``example < limit``).
-    checkpoint : a ``reservoir train`` checkpoint (``.pt``) of this task and backbone: its
+    task_name
+        a registered task (``reservoir tasks``) or ``file:PATH``.
+    backbone_name
+        a registered backbone, a ``save_pretrained`` folder or ``hf:ID`` (and twins).
+    seed
+        seeds the input layer, a random backbone and generated data (as ``extract --seed``).
+    layer
+        the block, from 0 (the FPT paper's figures show block 0).
+    example
+        row of ``split``.
+    split
+        the split the example comes from.
+    input_scale
+        the frozen input layer's scale (as ``extract --input-scale``).
+    data_dir
+        data folder (default: ``$RESERVOIR_HOME/data`` or ``./data``).
+    limit
+        the split's first ``limit`` examples are the ones available (``example < limit``).
+    checkpoint
+        a ``reservoir train`` checkpoint (``.pt``) of this task and backbone: its
         trained input layer, positions and norms are used, and its seed, input scale and
         task options override ``seed`` and ``input_scale``.
 

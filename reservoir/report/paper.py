@@ -76,18 +76,30 @@ class PaperTable:
 
     Parameters
     ----------
-    number : the table's number in arXiv v2 (101 and up: the critique's tables, see the module).
-    caption : what the table shows, one line in our words.
-    columns : our task names, numbers of blocks ("1", "3", ...), or short labels of the paper's headings.
-    rows : the paper's row label -> column -> the paper's number; a cell the paper leaves empty is absent.
-    unit : the unit of the cells, "%" (test accuracy) unless said: "steps" (gradient steps).
-    note : what each row is, and the paper's oddities kept as printed.
-    units : the unit of the rows or columns (by label) whose cells are not in ``unit``.
-    task : the one task the table is about, when no column is a task.
-    transposed : the paper prints the table with rows and columns swapped (tasks or depths down the side).
-    marks : (row, column) -> what the paper's mark on that cell means.
-    plus_minus : row -> column -> the error printed beside the cell (the critique's, over 3 runs).
-    source : whose table: :data:`PAPER_SOURCE` or :data:`CRITIQUE_SOURCE`.
+    number
+        the table's number in arXiv v2 (101 and up: the critique's tables, see the module).
+    caption
+        what the table shows, one line in our words.
+    columns
+        our task names, numbers of blocks ("1", "3", ...), or short labels of the paper's headings.
+    rows
+        the paper's row label -> column -> the paper's number; a cell the paper leaves empty is absent.
+    unit
+        the unit of the cells, "%" (test accuracy) unless said: "steps" (gradient steps).
+    note
+        what each row is, and the paper's oddities kept as printed.
+    units
+        the unit of the rows or columns (by label) whose cells are not in ``unit``.
+    task
+        the one task the table is about, when no column is a task.
+    transposed
+        the paper prints the table with rows and columns swapped (tasks or depths down the side).
+    marks
+        (row, column) -> what the paper's mark on that cell means.
+    plus_minus
+        row -> column -> the error printed beside the cell (the critique's, over 3 runs).
+    source
+        whose table: :data:`PAPER_SOURCE` or :data:`CRITIQUE_SOURCE`.
     """
 
     number: int

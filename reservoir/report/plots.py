@@ -85,16 +85,23 @@ def depth_plot(
 
     Parameters
     ----------
-    curves : ``{backbone: {depth: accuracy}}``, accuracies **in percent** (results store
+    curves
+        ``{backbone: {depth: accuracy}}``, accuracies **in percent** (results store
         fractions: multiply by 100); a line with markers each, one colour per backbone.
-    path : the PNG to write (its folder is created).
-    title : the figure's title.
-    baselines : ``{name: accuracy}`` in percent (e.g. ``"majority"``, ``"raw-input linear"``,
+    path
+        the PNG to write (its folder is created).
+    title
+        the figure's title.
+    baselines
+        ``{name: accuracy}`` in percent (e.g. ``"majority"``, ``"raw-input linear"``,
         ``"random tanh features"``, ``"first operator"``): a labelled horizontal dashed line each.
-    chosen : ``{backbone: depth}``, the depth chosen on validation; ringed on its curve.
-    paper : ``{backbone: {depth: accuracy}}`` in percent, the paper's numbers: hollow markers
+    chosen
+        ``{backbone: depth}``, the depth chosen on validation; ringed on its curve.
+    paper
+        ``{backbone: {depth: accuracy}}`` in percent, the paper's numbers: hollow markers
         in the backbone's colour.
-    ylabel : the y axis label.
+    ylabel
+        the y axis label.
 
     Returns
     -------
@@ -199,11 +206,14 @@ def training_curves(runs: dict[str, list[dict]], path: Path | str, *, title: str
 
     Parameters
     ----------
-    runs : ``{name: history}``; a history is the list ``reservoir train`` records, each entry
+    runs
+        ``{name: history}``; a history is the list ``reservoir train`` records, each entry
         ``{"step", "loss", "val_accuracy"}`` (accuracy a fraction, shown in percent); entries
         without a value for a panel are skipped there.
-    path : the PNG to write (its folder is created).
-    title : the figure's title.
+    path
+        the PNG to write (its folder is created).
+    title
+        the figure's title.
 
     Returns
     -------
@@ -261,12 +271,17 @@ def attention_maps(
 
     Parameters
     ----------
-    weights : ``(n_heads, T, T)`` probabilities; row ``i`` is query token ``i``'s
+    weights
+        ``(n_heads, T, T)`` probabilities; row ``i`` is query token ``i``'s
         distribution over key tokens (:func:`reservoir.report.attention.first_layer_attention`).
-    path : the PNG to write (its folder is created).
-    title : the figure's title.
-    tokens : ``T`` labels; shown on both axes when ``T <= MAX_LABELLED_TOKENS``.
-    heads : heads to show (default: all), in this order.
+    path
+        the PNG to write (its folder is created).
+    title
+        the figure's title.
+    tokens
+        ``T`` labels; shown on both axes when ``T <= MAX_LABELLED_TOKENS``.
+    heads
+        heads to show (default: all), in this order.
 
     Returns
     -------

@@ -297,14 +297,20 @@ class OpenVINOForward:
 
     Parameters
     ----------
-    eager : the float32 PyTorch forward module ``(tokens, lengths, readout) -> features``: what
+    eager
+        the float32 PyTorch forward module ``(tokens, lengths, readout) -> features``: what
         is converted, and the reference of the check.
-    dtype : ``float32``, ``bfloat16``, ``int8`` or ``int8-static``.
-    threads : OpenVINO's inference threads (PyTorch's thread count).
-    calibration : the int8 dtypes only: a callable returning the calibration batches
+    dtype
+        ``float32``, ``bfloat16``, ``int8`` or ``int8-static``.
+    threads
+        OpenVINO's inference threads (PyTorch's thread count).
+    calibration
+        the int8 dtypes only: a callable returning the calibration batches
         ``[(tokens, lengths, readout), ...]`` as numpy arrays.
-    width : the widest rows it will be called with (the int8 dtypes' per-position tables).
-    fixed_width : every row spans ``width`` positions (a task of fixed length): ``int8`` then
+    width
+        the widest rows it will be called with (the int8 dtypes' per-position tables).
+    fixed_width
+        every row spans ``width`` positions (a task of fixed length): ``int8`` then
         fixes the graph's width, which lets OpenVINO fuse the centring tables.
     """
 

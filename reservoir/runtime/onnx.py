@@ -274,12 +274,17 @@ class ONNXForward:
 
     Parameters
     ----------
-    eager : the float32 PyTorch forward module: what is exported, and the reference of the check.
-    dtype : ``float32`` or ``int8``.
-    threads : ONNX Runtime's intra-op threads (PyTorch's thread count).
-    calibration : ``int8`` only: returns the calibration batches ``[(tokens, lengths, readout), ...]``
+    eager
+        the float32 PyTorch forward module: what is exported, and the reference of the check.
+    dtype
+        ``float32`` or ``int8``.
+    threads
+        ONNX Runtime's intra-op threads (PyTorch's thread count).
+    calibration
+        ``int8`` only: returns the calibration batches ``[(tokens, lengths, readout), ...]``
         as numpy arrays, whose per-position means centre the projections.
-    width : the widest rows it will be called with (the int8 tables' length).
+    width
+        the widest rows it will be called with (the int8 tables' length).
     """
 
     def __init__(

@@ -200,25 +200,36 @@ class FeatureRunner:
 
     Parameters
     ----------
-    reservoir : the frozen input layer and backbone (:class:`Reservoir`); its backbone is
+    reservoir
+        the frozen input layer and backbone (:class:`Reservoir`); its backbone is
         converted to ``dtype`` in place.
-    depths : depths to read; only blocks up to the deepest run.
-    dtype : ``"auto"``, ``"bfloat16"`` or ``"float32"`` compute; ``"int8"`` or ``"int8-static"``
+    depths
+        depths to read; only blocks up to the deepest run.
+    dtype
+        ``"auto"``, ``"bfloat16"`` or ``"float32"`` compute; ``"int8"`` or ``"int8-static"``
         on the OpenVINO engine.
-    compile : compile the forward with inductor (weight freezing); eager if that fails (the
+    compile
+        compile the forward with inductor (weight freezing); eager if that fails (the
         ``torch`` engine only).
-    batch_size : when compiling, smaller batches are padded to this many rows so one graph serves.
-    device : where the backbone runs (:func:`resolve_device`); batches are prepared on the CPU
+    batch_size
+        when compiling, smaller batches are padded to this many rows so one graph serves.
+    device
+        where the backbone runs (:func:`resolve_device`); batches are prepared on the CPU
         (in reused pinned buffers for CUDA) and features come back as CPU arrays. float32 on CUDA
         is IEEE float32 (TF32 off, :func:`reservoir.runtime.dtypes.strict_float32`); bf16 is the fast
         dtype there.
-    engine : ``"torch"``, ``"openvino"``, ``"onnxruntime"`` or ``"auto"``
+    engine
+        ``"torch"``, ``"openvino"``, ``"onnxruntime"`` or ``"auto"``
         (:func:`reservoir.runtime.engines.choose_engine`; auto measures the installed engines on the first
         batch, and runs PyTorch when the converting engine cannot convert the model or its check fails).
-    tokens : tokens the run will extract (``engine="auto"`` takes OpenVINO for long runs only).
-    padded : the padded readout (``reservoir extract --readout padded``), for calibration batches.
-    calibration : the int8 dtypes only: returns the calibration batches as ``(tokens, lengths)``.
-    log : where the runner reports (the OpenVINO engine's conversion costs, a fallback);
+    tokens
+        tokens the run will extract (``engine="auto"`` takes OpenVINO for long runs only).
+    padded
+        the padded readout (``reservoir extract --readout padded``), for calibration batches.
+    calibration
+        the int8 dtypes only: returns the calibration batches as ``(tokens, lengths)``.
+    log
+        where the runner reports (the OpenVINO engine's conversion costs, a fallback);
         stderr by default.
 
     Examples

