@@ -214,8 +214,8 @@ class FeatureRunner:
     batch_size
         when compiling, smaller batches are padded to this many rows so one graph serves.
     device
-        where the backbone runs (:func:`resolve_device`); batches are prepared on the CPU
-        (in reused pinned buffers for CUDA) and features come back as CPU arrays. float32 on CUDA
+        where the backbone runs (:func:`reservoir.model.devices.resolve_device`); batches are
+        prepared on the CPU (in reused pinned buffers for CUDA) and features come back as CPU arrays. float32 on CUDA
         is IEEE float32 (TF32 off, :func:`reservoir.runtime.dtypes.strict_float32`); bf16 is the fast
         dtype there.
     engine
