@@ -44,19 +44,37 @@ def test_the_docs_site_builds_strictly(tmp_path):
     assert "ReservoirFeatures" in page and "read_features" in page  # the reference is generated
 
 
-def test_a_dangling_cross_reference_fails_the_build(tmp_path):
-    """A copy of the project whose API page names an object that does not exist does not build."""
+def copy_project(tmp_path: Path) -> Path:
+    """The docs, their configuration and the package, copied to be broken."""
     copy = tmp_path / "project"
     copy.mkdir()
     shutil.copytree(ROOT / "docs", copy / "docs")
+    shutil.copytree(ROOT / "reservoir", copy / "reservoir", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("mkdocs.yml", "CHANGELOG.md", "CITATION.cff"):
         shutil.copy(ROOT / name, copy / name)
-    (copy / "reservoir").symlink_to(ROOT / "reservoir")
+    return copy
+
+
+def test_a_dangling_cross_reference_fails_the_build(tmp_path):
+    """A copy of the project whose API page names an object that does not exist does not build."""
+    copy = copy_project(tmp_path)
     page = copy / "docs" / "reference" / "api.md"
     page.write_text(page.read_text() + "\nSee [the moved class][reservoir.api.NoSuchThing].\n")
     done = build(copy, tmp_path / "site")
     assert done.returncode != 0
     assert "reservoir.api.NoSuchThing" in done.stderr
+
+
+def test_a_docstring_naming_a_moved_object_fails_the_build(tmp_path):
+    """A Sphinx role in any docstring of the package (``:class:`X```) must name an object of the
+    package (docs/_griffe/sphinx_roles.py): one that names a moved class does not build."""
+    copy = copy_project(tmp_path)
+    module = copy / "reservoir" / "registry.py"
+    text = module.read_text()
+    module.write_text(text.replace('"""A name', '"""See :class:`reservoir.runtime.NoSuchEngine`. A name', 1))
+    done = build(copy, tmp_path / "site")
+    assert done.returncode != 0
+    assert ":class:`reservoir.runtime.NoSuchEngine`" in done.stderr
 
 
 def texts(path: Path):
