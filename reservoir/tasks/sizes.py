@@ -59,6 +59,14 @@ def check_train_split(
     ``n`` (``None``: the task has its own validation split, nothing is held out). ``n_classes``: the
     task's classes, for the minimum (the classes present when larger)."""
     n = len(labels)
+    if labels.dtype.kind == "f":  # real-valued targets (regression): no classes to cover, rows on each side
+        held = n_val(n) if n_val is not None else 0
+        if n - held >= 2 and (n_val is None or held >= 1):
+            return
+        raise UsageError(
+            f"{where}: the train split has {n} examples of real-valued targets, too few to fit a head"
+            f"{' and hold out a validation part' if n_val is not None else ''}: {_more(limit, None)}"
+        )
     if labels.ndim == 1:
         present = len(np.unique(labels))
         if present < 2:
