@@ -225,6 +225,31 @@ def test_variable_length_lists_equal_padded_ids_with_lengths(tmp_path):
             assert np.array_equal(other.encode(lazy[s].inputs[picked]), task.encode(eager[s].inputs[picked]))
 
 
+def test_real_valued_targets_are_a_regression_task_with_regression_true(cli, home, tmp_path, tiny_gpt2):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((80, 5, 2)).astype(np.float32)
+    path = _parquet(tmp_path / "r.parquet", {"x": x.tolist(), "target": x.sum((1, 2))})
+    task = get_task(f"file:{path}", regression="true")
+    assert task.spec.target == "regression" and task.load("train", ".").labels.dtype == np.float32
+    assert np.array_equal(
+        np.sort(np.concatenate([task.load(s, ".").labels for s in ("train", "test")])),
+        np.sort(x.sum((1, 2))),
+    )
+    out = extract(cli, f"file:{path}", tiny_gpt2, tmp_path / "r.h5", "--task-opt", "regression=true")
+    r = cli(
+        "fit",
+        "--task",
+        f"file:{path}",
+        "--backbone",
+        str(tiny_gpt2),
+        "--features",
+        str(out),
+        "--head",
+        "ridge",
+    )
+    assert r.exit_code == 0 and "(nrmse, lower is better)" in r.output, r.output
+
+
 def test_an_npz_records_the_same_task_options_as_before(tmp_path):
     """Options added for tables and images enter the identity only when set: npz feature files keep theirs."""
     path = write("npz", tmp_path, arrays())
@@ -283,6 +308,11 @@ def bad_sources(tmp: Path):
         "text labels": (
             lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": ["a", "b"] * 3}), ()),
             "give integer class ids 0..C-1 (sklearn.preprocessing.LabelEncoder",
+        ),
+        "real-valued labels": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": [0.5, 1.5] * 3}), ()),
+            "column 'y' holds non-integer values; give class ids 0..C-1 (sklearn.preprocessing.LabelEncoder "
+            "turns names into ids), or pass --task-opt regression=true",
         ),
         "missing value": (
             lambda: (_parquet(tmp / "a.parquet", {"x": x[:5] + [None], "y": y}), ()),

@@ -38,7 +38,8 @@ bilinear; default: all images must have the first one's size), ``mode=RGB`` or `
 
 Splits: from the ``DatasetDict``, the split folders, the file names or the split column, else a
 seeded stratified ``test_fraction`` (default 0.2; ``seed``) of the rows becomes ``test``.
-``train`` and ``test`` must be present. Labels are class ids ``0..n_classes-1``.
+``train`` and ``test`` must be present. Labels are class ids ``0..n_classes-1``, or any finite
+numbers with ``regression=true``.
 
 Memory: labels, lengths and split names are held (a few bytes per row); inputs are read when a
 batch asks for them, a chunk at a time (a Parquet row group, an Arrow record batch, about
@@ -100,6 +101,7 @@ LAYOUTS = (
     "    holds per row a list of token ids (T,), a list of tokens (T, d) of floats, or an image (datasets Image)",
     "  images: --task-opt patch=P (default 4: P x P patches as tokens), image_size=HxW (resize all), mode=RGB|L",
     "  without splits a seeded stratified test_fraction (0.2; --task-opt test_fraction=F seed=S) becomes test",
+    "  labels are class ids 0..C-1, or real-valued targets with --task-opt regression=true",
 )
 
 

@@ -15,7 +15,8 @@ Arrays (names are case-sensitive):
   (0.2 by default) becomes ``test``.
 
 Options (``--task-opt key=value``): ``n_classes`` (default: largest label + 1 over every
-split), ``test_fraction``, ``seed``. The file is checked when the task is built (shapes,
+split), ``test_fraction``, ``seed``, ``regression=true`` (``y`` holds real-valued targets, any
+finite numbers: a regression task, split without stratifying). The file is checked when the task is built (shapes,
 dtypes, finite values, ids >= 0, labels in range, lengths in ``1..T``, both ``train`` and
 ``test`` present), and each problem raises a DataError naming the file, the array and what
 to change.
@@ -136,6 +137,7 @@ class FileTask(Task):
     patch: int = option(4, low=1, high=1024)
     image_size: str = ""
     mode: str = option("", choices=("", "RGB", "L"))
+    regression: bool = False
 
     #: options every feature file's identity records; the others only when set, so that files made
     #: before they existed keep their identity
@@ -187,6 +189,16 @@ class FileTask(Task):
             )
         self._token_dim = next(iter(dims.values()))
         self._kind = "ids" if self._token_dim == 0 else "dense"
+        if self.regression:
+            if self.n_classes:
+                raise DataError(
+                    f"{path}: n_classes={self.n_classes} was given with regression=true; regression targets "
+                    "have no classes: drop n_classes"
+                )
+            self._n_classes = 1
+            self._seq_len = max(int(d.lengths.max()) for d in splits.values())
+            self._vocab = max(tops.values()) + 1 if self._kind == "ids" else 0
+            return splits
         labels = np.concatenate([d.labels for d in splits.values()])
         top = int(labels.max()) + 1
         if self.n_classes and top > self.n_classes:
@@ -250,7 +262,7 @@ class FileTask(Task):
             shape, dtype = big[xname]
             y, lengths = self._need(arrays, yname, path), arrays.get(lname)
             self._check_x(f"{path}: {xname}", dtype, shape)
-            self._check_y(path, xname, yname, y, shape[0])
+            self._check_y(path, xname, yname, y, shape[0], self.regression)
             self._check_lengths(path, xname, lname, lengths, shape)
             if split is None and "split" in arrays and arrays["split"].shape != y.shape:
                 raise DataError(
@@ -286,7 +298,7 @@ class FileTask(Task):
             if not len(y):
                 raise DataError(f"{part.where} holds no rows; drop it or give it rows")
             if not isinstance(part.chunks, H5Chunks):  # an .h5 file's labels are checked with its arrays
-                self._check_y(path, part.where, part.target, y, len(y))
+                self._check_y(path, part.where, part.target, y, len(y), self.regression)
             if part.split is not None:
                 _check_split_names(path, "a split folder or file", [part.split])
                 rows = {part.split: np.arange(len(y))}
@@ -318,7 +330,7 @@ class FileTask(Task):
                     if part.image
                     else (part.cut if part.cut is not None else found.lengths)[pos]
                 )
-                splits[s] = SplitData(inputs, y[pos].astype(np.int64), lengths.astype(np.int64))
+                splits[s] = SplitData(inputs, self._labels(y[pos]), lengths.astype(np.int64))
                 dims[s], tops[s] = dim, int(found.top) if found.dtype.kind in "iu" and len(pos) else 0
         return splits, dims, tops
 
@@ -340,10 +352,9 @@ class FileTask(Task):
             raise DataError(f"{path} has no array {key!r} (it has {sorted(arrays)}); {FIX}")
         return arrays[key]
 
-    @classmethod
-    def _check(cls, path, xname, yname, lname, x, y, lengths) -> None:
+    def _check(self, path, xname, yname, lname, x, y, lengths) -> None:
         """An in-memory file's arrays: x's type and values, the labels and the lengths."""
-        cls._check_x(f"{path}: {xname}", x.dtype, x.shape)
+        self._check_x(f"{path}: {xname}", x.dtype, x.shape)
         if x.dtype.kind == "f" and not np.isfinite(x).all():
             raise DataError(f"{path}: {xname} holds NaN or infinite values; replace them before extracting")
         if x.dtype.kind in "iu" and x.min() < 0:
@@ -353,8 +364,8 @@ class FileTask(Task):
                 f"{path}: {xname} holds token id {x.max()}; ids must be at most {MAX_ID:,d} (the input "
                 "layer holds a vector per id): renumber them 0..V-1"
             )
-        cls._check_y(path, xname, yname, y, len(x))
-        cls._check_lengths(path, xname, lname, lengths, x.shape)
+        self._check_y(path, xname, yname, y, len(x), self.regression)
+        self._check_lengths(path, xname, lname, lengths, x.shape)
 
     @staticmethod
     def _check_x(where: str, dtype: np.dtype, shape: tuple) -> None:
@@ -385,15 +396,26 @@ class FileTask(Task):
             )
 
     @staticmethod
-    def _check_y(path, xname, yname, y, n) -> None:
+    def _check_y(path, xname, yname, y, n, regression: bool = False) -> None:
+        """Labels: one per row; class ids ``0..MAX_ID``, or finite numbers for ``regression``."""
         if y.ndim != 1 or len(y) != n:
             raise DataError(
                 f"{path}: {yname} has shape {y.shape}; expected ({n},), one label per row of {xname}"
             )
+        if regression:
+            if y.dtype.kind not in "fiub":
+                raise DataError(f"{path}: {yname} is {y.dtype}; regression targets must be numbers")
+            if not np.isfinite(y).all():
+                row = int(np.flatnonzero(~np.isfinite(y))[0])
+                raise DataError(
+                    f"{path}: {yname} holds NaN or infinite targets (row {row}); replace or drop them"
+                )
+            return
         if y.dtype.kind == "f" and not (np.isfinite(y).all() and (y == np.round(y)).all()):
             raise DataError(
                 f"{path}: {yname} holds non-integer values; give class ids 0..C-1 "
-                "(sklearn.preprocessing.LabelEncoder turns names into ids)"
+                "(sklearn.preprocessing.LabelEncoder turns names into ids), or pass --task-opt regression=true "
+                "for real-valued targets"
             )
         if y.dtype.kind not in "fiub":
             raise DataError(
@@ -444,6 +466,9 @@ class FileTask(Task):
                 f"{self.test_fraction:g} leaves none to train on; give more rows, a lower test_fraction, "
                 "or a split array naming each row's split"
             )
+        if self.regression:
+            train, test = train_test_split(rows, test_size=n_test, random_state=self.seed)
+            return {"train": np.sort(train), "test": np.sort(test)}
         counts = np.bincount(y.astype(np.int64))
         classes = int((counts > 0).sum())
         # stratified when every class can go to both sides (scikit-learn refuses otherwise)
@@ -451,9 +476,12 @@ class FileTask(Task):
         train, test = train_test_split(rows, test_size=n_test, random_state=self.seed, stratify=strat)
         return {"train": np.sort(train), "test": np.sort(test)}
 
-    @staticmethod
-    def _split(x: np.ndarray, y: np.ndarray, lengths: np.ndarray | None) -> SplitData:
-        y = y.astype(np.int64)
+    def _labels(self, y: np.ndarray) -> np.ndarray:
+        """Labels as stored: int64 class ids, or float32 regression targets."""
+        return y.astype(np.float32 if self.regression else np.int64)
+
+    def _split(self, x: np.ndarray, y: np.ndarray, lengths: np.ndarray | None) -> SplitData:
+        y = self._labels(y)
         if lengths is None:
             return SplitData(x, y, np.full(len(y), x.shape[1], dtype=np.int64))
         lengths = lengths.astype(np.int64)
@@ -480,6 +508,7 @@ class FileTask(Task):
             splits=tuple(self._splits),
             variable_length=variable,
             pad_id=0,
+            target="regression" if self.regression else "class",
         )
 
     def options(self) -> dict[str, Any]:
