@@ -269,7 +269,7 @@ def verify(task: Task, data_dir: Path) -> Report:
             r.problems.append(str(e))
             continue
         labels = d.labels.reshape(len(d), -1) if len(d) else d.labels
-        if len(d) and (labels.min() < 0 or labels.max() >= spec.n_classes):
+        if len(d) and spec.target != "regression" and (labels.min() < 0 or labels.max() >= spec.n_classes):
             r.problems.append(
                 f"{split}: labels {labels.min()}..{labels.max()} outside 0..{spec.n_classes - 1}"
             )
