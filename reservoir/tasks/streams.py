@@ -44,7 +44,7 @@ numbers with ``regression=true``.
 Memory: labels, lengths and split names are held (a few bytes per row); inputs are read when a
 batch asks for them, a chunk at a time (a Parquet row group, an Arrow record batch, about
 :data:`H5_CHUNK_BYTES` of HDF5 rows, :data:`IMAGE_CHUNK` images), at most :data:`CACHED` chunks
-kept. Write large Parquet files with row groups of tens of megabytes (pyarrow's
+kept (variable-length rows, batched by length: up to :data:`CACHED_BYTES`). Write large Parquet files with row groups of tens of megabytes (pyarrow's
 ``row_group_size``); memory holds a few row groups of the input column.
 
 Checks: building the task reads every row once, in order, and refuses (DataError naming the
@@ -79,6 +79,10 @@ H5_CHUNK_BYTES = 16 * 2**20
 IMAGE_CHUNK = 64
 #: chunks kept decoded for the batches that ask for them
 CACHED = 2
+#: variable-length rows are extracted in batches sorted by length within blocks of rows
+#: (:func:`reservoir.extract.plan.plan_split`), each batch's rows spread over the block: up to this
+#: many bytes of chunks are kept for them, so that a block's chunks are read once
+CACHED_BYTES = 256 * 2**20
 PARQUET = (".parquet", ".pq")
 ARROW = (".arrow", ".feather", ".ipc")
 IMAGES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
@@ -134,8 +138,9 @@ class Chunks:
     def read(self, i: int) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def get(self, i: int) -> np.ndarray:
-        """Chunk ``i``, from the cache of the last :data:`CACHED` chunks read (thread-safe)."""
+    def get(self, i: int, keep_bytes: int = 0) -> np.ndarray:
+        """Chunk ``i``, from a cache of the chunks last read (thread-safe): at least :data:`CACHED`, more
+        while they hold fewer than ``keep_bytes``."""
         with self._lock:
             cache = self.__dict__.setdefault("_cache", OrderedDict())
             if i in cache:
@@ -143,9 +148,10 @@ class Chunks:
                 return cache[i]
         block = self.read(i)
         with self._lock:
-            cache[i] = block
-            while len(cache) > CACHED:
-                cache.popitem(last=False)
+            sizes = self.__dict__.setdefault("_sizes", {})
+            cache[i], sizes[i] = block, _nbytes(block)
+            while len(cache) > CACHED and sum(sizes.values()) > keep_bytes:
+                sizes.pop(cache.popitem(last=False)[0])
         return block
 
     @property
@@ -153,7 +159,7 @@ class Chunks:
         return self.__dict__.setdefault("_lock_", threading.Lock())
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_lock_", "_handle")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_sizes", "_lock_")}
 
 
 class H5Chunks(Chunks):
@@ -400,6 +406,10 @@ def arrow_rows(col: Any, first: int, *, where: str, images: Images) -> np.ndarra
     return out
 
 
+def _nbytes(block: np.ndarray) -> int:
+    return sum(r.nbytes for r in block) if block.dtype == object else block.nbytes
+
+
 def _list_lengths(arr: Any) -> np.ndarray:
     import pyarrow as pa
 
@@ -489,7 +499,7 @@ class Rows:
         )
         for c in np.unique(which):
             sel = np.flatnonzero(which == c)
-            block = self.chunks.get(int(c))
+            block = self.chunks.get(int(c), CACHED_BYTES if variable else 0)
             part = block[pos[sel] - starts[c]]
             if not variable:
                 out[sel] = part
