@@ -694,7 +694,7 @@ def table_parts(path: Path, *, input: str, target: str, split: str, images: Imag
             names = json.loads((path / "dataset_dict.json").read_text())["splits"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise unreadable(path / "dataset_dict.json", e, "save the DatasetDict again") from None
-        groups = {s: _dataset_files(path / s) for s in names}
+        groups = {s: _dataset_files(path / s) for s in ordered(names)}
     elif (path / "state.json").exists():
         groups = {None: _dataset_files(path)}
     else:
