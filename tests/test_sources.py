@@ -322,6 +322,10 @@ def bad_sources(tmp: Path):
             lambda: (_parquet(tmp / "a.parquet", {"x": x[:4] + [[[float("nan"), 1.0]] * 3] * 2, "y": y}), ()),
             "column 'x' holds NaN or infinite values (row 4)",
         ),
+        "empty row": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": [[1, 2], [3], [], [4], [5, 6], [7]], "y": y}), ()),
+            "column 'x': row 2 is empty; every row needs at least one token",
+        ),
         "ragged tokens": (
             lambda: (_parquet(tmp / "a.parquet", {"x": x[:5] + [[[0.5]] * 3], "y": y}), ()),
             "the tokens of a row have different widths ([1, 2])",

@@ -187,9 +187,8 @@ class TableChunks(Chunks):
     def __init__(self, files: list[Path], column: str, convert: Callable[[Any, int], np.ndarray]):
         self.files, self.column, self.convert = files, column, convert
         self.name = f"{files[0] if len(files) == 1 else files[0].parent}: column {column!r}"
-        self.pieces: list[tuple[int, int]] = []  # (file, row group / batch index / stream offset)
+        self.pieces: list[tuple[int, tuple[str, int]]] = []  # (file, where in it: see table_pieces)
         counts = []
-        self.schemas = []
         for k, f in enumerate(files):
             for where, n in table_pieces(f):
                 self.pieces.append((k, where))
@@ -297,6 +296,8 @@ class Images:
         Image = need("PIL.Image", "images")
         import io
 
+        if data is None:
+            raise DataError(f"image {name} is missing (neither bytes nor a path); fill or drop that row")
         try:
             with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as im:
                 im.load()
@@ -562,6 +563,9 @@ def scan(
         shapes = {r.shape for r in rows} if ragged else {block.shape[1:]}
         _layout(s, (rows[0] if ragged else block).dtype, shapes, chunks.name, a)
         s.lengths[a:b] = [len(r) for r in rows] if ragged else block.shape[1]
+        if ragged and not s.lengths[a:b].all():
+            row = a + int(np.flatnonzero(s.lengths[a:b] == 0)[0])
+            raise DataError(f"{where}: row {row} is empty; every row needs at least one token")
         values = np.concatenate([r.reshape(-1) for r in rows]) if ragged else block
         if values.dtype.kind == "f" and not np.isfinite(values).all():
             bad = a + next(k for k, r in enumerate(block) if not np.isfinite(r).all())
