@@ -203,6 +203,28 @@ def test_lazy_rows_equal_eager_rows_bit_for_bit(tmp_path, kind, limit):
         )
 
 
+def test_building_reads_each_chunk_once_and_batches_read_only_their_chunks(tmp_path, monkeypatch):
+    """The task's one pass reads every row group once and computes the data digest (no second pass);
+    a batch reads the row groups holding its rows, and at most two stay decoded."""
+    from reservoir.tasks import streams
+
+    reads = []
+    read = streams.TableChunks.read
+    monkeypatch.setattr(streams.TableChunks, "read", lambda self, i: reads.append(i) or read(self, i))
+    path = write("parquet", tmp_path, arrays())  # 48 rows, row groups of 5: 10 chunks
+    task = get_task(f"file:{path}")
+    data = {s: task.load(s, ".") for s in task.spec.splits}
+    data_fingerprint(data)
+    assert reads == list(range(10))
+    reads.clear()
+    train = data["train"].inputs
+    train[np.array([7, 3, 12])]  # rows 3..12 of the file: row groups 0, 1 and 2
+    assert sorted(reads) == [0, 1, 2] and len(train.chunks._cache) == 2
+    reads.clear()
+    train[np.array([12, 11])]  # row group 2, still kept
+    assert reads == []
+
+
 def test_variable_length_lists_equal_padded_ids_with_lengths(tmp_path):
     """Ragged Parquet lists and an .h5 of padded ids with ``lengths`` give the .npz's rows and digest."""
     rng = np.random.default_rng(2)
@@ -346,6 +368,11 @@ def bad_sources(tmp: Path):
             lambda: (_with(_images(tmp / "im", [(8, 8)] * 4), "c1/zz.png", b"not a png"), ()),
             "zz.png is unreadable",
         ),
+        "image size not HxW": (
+            lambda: (_images(tmp / "im", [(8, 8)] * 6), ("image_size=8by8",)),
+            "The 'image_size' option of task file:PATH must be HEIGHTxWIDTH in pixels (e.g. 32x32, each at most "
+            "32768). Got '8by8' instead.",
+        ),
         "patch not dividing": (
             lambda: (_images(tmp / "im", [(8, 8)] * 6), ("patch=3",)),
             "images are 8x8, which patch=3 does not divide; pass --task-opt patch=P",
@@ -365,5 +392,5 @@ def test_bad_inputs_are_refused_in_words_before_any_feature_file(cli, home, tmp_
     out = tmp_path / "f.h5"
     r = cli("extract", "--task", f"file:{path}", *opts, "--backbone", str(tiny_gpt2), "--out", str(out))
     assert r.exit_code == 1 and message in r.output, r.output
-    assert "Traceback" not in r.output and str(path) in r.output
+    assert "Traceback" not in r.output and (str(path) in r.output or "option of task file:PATH" in r.output)
     assert not list(tmp_path.glob("f.h5*")) and not (home / "features").exists()

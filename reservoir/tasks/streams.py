@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.errors import DataError, unreadable
+from reservoir.errors import DataError, UsageError, unreadable
 from reservoir.identity import rows_header, update_rows
 
 #: bytes of HDF5 rows read at a time
@@ -271,12 +271,15 @@ class ImageChunks(Chunks):
 
 
 def parse_size(text: str) -> tuple[int, int] | None:
-    """``"HxW"`` -> ``(H, W)``; ``""`` -> None; a DataError otherwise."""
+    """``"HxW"`` -> ``(H, W)``; ``""`` -> None; a UsageError otherwise."""
     if not text:
         return None
     h, sep, w = text.lower().partition("x")
-    if not (sep and h.isdigit() and w.isdigit() and int(h) > 0 and int(w) > 0):
-        raise DataError(f"image_size={text!r} is not HEIGHTxWIDTH in pixels; pass e.g. image_size=32x32")
+    if not (sep and h.isdigit() and w.isdigit() and 0 < int(h) <= 2**15 and 0 < int(w) <= 2**15):
+        raise UsageError(
+            f"The 'image_size' option of task file:PATH must be HEIGHTxWIDTH in pixels (e.g. 32x32, each at "
+            f"most {2**15}). Got {text!r} instead."
+        )
     return int(h), int(w)
 
 
