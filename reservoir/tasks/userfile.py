@@ -189,6 +189,8 @@ class FileTask(Task):
             )
         self._token_dim = next(iter(dims.values()))
         self._kind = "ids" if self._token_dim == 0 else "dense"
+        self._seq_len = max(int(d.lengths.max()) for d in splits.values())
+        self._vocab = max(tops.values()) + 1 if self._kind == "ids" else 0
         if self.regression:
             if self.n_classes:
                 raise DataError(
@@ -196,8 +198,6 @@ class FileTask(Task):
                     "have no classes: drop n_classes"
                 )
             self._n_classes = 1
-            self._seq_len = max(int(d.lengths.max()) for d in splits.values())
-            self._vocab = max(tops.values()) + 1 if self._kind == "ids" else 0
             return splits
         labels = np.concatenate([d.labels for d in splits.values()])
         top = int(labels.max()) + 1
@@ -212,8 +212,6 @@ class FileTask(Task):
                 f"for n_classes={self.n_classes}; labels must be in 0..{self.n_classes - 1}"
             )
         self._n_classes = self.n_classes or top
-        self._seq_len = max(int(d.lengths.max()) for d in splits.values())
-        self._vocab = max(tops.values()) + 1 if self._kind == "ids" else 0
         return splits
 
     def _read_npz(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, SplitData]:
