@@ -348,6 +348,16 @@ def bad_sources(tmp: Path):
             lambda: (_parquet(tmp / "a.parquet", {"x": [[1, 2], [3], [], [4], [5, 6], [7]], "y": y}), ()),
             "column 'x': row 2 is empty; every row needs at least one token",
         ),
+        "empty tokens": (
+            lambda: (
+                _parquet(
+                    tmp / "a.parquet",
+                    {"x": pa.array([[[]] * 2] * 6, pa.list_(pa.list_(pa.float32()))), "y": y},
+                ),
+                (),
+            ),
+            "column 'x': its tokens are empty lists; every token needs at least one value",
+        ),
         "ragged tokens": (
             lambda: (_parquet(tmp / "a.parquet", {"x": x[:5] + [[[0.5]] * 3], "y": y}), ()),
             "the tokens of a row have different widths ([1, 2])",

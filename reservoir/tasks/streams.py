@@ -392,6 +392,8 @@ def arrow_rows(col: Any, first: int, *, where: str, images: Images) -> np.ndarra
                 "every token must be a list of the same number of floats"
             )
         width = int(widths[0]) if len(widths) else 0
+        if not width:
+            raise DataError(f"{where}: its tokens are empty lists; every token needs at least one value")
         inner = inner.flatten()
         if inner.null_count:
             raise DataError(f"{where} has missing values inside its lists; fill or drop them")
