@@ -364,11 +364,11 @@ def bad_sources(tmp: Path):
         ),
         "image of another size": (
             lambda: (_images(tmp / "im", [(8, 8)] * 5 + [(8, 12)]), ()),
-            "is 8x12, image",
+            "is 8x12 but image",
         ),
         "image of another mode": (
             lambda: (_images(tmp / "im", [(8, 8)] * 6, ["RGB"] * 5 + ["L"]), ()),
-            "has mode L, image",
+            "has mode L but image",
         ),
         "empty class folder": (
             lambda: (_with(_images(tmp / "im", [(8, 8)] * 4), "c9", None), ()),

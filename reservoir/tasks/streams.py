@@ -290,7 +290,7 @@ class Images:
 
     size: tuple[int, int] | None = None
     mode: str = ""
-    #: the (H, W, C) every image has, and the mode (set by the first image decoded)
+    #: the (H, W, C) and the mode every image has, and the name of the first image decoded (which set them)
     shape: tuple[int, int, int] | None = None
     seen_mode: str = ""
     first: str = ""
@@ -313,7 +313,7 @@ class Images:
                     )
                 elif self.seen_mode and im.mode != self.seen_mode:
                     raise DataError(
-                        f"image {name} has mode {im.mode}, {self.first} {self.seen_mode}; pass --task-opt "
+                        f"image {name} has mode {im.mode} but image {self.first} has mode {self.seen_mode}; pass --task-opt "
                         f"mode={self.seen_mode} (or mode={im.mode}) to convert every image"
                     )
                 if self.size:
@@ -327,11 +327,11 @@ class Images:
             ) from None
         pixels = pixels[..., None] if pixels.ndim == 2 else pixels
         if self.shape is None:
-            self.shape, self.seen_mode, self.first = pixels.shape, self.mode or im.mode, f"image {name} has"
+            self.shape, self.seen_mode, self.first = pixels.shape, self.mode or im.mode, str(name)
         elif pixels.shape != self.shape:
             h, w = self.shape[:2]
             raise DataError(
-                f"image {name} is {pixels.shape[0]}x{pixels.shape[1]}, {self.first} {h}x{w}; pass "
+                f"image {name} is {pixels.shape[0]}x{pixels.shape[1]} but image {self.first} is {h}x{w}; pass "
                 f"--task-opt image_size={h}x{w} to resize every image to one size"
             )
         return pixels
