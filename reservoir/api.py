@@ -50,7 +50,19 @@ __all__ = [
 ]
 
 
-def _config(cls, task: Any, backbone: str, **settings: Any):
+def _backbone_name(backbone: Any) -> Any:
+    """A backbone as configs take it: a name as it is; a model object (a ``PreTrainedModel``, a reservoir
+    ``Backbone``, any ``torch.nn.Module`` the generic adapter can map) by the name that stands for it in
+    this process (:func:`reservoir.model.backbones.register_object`)."""
+    if backbone is None or isinstance(backbone, str):
+        return backbone
+    from reservoir.model.backbones import register_object
+
+    return register_object(backbone)
+
+
+def _config(cls, task: Any, backbone: Any, **settings: Any):
+    backbone = _backbone_name(backbone)
     if isinstance(task, cls):
         if settings:
             raise UsageError(f"give either a {cls.__name__} or settings, not both (got {sorted(settings)})")
@@ -76,9 +88,10 @@ def extract(
     task : str or ExtractConfig
         A registered task name or ``"file:PATH"``; or a whole
         [`ExtractConfig`][reservoir.config.ExtractConfig], and then no other settings.
-    backbone : str, optional
-        A registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID`` (``None``: the
-        config's default, ``gpt2-random``).
+    backbone : str or torch.nn.Module, optional
+        A registered backbone, a folder saved with ``save_pretrained``, ``hf:ID`` (``hf:ID@REVISION`` to
+        pin one), or a model object (a ``PreTrainedModel``, or any module the generic adapter maps),
+        used through a copy (``None``: the config's default, ``gpt2-random``).
     progress : bool
         Show progress on stderr.
     **settings
@@ -574,9 +587,10 @@ def train(
     task : str or TrainConfig
         A registered task or ``"file:PATH"``; or a whole [`TrainConfig`][reservoir.config.TrainConfig], and
         then no other settings.
-    backbone : str, optional
-        A registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID`` (``None``: the
-        config's default, ``gpt2-random``).
+    backbone : str or torch.nn.Module, optional
+        A registered backbone, a folder saved with ``save_pretrained``, ``hf:ID`` (``hf:ID@REVISION`` to
+        pin one), or a model object (a ``PreTrainedModel``, or any module the generic adapter maps),
+        used through a copy (``None``: the config's default, ``gpt2-random``).
     progress : bool
         Show progress on stderr.
     **settings
@@ -624,6 +638,7 @@ def _backbone(name: str, seed: int):
 
     from reservoir.model.backbones import load_backbone
 
+    name = _backbone_name(name)
     key = (name, seed)
     if key not in _LOADED:
         if len(_LOADED) >= 2:
@@ -674,8 +689,9 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
 
     Parameters
     ----------
-    backbone : str
-        A registered backbone, a folder saved with ``save_pretrained``, or ``hf:ID``.
+    backbone : str or torch.nn.Module
+        A registered backbone, a folder saved with ``save_pretrained``, ``hf:ID`` (``hf:ID@REVISION``),
+        or a model object (used through a copy: the caller's model is never changed).
     depth : int, sequence of int or str
         A depth (negative counts from the last block: ``-1``), a list of depths, ``"0,6"`` or
         ``"all"`` (the same selection as ``reservoir extract --depths``). One depth gives
@@ -762,14 +778,16 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
             )
         rows, kind, width = _sequences(X)
         backbone = _backbone(self.backbone, self.seed)
-        self.depths_ = select_depths(self.depth, range(backbone.n_layers + 1), f"in backbone {self.backbone}")
+        self.depths_ = select_depths(
+            self.depth, range(backbone.n_layers + 1), f"in backbone {_backbone_name(self.backbone)}"
+        )
         vocab = 0
         if kind == "ids":
             vocab = self.vocab_size or int(max(r.max() for r in rows)) + 1
         self.spec_ = TaskSpec(
             "sklearn", kind, seq_len=max(len(r) for r in rows), n_classes=1, token_dim=width, vocab_size=vocab
         )
-        check_length(self.spec_, backbone, self.backbone)
+        check_length(self.spec_, backbone, _backbone_name(self.backbone))
         calibration = None
         if dtype in INT8_DTYPES:
             first = rows[: calibration_rows(self.spec_.seq_len, len(rows))]

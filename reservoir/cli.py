@@ -21,6 +21,7 @@ from reservoir.config import (
     DTYPE_CHOICES,
     ENGINE_CHOICES,
     HEAD_CHOICES,
+    LOAD_DTYPE_CHOICES,
     READOUT_CHOICES,
     TRAIN_DTYPE_CHOICES,
     ExtractConfig,
@@ -310,6 +311,13 @@ def install(settings: Settings, name, source, force) -> None:
     help="Examples per forward pass [default: about 16,384 tokens a batch; 32,768 for LSTMs].",
 )
 @click.option(
+    "--load-dtype",
+    type=click.Choice(LOAD_DTYPE_CHOICES),
+    default=None,
+    help="Dtype the frozen weights are read and kept in: bfloat16 or float16 take half of float32's memory "
+    "(the backbone then computes in it, on PyTorch)." + shown(ExtractConfig, "load_dtype"),
+)
+@click.option(
     "--dtype",
     type=click.Choice(DTYPE_CHOICES),
     default=None,
@@ -395,6 +403,7 @@ def extract(
     seed,
     input_scale,
     batch_size,
+    load_dtype,
     dtype,
     engine,
     depths,
@@ -422,6 +431,7 @@ def extract(
         seed=seed,
         input_scale=input_scale,
         batch_size=batch_size,
+        load_dtype=load_dtype,
         dtype=dtype,
         engine=engine,
         depths=depths,

@@ -61,6 +61,8 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8", "int8-static"
 #: engines that run an extraction (:mod:`reservoir.runtime.engines`)
 ENGINE_CHOICES = ("auto", "torch", "openvino", "onnxruntime")
 READOUT_CHOICES = ("last", "mean", "all", "padded")
+#: dtypes the frozen weights are read in (``--load-dtype``; reservoir.model.backbones.LOAD_DTYPES)
+LOAD_DTYPE_CHOICES = ("float32", "bfloat16", "float16")
 HEAD_CHOICES = ("logreg", "ridge", "torch")
 #: named input scales; a positive number is also accepted (:func:`parse_input_scale`)
 INPUT_SCALE_CHOICES = ("paper", "matched")
@@ -240,6 +242,10 @@ class ExtractConfig:
         real-valued targets (forecasting needs more digits than bf16 keeps); ``"int8"`` (int8 weights,
         activations quantized per token at run time) and ``"int8-static"`` (activation scales
         calibrated on the run's first rows) run on the OpenVINO engine (:mod:`reservoir.runtime.engines`).
+    load_dtype
+        the dtype the frozen weights are read and kept in: ``"float32"``, or ``"bfloat16"`` and
+        ``"float16"``, which take half the memory (a model twice as large fits); the backbone then
+        computes in that dtype (``dtype`` auto) on the PyTorch engine. Part of the identity.
     engine
         what runs the forward: ``"torch"`` (eager or compiled), ``"openvino"`` (the
         ``openvino`` extra; CPU only), ``"onnxruntime"`` (the ``onnx`` extra; CPU only; float32 and
@@ -290,6 +296,7 @@ class ExtractConfig:
     input_scale: str = "paper"
     batch_size: int | None = None
     dtype: str = "auto"
+    load_dtype: str = "float32"
     engine: str = "auto"
     depths: str | tuple[int, ...] = "all"
     readout: str = "last"
@@ -304,6 +311,7 @@ class ExtractConfig:
 
     def __post_init__(self) -> None:
         _check_choice("extract", "dtype", self.dtype, DTYPE_CHOICES)
+        _check_choice("extract", "load_dtype", self.load_dtype, LOAD_DTYPE_CHOICES)
         _check_choice("extract", "engine", self.engine, ENGINE_CHOICES)
         _check_choice("extract", "readout", self.readout, READOUT_CHOICES)
         object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))

@@ -146,10 +146,14 @@ def feature_identity(
     readout: str,
     limit: int | None,
     calibration: Mapping[str, Any] | None = None,
+    load_dtype: str = "float32",
 ) -> dict[str, Any]:
     """The identity of a feature file (module docstring); ``backbone`` is the readable label and
-    ``backbone_fingerprint`` the hash of :func:`reservoir.model.backbones.fingerprint`."""
+    ``backbone_fingerprint`` the hash of :func:`reservoir.model.backbones.fingerprint`; ``load_dtype``,
+    the dtype the frozen weights were kept in, is recorded when it is not float32."""
     extra = {"calibration": dict(calibration)} if calibration else {}
+    if load_dtype != "float32":
+        extra["load_dtype"] = load_dtype
     return {
         "format": FEATURE_FORMAT,
         "task": task_label(task_name),

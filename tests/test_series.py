@@ -44,7 +44,7 @@ def test_windows_advance_by_one_step_and_splits_never_share_a_step(name):
     inputs, targets = task.series(10 + 100 + 3 * 8)
     splits = {s: task.load(s, Path(".")) for s in ("train", "val", "test")}
     start = 10
-    for split, d in splits.items():
+    for d in splits.values():
         n = len(d)
         assert d.inputs.shape == (n, 8) and d.labels.shape == (n,) and d.labels.dtype == np.float32
         np.testing.assert_array_equal(d.inputs[1:, :-1], d.inputs[:-1, 1:])  # one step apart

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from reservoir.config import ExtractConfig, select_depths
-from reservoir.errors import IdentityError, StoreError
+from reservoir.errors import IdentityError, StoreError, UsageError
 from reservoir.extract.plan import auto_batch_size, plan_split
 from reservoir.extract.store import (
     FeatureWriter,
@@ -239,7 +239,7 @@ class Run:
             dtype=self.dtype,
             batch_size=self.batch_size,
             device=self.device,
-            engine=engine or self.cfg.engine,
+            engine=engine or ("torch" if self.cfg.load_dtype != "float32" else self.cfg.engine),
             tokens=self.tokens_total,
             padded=self.padded,
             readout=self.cfg.readout,
@@ -418,13 +418,23 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     check_readout(task.spec, cfg.readout)
     data = load_splits(task, cfg)
     log(f"loading backbone {cfg.backbone} ...", progress)
-    backbone = load_backbone(cfg.backbone, cfg.seed)
+    halved = cfg.load_dtype != "float32"
+    if halved and cfg.engine not in ("auto", "torch"):
+        raise UsageError(
+            f"--load-dtype {cfg.load_dtype} keeps the weights in {cfg.load_dtype}, which only the PyTorch engine "
+            f"computes with; drop --engine {cfg.engine} (or pass --engine torch), or load the weights in float32"
+        )
+    backbone = load_backbone(cfg.backbone, cfg.seed, dtype=cfg.load_dtype)
     check_length(task.spec, backbone, cfg.backbone)
     depths = select_depths(
         cfg.depths, range(backbone.n_layers + 1), f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)"
     )
-    dtype = resolve_dtype(cfg.dtype, device)
-    if cfg.dtype == "auto" and task.spec.target == "regression" and dtype != "float32":
+    dtype = cfg.load_dtype if halved and cfg.dtype == "auto" else resolve_dtype(cfg.dtype, device)
+    if halved and dtype in INT8_DTYPES:
+        raise UsageError(
+            f"--dtype {dtype} quantizes float32 weights on OpenVINO; load them in float32 (drop --load-dtype)"
+        )
+    if cfg.dtype == "auto" and not halved and task.spec.target == "regression" and dtype != "float32":
         # bf16 keeps 8 bits of a state: a forecast's error then stops near 1% of the target's spread
         log(
             f"dtype float32, not {dtype}: task {task.name!r} has real-valued targets (--dtype auto)", progress
@@ -454,6 +464,7 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
         readout=cfg.readout,
         limit=cfg.limit,
         calibration=calibration,
+        load_dtype=cfg.load_dtype,
     )
     out = Path(cfg.out) if cfg.out else features_path_for(identity)
     batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)

@@ -65,6 +65,12 @@ def resolve_dtype(name: str, device: torch.device | str = "cpu") -> str:
     return name
 
 
+def low_precision(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s floating tensors are kept in a 16-bit dtype (weights loaded with ``--load-dtype``)."""
+    tensors = [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
+    return bool(tensors) and all(t.dtype in (torch.bfloat16, torch.float16) for t in tensors)
+
+
 class CompiledOrEager:
     """``fn`` under ``torch.compile`` when ``enabled``; if compiling or a compiled call fails, the
     eager ``fn`` from then on, with one message on stderr.
@@ -275,7 +281,13 @@ class FeatureRunner:
         #: ``engine="auto"`` runs PyTorch when the converting engine cannot convert or check (an explicit engine fails)
         self.falls_back = engine == "auto" and self.dtype_name in DTYPES
         self.log = log or (lambda text: print(text, file=sys.stderr))
-        self.reservoir = freeze(reservoir.float()).eval().to(self.device)
+        if low_precision(
+            reservoir.backbone
+        ):  # weights kept in bf16 or fp16 (--load-dtype): never upcast whole
+            reservoir.input_layer.float()
+            self.reservoir = freeze(reservoir).eval().to(self.device)
+        else:
+            self.reservoir = freeze(reservoir.float()).eval().to(self.device)
         self.backbone = self.reservoir.backbone
         self.batch_size = batch_size
         #: ``(real tokens, seconds or a CUDA (start, end) event pair, compiled)`` of the first

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import os
 import pkgutil
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reservoir.errors import BackboneError
+from reservoir.errors import BackboneError, UsageError
 from reservoir.identity import canonical, config_dict
 from reservoir.model.backbones.base import (
     Backbone,
@@ -143,24 +144,85 @@ def parsed(name: str) -> Callable[[int], Backbone] | None:
 def is_backbone(name: str) -> bool:
     """Whether :func:`load_backbone` can resolve ``name`` (without loading anything)."""
     base, _ = split_twin(name)
-    return base in BACKBONES or is_model_path(base) or parsed(name) is not None
+    return name in OBJECTS or base in BACKBONES or is_model_path(base) or parsed(name) is not None
 
 
-def load_backbone(name: str, seed: int = 0) -> Backbone:
-    """A registered name, a folder saved with ``save_pretrained``, ``hf:PATH_OR_ID``, or a twin of
+#: the torch dtypes frozen weights may be loaded in (``--load-dtype``)
+LOAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: models handed over as objects (:func:`register_object`), by the name that stands for them
+OBJECTS: dict[str, nn.Module] = {}
+
+
+def register_object(model: nn.Module) -> str:
+    """A name :func:`load_backbone` resolves to a copy of ``model`` (a ``PreTrainedModel`` through its
+    family's adapter or the generic one, a :class:`Backbone` as it is), in this process only:
+    ``object:CLASS:DIGEST``, the digest that of its class, config and weights (:func:`fingerprint`),
+    so the same weights give the same name and the same feature files."""
+    if not isinstance(model, nn.Module):
+        raise UsageError(
+            f"backbone must be a name or a torch.nn.Module (a transformers PreTrainedModel or a reservoir "
+            f"Backbone); got {type(model).__name__}"
+        )
+    name = f"object:{type(model).__name__}:{fingerprint(model)[:16]}"
+    OBJECTS[name] = model
+    return name
+
+
+def from_object(name: str, dtype: torch.dtype = torch.float32) -> Backbone:
+    """The backbone of a registered object (:func:`register_object`): a deep copy, so extraction never
+    changes the caller's model (its dtype, device, gradients or mode)."""
+    import copy
+
+    if name not in OBJECTS:
+        raise UsageError(
+            f"{name!r} names a model handed over in another process; pass the model object again, or save "
+            "it with save_pretrained and pass its folder"
+        )
+    model = copy.deepcopy(OBJECTS[name]).to(dtype)
+    if isinstance(model, Backbone):
+        return model
+    from reservoir.model.backbones.hf import adapter_for
+
+    config = getattr(model, "config", None)
+    return adapter_for(getattr(config, "model_type", ""))(model)
+
+
+def split_revision(path: str) -> tuple[str, str | None]:
+    """``"org/name@REV"`` -> ``("org/name", "REV")`` for a hub id pinned to a revision (a branch, tag or
+    commit); a folder, or an id without ``@``, -> ``(path, None)``."""
+    if Path(path).is_dir() or "@" not in path:
+        return path, None
+    repo, _, revision = path.rpartition("@")
+    if not repo or not revision:
+        raise UsageError(
+            f"hf:{path} is not hf:ID@REVISION; name the revision after '@' (a branch, tag or commit)"
+        )
+    return repo, revision
+
+
+def load_backbone(name: str, seed: int = 0, dtype: str = "float32") -> Backbone:
+    """A registered name, a folder saved with ``save_pretrained``, ``hf:PATH_OR_ID`` (``hf:ID@REVISION``
+    pins a hub revision), a model handed over as an object (:func:`register_object`), or a twin of
     either: ``NAME-random`` (same architecture from the config, default init, no weights read) or
     ``NAME-stats`` (each tensor drawn from a normal with the pretrained tensor's mean and std).
 
-    Random initialisations draw from ``seed``; the model is returned in eval mode.
+    Random initialisations draw from ``seed``; the weights are kept in ``dtype`` (:data:`LOAD_DTYPES`:
+    a pretrained folder's are read in it, so bfloat16 and float16 take half of float32's memory); the
+    model is returned in eval mode.
 
     Examples
     --------
     >>> load_backbone("lstm").n_layers
     3
     """
+    if dtype not in LOAD_DTYPES:
+        raise UsageError(f"load dtype {dtype!r} is not one of {list(LOAD_DTYPES)}")
+    torch_dtype = LOAD_DTYPES[dtype]
+    if name.startswith("object:"):
+        return from_object(name, torch_dtype).eval()
     factory = parsed(name)
     if factory is not None:
-        return factory(seed).eval()
+        return factory(seed).to(torch_dtype).eval()
     base, twin = split_twin(name)
     if os.environ.get("RESERVOIR_OFFLINE"):  # fail fast instead of retrying an unreachable hub
         import huggingface_hub.constants
@@ -170,25 +232,29 @@ def load_backbone(name: str, seed: int = 0) -> Backbone:
     if base in BACKBONES:
         if twin == "random":
             raise BackboneError(f"{base} has no registered -random twin; choose from {list_backbones()}")
-        model = BACKBONES.create(base, seed=seed)
+        factory = BACKBONES.factory(base)  # one that takes a dtype reads its weights in it
+        takes = "dtype" in inspect.signature(factory).parameters
+        model = factory(seed=seed, **({"dtype": torch_dtype} if takes else {}))
     elif is_model_path(base):
-        model = load_pretrained(base[3:] if base.startswith("hf:") else base, seed, init=twin)
+        model = load_pretrained(
+            base[3:] if base.startswith("hf:") else base, seed, init=twin, dtype=torch_dtype
+        )
     else:
         BACKBONES.factory(name)  # raises "unknown backbone ...; choose from ..."
         raise AssertionError  # pragma: no cover
     if twin == "stats":
         stats_init(model, seed)
-    return model.eval()
+    return model.to(torch_dtype).eval()
 
 
-def load_config(path: str):
-    """The Hugging Face config of a folder or hub id; reads config.json only, never weights."""
+def load_config(path: str, revision: str | None = None):
+    """The Hugging Face config of a folder or hub id (at ``revision``); reads config.json only, never weights."""
     from transformers import AutoConfig
 
     if Path(path).is_dir() and not (Path(path) / "config.json").exists():
         raise BackboneError(f"{path} has no config.json; pass a folder written by save_pretrained")
     try:
-        return from_pretrained(AutoConfig, path)
+        return from_pretrained(AutoConfig, path, **({"revision": revision} if revision else {}))
     except (OSError, ValueError) as e:
         if isinstance(e, ValueError) and ("custom code" in str(e) or "trust_remote_code" in str(e)):
             raise BackboneError(
@@ -207,7 +273,9 @@ def load_config(path: str):
         ) from None
 
 
-def load_pretrained(path: str, seed: int, init: str = "pretrained") -> Backbone:
+def load_pretrained(
+    path: str, seed: int, init: str = "pretrained", dtype: torch.dtype = torch.float32
+) -> Backbone:
     """A folder (or hub id) through its family's adapter (by the config's ``model_type``), else the
     generic adapter (:mod:`.hf`).
 
@@ -224,13 +292,14 @@ def load_pretrained(path: str, seed: int, init: str = "pretrained") -> Backbone:
         model_from_config,
     )
 
-    config = load_config(path)
-    check_buildable(config, path)
+    path, revision = split_revision(path)
+    config = load_config(path, revision)
+    check_buildable(config, path, dtype)
     adapter = adapter_for(config.model_type)
     if init == "random":
         with seeded(seed):
             return adapter(model_from_config(config))
-    backbone = adapter(load_model(path))
+    backbone = adapter(load_model(path, revision=revision, dtype=dtype))
     load_added_positions(
         backbone, path
     )  # a folder train --save-backbone wrote of a model without learned positions

@@ -532,13 +532,16 @@ def load_added_positions(backbone: HFBackbone, folder: str) -> None:
         backbone.wpe.weight.copy_(weight)
 
 
-def load_model(path: str, config=None) -> nn.Module:
-    """The Hugging Face model of a folder or hub id, weights read, float32; refused, naming them,
-    when the folder's weights do not fit its config (missing or wrongly shaped tensors)."""
+def load_model(
+    path: str, config=None, *, revision: str | None = None, dtype: torch.dtype = torch.float32
+) -> nn.Module:
+    """The Hugging Face model of a folder or hub id (at ``revision``), weights read in ``dtype``; refused,
+    naming them, when the folder's weights do not fit its config (missing or wrongly shaped tensors)."""
     from transformers import AutoModel
 
+    pinned = {"revision": revision} if revision else {}
     try:
-        model, info = from_pretrained(AutoModel, path, dtype=torch.float32, output_loading_info=True)
+        model, info = from_pretrained(AutoModel, path, dtype=dtype, output_loading_info=True, **pinned)
     except OSError as e:
         raise BackboneError(
             f"cannot load weights from {path!r} ({str(e).splitlines()[0]}); pass a folder saved with "
@@ -624,9 +627,9 @@ def available_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_buildable(config, source: str) -> None:
+def check_buildable(config, source: str, dtype: torch.dtype = torch.float32) -> None:
     """Refuse, in words, a config that builds no model (a bad value) or one larger than this machine's free
-    memory in float32: it is built on the meta device first, which allocates nothing, so a config.json with
+    memory in ``dtype``: it is built on the meta device first, which allocates nothing, so a config.json with
     a mistyped size is named instead of taking every byte of memory."""
     try:
         with torch.device("meta"):
@@ -638,11 +641,14 @@ def check_buildable(config, source: str) -> None:
             "folder save_pretrained wrote"
         ) from None
     n = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
-    if 4 * n > available_memory():
+    size = n * torch.empty((), dtype=dtype).element_size()
+    if size > available_memory():
+        name = str(dtype).removeprefix("torch.")
         raise BackboneError(
-            f"the config of {source!r} describes a model of {n:,} parameters ({4 * n / 2**30:,.1f} GiB "
-            f"in float32), more than this machine's {available_memory() / 2**30:,.1f} GiB of free "
-            "memory; check its config.json (sizes, layers, vocabulary) or use a larger machine"
+            f"the config of {source!r} describes a model of {n:,} parameters ({size / 2**30:,.1f} GiB "
+            f"in {name}), more than this machine's {available_memory() / 2**30:,.1f} GiB of free "
+            "memory; check its config.json (sizes, layers, vocabulary), load it in half the memory with "
+            "--load-dtype bfloat16, or use a larger machine"
         )
 
 

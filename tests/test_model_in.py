@@ -1,0 +1,95 @@
+"""The model in: a model object in memory, a hub revision pin, and weights kept in bfloat16 or float16."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from reservoir import api
+from reservoir.errors import BackboneError
+from reservoir.extract.store import read_depths
+from reservoir.model import backbones
+from reservoir.model.backbones import load_backbone, split_revision
+
+pytestmark = pytest.mark.usefixtures("home", "one_thread")
+
+SMALL = {"limit": 40, "depths": "0,1,2", "dtype": "float32", "compile": False, "batch_size": 16}
+
+
+def features(path) -> dict[str, np.ndarray]:
+    with h5py.File(path) as f:
+        return {s: read_depths(f, s)[0] for s in ("train", "test")}
+
+
+def test_a_model_object_gives_the_features_of_its_saved_folder_and_stays_as_it_was(tiny_gpt2):
+    """``api.extract`` and ``ReservoirFeatures`` take the model object itself: the features equal those of
+    the same model saved with ``save_pretrained`` and loaded by folder, bit for bit, and the caller's
+    model keeps its dtype, its gradients and its mode (extraction works on a copy)."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(tiny_gpt2).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    by_object = api.extract("digits", model, **SMALL)
+    by_folder = api.extract("digits", str(tiny_gpt2), **SMALL)
+    assert by_object != by_folder  # each has its own file: the name is part of the identity
+    a, b = features(by_object), features(by_folder)
+    for split in a:
+        np.testing.assert_array_equal(a[split], b[split])
+    assert model.training and all(p.requires_grad for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    X = np.random.default_rng(0).standard_normal((6, 5, 3)).astype(np.float32)
+    settings = {"depth": [0, 2], "dtype": "float32"}
+    np.testing.assert_array_equal(
+        api.ReservoirFeatures(backbone=model, **settings).fit_transform(X),
+        api.ReservoirFeatures(backbone=str(tiny_gpt2), **settings).fit_transform(X),
+    )
+
+
+def test_weights_loaded_in_bfloat16_take_half_the_memory_and_stay_within_its_tolerance(tiny_gpt2):
+    """``load_dtype="bfloat16"``: every weight is kept in bf16 (half the bytes of float32), the backbone
+    computes in it, the identity records it, and the features are float32's within bf16's rounding."""
+    full = load_backbone(str(tiny_gpt2), 0)
+    half = load_backbone(str(tiny_gpt2), 0, dtype="bfloat16")
+    size = lambda m: sum(t.numel() * t.element_size() for t in m.state_dict().values())  # noqa: E731
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert size(half) * 2 == size(full)
+    settings = {k: v for k, v in SMALL.items() if k != "dtype"}
+    f32 = features(api.extract("digits", str(tiny_gpt2), dtype="float32", **settings))
+    path = api.extract("digits", str(tiny_gpt2), load_dtype="bfloat16", **settings)
+    bf16 = features(path)
+    with h5py.File(path) as f:
+        assert f.attrs["dtype"] == "bfloat16" and json.loads(f.attrs["identity"])["load_dtype"] == "bfloat16"
+    for split in f32:
+        err = np.abs(bf16[split] - f32[split]).max() / np.abs(f32[split]).max()
+        assert 0 < err < 3e-2
+
+
+def test_load_dtype_refuses_what_cannot_compute_in_it(tiny_gpt2, cli):
+    r = cli("extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--load-dtype", "bfloat16",
+            "--engine", "openvino", "--limit", "20")  # fmt: skip
+    assert r.exit_code == 1 and "only the PyTorch engine" in r.output and "Traceback" not in r.output
+    r = cli("extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--load-dtype", "bfloat16",
+            "--dtype", "int8", "--limit", "20")  # fmt: skip
+    assert r.exit_code == 1 and "load them in float32" in r.output
+
+
+def test_a_hub_revision_is_pinned_and_part_of_the_name(monkeypatch):
+    """``hf:ID@REVISION`` reads the config and weights at that revision, and the label (hence the identity
+    and the feature file's folder) carries it."""
+    assert split_revision("org/model@v1.2") == ("org/model", "v1.2")
+    assert split_revision("org/model") == ("org/model", None)
+    assert backbones.label("hf:org/model@abc123") == "model@abc123"
+    seen = {}
+
+    def fake(cls, path, **kwargs):
+        seen.update(kwargs, path=path)
+        raise OSError("offline")
+
+    monkeypatch.setattr(backbones, "from_pretrained", fake)
+    with pytest.raises(BackboneError, match="cannot load the config of 'org/model'"):
+        load_backbone("hf:org/model@abc123")
+    assert seen == {"path": "org/model", "revision": "abc123"}
