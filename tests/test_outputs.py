@@ -77,6 +77,19 @@ def test_read_features_as_an_xarray_dataset(digits):
     assert list(api.read_features(digits, "train", 1, as_xarray=True).depth.values) == [1]
 
 
+def test_the_file_names_its_dimensions_for_any_hdf5_reader(digits):
+    """Each split's ``features`` carries HDF5 dimension labels (row, depth, readout, feature) and a ``depth``
+    dimension scale holding the depths, as h5py (and netCDF-4 readers) see them without reservoir."""
+    import h5py
+
+    with h5py.File(digits) as f:
+        for split in ("train", "test"):
+            features = f[split]["features"]
+            assert [d.label for d in features.dims] == ["row", "depth", "readout", "feature"]
+            assert list(features.dims[1][0][:]) == [0, 1, 2] == list(f.attrs["depths"])
+            assert features.dims[1][0].name == f"/{split}/depth"
+
+
 def test_optional_packages_are_named_when_absent(digits, monkeypatch):
     monkeypatch.setitem(sys.modules, "xarray", None)  # `import xarray` raises ImportError
     monkeypatch.setitem(sys.modules, "pandas", None)

@@ -63,6 +63,21 @@ def create_features(group: h5py.Group, n: int, shape: tuple[int, int, int]) -> h
     )
 
 
+#: the names of the ``features`` dataset's dimensions, as HDF5 dimension labels
+FEATURE_DIMS = ("row", "depth", "readout", "feature")
+
+
+def name_dimensions(group: h5py.Group, depths) -> None:
+    """Label the dimensions of ``group["features"]`` (:data:`FEATURE_DIMS`) and attach a ``depth`` dimension
+    scale holding the depths, so any HDF5 reader (h5py, netCDF-4 readers, HDFView) sees named dimensions."""
+    scale = group.create_dataset("depth", data=np.asarray(depths, dtype=np.int64), track_times=False)
+    scale.make_scale("depth")
+    features = group["features"]
+    for i, name in enumerate(FEATURE_DIMS):
+        features.dims[i].label = name
+    features.dims[1].attach_scale(scale)
+
+
 def partial_path(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
 
@@ -502,6 +517,7 @@ class FeatureWriter:
         n = len(labels)
         g = self.f.create_group(name)
         create_features(g, n, shape)
+        name_dimensions(g, self.f.attrs["depths"])
         g.create_dataset("labels", data=labels, track_times=False)
         g.create_dataset("lengths", data=lengths, track_times=False)
         g.create_dataset("done", shape=(n,), dtype=bool, fillvalue=False, track_times=False)
@@ -592,6 +608,7 @@ def write_joined(
                 rel = os.path.relpath(path, out.parent)  # resolved next to the joined file
                 layout[start:stop] = h5py.VirtualSource(rel, f"{name}/features", shape=(stop - start, *shape))
             g.create_virtual_dataset("features", layout, fillvalue=np.nan)
+            name_dimensions(g, identity["depths"])
             g.create_dataset("labels", data=labels, track_times=False)
             g.create_dataset("lengths", data=lengths, track_times=False)
             g.create_dataset("done", data=np.ones(len(labels), dtype=bool), track_times=False)

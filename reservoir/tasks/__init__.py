@@ -91,8 +91,8 @@ class TaskSpec:
         )
 
 
-#: names of a validation split, in order of preference (TAPE calls it ``valid``)
-VALIDATION_SPLITS = ("val", "valid")
+#: names of a validation split, in order of preference (TAPE calls it ``valid``, Hugging Face datasets ``validation``)
+VALIDATION_SPLITS = ("val", "valid", "validation")
 
 
 def split_roles(splits) -> tuple[str | None, tuple[str, ...]]:
