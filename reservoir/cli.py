@@ -554,6 +554,40 @@ def fit(
 
 
 @main.command()
+@click.argument("features", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Where to write: a .parquet file, or a folder for --format datasets.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "datasets"]),
+    default="parquet",
+    show_default=True,
+    help="Parquet (one file), or a Hugging Face datasets folder (datasets.load_from_disk reads it).",
+)
+@click.option(
+    "--depths",
+    default=None,
+    callback=lambda ctx, param, value: None if value is None else parse_depths(value),
+    help="Comma-separated depths to export [default: every stored one].",
+)
+@click.option("--split", "splits", multiple=True, help="A split to export (repeatable) [default: every one].")
+@pass_settings
+def export(settings: Settings, features, out, fmt, depths, splits) -> None:
+    """Write a feature file as Parquet or a datasets folder: one row per example (split, row, label, and a
+    column of flattened readout features per depth), read in blocks after verification."""
+    from reservoir.extract.export import export as run_export
+
+    depth_list = None if depths in (None, "all") else list(depths)
+    path = run(run_export, features, out, format=fmt, depths=depth_list, splits=list(splits) or None)
+    click.echo(str(path))
+
+
+@main.command()
 @click.option(
     "--probe",
     type=click.Path(dir_okay=False, path_type=Path),

@@ -1,0 +1,160 @@
+"""Feature files out, in the formats other tools read: Parquet, or a Hugging Face ``datasets`` folder.
+
+One table row per example, the splits one after another: ``split`` (its name), ``row`` (its index in
+the split), ``label`` (a class id, a real value, or a list for several outputs a row), then one column a
+depth, ``d{K}``: the example's readout rows at depth ``K``, flattened (``n_readout * d_model`` float32
+values). The file's identity and depths go into the Parquet schema's metadata (``reservoir.identity``,
+``reservoir.depths``) and, for a ``datasets`` folder, its description.
+
+Rows are read in blocks (each checked as every reader of the store checks them: checksums and finite
+values, after the file's digests are verified) and written as they come, so memory stays flat as the
+file grows. The output is written under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from reservoir.config import select_depths
+from reservoir.errors import UsageError
+from reservoir.extract.store import (
+    feature_splits,
+    iter_depth,
+    open_features,
+    stored_identity,
+    verify,
+)
+
+FORMATS = ("parquet", "datasets")
+
+
+def _needs(module: str, extra: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UsageError(
+            f"reservoir export needs the optional package {module!r}: pip install 'reservoir[{extra}]' "
+            f"(or pip install {module})"
+        ) from None
+
+
+def blocks(f: h5py.File, split: str, depths: Sequence[int]) -> Iterator[dict[str, np.ndarray]]:
+    """The columns of ``split`` block by block: ``row``, ``label`` and one ``d{K}`` per depth."""
+    streams = [iter_depth(f, split, d) for d in depths]
+    start = 0
+    for parts in zip(*streams):
+        X0, labels = parts[0]
+        n = len(X0)
+        columns = {"row": np.arange(start, start + n, dtype=np.int64), "label": labels}
+        for depth, (X, _) in zip(depths, parts):
+            columns[f"d{depth}"] = X.reshape(n, -1)
+        start += n
+        yield columns
+
+
+def _table(pa, split: str, columns: dict[str, np.ndarray]):
+    n = len(columns["row"])
+    arrays = {"split": pa.array([split] * n, pa.string()), "row": pa.array(columns["row"])}
+    label = columns["label"]
+    arrays["label"] = pa.array(label) if label.ndim == 1 else pa.array(list(label.reshape(n, -1)))
+    for name, X in columns.items():
+        if name.startswith("d"):
+            arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(X.ravel(), pa.float32()), X.shape[1])
+    return pa.table(arrays)
+
+
+def write_parquet(
+    pa, pq, f: h5py.File, splits: Sequence[str], depths: Sequence[int], meta: dict, path: Path
+) -> None:
+    """``splits`` of ``f`` at ``depths`` into one Parquet file at ``path``, block by block (``meta``: the
+    schema's metadata)."""
+    writer = None
+    try:
+        for s in splits:
+            for columns in blocks(f, s, depths):
+                table = _table(pa, s, columns)
+                if writer is None:
+                    schema = table.schema.with_metadata(meta)
+                    writer = pq.ParquetWriter(path, schema)
+                writer.write_table(table.cast(schema))
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def check_out(out: Path, format: str) -> None:
+    """Refuse an ``out`` that is something else than what an export writes there (never replaced): a folder
+    for Parquet, a file or a folder other than a ``datasets`` folder for ``datasets``."""
+    if not out.exists():
+        return
+    other = out.is_dir() if format == "parquet" else not (out / "dataset_dict.json").exists()
+    if other:
+        raise UsageError(
+            f"{out} exists and is not a {'Parquet file' if format == 'parquet' else 'datasets folder'} an "
+            "export wrote; choose another --out"
+        )
+
+
+def export(
+    features: str | Path,
+    out: str | Path,
+    *,
+    format: str = "parquet",
+    depths: Sequence[int] | None = None,
+    splits: Sequence[str] | None = None,
+) -> Path:
+    """Write the feature file ``features`` (verified first) to ``out`` as Parquet (one file) or a ``datasets``
+    folder (one subfolder per split, readable with ``datasets.load_from_disk``); ``depths`` and ``splits``
+    default to every stored one. Returns ``out``. Raises UsageError for an unknown format, depth or split,
+    or a missing optional package (pyarrow; ``datasets`` for the folder)."""
+    if format not in FORMATS:
+        raise UsageError(f"unknown export format {format!r}; choose from {', '.join(FORMATS)}")
+    check_out(out := Path(out), format)
+    pa = _needs("pyarrow", "data")
+    pq = _needs("pyarrow.parquet", "data")
+    with open_features(Path(features)) as f:
+        stored = [int(d) for d in f.attrs["depths"]]
+        depths = stored if depths is None else select_depths(tuple(depths), stored, f"in {features}")
+        order = stored_identity(f).get("splits") or []
+        present = [s for s in order if s in f] + [s for s in feature_splits(f) if s not in order]
+        names = present if splits is None else list(splits)
+        for s in names:
+            if s not in f:
+                raise UsageError(f"split {s!r} is not in {f.filename}; it holds {feature_splits(f)}")
+        verify(f, depths, names, fix="extract it again")
+        meta = {
+            "reservoir.identity": json.dumps(stored_identity(f), sort_keys=True),
+            "reservoir.depths": json.dumps(depths),
+        }
+        tmp = out.with_name(f".{out.name}.partial")
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+        if format == "parquet":
+            write_parquet(pa, pq, f, names, depths, meta, tmp)
+        else:
+            import tempfile
+
+            datasets = _needs("datasets", "test")
+            datasets.disable_progress_bars()  # its bars and messages say nothing to the user of this command
+            with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.cache") as cache:
+                parts = {}
+                for (
+                    s
+                ) in names:  # each split through a Parquet file of its own, which datasets reads in blocks
+                    part = Path(cache) / f"{s}.parquet"
+                    write_parquet(pa, pq, f, [s], depths, meta, part)
+                    parts[s] = datasets.Dataset.from_parquet(str(part), cache_dir=cache)
+                    parts[s].info.description = json.dumps(meta)
+                datasets.DatasetDict(parts).save_to_disk(str(tmp))
+    if out.is_dir():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,65 @@
+"""``reservoir export``: a feature file as Parquet or a datasets folder, equal to what the readers return."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from reservoir import api
+
+pytestmark = pytest.mark.usefixtures("home", "one_thread")
+
+
+@pytest.fixture
+def digits(tiny_gpt2):
+    return api.extract("digits", str(tiny_gpt2), limit=40, depths="0,1,2", dtype="float32", compile=False)
+
+
+def test_parquet_holds_every_split_depth_and_label_as_the_reader_returns_them(digits, tmp_path, cli):
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "features.parquet"
+    r = cli("export", str(digits), "--out", str(out), "--depths", "0,-1")
+    assert r.exit_code == 0, r.output
+    table = pq.read_table(out)
+    meta = table.schema.metadata
+    assert json.loads(meta[b"reservoir.depths"]) == [0, 2]
+    assert json.loads(meta[b"reservoir.identity"])["task"] == "digits"
+    assert table.column_names == ["split", "row", "label", "d0", "d2"]
+    splits = table.column("split").to_pylist()
+    assert splits == sorted(splits, key=["train", "test"].index)  # the identity's order
+    for split in ("train", "test"):
+        part = table.filter(np.array(splits) == split)
+        for depth in (0, 2):
+            X, y = api.read_features(digits, split, depth=depth)
+            np.testing.assert_array_equal(
+                np.stack(part.column(f"d{depth}").to_numpy(zero_copy_only=False)), X
+            )
+            np.testing.assert_array_equal(part.column("label").to_numpy(), y)
+        assert part.column("row").to_pylist() == list(range(len(y)))
+
+
+def test_datasets_folder_loads_with_load_from_disk(digits, tmp_path, cli):
+    datasets = pytest.importorskip("datasets")
+    out = tmp_path / "exported"
+    r = cli("export", str(digits), "--out", str(out), "--format", "datasets", "--split", "test")
+    assert r.exit_code == 0, r.output
+    loaded = datasets.load_from_disk(str(out))
+    assert list(loaded) == ["test"]
+    X, y = api.read_features(digits, "test", depth=1)
+    np.testing.assert_allclose(np.asarray(loaded["test"]["d1"], dtype=np.float32), X)
+    assert loaded["test"]["label"] == list(y)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
+    r = cli("export", str(digits), "--out", str(tmp_path / "features"), "--format", "datasets")
+    assert r.exit_code == 1 and "is not a datasets folder an export wrote" in r.output
+    assert (tmp_path / "features" / "digits").is_dir()  # an existing folder of other things is never replaced
+
+
+def test_a_depth_or_split_the_file_lacks_is_refused_and_nothing_is_written(digits, tmp_path, cli):
+    out = tmp_path / "x.parquet"
+    r = cli("export", str(digits), "--out", str(out), "--depths", "5")
+    assert r.exit_code == 1 and "5" in r.output and "Traceback" not in r.output
+    r = cli("export", str(digits), "--out", str(out), "--split", "val")
+    assert r.exit_code == 1 and "split 'val' is not in" in r.output
+    assert not out.exists() and not list(tmp_path.glob(".x.parquet*"))
