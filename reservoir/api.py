@@ -50,6 +50,13 @@ __all__ = [
 ]
 
 
+def _watched(progress: bool | None) -> bool:
+    """``progress`` as asked; ``None``: on where someone is watching (a terminal or a notebook)."""
+    from reservoir.progress import interactive
+
+    return interactive() if progress is None else bool(progress)
+
+
 def _backbone_name(backbone: Any) -> Any:
     """A backbone as configs take it: a name as it is; a model object (a ``PreTrainedModel``, a reservoir
     ``Backbone``, any ``torch.nn.Module`` the generic adapter can map) by the name that stands for it in
@@ -76,7 +83,7 @@ def _config(cls, task: Any, backbone: Any, **settings: Any):
 
 
 def extract(
-    task: str | ExtractConfig, backbone: str | None = None, *, progress: bool = False, **settings: Any
+    task: str | ExtractConfig, backbone: str | None = None, *, progress: bool | None = None, **settings: Any
 ) -> Path:
     """Stream a task through a frozen backbone into an HDF5 feature file; what ``reservoir extract`` runs.
 
@@ -92,8 +99,9 @@ def extract(
         A registered backbone, a folder saved with ``save_pretrained``, ``hf:ID`` (``hf:ID@REVISION`` to
         pin one), or a model object (a ``PreTrainedModel``, or any module the generic adapter maps),
         used through a copy (``None``: the config's default, ``gpt2-random``).
-    progress : bool
-        Show progress on stderr.
+    progress : bool, optional
+        Show progress (a bar, and status lines through the ``reservoir`` logger); ``None``: when someone
+        is watching (a terminal or a notebook, :func:`reservoir.progress.interactive`).
     **settings
         Any field of [`ExtractConfig`][reservoir.config.ExtractConfig] (``split``, ``limit``, ``seed``,
         ``batch_size``, ``dtype``, ``depths``, ``task_options``, ``data_dir``, ``out``, ...).
@@ -119,14 +127,14 @@ def extract(
     """
     from reservoir.extract.run import extract as run
 
-    return run(_config(ExtractConfig, task=task, backbone=backbone, **settings), progress=progress)
+    return run(_config(ExtractConfig, task=task, backbone=backbone, **settings), progress=_watched(progress))
 
 
 def fit(
     task: str | FitConfig | None = None,
     backbone: str | None = None,
     *,
-    progress: bool = False,
+    progress: bool | None = None,
     **settings: Any,
 ) -> list[dict[str, Any]]:
     """Fit a linear head per depth on a feature file, and the baselines of the same data; what
@@ -139,8 +147,8 @@ def fit(
         belongs to them). A whole [`FitConfig`][reservoir.config.FitConfig], and then no other settings.
     backbone : str, optional
         The backbone the features were extracted with.
-    progress : bool
-        Print one line per depth on stderr.
+    progress : bool, optional
+        Print one line per depth (``None``: when someone is watching, as :func:`extract`).
     **settings
         Any field of [`FitConfig`][reservoir.config.FitConfig] (``features``, ``depths``, ``head``,
         ``val_fraction``, ``seed``, ``baselines``, ...).
@@ -167,7 +175,7 @@ def fit(
     """
     from reservoir.probe.fit import fit as run
 
-    return run(_config(FitConfig, task=task, backbone=backbone, **settings), progress=progress)
+    return run(_config(FitConfig, task=task, backbone=backbone, **settings), progress=_watched(progress))
 
 
 def _optional(module: str, what: str) -> Any:
@@ -577,7 +585,7 @@ def _train_config(task: Any, backbone: str | None, settings: dict[str, Any]) -> 
 
 
 def train(
-    task: str | TrainConfig, backbone: str | None = None, *, progress: bool = False, **settings: Any
+    task: str | TrainConfig, backbone: str | None = None, *, progress: bool | None = None, **settings: Any
 ) -> dict[str, Any]:
     """Train the FPT end to end (input layer, chosen backbone groups, output layer); what
     ``reservoir train`` runs, with its options as keyword arguments checked as it checks them.
@@ -591,8 +599,9 @@ def train(
         A registered backbone, a folder saved with ``save_pretrained``, ``hf:ID`` (``hf:ID@REVISION`` to
         pin one), or a model object (a ``PreTrainedModel``, or any module the generic adapter maps),
         used through a copy (``None``: the config's default, ``gpt2-random``).
-    progress : bool
-        Show progress on stderr.
+    progress : bool, optional
+        Show progress (a bar, and status lines through the ``reservoir`` logger); ``None``: when someone
+        is watching (a terminal or a notebook, :func:`reservoir.progress.interactive`).
     **settings
         Any field of [`TrainConfig`][reservoir.config.TrainConfig] (``trainable``, ``lr``, ``seeds``,
         ``steps``, ``batch_size``, ``eval_every``, ``patience``, ``limit``, ``task_options``, ...);
@@ -623,7 +632,7 @@ def train(
             raise UsageError(f"give either a TrainConfig or settings, not both (got {sorted(settings)})")
         settings = {k: v for k, v in dataclasses.asdict(task).items() if k not in ("task", "backbone")}
         task, backbone = task.task, task.backbone
-    return run(_train_config(task, backbone, dict(settings)), progress=progress)
+    return run(_train_config(task, backbone, dict(settings)), progress=_watched(progress))
 
 
 # -- the scikit-learn transformer -------------------------------------------------------------

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 import pickle
@@ -104,6 +105,7 @@ def test_optional_packages_are_named_when_absent(digits, monkeypatch):
 
 
 WORKERS = """
+import importlib.util
 import sys
 import numpy as np
 import torch
@@ -356,3 +358,51 @@ def test_train_runs_and_writes_its_result(tiny_gpt2, home):
     assert (
         len(written) == 1 and json.loads(written[0].read_text())["test_accuracy"] == result["test_accuracy"]
     )
+
+
+def test_status_lines_go_through_the_reservoir_logger(tiny_gpt2, capsys):
+    """Every status line is a record of the ``reservoir`` logger: on stderr by default, silenced by its
+    level, sent elsewhere by its handlers; the API shows nothing where nobody watches (no terminal here)."""
+    import logging
+
+    logger = logging.getLogger("reservoir")
+    settings = {"limit": 20, "depths": "0", "dtype": "float32", "compile": False}
+    api.extract("digits", str(tiny_gpt2), **settings)
+    assert "loading backbone" not in capsys.readouterr().err  # progress=None: not interactive here
+    api.extract("digits", str(tiny_gpt2), progress=True, seed=1, **settings)
+    assert "loading backbone" in capsys.readouterr().err
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    saved = logger.handlers[:], logger.level
+    try:
+        logger.handlers[:] = [handler]
+        api.extract("digits", str(tiny_gpt2), progress=True, seed=2, **settings)
+        assert (
+            any("loading backbone" in r for r in records)
+            and "loading backbone" not in capsys.readouterr().err
+        )
+        logger.setLevel(logging.WARNING)
+        records.clear()
+        api.extract("digits", str(tiny_gpt2), progress=True, seed=3, **settings)
+        assert records == []
+    finally:
+        logger.handlers[:], level = saved
+        logger.setLevel(level)
+
+
+def test_a_notebook_gets_a_live_bar(monkeypatch):
+    """In a Jupyter kernel the bar is tqdm.auto's widget (where ipywidgets is installed), else a bar that
+    redraws in place; on a pipe, a line at a time."""
+    import types
+
+    from reservoir import progress
+
+    assert not progress.in_notebook()
+    shell = type("ZMQInteractiveShell", (), {})()
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    assert progress.in_notebook() and progress.interactive()
+    with progress.bar(10, "x") as b:
+        widget = type(b).__module__.startswith("tqdm.notebook")
+        assert widget == (importlib.util.find_spec("ipywidgets") is not None)
+        assert widget or b.mininterval == progress.TTY_INTERVAL  # redrawn in place, not a line every 15 s
