@@ -4,8 +4,10 @@ A task turns a split into compact raw ``inputs`` (uint8 images, id lists, bits) 
 ``labels``; :meth:`Task.encode` turns a batch of raw inputs into model tokens. Keeping
 the raw form compact and encoding per batch keeps memory flat as datasets grow.
 
-Register a task with ``@register_task("name")`` on a dataclass subclass of :class:`Task`;
-its dataclass fields are the task's options (``--task-opt key=value`` on the CLI).
+Register a task with ``@register_task("name")`` on a dataclass subclass of :class:`Task` in a
+module of this package: :data:`TASKS` imports every module here on its first lookup
+(:func:`reservoir.registry.discover`), so a new module needs no list. Its dataclass fields are the
+task's options (``--task-opt key=value`` on the CLI).
 """
 
 from __future__ import annotations
@@ -164,7 +166,8 @@ class Task:
             )
 
 
-TASKS: Registry[Task] = Registry("task")
+#: every task, registered by the modules of this package (found on the first lookup)
+TASKS: Registry[Task] = Registry("task", home=__name__)
 
 
 #: bounds of generated tasks' sizes: examples per split, and tokens (or bits) per example
@@ -343,7 +346,3 @@ def patches(pixels: np.ndarray, size: int) -> np.ndarray:
     b, h, w, c = pixels.shape
     x = pixels.reshape(b, h // size, size, w // size, size, c)
     return x.transpose(0, 1, 3, 2, 4, 5).reshape(b, (h // size) * (w // size), size * size * c)
-
-
-# Import task modules so they register themselves.
-from reservoir.tasks import bits, cifar, homology, images, listops, series  # noqa: E402,F401
