@@ -190,6 +190,8 @@ class FileTask(Task):
         self._token_dim = next(iter(dims.values()))
         self._kind = "ids" if self._token_dim == 0 else "dense"
         self._seq_len = max(int(d.lengths.max()) for d in splits.values())
+        first = next(iter(splits.values())).labels
+        self._outputs = first.shape[2] if first.ndim == 3 else 1
         self._vocab = max(tops.values()) + 1 if self._kind == "ids" else 0
         if self.regression:
             if self.n_classes:
@@ -203,7 +205,7 @@ class FileTask(Task):
         top = int(labels.max()) + 1
         if self.n_classes and top > self.n_classes:
             split, row = next(
-                (s, int(np.argmax(d.labels >= self.n_classes)))
+                (s, int(np.argmax((d.labels >= self.n_classes).reshape(len(d.labels), -1).any(1))))
                 for s, d in splits.items()
                 if (d.labels >= self.n_classes).any()
             )
@@ -395,16 +397,18 @@ class FileTask(Task):
 
     @staticmethod
     def _check_y(path, xname, yname, y, n, regression: bool = False) -> None:
-        """Labels: one per row; class ids ``0..MAX_ID``, or finite numbers for ``regression``."""
-        if y.ndim != 1 or len(y) != n:
+        """Labels: one per row, or a row of ``k`` (``(n, k)``: multi-label 0/1 targets, several class ids, or
+        ``k`` real values); class ids ``0..MAX_ID``, or finite numbers for ``regression``."""
+        if y.ndim not in (1, 2) or len(y) != n or (y.ndim == 2 and y.shape[1] == 0):
             raise DataError(
-                f"{path}: {yname} has shape {y.shape}; expected ({n},), one label per row of {xname}"
+                f"{path}: {yname} has shape {y.shape}; expected ({n},), one label per row of {xname}, or "
+                f"({n}, k), k labels a row (multi-label 0/1 targets, or k real values with regression=true)"
             )
         if regression:
             if y.dtype.kind not in "fiub":
                 raise DataError(f"{path}: {yname} is {y.dtype}; regression targets must be numbers")
             if not np.isfinite(y).all():
-                row = int(np.flatnonzero(~np.isfinite(y))[0])
+                row = int(np.flatnonzero(~np.isfinite(y).reshape(len(y), -1).all(1))[0])
                 raise DataError(
                     f"{path}: {yname} holds NaN or infinite targets (row {row}); replace or drop them"
                 )
@@ -467,6 +471,9 @@ class FileTask(Task):
         if self.regression:
             train, test = train_test_split(rows, test_size=n_test, random_state=self.seed)
             return {"train": np.sort(train), "test": np.sort(test)}
+        if y.ndim > 1:  # several labels a row: no one class to stratify by
+            train, test = train_test_split(rows, test_size=n_test, random_state=self.seed)
+            return {"train": np.sort(train), "test": np.sort(test)}
         counts = np.bincount(y.astype(np.int64))
         classes = int((counts > 0).sum())
         # stratified when every class can go to both sides (scikit-learn refuses otherwise)
@@ -475,8 +482,10 @@ class FileTask(Task):
         return {"train": np.sort(train), "test": np.sort(test)}
 
     def _labels(self, y: np.ndarray) -> np.ndarray:
-        """Labels as stored: int64 class ids, or float32 regression targets."""
-        return y.astype(np.float32 if self.regression else np.int64)
+        """Labels as stored: int64 class ids, or float32 regression targets; ``k`` labels a row are stored
+        as ``(n, 1, k)``, the outputs of the one readout token (as the bit tasks store theirs)."""
+        y = y.astype(np.float32 if self.regression else np.int64)
+        return y[:, None, :] if y.ndim == 2 else y
 
     def _split(self, x: np.ndarray, y: np.ndarray, lengths: np.ndarray | None) -> SplitData:
         y = self._labels(y)
@@ -506,6 +515,7 @@ class FileTask(Task):
             splits=tuple(self._splits),
             variable_length=variable,
             pad_id=0,
+            outputs_per_token=self._outputs,
             target="regression" if self.regression else "class",
         )
 
