@@ -18,6 +18,7 @@ from reservoir.model.backbones import load_backbone
 from reservoir.tasks import get_task
 from reservoir.train import (
     FPT,
+    Diverged,
     evaluate,
     load_data,
     param_counts,
@@ -339,7 +340,7 @@ def test_a_diverging_learning_rate_is_set_aside_and_the_sweep_goes_on(tiny_gpt2,
     result = train(xor_cfg(tiny_gpt2, home, lr=(1e-3, 50.0), seeds=2, steps=10), progress=False)
     assert result["lr"] == 1e-3 and "training loss became nan at step 1" in result["sweep"]["50"]["diverged"]
     assert [r["lr"] for r in result["runs"]] == [1e-3, 1e-3]  # the diverged rate's second seed never ran
-    with pytest.raises(DataError, match="training loss became nan at step 1; lower --lr"):
+    with pytest.raises(Diverged, match="training loss became nan at step 1; lower --lr"):
         train(xor_cfg(tiny_gpt2, home, lr=(50.0,), steps=10), progress=False)
     with pytest.raises(DataError, match=r"every learning rate of the sweep diverged \(50, 60\)"):
         train(xor_cfg(tiny_gpt2, home, lr=(50.0, 60.0), steps=10), progress=False)

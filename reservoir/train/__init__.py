@@ -3,7 +3,10 @@ named random streams (:mod:`.seeds`) and the loop (:mod:`.loop`)."""
 
 from reservoir.train.checkpoint import RunState, load_checkpoint, save_checkpoint  # noqa: F401
 from reservoir.train.loop import (  # noqa: F401
+    Diverged,
+    Evaluation,
     Splits,
+    TrainingRun,
     batch_tensors,
     epoch_order,
     evaluate,

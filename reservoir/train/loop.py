@@ -45,7 +45,7 @@ from torch import nn
 
 from reservoir import __version__
 from reservoir.config import TRAIN_DTYPES, TrainConfig
-from reservoir.errors import DataError, UsageError
+from reservoir.errors import DataError, ReservoirError, UsageError
 from reservoir.identity import digest
 from reservoir.model.backbones import fingerprint as backbone_fingerprint
 from reservoir.model.backbones import load_backbone
@@ -444,6 +444,211 @@ def train_run(
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """One validation pass: the step it followed, the validation accuracy and loss."""
+
+    step: int
+    accuracy: float
+    loss: float
+
+
+class TrainingRun:
+    """One (learning rate, seed) of ``train``: the model, its optimiser, its state and checkpoint, and the
+    steps the loop takes: :meth:`step` (one optimiser step), :meth:`validate` (a validation pass, changing
+    nothing), :meth:`record` (an evaluation into the history, the best step and the stopping rule),
+    :meth:`checkpoint` and :meth:`finish` (the best step's parameters back, scored on the test split).
+
+    Building it loads the backbone, checks ``--blocks`` and the trainable groups, and resumes the
+    checkpoint (``cfg.resume``) of the same run identity.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        task: Task,
+        data: Splits,
+        *,
+        lr: float,
+        seed: int,
+        device: torch.device,
+        log: Callable[[str], None],
+        show_counts: bool,
+        shared: dict[str, Any],
+    ):
+        self.cfg, self.task, self.data, self.lr, self.seed, self.device, self.log = (
+            cfg,
+            task,
+            data,
+            lr,
+            seed,
+            device,
+            log,
+        )
+        self.tag = tag = f"[lr={lr:g} seed={seed}]"
+        log(f"{tag} loading backbone {cfg.backbone} ...")
+        backbone = load_backbone(cfg.backbone, seed)
+        check_length(task.spec, backbone, cfg.backbone)
+        if cfg.save_backbone is not None:
+            backbone.check_saveable()  # before it trains
+        self.blocks = blocks = backbone.n_layers if cfg.blocks is None else cfg.blocks
+        if not 0 <= blocks <= backbone.n_layers:
+            raise UsageError(
+                f"--blocks {blocks}: backbone {cfg.backbone} has {backbone.n_layers} blocks; "
+                f"choose 0 to {backbone.n_layers} (or leave it out to run them all)"
+            )
+        self.ident = run_identity(
+            shared, backbone_fingerprint=backbone_fingerprint(backbone), blocks=blocks, lr=lr, seed=seed
+        )
+        self.model = FPT(
+            task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale, dropout=cfg.dropout
+        ).to(device)
+        self.params, notes = select_trainable(self.model, cfg.trainable)
+        for note in notes:
+            log(note)
+        self.counts = param_counts(self.model)
+        if show_counts:
+            log(format_counts(self.counts))
+        self.opt = optimizer(self.params, lr)
+        name = run_name(cfg, blocks, lr, seed)
+        self.ckpt = checkpoint_path(cfg.checkpoint_folder, name, self.ident)
+        self.state = self._resumed(name)
+        self.dtype = train_dtype(cfg.dtype, device, backbone.d_model, log, tag)
+        for seen, now in ((self.state.dtypes, self.dtype), (self.state.machines, machine.on(device))):
+            if not seen or seen[-1] != now:
+                seen.append(now)
+        # evaluation runs the eager model: one compiled training graph, no recompiles for other batch sizes
+        self.forward = CompiledOrEager(self.model, cfg.compile, dynamic=task.spec.variable_length)
+        #: (loss, gradient norm) device tensors of the steps since the last read (:meth:`read`)
+        self.unread: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.clock = (time.perf_counter(), self.state.step)  # when and at which step this stretch began
+
+    def _resumed(self, name: str) -> RunState:
+        """The checkpoint's state under ``--resume`` (a fresh one otherwise, saying it replaces an old one)."""
+        cfg, ckpt, state = self.cfg, self.ckpt, RunState()
+        if cfg.resume:
+            check_resumable(ckpt, name, self.ident)
+        if cfg.resume and ckpt.exists():
+            state = load_checkpoint(ckpt, self.params, self.opt, self.ident, self.device)
+            if (
+                not state.done and state.best_val >= cfg.stop_at
+            ):  # solved by a lower --stop-at than it ran with
+                solved(state, cfg.stop_at)
+            self.log(
+                f"{self.tag} resumed {ckpt} at step {state.step}"
+                + (" (finished)" if state.done or state.step >= cfg.steps else "")
+            )
+        elif ckpt.exists():
+            self.log(f"{self.tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
+        return state
+
+    @property
+    def running(self) -> bool:
+        return not self.state.done and self.state.step < self.cfg.steps
+
+    def step(self, batch: Batch) -> None:
+        """One optimiser step on ``batch`` (a compiled graph whose backward fails falls back to eager)."""
+        self.model.train()
+        try:
+            self.unread.append(
+                train_step(self.forward, self.params, self.opt, batch, self.dtype, self.cfg.grad_clip)
+            )
+        except Exception as e:  # noqa: BLE001 - a compiled graph whose backward fails falls back to eager
+            if not self.forward.compiled:
+                raise
+            self.forward.fall_back(e)
+            self.unread.append(
+                train_step(self.forward, self.params, self.opt, batch, self.dtype, self.cfg.grad_clip)
+            )
+        self.state.step += 1
+
+    def read(self) -> None:
+        """The steps since the last read, brought to the host at once (:func:`read_steps`)."""
+        self.state.pending_losses.extend(
+            read_steps(self.unread, self.state.step - len(self.unread), self.tag, self.lr)
+        )
+        self.unread.clear()
+
+    def validate(self) -> Evaluation:
+        """A validation pass of the current parameters; changes nothing of the run."""
+        self.model.eval()
+        val, val_loss = scores(
+            self.model, self.task, self.data.val, self.cfg.eval_batch_size, self.dtype, self.device
+        )
+        return Evaluation(self.state.step, val, val_loss)
+
+    def record(self, evaluation: Evaluation) -> None:
+        """``evaluation`` into the history (with the mean training loss since the last), the best step and
+        its parameters, and the stopping rule (:func:`advance`); one line of log."""
+        self.read()
+        state = self.state
+        state.history.append(
+            {
+                "step": evaluation.step,
+                "loss": float(np.mean(state.pending_losses)),
+                "val_accuracy": evaluation.accuracy,
+                "val_loss": evaluation.loss,
+            }
+        )
+        state.pending_losses.clear()
+        if evaluation.accuracy > state.best_val:
+            state.best_val, state.best_step = evaluation.accuracy, evaluation.step
+            state.best_params = [p.detach().clone() for p in self.params]
+        advance(state, self.cfg)
+        began, first = self.clock
+        elapsed = state.seconds + time.perf_counter() - began
+        rate = (state.step - first) / max(time.perf_counter() - began, 1e-9)
+        self.log(
+            f"{self.tag} step {state.step}/{self.cfg.steps}: loss {state.history[-1]['loss']:.4f}, "
+            f"val loss {evaluation.loss:.4f}, val {100 * evaluation.accuracy:.2f}% "
+            f"(best {100 * state.best_val:.2f}% at {state.best_step}), {rate:.2f} steps/s, {elapsed:.0f}s"
+        )
+
+    def checkpoint(self) -> None:
+        """Count the time so far, then save the run (:func:`~reservoir.train.checkpoint.save_checkpoint`)."""
+        self.state.seconds += time.perf_counter() - self.clock[0]
+        self.clock = (time.perf_counter(), self.state.step)
+        self.read()
+        save_checkpoint(self.ckpt, self.params, self.opt, self.state, self.ident, self.device)
+
+    def finish(self) -> dict[str, Any]:
+        """Checkpoint the end, put the best validation step's parameters back, score the test split; the run's
+        result (scores and bookkeeping)."""
+        state, cfg = self.state, self.cfg
+        stop_reason = (
+            state.stop_reason if state.done else f"reached --steps {cfg.steps}"
+        )  # more --steps continue it
+        assert state.best_params is not None, "the last step always runs a validation pass"
+        self.checkpoint()
+        with torch.no_grad():
+            for p, best in zip(self.params, state.best_params):
+                p.copy_(best)
+        self.model.eval()
+        test = evaluate(self.model, self.task, self.data.test, cfg.eval_batch_size, self.dtype, self.device)
+        self.log(
+            f"{self.tag} {stop_reason}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
+            f"test {100 * test:.2f}%"
+        )
+        return {
+            "lr": self.lr,
+            "seed": self.seed,
+            "blocks": self.blocks,
+            "test_accuracy": test,
+            "val_accuracy": state.best_val,
+            "best_step": state.best_step,
+            "steps": state.step,
+            "steps_to_target": state.steps_to_target,
+            "stop_reason": stop_reason,
+            "seconds": state.seconds,
+            "dtypes": state.dtypes,
+            "machines": state.machines,
+            "history": state.history,
+            "param_counts": self.counts,
+            "checkpoint": str(self.ckpt),
+            "backbone_fingerprint": self.ident["backbone_fingerprint"],
+        }
+
+
 def _train_run(
     cfg: TrainConfig,
     task: Task,
@@ -459,156 +664,33 @@ def _train_run(
     on_trained: Callable[[FPT], None] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    log(f"[lr={lr:g} seed={seed}] loading backbone {cfg.backbone} ...")
-    backbone = load_backbone(cfg.backbone, seed)
-    check_length(task.spec, backbone, cfg.backbone)
-    if cfg.save_backbone is not None:
-        backbone.check_saveable()  # before it trains
-    blocks = backbone.n_layers if cfg.blocks is None else cfg.blocks
-    if not 0 <= blocks <= backbone.n_layers:
-        raise UsageError(
-            f"--blocks {blocks}: backbone {cfg.backbone} has {backbone.n_layers} blocks; "
-            f"choose 0 to {backbone.n_layers} (or leave it out to run them all)"
-        )
-    ident = run_identity(
-        shared, backbone_fingerprint=backbone_fingerprint(backbone), blocks=blocks, lr=lr, seed=seed
+    """The loop of :func:`train_run`: step, validate and record every ``eval_every`` steps (and at the last),
+    checkpoint every ``checkpoint_every``, until the stopping rule or ``--steps``; then finish."""
+    run = TrainingRun(
+        cfg, task, data, lr=lr, seed=seed, device=device, log=log, show_counts=show_counts, shared=shared
     )
-    model = FPT(
-        task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale, dropout=cfg.dropout
-    ).to(device)
-    params, notes = select_trainable(model, cfg.trainable)
-    for note in notes:
-        log(note)
-    counts = param_counts(model)
-    if show_counts:
-        log(format_counts(counts))
-    opt = optimizer(params, lr)
-    name = run_name(cfg, blocks, lr, seed)
-    ckpt = checkpoint_path(cfg.checkpoint_folder, name, ident)
-    tag = f"[lr={lr:g} seed={seed}]"
-    state = RunState()
-    if cfg.resume:
-        check_resumable(ckpt, name, ident)
-    if cfg.resume and ckpt.exists():
-        state = load_checkpoint(ckpt, params, opt, ident, device)
-        if not state.done and state.best_val >= cfg.stop_at:  # solved by a lower --stop-at than it ran with
-            solved(state, cfg.stop_at)
-        log(
-            f"{tag} resumed {ckpt} at step {state.step}"
-            + (" (finished)" if state.done or state.step >= cfg.steps else "")
-        )
-    elif ckpt.exists():
-        log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
-    dtype = train_dtype(cfg.dtype, device, backbone.d_model, log, tag)
-    for seen, now in ((state.dtypes, dtype), (state.machines, machine.on(device))):
-        if not seen or seen[-1] != now:
-            seen.append(now)
-    # evaluation runs the eager model: one compiled training graph, no recompiles for other batch sizes
-    forward = CompiledOrEager(model, cfg.compile, dynamic=task.spec.variable_length)
-
-    def checkpoint():
-        read()
-        save_checkpoint(ckpt, params, opt, state, ident, device)
-
-    unread: list[
-        tuple[torch.Tensor, torch.Tensor]
-    ] = []  # (loss, gradient norm) of the steps since the last read
-
-    def read():
-        """The steps since the last read, brought to the host at once (:func:`read_steps`)."""
-        state.pending_losses.extend(read_steps(unread, state.step - len(unread), tag, lr))
-        unread.clear()
-
-    def validate():
-        """A validation pass: history, best step, the stopping rule (:func:`advance`); one line of log."""
-        read()
-        model.eval()
-        val, val_loss = scores(model, task, data.val, cfg.eval_batch_size, dtype, device)
-        state.history.append(
-            {
-                "step": state.step,
-                "loss": float(np.mean(state.pending_losses)),
-                "val_accuracy": val,
-                "val_loss": val_loss,
-            }
-        )
-        state.pending_losses.clear()
-        if val > state.best_val:
-            state.best_val, state.best_step = val, state.step
-            state.best_params = [p.detach().clone() for p in params]
-        advance(state, cfg)
-        elapsed = state.seconds + time.perf_counter() - start
-        rate = (state.step - start_step) / max(time.perf_counter() - start, 1e-9)
-        log(
-            f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, val loss {val_loss:.4f}, "
-            f"val {100 * val:.2f}% (best {100 * state.best_val:.2f}% at {state.best_step}), "
-            f"{rate:.2f} steps/s, {elapsed:.0f}s"
-        )
-
-    start, start_step = time.perf_counter(), state.step
     # a bar of steps (rate and ETA) between the validation lines: a step of a large model can take seconds
     with (
-        bar(cfg.steps, f"{tag} training", initial=state.step, enabled=progress, unit="step") as shown,
+        bar(cfg.steps, f"{run.tag} training", initial=run.state.step, enabled=progress, unit="step") as shown,
         Batches(task, data.train, seed, cfg.batch_size, device) as batches,
     ):
-        while not state.done and state.step < cfg.steps:
-            model.train()
-            batch = batches.take(state.step)
-            try:
-                unread.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
-            except Exception as e:  # noqa: BLE001 - a compiled graph whose backward fails falls back to eager
-                if not forward.compiled:
-                    raise
-                forward.fall_back(e)
-                unread.append(train_step(forward, params, opt, batch, dtype, cfg.grad_clip))
-            state.step += 1
+        while run.running:
+            run.step(batches.take(run.state.step))
             shown.update()
-            if state.step % cfg.eval_every == 0 or state.step >= cfg.steps:
-                validate()
-            if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not state.done:
-                state.seconds += time.perf_counter() - start
-                start, start_step = time.perf_counter(), state.step
-                checkpoint()
+            step = run.state.step
+            if step % cfg.eval_every == 0 or step >= cfg.steps:
+                run.record(run.validate())
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not run.state.done:
+                run.checkpoint()
             if on_step is not None:
-                on_step(state.step)
-    stop_reason = (
-        state.stop_reason if state.done else f"reached --steps {cfg.steps}"
-    )  # more --steps continue it
-    assert state.best_params is not None, "the last step always runs a validation pass"
-    state.seconds += time.perf_counter() - start
-    checkpoint()
-    with torch.no_grad():
-        for p, best in zip(params, state.best_params):
-            p.copy_(best)
-    model.eval()
-    test = evaluate(model, task, data.test, cfg.eval_batch_size, dtype, device)
-    log(
-        f"{tag} {stop_reason}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
-        f"test {100 * test:.2f}%"
-    )
+                on_step(step)
+    result = run.finish()
     if on_trained is not None:
-        on_trained(model)
-    return {
-        "lr": lr,
-        "seed": seed,
-        "blocks": blocks,
-        "test_accuracy": test,
-        "val_accuracy": state.best_val,
-        "best_step": state.best_step,
-        "steps": state.step,
-        "steps_to_target": state.steps_to_target,
-        "stop_reason": stop_reason,
-        "seconds": state.seconds,
-        "dtypes": state.dtypes,
-        "machines": state.machines,
-        "history": state.history,
-        "param_counts": counts,
-        "checkpoint": str(ckpt),
-        "backbone_fingerprint": ident["backbone_fingerprint"],
-    }
+        on_trained(run.model)
+    return result
 
 
-class Diverged(DataError):
+class Diverged(ReservoirError):
     """A run whose loss or gradients stopped being finite. Alone it stops ``train``; in a sweep its
     learning rate is set aside (recorded as diverged, never selected) and the sweep goes on."""
 
