@@ -12,10 +12,17 @@ Each architecture family is one adapter (a :class:`Backbone` subclass in its own
 knows where the blocks, final norm and embeddings are, how embedded tokens are fed, the
 parameter groups of ``train --trainable`` (:meth:`Backbone.param_groups`), the attention
 module of a block (:meth:`Backbone.attention_module`) and the projections int8 quantizes
-(:meth:`Backbone.projections`). Families whose blocks allow it compute only the readout rows in
-the deepest block that runs (:attr:`Backbone.fast_paths` names it): keys and values for every
-position, queries, attention output, residual and MLP for the readout rows alone
-(:func:`readout_attention`). While that block computes the readout rows alone,
+(:meth:`Backbone.projections`).
+
+The base walks, the adapter declares: :meth:`Backbone.states` checks the depths, embeds
+(:meth:`Backbone.embed`), reads depth 0, runs the first ``max(depths)`` blocks
+(:meth:`Backbone.call_block`), reads the wanted depths and applies the final norm
+(:meth:`Backbone.finish`); a family says only how it embeds and calls a block. What a family
+offers beyond that is declared once, in its :class:`Capabilities` (``reservoir backbones`` prints
+them, ``engine="auto"`` and the compile decision read them). Families whose blocks allow it
+compute only the readout rows in the deepest block that runs (:meth:`Backbone.readout_block`):
+keys and values for every position, queries, attention output, residual and MLP for the readout
+rows alone (:func:`readout_attention`). While that block computes the readout rows alone,
 :func:`readout_rows` gives their positions, so that a projection whose computation depends on
 the position (the int8 engine's centring) reads its tables there.
 """
@@ -26,6 +33,8 @@ import contextlib
 import contextvars
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,9 +45,31 @@ from reservoir.errors import BackboneError, UsageError
 GROUPS = ("pos", "ln", "attn", "ff")
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a family offers beyond the plain walk, declared once per adapter (``capabilities``):
+    ``reservoir backbones`` prints :attr:`fast_paths`, ``engine="auto"`` reads ``openvino`` and the
+    compile decision reads ``compile``."""
+
+    #: the deepest block that runs computes only the readout rows (:meth:`Backbone.readout_block`)
+    readout_block: bool = False
+    #: checked to convert to OpenVINO with equal features (``engine="auto"`` takes OpenVINO then)
+    openvino: bool = False
+    #: ``torch.compile`` can capture the walk (``compile=auto`` compiles long runs)
+    compile: bool = False
+
+    @property
+    def fast_paths(self) -> tuple[str, ...]:
+        """The names ``reservoir backbones`` prints, in this order."""
+        named = (("readout-only last block", self.readout_block), ("openvino", self.openvino))
+        return tuple(name for name, on in (*named, ("compile", self.compile)) if on)
+
+
 class Backbone(nn.Module):
     """Base class of every adapter. Subclasses set ``d_model``, ``n_layers``, ``family`` (and
-    ``max_positions`` when positions run out) and implement ``states``."""
+    ``max_positions`` when positions run out), their ``capabilities``, and the hooks
+    :meth:`states` calls where the defaults do not fit (:meth:`embed`, :meth:`call_block`,
+    :meth:`readout_block`; the final norm is ``after``)."""
 
     family: str = ""
     #: how to name a model of this family (``reservoir backbones`` lists it)
@@ -49,23 +80,38 @@ class Backbone(nn.Module):
     n_layers: int
     #: the block stack (``train`` counts parameters per block from it); ``None`` for a backbone without one
     blocks: nn.ModuleList | None = None
-    #: the fast paths this backbone has (``"readout-only last block"``, ``"openvino"``, ``"compile"``)
-    fast_paths: tuple[str, ...] = ()
+    #: per-token modules applied after the last block, in order (the final norm): :meth:`finish`
+    after: tuple[nn.Module, ...] = ()
+    #: the one declaration of the fast paths (a backbone that runs its own modules compiles unless it says not)
+    capabilities: Capabilities = Capabilities(compile=True)
     causal: bool = True
     #: longest input the backbone has positions for (``None``: no limit)
     max_positions: int | None = None
     #: std of the backbone's own token embedding as loaded (its initialisation's for a random
     #: twin); ``--input-scale matched`` draws the input layer at this scale
     token_std: float | None = None
-    #: compute only the readout rows in the deepest block that runs (families that implement it)
+    #: use the readout-only deepest block where the family has one (engines switch it off to see every row)
     readout_last_block: bool = True
-    #: checked to convert to OpenVINO with equal features (``engine="auto"`` takes OpenVINO then)
-    openvino: bool = False
 
     @property
     def kind(self) -> str:
         """What messages call this backbone: its family (a Hugging Face model: its ``model_type``)."""
         return self.family or type(self).__name__
+
+    @property
+    def fast_paths(self) -> tuple[str, ...]:
+        """The fast paths this backbone has (:attr:`Capabilities.fast_paths`)."""
+        return self.capabilities.fast_paths
+
+    @property
+    def openvino(self) -> bool:
+        """Checked to convert to OpenVINO with equal features (``engine="auto"`` takes OpenVINO then)."""
+        return self.capabilities.openvino
+
+    @property
+    def compilable(self) -> bool:
+        """Whether an automatic ``torch.compile`` may gain (``False``: it is never tried)."""
+        return self.capabilities.compile
 
     def states(
         self, x: torch.Tensor, lengths: torch.Tensor, depths: Sequence[int], readout: torch.Tensor
@@ -73,9 +119,53 @@ class Backbone(nn.Module):
         """Hidden states at the ``readout`` positions ``(B, R)`` for each depth: ``[(B, R, d)]``.
 
         ``x`` is the input layer's output ``(B, T, d)`` (positions not yet added);
-        ``lengths`` the real length of each row (right padding beyond it).
+        ``lengths`` the real length of each row (right padding beyond it). The walk every family
+        shares: :meth:`embed` gives depth 0, blocks ``0..max(depths)-1`` run by :meth:`call_block`
+        (the deepest by :meth:`readout_block` where the family declares it and it applies), and
+        each wanted depth's readout rows go through :meth:`finish`.
         """
-        raise NotImplementedError  # pragma: no cover - abstract
+        self.check_depths(depths)
+        last = max(depths)
+        h, context = self.embed(x, lengths, readout, last)
+        # keep only the readout rows of each wanted depth, not every hidden state
+        out = {0: gather(h, readout)} if 0 in depths else {}
+        for i in range(last):
+            if i == last - 1 and self.readout_last_block and self.capabilities.readout_block:
+                rows = self.readout_block(i, h, readout, context)
+                if rows is not None:
+                    out[last] = rows
+                    break
+            h = self.call_block(i, h, context)
+            if i + 1 in depths:
+                out[i + 1] = gather(h, readout)
+        return [self.finish(out[d]) for d in depths]
+
+    def embed(
+        self, x: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor, last: int
+    ) -> tuple[torch.Tensor, Any]:
+        """The states entering the first block ``(B, T', d)`` (depth 0 before :meth:`finish`), and what
+        every block call reads (masks, rotary positions), handed to :meth:`call_block` and
+        :meth:`readout_block` as it is; ``last`` is the deepest block that will run. Default: ``x``
+        as it is, nothing else."""
+        return x, None
+
+    def call_block(self, i: int, h: torch.Tensor, context: Any) -> torch.Tensor:
+        """Block ``i`` on the states ``h (B, T', d)``: its output states. Default: ``blocks[i](h)``."""
+        return first_output(self.blocks[i](h))
+
+    def readout_block(
+        self, i: int, h: torch.Tensor, readout: torch.Tensor, context: Any
+    ) -> torch.Tensor | None:
+        """``gather(call_block(i, h, context), readout)`` computing only what the readout rows need, or
+        ``None`` where block ``i`` is not one this computes exactly (it then runs whole). Called for
+        the deepest block only, when ``capabilities.readout_block`` is declared."""
+        return None
+
+    def finish(self, h: torch.Tensor) -> torch.Tensor:
+        """The modules after the blocks (:attr:`after`: the final norm, ...) on readout rows ``h (B, R, d)``."""
+        for m in self.after:
+            h = m(h)
+        return h
 
     def forward(self, x, lengths, depths, readout):
         return torch.stack(self.states(x, lengths, depths, readout), dim=1)

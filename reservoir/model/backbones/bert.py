@@ -10,11 +10,9 @@ would be needed by the blocks below; the last block alone could, but is not writ
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from reservoir.model.backbones.base import first_output, gather, make_mask
+from reservoir.model.backbones.base import Capabilities, first_output, make_mask
 from reservoir.model.backbones.hf import HFBackbone, Parts, register_family
 
 
@@ -27,8 +25,8 @@ class EncoderBackbone(HFBackbone):
     naming = (
         "a save_pretrained folder of BERT, RoBERTa, XLM-RoBERTa, ELECTRA or a MiniLM-style sentence encoder"
     )
-    fast_paths = ("openvino", "compile")
-    openvino = True
+    capabilities = Capabilities(openvino=True, compile=True)
+    by_hooks = False
 
     def locate(self) -> Parts:
         m, c = self.model, self.model.config
@@ -49,13 +47,14 @@ class EncoderBackbone(HFBackbone):
         if getattr(self.model, "pooler", None) is not None:  # a head on the first token: never read here
             self.model.pooler = None
 
-    def states(self, x, lengths, depths: Sequence[int], readout):
+    def embed(self, x, lengths, readout, last):
+        """The model's own embedding module on ``x`` (its positions, token type 0, norm; ELECTRA's
+        projection to the hidden width); the attention mask over each row's padding."""
         try:
             from transformers.masking_utils import create_bidirectional_mask
         except ImportError:  # transformers < 5.0: the layers take an additive (B, 1, 1, T) mask
             create_bidirectional_mask = None
 
-        self.check_depths(depths)
         h = self.add_positions(x)  # checks the length; BERT's positions are its own (no wpe)
         h = self.model.embeddings(inputs_embeds=h)
         if hasattr(self.model, "embeddings_project"):  # ELECTRA: embedding width -> hidden width
@@ -67,9 +66,7 @@ class EncoderBackbone(HFBackbone):
             mask = make_mask(
                 create_bidirectional_mask, h, None, config=self.config, attention_mask=real.long()
             )
-        out = {0: gather(h, readout)} if 0 in depths else {}
-        for k, layer in enumerate(self.blocks[: max(depths)], start=1):
-            h = first_output(layer(h, attention_mask=mask))
-            if k in depths:
-                out[k] = gather(h, readout)
-        return [out[d] for d in depths]
+        return h, mask
+
+    def call_block(self, i, h, mask):
+        return first_output(self.blocks[i](h, attention_mask=mask))

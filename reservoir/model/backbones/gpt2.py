@@ -3,12 +3,11 @@ deepest block; the released sizes as registered names and their ``-random``/``-s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
 from reservoir.model.backbones.base import (
+    Capabilities,
     at_readout,
     columns,
     first_output,
@@ -39,35 +38,34 @@ class GPT2Backbone(HFBackbone):
     model_types = ("gpt2",)
     naming = "gpt2, gpt2-medium, gpt2-large, gpt2-xl (hub id or cache), or a GPT-2 save_pretrained folder"
     example = "gpt2-random"
-    fast_paths = ("readout-only last block", "openvino", "compile")
-    openvino = True
+    capabilities = Capabilities(readout_block=True, openvino=True, compile=True)
+    by_hooks = False
 
     def locate(self) -> Parts:
         m = self.model
         return Parts(m.h, (m.ln_f,), m.wte, [m.wpe], m.config.n_positions)
 
-    def states(self, x, lengths, depths: Sequence[int], readout):
+    def embed(self, x, lengths, readout, last):
+        """``x`` plus the learned positions, through the embedding dropout; the causal mask (``None``
+        under SDPA, its own causal mask; an explicit one under eager attention, for attention maps)."""
         from transformers.masking_utils import create_causal_mask
 
-        self.check_depths(depths)
         m = self.model
         positions = torch.arange(x.shape[1], device=x.device)
         h = m.drop(x + m.wpe(positions).to(x.dtype))
-        # None under SDPA (its own causal mask); an explicit one under eager attention (attention maps)
         mask = make_mask(
             create_causal_mask, h, positions, config=self.config, attention_mask=None, position_ids=None
         )
-        # keep only the readout rows of each wanted depth, not every hidden state
-        out = {0: gather(h, readout)} if 0 in depths else {}
-        last = max(depths)
-        for k, block in enumerate(self.blocks[:last], start=1):
-            if k == last and self.readout_last_block and readout_block_supported(block):
-                out[k] = readout_block(block, h, readout)
-                break
-            h = first_output(block(h, attention_mask=mask))  # transformers < 5.3 returns (hidden, ...)
-            if k in depths:
-                out[k] = gather(h, readout)
-        return [m.ln_f(out[d]) for d in depths]
+        return h, mask
+
+    def call_block(self, i, h, mask):
+        return first_output(
+            self.blocks[i](h, attention_mask=mask)
+        )  # transformers < 5.3 returns (hidden, ...)
+
+    def readout_block(self, i, h, readout, mask):
+        block = self.blocks[i]
+        return readout_block(block, h, readout) if readout_block_supported(block) else None
 
 
 def readout_block_supported(block: nn.Module) -> bool:

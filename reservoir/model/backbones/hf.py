@@ -48,6 +48,7 @@ from torch import nn
 from reservoir.errors import BackboneError
 from reservoir.model.backbones.base import (
     Backbone,
+    Capabilities,
     check_length,
     first_output,
     from_pretrained,
@@ -164,8 +165,12 @@ class HFBackbone(Backbone):
     model_types: tuple[str, ...] = ()
     #: an example name for ``reservoir backbones``
     example = ""
-    #: auto compiles only adapters that run their blocks themselves (``"compile"`` in ``fast_paths``), never the hooks
-    compilable = property(lambda self: "compile" in self.fast_paths)
+    #: none: the model's own forward read by hooks is neither cut at the readout rows, converted nor compiled
+    capabilities = Capabilities()
+    #: read the depths by hooks on the model's own forward (:meth:`states`); a family adapter that
+    #: calls its blocks itself (:meth:`~Backbone.embed`, :meth:`~Backbone.call_block`) sets it
+    #: ``False`` and the base's walk runs
+    by_hooks: bool = True
 
     def __init__(self, model: nn.Module, *, quiet: bool = False):
         super().__init__()
@@ -345,13 +350,15 @@ class HFBackbone(Backbone):
             return x
         return x + self.wpe(torch.arange(x.shape[1], device=x.device)).to(x.dtype)
 
-    def finish(self, h: torch.Tensor) -> torch.Tensor:
-        """The modules after the blocks (final norm, ...) on readout rows ``h (B, R, d)``."""
-        for m in self.after:
-            h = m(h)
-        return h
-
     def states(self, x, lengths, depths: Sequence[int], readout):
+        """The generic adapter's walk (a family adapter with ``by_hooks = False`` gets the base's,
+        :meth:`Backbone.states`): the model's own forward on ``inputs_embeds``, its blocks' outputs
+        read by hooks, stopped after the deepest wanted block call. It keeps a walk of its own
+        because it cannot call a block itself: what a block takes besides the hidden states (masks,
+        rotary or relative position biases, a state-space cache, a shared block applied again) is
+        built by each model's forward in its own way."""
+        if not self.by_hooks:
+            return super().states(x, lengths, depths, readout)
         self.check_depths(depths)
         h = self.add_positions(x)
         last, caught = max(depths), {}

@@ -15,12 +15,11 @@ attention has ``q_proj``/``k_proj``/``v_proj``/``o_proj`` (and optionally per-he
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
 from reservoir.model.backbones.base import (
+    Capabilities,
     at_readout,
     first_output,
     gather,
@@ -44,10 +43,10 @@ class RotaryBackbone(HFBackbone):
     model_types = ("llama", "mistral", "qwen2", "qwen3")
     naming = "a save_pretrained folder of Llama, Mistral, Qwen2 or Qwen3 (smollm2-135m is one)"
     example = "smollm2-135m-random"
-    fast_paths = ("readout-only last block", "compile")
-    #: not taken by engine="auto": in bf16, OpenVINO computes the pretrained SmolLM2-135M's features
+    #: no OpenVINO for engine="auto": in bf16, OpenVINO computes the pretrained SmolLM2-135M's features
     #: wrongly (docs/benchmarks.md, "Constants the code takes from these measurements")
-    openvino = False
+    capabilities = Capabilities(readout_block=True, compile=True)
+    by_hooks = False
 
     def locate(self) -> Parts:
         m = self.model
@@ -81,30 +80,32 @@ class RotaryBackbone(HFBackbone):
             for kind in kinds
         }
 
-    def states(self, x, lengths, depths: Sequence[int], readout):
-        self.check_depths(depths)
+    def embed(self, x, lengths, readout, last):
+        """``x`` plus the added positions; what each block reads: the masks of the attention kinds
+        the first ``last`` blocks use, the rotary embeddings and the positions."""
         h = self.add_positions(x)
         positions = torch.arange(x.shape[1], device=x.device)
         position_ids = positions[None]
         rotary = self.model.rotary_emb(h, position_ids=position_ids)
-        last = max(depths)
         masks = self.masks(h, positions, {self.layer_kind(i) for i in range(last)})
-        out = {0: gather(h, readout)} if 0 in depths else {}
-        for k, layer in enumerate(self.blocks[:last], start=1):
-            if k == last and self.readout_last_block and readout_supported(layer, self.config):
-                out[k] = readout_layer(layer, h, rotary, readout, self.window(k - 1))
-                break
-            h = first_output(
-                layer(
-                    h,
-                    attention_mask=masks[self.layer_kind(k - 1)],
-                    position_embeddings=rotary,
-                    position_ids=position_ids,
-                )
+        return h, (masks, rotary, position_ids)
+
+    def call_block(self, i, h, context):
+        masks, rotary, position_ids = context
+        return first_output(
+            self.blocks[i](
+                h,
+                attention_mask=masks[self.layer_kind(i)],
+                position_embeddings=rotary,
+                position_ids=position_ids,
             )
-            if k in depths:
-                out[k] = gather(h, readout)
-        return [self.model.norm(out[d]) for d in depths]
+        )
+
+    def readout_block(self, i, h, readout, context):
+        layer = self.blocks[i]
+        if not readout_supported(layer, self.config):
+            return None
+        return readout_layer(layer, h, context[1], readout, self.window(i))
 
 
 def _children(module: nn.Module) -> set[str]:

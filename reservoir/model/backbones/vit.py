@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from reservoir.errors import BackboneError
-from reservoir.model.backbones.base import first_output, gather
+from reservoir.model.backbones.base import Capabilities, first_output
 from reservoir.model.backbones.hf import HFBackbone, Parts, find_blocks, register_family
 
 #: where each family keeps its position table, its norm before the blocks and its norm of the last hidden state
@@ -47,7 +46,8 @@ class VisionBackbone(HFBackbone):
         "a save_pretrained folder of ViT, DeiT, DINOv2, or CLIP's or SigLIP's vision tower (the input layer "
         "replaces the patch embedding)"
     )
-    fast_paths = ("compile",)
+    capabilities = Capabilities(compile=True)
+    by_hooks = False
 
     def __init__(self, model: nn.Module, **kwargs):
         super().__init__(getattr(model, "vision_model", model), **kwargs)  # a dual encoder: its vision tower
@@ -115,26 +115,27 @@ class VisionBackbone(HFBackbone):
             params[1].POSITIONAL_OR_KEYWORD,
         )
 
-    def states(self, x, lengths, depths: Sequence[int], readout):
-        self.check_depths(depths)
+    def embed(self, x, lengths, readout, last):
+        """``x`` plus the patch positions, through the embedding dropout and the norm before the
+        blocks; the attention mask over each row's padding, where the blocks take one (refused
+        for rows of unequal length where they do not)."""
         h = x + self.patch_positions(x.shape[1], x.dtype)
         dropout = getattr(self.model.embeddings, "dropout", None)
         h = dropout(h) if dropout is not None else h
         h = self.pre_norm(h) if self.pre_norm is not None else h
         real = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
-        mask = (1.0 - real[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
-        masked = self.blocks_take_mask
-        if not masked and not bool(real.all()):
-            from transformers import __version__ as transformers_version
+        if not self.blocks_take_mask:
+            if not bool(real.all()):
+                from transformers import __version__ as transformers_version
 
-            raise BackboneError(
-                f"the {self.kind} blocks of transformers {transformers_version} take no attention mask, so "
-                "rows padded to a common length would attend to the padding; pip install "
-                "'transformers>=5.18' for tasks of variable length (image tasks need no mask)"
-            )
-        out = {0: gather(h, readout)} if 0 in depths else {}
-        for k, layer in enumerate(self.blocks[: max(depths)], start=1):
-            h = first_output(layer(h, mask) if masked else layer(h))
-            if k in depths:
-                out[k] = gather(h, readout)
-        return [self.finish(out[d]) for d in depths]
+                raise BackboneError(
+                    f"the {self.kind} blocks of transformers {transformers_version} take no attention mask, so "
+                    "rows padded to a common length would attend to the padding; pip install "
+                    "'transformers>=5.18' for tasks of variable length (image tasks need no mask)"
+                )
+            return h, None
+        return h, (1.0 - real[:, None, None, :].to(h.dtype)) * torch.finfo(h.dtype).min
+
+    def call_block(self, i, h, mask):
+        block = self.blocks[i]
+        return first_output(block(h) if mask is None else block(h, mask))
