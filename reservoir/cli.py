@@ -254,14 +254,15 @@ def tasks_cmd() -> None:
 
 @main.command("backbones")
 def backbones_cmd() -> None:
-    """List registered backbones, then every family and how to name a model of it."""
+    """List registered backbones, then every family, how to name a model of it and its fast paths."""
     from reservoir.model.backbones import BACKBONES, families, list_backbones
 
     for name in list_backbones():
         click.echo(f"{name:24s} {BACKBONES.help(name)}")
     click.echo("\nfamilies (--backbone FOLDER, hf:ID, NAME-random, NAME-stats):")
-    for family, types, naming in families():
+    for family, types, naming, fast_paths in families():
         click.echo(f"{family:6s} {types:36s} {naming}")
+        click.echo(f"{'':6s} fast paths: {', '.join(fast_paths) or 'none'}")
 
 
 @main.command()

@@ -435,6 +435,49 @@ def test_lstm_depth_k_is_prefix_consistent():
     torch.testing.assert_close(full[:, :1], short)
 
 
+# --- capabilities: declared once, printed and acted on from the same declaration ---------------
+
+
+def printed_fast_paths(cli) -> dict[str, str]:
+    """``reservoir backbones``' fast-paths line of each family, by family."""
+    lines = cli("backbones").stdout.splitlines()
+    return {
+        above.split()[0]: line.split("fast paths:", 1)[1].strip()
+        for above, line in zip(lines, lines[1:])
+        if line.strip().startswith("fast paths:")
+    }
+
+
+def test_backbones_prints_the_fast_paths_each_family_declares(cli):
+    from reservoir.model.backbones import Backbone, _subclasses
+    from reservoir.model.backbones.hf import ADAPTERS, HFBackbone
+
+    declared = {cls.family: cls.capabilities.fast_paths for cls in ADAPTERS.values()}
+    declared |= {cls.family: cls.capabilities.fast_paths for cls in _subclasses(Backbone) if cls.naming}
+    declared[HFBackbone.family] = HFBackbone.capabilities.fast_paths
+    printed = printed_fast_paths(cli)
+    assert set(printed) == set(declared) >= {"gpt2", "llama", "bert", "vit", "albert", "lstm", "esn", "hf"}
+    for family, fast_paths in declared.items():
+        assert printed[family] == (", ".join(fast_paths) or "none"), family
+    assert printed["lstm"] == "openvino" and printed["gpt2"] == "readout-only last block, openvino, compile"
+
+
+@pytest.mark.parametrize("name", ["lstm", "esn", "gpt2", "llama", "bert"])
+def test_auto_converts_and_compiles_exactly_what_backbones_prints(cli, tiny, monkeypatch, name):
+    """``engine="auto"`` takes OpenVINO (where installed, in a long run) for a backbone whose printed line
+    names it, and the compile decision compiles a long run of one whose line names compile."""
+    from reservoir.extract.run import should_compile
+    from reservoir.runtime import engines
+
+    monkeypatch.setattr(engines, "openvino_installed", lambda: True)
+    backbone = load_backbone(str(tiny[name]) if name in tiny else name)
+    printed = printed_fast_paths(cli)[backbone.family]
+    found, _ = engines.auto_candidates("float32", torch.device("cpu"), backbone, 10**9)
+    assert ("openvino" in found) == ("openvino" in printed)
+    assert should_compile(None, 10**9, backbone) == ("compile" in printed)
+    assert (", ".join(backbone.fast_paths) or "none") == printed
+
+
 # --- smollm install ---------------------------------------------------------------------------
 
 

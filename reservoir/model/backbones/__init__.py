@@ -306,17 +306,19 @@ def load_pretrained(
     return backbone
 
 
-def families() -> list[tuple[str, str, str]]:
-    """``(family, model types, how to name one)`` of every adapter, the generic one last."""
+def families() -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """``(family, model types, how to name one, fast paths)`` of every adapter, the generic one last;
+    the fast paths are the adapter's declared :class:`~reservoir.model.backbones.base.Capabilities`."""
     from reservoir.model.backbones.hf import ADAPTERS, HFBackbone
 
     rows = {}
     for model_type, cls in ADAPTERS.items():
         rows.setdefault(cls, []).append(model_type)
-    out = [(cls.family, ", ".join(types), cls.naming) for cls, types in rows.items()]
+    classes = [(cls, ", ".join(types)) for cls, types in rows.items()]
     named = [cls for cls in _subclasses(Backbone) if not issubclass(cls, HFBackbone) and cls.naming]
-    out += [(cls.family, "-", cls.naming) for cls in named]  # reached by name only, not by a model_type
-    return out + [(HFBackbone.family, "any other", HFBackbone.naming)]
+    classes += [(cls, "-") for cls in named]  # reached by name only, not by a model_type
+    classes.append((HFBackbone, "any other"))
+    return [(cls.family, types, cls.naming, cls.capabilities.fast_paths) for cls, types in classes]
 
 
 def _subclasses(cls: type) -> list[type]:

@@ -21,7 +21,6 @@ setting as ``esn:units=2000,sr=0.95,lr=0.3,layers=3`` (keys as above; unknown ke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
@@ -29,7 +28,7 @@ import torch
 from torch import nn
 
 from reservoir.errors import UsageError
-from reservoir.model.backbones.base import Backbone, gather, weight_std
+from reservoir.model.backbones.base import Backbone, Capabilities, weight_std
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,8 @@ class ESNBackbone(Backbone):
     example = "esn"
     #: every step is a (rows, units) x (units, units) product: hundreds of rows keep the CPU busy
     batch_tokens = 32768
-    compilable = False
+    #: none: neither converted nor compiled
+    capabilities = Capabilities()
 
     def __init__(self, cfg: ESNConfig, seed: int = 0):
         super().__init__()
@@ -147,15 +147,13 @@ class ESNBackbone(Backbone):
             out.append(x)
         return torch.stack(out, dim=1)
 
-    def states(self, x, lengths, depths: Sequence[int], readout):
-        self.check_depths(depths)
-        out = {0: gather(x, readout)} if 0 in depths else {}
-        h = x[:, : int(readout.max()) + 1]  # states never depend on later tokens
-        for k in range(max(depths)):
-            h = self.run(k, h)
-            if k + 1 in depths:
-                out[k + 1] = gather(h, readout)
-        return [out[d] for d in depths]
+    def embed(self, x, lengths, readout, last):
+        """``x`` up to the last readout position: states never depend on later tokens."""
+        return x[:, : int(readout.max()) + 1], None
+
+    def call_block(self, i, h, context):
+        """Reservoir ``i`` driven by the states of the one below (the embedded input for the first)."""
+        return self.run(i, h)
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         return {}  # fixed random weights: only the FPT's input and output layers train

@@ -5,13 +5,13 @@ layer ``k`` (no final norm); depth 0 is the embedded input (plus positions when 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from reservoir.model.backbones import Backbone, gather, register_backbone, seeded, weight_std
+from reservoir.model.backbones import Backbone, register_backbone, seeded, weight_std
+from reservoir.model.backbones.base import Capabilities
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,9 @@ class LSTMBackbone(Backbone):
     #: extraction batches of about this many tokens: each recurrent step is a matrix product
     #: with one row per example, which needs hundreds of rows to run near the CPU's peak
     batch_tokens = 32768
-    #: torch.compile cannot capture nn.LSTM (a graph break), so an automatic compile gains nothing
-    compilable = False
-    openvino = True
+    #: converts to OpenVINO with equal features; no compile: torch.compile cannot capture nn.LSTM (a
+    #: graph break), so an automatic compile gains nothing
+    capabilities = Capabilities(openvino=True)
 
     def __init__(self, config: LSTMConfig):
         super().__init__()
@@ -55,18 +55,16 @@ class LSTMBackbone(Backbone):
         # no token embedding: the std of the first layer's input weights, as initialised
         self.token_std = weight_std(self.layers[0].weight_ih_l0)
 
-    def states(self, x, lengths, depths: Sequence[int], readout):
-        self.check_depths(depths)
-        h = x
-        if self.wpe is not None:
-            h = h + self.wpe(torch.arange(x.shape[1], device=x.device)).to(x.dtype)
-        out = {0: gather(h, readout)} if 0 in depths else {}
-        for k, layer in enumerate(self.layers[: max(depths)], start=1):
-            y, _ = layer(h)
-            h = h + y if self.config.residual else y
-            if k in depths:
-                out[k] = gather(h, readout)
-        return [out[d] for d in depths]
+    def embed(self, x, lengths, readout, last):
+        """``x``, plus the learned positions where the variant has them."""
+        if self.wpe is None:
+            return x, None
+        return x + self.wpe(torch.arange(x.shape[1], device=x.device)).to(x.dtype), None
+
+    def call_block(self, i, h, context):
+        """Layer ``i``'s outputs, added to its input in a residual variant."""
+        y, _ = self.layers[i](h)
+        return h + y if self.config.residual else y
 
     @property
     def blocks(self) -> nn.ModuleList:
