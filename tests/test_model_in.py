@@ -93,3 +93,23 @@ def test_a_hub_revision_is_pinned_and_part_of_the_name(monkeypatch):
     with pytest.raises(BackboneError, match="cannot load the config of 'org/model'"):
         load_backbone("hf:org/model@abc123")
     assert seen == {"path": "org/model", "revision": "abc123"}
+
+
+def test_an_encoder_saved_alone_from_an_encoder_decoder_family_loads(tmp_path):
+    """A ``T5EncoderModel`` folder (how sentence-T5-style encoders ship) is read as the encoder its config's
+    ``architectures`` names, not as the whole encoder-decoder ``AutoModel`` would build: its deepest
+    depth equals the encoder's own last hidden state, and its random twin builds the encoder alone."""
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+    T5EncoderModel(config).save_pretrained(tmp_path / "t5e")
+    backbone = load_backbone(str(tmp_path / "t5e"))
+    assert backbone.n_layers == 2 and backbone.d_model == 32
+    model = T5EncoderModel.from_pretrained(tmp_path / "t5e").eval()
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        want = model(inputs_embeds=x).last_hidden_state
+        got = backbone(x, torch.tensor([5, 5]), [0, 2], torch.arange(5).expand(2, 5))
+    torch.testing.assert_close(got[:, 1], want)
+    twin = load_backbone(str(tmp_path / "t5e") + "-random", seed=1)
+    assert type(twin.model).__name__ == "T5EncoderModel" and twin.n_layers == 2

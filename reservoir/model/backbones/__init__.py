@@ -299,7 +299,7 @@ def load_pretrained(
     if init == "random":
         with seeded(seed):
             return adapter(model_from_config(config))
-    backbone = adapter(load_model(path, revision=revision, dtype=dtype))
+    backbone = adapter(load_model(path, config, revision=revision, dtype=dtype))
     load_added_positions(
         backbone, path
     )  # a folder train --save-backbone wrote of a model without learned positions

@@ -544,11 +544,14 @@ def load_model(
 ) -> nn.Module:
     """The Hugging Face model of a folder or hub id (at ``revision``), weights read in ``dtype``; refused,
     naming them, when the folder's weights do not fit its config (missing or wrongly shaped tensors)."""
-    from transformers import AutoModel
-
     pinned = {"revision": revision} if revision else {}
     try:
-        model, info = from_pretrained(AutoModel, path, dtype=dtype, output_loading_info=True, **pinned)
+        if config is None:
+            from transformers import AutoConfig
+
+            config = from_pretrained(AutoConfig, path, **pinned)
+        cls = model_class(config)
+        model, info = from_pretrained(cls, path, dtype=dtype, output_loading_info=True, **pinned)
     except OSError as e:
         raise BackboneError(
             f"cannot load weights from {path!r} ({str(e).splitlines()[0]}); pass a folder saved with "
@@ -618,11 +621,26 @@ def _few(keys: list[str], n: int = 4) -> str:
     return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
 
 
-def model_from_config(config) -> nn.Module:
-    from transformers import AutoModel
+def model_class(config):
+    """The class a folder's model is built as: the base model its config names in ``architectures`` when that
+    is one of transformers' encoder-only or base classes (``T5EncoderModel``: an encoder saved alone from an
+    encoder-decoder family, whose ``AutoModel`` would be the whole encoder-decoder), else ``AutoModel``
+    (a model saved with a head, ``...ForMaskedLM``, is read as its base model without the head)."""
+    import transformers
 
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, name, None) if name.endswith("EncoderModel") else None
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+            return cls
+    return transformers.AutoModel
+
+
+def model_from_config(config) -> nn.Module:
+    cls = model_class(config)
     with quiet_transformers():
-        return AutoModel.from_config(config, dtype=torch.float32, trust_remote_code=False)
+        if cls.__name__ != "AutoModel":
+            return cls._from_config(config, dtype=torch.float32)
+        return cls.from_config(config, dtype=torch.float32, trust_remote_code=False)
 
 
 def available_memory() -> int:
