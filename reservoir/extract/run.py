@@ -60,7 +60,7 @@ from reservoir.model.input_layer import input_layer_tensors
 from reservoir.model.reservoir import check_length, check_readout, readout_count
 from reservoir.progress import bar, log
 from reservoir.runtime import machine
-from reservoir.runtime.engines import INT8_DTYPES
+from reservoir.runtime.engines import INT8_DTYPES, engine_named
 from reservoir.runtime.runner import Batch, FeatureRunner, resolve, resolve_dtype
 from reservoir.tasks import SplitData, Task, make_task
 
@@ -259,12 +259,7 @@ class Run:
                 f"{begun_by} (or auto) to resume it, or delete it to start over on {self.cfg.engine}"
             )
         runner = self.runner(progress, engine=begun_by)
-        if (
-            self.cfg.engine == "auto"
-            and not begun_by
-            and runner.engine != "torch"
-            and self.dtype not in INT8_DTYPES
-        ):
+        if self.cfg.engine == "auto" and not begun_by and runner.converting and self.dtype not in INT8_DTYPES:
             split, rows = next(
                 (split, batches[0])
                 for split, d in self.data.items()
@@ -353,7 +348,7 @@ class Run:
         key when the run compiles (:meth:`record_compile` then remembers its costs on this device)."""
         from reservoir.runtime.compiling import decide, read_record
 
-        if runner.engine != "torch":
+        if runner.converting:
             log(
                 f"{runner.engine} engine ({runner.engine_reason}): converted on the first batch, "
                 "no torch.compile",
@@ -419,7 +414,7 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     data = load_splits(task, cfg)
     log(f"loading backbone {cfg.backbone} ...", progress)
     halved = cfg.load_dtype != "float32"
-    if halved and cfg.engine not in ("auto", "torch"):
+    if halved and cfg.engine != "auto" and engine_named(cfg.engine).converts:
         raise UsageError(
             f"--load-dtype {cfg.load_dtype} keeps the weights in {cfg.load_dtype}, which only the PyTorch engine "
             f"computes with; drop --engine {cfg.engine} (or pass --engine torch), or load the weights in float32"

@@ -52,20 +52,18 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
-from reservoir.errors import BackboneError, DeviceError, UsageError
+from reservoir.errors import BackboneError, DeviceError, ReservoirError, UsageError
 from reservoir.model.backbones import columns, quiet_transformers, readout_rows
+from reservoir.registry import ENGINES
 from reservoir.runtime.dtypes import choose as choose_dtype
 
-ENGINES = ("auto", "torch", "openvino", "onnxruntime")
-#: how stderr names each engine
-LABELS = {"torch": "PyTorch", "openvino": "OpenVINO", "onnxruntime": "ONNX Runtime"}
-#: dtypes only the OpenVINO engine computes
+#: the int8 dtypes: only converting engines compute them
 INT8_DTYPES = ("int8", "int8-static")
 #: values per dynamic quantization group of the ``int8`` dtype (the fastest group size: docs/benchmarks.md,
 #: "Constants the code takes from these measurements")
@@ -87,9 +85,8 @@ ONNX_MIN_TOKENS = 200_000
 
 
 def min_tokens(engine: str) -> int:
-    """Tokens a run needs for ``auto`` to convert to ``engine`` (:data:`OPENVINO_MIN_TOKENS`,
-    :data:`ONNX_MIN_TOKENS`)."""
-    return {"openvino": OPENVINO_MIN_TOKENS, "onnxruntime": ONNX_MIN_TOKENS}[engine]
+    """Tokens a run needs for ``auto`` to convert to ``engine`` (its :attr:`Engine.auto_tokens`)."""
+    return engine_named(engine).auto_tokens
 
 
 #: the conversion example's width: the converted graph computes the same features at any width, and a
@@ -118,6 +115,141 @@ def onnxruntime_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx", "onnxscript"))
 
 
+class Engine:
+    """What runs the frozen forward during extraction: one object registered in
+    :data:`reservoir.registry.ENGINES` by :func:`register_engine`, which ``--engine``, ``auto`` and
+    :class:`reservoir.runtime.runner.FeatureRunner` ask.
+
+    An engine is not part of a float run's identity: a converting engine computes PyTorch's
+    features (to its dtype's :data:`TOLERANCE`), checked on the first batch by its forward.
+    """
+
+    #: its ``--engine`` name, and how messages name it
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    #: the compute dtypes it computes
+    dtypes: ClassVar[tuple[str, ...]] = ()
+    #: the device types it runs on
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    #: the command that installs what it needs ("" : nothing to install)
+    install: ClassVar[str] = ""
+    #: tokens a float run needs for ``auto`` to consider it (converting must be repaid); ``None``:
+    #: ``auto`` never converts to it
+    auto_tokens: ClassVar[int | None] = None
+    #: it converts the PyTorch module (``False``: PyTorch itself, the reference every engine is checked against)
+    converts: ClassVar[bool] = True
+
+    def installed(self) -> bool:
+        """What it needs is importable."""
+        return True
+
+    def missing(self, dtype: str) -> str:
+        """The message when it is asked for and not installed."""
+        return (
+            f"--engine {self.name}: {self.label} is not installed; {self.install}, or pass --engine torch"
+            + (" with --dtype auto" if dtype in INT8_DTYPES else "")
+        )
+
+    def why_not(self, dtype: str, device: torch.device, backbone: Any = None) -> ReservoirError | None:
+        """Why it cannot run ``dtype`` on ``device`` here, as the error to raise (naming the way out);
+        ``None`` when it can."""
+        if device.type not in self.devices:
+            return DeviceError(
+                f"--engine {self.name} runs on the CPU, not {device}; use --engine torch on {device}, or --device cpu"
+            )
+        if dtype not in self.dtypes:
+            others = [e.name for e in engines() if dtype in e.dtypes and e is not self]
+            return UsageError(
+                f"--engine {self.name} computes {' or '.join(self.dtypes)}, not --dtype {dtype}; choose "
+                f"--dtype {' or '.join(self.dtypes)}"
+                + (f", or --engine {' or '.join(others)}" if others else "")
+            )
+        if not self.installed():
+            return UsageError(self.missing(dtype))
+        return None
+
+    def forward(
+        self,
+        eager: nn.Module,
+        dtype: str,
+        threads: int,
+        calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None,
+        log: Callable[[str], None],
+        *,
+        width: int,
+        fixed_width: bool,
+    ) -> Any:
+        """Its forward over ``eager`` (the float32 PyTorch module ``(tokens, lengths, readout) ->
+        (B, n_depths, n_readout, d)``): an object with ``prepare(batch)`` (convert at the first batch
+        and check the features of its first rows against ``eager``, raising
+        :class:`reservoir.errors.BackboneError` naming ``--engine torch``), ``request`` (``None``
+        until prepared), ``seconds``, ``error`` and ``__call__(tokens, lengths, readout)``
+        returning float32 features. ``calibration``: the int8 dtypes' calibration batches."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+
+def register_engine(cls: type[Engine]) -> type[Engine]:
+    """Class decorator: register an :class:`Engine` subclass under its ``name`` (an instance)."""
+    ENGINES.register(cls.name, cls(), help=(cls.__doc__ or "").strip().splitlines()[0])
+    return cls
+
+
+def engines() -> list[Engine]:
+    """The registered engines, in registration order (PyTorch first)."""
+    return [ENGINES[name] for name in ENGINES.names()]
+
+
+def engine_named(name: str) -> Engine:
+    """The registered engine ``name`` (UsageError naming the choices)."""
+    return ENGINES[name]
+
+
+@register_engine
+class TorchEngine(Engine):
+    """PyTorch, eager or compiled: the reference, on every device."""
+
+    name, label = "torch", "PyTorch"
+    dtypes = ("float32", "bfloat16", "float16")
+    devices = ("cpu", "cuda", "mps")
+    converts = False
+
+    def why_not(self, dtype: str, device: torch.device, backbone: Any = None) -> ReservoirError | None:
+        if dtype not in INT8_DTYPES:
+            return None
+        computing = [e for e in engines() if dtype in e.dtypes]
+        runs_it = (
+            f"the {computing[0].label} engine only"
+            if len(computing) == 1
+            else f"the {' or '.join(e.label for e in computing)} engine"
+        )
+        ways = " or ".join(
+            f"--engine {e.name}" + ("" if e.installed() or i else f" ({e.install})")
+            for i, e in enumerate(computing)
+        )
+        return UsageError(
+            f"--dtype {dtype} runs on {runs_it}; pass {ways}, or choose --dtype auto, float32 or bfloat16"
+        )
+
+
+@register_engine
+class OpenVINOEngine(Engine):
+    """OpenVINO's CPU plugin, from the converted module; the only engine of ``int8-static``."""
+
+    name, label = "openvino", "OpenVINO"
+    dtypes = ("float32", "bfloat16", "float16", "int8", "int8-static")
+    install = INSTALL
+
+    @property
+    def auto_tokens(self) -> int:  # type: ignore[override]
+        return OPENVINO_MIN_TOKENS
+
+    def installed(self) -> bool:
+        return openvino_installed()
+
+    def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width):
+        return OpenVINOForward(eager, dtype, threads, calibration, log, width=width, fixed_width=fixed_width)
+
+
 def choose_engine(
     name: str, dtype: str, device: torch.device, backbone: Any = None, tokens: int | None = None
 ) -> tuple[str, str]:
@@ -125,10 +257,9 @@ def choose_engine(
     an int8 dtype is asked and one that computes it is installed, or when the backbone is known to
     convert (``Backbone.openvino``) and the run is long enough to repay converting
     (:func:`auto_candidates`; ``tokens=None``: a long-lived caller, the API's), else ``torch``.
-    An explicit engine is checked against the device, the dtype and what is installed."""
-    if name not in ENGINES:
-        raise UsageError(f"engine {name!r} is not supported; choose from {list(ENGINES)}")
-    int8 = dtype in INT8_DTYPES
+    An explicit engine is asked whether it can run here (:meth:`Engine.why_not`)."""
+    if name != "auto" and name not in ENGINES:
+        raise UsageError(f"engine {name!r} is not supported; choose from {['auto', *ENGINES.names()]}")
     why = f"--engine {name}"
     if name == "auto":
         found, why = auto_candidates(dtype, device, backbone, tokens)
@@ -136,40 +267,13 @@ def choose_engine(
         if found:
             why = (
                 "auto: int8"
-                if int8
-                else f"auto: {LABELS[name]} is installed"
+                if dtype in INT8_DTYPES
+                else f"auto: {engine_named(name).label} is installed"
                 + ("" if tokens is None else f" and {tokens:,} tokens >= {min_tokens(name):,}")
             )
-    if name == "torch" and int8:
-        runs_it = (
-            "the OpenVINO engine only" if dtype == "int8-static" else "the OpenVINO or ONNX Runtime engine"
-        )
-        hint = "" if openvino_installed() else f" ({INSTALL})"
-        raise UsageError(
-            f"--dtype {dtype} runs on {runs_it}; pass --engine openvino{hint}"
-            + (" or --engine onnxruntime" if dtype == "int8" else "")
-            + ", or choose --dtype auto, float32 or bfloat16"
-        )
-    if name in ("openvino", "onnxruntime") and device.type != "cpu":
-        raise DeviceError(
-            f"--engine {name} runs on the CPU, not {device}; use --engine torch on {device}, or --device cpu"
-        )
-    if name == "openvino" and not openvino_installed():
-        raise UsageError(
-            f"--engine openvino (or --dtype {dtype}): OpenVINO is not installed; {INSTALL}, "
-            "or pass --engine torch" + (" with --dtype auto" if int8 else "")
-        )
-    if name == "onnxruntime":
-        if dtype not in ONNX_DTYPES:
-            raise UsageError(
-                f"--engine onnxruntime computes {' or '.join(ONNX_DTYPES)}, not --dtype {dtype}; choose "
-                "--dtype float32 or int8, or --engine openvino or torch"
-            )
-        if not onnxruntime_installed():
-            raise UsageError(
-                f"--engine onnxruntime: ONNX Runtime (with onnx and onnxscript, for torch's exporter) "
-                f"is not installed; {ONNX_INSTALL}, or pass --engine torch"
-            )
+    error = engine_named(name).why_not(dtype, device, backbone)
+    if error is not None:
+        raise error
     return name, why
 
 
@@ -177,34 +281,26 @@ def auto_candidates(
     dtype: str, device: torch.device, backbone: Any, tokens: int | None
 ) -> tuple[list[str], str]:
     """The converting engines ``auto`` may run for ``dtype`` (first: the one it starts on), and why
-    there are none. An int8 dtype: OpenVINO, else ONNX Runtime for ``int8``, whichever is installed (its
-    features are that engine's int8; ``auto`` does not switch between int8 recipes). A float dtype: the
-    installed engines that compute it, for a backbone checked to convert, in runs of at least their
-    :func:`min_tokens`; ``auto`` then measures them against PyTorch."""
-    if device.type != "cpu":
+    there are none. An int8 dtype: the first installed engine that computes it (its features are that
+    engine's int8; ``auto`` does not switch between int8 recipes). A float dtype: the installed
+    engines that compute it, for a backbone checked to convert, in runs of at least their
+    :attr:`Engine.auto_tokens`; ``auto`` then measures them against PyTorch."""
+    converting = [e for e in engines() if e.auto_tokens is not None and device.type in e.devices]
+    if not converting:
         return [], f"auto on {device.type}"
-    if dtype in INT8_DTYPES:
-        if openvino_installed():
-            return ["openvino"], ""
-        if dtype == "int8" and onnxruntime_installed():
-            return ["onnxruntime"], ""
-        return [], f"auto: OpenVINO is not installed ({INSTALL})"
-    installed = [
-        e
-        for e, ok in (
-            ("openvino", openvino_installed()),
-            ("onnxruntime", dtype == "float32" and onnxruntime_installed()),
-        )
-        if ok
-    ]
+    computing = [e for e in converting if dtype in e.dtypes]
+    installed = [e for e in computing if e.installed()]
     if not installed:
-        return [], f"auto: OpenVINO is not installed ({INSTALL})"
+        first = computing[0] if computing else converting[0]
+        return [], f"auto: {first.label} is not installed ({first.install})"
+    if dtype in INT8_DTYPES:
+        return [installed[0].name], ""
     if not getattr(backbone, "openvino", False):
         return [], f"auto: {type(backbone).__name__} is not checked to convert to OpenVINO or ONNX"
-    found = [e for e in installed if tokens is None or tokens >= min_tokens(e)]
+    found = [e.name for e in installed if tokens is None or tokens >= e.auto_tokens]
     if not found:
-        least = min(installed, key=min_tokens)
-        return [], f"auto: {tokens:,} tokens < {min_tokens(least):,}, converting would not pay"
+        least = min(installed, key=lambda e: e.auto_tokens)
+        return [], f"auto: {tokens:,} tokens < {least.auto_tokens:,}, converting would not pay"
     return found, ""
 
 
@@ -262,12 +358,13 @@ def faster_engine(rates: dict[str, float]) -> str:
 
 def measured_reason(rates: dict[str, float], when: str) -> str:
     """Why ``auto`` runs :func:`faster_engine` of ``rates`` (``when``: "before", "now, on the first batch")."""
+    order = [e for e in engines() if e.converts] + [e for e in engines() if not e.converts]
     shown = ", ".join(
-        f"{LABELS[e]} {rates[e]:,.0f} tokens/s" if i == 0 else f"{LABELS[e]} {rates[e]:,.0f}"
-        for i, e in enumerate(e for e in ENGINES[2:] + ("torch",) if e in rates)
+        f"{e.label} {rates[e.name]:,.0f} tokens/s" if i == 0 else f"{e.label} {rates[e.name]:,.0f}"
+        for i, e in enumerate(e for e in order if e.name in rates)
     )
     return (
-        f"auto: {LABELS[faster_engine(rates)]} ran this model fastest on this CPU (measured {when}: "
+        f"auto: {engine_named(faster_engine(rates)).label} ran this model fastest on this CPU (measured {when}: "
         f"{shown.replace('PyTorch', 'PyTorch eager')})"
     )
 

@@ -14,7 +14,7 @@ the width free (:func:`export`), so one file serves every batch shape of a run:
   would depend on them: ``int8`` runs each row alone, cut to its own length, and a row's scales are
   its own (:meth:`ONNXForward._infer`).
 
-``bfloat16``, ``float16`` and ``int8-static`` are refused where the engine is chosen (:data:`reservoir.runtime.engines.ONNX_DTYPES`).
+``bfloat16``, ``float16`` and ``int8-static`` are refused where the engine is chosen (:class:`ONNXEngine`, :data:`reservoir.runtime.engines.ONNX_DTYPES`).
 
 The file is kept in ``$RESERVOIR_CACHE/onnx/`` under a digest of everything that makes it (the
 module's weights and buffers, the int8 tables, the depths, the token shape and dtype, the dtype and
@@ -46,13 +46,18 @@ import numpy as np
 import torch
 
 from reservoir.errors import BackboneError, UsageError
+from reservoir.runtime import engines
 from reservoir.runtime.engines import (
     CHECK_ROWS,
     CHECK_TOKENS,
+    ONNX_DTYPES,
+    ONNX_INSTALL,
     TOLERANCE,
+    Engine,
     centred,
     narrow,
     position_means,
+    register_engine,
     relative_error,
 )
 
@@ -433,3 +438,28 @@ class ONNXForward:
         if self.request is None:
             self.prepare((tokens, lengths, readout))
         return self._infer((tokens, lengths, readout))
+
+
+@register_engine
+class ONNXEngine(Engine):
+    """ONNX Runtime's CPU provider, from the module exported to ONNX (float32, dynamic int8)."""
+
+    name, label = "onnxruntime", "ONNX Runtime"
+    dtypes = ONNX_DTYPES
+    install = ONNX_INSTALL
+
+    @property
+    def auto_tokens(self) -> int:  # type: ignore[override]
+        return engines.ONNX_MIN_TOKENS
+
+    def installed(self) -> bool:
+        return engines.onnxruntime_installed()
+
+    def missing(self, dtype: str) -> str:
+        return (
+            "--engine onnxruntime: ONNX Runtime (with onnx and onnxscript, for torch's exporter) is not "
+            f"installed; {ONNX_INSTALL}, or pass --engine torch"
+        )
+
+    def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width):
+        return ONNXForward(eager, dtype, threads, calibration, log, width=width)

@@ -34,16 +34,14 @@ from reservoir.runtime.dtypes import strict_float32
 from reservoir.runtime.engines import (
     ENGINE_RATES,
     INT8_DTYPES,
-    LABELS,
     MEASURE_MIN_ROWS,
-    OpenVINOForward,
     auto_candidates,
     choose_engine,
     engine_key,
+    engine_named,
     faster_engine,
     measured_reason,
 )
-from reservoir.runtime.onnx import ONNXForward
 from reservoir.tasks import TaskSpec
 
 #: compiled variable-length batches are padded to a multiple of this many tokens
@@ -276,7 +274,7 @@ class FeatureRunner:
         #: first batch is still to measure them (:meth:`_measure`), and the converting engines it measures
         self.measure_key: str | None = None
         self.candidates: list[str] = []
-        if engine == "auto" and self.engine != "torch" and self.dtype_name in DTYPES:
+        if engine == "auto" and self.converting and self.dtype_name in DTYPES:
             self._engine_by_measurement(reservoir.backbone, tokens)
         #: ``engine="auto"`` runs PyTorch when the converting engine cannot convert or check (an explicit engine fails)
         self.falls_back = engine == "auto" and self.dtype_name in DTYPES
@@ -300,17 +298,22 @@ class FeatureRunner:
                 lambda: [tuple(t.numpy() for t in self.prepare(x, n, padded)[:3]) for x, n in calibration()]
             )
         )
-        if self.engine == "torch":
-            self._use_torch()
-        else:
+        if self.converting:
             self.forward = self._converting(self.engine)
+        else:
+            self._use_torch()
         if compile:
             self.enable_compile()
 
-    def _converting(self, engine: str) -> OpenVINOForward | ONNXForward:
-        """The forward of a converting engine (converted, checked, at its first call)."""
-        kind = OpenVINOForward if engine == "openvino" else ONNXForward
-        return kind(
+    @property
+    def converting(self) -> bool:
+        """The engine running now converts the module (not PyTorch itself)."""
+        return engine_named(self.engine).converts
+
+    def _converting(self, engine: str) -> Any:
+        """The forward of a converting engine (converted, checked, at its first call):
+        :meth:`reservoir.runtime.engines.Engine.forward`."""
+        return engine_named(engine).forward(
             FixedDepths(self.reservoir, self.depths),
             self.dtype_name,
             torch.get_num_threads(),
@@ -331,7 +334,7 @@ class FeatureRunner:
             self.engine, self.engine_reason = faster_engine(rates), measured_reason(rates, "before")
         else:
             self.measure_key = key
-            others = " and ".join(LABELS[e] for e in self.candidates[1:])
+            others = " and ".join(engine_named(e).label for e in self.candidates[1:])
             self.engine_reason += (
                 f"; {others + ' and ' if others else ''}PyTorch measured against it on the first batch"
             )
@@ -353,7 +356,7 @@ class FeatureRunner:
                 rates[engine] = tokens / (time.perf_counter() - start)
                 forwards[engine] = forward
             except BackboneError as e:
-                failed.append(f"{LABELS[engine]} failed ({e})")
+                failed.append(f"{engine_named(engine).label} failed ({e})")
                 self.log(
                     f"{e}: "
                     + (
@@ -388,14 +391,14 @@ class FeatureRunner:
 
     def _call(self, *args: torch.Tensor) -> torch.Tensor:
         try:
-            if self.measure_key is not None and self.engine != "torch" and len(args[0]) >= MEASURE_MIN_ROWS:
+            if self.measure_key is not None and self.converting and len(args[0]) >= MEASURE_MIN_ROWS:
                 return self._measure(args)
             return self.forward(*args)
         except BackboneError as e:  # the converting engine could not convert or check, on the first batch
-            if not (self.engine != "torch" and self.falls_back):
+            if not (self.converting and self.falls_back):
                 raise
             self.log(f"{e}: running PyTorch eager instead")
-            failed = LABELS[self.engine]
+            failed = engine_named(self.engine).label
             self._use_torch()
             self.engine_reason = f"auto: {failed} failed ({e})"
             return self.forward(*args)
@@ -404,7 +407,7 @@ class FeatureRunner:
         """Compile the forward (inductor, weight freezing) from now on; batches prepared after this
         are padded to the compiled shape. Eager, with a message, if compiling fails. The OpenVINO
         engine compiles in its own way and ignores this."""
-        if self.engine == "torch" and not self.compiled:
+        if not self.converting and not self.compiled:
             self.forward = CompiledOrEager(
                 self.forward.eager,
                 True,
