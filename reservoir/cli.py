@@ -18,15 +18,11 @@ import click
 
 from reservoir import __version__
 from reservoir.config import (
-    DTYPE_CHOICES,
-    ENGINE_CHOICES,
-    HEAD_CHOICES,
-    LOAD_DTYPE_CHOICES,
-    READOUT_CHOICES,
-    TRAIN_DTYPE_CHOICES,
+    AttentionConfig,
     ExtractConfig,
     FitConfig,
     TrainConfig,
+    choices,
     default,
     from_options,
     parse_depths,
@@ -47,6 +43,20 @@ class Settings:
 
 
 pass_settings = click.make_pass_decorator(Settings)
+
+
+class DeclaredChoice(click.Choice):
+    """The ``click.Choice`` of a config field: the values its :class:`reservoir.config.OneOf`
+    declares, read when click first needs them (a registry's, such as the engines', then fills:
+    its modules are not imported before)."""
+
+    def __init__(self, cls: type, name: str):
+        self.rule = choices(cls, name)
+        self.case_sensitive = True
+
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(self.rule.values())
 
 
 def shown(cls: type, name: str) -> str:
@@ -313,14 +323,14 @@ def install(settings: Settings, name, source, force) -> None:
 )
 @click.option(
     "--load-dtype",
-    type=click.Choice(LOAD_DTYPE_CHOICES),
+    type=DeclaredChoice(ExtractConfig, "load_dtype"),
     default=None,
     help="Dtype the frozen weights are read and kept in: bfloat16 or float16 take half of float32's memory "
     "(the backbone then computes in it, on PyTorch)." + shown(ExtractConfig, "load_dtype"),
 )
 @click.option(
     "--dtype",
-    type=click.Choice(DTYPE_CHOICES),
+    type=DeclaredChoice(ExtractConfig, "dtype"),
     default=None,
     help="Backbone compute dtype; auto: bfloat16 where the CPU multiplies bf16 natively, else float32; "
     "int8 (int8 weights, activations quantized per token at run time) and int8-static (activation "
@@ -329,7 +339,7 @@ def install(settings: Settings, name, source, force) -> None:
 )
 @click.option(
     "--engine",
-    type=click.Choice(ENGINE_CHOICES),
+    type=DeclaredChoice(ExtractConfig, "engine"),
     default=None,
     help="What runs the forward: torch, openvino (pip install 'reservoir[openvino]'; CPU), onnxruntime "
     "(pip install 'reservoir[onnx]'; CPU), or auto: on the CPU, for runs long enough to repay converting, "
@@ -345,7 +355,7 @@ def install(settings: Settings, name, source, force) -> None:
 )
 @click.option(
     "--readout",
-    type=click.Choice(READOUT_CHOICES),
+    type=DeclaredChoice(ExtractConfig, "readout"),
     default=None,
     help="'last' real token, or 'padded' (pad to full length, read the last position: the official code)."
     + shown(ExtractConfig, "readout"),
@@ -472,7 +482,10 @@ def extract(
     help="One depth: the single-depth form of --depths (--depth 6 is --depths 6); not with --depths.",
 )
 @click.option(
-    "--head", type=click.Choice(HEAD_CHOICES), default=None, help="Linear head." + shown(FitConfig, "head")
+    "--head",
+    type=DeclaredChoice(FitConfig, "head"),
+    default=None,
+    help="Linear head." + shown(FitConfig, "head"),
 )
 @click.option(
     "--val-fraction",
@@ -756,7 +769,7 @@ def comma_list(kind):
 )
 @click.option(
     "--dtype",
-    type=click.Choice(TRAIN_DTYPE_CHOICES),
+    type=DeclaredChoice(TrainConfig, "dtype"),
     default=None,
     help="bfloat16 runs the forward under autocast (parameters and Adam stay float32); auto: the faster of "
     "the two on this machine, measured (as extract --dtype auto)." + shown(TrainConfig, "dtype"),
@@ -1071,26 +1084,30 @@ def data_verify(task, task_opts, data_dir) -> None:
 @click.option(
     "--layer",
     type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Block whose attention to show (from 0).",
+    default=None,
+    help="Block whose attention to show (from 0)." + shown(AttentionConfig, "layer"),
 )
-@click.option("--example", type=click.IntRange(min=0), default=0, show_default=True, help="Row of the split.")
-@click.option("--split", default="test", show_default=True, help="Split the example comes from.")
+@click.option(
+    "--example",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Row of the split." + shown(AttentionConfig, "example"),
+)
+@click.option("--split", default=None, help="Split the example comes from." + shown(AttentionConfig, "split"))
 @click.option(
     "--seed",
     type=int,
-    default=0,
-    show_default=True,
-    help="Seeds the input layer, a random backbone and generated data (as extract --seed).",
+    default=None,
+    help="Seeds the input layer, a random backbone and generated data (as extract --seed)."
+    + shown(AttentionConfig, "seed"),
 )
 @click.option(
     "--input-scale",
     callback=check_input_scale,
-    default="paper",
-    show_default=True,
+    default=None,
     metavar="paper|matched|STD",
-    help="Scale of the frozen input layer (as extract --input-scale).",
+    help="Scale of the frozen input layer (as extract --input-scale)."
+    + shown(AttentionConfig, "input_scale"),
 )
 @click.option(
     "--heads", default=None, callback=comma_list(int), help="Heads to show, e.g. 0,3,5 [default: all]."
@@ -1114,21 +1131,30 @@ def attention(
     from reservoir.report.plots import attention_maps
 
     backbone = backbone or default(ExtractConfig, "backbone")
+    cfg = run(
+        from_options,
+        AttentionConfig,
+        layer=layer,
+        example=example,
+        split=split,
+        seed=seed,
+        input_scale=input_scale,
+    )
     weights, labels = run(
         first_layer_attention,
         task,
         backbone,
-        seed=seed,
-        layer=layer,
-        example=example,
-        split=split,
-        input_scale=input_scale,
+        seed=cfg.seed,
+        layer=cfg.layer,
+        example=cfg.example,
+        split=cfg.split,
+        input_scale=cfg.input_scale,
         data_dir=data_dir,
         checkpoint=checkpoint,
     )
     title = (
         f"{task}, {backbone}{' (trained: ' + checkpoint.name + ')' if checkpoint else ''}: attention of block "
-        f"{layer}, {split} example {example}"
+        f"{cfg.layer}, {cfg.split} example {cfg.example}"
     )
     click.echo(
         str(

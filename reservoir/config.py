@@ -8,9 +8,10 @@ that produced them (:mod:`reservoir.identity`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import UsageError
+from reservoir.registry import ENGINES, HEADS
 
 
 def home() -> Path:
@@ -56,14 +58,12 @@ def results_dir(task: str, backbone: str) -> Path:
     return home() / "results" / slug(task) / slug(backbone)
 
 
-#: choices of the options that take one (the CLI's click.Choice lists come from here)
+#: choices of the options that take one (the CLI's click.Choice lists come from the fields declaring
+#: them, :func:`choices`); engines and heads are read from their registries
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8", "int8-static")
-#: engines that run an extraction (:mod:`reservoir.runtime.engines`)
-ENGINE_CHOICES = ("auto", "torch", "openvino", "onnxruntime")
 READOUT_CHOICES = ("last", "mean", "all", "padded")
 #: dtypes the frozen weights are read in (``--load-dtype``; reservoir.model.backbones.LOAD_DTYPES)
 LOAD_DTYPE_CHOICES = ("float32", "bfloat16", "float16")
-HEAD_CHOICES = ("logreg", "ridge", "torch")
 #: named input scales; a positive number is also accepted (:func:`parse_input_scale`)
 INPUT_SCALE_CHOICES = ("paper", "matched")
 #: ``--device`` values: auto, cpu, mps, cuda or cuda:N
@@ -171,27 +171,197 @@ def from_options(cls: type, **options: Any):
     return cls(**{k: v for k, v in options.items() if v is not None})
 
 
-def _check_choice(owner: str, name: str, value: Any, choices: Sequence[Any]) -> None:
-    if value not in choices:
+# ---------------------------------------------------------------- constraints: declared once, one validator
+
+
+def _number(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+class Constraint:
+    """A rule a parameter's value meets; :func:`check` writes the message when it does not.
+
+    ``owner`` is the object the parameter belongs to (a config, an estimator), for rules that
+    depend on its other parameters."""
+
+    def ok(self, value: Any, owner: Any = None) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def text(self, owner: Any = None) -> str:
+        """What the value must be, completing "must be ..."."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+
+@dataclass(frozen=True)
+class Interval(Constraint):
+    """A number in ``[low, high]`` (``closed``: ``"both"``, ``"left"``, ``"right"``, ``"neither"``);
+    a bound ``None`` is open, a callable bound is computed from the owner; ``each``: a non-empty
+    sequence whose every value is; ``note`` (from the owner) follows the rule. NaN is in no interval."""
+
+    low: float | Callable[[Any], float] | None = None
+    high: float | Callable[[Any], float] | None = None
+    closed: str = "both"
+    each: bool = False
+    note: Callable[[Any], str] | None = None
+
+    def _bounds(self, owner: Any) -> tuple[Any, Any]:
+        return tuple(b(owner) if callable(b) else b for b in (self.low, self.high))
+
+    def _in(self, x: Any, owner: Any) -> bool:
+        low, high = self._bounds(owner)
+        left, right = self.closed in ("both", "left"), self.closed in ("both", "right")
+        try:
+            return (low is None or (x >= low if left else x > low)) and (
+                high is None or (x <= high if right else x < high)
+            )
+        except TypeError:
+            return False
+
+    def ok(self, value: Any, owner: Any = None) -> bool:
+        if self.each:
+            return isinstance(value, (list, tuple)) and bool(value) and all(self._in(x, owner) for x in value)
+        return not isinstance(value, bool) and self._in(value, owner)
+
+    def text(self, owner: Any = None) -> str:
+        low, high = self._bounds(owner)
+        left, right = self.closed in ("both", "left"), self.closed in ("both", "right")
+        if low is not None and high is not None:
+            rule = f"in {'[' if left else '('}{_number(low)}, {_number(high)}{']' if right else ')'}"
+        elif low is not None:
+            rule = f"{'>=' if left else '>'} {_number(low)}"
+        else:
+            rule = f"{'<=' if right else '<'} {_number(high)}"
+        return rule + (" (each)" if self.each else "") + (self.note(owner) if self.note else "")
+
+
+@dataclass(frozen=True)
+class OneOf(Constraint):
+    """One of ``choices``: a tuple, or a registry (:class:`reservoir.registry.Registry`) read when
+    asked, after the ``first`` fixed choices (``"auto"``). The command line's ``click.Choice`` of
+    the parameter lists :meth:`values`."""
+
+    choices: Any
+    first: tuple[str, ...] = ()
+
+    def values(self) -> list[Any]:
+        found = self.choices.names() if hasattr(self.choices, "names") else self.choices
+        return [*self.first, *found]
+
+    def ok(self, value: Any, owner: Any = None) -> bool:
+        try:
+            return value in self.values()
+        except TypeError:  # an unhashable value
+            return False
+
+    def text(self, owner: Any = None) -> str:
+        values = self.values()
+        return repr(values[0]) if len(values) == 1 else f"one of {values}"
+
+
+@dataclass(frozen=True)
+class Matches(Constraint):
+    """Text matching ``pattern`` whole; ``said`` says which in words."""
+
+    pattern: str
+    said: str
+
+    def ok(self, value: Any, owner: Any = None) -> bool:
+        return isinstance(value, str) and re.fullmatch(self.pattern, value) is not None
+
+    def text(self, owner: Any = None) -> str:
+        return self.said
+
+
+@dataclass(frozen=True)
+class Distinct(Constraint):
+    """A sequence without repeated values."""
+
+    def ok(self, value: Any, owner: Any = None) -> bool:
+        return len(set(value)) == len(value)
+
+    def text(self, owner: Any = None) -> str:
+        return "distinct values"
+
+
+@dataclass(frozen=True)
+class NotEmpty(Constraint):
+    """A non-empty sequence; ``said`` names one element ("at least one group")."""
+
+    said: str
+
+    def ok(self, value: Any, owner: Any = None) -> bool:
+        return bool(value)
+
+    def text(self, owner: Any = None) -> str:
+        return self.said
+
+
+def check(
+    owner: str,
+    name: str,
+    value: Any,
+    rule: Constraint,
+    obj: Any = None,
+    *,
+    note: str = "",
+    noun: str = "parameter",
+) -> None:
+    """``value`` of ``name`` meets ``rule``; else a UsageError in scikit-learn's words: "The 'depth'
+    parameter of fit must be in [0, 12]. Got 13 instead." (``note`` follows the rule; ``noun``
+    "option" for a task's options). The one place such a message is written."""
+    if not rule.ok(value, obj):
+        shown = list(value) if isinstance(value, tuple) else value
         raise UsageError(
-            f"The {name!r} parameter of {owner} must be one of {list(choices)}. Got {value!r} instead."
+            f"The {name!r} {noun} of {owner} must be {rule.text(obj)}{note}. Got {shown!r} instead."
         )
+
+
+def param(default: Any = dataclasses.MISSING, *rules: Constraint, factory: Any = dataclasses.MISSING) -> Any:
+    """A config field (``default``, or ``factory`` for a mutable one) with its constraints declared."""
+    return field(default=default, default_factory=factory, metadata={"rules": rules})
+
+
+def constraints(owner: Any) -> dict[str, tuple[Constraint, ...]]:
+    """The declared constraints of a config dataclass's fields, or an estimator's
+    ``parameter_constraints``, by parameter name."""
+    if dataclasses.is_dataclass(owner):
+        return {f.name: f.metadata["rules"] for f in dataclasses.fields(owner) if f.metadata.get("rules")}
+    return dict(getattr(owner, "parameter_constraints", {}))
+
+
+def validate(obj: Any, owner: str) -> None:
+    """Every declared constraint of ``obj``'s parameters (:func:`constraints`), by :func:`check`;
+    a parameter whose default is ``None`` takes ``None``."""
+    for name, rules in constraints(obj).items():
+        value = getattr(obj, name)
+        if value is None and _default_is_none(obj, name):
+            continue
+        for rule in rules:
+            check(owner, name, value, rule, obj)
+
+
+def _default_is_none(obj: Any, name: str) -> bool:
+    if dataclasses.is_dataclass(obj):
+        return default(type(obj), name) is None
+    parameter = inspect.signature(type(obj)).parameters.get(name)
+    return parameter is not None and parameter.default is None
+
+
+def choices(cls: type, name: str) -> OneOf:
+    """The :class:`OneOf` declared for field ``name`` of ``cls`` (the command line's choices)."""
+    return next(r for r in constraints(cls)[name] if isinstance(r, OneOf))
+
+
+#: ``--device``: auto, cpu, mps, cuda or cuda:N (whether the device is present is checked where it
+#: is used, :func:`reservoir.model.devices.resolve_device`)
+DEVICE = Matches(DEVICE_PATTERN, "auto, cpu, cuda, cuda:N or mps")
+#: counts of at least one (rows, examples, workers)
+POSITIVE = Interval(1, None)
 
 
 def check_device(owner: str, value: str) -> None:
-    """``value`` is auto, cpu, cuda, cuda:N or mps (whether the device is present is checked
-    where it is used, :func:`reservoir.model.devices.resolve_device`)."""
-    import re
-
-    if not re.fullmatch(DEVICE_PATTERN, str(value)):
-        raise UsageError(
-            f"The 'device' parameter of {owner} must be auto, cpu, cuda, cuda:N or mps. Got {value!r} instead."
-        )
-
-
-def _check_min(owner: str, name: str, value: Any, low: float) -> None:
-    if value is not None and not value >= low:  # NaN too
-        raise UsageError(f"The {name!r} parameter of {owner} must be >= {low}. Got {value!r} instead.")
+    """``value`` is auto, cpu, cuda, cuda:N or mps (:data:`DEVICE`)."""
+    check(owner, "device", value, DEVICE)
 
 
 #: the largest seed: scikit-learn's ``random_state`` and numpy's legacy seeding take 32-bit seeds
@@ -199,15 +369,10 @@ MAX_SEED = 2**32 - 1
 #: the largest learning rate ``train`` takes (Adam's steps are about lr: beyond it no run learns, and past
 #: float32's range torch's optimiser fails to even store it)
 MAX_LR = 100.0
-
-
-def _check_seed(owner: str, value: int, runs: int = 1) -> None:
-    top = MAX_SEED - runs + 1
-    if not 0 <= value <= top:
-        raise UsageError(
-            f"The 'seed' parameter of {owner} must be in [0, {top}]"
-            f"{f' (it seeds {runs} runs)' if runs > 1 else ''}. Got {value!r} instead."
-        )
+#: a run's seed
+SEED = Interval(0, MAX_SEED)
+#: a share of the rows, strictly between none and all
+FRACTION = Interval(0, 1, closed="neither")
 
 
 @dataclass(frozen=True)
@@ -291,36 +456,27 @@ class ExtractConfig:
     backbone: str = "gpt2-random"
     task_options: dict[str, Any] = field(default_factory=dict)
     split: str = "all"
-    limit: int | None = None
-    seed: int = 0
+    limit: int | None = param(None, POSITIVE)
+    seed: int = param(0, SEED)
     input_scale: str = "paper"
-    batch_size: int | None = None
-    dtype: str = "auto"
-    load_dtype: str = "float32"
-    engine: str = "auto"
+    batch_size: int | None = param(None, POSITIVE)
+    dtype: str = param("auto", OneOf(DTYPE_CHOICES))
+    load_dtype: str = param("float32", OneOf(LOAD_DTYPE_CHOICES))
+    engine: str = param("auto", OneOf(ENGINES, first=("auto",)))
     depths: str | tuple[int, ...] = "all"
-    readout: str = "last"
+    readout: str = param("last", OneOf(READOUT_CHOICES))
     compile: bool | None = None
-    device: str = "auto"
-    workers: int | None = None
+    device: str = param("auto", DEVICE)
+    workers: int | None = param(None, POSITIVE)
     scheduler: str | None = None
-    shard_rows: int = 8192
+    shard_rows: int = param(8192, POSITIVE)
     data_dir: Path = field(default_factory=default_data_dir)
     out: Path | None = None
     force: bool = False
 
     def __post_init__(self) -> None:
-        _check_choice("extract", "dtype", self.dtype, DTYPE_CHOICES)
-        _check_choice("extract", "load_dtype", self.load_dtype, LOAD_DTYPE_CHOICES)
-        _check_choice("extract", "engine", self.engine, ENGINE_CHOICES)
-        _check_choice("extract", "readout", self.readout, READOUT_CHOICES)
+        validate(self, "extract")
         object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))
-        _check_min("extract", "limit", self.limit, 1)
-        _check_min("extract", "batch_size", self.batch_size, 1)
-        check_device("extract", self.device)
-        _check_min("extract", "workers", self.workers, 1)
-        _check_min("extract", "shard_rows", self.shard_rows, 1)
-        _check_seed("extract", self.seed)
         if self.workers and self.scheduler:
             raise UsageError(
                 f"give --workers ({self.workers}) or --scheduler ({self.scheduler!r}), not both: "
@@ -373,23 +529,16 @@ class FitConfig:
     backbone: str | None = None
     features: Path | None = None
     depths: str | tuple[int, ...] = "all"
-    head: str = "logreg"
-    val_fraction: float = 0.1
-    seed: int = 0
-    device: str = "auto"
-    memory_mb: int = 1024
+    head: str = param("logreg", OneOf(HEADS))
+    val_fraction: float = param(0.1, FRACTION)
+    seed: int = param(0, SEED)
+    device: str = param("auto", DEVICE)
+    memory_mb: int = param(1024, POSITIVE)
     baselines: bool = True
     data_dir: Path | None = None
 
     def __post_init__(self) -> None:
-        _check_choice("fit", "head", self.head, HEAD_CHOICES)
-        _check_min("fit", "memory_mb", self.memory_mb, 1)
-        _check_seed("fit", self.seed)
-        check_device("fit", self.device)
-        if not 0 < self.val_fraction < 1:
-            raise UsageError(
-                f"The 'val_fraction' parameter of fit must be in (0, 1). Got {self.val_fraction!r} instead."
-            )
+        validate(self, "fit")
         if self.features is None and self.task is None:
             raise UsageError(
                 "fit needs --features FILE, or --task (and --backbone) to find the extracted file"
@@ -410,6 +559,10 @@ TRAIN_GROUPS = ("input", "pos", "ln", "attn", "ff", "out")
 TRAIN_DTYPES = ("float32", "bfloat16")
 TRAIN_DTYPE_CHOICES = ("auto", *TRAIN_DTYPES)
 PAPER_TRAINABLE = ("input", "pos", "ln", "out")
+
+
+def _seeds_runs(cfg: Any) -> str:
+    return f" (it seeds {cfg.seeds} runs)" if cfg.seeds > 1 else ""
 
 
 @dataclass(frozen=True)
@@ -487,26 +640,26 @@ class TrainConfig:
     task: str
     backbone: str = "gpt2-random"
     task_options: dict[str, Any] = field(default_factory=dict)
-    trainable: tuple[str, ...] = PAPER_TRAINABLE
-    lr: tuple[float, ...] = (1e-3,)
-    seeds: int = 1
-    seed: int = 0
-    steps: int = 20000
-    batch_size: int = 32
-    eval_batch_size: int = 256
-    eval_every: int = 100
-    patience: int = 10
-    target: float | None = None
-    stop_at: float = 1.0
-    val_fraction: float = 0.1
-    limit: int | None = None
-    blocks: int | None = None
+    trainable: tuple[str, ...] = param(PAPER_TRAINABLE, NotEmpty("at least one group"))
+    lr: tuple[float, ...] = param((1e-3,), Interval(0, MAX_LR, closed="right", each=True), Distinct())
+    seeds: int = param(1, POSITIVE)
+    seed: int = param(0, Interval(0, lambda cfg: MAX_SEED - cfg.seeds + 1, note=_seeds_runs))
+    steps: int = param(20000, POSITIVE)
+    batch_size: int = param(32, POSITIVE)
+    eval_batch_size: int = param(256, POSITIVE)
+    eval_every: int = param(100, POSITIVE)
+    patience: int = param(10, Interval(0, None))
+    target: float | None = param(None, Interval(0, 1, closed="right"))
+    stop_at: float = param(1.0, Interval(0, 1, closed="right"))
+    val_fraction: float = param(0.1, FRACTION)
+    limit: int | None = param(None, POSITIVE)
+    blocks: int | None = param(None, Interval(0, None))
     input_scale: str = "paper"
-    dtype: str = "auto"
+    dtype: str = param("auto", OneOf(TRAIN_DTYPE_CHOICES))
     compile: bool = False
-    device: str = "auto"
-    grad_clip: float = 1.0
-    dropout: float = 0.1
+    device: str = param("auto", DEVICE)
+    grad_clip: float = param(1.0, Interval(0, None))
+    dropout: float = param(0.1, Interval(0, 1, closed="left"))
     checkpoint_every: int = 500
     resume: bool = False
     data_dir: Path = field(default_factory=default_data_dir)
@@ -514,36 +667,8 @@ class TrainConfig:
     save_backbone: Path | None = None
 
     def __post_init__(self) -> None:
-        checks = [
-            (
-                bool(self.lr) and all(0 < lr <= MAX_LR for lr in self.lr),
-                "lr",
-                f"in (0, {MAX_LR:g}] (each)",
-                list(self.lr),
-            ),
-            (len(set(self.lr)) == len(self.lr), "lr", "distinct values", list(self.lr)),
-            (self.seeds >= 1, "seeds", ">= 1", self.seeds),
-            (self.steps >= 1, "steps", ">= 1", self.steps),
-            (self.batch_size >= 1, "batch_size", ">= 1", self.batch_size),
-            (self.eval_batch_size >= 1, "eval_batch_size", ">= 1", self.eval_batch_size),
-            (self.eval_every >= 1, "eval_every", ">= 1", self.eval_every),
-            (self.patience >= 0, "patience", ">= 0", self.patience),
-            (self.limit is None or self.limit >= 1, "limit", ">= 1", self.limit),
-            (self.blocks is None or self.blocks >= 0, "blocks", ">= 0", self.blocks),
-            (self.dtype in TRAIN_DTYPE_CHOICES, "dtype", f"one of {list(TRAIN_DTYPE_CHOICES)}", self.dtype),
-            (0 <= self.dropout < 1, "dropout", "in [0, 1)", self.dropout),
-            (self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip),
-            (0 < self.val_fraction < 1, "val_fraction", "in (0, 1)", self.val_fraction),
-            (self.target is None or 0 < self.target <= 1, "target", "in (0, 1]", self.target),
-            (0 < self.stop_at <= 1, "stop_at", "in (0, 1]", self.stop_at),
-            (bool(self.trainable), "trainable", "at least one group", list(self.trainable)),
-        ]
-        for ok, name, rule, value in checks:
-            if not ok:
-                raise UsageError(f"The {name!r} parameter of train must be {rule}. Got {value!r} instead.")
+        validate(self, "train")
         object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))
-        check_device("train", self.device)
-        _check_seed("train", self.seed, self.seeds)
         if self.save_backbone is not None and (len(self.lr) > 1 or self.seeds > 1):
             given = [
                 f"--lr {','.join(f'{lr:g}' for lr in self.lr)}" if len(self.lr) > 1 else "",
@@ -568,3 +693,32 @@ class TrainConfig:
         d["data_dir"], d["checkpoint_dir"] = str(self.data_dir), str(self.checkpoint_folder)
         d["save_backbone"] = str(self.save_backbone) if self.save_backbone is not None else None
         return d
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """One ``reservoir attention`` plot: one block's attention for one example.
+
+    Parameters
+    ----------
+    layer
+        the block whose attention is shown (from 0).
+    example
+        the row of ``split`` shown.
+    split
+        the split the example comes from.
+    seed
+        seeds the input layer, a random backbone and generated data (as :class:`ExtractConfig`).
+    input_scale
+        the input layer's scale (as :class:`ExtractConfig`).
+    """
+
+    layer: int = param(0, Interval(0, None))
+    example: int = param(0, Interval(0, None))
+    split: str = "test"
+    seed: int = param(0, SEED)
+    input_scale: str = "paper"
+
+    def __post_init__(self) -> None:
+        validate(self, "attention")
+        object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))

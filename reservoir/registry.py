@@ -1,4 +1,4 @@
-"""The one registry mechanism: tasks, backbones, heads and engines register themselves by name.
+"""A name -> entry registry: the one mechanism by which tasks, backbones, heads and engines register.
 
 timm's ``register_model`` shape: a decorator fills a table keyed by name, :meth:`Registry.names`
 lists it, and an unknown name is a :class:`reservoir.errors.UsageError` naming the choices

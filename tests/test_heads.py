@@ -16,6 +16,7 @@ from threadpoolctl import threadpool_info
 from reservoir.probe import heads
 from reservoir.probe.heads import (
     HEADS,
+    FlatRows,
     HeadKind,
     LogRegHead,
     RidgeHead,
@@ -49,9 +50,37 @@ def test_torch_head_lbfgs_and_bad_optimizer():
     X, y = blobs()
     assert np.mean(TorchHead(optimizer="lbfgs").fit(X, y).predict(X) == y) > 0.9
     with pytest.raises(
-        ValueError, match="'optimizer' parameter of TorchHead must be 'adam' or 'lbfgs'. Got 'sgd'"
+        ValueError,
+        match=r"The 'optimizer' parameter of TorchHead must be one of \['adam', 'lbfgs'\]. Got 'sgd' instead",
     ):
         TorchHead(optimizer="sgd").fit(X, y)
+    with pytest.raises(
+        ValueError, match="'optimizer' parameter of TorchHead must be 'adam' to fit rows read"
+    ):
+        TorchHead(optimizer="lbfgs").fit_blocks(FlatRows(X, y))
+
+
+@pytest.mark.parametrize(
+    "head, message",
+    [
+        (LogRegHead(C=0.0), "The 'C' parameter of LogRegHead must be > 0. Got 0.0 instead."),
+        (RidgeHead(alpha=-1.0), "The 'alpha' parameter of RidgeHead must be >= 0. Got -1.0 instead."),
+        (TorchHead(epochs=0), "The 'epochs' parameter of TorchHead must be >= 1. Got 0 instead."),
+    ],
+)
+def test_heads_check_their_declared_constraints(head, message):
+    X, y = blobs()
+    with pytest.raises(ValueError) as caught:
+        head.fit(X, y)
+    assert str(caught.value) == message
+
+
+def test_heads_are_registered_and_unknown_heads_named():
+    assert HEADS.names() == ["logreg", "ridge", "torch"]
+    assert isinstance(HEADS["ridge"].estimator, RidgeHead) and HEADS["ridge"].regression
+    X, y = blobs()
+    with pytest.raises(ValueError, match=r"unknown head 'lasso'; choose from \['logreg', 'ridge', 'torch'\]"):
+        fit_depth("lasso", X[:200, None], y[:200], X[200:, None], y[200:])
 
 
 def test_ridge_partial_fit_equals_fit():
@@ -210,7 +239,8 @@ class ThreadProbe(ClassifierMixin, BaseEstimator):
 
 
 def test_fit_depth_limits_threads(monkeypatch):
-    monkeypatch.setitem(HEADS, "probe", HeadKind(ThreadProbe(), "C", (1.0, 2.0)))
+    registered = {**{name: HEADS[name] for name in HEADS}, "probe": HeadKind(ThreadProbe(), "C", (1.0, 2.0))}
+    monkeypatch.setattr(HEADS, "_entries", registered)  # a head registered for this test only
     ThreadProbe.seen.clear()
     before = {(lib["user_api"], lib["prefix"]): lib["num_threads"] for lib in threadpool_info()}
     X, y = blobs()

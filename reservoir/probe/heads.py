@@ -34,8 +34,10 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
+from reservoir.config import POSITIVE, Interval, OneOf, check, validate
 from reservoir.probe.metrics import Metric, accuracy, metric, result_scores, target_kind
 from reservoir.probe.metrics import scores as metric_scores
+from reservoir.registry import HEADS
 
 
 def head_threads() -> int:
@@ -227,6 +229,107 @@ class RidgePath:
         return coef, self.mean_y - self.mean_x @ coef
 
 
+@dataclass(frozen=True)
+class HeadKind:
+    """A registered head: its estimator, the hyperparameter searched on validation and its grid,
+    how the grid is searched (``None``: :func:`search_refit`, one fit per value; a head that solves
+    the grid faster gives its own, as ridge does) and whether it fits real-valued targets."""
+
+    estimator: Any
+    param: str
+    grid: tuple[float, ...]
+    search: Callable[..., Search] | None = field(default=None, repr=False)
+    regression: bool = False
+
+
+def register_head(
+    name: str,
+    *,
+    param: str,
+    grid: tuple[float, ...],
+    search: Callable[..., Search] | None = None,
+    regression: bool = False,
+):
+    """Class decorator: register an estimator class (the scikit-learn contract, a ``predict_``
+    :class:`Predictor` once fitted) as the head ``name`` of ``fit --head``, searched over ``grid``
+    values of its parameter ``param``; the class's first docstring line is its help."""
+
+    def add(cls):
+        kind = HeadKind(cls(), param, tuple(grid), search, regression)
+        HEADS.register(name, kind, help=(cls.__doc__ or "").strip().splitlines()[0])
+        return cls
+
+    return add
+
+
+def _best(grid: tuple[float, ...], scores: dict[float, float], by: Metric | None = None) -> float:
+    """The best-scoring value by metric ``by`` (default: accuracy, greater is better); ties and NaN
+    scores go to the first in the grid."""
+    sign = 1.0 if by is None or by.greater_is_better else -1.0
+    return max(grid, key=lambda v: (-np.inf if np.isnan(scores[v]) else sign * scores[v], -grid.index(v)))
+
+
+def search_ridge(
+    kind: HeadKind,
+    fit: Rows,
+    val: Rows,
+    *,
+    refit_with_val: bool,
+    seed: int,
+    device: str = "cpu",
+    memory_bytes: int | None = None,
+) -> Search:
+    """The ridge head's :func:`search_refit`, by :class:`RidgeHead` itself: one pass over ``fit``
+    (block by block, :meth:`RidgeHead.fit_blocks`) and one eigendecomposition score every alpha of
+    the grid; the refit adds ``val`` and decomposes once more. Same results as a standardized ridge
+    per alpha. Class targets are scored by accuracy over ``kind.grid``, float targets by NRMSE over
+    :data:`REGRESSION_GRID` (:mod:`.metrics`)."""
+    regression = fit.labels.dtype.kind == "f"
+    c = REGRESSION if regression else int(max(fit.labels.max(), val.labels.max())) + 1
+    head = RidgeHead(n_classes=c).fit_blocks(fit)
+
+    def scores_of(alphas, source: Rows) -> dict[float, float]:
+        coefs = {}
+        for alpha in alphas:
+            head.solve(alpha)
+            coefs[alpha] = (head.coef_, head.intercept_)
+        hits, total = dict.fromkeys(alphas, 0.0), 0
+        sum_y, sum_yy = 0.0, 0.0
+        for X, y in source.blocks():
+            for alpha in alphas:
+                coef, intercept = coefs[alpha]
+                pred = _predict(X @ coef + intercept, head.n_outputs_, c, y.ndim)
+                hits[alpha] += float(np.sum((pred - y) ** 2)) if regression else float(np.sum(pred == y))
+            if regression:
+                yy = np.asarray(y, np.float64).reshape(len(y), -1)
+                sum_y, sum_yy = sum_y + yy.sum(0), sum_yy + (yy * yy).sum(0)
+            total += len(y) if regression else y.size
+        if not regression:
+            return {alpha: hits[alpha] / total for alpha in alphas}
+        sst = float(np.sum(sum_yy - sum_y * sum_y / total))
+        return {alpha: (float(np.sqrt(hits[alpha] / sst)) if sst > 0 else float("nan")) for alpha in alphas}
+
+    grid = REGRESSION_GRID if regression else kind.grid
+    scores = scores_of(grid, val)
+    best = _best(grid, scores, metric("nrmse" if regression else "accuracy"))
+    refit = RidgeHead(n_classes=c).fit_blocks(Concat(fit, val)) if refit_with_val else head
+    refit.solve(best)
+    return (
+        scores,
+        best,
+        RidgePredictor(
+            refit.coef_, refit.intercept_, refit.n_outputs_, c, refit.path_.mean_x, refit.path_.scale
+        ),
+    )
+
+
+@register_head(
+    "ridge",
+    param="alpha",
+    grid=(0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0),
+    search=search_ridge,
+    regression=True,
+)
 class RidgeHead(ClassifierMixin, BaseEstimator):
     """Closed-form ridge regression on one-hot targets; predicts the argmax per output. Float
     targets are regressed as they are (``n_classes_`` is then :data:`REGRESSION`) and predicted as values.
@@ -250,12 +353,15 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
     >>> head.solve(10.0).predict(X_test)                    # doctest: +SKIP
     """
 
+    parameter_constraints = {"alpha": (Interval(0, None),), "n_classes": (Interval(0, None),)}
+
     def __init__(self, alpha: float = 1.0, *, n_classes: int | None = None):
         self.alpha = alpha
         self.n_classes = n_classes
 
     def partial_fit(self, X: np.ndarray, y: np.ndarray) -> RidgeHead:
         """Add one chunk to the statistics (no solve: call :meth:`solve`)."""
+        validate(self, "RidgeHead")
         Y = _outputs(y)
         if not hasattr(self, "stats_"):
             self.n_outputs_, self.n_classes_ = Y.shape[1], _classes(Y, self.n_classes)
@@ -277,6 +383,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
     def fit(self, X: np.ndarray, y: np.ndarray) -> RidgeHead:
         """All rows at once: through their ``n x n`` Gram matrix when features outnumber rows
         (:meth:`RidgePath.from_rows`), else through the accumulated statistics."""
+        validate(self, "RidgeHead")
         self.__dict__.pop("stats_", None)
         if X.shape[0] >= X.shape[1]:
             return self.partial_fit(X, y).solve()
@@ -306,6 +413,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
         return _predict(X @ self.coef_ + self.intercept_, self.n_outputs_, self.n_classes_, self.y_ndim_)
 
 
+@register_head("torch", param="weight_decay", grid=(0.0, 1e-4, 1e-3, 1e-2))
 class TorchHead(ClassifierMixin, BaseEstimator):
     """A linear layer trained with cross-entropy per output.
 
@@ -320,6 +428,14 @@ class TorchHead(ClassifierMixin, BaseEstimator):
     device
         where the layer trains (``auto``, ``cpu``, ``cuda[:N]``, ``mps``; as ``--device``).
     """
+
+    parameter_constraints = {
+        "weight_decay": (Interval(0, None),),
+        "optimizer": (OneOf(("adam", "lbfgs")),),
+        "lr": (Interval(0, None, closed="neither"),),
+        "epochs": (POSITIVE,),
+        "batch_size": (POSITIVE,),
+    }
 
     def __init__(
         self,
@@ -343,10 +459,7 @@ class TorchHead(ClassifierMixin, BaseEstimator):
     def fit(self, X: np.ndarray, y: np.ndarray) -> TorchHead:
         from reservoir.model.devices import resolve_device
 
-        if self.optimizer not in ("adam", "lbfgs"):
-            raise ValueError(
-                f"The 'optimizer' parameter of TorchHead must be 'adam' or 'lbfgs'. Got {self.optimizer!r} instead."
-            )
+        validate(self, "TorchHead")
         self.device_ = resolve_device(self.device)
         if self.optimizer == "adam":  # the same implementation as a fit on rows read block by block
             return self.fit_blocks(FlatRows(X, y))
@@ -382,11 +495,14 @@ class TorchHead(ClassifierMixin, BaseEstimator):
     def fit_blocks(self, source: Rows) -> TorchHead:
         """Adam on rows read block by block (:func:`streaming_linear`): the one implementation of
         the ``adam`` head, in memory or not."""
-        if self.optimizer != "adam":
-            raise ValueError(
-                f"The 'optimizer' parameter of TorchHead must be 'adam' to fit rows read block by block. "
-                f"Got {self.optimizer!r} instead."
-            )
+        validate(self, "TorchHead")
+        check(
+            "TorchHead",
+            "optimizer",
+            self.optimizer,
+            OneOf(("adam",)),
+            note=" to fit rows read block by block",
+        )
         self.y_ndim_ = source.y_ndim
         self.predict_ = streaming_linear(
             self.weight_decay,
@@ -405,6 +521,7 @@ class TorchHead(ClassifierMixin, BaseEstimator):
         return pred[:, 0] if self.y_ndim_ == 1 else pred
 
 
+@register_head("logreg", param="C", grid=(0.001, 0.01, 0.1, 1.0, 10.0))
 class LogRegHead(ClassifierMixin, BaseEstimator):
     """Multinomial logistic regression per output (one logit for two classes), scikit-learn's
     objective (``C`` times the summed log loss plus half the squared weights, intercept
@@ -419,6 +536,8 @@ class LogRegHead(ClassifierMixin, BaseEstimator):
         L-BFGS iterations.
     """
 
+    parameter_constraints = {"C": (Interval(0, None, closed="neither"),), "max_iter": (POSITIVE,)}
+
     def __init__(self, C: float = 1.0, *, max_iter: int = 300):
         self.C = C
         self.max_iter = max_iter
@@ -427,6 +546,7 @@ class LogRegHead(ClassifierMixin, BaseEstimator):
         return self.fit_blocks(FlatRows(X, y))
 
     def fit_blocks(self, source: Rows) -> LogRegHead:
+        validate(self, "LogRegHead")
         self.y_ndim_ = source.y_ndim
         self.predict_ = streaming_logistic(self.C, source, max_iter=self.max_iter)
         return self
@@ -931,13 +1051,6 @@ def search_streaming(
     return scores, best, trained(best, Concat(fit, val) if refit_with_val else fit)
 
 
-def _best(grid: tuple[float, ...], scores: dict[float, float], by: Metric | None = None) -> float:
-    """The best-scoring value by metric ``by`` (default: accuracy, greater is better); ties and NaN
-    scores go to the first in the grid."""
-    sign = 1.0 if by is None or by.greater_is_better else -1.0
-    return max(grid, key=lambda v: (-np.inf if np.isnan(scores[v]) else sign * scores[v], -grid.index(v)))
-
-
 def search_refit(
     kind: HeadKind,
     fit: Rows,
@@ -966,78 +1079,6 @@ def search_refit(
     train = tuple(np.concatenate([a, b]) for a, b in zip(fit, val)) if refit_with_val else fit
     model = make(best).fit(*train)
     return scores, best, _pipeline_predictor(model)
-
-
-def search_ridge(
-    kind: HeadKind,
-    fit: Rows,
-    val: Rows,
-    *,
-    refit_with_val: bool,
-    seed: int,
-    device: str = "cpu",
-    memory_bytes: int | None = None,
-) -> Search:
-    """The ridge head's :func:`search_refit`, by :class:`RidgeHead` itself: one pass over ``fit``
-    (block by block, :meth:`RidgeHead.fit_blocks`) and one eigendecomposition score every alpha of
-    the grid; the refit adds ``val`` and decomposes once more. Same results as a standardized ridge
-    per alpha. Class targets are scored by accuracy over ``kind.grid``, float targets by NRMSE over
-    :data:`REGRESSION_GRID` (:mod:`.metrics`)."""
-    regression = fit.labels.dtype.kind == "f"
-    c = REGRESSION if regression else int(max(fit.labels.max(), val.labels.max())) + 1
-    head = RidgeHead(n_classes=c).fit_blocks(fit)
-
-    def scores_of(alphas, source: Rows) -> dict[float, float]:
-        coefs = {}
-        for alpha in alphas:
-            head.solve(alpha)
-            coefs[alpha] = (head.coef_, head.intercept_)
-        hits, total = dict.fromkeys(alphas, 0.0), 0
-        sum_y, sum_yy = 0.0, 0.0
-        for X, y in source.blocks():
-            for alpha in alphas:
-                coef, intercept = coefs[alpha]
-                pred = _predict(X @ coef + intercept, head.n_outputs_, c, y.ndim)
-                hits[alpha] += float(np.sum((pred - y) ** 2)) if regression else float(np.sum(pred == y))
-            if regression:
-                yy = np.asarray(y, np.float64).reshape(len(y), -1)
-                sum_y, sum_yy = sum_y + yy.sum(0), sum_yy + (yy * yy).sum(0)
-            total += len(y) if regression else y.size
-        if not regression:
-            return {alpha: hits[alpha] / total for alpha in alphas}
-        sst = float(np.sum(sum_yy - sum_y * sum_y / total))
-        return {alpha: (float(np.sqrt(hits[alpha] / sst)) if sst > 0 else float("nan")) for alpha in alphas}
-
-    grid = REGRESSION_GRID if regression else kind.grid
-    scores = scores_of(grid, val)
-    best = _best(grid, scores, metric("nrmse" if regression else "accuracy"))
-    refit = RidgeHead(n_classes=c).fit_blocks(Concat(fit, val)) if refit_with_val else head
-    refit.solve(best)
-    return (
-        scores,
-        best,
-        RidgePredictor(
-            refit.coef_, refit.intercept_, refit.n_outputs_, c, refit.path_.mean_x, refit.path_.scale
-        ),
-    )
-
-
-@dataclass(frozen=True)
-class HeadKind:
-    """A head family: its estimator, the regularisation grid searched on validation, and
-    how the grid is searched (:func:`search_refit` unless the head solves it faster)."""
-
-    estimator: Any
-    param: str
-    grid: tuple[float, ...]
-    search: Callable[..., tuple[dict[float, float], float, float]] = field(default=search_refit, repr=False)
-
-
-HEADS = {
-    "logreg": HeadKind(LogRegHead(), "C", (0.001, 0.01, 0.1, 1.0, 10.0)),
-    "ridge": HeadKind(RidgeHead(), "alpha", (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0), search_ridge),
-    "torch": HeadKind(TorchHead(), "weight_decay", (0.0, 1e-4, 1e-3, 1e-2)),
-}
 
 
 def evaluate(predict: Callable[[np.ndarray], np.ndarray], source: Rows) -> dict[str, float]:
@@ -1145,11 +1186,9 @@ def fit_probe(
     the test splits: for the registered heads a :class:`Predictor`, whose state a saved probe keeps
     (:mod:`reservoir.probe.saved`).
     """
-    if head not in HEADS:
-        raise ValueError(f"unknown head {head!r}; choose from {sorted(HEADS)}")
-    kind = HEADS[head]
+    kind = HEADS[head]  # UsageError naming the registered heads
     target = target_kind(train.labels)
-    if target == "regression" and kind.search is not search_ridge:
+    if target == "regression" and not kind.regression:
         raise ValueError(
             f"the targets are real values (regression); --head {head} fits classes: use --head ridge"
         )
@@ -1161,7 +1200,7 @@ def fit_probe(
     else:
         fit = train
     with threadpool_limits(limits=head_threads()):
-        scores, best, predict = kind.search(
+        scores, best, predict = (kind.search or search_refit)(
             kind, fit, val, refit_with_val=held_out, seed=seed, device=device, memory_bytes=memory_bytes
         )
         metrics = {name: evaluate(predict, test) for name, test in tests.items()}
