@@ -33,7 +33,18 @@ import torch.utils.data
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
-from reservoir.config import ExtractConfig, FitConfig, TrainConfig, default, parse_input_scale, select_depths
+from reservoir.config import (
+    DEVICE,
+    SEED,
+    ExtractConfig,
+    FitConfig,
+    Interval,
+    TrainConfig,
+    default,
+    parse_input_scale,
+    select_depths,
+    validate,
+)
 from reservoir.errors import DataError, StoreError, UsageError
 from reservoir.tasks import TaskSpec, pad_ids
 
@@ -736,6 +747,12 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     >>> model.fit(X_train, y_train).score(X_test, y_test)           # doctest: +SKIP
     """
 
+    parameter_constraints = {
+        "seed": (SEED,),
+        "device": (DEVICE,),
+        "batch_size": (Interval(1, None, integer=True),),
+    }
+
     def __init__(
         self,
         backbone: str = default(ExtractConfig, "backbone"),
@@ -779,12 +796,9 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         from reservoir.runtime.engines import INT8_DTYPES, calibration_batches, calibration_rows
         from reservoir.runtime.runner import FeatureRunner, resolve_dtype
 
+        validate(self, "ReservoirFeatures")
         device = resolve_device(self.device)
         dtype = resolve_dtype(self.dtype, device)
-        if not isinstance(self.batch_size, (int, np.integer)) or self.batch_size < 1:
-            raise UsageError(
-                f"The 'batch_size' parameter of ReservoirFeatures must be >= 1. Got {self.batch_size!r} instead."
-            )
         rows, kind, width = _sequences(X)
         backbone = _backbone(self.backbone, self.seed)
         self.depths_ = select_depths(

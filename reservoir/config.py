@@ -175,7 +175,7 @@ def from_options(cls: type, **options: Any):
 
 
 def _number(x: Any) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
+    return str(x)
 
 
 class Constraint:
@@ -196,13 +196,15 @@ class Constraint:
 class Interval(Constraint):
     """A number in ``[low, high]`` (``closed``: ``"both"``, ``"left"``, ``"right"``, ``"neither"``);
     a bound ``None`` is open, a callable bound is computed from the owner; ``each``: a non-empty
-    sequence whose every value is; ``note`` (from the owner) follows the rule. NaN is in no interval."""
+    sequence whose every value is; ``note`` (from the owner) follows the rule; ``integer``: an int
+    only. NaN is in no interval."""
 
     low: float | Callable[[Any], float] | None = None
     high: float | Callable[[Any], float] | None = None
     closed: str = "both"
     each: bool = False
     note: Callable[[Any], str] | None = None
+    integer: bool = False
 
     def _bounds(self, owner: Any) -> tuple[Any, Any]:
         return tuple(b(owner) if callable(b) else b for b in (self.low, self.high))
@@ -220,6 +222,8 @@ class Interval(Constraint):
     def ok(self, value: Any, owner: Any = None) -> bool:
         if self.each:
             return isinstance(value, (list, tuple)) and bool(value) and all(self._in(x, owner) for x in value)
+        if self.integer and not isinstance(value, (int, np.integer)):
+            return False
         return not isinstance(value, bool) and self._in(value, owner)
 
     def text(self, owner: Any = None) -> str:
@@ -231,7 +235,12 @@ class Interval(Constraint):
             rule = f"{'>=' if left else '>'} {_number(low)}"
         else:
             rule = f"{'<=' if right else '<'} {_number(high)}"
-        return rule + (" (each)" if self.each else "") + (self.note(owner) if self.note else "")
+        return (
+            ("an integer " if self.integer else "")
+            + rule
+            + (" (each)" if self.each else "")
+            + (self.note(owner) if self.note else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -256,6 +265,20 @@ class OneOf(Constraint):
     def text(self, owner: Any = None) -> str:
         values = self.values()
         return repr(values[0]) if len(values) == 1 else f"one of {values}"
+
+
+@dataclass(frozen=True)
+class Divides(Constraint):
+    """A positive integer dividing ``number``."""
+
+    number: int
+
+    def ok(self, value: Any, owner: Any = None) -> bool:
+        return isinstance(value, (int, np.integer)) and value >= 1 and self.number % value == 0
+
+    def text(self, owner: Any = None) -> str:
+        divisors = ", ".join(str(d) for d in range(1, self.number + 1) if self.number % d == 0)
+        return f"a divisor of {self.number} ({divisors})"
 
 
 @dataclass(frozen=True)
@@ -368,7 +391,7 @@ def check_device(owner: str, value: str) -> None:
 MAX_SEED = 2**32 - 1
 #: the largest learning rate ``train`` takes (Adam's steps are about lr: beyond it no run learns, and past
 #: float32's range torch's optimiser fails to even store it)
-MAX_LR = 100.0
+MAX_LR = 100
 #: a run's seed
 SEED = Interval(0, MAX_SEED)
 #: a share of the rows, strictly between none and all

@@ -20,7 +20,14 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from reservoir.config import MAX_SEED  # noqa: F401  (task modules bound their seed options by it)
+from reservoir.config import (
+    MAX_SEED,  # noqa: F401  (task modules bound their seed options by it)
+    Constraint,
+    Divides,
+    Interval,
+    OneOf,
+    check,
+)
 from reservoir.errors import DataError, UsageError  # noqa: F401  (DataError: re-exported for task modules)
 from reservoir.registry import Registry
 
@@ -185,50 +192,31 @@ def option(
     choices: Sequence[Any] | None = None,
     divides: int | None = None,
 ) -> Any:
-    """A task option (a dataclass field) with its valid values stated: ``low``/``high`` bounds (inclusive),
-    ``above``/``below`` (exclusive), ``choices``, or a divisor of ``divides``. :func:`check_value` checks
+    """A task option (a dataclass field) with its valid values declared: ``low``/``high`` bounds (inclusive),
+    ``above``/``below`` (exclusive), ``choices``, or a divisor of ``divides``, kept as the field's
+    constraints (:mod:`reservoir.config`'s, as config fields declare theirs). :func:`check_value` checks
     them wherever options arrive (the command line while parsing, :func:`get_task`)."""
-    return dataclasses.field(
-        default=default,
-        metadata={
-            "low": low,
-            "high": high,
-            "above": above,
-            "below": below,
-            "choices": choices,
-            "divides": divides,
-        },
-    )
+    if choices is not None:
+        rules: tuple[Constraint, ...] = (OneOf(tuple(choices)),)
+    elif divides is not None:
+        rules = (Divides(divides),)
+    elif (low, high, above, below) == (None, None, None, None):
+        rules = ()
+    else:
+        lo, hi = (above if above is not None else low), (below if below is not None else high)
+        closed = {(True, True): "both", (True, False): "left", (False, True): "right"}.get(
+            (above is None, below is None), "neither"
+        )
+        rules = (Interval(lo, hi, closed=closed),)
+    return dataclasses.field(default=default, metadata={"rules": rules})
 
 
 def check_value(task: str, key: str, value: Any, meta: Any) -> None:
-    """``value`` of option ``key`` of ``task`` lies where its field's metadata says; UsageError in
-    scikit-learn's shape otherwise ("The 'n_bits' option of task bit_xor must be in [1, 1048576]. Got -3 instead.")."""
-    choices, divides = meta.get("choices"), meta.get("divides")
-    lo_open, hi_open = meta.get("above") is not None, meta.get("below") is not None
-    low = meta.get("above") if lo_open else meta.get("low")
-    high = meta.get("below") if hi_open else meta.get("high")
-    if choices is not None:
-        ok, rule = value in choices, f"one of {list(choices)}"
-    elif divides is not None:
-        ok = isinstance(value, int) and value >= 1 and divides % value == 0
-        rule = (
-            f"a divisor of {divides} ({', '.join(str(d) for d in range(1, divides + 1) if divides % d == 0)})"
-        )
-    elif low is None and high is None:
-        return
-    else:
-        ok = (low is None or (value > low if lo_open else value >= low)) and (
-            high is None or (value < high if hi_open else value <= high)
-        )  # NaN fails every comparison
-        if low is not None and high is not None:
-            rule = f"in {'(' if lo_open else '['}{low}, {high}{')' if hi_open else ']'}"
-        elif low is not None:
-            rule = f"{'>' if lo_open else '>='} {low}"
-        else:
-            rule = f"{'<' if hi_open else '<='} {high}"
-    if not ok:
-        raise UsageError(f"The {key!r} option of task {task} must be {rule}. Got {value!r} instead.")
+    """``value`` of option ``key`` of ``task`` meets its field's declared constraints; UsageError in
+    scikit-learn's shape otherwise ("The 'n_bits' option of task bit_xor must be in [1, 1048576]. Got -3
+    instead."), written by :func:`reservoir.config.check`."""
+    for rule in meta.get("rules", ()):
+        check(f"task {task}", key, value, rule, noun="option")
 
 
 def register_task(name: str):
