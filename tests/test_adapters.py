@@ -18,7 +18,16 @@ from tests.zoo import ARCHITECTURES, KINDS, LAYERS, MORE, save_tiny
 DINOV2_MASK = tuple(int(x) for x in __import__("transformers").__version__.split(".")[:2]) >= (5, 18)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-VISION = {"vit", "deit", "dinov2", "clip_vision", "siglip_vision"}
+VISION = {
+    "vit",
+    "deit",
+    "dinov2",
+    "clip_vision",
+    "siglip_vision",
+    "vit_msn",
+    "ijepa",
+    "dinov2_with_registers",
+}
 #: where each architecture keeps its blocks, named independently of the adapters' own search
 BLOCKS = {
     "gpt2": "h",
@@ -30,6 +39,9 @@ BLOCKS = {
     "deberta-v2": "encoder.layer",
     "t5": "block",
     "dinov2": "encoder.layer",
+    "vit_msn": "layers",
+    "ijepa": "layers",
+    "dinov2_with_registers": "encoder.layer",
     "albert": "encoder.albert_layer_groups",
     "clip_vision": "encoder.layers",
     "siglip_vision": "encoder.layers",

@@ -394,7 +394,8 @@ def test_cli_accepts_twins_of_folders_and_rejects_unknown(cli, home, tiny):
 
 
 def test_a_model_the_generic_adapter_cannot_feed_is_refused_naming_why(tmp_path):
-    """Swin's forward takes pixels, never embedded tokens (its stages merge patches): refused in words, naming it."""
+    """Swin's forward takes pixels, never embedded tokens, and it keeps no table of patch positions for the
+    vision adapter to give the input layer's tokens (its stages merge patches): refused in words, naming it."""
     from transformers import SwinConfig, SwinModel
 
     config = SwinConfig(
@@ -402,7 +403,7 @@ def test_a_model_the_generic_adapter_cannot_feed_is_refused_naming_why(tmp_path)
     )
     SwinModel(config).save_pretrained(tmp_path)
     with pytest.raises(
-        BackboneError, match="'swin' model's forward takes no inputs_embeds.*families with an adapter"
+        BackboneError, match="'swin' vision transformer has no table of absolute patch positions.*choose"
     ):
         load_backbone(str(tmp_path))
 

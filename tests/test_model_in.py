@@ -113,3 +113,15 @@ def test_an_encoder_saved_alone_from_an_encoder_decoder_family_loads(tmp_path):
     torch.testing.assert_close(got[:, 1], want)
     twin = load_backbone(str(tmp_path / "t5e") + "-random", seed=1)
     assert type(twin.model).__name__ == "T5EncoderModel" and twin.n_layers == 2
+
+
+def test_a_vision_transformer_with_no_position_table_is_refused_in_words(tmp_path):
+    """A pixel-only vision transformer is taken by the vision adapter by its shape; one that keeps no table of
+    absolute patch positions (BEiT) cannot take the input layer's tokens in place of its patches, and says so."""
+    from transformers import BeitConfig, BeitModel
+
+    config = BeitConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                        image_size=32, patch_size=8)  # fmt: skip
+    BeitModel(config).save_pretrained(tmp_path / "beit")
+    with pytest.raises(BackboneError, match="has no table of absolute patch positions"):
+        load_backbone(str(tmp_path / "beit"))

@@ -141,6 +141,21 @@ def _cfg(kind: str):
             t.Dinov2Model,
         ),
         "clip_vision": lambda: (t.CLIPVisionConfig(**VISION), t.CLIPVisionModel),
+        # vision transformers read from pixels alone, with no adapter named for their type: the vision
+        # adapter takes them by their shape (reservoir.model.backbones.hf.takes_pixels_only)
+        "vit_msn": lambda: (t.ViTMSNConfig(**VISION), t.ViTMSNModel),
+        "ijepa": lambda: (t.IJepaConfig(**VISION), t.IJepaModel),
+        "dinov2_with_registers": lambda: (
+            t.Dinov2WithRegistersConfig(
+                hidden_size=W,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS,
+                mlp_ratio=2,
+                image_size=32,
+                patch_size=4,
+            ),
+            t.Dinov2WithRegistersModel,
+        ),
         "siglip_vision": lambda: (t.SiglipVisionConfig(**VISION), t.SiglipVisionModel),
         "mamba": lambda: (
             t.MambaConfig(
@@ -236,7 +251,20 @@ ARCHITECTURES = (
     "mamba",
 )
 #: more architectures, each checked depth by depth against the library's own model (the generic adapter reads them)
-MORE = ("falcon", "bloom", "mpt", "gpt_bigcode", "phi3", "mixtral", "granite", "distilbert", "mamba2")
+MORE = (
+    "falcon",
+    "bloom",
+    "mpt",
+    "gpt_bigcode",
+    "phi3",
+    "mixtral",
+    "granite",
+    "distilbert",
+    "mamba2",
+    "vit_msn",
+    "ijepa",
+    "dinov2_with_registers",
+)
 #: the kind of each: decoder, encoder, encoder-decoder's encoder, vision, state-space
 KINDS = {
     "bert": "encoder",
@@ -254,6 +282,9 @@ KINDS = {
     "mamba": "state-space",
     "distilbert": "encoder",
     "mamba2": "state-space",
+    "vit_msn": "vision",
+    "ijepa": "vision",
+    "dinov2_with_registers": "vision",
 }
 
 

@@ -184,7 +184,7 @@ def from_object(name: str, dtype: torch.dtype = torch.float32) -> Backbone:
     from reservoir.model.backbones.hf import adapter_for
 
     config = getattr(model, "config", None)
-    return adapter_for(getattr(config, "model_type", ""))(model)
+    return adapter_for(getattr(config, "model_type", ""), config)(model)
 
 
 def split_revision(path: str) -> tuple[str, str | None]:
@@ -295,7 +295,7 @@ def load_pretrained(
     path, revision = split_revision(path)
     config = load_config(path, revision)
     check_buildable(config, path, dtype)
-    adapter = adapter_for(config.model_type)
+    adapter = adapter_for(config.model_type, config)
     if init == "random":
         with seeded(seed):
             return adapter(model_from_config(config))

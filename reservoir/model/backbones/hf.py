@@ -677,6 +677,28 @@ def check_buildable(config, source: str, dtype: torch.dtype = torch.float32) -> 
         )
 
 
-def adapter_for(model_type: str) -> type[HFBackbone]:
-    """The family adapter of ``model_type``, else the generic one."""
-    return ADAPTERS.get(model_type, HFBackbone)
+def takes_pixels_only(config) -> bool:
+    """Whether ``config``'s model is a vision transformer read from pixels alone: patches of an image
+    (``patch_size``, ``image_size``) through a forward that takes no ``inputs_embeds``."""
+    if not (hasattr(config, "patch_size") and hasattr(config, "image_size")):
+        return False
+    try:
+        cls = model_class(config)
+        if cls.__name__ == "AutoModel":
+            from transformers import MODEL_MAPPING
+
+            cls = MODEL_MAPPING[type(config)]
+    except (KeyError, ValueError):
+        return False
+    return "inputs_embeds" not in accepted(cls.forward) and "pixel_values" in accepted(cls.forward)
+
+
+def adapter_for(model_type: str, config=None) -> type[HFBackbone]:
+    """The family adapter of ``model_type``; for a vision transformer of another type that reads pixels
+    only (:func:`takes_pixels_only`), the vision adapter, whose input layer replaces the patch embedding;
+    else the generic one."""
+    if model_type in ADAPTERS:
+        return ADAPTERS[model_type]
+    if config is not None and "vit" in ADAPTERS and takes_pixels_only(config):
+        return ADAPTERS["vit"]
+    return HFBackbone

@@ -1,4 +1,6 @@
-"""Vision transformer adapter: ViT, DeiT, DINOv2, and the vision towers of CLIP and SigLIP.
+"""Vision transformer adapter: ViT, DeiT, DINOv2, the vision towers of CLIP and SigLIP, and any other vision
+transformer read from pixels alone that keeps a table of patch positions (ViT-MSN, I-JEPA, DINOv2 with
+registers, ...: taken by its shape, :func:`reservoir.model.backbones.hf.takes_pixels_only`).
 
 As in the FPT paper's ViT row, the FPT input layer replaces the patch embedding: the embedded
 tokens are the patches. The model's class and distillation tokens are not used; its learned
@@ -52,9 +54,34 @@ class VisionBackbone(HFBackbone):
     def __init__(self, model: nn.Module, **kwargs):
         super().__init__(getattr(model, "vision_model", model), **kwargs)  # a dual encoder: its vision tower
 
+    def layout(self) -> tuple[str, str | None, str | None]:
+        """Where the model keeps its position table, its norm before the blocks and its norm of the last
+        hidden state: :data:`LAYOUT` for the families named there; for another vision transformer read
+        from pixels only, found by name (``position_embeddings`` or ``position_embedding``; ``pre_layrnorm``
+        or ``pre_layernorm``; ``layernorm``)."""
+        if self.config.model_type in LAYOUT:
+            return LAYOUT[self.config.model_type]
+        m, emb = self.model, self.model.embeddings
+        table = next(
+            (n for n in ("position_embeddings", "position_embedding") if getattr(emb, n, None) is not None),
+            None,
+        )
+        if table is None:
+            raise BackboneError(
+                f"this {self.config.model_type!r} vision transformer has no table of absolute patch positions for "
+                "the FPT input layer's tokens to take in place of its patches (its blocks place their tokens "
+                "themselves); choose a vision transformer with one: ViT, DeiT, DINOv2 and its variants, "
+                "ViT-MSN, I-JEPA, or CLIP's or SigLIP's vision tower"
+            )
+        before = next(
+            (n for n in ("pre_layrnorm", "pre_layernorm") if isinstance(getattr(m, n, None), nn.Module)), None
+        )
+        after = "layernorm" if isinstance(getattr(m, "layernorm", None), nn.Module) else None
+        return table, before, after
+
     def locate(self) -> Parts:
         m = self.model
-        table, before, after = LAYOUT[self.config.model_type]
+        table, before, after = self.layout()
         emb = m.embeddings
         positions = getattr(emb, table)
         self.n_patches = (
@@ -79,8 +106,7 @@ class VisionBackbone(HFBackbone):
 
     def position_table(self) -> torch.Tensor:
         """The model's positions ``(1, special + patches, d)``."""
-        table = LAYOUT[self.config.model_type][0]
-        positions = getattr(self.model.embeddings, table)
+        positions = getattr(self.model.embeddings, self.layout()[0])
         return positions.weight[None] if isinstance(positions, nn.Embedding) else positions
 
     def is_causal(self) -> bool:
