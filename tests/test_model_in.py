@@ -125,3 +125,21 @@ def test_a_vision_transformer_with_no_position_table_is_refused_in_words(tmp_pat
     BeitModel(config).save_pretrained(tmp_path / "beit")
     with pytest.raises(BackboneError, match="has no table of absolute patch positions"):
         load_backbone(str(tmp_path / "beit"))
+
+
+def test_a_model_larger_than_the_cards_free_memory_is_refused_up_front(tiny_gpt2, monkeypatch):
+    """Before anything moves to a CUDA card, a backbone larger than its free memory is refused naming its size
+    in the compute dtype and the card's free memory (the card's answer is stood in for here)."""
+    from reservoir.errors import DeviceError
+    from reservoir.model.devices import check_fits
+
+    backbone = load_backbone(str(tiny_gpt2))
+    n = sum(t.numel() for t in (*backbone.parameters(), *backbone.buffers()))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * n - 1, 80 << 30))
+    with pytest.raises(
+        DeviceError, match=rf"holds {n:,} values .* in float32\), more than the .* free on cuda:0"
+    ):
+        check_fits(backbone, torch.device("cuda:0"), "float32", "tiny")
+    check_fits(backbone, torch.device("cuda:0"), "bfloat16", "tiny")  # half the bytes: fits
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: pytest.fail("the CPU asks no card"))
+    check_fits(backbone, torch.device("cpu"), "float32", "tiny")

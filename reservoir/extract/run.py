@@ -55,7 +55,7 @@ from reservoir.extract.store import (
 from reservoir.identity import differences, feature_identity, features_path_for
 from reservoir.identity import digest as identity_hash
 from reservoir.model.backbones import fingerprint, label, load_backbone
-from reservoir.model.devices import resolve_device
+from reservoir.model.devices import check_fits, resolve_device
 from reservoir.model.input_layer import input_layer_tensors
 from reservoir.model.reservoir import check_length, check_readout, readout_count
 from reservoir.progress import bar, log
@@ -425,6 +425,9 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
         cfg.depths, range(backbone.n_layers + 1), f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)"
     )
     dtype = cfg.load_dtype if halved and cfg.dtype == "auto" else resolve_dtype(cfg.dtype, device)
+    check_fits(
+        backbone, device, dtype, cfg.backbone
+    )  # a CUDA card's free memory, before anything moves there
     if halved and dtype in INT8_DTYPES:
         raise UsageError(
             f"--dtype {dtype} quantizes float32 weights on OpenVINO; load them in float32 (drop --load-dtype)"

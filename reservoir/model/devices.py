@@ -42,3 +42,23 @@ def absent_cuda(name: str, found: int) -> str:
         f"--device {name}: this machine has {found} CUDA device(s) ({cards}; torch {torch.__version__}, {build}); "
         f"use --device cuda:0{f' to cuda:{found - 1}' if found > 1 else ''}, cuda (the first), or cpu"
     )
+
+
+def check_fits(module: torch.nn.Module, device: torch.device, dtype: str, what: str) -> None:
+    """Refuse (DeviceError), before anything moves there, a model whose parameters and buffers in ``dtype``
+    (``float32``: 4 bytes a value, ``bfloat16``/``float16``: 2) exceed a CUDA device's free memory, naming
+    both sizes and the ways out; other devices are not checked here (the host's memory is checked when the
+    model is built)."""
+    if device.type != "cuda":
+        return
+    from reservoir.errors import DeviceError
+
+    free, total = torch.cuda.mem_get_info(device)
+    n = sum(t.numel() for t in (*module.parameters(), *module.buffers()))
+    size = n * (2 if dtype in ("bfloat16", "float16") else 4)
+    if size > free:
+        raise DeviceError(
+            f"backbone {what} holds {n:,} values ({size / 2**30:,.1f} GiB in {dtype}), more than the "
+            f"{free / 2**30:,.1f} GiB free on {device} ({total / 2**30:,.1f} GiB in all); keep its weights in half "
+            "the memory with --load-dtype bfloat16, use a card with more memory, or --device cpu"
+        )
