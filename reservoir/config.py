@@ -529,7 +529,8 @@ class FitConfig:
     depths
         ``"all"`` or comma-separated depths (negative: from the last stored one).
     head
-        ``logreg``, ``ridge`` or ``torch``.
+        a registered head (:data:`reservoir.registry.HEADS`: ``logreg``, ``ridge``, ``torch`` and
+        any a module of :mod:`reservoir.probe` registers; ``fit --head`` lists them).
     val_fraction
         share of train carved out (seeded) to choose regularisation.
     seed

@@ -76,10 +76,10 @@ def test_heads_check_their_declared_constraints(head, message):
 
 
 def test_heads_are_registered_and_unknown_heads_named():
-    assert HEADS.names() == ["logreg", "ridge", "torch"]
+    assert {"logreg", "ridge", "torch"} <= set(HEADS.names())
     assert isinstance(HEADS["ridge"].estimator, RidgeHead) and HEADS["ridge"].regression
     X, y = blobs()
-    with pytest.raises(ValueError, match=r"unknown head 'lasso'; choose from \['logreg', 'ridge', 'torch'\]"):
+    with pytest.raises(ValueError, match=r"unknown head 'lasso'; choose from \[.*'logreg', 'ridge', 'torch'"):
         fit_depth("lasso", X[:200, None], y[:200], X[200:, None], y[200:])
 
 
