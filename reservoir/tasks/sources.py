@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reservoir.registry import Registry
 from reservoir.tasks import DataError, Task, get_task, list_tasks
 from reservoir.tasks.download import DataArchive, check_archive, md5sum
 
@@ -54,15 +55,17 @@ class Source:
         return "present" if not missing else f"missing {len(missing)} of {len(self.files)}"
 
 
-SOURCES: dict[str, Callable[[Task, Path], Source]] = {}
+#: where each task that reads files finds them, by task name: registered here or by the task's own
+#: module (every module of :mod:`reservoir.tasks` is imported on the first lookup)
+SOURCES: Registry[Source] = Registry("data source", home="reservoir.tasks")
 
 
 def source(*names: str):
     """Register ``f(task, data_dir) -> Source`` for the named tasks."""
 
-    def add(f):
+    def add(f: Callable[[Task, Path], Source]):
         for n in names:
-            SOURCES[n] = f
+            SOURCES.register(n, f)
         return f
 
     return add
@@ -71,8 +74,9 @@ def source(*names: str):
 def source_of(task: Task, data_dir: Path) -> Source:
     if task.spec.name.startswith("file:"):
         return _file_source(task)
-    factory = SOURCES.get(task.name)
-    return factory(task, Path(data_dir)) if factory else Source(task.name, "generated on the fly (no files)")
+    if task.name not in SOURCES:
+        return Source(task.name, "generated on the fly (no files)")
+    return SOURCES.factory(task.name)(task, Path(data_dir))
 
 
 @source("cifar10", "cifar10_lra")
