@@ -41,7 +41,10 @@ def test_task_yields_declared_shapes(name, tmp_path):
             assert tokens.dtype == np.int64 and tokens.max() < spec.vocab_size and tokens.min() >= 0
             assert tokens.shape[1] == data.lengths.max() <= spec.seq_len
         assert data.labels.shape == (5, *spec.label_shape)
-        assert data.labels.min() >= 0 and data.labels.max() < spec.n_classes
+        if spec.target == "regression":  # real values: finite float32 targets
+            assert data.labels.dtype == np.float32 and np.isfinite(data.labels).all()
+        else:
+            assert data.labels.min() >= 0 and data.labels.max() < spec.n_classes
         assert (data.lengths >= spec.n_readout).all() and (data.lengths <= spec.seq_len).all()
 
 
