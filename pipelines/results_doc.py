@@ -135,6 +135,24 @@ def section(n: int, record: Path, caption: str, folder: str) -> list[str]:
     return parts
 
 
+def series_section(record: Path) -> list[str]:
+    """The forecasting tasks' part of the document (``series.py``'s record), with the notes written against it."""
+    about = json.loads((record / "series.json").read_text())
+    parts = [
+        "## Reservoir computing's home tasks: Mackey-Glass and NARMA-10",
+        "",
+        "```",
+        about["command"],
+        "```",
+        "",
+    ]
+    notes = HERE / "notes" / "series.md"
+    if notes.exists():
+        parts += [notes.read_text().strip(), ""]
+    parts += [(record / "series.md").read_text().strip(), "", about["wall_time"], ""]
+    return parts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -218,6 +236,9 @@ def main() -> None:
     for n in tables:
         caption = TABLES[n].caption if n in TABLES else ""
         parts += section(n, records[n], caption, f"results/table{n}")
+    series = args.out.parent / "results" / "series"
+    if (series / "series.md").exists():
+        parts += series_section(series)
     args.out.write_text("\n".join(parts).rstrip() + "\n")
     print(args.out)
 
