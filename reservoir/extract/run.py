@@ -184,7 +184,7 @@ def dtype_reason(run: Run) -> str:
 
 def should_compile(setting: bool | None, tokens: int, backbone: nn.Module | None = None) -> bool:
     """``True``/``False`` as given; ``None`` (auto) compiles runs of at least :data:`AUTO_COMPILE_TOKENS`
-    tokens, unless the backbone says compiling gains nothing (``compilable = False``)."""
+    tokens, unless the backbone says compiling gains nothing (its ``capabilities`` declare no ``compile``)."""
     if setting is not None:
         return bool(setting)
     return tokens >= AUTO_COMPILE_TOKENS and getattr(backbone, "compilable", True)
