@@ -45,7 +45,7 @@ from reservoir.config import (
     select_depths,
     validate,
 )
-from reservoir.errors import DataError, StoreError, UsageError
+from reservoir.errors import DataError, StoreError, UsageError, optional
 from reservoir.tasks import TaskSpec, pad_ids
 
 __all__ = [
@@ -189,19 +189,6 @@ def fit(
     return run(_config(FitConfig, task=task, backbone=backbone, **settings), progress=_watched(progress))
 
 
-def _optional(module: str, what: str) -> Any:
-    """Import an optional package, or say what needs it and how to install it."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(
-            f"{what} needs the optional package {module!r}, which is not installed here; "
-            f"install it with `pip install {module}`"
-        ) from None
-
-
 def read_features(
     path: str | Path,
     split: str,
@@ -263,7 +250,7 @@ def read_features(
             f"give depth ({depth!r}: one depth, flattened features) or depths ({depths!r}: several, "
             "(N, n_depths, n_readout, d_model)), not both"
         )
-    xr = _optional("xarray", "read_features(..., as_xarray=True)") if as_xarray else None
+    xr = optional("xarray", "read_features(..., as_xarray=True)") if as_xarray else None
     path = Path(path)
     with open_features(path) as f:
         if depth is not None and xr is None:  # the single-depth form
@@ -516,7 +503,7 @@ def results(
     >>> table = results()                                            # doctest: +SKIP
     >>> table[table.column == "chosen"][["task", "setting", "depth", "test"]]   # doctest: +SKIP
     """
-    pd = _optional("pandas", "api.results")
+    pd = optional("pandas", "api.results")
     from reservoir.config import home
     from reservoir.report.tables import Report, depth_rule
     from reservoir.results import load_results

@@ -62,3 +62,17 @@ def unreadable(path: object, e: BaseException, fix: str) -> DataError:
             "data to another one and point --data-dir there, then rerun"
         )
     return DataError(f"{path} is unreadable or truncated ({type(e).__name__}: {e}); {fix}")
+
+
+def optional(module: str, what: str, install: str | None = None, error: type[Exception] = ImportError):
+    """The optional package ``module``, imported; else ``error`` saying that ``what`` needs it and how to install
+    it (``install``: the pip argument, default the package's own name)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise error(
+            f"{what} needs the optional package {module!r}, which is not installed here; "
+            f"install it with `pip install {install or module.split('.')[0]}`"
+        ) from None

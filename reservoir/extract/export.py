@@ -23,7 +23,7 @@ import h5py
 import numpy as np
 
 from reservoir.config import select_depths
-from reservoir.errors import UsageError
+from reservoir.errors import UsageError, optional
 from reservoir.extract.store import (
     feature_splits,
     iter_depth,
@@ -33,18 +33,6 @@ from reservoir.extract.store import (
 )
 
 FORMATS = ("parquet", "datasets")
-
-
-def _needs(module: str, extra: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise UsageError(
-            f"reservoir export needs the optional package {module!r}: pip install 'reservoir[{extra}]' "
-            f"(or pip install {module})"
-        ) from None
 
 
 def blocks(f: h5py.File, split: str, depths: Sequence[int]) -> Iterator[dict[str, np.ndarray]]:
@@ -119,8 +107,8 @@ def export(
     if format not in FORMATS:
         raise UsageError(f"unknown export format {format!r}; choose from {', '.join(FORMATS)}")
     check_out(out := Path(out), format)
-    pa = _needs("pyarrow", "data")
-    pq = _needs("pyarrow.parquet", "data")
+    pa = optional("pyarrow", "reservoir export", "'reservoir[data]'", UsageError)
+    pq = optional("pyarrow.parquet", "reservoir export", "'reservoir[data]'", UsageError)
     with open_features(Path(features)) as f:
         stored = [int(d) for d in f.attrs["depths"]]
         depths = stored if depths is None else select_depths(tuple(depths), stored, f"in {features}")
@@ -142,7 +130,7 @@ def export(
         else:
             import tempfile
 
-            datasets = _needs("datasets", "test")
+            datasets = optional("datasets", "reservoir export --format datasets", None, UsageError)
             datasets.disable_progress_bars()  # its bars and messages say nothing to the user of this command
             with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.cache") as cache:
                 parts = {}

@@ -318,11 +318,6 @@ def predict_file(
     return np.concatenate(parts).reshape(labels.shape), labels
 
 
-def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
-    """Fraction correct over every output (as the fit's ``test_accuracy``); NaN for no rows."""
-    return float(np.mean(predictions == labels)) if labels.size else float("nan")
-
-
 def score(probe: SavedProbe, predictions: np.ndarray, labels: np.ndarray) -> tuple[str, float]:
     """The probe's primary metric (its fit's, :mod:`reservoir.probe.metrics`) and its value on these
     predictions; NaN for no rows."""
