@@ -23,10 +23,8 @@ pretrained tensor's mean and std, paper section 3.8).
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import os
-import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,7 +48,7 @@ from reservoir.model.backbones.base import (
     stats_init,
     weight_std,
 )
-from reservoir.registry import Registry
+from reservoir.registry import Registry, discover
 
 __all__ = [
     "Backbone",
@@ -325,6 +323,7 @@ def _subclasses(cls: type) -> list[type]:
     return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
 
 
-# every module of this package is an adapter that registers itself: adding a family is adding its file
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+# every module of this package is an adapter that registers itself: adding a family is adding its file. They are
+# found as every registry finds its modules (reservoir.registry.discover), here at import: the adapters' model
+# types (hf.ADAPTERS) are read by family lookups that go through no registry
+discover(__name__)
