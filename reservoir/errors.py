@@ -68,11 +68,18 @@ def optional(module: str, what: str, install: str | None = None, error: type[Exc
     """The optional package ``module``, imported; else ``error`` saying that ``what`` needs it and how to install
     it (``install``: the pip argument, default the package's own name)."""
     import importlib
+    import importlib.util
 
     try:
         return importlib.import_module(module)
-    except ImportError:
+    except ImportError as e:
+        package = install or module.split(".")[0]
+        if importlib.util.find_spec(module.split(".")[0]) is not None:  # installed, but it cannot load here
+            raise error(
+                f"{what} needs the optional package {module!r}, which is installed but cannot be imported "
+                f"({e}); install a release that fits this environment (`pip install --upgrade {package}`)"
+            ) from None
         raise error(
             f"{what} needs the optional package {module!r}, which is not installed here; "
-            f"install it with `pip install {install or module.split('.')[0]}`"
+            f"install it with `pip install {package}`"
         ) from None

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import json
 import threading
 from collections import OrderedDict
@@ -70,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.errors import DataError, UsageError, unreadable
+from reservoir.errors import DataError, UsageError, optional, unreadable
 from reservoir.identity import rows_header, update_rows
 
 #: bytes of HDF5 rows read at a time
@@ -110,14 +109,9 @@ LAYOUTS = (
 
 
 def need(module: str, what: str) -> Any:
-    """Import an optional module of the ``data`` extra, or a DataError saying how to install it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise DataError(
-            f"reading {what} needs the {module.split('.')[0]} package, which is not installed: "
-            "pip install 'reservoir[data]'"
-        ) from None
+    """Import an optional module of the ``data`` extra, or a DataError saying how to install it
+    (:func:`reservoir.errors.optional`)."""
+    return optional(module, f"reading {what}", "'reservoir[data]'", DataError)
 
 
 # -- chunked sources --------------------------------------------------------------------------
