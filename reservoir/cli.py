@@ -357,7 +357,8 @@ def install(settings: Settings, name, source, force) -> None:
     "--readout",
     type=DeclaredChoice(ExtractConfig, "readout"),
     default=None,
-    help="'last' real token, or 'padded' (pad to full length, read the last position: the official code)."
+    help="'last' real token; 'mean' of every real token's state; 'all' positions (tasks of fixed length); or "
+    "'padded' (pad to full length, read the last position: the official code)."
     + shown(ExtractConfig, "readout"),
 )
 @click.option(
