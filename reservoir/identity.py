@@ -36,14 +36,17 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from reservoir.config import features_dir, slug
 
-if TYPE_CHECKING:  # pragma: no cover
-    from reservoir.tasks import SplitData, Task
+#: a task (:class:`reservoir.tasks.Task`) and a split's data (:class:`reservoir.tasks.SplitData`), as this module reads
+#: them: it sits below the tasks and names them only by what it uses (``load``, ``identity_options``;
+#: ``inputs``, ``labels``, ``lengths``)
+Task = Any
+SplitData = Any
 
 #: version of the feature-file layout; a file of another format is never reused
 FEATURE_FORMAT = 2

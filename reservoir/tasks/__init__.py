@@ -175,6 +175,14 @@ class Task:
 
 #: every task, registered by the modules of this package (found on the first lookup)
 TASKS: Registry[Task] = Registry("task", home=__name__)
+#: tasks named by a prefix and a value (``file:PATH``): the prefix -> the task class, whose ``named(value,
+#: **options)`` builds one; registered by the module that defines the class, like every task
+PREFIXED: Registry[type[Task]] = Registry("task prefix", home=__name__)
+
+
+def prefixed(name: str) -> tuple[type[Task], str] | None:
+    """The class of a prefixed task name and the value after its prefix (``None`` for a registered name)."""
+    return next(((PREFIXED[p], name[len(p) :]) for p in PREFIXED if name.startswith(p)), None)
 
 
 #: bounds of generated tasks' sizes: examples per split, and tokens (or bits) per example
@@ -251,10 +259,9 @@ def get_task(name: str, **options: Any) -> Task:
     >>> get_task("bit_xor").spec.seq_len
     10
     """
-    if name.startswith("file:"):
-        from reservoir.tasks.userfile import FileTask  # noqa: PLC0415 - optional family
-
-        return FileTask(path=name[len("file:") :], **options)
+    if found := prefixed(name):
+        cls, value = found
+        return cls.named(value, **options)
     cls = TASKS.factory(name)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -268,11 +275,8 @@ def get_task(name: str, **options: Any) -> Task:
 
 def task_class(name: str) -> type[Task]:
     """The class of a registered task or of ``file:PATH`` (nothing is read)."""
-    if name.startswith("file:"):
-        from reservoir.tasks.userfile import FileTask  # noqa: PLC0415 - optional family
-
-        return FileTask
-    return TASKS.factory(name)
+    found = prefixed(name)
+    return found[0] if found else TASKS.factory(name)
 
 
 def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:

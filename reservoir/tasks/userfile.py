@@ -46,6 +46,7 @@ import numpy as np
 from reservoir.errors import UsageError, unreadable
 from reservoir.tasks import (
     MAX_SEED,
+    PREFIXED,
     DataError,
     SplitData,
     Task,
@@ -121,6 +122,7 @@ def _strings(v: np.ndarray) -> np.ndarray:
     return np.array(flat, dtype=str).reshape(v.shape)
 
 
+@PREFIXED.register("file:")
 @dataclass(init=False)
 class FileTask(Task):
     """A task read from a user's file or folder (``--task file:PATH``): .npz, .h5, Parquet, Arrow, a
@@ -142,6 +144,11 @@ class FileTask(Task):
     #: options every feature file's identity records; the others only when set, so that files made
     #: before they existed keep their identity
     RECORDED: ClassVar[tuple[str, ...]] = ("n_classes", "test_fraction", "seed")
+
+    @classmethod
+    def named(cls, path: str, **options: Any) -> FileTask:
+        """The task of ``file:PATH`` (:data:`reservoir.tasks.PREFIXED`)."""
+        return cls(path, **options)
 
     def __init__(self, path: str, **options: Any):
         fields = {f.name: f for f in dataclasses.fields(self) if f.name != "path"}
