@@ -20,6 +20,8 @@ VISION = dict(
     image_size=32,
     patch_size=4,
 )
+#: DINOv2's families size their MLP by a ratio, not a width
+DINOV2 = {**{k: v for k, v in VISION.items() if k != "intermediate_size"}, "mlp_ratio": 2}
 DECODER = dict(
     hidden_size=W,
     num_hidden_layers=LAYERS,
@@ -108,36 +110,15 @@ def _cfg(kind: str):
             t.BartForConditionalGeneration,
         ),
         "vit": lambda: (
-            t.ViTConfig(
-                hidden_size=W,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS,
-                intermediate_size=FF,
-                image_size=32,
-                patch_size=4,
-            ),
+            t.ViTConfig(**VISION),
             t.ViTModel,
         ),
         "deit": lambda: (
-            t.DeiTConfig(
-                hidden_size=W,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS,
-                intermediate_size=FF,
-                image_size=32,
-                patch_size=4,
-            ),
+            t.DeiTConfig(**VISION),
             t.DeiTModel,
         ),
         "dinov2": lambda: (
-            t.Dinov2Config(
-                hidden_size=W,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS,
-                mlp_ratio=2,
-                image_size=32,
-                patch_size=4,
-            ),
+            t.Dinov2Config(**DINOV2),
             t.Dinov2Model,
         ),
         "clip_vision": lambda: (t.CLIPVisionConfig(**VISION), t.CLIPVisionModel),
@@ -146,14 +127,7 @@ def _cfg(kind: str):
         "vit_msn": lambda: (t.ViTMSNConfig(**VISION), t.ViTMSNModel),
         "ijepa": lambda: (t.IJepaConfig(**VISION), t.IJepaModel),
         "dinov2_with_registers": lambda: (
-            t.Dinov2WithRegistersConfig(
-                hidden_size=W,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS,
-                mlp_ratio=2,
-                image_size=32,
-                patch_size=4,
-            ),
+            t.Dinov2WithRegistersConfig(**DINOV2),
             t.Dinov2WithRegistersModel,
         ),
         "siglip_vision": lambda: (t.SiglipVisionConfig(**VISION), t.SiglipVisionModel),
