@@ -31,7 +31,7 @@ from reservoir.extract.store import (
 from reservoir.identity import canonical, reread, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.model.devices import resolve_device
-from reservoir.probe.heads import Predictor, Rows, fit_probe, rows
+from reservoir.probe.heads import Predictor, Rows, check_head_fits, fit_probe, rows
 from reservoir.probe.metrics import score_line
 from reservoir.progress import log
 from reservoir.results import result_key, result_path, write_result
@@ -254,11 +254,10 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         check_label_rows(path, f, identity)
         labels = np.concatenate([f[s]["labels"][:].ravel() for s in feature_splits(f)])
         regression = labels.dtype.kind == "f"
-        if regression and cfg.head != "ridge":
-            raise DataError(
-                f"{path} holds real-valued targets (regression); --head {cfg.head} fits classes: "
-                "use --head ridge"
-            )
+        try:
+            check_head_fits(cfg.head, labels)
+        except ValueError as e:
+            raise DataError(f"{path} holds {e}") from None
         check_sizes(
             path,
             f["train"]["labels"][:],

@@ -1081,6 +1081,14 @@ def search_refit(
     return scores, best, _pipeline_predictor(model)
 
 
+def check_head_fits(head: str, labels: np.ndarray) -> None:
+    """ValueError when ``labels`` are real values and ``head`` fits classes only, naming the heads that
+    regress (those registered with ``regression=True``)."""
+    if target_kind(labels) == "regression" and not HEADS[head].regression:
+        able = " or ".join(f"--head {n}" for n in HEADS.names() if HEADS[n].regression)
+        raise ValueError(f"real-valued targets (regression); --head {head} fits classes: use {able}")
+
+
 def evaluate(predict: Callable[[np.ndarray], np.ndarray], source: Rows) -> dict[str, float]:
     """Every metric of ``source``'s target kind (:func:`reservoir.probe.metrics.scores`) of the
     predictions of ``predict``, made block by block; the predictions and labels of the split are
@@ -1188,10 +1196,7 @@ def fit_probe(
     """
     kind = HEADS[head]  # UsageError naming the registered heads
     target = target_kind(train.labels)
-    if target == "regression" and not kind.regression:
-        raise ValueError(
-            f"the targets are real values (regression); --head {head} fits classes: use --head ridge"
-        )
+    check_head_fits(head, train.labels)
     start = time.perf_counter()
     held_out = val is None
     if held_out:
