@@ -76,14 +76,9 @@ def reservoirpy_reference(task: str, seed: int, args) -> dict:
     from reservoir.tasks import make_task
 
     t = make_task(task, task_options(args), seed)
-    sizes = {"train": t.n_train, "val": t.n_val, "test": t.n_test}
-    span = t.window + t.horizon - 1
-    inputs, targets = t.series(t.washout + sum(sizes.values()) + 3 * span)
+    inputs, targets = t.series(t.stretches()[1])
     states = Reservoir(units=100, sr=1.25, lr=0.3, seed=seed).run(inputs[:, None])
-    steps, start = {}, t.washout
-    for split, n in sizes.items():  # the steps whose next value is the split's labels (series.windows)
-        steps[split] = start + t.window - 1 + np.arange(n)
-        start += n + span
+    steps = {split: t.last_steps(split) for split in ("train", "val", "test")}  # the task's own label steps
 
     def fitted(ridge, names):
         rows = np.concatenate([steps[s] for s in names])

@@ -44,12 +44,13 @@ def test_windows_advance_by_one_step_and_splits_never_share_a_step(name):
     inputs, targets = task.series(10 + 100 + 3 * 8)
     splits = {s: task.load(s, Path(".")) for s in ("train", "val", "test")}
     start = 10
-    for d in splits.values():
+    for split, d in splits.items():
         n = len(d)
         assert d.inputs.shape == (n, 8) and d.labels.shape == (n,) and d.labels.dtype == np.float32
         np.testing.assert_array_equal(d.inputs[1:, :-1], d.inputs[:-1, 1:])  # one step apart
         np.testing.assert_array_equal(d.inputs[:, 0], inputs[start : start + n].astype(np.float32))
         np.testing.assert_array_equal(d.labels, targets[start + 8 : start + 8 + n].astype(np.float32))
+        np.testing.assert_array_equal(d.labels, targets[task.last_steps(split) + 1].astype(np.float32))
         # every step this split reads or predicts lies before the next split's first step
         start += n + 8
     assert task.spec.target == "regression" and task.spec.splits == ("train", "val", "test")

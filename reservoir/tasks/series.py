@@ -115,15 +115,26 @@ class Forecast(Task):
         """Inputs and targets of ``n_steps`` steps, aligned step by step."""
         raise NotImplementedError  # pragma: no cover - abstract
 
+    def stretches(self) -> tuple[dict[str, tuple[int, int]], int]:
+        """Each split's first step and number of windows, and the steps of the whole series: the splits
+        follow the washout one after another, each ``window + horizon - 1`` steps longer than its windows."""
+        span, start, out = self.window + self.horizon - 1, self.washout, {}
+        for split, n in zip(SPLITS, (self.n_train, self.n_val, self.n_test)):
+            out[split] = (start, n)
+            start += n + span
+        return out, start
+
+    def last_steps(self, split: str) -> np.ndarray:
+        """The step each window of ``split`` ends at: its label is the target ``horizon`` steps later."""
+        start, n = self.stretches()[0][split]
+        return start + self.window - 1 + np.arange(n)
+
     def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
         self.check_split(split)
-        sizes = {"train": self.n_train, "val": self.n_val, "test": self.n_test}
-        span = self.window + self.horizon - 1  # steps a split adds beyond its number of windows
-        start = self.washout
-        for s in SPLITS[: SPLITS.index(split)]:
-            start += sizes[s] + span
-        inputs, targets = self.series(self.washout + sum(sizes.values()) + len(SPLITS) * span)
-        n = min(limit or sizes[split], sizes[split])
+        stretches, total = self.stretches()
+        start, size = stretches[split]
+        inputs, targets = self.series(total)
+        n = min(limit or size, size)
         x, y = windows(inputs, targets, start, n, self.window, self.horizon)
         return SplitData(x, y, np.full(n, self.window))
 
