@@ -46,7 +46,7 @@ def absent_cuda(name: str, found: int) -> str:
 
 def check_fits(module: torch.nn.Module, device: torch.device, dtype: str, what: str) -> None:
     """Refuse (DeviceError), before anything moves there, a model whose parameters and buffers in ``dtype``
-    (``float32``: 4 bytes a value, ``bfloat16``/``float16``: 2) exceed a CUDA device's free memory, naming
+    (:data:`DTYPES`; any other name counts as float32) exceed a CUDA device's free memory, naming
     both sizes and the ways out; other devices are not checked here (the host's memory is checked when the
     model is built)."""
     if device.type != "cuda":
@@ -55,7 +55,7 @@ def check_fits(module: torch.nn.Module, device: torch.device, dtype: str, what: 
 
     free, total = torch.cuda.mem_get_info(device)
     n = sum(t.numel() for t in (*module.parameters(), *module.buffers()))
-    size = n * (2 if dtype in ("bfloat16", "float16") else 4)
+    size = n * torch.empty((), dtype=DTYPES.get(dtype, torch.float32)).element_size()
     if size > free:
         raise DeviceError(
             f"backbone {what} holds {n:,} values ({size / 2**30:,.1f} GiB in {dtype}), more than the "
