@@ -48,6 +48,7 @@ from reservoir.model.backbones.base import (
     stats_init,
     weight_std,
 )
+from reservoir.model.devices import DTYPES
 from reservoir.registry import Registry, discover
 
 __all__ = [
@@ -146,7 +147,7 @@ def is_backbone(name: str) -> bool:
 
 
 #: the torch dtypes frozen weights may be loaded in (``--load-dtype``)
-LOAD_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LOAD_DTYPES = DTYPES
 #: models handed over as objects (:func:`register_object`), by the name that stands for them
 OBJECTS: dict[str, nn.Module] = {}
 
