@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.probe.metrics import METRICS, Metric
+from reservoir.probe.metrics import METRICS, METRICS_BY_TARGET, Metric
 from reservoir.results import (
     load_results,  # noqa: F401  (report's entry point reads through it)
     with_scores,
@@ -440,7 +440,7 @@ class Report:
     def baseline_lines(self, task: str, n_depths: int) -> list[str]:
         lines = []
         for b in baselines_for(self.rows, self.baselines, task):
-            real = b.get("metric", "accuracy") in ("nrmse", "r2", "rmse")
+            real = b.get("metric", "accuracy") in METRICS_BY_TARGET["regression"]
             label = (
                 "baseline: train mean"
                 if real and b["baseline"] == "majority"
