@@ -3,6 +3,7 @@
     python benchmarks/gpu.py --out DIR                  # make gpu OUT=DIR; 480 s in all by default
     python benchmarks/gpu.py --out DIR --budget 300     # a shorter total
     python benchmarks/gpu.py --out DIR --small          # tiny model and sizes, on the CPU when there is no GPU
+    python benchmarks/gpu.py --out DIR --steps env,test_cuda   # some steps only, the budget shared among them
 
 Each step runs as a child process of this script with its own timeout, taken from what is left of
 ``--budget``; a step that fails or runs out of time is recorded as such in its file and in
@@ -208,16 +209,12 @@ def write_summary(out: Path, rows: list[dict[str, Any]], args: argparse.Namespac
     (out / SUMMARY).write_text("\n".join(lines) + "\n")
 
 
-def plan(budget: float) -> dict[str, float]:
-    """Each step's cap at this budget."""
-    scale = budget / DEFAULT_BUDGET
-    return {step: cap * scale for step, cap in CAPS.items()}
-
-
 def run_all(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    caps, rows = plan(args.budget), []
-    steps = list(CAPS)
+    steps = args.steps
+    share = args.budget / sum(CAPS[s] for s in steps)
+    caps = {step: max(MIN_STEP, CAPS[step] * share) for step in steps}
+    rows = []
     for i, step in enumerate(steps):
         left = args.budget - (time.perf_counter() - start)
         later = steps[i + 1 :]
@@ -332,10 +329,20 @@ def step_roofline(args, sizes: Sizes) -> dict[str, Any]:
 def step_test_cuda(args, sizes: Sizes) -> None:
     """pytest tests/test_cuda.py, its output into test_cuda.log as it runs (a stopped run keeps what it wrote)."""
     with open(args.out / FILES["test_cuda"], "w") as log:
-        log.write("$ pytest -v -rs -p no:cacheprovider tests/test_cuda.py\n")
+        log.write("$ pytest -v -rs --durations=8 -p no:cacheprovider tests/test_cuda.py\n")
         log.flush()
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", "tests/test_cuda.py"],
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-v",
+                "-rs",
+                "--durations=8",
+                "-p",
+                "no:cacheprovider",
+                "tests/test_cuda.py",
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -757,6 +764,16 @@ def fail(message: str) -> int:
     return 1
 
 
+def steps_list(text: str) -> list[str]:
+    named = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in named if s not in CAPS]
+    if unknown or not named:
+        raise argparse.ArgumentTypeError(
+            f"unknown step {', '.join(unknown) or text!r}; choose from {','.join(CAPS)}"
+        )
+    return [s for s in CAPS if s in named]
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -773,6 +790,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--device", default="auto", help="auto (a CUDA GPU when present, else the CPU), cpu, cuda[:N]"
+    )
+    p.add_argument(
+        "--steps",
+        type=steps_list,
+        default=list(CAPS),
+        help=f"the steps to run, comma-separated, in their own order (default: all of {','.join(CAPS)})",
     )
     p.add_argument("--step", choices=list(STEPS), help=argparse.SUPPRESS)  # a child: run one step
     p.add_argument("--seconds", type=float, default=60, help=argparse.SUPPRESS)
