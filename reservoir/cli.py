@@ -747,6 +747,13 @@ def comma_list(kind):
     + shown(TrainConfig, "stop_at"),
 )
 @click.option(
+    "--max-time",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help="Seconds of training after which a run stops, validates and reports test at its best step "
+    "(per run, counted across --resume; more time on --resume continues it).",
+)
+@click.option(
     "--val-fraction",
     type=click.FloatRange(0.01, 0.5),
     default=None,
@@ -834,6 +841,7 @@ def train(
     patience,
     target,
     stop_at,
+    max_time,
     val_fraction,
     limit,
     blocks,
@@ -870,6 +878,7 @@ def train(
         patience=patience,
         target=target,
         stop_at=stop_at,
+        max_time=max_time,
         val_fraction=val_fraction,
         limit=limit,
         blocks=blocks,

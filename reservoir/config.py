@@ -629,6 +629,10 @@ class TrainConfig:
         validation accuracy at which a run counts as solved and stops (default 1.0: only a perfect
         validation pass stops it before ``patience``); may change on ``resume``, and a resumed run whose best
         validation already reached it ends there.
+    max_time
+        seconds of training after which a run stops (as Lightning's ``max_time``), counted per run and across
+        ``resume``: it validates, reports test at its best validation step and says it stopped on time;
+        ``resume`` with a larger ``max_time`` or none continues it. Not part of the run's identity.
     val_fraction
         share of train held out (seeded by ``seed``) when the task has no val split.
     limit
@@ -675,6 +679,7 @@ class TrainConfig:
     patience: int = param(10, Interval(0, None))
     target: float | None = param(None, Interval(0, 1, closed="right"))
     stop_at: float = param(1.0, Interval(0, 1, closed="right"))
+    max_time: float | None = param(None, Interval(0, None, closed="neither"))
     val_fraction: float = param(0.1, FRACTION)
     limit: int | None = param(None, POSITIVE)
     blocks: int | None = param(None, Interval(0, None))

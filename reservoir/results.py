@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
+
 from reservoir import __version__
 from reservoir.config import results_dir, slug
 from reservoir.errors import DataError
@@ -156,6 +158,58 @@ def with_scores(result: dict[str, Any]) -> dict[str, Any]:
         "val_score": result.get("val_accuracy"),
         **result,
     }
+
+
+def sample_std(values: list[float]) -> float:
+    """The sample standard deviation over seeds (0 for one seed)."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def seed_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fields of an end-to-end result that summarise its seeds' ``runs`` (at one learning rate): test and
+    validation accuracy (mean, sample std, extremes), the seeds and their steps, and the steps to the target
+    (their mean only when every seed reached it). :func:`merge_seeds` reuses it for runs of separate results."""
+    tests = [r["test_accuracy"] for r in runs]
+    vals = [r["val_accuracy"] for r in runs]
+    to_target = [r["steps_to_target"] for r in runs]
+    reached = [s for s in to_target if s is not None]
+    return {
+        "test_accuracy": float(np.mean(tests)),
+        "test_std": sample_std(tests),
+        "test_min": float(min(tests)),
+        "test_max": float(max(tests)),
+        "val_accuracy": float(np.mean(vals)),
+        "val_std": sample_std(vals),
+        "seeds": [r["seed"] for r in runs],
+        "steps": [r["steps"] for r in runs],
+        "best_step": [r["best_step"] for r in runs],
+        "steps_to_target": to_target,
+        "steps_to_target_mean": float(np.mean(reached)) if reached and len(reached) == len(runs) else None,
+    }
+
+
+def merge_seeds(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """End-to-end results of one setting whose seeds ran apart (other processes or machines) as one result of
+    all their seeds: each result's runs at its chosen learning rate, a seed run twice counted once."""
+    if len(results) == 1:
+        return results[0]
+    runs: dict[int, dict[str, Any]] = {}
+    for r in results:
+        for run in r.get("runs", []):
+            if run["lr"] == r["lr"]:
+                runs.setdefault(run["seed"], run)
+    chosen = [runs[s] for s in sorted(runs)]
+    summary = seed_summary(chosen)
+    merged = {
+        **results[0],
+        **summary,
+        "test_score": summary["test_accuracy"],
+        "val_score": summary["val_accuracy"],
+        "runs": chosen,
+        "seconds": float(sum(r.get("seconds", 0.0) for r in results)),
+        "machines": list(dict.fromkeys(m for r in results for m in r.get("machines", []))),
+    }
+    return merged
 
 
 def _is_result(obj: Any) -> bool:

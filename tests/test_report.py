@@ -4,6 +4,9 @@ and the critique's numbers (with their printed error) beside ours."""
 import csv
 import json
 
+import numpy as np
+import pytest
+
 from reservoir.report.paper import TABLES
 from reservoir.report.tables import Report
 
@@ -96,6 +99,58 @@ def test_task_layout_reports_the_depth_chosen_on_validation_and_the_last_depth()
         and "| b, depth 5 | ridge |  |" in fixed
     )
     assert "| b | ridge | 65.0 ± 7.1 (n=2) (50/50, d1) |" in Report(results).task_table()
+
+
+def test_end_to_end_seeds_run_apart_share_one_row_with_their_spread_and_a_seed_run_twice_counts_once():
+    """Seeds of one end-to-end setting trained in separate processes (or on other machines) are one row: the
+    mean and sample std over every seed, the steps to the target of each; another setting keeps its own row."""
+
+    def seeded(seeds, tests, steps, lr_runs=(), **identity):
+        r = end_to_end("bit_xor", "b", ["input", "out"], float(np.mean(tests)))
+        runs = [
+            {
+                "seed": s,
+                "lr": 1e-4,
+                "test_accuracy": t,
+                "val_accuracy": t,
+                "steps": n,
+                "best_step": n,
+                "steps_to_target": n,
+            }
+            for s, t, n in zip(seeds, tests, steps)
+        ]
+        r.update(seeds=list(seeds), runs=runs + list(lr_runs), target=0.99)
+        r["identity"] = {
+            **r["identity"],
+            "seeds": list(seeds),
+            "task_options": {"seed": seeds[0]},
+            **identity,
+        }
+        return r
+
+    other_lr = {
+        "seed": 9,
+        "lr": 1e-3,
+        "test_accuracy": 0.0,
+        "val_accuracy": 0.0,
+        "steps": 1,
+        "best_step": 1,
+        "steps_to_target": None,
+    }
+    results = [
+        seeded([0], [0.90], [100], lr_runs=[other_lr]),
+        seeded([1, 2], [0.80, 0.70], [200, 300]),
+        seeded([1], [0.10], [900]),  # seed 1 again: counted once
+        seeded([0], [0.50], [50], stop_at=0.5),  # another setting
+    ]
+    rows = Report(results).rows
+    assert len(rows) == 2
+    merged = next(row for row in rows if len(row.by_depth[3][0]["runs"]) == 3)
+    (r,) = merged.by_depth[3]
+    assert r["seeds"] == [0, 1, 2] and r["steps_to_target"] == [100, 200, 300]
+    assert r["steps_to_target_mean"] == pytest.approx(200)
+    mean, std, n = merged.spread(3)
+    assert n == 3 and mean == pytest.approx(0.8) and std == pytest.approx(0.1)
 
 
 def test_settings_that_differ_beyond_the_seed_keep_their_own_rows():

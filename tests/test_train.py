@@ -769,6 +769,40 @@ def test_stop_at_ends_a_run_once_validation_reaches_it_and_a_resume_may_lower_it
     assert len(paths) == 3
 
 
+def test_max_time_stops_a_run_on_time_with_a_validation_pass_and_a_resume_with_more_time_continues_it(
+    tiny_gpt2, home, monkeypatch
+):
+    """A clock that moves one second a step: --max-time 15 stops at step 15, after a validation pass there, and
+    says so; resumed with --max-time 30 the run continues to step 30, where it validates as the whole run does."""
+    from reservoir.train import loop
+
+    now = [0.0]
+    monkeypatch.setattr(loop, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
+
+    def tick(step):
+        now[0] += 1.0
+
+    task = get_task("bit_xor", **XOR_OPTS)
+    cfg = xor_cfg(tiny_gpt2, home, steps=30, lr=(3e-3,))
+    data = load_data(task, cfg)
+    whole = train_run(
+        dataclasses.replace(cfg, checkpoint_dir=home / "a"), task, data, lr=3e-3, seed=0, progress=False
+    )
+    cut = dataclasses.replace(cfg, checkpoint_dir=home / "b", max_time=15)
+    first = train_run(cut, task, data, lr=3e-3, seed=0, progress=False, on_step=tick)
+    assert first["steps"] == 15 and first["stop_reason"] == "reached --max-time 15 s at step 15"
+    assert [h["step"] for h in first["history"]] == [10, 15]
+    more = dataclasses.replace(cut, max_time=30, resume=True)
+    resumed = train_run(more, task, data, lr=3e-3, seed=0, progress=False, on_step=tick)
+    assert resumed["steps"] == 30 and [h["step"] for h in resumed["history"]] == [10, 15, 20, 30]
+    val = {h["step"]: (h["val_accuracy"], h["val_loss"]) for h in whole["history"]}
+    assert all(
+        val[h["step"]] == (h["val_accuracy"], h["val_loss"]) for h in resumed["history"] if h["step"] != 15
+    )
+    with pytest.raises(ValueError, match="max_time"):
+        dataclasses.replace(cfg, max_time=0)
+
+
 def test_progress_shows_a_bar_of_steps_between_whole_validation_lines(tiny_gpt2, home, capsys):
     """A run's progress counts its steps (a step of a large model takes seconds, and validation passes are far
     apart); piped, the bar and the validation lines come out as whole lines, and a resumed run counts from its

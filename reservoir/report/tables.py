@@ -29,6 +29,7 @@ import numpy as np
 from reservoir.probe.metrics import METRICS, METRICS_BY_TARGET, Metric
 from reservoir.results import (
     load_results,  # noqa: F401  (report's entry point reads through it)
+    merge_seeds,
     with_scores,
 )
 
@@ -139,21 +140,25 @@ class Row:
 #: what an extraction's seed draws: the seed itself, the data of generated tasks (and their task option
 #: ``seed``, which follows it unless set) and a random backbone's weights
 SEED_DRAWN = ("seed", "data", "backbone_fingerprint")
+#: the same for an end-to-end result (its seeds, their generated data and random backbones), with the number
+#: of blocks, so a sweep over blocks (paper table 11) and seeds run apart (:func:`merge_seeds`) share a row
+E2E_SEED_DRAWN = ("seeds", "data", "backbone_fingerprints", "blocks")
 
 
 def run_of(r: dict[str, Any]) -> str:
-    """The producing run, short: for end-to-end results every setting but the number of blocks, so
-    a sweep over blocks (paper table 11) shares a row; for output-only results every setting of the
-    features but what their seed draws (:data:`SEED_DRAWN`), so the seeds of one setting share a row."""
+    """The producing run, short: every setting but what the seeds draw (:data:`SEED_DRAWN`,
+    :data:`E2E_SEED_DRAWN`), so the seeds of one setting share a row, and for end-to-end results every
+    number of blocks too."""
     from reservoir.identity import digest
 
     identity = dict(r.get("identity", {}))
-    if r["mode"] == "end-to-end":
-        return digest({k: v for k, v in identity.items() if k not in ("blocks", "backbone_fingerprints")})[:6]
+    end_to_end = r["mode"] == "end-to-end"
+    first_seed = (identity.get("seeds") or [None])[0] if end_to_end else identity.get("seed")
     options = identity.get("task_options")
-    if isinstance(options, dict) and "seed" in options and options["seed"] == identity.get("seed"):
+    if isinstance(options, dict) and "seed" in options and options["seed"] == first_seed:
         identity["task_options"] = {k: v for k, v in options.items() if k != "seed"}
-    return digest({k: v for k, v in identity.items() if k not in SEED_DRAWN})[:6]
+    drawn = E2E_SEED_DRAWN if end_to_end else SEED_DRAWN
+    return digest({k: v for k, v in identity.items() if k not in drawn})[:6]
 
 
 def row_key(r: dict[str, Any]) -> tuple:
@@ -179,6 +184,11 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
         key = row_key(r)
         row = rows.setdefault(key, Row(*key))
         row.by_depth[int(r["depth"])].append(r)
+    for row in rows.values():  # an end-to-end result folds its seeds; seeds run apart fold into one
+        if row.mode == "end-to-end":
+            for depth, rs in row.by_depth.items():
+                if len(rs) > 1 and all(r.get("runs") for r in rs):
+                    row.by_depth[depth] = [merge_seeds(rs)]
     order = sorted(
         rows, key=lambda k: (k[0], k[1], k[2], k[3], k[4], k[5] != "paper", k[5], k[6])
     )  # paper scale first

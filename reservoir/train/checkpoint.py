@@ -40,6 +40,7 @@ CHECKPOINT_FORMAT = 3
 RESUMABLE_CHANGES = (
     "steps",
     "stop_at",
+    "max_time",
     "resume",
     "checkpoint_every",
     "checkpoint_dir",

@@ -53,7 +53,7 @@ from reservoir.model.devices import resolve_device
 from reservoir.model.reservoir import check_length
 from reservoir.progress import bar
 from reservoir.progress import log as log_line
-from reservoir.results import write_result
+from reservoir.results import sample_std, seed_summary, write_result
 from reservoir.runtime import machine
 from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.runtime.dtypes import cuda_bf16_native
@@ -544,7 +544,16 @@ class TrainingRun:
 
     @property
     def running(self) -> bool:
-        return not self.state.done and self.state.step < self.cfg.steps
+        return not self.state.done and self.state.step < self.cfg.steps and not self.out_of_time
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of training so far, earlier stretches of a resumed run included."""
+        return self.state.seconds + time.perf_counter() - self.clock[0]
+
+    @property
+    def out_of_time(self) -> bool:
+        return self.cfg.max_time is not None and self.seconds >= self.cfg.max_time
 
     def step(self, batch: Batch) -> None:
         """One optimiser step on ``batch`` (a compiled graph whose backward fails falls back to eager)."""
@@ -596,7 +605,7 @@ class TrainingRun:
             state.best_params = [p.detach().clone() for p in self.params]
         advance(state, self.cfg)
         began, first = self.clock
-        elapsed = state.seconds + time.perf_counter() - began
+        elapsed = self.seconds
         rate = (state.step - first) / max(time.perf_counter() - began, 1e-9)
         self.log(
             f"{self.tag} step {state.step}/{self.cfg.steps}: loss {state.history[-1]['loss']:.4f}, "
@@ -615,9 +624,13 @@ class TrainingRun:
         """Checkpoint the end, put the best validation step's parameters back, score the test split; the run's
         result (scores and bookkeeping)."""
         state, cfg = self.state, self.cfg
-        stop_reason = (
-            state.stop_reason if state.done else f"reached --steps {cfg.steps}"
-        )  # more --steps continue it
+        # more --steps (or --max-time) continue it
+        if state.done:
+            stop_reason = state.stop_reason
+        elif state.step < cfg.steps:
+            stop_reason = f"reached --max-time {cfg.max_time:g} s at step {state.step}"
+        else:
+            stop_reason = f"reached --steps {cfg.steps}"
         assert state.best_params is not None, "the last step always runs a validation pass"
         self.checkpoint()
         with torch.no_grad():
@@ -684,6 +697,8 @@ def _train_run(
                 run.checkpoint()
             if on_step is not None:
                 on_step(step)
+        if not run.state.history or run.state.history[-1]["step"] != run.state.step:  # stopped on time
+            run.record(run.validate())
     result = run.finish()
     if on_trained is not None:
         on_trained(run.model)
@@ -713,10 +728,6 @@ def _sweep_runs(
             log(f"{e}; learning rate {lr:g} set aside, the sweep goes on")
             return str(e)
     return out
-
-
-def _std(values: Sequence[float]) -> float:
-    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
 def train(
@@ -782,9 +793,6 @@ def train(
     val_mean = {lr: float(np.mean([r["val_accuracy"] for r in rs])) for lr, rs in runs.items()}
     best_lr = max(runs, key=lambda lr: (val_mean[lr], -cfg.lr.index(lr)))
     chosen = runs[best_lr]
-    tests = [r["test_accuracy"] for r in chosen]
-    to_target = [r["steps_to_target"] for r in chosen]
-    reached = [s for s in to_target if s is not None]
     # the result's identity adds what checkpoints may change on --resume but its numbers depend on
     identity = {
         **shared,
@@ -806,12 +814,7 @@ def train(
         "trainable": list(cfg.trainable),
         "seed": cfg.seed,
         "version": __version__,
-        "test_accuracy": float(np.mean(tests)),
-        "test_std": _std(tests),
-        "test_min": float(min(tests)),
-        "test_max": float(max(tests)),
-        "val_accuracy": val_mean[best_lr],
-        "val_std": _std([r["val_accuracy"] for r in chosen]),
+        **seed_summary(chosen),
         "n_train": len(data.train),
         "n_val": len(data.val),
         "n_test": len(data.test),
@@ -819,21 +822,16 @@ def train(
         "seconds": float(sum(r["seconds"] for rs in runs.values() for r in rs)),
         "machines": list(dict.fromkeys(m for rs in runs.values() for r in rs for m in r["machines"])),
         "lr": best_lr,
-        "seeds": seeds,
-        "steps": [r["steps"] for r in chosen],
-        "best_step": [r["best_step"] for r in chosen],
         "target": cfg.target,
-        "steps_to_target": to_target,
-        "steps_to_target_mean": float(np.mean(reached)) if reached and len(reached) == len(chosen) else None,
         "param_counts": chosen[0]["param_counts"],
         "n_trainable": sum(r["params"] for r in chosen[0]["param_counts"] if r["trainable"]),
         "runs": [{k: v for k, v in r.items() if k != "param_counts"} for rs in runs.values() for r in rs],
         "sweep": {
             f"{lr:g}": {
                 "val_mean": val_mean[lr],
-                "val_std": _std([r["val_accuracy"] for r in rs]),
+                "val_std": sample_std([r["val_accuracy"] for r in rs]),
                 "test_mean": float(np.mean([r["test_accuracy"] for r in rs])),
-                "test_std": _std([r["test_accuracy"] for r in rs]),
+                "test_std": sample_std([r["test_accuracy"] for r in rs]),
             }
             for lr, rs in runs.items()
         }
