@@ -39,17 +39,6 @@ def rate(run, n_tokens: int, device, reps: int, left) -> float:
     return n_tokens / statistics.median(times)
 
 
-def in_flight(runner, tokens, lengths, batches: int):
-    """Queue ``batches`` batches with ``run_async`` before reading any (as the extraction's writer thread does)."""
-    from reservoir.runtime.runner import resolve
-
-    def run():
-        pending = [runner.run_async(runner.prepare(tokens, lengths)) for _ in range(batches)]
-        return [resolve(p) for p in pending]
-
-    return run
-
-
 def kernels(runner, tokens, lengths, calls: int = 3) -> dict[str, Any]:
     """CUDA kernel time per call against wall time per call, and the ten kernels that take the most."""
     import torch
@@ -142,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         variants = {
             "compiled": lambda: rate(lambda: compiled(tokens, lengths), n, device, reps, left),
             "compiled-in-flight": lambda: rate(
-                in_flight(compiled, tokens, lengths, 8), 8 * n, device, 3, left
+                gpu.in_flight(compiled, tokens, lengths, gpu.IN_FLIGHT), gpu.IN_FLIGHT * n, device, 3, left
             ),
             "profile": lambda: kernels(compiled, tokens, lengths) if device.type == "cuda" else None,
             "compiled-512": lambda: (lambda t, ln, r: rate(lambda: r(t, ln), 2 * n, device, reps, left))(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,8 +31,21 @@ def result_files(paths: list[str]) -> list[Path]:
     return [Path(r["path"]) for r in load_results([Path(p) for p in paths if Path(p).exists()])]
 
 
+def portable(value):
+    """``value`` (a result) with each absolute path of the machine that ran it (its checkpoints, data and
+    working folders) cut to the file or folder name: the ledger is kept in the repository."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v) for v in value]
+    if isinstance(value, str) and value.startswith("/") and "\n" not in value and " " not in value:
+        return Path(value).name
+    return value
+
+
 def keep(files: list[Path], folder: Path) -> int:
-    """Copy ``files`` into ``folder`` under ``TASK/BACKBONE/NAME`` (from each result); returns how many were new."""
+    """Copy ``files`` into ``folder`` under ``TASK/BACKBONE/NAME`` (from each result), machine paths cut
+    (:func:`portable`); returns how many were new."""
     new = 0
     for f in files:
         result = json.loads(f.read_text())
@@ -42,7 +54,7 @@ def keep(files: list[Path], folder: Path) -> int:
             new += 1
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp")
-        shutil.copyfile(f, tmp)
+        tmp.write_text(json.dumps(portable(result), indent=2, sort_keys=True))
         tmp.replace(dest)
     return new
 

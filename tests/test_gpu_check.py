@@ -45,7 +45,8 @@ def test_the_small_check_writes_every_file_with_its_keys(tmp_path):
     extract = json.loads((tmp_path / "extract.json").read_text())
     for shape in ("mnist", "listops"):
         s = extract["shapes"][shape]
-        assert {"hf-bf16-sdpa", "ours-eager"} <= set(s["tokens_per_s"]) and s["attention_hf"] == "sdpa", s
+        assert {"hf-bf16-sdpa", "ours-eager", "ours-in-flight"} <= set(s["tokens_per_s"]), s
+        assert s["attention_hf"] == "sdpa" and s["ours_one_batch_at_a_time_over_hf"] > 0, s
         assert s["of_roofline"]["ours-eager"] > 0 and s["ours_over_hf"] > 0
     assert extract["shapes"]["listops"]["tokens"] == "ids"
     job = json.loads((tmp_path / "job.json").read_text())
@@ -76,3 +77,59 @@ def test_a_check_that_cannot_start_exits_1_in_words(tmp_path):
     done = check("--small", "--out", str(tmp_path), "--device", "cuda:7")
     assert done.returncode == 1 and "--device cuda:7: this machine has" in done.stderr
     assert "Traceback" not in done.stderr and not list(tmp_path.iterdir())
+
+
+def test_some_steps_only_share_the_budget_and_an_unknown_step_is_a_usage_error(tmp_path):
+    done = check("--small", "--device", "cpu", "--steps", "roofline,env", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert {p.name for p in tmp_path.iterdir()} == {"env.json", "roofline.json", "summary.md"}
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.index("| env |") < summary.index("| roofline |") and summary.count("| ok |") == 2
+    done = check("--small", "--steps", "env,warp", "--out", str(tmp_path / "x"))
+    assert done.returncode == 2 and "unknown step 'warp'; choose from env,roofline" in done.stderr
+
+
+def run_script(path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(path), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=600,
+    )
+
+
+def test_the_profile_measures_every_variant_in_its_small_mode(tmp_path):
+    done = run_script(ROOT / "benchmarks" / "gpu_profile.py", "--small", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    rates = profile["rates"]
+    assert set(rates) == {"compiled", "compiled-in-flight", "compiled-512", "compiled-cudagraphs"}, profile
+    assert all(r["tokens_per_s"] > 0 and r["of_roofline"] > 0 for r in rates.values())
+
+
+def test_a_gpu_batch_stops_its_runs_on_time_and_packs_their_results(tmp_path):
+    """Every (task, seed) a run of its own; each gives a result file, packed under TASK/BACKBONE/ for the ledger."""
+    import tarfile
+
+    done = run_script(
+        ROOT / "pipelines" / "gpu_batch.py",
+        "--small",
+        "--seeds",
+        "0,1",
+        "--budget",
+        "200",
+        "--out",
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(tmp_path / "results.tar.gz") as tar:
+        names = tar.getnames()
+    assert sorted(n.split("/")[0] for n in names) == ["bit_memory", "bit_memory", "bit_xor", "bit_xor"], names
+    log = (tmp_path / "batch.log").read_text()
+    assert log.count("exit 0") == 4 and "--max-time 170" in log
+    done = run_script(
+        ROOT / "pipelines" / "gpu_batch.py", "--small", "--budget", "10", "--out", str(tmp_path)
+    )
+    assert done.returncode == 1 and "--budget 10 leaves no training time" in done.stderr

@@ -135,6 +135,8 @@ def test_a_table_grows_run_by_run_across_machines_and_renders_from_its_kept_runs
     )  # the first machine's row stays
     results = sorted(p.name for p in (kept / "table2").rglob("*.json"))
     assert results and any("baseline" in p for p in results) and (kept / "table2.json").exists()
+    kept_text = "".join(p.read_text() for p in (kept / "table2").rglob("*.json"))
+    assert str(tmp_path) not in kept_text  # kept in the repository: no path of the machine that ran it
     doc = tmp_path / "doc" / "results.md"
     rendered = make(
         tmp_path / "c",
