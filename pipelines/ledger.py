@@ -78,7 +78,24 @@ def render(table: int, ledger: Path, csv: str, plots: str, reservoir: str) -> st
     lines = made.stdout.splitlines()
     notes = [line for note in settings["note"] for line in (note, "")]
     text = "\n".join(lines[:2] + notes + lines[2:]) + "\n"
+    ran_on = machines(ledger / f"table{table}")
+    text += f"\nRan on: {ran_on}.\n" if ran_on else ""
     return text + (settings["append"] if settings["append"] else "")
+
+
+def machines(folder: Path) -> str:
+    """Which machine (CPU or card) made which of the kept runs: ``MACHINE: BACKBONE (TASK, ...); ...``."""
+    made: dict[str, dict[str, set[str]]] = {}
+    for f in sorted(folder.rglob("*.json")):
+        result = json.loads(f.read_text())
+        if result.get("mode") == "baseline":
+            continue
+        for m in result.get("machines") or ["an unrecorded machine"]:
+            made.setdefault(m, {}).setdefault(result["backbone"], set()).add(result["task"])
+    return "; ".join(
+        f"{m}: " + ", ".join(f"{b} ({', '.join(sorted(ts))})" for b, ts in sorted(by.items()))
+        for m, by in made.items()
+    )
 
 
 def main() -> None:

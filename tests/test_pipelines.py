@@ -153,6 +153,7 @@ def test_a_table_grows_run_by_run_across_machines_and_renders_from_its_kept_runs
     assert not (tmp_path / "c" / "40" / "features").exists()  # nothing extracted or fitted: the ledger alone
     again = (tmp_path / "c" / "40" / "table2.md").read_text()
     assert again == table
+    assert "\nRan on: " in table and "esn (bit_xor)" in table  # the machine beside the runs it made
     assert (
         "| esn | ridge |" in doc.read_text() and (doc.parent / "results" / "table2" / "table2.csv").exists()
     )
