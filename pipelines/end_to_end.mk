@@ -45,7 +45,8 @@ PAPER_AS_4 ?= --as lstm-12:$(FPT_GROUPS)=12 --as lstm:$(FPT_GROUPS)=3
 PAPER_AS_5 ?= --as lstm-12:$(FPT_GROUPS)='12-Layer LSTM' --as lstm-12-residual:$(FPT_GROUPS)='+ Residual Connections' \
 	--as lstm-12-residual-pos:$(FPT_GROUPS)='+ Positional Embeddings' \
 	--as $(PRETRAINED)-random:$(FPT_GROUPS)='Random Transformer'
-PAPER_AS_6 ?= --as $(PRETRAINED)=FPT --as $(PRETRAINED)-random=Random
+# (gpt2-random: the GPT-2-small-shaped random runs made on a GPU, pipelines/gpu_batch.py, kept in the ledger)
+PAPER_AS_6 ?= --as $(PRETRAINED)=FPT --as $(PRETRAINED)-random=Random $(if $(filter gpt2,$(PRETRAINED)),,--as gpt2-random=Random)
 PAPER_AS_9 ?= --as $(PRETRAINED)=Pretrained --as $(PRETRAINED)-stats='Statistics Only' --as $(PRETRAINED)-random=Default
 PAPER_AS_11 ?= --as $(PRETRAINED)=Pretrained --as $(PRETRAINED)-random=Random
 PAPER_AS_13 ?= --as $(PRETRAINED):$(FPT_GROUPS)=FPT --as $(PRETRAINED):input,pos,ln,ff,out='+ Feedforward' \
