@@ -40,7 +40,10 @@ state after every block), these rows (``--only`` picks some; :mod:`peers` builds
   else a ``file:`` task of N synthetic MNIST-like rows (pixel values k/255 as float16, written
   to a temporary .npz with a 16-row test split) with ``--split train``. The defaults (4,000 and
   100,000 rows) suit 64 tokens; with ``--tokens 1024`` give fewer rows or ``--no-e2e``. MNIST is
-  read from ``--data-dir`` (default: reservoir's data folder).
+  read from ``--data-dir`` (default: reservoir's data folder);
+- ``e2e-ort-int8-N``: the peer's whole job over the same N rows, the int8 job a practitioner writes with
+  ONNX Runtime (``benchmarks/ort_job.py``: export, ``quantize_dynamic``, batches, HDF5 writes), timed the
+  same way; the report gives the default job's rate over it.
 
 Every peer computes the same features from the same weights (``Setup.hf_model`` draws
 ``gpt2-random``'s initialisation) and is measured in steady state: built, called once (compiling),
@@ -107,6 +110,8 @@ TOKEN_DIM = 16  # MNIST's 4x4 patches
 MNIST_TRAIN = 60_000
 PACKAGES = ("torch", "transformers", "onnxruntime", "onnx", "openvino", "nncf")
 E2E = "e2e"
+#: the peer's whole job beside ours (``benchmarks/ort_job.py``): ONNX Runtime's dynamic int8, export included
+E2E_ORT = "e2e-ort-int8"
 
 
 #: the peers each of our rows is held against
@@ -274,6 +279,56 @@ def end_to_end(rows: int, args, workdir: Path) -> Result:
     return result
 
 
+def ort_end_to_end(rows: int, args, workdir: Path) -> Result:
+    """The int8 job a practitioner writes with ONNX Runtime over the same rows as :func:`end_to_end`, whole
+    (``benchmarks/ort_job.py`` in a subprocess: imports, export, quantization, batches, writes)."""
+    result = Result(f"{E2E_ORT}-{rows}", "")
+    synthetic = not (args.tokens == 64 and rows <= MNIST_TRAIN)
+    npz = workdir / f"synthetic-{rows}.npz"  # end_to_end's rows, when it made them
+    if synthetic and not npz.exists():
+        synthetic_task(npz, rows, args.tokens, args.seed)
+    command = [
+        sys.executable,
+        str(Path(__file__).with_name("ort_job.py")),
+        "--rows",
+        str(rows),
+        "--out",
+        str(workdir / f"{E2E_ORT}-{rows}"),
+        "--threads",
+        str(args.threads),
+        "--layers",
+        str(args.layers),
+        "--batch",
+        str(args.batch),
+        "--seed",
+        str(args.seed),
+        *(["--npz", str(npz)] if synthetic else []),
+        *(["--data-dir", str(args.data_dir)] if args.data_dir else []),
+    ]
+    result.help = (
+        f"the ONNX Runtime int8 job over the same {rows:,} rows"
+        + (" (synthetic MNIST-like)" if synthetic else " (real MNIST)")
+        + f": gpt2-random's weights exported to ONNX, quantize_dynamic (QInt8, ORT's defaults), batch {args.batch}, "
+        "every depth written to HDF5"
+    )
+    result.how = shlex.join(["python", "benchmarks/ort_job.py", *command[2:]])
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    print(f"  running {result.how}", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        last = next((ln for ln in reversed(done.stderr.strip().splitlines()) if ln.strip()), "no message")
+        result.status = f"failed: exit {done.returncode}: {last.strip()[:240]}"
+        return result
+    result.setup_s, result.rates, result.dtype = (
+        seconds,
+        [rows * args.tokens / seconds],
+        "int8 (U8S8, dynamic)",
+    )
+    return result
+
+
 def fmt(x: float, spec: str = ".0f", suffix: str = "") -> str:
     return "-" if x != x else f"{x:{spec}}{suffix}"  # NaN -> "-"
 
@@ -335,10 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="print the feature error at every depth")
     args = p.parse_args(argv)
 
-    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else [*ROWS, E2E]
-    bad = [n for n in only if n not in ROWS and n != E2E]
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else [*ROWS, E2E, E2E_ORT]
+    bad = [n for n in only if n not in ROWS and n not in (E2E, E2E_ORT)]
     if bad:
-        p.error(f"--only must name some of {[*ROWS, E2E]}; got {bad}")
+        p.error(f"--only must name some of {[*ROWS, E2E, E2E_ORT]}; got {bad}")
     for name in ("reps", "tokens", "layers"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1; got {getattr(args, name)}")
@@ -441,10 +496,11 @@ def main(argv: list[str] | None = None) -> int:
             rates=[p / flops for p in peaks],
         )
         results.append(roof)
-        if E2E in only and not args.no_e2e:
+        if {E2E, E2E_ORT} & set(only) and not args.no_e2e:
             print(f"end to end: {load()}", flush=True)
-            for rows in e2e_rows:
-                results.append(end_to_end(rows, args, workdir))
+            for rows in e2e_rows:  # ours, then the peer's job over the same rows
+                results += [end_to_end(rows, args, workdir)] if E2E in only else []
+                results += [ort_end_to_end(rows, args, workdir)] if E2E_ORT in only else []
         print(f"after: {load()}")
     finally:
         import shutil
@@ -513,6 +569,12 @@ def main(argv: list[str] | None = None) -> int:
         if all(n in by_name and by_name[n].rates for n in (mine, peer)):
             print(
                 f"  {mine} / {peer} (the same kind of int8): {med(per_rep(by_name[mine], by_name[peer])):.2f}x"
+            )
+    for rows in e2e_rows:  # the default whole job against the peer's whole int8 job, the same rows
+        mine, peer = by_name.get(f"{E2E}-{rows}"), by_name.get(f"{E2E_ORT}-{rows}")
+        if mine and peer and mine.rates and peer.rates:
+            print(
+                f"  {mine.name} (the default job) / {peer.name} (ONNX Runtime's int8 job): {mine.rate / peer.rate:.2f}x"
             )
     print()
     print("per-repetition ratios (x official; x ours; fraction of roofline):")

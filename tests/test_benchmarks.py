@@ -86,6 +86,25 @@ def test_the_default_against_each_native_dtype():
     )
 
 
+@pytest.mark.slow  # two whole jobs in subprocesses, an ONNX export among them: about a minute
+@pytest.mark.skipif(not installed("onnxruntime"), reason="ONNX Runtime is not installed")
+def test_the_default_job_against_onnx_runtimes_int8_job_over_the_same_rows(tmp_path):
+    """Both whole jobs run over the same synthetic rows, each writes every depth of every row, and the report
+    gives the default job's rate over the peer's."""
+    r = run(
+        "--layers", "1", "--batch", "16", "--tokens", "16", "--reps", "1", "--device", "cpu", "--no-compile",
+        "--only", "e2e,e2e-ort-int8", "--e2e-rows", "200",
+    )  # fmt: skip
+    found = check(r, ["e2e-200", "e2e-ort-int8-200"])
+    for name in ("e2e-200", "e2e-ort-int8-200"):
+        assert re.fullmatch(r"\d+", found[name][3]) and not found[name][8], found[name]
+    assert re.search(
+        r"^  e2e-200 \(the default job\) / e2e-ort-int8-200 \(ONNX Runtime's int8 job\): \d+\.\d\dx$",
+        r.stdout,
+        re.M,
+    ), r.stdout
+
+
 @pytest.mark.slow  # real inductor compiles, an ONNX export, OpenVINO conversion and NNCF calibration: about a minute
 def test_every_row():
     r = run(*SMOKE)
