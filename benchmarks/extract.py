@@ -216,7 +216,7 @@ def end_to_end(rows: int, args, workdir: Path) -> Result:
     result = Result(f"{E2E}-{rows}", "")
     cli = Path(sys.executable).with_name("reservoir")
     command = [str(cli)] if cli.exists() else [sys.executable, "-m", "reservoir.cli"]
-    if args.tokens == 64 and rows <= MNIST_TRAIN:
+    if mnist_rows(rows, args):
         task = ["--task", "mnist"]
         result.help = f"reservoir extract --task mnist --split train --limit {rows} (real MNIST)"
     else:
@@ -265,6 +265,17 @@ def end_to_end(rows: int, args, workdir: Path) -> Result:
     if args.compile is not None:
         command.append("--compile" if args.compile else "--no-compile")
     result.how = shlex.join(["reservoir", *command[1 if cli.exists() else 3 :]])
+    return timed_job(result, command, rows, args, resolve_dtype(args.dtype, DEVICE))
+
+
+def mnist_rows(rows: int, args) -> bool:
+    """Whether an end-to-end job over ``rows`` rows reads MNIST (else synthetic MNIST-like rows)."""
+    return args.tokens == 64 and rows <= MNIST_TRAIN
+
+
+def timed_job(result: Result, command: list[str], rows: int, args, dtype: str) -> Result:
+    """``result`` with the whole ``command``'s tokens/s over ``rows`` rows (a subprocess on ``--threads``
+    threads), or its failure in one line."""
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     print(f"  running {result.how}", file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -274,8 +285,7 @@ def end_to_end(rows: int, args, workdir: Path) -> Result:
         last = next((ln for ln in reversed(done.stderr.strip().splitlines()) if ln.strip()), "no message")
         result.status = f"failed: exit {done.returncode}: {last.strip()[:240]}"
         return result
-    result.setup_s, result.rates = seconds, [rows * args.tokens / seconds]
-    result.dtype = resolve_dtype(args.dtype, DEVICE)
+    result.setup_s, result.rates, result.dtype = seconds, [rows * args.tokens / seconds], dtype
     return result
 
 
@@ -283,7 +293,7 @@ def ort_end_to_end(rows: int, args, workdir: Path) -> Result:
     """The int8 job a practitioner writes with ONNX Runtime over the same rows as :func:`end_to_end`, whole
     (``benchmarks/ort_job.py`` in a subprocess: imports, export, quantization, batches, writes)."""
     result = Result(f"{E2E_ORT}-{rows}", "")
-    synthetic = not (args.tokens == 64 and rows <= MNIST_TRAIN)
+    synthetic = not mnist_rows(rows, args)
     npz = workdir / f"synthetic-{rows}.npz"  # end_to_end's rows, when it made them
     if synthetic and not npz.exists():
         synthetic_task(npz, rows, args.tokens, args.seed)
@@ -312,21 +322,7 @@ def ort_end_to_end(rows: int, args, workdir: Path) -> Result:
         "every depth written to HDF5"
     )
     result.how = shlex.join(["python", "benchmarks/ort_job.py", *command[2:]])
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    print(f"  running {result.how}", file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        last = next((ln for ln in reversed(done.stderr.strip().splitlines()) if ln.strip()), "no message")
-        result.status = f"failed: exit {done.returncode}: {last.strip()[:240]}"
-        return result
-    result.setup_s, result.rates, result.dtype = (
-        seconds,
-        [rows * args.tokens / seconds],
-        "int8 (U8S8, dynamic)",
-    )
-    return result
+    return timed_job(result, command, rows, args, "int8 (U8S8, dynamic)")
 
 
 def fmt(x: float, spec: str = ".0f", suffix: str = "") -> str:

@@ -579,10 +579,13 @@ def step_job(args, sizes: Sizes) -> dict[str, Any]:
         "tokens_per_s": round(sizes.job_rows * 64 / (end - begin)),
         "data_written_s": round(made, 1),
         "phases": phases(marks, begin, end, imported),
-        "log": [
-            ln for ln in err.getvalue().replace("\r", "\n").splitlines() if ln.strip() and "%|" not in ln
-        ][-20:],
+        "log": said_lines(err.getvalue())[-20:],
     }
+
+
+def said_lines(text: str) -> list[str]:
+    """The lines a run said on stderr, without its progress bars (redrawn with carriage returns)."""
+    return [ln for ln in text.replace("\r", "\n").splitlines() if ln.strip() and "%|" not in ln]
 
 
 def patch_phases(marks: dict[str, Any]) -> None:

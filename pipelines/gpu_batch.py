@@ -27,6 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu import said_lines  # noqa: E402  (benchmarks/gpu.py: the GPU check this batch goes with)
+
 #: table 6's targets (pipelines/end_to_end.mk, TARGET_6_*)
 TARGETS = {"bit_xor": 0.99, "bit_memory": 0.99, "listops": 0.3}
 #: table 6's settings (STEPS_6, TRAIN_LIMIT_6, LR, TRAIN_OPTS_6)
@@ -60,10 +63,10 @@ def command(task: str, backbone: str, seed: int, max_time: float, small: bool) -
 
 
 def tiny_backbone(work: Path) -> str:
-    sys.path.insert(0, str(ROOT))
-    from tests.conftest import save_tiny_gpt2
+    """The GPU check's tiny GPT-2 folder (``benchmarks/gpu.py --small``)."""
+    from gpu import tiny_folder
 
-    return str(save_tiny_gpt2(work / "tiny-gpt2"))
+    return tiny_folder(work)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     proc.send_signal(signal.SIGTERM)
                     code = f"stopped at the budget ({proc.wait()})"
                 log.close()
-                lines = (work / f"{task}-{seed}.log").read_text().replace("\r", "\n").splitlines()
-                said = [ln for ln in lines if ln.strip() and "%|" not in ln]
+                said = said_lines((work / f"{task}-{seed}.log").read_text())
                 out.write(f"$ {' '.join(argv_[2:])}\nexit {code}\n" + "\n".join(said[-6:]) + "\n\n")
             out.write(f"batch took {time.perf_counter() - start:.0f} s\n")
         results = work / "home" / "results"

@@ -107,6 +107,13 @@ def _read_h5(path: Path) -> tuple[dict[str, np.ndarray], dict[str, tuple[tuple[i
 SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
+def no_x_arrays(path: Path, arrays) -> DataError:
+    """The error for a file holding neither ``x`` nor any ``x_<split>`` array."""
+    return DataError(
+        f"{path} has arrays {sorted(arrays)}; it needs x and y (or x_train, y_train, x_test, y_test) ({FIX})"
+    )
+
+
 def _check_split_names(path: Path, where: str, names) -> None:
     for name in names:
         if not SPLIT_NAME.fullmatch(name) or name == "input_layer":
@@ -234,10 +241,7 @@ class FileTask(Task):
             }
         names = sorted(k[2:] for k in arrays if k.startswith("x_"))
         if not names:
-            raise DataError(
-                f"{path} has arrays {sorted(arrays)}; it needs x and y (or x_train, y_train, "
-                f"x_test, y_test) ({FIX})"
-            )
+            raise no_x_arrays(path, arrays)
         _check_split_names(path, "an x_<split> array", names)
         splits = {}
         for s in names:
@@ -258,10 +262,7 @@ class FileTask(Task):
         else:
             found = sorted(k[2:] for k in big if k.startswith("x_"))
             if not found:
-                raise DataError(
-                    f"{path} has arrays {sorted([*arrays, *big])}; it needs x and y (or x_train, y_train, "
-                    f"x_test, y_test) ({FIX})"
-                )
+                raise no_x_arrays(path, [*arrays, *big])
             _check_split_names(path, "an x_<split> array", found)
             names = {s: (f"x_{s}", f"y_{s}", f"lengths_{s}") for s in found}
         parts = []

@@ -615,7 +615,7 @@ class TrainingRun:
 
     def checkpoint(self) -> None:
         """Count the time so far, then save the run (:func:`~reservoir.train.checkpoint.save_checkpoint`)."""
-        self.state.seconds += time.perf_counter() - self.clock[0]
+        self.state.seconds = self.seconds
         self.clock = (time.perf_counter(), self.state.step)
         self.read()
         save_checkpoint(self.ckpt, self.params, self.opt, self.state, self.ident, self.device)
