@@ -69,6 +69,7 @@ run on the CPU only and are skipped when ``--device`` is a GPU.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -265,7 +266,13 @@ def end_to_end(rows: int, args, workdir: Path) -> Result:
     if args.compile is not None:
         command.append("--compile" if args.compile else "--no-compile")
     result.how = shlex.join(["reservoir", *command[1 if cli.exists() else 3 :]])
-    return timed_job(result, command, rows, args, resolve_dtype(args.dtype, DEVICE))
+    result = timed_job(result, command, rows, args, resolve_dtype(args.dtype, DEVICE))
+    if result.rates:  # the dtype the job ran, as its file records it (auto may take int8)
+        import h5py
+
+        with h5py.File(workdir / f"{E2E}-{rows}.h5", "r") as f:
+            result.dtype = json.loads(f.attrs["identity"])["dtype"]
+    return result
 
 
 def mnist_rows(rows: int, args) -> bool:
@@ -422,8 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}")
     gpu = f" ({torch.cuda.get_device_name(DEVICE)})" if DEVICE.type == "cuda" else ""
     print(
-        f"cpu: {model}, {os.cpu_count()} CPUs; native float products: {', '.join(floats)}; --dtype auto -> "
-        f"{resolve_dtype('auto', DEVICE)} ({choose(DEVICE)[1]})"
+        f"cpu: {model}, {os.cpu_count()} CPUs; native float products: {', '.join(floats)}; the float dtype of "
+        f"--dtype auto -> {resolve_dtype('auto', DEVICE)} ({choose(DEVICE)[1]}; `reservoir extract` may take "
+        "int8 instead: the e2e rows name the dtype each job ran)"
     )
     have = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in FLAGS)
     print(f"cpu flags: {have}")

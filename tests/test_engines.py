@@ -209,6 +209,43 @@ def test_a_position_mean_is_the_mean_input_there(tiny_gpt2):
     )
 
 
+def test_the_calibration_pass_in_bf16_leaves_the_float32_model_as_it_was(tiny_gpt2):
+    """The int8 engines read their calibration rows with the model computing in the CPU's fast float
+    dtype: the tables are bf16's rounding of float32's (shift and scale within bf16's precision;
+    ``moved`` from the float32 projections, so that centring stays exact), and afterwards every
+    weight and buffer is the same float32 tensor, bit for bit, and the model computes in float32."""
+    task = get_task("listops", **LISTOPS)
+    r = runner(task, str(tiny_gpt2), "torch")
+    model = FixedDepths(r.reservoir, r.depths)
+    (tokens, lengths), _ = batches(task)
+    calibration = [tuple(t.numpy() for t in r.prepare(tokens[:8], lengths[:8])[:3])]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    exact = engines.position_means(model, calibration, task.spec.seq_len)
+    fast = engines.position_means(model, calibration, task.spec.seq_len, "bfloat16")
+    assert set(fast) == set(exact)
+    for name in exact:
+        (s, c, _), (fs, fc, fm) = exact[name], fast[name]
+        assert fs.dtype == fc.dtype == fm.dtype == torch.float32
+        assert relative(fs, s) < 2e-2 and relative(fc, c) < 5e-2
+        assert not torch.equal(fs, s)  # computed in bf16 indeed
+        module = model.get_submodule(name)
+        with torch.inference_mode():
+            np.testing.assert_allclose(
+                fm, module(fs) - fc * module(torch.zeros_like(fs[:1])), rtol=1e-5, atol=1e-6
+            )
+    after = model.state_dict()
+    assert set(after) == set(before)
+    assert all(after[k].dtype == before[k].dtype and torch.equal(after[k], before[k]) for k in before)
+    assert r.reservoir.compute_dtype == torch.float32
+    batch = r.prepare(tokens, lengths)[:3]
+    with torch.inference_mode():
+        assert model(*batch).dtype == torch.float32
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
 def test_engine_choice_follows_device_install_and_size(monkeypatch, tiny_gpt2):
     cpu, bb = torch.device("cpu"), load_backbone(str(tiny_gpt2), 0)
     assert (

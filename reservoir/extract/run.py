@@ -4,8 +4,11 @@ the feature store, one file per run identity (:mod:`reservoir.identity`).
 Extraction is the only expensive step of the method, so the default path is tuned for
 CPUs (measured in ``docs/benchmarks.md``, ``make bench``):
 
-- bf16 compute where the CPU multiplies bf16 natively (``dtype="auto"``; float32 on
-  request); the input layer stays float32 and features are stored as float32;
+- the float dtype the machine multiplies fastest (``dtype="auto"``: bf16 where the CPU multiplies
+  it natively and faster, else float32), or int8 on OpenVINO where int8 is measured faster than
+  every float path and its probe accuracy was measured within 0.5 points of float32 on that CPU
+  kind (:mod:`reservoir.runtime.quantized`); the input layer stays float32 and features are stored
+  as float32;
 - on the CPU, runs of 20,000+ tokens go to OpenVINO when it is installed and the backbone
   converts (``engine="auto"``, :mod:`reservoir.runtime.engines`); otherwise PyTorch runs, as below;
 - the forward (input layer, backbone, readout) compiled by inductor with weight freezing
@@ -54,7 +57,7 @@ from reservoir.extract.store import (
 )
 from reservoir.identity import differences, feature_identity, features_path_for
 from reservoir.identity import digest as identity_hash
-from reservoir.model.backbones import fingerprint, label, load_backbone
+from reservoir.model.backbones import fingerprint, label, load_backbone, weights_kind
 from reservoir.model.devices import check_fits, resolve_device
 from reservoir.model.input_layer import input_layer_tensors
 from reservoir.model.reservoir import check_length, check_readout, readout_count
@@ -179,7 +182,7 @@ def dtype_reason(run: Run) -> str:
 
     if run.cfg.dtype != "auto":
         return f"--dtype {run.cfg.dtype}"
-    return choose(run.device)[1]
+    return run.dtype_why or choose(run.device)[1]
 
 
 def should_compile(setting: bool | None, tokens: int, backbone: nn.Module | None = None) -> bool:
@@ -188,6 +191,13 @@ def should_compile(setting: bool | None, tokens: int, backbone: nn.Module | None
     if setting is not None:
         return bool(setting)
     return tokens >= AUTO_COMPILE_TOKENS and getattr(backbone, "compilable", True)
+
+
+def count_tokens(data: dict[str, SplitData], seq_len: int, padded: bool) -> int:
+    """Tokens of every row of ``data`` (rows of the padded readout count ``seq_len`` tokens)."""
+    if padded:
+        return sum(len(d) for d in data.values()) * seq_len
+    return int(sum(int(np.sum(d.lengths)) for d in data.values()))
 
 
 @dataclass
@@ -204,6 +214,8 @@ class Run:
     identity: dict[str, Any]
     out: Path
     batch_size: int
+    #: why ``--dtype auto`` took an int8 dtype ("": it took a float one, :func:`dtype_reason`)
+    dtype_why: str = ""
 
     @property
     def padded(self) -> bool:
@@ -216,9 +228,7 @@ class Run:
     @property
     def tokens_total(self) -> int:
         """Tokens of every row the run extracts (padded rows count in full)."""
-        if self.padded:
-            return sum(len(d) for d in self.data.values()) * self.task.spec.seq_len
-        return int(sum(int(np.sum(d.lengths)) for d in self.data.values()))
+        return count_tokens(self.data, self.task.spec.seq_len, self.padded)
 
     def calibration(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """The int8 dtypes: the calibration batches, ``(tokens, lengths)`` of the first rows of the first split."""
@@ -438,6 +448,20 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
             f"dtype float32, not {dtype}: task {task.name!r} has real-valued targets (--dtype auto)", progress
         )
         dtype = "float32"
+    dtype_why = ""
+    if cfg.dtype == "auto" and not halved and dtype not in INT8_DTYPES:
+        from reservoir.runtime.quantized import choose_int8
+
+        take, why = choose_int8(
+            device=device,
+            engine=cfg.engine,
+            backbone=backbone,
+            twin=weights_kind(cfg.backbone),
+            tokens=count_tokens(data, task.spec.seq_len, cfg.readout == "padded"),
+            target=task.spec.target,
+        )
+        if take:
+            dtype, dtype_why = "int8", why
     calibration = None
     if dtype in INT8_DTYPES:  # engines quantize by their own recipes: the int8 engine is part of the identity
         from reservoir.runtime.engines import INT8_RECIPE, calibration_rows, choose_engine
@@ -466,7 +490,7 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     )
     out = Path(cfg.out) if cfg.out else features_path_for(identity)
     batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)
-    return Run(cfg, task, data, backbone, depths, dtype, device, identity, out, batch_size)
+    return Run(cfg, task, data, backbone, depths, dtype, device, identity, out, batch_size, dtype_why)
 
 
 def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:

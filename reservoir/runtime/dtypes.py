@@ -18,7 +18,8 @@ measurements"). So ``auto`` measures.
   float32's by about 5e-3).
 
 ``extract`` says on stderr what was measured and why it chose; the run's identity records the
-dtype as resolved.
+dtype as resolved. Where int8 keeps accuracy and wins, ``extract``'s ``auto`` takes int8 instead
+(:mod:`reservoir.runtime.quantized`).
 
 On a CUDA device the fast dtype is bf16: ``auto`` takes it where the card multiplies bf16 natively
 (compute capability 8.0 or newer; torch's ``is_bf16_supported()`` also counts emulated bf16, which
@@ -69,15 +70,21 @@ def rate(dtype: str, width: int = 768, threads: int | None = None) -> float:
         a = torch.randn(ROWS, width, generator=g).to(FLOATS[dtype])
         b = torch.randn(width, 4 * width, generator=g).to(FLOATS[dtype])
         with torch.inference_mode():
-            torch.mm(a, b)  # warm-up: oneDNN picks and packs its kernel
-            best = float("inf")
-            for _ in range(REPEATS):
-                start = time.perf_counter()
-                torch.mm(a, b)
-                best = min(best, time.perf_counter() - start)
-        return 2 * ROWS * width * 4 * width / best / 1e9
+            return 2 * ROWS * width * 4 * width / best_of(lambda: torch.mm(a, b)) / 1e9
     finally:
         torch.set_num_threads(n)
+
+
+def best_of(call: Callable[[], object]) -> float:
+    """The fastest of :data:`REPEATS` calls, in seconds, after a warm-up call (where oneDNN or OpenVINO
+    picks and packs its kernel)."""
+    call()
+    best = float("inf")
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 #: rates this process has read or measured, by key

@@ -9,13 +9,16 @@ readout). The ``openvino`` engine converts that same module with ``openvino.conv
 - ``int8``: int8 weights (``nncf.compress_weights``, symmetric, per output channel) and
   int8 activations quantized at run time per token in groups of :data:`DYNAMIC_GROUP` values
   (OpenVINO's dynamic quantization): a row's features never depend on the other rows of its
-  batch;
+  batch; everything between the int8 products (norms, attention, residual sums) in float32
+  (:data:`INT8_FLOAT`). ``--dtype auto`` takes it where it keeps accuracy and wins
+  (:mod:`reservoir.runtime.quantized`);
 - ``int8-static``: weights and activations int8 with scales fixed by calibration
   (``nncf.quantize``, transformer preset); faster than dynamic int8.
 
 Both int8 dtypes quantize each backbone projection's input *centred*: minus its mean at that
 position and divided by its largest departure from that mean there, both over the run's first
-rows (:func:`calibration_rows`: 256 MNIST images, 16 sequences of 1,024 tokens), undone after
+rows (:func:`calibration_rows`: 256 MNIST images, 16 sequences of 1,024 tokens; read in one pass
+with the model in the CPU's fastest float dtype, :func:`position_means`), undone after
 the product in float (:class:`Centred`; exact in real arithmetic). A random GPT-2's rows share
 most of their value at each position; quantized whole, the part that tells rows apart drowned in
 the rounding (docs/benchmarks.md, section "int8 on OpenVINO"). A row's int8 features therefore depend on those calibration rows,
@@ -71,8 +74,14 @@ DYNAMIC_GROUP = 128
 #: version of the int8 recipe (what is centred, what stays float), recorded in an int8 run's identity
 #: (``calibration.recipe``): a change that moves int8 features bumps it, so no earlier file is reused.
 #: 2: lookups (position embeddings, the centring tables read at the readout rows) stay float, and
-#: ``int8`` computes the readout-only deepest block
-INT8_RECIPE = 2
+#: ``int8`` computes the readout-only deepest block; 3: the calibration rows are read in one pass, in the
+#: float dtype this CPU multiplies fastest (:func:`position_means`), and ``int8`` computes everything
+#: but its int8 products in float32 (:data:`INT8_FLOAT`)
+INT8_RECIPE = 3
+#: what ``int8`` computes between its int8 products (norms, attention, residual sums): float32. In
+#: bf16, the residual stream's rounding cost a MNIST probe 0.54 points against float32 where float32
+#: cost 0.16, for about a tenth of the speed (docs/benchmarks.md, "Constants the code takes ...")
+INT8_FLOAT = "float32"
 #: ``int8-static`` calibrates on the first rows of the run's first split: about this many tokens,
 #: at most :data:`CALIBRATION_ROWS` rows, in batches of :data:`CALIBRATION_BATCH` rows
 CALIBRATION_TOKENS, CALIBRATION_ROWS, CALIBRATION_BATCH = 16384, 256, 16
@@ -475,7 +484,7 @@ class OpenVINOForward:
             return contextlib.nullcontext()
         if self.shifts is None:
             start = time.perf_counter()
-            self.shifts = position_means(self.eager, self._calibration(), self.width)
+            self.shifts = position_means(self.eager, self._calibration(), self.width, calibration_dtype())
             self.seconds["centre"] = time.perf_counter() - start
         # int8-static's ranges calibrated on the readout rows alone raised the deepest depth's error
         # (GPT-2 small, 64 tokens: 9.7e-3 -> 1.1e-2); it keeps whole last blocks
@@ -662,49 +671,94 @@ def whole_blocks(model: nn.Module):
 
 
 def position_means(
-    model: nn.Module, batches: list[tuple[np.ndarray, ...]], width: int
+    model: nn.Module, batches: list[tuple[np.ndarray, ...]], width: int, dtype: str = "float32"
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``{name: (shift, scale, moved)}`` for :class:`Centred`, over ``batches``: each projection's
     mean input at each of ``width`` positions, ``(width, d)``; the largest departure from it there,
     ``(width, 1)``; and ``module(shift) - scale * module(0)``. Positions no row reaches get the mean
     and the largest departure over all positions. Projections fed anything but ``(B, T, d)`` rows
-    are left out. Two passes over ``batches`` (means, then departures), so that no projection's
-    inputs are kept: only tables of ``width`` rows."""
+    are left out.
+
+    One pass over ``batches`` with the model computing in ``dtype`` (:func:`computing_in`; the int8
+    engines pass the float dtype this CPU multiplies fastest, :func:`calibration_dtype`): per position
+    and feature it keeps the sum, the least and the largest input, so no projection's inputs are
+    kept, and the largest departure from the mean is ``max(largest - mean, mean - least)`` over the
+    features (float rounding is monotone: the same value as subtracting the mean from every input).
+    ``moved`` is computed by the float32 projections."""
     found = projections(model)
     total: dict[str, torch.Tensor] = {}
     count: dict[str, torch.Tensor] = {}
+    least: dict[str, torch.Tensor] = {}
+    most: dict[str, torch.Tensor] = {}
     flat: set[str] = set()
 
     def add(name: str, x: torch.Tensor) -> None:
+        t = x.shape[1]
         if name not in total:
             total[name] = torch.zeros(width, x.shape[-1], dtype=torch.float64)
             count[name] = torch.zeros(width, 1, dtype=torch.float64)
-        total[name][: x.shape[1]] += x.double().sum(0)
-        count[name][: x.shape[1]] += x.shape[0]
+            least[name] = torch.full((width, x.shape[-1]), torch.inf)
+            most[name] = torch.full((width, x.shape[-1]), -torch.inf)
+        total[name][:t] += x.double().sum(0)
+        count[name][:t] += x.shape[0]
+        torch.minimum(least[name][:t], x.amin(0).float(), out=least[name][:t])
+        torch.maximum(most[name][:t], x.amax(0).float(), out=most[name][:t])
 
-    _observe(model, found, batches, width, add, flat)
-    shift = {}
-    for name in set(total) - flat:
-        seen = count[name] > 0
-        shift[name] = torch.where(
-            seen, total[name] / count[name].clamp(min=1), total[name].sum(0) / count[name].sum()
-        ).float()
-    spread = {name: torch.zeros(width, 1) for name in shift}
-
-    def depart(name: str, x: torch.Tensor) -> None:
-        if name in spread:
-            here = (x.float() - shift[name][: x.shape[1]]).abs().amax(dim=(0, 2))[:, None]
-            spread[name][: x.shape[1]] = torch.maximum(spread[name][: x.shape[1]], here)
-
-    _observe(model, found, batches, width, depart, flat)
+    with computing_in(model, dtype):
+        _observe(model, found, batches, width, add, flat)
     tables = {}
     with torch.inference_mode():
-        for name in sorted(shift):
-            scale = torch.where(count[name] > 0, spread[name], spread[name].max()).float().clamp(min=1e-6)
+        for name in sorted(set(total) - flat):
+            seen = count[name] > 0
+            shift = torch.where(
+                seen, total[name] / count[name].clamp(min=1), total[name].sum(0) / count[name].sum()
+            ).float()
+            spread = torch.maximum(most[name] - shift, shift - least[name]).amax(1, keepdim=True)
+            spread = torch.where(seen, spread, 0.0)
+            scale = torch.where(seen, spread, spread.max()).float().clamp(min=1e-6)
             module = found[name]
-            moved = module(shift[name]) - scale * module(torch.zeros_like(shift[name][:1]))
-            tables[name] = (shift[name].contiguous(), scale.contiguous(), moved.float().contiguous())
+            moved = module(shift) - scale * module(torch.zeros_like(shift[:1]))
+            tables[name] = (shift.contiguous(), scale.contiguous(), moved.float().contiguous())
     return tables
+
+
+def calibration_dtype() -> str:
+    """The float dtype the int8 engines' calibration pass computes in: the one this CPU multiplies fastest
+    (measured, :func:`reservoir.runtime.dtypes.choose`), as the float parts of their int8 graphs."""
+    return choose_dtype("cpu")[0]
+
+
+@contextlib.contextmanager
+def computing_in(model: nn.Module, dtype: str):
+    """``model`` with every :class:`reservoir.model.reservoir.Reservoir` in it computing in ``dtype``
+    (its backbone's weights cast; the input layer stays float32), its float32 weights and buffers put
+    back after, untouched. ``float32``: the model as it is."""
+    from reservoir.model.reservoir import Reservoir
+
+    inner = [m for m in model.modules() if isinstance(m, Reservoir)]
+    if dtype == "float32" or not inner:
+        yield model
+        return
+    kept = [
+        (owner, kind, key, tensor)
+        for r in inner
+        for owner in r.backbone.modules()
+        for kind in ("_parameters", "_buffers")
+        for key, tensor in getattr(owner, kind).items()
+        if tensor is not None
+    ]
+    data = [t.data for *_, t in kept]
+    computed = [r.compute_dtype for r in inner]
+    try:
+        for r in inner:
+            r.to_compute(getattr(torch, dtype))
+        yield model
+    finally:
+        for (owner, kind, key, tensor), d in zip(kept, data):
+            tensor.data = d
+            getattr(owner, kind)[key] = tensor
+        for r, c in zip(inner, computed):
+            r.compute_dtype = c
 
 
 def _observe(
@@ -775,13 +829,15 @@ def narrow(batch: tuple[torch.Tensor, ...], width: int | None = None) -> tuple[t
 
 
 def precision(dtype: str):
-    """OpenVINO's inference precision for ``dtype``: the float dtype itself; for the int8 dtypes, the
-    float dtype this CPU multiplies fastest (measured, :mod:`reservoir.runtime.dtypes`) between
-    their int8 products."""
+    """OpenVINO's inference precision for ``dtype``: the float dtype itself; float32 between the int8
+    products of ``int8`` (:data:`INT8_FLOAT`); for ``int8-static``, the float dtype this CPU multiplies
+    fastest (measured, :mod:`reservoir.runtime.dtypes`)."""
     import openvino as ov
 
     floats = {"float32": ov.Type.f32, "bfloat16": ov.Type.bf16, "float16": ov.Type.f16}
-    return floats[dtype] if dtype in floats else floats[choose_dtype("cpu")[0]]
+    if dtype in floats:
+        return floats[dtype]
+    return floats[INT8_FLOAT if dtype == "int8" else choose_dtype("cpu")[0]]
 
 
 def relative_error(ours: np.ndarray, ref: np.ndarray) -> float:

@@ -54,6 +54,7 @@ from reservoir.runtime.engines import (
     ONNX_INSTALL,
     TOLERANCE,
     Engine,
+    calibration_dtype,
     centred,
     narrow,
     position_means,
@@ -320,7 +321,7 @@ class ONNXForward:
         if self.dtype != "int8":
             return None
         start = time.perf_counter()
-        tables = position_means(self.eager, self.calibration(), self.width)
+        tables = position_means(self.eager, self.calibration(), self.width, calibration_dtype())
         self.seconds["centre"] = time.perf_counter() - start
         return tables
 

@@ -111,6 +111,15 @@ def split_twin(name: str) -> tuple[str, str]:
     return name, "pretrained"
 
 
+def weights_kind(name: str) -> str:
+    """What a backbone name's weights are: ``"random"`` or ``"stats"`` for a twin (``gpt2-random``, registered
+    or ``PATH-random``), ``"pretrained"`` otherwise (a folder is loaded as it is, whatever its name)."""
+    base, twin = split_twin(name)
+    if twin == "pretrained" and name in BACKBONES:
+        return next((t for t in TWINS if name.endswith(f"-{t}")), twin)
+    return twin
+
+
 def fingerprint(model: nn.Module) -> str:
     """SHA-256 (hex) of the backbone's class, configuration and every tensor of its state dict."""
     h = hashlib.sha256()

@@ -1,0 +1,250 @@
+"""When ``--dtype auto`` takes int8: on a CPU where int8 is measured faster than every float path and
+where its probe accuracy has been measured within :data:`ACCURACY_BAR` points of float32's.
+
+The two halves are measured differently, since one is cheap and the other is not:
+
+- **Accuracy**, measured once per CPU kind (:func:`cpu_kind`) and model family, with the MNIST and
+  CIFAR-10 probes of ``benchmarks/probe.py`` (every depth, ridge head, the depth chosen on
+  validation; at least 10,000 training and 10,000 test images). :data:`PROBED` keeps each
+  pairing whose int8 probes were both within the bar, with the measurement in words; the figures
+  and the commands are in docs/benchmarks.md ("By CPU kind"). A pairing not in the table (not
+  measured, or measured outside the bar) never gets int8 from ``auto``.
+- **Speed**, measured on this machine: one pre-norm transformer block of the model's width
+  (:func:`block_rates`: norm, attention, MLP, residual sums, on rows of 64 tokens) is timed in
+  ``--dtype int8``'s recipe on OpenVINO (int8 weights per output channel, activations quantized per
+  token in groups of :data:`reservoir.runtime.engines.DYNAMIC_GROUP`, float32 between the products)
+  and in every float path (OpenVINO and PyTorch, each float dtype this CPU multiplies natively).
+  int8 is taken when it runs at least :data:`MARGIN` times the fastest float path. The rates are
+  kept in ``$RESERVOIR_CACHE/int8-rates.json`` by CPU, threads, width and library versions, so a
+  machine measures once (a few seconds).
+
+and only where int8 can run and pays: on the CPU, ``--engine auto`` or ``openvino`` with OpenVINO
+installed, a backbone checked to convert (``Backbone.openvino``), weights loaded in float32, class
+targets (real-valued targets keep float32), and runs of at least :data:`MIN_TOKENS` tokens (int8's
+calibration pass and quantization cost a few seconds that a short run does not repay).
+
+``extract`` says on stderr why it took int8, and ``--dtype float32`` (or ``bfloat16``) is one option
+away; the run's identity records int8 and its calibration rows, so an int8 file is never mistaken
+for a float one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from reservoir.runtime import records
+from reservoir.runtime.dtypes import FLOATS, ROWS, best_of, candidates
+
+#: int8's probe accuracy must be within this many points of float32's on MNIST and on CIFAR-10
+ACCURACY_BAR = 0.5
+#: int8 must run at least this many times the fastest float path
+MARGIN = 1.1
+#: runs shorter than this keep a float dtype: calibrating and quantizing are not repaid
+#: (docs/benchmarks.md, "Constants the code takes from these measurements")
+MIN_TOKENS = 200_000
+
+#: ``(CPU kind, model type, weights)`` whose int8 probes were measured within :data:`ACCURACY_BAR` of
+#: float32 on MNIST and CIFAR-10 (``benchmarks/probe.py --limit 10000``; docs/benchmarks.md, "By CPU kind")
+PROBED: dict[tuple[str, str, str], str] = {
+    (
+        "avx512-vnni",
+        "gpt2",
+        "random",
+    ): "MNIST -0.43, CIFAR-10 -0.07",
+}
+
+
+def cpu_kind(flags: set[str]) -> str:
+    """The kind of int8 products a CPU runs, from its flags: ``amx`` (AMX int8 tiles), ``avx512-vnni``,
+    ``avx-vnni`` (VNNI on 256-bit registers), ``avx2`` (no int8 dot-product instruction), ``other``."""
+    if "amx_int8" in flags:
+        return "amx"
+    if "avx512_vnni" in flags:
+        return "avx512-vnni"
+    if "avx_vnni" in flags:
+        return "avx-vnni"
+    return "avx2" if "avx2" in flags else "other"
+
+
+#: the rates' file in the cache folder (:mod:`reservoir.runtime.records`)
+RATES = "int8-rates.json"
+
+
+#: the timed block's shape: rows of this many tokens, this many rows (:data:`reservoir.runtime.dtypes.ROWS` tokens)
+TOKENS = 64
+HEAD_WIDTH = 64
+#: interleaved rounds of timing (each path's fastest call counts)
+ROUNDS = 3
+
+
+def block_rates(width: int, threads: int) -> dict[str, float]:
+    """Tokens/s of one pre-norm transformer block of ``width`` (norm, attention over rows of
+    :data:`TOKENS` tokens in heads of :data:`HEAD_WIDTH`, residual sum, norm, MLP of four times the
+    width with GELU, residual sum) in ``--dtype int8``'s recipe on OpenVINO (int8 weights per output
+    channel, activations quantized per token, float32 between the products) and in each float path
+    here: ``{"openvino int8": r, "openvino bfloat16": r, "torch float32": r, ...}``, each the fastest call
+    over :data:`ROUNDS` interleaved rounds (each path built and warmed up first)."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from reservoir.runtime.engines import DYNAMIC_GROUP, INT8_FLOAT
+
+    rows, heads = max(1, ROWS // TOKENS), max(1, width // HEAD_WIDTH)
+    rng = np.random.default_rng(0)
+
+    def drawn(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    weights = {"qkv": drawn(3 * width, width), "out": drawn(width, width)}
+    weights |= {"up": drawn(4 * width, width), "down": drawn(width, 4 * width)}
+    x = rng.standard_normal((rows, TOKENS, width)).astype(np.float32)
+
+    def openvino(dtype: str) -> Callable[[], Any]:
+        int8 = dtype == "int8"
+
+        def linear(h, name: str):
+            w = weights[name]
+            if int8:  # int8 per output channel, as nncf's INT8_SYM
+                scale = np.abs(w).max(1, keepdims=True) / 127
+                q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+                w = ops.multiply(
+                    ops.convert(ops.constant(q), ov.Type.f32), ops.constant(scale.astype(np.float32))
+                )
+            else:
+                w = ops.constant(w)
+            return ops.matmul(h, w, False, True)
+
+        def norm(h):
+            return ops.mvn(h, ops.constant(np.array([-1], np.int64)), True, 1e-5, "inside_sqrt")
+
+        def split_heads(t):
+            t = ops.reshape(t, ops.constant(np.array([rows, TOKENS, heads, -1], np.int64)), False)
+            return ops.transpose(t, ops.constant(np.array([0, 2, 1, 3], np.int64)))
+
+        source = ops.parameter([rows, TOKENS, width], ov.Type.f32)
+        q, k, v = (split_heads(t) for t in ops.split(linear(norm(source), "qkv"), -1, 3).outputs())
+        scores = ops.multiply(
+            ops.matmul(q, k, False, True), ops.constant(np.float32(1 / np.sqrt(HEAD_WIDTH)))
+        )
+        mixed = ops.transpose(
+            ops.matmul(ops.softmax(scores, -1), v, False, False),
+            ops.constant(np.array([0, 2, 1, 3], np.int64)),
+        )
+        mixed = ops.reshape(mixed, ops.constant(np.array([rows, TOKENS, width], np.int64)), False)
+        h = ops.add(source, linear(mixed, "out"))
+        out = ops.add(h, linear(ops.gelu(linear(norm(h), "up"), "tanh"), "down"))
+        props = ov.properties
+        fast = {"float32": ov.Type.f32, "bfloat16": ov.Type.bf16, "float16": ov.Type.f16}
+        config: dict[Any, Any] = {
+            props.inference_num_threads: threads,
+            props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
+            props.hint.inference_precision: fast[INT8_FLOAT if int8 else dtype],
+        }
+        if int8:
+            config[props.hint.dynamic_quantization_group_size] = DYNAMIC_GROUP
+        model = ov.Model([out], [source])
+        request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
+        return lambda: request.infer({0: x})
+
+    def pytorch(dtype: str) -> Callable[[], Any]:
+        f = torch.nn.functional
+        kind = FLOATS[dtype]
+        w = {k: torch.from_numpy(v).to(kind) for k, v in weights.items()}
+        source = torch.from_numpy(x).to(kind)
+
+        @torch.inference_mode()
+        def block():
+            q, k, v = f.linear(f.layer_norm(source, (width,)), w["qkv"]).split(width, -1)
+            q, k, v = (t.view(rows, TOKENS, heads, -1).transpose(1, 2) for t in (q, k, v))
+            mixed = f.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(rows, TOKENS, width)
+            h = source + f.linear(mixed, w["out"])
+            return h + f.linear(
+                f.gelu(f.linear(f.layer_norm(h, (width,)), w["up"]), approximate="tanh"), w["down"]
+            )
+
+        return block
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        calls = {"openvino int8": openvino("int8")}
+        for dtype in candidates():
+            calls |= {f"openvino {dtype}": openvino(dtype), f"torch {dtype}": pytorch(dtype)}
+        best = dict.fromkeys(calls, float("inf"))
+        for turn in range(ROUNDS):  # interleaved, each round in another order: a slow moment slows them alike
+            for name in list(calls)[turn:] + list(calls)[:turn]:
+                best[name] = min(best[name], best_of(calls[name]))
+        return {name: rows * TOKENS / seconds for name, seconds in best.items()}
+    finally:
+        torch.set_num_threads(n)
+
+
+def measured_rates(
+    width: int, threads: int, *, measure: Callable[[int, int], dict[str, float]] | None = None
+) -> tuple[dict[str, float], bool]:
+    """``(rates, cached)``: :func:`block_rates` of this CPU, threads, width and library versions, read from
+    the cache when measured before, else measured now and kept."""
+    from openvino import __version__ as ov_version
+
+    key = json.dumps(["block", *records.machine(threads), width, torch.__version__, ov_version])
+    kept = records.get(RATES, key)
+    if isinstance(kept, dict) and "openvino int8" in kept:
+        return kept, True
+    rates = (measure or block_rates)(width, threads)
+    records.put(RATES, key, rates)
+    return rates, False
+
+
+def choose_int8(
+    *,
+    device: torch.device,
+    engine: str,
+    backbone: Any,
+    twin: str,
+    tokens: int,
+    target: str,
+    load_dtype: str = "float32",
+) -> tuple[bool, str]:
+    """``(take, why)``: whether ``--dtype auto`` takes int8 for this run, and why (or why not), in words.
+    ``twin``: the backbone's weights, ``"random"``, ``"pretrained"`` or ``"stats"``."""
+    from reservoir.runtime.engines import openvino_installed
+    from reservoir.runtime.machine import cpu
+
+    model_type = getattr(backbone, "kind", type(backbone).__name__)
+    kind = cpu_kind(cpu()[1])
+    refusals = (
+        (device.type != "cpu", f"int8 runs on the CPU, not {device.type}"),
+        (load_dtype != "float32", f"weights loaded in {load_dtype}"),
+        (target != "class", "real-valued targets keep float"),
+        (engine not in ("auto", "openvino"), f"--engine {engine} does not compute int8"),
+        (not openvino_installed(), "OpenVINO is not installed"),
+        (not getattr(backbone, "openvino", False), f"{type(backbone).__name__} is not checked to convert"),
+        (tokens < MIN_TOKENS, f"{tokens:,} tokens < {MIN_TOKENS:,}, calibrating would not pay"),
+        (
+            (kind, model_type, twin) not in PROBED,
+            f"int8's probe accuracy is not measured for {model_type} ({twin} weights) on this {kind} CPU",
+        ),
+    )
+    for refused, why in refusals:
+        if refused:
+            return False, f"not int8: {why}"
+    rates, cached = measured_rates(backbone.d_model, torch.get_num_threads())
+    floats = {k: v for k, v in rates.items() if k != "openvino int8"}
+    best = max(floats, key=floats.get)
+    ratio = rates["openvino int8"] / floats[best]
+    named = best.replace("openvino", "OpenVINO").replace("torch", "PyTorch")
+    measured = (
+        f"one block, {'measured before' if cached else 'measured now'}: int8 "
+        f"{rates['openvino int8']:,.0f} tokens/s, {named} {floats[best]:,.0f}"
+    )
+    if ratio < MARGIN:
+        return False, f"not int8: {ratio:.2f}x the fastest float path here, short of {MARGIN}x ({measured})"
+    return True, (
+        f"auto: int8, {ratio:.2f}x the fastest float path here ({measured}) and within {ACCURACY_BAR} points "
+        f"of float32 in this CPU kind's probes ({PROBED[kind, model_type, twin]}); --dtype float32 for float features"
+    )
