@@ -402,7 +402,7 @@ def ov_int8_dynamic(s: Setup) -> Built:
     with quiet():
         model = nncf.compress_weights(ov_float_model(s).clone(), mode=nncf.CompressWeightsMode.INT8_SYM)
     run, precision = ov_compiled(
-        s, model, {ov.properties.hint.dynamic_quantization_group_size: DYNAMIC_GROUP}
+        s, model, {ov.properties.hint.dynamic_quantization_group_size: str(DYNAMIC_GROUP)}
     )
     return Built(
         run,

@@ -525,7 +525,9 @@ class OpenVINOForward:
             props.hint.inference_precision: precision(self.dtype),
         }
         if self.dtype == "int8":
-            config[props.hint.dynamic_quantization_group_size] = DYNAMIC_GROUP
+            config[props.hint.dynamic_quantization_group_size] = str(
+                DYNAMIC_GROUP
+            )  # OpenVINO 2024 parses only a string as unsigned
         start = time.perf_counter()
         with _quiet():
             compiled = ov.Core().compile_model(model, "CPU", config)

@@ -90,7 +90,11 @@ def block_rates(width: int, threads: int) -> dict[str, float]:
     here: ``{"openvino int8": r, "openvino bfloat16": r, "torch float32": r, ...}``, each the fastest call
     over :data:`ROUNDS` interleaved rounds (each path built and warmed up first)."""
     import openvino as ov
-    import openvino.opset13 as ops
+
+    try:
+        import openvino.opset13 as ops
+    except ImportError:  # OpenVINO before 2025 keeps the opsets under openvino.runtime
+        from openvino.runtime import opset13 as ops
 
     from reservoir.runtime.engines import DYNAMIC_GROUP, INT8_FLOAT
 
@@ -146,7 +150,9 @@ def block_rates(width: int, threads: int) -> dict[str, float]:
             props.hint.inference_precision: fast[INT8_FLOAT if int8 else dtype],
         }
         if int8:
-            config[props.hint.dynamic_quantization_group_size] = DYNAMIC_GROUP
+            config[props.hint.dynamic_quantization_group_size] = str(
+                DYNAMIC_GROUP
+            )  # OpenVINO 2024 parses only a string as unsigned
         model = ov.Model([out], [source])
         request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
         return lambda: request.infer({0: x})
