@@ -155,6 +155,11 @@ def test_extract_takes_int8_says_why_and_float32_stays_one_option_away(probed, c
     r, identity = extract(cli, tiny_gpt2)
     assert identity["dtype"] == "int8" and identity["calibration"]["engine"] == "openvino"
     assert "int8 (auto: int8, 1.50x the fastest float path here" in r.output
+    auto = Path(r.stdout.strip().splitlines()[-1])
+    r, again = extract(
+        cli, tiny_gpt2, "--dtype", "int8"
+    )  # the same run as asking for int8: its file is reused
+    assert again == identity and "reusing" in r.output and Path(r.stdout.strip().splitlines()[-1]) == auto
     r, identity = extract(cli, tiny_gpt2, "--dtype", "float32")
     assert identity["dtype"] == "float32" and "calibration" not in identity
     r, identity = extract(cli, tiny_gpt2, "--engine", "torch")
