@@ -114,7 +114,7 @@ def split_twin(name: str) -> tuple[str, str]:
 def weights_kind(name: str) -> str:
     """What a backbone name's weights are: ``"random"`` or ``"stats"`` for a twin (``gpt2-random``, registered
     or ``PATH-random``), ``"pretrained"`` otherwise (a folder is loaded as it is, whatever its name)."""
-    base, twin = split_twin(name)
+    twin = split_twin(name)[1]
     if twin == "pretrained" and name in BACKBONES:
         return next((t for t in TWINS if name.endswith(f"-{t}")), twin)
     return twin
