@@ -7,8 +7,9 @@ The two halves are measured differently, since one is cheap and the other is not
   CIFAR-10 probes of ``benchmarks/probe.py`` (every depth, ridge head, the depth chosen on
   validation; at least 10,000 training and 10,000 test images). :data:`PROBED` keeps each
   pairing whose int8 probes were both within the bar, with the measurement in words; the figures
-  and the commands are in docs/benchmarks.md ("When --dtype auto takes int8, per CPU kind"). A pairing not in the table (not
-  measured, or measured outside the bar) never gets int8 from ``auto``.
+  and the commands are in docs/benchmarks.md ("When --dtype auto takes int8, per CPU kind"). A
+  pairing not in the table (not measured, or measured outside the bar) never gets int8 from
+  ``auto``.
 - **Speed**, measured on this machine: one pre-norm transformer block of the model's width
   (:func:`block_rates`: norm, attention, MLP, residual sums, on rows of 64 tokens) is timed in
   ``--dtype int8``'s recipe on OpenVINO (int8 weights per output channel, activations quantized per
