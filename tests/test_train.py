@@ -385,13 +385,20 @@ def test_killed_run_resumes_to_identical_metrics_and_weights(tiny_gpt2, home):
     assert all(torch.equal(x, y) for x, y in zip(a["state"]["best_params"], b["state"]["best_params"]))
 
 
-def test_resume_with_more_steps_extends_a_finished_run(tiny_gpt2, home):
+def xor_whole(tiny_gpt2, home):
+    """``(task, cfg, data, result)``: bit XOR for 30 steps at lr 3e-3, seed 0, run whole (checkpoints in
+    ``home/a``), the run others are held against."""
     task = get_task("bit_xor", **XOR_OPTS)
     cfg = xor_cfg(tiny_gpt2, home, steps=30, lr=(3e-3,))
     data = load_data(task, cfg)
     whole = train_run(
         dataclasses.replace(cfg, checkpoint_dir=home / "a"), task, data, lr=3e-3, seed=0, progress=False
     )
+    return task, cfg, data, whole
+
+
+def test_resume_with_more_steps_extends_a_finished_run(tiny_gpt2, home):
+    task, cfg, data, whole = xor_whole(tiny_gpt2, home)
     short = dataclasses.replace(cfg, checkpoint_dir=home / "b", steps=20)
     assert train_run(short, task, data, lr=3e-3, seed=0, progress=False)["steps"] == 20
     longer = train_run(
@@ -782,12 +789,7 @@ def test_max_time_stops_a_run_on_time_with_a_validation_pass_and_a_resume_with_m
     def tick(step):
         now[0] += 1.0
 
-    task = get_task("bit_xor", **XOR_OPTS)
-    cfg = xor_cfg(tiny_gpt2, home, steps=30, lr=(3e-3,))
-    data = load_data(task, cfg)
-    whole = train_run(
-        dataclasses.replace(cfg, checkpoint_dir=home / "a"), task, data, lr=3e-3, seed=0, progress=False
-    )
+    task, cfg, data, whole = xor_whole(tiny_gpt2, home)
     cut = dataclasses.replace(cfg, checkpoint_dir=home / "b", max_time=15)
     first = train_run(cut, task, data, lr=3e-3, seed=0, progress=False, on_step=tick)
     assert first["steps"] == 15 and first["stop_reason"] == "reached --max-time 15 s at step 15"
