@@ -215,6 +215,7 @@ def synthetic_task(path: Path, rows: int, seq_len: int, seed: int) -> str:
 def end_to_end(rows: int, args, workdir: Path) -> Result:
     """The whole ``reservoir extract`` command over ``rows`` rows; tokens/s of the job."""
     result = Result(f"{E2E}-{rows}", "")
+    out = workdir / f"{E2E}-{rows}.h5"
     cli = Path(sys.executable).with_name("reservoir")
     command = [str(cli)] if cli.exists() else [sys.executable, "-m", "reservoir.cli"]
     if mnist_rows(rows, args):
@@ -257,7 +258,7 @@ def end_to_end(rows: int, args, workdir: Path) -> Result:
         "--device",
         args.device,
         "--out",
-        str(workdir / f"{E2E}-{rows}.h5"),
+        str(out),
     ]
     if args.data_dir:
         command += ["--data-dir", str(args.data_dir)]
@@ -270,7 +271,7 @@ def end_to_end(rows: int, args, workdir: Path) -> Result:
     if result.rates:  # the dtype the job ran, as its file records it (auto may take int8)
         import h5py
 
-        with h5py.File(workdir / f"{E2E}-{rows}.h5", "r") as f:
+        with h5py.File(out, "r") as f:
             result.dtype = json.loads(f.attrs["identity"])["dtype"]
     return result
 

@@ -200,7 +200,7 @@ def merge_seeds(results: list[dict[str, Any]]) -> dict[str, Any]:
                 runs.setdefault(run["seed"], run)
     chosen = [runs[s] for s in sorted(runs)]
     summary = seed_summary(chosen)
-    merged = {
+    return {
         **results[0],
         **summary,
         "test_score": summary["test_accuracy"],
@@ -209,7 +209,6 @@ def merge_seeds(results: list[dict[str, Any]]) -> dict[str, Any]:
         "seconds": float(sum(r.get("seconds", 0.0) for r in results)),
         "machines": list(dict.fromkeys(m for r in results for m in r.get("machines", []))),
     }
-    return merged
 
 
 def _is_result(obj: Any) -> bool:
