@@ -661,6 +661,10 @@ class TrainConfig:
         steps between checkpoints (0: only at the end).
     resume
         continue from the run's checkpoint when one exists.
+    concurrent_runs
+        runs (learning rates x seeds) trained together in one process, the frozen backbone held once and
+        each run's trainable parameters stacked (:mod:`reservoir.train.batched`); ``None``: as many as fit
+        the device's memory; 1: one after another.
     save_backbone
         after the run, write its trained backbone (the parameters of the best validation step) to
         this folder, which must not exist or be empty, as a ``save_pretrained`` folder that ``backbone`` takes
@@ -693,6 +697,7 @@ class TrainConfig:
     dropout: float = param(0.1, Interval(0, 1, closed="left"))
     checkpoint_every: int = 500
     resume: bool = False
+    concurrent_runs: int | None = param(None, POSITIVE)
     data_dir: Path = field(default_factory=default_data_dir)
     checkpoint_dir: Path | None = None
     save_backbone: Path | None = None
