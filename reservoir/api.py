@@ -39,13 +39,14 @@ from reservoir.config import (
     ExtractConfig,
     FitConfig,
     Interval,
+    ReportConfig,
     TrainConfig,
     default,
     parse_input_scale,
     select_depths,
     validate,
 )
-from reservoir.errors import DataError, StoreError, UsageError, optional
+from reservoir.errors import ReservoirError, StoreError, UsageError, optional
 from reservoir.tasks import TaskSpec, pad_ids
 
 __all__ = [
@@ -79,18 +80,66 @@ def _backbone_name(backbone: Any) -> Any:
     return register_object(backbone)
 
 
-def _config(cls, task: Any, backbone: Any, **settings: Any):
-    backbone = _backbone_name(backbone)
+def _refused(option: str, message: str) -> UsageError:
+    """A UsageError about one setting, naming its command-line option (``option``) for the command line."""
+    error = UsageError(message)
+    error.option = option  # type: ignore[attr-defined]
+    return error
+
+
+def configure(cls: type, task: Any = None, backbone: Any = None, **settings: Any) -> Any:
+    """The config of a command from its settings, checked the one way both front doors check them.
+
+    ``task`` may be a whole config of ``cls`` (and then no other settings). Unknown setting names, each
+    field's rules and the checks across fields are the config's (:func:`reservoir.config.build`); then
+    what needs the registries: a known task and backbone, the task's options (converted from text), a
+    split the task has, the trainable groups. UsageError (the command line's exit 2) naming the value and
+    the choices."""
+    from reservoir.config import TRAIN_GROUPS, build
+    from reservoir.model.backbones import is_backbone, list_backbones
+    from reservoir.tasks import TASKS, check_options, get_task, list_tasks
+
     if isinstance(task, cls):
-        if settings:
+        if settings or backbone is not None:
             raise UsageError(f"give either a {cls.__name__} or settings, not both (got {sorted(settings)})")
         return task
-    settings = {"task": task, "backbone": backbone, **settings}
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in settings if k not in names]
-    if unknown:
-        raise UsageError(f"unknown setting {unknown[0]!r}; choose from {sorted(names)}")
-    return cls(**{k: v for k, v in settings.items() if v is not None})  # None: the config's default
+    names = {f.name for f in dataclasses.fields(cls)}
+    given = {k: v for k, v in (("task", task), ("backbone", _backbone_name(backbone))) if k in names}
+    cfg = build(cls, **given, **settings)
+    name = getattr(cfg, "task", None)
+    if name is not None and not (name.startswith("file:") or name in TASKS):
+        raise _refused("--task", f"unknown task {name!r}; choose from {list_tasks()} or file:PATH")
+    chosen = getattr(cfg, "backbone", None)
+    if isinstance(chosen, str) and not is_backbone(chosen):
+        raise _refused(
+            "--backbone",
+            f"unknown backbone {chosen!r}; choose from {list_backbones()}, a folder saved with save_pretrained, "
+            "or hf:ID (any of them with -random or -stats appended)",
+        )
+    if "task_options" in names and name is not None:
+        try:
+            cfg = dataclasses.replace(cfg, task_options=check_options(name, cfg.task_options))
+        except UsageError as e:
+            raise _refused("--task-opt", str(e)) from None
+    split = getattr(cfg, "split", None)
+    if isinstance(cfg, ExtractConfig) and split != "all" and not name.startswith("file:"):
+        splits = list(get_task(name, **cfg.task_options).spec.splits)
+        if split not in splits:
+            raise _refused("--split", f"task {name!r} has no split {split!r}; choose from {splits} or 'all'")
+    if isinstance(cfg, TrainConfig) and not all(g in TRAIN_GROUPS for g in cfg.trainable):
+        from reservoir.model.backbones import load_backbone
+
+        try:
+            groups = set(load_backbone(cfg.backbone, cfg.seed).param_groups())
+        except (ReservoirError, OSError, ValueError):
+            return cfg  # the run itself says why the backbone cannot be loaded (exit 1)
+        bad = [g for g in cfg.trainable if g not in TRAIN_GROUPS and g not in groups]
+        if bad:
+            raise _refused(
+                "--trainable",
+                f"unknown trainable group {bad[0]!r}; choose from {sorted(set(TRAIN_GROUPS) | groups)}",
+            )
+    return cfg
 
 
 def extract(
@@ -138,7 +187,7 @@ def extract(
     """
     from reservoir.extract.run import extract as run
 
-    return run(_config(ExtractConfig, task=task, backbone=backbone, **settings), progress=_watched(progress))
+    return run(configure(ExtractConfig, task, backbone, **settings), progress=_watched(progress))
 
 
 def fit(
@@ -186,7 +235,7 @@ def fit(
     """
     from reservoir.probe.fit import fit as run
 
-    return run(_config(FitConfig, task=task, backbone=backbone, **settings), progress=_watched(progress))
+    return run(configure(FitConfig, task, backbone, **settings), progress=_watched(progress))
 
 
 def read_features(
@@ -504,82 +553,17 @@ def results(
     >>> table[table.column == "chosen"][["task", "setting", "depth", "test"]]   # doctest: +SKIP
     """
     pd = optional("pandas", "api.results")
-    from reservoir.config import home
-    from reservoir.report.tables import Report, depth_rule
-    from reservoir.results import load_results
+    from reservoir.report.render import render
 
-    if layout not in ("depth", "task"):
-        raise UsageError(f"layout must be 'depth' or 'task'; got {layout!r}")
-    try:
-        rules = tuple(
-            dict.fromkeys(
-                depth_rule(str(v)) for v in ([depths] if isinstance(depths, (str, int)) else depths)
-            )
-        ) or ("chosen",)
-    except ValueError as e:
-        raise UsageError(f"depths: {e}") from None
-    if rules != ("chosen",) and layout == "depth":
-        raise UsageError(
-            f"depths={depths!r} picks the depth of the task layout, and the depth layout shows every "
-            "depth; pass layout='task'"
-        )
-    paths = [paths] if isinstance(paths, (str, Path)) else list(paths or [home() / "results"])
-    missing = [str(p) for p in paths if not Path(p).exists()]
-    if missing:
-        raise DataError(f"{missing[0]} does not exist; pass result files or folders (default: results/)")
-    found = load_results([Path(p) for p in paths])
-    if not found:
-        raise DataError(
-            f"no results found in {', '.join(map(str, paths))}; run `reservoir fit` or `reservoir train` "
-            "(api.fit, api.train) first"
-        )
-    report = Report(found, depths=rules)
-    report.markdown(layout)  # fills the records, one per cell
-    return pd.DataFrame(report.records)
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    rendered = render(
+        configure(ReportConfig, paths=tuple(Path(p) for p in paths or ()), layout=layout, depths=depths)
+    )
+    return pd.DataFrame(rendered.report.records)
 
 
 # -- training end to end ------------------------------------------------------------------------------
-
-
-def _train_config(task: Any, backbone: str | None, settings: dict[str, Any]) -> TrainConfig:
-    """A TrainConfig from keyword arguments, checked as ``reservoir train`` checks its options: a known
-    task and backbone, the task's options, the trainable groups (lists may be comma-separated text)."""
-    from reservoir.config import TRAIN_GROUPS
-    from reservoir.model.backbones import is_backbone, list_backbones
-    from reservoir.tasks import TASKS, check_options, list_tasks
-
-    for name, kind in (("lr", float), ("trainable", str)):
-        value = settings.get(name)
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if value is not None:
-            try:
-                settings[name] = tuple(
-                    kind(v) for v in ([value] if isinstance(value, (int, float)) else value)
-                )
-            except (TypeError, ValueError):
-                raise UsageError(
-                    f"{name} {settings[name]!r} must be a {kind.__name__} or a list of them"
-                ) from None
-    cfg = _config(TrainConfig, task=task, backbone=backbone, **settings)
-    if not (cfg.task.startswith("file:") or cfg.task in TASKS):
-        raise UsageError(f"unknown task {cfg.task!r}; choose from {list_tasks()} or file:PATH")
-    if not is_backbone(cfg.backbone):
-        raise UsageError(
-            f"unknown backbone {cfg.backbone!r}; choose from {list_backbones()}, a folder saved with "
-            "save_pretrained, or hf:ID (any of them with -random or -stats appended)"
-        )
-    cfg = dataclasses.replace(cfg, task_options=check_options(cfg.task, dict(cfg.task_options)))
-    if not all(g in TRAIN_GROUPS for g in cfg.trainable):
-        from reservoir.model.backbones import load_backbone
-
-        groups = set(load_backbone(cfg.backbone, cfg.seed).param_groups())
-        bad = [g for g in cfg.trainable if g not in TRAIN_GROUPS and g not in groups]
-        if bad:
-            raise UsageError(
-                f"unknown trainable group {bad[0]!r}; choose from {sorted(set(TRAIN_GROUPS) | groups)}"
-            )
-    return cfg
 
 
 def train(
@@ -630,7 +614,7 @@ def train(
             raise UsageError(f"give either a TrainConfig or settings, not both (got {sorted(settings)})")
         settings = {k: v for k, v in dataclasses.asdict(task).items() if k not in ("task", "backbone")}
         task, backbone = task.task, task.backbone
-    return run(_train_config(task, backbone, dict(settings)), progress=_watched(progress))
+    return run(configure(TrainConfig, task, backbone, **settings), progress=_watched(progress))
 
 
 # -- the scikit-learn transformer -------------------------------------------------------------

@@ -8,7 +8,6 @@ that produced them (:mod:`reservoir.identity`).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -68,6 +67,8 @@ LOAD_DTYPE_CHOICES = ("float32", "bfloat16", "float16")
 INPUT_SCALE_CHOICES = ("paper", "matched")
 #: ``--device`` values: auto, cpu, mps, cuda or cuda:N
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
+#: the data folder's default, as help texts say it
+DATA_DIR_TEXT = "$RESERVOIR_HOME/data or ./data"
 
 
 def parse_input_scale(value: Any) -> str:
@@ -157,25 +158,7 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ",".join(map(str, parse_depths(value)))
 
 
-# ---------------------------------------------------------------- run configurations
-
-
-def default(cls: type, name: str) -> Any:
-    """The default of field ``name`` of a config dataclass (help texts show it from here)."""
-    f = {f.name: f for f in dataclasses.fields(cls)}[name]
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
-
-
-def from_options(cls: type, **options: Any):
-    """A config from command-line options: ``None`` means unset, so the dataclass default applies."""
-    return cls(**{k: v for k, v in options.items() if v is not None})
-
-
 # ---------------------------------------------------------------- constraints: declared once, one validator
-
-
-def _number(x: Any) -> str:
-    return str(x)
 
 
 class Constraint:
@@ -190,6 +173,10 @@ class Constraint:
     def text(self, owner: Any = None) -> str:
         """What the value must be, completing "must be ..."."""
         raise NotImplementedError  # pragma: no cover - abstract
+
+    def why(self, value: Any, owner: Any = None) -> str:
+        """What ``value``, refused, should have been (the rule's text; a compound rule's failing part)."""
+        return self.text(owner)
 
 
 @dataclass(frozen=True)
@@ -230,11 +217,11 @@ class Interval(Constraint):
         low, high = self._bounds(owner)
         left, right = self.closed in ("both", "left"), self.closed in ("both", "right")
         if low is not None and high is not None:
-            rule = f"in {'[' if left else '('}{_number(low)}, {_number(high)}{']' if right else ')'}"
+            rule = f"in {'[' if left else '('}{low}, {high}{']' if right else ')'}"
         elif low is not None:
-            rule = f"{'>=' if left else '>'} {_number(low)}"
+            rule = f"{'>=' if left else '>'} {low}"
         else:
-            rule = f"{'<=' if right else '<'} {_number(high)}"
+            rule = f"{'<=' if right else '<'} {high}"
         return (
             ("an integer " if self.integer else "")
             + rule
@@ -319,33 +306,64 @@ class NotEmpty(Constraint):
         return self.said
 
 
+@dataclass(frozen=True)
+class Each(Constraint):
+    """A sequence whose every value meets ``rule``."""
+
+    rule: Constraint
+
+    def ok(self, value: Any, owner: Any = None) -> bool:
+        return isinstance(value, (list, tuple)) and all(self.rule.ok(v, owner) for v in value)
+
+    def text(self, owner: Any = None) -> str:
+        return f"each {self.rule.text(owner)}"
+
+
+@dataclass(frozen=True)
+class AllOf(Constraint):
+    """Every one of ``rules`` (a list of learning rates: each in range, and distinct)."""
+
+    rules: tuple[Constraint, ...]
+
+    def ok(self, value: Any, owner: Any = None) -> bool:
+        return all(r.ok(value, owner) for r in self.rules)
+
+    def text(self, owner: Any = None) -> str:
+        return " and ".join(r.text(owner) for r in self.rules)
+
+    def why(self, value: Any, owner: Any = None) -> str:
+        return next(r.why(value, owner) for r in self.rules if not r.ok(value, owner))
+
+
+#: the rules of a parameter: any one passing admits the value (scikit-learn's any-of constraints);
+#: ``None`` among them admits ``None``
+Rules = tuple["Constraint | None", ...]
+
+
 def check(
     owner: str,
     name: str,
     value: Any,
-    rule: Constraint,
+    *rules: Constraint | None,
     obj: Any = None,
-    *,
     note: str = "",
     noun: str = "parameter",
 ) -> None:
-    """``value`` of ``name`` meets ``rule``; else a UsageError in scikit-learn's words: "The 'depth'
-    parameter of fit must be in [0, 12]. Got 13 instead." (``note`` follows the rule; ``noun``
-    "option" for a task's options). The one place such a message is written."""
-    if not rule.ok(value, obj):
-        shown = list(value) if isinstance(value, tuple) else value
-        raise UsageError(
-            f"The {name!r} {noun} of {owner} must be {rule.text(obj)}{note}. Got {shown!r} instead."
-        )
+    """``value`` of ``name`` meets one of ``rules`` (``None`` among them admits ``None``); else a UsageError
+    in scikit-learn's words: "The 'depth' parameter of fit must be in [0, 12]. Got 13 instead." (``note``
+    follows the rule; ``noun`` "option" for a task's options). The one place such a message is written."""
+    if value is None and None in rules:
+        return
+    real = [r for r in rules if r is not None]
+    if not real or any(r.ok(value, obj) for r in real):
+        return
+    shown = list(value) if isinstance(value, tuple) else value
+    rule = " or ".join(r.why(value, obj) for r in real)
+    raise UsageError(f"The {name!r} {noun} of {owner} must be {rule}{note}. Got {shown!r} instead.")
 
 
-def param(default: Any = dataclasses.MISSING, *rules: Constraint, factory: Any = dataclasses.MISSING) -> Any:
-    """A config field (``default``, or ``factory`` for a mutable one) with its constraints declared."""
-    return field(default=default, default_factory=factory, metadata={"rules": rules})
-
-
-def constraints(owner: Any) -> dict[str, tuple[Constraint, ...]]:
-    """The declared constraints of a config dataclass's fields, or an estimator's
+def constraints(owner: Any) -> dict[str, Rules]:
+    """The declared rules of a config dataclass's fields (or a task's options), or an estimator's
     ``parameter_constraints``, by parameter name."""
     if dataclasses.is_dataclass(owner):
         return {f.name: f.metadata["rules"] for f in dataclasses.fields(owner) if f.metadata.get("rules")}
@@ -353,26 +371,166 @@ def constraints(owner: Any) -> dict[str, tuple[Constraint, ...]]:
 
 
 def validate(obj: Any, owner: str) -> None:
-    """Every declared constraint of ``obj``'s parameters (:func:`constraints`), by :func:`check`;
-    a parameter whose default is ``None`` takes ``None``."""
+    """Every declared rule of ``obj``'s parameters (:func:`constraints`), by :func:`check`."""
     for name, rules in constraints(obj).items():
-        value = getattr(obj, name)
-        if value is None and _default_is_none(obj, name):
-            continue
-        for rule in rules:
-            check(owner, name, value, rule, obj)
-
-
-def _default_is_none(obj: Any, name: str) -> bool:
-    if dataclasses.is_dataclass(obj):
-        return default(type(obj), name) is None
-    parameter = inspect.signature(type(obj)).parameters.get(name)
-    return parameter is not None and parameter.default is None
+        check(owner, name, getattr(obj, name), *rules, obj=obj)
 
 
 def choices(cls: type, name: str) -> OneOf:
     """The :class:`OneOf` declared for field ``name`` of ``cls`` (the command line's choices)."""
     return next(r for r in constraints(cls)[name] if isinstance(r, OneOf))
+
+
+# ---------------------------------------------------------------- settings: one declaration each
+
+#: what a setting may say of its command-line form (:func:`setting`); the command line builds its options
+#: from these (``reservoir.cli.declared``)
+CLI_KEYS = frozenset(
+    {
+        "option",  # the option's name when not --FIELD-NAME; False: no option
+        "short",  # a one-letter alias, "-t"
+        "metavar",
+        "flag",  # "single" (--force) or "pair" (--compile/--no-compile)
+        "path",  # "file", "dir" or "any": a path (``exists``: it must exist)
+        "exists",
+        "multiple",  # the option may be repeated; the values arrive as a tuple
+        "argument",  # a positional argument (``nargs`` -1: any number of them)
+        "nargs",
+        "hidden",
+        "default_text",  # the help's [default: ...] when the field's default does not say it
+    }
+)
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *rules: Constraint | None,
+    help: str = "",
+    factory: Any = dataclasses.MISSING,
+    parse: Callable[[Any], Any] | None = None,
+    **cli: Any,
+) -> Any:
+    """A setting, declared once: a config field with its ``default`` (``factory`` for a mutable one), its
+    ``rules`` (any one passing admits a value; ``None`` among them admits ``None``), its ``help`` (the
+    command line's and the docs'), ``parse`` (a value as text, or in a looser form, to the field's form;
+    ValueError or UsageError on a bad one) and how the command line spells it (:data:`CLI_KEYS`).
+
+    The command line's options (``reservoir.cli``), the API's keyword checks (:func:`build`) and the docs'
+    option tables (``docs/guide/options.md``) are generated from these declarations."""
+    unknown = sorted(set(cli) - CLI_KEYS)
+    if unknown:
+        raise TypeError(f"unknown key {unknown[0]!r} of a setting; choose from {sorted(CLI_KEYS)}")
+    return field(
+        default=default,
+        default_factory=factory,
+        metadata={"rules": rules, "help": help, "parse": parse, "cli": cli},
+    )
+
+
+def default(cls: type, name: str) -> Any:
+    """The default of field ``name`` of a config dataclass (help texts show it from here)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        return None
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def shown_default(f: dataclasses.Field) -> str:
+    """A setting's default as its help shows it ("" when it has none to show)."""
+    text = f.metadata.get("cli", {}).get("default_text")
+    if text is not None:
+        return text
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        return ""
+    value = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    if isinstance(value, (tuple, list)):
+        value = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    return "" if value in (None, "", (), {}) else str(value)
+
+
+class Config:
+    """A run's settings (the base of every config dataclass): each field a :func:`setting`.
+
+    Building one parses the values given in a looser form (``parse``: text from the command line, a
+    number where a list is kept), checks every field's rules (:func:`validate`) and then the checks across
+    fields (:meth:`combined`), so the command line and the API refuse the same values with the same words.
+    """
+
+    #: the command the config belongs to, as messages name it ("The 'limit' parameter of extract ...")
+    command = ""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            parse = f.metadata.get("parse")
+            value = getattr(self, f.name)
+            if parse is not None and value is not None:
+                try:
+                    object.__setattr__(self, f.name, parse(value))
+                except UsageError:
+                    raise
+                except (TypeError, ValueError) as e:
+                    raise UsageError(str(e)) from None
+        validate(self, self.command)
+        self.combined()
+
+    def combined(self) -> None:
+        """Checks across fields (one option excluding another, say): UsageError naming both."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as JSON values: paths as text, tuples as lists."""
+
+        def plain(v: Any) -> Any:
+            if isinstance(v, Path):
+                return str(v)
+            if isinstance(v, tuple):
+                return [plain(x) for x in v]
+            if isinstance(v, dict):
+                return {k: plain(x) for k, x in v.items()}
+            return v
+
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def build(cls: type, **settings: Any) -> Any:
+    """A config from keyword settings: an unknown name is refused naming the known ones (nanoGPT's
+    configurator), and ``None`` means unset, so the dataclass default applies."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in settings if k not in names]
+    if unknown:
+        raise UsageError(f"unknown setting {unknown[0]!r}; choose from {sorted(names)}")
+    return cls(**{k: v for k, v in settings.items() if v is not None})
+
+
+def comma_list(kind: type) -> Callable[[Any], tuple[Any, ...]]:
+    """A parser of a list setting: ``"a,b,c"``, one value, or a sequence, to a tuple of ``kind``."""
+
+    def parse(value: Any) -> tuple[Any, ...]:
+        items = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+        if isinstance(items, (str, int, float)):
+            items = [items]
+        try:
+            out = tuple(kind(v) for v in items)
+        except (TypeError, ValueError):
+            raise UsageError(f"{value!r} must be a comma-separated list of {kind.__name__} values") from None
+        if not out:
+            raise UsageError(f"{value!r} names no values")
+        return out
+
+    return parse
+
+
+def key_values(value: Any) -> dict[str, Any]:
+    """A task's options: a dict as it is, or ``("key=value", ...)`` pairs (``--task-opt``) to a dict of text
+    (the task converts and checks them: ``reservoir.tasks.check_options``)."""
+    if isinstance(value, dict):
+        return dict(value)
+    out = {}
+    for pair in [value] if isinstance(value, str) else value:
+        key, sep, text = str(pair).partition("=")
+        if not sep or not key:
+            raise UsageError(f"task option {pair!r} is not of the form key=value")
+        out[key.strip()] = text.strip()
+    return out
 
 
 #: ``--device``: auto, cpu, mps, cuda or cuda:N (whether the device is present is checked where it
@@ -396,187 +554,250 @@ MAX_LR = 100
 SEED = Interval(0, MAX_SEED)
 #: a share of the rows, strictly between none and all
 FRACTION = Interval(0, 1, closed="neither")
+#: the share of train held out for validation
+VAL_FRACTION = Interval(0.01, 0.5)
+
+
+# ---------------------------------------------------------------- settings shared by several commands
+
+
+def task_setting(default: Any = dataclasses.MISSING, *, default_text: str | None = None) -> Any:
+    """``--task``: a registered task or ``file:PATH`` (checked against the registry by ``reservoir.api``)."""
+    return setting(default, help="Registered task or file:PATH.", short="-t", default_text=default_text)
+
+
+def backbone_setting(default: Any = "gpt2-random", *, default_text: str | None = None) -> Any:
+    """``--backbone``: a registered backbone, a ``save_pretrained`` folder or ``hf:ID``."""
+    return setting(
+        default,
+        help="Registered backbone, a save_pretrained folder, or hf:ID.",
+        short="-b",
+        default_text=default_text,
+    )
+
+
+def task_options_setting() -> Any:
+    """``--task-opt KEY=VALUE`` (repeatable): the task's own options."""
+    return setting(
+        factory=dict,
+        help="A task option (repeatable).",
+        parse=key_values,
+        option="--task-opt",
+        metavar="KEY=VALUE",
+        multiple=True,
+    )
+
+
+def device_setting(
+    help: str = "Where the backbone runs; auto: a CUDA GPU when present, else the CPU.",
+) -> Any:
+    """``--device``: auto, cpu, cuda, cuda:N or mps."""
+    return setting("auto", DEVICE, help=help, metavar="auto|cpu|cuda[:N]|mps")
+
+
+def data_dir_setting(
+    default: Any = dataclasses.MISSING, help: str = "Data folder", default_text: str = DATA_DIR_TEXT
+) -> Any:
+    """``--data-dir``: the data folder."""
+    factory = default_data_dir if default is dataclasses.MISSING else dataclasses.MISSING
+    return setting(default, help=f"{help}.", factory=factory, path="dir", default_text=default_text)
+
+
+def input_scale_setting(help: str) -> Any:
+    """``--input-scale``: ``paper``, ``matched`` or a positive std."""
+    return setting("paper", help=help, parse=parse_input_scale, metavar="paper|matched|STD")
+
+
+def depths_setting(help: str, default_text: str = "all") -> Any:
+    """``--depths``: ``all`` or comma-separated depths (one parser, :func:`parse_depths`)."""
+    return setting(None, help=help, parse=parse_depths, default_text=default_text)
+
+
+# ---------------------------------------------------------------- the commands' configs
 
 
 @dataclass(frozen=True)
-class ExtractConfig:
-    """One extraction run.
+class ExtractConfig(Config):
+    """One extraction run (``reservoir extract``; :func:`reservoir.api.extract`). Each field's help is the
+    option's; ``depths`` ``None`` is all of them; the default ``out`` is named by the run's identity
+    (``features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5``, :mod:`reservoir.identity`)."""
 
-    Parameters
-    ----------
-    task, backbone
-        registered names (or ``file:PATH`` / a model folder).
-    task_options
-        the task's own options (``--task-opt key=value``).
-    split
-        a split name or ``"all"``.
-    limit
-        keep the first ``limit`` examples of each split.
-    seed
-        seeds the input layer, random backbones and generated data (tasks marked
-        ``generated``: bit tasks, generated ListOps); a task's own ``seed`` option, when given,
-        seeds its data instead.
-    input_scale
-        scale of the frozen input layer; ``"paper"``: orthogonal gain 1.41 for
-        dense tokens, N(0, 1) embeddings for ids (the FPT code); ``"matched"``: the std of the
-        backbone's own token embedding (:func:`reservoir.model.input_layer.make_input_layer`); a
-        positive number: that std.
-    batch_size
-        examples per forward pass; ``None``: about 16,384 tokens a batch, more for
-        backbones that ask (``reservoir.extract.plan.auto_batch_size``).
-    dtype
-        compute dtype of the backbone: ``"auto"`` is the float dtype this machine multiplies
-        fastest (measured; features are stored as float32), float32 for a task with real-valued
-        targets (forecasting needs more digits than bf16 keeps), and ``"int8"`` on the CPU where
-        int8 is measured faster than every float path and its probe accuracy was measured within
-        0.5 points of float32 on this CPU kind (:mod:`reservoir.runtime.quantized`); ``"int8"`` (int8 weights,
-        activations quantized per token at run time) and ``"int8-static"`` (activation scales
-        calibrated on the run's first rows) run on the OpenVINO engine (:mod:`reservoir.runtime.engines`).
-    load_dtype
-        the dtype the frozen weights are read and kept in: ``"float32"``, or ``"bfloat16"`` and
-        ``"float16"``, which take half the memory (a model twice as large fits); the backbone then
-        computes in that dtype (``dtype`` auto) on the PyTorch engine. Part of the identity.
-    engine
-        what runs the forward: ``"torch"`` (eager or compiled), ``"openvino"`` (the
-        ``openvino`` extra; CPU only), ``"onnxruntime"`` (the ``onnx`` extra; CPU only; float32 and
-        int8), or ``"auto"``: on the CPU, for a backbone that converts, the installed engines measured
-        against PyTorch on the first batch (OpenVINO for runs of 20,000+ tokens, ONNX Runtime for
-        200,000+), PyTorch otherwise or when converting fails. Not part of the identity (like
-        ``compile``): the float engines compute the same features, checked against PyTorch float32 on
-        the first batch.
-    depths
-        ``"all"`` or comma-separated depths (negative: from the last block).
-    readout
-        ``"last"`` reads the last real token; ``"mean"`` averages the states of every real
-        token; ``"all"`` keeps every token's state (tasks of fixed length); ``"padded"`` pads every
-        example to the task's length and reads the last position, reproducing the official FPT code.
-    compile
-        compile the forward with torch.compile (falls back to eager on failure);
-        ``None`` compiles when the measured costs say it repays the compile time
-        (:mod:`reservoir.runtime.compiling`; sharded runs: ``reservoir.extract.run.AUTO_COMPILE_TOKENS``).
-    device
-        ``auto`` (a CUDA GPU when present, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or
-        ``mps``. Not part of the run's identity: it changes where the numbers are computed.
-    workers
-        extract shards on a dask ``LocalCluster`` of this many worker processes (threads
-        split between them; on a machine with several GPUs one per GPU).
-    scheduler
-        the address of a running dask.distributed scheduler whose workers extract the
-        shards (``tcp://host:8786``); excludes ``workers``.
-    shard_rows
-        rows of a shard, rounded to the batch size; variable-length tasks are bucketed
-        by length within these blocks in every run, so a single process and a sharded run
-        compute the same batches.
-    data_dir
-        the data folder.
-    out
-        the feature file; ``None``: derived from the run's identity
-        (``features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5``).
-    force
-        extract again even when a complete file of this run is there (one that failed
-        verification, say): that file is moved aside to ``FILE.old``, never overwritten.
-    """
+    command = "extract"
 
-    task: str
-    backbone: str = "gpt2-random"
-    task_options: dict[str, Any] = field(default_factory=dict)
-    split: str = "all"
-    limit: int | None = param(None, POSITIVE)
-    seed: int = param(0, SEED)
-    input_scale: str = "paper"
-    batch_size: int | None = param(None, POSITIVE)
-    dtype: str = param("auto", OneOf(DTYPE_CHOICES))
-    load_dtype: str = param("float32", OneOf(LOAD_DTYPE_CHOICES))
-    engine: str = param("auto", OneOf(ENGINES, first=("auto",)))
-    depths: str | tuple[int, ...] = "all"
-    readout: str = param("last", OneOf(READOUT_CHOICES))
-    compile: bool | None = None
-    device: str = param("auto", DEVICE)
-    workers: int | None = param(None, POSITIVE)
-    scheduler: str | None = None
-    shard_rows: int = param(8192, POSITIVE)
-    data_dir: Path = field(default_factory=default_data_dir)
-    out: Path | None = None
-    force: bool = False
+    task: str = task_setting()
+    backbone: str = backbone_setting()
+    split: str = setting("all", help="A split name or 'all'.")
+    limit: int | None = setting(None, None, POSITIVE, help="Keep the first N examples of each split.")
+    seed: int = setting(
+        0,
+        SEED,
+        help="Seeds the input layer, random backbones and generated data (bit tasks, generated ListOps; "
+        "--task-opt seed=N seeds the data alone).",
+    )
+    input_scale: str = input_scale_setting(
+        "Scale of the frozen input layer: paper (orthogonal gain 1.41, N(0, 1) id embeddings), matched "
+        "(the std of the backbone's own token embeddings) or an output std."
+    )
+    batch_size: int | None = setting(
+        None,
+        None,
+        POSITIVE,
+        help="Examples per forward pass.",
+        default_text="about 16,384 tokens a batch; 32,768 for LSTMs",
+    )
+    load_dtype: str = setting(
+        "float32",
+        OneOf(LOAD_DTYPE_CHOICES),
+        help="Dtype the frozen weights are read and kept in: bfloat16 or float16 take half of float32's "
+        "memory (the backbone then computes in it, on PyTorch).",
+    )
+    dtype: str = setting(
+        "auto",
+        OneOf(DTYPE_CHOICES),
+        help="Backbone compute dtype; auto: the float dtype this machine multiplies fastest (measured), or "
+        "int8 on OpenVINO where int8 is measured faster here and its probe accuracy was measured within "
+        "0.5 points of float32 on this CPU kind (stderr says which, and why); float32 for real-valued "
+        "targets; int8 (int8 weights, activations quantized per token at run time) and int8-static "
+        "(activation scales calibrated on the first rows) run on OpenVINO. Features are stored as float32.",
+    )
+    engine: str = setting(
+        "auto",
+        OneOf(ENGINES, first=("auto",)),
+        help="What runs the forward: torch, openvino (pip install 'reservoir[openvino]'; CPU), onnxruntime "
+        "(pip install 'reservoir[onnx]'; CPU), or auto: on the CPU, for runs long enough to repay "
+        "converting, the installed engine measured fastest for this model and CPU, else PyTorch.",
+    )
+    depths: str | tuple[int, ...] | None = depths_setting(
+        "'all' or comma-separated depths, e.g. 0,3,6 (negative: from the last block)."
+    )
+    readout: str = setting(
+        "last",
+        OneOf(READOUT_CHOICES),
+        help="'last' real token; 'mean' of every real token's state; 'all' positions (tasks of fixed "
+        "length); or 'padded' (pad to full length, read the last position: the official code).",
+    )
+    compile: bool | None = setting(
+        None,
+        help="torch.compile the forward (eager if compiling fails).",
+        flag="pair",
+        default_text="when the eager rate measured on the first batch and the last compile of the same "
+        "shapes say it pays; sharded runs: 300,000+ tokens",
+    )
+    device: str = device_setting()
+    workers: int | None = setting(
+        None,
+        None,
+        POSITIVE,
+        help="Extract shards on a local dask cluster of N worker processes (joined into one file).",
+    )
+    scheduler: str | None = setting(
+        None,
+        help="Extract shards on the workers of a running dask scheduler (tcp://HOST:PORT).",
+        metavar="ADDRESS",
+    )
+    shard_rows: int = setting(
+        8192,
+        POSITIVE,
+        help="Rows of a shard (rounded to the batch size); also the block within which lengths are bucketed.",
+    )
+    task_options: dict[str, Any] = task_options_setting()
+    data_dir: Path = data_dir_setting()
+    out: Path | None = setting(
+        None,
+        help="Feature file.",
+        path="file",
+        default_text="features/TASK/BACKBONE/DTYPE-seedS-HASH.h5, named by the run's identity; -limitN and "
+        "-scale-X come before the hash when set",
+    )
+    force: bool = setting(
+        False,
+        help="Extract again even when a complete file of this run exists (e.g. one that failed "
+        "verification); it is moved aside to FILE.old, never overwritten.",
+        flag="single",
+    )
 
-    def __post_init__(self) -> None:
-        validate(self, "extract")
-        object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))
+    def combined(self) -> None:
+        object.__setattr__(self, "depths", "all" if self.depths is None else self.depths)
         if self.workers and self.scheduler:
             raise UsageError(
                 f"give --workers ({self.workers}) or --scheduler ({self.scheduler!r}), not both: "
                 "--scheduler uses the workers of a running cluster"
             )
-        parse_depths(self.depths)
-
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["data_dir"], d["out"] = str(self.data_dir), str(self.out) if self.out else None
-        d["depths"] = depths_json(self.depths)
-        return d
+        if self.load_dtype != "float32":
+            if self.engine != "auto" and ENGINES.factory(self.engine).converts:
+                raise UsageError(
+                    f"--load-dtype {self.load_dtype} keeps the weights in {self.load_dtype}, which only the "
+                    f"PyTorch engine computes with; drop --engine {self.engine} (or pass --engine torch), or "
+                    "load the weights in float32"
+                )
+            if self.dtype.startswith("int8"):
+                raise UsageError(
+                    f"--dtype {self.dtype} quantizes float32 weights on OpenVINO; load them in float32 (drop "
+                    "--load-dtype)"
+                )
 
 
 @dataclass(frozen=True)
-class FitConfig:
-    """One ``fit`` run over a feature file.
+class FitConfig(Config):
+    """One ``fit`` run over a feature file (:func:`reservoir.api.fit`). ``task`` and ``backbone`` given with
+    ``features`` must match the file's; without ``features``, the one complete file extracted for them
+    under ``features/`` is read (several: name one). Results already written for the same data are
+    reused."""
 
-    Parameters
-    ----------
-    task, backbone
-        the task and backbone of the features; ``None``: taken from the file.
-        Given with ``features``, they must match the file's.
-    features
-        the HDF5 file; ``None``: the one complete file extracted for ``task`` and
-        ``backbone`` under ``features/`` (several: name one).
-    depths
-        ``"all"`` or comma-separated depths (negative: from the last stored one).
-    head
-        a registered head (:data:`reservoir.registry.HEADS`: ``logreg``, ``ridge``, ``torch`` and
-        any a module of :mod:`reservoir.probe` registers; ``fit --head`` lists them).
-    val_fraction
-        share of train carved out (seeded) to choose regularisation.
-    seed
-        seeds the validation split and the torch head.
-    device
-        where the torch head trains (``auto``: a CUDA GPU when present, else the CPU).
-    memory_mb
-        features of one depth (train rows) above this many MiB are never loaded at once:
-        the logistic and torch heads then train on blocks read from the file (ridge always does).
-    baselines
-        also fit the baselines of the file's data (:mod:`reservoir.probe.baselines`: majority,
-        raw input, random tanh features of the same width, the task's rules), read again from
-        ``data_dir``; results already written for the same data are reused.
-    data_dir
-        the data folder the baselines read the task's data from; ``None``: the folder the
-        extraction read (recorded in the feature file), else the default data folder.
-    """
+    command = "fit"
 
-    task: str | None = None
-    backbone: str | None = None
-    features: Path | None = None
-    depths: str | tuple[int, ...] = "all"
-    head: str = param("logreg", OneOf(HEADS))
-    val_fraction: float = param(0.1, FRACTION)
-    seed: int = param(0, SEED)
-    device: str = param("auto", DEVICE)
-    memory_mb: int = param(1024, POSITIVE)
-    baselines: bool = True
-    data_dir: Path | None = None
+    task: str | None = task_setting(None, default_text="the file's")
+    backbone: str | None = backbone_setting(None, default_text="the file's")
+    features: Path | None = setting(
+        None,
+        help="Feature file.",
+        path="file",
+        default_text="the one extracted for --task and --backbone under features/",
+    )
+    depths: str | tuple[int, ...] | None = depths_setting(
+        "'all' or comma-separated depths (negative: from the last stored one)."
+    )
+    depth: int | None = setting(
+        None,
+        help="One depth: the single-depth form of --depths (--depth 6 is --depths 6); not with --depths.",
+    )
+    head: str = setting("logreg", OneOf(HEADS), help="Linear head.")
+    val_fraction: float = setting(
+        0.1,
+        VAL_FRACTION,
+        help="Share of train held out to choose regularisation (when the file has no val split).",
+    )
+    seed: int = setting(0, SEED, help="Seeds the validation split and the torch head.")
+    device: str = device_setting("Where the torch head trains; auto: a CUDA GPU when present, else the CPU.")
+    memory_mb: int = setting(
+        1024,
+        POSITIVE,
+        help="Train features of a depth above this many MiB are streamed from the file instead of loaded "
+        "(logreg: L-BFGS over streamed gradients; torch: block-wise mini-batches; ridge always streams).",
+    )
+    baselines: bool = setting(
+        True,
+        help="Also fit the baselines of the same data with the same head: majority class, the raw input, "
+        "random tanh features of the same width, the task's rules (ListOps: first operator); reused when "
+        "already written.",
+        flag="pair",
+    )
+    data_dir: Path | None = data_dir_setting(
+        None, "Data folder the baselines read the task's data from", "the one the extraction read"
+    )
 
-    def __post_init__(self) -> None:
-        validate(self, "fit")
+    def combined(self) -> None:
         if self.features is None and self.task is None:
             raise UsageError(
                 "fit needs --features FILE, or --task (and --backbone) to find the extracted file"
             )
-        parse_depths(self.depths)
-
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["features"] = str(self.features) if self.features else None
-        d["depths"] = depths_json(self.depths)
-        d["data_dir"] = str(self.data_dir) if self.data_dir else None
-        return d
+        if self.depth is not None:
+            if self.depths is not None:
+                raise UsageError(
+                    f"--depth {self.depth} and --depths are the same option (one depth, a list); give one"
+                )
+            object.__setattr__(self, "depths", (self.depth,))
+        object.__setattr__(self, "depths", "all" if self.depths is None else self.depths)
 
 
 #: FPT parameter groups a ``train`` run can unfreeze; the paper's default is input, pos, ln, out
@@ -592,119 +813,120 @@ def _seeds_runs(cfg: Any) -> str:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """One end-to-end ``train`` run (or a sweep over learning rates and seeds).
+class TrainConfig(Config):
+    """One end-to-end ``train`` run, or a sweep over learning rates, seeds and runs trained together
+    (:func:`reservoir.api.train`). Seeds are ``seed, seed+1, ...``; each seeds the input layer, random
+    backbones, the output layer, dropout and data order (and generated data, unless the task's own
+    ``seed`` option is given). Progress for ``patience`` is a validation accuracy 0.1 points above the last
+    progress, a validation loss 0.1% below its lowest, or a training loss still falling
+    (:func:`reservoir.train.loop.advance`). ``max_time`` and ``concurrent_runs`` are not part of a run's
+    identity; ``auto`` dtype is, so a run resumed on another CPU continues in that CPU's dtype."""
 
-    Parameters
-    ----------
-    task, backbone
-        registered names (or ``file:PATH`` / a model folder).
-    task_options
-        the task's own options (``--task-opt key=value``).
-    trainable
-        parameter groups to train (input, pos, ln, attn, ff, out, or a backbone's own group).
-    lr
-        Adam learning rates; more than one makes a sweep selected on validation accuracy.
-    seeds
-        runs per learning rate, with seeds ``seed, seed+1, ...``.
-    seed
-        first seed; seeds the input layer, random backbones, output layer, dropout and data order
-        (and generated data, unless the task's own ``seed`` option is given).
-    steps
-        maximum gradient steps per run (the paper's random GPT-2 needs about 2e4 on bit XOR, its table 6).
-    batch_size
-        training examples per step.
-    eval_batch_size
-        examples per forward pass when scoring validation and test.
-    eval_every
-        steps between validation passes (model selection and early stopping).
-    patience
-        validation passes without progress before stopping (0: never stop early). Progress is a validation
-        accuracy 0.1 points above the last progress, a validation loss 0.1% below its lowest, or a training loss
-        still falling: the least-squares line through the mean training losses of the last 20 passes falls by 1%
-        or more, 2 standard errors or more (:func:`reservoir.train.loop.advance`). A run that converged or is
-        stuck has a flat training loss and stops; one whose validation wanders on a plateau while its training
-        loss falls goes on.
-    target
-        validation accuracy whose first crossing is reported as ``steps_to_target``.
-    stop_at
-        validation accuracy at which a run counts as solved and stops (default 1.0: only a perfect
-        validation pass stops it before ``patience``); may change on ``resume``, and a resumed run whose best
-        validation already reached it ends there.
-    max_time
-        seconds of training after which a run stops (as Lightning's ``max_time``), counted per run and across
-        ``resume``: it validates, reports test at its best validation step and says it stopped on time;
-        ``resume`` with a larger ``max_time`` or none continues it. Not part of the run's identity.
-    val_fraction
-        share of train held out (seeded by ``seed``) when the task has no val split.
-    limit
-        keep the first ``limit`` examples of each split.
-    blocks
-        blocks of the backbone to run (default: all).
-    input_scale
-        the input layer's scale (as ``extract --input-scale``).
-    dtype
-        ``bfloat16`` runs the forward under autocast (parameters, gradients and Adam stay float32);
-        ``auto`` (the default) takes the faster of the two on the machine the run is on, measured as
-        ``extract --dtype auto`` measures (:func:`reservoir.runtime.dtypes.choose`). The identity keeps
-        ``auto``, so a run resumed on another CPU continues in that CPU's dtype; each run's result
-        lists the dtypes it ran in.
-    compile
-        torch.compile the model (falls back to eager on failure).
-    device
-        as for extraction (``auto``: a CUDA GPU when present, else the CPU).
-    grad_clip
-        maximum gradient norm.
-    dropout
-        dropout after the input layer and in the backbone's own dropout layers.
-    checkpoint_every
-        steps between checkpoints (0: only at the end).
-    resume
-        continue from the run's checkpoint when one exists.
-    concurrent_runs
-        runs (learning rates x seeds) trained together in one process, the frozen backbone held once and
-        each run's trainable parameters stacked (:mod:`reservoir.train.batched`); ``None``: as many as fit
-        the device's memory; 1: one after another.
-    save_backbone
-        after the run, write its trained backbone (the parameters of the best validation step) to
-        this folder, which must not exist or be empty, as a ``save_pretrained`` folder that ``backbone`` takes
-        (:mod:`reservoir.train.export`); one learning rate and one seed only.
-    """
+    command = "train"
 
-    task: str
-    backbone: str = "gpt2-random"
-    task_options: dict[str, Any] = field(default_factory=dict)
-    trainable: tuple[str, ...] = param(PAPER_TRAINABLE, NotEmpty("at least one group"))
-    lr: tuple[float, ...] = param((1e-3,), Interval(0, MAX_LR, closed="right", each=True), Distinct())
-    seeds: int = param(1, POSITIVE)
-    seed: int = param(0, Interval(0, lambda cfg: MAX_SEED - cfg.seeds + 1, note=_seeds_runs))
-    steps: int = param(20000, POSITIVE)
-    batch_size: int = param(32, POSITIVE)
-    eval_batch_size: int = param(256, POSITIVE)
-    eval_every: int = param(100, POSITIVE)
-    patience: int = param(10, Interval(0, None))
-    target: float | None = param(None, Interval(0, 1, closed="right"))
-    stop_at: float = param(1.0, Interval(0, 1, closed="right"))
-    max_time: float | None = param(None, Interval(0, None, closed="neither"))
-    val_fraction: float = param(0.1, FRACTION)
-    limit: int | None = param(None, POSITIVE)
-    blocks: int | None = param(None, Interval(0, None))
-    input_scale: str = "paper"
-    dtype: str = param("auto", OneOf(TRAIN_DTYPE_CHOICES))
-    compile: bool = False
-    device: str = param("auto", DEVICE)
-    grad_clip: float = param(1.0, Interval(0, None))
-    dropout: float = param(0.1, Interval(0, 1, closed="left"))
-    checkpoint_every: int = 500
-    resume: bool = False
-    concurrent_runs: int | None = param(None, POSITIVE)
-    data_dir: Path = field(default_factory=default_data_dir)
-    checkpoint_dir: Path | None = None
-    save_backbone: Path | None = None
+    task: str = task_setting()
+    backbone: str = backbone_setting()
+    trainable: tuple[str, ...] = setting(
+        PAPER_TRAINABLE,
+        NotEmpty("at least one group"),
+        help="Groups to train, from input,pos,ln,attn,ff,out (or a backbone's own group, e.g. lstm).",
+        parse=comma_list(str),
+    )
+    lr: tuple[float, ...] = setting(
+        (1e-3,),
+        AllOf((Interval(0, MAX_LR, closed="right", each=True), Distinct())),
+        help="Adam learning rate(s); a list is a sweep selected on validation accuracy.",
+        parse=comma_list(float),
+    )
+    seeds: int = setting(1, POSITIVE, help="Runs per learning rate.")
+    seed: int = setting(
+        0,
+        Interval(0, lambda cfg: MAX_SEED - cfg.seeds + 1, note=_seeds_runs),
+        help="First seed (runs use seed, seed+1, ...); also seeds generated data (bit tasks, generated "
+        "ListOps).",
+    )
+    steps: int = setting(20000, POSITIVE, help="Maximum gradient steps.")
+    batch_size: int = setting(32, POSITIVE, help="Examples per step.")
+    eval_batch_size: int = setting(
+        256, POSITIVE, help="Examples per forward pass when scoring validation and test.", option=False
+    )
+    eval_every: int = setting(100, POSITIVE, help="Steps between validation passes.")
+    patience: int = setting(
+        10,
+        Interval(0, None),
+        help="Validation passes without progress (a validation accuracy 0.1 points above the last progress, "
+        "a validation loss 0.1% below its lowest, or a training loss still falling over the last 20 "
+        "passes) before stopping (0: never).",
+    )
+    target: float | None = setting(
+        None,
+        None,
+        Interval(0, 1, closed="right"),
+        help="Validation accuracy whose first crossing is reported as steps_to_target.",
+    )
+    stop_at: float = setting(
+        1.0,
+        Interval(0, 1, closed="right"),
+        help="Validation accuracy at which a run counts as solved and stops (it may change on --resume).",
+    )
+    max_time: float | None = setting(
+        None,
+        None,
+        Interval(0, None, closed="neither"),
+        help="Seconds of training after which a run stops, validates and reports test at its best step "
+        "(per run, counted across --resume; more time on --resume continues it).",
+    )
+    val_fraction: float = setting(
+        0.1,
+        VAL_FRACTION,
+        help="Share of train held out for validation (when the task has no val split).",
+    )
+    limit: int | None = setting(None, None, POSITIVE, help="Keep the first N examples of each split.")
+    blocks: int | None = setting(
+        None, None, Interval(0, None), help="Blocks of the backbone to run.", default_text="all"
+    )
+    input_scale: str = input_scale_setting(
+        "Scale of the input layer's initialisation (as extract --input-scale)."
+    )
+    dtype: str = setting(
+        "auto",
+        OneOf(TRAIN_DTYPE_CHOICES),
+        help="bfloat16 runs the forward under autocast (parameters and Adam stay float32); auto: the faster "
+        "of the two on this machine, measured (as extract --dtype auto).",
+    )
+    compile: bool = setting(False, help="torch.compile the model.", flag="pair")
+    device: str = device_setting()
+    grad_clip: float = setting(1.0, Interval(0, None), help="Maximum gradient norm (0: no clipping).")
+    dropout: float = setting(0.1, Interval(0, 1, closed="left"), help="Dropout.")
+    checkpoint_every: int = setting(
+        500, Interval(0, None), help="Steps between checkpoints (0: only at the end)."
+    )
+    checkpoint_dir: Path | None = setting(
+        None, help="Checkpoint folder.", path="dir", default_text="checkpoints/TASK/BACKBONE"
+    )
+    resume: bool = setting(
+        False, help="Continue each run from its checkpoint when there is one.", flag="single"
+    )
+    concurrent_runs: int | None = setting(
+        None,
+        None,
+        POSITIVE,
+        help="Runs (learning rates x seeds) trained together in one process, the frozen backbone held once "
+        "(1: one after another).",
+        default_text="as many as fit the device's memory",
+    )
+    save_backbone: Path | None = setting(
+        None,
+        help="After the run, save its trained backbone (best validation step; not the input and output "
+        "layers) as a save_pretrained folder that --backbone DIR loads. One --lr and --seeds 1; DIR must "
+        "not exist or be empty.",
+        path="any",
+        metavar="DIR",
+    )
+    task_options: dict[str, Any] = task_options_setting()
+    data_dir: Path = data_dir_setting()
 
-    def __post_init__(self) -> None:
-        validate(self, "train")
-        object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))
+    def combined(self) -> None:
         if self.save_backbone is not None and (len(self.lr) > 1 or self.seeds > 1):
             given = [
                 f"--lr {','.join(f'{lr:g}' for lr in self.lr)}" if len(self.lr) > 1 else "",
@@ -724,37 +946,148 @@ class TrainConfig:
         return home() / "checkpoints" / slug(self.task) / slug(self.backbone)
 
     def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["trainable"], d["lr"] = list(self.trainable), list(self.lr)
-        d["data_dir"], d["checkpoint_dir"] = str(self.data_dir), str(self.checkpoint_folder)
-        d["save_backbone"] = str(self.save_backbone) if self.save_backbone is not None else None
-        return d
+        return {**super().to_json(), "checkpoint_dir": str(self.checkpoint_folder)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionConfig(Config):
+    """One ``reservoir attention`` plot: one block's attention for one example (seed and input scale as
+    :class:`ExtractConfig`)."""
+
+    command = "attention"
+
+    task: str = task_setting()
+    backbone: str = backbone_setting()
+    layer: int = setting(0, Interval(0, None), help="Block whose attention to show (from 0).")
+    example: int = setting(0, Interval(0, None), help="Row of the split.")
+    split: str = setting("test", help="Split the example comes from.")
+    seed: int = setting(
+        0, SEED, help="Seeds the input layer, a random backbone and generated data (as extract --seed)."
+    )
+    input_scale: str = input_scale_setting("Scale of the frozen input layer (as extract --input-scale).")
+    heads: tuple[int, ...] | None = setting(
+        None,
+        None,
+        Interval(0, None, each=True),
+        help="Heads to show, e.g. 0,3,5.",
+        parse=comma_list(int),
+        default_text="all",
+    )
+    checkpoint: Path | None = setting(
+        None,
+        help="A `reservoir train` checkpoint (.pt) of this task and backbone: show the attention with its "
+        "trained input layer, positions and norms (its seed and input scale are used).",
+        path="file",
+        exists=True,
+    )
+    data_dir: Path | None = data_dir_setting(None)
+    out: Path = setting(help="PNG file to write.", path="file")
 
 
 @dataclass(frozen=True)
-class AttentionConfig:
-    """One ``reservoir attention`` plot: one block's attention for one example.
+class ExportConfig(Config):
+    """One ``reservoir export``: a feature file as Parquet or a ``datasets`` folder."""
 
-    Parameters
-    ----------
-    layer
-        the block whose attention is shown (from 0).
-    example
-        the row of ``split`` shown.
-    split
-        the split the example comes from.
-    seed
-        seeds the input layer, a random backbone and generated data (as :class:`ExtractConfig`).
-    input_scale
-        the input layer's scale (as :class:`ExtractConfig`).
-    """
+    command = "export"
 
-    layer: int = param(0, Interval(0, None))
-    example: int = param(0, Interval(0, None))
-    split: str = "test"
-    seed: int = param(0, SEED)
-    input_scale: str = "paper"
+    features: Path = setting(help="The feature file.", path="file", argument=True)
+    out: Path = setting(
+        help="Where to write: a .parquet file, or a folder for --format datasets.", path="any"
+    )
+    format: str = setting(
+        "parquet",
+        OneOf(("parquet", "datasets")),
+        help="Parquet (one file), or a Hugging Face datasets folder (datasets.load_from_disk reads it).",
+    )
+    depths: str | tuple[int, ...] | None = depths_setting(
+        "Comma-separated depths to export.", "every stored one"
+    )
+    splits: tuple[str, ...] = setting(
+        (),
+        help="A split to export (repeatable).",
+        option="--split",
+        multiple=True,
+        default_text="every one",
+    )
 
-    def __post_init__(self) -> None:
-        validate(self, "attention")
-        object.__setattr__(self, "input_scale", parse_input_scale(self.input_scale))
+
+@dataclass(frozen=True)
+class PredictConfig(Config):
+    """One ``reservoir predict``: a saved probe applied to a feature file."""
+
+    command = "predict"
+
+    probe: Path = setting(
+        help="A probe `reservoir fit` saved beside a result (RESULT.probe.npz).", path="file"
+    )
+    features: Path = setting(
+        help="Feature file extracted as the probe's were (backbone, seed, input scale, dtype, readout, its "
+        "depth).",
+        path="file",
+    )
+    split: str = setting("test", help="Split of the feature file to predict.")
+    out: Path | None = setting(
+        None,
+        help="CSV file to write: row, prediction(s), label(s).",
+        path="file",
+        default_text="stdout",
+    )
+
+
+def parse_depth_rules(value: Any) -> tuple[str | int, ...]:
+    """The depths an output-only setting reports in the task layout (``report --depth``): ``"chosen"`` on
+    validation, ``"last"`` or a depth number; one or several, repeats dropped."""
+    rules = []
+    for item in [value] if isinstance(value, (str, int)) else value:
+        text = str(item).strip()
+        if text not in ("chosen", "last") and not text.isdigit():
+            raise UsageError(f"expected 'chosen', 'last' or a depth number (0, 1, ...); got {item!r}")
+        rules.append(int(text) if text.isdigit() else text)
+    return tuple(dict.fromkeys(rules)) or ("chosen",)
+
+
+@dataclass(frozen=True)
+class ReportConfig(Config):
+    """One ``reservoir report`` (and :func:`reservoir.api.results`): which results, how laid out."""
+
+    command = "report"
+
+    paths: tuple[Path, ...] = setting(
+        (), help="Result JSON files or folders.", path="any", exists=True, argument=True, nargs=-1
+    )
+    paper: int | None = setting(
+        None,
+        help="Lay the table out like the FPT paper's table N and put its numbers beside ours.",
+        metavar="N",
+    )
+    paper_rows: tuple[str, ...] = setting(
+        (),
+        help="Our backbone (and trained groups) standing for a row of the paper's table (repeatable).",
+        option="--as",
+        metavar="BACKBONE[:GROUPS]=ROW",
+        multiple=True,
+    )
+    layout: str | None = setting(
+        None,
+        None,
+        OneOf(("depth", "task")),
+        help="One table per task with a column per depth, or a row per setting with a column per task.",
+        default_text="the paper table's, else depth",
+    )
+    depths: tuple[str | int, ...] = setting(
+        ("chosen",),
+        help="The depth whose test accuracy an output-only setting reports in the task layout: chosen on "
+        "validation, last (the deepest, what the paper's output layer reads) or a number; repeat for a "
+        "line per rule.",
+        parse=parse_depth_rules,
+        option="--depth",
+        metavar="chosen|last|N",
+        multiple=True,
+        default_text="chosen",
+    )
+    csv: Path | None = setting(None, help="Also write every cell as CSV (one line per cell).", path="file")
+    plots: Path | None = setting(
+        None,
+        help="Also write PNG plots there: accuracy by depth with the baselines, training curves.",
+        path="dir",
+    )

@@ -58,7 +58,10 @@ def test_absent_cuda_exits_1_naming_what_was_found(cli, home, name):
 
 def test_malformed_device_is_a_usage_error(cli, home):
     r = cli("extract", "--task", "digits", "--device", "gpu0")
-    assert r.exit_code == 2 and "device 'gpu0' is not one of auto, cpu, cuda, cuda:N, mps" in r.output
+    assert r.exit_code == 2 and (
+        "The 'device' parameter of extract must be auto, cpu, cuda, cuda:N or mps. Got 'gpu0' instead."
+        in r.output
+    )
 
 
 @pytest.mark.usefixtures("no_cuda")

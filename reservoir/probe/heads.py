@@ -353,7 +353,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
     >>> head.solve(10.0).predict(X_test)                    # doctest: +SKIP
     """
 
-    parameter_constraints = {"alpha": (Interval(0, None),), "n_classes": (Interval(0, None),)}
+    parameter_constraints = {"alpha": (Interval(0, None),), "n_classes": (None, Interval(0, None))}
 
     def __init__(self, alpha: float = 1.0, *, n_classes: int | None = None):
         self.alpha = alpha
