@@ -60,7 +60,8 @@ def main() -> None:
 
     from reservoir.api import read_features
     from reservoir.extract.store import open_features, stored_identity
-    from reservoir.probe.heads import HEADS, TorchHead, fit_depth
+    from reservoir.probe.heads import HEADS, fit_depth
+    from reservoir.probe.torch_head import TorchHead
 
     with open_features(args.features) as f:
         identity = stored_identity(f)

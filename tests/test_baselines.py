@@ -12,7 +12,7 @@ import torch
 from reservoir.model.backbones import load_backbone
 from reservoir.model.reservoir import Reservoir
 from reservoir.probe.baselines import lookup_rule, raw_inputs
-from reservoir.probe.heads import RidgePath, RidgeStats
+from reservoir.probe.ridge import RidgePath, RidgeStats
 from reservoir.report.tables import Report
 from reservoir.tasks import get_task
 from reservoir.tasks.listops import VOCAB, first_operator

@@ -14,18 +14,11 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_info
 
 from reservoir.probe import heads
-from reservoir.probe.heads import (
-    HEADS,
-    FlatRows,
-    HeadKind,
-    LogRegHead,
-    RidgeHead,
-    RidgeStats,
-    TorchHead,
-    fit_depth,
-    head_threads,
-    rows,
-)
+from reservoir.probe.heads import HEADS, HeadKind, fit_depth, head_threads
+from reservoir.probe.logistic import LogRegHead
+from reservoir.probe.ridge import RidgeHead, RidgeStats
+from reservoir.probe.rows import ArrayRows, rows
+from reservoir.probe.torch_head import TorchHead
 
 
 def blobs(n=300, d=8, classes=3, seed=0, outputs=None):
@@ -57,7 +50,7 @@ def test_torch_head_lbfgs_and_bad_optimizer():
     with pytest.raises(
         ValueError, match="'optimizer' parameter of TorchHead must be 'adam' to fit rows read"
     ):
-        TorchHead(optimizer="lbfgs").fit_blocks(FlatRows(X, y))
+        TorchHead(optimizer="lbfgs").fit_blocks(ArrayRows(X, y))
 
 
 @pytest.mark.parametrize(
@@ -265,14 +258,13 @@ def test_fit_depth_limits_threads(monkeypatch):
 # -- out of core: the logistic and torch heads on rows read block by block ---------------------------
 
 
-from reservoir.probe.heads import Rows  # noqa: E402
+from reservoir.probe.rows import Rows  # noqa: E402
 
 
 class BlockRows(Rows):
     """ArrayRows that hand out their rows in small blocks (as a feature file does)."""
 
     def __init__(self, X, y, block=37):
-        from reservoir.probe.heads import ArrayRows
 
         self.inner, self.block = ArrayRows(X, y), block
         self.labels = y
@@ -282,7 +274,6 @@ class BlockRows(Rows):
         return self.inner.nbytes
 
     def blocks(self):
-        from reservoir.probe.heads import rows
 
         for i in range(0, len(self.labels), self.block):
             yield rows(self.inner.X[i : i + self.block], self.labels[i : i + self.block])
@@ -304,7 +295,7 @@ def separable(n=600, d=24, classes=4, seed=0, outputs=None):
 def test_streaming_logistic_matches_scikit_learn(classes):
     from sklearn.linear_model import LogisticRegression
 
-    from reservoir.probe.heads import streaming_logistic
+    from reservoir.probe.logistic import streaming_logistic
 
     X, y = separable(classes=classes)
     ref = make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=1000, tol=1e-8)).fit(X[:, 0], y)
@@ -316,7 +307,7 @@ def test_streaming_logistic_matches_scikit_learn(classes):
 def test_streaming_logistic_handles_bits_as_independent_outputs():
     from sklearn.linear_model import LogisticRegression
 
-    from reservoir.probe.heads import streaming_logistic
+    from reservoir.probe.logistic import streaming_logistic
 
     X, y = separable(classes=2, outputs=3)
     y[:, 0, 1] = 1 - y[:, 0, 0]  # outputs that differ

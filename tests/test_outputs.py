@@ -147,7 +147,8 @@ def reference_predictions(path, head, depth):
     """The fit's head refitted in-process as ``fit`` fits it, and its predictions on the test split."""
     from reservoir.extract.store import iter_depth, open_features
     from reservoir.probe.fit import FileRows
-    from reservoir.probe.heads import fit_probe, rows
+    from reservoir.probe.heads import fit_probe
+    from reservoir.probe.rows import rows
 
     with open_features(path) as f:
         scores, predictor = fit_probe(
@@ -202,7 +203,9 @@ def test_saved_probe_applied_by_predict_reproduces_the_fit(digits, home, cli, he
 @pytest.mark.parametrize("outputs", [None, 3])
 def test_predictor_state_round_trip_predicts_the_same(head, memory_bytes, outputs):
     """Every predictor a head search returns (in memory, streamed; classes or bits) survives its state."""
-    from reservoir.probe.heads import ArrayRows, Predictor, fit_probe, predictor_from_state
+    from reservoir.probe.heads import fit_probe
+    from reservoir.probe.predictors import Predictor, predictor_from_state
+    from reservoir.probe.rows import ArrayRows
 
     rng = np.random.default_rng(0)
     n, classes = 400, 2 if outputs else 4
@@ -323,11 +326,12 @@ def test_results_dataframe_is_the_report_table(digits, home, cli, tmp_path):
 
 
 def test_train_checks_its_settings_as_the_command_line_does(tiny_gpt2, home):
-    from reservoir.api import _train_config
+    from reservoir.api import configure
+    from reservoir.config import TrainConfig
 
-    cfg = _train_config("digits", str(tiny_gpt2), {"lr": "1e-3,3e-4", "trainable": "input,ln", "steps": 2})
+    cfg = configure(TrainConfig, "digits", str(tiny_gpt2), lr="1e-3,3e-4", trainable="input,ln", steps=2)
     assert cfg.lr == (1e-3, 3e-4) and cfg.trainable == ("input", "ln") and cfg.steps == 2
-    assert _train_config("digits", "lstm", {"lr": 0.01}).lr == (0.01,)
+    assert configure(TrainConfig, "digits", "lstm", lr=0.01).lr == (0.01,)
     with pytest.raises(UsageError, match="unknown task 'nope'; choose from"):
         api.train("nope", "lstm")
     with pytest.raises(UsageError, match="unknown backbone 'nope'"):

@@ -33,7 +33,8 @@ from reservoir import __version__
 from reservoir.config import FitConfig
 from reservoir.errors import DataError, IdentityError
 from reservoir.identity import digest, reread
-from reservoir.probe.heads import ArrayRows, fit_rows, holdout
+from reservoir.probe.heads import fit_rows, holdout
+from reservoir.probe.rows import ArrayRows
 from reservoir.probe.metrics import METRICS_BY_TARGET, result_scores, score_line, target_kind
 from reservoir.probe.metrics import scores as metric_scores
 from reservoir.progress import log

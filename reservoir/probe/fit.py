@@ -31,7 +31,9 @@ from reservoir.extract.store import (
 from reservoir.identity import canonical, reread, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.model.devices import resolve_device
-from reservoir.probe.heads import Predictor, Rows, check_head_fits, fit_probe, rows
+from reservoir.probe.heads import check_head_fits, fit_probe
+from reservoir.probe.predictors import Predictor
+from reservoir.probe.rows import Rows, rows
 from reservoir.probe.metrics import score_line
 from reservoir.progress import log
 from reservoir.results import result_key, result_path, write_result

@@ -38,7 +38,9 @@ from reservoir import __version__
 from reservoir.errors import DataError, IdentityError, UsageError
 from reservoir.extract.store import feature_splits, iter_depth, open_features, stored_identity, verify
 from reservoir.identity import array_digest, canonical
-from reservoir.probe.heads import REGRESSION, Predictor, head_threads, predictor_from_state, rows
+from reservoir.probe.heads import head_threads
+from reservoir.probe.predictors import REGRESSION, Predictor, predictor_from_state
+from reservoir.probe.rows import rows
 
 #: version of the saved-probe layout
 PROBE_FORMAT = 1

@@ -52,7 +52,7 @@ def render(cfg: ReportConfig) -> Rendered:
     if cfg.depths != ("chosen",) and layout == "depth":
         raise UsageError(
             f"--depth picks the depth of the task layout ({', '.join(map(str, cfg.depths))} here), and this "
-            "report is laid out by depth (every depth a column); add --layout task"
+            "report is laid out by depth (every depth a column); add --layout task (layout='task' in api.results)"
         )
     paths = list(cfg.paths) or [home() / "results"]
     missing = [str(p) for p in paths if not Path(p).exists()]
