@@ -13,6 +13,12 @@ Identity of a feature file (:func:`feature_identity`):
 - ``data``: per split, the number of rows and a SHA-256 of the arrays actually read
   (inputs, labels, lengths) after ``limit``: the same files or generator settings give the
   same digest on any machine, another file with the same name does not;
+- ``subset``: how ``limit`` rows of each split were taken, the rule and its seed (the run's
+  ``--seed``): ``{"rule": "stratified", "seed": S}`` (a seeded sample stratified by class),
+  ``random``, ``draws`` (a generated task's first draws) or ``all`` (no limit); rules in
+  :data:`reservoir.tasks.SUBSET_RULES`. Files of format 2 and before took the first ``limit`` rows
+  and record no ``subset``;
+- ``class_names`` (where the data names its classes): the name of each class id;
 - ``backbone`` (a readable name; for folders their base name) and ``backbone_fingerprint``:
   a SHA-256 of the architecture's configuration and of every weight and buffer as loaded
   (before any dtype conversion), so two folders called ``checkpoint-500`` differ and a
@@ -43,13 +49,14 @@ import numpy as np
 from reservoir.config import features_dir, slug
 
 #: a task (:class:`reservoir.tasks.Task`) and a split's data (:class:`reservoir.tasks.SplitData`), as this module reads
-#: them: it sits below the tasks and names them only by what it uses (``load``, ``identity_options``;
-#: ``inputs``, ``labels``, ``lengths``)
+#: them: it sits below the tasks and names them only by what it uses (``load``, ``read``, ``subset``,
+#: ``class_names``, ``identity_options``; ``inputs``, ``labels``, ``lengths``)
 Task = Any
 SplitData = Any
 
-#: version of the feature-file layout; a file of another format is never reused
-FEATURE_FORMAT = 2
+#: version of the feature-file layout; a file of another format is never reused (3: ``--limit`` draws a seeded,
+#: stratified sample, recorded as ``subset``; before, it kept the first rows of each split)
+FEATURE_FORMAT = 3
 #: hex digits of the digest in file names
 SHORT = 10
 
@@ -113,10 +120,19 @@ def data_fingerprint(data: Mapping[str, SplitData]) -> dict[str, dict[str, Any]]
     }
 
 
+def load_as_recorded(task: Task, split: str, data_dir: Path | str, identity: Mapping[str, Any]) -> SplitData:
+    """The rows of ``split`` an identity's run read: its ``limit`` taken by its ``subset`` rule and seed, or, for
+    a file that records no rule (format 2 and before), the first ``limit`` rows."""
+    subset = identity.get("subset")
+    if subset is None:
+        return task.read(split, Path(data_dir), identity.get("limit"))
+    return task.load(split, Path(data_dir), identity.get("limit"), int(subset.get("seed", 0)))
+
+
 def reread(task: Task, identity: Mapping[str, Any], data_dir: Path | str) -> dict[str, SplitData] | None:
     """The splits behind a recorded identity, read again from ``data_dir`` as recorded (its
-    splits and limit), or ``None`` when they differ from its data digest."""
-    data = {s: task.load(s, Path(data_dir), identity["limit"]) for s in identity["splits"]}
+    splits, limit and subset rule), or ``None`` when they differ from its data digest."""
+    data = {s: load_as_recorded(task, s, data_dir, identity) for s in identity["splits"]}
     return data if data_fingerprint(data) == identity["data"] else None
 
 
@@ -153,10 +169,14 @@ def feature_identity(
 ) -> dict[str, Any]:
     """The identity of a feature file (module docstring); ``backbone`` is the readable label and
     ``backbone_fingerprint`` the hash of :func:`reservoir.model.backbones.fingerprint`; ``load_dtype``,
-    the dtype the frozen weights were kept in, is recorded when it is not float32."""
+    the dtype the frozen weights were kept in, is recorded when it is not float32. The subset rule is the
+    task's for ``limit`` and ``seed`` (``Task.subset``), the class names the task's (``Task.class_names``)."""
     extra = {"calibration": dict(calibration)} if calibration else {}
     if load_dtype != "float32":
         extra["load_dtype"] = load_dtype
+    names = getattr(task, "class_names", None)
+    if names:
+        extra["class_names"] = [str(n) for n in names]
     return {
         "format": FEATURE_FORMAT,
         "task": task_label(task_name),
@@ -170,6 +190,7 @@ def feature_identity(
         "dtype": dtype,
         "readout": readout,
         "limit": limit,
+        "subset": task.subset(limit, seed),
         "splits": list(data),
         **extra,
     }

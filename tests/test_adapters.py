@@ -140,7 +140,7 @@ def test_the_random_twin_extracts(folders, kind, home):
     from reservoir import api
     from reservoir.extract.store import open_features
 
-    path = api.extract("digits", f"{folders[kind]}-random", limit=6, depths="0,3", dtype="float32")
+    path = api.extract("digits", f"{folders[kind]}-random", limit=10, depths="0,3", dtype="float32")
     with open_features(path) as f:
         features = f["train"]["features"][:]
     assert features.shape[1:3] == (2, 1) and np.isfinite(features).all()
@@ -300,7 +300,7 @@ def test_extract_raises_no_python_warning(folders, kind, home):
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        path = api.extract("digits", str(folders[kind]), limit=6, depths="0,3", dtype="float32")
+        path = api.extract("digits", str(folders[kind]), limit=10, depths="0,3", dtype="float32")
     assert path.exists()
 
 

@@ -325,7 +325,7 @@ def test_hub_retry_lines_stay_off_the_terminal_while_a_backbone_loads():
 
 def run_extract(tmp_path, backbone, **kw):
     cfg = ExtractConfig(
-        task="digits", backbone=backbone, limit=6, batch_size=6, depths="0,1", out=tmp_path / "f.h5", **kw
+        task="digits", backbone=backbone, limit=10, batch_size=10, depths="0,1", out=tmp_path / "f.h5", **kw
     )
     return extract(cfg, progress=False)
 
@@ -346,7 +346,7 @@ def test_every_registered_backbone_extracts_without_nan(tmp_path, name):
         )
     with open_features(run_extract(tmp_path, name)) as f:
         x = f["test"]["features"][:]
-        assert x.shape[:3] == (6, 2, 1) and np.isfinite(x).all() and x[:, 1].std() > 0
+        assert x.shape[:3] == (10, 2, 1) and np.isfinite(x).all() and x[:, 1].std() > 0
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "bert", "roberta"])
@@ -358,7 +358,7 @@ def test_every_family_folder_and_twins_extract_without_nan(tmp_path, tiny, famil
         )
         with open_features(path) as f:
             x = f["test"]["features"][:]
-            assert x.shape == (6, 2, 1, 32) and np.isfinite(x).all(), suffix
+            assert x.shape == (10, 2, 1, 32) and np.isfinite(x).all(), suffix
 
 
 def test_extract_of_a_too_long_task_says_so(tiny):

@@ -63,3 +63,32 @@ def test_a_depth_or_split_the_file_lacks_is_refused_and_nothing_is_written(digit
     r = cli("export", str(digits), "--out", str(out), "--split", "val")
     assert r.exit_code == 1 and "split 'val' is not in" in r.output
     assert not out.exists() and not list(tmp_path.glob(".x.parquet*"))
+
+
+def named_images(root, names=("cat", "dog", "emu"), n: int = 6, seed: int = 0):
+    """An image folder ``root/NAME/*.png`` (``n`` random 8x8 images a class)."""
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(seed)
+    for name in names:
+        for i in range(n):
+            path = root / name / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(path)
+    return root
+
+
+def test_the_class_names_of_the_data_are_a_column_and_in_the_metadata(tmp_path, cli, tiny_gpt2):
+    """A feature file of data that names its classes (an image folder) exports ``label_name`` beside ``label``,
+    and the names in the schema's metadata."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    root = named_images(tmp_path / "images")
+    features = api.extract(f"file:{root}", str(tiny_gpt2), depths="0", dtype="float32", compile=False)
+    out = tmp_path / "named.parquet"
+    r = cli("export", str(features), "--out", str(out))
+    assert r.exit_code == 0, r.output
+    table = pq.read_table(out)
+    assert table.column_names == ["split", "row", "label", "label_name", "d0"]
+    names = ["cat", "dog", "emu"]
+    assert json.loads(table.schema.metadata[b"reservoir.class_names"]) == names
+    labels, words = table.column("label").to_pylist(), table.column("label_name").to_pylist()
+    assert words == [names[k] for k in labels] and set(words) == set(names)

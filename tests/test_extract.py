@@ -180,7 +180,37 @@ def test_four_block_model_cut_to_two_gives_depth_two(tmp_path):
 
 @pytest.mark.parametrize("backbone", ["gpt2-random", "lstm", "lstm-12-residual-pos"])
 def test_registered_backbones_extract_without_nan(tmp_path, backbone):
-    path = run(tmp_path, backbone=backbone, limit=8, depths="0,1,2")
+    path = run(tmp_path, backbone=backbone, limit=10, depths="0,1,2")  # a row of each of the 10 classes
     with open_features(path) as f:
         x = f["test"]["features"][:]
-        assert x.shape == (8, 3, 1, 768) and np.isfinite(x).all() and x.std() > 0
+        assert x.shape == (10, 3, 1, 768) and np.isfinite(x).all() and x.std() > 0
+
+
+def test_splits_that_disagree_on_their_classes_are_refused_before_anything_is_extracted(cli, home, tmp_path):
+    """A class the test split holds and train lacks is refused before extraction (exit 1), naming the class,
+    the splits and the fix, and no file is left; when only --limit's sample leaves classes out, the fix is the
+    --limit that keeps them."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((40, 4, 2)).astype(np.float32)
+    np.savez(
+        tmp_path / "lacking.npz",
+        x_train=x[:30],
+        y_train=np.arange(30) % 3,
+        x_test=x[30:],
+        y_test=np.arange(10) % 4,
+    )
+    out = tmp_path / "out" / "f.h5"
+    args = ["extract", "--backbone", "lstm", "--dtype", "float32", "--out", str(out)]
+    r = cli(*args, "--task", f"file:{tmp_path / 'lacking.npz'}")
+    assert r.exit_code == 1, r.output
+    assert "split 'train' lacks class 3, which 'test' holds" in r.output
+    assert "give the train split examples of every class" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "out").exists() and not (home / "features").exists()
+
+    y = np.arange(40) % 4
+    np.savez(tmp_path / "even.npz", x_train=x[:32], y_train=y[:32], x_test=x[32:], y_test=y[32:])
+    r = cli(*args, "--task", f"file:{tmp_path / 'even.npz'}", "--limit", "3")
+    assert r.exit_code == 1, r.output
+    assert "the sample of --limit 3 leaves them out: pass --limit 4 or more" in r.output
+    assert not (tmp_path / "out").exists()
+    assert cli(*args, "--task", f"file:{tmp_path / 'even.npz'}", "--limit", "4").exit_code == 0

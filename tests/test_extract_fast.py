@@ -216,7 +216,7 @@ def test_writer_thread_failure_surfaces_and_never_completes_then_resume_matches(
 
 def test_default_extraction_records_the_resolved_dtype(tmp_path):
     path = ex.extract(
-        ExtractConfig(task="digits", backbone="lstm", limit=8, depths="0,1", out=tmp_path / "d.h5"),
+        ExtractConfig(task="digits", backbone="lstm", limit=10, depths="0,1", out=tmp_path / "d.h5"),
         progress=False,
     )
     with open_features(path) as f:

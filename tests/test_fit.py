@@ -59,10 +59,37 @@ def test_fit_picks_the_file_whose_data_digest_matches_among_same_named_user_file
     assert str(fb) in r.output and str(fb2) in r.output and str(fa) not in r.output
 
 
-@pytest.mark.parametrize("limit", ["3", "60"])
+@pytest.mark.parametrize("limit", ["10", "60"])
 def test_fit_refuses_a_train_split_too_small_and_writes_no_result(cli, home, tiny_gpt2, limit):
     path = extract(cli, "digits", tiny_gpt2, "--limit", limit, "--depths", "0")
     r = cli("fit", "--features", str(path), "--head", "ridge")
     assert r.exit_code == 1 and "fewer than one per class: pass --limit 91 or more" in r.output, r.output
     assert f"(now {limit})" in r.output and "Traceback" not in r.output
+    assert not (home / "results").exists()
+
+
+def test_a_file_made_before_splits_were_checked_for_their_classes_is_refused(cli, home, tmp_path, tiny_gpt2):
+    """Feature files whose splits disagree on their classes (made before extraction refused them: the first
+    rows of a sorted file under --limit) are refused before any head is fitted, naming the classes, the splits
+    and the extraction that mends them."""
+    import h5py
+
+    import reservoir.tasks.sizes
+
+    rng = np.random.default_rng(0)
+    x = rng.random((40, 6, 3)).astype("float32")
+    np.savez(
+        tmp_path / "d.npz", x_train=x[:30], y_train=np.arange(30) % 3, x_test=x[30:], y_test=np.arange(10) % 4
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reservoir.tasks.sizes, "check_classes", lambda *a, **k: None)
+        path = extract(cli, f"file:{tmp_path / 'd.npz'}", tiny_gpt2, "--limit", "40")
+    with h5py.File(path, "r+") as f:  # as a file of format 2 records it: the first rows, no subset rule
+        identity = json.loads(f.attrs["identity"])
+        identity.pop("subset")
+        f.attrs["identity"] = json.dumps({**identity, "format": 2})
+    r = cli("-q", "fit", "--features", str(path), "--no-baselines")
+    assert r.exit_code == 1, r.output
+    assert "split 'train' lacks class 3, which 'test' holds" in r.output
+    assert "this file holds the first 40 rows of each split" in r.output and "reservoir extract" in r.output
     assert not (home / "results").exists()

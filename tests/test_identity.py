@@ -181,7 +181,9 @@ def test_a_partial_file_of_another_run_is_not_resumed(extract, home, monkeypatch
     monkeypatch.undo()
     assert not out.exists() and out.with_name("f.h5.partial").exists()
     code, output, _ = extract("--seed", "4", "--out", str(out))
-    assert code == 1 and "unfinished run with other settings (seed: stored 3, asked 4)" in output
+    assert code == 1 and "unfinished run with other settings (" in output
+    # the seed draws the sample of --limit too
+    assert "; seed: stored 3, asked 4; subset.seed: stored 3, asked 4)" in output
     code, output, path = extract("--seed", "3", "--out", str(out))
     assert code == 0 and path == out
 
@@ -322,7 +324,7 @@ def test_untrained_end_to_end_model_equals_the_stored_features(extract, home, ti
 
     code, _, path = extract("--seed", "7", "--depths", "1,2", "--limit", "40")
     task = get_task("digits")
-    d = task.load("train", Path("."), 40)
+    d = task.load("train", Path("."), 40, 7)  # the sample the extraction's seed drew
     stored = features(path)
     for col, blocks in enumerate((1, 2)):
         model = FPT(task.spec, load_backbone(str(tiny_gpt2), 7), blocks=blocks, seed=7, dropout=0.1).eval()

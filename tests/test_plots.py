@@ -132,7 +132,7 @@ def hf_attentions(cls, folder: Path, task_name: str, example: int, seed: int = 0
     from reservoir.tasks import make_task
 
     task = make_task(task_name, {}, seed)
-    data = task.load("test", None, example + 1)
+    data = task.read("test", None, example + 1)  # the split's rows up to the example, in order
     model = cls.from_pretrained(folder, attn_implementation="eager").eval()
     x = make_input_layer(task.spec, model.config.hidden_size, seed, "paper")(
         torch.from_numpy(task.encode(data.inputs[example : example + 1]))
@@ -192,7 +192,7 @@ def test_attention_refuses_bad_layer_and_example(tiny_gpt2):
         UsageError, match="split 'test' of task 'bit_xor' has 1000 examples; choose an example below"
     ):
         first_layer_attention("bit_xor", str(tiny_gpt2), example=1000)
-    with pytest.raises(UsageError, match="outside the first 5 examples"):
+    with pytest.raises(UsageError, match="outside the 5 examples --limit keeps"):
         first_layer_attention("bit_xor", str(tiny_gpt2), example=5, limit=5)
 
 

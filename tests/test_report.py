@@ -326,3 +326,110 @@ def test_a_learning_rate_sweep_names_the_rate_chosen_on_validation_and_shows_eve
     assert "cifar10" not in by_rate
     assert sorted(r["lr"] for r in csv.DictReader(rep.csv().splitlines())) == ["", "0.001"]
     assert "learning rate" not in Report([single]).task_table()
+
+
+def sized(
+    rows: dict[str, int], limit, baseline: str | None = None, test: float = 0.5, depth: int = 0, **extra
+):
+    """A narma10 result (a baseline ``baseline``, else an LSTM's result at ``depth``) of the data of ``rows`` per
+    split, drawn by ``limit``."""
+    data = {s: {"rows": n, "sha256": f"{s}{n}"} for s, n in rows.items()}
+    subset = {"rule": "random", "seed": 0} if limit else {"rule": "all"}
+    r = output_only(
+        depth,
+        test,
+        test,
+        task="narma10",
+        backbone=f"baseline-{baseline}" if baseline else "lstm",
+        data=data,
+        limit=limit,
+        subset=subset,
+        task_options={"window": 32, "seed": 0},
+        **extra,
+    )
+    r.update(n_train=rows["train"], n_val=rows["val"], n_test=rows["test"], metric="nrmse", test_score=test)
+    r["val_score"] = test
+    if baseline:
+        r.update(
+            mode="baseline", baseline=baseline, head="rule" if baseline == "majority" else "ridge", depth=None
+        )
+        r["identity"]["baseline"] = baseline
+    return r
+
+
+def test_a_table_mixing_data_sizes_pairs_each_result_with_the_baselines_of_its_own_data(tmp_path):
+    """A 200-row NARMA run and a full one, each with its own baselines: each data under a line naming it, its
+    rows and its own baselines (never the other size's); a data without baselines says so; the CSV names the
+    data of every line."""
+    small = {"train": 200, "val": 200, "test": 200}
+    full = {"train": 2000, "val": 500, "test": 1000}
+    other = {"train": 300, "val": 300, "test": 300}
+    results = [
+        sized(full, None, test=0.10),
+        sized(full, None, test=0.08, depth=1),
+        sized(full, None, "majority", test=1.00),
+        sized(full, None, "raw", test=0.40),
+        sized(small, 200, test=0.30),
+        sized(small, 200, "majority", test=0.99),
+        sized(small, 200, "raw", test=0.55),
+        sized(other, 300, test=0.20, input_scale="matched"),
+    ]
+    rep = Report(results)
+    table = rep.depth_tables()
+    lines = table.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("| *data:")]
+    assert len(heads) == 3, table
+    sections = [lines[a:b] for a, b in zip(heads, heads[1:] + [len(lines)])]
+    by_size = {}
+    for section in sections:
+        size = next(w for w in ("train 2,000", "train 200,", "train 300") if w in section[0])
+        by_size[size] = "\n".join(section)
+    assert "| baseline: train mean | rule | 2000/1000 |" in by_size["train 2,000"]
+    assert "| 1 |" in by_size["train 2,000"] and "0.4 |" in by_size["train 2,000"]
+    assert "| baseline: train mean | rule | 200/200 |" in by_size["train 200,"]
+    assert "0.99" in by_size["train 200,"] and "0.55" in by_size["train 200,"]
+    assert "2000/1000" not in by_size["train 200,"] and "200/200" not in by_size["train 2,000"]
+    assert "a random sample (--limit 200, seed 0)" in by_size["train 200,"]
+    assert "baselines: none found for this data" in by_size["train 300"]
+    cells = list(csv.DictReader(rep.csv().splitlines()))
+    for c in cells:
+        assert c["data"], c
+    baselines = [c for c in cells if c["mode"] == "baseline" and c["setting"].startswith("baseline:")]
+    assert {(c["n_train/n_test"], c["data"].split(" rows")[0]) for c in baselines} == {
+        ("2000/1000", "train 2,000, val 500, test 1,000"),
+        ("200/200", "train 200, val 200, test 200"),
+    }
+    assert any(c["setting"] == "baselines: none found for this data" for c in cells)
+    task = Report(results).task_table()
+    assert "| baseline: train mean, data: train 200, val 200, test 200 rows" in task
+    assert "| baseline: train mean, data: train 2,000, val 500, test 1,000 rows" in task
+    assert "none found" in task
+
+
+def test_one_data_keeps_the_table_as_it_was_and_a_row_of_seeds_averages_their_baselines():
+    """A table of one data has no data lines; a row of several seeds' data (a subset drawn per seed) shows the
+    mean of the baselines of its seeds' data and how many it found."""
+    results = [
+        output_only(
+            0,
+            0.5,
+            test,
+            seed=seed,
+            data={"train": {"rows": 50 + seed}},
+            subset={"rule": "random", "seed": seed},
+        )
+        for seed, test in ((0, 0.5), (1, 0.7), (2, 0.6))
+    ]
+    for seed, test in ((0, 0.2), (1, 0.4)):
+        b = output_only(
+            None, test, test, seed=seed, backbone="baseline-majority", data={"train": {"rows": 50 + seed}}
+        )
+        b.update(mode="baseline", baseline="majority", head="rule")
+        results.append(b)
+    rep = Report(results)
+    (row,) = rep.rows  # the seeds of one setting, each drawing its own sample: one row
+    table = rep.depth_tables()
+    assert "*data:" not in table
+    assert (
+        "| baseline: majority class | rule | 50/50 |  |  | 30.0 ± 14.1 (n=2) (2 of 3 data sets) |  |" in table
+    )

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from reservoir.api import read_features
+from reservoir.errors import DataError
 from reservoir.identity import data_fingerprint
 from reservoir.tasks import get_task, patches
 
@@ -327,9 +328,9 @@ def bad_sources(tmp: Path):
             lambda: (_parquet(tmp / "a.parquet", {"x": ["ab"] * 6, "y": y}), ()),
             "column 'x' holds text, one value per row",
         ),
-        "text labels": (
-            lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": ["a", "b"] * 3}), ()),
-            "give integer class ids 0..C-1 (sklearn.preprocessing.LabelEncoder",
+        "text targets of a regression": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": ["a", "b"] * 3}), ("regression=true",)),
+            "regression targets must be numbers",
         ),
         "real-valued labels": (
             lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": [0.5, 1.5] * 3}), ()),
@@ -404,3 +405,115 @@ def test_bad_inputs_are_refused_in_words_before_any_feature_file(cli, home, tmp_
     assert r.exit_code == 1 and message in r.output, r.output
     assert "Traceback" not in r.output and (str(path) in r.output or "option of task file:PATH" in r.output)
     assert not list(tmp_path.glob("f.h5*")) and not (home / "features").exists()
+
+
+def within_one_of_proportional(got: np.ndarray, whole: np.ndarray, n: int) -> None:
+    """``got`` (a sample's labels) holds ``n`` rows and each class of ``whole`` (the split's labels) within one
+    row of its proportional share."""
+    classes, counts = np.unique(whole, return_counts=True)
+    taken = np.array([(got == c).sum() for c in classes])
+    share = n * counts / len(whole)
+    assert len(got) == n and (taken >= 1).all(), (taken, share)
+    assert np.all(np.abs(taken - share) < 1), (taken, share)
+
+
+def sorted_sources(root: Path) -> dict[str, Path]:
+    """A class-sorted image folder (``root/SPLIT/CLASS/``, classes of 24, 12 and 6 train images) and a Parquet
+    file sorted by label (three classes of 30 rows, every fifth row ``test``): the first rows of each split are
+    of one class."""
+    rng = np.random.default_rng(4)
+    for split, sizes in (("train", (24, 12, 6)), ("test", (8, 4, 2))):
+        for c, n in zip(("a", "b", "c"), sizes):
+            for i in range(n):
+                path = root / "images" / split / c / f"{i}.png"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(path)
+    y = np.repeat(np.arange(3), 30)
+    x = rng.standard_normal((len(y), 6, 3)).astype(np.float32)
+    split = np.where(np.arange(len(y)) % 5 == 4, "test", "train")
+    pq.write_table(
+        pa.table({"x": pa.array(x.tolist(), type=pa.list_(pa.list_(pa.float32()))), "y": y, "split": split}),
+        root / "sorted.parquet",
+        row_group_size=8,
+    )
+    return {"images": root / "images", "parquet": root / "sorted.parquet"}
+
+
+@pytest.mark.parametrize("kind", ["images", "parquet"])
+def test_a_limit_keeps_every_class_of_a_class_sorted_source_in_proportion(
+    cli, home, tmp_path, tiny_gpt2, kind
+):
+    """``--limit N`` of a source read class by class draws a seeded sample stratified by class: every class of
+    every split, each within one row of its share, rows in source order; another seed draws other rows; the
+    rule and its seed are in the file's identity."""
+    path = sorted_sources(tmp_path)[kind]
+    task = get_task(f"file:{path}")
+    whole = {s: task.load(s, ".").labels for s in ("train", "test")}
+    files = {}
+    for seed in ("0", "1"):
+        out = extract(
+            cli, f"file:{path}", tiny_gpt2, tmp_path / f"{kind}{seed}.h5", "--limit", "10", "--seed", seed
+        )
+        for split in ("train", "test"):
+            _, y, _ = read_features(out, split)
+            within_one_of_proportional(y, whole[split], 10)
+        with h5py.File(out, "r") as f:
+            identity = json.loads(f.attrs["identity"])
+        assert identity["subset"] == {"rule": "stratified", "seed": int(seed)} and identity["limit"] == 10
+        files[seed] = identity["data"]
+        rows = task.load("train", ".", 10, int(seed)).inputs.positions
+        assert np.all(np.diff(rows) > 0)  # source order kept within the sample
+    assert files["0"]["train"]["sha256"] != files["1"]["train"]["sha256"]
+
+
+def test_a_sample_of_a_streamed_source_reads_only_its_rows_when_asked(tmp_path, monkeypatch):
+    """A sample of a chunked source stays lazy: taking it reads nothing, and a batch reads only the chunks that
+    hold its rows."""
+    from reservoir.tasks import streams
+
+    path = sorted_sources(tmp_path)["parquet"]
+    task = get_task(f"file:{path}")
+    reads = []
+    read = streams.TableChunks.read
+    monkeypatch.setattr(streams.TableChunks, "read", lambda self, i: reads.append(i) or read(self, i))
+    sample = task.load("train", ".", 9, 0)
+    assert reads == [] and type(sample.inputs).__name__ == "Rows"
+    first = sample.inputs[np.array([0])]
+    assert len(reads) == 1 and first.shape == (1, 6, 3)
+    assert np.array_equal(sample.labels, np.repeat(np.arange(3), 3))
+
+
+def test_class_names_follow_natural_order_and_name_columns_become_ids(cli, home, tmp_path, tiny_gpt2):
+    """Class folders ``1``, ``2``, ``10`` are classes 0, 1, 2 (not ``1``, ``10``, ``2``), and a column of label
+    names is numbered in the same natural order over every split; the names are the task's and the feature
+    file's."""
+    rng = np.random.default_rng(5)
+    root = tmp_path / "folders"
+    for c in ("10", "2", "1"):
+        for i in range(6):
+            path = root / c / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(path)
+    task = get_task(f"file:{root}")
+    assert task.class_names == ["1", "2", "10"]
+    files = task.load("train", ".").inputs
+    names = [files.chunks.files[p].parent.name for p in files.positions]
+    assert [task.class_names[k] for k in task.load("train", ".").labels] == names
+
+    y = np.array(["class10", "class2", "class1"] * 8)
+    x = rng.standard_normal((len(y), 4, 2)).astype(np.float32)
+    split = np.array(["train"] * 18 + ["test"] * 6)
+    pq.write_table(
+        pa.table({"x": pa.array(x.tolist()), "label": y, "split": split}), tmp_path / "named.parquet"
+    )
+    task = get_task(f"file:{tmp_path / 'named.parquet'}")
+    assert task.class_names == ["class1", "class2", "class10"]
+    assert task.load("train", ".").labels.tolist()[:3] == [2, 1, 0] and task.spec.n_classes == 3
+    out = extract(cli, f"file:{tmp_path / 'named.parquet'}", tiny_gpt2, tmp_path / "named.h5")
+    with h5py.File(out, "r") as f:
+        assert json.loads(f.attrs["class_names"]) == ["class1", "class2", "class10"]
+    np.savez(tmp_path / "named.npz", x_train=x[:18], y_train=y[:18], x_test=x[18:], y_test=y[18:])
+    assert get_task(f"file:{tmp_path / 'named.npz'}").class_names == ["class1", "class2", "class10"]
+    np.savez(tmp_path / "mixed.npz", x_train=x[:18], y_train=y[:18], x_test=x[18:], y_test=np.arange(6))
+    with pytest.raises(DataError, match="y_train hold class names and y_test numbers"):
+        get_task(f"file:{tmp_path / 'mixed.npz'}")

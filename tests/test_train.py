@@ -732,7 +732,7 @@ def test_split_roles_come_from_the_task_so_tapes_valid_and_test_holdouts_train()
     assert split_roles(("train", "val", "valid", "test")) == ("val", ("test",))
     asked = []
 
-    def load(split, data_dir, limit=None):
+    def load(split, data_dir, limit=None, seed=0):
         asked.append(split)
         rng = np.random.default_rng(len(asked))
         return SplitData(rng.integers(1, 20, (40, 8)), np.arange(40) % 4, np.full(40, 8))

@@ -1,10 +1,12 @@
 """Feature files out, in the formats other tools read: Parquet, or a Hugging Face ``datasets`` folder.
 
 One table row per example, the splits one after another: ``split`` (its name), ``row`` (its index in
-the split), ``label`` (a class id, a real value, or a list for several outputs a row), then one column a
-depth, ``d{K}``: the example's readout rows at depth ``K``, flattened (``n_readout * d_model`` float32
-values). The file's identity and depths go into the Parquet schema's metadata (``reservoir.identity``,
-``reservoir.depths``) and, for a ``datasets`` folder, its description.
+the split), ``label`` (a class id, a real value, or a list for several outputs a row), ``label_name`` (the
+class's name, where the data named its classes: an image folder's class folders, a column of label names),
+then one column a depth, ``d{K}``: the example's readout rows at depth ``K``, flattened (``n_readout *
+d_model`` float32 values). The file's identity, depths and class names go into the Parquet schema's
+metadata (``reservoir.identity``, ``reservoir.depths``, ``reservoir.class_names``) and, for a ``datasets``
+folder, its description.
 
 Rows are read in blocks (each checked as every reader of the store checks them: checksums and finite
 values, after the file's digests are verified) and written as they come, so memory stays flat as the
@@ -25,8 +27,10 @@ import numpy as np
 from reservoir.config import select_depths
 from reservoir.errors import UsageError, optional
 from reservoir.extract.store import (
+    class_names,
     feature_splits,
     iter_depth,
+    name_of,
     open_features,
     stored_identity,
     verify,
@@ -49,11 +53,13 @@ def blocks(f: h5py.File, split: str, depths: Sequence[int]) -> Iterator[dict[str
         yield columns
 
 
-def _table(pa, split: str, columns: dict[str, np.ndarray]):
+def _table(pa, split: str, columns: dict[str, np.ndarray], names: list[str] | None = None):
     n = len(columns["row"])
     arrays = {"split": pa.array([split] * n, pa.string()), "row": pa.array(columns["row"])}
     label = columns["label"]
     arrays["label"] = pa.array(label) if label.ndim == 1 else pa.array(list(label.reshape(n, -1)))
+    if names and label.ndim == 1 and label.dtype.kind in "iub":
+        arrays["label_name"] = pa.array([name_of(names, k) for k in label.tolist()], pa.string())
     for name, X in columns.items():
         if name.startswith("d"):
             arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(X.ravel(), pa.float32()), X.shape[1])
@@ -66,10 +72,11 @@ def write_parquet(
     """``splits`` of ``f`` at ``depths`` into one Parquet file at ``path``, block by block (``meta``: the
     schema's metadata)."""
     writer = None
+    names = class_names(f)
     try:
         for s in splits:
             for columns in blocks(f, s, depths):
-                table = _table(pa, s, columns)
+                table = _table(pa, s, columns, names)
                 if writer is None:
                     schema = table.schema.with_metadata(meta)
                     writer = pq.ParquetWriter(path, schema)
@@ -123,6 +130,8 @@ def export(
             "reservoir.identity": json.dumps(stored_identity(f), sort_keys=True),
             "reservoir.depths": json.dumps(depths),
         }
+        if class_names(f):
+            meta["reservoir.class_names"] = json.dumps(class_names(f))
         tmp = out.with_name(f".{out.name}.partial")
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
         if format == "parquet":

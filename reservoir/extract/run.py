@@ -170,10 +170,27 @@ class BackgroundWriter:
 
 
 def load_splits(task: Task, cfg: ExtractConfig) -> dict[str, SplitData]:
+    """The splits a run extracts: every row, or a sample of ``cfg.limit`` drawn by the run's seed
+    (:meth:`reservoir.tasks.Task.load`)."""
     splits = task.spec.splits if cfg.split == "all" else (cfg.split,)
     for s in splits:
         task.check_split(s)
-    return {s: task.load(s, Path(cfg.data_dir), cfg.limit) for s in splits}
+    return {s: task.load(s, Path(cfg.data_dir), cfg.limit, cfg.seed) for s in splits}
+
+
+def check_split_classes(task: Task, data: dict[str, SplitData], cfg: ExtractConfig) -> None:
+    """Refuse, before anything is extracted, a train split that lacks classes another split holds
+    (:func:`reservoir.tasks.sizes.check_classes`: the classes, the splits, and the fix: the ``--limit`` that
+    keeps them, or the data)."""
+    from reservoir.tasks.sizes import check_classes
+
+    check_classes(
+        f"task {cfg.task!r}",
+        {s: d.labels for s, d in data.items()},
+        limit=cfg.limit,
+        names=task.class_names,
+        full=None if task.draws else (lambda s: task.load(s, Path(cfg.data_dir)).labels),
+    )
 
 
 def dtype_reason(run: Run) -> str:
@@ -434,6 +451,7 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     depths = select_depths(
         cfg.depths, range(backbone.n_layers + 1), f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)"
     )
+    check_split_classes(task, data, cfg)  # the options checked first, then the data's classes
     dtype = cfg.load_dtype if halved and cfg.dtype == "auto" else resolve_dtype(cfg.dtype, device)
     check_fits(
         backbone, device, dtype, cfg.backbone

@@ -3,7 +3,8 @@
 Layout::
 
     /                      attrs: identity (JSON) and identity_hash; task, backbone, seed, dtype, readout,
-                           depths (readable copies); config (JSON, execution settings too), version, complete
+                           depths, class_names (JSON, where the data names its classes) (readable copies);
+                           config (JSON, execution settings too), version, complete
     /input_layer/<name>    float32 tensors of the frozen input layer
     /<split>/features      (N, n_depths, n_readout, d_model) float32, chunked (rows, 1, R, d):
                            one depth of a row block is one chunk, so a depth reads contiguously;
@@ -628,6 +629,8 @@ def _write_header(
     f.attrs["identity_hash"] = digest(identity)
     f.attrs.update({k: identity[k] for k in ("task", "backbone", "seed", "dtype", "readout")})
     f.attrs["depths"] = np.asarray(identity["depths"], dtype=np.int64)
+    if identity.get("class_names"):
+        f.attrs["class_names"] = json.dumps(identity["class_names"])
     f.attrs["config"] = json.dumps(config, sort_keys=True)
     f.attrs["version"] = __version__
     f.attrs["complete"] = False
@@ -667,6 +670,21 @@ def open_features(path: Path) -> h5py.File:
 
 def file_config(f: h5py.File) -> dict[str, Any]:
     return json.loads(f.attrs["config"])
+
+
+def class_names(f: h5py.File) -> list[str] | None:
+    """The name of each class id of a feature file's labels, where its data named them (an image folder's class
+    folders, a column of label names); ``None`` otherwise."""
+    if "class_names" in f.attrs:
+        return [str(n) for n in json.loads(f.attrs["class_names"])]
+    names = stored_identity(f).get("class_names")
+    return [str(n) for n in names] if names else None
+
+
+def name_of(names: list[str] | None, label: Any) -> str:
+    """The name of class id ``label`` (its number as text where ``names`` has none)."""
+    k = int(label)
+    return names[k] if names is not None and 0 <= k < len(names) else str(k)
 
 
 def depth_index(f: h5py.File, depth: int) -> int:

@@ -15,7 +15,7 @@ its regularisation on validation and the same refit:
   the most common train label among the train examples with the same key, the majority
   label for a key train never showed.
 
-A baseline's identity holds the data (task, options, data digest, limit, splits), the
+A baseline's identity holds the data (task, options, data digest, limit and subset rule, splits), the
 baseline and its width and seed, never the backbone: every backbone's fit on the same
 data reuses the same baseline results (read back instead of recomputed).
 """
@@ -34,9 +34,9 @@ from reservoir.config import FitConfig
 from reservoir.errors import DataError, IdentityError
 from reservoir.identity import digest, reread
 from reservoir.probe.heads import fit_rows, holdout
-from reservoir.probe.rows import ArrayRows
 from reservoir.probe.metrics import METRICS_BY_TARGET, result_scores, score_line, target_kind
 from reservoir.probe.metrics import scores as metric_scores
+from reservoir.probe.rows import ArrayRows
 from reservoir.progress import log
 from reservoir.results import result_key, result_path, write_result
 from reservoir.runtime import machine
@@ -142,8 +142,11 @@ def rule_scores(
 
 
 def baseline_identity(identity: dict[str, Any], name: str, **extra: Any) -> dict[str, Any]:
+    """The identity of a baseline of a feature file's data: the data's fields of its identity (the subset rule
+    where the file records one), the baseline and ``extra`` (its width and seed)."""
     keep = ("format", "task", "task_options", "data", "limit", "splits")
-    return {**{k: identity[k] for k in keep}, "baseline": name, **extra}
+    subset = {"subset": identity["subset"]} if "subset" in identity else {}
+    return {**{k: identity[k] for k in keep}, **subset, "baseline": name, **extra}
 
 
 def fit_baselines(

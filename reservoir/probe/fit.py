@@ -19,6 +19,7 @@ from reservoir import __version__
 from reservoir.config import FitConfig, default_data_dir, features_dir, select_depths, slug
 from reservoir.errors import DataError, IdentityError, StoreError, UsageError
 from reservoir.extract.store import (
+    class_names,
     extract_command,
     feature_splits,
     file_config,
@@ -32,9 +33,9 @@ from reservoir.identity import canonical, reread, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.model.devices import resolve_device
 from reservoir.probe.heads import check_head_fits, fit_probe
+from reservoir.probe.metrics import score_line
 from reservoir.probe.predictors import Predictor
 from reservoir.probe.rows import Rows, rows
-from reservoir.probe.metrics import score_line
 from reservoir.progress import log
 from reservoir.results import result_key, result_path, write_result
 from reservoir.runtime import machine
@@ -212,6 +213,36 @@ def check_label_rows(path: Path, f: h5py.File, identity: dict[str, Any]) -> None
         )
 
 
+def check_split_classes(path: Path, f: h5py.File, identity: dict[str, Any]) -> None:
+    """Refuse (DataError) a feature file whose train split lacks classes another split holds
+    (:func:`reservoir.tasks.sizes.check_classes`), naming the classes, the splits and the extraction that mends
+    it. Extraction refuses such splits before it starts; files made before it did are caught here, before any
+    head is fitted."""
+    from reservoir.tasks.sizes import check_classes
+
+    limit = identity.get("limit")
+    again = f"extract it again: `{extract_command(f)}`"
+    if limit is not None and "subset" not in identity:
+        fix = (
+            f"this file holds the first {limit} rows of each split (--limit before it drew a stratified sample); "
+            f"{again}, which draws one"
+        )
+    elif limit is not None:
+        fix = f"extract it again with a larger --limit (now {limit}) or none (`{extract_command(f)}`, edited)"
+    else:
+        fix = (
+            "give every split examples of every class (or drop the rows of the classes a split lacks), then "
+            + again
+        )
+    check_classes(
+        str(path),
+        {s: f[s]["labels"][:] for s in feature_splits(f)},
+        limit=limit,
+        names=class_names(f),
+        fix=fix,
+    )
+
+
 def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
     """The validation split (or None) and the test splits of a feature file, in the task's order
     (the roles every task declares, :func:`reservoir.tasks.split_roles`)."""
@@ -254,6 +285,7 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             fix=f"extract it again: `{extract_command(f)}`",
         )
         check_label_rows(path, f, identity)
+        check_split_classes(path, f, identity)
         labels = np.concatenate([f[s]["labels"][:].ravel() for s in feature_splits(f)])
         regression = labels.dtype.kind == "f"
         try:

@@ -7,7 +7,8 @@ Every depth a ``fit`` scores writes, beside its result ``RESULT.json``, the fitt
 - the head's state as arrays (:class:`reservoir.probe.heads.Predictor`): its weights or
   coefficients and intercept, and the standardisation (mean and scale) its fit applied;
 - ``meta`` (JSON): the head, the depth, the regularisation chosen on validation (``C``,
-  ``alpha`` or ``weight_decay``), the classes and label shape, the feature shape, the seed,
+  ``alpha`` or ``weight_decay``), the classes (and their names, ``class_names``, where the data
+  named them) and label shape, the feature shape, the seed,
   the feature file's identity and identity hash, a digest of its frozen input layer, and the
   fit's test accuracies.
 
@@ -15,7 +16,8 @@ Applied to a feature file (:func:`predict_file`; ``reservoir predict``), it comp
 operations in the fit's dtypes, block by block as the fit scored its test split, so the same
 file gives the same predictions. A file of other extraction settings is refused, naming each
 difference: another backbone (its fingerprint), seed, input scale, dtype, readout or input layer,
-a depth the file lacks, another feature or label shape, or labels beyond the probe's classes.
+a depth the file lacks, another feature or label shape, labels beyond the probe's classes, or class
+names that name another class by the same id.
 Its task may differ (new data of the same shape, a ``file:`` task of another file).
 
 >>> probe = load_probe("results/digits/lstm/output-only_logreg_depth2_seed0_KEY.probe.npz")  # doctest: +SKIP
@@ -36,7 +38,15 @@ import numpy as np
 
 from reservoir import __version__
 from reservoir.errors import DataError, IdentityError, UsageError
-from reservoir.extract.store import feature_splits, iter_depth, open_features, stored_identity, verify
+from reservoir.extract.store import (
+    class_names,
+    feature_splits,
+    iter_depth,
+    name_of,
+    open_features,
+    stored_identity,
+    verify,
+)
 from reservoir.identity import array_digest, canonical
 from reservoir.probe.heads import head_threads
 from reservoir.probe.predictors import REGRESSION, Predictor, predictor_from_state
@@ -108,6 +118,12 @@ class SavedProbe:
     def label_shape(self) -> tuple[int, ...]:
         return tuple(self.meta["label_shape"])
 
+    @property
+    def class_names(self) -> list[str] | None:
+        """The name of each class id the probe predicts, where its training data named them; else ``None``."""
+        names = self.meta.get("class_names")
+        return [str(n) for n in names] if names else None
+
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Class ids ``(N, *label_shape)`` of features ``(N, n_readout, d_model)`` of the probe's depth
         (``(N, d_model)`` where the readout is one token)."""
@@ -146,6 +162,7 @@ def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dic
         "n_outputs": predictor.n_outputs,
         "n_classes": predictor.n_classes,
         "classes": list(range(predictor.n_classes)),
+        "class_names": class_names(f),
         "label_shape": list(train["labels"].shape[1:]),
         "n_readout": int(train["features"].shape[2]),
         "d_model": int(train["features"].shape[3]),
@@ -286,6 +303,18 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
             f"classes: the probe knows classes 0..{probe.predictor.n_classes - 1}, the file's labels "
             f"reach {top}"
         )
+    ours_named, theirs_named = probe.class_names, class_names(f)
+    if ours_named and theirs_named:
+        clash = [
+            k for k in range(min(len(ours_named), len(theirs_named))) if ours_named[k] != theirs_named[k]
+        ]
+        if clash:
+            k = clash[0]
+            problems.append(
+                f"class names: class {k} is {ours_named[k]!r} to the probe and {theirs_named[k]!r} in the file "
+                f"({len(clash)} id(s) differ; the probe's classes: {', '.join(ours_named[:10])}"
+                f"{', ...' if len(ours_named) > 10 else ''})"
+            )
     if not problems and probe.meta["input_layer"] != input_layer_digest(f):
         problems.append(
             "input layer: the file's frozen input layer differs from the one the probe's features "
@@ -329,9 +358,11 @@ def score(probe: SavedProbe, predictions: np.ndarray, labels: np.ndarray) -> tup
     return name, (METRICS[name](predictions, labels) if labels.size else float("nan"))
 
 
-def predictions_csv(predictions: np.ndarray, labels: np.ndarray) -> str:
+def predictions_csv(predictions: np.ndarray, labels: np.ndarray, class_names: list[str] | None = None) -> str:
     """CSV of one line per row: ``row,prediction,label``; labels of several values a row (bits, readout
-    tokens) give ``prediction_I,...`` and ``label_I,...`` columns (``I``: the value's index, ``_``-joined)."""
+    tokens) give ``prediction_I,...`` and ``label_I,...`` columns (``I``: the value's index, ``_``-joined).
+    With ``class_names`` (one class id a row: :attr:`SavedProbe.class_names`), ``prediction_name`` and
+    ``label_name`` follow, the names of those ids."""
     n = len(labels)
     if labels.ndim == 1:
         names = ["prediction", "label"]
@@ -339,9 +370,21 @@ def predictions_csv(predictions: np.ndarray, labels: np.ndarray) -> str:
         index = ["_".join(map(str, i)) for i in np.ndindex(*labels.shape[1:])]
         names = [f"prediction_{i}" for i in index] + [f"label_{i}" for i in index]
     values = np.concatenate([predictions.reshape(n, -1), labels.reshape(n, -1)], axis=1)
+    named = bool(class_names) and labels.ndim == 1 and values.dtype.kind in "iub"
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["row", *names])
+    writer.writerow(["row", *names, *(["prediction_name", "label_name"] if named else [])])
     number = int if values.dtype.kind in "iub" else repr  # real values in full (float64's shortest repr)
-    writer.writerows([i, *(number(v) for v in row.tolist())] for i, row in enumerate(values))
+    for i, row in enumerate(values.tolist()):
+        words = [name_of(class_names, v) for v in row] if named else []
+        writer.writerow([i, *(number(v) for v in row), *words])
     return buf.getvalue()
+
+
+def predicted_names(probe: SavedProbe, predictions: np.ndarray) -> np.ndarray | None:
+    """The class names of ``predictions`` (one class id a row) where the probe's data named its classes (an
+    array of str, like the ids); ``None`` otherwise."""
+    names = probe.class_names
+    if not names or predictions.ndim != 1 or predictions.dtype.kind not in "iub":
+        return None
+    return np.array([name_of(names, k) for k in predictions.tolist()], dtype=str)

@@ -230,7 +230,8 @@ def first_layer_attention(
     data_dir
         data folder (default: ``$RESERVOIR_HOME/data`` or ``./data``).
     limit
-        the split's first ``limit`` examples are the ones available (``example < limit``).
+        the split's examples are the seeded sample of ``limit`` that ``extract --limit`` draws with ``seed``
+        (:meth:`reservoir.tasks.Task.load`), and ``example`` a row of it (``example < limit``).
     checkpoint
         a ``reservoir train`` checkpoint (``.pt``) of this task and backbone: its
         trained input layer, positions and norms are used, and its seed, input scale and
@@ -256,7 +257,7 @@ def first_layer_attention(
         raise UsageError(f"example and layer count from 0; got example {example}, layer {layer}")
     if limit is not None and example >= limit:
         raise UsageError(
-            f"example {example} is outside the first {limit} examples (--limit); "
+            f"example {example} is outside the {limit} examples --limit keeps; "
             f"choose an example below {limit} or raise the limit"
         )
     if checkpoint is not None:
@@ -276,7 +277,9 @@ def first_layer_attention(
         ) from None
     check_length(task.spec, reservoir.backbone, backbone_name)
     task.check_split(split)
-    data = task.load(split, Path(data_dir) if data_dir is not None else default_data_dir(), example + 1)
+    folder = Path(data_dir) if data_dir is not None else default_data_dir()
+    # row ``example`` of the whole split needs only the rows up to it; of a sample, the sample
+    data = task.read(split, folder, example + 1) if limit is None else task.load(split, folder, limit, seed)
     if example >= len(data):
         raise UsageError(
             f"split {split!r} of task {task_name!r} has {len(data)} examples; choose an example "

@@ -9,8 +9,12 @@ labelled as such; the task layout can also report a fixed depth (``depths=("chos
 a line per rule). Results of several seeds share a row: mean, and spread over seeds (the seed
 of ``fit`` and the seed of ``extract``, which draws the input layer, a random backbone and
 generated data).
-Baselines (:mod:`reservoir.probe.baselines`) of the same data and head are shown with every
-output-only table, and the FPT paper's number (:mod:`reservoir.report.paper`) beside ours where a
+Baselines (:mod:`reservoir.probe.baselines`) are shown with every output-only table, each only beside the
+results of the same data (:func:`data_key`: task, task options and the digest of every split's rows, so
+sizes and the seed of a subset) and head: a table mixing data (a ``--limit`` run beside a full one) shows
+each data's rows under a line naming that data, with its own baselines or a line saying they are missing;
+a row of several seeds' data shows the mean of their baselines and how many it found. The CSV names the
+data of every line. The FPT paper's number (:mod:`reservoir.report.paper`) is shown beside ours where a
 row is mapped to a row of the paper's table (``--as BACKBONE=ROW``).
 """
 
@@ -58,9 +62,39 @@ def input_scale(r: dict[str, Any]) -> str:
 
 
 def data_key(r: dict[str, Any]) -> str:
+    """What a result (or a baseline) was computed on: its task, task options and the digest of the rows of
+    every split (their number and contents, so a subset's size and seed); equal keys, the same data."""
     from reservoir.identity import digest
 
-    return digest(r.get("identity", {}).get("data"))
+    identity = r.get("identity", {})
+    return digest(
+        {"task": r.get("task"), "options": identity.get("task_options"), "data": identity.get("data")}
+    )
+
+
+def data_label(r: dict[str, Any]) -> str:
+    """The data of a result in words: rows per split and how a ``--limit`` took them, e.g. ``train 200, test
+    100 rows: a stratified sample (--limit 200, seed 0)``."""
+    identity = r.get("identity", {})
+    data = identity.get("data")
+    sizes = (
+        ", ".join(
+            f"{split} {v['rows']:,d}" for split, v in data.items() if isinstance(v, dict) and "rows" in v
+        )
+        if isinstance(data, dict)
+        else ""
+    )
+    text = f"{sizes} rows" if sizes else f"n train/test {r.get('n_train')}/{r.get('n_test')}"
+    limit, subset = identity.get("limit"), identity.get("subset")
+    if limit is None:
+        return text + ": every row"
+    if subset is None:
+        return text + f": the first rows (--limit {limit})"
+    rule = subset.get("rule")
+    if rule == "draws":
+        return text + f": the first draws (--limit {limit})"
+    seed = f", seed {subset['seed']}" if "seed" in subset else ""
+    return text + f": a {rule} sample (--limit {limit}{seed})"
 
 
 @dataclass
@@ -138,7 +172,8 @@ class Row:
 
 
 #: what an extraction's seed draws: the seed itself, the data of generated tasks (and their task option
-#: ``seed``, which follows it unless set) and a random backbone's weights
+#: ``seed``, which follows it unless set), the sample of a ``--limit`` (its ``subset`` seed) and a random
+#: backbone's weights
 SEED_DRAWN = ("seed", "data", "backbone_fingerprint")
 #: the same for an end-to-end result (its seeds, their generated data and random backbones), with the number
 #: of blocks, so a sweep over blocks (paper table 11) and seeds run apart (:func:`merge_seeds`) share a row
@@ -157,6 +192,9 @@ def run_of(r: dict[str, Any]) -> str:
     options = identity.get("task_options")
     if isinstance(options, dict) and "seed" in options and options["seed"] == first_seed:
         identity["task_options"] = {k: v for k, v in options.items() if k != "seed"}
+    subset = identity.get("subset")  # a --limit sample is drawn by the run's seed too
+    if isinstance(subset, dict) and subset.get("seed") == first_seed:
+        identity["subset"] = {k: v for k, v in subset.items() if k != "seed"}
     drawn = E2E_SEED_DRAWN if end_to_end else SEED_DRAWN
     return digest({k: v for k, v in identity.items() if k not in drawn})[:6]
 
@@ -195,26 +233,104 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
     return [rows[k] for k in order], baselines
 
 
-def baselines_for(rows: list[Row], baselines: list[dict[str, Any]], task: str) -> list[dict[str, Any]]:
-    """The baselines of ``task`` computed on the same data and with the same head as its output-only
-    rows (rules have no head); one per name."""
-    want = {
-        (data_key(r), r["head"])
-        for row in rows
-        if row.task == task and row.mode == "output-only"
-        for r in row.results[:1]
-    }
-    found: dict[str, dict[str, Any]] = {}
+def class_names_of(row: Row) -> list[str] | None:
+    """The names of a row's classes by id, where its data named them (its feature file's identity)."""
+    names = row.results[0].get("identity", {}).get("class_names")
+    return [str(n) for n in names] if names else None
+
+
+def classes_line(rows: list[Row], most: int = 20) -> str:
+    """``Classes: 0 cat, 1 dog, ...`` for rows whose data named their classes (the first ``most``); ``""``
+    otherwise or where the rows' data name them differently."""
+    named = {tuple(n) for r in rows if r.mode == "output-only" and (n := class_names_of(r))}
+    if len(named) != 1:
+        return ""
+    names = next(iter(named))
+    shown = ", ".join(f"{k} {name}" for k, name in enumerate(names[:most]))
+    return f"Classes: {shown}{f', ... ({len(names)} in all)' if len(names) > most else ''}"
+
+
+def data_keys(row: Row) -> tuple[str, ...]:
+    """The data of a row's results (:func:`data_key`), one key per data set, in order: one for a row of one
+    extraction, one per seed where the seed draws the data (a generated task, a subset)."""
+    return tuple(dict.fromkeys(data_key(r) for r in row.results))
+
+
+@dataclass
+class DataGroup:
+    """The output-only rows of one task computed on the same data (:func:`data_keys`), and that data in words."""
+
+    task: str
+    keys: tuple[str, ...]
+    label: str
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def heads(self) -> set[str]:
+        return {row.head for row in self.rows}
+
+
+def data_groups(rows: list[Row], task: str) -> list[DataGroup]:
+    """The output-only rows of ``task`` grouped by their data (:func:`data_keys`), in the order rows come."""
+    groups: dict[tuple[str, ...], DataGroup] = {}
+    for row in rows:
+        if row.task != task or row.mode != "output-only":
+            continue
+        keys = data_keys(row)
+        label = data_label(row.results[0]) + (
+            f" ({len(keys)} data sets, one per seed)" if len(keys) > 1 else ""
+        )
+        groups.setdefault(keys, DataGroup(task, keys, label)).rows.append(row)
+    return list(groups.values())
+
+
+def baselines_of(group: DataGroup, baselines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The baselines of a group's data and heads (rules have none), one per name and head. Where the group
+    spans several data sets (a seed each), a baseline found for several of them is their mean: ``test_score``
+    the mean, ``test_std`` and ``n_data`` over the data sets found, ``of_data`` how many the group has."""
+    found: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
     for b in baselines:
-        if b["task"] != task:
+        if b["task"] != group.task or (b["head"] != "rule" and b["head"] not in group.heads):
             continue
-        data = data_key(b)
-        heads = {h for d, h in want if d == data}
-        if want and not heads:
-            continue
-        if b["head"] == "rule" or not heads or b["head"] in heads:
-            found.setdefault(f"{b['baseline']}|{b['head']}", b)
-    return sorted(found.values(), key=lambda b: (baseline_rank(b["baseline"]), b["head"]))
+        key = data_key(b)
+        if key in group.keys:
+            found[(b["baseline"], b["head"])].setdefault(key, b)
+    out = []
+    for by_key in found.values():
+        bs = [by_key[k] for k in group.keys if k in by_key]
+        b = dict(bs[0])
+        if len(group.keys) > 1:
+            tests = [x["test_score"] for x in bs]
+            b.update(
+                test_score=float(np.mean(tests)),
+                val_score=float(np.mean([x["val_score"] for x in bs])),
+                test_std=float(np.std(tests, ddof=1)) if len(bs) > 1 else None,
+                n_data=len(bs),
+                of_data=len(group.keys),
+            )
+        out.append(b)
+    return sorted(out, key=lambda b: (baseline_rank(b["baseline"]), b["head"]))
+
+
+def baselines_for(rows: list[Row], baselines: list[dict[str, Any]], task: str) -> list[dict[str, Any]]:
+    """The baselines of ``task`` computed on the data and with the heads of its output-only rows, every data's
+    (:func:`baselines_of`, each data group in turn)."""
+    return [b for group in data_groups(rows, task) for b in baselines_of(group, baselines)]
+
+
+def baseline_name(b: dict[str, Any]) -> str:
+    """A baseline result's name in tables: the majority rule of real-valued targets is the train mean."""
+    real = b.get("metric", "accuracy") in METRICS_BY_TARGET["regression"]
+    return "train mean" if real and b["baseline"] == "majority" else baseline_label(b["baseline"])
+
+
+def baseline_text(b: dict[str, Any]) -> str:
+    """A baseline's test score as cells show it: the mean over the data sets of a row of several, how many."""
+    metric = METRICS[b.get("metric", "accuracy")]
+    text = score_text(b["test_score"], b.get("test_std"), b.get("n_data", 1), metric)
+    if b.get("of_data") and b["n_data"] < b["of_data"]:
+        text += f" ({b['n_data']} of {b['of_data']} data sets)"
+    return text
 
 
 #: how an output-only setting's depth is picked in the task layout (or a depth number), and the label of each
@@ -280,7 +396,7 @@ def row_label(row: Row) -> str:
 
 
 #: identity fields that never tell two settings apart in a label (they follow the data or the seed)
-UNLABELLED = ("data", "backbone_fingerprint", "backbone_fingerprints")
+UNLABELLED = ("data", "subset", "backbone_fingerprint", "backbone_fingerprints")
 
 
 def _settings(row: Row) -> dict[str, str]:
@@ -373,24 +489,54 @@ class Report:
                 "input_scale": row.scale,
                 "run": row.run,
                 "n_train/n_test": row.size,
+                "data": self.data_of(row),
+                **({"classes": "; ".join(names)} if (names := class_names_of(row)) else {}),
                 "column": column,
                 **values,
             }
         )
 
-    def record_baseline(self, b: dict[str, Any], task: str, column: str) -> None:
+    def groups(self, task: str) -> list[DataGroup]:
+        """The output-only rows of ``task`` by their data (:func:`data_groups`), computed once."""
+        cache = self.__dict__.setdefault("_groups", {})
+        if task not in cache:
+            cache[task] = data_groups(self.rows, task)
+        return cache[task]
+
+    def data_of(self, row: Row) -> str:
+        """The data of a row in words (:func:`data_label`), as its data group names it."""
+        return next(
+            (g.label for g in self.groups(row.task) if any(r is row for r in g.rows)),
+            data_label(row.results[0]),
+        )
+
+    def record_baseline(self, b: dict[str, Any], task: str, column: str, data: str = "") -> None:
         self.records.append(
             {
                 "task": task,
-                "setting": f"baseline: {baseline_label(b['baseline'])}",
+                "setting": f"baseline: {baseline_name(b)}",
                 "backbone": b["backbone"],
                 "mode": "baseline",
                 "head": b["head"],
                 "n_train/n_test": f"{b['n_train']}/{b['n_test']}",
+                "data": data or data_label(b),
                 "column": column,
                 "metric": b.get("metric", "accuracy"),
                 "test": b["test_score"],
                 "val": b["val_score"],
+                **({"test_std": b.get("test_std"), "n_seeds": b["n_data"]} if "n_data" in b else {}),
+            }
+        )
+
+    def record_missing(self, group: DataGroup, column: str) -> None:
+        """A CSV line saying a data group of ``column`` has no baselines."""
+        self.records.append(
+            {
+                "task": group.task,
+                "setting": "baselines: none found for this data",
+                "mode": "baseline",
+                "data": group.label,
+                "column": column,
             }
         )
 
@@ -411,62 +557,82 @@ class Report:
                 if named == "accuracy"
                 else f" ({named}, {'higher' if rows[0].metric.greater_is_better else 'lower'} is better)"
             )
-            lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-            for row in rows:
-                cells = []
-                for d in depths:
-                    if d not in row.by_depth:
-                        cells.append("")
-                        continue
-                    mean, std, n = row.spread(d)
-                    paper = self.paper_number(row, str(d))
-                    cells.append(self.beside(row, str(d), row.text(mean, std, n)))
-                    self.record(row, f"d{d}", test=mean, test_std=std, n_seeds=n, val=row.val(d), paper=paper)
-                c, b = row.chosen, row.best_by_test
-                mean, std, n = row.spread(c)
-                self.record(
-                    row,
-                    "chosen",
-                    depth=c,
-                    test=mean,
-                    test_std=std,
-                    n_seeds=n,
-                    val=row.val(c),
-                    paper=self.paper_number(row, str(c)),
-                )
-                lines.append(
-                    "| "
-                    + " | ".join(
-                        [self.label(row), row.head, row.size]
-                        + cells
-                        + [str(c), row.text(mean, std, n), f"{row.text(row.spread(b)[0])} (d{b})"]
+            classes = classes_line(rows)
+            lines = [title, "", *([classes, ""] if classes else [])]
+            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            groups = self.groups(task)
+            if len(groups) <= 1:  # one data: its rows, then its baselines
+                lines += self.row_lines(rows, depths)
+                lines += [line for g in groups for line in self.baseline_lines(g, len(depths))]
+            else:  # each data under a line naming it, with its own baselines (or a line saying there are none)
+                for group in groups:
+                    lines.append(
+                        "| " + " | ".join([f"*data: {group.label}*"] + [""] * (len(head) - 1)) + " |"
                     )
-                    + " |"
-                )
-            lines += self.baseline_lines(task, len(depths))
+                    lines += self.row_lines(group.rows, depths)
+                    lines += self.baseline_lines(group, len(depths), say_missing=True)
+                lines += self.row_lines([r for r in rows if r.mode != "output-only"], depths)
             out.append("\n".join(lines))
         return "\n\n".join(out)
 
-    def baseline_lines(self, task: str, n_depths: int) -> list[str]:
+    def row_lines(self, rows: list[Row], depths: list[int]) -> list[str]:
+        """The depth layout's line of each row (and its CSV records)."""
         lines = []
-        for b in baselines_for(self.rows, self.baselines, task):
-            real = b.get("metric", "accuracy") in METRICS_BY_TARGET["regression"]
-            label = (
-                "baseline: train mean"
-                if real and b["baseline"] == "majority"
-                else f"baseline: {baseline_label(b['baseline'])}"
+        for row in rows:
+            cells = []
+            for d in depths:
+                if d not in row.by_depth:
+                    cells.append("")
+                    continue
+                mean, std, n = row.spread(d)
+                paper = self.paper_number(row, str(d))
+                cells.append(self.beside(row, str(d), row.text(mean, std, n)))
+                self.record(row, f"d{d}", test=mean, test_std=std, n_seeds=n, val=row.val(d), paper=paper)
+            c, b = row.chosen, row.best_by_test
+            mean, std, n = row.spread(c)
+            self.record(
+                row,
+                "chosen",
+                depth=c,
+                test=mean,
+                test_std=std,
+                n_seeds=n,
+                val=row.val(c),
+                paper=self.paper_number(row, str(c)),
             )
-            n = f"{b['n_train']}/{b['n_test']}"
             lines.append(
                 "| "
                 + " | ".join(
-                    [label, b["head"], n]
-                    + [""] * n_depths
-                    + ["", score_text(b["test_score"], metric=METRICS[b.get("metric", "accuracy")]), ""]
+                    [self.label(row), row.head, row.size]
+                    + cells
+                    + [str(c), row.text(mean, std, n), f"{row.text(row.spread(b)[0])} (d{b})"]
                 )
                 + " |"
             )
-            self.record_baseline(b, task, "baseline")
+        return lines
+
+    def baseline_lines(self, group: DataGroup, n_depths: int, say_missing: bool = False) -> list[str]:
+        """The baselines of a data group, a line each (and their CSV records); with ``say_missing``, a line saying
+        there are none when the group has none."""
+        lines = []
+        found = baselines_of(group, self.baselines)
+        for b in found:
+            label = f"baseline: {baseline_name(b)}"
+            n = f"{b['n_train']}/{b['n_test']}"
+            lines.append(
+                "| " + " | ".join([label, b["head"], n] + [""] * n_depths + ["", baseline_text(b), ""]) + " |"
+            )
+            self.record_baseline(b, group.task, "baseline", group.label)
+        if not found and say_missing:
+            lines.append(
+                "| "
+                + " | ".join(
+                    ["baselines: none found for this data (fit its features with baselines)", "", ""]
+                    + [""] * (n_depths + 3)
+                )
+                + " |"
+            )
+            self.record_missing(group, "baseline")
         return lines
 
     # ---------------------------------------------------------------- task layout
@@ -546,7 +712,9 @@ class Report:
                     )
                     continue
                 lr = swept_lr(row.by_depth[c][0]) if row.mode == "end-to-end" else None
-                text = f"{pct(mean, std, n)} ({row.size}{depth}{f', lr {lr:g}' if lr is not None else ''})"
+                text = (
+                    f"{row.text(mean, std, n)} ({row.size}{depth}{f', lr {lr:g}' if lr is not None else ''})"
+                )
                 cells.append(self.beside(row, t, text))
                 self.record(
                     row,
@@ -561,22 +729,35 @@ class Report:
                     **extra,
                 )
             lines.append("| " + " | ".join([label, headname] + cells) + " |")
-        by_name: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+        # a line per baseline and head; where a task mixes data, per data too (its label names it), and a line
+        # saying which data has none
+        by_name: dict[tuple[str, str], dict[str, tuple[dict[str, Any] | None, DataGroup]]] = defaultdict(dict)
         for t in tasks:
-            for b in baselines_for(self.rows, self.baselines, t):
-                by_name[f"baseline: {baseline_label(b['baseline'])}|{b['head']}"][t] = b
-        for name, by_task in sorted(
-            by_name.items(), key=lambda kv: baseline_rank(next(iter(kv[1].values()))["baseline"])
-        ):
-            label, headname = name.split("|")
-            cells = [
-                f"{pct(by_task[t]['test_accuracy'])} ({by_task[t]['n_train']}/{by_task[t]['n_test']})"
-                if t in by_task
-                else ""
-                for t in tasks
-            ]
-            for t, b in by_task.items():
-                self.record_baseline(b, t, t)
+            groups = self.groups(t)
+            for g in groups:
+                suffix = f", data: {g.label}" if len(groups) > 1 else ""
+                found = baselines_of(g, self.baselines)
+                for b in found:
+                    by_name[(f"baseline: {baseline_name(b)}{suffix}", b["head"])][t] = (b, g)
+                if not found and len(groups) > 1:
+                    by_name[(f"baselines: none found{suffix}", "")][t] = (None, g)
+
+        def rank(item):
+            b = next(iter(item[1].values()))[0]
+            return (1, "") if b is None else (0, *baseline_rank(b["baseline"]))
+
+        for (label, headname), by_task in sorted(by_name.items(), key=rank):
+            cells = []
+            for t in tasks:
+                b, g = by_task.get(t, (None, None))
+                if g is None:
+                    cells.append("")
+                elif b is None:
+                    cells.append("none found")
+                    self.record_missing(g, t)
+                else:
+                    cells.append(f"{baseline_text(b)} ({b['n_train']}/{b['n_test']})")
+                    self.record_baseline(b, t, t, g.label)
             lines.append("| " + " | ".join([label, headname] + cells) + " |")
         return "\n".join(lines) + self.sweep_table()
 
@@ -659,9 +840,12 @@ class Report:
                     }
                     if numbers:
                         paper[f"paper: {name}"] = numbers
-                baselines = {
-                    f"{baseline_label(b['baseline'])} ({b['head']})": 100 * b["test_accuracy"]
-                    for b in baselines_for(self.rows, self.baselines, task)
+                groups = self.groups(task)
+                baselines = {  # each data's own, named by its data where the task mixes data
+                    f"{baseline_label(b['baseline'])} ({b['head']}{', ' + g.label if len(groups) > 1 else ''})": 100
+                    * b["test_score"]
+                    for g in groups
+                    for b in baselines_of(g, self.baselines)
                 }
                 size = rows[0].size
                 written.append(

@@ -13,6 +13,7 @@ task's options (``--task-opt key=value`` on the CLI).
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,9 +129,70 @@ class SplitData:
         return len(self.labels)
 
     def head(self, n: int | None) -> SplitData:
+        """The first ``n`` rows (all if None), in source order."""
         if n is None or n >= len(self):
             return self
         return SplitData(self.inputs[:n], self.labels[:n], self.lengths[:n])
+
+    def take(self, rows: np.ndarray) -> SplitData:
+        """The rows at ``rows`` (ascending indices), in that order; lazy inputs stay lazy (nothing is read)."""
+        inputs = self.inputs.subset(rows) if hasattr(self.inputs, "subset") else self.inputs[rows]
+        return SplitData(inputs, self.labels[rows], self.lengths[rows])
+
+
+#: how a subset of a split (``--limit N``) is drawn, by the rule's name (:meth:`Task.subset`; a feature file's
+#: identity records the rule and its seed)
+SUBSET_RULES = {
+    "all": "every row of the split (no limit)",
+    "stratified": "a seeded sample stratified by class: each class's count within one of its proportional share "
+    "(classes without a row of their own share come first, then the largest remainders; ties drawn by the "
+    "seed), the rows of each class drawn at random by the seed, kept in source order",
+    "random": "a seeded random sample of the rows (real-valued or several labels a row), kept in source order",
+    "draws": "the first N examples of a generated task whose examples are independent seeded draws (already a "
+    "random sample of the task's distribution: drawing more only to discard them would change nothing)",
+}
+
+
+def subset_stream(seed: int, split: str) -> np.random.Generator:
+    """The generator a split's sample is drawn from: the run's ``seed`` and the split's name, so every split
+    draws its own rows and the same seed draws the same rows on any machine."""
+    return np.random.default_rng([int(seed), zlib.crc32(split.encode())])
+
+
+def class_quota(counts: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows to take of each class (``counts``: rows of each class, all > 0) for a sample of ``n`` of their sum:
+    each within one of its proportional share ``n * count / total`` (the floor of the share, plus one for as many
+    classes as rows are left: first the classes whose share is below one row, so that a sample keeps every class
+    it can, then the largest remainders, ties in a seeded order)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    base, remainder = np.divmod(n * counts, total)  # integers: no rounding decides a row
+    left = n - int(base.sum())
+    order = np.lexsort((rng.random(len(counts)), -remainder, base > 0))  # the last key sorts first
+    take = base.copy()
+    take[order[:left]] += 1  # every one of them has a remainder: fewer than left + 1 of the shares are whole
+    return take
+
+
+def sample_rows(labels: np.ndarray, n: int, seed: int, split: str, *, stratify: bool) -> np.ndarray:
+    """Ascending indices of a seeded sample of ``n`` of the rows of ``labels`` (all of them when ``n`` is not
+    smaller): stratified by class (``labels`` one class id a row, :func:`class_quota`), or at random.
+
+    >>> sample_rows(np.array([0] * 8 + [1] * 2), 5, seed=0, split="train", stratify=True).size
+    5
+    """
+    total = len(labels)
+    if n >= total:
+        return np.arange(total)
+    rng = subset_stream(seed, split)
+    order = rng.permutation(total)
+    if not stratify:
+        return np.sort(order[:n])
+    classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    take = class_quota(counts, n, rng)
+    grouped = order[np.argsort(inverse.reshape(-1)[order], kind="stable")]  # by class, in random order within
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return np.sort(np.concatenate([grouped[a : a + k] for a, k in zip(starts, take)]))
 
 
 @dataclass
@@ -146,9 +208,59 @@ class Task:
     def spec(self) -> TaskSpec:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
-        """Return the first ``limit`` examples of ``split`` (all if None)."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "load" in cls.__dict__:
+            raise TypeError(
+                f"{cls.__name__} defines load(); a task implements read(split, data_dir, n=None), the rows of a "
+                "split in source order, and Task.load draws subsets from it (see docs/contributing.md, a task)"
+            )
+
+    @property
+    def draws(self) -> bool:
+        """The task's examples are independent seeded draws, so its first ``N`` are a random sample of it
+        (:data:`SUBSET_RULES`, ``draws``)."""
+        return False
+
+    def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
+        """The rows of ``split`` in source order: all of them, or the first ``n`` (tasks stop reading or drawing
+        there). Subsets are taken by :meth:`load`, never by cutting this."""
         raise NotImplementedError  # pragma: no cover - abstract
+
+    def subset(self, limit: int | None, seed: int) -> dict[str, Any]:
+        """How :meth:`load` takes ``limit`` rows of a split, as a feature file's identity records it: the rule
+        (:data:`SUBSET_RULES`) and, for a sample, its seed."""
+        if limit is None:
+            return {"rule": "all"}
+        if self.draws:
+            return {"rule": "draws"}
+        spec = self.spec
+        rule = "stratified" if spec.target == "class" and spec.label_shape == () else "random"
+        return {"rule": rule, "seed": int(seed)}
+
+    def load(self, split: str, data_dir: Path, limit: int | None = None, seed: int = 0) -> SplitData:
+        """The rows of ``split``: all of them, or a seeded sample of ``limit`` (:meth:`subset`: stratified by
+        class for class targets, at random otherwise, rows in source order; a generated task's first draws).
+        Lazy inputs stay lazy: a sample of a source larger than memory reads only its rows, when asked.
+
+        >>> d = get_task("digits").load("train", Path("."), limit=50, seed=0)
+        >>> len(d), len(np.unique(d.labels))
+        (50, 10)
+        """
+        rule = self.subset(limit, seed)["rule"]
+        if rule in ("all", "draws"):
+            return self.read(split, data_dir, limit)
+        data = self.read(split, data_dir)
+        if limit >= len(data):
+            return data
+        labels = data.labels
+        return data.take(sample_rows(labels, limit, seed, split, stratify=rule == "stratified"))
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """The name of each class id, where the data names its classes (an image folder's class folders, a
+        column of label names); ``None`` where the ids are all there is."""
+        return None
 
     def encode(self, inputs: np.ndarray) -> np.ndarray:
         """Raw batch -> tokens: float32 ``(B, T, token_dim)`` or int64 ``(B, T)`` ids."""

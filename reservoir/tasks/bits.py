@@ -4,7 +4,8 @@
 strings at the last ``n_bits`` tokens. ``bit_memory``: ``n_patterns`` strings of
 ``n_bits`` +-1 bits, then one of them again with each bit zeroed (masked) with
 probability ``mask_prob``; predict the unmasked query at the last ``n_bits/token_bits``
-tokens. Each split draws from its own seeded stream, so ``--limit`` only truncates.
+tokens. Each split draws from its own seeded stream of independent examples, so ``--limit N`` takes the first N
+draws (:data:`reservoir.tasks.SUBSET_RULES`, ``draws``).
 """
 
 from __future__ import annotations
@@ -49,9 +50,13 @@ class BitXor(Task):
             outputs_per_token=1,
         )
 
-    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
+    @property
+    def draws(self) -> bool:
+        return True
+
+    def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)
-        n = min(limit or 10**12, self.n_train if split == "train" else self.n_test)
+        n = min(n or 10**12, self.n_train if split == "train" else self.n_test)
         bits = split_rng(self.seed, split).integers(0, 2, size=(n, 2, self.n_bits), dtype=np.uint8)
         labels = (bits[:, 0] ^ bits[:, 1])[:, :, None].astype(np.int64)
         return SplitData(bits.reshape(n, -1), labels, np.full(n, 2 * self.n_bits))
@@ -95,9 +100,13 @@ class BitMemory(Task):
             outputs_per_token=self.token_bits,
         )
 
-    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
+    @property
+    def draws(self) -> bool:
+        return True
+
+    def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)
-        n = min(limit or 10**12, self.n_train if split == "train" else self.n_test)
+        n = min(n or 10**12, self.n_train if split == "train" else self.n_test)
         rng = split_rng(self.seed, split)
         bits = rng.integers(0, 2, size=(n, self.n_patterns, self.n_bits), dtype=np.int8) * 2 - 1
         query = bits[np.arange(n), rng.integers(0, self.n_patterns, size=n)]

@@ -65,6 +65,8 @@ FPT_MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)
 FPT_STD = np.array([0.2023, 0.1994, 0.2010], dtype=np.float32)
 LUMA = np.array([0.2989, 0.5870, 0.1140], dtype=np.float32)
 LRA_VAL_FRACTION = 0.1
+#: CIFAR-10's class names by id (``label_names`` of its ``batches.meta``)
+CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
 def look_in(data_dir: Path) -> list[Path]:
@@ -130,17 +132,21 @@ class _Cifar(Task):
     normalize: bool = True
     download: bool = True
 
-    def _images(self, split: str, data_dir: Path, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    @property
+    def class_names(self) -> list[str]:
+        return list(CLASS_NAMES)
+
+    def _images(self, split: str, data_dir: Path, n: int | None) -> tuple[np.ndarray, np.ndarray]:
         self.check_split(split)
         folder = batches_folder(data_dir, self.name, self.download)
         if split == "test":
-            return read_rows(folder, TEST_FILES, 0, limit)
+            return read_rows(folder, TEST_FILES, 0, n)
         if "val" not in self.spec.splits:
-            return read_rows(folder, TRAIN_FILES, 0, limit)
+            return read_rows(folder, TRAIN_FILES, 0, n)
         x, y = read_rows(folder, TRAIN_FILES)  # LRA split: needs the train total
         cut = len(y) - int(round(LRA_VAL_FRACTION * len(y)))
         x, y = (x[:cut], y[:cut]) if split == "train" else (x[cut:], y[cut:])
-        return x[:limit], y[:limit]
+        return x[:n], y[:n]
 
 
 @register_task("cifar10")
@@ -156,8 +162,8 @@ class Cifar10(_Cifar):
             self.name, "dense", seq_len=(32 // self.patch) ** 2, token_dim=3 * self.patch**2, n_classes=10
         )
 
-    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
-        x, y = self._images(split, data_dir, limit)
+    def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
+        x, y = self._images(split, data_dir, n)
         return SplitData(x, y, np.full(len(y), self.spec.seq_len))
 
     def encode(self, inputs: np.ndarray) -> np.ndarray:
@@ -179,8 +185,8 @@ class Cifar10LRA(_Cifar):
         splits = ("train", "val", "test") if self.lra_split else ("train", "test")
         return TaskSpec(self.name, "dense", seq_len=1024, token_dim=1, n_classes=10, splits=splits)
 
-    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
-        x, y = self._images(split, data_dir, limit)
+    def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
+        x, y = self._images(split, data_dir, n)
         return SplitData(grayscale(x), y, np.full(len(y), 1024))
 
     def encode(self, inputs: np.ndarray) -> np.ndarray:

@@ -96,8 +96,8 @@ def find_split(data_dir: Path, split: str, download: bool = True) -> Path:
     )
 
 
-def read_json(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """TAPE's JSON variant: a list of records."""
+def read_json(path: Path, n: int | None = None) -> list[dict[str, Any]]:
+    """TAPE's JSON variant: a list of records (the first ``n``)."""
     try:
         with open(path, encoding="utf-8") as f:
             records = json.load(f)
@@ -110,11 +110,12 @@ def read_json(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
         raise DataError(
             f"{path} holds a JSON {type(records).__name__}, expected a list of records as in TAPE's JSON files"
         )
-    return records[:limit]
+    return records[:n]
 
 
-def read_lmdb(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """TAPE's LMDB: pickled ``num_examples`` under ``b'num_examples'``, record ``i`` under ``str(i)``."""
+def read_lmdb(path: Path, n: int | None = None) -> list[dict[str, Any]]:
+    """TAPE's LMDB: pickled ``num_examples`` under ``b'num_examples'``, record ``i`` under ``str(i)`` (the
+    first ``n``)."""
     try:
         import lmdb
     except ImportError:
@@ -146,14 +147,14 @@ def read_lmdb(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
                     f"{path} has no b'num_examples' key, so it is not one of TAPE's LMDB files; "
                     "unpack TAPE's remote_homology.tar.gz again"
                 )
-            n = int(pickles.loads(raw, path, "a TAPE record", fix))
-            n = n if limit is None else min(n, limit)
+            total = int(pickles.loads(raw, path, "a TAPE record", fix))
+            total = total if n is None else min(total, n)
             records = []
-            for i in range(n):
+            for i in range(total):
                 value = txn.get(str(i).encode())
                 if value is None:
                     raise DataError(
-                        f"{path} says it holds records 0..{n - 1} but record {i} is missing; "
+                        f"{path} says it holds records 0..{total - 1} but record {i} is missing; "
                         "the database is truncated: unpack TAPE's remote_homology.tar.gz again"
                     )
                 records.append(pickles.loads(value, f"{path} (record {i})", "a TAPE record", fix))
@@ -171,8 +172,8 @@ def read_lmdb(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     return records
 
 
-def read_records(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
-    return read_lmdb(path, limit) if Path(path).suffix == ".lmdb" else read_json(path, limit)
+def read_records(path: Path, n: int | None = None) -> list[dict[str, Any]]:
+    return read_lmdb(path, n) if Path(path).suffix == ".lmdb" else read_json(path, n)
 
 
 def tokenize(sequence: str, where: str) -> np.ndarray:
@@ -244,10 +245,10 @@ class RemoteHomology(Task):
             pad_id=0,
         )
 
-    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
+    def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)
         path = find_split(data_dir, split, self.download)
-        seqs, labels = parse(read_records(path, limit), path)
+        seqs, labels = parse(read_records(path, n), path)
         self.truncated[split] = sum(len(s) > self.max_len for s in seqs)
         if self.truncated[split]:
             print(

@@ -60,7 +60,7 @@ class Mnist(Task):
             self.name, "dense", seq_len=(32 // self.patch) ** 2, token_dim=self.patch**2, n_classes=10
         )
 
-    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
+    def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)
         paths = dict(
             zip(MNIST_FILES, ensure_files(Path(data_dir) / "mnist", MNIST_DATA, self.name, self.download))
@@ -72,7 +72,7 @@ class Mnist(Task):
             raise DataError(
                 f"{prefix} images ({len(images)}) and labels ({len(labels)}) in {data_dir}/mnist disagree"
             )
-        n = min(limit or len(labels), len(labels))
+        n = min(n or len(labels), len(labels))
         return SplitData(images[:n], labels[:n], np.full(n, self.spec.seq_len))
 
     def encode(self, inputs: np.ndarray) -> np.ndarray:
@@ -92,7 +92,7 @@ class Digits(Task):
     def spec(self) -> TaskSpec:
         return TaskSpec(self.name, "dense", seq_len=16, token_dim=4, n_classes=10)
 
-    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
+    def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
 
@@ -103,7 +103,7 @@ class Digits(Task):
             images, d.target, test_size=self.test_size, random_state=self.seed, stratify=d.target
         )
         x, y = (parts[0], parts[2]) if split == "train" else (parts[1], parts[3])
-        n = min(limit or len(y), len(y))
+        n = min(n or len(y), len(y))
         return SplitData(x[:n], y[:n].astype(np.int64), np.full(n, 16))
 
     def encode(self, inputs: np.ndarray) -> np.ndarray:

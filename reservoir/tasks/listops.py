@@ -252,17 +252,22 @@ class ListOps(Task):
             pad_id=0,
         )
 
-    def texts(self, split: str, data_dir: Path, limit: int | None) -> tuple[list[str], list[int] | None]:
+    @property
+    def draws(self) -> bool:
+        """Generated expressions are independent seeded draws; LRA's files are read whole and sampled."""
+        return self.source == "generate"
+
+    def texts(self, split: str, data_dir: Path, n: int | None) -> tuple[list[str], list[int] | None]:
         if self.source == "lra":
-            return self._read_tsv(Path(data_dir) / "listops" / f"basic_{split}.tsv", limit)
+            return self._read_tsv(Path(data_dir) / "listops" / f"basic_{split}.tsv", n)
         sizes = {"train": self.n_train, "val": self.n_val, "test": self.n_test}
-        n = min(limit or sizes[split], sizes[split])
+        n = min(n or sizes[split], sizes[split])
         args = (self.min_length, self.max_length, self.max_depth, self.max_args)
         exclude = heldout(self.seed, *args, sizes["val"], sizes["test"]) if split == "train" else frozenset()
         return generate(n, self.seed, STREAM[split], *args, exclude=exclude), None
 
     @staticmethod
-    def _read_tsv(path: Path, limit: int | None) -> tuple[list[str], list[int]]:
+    def _read_tsv(path: Path, n: int | None) -> tuple[list[str], list[int]]:
         if not path.exists():
             raise DataError(
                 f"{path} is missing; place LRA's basic_{{train,val,test}}.tsv in {path.parent} "
@@ -275,15 +280,15 @@ class ListOps(Task):
             if header != ["Source", "Target"]:
                 raise DataError(f"{path} should start with the header 'Source<TAB>Target', found {header!r}")
             for row in reader:
-                if limit is not None and len(texts) >= limit:
+                if n is not None and len(texts) >= n:
                     break
                 texts.append(row[0])
                 targets.append(int(row[1]))
         return texts, targets
 
-    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
+    def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)
-        texts, targets = self.texts(split, data_dir, limit)
+        texts, targets = self.texts(split, data_dir, n)
         labels = np.array(targets if targets is not None else [evaluate(t) for t in texts], dtype=np.int64)
         if len(labels) and (labels.min() < 0 or labels.max() > 9):
             raise DataError(f"ListOps {split} labels must be in [0, 9], found {labels.min()}..{labels.max()}")

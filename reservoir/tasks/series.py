@@ -129,12 +129,12 @@ class Forecast(Task):
         start, n = self.stretches()[0][split]
         return start + self.window - 1 + np.arange(n)
 
-    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
+    def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)
         stretches, total = self.stretches()
         start, size = stretches[split]
         inputs, targets = self.series(total)
-        n = min(limit or size, size)
+        n = min(n or size, size)
         x, y = windows(inputs, targets, start, n, self.window, self.horizon)
         return SplitData(x, y, np.full(n, self.window))
 

@@ -5,15 +5,21 @@ what is left to train on; a train split of one class teaches nothing. ``fit`` an
 refuse smaller data up front, naming ``--limit`` and the smallest value that works, instead of
 failing inside scikit-learn ("test_size = 6 should be greater or equal to the number of
 classes = 10") or "training" to a meaningless number.
+
+Train must hold every class the other splits hold (:func:`check_classes`): a class that test holds
+and train lacks caps the accuracy without a word (no head predicts a class it never saw). ``extract``
+and ``train`` refuse such splits before any work, ``fit`` refuses feature files made before that
+check. (A test split may lack classes of train: they are only not scored.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from reservoir.errors import UsageError
+from reservoir.errors import DataError, UsageError
 
 
 def holdout_minimum(classes: int, n_val: Callable[[int], int]) -> int:
@@ -88,3 +94,84 @@ def check_train_split(
         f"{val_fraction:g} leaves {held} for validation and {n - held} to train on, fewer than one per "
         f"class: {_more(limit, need)}, or raise --val-fraction"
     )
+
+
+def _classes_text(classes: Sequence[int], names: Sequence[str] | None, most: int = 10) -> str:
+    """``class 2 ('frog')``, ``classes 0, 2 ('cat', 'frog')``: the classes, by id and name, the first ``most``."""
+    shown = [int(c) for c in classes[:most]]
+    words = ", ".join(str(c) for c in shown)
+    if names:
+        words += " (" + ", ".join(repr(names[c]) if c < len(names) else "-" for c in shown) + ")"
+    more = f" and {len(classes) - most} more" if len(classes) > most else ""
+    return f"class{'es' if len(classes) > 1 else ''} {words}{more}"
+
+
+def _class_sets(labels: Mapping[str, np.ndarray]) -> dict[str, set[int]]:
+    """The classes of each split whose labels are one class id a row (other splits are not compared)."""
+    return {
+        s: set(np.unique(y).tolist())
+        for s, y in labels.items()
+        if np.asarray(y).ndim == 1 and np.asarray(y).dtype.kind in "iub" and len(y)
+    }
+
+
+def _lacking(sets: dict[str, set[int]]) -> set[int]:
+    """The classes another split holds and ``train`` lacks (none without a train split)."""
+    if "train" not in sets:
+        return set()
+    return set().union(*sets.values()) - sets["train"]
+
+
+def keeps_every_class(labels: np.ndarray) -> int:
+    """The smallest ``--limit`` from which a stratified sample of a split keeps every class of it: the rarest
+    class's proportional share is then a row (:func:`reservoir.tasks.class_quota`); the split's size at most."""
+    _, counts = np.unique(labels, return_counts=True)
+    return min(len(labels), math.ceil(len(labels) / int(counts.min()))) if len(labels) else 0
+
+
+def check_classes(
+    where: str,
+    labels: Mapping[str, np.ndarray],
+    *,
+    limit: int | None = None,
+    names: Sequence[str] | None = None,
+    full: Callable[[str], np.ndarray] | None = None,
+    fix: str | None = None,
+) -> None:
+    """Refuse a train split that lacks classes another split holds (no head predicts a class it never saw, so
+    the accuracy on that split is capped without a word): DataError naming those classes (ids and ``names``),
+    the splits that hold them, and the fix. ``labels``: each split's labels as read (splits of one class id a
+    row are compared; a validation or test split may lack classes of train: they are only not scored);
+    ``limit``: the run's ``--limit``; ``full(split)``: that split's labels without the limit (read only to
+    choose the fix: a larger ``--limit`` when the whole splits agree, the data itself when they do not);
+    ``fix`` replaces the fix."""
+    sets = _class_sets(labels)
+    missing = _lacking(sets)
+    if not missing:
+        return
+    holders = [t for t in sets if t != "train" and sets[t] & missing]
+    problem = (
+        f"split 'train' lacks {_classes_text(sorted(missing), names)}, which "
+        f"{' and '.join(repr(t) for t in holders)} hold{'s' if len(holders) == 1 else ''}"
+    )
+    if fix is None:
+        data_fix = (
+            "give the train split examples of every class the other splits hold (move rows between the splits: "
+            "the split column, the split folders or the x_<split>/y_<split> arrays), or drop the rows of the "
+            "classes train lacks"
+        )
+        if limit is None:
+            fix = data_fix
+        elif full is None:
+            fix = f"pass a larger --limit (now {limit}) or leave it out, or {data_fix}"
+        else:
+            whole = {s: full(s) for s in sets}
+            if _lacking(_class_sets(whole)):
+                fix = f"the splits lack them without --limit too, so {data_fix}"
+            else:
+                need = keeps_every_class(whole["train"])
+                fix = (
+                    f"the sample of --limit {limit} leaves them out: pass --limit {need} or more (every class of "
+                    "train then has a row of its own share) or leave --limit out"
+                )
+    raise DataError(f"{where}: {problem}. A head never predicts a class it has not seen in train; {fix}")

@@ -14,9 +14,10 @@
 - a folder of Parquet or Arrow files: files named by split (``train.parquet``, ``test.parquet``,
   or the Hub's ``train-00000-of-00002.parquet``) give the splits; otherwise the files are one table;
 - an image folder in torchvision's ``ImageFolder`` layout: ``root/CLASS/*.png`` (one folder per
-  class; classes numbered in sorted order), or ``root/SPLIT/CLASS/*.png`` with ``train`` and
-  ``test`` (and ``val``) folders. Files ending ``.png .jpg .jpeg .bmp .gif .ppm .pgm .tif .tiff
-  .webp`` are images; others are skipped.
+  class; classes numbered in the natural order of their names, ``2`` before ``10``, and the names
+  kept as the task's class names), or ``root/SPLIT/CLASS/*.png`` with ``train`` and ``test`` (and
+  ``val``) folders. Files ending ``.png .jpg .jpeg .bmp .gif .ppm .pgm .tif .tiff .webp`` are
+  images, read in the natural order of their names; others are skipped.
 
 Tables (Parquet, Arrow, ``datasets``) have named columns. ``--task-opt input=COLUMN`` names the
 column holding each example (default: the one of ``x``, ``input``, ``inputs``, ``image``,
@@ -38,8 +39,10 @@ bilinear; default: all images must have the first one's size), ``mode=RGB`` or `
 
 Splits: from the ``DatasetDict``, the split folders, the file names or the split column, else a
 seeded stratified ``test_fraction`` (default 0.2; ``seed``) of the rows becomes ``test``.
-``train`` and ``test`` must be present. Labels are class ids ``0..n_classes-1``, or any finite
-numbers with ``regression=true``.
+``train`` and ``test`` must be present. Labels are class ids ``0..n_classes-1``, class names
+(strings: numbered in their natural order over every split, and kept as the task's class names), or
+any finite numbers with ``regression=true``. A ``datasets`` ``ClassLabel`` column keeps its names
+(from the ``huggingface`` metadata of the files' schema or the folder's ``dataset_info.json``).
 
 Memory: labels, lengths and split names are held (a few bytes per row); inputs are read when a
 batch asks for them, a chunk at a time (a Parquet row group, an Arrow record batch, about
@@ -57,9 +60,11 @@ feature file exists. The same pass computes the data digest the run's identity r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -97,15 +102,28 @@ LAYOUTS = (
     "  a Parquet (.parquet) or Arrow (.arrow/.feather) file, or a folder of them (train.parquet, test.parquet,",
     "    or train-00000-of-00002.parquet: files named by split), streamed a row group / record batch at a time",
     "  a Hugging Face datasets folder written by save_to_disk (a Dataset, or a DatasetDict: one folder per split)",
-    "  an image folder: PATH/CLASS/*.png|jpg (classes numbered in sorted order) or PATH/train/CLASS/...,",
+    "  an image folder: PATH/CLASS/*.png|jpg (classes numbered in natural order: 2 before 10) or PATH/train/CLASS/...,",
     "    PATH/test/CLASS/... (and val)",
     "  table columns: --task-opt input=COLUMN (default x, input, inputs, image, img, pixel_values or sequence),",
     "    target=COLUMN (default y, label, labels or target), split=COLUMN (default split, when present); an input",
     "    holds per row a list of token ids (T,), a list of tokens (T, d) of floats, or an image (datasets Image)",
     "  images: --task-opt patch=P (default 4: P x P patches as tokens), image_size=HxW (resize all), mode=RGB|L",
     "  without splits a seeded stratified test_fraction (0.2; --task-opt test_fraction=F seed=S) becomes test",
-    "  labels are class ids 0..C-1, or real-valued targets with --task-opt regression=true",
+    "  labels are class ids 0..C-1, class names (numbered in natural order), or real-valued targets with",
+    "    --task-opt regression=true",
 )
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key of a name in natural order: runs of digits compare as numbers (``class2`` before ``class10``,
+    ``2`` before ``10``), the rest as text, case-insensitively; the name itself breaks ties."""
+    parts = re.split(r"(\d+)", str(name))
+    return tuple(int(p) if i % 2 else p.casefold() for i, p in enumerate(parts)), str(name)
+
+
+def natural(names) -> list:
+    """``names`` in natural order (:func:`natural_key`); paths by their names."""
+    return sorted(names, key=lambda n: natural_key(getattr(n, "name", n)))
 
 
 def need(module: str, what: str) -> Any:
@@ -486,6 +504,13 @@ class Rows:
             return self[np.array([key])][0]
         return self.take(np.asarray(key, dtype=np.int64))
 
+    def subset(self, idx: np.ndarray) -> Rows:
+        """The rows at ``idx`` (ascending positions in this split) as lazy rows: nothing is read (a sample of a
+        source larger than memory reads its rows when a batch asks for them)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        cut = None if self.cut is None else self.cut[idx]
+        return Rows(self.chunks, self.positions[idx], self.value_dtype, self.row_shape, cut)
+
     def take(self, idx: np.ndarray) -> np.ndarray:
         """The rows at ``idx`` (positions in this split, any order), read from their chunks."""
         pos = self.positions[idx]
@@ -637,6 +662,8 @@ class Part:
     image: bool = False
     #: real tokens of each right-padded row (an .h5 file's ``lengths``)
     cut: np.ndarray | None = None
+    #: the name of each class id, where the source names them (an image folder's class folders, a ``ClassLabel``)
+    names: list[str] | None = None
 
 
 def ordered(names) -> list[Any]:
@@ -728,7 +755,16 @@ def table_parts(path: Path, *, input: str, target: str, split: str, images: Imag
         y_all = np.concatenate(labels) if labels else np.zeros(0, np.int64)
         image = _is_image(files[0], x)
         parts.append(
-            Part(chunks, y_all, where, f"column {y!r}", name, np.concatenate(names) if s else None, image)
+            Part(
+                chunks,
+                y_all,
+                where,
+                f"column {y!r}",
+                name,
+                np.concatenate(names) if s else None,
+                image,
+                names=class_label_names(files[0], y),
+            )
         )
     return parts
 
@@ -744,22 +780,46 @@ def _dataset_files(folder: Path) -> list[Path]:
     return files
 
 
-def _schema(path: Path) -> list[str]:
+def _arrow_schema(path: Path):
     import pyarrow as pa
 
     try:
         if path.suffix.lower() in PARQUET:
             import pyarrow.parquet as pq
 
-            return list(pq.read_schema(path).names)
+            return pq.read_schema(path)
         import pyarrow.ipc as ipc
 
         with pa.memory_map(str(path)) as mm:
             file_format = mm.read(6) == b"ARROW1"
             mm.seek(0)
-            return list((ipc.open_file(mm) if file_format else ipc.open_stream(mm)).schema.names)
+            return (ipc.open_file(mm) if file_format else ipc.open_stream(mm)).schema
     except (OSError, pa.ArrowException) as e:
         raise unreadable(path, e, "write it again") from None
+
+
+def _schema(path: Path) -> list[str]:
+    return list(_arrow_schema(path).names)
+
+
+def class_label_names(path: Path, column: str) -> list[str] | None:
+    """The names of a ``datasets`` ``ClassLabel`` column, by class id: from the ``huggingface`` metadata of the
+    file's schema (what ``datasets`` writes into Parquet and Arrow files), else the ``dataset_info.json`` beside
+    it (a ``save_to_disk`` folder); ``None`` for a column that is not one."""
+    found = []
+    meta = _arrow_schema(path).metadata or {}
+    if b"huggingface" in meta:
+        with contextlib.suppress(ValueError, AttributeError):  # not datasets' metadata: no names
+            found.append(json.loads(meta[b"huggingface"]).get("info", {}).get("features", {}))
+    info = path.parent / "dataset_info.json"
+    if info.is_file():
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            found.append(json.loads(info.read_text()).get("features", {}))
+    for features in found:
+        feature = features.get(column) if isinstance(features, dict) else None
+        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" and feature.get("names"):
+            return [str(n) for n in feature["names"]]
+    return None
 
 
 def _is_image(path: Path, column: str) -> bool:
@@ -824,24 +884,25 @@ def _column(col: Any, where: str, first: int) -> np.ndarray:
 
 
 def image_parts(root: Path, images: Images) -> list[Part]:
-    """The parts of an image folder (``root/CLASS/*`` or ``root/SPLIT/CLASS/*``): files in sorted
-    order, classes numbered in sorted order of their folder names across splits."""
-    subfolders = sorted(p for p in root.iterdir() if p.is_dir())
+    """The parts of an image folder (``root/CLASS/*`` or ``root/SPLIT/CLASS/*``): files in natural order,
+    classes numbered in the natural order of their folder names across splits (:func:`natural`: ``2``
+    before ``10``), their names kept as the parts' ``names``."""
+    subfolders = natural(p for p in root.iterdir() if p.is_dir())
     named = {p.name: p for p in subfolders}
     by_split = {k: named[k] for k in ordered(named)} if (root / "train").is_dir() else {None: root}
     classes_of = {}
     for name, folder in by_split.items():
-        classes_of[name] = sorted(p for p in folder.iterdir() if p.is_dir())
+        classes_of[name] = natural(p for p in folder.iterdir() if p.is_dir())
         if not classes_of[name]:
             raise DataError(
                 f"{folder} holds no class folders; put each class's images in {folder}/CLASS/ ({FIX})"
             )
-    classes = sorted({c.name for cs in classes_of.values() for c in cs})
+    classes = natural({c.name for cs in classes_of.values() for c in cs})
     parts = []
     for name, folder in by_split.items():
         files, labels = [], []
         for c in classes_of[name]:
-            found = sorted(p for p in c.rglob("*") if p.suffix.lower() in IMAGES and p.is_file())
+            found = natural_paths(p for p in c.rglob("*") if p.suffix.lower() in IMAGES and p.is_file())
             if not found:
                 raise DataError(
                     f"class folder {c} holds no images (files ending {' '.join(IMAGES)}); add images or "
@@ -858,6 +919,12 @@ def image_parts(root: Path, images: Images) -> list[Part]:
                 name,
                 None,
                 True,
+                names=classes,
             )
         )
     return parts
+
+
+def natural_paths(paths) -> list[Path]:
+    """Files in natural order of their paths' parts (a class folder's subfolders, then their files)."""
+    return sorted(paths, key=lambda p: tuple(natural_key(part) for part in p.parts))

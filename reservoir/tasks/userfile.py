@@ -5,7 +5,8 @@ Arrays (names are case-sensitive):
 
 - ``x``: ``(N, T, d)`` floats (dense tokens of ``d`` values) or ``(N, T)`` integers (token ids,
   0 reserved for padding when ``lengths`` is given),
-- ``y``: ``(N,)`` integer class labels in ``0..n_classes-1``,
+- ``y``: ``(N,)`` integer class labels in ``0..n_classes-1``, or class names (strings, numbered in their natural
+  order over every split, ``2`` before ``10``, and kept as the task's class names),
 - ``lengths`` (optional): ``(N,)`` real tokens per example, for right-padded variable-length
   data (the readout is then the last real token, never padding),
 - splits (optional), either ``split``: ``(N,)`` strings naming each row's split (``train``,
@@ -64,6 +65,7 @@ from reservoir.tasks.streams import (
     Rows,
     image_parts,
     kind_of,
+    natural,
     parse_size,
     scan,
     table_parts,
@@ -182,8 +184,9 @@ class FileTask(Task):
         kind = kind_of(path)
         self._images = Images(parse_size(self.image_size), self.mode)
         self._image = False
+        self._names: list[str] | None = None
         if kind == "npz":
-            splits = self._read_npz(path, _read_arrays(path))
+            splits = self._read_npz(path, self._named(path, _read_arrays(path)))
             dims = {s: self._dim(d) for s, d in splits.items()}
             ids = not any(dims.values())
             tops = {s: max(int(r.max()) for r in d.inputs) if ids else 0 for s, d in splits.items()}
@@ -216,7 +219,7 @@ class FileTask(Task):
             self._n_classes = 1
             return splits
         labels = np.concatenate([d.labels for d in splits.values()])
-        top = int(labels.max()) + 1
+        top = max(int(labels.max()) + 1, len(self._names or ()))
         if self.n_classes and top > self.n_classes:
             split, row = next(
                 (s, int(np.argmax((d.labels >= self.n_classes).reshape(len(d.labels), -1).any(1))))
@@ -254,6 +257,7 @@ class FileTask(Task):
     def _h5_parts(self, path: Path) -> list[Part]:
         """An .h5 file's x (or each x_<split>) as a part read a chunk at a time, its small arrays checked."""
         arrays, big = _read_h5(path)
+        arrays = self._named(path, arrays)
         if "x" in big or "y" in arrays:
             if "x" not in big:
                 raise DataError(f"{path} has no array 'x' (it has {sorted([*arrays, *big])}); {FIX}")
@@ -291,8 +295,47 @@ class FileTask(Task):
 
     def _source_parts(self, path: Path, kind: str) -> list[Part]:
         if kind == "images":
-            return image_parts(path, self._images)
-        return table_parts(path, input=self.input, target=self.target, split=self.split, images=self._images)
+            parts = image_parts(path, self._images)
+        else:
+            parts = table_parts(
+                path, input=self.input, target=self.target, split=self.split, images=self._images
+            )
+        named = self._named(path, {str(k): part.labels for k, part in enumerate(parts)})
+        for k, part in enumerate(parts):
+            part.labels = named[str(k)]
+        given = {tuple(part.names) for part in parts if part.names}
+        if self._names is None and len(given) == 1 and not self.regression:
+            self._names = list(given.pop())
+        return parts
+
+    def _named(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Label arrays (``y``, ``y_<split>``, or the labels of a source's parts) that hold class names instead of
+        ids, as ids: the names of every split together, numbered in natural order (``2`` before ``10``), kept as
+        the task's class names. Other arrays, and the labels of a regression task, as they are."""
+        keys = [k for k in arrays if k == "y" or k.startswith("y_") or k.isdigit()]
+        named = [k for k in keys if np.asarray(arrays[k]).dtype.kind in "US"]
+        if not named or self.regression:
+            return arrays
+        numbers = [k for k in keys if k not in named]
+        if numbers:
+            raise DataError(
+                f"{path}: labels {', '.join(named)} hold class names and {', '.join(numbers)} numbers; give every "
+                "split's labels the same way (names, or class ids 0..C-1)"
+            )
+        flat = [k for k in named if np.asarray(arrays[k]).ndim != 1]
+        if flat:
+            raise DataError(
+                f"{path}: {flat[0]} holds class names {np.asarray(arrays[flat[0]]).shape[1:]} a row; names are one "
+                "a row (several labels a row must be 0/1 or class ids)"
+            )
+        names = natural(set().union(*(np.unique(arrays[k]).tolist() for k in named)))
+        number = {name: i for i, name in enumerate(names)}
+        self._names = [str(name) for name in names]
+        out = dict(arrays)
+        for k in named:
+            distinct, inverse = np.unique(arrays[k], return_inverse=True)
+            out[k] = np.array([number[v] for v in distinct.tolist()], dtype=np.int64)[inverse.reshape(-1)]
+        return out
 
     def _read_parts(
         self, path: Path, parts: list[Part]
@@ -530,9 +573,14 @@ class FileTask(Task):
     def options(self) -> dict[str, Any]:
         return {"path": self.path, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)[1:]}}
 
-    def load(self, split: str, data_dir: Path, limit: int | None = None) -> SplitData:
+    @property
+    def class_names(self) -> list[str] | None:
+        """The class names the file gives (class folders, label names, a ``ClassLabel``), by id; else ``None``."""
+        return None if self._names is None else list(self._names)
+
+    def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)
-        return self._splits[split].head(limit)
+        return self._splits[split].head(n)
 
     def encode(self, inputs: np.ndarray) -> np.ndarray:
         """Raw rows (an array, or lazy rows read now) -> tokens; images are cut into patches in [0, 1]."""

@@ -81,17 +81,20 @@ class RunState:
 
 
 def settings_identity(cfg: TrainConfig, task, data) -> dict[str, Any]:
-    """The part of a training identity shared by every run of a sweep: task, data, settings."""
+    """The part of a training identity shared by every run of a sweep: task, data (and, under ``--limit``, the
+    rule and seed its sample was drawn by), settings."""
     settings = {
         k: v
         for k, v in cfg.to_json().items()
         if k not in RESUMABLE_CHANGES and k not in ("task", "backbone", "task_options", "seed")
     }
+    subset = {"subset": task.subset(cfg.limit, cfg.seed)} if cfg.limit is not None else {}
     return {
         "format": CHECKPOINT_FORMAT,
         "task": task_label(cfg.task),
         "task_options": task.identity_options(),
         "data": data_fingerprint(data),
+        **subset,
         "backbone": backbone_label(cfg.backbone),
         **settings,
     }

@@ -59,7 +59,7 @@ from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.runtime.dtypes import cuda_bf16_native
 from reservoir.runtime.runner import CompiledOrEager
 from reservoir.tasks import SplitData, Task, make_task
-from reservoir.tasks.sizes import check_train_split
+from reservoir.tasks.sizes import check_classes, check_train_split
 from reservoir.train.checkpoint import (
     RunState,
     check_resumable,
@@ -102,7 +102,7 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
     val_name, test_names = task.spec.roles
     if not test_names:
         raise DataError(f"task {task.name!r} declares no test split (splits {list(task.spec.splits)})")
-    train = task.load("train", data_dir, cfg.limit)
+    train = task.load("train", data_dir, cfg.limit, cfg.seed)
     held_out = not any(
         s in task.spec.splits for s in ("val", "valid")
     )  # else the task's own validation split
@@ -114,10 +114,18 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
         n_val=(lambda n: max(1, int(round(cfg.val_fraction * n)))) if held_out else None,
         n_classes=task.spec.n_classes,
     )
-    test = task.load(test_names[0], data_dir, cfg.limit)
+    test = task.load(test_names[0], data_dir, cfg.limit, cfg.seed)
+    read = {"train": train, test_names[0]: test}
     if val_name is not None:
-        val = task.load(val_name, data_dir, cfg.limit)
-    else:
+        val = read[val_name] = task.load(val_name, data_dir, cfg.limit, cfg.seed)
+    check_classes(
+        f"task {task.spec.name!r}",
+        {s: d.labels for s, d in read.items()},
+        limit=cfg.limit,
+        names=task.class_names,
+        full=None if task.draws else (lambda s: task.load(s, data_dir).labels),
+    )
+    if val_name is None:
         from sklearn.model_selection import train_test_split
 
         y = train.labels
