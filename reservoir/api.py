@@ -96,7 +96,7 @@ def configure(cls: type, task: Any = None, backbone: Any = None, **settings: Any
     split the task has, the trainable groups. UsageError (the command line's exit 2) naming the value and
     the choices."""
     from reservoir.config import TRAIN_GROUPS, build
-    from reservoir.model.backbones import is_backbone, list_backbones
+    from reservoir.model.backbones import parse_name
     from reservoir.tasks import TASKS, check_options, get_task, list_tasks
 
     if isinstance(task, cls):
@@ -110,12 +110,11 @@ def configure(cls: type, task: Any = None, backbone: Any = None, **settings: Any
     if name is not None and not (name.startswith("file:") or name in TASKS):
         raise _refused("--task", f"unknown task {name!r}; choose from {list_tasks()} or file:PATH")
     chosen = getattr(cfg, "backbone", None)
-    if isinstance(chosen, str) and not is_backbone(chosen):
-        raise _refused(
-            "--backbone",
-            f"unknown backbone {chosen!r}; choose from {list_backbones()}, a folder saved with save_pretrained, "
-            "or hf:ID (any of them with -random or -stats appended)",
-        )
+    if isinstance(chosen, str):
+        try:
+            parse_name(chosen)
+        except UsageError as e:
+            raise _refused("--backbone", str(e)) from None
     if "task_options" in names and name is not None:
         try:
             cfg = dataclasses.replace(cfg, task_options=check_options(name, cfg.task_options))

@@ -230,10 +230,10 @@ def tasks_cmd() -> None:
 @main.command("backbones")
 def backbones_cmd() -> None:
     """List registered backbones, then every family, how to name a model of it and its fast paths."""
-    from reservoir.model.backbones import BACKBONES, families, list_backbones
+    from reservoir.model.backbones import describe, families, names
 
-    for name in list_backbones():
-        click.echo(f"{name:24s} {BACKBONES.help(name)}")
+    for name in names():
+        click.echo(f"{name:24s} {describe(name)}")
     click.echo("\nfamilies (--backbone FOLDER, hf:ID, NAME-random, NAME-stats):")
     for family, types, naming, fast_paths in families():
         click.echo(f"{family:6s} {types:36s} {naming}")

@@ -16,14 +16,15 @@ import pytest
 import torch
 
 from reservoir.config import ExtractConfig
+from reservoir.errors import UsageError
 from reservoir.extract.run import extract
 from reservoir.extract.store import open_features
 from reservoir.model.backbones import (
     BackboneError,
-    list_backbones,
     load_backbone,
+    names,
+    parse_name,
     smollm,
-    split_twin,
     stats_init,
 )
 from tests.conftest import save_tiny_gpt2
@@ -183,10 +184,17 @@ def test_depth_out_of_range_is_refused(tiny):
 
 def test_twin_names_resolve(tiny):
     path = str(tiny["llama"])
-    assert split_twin(path + "-random") == (path, "random")
-    assert split_twin("hf:org/model-stats") == ("hf:org/model", "stats")
-    assert split_twin("gpt2-random") == ("gpt2-random", "pretrained")  # registered as such
-    assert split_twin("nonsense-random") == ("nonsense-random", "pretrained")
+    assert (parse_name(path + "-random").base, parse_name(path + "-random").weights) == (path, "random")
+    assert (parse_name(path).source, parse_name(path).weights) == ("folder", "pretrained")
+    hub = parse_name("hf:org/model-stats")
+    assert (hub.source, hub.base, hub.weights) == ("hub", "org/model", "stats")
+    assert parse_name("hf:org/model@v2").revision == "v2"
+    twin = parse_name("gpt2-random")  # derived from the registered gpt2, not registered itself
+    assert (twin.source, twin.base, twin.weights, twin.label) == ("registered", "gpt2", "random", "gpt2-random")
+    with pytest.raises(UsageError, match="unknown backbone 'nonsense-random'"):
+        parse_name("nonsense-random")
+    with pytest.raises(UsageError, match="backbone 'lstm' has no -stats twin"):
+        parse_name("lstm-stats")
 
 
 @pytest.fixture
@@ -283,7 +291,7 @@ SLOW = {
     "smollm2-135m-random",
 }
 #: registered pretrained backbones whose weights come from the (unreachable) hub
-HUB = {n for n in list_backbones() if n.startswith("gpt2") and not n.endswith("-random")}
+HUB = {n for n in names() if n.startswith("gpt2") and not n.endswith("-random")}
 SMOLLM = {"smollm2-135m", "smollm2-135m-stats"}
 
 
@@ -331,7 +339,7 @@ def run_extract(tmp_path, backbone, **kw):
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in list_backbones()]
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in names()]
 )
 def test_every_registered_backbone_extracts_without_nan(tmp_path, name):
     if name in HUB:
@@ -422,7 +430,7 @@ def test_lstm_variants_of_paper_tables_3_to_5():
             "lstm-12-residual-pos": (12, 768, True, True),
         }.items()
     )
-    assert set(LSTM_VARIANTS) <= set(list_backbones())
+    assert set(LSTM_VARIANTS) <= set(names())
 
 
 def test_lstm_depth_k_is_prefix_consistent():

@@ -71,10 +71,10 @@ def test_weights_loaded_in_bfloat16_take_half_the_memory_and_stay_within_its_tol
 def test_load_dtype_refuses_what_cannot_compute_in_it(tiny_gpt2, cli):
     r = cli("extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--load-dtype", "bfloat16",
             "--engine", "openvino", "--limit", "20")  # fmt: skip
-    assert r.exit_code == 1 and "only the PyTorch engine" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "only the PyTorch engine" in r.output and "Traceback" not in r.output
     r = cli("extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--load-dtype", "bfloat16",
             "--dtype", "int8", "--limit", "20")  # fmt: skip
-    assert r.exit_code == 1 and "load them in float32" in r.output
+    assert r.exit_code == 2 and "load them in float32" in r.output
 
 
 def test_a_hub_revision_is_pinned_and_part_of_the_name(monkeypatch):

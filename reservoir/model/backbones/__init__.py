@@ -26,6 +26,7 @@ import hashlib
 import inspect
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -67,7 +68,8 @@ __all__ = [
     "stats_init",
     "weight_std",
     "load_backbone",
-    "list_backbones",
+    "names",
+    "parse_name",
     "register_backbone",
     "families",
     "fingerprint",
@@ -75,49 +77,129 @@ __all__ = [
 ]
 
 
-BACKBONES: Registry[Backbone] = Registry("backbone")
-#: names a family parses itself (``esn:units=2000``): parser(name) -> factory(seed), or None if not its name
-PARSERS: list[Callable[[str], Callable[[int], Backbone] | None]] = []
-#: twin suffixes: ``NAME-random`` (config only, default init) and ``NAME-stats`` (paper section 3.8)
-TWINS = ("random", "stats")
+BACKBONES: Registry[Entry] = Registry("backbone")
+#: what a name's weights may be: as read (``pretrained``), the architecture with default init (``random``),
+#: each tensor redrawn from N(mean, std) of the read one (``stats``, paper section 3.8)
+WEIGHTS = ("pretrained", "random", "stats")
+#: prefixes of names a family parses itself (``esn:units=2000``): prefix -> parser(name) -> factory(seed)
+SETTINGS: dict[str, Callable[[str], Callable[[int], Backbone]]] = {}
 
 
-def register_backbone(name: str, help: str = ""):
-    """Decorator for a factory ``f(seed: int) -> Backbone``."""
-    return BACKBONES.register(name, help=help)
+@dataclass(frozen=True)
+class Entry:
+    """A registered backbone: ``load(seed, [dtype])`` builds it, ``random(seed)`` builds its architecture
+    with default initialisation (its ``-random`` twin, when it has one), and ``stats`` says whether its
+    ``-stats`` twin exists (weights that were learned, redrawn from their statistics)."""
+
+    load: Callable[..., Backbone]
+    random: Callable[[int], Backbone] | None = None
+    stats: bool = False
+
+    def twins(self) -> tuple[str, ...]:
+        return (*(("random",) if self.random else ()), *(("stats",) if self.stats else ()))
 
 
-def list_backbones() -> list[str]:
-    return BACKBONES.names()
+def register_backbone(
+    name: str, help: str = "", *, random: Callable[[int], Backbone] | None = None, stats: bool = False
+):
+    """Decorator for a factory ``f(seed: int[, dtype]) -> Backbone`` registered as ``name``; ``random`` builds
+    its ``NAME-random`` twin, ``stats`` gives it a ``NAME-stats`` twin (both derived by :func:`parse_name`)."""
+
+    def add(f: Callable[..., Backbone]) -> Callable[..., Backbone]:
+        BACKBONES.register(name, Entry(f, random, stats), help=help)
+        return f
+
+    return add
 
 
-def is_model_path(name: str) -> bool:
-    """``hf:PATH_OR_ID`` or an existing folder."""
-    return name.startswith("hf:") or Path(name).is_dir()
+@dataclass(frozen=True)
+class BackboneName:
+    """What a backbone name says, in the one grammar :func:`parse_name` reads.
+
+    ``source``: ``registered`` (a name of :data:`BACKBONES`), ``folder`` (a ``save_pretrained`` folder),
+    ``hub`` (``hf:ID``, pinned by ``revision`` with ``hf:ID@REVISION``), ``object`` (a model handed over
+    in this process, :func:`register_object`) or ``setting`` (``FAMILY:KEY=VALUE,...``, parsed by the
+    family); ``base`` the name, folder, id or whole setting; ``weights`` one of :data:`WEIGHTS`."""
+
+    text: str
+    source: str
+    base: str
+    weights: str = "pretrained"
+    revision: str | None = None
+
+    @property
+    def label(self) -> str:
+        """A readable, machine-independent name: a registered name, or a folder's or id's base name (plus
+        the twin)."""
+        base = self.base
+        if self.source in ("folder", "hub"):
+            base = Path(base.rstrip("/")).name if ("/" in base or Path(base).is_dir()) else base
+        base += f"@{self.revision}" if self.revision else ""
+        return base if self.weights == "pretrained" else f"{base}-{self.weights}"
 
 
-def split_twin(name: str) -> tuple[str, str]:
-    """``"PATH-random"`` -> ``("PATH", "random")``; names that are not twins -> ``(name, "pretrained")``.
+def parse_name(name: str) -> BackboneName:
+    """The grammar of backbone names: ``NAME`` (registered), a folder saved with ``save_pretrained``,
+    ``hf:ID`` or ``hf:ID@REVISION``, ``object:...`` (a model object), ``FAMILY:SETTINGS`` (``esn:units=2000``),
+    and ``-random`` or ``-stats`` after a registered name, a folder or an id. A registered name or an existing
+    folder is never split, so a folder that happens to end in ``-random`` is read as it is. UsageError for a
+    name of none of these, naming the choices.
 
-    A registered name or an existing folder is never split, so a folder that happens to end
-    in ``-random`` is loaded as it is.
+    >>> parse_name("gpt2-random")
+    BackboneName(text='gpt2-random', source='registered', base='gpt2', weights='random', revision=None)
     """
-    if name in BACKBONES or Path(name).is_dir():
-        return name, "pretrained"
-    for twin in TWINS:
-        base = name[: -len(twin) - 1]
-        if name.endswith(f"-{twin}") and base and (base in BACKBONES or is_model_path(base)):
-            return base, twin
-    return name, "pretrained"
+    if name.startswith("object:"):
+        return BackboneName(name, "object", name)
+    family, colon, _ = name.partition(":")
+    if colon and family + ":" in SETTINGS:
+        return BackboneName(name, "setting", name)
+    base, weights = name, "pretrained"
+    if name not in BACKBONES and not Path(name).is_dir():
+        for twin in WEIGHTS[1:]:
+            if name.endswith(f"-{twin}") and len(name) > len(twin) + 1:
+                base, weights = name[: -len(twin) - 1], twin
+    if base in BACKBONES:
+        entry = BACKBONES.factory(base)
+        if weights != "pretrained" and weights not in entry.twins():
+            raise UsageError(
+                f"backbone {base!r} has no -{weights} twin"
+                + (f" (it has {', '.join('-' + t for t in entry.twins())})" if entry.twins() else "")
+                + f"; choose from {names()}"
+            )
+        return BackboneName(name, "registered", base, weights)
+    if base.startswith("hf:"):
+        path, revision = split_revision(base[3:])
+        return BackboneName(name, "hub", path, weights, revision)
+    if Path(base).is_dir():
+        return BackboneName(name, "folder", base, weights)
+    raise UsageError(
+        f"unknown backbone {name!r}; choose from {names()}, a folder saved with save_pretrained, or hf:ID (any of "
+        "them with -random or -stats appended)"
+    )
+
+
+def names() -> list[str]:
+    """Every registered name and its twins."""
+    return sorted(
+        f"{name}-{twin}" if twin else name
+        for name in BACKBONES.names()
+        for twin in ("", *BACKBONES.factory(name).twins())
+    )
+
+
+def describe(name: str) -> str:
+    """One line on a registered name or twin (``reservoir backbones``)."""
+    parsed = parse_name(name)
+    if parsed.weights == "random":
+        return f"{parsed.base} architecture, default random initialisation, no download"
+    if parsed.weights == "stats":
+        return f"{parsed.base} with each tensor redrawn from N(mean, std) of the pretrained one"
+    return BACKBONES.help(name)
 
 
 def weights_kind(name: str) -> str:
-    """What a backbone name's weights are: ``"random"`` or ``"stats"`` for a twin (``gpt2-random``, registered
-    or ``PATH-random``), ``"pretrained"`` otherwise (a folder is loaded as it is, whatever its name)."""
-    twin = split_twin(name)[1]
-    if twin == "pretrained" and name in BACKBONES:
-        return next((t for t in TWINS if name.endswith(f"-{t}")), twin)
-    return twin
+    """What a backbone name's weights are (:data:`WEIGHTS`)."""
+    return parse_name(name).weights
 
 
 def fingerprint(model: nn.Module) -> str:
@@ -134,25 +216,16 @@ def fingerprint(model: nn.Module) -> str:
 
 def label(name: str) -> str:
     """A readable, machine-independent name: a registered name, or a folder's base name (plus twin)."""
-    base, twin = split_twin(name)
-    base = base[3:] if base.startswith("hf:") else base
-    label = Path(base.rstrip("/")).name if ("/" in base or Path(base).is_dir()) else base
-    return label if twin == "pretrained" else f"{label}-{twin}"
-
-
-def parsed(name: str) -> Callable[[int], Backbone] | None:
-    """The factory of a name a family parses (``esn:units=2000``), else ``None``."""
-    for parse in PARSERS:
-        factory = parse(name)
-        if factory is not None:
-            return factory
-    return None
+    return parse_name(name).label
 
 
 def is_backbone(name: str) -> bool:
-    """Whether :func:`load_backbone` can resolve ``name`` (without loading anything)."""
-    base, _ = split_twin(name)
-    return name in OBJECTS or base in BACKBONES or is_model_path(base) or parsed(name) is not None
+    """Whether ``name`` is a backbone name (:func:`parse_name`), without loading anything."""
+    try:
+        parse_name(name)
+    except UsageError:
+        return False
+    return True
 
 
 #: the torch dtypes frozen weights may be loaded in (``--load-dtype``)
@@ -226,31 +299,28 @@ def load_backbone(name: str, seed: int = 0, dtype: str = "float32") -> Backbone:
     if dtype not in LOAD_DTYPES:
         raise UsageError(f"load dtype {dtype!r} is not one of {list(LOAD_DTYPES)}")
     torch_dtype = LOAD_DTYPES[dtype]
-    if name.startswith("object:"):
+    parsed = parse_name(name)
+    if parsed.source == "object":
         return from_object(name, torch_dtype).eval()
-    factory = parsed(name)
-    if factory is not None:
-        return factory(seed).to(torch_dtype).eval()
-    base, twin = split_twin(name)
+    if parsed.source == "setting":
+        return SETTINGS[name.partition(":")[0] + ":"](name)(seed).to(torch_dtype).eval()
     if os.environ.get("RESERVOIR_OFFLINE"):  # fail fast instead of retrying an unreachable hub
         import huggingface_hub.constants
 
         os.environ["HF_HUB_OFFLINE"] = "1"
         huggingface_hub.constants.HF_HUB_OFFLINE = True
-    if base in BACKBONES:
-        if twin == "random":
-            raise BackboneError(f"{base} has no registered -random twin; choose from {list_backbones()}")
-        factory = BACKBONES.factory(base)  # one that takes a dtype reads its weights in it
-        takes = "dtype" in inspect.signature(factory).parameters
-        model = factory(seed=seed, **({"dtype": torch_dtype} if takes else {}))
-    elif is_model_path(base):
-        model = load_pretrained(
-            base[3:] if base.startswith("hf:") else base, seed, init=twin, dtype=torch_dtype
-        )
+    if parsed.source == "registered":
+        entry = BACKBONES.factory(parsed.base)
+        if parsed.weights == "random":
+            model = entry.random(seed)
+        else:  # a factory that takes a dtype reads its weights in it (statistics are drawn in float32)
+            takes = "dtype" in inspect.signature(entry.load).parameters and parsed.weights == "pretrained"
+            model = entry.load(seed=seed, **({"dtype": torch_dtype} if takes else {}))
     else:
-        BACKBONES.factory(name)  # raises "unknown backbone ...; choose from ..."
-        raise AssertionError  # pragma: no cover
-    if twin == "stats":
+        model = load_pretrained(
+            parsed.base, seed, init=parsed.weights, dtype=torch_dtype, revision=parsed.revision
+        )
+    if parsed.weights == "stats":
         stats_init(model, seed)
     return model.to(torch_dtype).eval()
 
@@ -282,7 +352,11 @@ def load_config(path: str, revision: str | None = None):
 
 
 def load_pretrained(
-    path: str, seed: int, init: str = "pretrained", dtype: torch.dtype = torch.float32
+    path: str,
+    seed: int,
+    init: str = "pretrained",
+    dtype: torch.dtype = torch.float32,
+    revision: str | None = None,
 ) -> Backbone:
     """A folder (or hub id) through its family's adapter (by the config's ``model_type``), else the
     generic adapter (:mod:`.hf`).
@@ -300,7 +374,6 @@ def load_pretrained(
         model_from_config,
     )
 
-    path, revision = split_revision(path)
     config = load_config(path, revision)
     check_buildable(config, path, dtype)
     adapter = adapter_for(config.model_type, config)

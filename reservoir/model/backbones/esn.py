@@ -165,7 +165,7 @@ def build(cfg: ESNConfig, seed: int = 0) -> ESNBackbone:
 
 def _register() -> None:
     """``esn`` and ``esn-deep`` by name, and any ``esn:KEY=VALUE,...`` setting."""
-    from reservoir.model.backbones import PARSERS, register_backbone
+    from reservoir.model.backbones import SETTINGS, register_backbone
 
     for name, cfg in VARIANTS.items():
         register_backbone(
@@ -173,13 +173,11 @@ def _register() -> None:
             help=f"echo state network: {cfg.layers} reservoir(s) of {cfg.units} units, "
             f"spectral radius {cfg.sr}, leak rate {cfg.lr}",
         )(lambda seed=0, _c=cfg: build(_c, seed))
-    PARSERS.append(parsed_builder)
+    SETTINGS["esn:"] = parsed_builder
 
 
 def parsed_builder(name: str):
-    """The builder of an ``esn:...`` name (``None`` for any other name)."""
-    if not name.startswith("esn:"):
-        return None
+    """The builder of an ``esn:...`` name."""
     cfg = parse_name(name)
     return lambda seed=0: build(cfg, seed)
 

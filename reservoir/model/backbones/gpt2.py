@@ -17,7 +17,6 @@ from reservoir.model.backbones.base import (
     quiet_transformers,
     readout_attention,
     seeded,
-    stats_init,
 )
 from reservoir.model.backbones.hf import HFBackbone, Parts, load_model, register_family
 
@@ -119,19 +118,16 @@ def random_gpt2(seed: int = 0, **shape) -> GPT2Backbone:
 
 
 def _register() -> None:
-    """The released sizes by name, with their twins."""
+    """The released sizes by name; their ``-random`` twins are built from the size's config."""
     from reservoir.model.backbones import register_backbone
 
     for name, shape in GPT2_SIZES.items():
         register_backbone(
-            name, help=f"pretrained GPT-2 ({shape['n_layer']} blocks x {shape['n_embd']}), hub id or cache"
+            name,
+            help=f"pretrained GPT-2 ({shape['n_layer']} blocks x {shape['n_embd']}), hub id or cache",
+            random=lambda seed=0, _s=shape: random_gpt2(seed, **_s),
+            stats=True,
         )(lambda seed=0, _n=name: load_gpt2(_n, seed))
-        register_backbone(
-            f"{name}-random", help=f"{name} architecture, default random initialisation, no download"
-        )(lambda seed=0, _s=shape: random_gpt2(seed, **_s))
-        register_backbone(
-            f"{name}-stats", help=f"{name} with each tensor redrawn from N(mean, std) of the pretrained one"
-        )(lambda seed=0, _n=name: stats_init(load_gpt2(_n, seed), seed))
 
 
 _register()

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from reservoir.config import cache_dir
-from reservoir.model.backbones import BackboneError, from_pretrained, register_backbone, seeded, stats_init
+from reservoir.model.backbones import BackboneError, from_pretrained, register_backbone, seeded
 from reservoir.model.backbones.llama import RotaryBackbone
 
 NAME = "smollm2-135m"
@@ -211,14 +211,11 @@ def random_smollm(seed: int = 0) -> RotaryBackbone:
 
 
 register_backbone(
-    NAME, help=f"SmolLM2-135M-Instruct (30 blocks x 576, Llama), pretrained; `reservoir install {NAME}`"
+    NAME,
+    help=f"SmolLM2-135M-Instruct (30 blocks x 576, Llama), pretrained; `reservoir install {NAME}`",
+    random=random_smollm,
+    stats=True,
 )(load_smollm)
-register_backbone(
-    f"{NAME}-random", help="SmolLM2-135M architecture, default random initialisation, no download"
-)(random_smollm)
-register_backbone(
-    f"{NAME}-stats", help="smollm2-135m with each tensor redrawn from N(mean, std) of the pretrained one"
-)(lambda seed=0: stats_init(load_smollm(seed), seed))
 
 #: installers of backbones that need one (``reservoir install NAME``)
 INSTALLERS = {NAME: install}
