@@ -97,7 +97,7 @@ def configure(cls: type, task: Any = None, backbone: Any = None, **settings: Any
     the choices."""
     from reservoir.config import TRAIN_GROUPS, build
     from reservoir.model.backbones import parse_name
-    from reservoir.tasks import TASKS, check_options, get_task, list_tasks
+    from reservoir.tasks import TASKS, check_options, get_task
 
     if isinstance(task, cls):
         if settings or backbone is not None:
@@ -108,7 +108,7 @@ def configure(cls: type, task: Any = None, backbone: Any = None, **settings: Any
     cfg = build(cls, **given, **settings)
     name = getattr(cfg, "task", None)
     if name is not None and not (name.startswith("file:") or name in TASKS):
-        raise _refused("--task", f"unknown task {name!r}; choose from {list_tasks()} or file:PATH")
+        raise _refused("--task", f"unknown task {name!r}; choose from {TASKS.names()} or file:PATH")
     chosen = getattr(cfg, "backbone", None)
     if isinstance(chosen, str):
         try:

@@ -73,11 +73,6 @@ class Registry(Generic[T]):
 
         return add(factory) if factory is not None else add
 
-    def unregister(self, name: str) -> None:
-        """Remove ``name`` (a test's temporary entry)."""
-        self._entries.pop(name, None)
-        self._help.pop(name, None)
-
     def _discover(self) -> None:
         if not self._found and self.home is not None:
             self._found = True  # before importing: a module may look its own registry up

@@ -190,7 +190,12 @@ def test_twin_names_resolve(tiny):
     assert (hub.source, hub.base, hub.weights) == ("hub", "org/model", "stats")
     assert parse_name("hf:org/model@v2").revision == "v2"
     twin = parse_name("gpt2-random")  # derived from the registered gpt2, not registered itself
-    assert (twin.source, twin.base, twin.weights, twin.label) == ("registered", "gpt2", "random", "gpt2-random")
+    assert (twin.source, twin.base, twin.weights, twin.label) == (
+        "registered",
+        "gpt2",
+        "random",
+        "gpt2-random",
+    )
     with pytest.raises(UsageError, match="unknown backbone 'nonsense-random'"):
         parse_name("nonsense-random")
     with pytest.raises(UsageError, match="backbone 'lstm' has no -stats twin"):

@@ -249,24 +249,26 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_engine_choice_follows_device_install_and_size(monkeypatch, tiny_gpt2):
     cpu, bb = torch.device("cpu"), load_backbone(str(tiny_gpt2), 0)
     assert (
-        engines.resolve_engine("auto", "bfloat16", cpu, bb, tokens=engines.OPENVINO_MIN_TOKENS) == "openvino"
+        engines.choose_engine("auto", "bfloat16", cpu, bb, tokens=engines.OPENVINO_MIN_TOKENS)[0]
+        == "openvino"
     )
     assert (
-        engines.resolve_engine("auto", "bfloat16", cpu, bb, tokens=engines.OPENVINO_MIN_TOKENS - 1) == "torch"
+        engines.choose_engine("auto", "bfloat16", cpu, bb, tokens=engines.OPENVINO_MIN_TOKENS - 1)[0]
+        == "torch"
     )
-    assert engines.resolve_engine("auto", "int8", cpu, bb, tokens=10) == "openvino"
-    assert engines.resolve_engine("auto", "float32", torch.device("cuda"), bb) == "torch"
+    assert engines.choose_engine("auto", "int8", cpu, bb, tokens=10)[0] == "openvino"
+    assert engines.choose_engine("auto", "float32", torch.device("cuda"), bb)[0] == "torch"
     with pytest.raises(DeviceError, match="--engine openvino runs on the CPU, not cuda"):
-        engines.resolve_engine("openvino", "float32", torch.device("cuda"), bb)
+        engines.choose_engine("openvino", "float32", torch.device("cuda"), bb)[0]
     with pytest.raises(
         UsageError, match="--dtype int8 runs on the OpenVINO or ONNX Runtime engine; pass --engine openvino"
     ):
-        engines.resolve_engine("torch", "int8", cpu, bb)
+        engines.choose_engine("torch", "int8", cpu, bb)[0]
     monkeypatch.setattr(engines, "openvino_installed", lambda: False)
     monkeypatch.setattr(engines, "onnxruntime_installed", lambda: False)
-    assert engines.resolve_engine("auto", "float32", cpu, bb) == "torch"
+    assert engines.choose_engine("auto", "float32", cpu, bb)[0] == "torch"
     with pytest.raises(UsageError, match=r"OpenVINO is not installed; pip install 'reservoir\[openvino\]'"):
-        engines.resolve_engine("openvino", "float32", cpu, bb)
+        engines.choose_engine("openvino", "float32", cpu, bb)[0]
 
 
 @pytest.mark.parametrize("faster", ["torch", "openvino"])
@@ -392,7 +394,11 @@ def test_the_engine_is_not_part_of_the_identity(extract, home):
 
 def test_a_bad_engine_or_an_int8_dtype_on_pytorch_is_refused(extract, home):
     r, _ = extract("--engine", "onnx")
-    assert r.exit_code == 2 and "'onnx' is not one of 'auto', 'torch', 'openvino', 'onnxruntime'" in r.output
+    assert (
+        r.exit_code == 2
+        and "The 'engine' parameter of extract must be one of ['auto', 'torch', 'openvino', 'onnxruntime']. Got 'onnx'"
+        in r.output
+    )
     r, _ = extract("--dtype", "int8", "--engine", "torch")
     assert (
         r.exit_code == 1

@@ -124,9 +124,9 @@ def test_dtypes_it_does_not_compute_and_other_devices_are_refused_in_words(tiny_
         with pytest.raises(
             UsageError, match=f"--engine onnxruntime computes float32 or int8, not --dtype {dtype}"
         ):
-            engines.resolve_engine("onnxruntime", dtype, cpu, bb)
+            engines.choose_engine("onnxruntime", dtype, cpu, bb)[0]
     with pytest.raises(Exception, match="--engine onnxruntime runs on the CPU, not cuda"):
-        engines.resolve_engine("onnxruntime", "float32", torch.device("cuda"), bb)
+        engines.choose_engine("onnxruntime", "float32", torch.device("cuda"), bb)[0]
 
 
 def test_auto_considers_onnxruntime_for_long_float32_runs_of_backbones_that_convert(tiny_gpt2, monkeypatch):
@@ -141,7 +141,7 @@ def test_auto_considers_onnxruntime_for_long_float32_runs_of_backbones_that_conv
         "onnxruntime",
         "auto: ONNX Runtime is installed",
     )
-    assert engines.resolve_engine("auto", "int8", cpu, bb, 10) == "onnxruntime"  # the int8 engine installed
+    assert engines.choose_engine("auto", "int8", cpu, bb, 10)[0] == "onnxruntime"  # the int8 engine installed
 
 
 def test_auto_takes_onnxruntime_when_its_measured_rate_is_highest(tiny_gpt2):

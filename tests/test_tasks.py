@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reservoir.tasks import get_task, list_tasks, listops
+from reservoir.tasks import TASKS, get_task, listops
 from tests.conftest import write_mnist
 
 #: a data folder holding the real MNIST files (mnist/), for the test that reads them
@@ -22,7 +22,7 @@ def data_dir_for(name: str, tmp_path):
 FILE_TASKS = {"cifar10", "cifar10_lra", "remote_homology"}  # fixtures live in test_tasks_data.py
 
 
-@pytest.mark.parametrize("name", [n for n in list_tasks() if n not in FILE_TASKS])
+@pytest.mark.parametrize("name", [n for n in TASKS.names() if n not in FILE_TASKS])
 def test_task_yields_declared_shapes(name, tmp_path):
     task = get_task(name)
     spec = task.spec

@@ -6,11 +6,12 @@ CPUs (measured in ``docs/benchmarks.md``, ``make bench``):
 
 - the float dtype the machine multiplies fastest (``dtype="auto"``: bf16 where the CPU multiplies
   it natively and faster, else float32), or int8 on OpenVINO where int8 is measured faster than
-  every float path and its probe accuracy was measured within 0.5 points of float32 on that CPU
-  kind (:mod:`reservoir.runtime.quantized`); the input layer stays float32 and features are stored
-  as float32;
-- on the CPU, runs of 20,000+ tokens go to OpenVINO when it is installed and the backbone
-  converts (``engine="auto"``, :mod:`reservoir.runtime.engines`); otherwise PyTorch runs, as below;
+  every float path and its probe accuracy was measured within
+  :data:`~reservoir.runtime.quantized.ACCURACY_BAR` points of float32 on that CPU kind
+  (:mod:`reservoir.runtime.quantized`); the input layer stays float32 and features are stored as float32;
+- on the CPU, runs of :data:`~reservoir.runtime.engines.OPENVINO_MIN_TOKENS` tokens or more go to
+  OpenVINO when it is installed and the backbone converts (``engine="auto"``,
+  :mod:`reservoir.runtime.engines`); otherwise PyTorch runs, as below;
 - the forward (input layer, backbone, readout) compiled by inductor with weight freezing
   (oneDNN-packed weights), falling back to eager, with a message, when compilation fails;
   ``compile=None`` compiles when the measured costs say it is repaid
@@ -43,7 +44,7 @@ import torch
 from torch import nn
 
 from reservoir.config import ExtractConfig, select_depths
-from reservoir.errors import IdentityError, StoreError, UsageError
+from reservoir.errors import IdentityError, StoreError
 from reservoir.extract.plan import auto_batch_size, plan_split
 from reservoir.extract.store import (
     FeatureWriter,
@@ -63,7 +64,7 @@ from reservoir.model.input_layer import input_layer_tensors
 from reservoir.model.reservoir import check_length, check_readout, readout_count
 from reservoir.progress import bar, log
 from reservoir.runtime import machine
-from reservoir.runtime.engines import INT8_DTYPES, engine_named
+from reservoir.runtime.engines import INT8_DTYPES
 from reservoir.runtime.runner import Batch, FeatureRunner, resolve, resolve_dtype
 from reservoir.tasks import SplitData, Task, make_task
 
@@ -441,11 +442,6 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     data = load_splits(task, cfg)
     log(f"loading backbone {cfg.backbone} ...", progress)
     halved = cfg.load_dtype != "float32"
-    if halved and cfg.engine != "auto" and engine_named(cfg.engine).converts:
-        raise UsageError(
-            f"--load-dtype {cfg.load_dtype} keeps the weights in {cfg.load_dtype}, which only the PyTorch engine "
-            f"computes with; drop --engine {cfg.engine} (or pass --engine torch), or load the weights in float32"
-        )
     backbone = load_backbone(cfg.backbone, cfg.seed, dtype=cfg.load_dtype)
     check_length(task.spec, backbone, cfg.backbone)
     depths = select_depths(
@@ -456,10 +452,6 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     check_fits(
         backbone, device, dtype, cfg.backbone
     )  # a CUDA card's free memory, before anything moves there
-    if halved and dtype in INT8_DTYPES:
-        raise UsageError(
-            f"--dtype {dtype} quantizes float32 weights on OpenVINO; load them in float32 (drop --load-dtype)"
-        )
     if cfg.dtype == "auto" and not halved and task.spec.target == "regression" and dtype != "float32":
         # bf16 keeps 8 bits of a state: a forecast's error then stops near 1% of the target's spread
         log(

@@ -93,11 +93,6 @@ OPENVINO_MIN_TOKENS = 20_000
 ONNX_MIN_TOKENS = 200_000
 
 
-def min_tokens(engine: str) -> int:
-    """Tokens a run needs for ``auto`` to convert to ``engine`` (its :attr:`Engine.auto_tokens`)."""
-    return engine_named(engine).auto_tokens
-
-
 #: the conversion example's width: the converted graph computes the same features at any width, and a
 #: narrow example converts faster and in less memory (docs/benchmarks.md, "Constants the code takes ...")
 EXAMPLE_WIDTH = 64
@@ -208,11 +203,6 @@ def engines() -> list[Engine]:
     return [ENGINES[name] for name in ENGINES.names()]
 
 
-def engine_named(name: str) -> Engine:
-    """The registered engine ``name`` (UsageError naming the choices)."""
-    return ENGINES[name]
-
-
 @register_engine
 class TorchEngine(Engine):
     """PyTorch, eager or compiled: the reference, on every device."""
@@ -277,10 +267,10 @@ def choose_engine(
             why = (
                 "auto: int8"
                 if dtype in INT8_DTYPES
-                else f"auto: {engine_named(name).label} is installed"
-                + ("" if tokens is None else f" and {tokens:,} tokens >= {min_tokens(name):,}")
+                else f"auto: {ENGINES[name].label} is installed"
+                + ("" if tokens is None else f" and {tokens:,} tokens >= {ENGINES[name].auto_tokens:,}")
             )
-    error = engine_named(name).why_not(dtype, device, backbone)
+    error = ENGINES[name].why_not(dtype, device, backbone)
     if error is not None:
         raise error
     return name, why
@@ -311,13 +301,6 @@ def auto_candidates(
         least = min(installed, key=lambda e: e.auto_tokens)
         return [], f"auto: {tokens:,} tokens < {least.auto_tokens:,}, converting would not pay"
     return found, ""
-
-
-def resolve_engine(
-    name: str, dtype: str, device: torch.device, backbone: Any = None, tokens: int | None = None
-) -> str:
-    """The engine :func:`choose_engine` chooses."""
-    return choose_engine(name, dtype, device, backbone, tokens)[0]
 
 
 #: the engines' measured rates in the cache folder (:mod:`reservoir.runtime.records`), beside the
@@ -373,7 +356,7 @@ def measured_reason(rates: dict[str, float], when: str) -> str:
         for i, e in enumerate(e for e in order if e.name in rates)
     )
     return (
-        f"auto: {engine_named(faster_engine(rates)).label} ran this model fastest on this CPU (measured {when}: "
+        f"auto: {ENGINES[faster_engine(rates)].label} ran this model fastest on this CPU (measured {when}: "
         f"{shown.replace('PyTorch', 'PyTorch eager')})"
     )
 

@@ -33,12 +33,12 @@ from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.runtime.dtypes import strict_float32
 from reservoir.runtime.engines import (
     ENGINE_RATES,
+    ENGINES,
     INT8_DTYPES,
     MEASURE_MIN_ROWS,
     auto_candidates,
     choose_engine,
     engine_key,
-    engine_named,
     faster_engine,
     measured_reason,
 )
@@ -308,12 +308,12 @@ class FeatureRunner:
     @property
     def converting(self) -> bool:
         """The engine running now converts the module (not PyTorch itself)."""
-        return engine_named(self.engine).converts
+        return ENGINES[self.engine].converts
 
     def _converting(self, engine: str) -> Any:
         """The forward of a converting engine (converted, checked, at its first call):
         :meth:`reservoir.runtime.engines.Engine.forward`."""
-        return engine_named(engine).forward(
+        return ENGINES[engine].forward(
             FixedDepths(self.reservoir, self.depths),
             self.dtype_name,
             torch.get_num_threads(),
@@ -334,7 +334,7 @@ class FeatureRunner:
             self.engine, self.engine_reason = faster_engine(rates), measured_reason(rates, "before")
         else:
             self.measure_key = key
-            others = " and ".join(engine_named(e).label for e in self.candidates[1:])
+            others = " and ".join(ENGINES[e].label for e in self.candidates[1:])
             self.engine_reason += (
                 f"; {others + ' and ' if others else ''}PyTorch measured against it on the first batch"
             )
@@ -356,7 +356,7 @@ class FeatureRunner:
                 rates[engine] = tokens / (time.perf_counter() - start)
                 forwards[engine] = forward
             except BackboneError as e:
-                failed.append(f"{engine_named(engine).label} failed ({e})")
+                failed.append(f"{ENGINES[engine].label} failed ({e})")
                 self.log(
                     f"{e}: "
                     + (
@@ -398,7 +398,7 @@ class FeatureRunner:
             if not (self.converting and self.falls_back):
                 raise
             self.log(f"{e}: running PyTorch eager instead")
-            failed = engine_named(self.engine).label
+            failed = ENGINES[self.engine].label
             self._use_torch()
             self.engine_reason = f"auto: {failed} failed ({e})"
             return self.forward(*args)

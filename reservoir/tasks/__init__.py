@@ -350,10 +350,6 @@ def register_task(name: str):
     return add
 
 
-def list_tasks() -> list[str]:
-    return TASKS.names()
-
-
 def parse_options(pairs: Sequence[str]) -> dict[str, str]:
     """``["k=v", ...]`` -> dict; raises ValueError naming a malformed pair."""
     out = {}

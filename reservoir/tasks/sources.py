@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from reservoir.registry import Registry
-from reservoir.tasks import DataError, Task, get_task, list_tasks
+from reservoir.tasks import TASKS, DataError, Task, get_task
 from reservoir.tasks.download import DataArchive, check_archive, md5sum
 
 
@@ -186,7 +186,7 @@ def data_dir_origin(data_dir: Path | None) -> tuple[Path, str]:
 def list_rows(data_dir: Path) -> list[str]:
     """One line per registered task: name, status, where it looks first, what it needs."""
     rows = []
-    for name in list_tasks():
+    for name in TASKS.names():
         s = source_of(get_task(name), data_dir)
         have = [p for group in s.files for p in group if p.exists()]
         where = str(have[0].parent) if have and not s.missing() else str(s.looks_in[0]) if s.looks_in else "-"
