@@ -23,10 +23,6 @@ import numpy as np
 
 from reservoir.config import (
     MAX_SEED,  # noqa: F401  (task modules bound their seed options by it)
-    Constraint,
-    Divides,
-    Interval,
-    OneOf,
     check,
 )
 from reservoir.errors import DataError, UsageError  # noqa: F401  (DataError: re-exported for task modules)
@@ -302,41 +298,11 @@ MAX_ROWS = 2**31 - 1
 MAX_TOKENS = 2**20
 
 
-def option(
-    default: Any,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    above: float | None = None,
-    below: float | None = None,
-    choices: Sequence[Any] | None = None,
-    divides: int | None = None,
-) -> Any:
-    """A task option (a dataclass field) with its valid values declared: ``low``/``high`` bounds (inclusive),
-    ``above``/``below`` (exclusive), ``choices``, or a divisor of ``divides``, kept as the field's
-    constraints (:mod:`reservoir.config`'s, as config fields declare theirs). :func:`check_value` checks
-    them wherever options arrive (the command line while parsing, :func:`get_task`)."""
-    if choices is not None:
-        rules: tuple[Constraint, ...] = (OneOf(tuple(choices)),)
-    elif divides is not None:
-        rules = (Divides(divides),)
-    elif (low, high, above, below) == (None, None, None, None):
-        rules = ()
-    else:
-        lo, hi = (above if above is not None else low), (below if below is not None else high)
-        closed = {(True, True): "both", (True, False): "left", (False, True): "right"}.get(
-            (above is None, below is None), "neither"
-        )
-        rules = (Interval(lo, hi, closed=closed),)
-    return dataclasses.field(default=default, metadata={"rules": rules})
-
-
 def check_value(task: str, key: str, value: Any, meta: Any) -> None:
     """``value`` of option ``key`` of ``task`` meets its field's declared constraints; UsageError in
     scikit-learn's shape otherwise ("The 'n_bits' option of task bit_xor must be in [1, 1048576]. Got -3
     instead."), written by :func:`reservoir.config.check`."""
-    for rule in meta.get("rules", ()):
-        check(f"task {task}", key, value, rule, noun="option")
+    check(f"task {task}", key, value, *meta.get("rules", ()), noun="option")
 
 
 def register_task(name: str):

@@ -16,8 +16,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from reservoir.config import Interval, setting
 from reservoir.errors import UsageError
-from reservoir.tasks import MAX_ROWS, MAX_SEED, MAX_TOKENS, SplitData, Task, TaskSpec, option, register_task
+from reservoir.tasks import MAX_ROWS, MAX_SEED, MAX_TOKENS, SplitData, Task, TaskSpec, register_task
 
 SPLIT_STREAM = {"train": 0, "val": 1, "test": 2}
 
@@ -33,10 +34,10 @@ class BitXor(Task):
 
     generated: ClassVar[bool] = True
 
-    n_bits: int = option(5, low=1, high=MAX_TOKENS)
-    n_train: int = option(10000, low=1, high=MAX_ROWS)
-    n_test: int = option(1000, low=1, high=MAX_ROWS)
-    seed: int = option(0, low=0, high=MAX_SEED)
+    n_bits: int = setting(5, Interval(1, MAX_TOKENS))
+    n_train: int = setting(10000, Interval(1, MAX_ROWS))
+    n_test: int = setting(1000, Interval(1, MAX_ROWS))
+    seed: int = setting(0, Interval(0, MAX_SEED))
 
     @property
     def spec(self) -> TaskSpec:
@@ -72,13 +73,13 @@ class BitMemory(Task):
 
     generated: ClassVar[bool] = True
 
-    n_bits: int = option(1000, low=1, high=MAX_TOKENS)
-    n_patterns: int = option(5, low=1, high=MAX_TOKENS)
-    token_bits: int = option(50, low=1, high=MAX_TOKENS)
-    mask_prob: float = option(0.5, low=0.0, high=1.0)
-    n_train: int = option(10000, low=1, high=MAX_ROWS)
-    n_test: int = option(1000, low=1, high=MAX_ROWS)
-    seed: int = option(0, low=0, high=MAX_SEED)
+    n_bits: int = setting(1000, Interval(1, MAX_TOKENS))
+    n_patterns: int = setting(5, Interval(1, MAX_TOKENS))
+    token_bits: int = setting(50, Interval(1, MAX_TOKENS))
+    mask_prob: float = setting(0.5, Interval(0.0, 1.0))
+    n_train: int = setting(10000, Interval(1, MAX_ROWS))
+    n_test: int = setting(1000, Interval(1, MAX_ROWS))
+    seed: int = setting(0, Interval(0, MAX_SEED))
 
     def __post_init__(self):
         if self.n_bits % self.token_bits:

@@ -37,8 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from reservoir.config import Divides, setting
 from reservoir.errors import unreadable
-from reservoir.tasks import DataError, SplitData, Task, TaskSpec, option, patches, pickles, register_task
+from reservoir.tasks import DataError, SplitData, Task, TaskSpec, patches, pickles, register_task
 from reservoir.tasks.download import DataArchive, ensure_archive
 
 FOLDER = "cifar10"
@@ -154,7 +155,7 @@ class _Cifar(Task):
 class Cifar10(_Cifar):
     """CIFAR-10 (official python batches), 4x4 RGB patches: 64 tokens of 48, 10 classes."""
 
-    patch: int = option(4, divides=32)
+    patch: int = setting(4, Divides(32))
 
     @property
     def spec(self) -> TaskSpec:

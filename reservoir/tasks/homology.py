@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.tasks import DataError, SplitData, Task, TaskSpec, option, pad_ids, pickles, register_task
+from reservoir.config import Interval, setting
+from reservoir.tasks import DataError, SplitData, Task, TaskSpec, pad_ids, pickles, register_task
 from reservoir.tasks.download import DataArchive, ensure_archive
 
 FOLDER = "remote_homology"
@@ -226,7 +227,7 @@ def parse(records: list[dict[str, Any]], path: Path) -> tuple[list[np.ndarray], 
 class RemoteHomology(Task):
     """TAPE remote homology (fold), amino-acid ids, up to 1024 tokens: 1195 classes."""
 
-    max_len: int = option(1024, low=1)
+    max_len: int = setting(1024, Interval(1, None))
     download: bool = True
 
     def __post_init__(self):

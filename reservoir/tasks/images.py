@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from reservoir.config import Divides, Interval, setting
 from reservoir.errors import unreadable
-from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, option, patches, register_task
+from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, patches, register_task
 from reservoir.tasks.download import DataFile, ensure_files
 
 MNIST_URLS = (
@@ -51,7 +52,7 @@ def read_idx(path: Path, header: int, shape: tuple[int, ...]) -> np.ndarray:
 class Mnist(Task):
     """MNIST digits, 28x28 padded to 32x32, 4x4 patches: 64 tokens of 16."""
 
-    patch: int = option(4, divides=32)
+    patch: int = setting(4, Divides(32))
     download: bool = True
 
     @property
@@ -85,8 +86,8 @@ class Mnist(Task):
 class Digits(Task):
     """scikit-learn's bundled 8x8 handwritten digits (1,797), 2x2 patches: 16 tokens of 4."""
 
-    test_size: float = option(0.2, low=0.01, high=0.99)
-    seed: int = option(0, low=0, high=MAX_SEED)
+    test_size: float = setting(0.2, Interval(0.01, 0.99))
+    seed: int = setting(0, Interval(0, MAX_SEED))
 
     @property
     def spec(self) -> TaskSpec:

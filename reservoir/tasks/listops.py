@@ -28,6 +28,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from reservoir.config import Interval, OneOf, setting
 from reservoir.errors import UsageError
 from reservoir.tasks import (
     MAX_ROWS,
@@ -37,7 +38,6 @@ from reservoir.tasks import (
     SplitData,
     Task,
     TaskSpec,
-    option,
     pad_ids,
     register_task,
 )
@@ -212,17 +212,17 @@ class ListOps(Task):
 
     generated: ClassVar[bool] = True
 
-    source: str = option("generate", choices=("generate", "lra"))
-    tokenization: str = option("brackets", choices=("brackets", "fpt"))
-    max_len: int = option(512, low=1, high=2000)
-    n_train: int = option(96000, low=1, high=MAX_ROWS)
-    n_val: int = option(2000, low=1, high=MAX_ROWS)
-    n_test: int = option(2000, low=1, high=MAX_ROWS)
-    seed: int = option(0, low=0, high=MAX_SEED)
-    min_length: int = option(500, low=0, high=MAX_TOKENS)
-    max_length: int = option(2000, low=2, high=MAX_TOKENS)
-    max_depth: int = option(10, low=1, high=100)  # trees are drawn recursively
-    max_args: int = option(10, low=2, high=1000)
+    source: str = setting("generate", OneOf(("generate", "lra")))
+    tokenization: str = setting("brackets", OneOf(("brackets", "fpt")))
+    max_len: int = setting(512, Interval(1, 2000))
+    n_train: int = setting(96000, Interval(1, MAX_ROWS))
+    n_val: int = setting(2000, Interval(1, MAX_ROWS))
+    n_test: int = setting(2000, Interval(1, MAX_ROWS))
+    seed: int = setting(0, Interval(0, MAX_SEED))
+    min_length: int = setting(500, Interval(0, MAX_TOKENS))
+    max_length: int = setting(2000, Interval(2, MAX_TOKENS))
+    max_depth: int = setting(10, Interval(1, 100))  # trees are drawn recursively
+    max_args: int = setting(10, Interval(2, 1000))
 
     def __post_init__(self):
         if self.source == "generate" and expected_length(self.max_depth, self.max_args) > MAX_EXPECTED_LENGTH:

@@ -31,7 +31,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from reservoir.tasks import MAX_ROWS, MAX_SEED, MAX_TOKENS, SplitData, Task, TaskSpec, option, register_task
+from reservoir.config import Interval, setting
+from reservoir.tasks import MAX_ROWS, MAX_SEED, MAX_TOKENS, SplitData, Task, TaskSpec, register_task
 
 SPLITS = ("train", "val", "test")
 
@@ -91,13 +92,13 @@ class Forecast(Task):
 
     generated: ClassVar[bool] = True
 
-    window: int = option(32, low=1, high=MAX_TOKENS)
-    horizon: int = option(1, low=1, high=MAX_TOKENS)
-    n_train: int = option(2000, low=1, high=MAX_ROWS)
-    n_val: int = option(500, low=1, high=MAX_ROWS)
-    n_test: int = option(1000, low=1, high=MAX_ROWS)
-    washout: int = option(100, low=0, high=MAX_ROWS)
-    seed: int = option(0, low=0, high=MAX_SEED)
+    window: int = setting(32, Interval(1, MAX_TOKENS))
+    horizon: int = setting(1, Interval(1, MAX_TOKENS))
+    n_train: int = setting(2000, Interval(1, MAX_ROWS))
+    n_val: int = setting(500, Interval(1, MAX_ROWS))
+    n_test: int = setting(1000, Interval(1, MAX_ROWS))
+    washout: int = setting(100, Interval(0, MAX_ROWS))
+    seed: int = setting(0, Interval(0, MAX_SEED))
 
     @property
     def spec(self) -> TaskSpec:
@@ -147,7 +148,7 @@ class Forecast(Task):
 class MackeyGlass(Forecast):
     """Mackey-Glass (tau 17) one-step forecasting, scaled to [-1, 1] (reservoirpy's definition)."""
 
-    tau: int = option(17, low=1, high=1000)
+    tau: int = setting(17, Interval(1, 1000))
 
     def series(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
         x = mackey_glass(n_steps, self.seed, tau=self.tau)

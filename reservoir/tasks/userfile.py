@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from reservoir.config import Interval, OneOf, setting
 from reservoir.errors import UsageError, unreadable
 from reservoir.tasks import (
     MAX_SEED,
@@ -54,7 +55,6 @@ from reservoir.tasks import (
     TaskSpec,
     _convert,
     check_value,
-    option,
     pad_ids,
     patches,
 )
@@ -139,15 +139,15 @@ class FileTask(Task):
 
     name: ClassVar[str] = "file"
     path: str = ""
-    n_classes: int = option(0, low=0, high=MAX_ID + 1)
-    test_fraction: float = option(0.2, above=0, below=1)
-    seed: int = option(0, low=0, high=MAX_SEED)
+    n_classes: int = setting(0, Interval(0, MAX_ID + 1))
+    test_fraction: float = setting(0.2, Interval(0, 1, closed="neither"))
+    seed: int = setting(0, Interval(0, MAX_SEED))
     input: str = ""
     target: str = ""
     split: str = ""
-    patch: int = option(4, low=1, high=1024)
+    patch: int = setting(4, Interval(1, 1024))
     image_size: str = ""
-    mode: str = option("", choices=("", "RGB", "L"))
+    mode: str = setting("", OneOf(("", "RGB", "L")))
     regression: bool = False
 
     #: options every feature file's identity records; the others only when set, so that files made
