@@ -159,10 +159,26 @@ def configured(cls: type, options: dict):
         raise click.UsageError(str(e)) from None
 
 
+#: what an interrupted command keeps, and how to go on (exit status 130, as a shell reports SIGINT)
+KEPT = {
+    "extract": "the rows written so far are kept in the feature file's .partial beside it (its .lock is "
+    "released); the same command resumes from them",
+    "train": "each run keeps its last checkpoint (--checkpoint-every steps); the same command with --resume "
+    "continues from there",
+    "fit": "the depths already fitted have their results written (each file whole); the same command fits "
+    "every depth again",
+}
+
+
 def run(fn, *args, **kwargs):
-    """Call into the library; its foreseeable errors become exit status 1 with the message (no traceback)."""
+    """Call into the library; its foreseeable errors become exit status 1 with the message (no traceback),
+    an interrupt (Ctrl-C) exit status 130 saying what is kept."""
     try:
         return fn(*args, **kwargs)
+    except KeyboardInterrupt:
+        command = click.get_current_context().command.name
+        click.echo(f"\ninterrupted: {KEPT.get(command, 'nothing was written')}", err=True)
+        sys.exit(130)
     except WriteFailed as e:  # HDF5 cannot be shut down cleanly after a failed write: report and end here
         click.echo(f"Error: {e}", err=True)
         sys.stdout.flush()

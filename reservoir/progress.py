@@ -16,6 +16,7 @@ import sys
 from typing import TextIO
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_TIMES = re.compile(r"\s*\[[^\]]*\]$")
 #: seconds between updates when stderr is a terminal, and when it is a file or pipe
 TTY_INTERVAL, PIPE_INTERVAL = 0.5, 15.0
 
@@ -25,11 +26,14 @@ class _Lines:
 
     def __init__(self, stream: TextIO):
         self.stream = stream
+        self.last = ""
 
     def write(self, text: str) -> None:
         text = _ANSI.sub("", text).replace("\r", "").strip()
-        if text:
+        done = _TIMES.sub("", text)  # the bar and its count, without times and rates
+        if text and done != self.last:  # closing a bar redraws its last count: written once
             self.stream.write(text + "\n")
+            self.last = done
 
     def flush(self) -> None:
         self.stream.flush()

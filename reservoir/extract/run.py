@@ -584,25 +584,29 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
             for rows in plans[split]:
                 yield rows, runner.prepare(*run.tokens(split, rows), run.padded)
 
+        def shown_bar(split: str):
+            return bar(
+                len(data[split]), f"{task.name}/{split}", initial=int(done[split].sum()), enabled=progress
+            )
+
         background = BackgroundWriter(writer)
+        first = next(iter(data))
+        shown = shown_bar(first)  # on screen before the first batch, which may also measure or compile
         try:
             probed, compile_key = run.decide_compile(runner, plans, background, progress)
-            for split, d in data.items():
-                with (
-                    bar(
-                        len(d),
-                        f"{task.name}/{split}",
-                        initial=int(done[split].sum()) + probed.get(split, 0),
-                        enabled=progress,
-                    ) as shown,
-                    contextlib.closing(prefetch(batches(split))) as stream,
-                ):
+            for split in data:
+                if split != first:
+                    shown.close()
+                    shown = shown_bar(split)
+                shown.update(probed.get(split, 0))
+                with contextlib.closing(prefetch(batches(split))) as stream:
                     for rows, batch in stream:
                         fresh = len(rows) - int(done[split][rows].sum())  # a resumed batch may hold done rows
                         background.submit(split, rows, runner.run_async(batch))
                         shown.update(fresh)
             background.drain()
         finally:
+            shown.close()
             background.close()
         run.record_compile(runner, compile_key)
         return writer.finish()
