@@ -576,11 +576,11 @@ def backbone_setting(default: Any = "gpt2-random", *, default_text: str | None =
     )
 
 
-def task_options_setting() -> Any:
+def task_options_setting(help: str = "A task option (repeatable).") -> Any:
     """``--task-opt KEY=VALUE`` (repeatable): the task's own options."""
     return setting(
         factory=dict,
-        help="A task option (repeatable).",
+        help=help,
         parse=key_values,
         option="--task-opt",
         metavar="KEY=VALUE",
@@ -761,7 +761,33 @@ class FitConfig(Config):
         None,
         help="One depth: the single-depth form of --depths (--depth 6 is --depths 6); not with --depths.",
     )
-    head: str = setting("logreg", OneOf(HEADS), help="Linear head.")
+    readout: str | None = setting(
+        None,
+        None,
+        OneOf(READOUT_CHOICES),
+        help="The --readout the features were extracted with (picks the file among a task's extractions).",
+        default_text="any",
+    )
+    task_options: dict[str, Any] = task_options_setting(
+        "A --task-opt the features were extracted with (repeatable; picks the file)."
+    )
+    limit: int | None = setting(
+        None,
+        None,
+        POSITIVE,
+        help="The --limit the features were extracted with (picks the file).",
+        default_text="any",
+    )
+    extract_seed: int | None = setting(
+        None,
+        None,
+        SEED,
+        help="The --seed the features were extracted with (picks the file; --seed seeds the validation split).",
+        default_text="any",
+    )
+    head: str | None = setting(
+        None, None, OneOf(HEADS), help="Linear head.", default_text="logreg; ridge for real-valued targets"
+    )
     val_fraction: float = setting(
         0.1,
         VAL_FRACTION,
@@ -786,13 +812,22 @@ class FitConfig(Config):
         None, "Data folder the baselines read the task's data from", "the one the extraction read"
     )
 
+    @property
+    def extraction(self) -> dict[str, Any]:
+        """What the features must have been extracted with, as their identity records it (the options
+        given: the file to read is the one extraction that matches)."""
+        wanted = {"readout": self.readout, "limit": self.limit, "seed": self.extract_seed}
+        return {k: v for k, v in wanted.items() if v is not None} | (
+            {"task_options": self.task_options} if self.task_options else {}
+        )
+
     def combined(self) -> None:
         if self.features is None and self.task is None:
             raise UsageError(
                 "fit needs --features FILE, or --task (and --backbone) to find the extracted file"
             )
         if self.depth is not None:
-            if self.depths is not None:
+            if self.depths not in (None, (self.depth,)):  # (a config rebuilt by replace holds both)
                 raise UsageError(
                     f"--depth {self.depth} and --depths are the same option (one depth, a list); give one"
                 )

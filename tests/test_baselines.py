@@ -95,11 +95,13 @@ def test_baselines_refuse_other_data(cli, home, tmp_path, tiny_gpt2):
     np.savez(file, x=rng.random((60, 5, 2), dtype=np.float32), y=np.arange(60) % 3)
     r = cli("-q", "extract", "--task", f"file:{file}", "--backbone", str(tiny_gpt2))
     path = Path(r.stdout.strip())
+    r = cli("fit", "--features", str(path))  # the file the features came from is read again for baselines
+    assert r.exit_code == 0 and "no baselines" not in r.output
+    assert list((home / "results" / "mine.npz").glob("baseline-majority/*.json"))
     np.savez(file, x=rng.random((60, 5, 2), dtype=np.float32), y=np.arange(60) % 3)  # the file changed since
     r = cli("fit", "--features", str(path))
-    assert (
-        r.exit_code == 0 and "no baselines: pass --task file:PATH" in r.output
-    )  # the file's path is not stored
+    assert r.exit_code == 0 and "no baselines: the file the features came from" in r.output
+    assert "has changed; pass --task file:PATH" in " ".join(r.output.split())
     r = cli("fit", "--features", str(path), "--task", f"file:{file}")
     assert r.exit_code == 1 and "was extracted from another file" in r.output and "Traceback" not in r.output
 

@@ -139,9 +139,13 @@ def options_of(text: str) -> dict[str, str]:
 CHANGED = {
     ("fit", "--device"): "it said the backbone runs there; the torch head trains there",
     ("extract", "--dtype"): "says that auto takes float32 for real-valued targets",
+    ("fit", "--head"): "real-valued targets take ridge by default",
 }
 #: options added since the saved help
-ADDED = {("train", "--concurrent-runs")}
+ADDED = {
+    ("train", "--concurrent-runs"),
+    *(("fit", o) for o in ("--readout", "--task-opt", "--limit", "--extract-seed")),
+}
 
 
 @pytest.mark.parametrize("path", sorted(HELP.glob("*.txt")), ids=lambda p: p.stem)

@@ -93,3 +93,33 @@ def test_a_file_made_before_splits_were_checked_for_their_classes_is_refused(cli
     assert "split 'train' lacks class 3, which 'test' holds" in r.output
     assert "this file holds the first 40 rows of each split" in r.output and "reservoir extract" in r.output
     assert not (home / "results").exists()
+
+
+def test_fit_picks_among_a_task_s_extractions_by_their_options(cli, home, tiny_gpt2):
+    """Two extractions of one task and backbone differ in readout: fit names both and the options that tell
+    them apart, and --readout picks one; an option no file matches is refused."""
+    last = extract(cli, "digits", tiny_gpt2, "--limit", "200", "--depths", "0,1")
+    mean = extract(cli, "digits", tiny_gpt2, "--limit", "200", "--depths", "0,1", "--readout", "mean")
+    r = cli(
+        "-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--head", "ridge", "--no-baselines"
+    )
+    assert r.exit_code == 1 and "2 feature files match" in r.output and "--readout" in r.output
+    for readout, path in (("mean", mean), ("last", last)):
+        r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--head", "ridge",
+                "--no-baselines", "--readout", readout, "--depth", "1")  # fmt: skip
+        assert r.exit_code == 0, r.output
+        results = [json.loads(p.read_text()) for p in (home / "results" / "digits").rglob("*.json")]
+        assert any(res["config"]["fit"]["features"] == str(path) for res in results)
+    r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--extract-seed", "7")
+    assert r.exit_code == 1 and "holds features of seed 0" in r.output
+    r = cli("-q", "fit", "--features", str(mean), "--readout", "last")
+    assert r.exit_code == 1 and "holds features of readout 'mean'" in r.output
+
+
+def test_real_valued_targets_take_the_ridge_head_by_default(cli, home, tiny_gpt2):
+    path = extract(cli, "narma10", tiny_gpt2, "--task-opt", "n_train=200", "--task-opt", "n_val=50",
+                   "--task-opt", "n_test=50", "--depths", "0,1")  # fmt: skip
+    r = cli("-q", "fit", "--features", str(path), "--no-baselines", "--depth", "1")
+    assert r.exit_code == 0, r.output
+    (result,) = [json.loads(p.read_text()) for p in (home / "results" / "narma10").rglob("*.json")]
+    assert result["head"] == "ridge"

@@ -8,6 +8,7 @@ contents), so results are never written under the wrong name.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,20 @@ def describe_file(p: Path, i: dict[str, Any]) -> str:
     )
 
 
+def extraction_mismatch(identity: dict[str, Any], wanted: dict[str, Any]) -> str | None:
+    """Which of the extraction settings ``wanted`` (:attr:`reservoir.config.FitConfig.extraction`) the
+    recorded ``identity`` differs in, or ``None``."""
+    for key, value in wanted.items():
+        if key == "task_options":
+            recorded = identity.get("task_options", {})
+            for option, given in value.items():
+                if recorded.get(option) != given:
+                    return f"task option {option}={recorded.get(option)!r}"
+        elif identity.get(key) != value:
+            return f"{key} {identity.get(key)!r}"
+    return None
+
+
 def identity_mismatch(task: str, backbone: str | None, identity: dict[str, Any], read: dict) -> str | None:
     """Why a feature file's recorded ``identity`` is not of ``task`` (and ``backbone``), or ``None``. For
     ``file:PATH`` tasks the file's data digest must equal that of PATH read with the recorded options and
@@ -96,9 +111,10 @@ def identity_mismatch(task: str, backbone: str | None, identity: dict[str, Any],
     return None
 
 
-def find_features(task: str, backbone: str | None) -> Path:
+def find_features(task: str, backbone: str | None, wanted: dict[str, Any] | None = None) -> Path:
     """The one complete feature file under ``features/`` whose recorded identity is of ``task`` (for
-    ``file:PATH``, of that file's contents) and ``backbone``; several that match are listed."""
+    ``file:PATH``, of that file's contents), ``backbone`` and the extraction settings ``wanted``; several
+    that match are listed."""
     folder = features_dir() / slug(task_label(task))
     pattern = f"{slug(backbone_label(backbone))}/*.h5" if backbone else "*/*.h5"
     found = sorted(folder.glob(pattern))
@@ -118,7 +134,7 @@ def find_features(task: str, backbone: str | None) -> Path:
         except (OSError, StoreError):
             others.append(f"  {p}  (unreadable, or not a feature file)")
             continue
-        why = identity_mismatch(task, backbone, i, read)
+        why = identity_mismatch(task, backbone, i, read) or extraction_mismatch(i, wanted or {})
         if why is None:
             matching.append((p, i))
         else:
@@ -133,7 +149,8 @@ def find_features(task: str, backbone: str | None) -> Path:
             f"{' --backbone ' + backbone if backbone else ''}` first, or pass --features FILE"
         )
     raise StoreError(
-        f"{len(matching)} feature files match {what}; pass --features with one of them:\n"
+        f"{len(matching)} feature files match {what}; pass --features with one of them, or the option "
+        "that tells them apart (--readout, --limit, --extract-seed, --task-opt):\n"
         + "\n".join(describe_file(p, i) for p, i in matching)
     )
 
@@ -264,11 +281,22 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
     gets one result per depth whose ``test_accuracy`` is the first of them (``test_split``) and
     whose ``test_accuracies`` / ``n_tests`` hold every one.
     """
-    path = Path(cfg.features) if cfg.features else find_features(cfg.task, cfg.backbone)
+    path = Path(cfg.features) if cfg.features else find_features(cfg.task, cfg.backbone, cfg.extraction)
     results = []
     with open_features(path) as f:
         identity = stored_identity(f)
-        checked = check_task(f, identity, cfg)
+        recorded = file_config(f).get("task") or ""
+        if cfg.task is None and recorded.startswith("file:") and Path(recorded[5:]).exists():
+            try:  # the file the features came from, still there and unchanged: its baselines too
+                checked = check_task(f, identity, dataclasses.replace(cfg, task=recorded))
+                cfg = dataclasses.replace(cfg, task=recorded)
+            except IdentityError:
+                checked = None
+        else:
+            checked = check_task(f, identity, cfg)
+        other = extraction_mismatch(identity, cfg.extraction)
+        if other is not None:
+            raise IdentityError(f"{path} holds features of {other}, not of the extraction asked for")
         depths = select_depths(cfg.depths, identity["depths"], f"in {path}")
         val, tests = split_roles(f, identity["splits"])
         if "train" not in f or not tests:
@@ -288,6 +316,8 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         check_split_classes(path, f, identity)
         labels = np.concatenate([f[s]["labels"][:].ravel() for s in feature_splits(f)])
         regression = labels.dtype.kind == "f"
+        if cfg.head is None:  # the default head of the file's targets
+            cfg = dataclasses.replace(cfg, head="ridge" if regression else "logreg")
         try:
             check_head_fits(cfg.head, labels)
         except ValueError as e:
@@ -347,7 +377,8 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         if cfg.baselines:
             if identity["task"].startswith("file:") and not cfg.task:
                 log(
-                    "no baselines: pass --task file:PATH (the file the features came from) to compute them",
+                    f"no baselines: the file the features came from ({recorded[5:] or 'unrecorded'}) is not "
+                    "there or has changed; pass --task file:PATH of that data to compute them",
                     progress,
                 )
             else:
