@@ -327,7 +327,8 @@ def test_sweep_selects_on_validation_and_reports_spread(tiny_gpt2, home):
 
 def test_a_diverging_learning_rate_is_set_aside_and_the_sweep_goes_on(tiny_gpt2, home, monkeypatch):
     """A sweep's learning rate whose loss stops being finite is recorded as diverged and never
-    selected (its other seeds are skipped); alone, or when every rate diverges, it is an error."""
+    selected (its other seeds are skipped); alone, or when every rate diverges, it is an error. The runs train one
+    after another, through ``train_step`` (runs trained together: tests/test_batched.py)."""
     from reservoir.train import loop
 
     real = loop.train_step
@@ -337,13 +338,14 @@ def test_a_diverging_learning_rate_is_set_aside_and_the_sweep_goes_on(tiny_gpt2,
         return (nan, nan) if opt.param_groups[0]["lr"] > 1 else real(forward, params, opt, *args)
 
     monkeypatch.setattr(loop, "train_step", step)
-    result = train(xor_cfg(tiny_gpt2, home, lr=(1e-3, 50.0), seeds=2, steps=10), progress=False)
+    one = dict(concurrent_runs=1, steps=10)
+    result = train(xor_cfg(tiny_gpt2, home, lr=(1e-3, 50.0), seeds=2, **one), progress=False)
     assert result["lr"] == 1e-3 and "training loss became nan at step 1" in result["sweep"]["50"]["diverged"]
     assert [r["lr"] for r in result["runs"]] == [1e-3, 1e-3]  # the diverged rate's second seed never ran
     with pytest.raises(Diverged, match="training loss became nan at step 1; lower --lr"):
-        train(xor_cfg(tiny_gpt2, home, lr=(50.0,), steps=10), progress=False)
+        train(xor_cfg(tiny_gpt2, home, lr=(50.0,), **one), progress=False)
     with pytest.raises(DataError, match=r"every learning rate of the sweep diverged \(50, 60\)"):
-        train(xor_cfg(tiny_gpt2, home, lr=(50.0, 60.0), steps=10), progress=False)
+        train(xor_cfg(tiny_gpt2, home, lr=(50.0, 60.0), **one), progress=False)
 
 
 class Killed(Exception):

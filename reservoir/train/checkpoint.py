@@ -51,6 +51,7 @@ RESUMABLE_CHANGES = (
     "seeds",
     "data_dir",
     "save_backbone",
+    "concurrent_runs",
 )
 
 
@@ -152,9 +153,11 @@ def save_checkpoint(
     state: RunState,
     identity: dict[str, Any],
     device: torch.device = CPU,
+    rng: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Write atomically (:func:`reservoir.results.atomic_write`); ``device`` is the run's, whose generator is saved
-    beside the CPU's."""
+    beside the CPU's; ``rng``, when given, holds the run's generator states in their place (a run of a batch draws
+    from generators of its own: :mod:`reservoir.train.batched`)."""
     obj = {
         "format": CHECKPOINT_FORMAT,
         "version": __version__,
@@ -162,7 +165,7 @@ def save_checkpoint(
         "params": [p.detach().clone() for p in params],
         "optimizer": opt.state_dict(),
         "state": dataclasses.asdict(state),
-        "rng": generator_states(device),
+        "rng": generator_states(device) if rng is None else rng,
     }
     atomic_write(path, lambda f: torch.save(obj, f))
 
@@ -255,9 +258,10 @@ def load_checkpoint(
     opt: torch.optim.Optimizer,
     identity: dict[str, Any],
     device: torch.device = CPU,
+    generators: dict[str, torch.Tensor] | None = None,
 ) -> RunState:
-    """Restore parameters, optimiser and the generators of a run on ``device`` from ``path``; refuse a checkpoint
-    of another identity."""
+    """Restore parameters, optimiser and the generators of a run on ``device`` from ``path`` (into ``generators``
+    when given, instead of the process's); refuse a checkpoint of another identity."""
     obj = read_checkpoint(path, "delete it to start over")
     diff = differences(obj["identity"], identity)
     if diff:
@@ -278,7 +282,10 @@ def load_checkpoint(
             p.copy_(saved)
     try:
         opt.load_state_dict(obj["optimizer"])
-        set_generator_states(obj["rng"], device)
+        if generators is None:
+            set_generator_states(obj["rng"], device)
+        else:
+            generators.update(obj["rng"])
     except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
         raise DataError(
             f"checkpoint {path} holds an optimiser or generator state this run cannot take "

@@ -60,6 +60,7 @@ from reservoir.runtime.dtypes import cuda_bf16_native
 from reservoir.runtime.runner import CompiledOrEager
 from reservoir.tasks import SplitData, Task, make_task
 from reservoir.tasks.sizes import check_classes, check_train_split
+from reservoir.train import batched
 from reservoir.train.checkpoint import (
     RunState,
     check_resumable,
@@ -72,7 +73,7 @@ from reservoir.train.checkpoint import (
 )
 from reservoir.train.export import check_free, save_backbone
 from reservoir.train.model import FPT, format_counts, param_counts, select_trainable
-from reservoir.train.seeds import rng, run_generators
+from reservoir.train.seeds import generator_states, rng, run_generators
 
 # ---------------------------------------------------------------- data
 
@@ -306,10 +307,16 @@ def read_steps(
 ) -> list[float]:
     """The losses of ``steps``, the (loss, gradient norm) device tensors of :func:`train_step` for steps
     ``first + 1, first + 2, ...``, read in one synchronisation; Diverged naming the first step whose gradient
-    norm or loss is not finite."""
+    norm or loss is not finite (:func:`check_steps`)."""
     if not steps:
         return []
     losses, norms = torch.stack([torch.stack(s) for s in steps]).float().cpu().T.tolist()
+    return check_steps(losses, norms, first, tag, lr)
+
+
+def check_steps(losses: list[float], norms: list[float], first: int, tag: str, lr: float) -> list[float]:
+    """``losses``, the training losses of steps ``first + 1, first + 2, ...`` read from the device beside their
+    gradient norms ``norms``; Diverged naming the first step whose gradient norm or loss is not finite."""
     for i, (loss, norm) in enumerate(zip(losses, norms)):
         if not math.isfinite(norm) and math.isfinite(loss):
             raise Diverged(
@@ -405,6 +412,112 @@ def advance(state: RunState, cfg: TrainConfig) -> None:
                 f"lower and no falling training loss in {cfg.patience} validation passes"
             ),
         )
+
+
+def note_evaluation(
+    state: RunState,
+    cfg: TrainConfig,
+    evaluation: Evaluation,
+    params: Callable[[], list[torch.Tensor]],
+    log: Callable[[str], None],
+    tag: str,
+    *,
+    rate: float,
+    elapsed: float,
+) -> None:
+    """``evaluation`` into the history of ``state`` (with the mean training loss since the last, which must have
+    been read), the best step and its parameters (``params()``: copies of the run's trainable tensors), and the
+    stopping rule (:func:`advance`); one line of log, at ``rate`` steps/s after ``elapsed`` seconds."""
+    state.history.append(
+        {
+            "step": evaluation.step,
+            "loss": float(np.mean(state.pending_losses)),
+            "val_accuracy": evaluation.accuracy,
+            "val_loss": evaluation.loss,
+        }
+    )
+    state.pending_losses.clear()
+    if evaluation.accuracy > state.best_val:
+        state.best_val, state.best_step = evaluation.accuracy, evaluation.step
+        state.best_params = params()
+    advance(state, cfg)
+    log(
+        f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, "
+        f"val loss {evaluation.loss:.4f}, val {100 * evaluation.accuracy:.2f}% "
+        f"(best {100 * state.best_val:.2f}% at {state.best_step}), {rate:.2f} steps/s, {elapsed:.0f}s"
+    )
+
+
+def resume_state(
+    cfg: TrainConfig,
+    ckpt: Path,
+    name: str,
+    ident: dict[str, Any],
+    load: Callable[[], RunState],
+    log: Callable[[str], None],
+    tag: str,
+) -> RunState:
+    """The state a run starts from: under ``--resume``, its checkpoint's (``load()`` restores it; one of another
+    identity beside it is refused), ended where its best validation already reached ``--stop-at``; a fresh one
+    otherwise, saying that it replaces an old checkpoint."""
+    state = RunState()
+    if cfg.resume:
+        check_resumable(ckpt, name, ident)
+    if cfg.resume and ckpt.exists():
+        state = load()
+        if not state.done and state.best_val >= cfg.stop_at:  # solved by a lower --stop-at than it ran with
+            solved(state, cfg.stop_at)
+        log(
+            f"{tag} resumed {ckpt} at step {state.step}"
+            + (" (finished)" if state.done or state.step >= cfg.steps else "")
+        )
+    elif ckpt.exists():
+        log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
+    return state
+
+
+def stop_reason(state: RunState, cfg: TrainConfig) -> str:
+    """Why a run that leaves its loop stopped: its stopping rule, ``--max-time`` or ``--steps`` (more of either
+    continue it)."""
+    if state.done:
+        return state.stop_reason
+    if state.step < cfg.steps:
+        return f"reached --max-time {cfg.max_time:g} s at step {state.step}"
+    return f"reached --steps {cfg.steps}"
+
+
+def run_result(
+    state: RunState,
+    *,
+    lr: float,
+    seed: int,
+    blocks: int,
+    test: float,
+    why: str,
+    counts: list[dict[str, Any]],
+    ckpt: Path,
+    fingerprint: str,
+) -> dict[str, Any]:
+    """The result of one finished run (scores and bookkeeping), scored ``test`` on the test split at its best
+    validation step, stopped for ``why``."""
+    return {
+        "lr": lr,
+        "seed": seed,
+        "blocks": blocks,
+        "test_accuracy": test,
+        "val_accuracy": state.best_val,
+        "best_step": state.best_step,
+        "steps": state.step,
+        "steps_to_target": state.steps_to_target,
+        "stop_reason": why,
+        "seconds": state.seconds,
+        "dtypes": state.dtypes,
+        "machines": state.machines,
+        "history": state.history,
+        "param_counts": counts,
+        "checkpoint": str(ckpt),
+        "backbone_fingerprint": fingerprint,
+    }
 
 
 def train_run(
@@ -533,22 +646,15 @@ class TrainingRun:
 
     def _resumed(self, name: str) -> RunState:
         """The checkpoint's state under ``--resume`` (a fresh one otherwise, saying it replaces an old one)."""
-        cfg, ckpt, state = self.cfg, self.ckpt, RunState()
-        if cfg.resume:
-            check_resumable(ckpt, name, self.ident)
-        if cfg.resume and ckpt.exists():
-            state = load_checkpoint(ckpt, self.params, self.opt, self.ident, self.device)
-            if (
-                not state.done and state.best_val >= cfg.stop_at
-            ):  # solved by a lower --stop-at than it ran with
-                solved(state, cfg.stop_at)
-            self.log(
-                f"{self.tag} resumed {ckpt} at step {state.step}"
-                + (" (finished)" if state.done or state.step >= cfg.steps else "")
-            )
-        elif ckpt.exists():
-            self.log(f"{self.tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
-        return state
+        return resume_state(
+            self.cfg,
+            self.ckpt,
+            name,
+            self.ident,
+            lambda: load_checkpoint(self.ckpt, self.params, self.opt, self.ident, self.device),
+            self.log,
+            self.tag,
+        )
 
     @property
     def running(self) -> bool:
@@ -598,27 +704,16 @@ class TrainingRun:
         """``evaluation`` into the history (with the mean training loss since the last), the best step and
         its parameters, and the stopping rule (:func:`advance`); one line of log."""
         self.read()
-        state = self.state
-        state.history.append(
-            {
-                "step": evaluation.step,
-                "loss": float(np.mean(state.pending_losses)),
-                "val_accuracy": evaluation.accuracy,
-                "val_loss": evaluation.loss,
-            }
-        )
-        state.pending_losses.clear()
-        if evaluation.accuracy > state.best_val:
-            state.best_val, state.best_step = evaluation.accuracy, evaluation.step
-            state.best_params = [p.detach().clone() for p in self.params]
-        advance(state, self.cfg)
         began, first = self.clock
-        elapsed = self.seconds
-        rate = (state.step - first) / max(time.perf_counter() - began, 1e-9)
-        self.log(
-            f"{self.tag} step {state.step}/{self.cfg.steps}: loss {state.history[-1]['loss']:.4f}, "
-            f"val loss {evaluation.loss:.4f}, val {100 * evaluation.accuracy:.2f}% "
-            f"(best {100 * state.best_val:.2f}% at {state.best_step}), {rate:.2f} steps/s, {elapsed:.0f}s"
+        note_evaluation(
+            self.state,
+            self.cfg,
+            evaluation,
+            lambda: [p.detach().clone() for p in self.params],
+            self.log,
+            self.tag,
+            rate=(self.state.step - first) / max(time.perf_counter() - began, 1e-9),
+            elapsed=self.seconds,
         )
 
     def checkpoint(self) -> None:
@@ -632,13 +727,7 @@ class TrainingRun:
         """Checkpoint the end, put the best validation step's parameters back, score the test split; the run's
         result (scores and bookkeeping)."""
         state, cfg = self.state, self.cfg
-        # more --steps (or --max-time) continue it
-        if state.done:
-            stop_reason = state.stop_reason
-        elif state.step < cfg.steps:
-            stop_reason = f"reached --max-time {cfg.max_time:g} s at step {state.step}"
-        else:
-            stop_reason = f"reached --steps {cfg.steps}"
+        why = stop_reason(state, cfg)
         assert state.best_params is not None, "the last step always runs a validation pass"
         self.checkpoint()
         with torch.no_grad():
@@ -647,27 +736,20 @@ class TrainingRun:
         self.model.eval()
         test = evaluate(self.model, self.task, self.data.test, cfg.eval_batch_size, self.dtype, self.device)
         self.log(
-            f"{self.tag} {stop_reason}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
+            f"{self.tag} {why}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
             f"test {100 * test:.2f}%"
         )
-        return {
-            "lr": self.lr,
-            "seed": self.seed,
-            "blocks": self.blocks,
-            "test_accuracy": test,
-            "val_accuracy": state.best_val,
-            "best_step": state.best_step,
-            "steps": state.step,
-            "steps_to_target": state.steps_to_target,
-            "stop_reason": stop_reason,
-            "seconds": state.seconds,
-            "dtypes": state.dtypes,
-            "machines": state.machines,
-            "history": state.history,
-            "param_counts": self.counts,
-            "checkpoint": str(self.ckpt),
-            "backbone_fingerprint": self.ident["backbone_fingerprint"],
-        }
+        return run_result(
+            state,
+            lr=self.lr,
+            seed=self.seed,
+            blocks=self.blocks,
+            test=test,
+            why=why,
+            counts=self.counts,
+            ckpt=self.ckpt,
+            fingerprint=self.ident["backbone_fingerprint"],
+        )
 
 
 def _train_run(
@@ -713,6 +795,553 @@ def _train_run(
     return result
 
 
+# ---------------------------------------------------------------- runs trained together
+
+
+class GroupBatches(Batches):
+    """The training batches of a group of runs (:class:`GroupRun`): each run's rows of its own step by its own
+    data order (:meth:`Batches.rows` of its seed), one run after another, built a step ahead on a worker thread
+    (and pinned for CUDA) as :class:`Batches` builds one run's."""
+
+    def __init__(self, task: Task, data: SplitData, batch_size: int, device: torch.device):
+        super().__init__(task, data, 0, batch_size, device)
+        self._orders: dict[int, tuple[int, np.ndarray]] = {}  # the worker thread's alone
+
+    def run_rows(self, seed: int, step: int) -> np.ndarray:
+        """Run ``seed``'s training rows of its step ``step``, as :meth:`Batches.rows` gives them alone."""
+        epoch, i = divmod(step, self.per_epoch)
+        if self._orders.get(seed, (-1,))[0] != epoch:
+            self._orders[seed] = (epoch, epoch_order(seed, epoch, len(self.data)))
+        return self._orders[seed][1][i * self.batch_size : (i + 1) * self.batch_size]
+
+    def _build(self, plan: tuple[tuple[int, int], ...]) -> Batch:
+        rows = np.concatenate([self.run_rows(seed, step) for seed, step in plan])
+        batch = batch_tensors(self.task, self.data, rows)
+        return tuple(t.pin_memory() for t in batch) if self.pin else batch
+
+    def take(self, plan: tuple[tuple[int, int], ...]) -> Batch:
+        """The batch of ``plan``, a ``(seed, step)`` a run; the worker starts building the next steps'."""
+        ahead = self._ahead[1] if self._ahead is not None and self._ahead[0] == plan else None
+        current = ahead or self._pool.submit(self._build, plan)
+        following = tuple((seed, step + 1) for seed, step in plan)
+        self._ahead = (following, self._pool.submit(self._build, following))
+        return current.result()
+
+
+@dataclasses.dataclass
+class Member:
+    """One run of a :class:`GroupRun`: its settings, state, checkpoint and generator states; ``outcome`` is its
+    result once it finished, :class:`Diverged` once it diverged."""
+
+    lr: float
+    seed: int
+    tag: str
+    ident: dict[str, Any]
+    ckpt: Path
+    rng: dict[str, torch.Tensor]
+    state: RunState = dataclasses.field(default_factory=RunState)
+    clock: tuple[float, int] = (0.0, 0)
+    outcome: dict[str, Any] | Diverged | None = None
+    #: left unfinished: a run of the same learning rate and a lower seed diverged (the rate is set aside)
+    dropped: bool = False
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of training so far, earlier stretches of a resumed run included."""
+        return self.state.seconds + time.perf_counter() - self.clock[0]
+
+    @property
+    def stopped(self) -> bool:
+        return self.outcome is not None or self.dropped
+
+
+class GroupRun:
+    """Runs (learning rate, seed) of ``train`` trained together (:mod:`reservoir.train.batched`): the backbone held
+    once, the runs' trainable parameters and seeded tensors stacked, each step one forward and backward over every
+    run's batch, each run with its Adam, clipping, data order and dropout generators. A run leaves the group when
+    it meets its stopping rule, ``--steps`` or ``--max-time``, or diverges; it writes the checkpoints (one file a
+    run, the one it writes alone) and returns the result it returns alone, with ``batch_runs``: the number of
+    runs it started training with.
+
+    Building it builds each seed's model as :class:`TrainingRun` does (the dropout generators then stand where
+    the run's stand alone), stacks what differs, holds the stacked forward against each run's own model
+    (:attr:`mismatch` says why not, and then the runs must train one after another) and resumes each run's
+    checkpoint under ``cfg.resume``.
+    """
+
+    #: validation rows the stacked forward is held against each run's own model on
+    PROBE_ROWS = 8
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        task: Task,
+        data: Splits,
+        runs: Sequence[tuple[float, int]],
+        *,
+        device: torch.device,
+        log: Callable[[str], None],
+        shared: dict[str, Any],
+        show_counts: bool,
+    ):
+        self.cfg, self.task, self.data, self.device, self.log = cfg, task, data, device, log
+        self.size = len(runs)
+        self.tag = f"[batch of {self.size}]"
+        self.mismatch = ""
+        seeds = list(dict.fromkeys(seed for _, seed in runs))
+        probe = [
+            t.to(device)
+            for t in batch_tensors(task, data.val, np.arange(min(self.PROBE_ROWS, len(data.val))))
+        ]
+        template: FPT | None = None
+        built: dict[int, dict[str, Any]] = {}
+        for seed in seeds:
+            log(f"{self.tag} loading backbone {cfg.backbone} (seed {seed}) ...")
+            with run_generators(seed, device):
+                backbone = load_backbone(cfg.backbone, seed)
+                check_length(task.spec, backbone, cfg.backbone)
+                blocks = self._blocks(backbone)
+                fingerprint = backbone_fingerprint(backbone)
+                model = FPT(
+                    task.spec,
+                    backbone,
+                    blocks=blocks,
+                    seed=seed,
+                    input_scale=cfg.input_scale,
+                    dropout=cfg.dropout,
+                ).to(device)
+                states = generator_states(device)
+            model.eval()
+            with torch.inference_mode():
+                reference = model(*probe[:2]).float()
+            if template is None:
+                template, values = model, {}
+            elif not batched.same_buffers(template, model):
+                self.mismatch = f"the buffers of {cfg.backbone} differ between seeds {seeds[0]} and {seed}"
+                return
+            else:
+                values = {n: t.detach() for n, t in batched.differing(template, model).items()}
+            built[seed] = {
+                "fingerprint": fingerprint,
+                "rng": states,
+                "values": values,
+                "reference": reference,
+            }
+            del model, backbone
+        assert template is not None
+        self.blocks = template.blocks
+        params, notes = select_trainable(template, cfg.trainable)
+        for note in notes:
+            log(note)
+        self.counts = param_counts(template)
+        if show_counts:
+            log(format_counts(self.counts))
+        named = dict(template.named_parameters())
+        by_id = {id(p): n for n, p in named.items()}
+        trained = [by_id[id(p)] for p in params]
+        seeded = {n for b in built.values() for n in b["values"]} - set(trained)
+        names = trained + [n for n in named if n in seeded]
+        own = {n: named[n].detach().clone() for n in names}
+        self.model = template
+        self.stack = batched.RunStack(
+            template,
+            names,
+            [[built[seed]["values"].get(n, own[n]) for n in names] for _, seed in runs],
+            len(trained),
+            [lr for lr, _ in runs],
+        )
+        del own
+        self.mismatch = self._check(probe, [built[seed]["reference"] for _, seed in runs])
+        if self.mismatch:
+            return
+        self.members = [
+            Member(
+                lr,
+                seed,
+                f"[lr={lr:g} seed={seed}]",
+                run_identity(
+                    shared,
+                    backbone_fingerprint=built[seed]["fingerprint"],
+                    blocks=self.blocks,
+                    lr=lr,
+                    seed=seed,
+                ),
+                Path(),
+                {k: v.clone() for k, v in built[seed]["rng"].items()},
+            )
+            for lr, seed in runs
+        ]
+        for r, m in enumerate(self.members):
+            name = run_name(cfg, self.blocks, m.lr, m.seed)
+            m.ckpt = checkpoint_path(cfg.checkpoint_folder, name, m.ident)
+            m.state = resume_state(cfg, m.ckpt, name, m.ident, lambda r=r, m=m: self._load(r, m), log, m.tag)
+        self.dtype = train_dtype(cfg.dtype, device, template.backbone.d_model, log, self.tag)
+        for m in self.members:
+            for seen, now in ((m.state.dtypes, self.dtype), (m.state.machines, machine.on(device))):
+                if not seen or seen[-1] != now:
+                    seen.append(now)
+        self.active = list(self.members)
+        #: (losses, gradient norms) device tensors ``(runs,)`` of the steps since the last read (:meth:`read`)
+        self.unread: list[tuple[torch.Tensor, torch.Tensor]] = []
+        began = time.perf_counter()
+        for m in self.members:
+            m.clock = (began, m.state.step)
+
+    def _blocks(self, backbone) -> int:
+        blocks = backbone.n_layers if self.cfg.blocks is None else self.cfg.blocks
+        if not 0 <= blocks <= backbone.n_layers:
+            raise UsageError(
+                f"--blocks {blocks}: backbone {self.cfg.backbone} has {backbone.n_layers} blocks; "
+                f"choose 0 to {backbone.n_layers} (or leave it out to run them all)"
+            )
+        return blocks
+
+    def _check(self, probe: list[torch.Tensor], references: list[torch.Tensor]) -> str:
+        """Why the stacked forward of the probe rows is not each run's own (``""``: it is, to float tolerance)."""
+        tokens, lengths = probe[0], probe[1]
+        self.model.eval()
+        try:
+            with torch.inference_mode(), self.stack.bound(self.stack.tensors(), len(tokens)):
+                out = self.model(
+                    batched.repeat_rows(tokens, self.size), batched.repeat_rows(lengths, self.size)
+                )
+        except Exception as e:  # noqa: BLE001 - any failure of the stacked forward means: train one at a time
+            return f"the stacked forward of {self.cfg.backbone} fails ({type(e).__name__}: {str(e)[:200]})"
+        out = out.float().reshape(self.size, *references[0].shape)
+        for r, reference in enumerate(references):
+            scale = float(reference.abs().max()) or 1.0
+            if not torch.allclose(out[r], reference, rtol=1e-3, atol=1e-4 * scale):
+                return (
+                    f"the stacked forward of {self.cfg.backbone} differs from run {r}'s own (largest difference "
+                    f"{float((out[r] - reference).abs().max()):.3g}): its family reads a trained or seeded tensor "
+                    "outside its module's forward"
+                )
+        return ""
+
+    def _load(self, r: int, m: Member) -> RunState:
+        """Run ``r``'s checkpoint into its row of the stack and its generator states."""
+        params = [nn.Parameter(torch.empty(leaf.shape[1:], device=self.device)) for leaf in self.stack.leaves]
+        opt = optimizer(params, m.lr)
+        state = load_checkpoint(m.ckpt, params, opt, m.ident, self.device, generators=m.rng)
+        moments = [opt.state.get(p, {}) for p in params]
+        zeros = [torch.zeros_like(p) for p in params]
+        steps = [float(s["step"]) for s in moments if "step" in s]
+        self.stack.set_run(
+            r,
+            [p.detach() for p in params],
+            [s.get("exp_avg", z) for s, z in zip(moments, zeros)],
+            [s.get("exp_avg_sq", z) for s, z in zip(moments, zeros)],
+            max(steps, default=0.0),
+        )
+        return state
+
+    def running(self, m: Member) -> bool:
+        cfg = self.cfg
+        out_of_time = cfg.max_time is not None and m.seconds >= cfg.max_time
+        return not m.stopped and not m.state.done and m.state.step < cfg.steps and not out_of_time
+
+    def step(self, batch: Batch) -> None:
+        """One step of every active run on ``batch`` (its rows, run after run): one forward and backward, then each
+        run's clipping and Adam (:meth:`~reservoir.train.batched.RunStack.update`); nothing waits for the device."""
+        stack, n = self.stack, self.cfg.batch_size
+        tokens, lengths, labels = (t.to(self.device, non_blocking=True) for t in batch)
+        self.model.train()
+        with (
+            stack.bound(stack.tensors(), n, [m.rng for m in self.active]),
+            batched.drawing(),
+            autocast(self.dtype, self.device),
+        ):
+            logits = self.model(tokens, lengths)
+        flat = logits.float().reshape(-1, logits.shape[-1])
+        losses = (
+            nn.functional.cross_entropy(flat, labels.reshape(-1), reduction="none")
+            .view(stack.runs, -1)
+            .mean(1)
+        )
+        losses.sum().backward()
+        norms = stack.update(self.cfg.grad_clip)
+        self.unread.append((losses.detach(), norms))
+        for m in self.active:
+            m.state.step += 1
+
+    def read(self) -> None:
+        """The steps since the last read, brought to the host at once; a run whose loss or gradient norm is not
+        finite has diverged (:func:`check_steps`), and the runs of its learning rate with higher seeds are
+        dropped (the rate is set aside, as it is when its runs train one after another)."""
+        if not self.unread:
+            return
+        both = (
+            torch.stack([torch.stack([loss, norm]) for loss, norm in self.unread]).float().cpu()
+        )  # (S, 2, R)
+        for r, m in enumerate(self.active):
+            if m.stopped:
+                continue
+            try:
+                m.state.pending_losses.extend(
+                    check_steps(
+                        both[:, 0, r].tolist(),
+                        both[:, 1, r].tolist(),
+                        m.state.step - len(self.unread),
+                        m.tag,
+                        m.lr,
+                    )
+                )
+            except Diverged as e:
+                m.outcome = e
+                self.log(f"{e}; the run leaves the batch")
+                for other in self.active:
+                    if other.lr == m.lr and other.seed > m.seed and not other.stopped:
+                        other.dropped = True
+        self.unread.clear()
+
+    def scores(
+        self, members: list[Member], d: SplitData, tensors: list[torch.Tensor]
+    ) -> list[tuple[float, float]]:
+        """Accuracy and mean cross-entropy of each of ``members`` (its stacked ``tensors``) over every output of the
+        whole split ``d`` (:func:`scores` of each run alone), its batches of ``eval_batch_size`` rows a run."""
+        k, size = len(members), self.cfg.eval_batch_size
+        correct = torch.zeros(k, dtype=torch.long, device=self.device)
+        losses, counts = [], []
+        self.model.eval()
+        with torch.inference_mode(), autocast(self.dtype, self.device):
+            for start in range(0, len(d), size):
+                rows = np.arange(start, min(start + size, len(d)))
+                tokens, lengths, labels = (t.to(self.device) for t in batch_tensors(self.task, d, rows))
+                with self.stack.bound(tensors, len(rows)):
+                    logits = self.model(batched.repeat_rows(tokens, k), batched.repeat_rows(lengths, k))
+                flat = logits.float().reshape(k, -1, logits.shape[-1])
+                y = labels.reshape(-1)
+                ce = nn.functional.cross_entropy(
+                    flat.reshape(-1, flat.shape[-1]), y.repeat(k), reduction="none"
+                )
+                losses.append(ce.view(k, -1).mean(1))
+                correct += (flat.argmax(-1) == y).sum(1)
+                counts.append(labels.numel())
+        means = torch.stack(losses).cpu().tolist()
+        total = sum(counts)
+        out = []
+        for r, c in enumerate(correct.cpu().tolist()):
+            loss_sum = 0.0
+            for chunk, n in zip(means, counts):
+                loss_sum += chunk[r] * n
+            out.append((c / total, loss_sum / total))
+        return out
+
+    def validate(self, members: list[Member]) -> list[Evaluation]:
+        """A validation pass of ``members``' current parameters, together; changes nothing of the runs."""
+        index = self._index(members)
+        tensors = self.stack.tensors(None if len(members) == self.stack.runs else index)
+        return [
+            Evaluation(m.state.step, acc, loss)
+            for m, (acc, loss) in zip(members, self.scores(members, self.data.val, tensors))
+        ]
+
+    def _index(self, members: list[Member]) -> torch.Tensor:
+        return torch.tensor([self.active.index(m) for m in members], dtype=torch.long, device=self.device)
+
+    def record(self, m: Member, evaluation: Evaluation) -> None:
+        """``evaluation`` into run ``m``'s history, best step and stopping rule, as a run alone records it
+        (:func:`note_evaluation`); the steps must have been read."""
+        r = self.active.index(m)
+        began, first = m.clock
+        note_evaluation(
+            m.state,
+            self.cfg,
+            evaluation,
+            lambda: self.stack.run_params(r),
+            self.log,
+            m.tag,
+            rate=(m.state.step - first) / max(time.perf_counter() - began, 1e-9),
+            elapsed=m.seconds,
+        )
+
+    def checkpoint(self, m: Member) -> None:
+        """Count run ``m``'s time so far, then save it as it saves alone: its parameters, its Adam (in fused Adam's
+        form), its state and its own generator states."""
+        m.state.seconds = m.seconds
+        m.clock = (time.perf_counter(), m.state.step)
+        self.read()
+        r = self.active.index(m)
+        params = [nn.Parameter(t) for t in self.stack.run_params(r)]
+        opt = optimizer(params, m.lr)
+        exp_avg, exp_avg_sq, step = self.stack.run_moments(r)
+        if m.state.step:
+            for p, first, second in zip(params, exp_avg, exp_avg_sq):
+                opt.state[p] = {"step": step.clone(), "exp_avg": first, "exp_avg_sq": second}
+        save_checkpoint(m.ckpt, params, opt, m.state, m.ident, self.device, rng=m.rng)
+
+    def leave(self, members: list[Member]) -> None:
+        """``members`` leave the group: each finished one validates if its last step had no pass, checkpoints, and
+        is scored on the test split at its best validation step (together); a diverged or dropped one ends."""
+        if not members:
+            return
+        self.read()
+        finishing = [m for m in members if not m.stopped]
+        unrecorded = [
+            m for m in finishing if not m.state.history or m.state.history[-1]["step"] != m.state.step
+        ]
+        if unrecorded:
+            for m, evaluation in zip(unrecorded, self.validate(unrecorded)):
+                self.record(m, evaluation)
+        finishing = [m for m in finishing if not m.stopped]
+        if finishing:
+            why = {id(m): stop_reason(m.state, self.cfg) for m in finishing}
+            for m in finishing:
+                assert m.state.best_params is not None, "the last step always runs a validation pass"
+                self.checkpoint(m)
+            best = self.stack.best(self._index(finishing), [m.state.best_params for m in finishing])
+            for m, (test, _) in zip(finishing, self.scores(finishing, self.data.test, best)):
+                self.log(
+                    f"{m.tag} {why[id(m)]}; best val {100 * m.state.best_val:.2f}% at step {m.state.best_step}, "
+                    f"test {100 * test:.2f}%"
+                )
+                m.outcome = {
+                    **run_result(
+                        m.state,
+                        lr=m.lr,
+                        seed=m.seed,
+                        blocks=self.blocks,
+                        test=test,
+                        why=why[id(m)],
+                        counts=self.counts,
+                        ckpt=m.ckpt,
+                        fingerprint=m.ident["backbone_fingerprint"],
+                    ),
+                    "batch_runs": self.size,
+                }
+        leaving = {id(m) for m in members}
+        kept = [r for r, m in enumerate(self.active) if id(m) not in leaving]
+        self.active = [self.active[r] for r in kept]
+        if self.active:
+            self.stack.keep(kept)
+            self.log(f"{self.tag} {len(members)} run(s) left the batch; {len(self.active)} go on")
+
+    def train(self, on_step: Callable[[int], None] | None, progress: bool) -> None:
+        """Step, validate and record each run every ``eval_every`` of its steps (and at its last), checkpoint it
+        every ``checkpoint_every``, until every run has left (:meth:`leave`)."""
+        cfg = self.cfg
+        self.leave([m for m in self.active if not self.running(m)])  # resumed finished
+        if not self.active:
+            return
+        start = min(m.state.step for m in self.active)
+        with (
+            bar(cfg.steps, f"{self.tag} training", initial=start, enabled=progress, unit="step") as shown,
+            GroupBatches(self.task, self.data.train, cfg.batch_size, self.device) as batches,
+        ):
+            while self.active:
+                self.step(batches.take(tuple((m.seed, m.state.step) for m in self.active)))
+                shown.update()
+                due = [
+                    m for m in self.active if m.state.step % cfg.eval_every == 0 or m.state.step >= cfg.steps
+                ]
+                if due:
+                    self.read()
+                    due = [m for m in due if not m.stopped]
+                    for m, evaluation in zip(due, self.validate(due) if due else []):
+                        self.record(m, evaluation)
+                saving = [
+                    m
+                    for m in self.active
+                    if cfg.checkpoint_every and m.state.step % cfg.checkpoint_every == 0 and not m.state.done
+                ]
+                for m in saving:
+                    if not m.stopped:
+                        self.checkpoint(m)
+                if on_step is not None:
+                    on_step(max(m.state.step for m in self.active))
+                leaving = [m for m in self.active if not self.running(m)]
+                if leaving:
+                    self.leave(leaving)
+
+
+def train_group(
+    cfg: TrainConfig,
+    task: Task,
+    data: Splits,
+    runs: Sequence[tuple[float, int]],
+    *,
+    device: torch.device,
+    on_step: Callable[[int], None] | None,
+    log: Callable[[str], None],
+    shared: dict[str, Any],
+    show_counts: bool,
+    progress: bool,
+) -> dict[tuple[float, int], dict[str, Any] | Diverged | None] | None:
+    """Train ``runs`` together (:class:`GroupRun`); each run's result, :class:`Diverged`, or ``None`` (dropped:
+    its rate diverged at a lower seed). ``None`` where they cannot train together (said in the log): the caller
+    trains them one after another."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        group = GroupRun(
+            cfg, task, data, runs, device=device, log=log, shared=shared, show_counts=show_counts
+        )
+    if group.mismatch:
+        log(f"{group.tag} {group.mismatch}; its runs train one after another")
+        return None
+    group.train(on_step, progress)
+    return {(m.lr, m.seed): m.outcome for m in group.members}
+
+
+def group_size(
+    cfg: TrainConfig, task: Task, data: Splits, device: torch.device, n_runs: int, log: Callable[[str], None]
+) -> int:
+    """Runs a group trains together: ``cfg.concurrent_runs``, or as many of ``n_runs`` as fit the device's memory
+    (:func:`~reservoir.train.batched.runs_that_fit`), from what one run takes, measured: its trainable parameters
+    (with their gradients, Adam moments, best copy and flat copies: 6 times), its frozen tensors that differ
+    between seeds, and one step's activations (on CUDA the peak of a training step and of a validation batch
+    over what was allocated before; on the CPU twice what autograd saves for the backward pass)."""
+    if cfg.concurrent_runs is not None or n_runs == 1:
+        return min(cfg.concurrent_runs or 1, n_runs)
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []):
+        backbone = load_backbone(cfg.backbone, cfg.seed)
+        blocks = backbone.n_layers if cfg.blocks is None else min(cfg.blocks, backbone.n_layers)
+        model = FPT(
+            task.spec,
+            backbone,
+            blocks=blocks,
+            seed=cfg.seed,
+            input_scale=cfg.input_scale,
+            dropout=cfg.dropout,
+        ).to(device)
+        params, _ = select_trainable(model, cfg.trainable)
+        seeded = 0
+        if cfg.seeds > 1:
+            other = load_backbone(cfg.backbone, cfg.seed + 1).to(device)
+            seeded = sum(p.numel() * p.element_size() for p in batched.differing(backbone, other).values())
+            del other
+        train_rows = np.arange(min(cfg.batch_size, len(data.train)))
+        tokens, lengths, labels = (t.to(device) for t in batch_tensors(task, data.train, train_rows))
+        model.train()
+
+        def forward() -> torch.Tensor:
+            return loss_and_correct(model(tokens, lengths), labels)[0]
+
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            forward().backward()
+            model.eval()
+            val_rows = np.arange(min(cfg.eval_batch_size, len(data.val)))
+            with torch.inference_mode():
+                model(*(t.to(device) for t in batch_tensors(task, data.val, val_rows)[:2]))
+            activations = torch.cuda.max_memory_allocated(device) - before
+            what = "measured peak of a step"
+        else:
+            loss = [None]
+            activations = 2 * batched.saved_bytes(lambda: loss.__setitem__(0, forward()))
+            loss[0].backward()
+            what = "twice what a step saves for its backward pass"
+        trainable = sum(p.numel() * p.element_size() for p in params)
+    per_run = activations + 6 * trainable + seeded
+    fit, budget = batched.runs_that_fit(per_run, device, n_runs)
+    log(
+        f"{fit} of {n_runs} runs a batch: each takes about {per_run / 2**20:.1f} MiB ({what} "
+        f"{activations / 2**20:.1f} MiB), {budget / 2**20:.0f} MiB to give on {machine.on(device)}"
+    )
+    return fit
+
+
 class Diverged(ReservoirError):
     """A run whose loss or gradients stopped being finite. Alone it stops ``train``; in a sweep its
     learning rate is set aside (recorded as diverged, never selected) and the sweep goes on."""
@@ -738,6 +1367,82 @@ def _sweep_runs(
     return out
 
 
+def _train_groups(
+    cfg: TrainConfig,
+    task: Task,
+    data: Splits,
+    pairs: list[tuple[float, int]],
+    size: int,
+    *,
+    device: torch.device,
+    on_step: Callable[[int], None] | None,
+    log: Callable[[str], None],
+    shared: dict[str, Any],
+    progress: bool,
+) -> dict[tuple[float, int], dict[str, Any] | Diverged | None]:
+    """The runs ``pairs`` (in the order they run one after another) trained in groups of ``size``
+    (:func:`train_group`; a group that cannot train together trains one after another): each run's result or
+    :class:`Diverged`. Once a run diverged, the runs of its learning rate not yet started never start, as one
+    after another they never would."""
+    outcomes: dict[tuple[float, int], dict[str, Any] | Diverged | None] = {}
+    pending = list(pairs)
+    while pending:
+        aside = {lr for (lr, _), o in outcomes.items() if isinstance(o, Diverged)}
+        pending = [run for run in pending if run[0] not in aside]
+        group, pending = pending[:size], pending[size:]
+        if not group:
+            break
+        common = dict(on_step=on_step, log=log, shared=shared, progress=progress)
+        show = group[0] == pairs[0]
+        done = (
+            train_group(cfg, task, data, group, device=device, show_counts=show, **common)
+            if len(group) > 1
+            else None
+        )
+        if done is None:
+            done = {}
+            for lr, seed in group:
+                if any(isinstance(o, Diverged) for (rate, _), o in done.items() if rate == lr):
+                    continue
+                try:
+                    done[(lr, seed)] = train_run(
+                        cfg, task, data, lr=lr, seed=seed, show_counts=(lr, seed) == pairs[0], **common
+                    )
+                except Diverged as e:
+                    done[(lr, seed)] = e
+            done = {k: {**o, "batch_runs": 1} if isinstance(o, dict) else o for k, o in done.items()}
+        outcomes.update(done)
+    return outcomes
+
+
+def _sweep_outcomes(
+    cfg: TrainConfig,
+    seeds: list[int],
+    outcomes: dict[tuple[float, int], dict[str, Any] | Diverged | None],
+    log: Callable[[str], None],
+) -> tuple[dict[float, list[dict[str, Any]]], dict[float, str]]:
+    """The runs of each learning rate and the rates set aside, from the runs' ``outcomes``, as
+    :func:`_sweep_runs` gives them one after another: a rate whose run diverged is set aside with the message of
+    its lowest diverged seed (raised where it is the only rate)."""
+    runs: dict[float, list[dict[str, Any]]] = {}
+    diverged: dict[float, str] = {}
+    for lr in cfg.lr:
+        done = []
+        for seed in seeds:
+            outcome = outcomes.get((lr, seed))
+            if isinstance(outcome, Diverged):
+                if len(cfg.lr) == 1:
+                    raise outcome
+                log(f"{outcome}; learning rate {lr:g} set aside, the sweep goes on")
+                diverged[lr] = str(outcome)
+                break
+            assert isinstance(outcome, dict), "a run is dropped only after a lower seed of its rate diverged"
+            done.append(outcome)
+        else:
+            runs[lr] = done
+    return runs, diverged
+
+
 def train(
     cfg: TrainConfig, *, progress: bool = True, on_step: Callable[[int], None] | None = None
 ) -> dict[str, Any]:
@@ -751,7 +1456,7 @@ def train(
     --------
     >>> train(TrainConfig(task="bit_xor", backbone="gpt2-random", lr=(1e-4, 1e-3), seeds=3))  # doctest: +SKIP
     """
-    resolve_device(cfg.device)  # an absent device fails before any data is read
+    device = resolve_device(cfg.device)  # an absent device fails before any data is read
     if cfg.save_backbone is not None:
         check_free(cfg.save_backbone)  # before anything trains
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
@@ -769,7 +1474,23 @@ def train(
     trained: list[FPT] = []  # the one run's model, when its backbone is saved (config: one lr, one seed)
     keep = trained.append if cfg.save_backbone is not None else None
     diverged: dict[float, str] = {}
-    for lr in cfg.lr:
+    pairs = [(lr, s) for lr in cfg.lr for s in seeds]
+    size = group_size(cfg, task, data, device, len(pairs), log)
+    if size > 1:
+        outcomes = _train_groups(
+            cfg,
+            task,
+            data,
+            pairs,
+            size,
+            device=device,
+            on_step=on_step,
+            log=log,
+            shared=shared,
+            progress=progress,
+        )
+        runs, diverged = _sweep_outcomes(cfg, seeds, outcomes, log)
+    for lr in cfg.lr if size == 1 else ():
         done = _sweep_runs(
             cfg,
             lr,
@@ -792,7 +1513,7 @@ def train(
         if isinstance(done, str):
             diverged[lr] = done
         else:
-            runs[lr] = done
+            runs[lr] = [{**r, "batch_runs": 1} for r in done]
     if not runs:
         raise DataError(
             f"every learning rate of the sweep diverged ({', '.join(f'{lr:g}' for lr in cfg.lr)}); "
@@ -827,7 +1548,7 @@ def train(
         "n_val": len(data.val),
         "n_test": len(data.test),
         "test_split": data.test_name,
-        "seconds": float(sum(r["seconds"] for rs in runs.values() for r in rs)),
+        "seconds": float(sum(r["seconds"] / r["batch_runs"] for rs in runs.values() for r in rs)),
         "machines": list(dict.fromkeys(m for rs in runs.values() for r in rs for m in r["machines"])),
         "lr": best_lr,
         "target": cfg.target,
