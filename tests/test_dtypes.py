@@ -62,3 +62,15 @@ def test_rates_are_measured_once_per_cpu_and_kept(cache):
 
 def test_a_real_measurement_gives_positive_rates(cache):
     assert dtypes.rate("float32", width=64) > 0
+
+
+def test_rates_measured_by_this_run_are_said_measured_now_for_the_rest_of_it(cache, monkeypatch):
+    """The first run on a fresh cache measures the rates once and says "measured now" every time it gives
+    its reason; a later run reads them and says "measured before"."""
+    measure, calls = fake({"float32": 300.0, "bfloat16": 900.0})
+    monkeypatch.setattr(dtypes, "rate", measure)
+    monkeypatch.setattr(dtypes, "_MEASURED", {})
+    assert "measured now" in dtypes.choose("cpu")[1] and "measured now" in dtypes.choose("cpu")[1]
+    assert len(calls) == 2
+    monkeypatch.setattr(dtypes, "_MEASURED", {})  # a later process
+    assert "measured before" in dtypes.choose("cpu")[1] and len(calls) == 2

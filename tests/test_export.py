@@ -65,6 +65,15 @@ def test_a_depth_or_split_the_file_lacks_is_refused_and_nothing_is_written(digit
     assert not out.exists() and not list(tmp_path.glob(".x.parquet*"))
 
 
+def test_an_out_named_for_another_format_is_refused_and_a_missing_folder_made(digits, tmp_path, cli):
+    r = cli("export", str(digits), "--out", str(tmp_path / "feats.csv"))
+    assert r.exit_code == 1 and "names a .csv file, and export writes Parquet" in r.output
+    assert not list(tmp_path.glob("*feats*"))
+    out = tmp_path / "new" / "folder" / "feats.parquet"
+    r = cli("export", str(digits), "--out", str(out), "--depths", "0")
+    assert r.exit_code == 0 and out.exists() and "partial" not in r.output
+
+
 def named_images(root, names=("cat", "dog", "emu"), n: int = 6, seed: int = 0):
     """An image folder ``root/NAME/*.png`` (``n`` random 8x8 images a class)."""
     Image = pytest.importorskip("PIL.Image")

@@ -115,3 +115,19 @@ def test_real_targets_are_refused_where_classes_are_needed(tmp_path, tiny_gpt2, 
     assert r.exit_code == 1 and "real-valued targets (regression)" in r.output and "--head ridge" in r.output
     r = cli("train", "--task", "narma10", "--backbone", str(tiny_gpt2), "--steps", "2")
     assert r.exit_code == 1 and "real-valued targets" in r.output and "Traceback" not in r.output
+
+
+def test_messages_of_a_forecast_say_what_ran(cli, home, tiny_gpt2):
+    """Real-valued targets: the dtype line gives float32's own reason, the majority baseline is called the
+    train mean on stderr as in the table, and an error near 0 keeps its digits."""
+    from reservoir.probe.metrics import METRICS
+
+    opts = ["--task-opt", "n_train=200", "--task-opt", "n_val=50", "--task-opt", "n_test=50"]
+    r = cli("extract", "--task", "narma10", "--backbone", str(tiny_gpt2), "--depths", "0,1", *opts)
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if x.startswith("extracting narma10"))
+    assert ": float32 (" in line and "(auto: bfloat16" not in line
+    r = cli("fit", "--task", "narma10", "--backbone", str(tiny_gpt2), "--depth", "1")
+    assert r.exit_code == 0, r.output
+    assert "baseline train mean" in r.output and "baseline majority" not in r.output
+    assert METRICS["nrmse"].format(0.0000123) == "1.23e-05"

@@ -87,8 +87,15 @@ def write_parquet(
 
 
 def check_out(out: Path, format: str) -> None:
-    """Refuse an ``out`` that is something else than what an export writes there (never replaced): a folder
-    for Parquet, a file or a folder other than a ``datasets`` folder for ``datasets``."""
+    """Refuse an ``out`` that is something else than what an export writes there (never replaced): a folder,
+    or a file named for another format (``.csv``), for Parquet; a file or a folder other than a ``datasets``
+    folder for ``datasets``. A missing parent folder is made."""
+    if format == "parquet" and out.suffix.lower() not in ("", ".parquet", ".pq"):
+        raise UsageError(
+            f"--out {out} names a {out.suffix} file, and export writes Parquet; name it .parquet (or use "
+            "--format datasets for a folder)"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)  # as extract --out: a missing folder is made
     if not out.exists():
         return
     other = out.is_dir() if format == "parquet" else not (out / "dataset_dict.json").exists()

@@ -452,13 +452,16 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     check_fits(
         backbone, device, dtype, cfg.backbone
     )  # a CUDA card's free memory, before anything moves there
+    fastest = dtype
     if cfg.dtype == "auto" and not halved and task.spec.target == "regression" and dtype != "float32":
         # bf16 keeps 8 bits of a state: a forecast's error then stops near 1% of the target's spread
-        log(
-            f"dtype float32, not {dtype}: task {task.name!r} has real-valued targets (--dtype auto)", progress
-        )
+        fastest = dtype
         dtype = "float32"
-    dtype_why = ""
+    dtype_why = (
+        f"auto: float32, not {fastest}, which multiplies fastest here: task {task.name!r} has real-valued targets"
+        if dtype == "float32" and cfg.dtype == "auto" and task.spec.target == "regression" and not halved
+        else ""
+    )
     if cfg.dtype == "auto" and not halved and dtype not in INT8_DTYPES:
         from reservoir.runtime.quantized import choose_int8
 

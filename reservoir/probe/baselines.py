@@ -220,8 +220,18 @@ def fit_baselines(
         result = {**result, **scores}
         result["path"] = str(write_result(result))
         out.append(result)
-        log(f"baseline {baseline} ({head}): {score_line(scores)}", progress)
+        log(
+            f"baseline {display_name(baseline, scores.get('metric', 'accuracy'))} ({head}): {score_line(scores)}",
+            progress,
+        )
     return out
+
+
+def display_name(baseline: str, metric: str) -> str:
+    """A baseline as messages and tables name it: the majority rule of real-valued targets is the train mean."""
+    from reservoir.probe.metrics import METRICS_BY_TARGET
+
+    return "train mean" if baseline == "majority" and metric in METRICS_BY_TARGET["regression"] else baseline
 
 
 def _rows(X: dict[str, np.ndarray], data: dict[str, SplitData], val: str | None, tests: list[str]):

@@ -108,7 +108,7 @@ class Metric:
     def format(self, value: float | None) -> str:
         if value is None or np.isnan(value):
             return "-"
-        return f"{100 * value:.2f}%" if self.percent else f"{value:.4f}"
+        return f"{100 * value:.2f}%" if self.percent else f"{value:.4g}"  # an error near 0 keeps its digits
 
 
 METRICS = {

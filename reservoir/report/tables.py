@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.probe.metrics import METRICS, METRICS_BY_TARGET, Metric
+from reservoir.probe.baselines import display_name
+from reservoir.probe.metrics import METRICS, Metric
 from reservoir.results import (
     load_results,  # noqa: F401  (report's entry point reads through it)
     merge_seeds,
@@ -320,8 +321,7 @@ def baselines_for(rows: list[Row], baselines: list[dict[str, Any]], task: str) -
 
 def baseline_name(b: dict[str, Any]) -> str:
     """A baseline result's name in tables: the majority rule of real-valued targets is the train mean."""
-    real = b.get("metric", "accuracy") in METRICS_BY_TARGET["regression"]
-    return "train mean" if real and b["baseline"] == "majority" else baseline_label(b["baseline"])
+    return baseline_label(display_name(b["baseline"], b.get("metric", "accuracy")))
 
 
 def baseline_text(b: dict[str, Any]) -> str:

@@ -88,7 +88,7 @@ def best_of(call: Callable[[], object]) -> float:
 
 
 #: rates this process has read or measured, by key
-_MEASURED: dict[str, dict[str, float]] = {}
+_MEASURED: dict[str, tuple[dict[str, float], bool]] = {}
 
 
 def _key(width: int, threads: int) -> str:
@@ -106,16 +106,16 @@ def measured_rates(
     CPU, thread count, width and torch version were measured before, else measured and kept."""
     threads = threads or torch.get_num_threads()
     key = _key(width, threads)
-    if measure is None and key in _MEASURED:  # this process measured it already (the CPU does not change)
-        return _MEASURED[key], True
+    if measure is None and key in _MEASURED:  # this process read or measured them (the CPU does not change)
+        return _MEASURED[key]
     kept = records.get(RATES, key)
     if isinstance(kept, dict) and set(kept) == set(candidates()):
-        _MEASURED[key] = kept
+        _MEASURED[key] = (kept, True)
         return kept, True
     rates = {d: (measure or rate)(d, width, threads) for d in candidates()}
     records.put(RATES, key, rates)
     if measure is None:
-        _MEASURED[key] = rates
+        _MEASURED[key] = (rates, False)  # measured by this run: "measured now" for the rest of it
     return rates, False
 
 
