@@ -30,6 +30,7 @@ import json
 import os
 import secrets
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -40,29 +41,65 @@ from reservoir.config import results_dir, slug
 from reservoir.errors import DataError
 from reservoir.identity import digest
 
-REQUIRED = (
-    "task",
-    "backbone",
-    "mode",
-    "depth",
-    "head",
-    "trainable",
-    "metric",
-    "test_score",
-    "val_score",
-    "n_train",
-    "n_val",
-    "n_test",
-    "seconds",
-    "seed",
-    "lr",
-    "identity",
-    "identity_hash",
-    "key",
-    "config",
-    "version",
-)
 MODES = ("output-only", "end-to-end", "baseline")
+
+
+@dataclass
+class Result:
+    """One result, of any kind (``mode``: ``output-only`` fits, ``baseline`` fits, ``end-to-end`` runs), as it
+    is built once where it is produced and written as JSON (:meth:`to_json`, the module docstring's schema).
+
+    ``scores`` holds the metric and the scores (``metric``, ``test_score``, ``val_score``, ``test_accuracy``,
+    ``test_metrics``, ...) and the sizes (``n_train``, ``n_val``, ``n_test``); ``extra`` what one kind adds
+    (a baseline's name, the features read, an end-to-end run's seeds, sweep and runs). ``identity_hash``
+    is the digest of ``identity`` unless the producer recorded its own (a feature file's)."""
+
+    task: str
+    backbone: str
+    mode: str
+    depth: int | None
+    head: str
+    trainable: list[str]
+    seed: int
+    identity: dict[str, Any]
+    config: dict[str, Any]
+    scores: dict[str, Any]
+    seconds: float
+    lr: float | None = None
+    machines: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    identity_hash: str | None = None
+    version: str = __version__
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:  # an internal invariant, not user input
+            raise ValueError(f"result mode {self.mode!r} is not one of {MODES}")
+        missing = [k for k in SCORED if k not in self.scores]
+        if missing:
+            raise ValueError(f"result scores lack {missing}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The result as its file holds it (its ``key`` included)."""
+        out = {
+            **self.extra,
+            **self.scores,
+            **{f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("scores", "extra")},
+        }
+        out["trainable"] = list(self.trainable)
+        out["identity_hash"] = self.identity_hash or digest(self.identity)
+        out = with_scores(out)
+        out["key"] = result_key(out)
+        return out
+
+
+#: the scores every result holds (:class:`Result`)
+SCORED = ("metric", "test_score", "val_score", "n_train", "n_val", "n_test")
+#: the fields every result file holds
+REQUIRED = (
+    *(f.name for f in fields(Result) if f.name not in ("scores", "extra", "machines")),
+    *SCORED,
+    "key",
+)
 
 
 def result_key(result: dict[str, Any]) -> str:
@@ -133,11 +170,11 @@ def result_path(result: dict[str, Any]) -> Path:
     return results_dir(result["task"], result["backbone"]) / result_name(result)
 
 
-def write_result(result: dict[str, Any]) -> Path:
-    """Complete ``result`` (version, key, the scores of an accuracy: :func:`with_scores`), check the schema, write it under
-    ``results/{task}/{backbone}/``; returns the path."""
-    result = with_scores({"version": __version__, "lr": None, **result})
-    result["key"] = result_key(result)
+def write_result(result: Result | dict[str, Any]) -> Path:
+    """Write ``result`` (a :class:`Result`, or the JSON of one) under ``results/{task}/{backbone}/``; returns
+    the path."""
+    if isinstance(result, Result):
+        result = result.to_json()
     missing = [k for k in REQUIRED if k not in result]
     if missing:
         raise ValueError(f"result is missing fields {missing}")  # an internal invariant, not user input

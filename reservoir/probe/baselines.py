@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from reservoir import __version__
 from reservoir.config import FitConfig
 from reservoir.errors import DataError, IdentityError
 from reservoir.identity import digest, reread
@@ -38,7 +37,7 @@ from reservoir.probe.metrics import METRICS_BY_TARGET, result_scores, score_line
 from reservoir.probe.metrics import scores as metric_scores
 from reservoir.probe.rows import ArrayRows
 from reservoir.progress import log
-from reservoir.results import result_key, result_path, write_result
+from reservoir.results import Result, result_key, result_path, write_result
 from reservoir.runtime import machine
 from reservoir.tasks import SplitData, Task, make_task
 
@@ -174,24 +173,21 @@ def fit_baselines(
     raw = None
     out = []
     for baseline, head, extra in plan:
-        result = {
+        described = {
             "task": identity["task"],
             "backbone": f"baseline-{baseline}",
             "mode": "baseline",
-            "baseline": baseline,
             "depth": None,
             "head": head,
             "trainable": [],
             "seed": cfg.seed,
-            "lr": None,
-            "version": __version__,
             "identity": baseline_identity(identity, baseline, **extra),
             "machines": [machine.on("cpu")],
             "config": {"fit": {**cfg.to_json(), "features": None}},
+            "extra": {"baseline": baseline},
         }
-        result["identity_hash"] = digest(result["identity"])
-        result["key"] = result_key(result)
-        path = result_path(result)
+        keyed = {**described, "lr": None, "identity_hash": digest(described["identity"])}
+        path = result_path({**keyed, "key": result_key(keyed)})
         if path.exists():
             out.append({**json.loads(path.read_text()), "path": str(path)})
             continue
@@ -217,7 +213,7 @@ def fit_baselines(
                 memory_bytes=cfg.memory_mb * 2**20,
             )
         scores["test_split"] = tests[0]
-        result = {**result, **scores}
+        result = Result(**described, scores=scores, seconds=scores["seconds"]).to_json()
         result["path"] = str(write_result(result))
         out.append(result)
         log(

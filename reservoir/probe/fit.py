@@ -16,7 +16,6 @@ from typing import Any
 import h5py
 import numpy as np
 
-from reservoir import __version__
 from reservoir.config import FitConfig, default_data_dir, features_dir, select_depths, slug
 from reservoir.errors import DataError, IdentityError, StoreError, UsageError
 from reservoir.extract.store import (
@@ -38,7 +37,7 @@ from reservoir.probe.metrics import score_line
 from reservoir.probe.predictors import Predictor
 from reservoir.probe.rows import Rows, rows
 from reservoir.progress import log
-from reservoir.results import result_key, result_path, write_result
+from reservoir.results import Result, result_path, write_result
 from reservoir.runtime import machine
 from reservoir.tasks import VALIDATION_SPLITS
 from reservoir.tasks import split_roles as roles_of
@@ -343,33 +342,28 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             )
             scores["test_split"] = tests[0]
             head_on = machine.on(resolve_device(cfg.device) if cfg.head == "torch" else "cpu")
-            result = {
-                "machines": list(dict.fromkeys(m for m in (extract_cfg.get("machine"), head_on) if m)),
-                "task": identity["task"],
-                "backbone": identity["backbone"],
-                "mode": "output-only",
-                "depth": depth,
-                "head": cfg.head,
-                "trainable": ["out"],
-                "seed": cfg.seed,
-                "lr": None,
-                "version": __version__,
-                "identity": identity,
-                "identity_hash": f.attrs["identity_hash"],
-                "features": str(path),
-                "config": {"fit": {**cfg.to_json(), "features": str(path)}, "extract": extract_cfg},
-                **scores,
-            }
+            result = Result(
+                task=identity["task"],
+                backbone=identity["backbone"],
+                mode="output-only",
+                depth=depth,
+                head=cfg.head,
+                trainable=["out"],
+                seed=cfg.seed,
+                identity=identity,
+                identity_hash=f.attrs["identity_hash"],
+                config={"fit": {**cfg.to_json(), "features": str(path)}, "extract": extract_cfg},
+                scores=scores,
+                seconds=scores["seconds"],
+                machines=list(dict.fromkeys(m for m in (extract_cfg.get("machine"), head_on) if m)),
+                extra={"features": str(path)},
+            ).to_json()
             if isinstance(
                 predictor, Predictor
             ):  # the head, saved beside its result before the result names it
                 from reservoir.probe.saved import probe_path, save_probe
 
-                result["probe"] = str(
-                    save_probe(
-                        probe_path(result_path({**result, "key": result_key(result)})), predictor, f, result
-                    )
-                )
+                result["probe"] = str(save_probe(probe_path(result_path(result)), predictor, f, result))
             result["path"] = str(write_result(result))
             results.append(result)
             if progress:

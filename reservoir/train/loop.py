@@ -46,14 +46,13 @@ from torch import nn
 from reservoir import __version__
 from reservoir.config import TRAIN_DTYPES, TrainConfig
 from reservoir.errors import DataError, ReservoirError, UsageError
-from reservoir.identity import digest
 from reservoir.model.backbones import fingerprint as backbone_fingerprint
 from reservoir.model.backbones import load_backbone
 from reservoir.model.devices import resolve_device
 from reservoir.model.reservoir import check_length
 from reservoir.progress import bar
 from reservoir.progress import log as log_line
-from reservoir.results import sample_std, seed_summary, write_result
+from reservoir.results import Result, sample_std, seed_summary, write_result
 from reservoir.runtime import machine
 from reservoir.runtime.dtypes import choose as choose_dtype
 from reservoir.runtime.dtypes import cuda_bf16_native
@@ -1532,41 +1531,47 @@ def train(
         "stop_at": cfg.stop_at,
         "backbone_fingerprints": {str(r["seed"]): r["backbone_fingerprint"] for r in chosen},
     }
-    result = {
-        "task": shared["task"],
-        "backbone": shared["backbone"],
-        "mode": "end-to-end",
-        "depth": chosen[0]["blocks"],
-        "identity": identity,
-        "identity_hash": digest(identity),
-        "head": "linear",
-        "trainable": list(cfg.trainable),
-        "seed": cfg.seed,
-        "version": __version__,
-        **seed_summary(chosen),
-        "n_train": len(data.train),
-        "n_val": len(data.val),
-        "n_test": len(data.test),
-        "test_split": data.test_name,
-        "seconds": float(sum(r["seconds"] / r["batch_runs"] for rs in runs.values() for r in rs)),
-        "machines": list(dict.fromkeys(m for rs in runs.values() for r in rs for m in r["machines"])),
-        "lr": best_lr,
-        "target": cfg.target,
-        "param_counts": chosen[0]["param_counts"],
-        "n_trainable": sum(r["params"] for r in chosen[0]["param_counts"] if r["trainable"]),
-        "runs": [{k: v for k, v in r.items() if k != "param_counts"} for rs in runs.values() for r in rs],
-        "sweep": {
-            f"{lr:g}": {
-                "val_mean": val_mean[lr],
-                "val_std": sample_std([r["val_accuracy"] for r in rs]),
-                "test_mean": float(np.mean([r["test_accuracy"] for r in rs])),
-                "test_std": sample_std([r["test_accuracy"] for r in rs]),
+    summary = seed_summary(chosen)
+    result = Result(
+        task=shared["task"],
+        backbone=shared["backbone"],
+        mode="end-to-end",
+        depth=chosen[0]["blocks"],
+        head="linear",
+        trainable=list(cfg.trainable),
+        seed=cfg.seed,
+        lr=best_lr,
+        identity=identity,
+        config={"train": cfg.to_json(), "task_options": task.options()},
+        scores={
+            "metric": "accuracy",
+            "test_score": summary["test_accuracy"],
+            "val_score": summary["val_accuracy"],
+            **summary,
+            "n_train": len(data.train),
+            "n_val": len(data.val),
+            "n_test": len(data.test),
+            "test_split": data.test_name,
+        },
+        seconds=float(sum(r["seconds"] / r["batch_runs"] for rs in runs.values() for r in rs)),
+        machines=list(dict.fromkeys(m for rs in runs.values() for r in rs for m in r["machines"])),
+        extra={
+            "target": cfg.target,
+            "param_counts": chosen[0]["param_counts"],
+            "n_trainable": sum(r["params"] for r in chosen[0]["param_counts"] if r["trainable"]),
+            "runs": [{k: v for k, v in r.items() if k != "param_counts"} for rs in runs.values() for r in rs],
+            "sweep": {
+                f"{lr:g}": {
+                    "val_mean": val_mean[lr],
+                    "val_std": sample_std([r["val_accuracy"] for r in rs]),
+                    "test_mean": float(np.mean([r["test_accuracy"] for r in rs])),
+                    "test_std": sample_std([r["test_accuracy"] for r in rs]),
+                }
+                for lr, rs in runs.items()
             }
-            for lr, rs in runs.items()
-        }
-        | {f"{lr:g}": {"diverged": why} for lr, why in diverged.items()},
-        "config": {"train": cfg.to_json(), "task_options": task.options()},
-    }
+            | {f"{lr:g}": {"diverged": why} for lr, why in diverged.items()},
+        },
+    ).to_json()
     if trained:
         folder = _save_trained(cfg, trained[0], result)
         log(f"saved the trained backbone to {folder}; use it with --backbone {folder}")
