@@ -38,15 +38,13 @@ from reservoir.config import (
     SEED,
     ExtractConfig,
     FitConfig,
-    Interval,
     ReportConfig,
     TrainConfig,
-    default,
     parse_input_scale,
     select_depths,
-    validate,
 )
 from reservoir.errors import ReservoirError, StoreError, UsageError, optional
+from reservoir.settings import Interval, default, validate
 from reservoir.tasks import TaskSpec, pad_ids
 
 __all__ = [
@@ -91,12 +89,13 @@ def configure(cls: type, task: Any = None, backbone: Any = None, **settings: Any
     """The config of a command from its settings, checked the one way both front doors check them.
 
     ``task`` may be a whole config of ``cls`` (and then no other settings). Unknown setting names, each
-    field's rules and the checks across fields are the config's (:func:`reservoir.config.build`); then
+    field's rules and the checks across fields are the config's (:func:`reservoir.settings.build`); then
     what needs the registries: a known task and backbone, the task's options (converted from text), a
     split the task has, the trainable groups. UsageError (the command line's exit 2) naming the value and
     the choices."""
-    from reservoir.config import TRAIN_GROUPS, build
+    from reservoir.config import TRAIN_GROUPS
     from reservoir.model.backbones import parse_name
+    from reservoir.settings import build
     from reservoir.tasks import TASKS, check_options, get_task
 
     if isinstance(task, cls):

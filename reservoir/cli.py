@@ -1,7 +1,7 @@
 """The ``reservoir`` command line: the only place that reads options.
 
 Every option of a command that runs is generated from a field of its config dataclass
-(:func:`reservoir.config.setting`: type, default, rules, help), and the values are checked where the API
+(:func:`reservoir.settings.setting`: type, default, rules, help), and the values are checked where the API
 checks them (:func:`reservoir.api.configure`), so the two front doors cannot disagree. Exit status: 0 on
 success, 2 on a usage error (a value or combination the config refuses, found before anything runs:
 click's convention), 1 on every failure found later (missing data, unloadable backbone, a depth the
@@ -25,15 +25,12 @@ from reservoir.config import (
     ExportConfig,
     ExtractConfig,
     FitConfig,
-    Interval,
-    OneOf,
     PredictConfig,
     ReportConfig,
     TrainConfig,
-    choices,
-    shown_default,
 )
 from reservoir.errors import ReservoirError, UsageError, WriteFailed
+from reservoir.settings import Interval, OneOf, choices, shown_default
 
 # transformers' own log (notes on configs, losses and kernels the command never uses) stays off the
 # terminal: its errors still show, and TRANSFORMERS_VERBOSITY set by the user wins
@@ -54,7 +51,7 @@ pass_settings = click.make_pass_decorator(Settings)
 
 
 class DeclaredChoice(click.Choice):
-    """The ``click.Choice`` of a config field: the values its :class:`reservoir.config.OneOf` declares,
+    """The ``click.Choice`` of a config field: the values its :class:`reservoir.settings.OneOf` declares,
     read when click first needs them (a registry's, such as the engines', then fills: its modules are not
     imported before). Any text passes here; the config refuses a value outside them."""
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import pytest
 
-from reservoir import config
+from reservoir import settings
 from reservoir.api import configure
 from reservoir.cli import main
 from reservoir.config import (
@@ -18,13 +18,12 @@ from reservoir.config import (
     ExportConfig,
     ExtractConfig,
     FitConfig,
-    Interval,
     PredictConfig,
     ReportConfig,
     TrainConfig,
-    UsageError,
-    setting,
 )
+from reservoir.errors import UsageError
+from reservoir.settings import Interval, setting
 
 #: each command that runs, with its config
 COMMANDS = {
@@ -167,7 +166,7 @@ def test_generated_help_keeps_every_option_and_its_words(path):
 
 def test_a_setting_declares_any_of_rules_and_none_only_where_listed():
     @dataclasses.dataclass(frozen=True)
-    class Demo(config.Config):
+    class Demo(settings.Config):
         command = "demo"
         count: int | None = setting(None, None, Interval(1, None, integer=True), help="A count.")
         scale: float = setting(1.0, Interval(0, 1), Interval(10, 20), help="A scale.")
@@ -181,7 +180,7 @@ def test_a_setting_declares_any_of_rules_and_none_only_where_listed():
     with pytest.raises(UsageError, match="The 'count' parameter of demo must be an integer >= 1. Got 0"):
         Demo(count=0)
     with pytest.raises(UsageError, match="unknown setting 'colour'; choose from"):
-        config.build(Demo, colour="red")
+        settings.build(Demo, colour="red")
     with pytest.raises(TypeError, match="unknown key 'shortcut' of a setting"):
         setting(0, help="x", shortcut="-x")
 
@@ -193,14 +192,14 @@ def test_adding_an_option_is_one_field():
     from reservoir.cli import declared
 
     @dataclasses.dataclass(frozen=True)
-    class Demo(config.Config):
+    class Demo(settings.Config):
         command = "demo"
         rounds: int = setting(3, Interval(1, 9), help="Rounds to play.")
 
     @click.command()
     @declared(Demo)
     def demo(**options):
-        click.echo(config.build(Demo, **{k: v for k, v in options.items() if v is not None}).rounds)
+        click.echo(settings.build(Demo, **{k: v for k, v in options.items() if v is not None}).rounds)
 
     runner = CliRunner()
     assert (

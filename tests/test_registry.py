@@ -55,7 +55,8 @@ def test_engines_and_heads_are_found_where_they_live():
 
 def test_the_command_lines_choices_are_the_declared_ones():
     from reservoir.cli import main
-    from reservoir.config import ExtractConfig, FitConfig, choices
+    from reservoir.config import ExtractConfig, FitConfig
+    from reservoir.settings import choices
 
     options = {
         (command, p.name): p.type for command in ("extract", "fit") for p in main.commands[command].params

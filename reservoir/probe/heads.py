@@ -77,7 +77,7 @@ def register_head(
     regression: bool = False,
 ):
     """Class decorator: register an estimator class (the scikit-learn contract, a ``predict_``
-    :class:`Predictor` once fitted) as the head ``name`` of ``fit --head``, searched over ``grid``
+    :class:`~reservoir.probe.predictors.Predictor` once fitted) as the head ``name`` of ``fit --head``, searched over ``grid``
     values of its parameter ``param``; the class's first docstring line is its help."""
 
     def add(cls):
@@ -239,10 +239,10 @@ def fit_probe(
     and validation; with one, the refit uses train. BLAS and OpenMP run :func:`head_threads`
     threads meanwhile. ``device`` is where the torch head trains. With ``memory_bytes``,
     training rows holding more features than that are never loaded at once: ridge always
-    accumulates block by block, the logistic and torch heads then stream (:func:`search_streaming`).
+    accumulates block by block, the logistic and torch heads then stream (:func:`search_refit`).
 
     Returns the scores and the refitted head's predictor ``X (n, d) -> (n, m)``, the one that scored
-    the test splits: for the registered heads a :class:`Predictor`, whose state a saved probe keeps
+    the test splits: for the registered heads a :class:`~reservoir.probe.predictors.Predictor`, whose state a saved probe keeps
     (:mod:`reservoir.probe.saved`).
     """
     kind = HEADS[head]  # UsageError naming the registered heads

@@ -9,10 +9,11 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
-from reservoir.config import POSITIVE, Interval, validate
+from reservoir.config import POSITIVE
 from reservoir.probe.heads import register_head
 from reservoir.probe.predictors import Predictor, array, predict_ids
 from reservoir.probe.rows import ArrayRows, Rows, _outputs, moments, shape_of
+from reservoir.settings import Interval, validate
 
 
 @register_head("logreg", param="C", grid=(0.001, 0.01, 0.1, 1.0, 10.0))

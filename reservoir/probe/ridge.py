@@ -10,11 +10,11 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
-from reservoir.config import Interval, validate
 from reservoir.probe.heads import HeadKind, Search, best_value, register_head
 from reservoir.probe.metrics import metric
 from reservoir.probe.predictors import REGRESSION, Predictor, array, predict_ids
 from reservoir.probe.rows import Concat, Rows, _outputs
+from reservoir.settings import Interval, validate
 
 #: the ridge penalties searched for real-valued targets: forecasting a smooth series from a reservoir's
 #: states often wants far less regularisation than classifying (reservoirpy's examples use 1e-8 to 1e-6)
@@ -182,7 +182,7 @@ def search_ridge(
     device: str = "cpu",
     memory_bytes: int | None = None,
 ) -> Search:
-    """The ridge head's :func:`search_refit`, by :class:`RidgeHead` itself: one pass over ``fit``
+    """The ridge head's :func:`~reservoir.probe.heads.search_refit`, by :class:`RidgeHead` itself: one pass over ``fit``
     (block by block, :meth:`RidgeHead.fit_blocks`) and one eigendecomposition score every alpha of
     the grid; the refit adds ``val`` and decomposes once more. Same results as a standardized ridge
     per alpha. Class targets are scored by accuracy over ``kind.grid``, float targets by NRMSE over

@@ -4,7 +4,7 @@ Every depth a ``fit`` scores writes, beside its result ``RESULT.json``, the fitt
 ``RESULT.probe.npz``: a NumPy ``.npz`` of numeric arrays and one JSON text, read back with
 ``allow_pickle=False`` (the project never unpickles a file it did not just write). It holds
 
-- the head's state as arrays (:class:`reservoir.probe.heads.Predictor`): its weights or
+- the head's state as arrays (:class:`reservoir.probe.predictors.Predictor`): its weights or
   coefficients and intercept, and the standardisation (mean and scale) its fit applied;
 - ``meta`` (JSON): the head, the depth, the regularisation chosen on validation (``C``,
   ``alpha`` or ``weight_decay``), the classes (and their names, ``class_names``, where the data

@@ -11,10 +11,11 @@ import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
-from reservoir.config import POSITIVE, Interval, OneOf, check, validate
+from reservoir.config import POSITIVE
 from reservoir.probe.heads import register_head
 from reservoir.probe.predictors import Predictor, array
 from reservoir.probe.rows import ArrayRows, Rows, _outputs, moments, shape_of
+from reservoir.settings import Interval, OneOf, check, validate
 
 
 @register_head("torch", param="weight_decay", grid=(0.0, 1e-4, 1e-3, 1e-2))

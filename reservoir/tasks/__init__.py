@@ -21,12 +21,10 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from reservoir.config import (
-    MAX_SEED,  # noqa: F401  (task modules bound their seed options by it)
-    check,
-)
+from reservoir.config import MAX_SEED  # noqa: F401  (task modules bound their seed options by it)
 from reservoir.errors import DataError, UsageError  # noqa: F401  (DataError: re-exported for task modules)
 from reservoir.registry import Registry
+from reservoir.settings import check
 
 
 @dataclass(frozen=True)
@@ -301,7 +299,7 @@ MAX_TOKENS = 2**20
 def check_value(task: str, key: str, value: Any, meta: Any) -> None:
     """``value`` of option ``key`` of ``task`` meets its field's declared constraints; UsageError in
     scikit-learn's shape otherwise ("The 'n_bits' option of task bit_xor must be in [1, 1048576]. Got -3
-    instead."), written by :func:`reservoir.config.check`."""
+    instead."), written by :func:`reservoir.settings.check`."""
     check(f"task {task}", key, value, *meta.get("rules", ()), noun="option")
 
 

@@ -16,8 +16,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from reservoir.config import Interval, setting
 from reservoir.errors import UsageError
+from reservoir.settings import Interval, setting
 from reservoir.tasks import MAX_ROWS, MAX_SEED, MAX_TOKENS, SplitData, Task, TaskSpec, register_task
 
 SPLIT_STREAM = {"train": 0, "val": 1, "test": 2}

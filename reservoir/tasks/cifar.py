@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from reservoir.config import Divides, setting
 from reservoir.errors import unreadable
+from reservoir.settings import Divides, setting
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, patches, pickles, register_task
 from reservoir.tasks.download import DataArchive, ensure_archive
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.config import Interval, setting
+from reservoir.settings import Interval, setting
 from reservoir.tasks import DataError, SplitData, Task, TaskSpec, pad_ids, pickles, register_task
 from reservoir.tasks.download import DataArchive, ensure_archive
 

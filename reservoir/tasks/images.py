@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from reservoir.config import Divides, Interval, setting
 from reservoir.errors import unreadable
+from reservoir.settings import Divides, Interval, setting
 from reservoir.tasks import MAX_SEED, DataError, SplitData, Task, TaskSpec, patches, register_task
 from reservoir.tasks.download import DataFile, ensure_files
 

@@ -28,8 +28,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from reservoir.config import Interval, OneOf, setting
 from reservoir.errors import UsageError
+from reservoir.settings import Interval, OneOf, setting
 from reservoir.tasks import (
     MAX_ROWS,
     MAX_SEED,

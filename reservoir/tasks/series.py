@@ -31,7 +31,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from reservoir.config import Interval, setting
+from reservoir.settings import Interval, setting
 from reservoir.tasks import MAX_ROWS, MAX_SEED, MAX_TOKENS, SplitData, Task, TaskSpec, register_task
 
 SPLITS = ("train", "val", "test")

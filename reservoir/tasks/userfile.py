@@ -44,8 +44,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from reservoir.config import Interval, OneOf, setting
 from reservoir.errors import UsageError, unreadable
+from reservoir.settings import Interval, OneOf, setting
 from reservoir.tasks import (
     MAX_SEED,
     PREFIXED,
