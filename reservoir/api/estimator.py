@@ -1,0 +1,272 @@
+"""The scikit-learn transformer: sequences in, the readout features of a frozen backbone out, so any
+scikit-learn estimator can sit on top of it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
+
+from reservoir.config import (
+    DEVICE,
+    SEED,
+    ExtractConfig,
+    parse_input_scale,
+    select_depths,
+)
+from reservoir.errors import UsageError
+from reservoir.settings import Interval, default, validate
+from reservoir.tasks import TaskSpec, pad_ids
+
+
+def _backbone_name(backbone: Any) -> Any:
+    """A backbone as configs take it: a name as it is; a model object (a ``PreTrainedModel``, a reservoir
+    ``Backbone``, any ``torch.nn.Module`` the generic adapter can map) by the name that stands for it in
+    this process (:func:`reservoir.model.backbones.register_object`)."""
+    if backbone is None or isinstance(backbone, str):
+        return backbone
+    from reservoir.model.backbones import register_object
+
+    return register_object(backbone)
+
+
+_LOADED: dict[tuple[str, int], Any] = {}
+
+
+def _backbone(name: str, seed: int):
+    """Load once per (name, seed): every fold of a cross-validation shares the frozen model (a
+    fresh copy, since the runner converts it to the compute dtype in place)."""
+    import copy
+
+    from reservoir.model.backbones import load_backbone
+
+    name = _backbone_name(name)
+    key = (name, seed)
+    if key not in _LOADED:
+        if len(_LOADED) >= 2:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = load_backbone(name, seed)
+    return copy.deepcopy(_LOADED[key])
+
+
+def _sequences(X: Any) -> tuple[list[np.ndarray], str, int]:
+    """Rows of ``X`` as per-example token arrays, the token kind and the token width (0 for ids)."""
+    if isinstance(X, np.ndarray) and X.dtype != object:
+        if X.ndim == 3 and X.dtype.kind == "f":
+            return list(X), "dense", X.shape[2]
+        if X.ndim == 2 and X.dtype.kind in "iu":
+            return list(X), "ids", 0
+        if X.ndim == 2 and X.dtype.kind == "f":
+            return list(X[:, :, None]), "dense", 1
+        raise UsageError(
+            f"X must be (N, T, d) floats, (N, T) integer ids or (N, T) floats (one value a token); "
+            f"got {X.dtype} with shape {X.shape}"
+        )
+    rows = [np.asarray(r) for r in X]
+    if not rows:
+        raise UsageError("X is empty; give at least one sequence")
+    kinds = {("ids" if r.dtype.kind in "iu" else "dense") for r in rows}
+    if len(kinds) > 1:
+        raise UsageError("X mixes integer-id and float sequences; give one kind")
+    if kinds == {"ids"}:
+        return rows, "ids", 0
+    rows = [r[:, None] if r.ndim == 1 else r for r in rows]
+    widths = {r.shape[1] for r in rows}
+    if len(widths) > 1 or any(r.ndim != 2 for r in rows):
+        raise UsageError(f"float sequences must all be (T_i, d) with one d; got widths {sorted(widths)}")
+    return rows, "dense", widths.pop()
+
+
+class ReservoirFeatures(TransformerMixin, BaseEstimator):
+    """Sequences -> readout features of a frozen backbone at one or more depths.
+
+    ``fit`` learns nothing from the data: it only sizes the frozen, seeded input layer (token
+    width, or the id vocabulary) and loads the backbone, so the transformer is safe inside a
+    ``sklearn.pipeline.Pipeline`` and cross-validation. The readout is the last real
+    token of each sequence; features are those ``reservoir extract`` stores (a test checks it).
+
+    Input ``X``: an array ``(N, T, d)`` of floats, ``(N, T)`` of integer ids, ``(N, T)`` of
+    floats (one value a token), or a list of variable-length sequences (``(T_i,)`` ids or
+    ``(T_i, d)`` floats).
+
+    Parameters
+    ----------
+    backbone : str or torch.nn.Module
+        A registered backbone, a folder saved with ``save_pretrained``, ``hf:ID`` (``hf:ID@REVISION``),
+        or a model object (used through a copy: the caller's model is never changed).
+    depth : int, sequence of int or str
+        A depth (negative counts from the last block: ``-1``), a list of depths, ``"0,6"`` or
+        ``"all"`` (the same selection as ``reservoir extract --depths``). One depth gives
+        ``(N, d_model)``; several give ``(N, n_depths * d_model)``, depth-major.
+    seed : int
+        Seeds the input layer and randomly initialised backbones.
+    input_scale : str
+        The input layer's scale, as ``reservoir extract --input-scale``.
+    dtype : str
+        Compute dtype, as ``reservoir extract --dtype`` (``"auto"``: the float dtype this machine
+        multiplies fastest; ``"int8"``, or ``"int8-static"`` calibrated on the first rows given to
+        ``fit``); features are returned as float32.
+    device : str
+        Where the backbone runs, as ``reservoir extract --device``.
+    batch_size : int
+        Sequences per forward pass (variable-length ones are bucketed by length).
+    vocab_size : int, optional
+        Id vocabulary for integer input (``None``: the largest id seen by ``fit`` + 1).
+    engine : str
+        ``"torch"``, ``"openvino"``, ``"onnxruntime"`` or ``"auto"``, as ``reservoir extract --engine``.
+
+    Raises
+    ------
+    ValueError
+        From ``fit``: a setting outside its range, input of another shape, sequences longer than
+        the backbone's positions ([`UsageError`][reservoir.errors.UsageError]).
+
+    Examples
+    --------
+    >>> from sklearn.pipeline import make_pipeline
+    >>> from sklearn.linear_model import LogisticRegression
+    >>> model = make_pipeline(ReservoirFeatures(backbone="lstm", depth=2), LogisticRegression())
+    >>> model.fit(X_train, y_train).score(X_test, y_test)           # doctest: +SKIP
+    """
+
+    parameter_constraints = {
+        "seed": (SEED,),
+        "device": (DEVICE,),
+        "batch_size": (Interval(1, None, integer=True),),
+    }
+
+    def __init__(
+        self,
+        backbone: str = default(ExtractConfig, "backbone"),
+        *,
+        depth: int | Sequence[int] | str = -1,
+        seed: int = default(ExtractConfig, "seed"),
+        input_scale: str = default(ExtractConfig, "input_scale"),
+        dtype: str = default(ExtractConfig, "dtype"),
+        device: str = default(ExtractConfig, "device"),
+        batch_size: int = 32,
+        vocab_size: int | None = None,
+        engine: str = default(ExtractConfig, "engine"),
+    ):
+        self.backbone = backbone
+        self.depth = depth
+        self.seed = seed
+        self.input_scale = input_scale
+        self.dtype = dtype
+        self.device = device
+        self.batch_size = batch_size
+        self.vocab_size = vocab_size
+        self.engine = engine
+
+    def fit(self, X: Any, y: Any = None) -> ReservoirFeatures:
+        """Size the frozen input layer on ``X`` (token width, or id vocabulary) and load the backbone.
+
+        Parameters
+        ----------
+        X : array or list of arrays
+            Sequences (the class's input forms); only their shape and ids are read.
+        y : ignored
+            Present for the scikit-learn API.
+
+        Returns
+        -------
+        ReservoirFeatures
+            ``self``, fitted (``runner_``, ``depths_``).
+        """
+        from reservoir.model.devices import resolve_device
+        from reservoir.model.reservoir import check_length
+        from reservoir.runtime.engines import INT8_DTYPES, calibration_batches, calibration_rows
+        from reservoir.runtime.runner import FeatureRunner, resolve_dtype
+
+        validate(self, "ReservoirFeatures")
+        device = resolve_device(self.device)
+        dtype = resolve_dtype(self.dtype, device)
+        rows, kind, width = _sequences(X)
+        backbone = _backbone(self.backbone, self.seed)
+        self.depths_ = select_depths(
+            self.depth, range(backbone.n_layers + 1), f"in backbone {_backbone_name(self.backbone)}"
+        )
+        vocab = 0
+        if kind == "ids":
+            vocab = self.vocab_size or int(max(r.max() for r in rows)) + 1
+        self.spec_ = TaskSpec(
+            "sklearn", kind, seq_len=max(len(r) for r in rows), n_classes=1, token_dim=width, vocab_size=vocab
+        )
+        check_length(self.spec_, backbone, _backbone_name(self.backbone))
+        calibration = None
+        if dtype in INT8_DTYPES:
+            first = rows[: calibration_rows(self.spec_.seq_len, len(rows))]
+
+            def calibration():
+                return [
+                    tokens
+                    for batch in calibration_batches(len(first))
+                    for _, tokens in self._batches([first[i] for i in batch], kind, width)
+                ]
+
+        self.runner_ = FeatureRunner.build(
+            self.spec_,
+            backbone,
+            self.depths_,
+            seed=self.seed,
+            dtype=dtype,
+            input_scale=parse_input_scale(self.input_scale),
+            device=device,
+            engine=self.engine,
+            calibration=calibration,
+        )
+        self.n_features_out_ = len(self.depths_) * backbone.d_model
+        return self
+
+    def transform_depths(self, X: Any) -> np.ndarray:
+        """Features ``(N, n_depths, d_model)``, one slice per depth in ``depths_``."""
+        check_is_fitted(self, "runner_")
+        rows, kind, width = _sequences(X)
+        if kind != self.spec_.token_kind or width != self.spec_.token_dim:
+            raise UsageError(
+                f"X has {kind} tokens of width {width}, but this transformer was fitted on "
+                f"{self.spec_.token_kind} tokens of width {self.spec_.token_dim}"
+            )
+        if kind == "ids":
+            top = max(int(r.max()) for r in rows)
+            if top >= self.spec_.vocab_size or min(int(r.min()) for r in rows) < 0:
+                raise UsageError(
+                    f"token ids must lie in [0, {self.spec_.vocab_size}); got up to {top}. "
+                    "Set vocab_size to cover every id"
+                )
+        if min(len(r) for r in rows) < 1:
+            raise UsageError("every sequence needs at least one token")
+        out = np.empty((len(rows), len(self.depths_), self.runner_.backbone.d_model), dtype=np.float32)
+        for batch, (tokens, lengths) in self._batches(rows, kind, width):
+            out[batch] = self.runner_(tokens, lengths)[:, :, -1]
+        return out
+
+    def _batches(self, rows: list[np.ndarray], kind: str, width: int):
+        """``(row indices, (tokens, lengths))`` of each batch, bucketed by length, zero-padded."""
+        from reservoir.extract.plan import plan_batches
+
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        for batch in plan_batches(lengths, self.batch_size, bucket=True):
+            seqs = [rows[i] for i in batch]
+            if kind == "ids":
+                tokens = pad_ids(seqs, 0)
+            else:
+                tokens = np.zeros((len(seqs), lengths[batch].max(), width), dtype=np.float32)
+                for j, s in enumerate(seqs):
+                    tokens[j, : len(s)] = s
+            yield batch, (tokens, lengths[batch])
+
+    def transform(self, X: Any) -> np.ndarray:
+        """Features ``(N, n_depths * d_model)`` (depth-major)."""
+        feats = self.transform_depths(X)
+        return feats.reshape(len(feats), -1)
+
+    def get_feature_names_out(self, input_features=None) -> np.ndarray:
+        """Output feature names ``depth{k}_{i}``, depth-major as
+        [`transform`][reservoir.api.ReservoirFeatures.transform] lays them out."""
+        check_is_fitted(self, "runner_")
+        d = self.runner_.backbone.d_model
+        return np.array([f"depth{k}_{i}" for k in self.depths_ for i in range(d)], dtype=object)
