@@ -49,7 +49,7 @@ def main() -> int:
     from extract import flops_per_token
     from matmul import matmul_rate
 
-    from reservoir.runtime import engines
+    from reservoir.runtime import openvino
     from reservoir.runtime import runner as runner_module
     from reservoir.runtime.dtypes import candidates
     from reservoir.runtime.machine import cpu
@@ -67,14 +67,14 @@ def main() -> int:
     runner_module.FeatureRunner.run_async = timed_run
 
     models = {}
-    compile_ = engines.OpenVINOForward._compile
+    compile_ = openvino.OpenVINOForward._compile
 
     def keep(self, model):
         models.setdefault("graph", model)
         models["forward"] = self
         return compile_(self, model)
 
-    engines.OpenVINOForward._compile = keep
+    openvino.OpenVINOForward._compile = keep
 
     from reservoir.cli import main as cli
     from reservoir.extract import run as run_module

@@ -15,7 +15,7 @@ import torch
 from reservoir.errors import BackboneError, DeviceError, UsageError
 from reservoir.model.backbones import gather, load_backbone
 from reservoir.model.reservoir import FixedDepths
-from reservoir.runtime import engines, records
+from reservoir.runtime import engines, openvino, records
 from reservoir.runtime import runner as runner_module
 from reservoir.runtime.runner import FeatureRunner
 from reservoir.tasks import get_task
@@ -112,7 +112,7 @@ def test_int8_fixes_its_width_on_fixed_length_tasks_and_reads_nothing_past_a_row
     assert not runner(task, str(tiny_gpt2), "openvino", "int8", calibration=list).forward.fixed
     q = runner(task, str(tiny_gpt2), "openvino", "int8", calibration=lambda: [(tokens[:4], lengths[:4])])
     model = FixedDepths(q.reservoir, q.depths)
-    forward = engines.OpenVINOForward(
+    forward = openvino.OpenVINOForward(
         model, "int8", 1, q.forward.calibration, width=task.spec.seq_len, fixed_width=True
     )
     narrow_batch = q.prepare(short, short_lengths)
@@ -413,7 +413,7 @@ def failing_conversion(monkeypatch):
             "OpenVINO could not convert this backbone (OpConversionFailure: aten::x); pass --engine torch"
         )
 
-    monkeypatch.setattr(engines.OpenVINOForward, "prepare", fail)
+    monkeypatch.setattr(openvino.OpenVINOForward, "prepare", fail)
 
 
 def test_auto_falls_back_to_pytorch_when_openvino_cannot_convert(extract, home, monkeypatch):

@@ -51,17 +51,15 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import logging
-import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
-from reservoir.errors import BackboneError, DeviceError, ReservoirError, UsageError
+from reservoir.errors import DeviceError, ReservoirError, UsageError
 from reservoir.model.backbones import columns, quiet_transformers, readout_rows
 from reservoir.registry import ENGINES
 from reservoir.runtime.dtypes import choose as choose_dtype
@@ -246,6 +244,8 @@ class OpenVINOEngine(Engine):
         return openvino_installed()
 
     def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width):
+        from reservoir.runtime.openvino import OpenVINOForward
+
         return OpenVINOForward(eager, dtype, threads, calibration, log, width=width, fixed_width=fixed_width)
 
 
@@ -378,214 +378,6 @@ def calibration_rows(seq_len: int, available: int) -> int:
     """Rows ``int8-static`` calibrates on: about :data:`CALIBRATION_TOKENS` tokens, 8 to
     :data:`CALIBRATION_ROWS` rows, at most the rows there are."""
     return min(available, max(8, min(CALIBRATION_ROWS, CALIBRATION_TOKENS // max(seq_len, 1))))
-
-
-class OpenVINOForward:
-    """``(tokens, lengths, readout) -> (B, n_depths, n_readout, d)`` float32 tensor, computed by
-    OpenVINO from :class:`reservoir.runtime.runner.Reservoir` (converted at the first call).
-
-    Parameters
-    ----------
-    eager
-        the float32 PyTorch forward module ``(tokens, lengths, readout) -> features``: what
-        is converted, and the reference of the check.
-    dtype
-        ``float32``, ``bfloat16``, ``int8`` or ``int8-static``.
-    threads
-        OpenVINO's inference threads (PyTorch's thread count).
-    calibration
-        the int8 dtypes only: a callable returning the calibration batches
-        ``[(tokens, lengths, readout), ...]`` as numpy arrays.
-    width
-        the widest rows it will be called with (the int8 dtypes' per-position tables).
-    fixed_width
-        every row spans ``width`` positions (a task of fixed length): ``int8`` then
-        fixes the graph's width, which lets OpenVINO fuse the centring tables.
-    """
-
-    def __init__(
-        self,
-        eager: torch.nn.Module,
-        dtype: str,
-        threads: int,
-        calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
-        log: Callable[[str], None] | None = None,
-        width: int | None = None,
-        fixed_width: bool = False,
-    ):
-        if dtype in INT8_DTYPES and calibration is None:
-            raise UsageError(
-                f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)"
-            )
-        if dtype in INT8_DTYPES and not width:
-            raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
-        self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
-        #: ``int8`` on rows of one width: the graph's rows fixed at ``width`` positions, any narrower
-        #: batch widened to it (variable-length tasks keep a free width: their short batches would
-        #: otherwise compute the whole width)
-        self.fixed = dtype == "int8" and fixed_width
-        #: rows of one width: each batch shape (the full batch, the last one) gets a graph compiled for
-        #: that shape (:meth:`_request`); a dynamic graph's first large call costs several seconds more
-        self.static_shapes = (
-            fixed_width and dtype not in INT8_DTYPES
-        )  # int8's kernels differ by graph: one graph
-        self.model = None
-        self.static: dict[tuple[int, ...], Any] = {}
-        self.calibration, self.log = calibration, log or (lambda text: None)
-        self.shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
-        self.batches: list[tuple[np.ndarray, ...]] | None = None
-        self.request = None
-        self.seconds: dict[str, float] = {}
-        self.error: float | None = None
-
-    def _convert(self, example: tuple[torch.Tensor, ...]):
-        import openvino as ov
-
-        try:
-            with _quiet(), torch.no_grad(), self._centred():
-                start = time.perf_counter()
-                model = ov.convert_model(self.eager, example_input=example)
-                if self.fixed:  # OpenVINO folds the tables' slices to constants and fuses them
-                    tokens = model.inputs[0]
-                    model.reshape({tokens: ov.PartialShape([-1, self.width, *example[0].shape[2:]])})
-        except Exception as e:  # noqa: BLE001 - named with the way out
-            raise BackboneError(
-                f"OpenVINO could not convert this backbone ({one_line(e)}); pass --engine torch"
-            ) from None
-        self.seconds["convert"] = self.seconds.get("convert", 0.0) + time.perf_counter() - start
-        return model
-
-    def _calibration(self) -> list[tuple[np.ndarray, ...]]:
-        if self.batches is None:
-            self.batches = self.calibration()
-        return self.batches
-
-    def _centred(self) -> contextlib.AbstractContextManager:
-        """int8: ``self.eager`` with every projection centred per position (:func:`centred`), the
-        means taken once from the calibration rows; the float dtypes convert it as it is."""
-        if self.dtype not in INT8_DTYPES:
-            return contextlib.nullcontext()
-        if self.shifts is None:
-            start = time.perf_counter()
-            self.shifts = position_means(self.eager, self._calibration(), self.width, calibration_dtype())
-            self.seconds["centre"] = time.perf_counter() - start
-        # int8-static's ranges calibrated on the readout rows alone raised the deepest depth's error
-        # (GPT-2 small, 64 tokens: 9.7e-3 -> 1.1e-2); it keeps whole last blocks
-        return centred(self.eager, self.shifts, whole=self.dtype == "int8-static")
-
-    def _quantize(self, model):
-        import nncf
-
-        start = time.perf_counter()
-        nncf.set_log_level(logging.ERROR)
-        lookups = nncf.IgnoredScope(
-            types=["Gather"], validate=False
-        )  # stay float: int8 tables moved every position
-        with _quiet():
-            if self.dtype == "int8":
-                model = nncf.compress_weights(
-                    model, mode=nncf.CompressWeightsMode.INT8_SYM, ignored_scope=lookups
-                )
-            else:
-                batches = self._calibration()
-                model = nncf.quantize(
-                    model,
-                    nncf.Dataset(batches, lambda b: {0: b[0], 1: b[1], 2: b[2]}),
-                    model_type=nncf.ModelType.TRANSFORMER,
-                    subset_size=len(batches),
-                    ignored_scope=lookups,
-                )
-        self.seconds["quantize"] = self.seconds.get("quantize", 0.0) + time.perf_counter() - start
-        return model
-
-    def _compile(self, model) -> None:
-        import openvino as ov
-
-        props = ov.properties
-        config: dict[Any, Any] = {
-            props.inference_num_threads: self.threads,
-            props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
-            props.hint.inference_precision: precision(self.dtype),
-        }
-        if self.dtype == "int8":
-            config[props.hint.dynamic_quantization_group_size] = str(
-                DYNAMIC_GROUP
-            )  # OpenVINO 2024 parses only a string as unsigned
-        start = time.perf_counter()
-        with _quiet():
-            compiled = ov.Core().compile_model(model, "CPU", config)
-        self.seconds["compile"] = self.seconds.get("compile", 0.0) + time.perf_counter() - start
-        return compiled.create_infer_request()
-
-    def _request(self, args: Sequence[np.ndarray]):
-        """The request for a batch of ``args``' shapes: on rows of one width, a graph compiled for exactly
-        these shapes (at most :data:`STATIC_SHAPES` of them: the full batch and the last); else the dynamic one.
-
-        A graph compiled for the shape runs its first call at the steady rate, where the dynamic graph's
-        first call is slow (docs/benchmarks.md, "Constants the code takes from these measurements")."""
-        shapes = tuple(tuple(a.shape) for a in args)
-        if shapes in self.static:
-            return self.static[shapes]
-        if not self.static_shapes or len(self.static) >= STATIC_SHAPES or len(args[0]) < STATIC_MIN_ROWS:
-            return self.request
-        import openvino as ov
-
-        model = self.model.clone()
-        model.reshape({port: ov.PartialShape(list(shape)) for port, shape in zip(model.inputs, shapes)})
-        self.static[shapes] = self._compile(model)
-        return self.static[shapes]
-
-    def prepare(self, batch: tuple[torch.Tensor, ...]) -> None:
-        """Convert (from two rows cut to :data:`EXAMPLE_WIDTH` tokens: the graph takes any shape,
-        and converting long rows costs far more time and memory), quantize (int8), compile for
-        the CPU and check against PyTorch on ``batch``'s first rows at their full width; a graph
-        that fails the check is converted again from the full width. Says what each step took."""
-        examples = [narrow(batch)] + (
-            [tuple(t[:2] for t in batch)] if batch[0].shape[1] > EXAMPLE_WIDTH else []
-        )
-        for example in examples:
-            model = self._convert(example)
-            if self.dtype in INT8_DTYPES:
-                model = self._quantize(model)
-            self.model, self.static = model, {}
-            self.request = self._compile(model)
-            rows = tuple(t[: max(1, min(CHECK_ROWS, CHECK_TOKENS // batch[0].shape[1]))] for t in batch)
-            ours = self._infer(rows).numpy()
-            with torch.inference_mode():
-                ref = self.eager(*rows).float().numpy()
-            self.error = relative_error(ours, ref)
-            if self.error <= TOLERANCE[self.dtype]:
-                break
-        steps = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
-        self.log(
-            f"openvino: {steps}; features within {self.error:.1e} of PyTorch float32 on {len(ours)} rows"
-        )
-        if not self.error <= TOLERANCE[self.dtype]:
-            raise BackboneError(
-                f"the OpenVINO engine's features differ from PyTorch's by {self.error:.2g} (relative, worst depth; "
-                f"at most {TOLERANCE[self.dtype]:g} is accepted for {self.dtype}); pass --engine torch"
-            )
-
-    def _widen(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """``(tokens, lengths, readout)`` with the tokens widened to :attr:`width` positions by repeating
-        each row's last token (past every row's length: no feature reads them), where the graph's
-        width is fixed."""
-        tokens, *rest = args
-        if self.fixed and tokens.shape[1] < self.width:
-            tail = tokens[:, -1:].expand(-1, self.width - tokens.shape[1], *tokens.shape[2:])
-            tokens = torch.cat([tokens, tail], 1)
-        return (tokens, *rest)
-
-    def _infer(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
-        arrays = [np.ascontiguousarray(t.numpy()) for t in self._widen(args)]
-        request = self._request(arrays)
-        request.infer(dict(enumerate(arrays)))
-        return torch.from_numpy(request.get_output_tensor(0).data.copy())
-
-    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
-        if self.request is None:
-            self.prepare((tokens, lengths, readout))
-        return self._infer((tokens, lengths, readout))
 
 
 class Centred(nn.Module):
@@ -840,7 +632,7 @@ def one_line(e: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet():
     """Converter and NNCF chatter (progress bars, tables, warnings) kept off the terminal."""
     with (
         contextlib.redirect_stdout(io.StringIO()),

@@ -275,7 +275,7 @@ class Unquantized(Exception):
 class ONNXForward:
     """``(tokens, lengths, readout) -> (B, n_depths, n_readout, d)`` float32 tensor, computed by ONNX
     Runtime from :class:`reservoir.runtime.runner.Reservoir` (exported, or loaded from the cache, at
-    the first call). The face of :class:`reservoir.runtime.engines.OpenVINOForward`: :meth:`prepare`,
+    the first call). The face of :class:`reservoir.runtime.openvino.OpenVINOForward`: :meth:`prepare`,
     ``request`` (the session; ``None`` until prepared), ``seconds``, ``error``.
 
     Parameters
