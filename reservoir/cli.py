@@ -483,7 +483,7 @@ def attention(**options) -> None:
     trained = f" (trained: {cfg.checkpoint.name})" if cfg.checkpoint else ""
     title = f"{cfg.task}, {cfg.backbone}{trained}: attention of block {cfg.layer}, {cfg.split} example {cfg.example}"
     heads = list(cfg.heads) if cfg.heads else None
-    click.echo(str(run(attention_maps, weights, out=cfg.out, title=title, tokens=labels, heads=heads)))
+    click.echo(str(run(attention_maps, weights, cfg.out, title=title, tokens=labels, heads=heads)))
 
 
 if __name__ == "__main__":  # pragma: no cover

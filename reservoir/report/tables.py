@@ -24,304 +24,31 @@ import csv
 import io
 import json
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from reservoir.probe.baselines import display_name
-from reservoir.probe.metrics import METRICS, Metric
+from reservoir.probe.metrics import METRICS
+from reservoir.report.rows import (
+    DataGroup,
+    Row,
+    baseline_label,
+    baseline_name,
+    baseline_rank,
+    baselines_of,
+    class_names_of,
+    classes_line,
+    collect,
+    data_groups,
+    data_label,
+    pct,
+    score_text,
+)
 from reservoir.results import (
     load_results,  # noqa: F401  (report's entry point reads through it)
-    merge_seeds,
-    with_scores,
 )
 
-#: baselines in the order tables list them
-BASELINE_ORDER = ("majority", "first-operator", "raw", "tanh")
-BASELINE_LABELS = {
-    "majority": "majority class",
-    "first-operator": "first-operator rule",
-    "raw": "raw-input linear head",
-    "tanh": "random tanh features",
-}
-
-
-def baseline_label(name: str) -> str:
-    kind, _, width = name.partition("-") if name.startswith("tanh-") else (name, "", "")
-    return BASELINE_LABELS.get(kind, name) + (f" ({width} wide)" if width else "")
-
-
-def baseline_rank(name: str) -> tuple[int, str]:
-    kind = "tanh" if name.startswith("tanh-") else name
-    return (BASELINE_ORDER.index(kind) if kind in BASELINE_ORDER else len(BASELINE_ORDER), name)
-
-
-def input_scale(r: dict[str, Any]) -> str:
-    return str(r.get("identity", {}).get("input_scale", "paper"))
-
-
-def data_key(r: dict[str, Any]) -> str:
-    """What a result (or a baseline) was computed on: its task, task options and the digest of the rows of
-    every split (their number and contents, so a subset's size and seed); equal keys, the same data."""
-    from reservoir.identity import digest
-
-    identity = r.get("identity", {})
-    return digest(
-        {"task": r.get("task"), "options": identity.get("task_options"), "data": identity.get("data")}
-    )
-
-
-def data_label(r: dict[str, Any]) -> str:
-    """The data of a result in words: rows per split and how a ``--limit`` took them, e.g. ``train 200, test
-    100 rows: a stratified sample (--limit 200, seed 0)``."""
-    identity = r.get("identity", {})
-    data = identity.get("data")
-    sizes = (
-        ", ".join(
-            f"{split} {v['rows']:,d}" for split, v in data.items() if isinstance(v, dict) and "rows" in v
-        )
-        if isinstance(data, dict)
-        else ""
-    )
-    text = f"{sizes} rows" if sizes else f"n train/test {r.get('n_train')}/{r.get('n_test')}"
-    limit, subset = identity.get("limit"), identity.get("subset")
-    if limit is None:
-        return text + ": every row"
-    if subset is None:
-        return text + f": the first rows (--limit {limit})"
-    rule = subset.get("rule")
-    if rule == "draws":
-        return text + f": the first draws (--limit {limit})"
-    seed = f", seed {subset['seed']}" if "seed" in subset else ""
-    return text + f": a {rule} sample (--limit {limit}{seed})"
-
-
-@dataclass
-class Row:
-    """One setting's results by depth (output-only: the readout depth; end-to-end: blocks run)."""
-
-    task: str
-    backbone: str
-    mode: str
-    head: str
-    trainable: str
-    scale: str
-    run: str
-    by_depth: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
-
-    @property
-    def results(self) -> list[dict[str, Any]]:
-        return [r for rs in self.by_depth.values() for r in rs]
-
-    @property
-    def metric(self) -> Metric:
-        """The metric the row's results score (:mod:`reservoir.probe.metrics`): accuracy for classes."""
-        return METRICS[self.results[0].get("metric", "accuracy")]
-
-    def text(self, x: float | None, std: float | None = None, n: int = 1) -> str:
-        """A value of the row's metric as its cells show it (:func:`score_text`)."""
-        return score_text(x, std, n, self.metric)
-
-    def tests(self, depth: int) -> list[float]:
-        """Test scores at ``depth``, one per seed (an end-to-end result holds its seeds' mean)."""
-        return [r["test_score"] for r in self.by_depth[depth]]
-
-    def val(self, depth: int) -> float:
-        return float(np.mean([r["val_score"] for r in self.by_depth[depth]]))
-
-    def _better_first(self, value: float) -> float:
-        return value if self.metric.greater_is_better else -value
-
-    @property
-    def chosen(self) -> int:
-        """The depth with the best mean validation score (the shallower on ties)."""
-        return max(sorted(self.by_depth), key=lambda d: (self._better_first(self.val(d)), -d))
-
-    def depth_for(self, rule: str | int) -> int | None:
-        """The depth a :data:`DEPTH_RULES` rule picks: ``"chosen"`` on validation, ``"last"`` the
-        deepest, a number that depth (``None`` when the row has no result there)."""
-        if rule == "chosen":
-            return self.chosen
-        if rule == "last":
-            return max(self.by_depth)
-        return int(rule) if int(rule) in self.by_depth else None
-
-    @property
-    def best_by_test(self) -> int:
-        return max(
-            sorted(self.by_depth), key=lambda d: (self._better_first(float(np.mean(self.tests(d)))), -d)
-        )
-
-    def spread(self, depth: int) -> tuple[float, float | None, int]:
-        """Mean test, its std over seeds (``None`` for one seed) and the number of seeds."""
-        rs = self.by_depth[depth]
-        if len(rs) == 1 and rs[0].get("test_std") is not None:  # an end-to-end result folds its seeds
-            return rs[0]["test_score"], rs[0]["test_std"], len(rs[0].get("seeds", [0]))
-        values = self.tests(depth)
-        return (
-            float(np.mean(values)),
-            (float(np.std(values, ddof=1)) if len(values) > 1 else None),
-            len(values),
-        )
-
-    @property
-    def size(self) -> str:
-        r = self.results[0]
-        return f"{r['n_train']}/{r['n_test']}"
-
-
-#: what an extraction's seed draws: the seed itself, the data of generated tasks (and their task option
-#: ``seed``, which follows it unless set), the sample of a ``--limit`` (its ``subset`` seed) and a random
-#: backbone's weights
-SEED_DRAWN = ("seed", "data", "backbone_fingerprint")
-#: the same for an end-to-end result (its seeds, their generated data and random backbones), with the number
-#: of blocks, so a sweep over blocks (paper table 11) and seeds run apart (:func:`merge_seeds`) share a row
-E2E_SEED_DRAWN = ("seeds", "data", "backbone_fingerprints", "blocks")
-
-
-def run_of(r: dict[str, Any]) -> str:
-    """The producing run, short: every setting but what the seeds draw (:data:`SEED_DRAWN`,
-    :data:`E2E_SEED_DRAWN`), so the seeds of one setting share a row, and for end-to-end results every
-    number of blocks too."""
-    from reservoir.identity import digest
-
-    identity = dict(r.get("identity", {}))
-    end_to_end = r["mode"] == "end-to-end"
-    first_seed = (identity.get("seeds") or [None])[0] if end_to_end else identity.get("seed")
-    options = identity.get("task_options")
-    if isinstance(options, dict) and "seed" in options and options["seed"] == first_seed:
-        identity["task_options"] = {k: v for k, v in options.items() if k != "seed"}
-    subset = identity.get("subset")  # a --limit sample is drawn by the run's seed too
-    if isinstance(subset, dict) and subset.get("seed") == first_seed:
-        identity["subset"] = {k: v for k, v in subset.items() if k != "seed"}
-    drawn = E2E_SEED_DRAWN if end_to_end else SEED_DRAWN
-    return digest({k: v for k, v in identity.items() if k not in drawn})[:6]
-
-
-def row_key(r: dict[str, Any]) -> tuple:
-    return (
-        r["task"],
-        r["backbone"],
-        r["mode"],
-        r["head"],
-        ",".join(r["trainable"]),
-        input_scale(r),
-        run_of(r),
-    )
-
-
-def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, Any]]]:
-    """Rows of the reservoir results (sorted) and the baseline results."""
-    rows: dict[tuple, Row] = {}
-    baselines = []
-    for r in map(with_scores, results):
-        if r["mode"] == "baseline":
-            baselines.append(r)
-            continue
-        key = row_key(r)
-        row = rows.setdefault(key, Row(*key))
-        row.by_depth[int(r["depth"])].append(r)
-    for row in rows.values():  # an end-to-end result folds its seeds; seeds run apart fold into one
-        if row.mode == "end-to-end":
-            for depth, rs in row.by_depth.items():
-                if len(rs) > 1 and all(r.get("runs") for r in rs):
-                    row.by_depth[depth] = [merge_seeds(rs)]
-    order = sorted(
-        rows, key=lambda k: (k[0], k[1], k[2], k[3], k[4], k[5] != "paper", k[5], k[6])
-    )  # paper scale first
-    return [rows[k] for k in order], baselines
-
-
-def class_names_of(row: Row) -> list[str] | None:
-    """The names of a row's classes by id, where its data named them (its feature file's identity)."""
-    names = row.results[0].get("identity", {}).get("class_names")
-    return [str(n) for n in names] if names else None
-
-
-def classes_line(rows: list[Row], most: int = 20) -> str:
-    """``Classes: 0 cat, 1 dog, ...`` for rows whose data named their classes (the first ``most``); ``""``
-    otherwise or where the rows' data name them differently."""
-    named = {tuple(n) for r in rows if r.mode == "output-only" and (n := class_names_of(r))}
-    if len(named) != 1:
-        return ""
-    names = next(iter(named))
-    shown = ", ".join(f"{k} {name}" for k, name in enumerate(names[:most]))
-    return f"Classes: {shown}{f', ... ({len(names)} in all)' if len(names) > most else ''}"
-
-
-def data_keys(row: Row) -> tuple[str, ...]:
-    """The data of a row's results (:func:`data_key`), one key per data set, in order: one for a row of one
-    extraction, one per seed where the seed draws the data (a generated task, a subset)."""
-    return tuple(dict.fromkeys(data_key(r) for r in row.results))
-
-
-@dataclass
-class DataGroup:
-    """The output-only rows of one task computed on the same data (:func:`data_keys`), and that data in words."""
-
-    task: str
-    keys: tuple[str, ...]
-    label: str
-    rows: list[Row] = field(default_factory=list)
-
-    @property
-    def heads(self) -> set[str]:
-        return {row.head for row in self.rows}
-
-
-def data_groups(rows: list[Row], task: str) -> list[DataGroup]:
-    """The output-only rows of ``task`` grouped by their data (:func:`data_keys`), in the order rows come."""
-    groups: dict[tuple[str, ...], DataGroup] = {}
-    for row in rows:
-        if row.task != task or row.mode != "output-only":
-            continue
-        keys = data_keys(row)
-        label = data_label(row.results[0]) + (
-            f" ({len(keys)} data sets, one per seed)" if len(keys) > 1 else ""
-        )
-        groups.setdefault(keys, DataGroup(task, keys, label)).rows.append(row)
-    return list(groups.values())
-
-
-def baselines_of(group: DataGroup, baselines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The baselines of a group's data and heads (rules have none), one per name and head. Where the group
-    spans several data sets (a seed each), a baseline found for several of them is their mean: ``test_score``
-    the mean, ``test_std`` and ``n_data`` over the data sets found, ``of_data`` how many the group has."""
-    found: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
-    for b in baselines:
-        if b["task"] != group.task or (b["head"] != "rule" and b["head"] not in group.heads):
-            continue
-        key = data_key(b)
-        if key in group.keys:
-            found[(b["baseline"], b["head"])].setdefault(key, b)
-    out = []
-    for by_key in found.values():
-        bs = [by_key[k] for k in group.keys if k in by_key]
-        b = dict(bs[0])
-        if len(group.keys) > 1:
-            tests = [x["test_score"] for x in bs]
-            b.update(
-                test_score=float(np.mean(tests)),
-                val_score=float(np.mean([x["val_score"] for x in bs])),
-                test_std=float(np.std(tests, ddof=1)) if len(bs) > 1 else None,
-                n_data=len(bs),
-                of_data=len(group.keys),
-            )
-        out.append(b)
-    return sorted(out, key=lambda b: (baseline_rank(b["baseline"]), b["head"]))
-
-
-def baselines_for(rows: list[Row], baselines: list[dict[str, Any]], task: str) -> list[dict[str, Any]]:
-    """The baselines of ``task`` computed on the data and with the heads of its output-only rows, every data's
-    (:func:`baselines_of`, each data group in turn)."""
-    return [b for group in data_groups(rows, task) for b in baselines_of(group, baselines)]
-
-
-def baseline_name(b: dict[str, Any]) -> str:
-    """A baseline result's name in tables: the majority rule of real-valued targets is the train mean."""
-    return baseline_label(display_name(b["baseline"], b.get("metric", "accuracy")))
+#: how an output-only setting's depth is picked in the task layout (or a depth number), and the label of each
+DEPTH_RULES = {"chosen": "depth chosen on validation", "last": "last depth"}
 
 
 def baseline_text(b: dict[str, Any]) -> str:
@@ -333,43 +60,8 @@ def baseline_text(b: dict[str, Any]) -> str:
     return text
 
 
-#: how an output-only setting's depth is picked in the task layout (or a depth number), and the label of each
-DEPTH_RULES = {"chosen": "depth chosen on validation", "last": "last depth"}
-
-
-def depth_rule(value: str) -> str | int:
-    """``"chosen"``, ``"last"`` or a depth number, from the user's words; ``ValueError`` otherwise."""
-    if value in DEPTH_RULES:
-        return value
-    if value.isdigit():
-        return int(value)
-    raise ValueError(f"expected 'chosen', 'last' or a depth number (0, 1, ...); got {value!r}")
-
-
 def rule_label(rule: str | int) -> str:
     return DEPTH_RULES[rule] if isinstance(rule, str) else f"depth {rule}"
-
-
-def pct(x: float | None, std: float | None = None, n: int = 1) -> str:
-    if x is None:
-        return ""
-    text = f"{100 * x:.1f}"
-    if std is not None and n > 1:
-        text += f" ± {100 * std:.1f} (n={n})"
-    return text
-
-
-def score_text(x: float | None, std: float | None = None, n: int = 1, metric: Metric | None = None) -> str:
-    """A score as tables show it: a percentage with one decimal (:func:`pct`) for accuracies, four
-    significant digits for other metrics (NRMSE, R^2), with the spread over ``n`` seeds."""
-    if metric is None or metric.percent:
-        return pct(x, std, n)
-    if x is None:
-        return ""
-    text = f"{x:.4g}"
-    if std is not None and n > 1:
-        text += f" ± {std:.2g} (n={n})"
-    return text
 
 
 def paper_cell(ours: str, paper: float | str | None, pm: float | None = None, who: str = "paper") -> str:
