@@ -1,8 +1,8 @@
 """The ``reservoir`` command line: the only place that reads options.
 
 Every option of a command that runs is generated from a field of its config dataclass
-(:func:`reservoir.settings.setting`: type, default, rules, help), and the values are checked where the API
-checks them (:func:`reservoir.api.configure`), so the two front doors cannot disagree. Exit status: 0 on
+(:func:`reservoir.settings.declared`), and the values are checked where the API checks them
+(:func:`reservoir.api.configure`), so the two front doors cannot disagree. Exit status: 0 on
 success, 2 on a usage error (a value or combination the config refuses, found before anything runs:
 click's convention), 1 on every failure found later (missing data, unloadable backbone, a depth the
 backbone lacks, a feature file of another run). Options the user did not give reach the config as unset.
@@ -11,7 +11,6 @@ Heavy modules (torch) are imported by the commands that need them.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from reservoir.config import (
     TrainConfig,
 )
 from reservoir.errors import ReservoirError, UsageError, WriteFailed
-from reservoir.settings import Interval, OneOf, choices, shown_default
+from reservoir.settings import declared
 
 # transformers' own log (notes on configs, losses and kernels the command never uses) stays off the
 # terminal: its errors still show, and TRANSFORMERS_VERBOSITY set by the user wins
@@ -45,101 +44,6 @@ class Settings:
 
 
 pass_settings = click.make_pass_decorator(Settings)
-
-
-# ---------------------------------------------------------------- options generated from the configs
-
-
-class DeclaredChoice(click.Choice):
-    """The ``click.Choice`` of a config field: the values its :class:`reservoir.settings.OneOf` declares,
-    read when click first needs them (a registry's, such as the engines', then fills: its modules are not
-    imported before). Any text passes here; the config refuses a value outside them."""
-
-    def __init__(self, cls: type, name: str):
-        self.rule = choices(cls, name)
-        self.case_sensitive = True
-
-    @property
-    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
-        return tuple(self.rule.values())
-
-    def convert(self, value, param, ctx):
-        return value
-
-
-def _shown_range(kind: type, rule: Interval) -> click.ParamType:
-    """A number type whose help shows ``rule``'s range (``[x>=1]``) without checking it: the config does,
-    in the words the API uses."""
-    base = click.IntRange if kind is int else click.FloatRange
-
-    class Shown(base):  # type: ignore[valid-type, misc]
-        def convert(self, value, param, ctx):
-            return click.types._NumberParamTypeBase.convert(self, value, param, ctx)
-
-    return Shown(
-        min=rule.low,
-        max=rule.high,
-        min_open=rule.closed in ("right", "neither"),
-        max_open=rule.closed in ("left", "neither"),
-    )
-
-
-def _type(cls: type, f: dataclasses.Field) -> click.ParamType | None:
-    cli, rules, kind = f.metadata["cli"], [r for r in f.metadata["rules"] if r is not None], str(f.type)
-    if cli.get("path"):
-        path = cli["path"]
-        return click.Path(
-            exists=cli.get("exists", False), file_okay=path != "dir", dir_okay=path != "file", path_type=Path
-        )
-    if any(isinstance(r, OneOf) for r in rules):
-        return DeclaredChoice(cls, f.name)
-    number = int if kind.startswith("int") else float if kind.startswith("float") else None
-    if number is None or f.metadata["parse"] is not None:
-        return None
-    ranges = [r for r in rules if isinstance(r, Interval) and not r.each]
-    static = ranges and not any(callable(b) for b in (ranges[0].low, ranges[0].high))
-    return _shown_range(number, ranges[0]) if static else click.INT if number is int else click.FLOAT
-
-
-def _parameter(cls: type, f: dataclasses.Field):
-    """The click option (or argument) a config field declares."""
-    cli = f.metadata["cli"]
-    if cli.get("argument"):
-        return click.argument(f.name, type=_type(cls, f), nargs=cli.get("nargs", 1))
-    names = [cli.get("option") or f"--{f.name.replace('_', '-')}"]
-    flag = cli.get("flag")
-    if flag == "pair":
-        names = [f"{names[0]}/--no-{names[0][2:]}"]
-    if cli.get("short"):
-        names.insert(0, cli["short"])
-    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    shown = shown_default(f) if flag != "single" and not required else ""
-    return click.option(
-        *names,
-        f.name,
-        type=None if flag else _type(cls, f),
-        is_flag=flag == "single" or None,
-        multiple=cli.get("multiple", False),
-        default=None,
-        required=required,
-        metavar=cli.get("metavar"),
-        hidden=cli.get("hidden", False),
-        help=f.metadata["help"] + (f" [default: {shown}]" if shown else ""),
-    )
-
-
-def declared(cls: type, *, only: tuple[str, ...] = ()):
-    """Decorator: the options of every field of ``cls`` the command line spells (or of ``only`` these), in
-    the order of the fields."""
-
-    def add(fn):
-        for f in reversed(dataclasses.fields(cls)):
-            if f.metadata.get("cli", {}).get("option") is False or (only and f.name not in only):
-                continue
-            fn = _parameter(cls, f)(fn)
-        return fn
-
-    return add
 
 
 def configured(cls: type, options: dict):

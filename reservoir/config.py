@@ -465,11 +465,12 @@ class FitConfig(Config):
                 "fit needs --features FILE, or --task (and --backbone) to find the extracted file"
             )
         if self.depth is not None:
-            if self.depths not in (None, (self.depth,)):  # (a config rebuilt by replace holds both)
+            if self.depths is not None:
                 raise UsageError(
                     f"--depth {self.depth} and --depths are the same option (one depth, a list); give one"
                 )
             object.__setattr__(self, "depths", (self.depth,))
+            object.__setattr__(self, "depth", None)  # said once, as depths (a config rebuilt by replace)
         object.__setattr__(self, "depths", "all" if self.depths is None else self.depths)
 
 

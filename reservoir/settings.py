@@ -2,7 +2,8 @@
 the :func:`setting` a config field is declared with (type, default, rules, help, command-line spelling).
 
 The configs of the commands are in :mod:`reservoir.config`; the command line's options are generated from
-their fields (``reservoir.cli``), the API checks the same fields (``reservoir.api.configure``).
+their fields (:func:`declared`, used by ``reservoir.cli``), the API checks the same fields
+(``reservoir.api.configure``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 
 from reservoir.errors import UsageError
@@ -391,3 +393,98 @@ def key_values(value: Any) -> dict[str, Any]:
             raise UsageError(f"task option {pair!r} is not of the form key=value")
         out[key.strip()] = text.strip()
     return out
+
+
+# ---------------------------------------------------------------- the command line's options, from the declarations
+
+
+class DeclaredChoice(click.Choice):
+    """The ``click.Choice`` of a config field: the values its :class:`reservoir.settings.OneOf` declares,
+    read when click first needs them (a registry's, such as the engines', then fills: its modules are not
+    imported before). Any text passes here; the config refuses a value outside them."""
+
+    def __init__(self, cls: type, name: str):
+        self.rule = choices(cls, name)
+        self.case_sensitive = True
+
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(self.rule.values())
+
+    def convert(self, value, param, ctx):
+        return value
+
+
+def _shown_range(kind: type, rule: Interval) -> click.ParamType:
+    """A number type whose help shows ``rule``'s range (``[x>=1]``) without checking it: the config does,
+    in the words the API uses."""
+    base = click.IntRange if kind is int else click.FloatRange
+
+    class Shown(base):  # type: ignore[valid-type, misc]
+        def convert(self, value, param, ctx):
+            return click.types._NumberParamTypeBase.convert(self, value, param, ctx)
+
+    return Shown(
+        min=rule.low,
+        max=rule.high,
+        min_open=rule.closed in ("right", "neither"),
+        max_open=rule.closed in ("left", "neither"),
+    )
+
+
+def _type(cls: type, f: dataclasses.Field) -> click.ParamType | None:
+    cli, rules, kind = f.metadata["cli"], [r for r in f.metadata["rules"] if r is not None], str(f.type)
+    if cli.get("path"):
+        path = cli["path"]
+        return click.Path(
+            exists=cli.get("exists", False), file_okay=path != "dir", dir_okay=path != "file", path_type=Path
+        )
+    if any(isinstance(r, OneOf) for r in rules):
+        return DeclaredChoice(cls, f.name)
+    number = int if kind.startswith("int") else float if kind.startswith("float") else None
+    if number is None or f.metadata["parse"] is not None:
+        return None
+    ranges = [r for r in rules if isinstance(r, Interval) and not r.each]
+    static = ranges and not any(callable(b) for b in (ranges[0].low, ranges[0].high))
+    return _shown_range(number, ranges[0]) if static else click.INT if number is int else click.FLOAT
+
+
+def _parameter(cls: type, f: dataclasses.Field):
+    """The click option (or argument) a config field declares."""
+    cli = f.metadata["cli"]
+    if cli.get("argument"):
+        return click.argument(f.name, type=_type(cls, f), nargs=cli.get("nargs", 1))
+    names = [cli.get("option") or f"--{f.name.replace('_', '-')}"]
+    flag = cli.get("flag")
+    if flag == "pair":
+        names = [f"{names[0]}/--no-{names[0][2:]}"]
+    if cli.get("short"):
+        names.insert(0, cli["short"])
+    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    shown = shown_default(f) if flag != "single" and not required else ""
+    return click.option(
+        *names,
+        f.name,
+        type=None if flag else _type(cls, f),
+        is_flag=flag == "single" or None,
+        multiple=cli.get("multiple", False),
+        default=None,
+        required=required,
+        metavar=cli.get("metavar"),
+        hidden=cli.get("hidden", False),
+        help=f.metadata["help"] + (f" [default: {shown}]" if shown else ""),
+    )
+
+
+def declared(cls: type, *, only: tuple[str, ...] = ()):
+    """Decorator: the options of every field of ``cls`` the command line spells (or of ``only`` these), in
+    the order of the fields."""
+
+    def add(fn):
+        for f in reversed(dataclasses.fields(cls)):
+            if f.metadata.get("cli", {}).get("option") is False or (only and f.name not in only):
+                continue
+            fn = _parameter(cls, f)(fn)
+        return fn
+
+    return add

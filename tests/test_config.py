@@ -189,7 +189,7 @@ def test_adding_an_option_is_one_field():
     """A field declared on a config is an option of its command, with its help, default and rule."""
     from click.testing import CliRunner
 
-    from reservoir.cli import declared
+    from reservoir.settings import declared
 
     @dataclasses.dataclass(frozen=True)
     class Demo(settings.Config):
