@@ -5,9 +5,8 @@ Every option of a command that runs is generated from a field of its config data
 (:func:`reservoir.api.configure`), so the two front doors cannot disagree. Exit status: 0 on
 success, 2 on a usage error (a value or combination the config refuses, found before anything runs:
 click's convention), 1 on every failure found later (missing data, unloadable backbone, a depth the
-backbone lacks, a feature file of another run). Options the user did not give reach the config as unset.
-Heavy modules (torch) are imported by the commands that need them.
-"""
+backbone lacks, a feature file of another run). Options not given reach the config as unset; heavy
+modules (torch) are imported by the commands that need them."""
 
 from __future__ import annotations
 
