@@ -1,0 +1,60 @@
+"""The queue of missing end-to-end cells (pipelines/cell_queue.py) in its CPU mode: a cell the first budget cuts
+leaves its checkpoints, the next invocation resumes it and keeps its result; a cell too costly for the CPU
+waits, listed with its card minutes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def queue(*args: str, cells: Path, ledger: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RESERVOIR_CACHE": str(ledger.parent / "cache")}
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "pipelines" / "cell_queue.py"),
+            *args,
+            "--cells",
+            str(cells),
+            "--ledger",
+            str(ledger),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_two_small_budgets_resume_and_complete_one_cell(tiny_gpt2, tmp_path):
+    cell = {"table": 6, "task": "bit_xor", "backbone": str(tiny_gpt2), "lrs": [1e-3], "seeds": 2, "steps": 3000,
+            "limit": 200, "batch_size": 8, "options": ["--patience", "0", "--eval-every", "100",
+            "--checkpoint-every", "100", "--dtype", "float32", "--device", "cpu"]}  # fmt: skip
+    costly = {**cell, "backbone": "gpt2-random", "steps": 20000}
+    cells, ledger = tmp_path / "cells.json", tmp_path / "runs"
+    cells.write_text(json.dumps([cell, costly]))
+    first = queue("next", "--budget", "12", "--reserve", "8", cells=cells, ledger=ledger)
+    assert first.returncode == 0, first.stderr
+    assert "stopped on time: checkpoints kept" in first.stderr
+    (folder,) = [p for p in (ledger / "queue").iterdir() if p.is_dir()]
+    assert list(folder.rglob("*.pt"))  # the runs' checkpoints, for the next invocation
+    begun = json.loads((ledger / "queue" / "state.json").read_text())[folder.name]
+    assert begun["done"] is False and begun["seconds"] > 0
+    second = queue("next", "--budget", "400", "--reserve", "8", cells=cells, ledger=ledger)
+    assert second.returncode == 0, second.stderr
+    assert "ended: result kept" in second.stderr and "1 waiting" in second.stdout  # the costly cell waits
+    (kept,) = (ledger / "table6" / "bit_xor").rglob("end-to-end_*.json")
+    result = json.loads(kept.read_text())
+    assert sorted(r["steps"] for r in result["runs"]) == [3000, 3000]
+    assert not folder.exists()
+    listing = queue("list", cells=cells, ledger=ledger)
+    assert "kept" in listing.stdout and "waiting" in listing.stdout and "H100" in listing.stdout
