@@ -58,18 +58,8 @@ from reservoir.tasks import (
     pad_ids,
     patches,
 )
-from reservoir.tasks.streams import (
-    H5Chunks,
-    Images,
-    Part,
-    Rows,
-    image_parts,
-    kind_of,
-    natural,
-    parse_size,
-    scan,
-    table_parts,
-)
+from reservoir.tasks.layouts import Part, image_parts, kind_of, table_parts
+from reservoir.tasks.streams import H5Chunks, Images, Rows, natural, parse_size, scan
 
 SUFFIXES = (".npz", ".h5", ".hdf5")
 #: the largest class id and token id a user file may hold (an output layer, one-hot targets and an

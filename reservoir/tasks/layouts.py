@@ -1,0 +1,318 @@
+"""The layouts ``--task file:PATH`` reads: which kind a path is (Parquet or Arrow files, a ``datasets``
+folder, an image folder ``root/CLASS/*``, an ``.npz`` or ``.h5`` of arrays), its parts (one per split and
+file), their input and target columns, and the names of their classes. The rows themselves are read by
+:mod:`reservoir.tasks.streams`."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reservoir.errors import DataError, unreadable
+from reservoir.tasks.streams import (
+    ARROW,
+    FIX,
+    IMAGES,
+    INPUTS,
+    PARQUET,
+    TARGETS,
+    Chunks,
+    ImageChunks,
+    Images,
+    TableChunks,
+    arrow_rows,
+    natural,
+    natural_key,
+    need,
+)
+
+# -- naming a source ------------------------------------------------------------------------------
+
+
+@dataclass
+class Part:
+    """Rows of a source that share one reader: their inputs (read lazily), their labels, and which
+    split they belong to: ``split`` (all of them), ``split_names`` (a name per row), or neither (the
+    task draws a seeded test fraction)."""
+
+    chunks: Chunks
+    labels: np.ndarray
+    where: str
+    target: str
+    split: str | None = None
+    split_names: np.ndarray | None = None
+    image: bool = False
+    #: real tokens of each right-padded row (an .h5 file's ``lengths``)
+    cut: np.ndarray | None = None
+    #: the name of each class id, where the source names them (an image folder's class folders, a ``ClassLabel``)
+    names: list[str] | None = None
+
+
+def ordered(names) -> list[Any]:
+    """Split names in the order a task lists them: train, val, valid, test, then the others sorted."""
+    first = ("train", "val", "valid", "test")
+    return [n for n in first if n in names] + sorted(n for n in names if n not in first)
+
+
+def kind_of(path: Path) -> str:
+    """What ``path`` holds: ``npz``, ``h5``, ``table`` (a Parquet or Arrow file), ``dataset`` (a
+    ``datasets`` folder, a DatasetDict or a folder of tables) or ``images`` (an image folder)."""
+    if not path.exists():
+        raise DataError(
+            f"{path} does not exist; give --task file:PATH with an existing file or folder ({FIX})"
+        )
+    suffix = path.suffix.lower()
+    if path.is_file():
+        if suffix == ".npz":
+            return "npz"
+        if suffix in (".h5", ".hdf5"):
+            return "h5"
+        if suffix in PARQUET + ARROW:
+            return "table"
+        raise DataError(
+            f"{path} is not a file --task file:PATH reads: give an .npz, .h5, .parquet or .arrow file, a "
+            f"datasets folder (save_to_disk) or an image folder ({FIX})"
+        )
+    if (path / "dataset_dict.json").exists() or (path / "state.json").exists() or _table_files(path):
+        return "dataset"
+    if any(p.is_dir() for p in path.iterdir()):
+        return "images"
+    raise DataError(
+        f"{path} is a folder without Parquet or Arrow files, a datasets save_to_disk folder or class "
+        f"folders of images ({FIX})"
+    )
+
+
+def _table_files(folder: Path) -> list[Path]:
+    for place in (folder, folder / "data"):
+        files = (
+            sorted(p for p in place.glob("*") if p.suffix.lower() in PARQUET + ARROW)
+            if place.is_dir()
+            else []
+        )
+        if files:
+            return files
+    return []
+
+
+def table_parts(path: Path, *, input: str, target: str, split: str, images: Images) -> list[Part]:
+    """The parts of a table source (a Parquet/Arrow file, a ``datasets`` folder, a folder of tables),
+    their labels and split names read (one pass over those columns)."""
+    need("pyarrow", "Parquet, Arrow and datasets folders")
+    if path.is_file():
+        groups = {None: [path]}
+    elif (path / "dataset_dict.json").exists():
+        try:
+            names = json.loads((path / "dataset_dict.json").read_text())["splits"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise unreadable(path / "dataset_dict.json", e, "save the DatasetDict again") from None
+        groups = {s: _dataset_files(path / s) for s in ordered(names)}
+    elif (path / "state.json").exists():
+        groups = {None: _dataset_files(path)}
+    else:
+        files = _table_files(path)
+        by_name: dict[str, list[Path]] = {}
+        for f in files:
+            by_name.setdefault(f.name.split(".")[0].split("-")[0], []).append(f)
+        groups = {k: by_name[k] for k in ordered(by_name)} if "train" in by_name else {None: files}
+    parts = []
+    for name, files in groups.items():
+        columns = _schema(files[0])
+        x = _pick(files[0], columns, input, INPUTS, "input", "the examples")
+        y = _pick(files[0], columns, target, TARGETS, "target", "the labels")
+        s = split or ("split" if "split" in columns and name is None else "")
+        if s and s not in columns:
+            raise DataError(
+                f"{files[0]} has no column {s!r} (columns: {columns}); pass --task-opt split=COLUMN"
+            )
+        base = files[0] if len(files) == 1 else files[0].parent
+        where = f"{base}: column {x!r}"
+        chunks = TableChunks(files, x, functools.partial(arrow_rows, where=where, images=images))
+        labels, names = [], []
+        for i in range(len(chunks.pieces)):
+            t = chunks.table(i, [y] + ([s] if s else []))
+            labels.append(_column(t.column(0), f"{base}: column {y!r}", int(chunks.starts[i])))
+            if s:
+                names.append(np.asarray(t.column(1).to_pylist(), dtype=str))
+        y_all = np.concatenate(labels) if labels else np.zeros(0, np.int64)
+        image = _is_image(files[0], x)
+        parts.append(
+            Part(
+                chunks,
+                y_all,
+                where,
+                f"column {y!r}",
+                name,
+                np.concatenate(names) if s else None,
+                image,
+                names=class_label_names(files[0], y),
+            )
+        )
+    return parts
+
+
+def _dataset_files(folder: Path) -> list[Path]:
+    try:
+        state = json.loads((folder / "state.json").read_text())
+        files = [folder / f["filename"] for f in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise unreadable(folder / "state.json", e, "save the dataset again (Dataset.save_to_disk)") from None
+    if not files:
+        raise DataError(f"{folder} holds no data files (state.json lists none); save the dataset again")
+    return files
+
+
+def _arrow_schema(path: Path):
+    import pyarrow as pa
+
+    try:
+        if path.suffix.lower() in PARQUET:
+            import pyarrow.parquet as pq
+
+            return pq.read_schema(path)
+        import pyarrow.ipc as ipc
+
+        with pa.memory_map(str(path)) as mm:
+            file_format = mm.read(6) == b"ARROW1"
+            mm.seek(0)
+            return (ipc.open_file(mm) if file_format else ipc.open_stream(mm)).schema
+    except (OSError, pa.ArrowException) as e:
+        raise unreadable(path, e, "write it again") from None
+
+
+def _schema(path: Path) -> list[str]:
+    return list(_arrow_schema(path).names)
+
+
+def class_label_names(path: Path, column: str) -> list[str] | None:
+    """The names of a ``datasets`` ``ClassLabel`` column, by class id: from the ``huggingface`` metadata of the
+    file's schema (what ``datasets`` writes into Parquet and Arrow files), else the ``dataset_info.json`` beside
+    it (a ``save_to_disk`` folder); ``None`` for a column that is not one."""
+    found = []
+    meta = _arrow_schema(path).metadata or {}
+    if b"huggingface" in meta:
+        with contextlib.suppress(ValueError, AttributeError):  # not datasets' metadata: no names
+            found.append(json.loads(meta[b"huggingface"]).get("info", {}).get("features", {}))
+    info = path.parent / "dataset_info.json"
+    if info.is_file():
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            found.append(json.loads(info.read_text()).get("features", {}))
+    for features in found:
+        feature = features.get(column) if isinstance(features, dict) else None
+        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" and feature.get("names"):
+            return [str(n) for n in feature["names"]]
+    return None
+
+
+def _is_image(path: Path, column: str) -> bool:
+    import pyarrow as pa
+
+    if path.suffix.lower() in PARQUET:
+        import pyarrow.parquet as pq
+
+        t = pq.read_schema(path).field(column).type
+    else:
+        import pyarrow.ipc as ipc
+
+        with pa.memory_map(str(path)) as mm:
+            file_format = mm.read(6) == b"ARROW1"
+            mm.seek(0)
+            t = (ipc.open_file(mm) if file_format else ipc.open_stream(mm)).schema.field(column).type
+    return (pa.types.is_struct(t) and t.get_field_index("bytes") >= 0) or pa.types.is_binary(t)
+
+
+def _pick(
+    path: Path, columns: list[str], given: str, defaults: tuple[str, ...], option: str, what: str
+) -> str:
+    if given:
+        if given not in columns:
+            raise DataError(
+                f"{path} has no column {given!r} (columns: {columns}); pass --task-opt {option}=COLUMN naming "
+                f"the column of {what}"
+            )
+        return given
+    found = [c for c in defaults if c in columns]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise DataError(
+            f"{path}: more than one column could hold {what} ({found}); pass --task-opt {option}=COLUMN "
+            "naming the one to use"
+        )
+    raise DataError(
+        f"{path} has no column named {' / '.join(defaults)} for {what} (columns: {columns}); pass "
+        f"--task-opt {option}=COLUMN naming it"
+    )
+
+
+def _column(col: Any, where: str, first: int) -> np.ndarray:
+    """A label column as numpy (ints, floats, bools; strings as str), refusing missing values."""
+    import pyarrow as pa
+
+    col = col.combine_chunks() if hasattr(col, "combine_chunks") else col
+    if col.null_count:
+        row = first + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{where} has a missing value in row {row}; fill or drop it")
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return np.asarray(col.to_pylist(), dtype=str)
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type)):
+        raise DataError(
+            f"{where} holds {col.type}; labels must be integer class ids 0..C-1 "
+            "(sklearn.preprocessing.LabelEncoder turns names into ids)"
+        )
+    return col.to_numpy(zero_copy_only=False)
+
+
+def image_parts(root: Path, images: Images) -> list[Part]:
+    """The parts of an image folder (``root/CLASS/*`` or ``root/SPLIT/CLASS/*``): files in natural order,
+    classes numbered in the natural order of their folder names across splits (:func:`natural`: ``2``
+    before ``10``), their names kept as the parts' ``names``."""
+    subfolders = natural(p for p in root.iterdir() if p.is_dir())
+    named = {p.name: p for p in subfolders}
+    by_split = {k: named[k] for k in ordered(named)} if (root / "train").is_dir() else {None: root}
+    classes_of = {}
+    for name, folder in by_split.items():
+        classes_of[name] = natural(p for p in folder.iterdir() if p.is_dir())
+        if not classes_of[name]:
+            raise DataError(
+                f"{folder} holds no class folders; put each class's images in {folder}/CLASS/ ({FIX})"
+            )
+    classes = natural({c.name for cs in classes_of.values() for c in cs})
+    parts = []
+    for name, folder in by_split.items():
+        files, labels = [], []
+        for c in classes_of[name]:
+            found = natural_paths(p for p in c.rglob("*") if p.suffix.lower() in IMAGES and p.is_file())
+            if not found:
+                raise DataError(
+                    f"class folder {c} holds no images (files ending {' '.join(IMAGES)}); add images or "
+                    "delete the folder"
+                )
+            files += found
+            labels += [classes.index(c.name)] * len(found)
+        parts.append(
+            Part(
+                ImageChunks(files, images),
+                np.asarray(labels, np.int64),
+                str(folder),
+                "class folders",
+                name,
+                None,
+                True,
+                names=classes,
+            )
+        )
+    return parts
+
+
+def natural_paths(paths) -> list[Path]:
+    """Files in natural order of their paths' parts (a class folder's subfolders, then their files)."""
+    return sorted(paths, key=lambda p: tuple(natural_key(part) for part in p.parts))
