@@ -116,7 +116,7 @@ class Row:
         return max(sorted(self.by_depth), key=lambda d: (self._better_first(self.val(d)), -d))
 
     def depth_for(self, rule: str | int) -> int | None:
-        """The depth a :data:`DEPTH_RULES` rule picks: ``"chosen"`` on validation, ``"last"`` the
+        """The depth a :data:`reservoir.report.tables.DEPTH_RULES` rule picks: ``"chosen"`` on validation, ``"last"`` the
         deepest, a number that depth (``None`` when the row has no result there)."""
         if rule == "chosen":
             return self.chosen

@@ -10,7 +10,7 @@ a line per rule). Results of several seeds share a row: mean, and spread over se
 of ``fit`` and the seed of ``extract``, which draws the input layer, a random backbone and
 generated data).
 Baselines (:mod:`reservoir.probe.baselines`) are shown with every output-only table, each only beside the
-results of the same data (:func:`data_key`: task, task options and the digest of every split's rows, so
+results of the same data (:func:`reservoir.report.rows.data_key`: task, task options and the digest of every split's rows, so
 sizes and the seed of a subset) and head: a table mixing data (a ``--limit`` run beside a full one) shows
 each data's rows under a line naming that data, with its own baselines or a line saying they are missing;
 a row of several seeds' data shows the mean of their baselines and how many it found. The CSV names the
