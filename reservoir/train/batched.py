@@ -3,25 +3,24 @@
 The runs of a group (learning rates x seeds of one backbone) share the template model's frozen modules; what
 differs between them is stacked, one row a run (:class:`RunStack`): the trainable parameters, and every frozen
 tensor a run draws from its seed (the input layer, a random backbone's weights). A batch holds the rows of
-every run one after another (``R`` runs of ``n`` rows: rows ``r*n .. (r+1)*n - 1`` are run ``r``'s), and
-each module that owns a stacked tensor computes each run's rows with that run's row of it:
-
-- ``nn.Linear`` and transformers' ``Conv1D``: one batched matrix product over the runs (``baddbmm``);
-- ``nn.LayerNorm``: one normalisation of every row, then each run's scale and shift;
-- ``nn.Embedding``: each run's rows look up its own table; a lookup not by row (positions) gives every row
-  of a run that run's vectors;
-- any other module: called once a run, on that run's rows, with that run's tensors.
-
+every run one after another (``R`` runs of ``n`` rows: rows ``r*n .. (r+1)*n - 1`` are run ``r``'s).
 Modules whose tensors every run shares (a pretrained backbone's blocks) run once over all rows, as large
-matrix products. Randomness stays each run's own: inside :func:`drawing`, dropout
-(``torch.nn.functional.dropout``, which ``nn.Dropout`` calls) and attention dropout
-(``scaled_dot_product_attention``) draw each run's rows from that run's generator states, set as the
-device's generator in turn, so a run draws the numbers it draws alone. The optimiser is each run's Adam,
-with its own learning rate, gradient clipping (the norm of its own gradients) and skipped steps
-(:meth:`RunStack.update`), computed for every run at once on one flat buffer.
+matrix products, which compute each row as they compute it in a batch of one run. Each module that owns a
+stacked tensor computes each run's rows with that run's tensors, by the operation the module runs alone, so a
+run's numbers are those it computes alone:
+
+- ``nn.Linear``, transformers' ``Conv1D``, ``nn.LayerNorm``, ``nn.Embedding``: their functional form on each
+  run's rows (an embedding looked up not by row, such as positions, gives every row of a run that run's
+  vectors);
+- any other module: its own forward once a run, with that run's tensors (``torch.func.functional_call``).
+
+Randomness stays each run's own: inside :func:`drawing`, dropout (``torch.nn.functional.dropout``, which
+``nn.Dropout`` calls) and attention dropout (``scaled_dot_product_attention``) draw each run's rows from that
+run's generator states, set as the device's generator in turn, so a run draws the numbers it draws alone. Each
+run keeps its own optimiser over :meth:`RunStack.params`, parameters that share the stacked storage.
 
 A family that reads a stacked tensor elsewhere than through its module's forward reads the template's copy,
-which is NaN: :func:`reservoir.train.loop.GroupRun` holds the stacked forward against each run's own model
+which is NaN: :class:`reservoir.train.loop.GroupRun` holds the stacked forward against each run's own model
 before training, and such runs train one after another. :func:`runs_that_fit` sizes a group from the memory
 one run's step takes, measured.
 """
@@ -41,9 +40,6 @@ from torch.nn import functional as F
 from reservoir.errors import BackboneError
 from reservoir.model.backbones.hf import available_memory
 
-#: Adam's settings as :func:`reservoir.train.loop.optimizer` leaves them (torch's defaults)
-BETAS = (0.9, 0.999)
-EPS = 1e-8
 #: the share of free device memory (CUDA) and of available memory (CPU) a group may take
 CUDA_SHARE = 0.8
 CPU_SHARE = 0.5
@@ -151,93 +147,103 @@ def drawing() -> Iterator[None]:
 # ---------------------------------------------------------------- stacked modules
 
 
-def _tensor(
-    module: nn.Module, slots: dict[str, int], name: str, b: Bound
-) -> tuple[torch.Tensor | None, bool]:
-    """``module``'s tensor ``name``: the bound runs' ``(runs, *shape)`` when it is stacked, else its own."""
-    if name in slots:
-        return b.tensors[slots[name]], True
-    return getattr(module, name), False
+def _tensor(module: nn.Module, slots: dict[str, int], name: str, b: Bound, r: int) -> torch.Tensor | None:
+    """``module``'s tensor ``name`` for run ``r``: its row of the bound stacked tensor, or the module's own."""
+    return b.tensors[slots[name]][r] if name in slots else getattr(module, name)
 
 
-def _product(x: torch.Tensor, w, stacked_w: bool, bias, stacked_b: bool, b: Bound) -> torch.Tensor:
-    """Each run's rows of ``x`` times its ``w`` ``(runs, in, out)`` (or the shared ``(in, out)``), plus bias."""
-    x3 = x.reshape(b.runs, -1, x.shape[-1])
-    if stacked_w:
-        if bias is None:
-            y = torch.bmm(x3, w)
-        else:
-            y = torch.baddbmm(bias[:, None, :] if stacked_b else bias, x3, w)
-    else:
-        y = torch.matmul(x3, w)
-        if bias is not None:
-            y = y + (bias[:, None, :] if stacked_b else bias)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+def _runs(x: torch.Tensor, b: Bound) -> tuple[torch.Tensor, ...]:
+    """``x`` split into the bound runs' rows (its first dimension holds them one run after another)."""
+    if x.dim() == 0 or x.shape[0] % b.runs:
+        raise BackboneError(
+            f"a stacked module of a batched forward got a tensor of shape {tuple(x.shape)}, which is not "
+            f"{b.runs} runs' rows one after another; train these runs one after another (--concurrent-runs 1)"
+        )
+    return x.chunk(b.runs)
 
 
-def _linear(module: nn.Module, slots: dict[str, int]) -> Callable:
+def _linear(module: nn.Module, slots: dict[str, int]) -> tuple[Callable, Callable]:
+    def weights(b: Bound, r: int):
+        return _tensor(module, slots, "weight", b, r), _tensor(module, slots, "bias", b, r)
+
     def forward(x):
         b = bound()
-        w, sw = _tensor(module, slots, "weight", b)
-        bias, sb = _tensor(module, slots, "bias", b)
-        return _product(x, w.transpose(-1, -2), sw, bias, sb, b)
+        return torch.cat([F.linear(xr, *weights(b, r)) for r, xr in enumerate(_runs(x, b))])
 
-    def columns(x, start, stop):
+    def columns(x, start, stop):  # reservoir.model.backbones.base.columns of nn.Linear
         b = bound()
-        w, sw = _tensor(module, slots, "weight", b)
-        bias, sb = _tensor(module, slots, "bias", b)
-        w = w[..., start:stop, :].transpose(-1, -2)
-        return _product(x, w, sw, None if bias is None else bias[..., start:stop], sb, b)
+        out = []
+        for r, xr in enumerate(_runs(x, b)):
+            w, bias = weights(b, r)
+            out.append(F.linear(xr, w[start:stop], None if bias is None else bias[start:stop]))
+        return torch.cat(out)
 
     return forward, columns
 
 
-def _conv1d(module: nn.Module, slots: dict[str, int]) -> Callable:
+def _conv1d(module: nn.Module, slots: dict[str, int]) -> tuple[Callable, Callable]:
+    """transformers' ``Conv1D``: ``x @ weight + bias``, as its forward computes it (``addmm`` of the rows)."""
+
+    def product(xr, w, bias):
+        return torch.addmm(bias, xr.reshape(-1, xr.shape[-1]), w).view(*xr.shape[:-1], w.shape[-1])
+
     def forward(x):
         b = bound()
-        w, sw = _tensor(module, slots, "weight", b)
-        bias, sb = _tensor(module, slots, "bias", b)
-        return _product(x, w, sw, bias, sb, b)
+        return torch.cat(
+            [
+                product(xr, _tensor(module, slots, "weight", b, r), _tensor(module, slots, "bias", b, r))
+                for r, xr in enumerate(_runs(x, b))
+            ]
+        )
 
-    def columns(x, start, stop):
+    def columns(x, start, stop):  # reservoir.model.backbones.base.columns of Conv1D
         b = bound()
-        w, sw = _tensor(module, slots, "weight", b)
-        bias, sb = _tensor(module, slots, "bias", b)
-        return _product(x, w[..., start:stop], sw, None if bias is None else bias[..., start:stop], sb, b)
+        return torch.cat(
+            [
+                product(
+                    xr,
+                    _tensor(module, slots, "weight", b, r)[:, start:stop],
+                    _tensor(module, slots, "bias", b, r)[start:stop],
+                )
+                for r, xr in enumerate(_runs(x, b))
+            ]
+        )
 
     return forward, columns
 
 
-def _layer_norm(module: nn.LayerNorm, slots: dict[str, int]) -> Callable:
-    shape = tuple(module.normalized_shape)
-
+def _layer_norm(module: nn.LayerNorm, slots: dict[str, int]) -> tuple[Callable, None]:
     def forward(x):
         b = bound()
-        w, sw = _tensor(module, slots, "weight", b)
-        bias, sb = _tensor(module, slots, "bias", b)
-        y = F.layer_norm(x, shape, None, None, module.eps).reshape(b.runs, -1, *shape)
-        if w is not None:
-            y = y * (w.reshape(b.runs, 1, *shape) if sw else w)
-        if bias is not None:
-            y = y + (bias.reshape(b.runs, 1, *shape) if sb else bias)
-        return y.reshape(x.shape)
+        return torch.cat(
+            [
+                F.layer_norm(
+                    xr,
+                    module.normalized_shape,
+                    _tensor(module, slots, "weight", b, r),
+                    _tensor(module, slots, "bias", b, r),
+                    module.eps,
+                )
+                for r, xr in enumerate(_runs(x, b))
+            ]
+        )
 
     return forward, None
 
 
-def _embedding(module: nn.Embedding, slots: dict[str, int]) -> Callable:
+def _embedding(module: nn.Embedding, slots: dict[str, int]) -> tuple[Callable, None]:
     def forward(idx):
         b = bound()
-        w = b.tensors[slots["weight"]]  # (runs, V, d)
         if idx.dim() >= 2 and idx.shape[0] == b.runs * b.rows:  # ids by row: each run's rows its own table
-            offsets = torch.arange(b.runs, device=idx.device).mul_(w.shape[1])
-            flat = idx.reshape(b.runs, -1) + offsets[:, None]
-            return F.embedding(flat.reshape(idx.shape), w.reshape(-1, w.shape[-1]))
-        out = w.index_select(1, idx.reshape(-1)).reshape(b.runs, *idx.shape, w.shape[-1])
-        if idx.dim() >= 2 and idx.shape[0] == 1:
-            out = out.squeeze(1)
-        out = out.unsqueeze(1).expand(b.runs, b.rows, *out.shape[1:])  # every row of a run: its vectors
-        return out.reshape(b.runs * b.rows, *out.shape[2:])
+            return torch.cat(
+                [F.embedding(ir, b.tensors[slots["weight"]][r]) for r, ir in enumerate(_runs(idx, b))]
+            )
+        out = []  # a lookup not by row (positions): every row of a run gets the run's vectors
+        for r in range(b.runs):
+            vectors = F.embedding(idx, b.tensors[slots["weight"]][r])
+            vectors = vectors[0] if idx.dim() >= 2 and idx.shape[0] == 1 else vectors
+            out.append(vectors.unsqueeze(0).expand(b.rows, *vectors.shape))
+        return torch.cat(out)
 
     return forward, None
 
@@ -315,8 +321,7 @@ def _kind(module: nn.Module) -> Callable:
 
 
 class RunStack:
-    """The runs of a group on one template model: their stacked tensors, the template's modules that read them,
-    and each run's Adam.
+    """The runs of a group on one template model: their stacked tensors, and the template's modules that read them.
 
     Parameters
     ----------
@@ -328,8 +333,6 @@ class RunStack:
         that differ between runs.
     values
         each run's values of ``names``.
-    lrs
-        each run's learning rate.
     """
 
     def __init__(
@@ -338,7 +341,6 @@ class RunStack:
         names: Sequence[str],
         values: Sequence[Sequence[torch.Tensor]],
         trainable: int,
-        lrs: Sequence[float],
     ):
         self.template, self.names, self.trainable = template, list(names), trainable
         params = dict(template.named_parameters())
@@ -355,10 +357,6 @@ class RunStack:
                 torch.stack([run[i].detach() for run in values]).to(device)
                 for i in range(trainable, len(names))
             ]
-        self.exp_avg = torch.zeros_like(self.theta)
-        self.exp_avg_sq = torch.zeros_like(self.theta)
-        self.step = torch.zeros(self.runs, 1, device=device)
-        self.lr = torch.tensor(list(lrs), dtype=torch.float32, device=device)[:, None]
         self._views()
         owners: dict[str, dict[str, int]] = {}
         for i, name in enumerate(self.names):
@@ -377,11 +375,14 @@ class RunStack:
                 module.columns = columns
 
     def _views(self) -> None:
-        """The trainable leaves: views of :attr:`theta`, one per trainable name ``(runs, *shape)``."""
-        self.leaves, offset = [], 0
+        """The trainable leaves the forward reads, one per trainable name ``(runs, *shape)``, and each run's
+        parameters (:attr:`params`): views of :attr:`theta`, which the runs' optimisers update in place."""
+        self.leaves, self.params, offset = [], [[] for _ in range(self.runs)], 0
         for shape, size in zip(self.shapes, self.sizes):
-            view = self.theta[:, offset : offset + size].view(self.runs, *shape)
-            self.leaves.append(view.detach().requires_grad_())
+            view = self.theta[:, offset : offset + size]
+            self.leaves.append(view.view(self.runs, *shape).detach().requires_grad_())
+            for r in range(self.runs):
+                self.params[r].append(nn.Parameter(view[r].view(shape)))
             offset += size
 
     def tensors(self, index: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -406,77 +407,22 @@ class RunStack:
         finally:
             _BOUND.reset(token)
 
-    def run_params(self, r: int) -> list[torch.Tensor]:
-        """Copies of run ``r``'s trainable tensors."""
-        return [leaf[r].detach().clone() for leaf in self.leaves]
-
-    def run_moments(self, r: int) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-        """Copies of run ``r``'s Adam moments (first, second), one tensor a trainable name, and its step count."""
-
-        def split(flat: torch.Tensor) -> list[torch.Tensor]:
-            return [t.view(s).clone() for t, s in zip(flat[r].split(self.sizes), self.shapes)]
-
-        return split(self.exp_avg), split(self.exp_avg_sq), self.step[r, 0].clone()
-
-    @torch.no_grad()
-    def set_run(
-        self,
-        r: int,
-        params: Sequence[torch.Tensor],
-        exp_avg: Sequence[torch.Tensor],
-        exp_avg_sq: Sequence[torch.Tensor],
-        step: float,
-    ) -> None:
-        """Run ``r``'s trainable tensors, Adam moments and step count (a resumed checkpoint's)."""
-        for flat, parts in ((self.theta, params), (self.exp_avg, exp_avg), (self.exp_avg_sq, exp_avg_sq)):
-            flat[r].copy_(torch.cat([p.reshape(-1).float() for p in parts]))
-        self.step[r] = step
+    def gradients(self) -> None:
+        """Each run's parameters take their rows of the leaves' gradients (the leaves' are cleared)."""
+        for k, leaf in enumerate(self.leaves):
+            for r in range(self.runs):
+                self.params[r][k].grad = None if leaf.grad is None else leaf.grad[r]
+            leaf.grad = None
 
     def keep(self, runs: Sequence[int]) -> None:
-        """Keep only the runs ``runs`` (in that order): the others left the group."""
+        """Keep only the runs ``runs`` (in that order): the others left the group. The kept runs' parameters are
+        new tensors (:attr:`params`)."""
         index = torch.tensor(list(runs), dtype=torch.long, device=self.theta.device)
         with torch.no_grad():
             self.theta = self.theta.index_select(0, index)
-            self.exp_avg = self.exp_avg.index_select(0, index)
-            self.exp_avg_sq = self.exp_avg_sq.index_select(0, index)
-            self.step = self.step.index_select(0, index)
-            self.lr = self.lr.index_select(0, index)
             self.frozen = [t.index_select(0, index) for t in self.frozen]
         self.runs = len(runs)
         self._views()
-
-    @torch.no_grad()
-    def update(self, max_norm: float) -> torch.Tensor:
-        """One Adam step of every run from the gradients of its leaves, each clipped to ``max_norm`` (0: no
-        clipping) by the norm of its own gradients; a run whose norm is not finite keeps its parameters, moments
-        and step count (as fused Adam's ``found_inf``). Returns each run's gradient norm ``(runs,)``, on the
-        device: nothing here waits for it."""
-        r = self.runs
-        grads = torch.cat(
-            [
-                (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).reshape(r, -1)
-                for leaf in self.leaves
-            ],
-            dim=1,
-        )
-        for leaf in self.leaves:
-            leaf.grad = None
-        norm = torch.linalg.vector_norm(grads, dim=1)
-        limit = max_norm if max_norm > 0 else float("inf")
-        grads.mul_(torch.clamp(limit / (norm + 1e-6), max=1.0)[:, None])
-        ok = torch.isfinite(norm)[:, None]
-        step = self.step + ok.to(self.step.dtype)
-        exp_avg = torch.lerp(self.exp_avg, grads, 1 - BETAS[0])
-        exp_avg_sq = torch.addcmul(self.exp_avg_sq * BETAS[1], grads, grads, value=1 - BETAS[1])
-        correction1 = 1 - torch.pow(BETAS[0], step)
-        correction2 = 1 - torch.pow(BETAS[1], step)
-        denom = (exp_avg_sq.sqrt() / correction2.sqrt()).add_(EPS)
-        theta = self.theta - (self.lr / correction1) * exp_avg / denom
-        self.theta.copy_(torch.where(ok, theta, self.theta))
-        self.exp_avg.copy_(torch.where(ok, exp_avg, self.exp_avg))
-        self.exp_avg_sq.copy_(torch.where(ok, exp_avg_sq, self.exp_avg_sq))
-        self.step.copy_(step)
-        return norm
 
 
 # ---------------------------------------------------------------- sizing a group

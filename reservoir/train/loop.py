@@ -294,11 +294,18 @@ def train_step(
     loss, _ = loss_and_correct(logits, labels)
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    return loss.detach(), optimize(params, opt, grad_clip).detach()
+
+
+def optimize(params: list[nn.Parameter], opt: torch.optim.Optimizer, grad_clip: float) -> torch.Tensor:
+    """The optimiser's step from the gradients of ``params``, clipped to the norm ``grad_clip`` (0: not clipped);
+    returns their norm before clipping, on the device. A step whose norm is not finite is skipped by the device
+    when ``opt`` is fused Adam (``found_inf``)."""
     norm = nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
     if opt.defaults.get("fused"):
         opt.found_inf = (~torch.isfinite(norm)).to(torch.float32)
     opt.step()
-    return loss.detach(), norm.detach()
+    return norm
 
 
 def read_steps(
@@ -947,7 +954,6 @@ class GroupRun:
             names,
             [[built[seed]["values"].get(n, own[n]) for n in names] for _, seed in runs],
             len(trained),
-            [lr for lr, _ in runs],
         )
         del own
         self.mismatch = self._check(probe, [built[seed]["reference"] for _, seed in runs])
@@ -970,11 +976,15 @@ class GroupRun:
             )
             for lr, seed in runs
         ]
+        #: each run's Adam, over its parameters in the stack
+        self.opts = [optimizer(params, m.lr) for params, m in zip(self.stack.params, self.members)]
         for r, m in enumerate(self.members):
             name = run_name(cfg, self.blocks, m.lr, m.seed)
             m.ckpt = checkpoint_path(cfg.checkpoint_folder, name, m.ident)
             m.state = resume_state(cfg, m.ckpt, name, m.ident, lambda r=r, m=m: self._load(r, m), log, m.tag)
         self.dtype = train_dtype(cfg.dtype, device, template.backbone.d_model, log, self.tag)
+        if cfg.compile:
+            log(f"{self.tag} trains eager: --compile compiles a run trained alone (--concurrent-runs 1)")
         for m in self.members:
             for seen, now in ((m.state.dtypes, self.dtype), (m.state.machines, machine.on(device))):
                 if not seen or seen[-1] != now:
@@ -1018,21 +1028,10 @@ class GroupRun:
         return ""
 
     def _load(self, r: int, m: Member) -> RunState:
-        """Run ``r``'s checkpoint into its row of the stack and its generator states."""
-        params = [nn.Parameter(torch.empty(leaf.shape[1:], device=self.device)) for leaf in self.stack.leaves]
-        opt = optimizer(params, m.lr)
-        state = load_checkpoint(m.ckpt, params, opt, m.ident, self.device, generators=m.rng)
-        moments = [opt.state.get(p, {}) for p in params]
-        zeros = [torch.zeros_like(p) for p in params]
-        steps = [float(s["step"]) for s in moments if "step" in s]
-        self.stack.set_run(
-            r,
-            [p.detach() for p in params],
-            [s.get("exp_avg", z) for s, z in zip(moments, zeros)],
-            [s.get("exp_avg_sq", z) for s, z in zip(moments, zeros)],
-            max(steps, default=0.0),
+        """Run ``r``'s checkpoint into its parameters in the stack, its Adam and its generator states."""
+        return load_checkpoint(
+            m.ckpt, self.stack.params[r], self.opts[r], m.ident, self.device, generators=m.rng
         )
-        return state
 
     def running(self, m: Member) -> bool:
         cfg = self.cfg
@@ -1041,7 +1040,7 @@ class GroupRun:
 
     def step(self, batch: Batch) -> None:
         """One step of every active run on ``batch`` (its rows, run after run): one forward and backward, then each
-        run's clipping and Adam (:meth:`~reservoir.train.batched.RunStack.update`); nothing waits for the device."""
+        run's clipping and Adam (:func:`optimize`, as alone); nothing waits for the device."""
         stack, n = self.stack, self.cfg.batch_size
         tokens, lengths, labels = (t.to(self.device, non_blocking=True) for t in batch)
         self.model.train()
@@ -1051,15 +1050,15 @@ class GroupRun:
             autocast(self.dtype, self.device),
         ):
             logits = self.model(tokens, lengths)
-        flat = logits.float().reshape(-1, logits.shape[-1])
-        losses = (
-            nn.functional.cross_entropy(flat, labels.reshape(-1), reduction="none")
-            .view(stack.runs, -1)
-            .mean(1)
+        losses = torch.stack(
+            [loss_and_correct(x, y)[0] for x, y in zip(logits.chunk(stack.runs), labels.chunk(stack.runs))]
         )
         losses.sum().backward()
-        norms = stack.update(self.cfg.grad_clip)
-        self.unread.append((losses.detach(), norms))
+        stack.gradients()
+        norms = torch.stack(
+            [optimize(params, opt, self.cfg.grad_clip) for params, opt in zip(stack.params, self.opts)]
+        )
+        self.unread.append((losses.detach(), norms.detach()))
         for m in self.active:
             m.state.step += 1
 
@@ -1108,13 +1107,9 @@ class GroupRun:
                 tokens, lengths, labels = (t.to(self.device) for t in batch_tensors(self.task, d, rows))
                 with self.stack.bound(tensors, len(rows)):
                     logits = self.model(batched.repeat_rows(tokens, k), batched.repeat_rows(lengths, k))
-                flat = logits.float().reshape(k, -1, logits.shape[-1])
-                y = labels.reshape(-1)
-                ce = nn.functional.cross_entropy(
-                    flat.reshape(-1, flat.shape[-1]), y.repeat(k), reduction="none"
-                )
-                losses.append(ce.view(k, -1).mean(1))
-                correct += (flat.argmax(-1) == y).sum(1)
+                each = [loss_and_correct(x, labels) for x in logits.chunk(k)]
+                losses.append(torch.stack([loss for loss, _ in each]))
+                correct += torch.stack([c for _, c in each])
                 counts.append(labels.numel())
         means = torch.stack(losses).cpu().tolist()
         total = sum(counts)
@@ -1128,8 +1123,8 @@ class GroupRun:
 
     def validate(self, members: list[Member]) -> list[Evaluation]:
         """A validation pass of ``members``' current parameters, together; changes nothing of the runs."""
-        index = self._index(members)
-        tensors = self.stack.tensors(None if len(members) == self.stack.runs else index)
+        every = len(members) == self.stack.runs
+        tensors = self.stack.tensors(None if every else self._index(members))
         return [
             Evaluation(m.state.step, acc, loss)
             for m, (acc, loss) in zip(members, self.scores(members, self.data.val, tensors))
@@ -1147,7 +1142,7 @@ class GroupRun:
             m.state,
             self.cfg,
             evaluation,
-            lambda: self.stack.run_params(r),
+            lambda: [p.detach().clone() for p in self.stack.params[r]],
             self.log,
             m.tag,
             rate=(m.state.step - first) / max(time.perf_counter() - began, 1e-9),
@@ -1155,19 +1150,13 @@ class GroupRun:
         )
 
     def checkpoint(self, m: Member) -> None:
-        """Count run ``m``'s time so far, then save it as it saves alone: its parameters, its Adam (in fused Adam's
-        form), its state and its own generator states."""
+        """Count run ``m``'s time so far, then save it as it saves alone (its parameters, its Adam, its state),
+        with its own generator states."""
         m.state.seconds = m.seconds
         m.clock = (time.perf_counter(), m.state.step)
         self.read()
         r = self.active.index(m)
-        params = [nn.Parameter(t) for t in self.stack.run_params(r)]
-        opt = optimizer(params, m.lr)
-        exp_avg, exp_avg_sq, step = self.stack.run_moments(r)
-        if m.state.step:
-            for p, first, second in zip(params, exp_avg, exp_avg_sq):
-                opt.state[p] = {"step": step.clone(), "exp_avg": first, "exp_avg_sq": second}
-        save_checkpoint(m.ckpt, params, opt, m.state, m.ident, self.device, rng=m.rng)
+        save_checkpoint(m.ckpt, self.stack.params[r], self.opts[r], m.state, m.ident, self.device, rng=m.rng)
 
     def leave(self, members: list[Member]) -> None:
         """``members`` leave the group: each finished one validates if its last step had no pass, checkpoints, and
@@ -1213,6 +1202,11 @@ class GroupRun:
         self.active = [self.active[r] for r in kept]
         if self.active:
             self.stack.keep(kept)
+            opts = []
+            for params, m, r in zip(self.stack.params, self.active, kept):
+                opts.append(optimizer(params, m.lr))
+                opts[-1].load_state_dict(self.opts[r].state_dict())
+            self.opts = opts
             self.log(f"{self.tag} {len(members)} run(s) left the batch; {len(self.active)} go on")
 
     def train(self, on_step: Callable[[int], None] | None, progress: bool) -> None:
