@@ -71,8 +71,10 @@ class FileRows(Rows):
 
 
 def describe_file(p: Path, i: dict[str, Any]) -> str:
+    subset = i.get("subset") or {}
+    limit = f"limit {i['limit']}" + (f" ({subset['rule']})" if i["limit"] and subset.get("rule") else "")
     return (
-        f"  {p}  (backbone {i['backbone']}, seed {i['seed']}, {i['dtype']}, limit {i['limit']}, "
+        f"  {p}  (backbone {i['backbone']}, seed {i['seed']}, {i['dtype']}, {limit}, "
         f"depths {i['depths'][0]}..{i['depths'][-1]}, readout {i['readout']})"
     )
 
