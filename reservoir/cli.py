@@ -223,7 +223,7 @@ def predict(settings: Settings, **options) -> None:
     cfg = configured(PredictConfig, options)
     saved = run(load_probe, cfg.probe)
     predictions, labels = run(predict_file, saved, cfg.features, cfg.split)
-    text = predictions_csv(predictions, labels)
+    text = predictions_csv(predictions, labels, saved.class_names)
     if cfg.out is None:
         click.echo(text, nl=False)
     else:

@@ -80,6 +80,12 @@ LOAD_DTYPE_CHOICES = ("float32", "bfloat16", "float16")
 INPUT_SCALE_CHOICES = ("paper", "matched")
 #: ``--device`` values: auto, cpu, mps, cuda or cuda:N
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
+#: ``--limit``, as extract and train say it
+LIMIT_HELP = (
+    "Take N examples of each split: a sample drawn by --seed, stratified by class for class targets (random "
+    "otherwise), rows in source order; generated tasks take their first N draws. A train split lacking a class "
+    "another split holds is refused."
+)
 #: the data folder's default, as help texts say it
 DATA_DIR_TEXT = "$RESERVOIR_HOME/data or ./data"
 
@@ -265,7 +271,7 @@ class ExtractConfig(Config):
     task: str = task_setting()
     backbone: str = backbone_setting()
     split: str = setting("all", help="A split name or 'all'.")
-    limit: int | None = setting(None, None, POSITIVE, help="Keep the first N examples of each split.")
+    limit: int | None = setting(None, None, POSITIVE, help=LIMIT_HELP)
     seed: int = setting(
         0,
         SEED,
@@ -555,7 +561,7 @@ class TrainConfig(Config):
         VAL_FRACTION,
         help="Share of train held out for validation (when the task has no val split).",
     )
-    limit: int | None = setting(None, None, POSITIVE, help="Keep the first N examples of each split.")
+    limit: int | None = setting(None, None, POSITIVE, help=LIMIT_HELP)
     blocks: int | None = setting(
         None, None, Interval(0, None), help="Blocks of the backbone to run.", default_text="all"
     )
@@ -702,7 +708,8 @@ class PredictConfig(Config):
     split: str = setting("test", help="Split of the feature file to predict.")
     out: Path | None = setting(
         None,
-        help="CSV file to write: row, prediction(s), label(s).",
+        help="CSV file to write: row, prediction(s), label(s), and prediction_name, label_name where the data "
+        "names its classes.",
         path="file",
         default_text="stdout",
     )
