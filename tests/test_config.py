@@ -139,6 +139,9 @@ CHANGED = {
     ("fit", "--device"): "it said the backbone runs there; the torch head trains there",
     ("extract", "--dtype"): "says that auto takes float32 for real-valued targets",
     ("fit", "--head"): "real-valued targets take ridge by default",
+    ("extract", "--limit"): "it said the first N; a seeded, stratified sample is taken",
+    ("train", "--limit"): "it said the first N; a seeded, stratified sample is taken",
+    ("predict", "--out"): "the class names are columns too",
 }
 #: options added since the saved help
 ADDED = {
