@@ -13,7 +13,7 @@ Each step runs as a child process of this script with its own timeout, taken fro
 - ``env.json``: the card, its driver, compute capability and memory, torch, CUDA, cuDNN,
   transformers, Python, the CPU;
 - ``roofline.json``: ``torch.mm`` TFLOP/s in bf16 and in IEEE float32 (TF32 off), measured now;
-- ``test_cuda.log``: ``pytest tests/test_cuda.py`` (CPU against CUDA features, compiled, training, resume);
+- ``test_cuda.log``: ``pytest tests/system/test_cuda.py`` (CPU against CUDA features, compiled, training, resume);
 - ``extract.json``: steady-state tokens/s of our extraction (:class:`reservoir.runtime.runner.FeatureRunner`,
   eager and compiled, called a batch at a time, and with batches in flight as ``reservoir extract`` runs them)
   against a plain Hugging Face ``GPT2Model`` in bf16 with SDPA attention called a batch at a time at the same
@@ -330,9 +330,9 @@ def step_roofline(args, sizes: Sizes) -> dict[str, Any]:
 
 
 def step_test_cuda(args, sizes: Sizes) -> None:
-    """pytest tests/test_cuda.py, its output into test_cuda.log as it runs (a stopped run keeps what it wrote)."""
+    """pytest tests/system/test_cuda.py, its output into test_cuda.log as it runs (a stopped run keeps what it wrote)."""
     with open(args.out / FILES["test_cuda"], "w") as log:
-        log.write("$ pytest -v -rs --durations=8 -p no:cacheprovider tests/test_cuda.py\n")
+        log.write("$ pytest -v -rs --durations=8 -p no:cacheprovider tests/system/test_cuda.py\n")
         log.flush()
         done = subprocess.run(
             [
@@ -344,7 +344,7 @@ def step_test_cuda(args, sizes: Sizes) -> None:
                 "--durations=8",
                 "-p",
                 "no:cacheprovider",
-                "tests/test_cuda.py",
+                "tests/system/test_cuda.py",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -37,7 +37,7 @@ def test_bad_depths_and_task_options_exit_2_while_parsing(cli, home):
 
 def test_fit_depth_is_the_single_depth_form_of_depths(cli, home, tmp_path):
     """`reservoir fit --depth 6`: on a 12-block file it fits depth 6 and no other."""
-    from conftest import save_tiny_gpt2
+    from tests.conftest import save_tiny_gpt2
 
     folder = save_tiny_gpt2(tmp_path / "gpt2-12x16", n_layer=12, n_embd=16)
     r = cli(
@@ -182,7 +182,7 @@ BAD_VALUES = [
             "listops",
             "--task-opt",
             "max_depth=100",
-        ),  # found by tests/test_fuzz.py: a hang
+        ),  # found by tests/faults/test_fuzz.py: a hang
         "The 'max_depth' and 'max_args' options of task listops (100, 10) draw expressions of 1,006,691 tokens on average",
     ),
     (
@@ -229,7 +229,7 @@ BAD_VALUES = [
             "digits",
             "--lr",
             "3.4e37",
-        ),  # found by tests/test_fuzz.py: torch's Adam overflowed
+        ),  # found by tests/faults/test_fuzz.py: torch's Adam overflowed
         "The 'lr' parameter of train must be in (0, 100] (each). Got [3.4e+37] instead.",
     ),
     (

@@ -12,7 +12,7 @@ A leaky-integrator reservoir with reservoirpy's parameters and update (``reservo
 A deep ESN stacks ``layers`` reservoirs, each reading the states of the one below (Gallicchio
 et al. 2017); depth ``k`` is reservoir ``k``'s state at the readout token, depth 0 the embedded
 input. Weights are drawn from ``seed`` with numpy. The states equal reservoirpy's on the same
-weights (``tests/test_esn.py`` hands ours to ``reservoirpy.nodes.Reservoir``); here all rows of a
+weights (``tests/model/backbones/test_esn.py`` hands ours to ``reservoirpy.nodes.Reservoir``); here all rows of a
 batch step together on the CPU or GPU.
 
 Names: ``esn`` (one reservoir of 768 units, GPT-2 small's width), ``esn-deep`` (four), or any

@@ -438,7 +438,7 @@ def test_user_file_without_splits_gets_a_seeded_stratified_test(tmp_path):
             {"x": np.zeros((5, 3), int), "y": np.arange(5), "lengths": np.array([1, 2, 3, 4, 9])},
             r"lengths must lie in 1..3",
         ),
-        # found by tests/test_fuzz.py: each of these was a traceback, an h5py or scikit-learn message, or a hang
+        # found by tests/faults/test_fuzz.py: each of these was a traceback, an h5py or scikit-learn message, or a hang
         (
             {"x": np.zeros((6, 3), int), "y": np.arange(6) % 2, "split": np.array(["train", "test", ""] * 2)},
             r"the split array names a split ''; split names are letters, digits",

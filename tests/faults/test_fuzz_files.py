@@ -3,9 +3,9 @@
 truncated or crafted contents. Every command either succeeds or exits 1 or 2 with one message naming
 the file or the option: never a traceback, and a payload a crafted file carries never runs.
 
-The default run tries :data:`tests.test_fuzz.DEFAULT_EXAMPLES` examples per property at most (fewer
+The default run tries :data:`tests.faults.test_fuzz.DEFAULT_EXAMPLES` examples per property at most (fewer
 where each example trains or loads a model); the ``slow``-marked twins try
-:data:`tests.test_fuzz.SLOW_EXAMPLES`.
+:data:`tests.faults.test_fuzz.SLOW_EXAMPLES`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_fuzz import FAST, SLOW, check_failure, invoke, sometimes
+from tests.faults.test_fuzz import FAST, SLOW, check_failure, invoke, sometimes
 
 FEW = settings(FAST, max_examples=12)
 

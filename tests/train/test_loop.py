@@ -153,7 +153,7 @@ def test_evaluate_scores_every_example_of_the_split():
 def test_patience_counts_a_falling_validation_loss_as_progress(tiny_gpt2, home, monkeypatch):
     """Bit XOR's 75% plateau: validation accuracy flat while the loss falls 1% a pass is progress (the
     run goes on to solve it); a loss falling less than 0.1% a pass is not, and patience stops the run (the
-    training loss's own trend, tests/test_stopping.py, is held flat here)."""
+    training loss's own trend, tests/train/test_loop_stopping.py, is held flat here)."""
     from reservoir.train import loop
 
     monkeypatch.setattr(loop, "loss_falling", lambda losses: False)
@@ -328,7 +328,7 @@ def test_sweep_selects_on_validation_and_reports_spread(tiny_gpt2, home):
 def test_a_diverging_learning_rate_is_set_aside_and_the_sweep_goes_on(tiny_gpt2, home, monkeypatch):
     """A sweep's learning rate whose loss stops being finite is recorded as diverged and never
     selected (its other seeds are skipped); alone, or when every rate diverges, it is an error. The runs train one
-    after another, through ``train_step`` (runs trained together: tests/test_batched.py)."""
+    after another, through ``train_step`` (runs trained together: tests/train/test_batched.py)."""
     from reservoir.train import loop
 
     real = loop.train_step
@@ -527,7 +527,7 @@ def test_resume_beside_a_checkpoint_of_an_earlier_format_says_so_in_words(tiny_g
 
 def test_tiny_gpt2_learns_bit_xor_above_chance(home):
     """A fast property of the default run: 100 steps take a 1-block GPT-2 well above 50% per bit."""
-    from conftest import save_tiny_gpt2
+    from tests.conftest import save_tiny_gpt2
 
     folder = save_tiny_gpt2(home / "gpt2-1x128", n_layer=1, n_embd=128)
     result = train(
@@ -890,7 +890,7 @@ def test_checkpoints_of_a_cuda_run_carry_its_device_generator_and_resume_restore
 ):
     """The RNG block of a CUDA run's checkpoint holds the CUDA generator's state beside the CPU's, loads with
     weights_only=True, and load_checkpoint puts both back; a CPU run's block holds the CPU's alone (a fake CUDA
-    stands in here; tests/test_cuda.py resumes a real CUDA run to the uninterrupted one's history)."""
+    stands in here; tests/system/test_cuda.py resumes a real CUDA run to the uninterrupted one's history)."""
     from reservoir.train.checkpoint import RunState, load_checkpoint, save_checkpoint
     from reservoir.train.loop import optimizer
 

@@ -14,7 +14,7 @@ import torch
 from reservoir.errors import DataError
 from reservoir.tasks import get_task, pickles
 from tests.conftest import save_tiny_gpt2
-from tests.test_tasks_data import protein_records, write_cifar, write_lmdb
+from tests.tasks.test_download import protein_records, write_cifar, write_lmdb
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

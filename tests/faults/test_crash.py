@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_sigkill_at_random_moments_then_rerun_equals_the_uninterrupted_file():

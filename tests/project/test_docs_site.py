@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: a number followed by a speed unit: measurements live in docs/benchmarks.md, linked, not retold
 SPEED = re.compile(r"\d[\d,.]*\s*(?:tokens/s|GFLOP/s|GB/s|rows/s|img/s|images/s)", re.I)
 #: a document a text cites by name: a path (relative, or climbing with ``../``) ending in .md or .cff

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("findings", ROOT / "pipelines" / "findings.py")
 findings = sys.modules["findings"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
 spec.loader.exec_module(findings)

@@ -1,7 +1,7 @@
 """Devices: an absent device is a clear exit 1; ``cpu`` and ``auto`` give identical files on a CPU machine;
 the CUDA path's decisions (bf16 only where native, strict float32, the reused pinned buffers, compile
 records by device) checked here with the CUDA queries stood in for, so they run on every machine
-(tests/test_cuda.py runs the real thing on a GPU)."""
+(tests/system/test_cuda.py runs the real thing on a GPU)."""
 
 from __future__ import annotations
 
@@ -219,9 +219,9 @@ def test_auto_never_compiles_the_generic_adapter(tmp_path):
 
 
 def test_the_cuda_checks_helpers_run_on_the_cpu(tmp_path):
-    """tests/test_cuda.py's helpers on the CPU: a row's features do not depend on the batch size, and a
+    """tests/system/test_cuda.py's helpers on the CPU: a row's features do not depend on the batch size, and a
     difference beyond the tolerance is named per depth."""
-    from tests.test_cuda import DENSE, IDS, KINDS, assert_close_per_depth, features, tiny
+    from tests.system.test_cuda import DENSE, IDS, KINDS, assert_close_per_depth, features, tiny
 
     for kind in KINDS:
         backbone = tiny(kind, tmp_path)

@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from zoo import save_tiny
+from tests.zoo import save_tiny
 
 from reservoir.config import TrainConfig
 from reservoir.errors import BackboneError, DataError, UsageError

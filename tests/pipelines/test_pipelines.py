@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESERVOIR = Path(sys.executable).parent / "reservoir"
 
 pytestmark = pytest.mark.skipif(
@@ -493,7 +493,7 @@ def test_the_bit_backbone_is_trained_once_saved_and_gives_table2_its_bit_row(tmp
 def test_a_vit_named_by_vit_gives_table2_the_papers_vit_row(tmp_path):
     """VIT names ImageNet-21k ViT weights (here a tiny random ViT folder stands in): table 2 extracts through it and
     sets it beside the paper's ViT row; without VIT the row is absent."""
-    from zoo import save_tiny
+    from tests.zoo import save_tiny
 
     reservoir = stand_in(tmp_path)
     vit = save_tiny("vit", tmp_path / "weights" / "tinyvit")

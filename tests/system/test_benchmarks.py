@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "extract.py"
 SMOKE = ["--layers", "1", "--batch", "4", "--tokens", "16", "--reps", "1", "--no-e2e", "--device", "cpu"]
 

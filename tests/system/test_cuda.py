@@ -7,7 +7,7 @@ command line (pinned pool, copies on the device's stream, the writer thread) wri
 features; the compile decision is measured and recorded on the card; the torch probe head scores
 within a point of the CPU's; training has finite losses and a resumed run equals an uninterrupted
 one; an absent device index exits 1 in words. The helpers take any device, and
-tests/test_devices.py runs them on the CPU, so they are checked on every machine.
+tests/model/test_devices.py runs them on the CPU, so they are checked on every machine.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 #: float32 CPU against CUDA (IEEE float32 both sides): summation order alone
 F32_REL = 1e-4
-#: bf16 against float32 after a few blocks (bf16's epsilon is 2**-8; tests/test_readout_block.py's bound)
+#: bf16 against float32 after a few blocks (bf16's epsilon is 2**-8; tests/model/backbones/test_base.py's bound)
 BF16_REL = 5e-2
 ROWS, WIDTH = 24, 32
 DENSE = TaskSpec("dense", "dense", seq_len=16, n_classes=10, token_dim=4)
@@ -276,7 +276,7 @@ def test_a_resumed_cuda_run_equals_an_uninterrupted_one(tiny_gpt2, home):
     from reservoir.config import TrainConfig
     from reservoir.tasks import get_task
     from reservoir.train import load_data, train_run
-    from tests.test_train import whole_and_killed
+    from tests.train.test_loop import whole_and_killed
 
     opts = {"n_train": "512", "n_test": "256"}
     task = get_task("bit_xor", **opts)

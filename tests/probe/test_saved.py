@@ -12,7 +12,7 @@ import pytest
 from reservoir import api
 from reservoir.errors import IdentityError
 from reservoir.probe.saved import load_probe, predict_file, predicted_names, predictions_csv
-from tests.test_export import named_images
+from tests.extract.test_export import named_images
 
 pytestmark = pytest.mark.usefixtures("home", "one_thread")
 

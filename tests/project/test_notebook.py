@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "datasets_to_depth_plot.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "datasets_to_depth_plot.ipynb"
 
 
 def test_the_example_notebook_runs(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ shapes, dtypes, NaNs, labels, lengths and split arrays, and random option values
 never leaves a file that looks complete (a feature file, a result).
 
 The default run tries :data:`DEFAULT_EXAMPLES` examples per property; the ``slow``-marked twins
-(``pytest -m slow tests/test_fuzz.py``) try :data:`SLOW_EXAMPLES`.
+(``pytest -m slow tests/faults/test_fuzz.py``) try :data:`SLOW_EXAMPLES`.
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def run_user_file(
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    from conftest import save_tiny_gpt2
+    from tests.conftest import save_tiny_gpt2
 
     return save_tiny_gpt2(tmp_path_factory.mktemp("fuzz-gpt2"), n_layer=2, n_embd=16)
 

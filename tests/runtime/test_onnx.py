@@ -24,7 +24,7 @@ from reservoir.runtime import engines, onnx, records  # noqa: E402
 from reservoir.runtime import runner as runner_module  # noqa: E402
 from reservoir.runtime.runner import FeatureRunner  # noqa: E402
 from reservoir.tasks import get_task  # noqa: E402
-from tests.test_engines import LISTOPS, batches, runner  # noqa: E402  (the same helpers, one copy)
+from tests.runtime.test_engines import LISTOPS, batches, runner  # noqa: E402  (the same helpers, one copy)
 
 pytestmark = pytest.mark.usefixtures("one_thread", "cache")
 

@@ -155,7 +155,7 @@ def test_real_runs_go_on_while_the_training_loss_falls_and_stop_when_it_is_flat(
 def test_every_seed_of_a_4_block_gpt2_solves_bit_xor_with_the_defaults(home, seed):
     """The case that motivated the rule: a frozen 4-block, 64-wide random GPT-2 on bit XOR, every training default
     (patience 10 passes of 100 steps, stop at 100% validation, at most 20,000 steps): each seed reaches 99% test."""
-    from conftest import save_tiny_gpt2
+    from tests.conftest import save_tiny_gpt2
 
     folder = save_tiny_gpt2(home / "gpt2-4x64", n_layer=4, n_embd=64)
     result = train(

@@ -222,7 +222,7 @@ def test_the_lstm_tables_put_the_papers_rows_beside_the_pipelines_backbones():
     import re
     from pathlib import Path
 
-    make = (Path(__file__).resolve().parents[1] / "pipelines" / "end_to_end.mk").read_text()
+    make = (Path(__file__).resolve().parents[2] / "pipelines" / "end_to_end.mk").read_text()
     groups = ["input", "pos", "ln", "out"]
     for number, backbone, row, paper in (
         (3, "lstm", "LSTM", 50.9),

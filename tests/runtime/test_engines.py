@@ -141,7 +141,7 @@ def test_centred_projections_compute_the_same_features(tmp_path, tiny_gpt2, fami
     calibration rows: in float32 the features do not change, for every projection of every family,
     the readout-only deepest block (rows of different lengths: tables read at each row's own
     readout position) included."""
-    from tests.test_backbones import save_tiny_encoder, save_tiny_llama
+    from tests.model.test_backbones import save_tiny_encoder, save_tiny_llama
 
     path = {
         "gpt2": tiny_gpt2,
