@@ -43,6 +43,11 @@ from reservoir.model.backbones.hf import available_memory
 #: the share of free device memory (CUDA) and of available memory (CPU) a group may take
 CUDA_SHARE = 0.8
 CPU_SHARE = 0.5
+#: the most tokens a step of a group takes on the CPU: there a step's time grows with its rows (elementwise
+#: kernels and attention past the caches), and a group gains only the fixed cost of each step; measured on a
+#: 4-block 64-wide GPT-2 (docs/benchmarks.md, runs trained together): 6 runs of 320 tokens 1.09x, of 80 tokens
+#: 1.96x; 3 runs of MNIST's 2,048 tokens 0.91x, 9 runs of bit memory's 3,840 tokens 0.62x
+CPU_TOKENS = 2048
 
 
 @dataclasses.dataclass
@@ -443,15 +448,18 @@ def saved_bytes(step: Callable[[], None]) -> int:
     return sum(seen.values())
 
 
-def runs_that_fit(run_bytes: int, device: torch.device, n_runs: int) -> tuple[int, int]:
+def runs_that_fit(run_bytes: int, device: torch.device, n_runs: int, run_tokens: int) -> tuple[int, int]:
     """How many of ``n_runs`` runs of ``run_bytes`` each fit the memory ``device`` can still give (a share of it:
     :data:`CUDA_SHARE` of a card's free memory, :data:`CPU_SHARE` of the machine's available memory), at least
-    one; and the bytes that share is."""
+    one, and on the CPU no more than :data:`CPU_TOKENS` tokens a step at ``run_tokens`` a run; and the bytes that
+    share of memory is."""
     if device.type == "cuda":
         budget = int(torch.cuda.mem_get_info(device)[0] * CUDA_SHARE)
+        most = n_runs
     else:
         budget = int(available_memory() * CPU_SHARE)
-    return max(1, min(n_runs, budget // max(run_bytes, 1))), budget
+        most = min(n_runs, CPU_TOKENS // max(run_tokens, 1))
+    return max(1, min(most, budget // max(run_bytes, 1))), budget
 
 
 def differing(a: nn.Module, b: nn.Module) -> dict[str, torch.Tensor]:

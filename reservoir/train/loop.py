@@ -1278,7 +1278,8 @@ def group_size(
     cfg: TrainConfig, task: Task, data: Splits, device: torch.device, n_runs: int, log: Callable[[str], None]
 ) -> int:
     """Runs a group trains together: ``cfg.concurrent_runs``, or as many of ``n_runs`` as fit the device's memory
-    (:func:`~reservoir.train.batched.runs_that_fit`), from what one run takes, measured: its trainable parameters
+    (:func:`~reservoir.train.batched.runs_that_fit`; on the CPU also no more than
+    :data:`~reservoir.train.batched.CPU_TOKENS` tokens a step), from what one run takes, measured: its trainable parameters
     (with their gradients, Adam moments, best copy and flat copies: 6 times), its frozen tensors that differ
     between seeds, and one step's activations (on CUDA the peak of a training step and of a validation batch
     over what was allocated before; on the CPU twice what autograd saves for the backward pass)."""
@@ -1327,10 +1328,14 @@ def group_size(
             what = "twice what a step saves for its backward pass"
         trainable = sum(p.numel() * p.element_size() for p in params)
     per_run = activations + 6 * trainable + seeded
-    fit, budget = batched.runs_that_fit(per_run, device, n_runs)
+    run_tokens = cfg.batch_size * task.spec.seq_len
+    fit, budget = batched.runs_that_fit(per_run, device, n_runs, run_tokens)
+    cpu_rule = (
+        f"; at most {batched.CPU_TOKENS} tokens a step on the CPU ({run_tokens} a run)" if not cuda else ""
+    )
     log(
         f"{fit} of {n_runs} runs a batch: each takes about {per_run / 2**20:.1f} MiB ({what} "
-        f"{activations / 2**20:.1f} MiB), {budget / 2**20:.0f} MiB to give on {machine.on(device)}"
+        f"{activations / 2**20:.1f} MiB), {budget / 2**20:.0f} MiB to give on {machine.on(device)}{cpu_rule}"
     )
     return fit
 

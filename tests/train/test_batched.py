@@ -208,7 +208,7 @@ def test_a_stacked_forward_that_differs_from_the_runs_own_trains_them_one_after_
 
 def test_as_many_runs_as_fit_the_memory_left(tiny_gpt2, home, monkeypatch):
     """``concurrent_runs`` unset: the group holds as many runs as a share of the available memory takes, from one
-    run's measured step, at least one."""
+    run's measured step, at least one, and on the CPU no more than ``CPU_TOKENS`` tokens a step."""
     from reservoir.tasks import make_task
 
     cfg = xor_cfg(tiny_gpt2, home)
@@ -218,6 +218,9 @@ def test_as_many_runs_as_fit_the_memory_left(tiny_gpt2, home, monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setattr(batched, "available_memory", lambda: 2**40)
     assert loop.group_size(cfg, task, data, cpu, 4, said.append) == 4
+    # on the CPU, at most CPU_TOKENS tokens a step: rows of 10 tokens, 100 a run take 2 runs, 300 one
+    assert loop.group_size(dataclasses.replace(cfg, batch_size=100), task, data, cpu, 4, lambda m: None) == 2
+    assert loop.group_size(dataclasses.replace(cfg, batch_size=300), task, data, cpu, 4, lambda m: None) == 1
     monkeypatch.setattr(batched, "available_memory", lambda: 0)
     assert loop.group_size(cfg, task, data, cpu, 4, said.append) == 1
     assert said[0].startswith("4 of 4 runs a batch: each takes about ") and "MiB to give on" in said[0]
