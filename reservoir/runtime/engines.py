@@ -348,6 +348,15 @@ def faster_engine(rates: dict[str, float]) -> str:
     return "torch" if rates.get("torch", 0.0) > rates.get(best, 0.0) else best
 
 
+def pays(rates: dict[str, float], convert: dict[str, float], engine: str, tokens: int | None) -> bool:
+    """Whether converting to ``engine`` repays its measured fixed cost (``convert``: seconds to convert and
+    check, by engine) over a job of ``tokens``: its conversion plus its tokens at its rate against the same
+    tokens on PyTorch (``tokens=None``, a long-lived caller, or no conversion measured: it pays)."""
+    if engine == "torch" or tokens is None or engine not in convert:
+        return True
+    return convert[engine] + tokens / rates[engine] < tokens / rates["torch"]
+
+
 def measured_reason(rates: dict[str, float], when: str) -> str:
     """Why ``auto`` runs :func:`faster_engine` of ``rates`` (``when``: "before", "now, on the first batch")."""
     order = [e for e in engines() if e.converts] + [e for e in engines() if not e.converts]

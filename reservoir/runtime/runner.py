@@ -41,6 +41,7 @@ from reservoir.runtime.engines import (
     engine_key,
     faster_engine,
     measured_reason,
+    pays,
 )
 from reservoir.tasks import TaskSpec
 
@@ -332,6 +333,13 @@ class FeatureRunner:
         if isinstance(kept, dict) and {"torch", *self.candidates} <= set(kept):
             rates = {e: kept[e] for e in ("torch", *self.candidates)}
             self.engine, self.engine_reason = faster_engine(rates), measured_reason(rates, "before")
+            convert = kept.get("convert") or {}
+            if not pays(rates, convert, self.engine, tokens):
+                self.engine_reason = (
+                    f"auto: PyTorch, as converting to {ENGINES[self.engine].label} (measured {convert[self.engine]:.1f} s) "
+                    f"would not pay for itself over this run's {tokens:,} tokens ({self.engine_reason[6:]})"
+                )
+                self.engine = "torch"
         else:
             self.measure_key = key
             others = " and ".join(ENGINES[e].label for e in self.candidates[1:])
@@ -345,12 +353,14 @@ class FeatureRunner:
         A converting engine that cannot convert or check is said and left out."""
         key, self.measure_key = self.measure_key, None
         tokens = int(args[1].sum())
-        rates, outputs, forwards, failed = {}, {}, {}, []
+        rates, outputs, forwards, failed, convert = {}, {}, {}, [], {}
         for engine in self.candidates:
             forward = self.forward if engine == self.engine else self._converting(engine)
             try:
                 if forward.request is None:
+                    begun = time.perf_counter()
                     forward.prepare(tuple(args))  # converting, compiling and checking are not the rate
+                    convert[engine] = time.perf_counter() - begun  # the fixed cost a later run weighs
                 start = time.perf_counter()
                 outputs[engine] = forward(*args)
                 rates[engine] = tokens / (time.perf_counter() - start)
@@ -373,7 +383,7 @@ class FeatureRunner:
         rates["torch"] = tokens / (time.perf_counter() - start)
         forwards["torch"] = eager
         if len(rates) > 1:  # a measurement without any converting engine says nothing about them
-            records.put(ENGINE_RATES, key, rates)
+            records.put(ENGINE_RATES, key, {**rates, "convert": convert})
         self.engine = faster_engine(rates)
         self.forward = forwards[self.engine]
         self.engine_reason = (

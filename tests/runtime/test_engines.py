@@ -298,6 +298,28 @@ def test_auto_takes_the_engine_measured_fastest_before(tiny_gpt2, tmp_path, monk
     )
 
 
+def test_auto_keeps_pytorch_where_the_measured_conversion_cannot_pay_for_itself(
+    tiny_gpt2, tmp_path, monkeypatch
+):
+    """OpenVINO measured twice PyTorch's rate, converting in 4.5 s: a job of 20,000 tokens at 10,000 tokens/s
+    on PyTorch (2 s) keeps PyTorch and says why; a job of a million tokens converts."""
+    monkeypatch.setenv("RESERVOIR_CACHE", str(tmp_path))
+    task, bb = get_task("bit_xor"), load_backbone(str(tiny_gpt2), 0)
+    key = engines.engine_key("float32", bb, task.spec.seq_len, torch.get_num_threads())
+    others = engines.auto_candidates("float32", torch.device("cpu"), bb, 10**6)[0][1:]
+    kept = {"torch": 1e4, "openvino": 2e4, **dict.fromkeys(others, 0.5e4), "convert": {"openvino": 4.5}}
+    records.put(engines.ENGINE_RATES, key, kept)
+    short = runner(task, str(tiny_gpt2), "auto", tokens=20_000)
+    assert (
+        short.engine == "torch"
+        and "converting to OpenVINO (measured 4.5 s) would not pay" in short.engine_reason
+    )
+    assert runner(task, str(tiny_gpt2), "auto", tokens=10**6).engine == "openvino"
+    assert engines.pays(
+        {"torch": 1e4, "openvino": 2e4}, {}, "openvino", 20_000
+    )  # no cost measured: the threshold
+
+
 def test_auto_measures_both_engines_on_the_first_batch_and_keeps_the_rates(tiny_gpt2, tmp_path, monkeypatch):
     """Never measured on this CPU and model: the first batch runs on both engines, the rates are
     kept, the run goes on with the faster (faked slower OpenVINO, then faster), and every batch's
@@ -325,7 +347,9 @@ def test_auto_measures_both_engines_on_the_first_batch_and_keeps_the_rates(tiny_
         )
         kept = records.read(engines.ENGINE_RATES)
         measured = {"torch", *engines.auto_candidates("float32", torch.device("cpu"), r.backbone, 10**6)[0]}
-        assert len(kept) == 1 and set(next(iter(kept.values()))) == measured >= {"torch", "openvino"}
+        rates = next(iter(kept.values()))
+        assert len(kept) == 1 and set(rates) - {"convert"} == measured >= {"torch", "openvino"}
+        assert rates["convert"]["openvino"] > 0  # the conversion's fixed cost, weighed by later runs
         assert runner(task, str(tiny_gpt2), "auto", tokens=10**6).measure_key is None  # measured once
 
 
