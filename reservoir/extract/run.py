@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -434,10 +434,11 @@ class Run:
         write_record(key, compile_s, speedup)
 
 
-def prepare(cfg: ExtractConfig, progress: bool) -> Run:
-    """Load data and backbone, compute the identity and the output file; touches no file."""
+def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run:
+    """Load data and backbone, compute the identity and the output file; touches no file. ``task``: the
+    task of ``cfg.task`` already built (``predict`` builds one that numbers classes as its probe does)."""
     device = resolve_device(cfg.device)  # an absent device fails before any data is read
-    task = make_task(cfg.task, cfg.task_options, cfg.seed)
+    task = task or make_task(cfg.task, cfg.task_options, cfg.seed)
     check_readout(task.spec, cfg.readout)
     data = load_splits(task, cfg)
     log(f"loading backbone {cfg.backbone} ...", progress)
@@ -448,6 +449,14 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
         cfg.depths, range(backbone.n_layers + 1), f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)"
     )
     check_split_classes(task, data, cfg)  # the options checked first, then the data's classes
+    labels = next(iter(data.values())).labels
+    if cfg.readout == "all" and labels.ndim == 1:
+        log(
+            f"readout all: every position's state, and one label an example in task {task.name!r}: `reservoir "
+            "fit` pairs a row with a label and will refuse these features; they are for export and "
+            "api.read_features (--readout last or mean for a probe)",
+            progress,
+        )
     dtype = cfg.load_dtype if halved and cfg.dtype == "auto" else resolve_dtype(cfg.dtype, device)
     check_fits(
         backbone, device, dtype, cfg.backbone
@@ -506,8 +515,16 @@ def prepare(cfg: ExtractConfig, progress: bool) -> Run:
     return Run(cfg, task, data, backbone, depths, dtype, device, identity, out, batch_size, dtype_why)
 
 
-def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
-    """Run one extraction; returns the path of the complete feature file.
+def extract(
+    cfg: ExtractConfig,
+    *,
+    progress: bool = True,
+    task: Task | None = None,
+    accept: Callable[[Run], None] | None = None,
+) -> Path:
+    """Run one extraction; returns the path of the complete feature file. ``task``: the task already built
+    (:func:`prepare`); ``accept``: called with the prepared run before any file is touched, to refuse it (by
+    raising) where it cannot serve its caller (``predict`` checks it against its probe).
 
     Data and backbone are loaded, and the run's identity computed, before any file is
     touched, so bad input leaves nothing behind. The feature file is ``cfg.out`` or the
@@ -521,7 +538,9 @@ def extract(cfg: ExtractConfig, *, progress: bool = True) -> Path:
     ``scheduler`` the rows are extracted as shards on dask workers
     (:mod:`reservoir.extract.sharded`) and joined into one file.
     """
-    run = prepare(cfg, progress)
+    run = prepare(cfg, progress, task)
+    if accept is not None:
+        accept(run)
     if run.out.exists() and cfg.force:
         aside = move_aside(run.out, run.identity)
         log(

@@ -214,3 +214,11 @@ def test_splits_that_disagree_on_their_classes_are_refused_before_anything_is_ex
     assert "the sample of --limit 3 leaves them out: pass --limit 4 or more" in r.output
     assert not (tmp_path / "out").exists()
     assert cli(*args, "--task", f"file:{tmp_path / 'even.npz'}", "--limit", "4").exit_code == 0
+
+
+def test_readout_all_of_one_label_an_example_says_before_extracting_that_no_head_fits_it(cli, home):
+    r = cli("extract", "--task", "digits", "--backbone", "lstm", "--readout", "all", "--limit", "20",
+            "--depths", "0,1")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    said = r.output.index("readout all: every position's state, and one label an example")
+    assert said < r.output.index("extracting digits") and "will refuse these features" in r.output
