@@ -396,7 +396,7 @@ def test_cli_accepts_twins_of_folders_and_rejects_unknown(cli, home, tiny):
         "--backbone",
         f"{tiny['llama']}-random",
         "--limit",
-        "4",
+        "10",
         "--depths",
         "0,2",
     )

@@ -82,9 +82,9 @@ def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_pa
         "| tinygpt-random, input scale matched",
         "| esn | ridge |",
         "| esn, input scale matched",
-        "| baseline: majority class | rule |",
-        "| baseline: raw-input linear head | ridge |",
-        "| baseline: random tanh features (768 wide)",
+        "| baseline: majority class, data: ",
+        "| baseline: raw-input linear head, data: ",
+        "| baseline: random tanh features (768 wide), data: ",
     ):
         assert setting.split(" (paper")[0] in table, setting
     assert "(paper 100)" in table  # the paper's random-init GPT-2 on bit XOR, beside ours
