@@ -67,6 +67,8 @@ KEPT = {
     "continues from there",
     "fit": "the depths already fitted have their results written (each file whole); the same command fits "
     "every depth again",
+    "predict": "no predictions were written; the features of --data extracted so far are kept in a .partial "
+    "under features/ (its .lock released), from which the same command resumes",
 }
 
 
@@ -213,32 +215,21 @@ def export(**options) -> None:
 @declared(PredictConfig)
 @pass_settings
 def predict(settings: Settings, **options) -> None:
-    """Apply a saved probe to a feature file: one CSV line per example; its score on stderr (accuracy, or
-    the fit's metric: NRMSE for real-valued targets).
+    """Apply a saved probe to new data (--data: any input --task file:PATH reads, labeled or not, through the
+    probe's extraction) or to a split of a feature file (--features): one CSV line per row, in order; the
+    score on stderr where the rows have labels (accuracy, or the fit's metric: NRMSE for real-valued targets).
 
-    A file of other extraction settings than the probe's is refused, naming each difference."""
-    from reservoir.probe.metrics import METRICS
-    from reservoir.probe.saved import load_probe, predict_file, predictions_csv, score
+    Data or features of other extraction settings than the probe's are refused, naming each difference."""
+    from reservoir.probe.apply import predict as run_predict
 
     cfg = configured(PredictConfig, options)
-    saved = run(load_probe, cfg.probe)
-    predictions, labels = run(predict_file, saved, cfg.features, cfg.split)
-    text = predictions_csv(predictions, labels, saved.class_names)
+    predicted = run(run_predict, cfg, progress=not settings.quiet)
     if cfg.out is None:
-        click.echo(text, nl=False)
+        click.echo(predicted.csv(), nl=False)
     else:
-        written(f"the predictions to {cfg.out}", "an --out", write_text, cfg.out, text)
+        written(f"the predictions to {cfg.out}", "an --out", write_text, cfg.out, predicted.csv())
     if not settings.quiet:
-        name, value = score(saved, predictions, labels)
-        metric = METRICS[name]
-        fitted = (saved.meta.get("test_scores") or saved.meta.get("test_accuracies") or {}).get(cfg.split)
-        same = f" (the fit's {cfg.split} {name}: {metric.format(fitted)})" if fitted is not None else ""
-        where = f"; wrote {cfg.out}" if cfg.out is not None else ""
-        click.echo(
-            f"{cfg.split}: {len(labels):,d} rows, {name} {metric.format(value)} with the "
-            f"{saved.head} probe of depth {saved.depth}{same}{where}",
-            err=True,
-        )
+        click.echo(predicted.summary(cfg.out), err=True)
 
 
 def renamed(new: str):

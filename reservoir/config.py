@@ -693,26 +693,52 @@ class ExportConfig(Config):
 
 @dataclass(frozen=True)
 class PredictConfig(Config):
-    """One ``reservoir predict``: a saved probe applied to a feature file."""
+    """One ``reservoir predict`` (:func:`reservoir.api.predict`): a saved probe applied to new data, through
+    the extraction its features went through (``data``), or to a split of a feature file (``features``)."""
 
     command = "predict"
 
     probe: Path = setting(
         help="A probe `reservoir fit` saved beside a result (RESULT.probe.npz).", path="file"
     )
-    features: Path = setting(
-        help="Feature file extracted as the probe's were (backbone, seed, input scale, dtype, readout, its "
-        "depth).",
+    features: Path | None = setting(
+        None,
+        help="Feature file extracted as the probe's were (backbone, seed, dtype, readout, depth).",
         path="file",
     )
-    split: str = setting("test", help="Split of the feature file to predict.")
+    data: Path | None = setting(
+        None,
+        help="New data to predict on, any input --task file:PATH reads, labeled or not: every row, in order, "
+        "through the probe's extraction (its features kept under features/ for the next call) and the probe.",
+        path="any",
+    )
+    split: str | None = setting(None, help="Split of the --features file to predict.", default_text="test")
+    task_options: dict[str, Any] = task_options_setting(
+        "How to read --data, as extract's (input=COLUMN, mode=RGB, ...); the probe's own are the default."
+    )
+    backbone: str | None = setting(
+        None,
+        help="Where to load the probe's backbone from for --data.",
+        default_text="where its extraction did",
+    )
     out: Path | None = setting(
         None,
-        help="CSV file to write: row, prediction(s), label(s), and prediction_name, label_name where the data "
-        "names its classes.",
+        help="CSV file to write: row (and file, for image folders), prediction(s), label(s) where given, and "
+        "prediction_name, label_name where the data names its classes.",
         path="file",
         default_text="stdout",
     )
+
+    def combined(self) -> None:
+        given = [f"--{k} {v}" for k, v in (("features", self.features), ("data", self.data)) if v is not None]
+        other = {"--split": self.split, "--task-opt": self.task_options, "--backbone": self.backbone}
+        wrong = [f"{o} {v}" for o, v in other.items() if v and (o == "--split") == (self.data is not None)]
+        if len(given) != 1 or wrong:
+            raise UsageError(
+                "give --data PATH (new data) or --features FILE (extracted as the probe's were), not both; --split "
+                f"is for --features, --task-opt and --backbone for --data. Got {' '.join(given + wrong) or 'neither'}"
+            )
+        object.__setattr__(self, "split", self.split or ("test" if self.features else None))
 
 
 def parse_depth_rules(value: Any) -> tuple[str | int, ...]:

@@ -19,6 +19,8 @@ Identity of a feature file (:func:`feature_identity`):
   :data:`reservoir.tasks.SUBSET_RULES`. Files of format 2 and before took the first ``limit`` rows
   and record no ``subset``;
 - ``class_names`` (where the data names its classes): the name of each class id;
+- ``unlabeled`` (data read to predict on that has no labels, ``--task-opt predict=true``): ``true``, and
+  its stored labels are placeholders (``-1``);
 - ``backbone`` (a readable name; for folders their base name) and ``backbone_fingerprint``:
   a SHA-256 of the architecture's configuration and of every weight and buffer as loaded
   (before any dtype conversion), so two folders called ``checkpoint-500`` differ and a
@@ -170,13 +172,16 @@ def feature_identity(
     """The identity of a feature file (module docstring); ``backbone`` is the readable label and
     ``backbone_fingerprint`` the hash of :func:`reservoir.model.backbones.fingerprint`; ``load_dtype``,
     the dtype the frozen weights were kept in, is recorded when it is not float32. The subset rule is the
-    task's for ``limit`` and ``seed`` (``Task.subset``), the class names the task's (``Task.class_names``)."""
+    task's for ``limit`` and ``seed`` (``Task.subset``), the class names the task's (``Task.class_names``);
+    a task whose data has no labels (its ``unlabeled`` says why) is recorded ``unlabeled``."""
     extra = {"calibration": dict(calibration)} if calibration else {}
     if load_dtype != "float32":
         extra["load_dtype"] = load_dtype
     names = getattr(task, "class_names", None)
     if names:
         extra["class_names"] = [str(n) for n in names]
+    if getattr(task, "unlabeled", None):
+        extra["unlabeled"] = True
     return {
         "format": FEATURE_FORMAT,
         "task": task_label(task_name),

@@ -142,11 +142,14 @@ CHANGED = {
     ("extract", "--limit"): "it said the first N; a seeded, stratified sample is taken",
     ("train", "--limit"): "it said the first N; a seeded, stratified sample is taken",
     ("predict", "--out"): "the class names are columns too",
+    ("predict", "--features"): "or --data: no longer required",
+    ("predict", "--split"): "a split of --features (--data predicts every row)",
 }
 #: options added since the saved help
 ADDED = {
     ("train", "--concurrent-runs"),
     *(("fit", o) for o in ("--readout", "--task-opt", "--limit", "--extract-seed")),
+    *(("predict", o) for o in ("--data", "--task-opt", "--backbone")),
 }
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from reservoir.api.estimator import ReservoirFeatures, _backbone_name
 from reservoir.api.features import FeatureDataset, read_features
-from reservoir.config import ExtractConfig, FitConfig, ReportConfig, TrainConfig
+from reservoir.config import ExtractConfig, FitConfig, PredictConfig, ReportConfig, TrainConfig
 from reservoir.errors import ReservoirError, UsageError, optional
 
 __all__ = [
@@ -90,6 +90,8 @@ def configure(cls: type, task: Any = None, backbone: Any = None, **settings: Any
             parse_name(chosen)
         except UsageError as e:
             raise _refused("--backbone", str(e)) from None
+    if isinstance(cfg, PredictConfig):  # its options read its --data: a file task's
+        name = f"file:{cfg.data or ''}"
     if "task_options" in names and name is not None:
         try:
             cfg = dataclasses.replace(cfg, task_options=check_options(name, cfg.task_options))
@@ -246,31 +248,66 @@ def load_probe(path: str | Path) -> Any:
     return load(path)
 
 
-def predict(probe: Any, features: str | Path, split: str = "test") -> np.ndarray:
-    """Class ids of a saved probe on one split of a feature file; what ``reservoir predict`` runs.
+def predict(
+    probe: Any,
+    features: str | Path | None = None,
+    split: str | None = None,
+    *,
+    data: str | Path | None = None,
+    names: bool = False,
+    task_options: dict[str, Any] | None = None,
+    backbone: Any = None,
+    progress: bool | None = None,
+) -> np.ndarray:
+    """A saved probe's predictions on new data, or on one split of a feature file; what ``reservoir
+    predict`` runs.
 
-    The file must come from the probe's extraction settings (backbone, seed, input scale, dtype,
-    readout, a depth the probe reads, the same feature and label shapes). On the file the probe was
-    fitted on, the predictions are the fit's.
+    ``data`` (any input ``--task file:PATH`` reads, labeled or not) goes through the extraction the
+    probe's features went through (backbone, seed, input scale, dtype, readout, at the probe's depth:
+    :mod:`reservoir.probe.apply`) and the probe, every row in input order; its features are kept under
+    ``features/``, named by the run's identity, and the next call on the same data reuses them. A
+    ``features`` file must come from the probe's extraction settings (the same feature and label shapes,
+    a depth the probe reads); on the file the probe was fitted on, the predictions are the fit's.
 
     Parameters
     ----------
     probe : str, Path or SavedProbe
         A ``RESULT.probe.npz`` path, or what [`load_probe`][reservoir.api.load_probe] returns.
-    features : str or Path
-        A complete feature file.
-    split : str
-        The split to predict.
+    features : str or Path, optional
+        A complete feature file (or give ``data``).
+    split : str, optional
+        The split of ``features`` to predict (default ``"test"``).
+    data : str or Path, optional
+        New data: a Parquet or Arrow file, a ``datasets`` folder, an image folder (class folders, or the
+        images in it: unlabeled), an ``.npz`` or ``.h5``; every row is predicted, in input order (an image
+        folder's in the natural order of its paths).
+    names : bool
+        Return the class name of each prediction instead of its id; UsageError where the probe's data
+        named no classes.
+    task_options : dict, optional
+        How to read ``data`` (as ``extract``'s ``task_options``: ``input``, ``target``, ``mode``, ...); the
+        probe's data's reading options are the default.
+    backbone : str or torch.nn.Module, optional
+        Where to load the probe's backbone for ``data`` when not where its extraction found it (a name, a
+        folder, a model object); its weights must be the probe's.
+    progress : bool, optional
+        Show the extraction's progress (``None``: when someone is watching, as :func:`extract`).
 
     Returns
     -------
     numpy.ndarray
-        Class ids ``(N, *label_shape)``.
+        Class ids (or real values) ``(N, *label_shape)``; with ``names``, the class names ``(N,)``.
 
     Raises
     ------
+    ValueError
+        ``features`` and ``data`` both or neither, ``names`` for a probe without class names
+        ([`UsageError`][reservoir.errors.UsageError]).
+    reservoir.errors.DataError
+        Data of another kind than the probe reads (token width or vocabulary, label shape, classes),
+        before anything is extracted.
     reservoir.errors.IdentityError
-        A file of other extraction settings, naming each difference.
+        Features (or an extraction) of other settings, naming each difference.
 
     Examples
     --------
@@ -279,11 +316,30 @@ def predict(probe: Any, features: str | Path, split: str = "test") -> np.ndarray
     >>> accuracy = (predictions == read_features(path, "test", depth=2)[1]).mean()  # doctest: +SKIP
     >>> accuracy == results[0]["test_accuracy"]                       # doctest: +SKIP
     True
+    >>> predict(results[0]["probe"], data="new.parquet", names=True)  # doctest: +SKIP
+    array(['cat', 'dog', ...], dtype='<U3')
     """
-    from reservoir.probe.saved import SavedProbe, predict_file
+    from reservoir.probe.apply import predict as run
+    from reservoir.probe.saved import SavedProbe
     from reservoir.probe.saved import load_probe as load
 
-    return predict_file(probe if isinstance(probe, SavedProbe) else load(probe), features, split)[0]
+    saved = probe if isinstance(probe, SavedProbe) else load(probe)
+    if names and not saved.class_names:
+        raise UsageError(
+            f"names=True: the probe {saved.path} predicts class ids its data named no classes for (class "
+            "folders, a column of label names or a ClassLabel name them); drop names=True"
+        )
+    cfg = configure(
+        PredictConfig,
+        probe=saved.path,
+        features=features,
+        data=data,
+        split=split,
+        task_options=task_options,
+        backbone=backbone,
+    )
+    predicted = run(cfg, progress=_watched(progress), probe=saved)
+    return predicted.names if names else predicted.predictions
 
 
 def results(

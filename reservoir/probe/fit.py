@@ -303,7 +303,12 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         if "train" not in f or not tests:
             raise StoreError(
                 f"{path} has no {'train' if 'train' not in f else 'test'!r} split (it holds "
-                f"{feature_splits(f)}); extract it with --split all"
+                f"{feature_splits(f)}); "
+                + (
+                    "it holds data read to predict on (predict=true): extract labeled train and test rows to fit"
+                    if identity.get("task_options", {}).get("predict")
+                    else "extract it with --split all"
+                )
             )
         extract_cfg = file_config(f)
         # verify before trust: the depths fitted, of every split read, against the digests recorded at completion

@@ -9,8 +9,10 @@ Every depth a ``fit`` scores writes, beside its result ``RESULT.json``, the fitt
 - ``meta`` (JSON): the head, the depth, the regularisation chosen on validation (``C``,
   ``alpha`` or ``weight_decay``), the classes (and their names, ``class_names``, where the data
   named them) and label shape, the feature shape, the seed,
-  the feature file's identity and identity hash, a digest of its frozen input layer, and the
-  fit's test accuracies.
+  the feature file's identity and identity hash, a digest of its frozen input layer, its tokens
+  (``tokens``: ids and the vocabulary, or dense and their width), how its extraction named the backbone
+  (``extraction``: the backbone as given, the dtype its weights were loaded in), and the fit's test
+  accuracies.
 
 Applied to a feature file (:func:`predict_file`; ``reservoir predict``), it computes the fit's
 operations in the fit's dtypes, block by block as the fit scored its test split, so the same
@@ -18,7 +20,10 @@ file gives the same predictions. A file of other extraction settings is refused,
 difference: another backbone (its fingerprint), seed, input scale, dtype, readout or input layer,
 a depth the file lacks, another feature or label shape, labels beyond the probe's classes, or class
 names that name another class by the same id.
-Its task may differ (new data of the same shape, a ``file:`` task of another file).
+Its task may differ (new data of the same shape, a ``file:`` task of another file); a split of data
+read to predict on that has no labels (``unlabeled`` in its identity) gives predictions alone.
+New data itself (any source ``--task file:PATH`` reads) goes through the probe's extraction and the probe
+in one call in :mod:`reservoir.probe.newdata`.
 
 >>> probe = load_probe("results/digits/lstm/output-only_logreg_depth2_seed0_KEY.probe.npz")  # doctest: +SKIP
 >>> predictions, labels = predict_file(probe, "features/digits/lstm/FILE.h5", "test")          # doctest: +SKIP
@@ -41,6 +46,7 @@ from reservoir.errors import DataError, IdentityError, UsageError
 from reservoir.extract.store import (
     class_names,
     feature_splits,
+    file_config,
     iter_depth,
     name_of,
     open_features,
@@ -76,10 +82,21 @@ def probe_path(result_path: str | Path) -> Path:
     return Path(result_path).with_suffix(".probe.npz")
 
 
-def input_layer_digest(f: h5py.File) -> str:
-    """SHA-256 of a feature file's frozen input layer (every tensor, by name)."""
-    g = f["input_layer"]
+def input_layer_digest(f: h5py.File | dict[str, Any]) -> str:
+    """SHA-256 of a feature file's frozen input layer (every tensor, by name); or of the tensors of one
+    (``{name: array}``, as :func:`reservoir.model.input_layer.input_layer_tensors` gives them)."""
+    g = f["input_layer"] if isinstance(f, h5py.File) else f
     return array_digest(*[np.asarray(g[name]) for name in sorted(g)], np.array(sorted(g)))
+
+
+def token_layout(tensors: Any) -> dict[str, Any]:
+    """The tokens an input layer reads, from its tensors (a feature file's ``input_layer`` group, or
+    ``{name: array}``): ``{"kind": "ids", "vocab_size": V}`` (an embedding) or ``{"kind": "dense", "width": k}``
+    (a linear layer of ``k`` values a token)."""
+    weight = tuple(tensors["weight"].shape)
+    if "bias" in tensors:
+        return {"kind": "dense", "width": int(weight[1])}
+    return {"kind": "ids", "vocab_size": int(weight[0])}
 
 
 @dataclass
@@ -171,6 +188,8 @@ def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dic
         "identity": result["identity"],
         "identity_hash": str(result["identity_hash"]),
         "input_layer": input_layer_digest(f),
+        "tokens": token_layout(f["input_layer"]),
+        "extraction": {k: file_config(f).get(k) for k in ("backbone", "load_dtype")},
         "test_split": result.get("test_split"),
         "test_accuracies": result.get("test_accuracies"),
         "metric": result.get("metric", "accuracy"),
@@ -185,6 +204,31 @@ def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dic
     return atomic_write(Path(path), lambda out: np.savez(out, meta=text, **arrays))
 
 
+#: what a file is, by its first bytes (:func:`file_kind`)
+MAGIC = {
+    b"PAR1": "a Parquet file",
+    b"\x89HDF": "an HDF5 file (a feature file? pass it as --features)",
+    b"ARROW1": "an Arrow file",
+    b"\x93NUMPY": "a single .npy array",
+    b"\x89PNG": "a PNG image",
+}
+
+
+def file_kind(path: Path) -> str:
+    """What ``path`` holds, in words, by its first bytes (for a message about a file of the wrong kind)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return "an unreadable file"
+    kind = next((what for magic, what in MAGIC.items() if head.startswith(magic)), None)
+    if kind:
+        return kind
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "JSON (a result? its probe lies beside it)"
+    return "an empty file" if not head else "another kind of file"
+
+
 def load_probe(path: str | Path) -> SavedProbe:
     """Read a probe written by ``fit`` (``allow_pickle=False``: numeric arrays and JSON only); DataError
     naming the file and the fix when it is not one."""
@@ -194,6 +238,10 @@ def load_probe(path: str | Path) -> SavedProbe:
     if not path.is_file():
         raise DataError(
             f"probe {path} does not exist{' (it is a folder)' if path.is_dir() else ''}; {FIX_PROBE}"
+        )
+    if not zipfile.is_zipfile(path):  # numpy would try it as a pickle and say so
+        raise DataError(
+            f"{path} is not a saved probe: it is {file_kind(path)}, not an .npz archive; {FIX_PROBE}"
         )
     try:
         z = np.load(path, allow_pickle=False)
@@ -269,18 +317,21 @@ def extract_hint(probe: SavedProbe) -> str:
 
 
 def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
-    """``f``'s ``split`` holds features this probe reads: the same extraction settings, depth, feature
-    and label shapes, labels among its classes. IdentityError naming every difference otherwise."""
+    """``f``'s ``split`` holds features this probe reads: the same extraction settings (a backbone of
+    another name is the same where its weights' fingerprint is), depth, feature and label shapes, labels
+    among its classes (data without labels: none to compare). IdentityError naming every difference
+    otherwise."""
     if split not in f:
         raise UsageError(
             f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}: pass --split "
             "with one of them"
         )
     identity, ours = stored_identity(f), probe.identity
+    same_weights = ours.get("backbone_fingerprint") == identity.get("backbone_fingerprint")
     problems = [
         f"{key}: probe {_short(ours.get(key))}, file {_short(identity.get(key))}"
         for key in SAME_EXTRACTION
-        if ours.get(key) != identity.get(key)
+        if ours.get(key) != identity.get(key) and not (key == "backbone" and same_weights)
     ]
     depths = [int(d) for d in f.attrs["depths"]]
     if probe.depth not in depths:
@@ -293,7 +344,9 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
         )
     labels = f[split]["labels"]
     top = int(np.max(labels[:])) if labels.shape[0] else -1
-    if tuple(labels.shape[1:]) != probe.label_shape:
+    if identity.get("unlabeled"):
+        pass  # placeholders: nothing to compare
+    elif tuple(labels.shape[1:]) != probe.label_shape:
         problems.append(
             f"labels: the probe predicts labels of shape {list(probe.label_shape)} a row, the file's "
             f"are {list(labels.shape[1:])}"
@@ -330,23 +383,26 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
 
 def predict_file(
     probe: SavedProbe, features: str | Path, split: str = "test"
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Predictions and labels, each ``(N, *label_shape)``, of ``probe`` on ``split`` of a feature file
     (checked by :func:`check_features`, verified against its digests, read block by block as the fit
-    read its test split, so the fit's file gives the fit's predictions)."""
+    read its test split, so the fit's file gives the fit's predictions). Labels are ``None`` for data
+    without labels (``unlabeled`` in the file's identity)."""
     from threadpoolctl import threadpool_limits
 
     with open_features(Path(features)) as f:
         check_features(probe, f, split)
         verify(f, [probe.depth], [split])
-        labels = f[split]["labels"][:]
+        labels = None if stored_identity(f).get("unlabeled") else f[split]["labels"][:]
+        n = int(f[split]["labels"].shape[0])
         parts = []
         with threadpool_limits(limits=head_threads()):
             for X, y in iter_depth(f, split, probe.depth):
-                parts.append(probe.predictor(rows(X, y)[0]))
+                parts.append(probe.predictor(X.reshape(-1, X.shape[-1]) if labels is None else rows(X, y)[0]))
+    shape = (n, *probe.label_shape) if labels is None else labels.shape
     if not parts:
-        return np.zeros(labels.shape, dtype=np.int64), labels
-    return np.concatenate(parts).reshape(labels.shape), labels
+        return np.zeros(shape, dtype=np.int64), labels
+    return np.concatenate(parts).reshape(shape), labels
 
 
 def score(probe: SavedProbe, predictions: np.ndarray, labels: np.ndarray) -> tuple[str, float]:
@@ -358,26 +414,37 @@ def score(probe: SavedProbe, predictions: np.ndarray, labels: np.ndarray) -> tup
     return name, (METRICS[name](predictions, labels) if labels.size else float("nan"))
 
 
-def predictions_csv(predictions: np.ndarray, labels: np.ndarray, class_names: list[str] | None = None) -> str:
-    """CSV of one line per row: ``row,prediction,label``; labels of several values a row (bits, readout
-    tokens) give ``prediction_I,...`` and ``label_I,...`` columns (``I``: the value's index, ``_``-joined).
-    With ``class_names`` (one class id a row: :attr:`SavedProbe.class_names`), ``prediction_name`` and
-    ``label_name`` follow, the names of those ids."""
-    n = len(labels)
-    if labels.ndim == 1:
-        names = ["prediction", "label"]
+def predictions_csv(
+    predictions: np.ndarray,
+    labels: np.ndarray | None,
+    class_names: list[str] | None = None,
+    files: list[str] | None = None,
+) -> str:
+    """CSV of one line per row: ``row,prediction,label`` (``row``: the row's position in the split, or in
+    the input for data read to predict on); labels of several values a row (bits, readout tokens) give
+    ``prediction_I,...`` and ``label_I,...`` columns (``I``: the value's index, ``_``-joined); ``labels``
+    ``None`` (data without labels) gives no label columns. With ``class_names`` (one class id a row:
+    :attr:`SavedProbe.class_names`), ``prediction_name`` and ``label_name`` follow, the names of those ids;
+    with ``files`` (an image folder's), a ``file`` column after ``row``."""
+    n = len(predictions)
+    given = [predictions] if labels is None else [predictions, labels]
+    if predictions.ndim == 1:
+        names = ["prediction", "label"][: len(given)]
     else:
-        index = ["_".join(map(str, i)) for i in np.ndindex(*labels.shape[1:])]
-        names = [f"prediction_{i}" for i in index] + [f"label_{i}" for i in index]
-    values = np.concatenate([predictions.reshape(n, -1), labels.reshape(n, -1)], axis=1)
-    named = bool(class_names) and labels.ndim == 1 and values.dtype.kind in "iub"
+        index = ["_".join(map(str, i)) for i in np.ndindex(*predictions.shape[1:])]
+        names = [f"{what}_{i}" for what in ("prediction", "label")[: len(given)] for i in index]
+    values = np.concatenate([a.reshape(n, -1) for a in given], axis=1)
+    named = bool(class_names) and predictions.ndim == 1 and values.dtype.kind in "iub"
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["row", *names, *(["prediction_name", "label_name"] if named else [])])
+    words = ["prediction_name", "label_name"][: len(given)] if named else []
+    writer.writerow(["row", *(["file"] if files is not None else []), *names, *words])
     number = int if values.dtype.kind in "iub" else repr  # real values in full (float64's shortest repr)
     for i, row in enumerate(values.tolist()):
-        words = [name_of(class_names, v) for v in row] if named else []
-        writer.writerow([i, *(number(v) for v in row), *words])
+        source = [files[i]] if files is not None else []
+        writer.writerow(
+            [i, *source, *(number(v) for v in row), *(name_of(class_names, v) for v in row[: len(words)])]
+        )
     return buf.getvalue()
 
 

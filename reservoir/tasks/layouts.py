@@ -42,7 +42,8 @@ class Part:
     task draws a seeded test fraction)."""
 
     chunks: Chunks
-    labels: np.ndarray
+    #: ``None``: the source gives none (read to predict on, ``predict=true``; ``target`` then says why)
+    labels: np.ndarray | None
     where: str
     target: str
     split: str | None = None
@@ -81,7 +82,7 @@ def kind_of(path: Path) -> str:
         )
     if (path / "dataset_dict.json").exists() or (path / "state.json").exists() or _table_files(path):
         return "dataset"
-    if any(p.is_dir() for p in path.iterdir()):
+    if any(p.is_dir() or p.suffix.lower() in IMAGES for p in path.iterdir()):
         return "images"
     raise DataError(
         f"{path} is a folder without Parquet or Arrow files, a datasets save_to_disk folder or class "
@@ -101,9 +102,13 @@ def _table_files(folder: Path) -> list[Path]:
     return []
 
 
-def table_parts(path: Path, *, input: str, target: str, split: str, images: Images) -> list[Part]:
+def table_parts(
+    path: Path, *, input: str, target: str, split: str, images: Images, whole: bool = False
+) -> list[Part]:
     """The parts of a table source (a Parquet/Arrow file, a ``datasets`` folder, a folder of tables),
-    their labels and split names read (one pass over those columns)."""
+    their labels and split names read (one pass over those columns). ``whole`` (data to predict on): one
+    part of every file in split order, no split column read, labels where the target column is there
+    (``None`` otherwise, the part's ``target`` saying which column was looked for)."""
     need("pyarrow", "Parquet, Arrow and datasets folders")
     if path.is_file():
         groups = {None: [path]}
@@ -121,12 +126,23 @@ def table_parts(path: Path, *, input: str, target: str, split: str, images: Imag
         for f in files:
             by_name.setdefault(f.name.split(".")[0].split("-")[0], []).append(f)
         groups = {k: by_name[k] for k in ordered(by_name)} if "train" in by_name else {None: files}
+    if whole:
+        groups = {None: [f for files in groups.values() for f in files]}
     parts = []
     for name, files in groups.items():
         columns = _schema(files[0])
         x = _pick(files[0], columns, input, INPUTS, "input", "the examples")
-        y = _pick(files[0], columns, target, TARGETS, "target", "the labels")
-        s = split or ("split" if "split" in columns and name is None else "")
+        y = _pick(files[0], columns, target, TARGETS, "target", "the labels", optional=whole)
+        if y is None:
+            base = files[0] if len(files) == 1 else files[0].parent
+            looked = repr(target) if target else " / ".join(TARGETS)
+            chunks = TableChunks(
+                files, x, functools.partial(arrow_rows, where=f"{base}: column {x!r}", images=images)
+            )
+            why = f"{base} has no column {looked} of labels"
+            parts.append(Part(chunks, None, f"{base}: column {x!r}", why, None, None, _is_image(files[0], x)))
+            continue
+        s = "" if whole else split or ("split" if "split" in columns and name is None else "")
         if s and s not in columns:
             raise DataError(
                 f"{files[0]} has no column {s!r} (columns: {columns}); pass --task-opt split=COLUMN"
@@ -228,9 +244,19 @@ def _is_image(path: Path, column: str) -> bool:
 
 
 def _pick(
-    path: Path, columns: list[str], given: str, defaults: tuple[str, ...], option: str, what: str
-) -> str:
+    path: Path,
+    columns: list[str],
+    given: str,
+    defaults: tuple[str, ...],
+    option: str,
+    what: str,
+    optional: bool = False,
+) -> str | None:
+    """The column of ``what``: ``given``, else the one of ``defaults`` present; DataError naming the columns and
+    the option when it is missing or ambiguous (``optional``: ``None`` when it is missing)."""
     if given:
+        if given not in columns and optional:
+            return None
         if given not in columns:
             raise DataError(
                 f"{path} has no column {given!r} (columns: {columns}); pass --task-opt {option}=COLUMN naming "
@@ -245,6 +271,8 @@ def _pick(
             f"{path}: more than one column could hold {what} ({found}); pass --task-opt {option}=COLUMN "
             "naming the one to use"
         )
+    if optional:
+        return None
     raise DataError(
         f"{path} has no column named {' / '.join(defaults)} for {what} (columns: {columns}); pass "
         f"--task-opt {option}=COLUMN naming it"
@@ -271,10 +299,21 @@ def _column(col: Any, where: str, first: int) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
-def image_parts(root: Path, images: Images) -> list[Part]:
+def image_parts(
+    root: Path, images: Images, *, whole: bool = False, known: list[str] | None = None
+) -> list[Part]:
     """The parts of an image folder (``root/CLASS/*`` or ``root/SPLIT/CLASS/*``): files in natural order,
     classes numbered in the natural order of their folder names across splits (:func:`natural`: ``2``
-    before ``10``), their names kept as the parts' ``names``."""
+    before ``10``), their names kept as the parts' ``names``.
+
+    ``whole`` (images to predict on): one part of every image, split folders in order; a folder with images
+    lying in it (not in class folders) is unlabeled: each image under it is a row, in natural order of its
+    path. ``known``: the class names to number class folders by (a probe's); a folder of another name is
+    refused, naming them."""
+    if whole and any(p.is_file() and p.suffix.lower() in IMAGES for p in root.iterdir()):
+        files = natural_paths(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGES)
+        why = f"the images lie in {root} itself, not in class folders"
+        return [Part(ImageChunks(files, images), None, str(root), why, None, None, True)]
     subfolders = natural(p for p in root.iterdir() if p.is_dir())
     named = {p.name: p for p in subfolders}
     by_split = {k: named[k] for k in ordered(named)} if (root / "train").is_dir() else {None: root}
@@ -283,9 +322,19 @@ def image_parts(root: Path, images: Images) -> list[Part]:
         classes_of[name] = natural(p for p in folder.iterdir() if p.is_dir())
         if not classes_of[name]:
             raise DataError(
-                f"{folder} holds no class folders; put each class's images in {folder}/CLASS/ ({FIX})"
+                f"{folder} holds no class folders; put each class's images in {folder}/CLASS/ (images to "
+                f"predict on may lie in the folder itself: `reservoir predict --data {folder}`) ({FIX})"
             )
     classes = natural({c.name for cs in classes_of.values() for c in cs})
+    if known is not None:
+        other = [c for c in classes if c not in known]
+        if other:
+            raise DataError(
+                f"{root}: class folder(s) {', '.join(map(repr, other[:5]))} name no class the probe knows "
+                f"(its classes: {', '.join(known[:10])}{', ...' if len(known) > 10 else ''}); rename them, "
+                "or put images of unknown class directly in the folder (unlabeled)"
+            )
+        classes = list(known)
     parts = []
     for name, folder in by_split.items():
         files, labels = [], []
@@ -310,6 +359,21 @@ def image_parts(root: Path, images: Images) -> list[Part]:
                 names=classes,
             )
         )
+    if whole and len(parts) > 1:
+        files = [f for part in parts for f in part.chunks.files]
+        labels = np.concatenate([part.labels for part in parts])
+        return [
+            Part(
+                ImageChunks(files, images),
+                labels,
+                str(root),
+                "class folders",
+                None,
+                None,
+                True,
+                names=classes,
+            )
+        ]
     return parts
 
 

@@ -176,6 +176,7 @@ class H5Chunks(Chunks):
 
     def __init__(self, path: Path, dataset: str, shape: tuple[int, ...], dtype: np.dtype):
         self.path, self.dataset, self.name = path, dataset, f"{path}: {dataset}"
+        self.shape = tuple(shape)
         per = max(1, H5_CHUNK_BYTES // max(1, int(np.prod(shape[1:])) * dtype.itemsize))
         self.starts = np.append(np.arange(0, shape[0], per), shape[0]).astype(np.int64)
 
@@ -187,6 +188,21 @@ class H5Chunks(Chunks):
                 return f[self.dataset][self.starts[i] : self.starts[i + 1]]
         except (OSError, ValueError, KeyError) as e:
             raise unreadable(self.path, e, "write it again") from None
+
+
+class ChainedChunks(Chunks):
+    """Several sources' rows one after the other (every row of a source to predict on: an .h5 file's
+    ``x_<split>`` arrays in split order): chunk ``i`` is the next chunk of the source holding it."""
+
+    def __init__(self, parts: list[Chunks]):
+        self.parts, self.name = parts, ", ".join(dict.fromkeys(p.name for p in parts))
+        self.index = [(k, i) for k, p in enumerate(parts) for i in range(len(p.starts) - 1)]
+        counts = [int(parts[k].starts[i + 1] - parts[k].starts[i]) for k, i in self.index]
+        self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+
+    def read(self, i: int) -> np.ndarray:
+        k, j = self.index[i]
+        return self.parts[k].read(j)
 
 
 class TableChunks(Chunks):

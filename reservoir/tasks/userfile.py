@@ -17,10 +17,21 @@ Arrays (names are case-sensitive):
 
 Options (``--task-opt key=value``): ``n_classes`` (default: largest label + 1 over every
 split), ``test_fraction``, ``seed``, ``regression=true`` (``y`` holds real-valued targets, any
-finite numbers: a regression task, split without stratifying). The file is checked when the task is built (shapes,
+finite numbers: a regression task, split without stratifying), ``vocab_size`` (token ids: the size of
+the input layer's table, default the largest id + 1; ids beyond it are refused; no effect on dense
+tokens). The file is checked when the task is built (shapes,
 dtypes, finite values, ids >= 0, labels in range, lengths in ``1..T``, both ``train`` and
 ``test`` present), and each problem raises a DataError naming the file, the array and what
 to change.
+
+Data to predict on (``predict=true``; what ``reservoir predict --data PATH`` reads): every row of the
+source is one split, ``predict``, in input order (split arrays, columns and folders are not used to divide
+them: ``x_<split>`` arrays, a ``DatasetDict``'s splits, split files and split folders follow each other in
+the order train, val, test, then the others). Labels are read where the source has them (``y``, the target
+column, class folders) and are optional: without them the task is unlabeled (:attr:`FileTask.unlabeled`
+says why) and its labels are stored as ``-1``. An image folder whose images lie in it (not in class
+folders) is unlabeled, each image under it a row in the natural order of its path. Every other check
+stands; such a task has no ``train`` or ``test`` split, so ``fit`` and ``train`` refuse it.
 
 Options for tables and images (``input``, ``target``, ``split``, ``patch``, ``image_size``,
 ``mode``) and the other layouts ``PATH`` may have (Parquet, Arrow, Hugging Face ``datasets``
@@ -58,14 +69,28 @@ from reservoir.tasks import (
     pad_ids,
     patches,
 )
-from reservoir.tasks.layouts import Part, image_parts, kind_of, table_parts
-from reservoir.tasks.streams import H5Chunks, Images, Rows, natural, parse_size, scan
+from reservoir.tasks.layouts import Part, image_parts, kind_of, ordered, table_parts
+from reservoir.tasks.streams import (
+    ChainedChunks,
+    Chunks,
+    H5Chunks,
+    ImageChunks,
+    Images,
+    Rows,
+    natural,
+    parse_size,
+    scan,
+)
 
 SUFFIXES = (".npz", ".h5", ".hdf5")
 #: the largest class id and token id a user file may hold (an output layer, one-hot targets and an
 #: embedding table are sized by them: a stray id like 2**40 would ask for terabytes)
 MAX_ID = 2**20 - 1
 FIX = "see `reservoir data where` for the file layout"
+#: the split of a task read to predict on (``predict=true``): every row, in input order
+PREDICT_SPLIT = "predict"
+#: the label stored for each row of data without labels (``predict=true``)
+NO_LABEL = -1
 
 
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
@@ -115,6 +140,12 @@ def _check_split_names(path: Path, where: str, names) -> None:
             )
 
 
+def _h5(chunks: Chunks) -> bool:
+    """Rows of .h5 arrays (whose labels and lengths are checked with the file's small arrays)."""
+    parts = chunks.parts if isinstance(chunks, ChainedChunks) else [chunks]
+    return all(isinstance(c, H5Chunks) for c in parts)
+
+
 def _strings(v: np.ndarray) -> np.ndarray:
     """h5py gives fixed-length strings as bytes and variable-length ones as objects: make both str."""
     flat = [x.decode() if isinstance(x, bytes) else str(x) for x in v.ravel()]
@@ -139,15 +170,30 @@ class FileTask(Task):
     image_size: str = ""
     mode: str = setting("", OneOf(("", "RGB", "L")))
     regression: bool = False
+    predict: bool = False
+    vocab_size: int = setting(0, Interval(0, MAX_ID + 1))
 
     #: options every feature file's identity records; the others only when set, so that files made
     #: before they existed keep their identity
     RECORDED: ClassVar[tuple[str, ...]] = ("n_classes", "test_fraction", "seed")
+    #: class names labels must be among, numbered by their place here (:meth:`to_predict`)
+    _known: ClassVar[list[str] | None] = None
 
     @classmethod
     def named(cls, path: str, **options: Any) -> FileTask:
         """The task of ``file:PATH`` (:data:`reservoir.tasks.PREFIXED`)."""
         return cls(path, **options)
+
+    @classmethod
+    def to_predict(cls, path: str, classes: list[str] | None = None, **options: Any) -> FileTask:
+        """Every row of ``file:PATH`` as data to predict on (``predict=true``, module docstring), labels where
+        it has them. ``classes`` (a probe's class names): labels given as names, and class folders, are
+        numbered by their place in it, and a name outside it is refused, so that an id means the probe's
+        class even where the data holds only some of them."""
+        task = cls.__new__(cls)
+        task._known = [str(c) for c in classes] if classes else None
+        task.__init__(path, **{**options, "predict": True})
+        return task
 
     def __init__(self, path: str, **options: Any):
         fields = {f.name: f for f in dataclasses.fields(self) if f.name != "path"}
@@ -175,19 +221,24 @@ class FileTask(Task):
         self._images = Images(parse_size(self.image_size), self.mode)
         self._image = False
         self._names: list[str] | None = None
+        self._files: list[str] | None = None
+        #: why the data has no labels (``predict=true`` only); ``None`` where it has them
+        self.unlabeled: str | None = None
         if kind == "npz":
-            splits = self._read_npz(path, self._named(path, _read_arrays(path)))
+            arrays = _read_arrays(path)
+            splits = self._read_npz(path, self._named(path, self._joined_arrays(path, arrays)))
             dims = {s: self._dim(d) for s, d in splits.items()}
             ids = not any(dims.values())
             tops = {s: max(int(r.max()) for r in d.inputs) if ids else 0 for s, d in splits.items()}
         else:
             parts = self._h5_parts(path) if kind == "h5" else self._source_parts(path, kind)
-            splits, dims, tops = self._read_parts(path, parts)
-        for s in ("train", "test"):
+            splits, dims, tops = self._read_parts(path, self._joined(path, parts) if self.predict else parts)
+        for s in (PREDICT_SPLIT,) if self.predict else ("train", "test"):
             if s not in splits or not len(splits[s]):
                 raise DataError(
                     f"{path} has no (or an empty) {s!r} split; splits found: {sorted(splits)}. "
-                    "Give a split array with 'train' and 'test' rows, x_train/x_test arrays, or neither"
+                    "Give a split array with 'train' and 'test' rows, x_train/x_test arrays, or neither (to "
+                    "predict on every row of it with a fitted probe: `reservoir predict --probe P --data PATH`)"
                 )
         if len(set(dims.values())) > 1:
             raise DataError(
@@ -200,6 +251,16 @@ class FileTask(Task):
         first = next(iter(splits.values())).labels
         self._outputs = first.shape[2] if first.ndim == 3 else 1
         self._vocab = max(tops.values()) + 1 if self._kind == "ids" else 0
+        if self.vocab_size and self._kind == "ids":
+            if self._vocab > self.vocab_size:
+                raise DataError(
+                    f"{path} holds token id {self._vocab - 1}, beyond vocab_size={self.vocab_size} (ids "
+                    f"0..{self.vocab_size - 1}); give ids the input layer has a vector for, or a larger vocab_size"
+                )
+            self._vocab = self.vocab_size
+        if self.unlabeled is not None:
+            self._n_classes = max(self.n_classes, len(self._names or ()), 1)
+            return splits
         if self.regression:
             if self.n_classes:
                 raise DataError(
@@ -223,14 +284,40 @@ class FileTask(Task):
         self._n_classes = self.n_classes or top
         return splits
 
+    def _joined_arrays(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """An .npz's arrays to predict on (``predict=true``): ``x`` (``y``, ``lengths``) as they are, or the
+        ``x_<split>`` arrays one after the other in split order (their ``y_<split>`` likewise where every split
+        has one); other layouts as they are."""
+        names = ordered([k[2:] for k in arrays if k.startswith("x_")])
+        if not self.predict or "x" in arrays or "y" in arrays or not names:
+            return arrays
+        xs = [arrays[f"x_{s}"] for s in names]
+        if len({(x.dtype.kind, x.shape[1:]) for x in xs}) > 1:
+            raise DataError(
+                f"{path}: the x_<split> arrays differ past their rows ({[x.shape for x in xs]}); predicting "
+                "reads every row as one split: save the rows to predict on as one array x"
+            )
+        out = {"x": np.concatenate(xs)}
+        if all(f"y_{s}" in arrays for s in names):
+            out["y"] = np.concatenate([arrays[f"y_{s}"] for s in names])
+        if any(f"lengths_{s}" in arrays for s in names):
+            out["lengths"] = np.concatenate(
+                [arrays.get(f"lengths_{s}", np.full(len(x), x.shape[1])) for s, x in zip(names, xs)]
+            )
+        return out
+
     def _read_npz(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, SplitData]:
         if "x" in arrays or "y" in arrays:
-            x, y = self._need(arrays, "x", path), self._need(arrays, "y", path)
+            x = self._need(arrays, "x", path)
+            y = arrays.get("y") if self.predict else self._need(arrays, "y", path)
             lengths = arrays.get("lengths")
+            if y is None:
+                self.unlabeled = f"{path} has no array 'y'"
             self._check(path, "x", "y", "lengths", x, y, lengths)
-            rows = self._split_rows(path, arrays, y)
+            rows = self._rows(path, arrays, y, len(x))
             return {
-                s: self._split(x[r], y[r], None if lengths is None else lengths[r]) for s, r in rows.items()
+                s: self._split(x[r], None if y is None else y[r], None if lengths is None else lengths[r])
+                for s, r in rows.items()
             }
         names = sorted(k[2:] for k in arrays if k.startswith("x_"))
         if not names:
@@ -251,10 +338,9 @@ class FileTask(Task):
         if "x" in big or "y" in arrays:
             if "x" not in big:
                 raise DataError(f"{path} has no array 'x' (it has {sorted([*arrays, *big])}); {FIX}")
-            y = self._need(arrays, "y", path)
             names = {None: ("x", "y", "lengths")}
         else:
-            found = sorted(k[2:] for k in big if k.startswith("x_"))
+            found = (ordered if self.predict else sorted)([k[2:] for k in big if k.startswith("x_")])
             if not found:
                 raise no_x_arrays(path, [*arrays, *big])
             _check_split_names(path, "an x_<split> array", found)
@@ -262,20 +348,27 @@ class FileTask(Task):
         parts = []
         for split, (xname, yname, lname) in names.items():
             shape, dtype = big[xname]
-            y, lengths = self._need(arrays, yname, path), arrays.get(lname)
+            y = arrays.get(yname) if self.predict else self._need(arrays, yname, path)
+            lengths = arrays.get(lname)
             self._check_x(f"{path}: {xname}", dtype, shape)
-            self._check_y(path, xname, yname, y, shape[0], self.regression)
+            if y is not None:
+                self._check_y(path, xname, yname, y, shape[0], self.regression)
             self._check_lengths(path, xname, lname, lengths, shape)
-            if split is None and "split" in arrays and arrays["split"].shape != y.shape:
+            if (
+                split is None
+                and "split" in arrays
+                and arrays["split"].shape != (shape[0],)
+                and not self.predict
+            ):
                 raise DataError(
-                    f"{path}: split has shape {arrays['split'].shape}; expected ({len(y)},), one name per row"
+                    f"{path}: split has shape {arrays['split'].shape}; expected ({shape[0]},), one name per row"
                 )
             parts.append(
                 Part(
                     H5Chunks(path, xname, shape, dtype),
                     y,
                     f"{path}: {xname}",
-                    yname,
+                    yname if y is not None else f"{path} has no array {yname!r}",
                     split,
                     arrays.get("split") if split is None else None,
                     cut=None if lengths is None else lengths.astype(np.int64),
@@ -283,16 +376,50 @@ class FileTask(Task):
             )
         return parts
 
+    def _joined(self, path: Path, parts: list[Part]) -> list[Part]:
+        """The parts of a source to predict on as one part, rows in their order: labels where every part has
+        them (else none, the first unlabeled part saying why), lengths where any part cuts its rows."""
+        if len(parts) == 1:
+            return parts
+        bare = [p for p in parts if p.labels is None]
+        shapes = {p.labels.shape[1:] for p in parts if p.labels is not None}
+        if len(shapes) > 1:
+            raise DataError(
+                f"{path}: the parts' labels differ in shape ({sorted(shapes)}); give one kind of label"
+            )
+        cut = None
+        if any(p.cut is not None for p in parts):
+            cut = np.concatenate(
+                [p.cut if p.cut is not None else np.full(len(p.chunks), p.chunks.shape[1]) for p in parts]
+            )
+        return [
+            Part(
+                ChainedChunks([p.chunks for p in parts]),
+                None if bare else np.concatenate([p.labels for p in parts]),
+                str(path),
+                bare[0].target if bare else parts[0].target,
+                image=parts[0].image,
+                cut=cut,
+                names=parts[0].names,
+            )
+        ]
+
     def _source_parts(self, path: Path, kind: str) -> list[Part]:
         if kind == "images":
-            parts = image_parts(path, self._images)
+            parts = image_parts(path, self._images, whole=self.predict, known=self._known)
         else:
             parts = table_parts(
-                path, input=self.input, target=self.target, split=self.split, images=self._images
+                path,
+                input=self.input,
+                target=self.target,
+                split=self.split,
+                images=self._images,
+                whole=self.predict,
             )
-        named = self._named(path, {str(k): part.labels for k, part in enumerate(parts)})
+        labeled = {str(k): part.labels for k, part in enumerate(parts) if part.labels is not None}
+        named = self._named(path, labeled)
         for k, part in enumerate(parts):
-            part.labels = named[str(k)]
+            part.labels = named.get(str(k))
         given = {tuple(part.names) for part in parts if part.names}
         if self._names is None and len(given) == 1 and not self.regression:
             self._names = list(given.pop())
@@ -319,6 +446,15 @@ class FileTask(Task):
                 "a row (several labels a row must be 0/1 or class ids)"
             )
         names = natural(set().union(*(np.unique(arrays[k]).tolist() for k in named)))
+        if self._known is not None:
+            other = [n for n in names if n not in self._known]
+            if other:
+                raise DataError(
+                    f"{path}: label(s) {', '.join(map(repr, other[:5]))} name no class the probe knows (its "
+                    f"classes: {', '.join(self._known[:10])}{', ...' if len(self._known) > 10 else ''}); "
+                    "correct them, or predict on the data without its labels"
+                )
+            names = list(self._known)
         number = {name: i for i, name in enumerate(names)}
         self._names = [str(name) for name in names]
         out = dict(arrays)
@@ -336,23 +472,29 @@ class FileTask(Task):
         splits, dims, tops = {}, {}, {}
         for part in parts:
             y = part.labels
-            if not len(y):
+            if not len(part.chunks):
                 raise DataError(f"{part.where} holds no rows; drop it or give it rows")
-            if not isinstance(part.chunks, H5Chunks):  # an .h5 file's labels are checked with its arrays
+            if y is None:
+                self.unlabeled = part.target
+            elif not _h5(part.chunks):  # an .h5 file's labels are checked with its arrays
                 self._check_y(path, part.where, part.target, y, len(y), self.regression)
-            if part.split is not None:
+            if self.predict:
+                rows = {PREDICT_SPLIT: np.arange(len(part.chunks))}
+                if isinstance(part.chunks, ImageChunks):
+                    self._files = [f.relative_to(path).as_posix() for f in part.chunks.files]
+            elif part.split is not None:
                 _check_split_names(path, "a split folder or file", [part.split])
                 rows = {part.split: np.arange(len(y))}
             else:
                 arrays = {} if part.split_names is None else {"split": part.split_names}
                 rows = self._split_rows(path, arrays, y)
-            fixed = part.image or isinstance(part.chunks, H5Chunks)
+            fixed = part.image or _h5(part.chunks)
             found = scan(part.chunks, rows, where=part.where, cut=part.cut, objects=not fixed)
             if part.image:
                 dim, seq = self._check_image(path, found.row_shape)
                 self._image = True
             else:
-                shape = (len(y), *(found.row_shape or ("T", *found.token_shape)))
+                shape = (len(part.chunks), *(found.row_shape or ("T", *found.token_shape)))
                 self._check_x(part.where, found.dtype, shape)
                 self._check_ids(part.where, found)
                 dim = 0 if found.dtype.kind in "iu" else int(found.token_shape[-1])
@@ -371,7 +513,8 @@ class FileTask(Task):
                     if part.image
                     else (part.cut if part.cut is not None else found.lengths)[pos]
                 )
-                splits[s] = SplitData(inputs, self._labels(y[pos]), lengths.astype(np.int64))
+                labels = self._labels(y[pos]) if y is not None else np.full(len(pos), NO_LABEL, np.int64)
+                splits[s] = SplitData(inputs, labels, lengths.astype(np.int64))
                 dims[s], tops[s] = dim, int(found.top) if found.dtype.kind in "iu" and len(pos) else 0
         return splits, dims, tops
 
@@ -405,7 +548,8 @@ class FileTask(Task):
                 f"{path}: {xname} holds token id {x.max()}; ids must be at most {MAX_ID:,d} (the input "
                 "layer holds a vector per id): renumber them 0..V-1"
             )
-        self._check_y(path, xname, yname, y, len(x), self.regression)
+        if y is not None:
+            self._check_y(path, xname, yname, y, len(x), self.regression)
         self._check_lengths(path, xname, lname, lengths, x.shape)
 
     @staticmethod
@@ -489,6 +633,12 @@ class FileTask(Task):
                 f"found {lengths.min()}..{lengths.max()}"
             )
 
+    def _rows(
+        self, path: Path, arrays: dict[str, np.ndarray], y: np.ndarray | None, n: int
+    ) -> dict[str, np.ndarray]:
+        """The rows of each split: all ``n`` in order to predict on, else :meth:`_split_rows`."""
+        return {PREDICT_SPLIT: np.arange(n)} if self.predict else self._split_rows(path, arrays, y)
+
     def _split_rows(self, path: Path, arrays: dict[str, np.ndarray], y: np.ndarray) -> dict[str, np.ndarray]:
         if "split" in arrays:
             split = np.asarray(arrays["split"]).astype(str)
@@ -528,8 +678,8 @@ class FileTask(Task):
         y = y.astype(np.float32 if self.regression else np.int64)
         return y[:, None, :] if y.ndim == 2 else y
 
-    def _split(self, x: np.ndarray, y: np.ndarray, lengths: np.ndarray | None) -> SplitData:
-        y = self._labels(y)
+    def _split(self, x: np.ndarray, y: np.ndarray | None, lengths: np.ndarray | None) -> SplitData:
+        y = self._labels(y) if y is not None else np.full(len(x), NO_LABEL, np.int64)
         if lengths is None:
             return SplitData(x, y, np.full(len(y), x.shape[1], dtype=np.int64))
         lengths = lengths.astype(np.int64)
@@ -567,6 +717,12 @@ class FileTask(Task):
     def class_names(self) -> list[str] | None:
         """The class names the file gives (class folders, label names, a ``ClassLabel``), by id; else ``None``."""
         return None if self._names is None else list(self._names)
+
+    @property
+    def files(self) -> list[str] | None:
+        """Data to predict on from an image folder: each row's file, relative to the folder (``/``-separated);
+        ``None`` for other sources, whose rows are known by their position."""
+        return None if self._files is None else list(self._files)
 
     def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)

@@ -517,3 +517,47 @@ def test_class_names_follow_natural_order_and_name_columns_become_ids(cli, home,
     np.savez(tmp_path / "mixed.npz", x_train=x[:18], y_train=y[:18], x_test=x[18:], y_test=np.arange(6))
     with pytest.raises(DataError, match="y_train hold class names and y_test numbers"):
         get_task(f"file:{tmp_path / 'mixed.npz'}")
+
+
+@pytest.mark.parametrize("kind", ["npz", "h5", "parquet", "arrow", "datasets"])
+def test_every_source_reads_whole_to_predict_on_with_or_without_labels(tmp_path, kind):
+    """``predict=true``: every row of any source as one split in input order (train rows, then test rows: the
+    splits a source has follow each other), the same rows as its splits held, labels where it has them and
+    ``-1`` placeholders where it has none, saying why."""
+    from reservoir.tasks.userfile import FileTask
+
+    a = arrays()
+    labeled = FileTask.to_predict(str(write(kind, tmp_path, a)))
+    d = labeled.read("predict", tmp_path)
+    assert labeled.spec.splits == ("predict",) and labeled.unlabeled is None
+    assert np.array_equal(np.asarray(d.inputs), np.concatenate([a["x_train"], a["x_test"]]))
+    assert d.labels.tolist() == np.concatenate([a["y_train"], a["y_test"]]).tolist()
+    bare = {k: v for k, v in a.items() if k.startswith("x_")}
+    (tmp_path / "bare").mkdir()
+    if kind in ("parquet", "arrow"):  # tables: no label column
+        path = tmp_path / "bare" / f"d.{kind}"
+        rows = pa.table({"x": pa.array(np.concatenate(list(bare.values())).tolist())})
+        pq.write_table(rows, path) if kind == "parquet" else feather.write_feather(rows, path)
+    elif kind == "datasets":
+        datasets = pytest.importorskip("datasets")
+        split = {s: datasets.Dataset.from_dict({"x": a[f"x_{s}"]}) for s in ("train", "test")}
+        datasets.DatasetDict(split).save_to_disk(tmp_path / "bare" / "ds")
+        path = tmp_path / "bare" / "ds"
+    else:
+        path = write(kind, tmp_path / "bare", bare)
+    unlabeled = FileTask.to_predict(str(path))
+    d = unlabeled.read("predict", tmp_path)
+    assert np.array_equal(np.asarray(d.inputs), np.concatenate([a["x_train"], a["x_test"]]))
+    assert (d.labels == -1).all() and unlabeled.unlabeled and "y" in unlabeled.unlabeled
+    with pytest.raises(DataError, match="has no"):  # to train on, the same source still needs its labels
+        FileTask(str(path))
+
+
+def test_token_ids_to_predict_on_keep_the_vocabulary_they_are_given(tmp_path):
+    from reservoir.tasks.userfile import FileTask
+
+    np.savez(tmp_path / "ids.npz", x=np.array([[1, 2, 3], [3, 2, 1]]))
+    task = FileTask.to_predict(str(tmp_path / "ids.npz"), vocab_size=10)
+    assert task.spec.vocab_size == 10 and task.identity_options()["vocab_size"] == 10
+    with pytest.raises(DataError, match="token id 3, beyond vocab_size=3"):
+        FileTask.to_predict(str(tmp_path / "ids.npz"), vocab_size=3)

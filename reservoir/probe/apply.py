@@ -1,0 +1,279 @@
+"""A saved probe applied: to new data, through the extraction its features went through, or to a split of
+a feature file (``reservoir predict``; :func:`reservoir.api.predict`).
+
+New data (:func:`predict_data`) is any source ``--task file:PATH`` reads (Parquet or Arrow files, a
+``datasets`` folder, an image folder, an ``.npz`` or ``.h5`` of arrays), with labels or without. It is read
+as data to predict on (:meth:`reservoir.tasks.userfile.FileTask.to_predict`): every row, in input order, one
+split (``predict``); labels where the source has them, class names numbered as the probe numbers them. Its
+reading options are the probe's data's (input and target columns, patch, image size and mode, regression),
+where the caller gives none; token ids keep the probe's vocabulary.
+
+It then goes through the probe's extraction, as the probe's feature file recorded it: the backbone (loaded as
+that extraction named it, or from ``backbone`` where it has moved), seed, input scale, compute dtype, the
+dtype the weights were loaded in and readout, at the probe's depth alone. Before any file is touched the data
+and the prepared extraction are checked against the probe: tokens (ids and their vocabulary, or their
+width), label shape, classes and class names (DataError); every extraction setting, the backbone's weights
+(by fingerprint), the features' shape and the frozen input layer (IdentityError); each problem named with
+the fix. The features are written as every extraction's are, to the file named by the run's identity under
+``features/`` (a ``.partial`` until complete, so an interrupted file never looks complete), and the next call
+on the same data reuses that file after verifying it. Probes of int8 features cannot be applied to new data:
+int8's calibration comes from the rows extracted.
+
+>>> predicted = predict_data(load_probe("RESULT.probe.npz"), "new.parquet")   # doctest: +SKIP
+>>> predicted.predictions[:3], predicted.names[:3]                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reservoir.config import ExtractConfig, PredictConfig
+from reservoir.errors import DataError, IdentityError, UsageError
+from reservoir.probe.predictors import REGRESSION
+from reservoir.probe.saved import (
+    SAME_EXTRACTION,
+    SavedProbe,
+    input_layer_digest,
+    load_probe,
+    predict_file,
+    predicted_names,
+    predictions_csv,
+    score,
+    token_layout,
+)
+
+#: the options of a ``file:`` task that say how its rows are read and made tokens: new data takes the
+#: probe's data's unless given
+READING = ("input", "target", "patch", "image_size", "mode", "regression")
+
+
+@dataclass
+class Predicted:
+    """What a probe predicted, row by row in order: ``predictions`` ``(N, *label_shape)``, the ``labels``
+    where the rows have them (``None`` otherwise, ``unlabeled`` saying why), the rows' ``files`` (an image
+    folder's, relative to it), the ``split`` predicted, the feature file read, and the ``data`` it was made
+    of (``None``: a feature file given)."""
+
+    probe: SavedProbe
+    predictions: np.ndarray
+    labels: np.ndarray | None
+    split: str
+    features: Path
+    data: Path | None = None
+    files: list[str] | None = None
+    unlabeled: str | None = None
+
+    @property
+    def names(self) -> np.ndarray | None:
+        """The class name of each prediction, where the probe's data named its classes; else ``None``."""
+        return predicted_names(self.probe, self.predictions)
+
+    def csv(self) -> str:
+        """One CSV line a row (:func:`reservoir.probe.saved.predictions_csv`)."""
+        return predictions_csv(self.predictions, self.labels, self.probe.class_names, self.files)
+
+    def summary(self, out: Path | None = None) -> str:
+        """The line ``reservoir predict`` prints on stderr: the rows, their score where they have labels (and
+        the fit's on the same split of the same file), the probe, and where the predictions went."""
+        from reservoir.probe.metrics import METRICS
+
+        p = self.probe
+        where = (f"; features in {self.features}" if self.data is not None else "") + (
+            f"; wrote {out}" if out is not None else ""
+        )
+        rows = f"{self.data if self.data is not None else self.split}: {len(self.predictions):,d} rows"
+        probe = f"the {p.head} probe of depth {p.depth}"
+        if self.labels is None:
+            return f"{rows} predicted with {probe}; no labels to score ({self.unlabeled}){where}"
+        name, value = score(p, self.predictions, self.labels)
+        metric = METRICS[name]
+        fitted = (p.meta.get("test_scores") or p.meta.get("test_accuracies") or {}).get(self.split)
+        same = (
+            f" (the fit's {self.split} {name}: {metric.format(fitted)})"
+            if fitted is not None and not self.data
+            else ""
+        )
+        return f"{rows}, {name} {metric.format(value)} with {probe}{same}{where}"
+
+
+def predict(cfg: PredictConfig, *, progress: bool = True, probe: SavedProbe | None = None) -> Predicted:
+    """What ``reservoir predict`` runs: ``cfg.probe`` (or ``probe``, already loaded) on ``cfg.data``
+    (:func:`predict_data`) or on ``cfg.split`` of ``cfg.features``."""
+    probe = probe or load_probe(cfg.probe)
+    if cfg.data is None:
+        predictions, labels = predict_file(probe, cfg.features, cfg.split)
+        bare = f"{cfg.features} holds data without labels" if labels is None else None
+        return Predicted(probe, predictions, labels, cfg.split, Path(cfg.features), unlabeled=bare)
+    return predict_data(
+        probe, cfg.data, task_options=cfg.task_options, backbone=cfg.backbone, progress=progress
+    )
+
+
+def recorded_backbone(probe: SavedProbe) -> str:
+    """The backbone as the probe's extraction named it: its record in the probe, else in the fit's result
+    beside it (``RESULT.json``, probes written before the probe kept it), else the identity's name."""
+    named = (probe.meta.get("extraction") or {}).get("backbone")
+    result = probe.path.with_name(probe.path.name.removesuffix(".probe.npz") + ".json")
+    if not named and result.is_file():
+        try:
+            named = json.loads(result.read_text())["config"]["extract"]["backbone"]
+        except (OSError, ValueError, KeyError, TypeError):
+            named = None
+    named = named or str(probe.identity.get("backbone"))
+    if named.startswith("object:"):
+        raise UsageError(
+            f"the probe {probe.path} was fitted on features of a model object ({named}), which only its "
+            "process knew; pass the model: api.predict(..., backbone=model)"
+        )
+    return named
+
+
+def reading_options(probe: SavedProbe, given: dict[str, Any] | None) -> dict[str, Any]:
+    """The options new data is read with: the probe's data's reading options (:data:`READING`), the
+    regression flag of its head, its vocabulary of token ids, then ``given`` over them."""
+    identity = probe.identity
+    recorded = identity.get("task_options") or {} if str(identity.get("task", "")).startswith("file:") else {}
+    options = {k: v for k, v in recorded.items() if k in READING}
+    options["regression"] = probe.predictor.n_classes == REGRESSION
+    tokens = probe.meta.get("tokens") or {}
+    if tokens.get("kind") == "ids":
+        options["vocab_size"] = tokens["vocab_size"]
+    return {**options, **(given or {})}
+
+
+def _tokens_text(tokens: dict[str, Any]) -> str:
+    if tokens["kind"] == "ids":
+        return f"token ids (a vocabulary of {tokens['vocab_size']:,d})"
+    return f"tokens of {tokens['width']:,d} value(s)"
+
+
+def check_data(probe: SavedProbe, task: Any, data: Path) -> None:
+    """The data to predict on is of the probe's kind: its tokens (ids, or their width), its labels' shape,
+    classes and naming. DataError naming every difference and the fix otherwise."""
+    spec, problems = task.spec, []
+    wanted = probe.meta.get("tokens")
+    found = (
+        {"kind": "ids", "vocab_size": spec.vocab_size}
+        if spec.token_kind == "ids"
+        else {"kind": "dense", "width": spec.token_dim}
+    )
+    if wanted and (wanted["kind"] != found["kind"] or wanted.get("width") != found.get("width")):
+        images = " (images: the probe's --task-opt patch and mode)" if getattr(task, "_image", False) else ""
+        problems.append(f"{data} holds {_tokens_text(found)}, the probe reads {_tokens_text(wanted)}{images}")
+    if task.unlabeled is None:
+        labels = task.read(task.spec.splits[0], Path(".")).labels
+        n_classes = probe.predictor.n_classes
+        if tuple(labels.shape[1:]) != probe.label_shape:
+            problems.append(
+                f"labels of shape {list(labels.shape[1:])} a row, the probe predicts {list(probe.label_shape)}"
+            )
+        elif n_classes != REGRESSION and labels.size and int(labels.max()) >= n_classes:
+            problems.append(f"label {int(labels.max())}, the probe knows classes 0..{n_classes - 1}")
+        if task.class_names and not probe.class_names:
+            problems.append(
+                f"labels named {', '.join(task.class_names[:5])}, the probe's data gave class ids 0..C-1 (give "
+                "ids, numbered as the probe's were)"
+            )
+    if problems:
+        raise DataError(
+            f"{data} is not data the probe {probe.path} reads: {'; '.join(problems)}. Give data of the kind its "
+            "features were extracted from"
+        )
+
+
+def check_run(probe: SavedProbe, run: Any) -> None:
+    """The prepared extraction (:class:`reservoir.extract.run.Run`) is the probe's: every setting of
+    :data:`reservoir.probe.saved.SAME_EXTRACTION` (a backbone of another name is the probe's where its
+    weights are), the features' shape and the frozen input layer. IdentityError naming each difference."""
+    from reservoir.model.input_layer import input_layer_tensors, make_input_layer
+
+    ours, theirs = probe.identity, run.identity
+    same_weights = ours.get("backbone_fingerprint") == theirs.get("backbone_fingerprint")
+    problems = [
+        f"{key}: probe {ours.get(key)!r}, here {theirs.get(key)!r}"
+        for key in SAME_EXTRACTION
+        if ours.get(key) != theirs.get(key)
+        and key != "backbone_fingerprint"
+        and not (key == "backbone" and same_weights)
+    ]
+    if not same_weights:
+        problems.append(
+            f"backbone weights: {run.cfg.backbone} loads other weights than the probe's features came from "
+            f"(fingerprint {str(theirs.get('backbone_fingerprint'))[:12]}, the probe's "
+            f"{str(ours.get('backbone_fingerprint'))[:12]}); pass --backbone with the probe's model"
+        )
+    shape = run.feature_shape[1:]
+    if shape != (probe.meta["n_readout"], probe.meta["d_model"]):
+        problems.append(
+            f"features: {shape[0]} readout token(s) of width {shape[1]}, the probe reads "
+            f"{probe.meta['n_readout']} of width {probe.meta['d_model']}"
+        )
+    if not problems:
+        layer = make_input_layer(
+            run.task.spec,
+            run.backbone.input_width,
+            run.cfg.seed,
+            run.cfg.input_scale,
+            getattr(run.backbone, "token_std", None),
+        )
+        tensors = {k: v.numpy() for k, v in input_layer_tensors(layer).items()}
+        if input_layer_digest(tensors) != probe.meta["input_layer"]:
+            problems.append(
+                f"input layer: the data's frozen input layer ({_tokens_text(token_layout(tensors))}) differs "
+                "from the one the probe's features went through"
+            )
+    if problems:
+        raise IdentityError(
+            f"the probe {probe.path} cannot read features of {run.cfg.task[5:]} extracted here: "
+            f"{'; '.join(problems)}"
+        )
+
+
+def predict_data(
+    probe: SavedProbe,
+    data: str | Path,
+    *,
+    task_options: dict[str, Any] | None = None,
+    backbone: Any = None,
+    progress: bool = True,
+) -> Predicted:
+    """``probe`` on every row of ``data`` (module docstring): read as data to predict on with the probe's
+    reading options and ``task_options`` over them, checked (:func:`check_data`), extracted as the probe's
+    features were (:func:`check_run` before any file is touched; a file of the same run reused), predicted.
+    ``backbone``: where to load the probe's backbone (a name, a folder, or the name a model object was
+    registered by, :func:`reservoir.model.backbones.register_object`), when not as its extraction named it."""
+    from reservoir.extract.run import extract
+    from reservoir.settings import build
+    from reservoir.tasks.userfile import PREDICT_SPLIT, FileTask
+
+    identity, data = probe.identity, Path(data)
+    if identity.get("calibration"):
+        raise IdentityError(
+            f"the probe {probe.path} reads {identity.get('dtype')} features, whose calibration came from the rows "
+            "it extracted: new data cannot be extracted as they were. Fit a probe on float features (extract "
+            "with --dtype float32 or bfloat16) to predict on new data"
+        )
+    options = reading_options(probe, task_options)
+    task = FileTask.to_predict(str(data), probe.class_names, **options)
+    check_data(probe, task, data)
+    cfg = build(
+        ExtractConfig,
+        task=f"file:{data}",
+        backbone=backbone if backbone is not None else recorded_backbone(probe),
+        split=PREDICT_SPLIT,
+        seed=identity["seed"],
+        input_scale=identity.get("input_scale", "paper"),
+        dtype=identity["dtype"],
+        load_dtype=identity.get("load_dtype", "float32"),
+        readout=identity["readout"],
+        depths=(probe.depth,),
+        task_options=task.identity_options(),
+    )
+    path = extract(cfg, progress=progress, task=task, accept=lambda run: check_run(probe, run))
+    predictions, labels = predict_file(probe, path, PREDICT_SPLIT)
+    return Predicted(probe, predictions, labels, PREDICT_SPLIT, path, data, task.files, task.unlabeled)

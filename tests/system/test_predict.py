@@ -1,0 +1,165 @@
+"""``reservoir predict --data PATH`` (and ``api.predict(probe, data=...)``): new data of any kind ``--task
+file:PATH`` reads goes through the probe's extraction and the probe in one call, every row in input order,
+named where the classes are, scored where labels are given; bad input is refused in words before any file is
+written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from reservoir import api
+from reservoir.errors import UsageError
+from reservoir.probe.saved import load_probe
+from tests.extract.test_export import named_images
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+pytestmark = pytest.mark.usefixtures("home", "one_thread")
+
+CLASSES = ["down", "up"]
+
+
+def table(path, x, labels=None, split=None):
+    """A Parquet file of token rows ``x`` (N, T, d), with a ``label`` column (names) and a ``split`` column."""
+    columns = {"x": [row.tolist() for row in x]}
+    if labels is not None:
+        columns["label"] = list(labels)
+    if split is not None:
+        columns["split"] = list(split)
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def rows(n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 6, 3)).astype(np.float32)
+    return x, np.array([CLASSES[k] for k in (x[:, :, 0].mean(1) > 0).astype(int)])
+
+
+@pytest.fixture
+def fitted(tmp_path, tiny_gpt2):
+    """A probe fitted on a labeled Parquet of named classes: (probe path, training file, its features, rows)."""
+    x, y = rows(80)
+    mine = table(tmp_path / "mine.parquet", x, y)
+    features = api.extract(f"file:{mine}", str(tiny_gpt2), depths="2", dtype="float32", compile=False)
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    return result["probe"], mine, features, x
+
+
+def lines(text):
+    return list(csv.DictReader(text.splitlines()))
+
+
+def test_predict_on_an_unlabeled_parquet_gives_every_row_in_order_with_class_names(tmp_path, cli, fitted):
+    probe_path, _, features, x = fitted
+    order = np.random.default_rng(1).permutation(len(x))[:30]
+    new = table(tmp_path / "new.parquet", x[order])  # rows of the training file, shuffled: no labels
+    r = cli("predict", "--probe", probe_path, "--data", str(new))
+    assert r.exit_code == 0, r.output
+    got = lines(r.stdout)
+    assert list(got[0]) == ["row", "prediction", "prediction_name"]  # no labels: no label columns
+    assert [int(g["row"]) for g in got] == list(range(len(order)))
+    assert [g["prediction_name"] for g in got] == [CLASSES[int(g["prediction"])] for g in got]
+    assert "30 rows predicted" in r.stderr and "no labels to score" in r.stderr and "label" in r.stderr
+    # the same extraction, row by row in input order: the features are those of the same rows in training
+    made = r.stderr.split("features in ")[1].split(";")[0].strip()
+    X_new, placeholders = api.read_features(made, "predict", depth=2)
+    X_all = np.concatenate([api.read_features(features, s, depth=2)[0] for s in ("train", "test")])
+    probe = load_probe(probe_path)
+    assert (placeholders == -1).all()
+    assert [int(g["prediction"]) for g in got] == probe.predict(X_new).tolist()
+    # each new row's features equal the features of the training row it copies
+    distances = ((X_new[:, None] - X_all[None]) ** 2).sum(-1).min(1)
+    assert np.allclose(distances, 0, atol=1e-6)
+    again = cli("predict", "--probe", probe_path, "--data", str(new))
+    assert again.exit_code == 0 and again.stdout == r.stdout and "reusing" in again.stderr
+    assert not list((tmp_path / "features").rglob("*.partial")) and not list(
+        (tmp_path / "features").rglob("*.lock")
+    )
+    names = api.predict(probe_path, data=new, names=True, progress=False)
+    assert names.tolist() == [g["prediction_name"] for g in got]
+
+
+def test_labels_given_are_scored_and_a_file_whose_rows_are_all_test_is_read_whole(tmp_path, cli, fitted):
+    probe_path, *_ = fitted
+    x, y = rows(24, seed=5)
+    new = table(tmp_path / "labeled.parquet", x, y, split=["test"] * len(x))  # all test: no train split
+    r = cli("predict", "--probe", probe_path, "--data", str(new), "--out", str(tmp_path / "p.csv"))
+    assert r.exit_code == 0, r.output
+    got = lines((tmp_path / "p.csv").read_text())
+    assert len(got) == 24 and [g["label_name"] for g in got] == y.tolist()
+    accuracy = np.mean([g["prediction"] == g["label"] for g in got])
+    assert f"24 rows, accuracy {100 * accuracy:.2f}%" in r.stderr and "wrote" in r.stderr
+    assert api.predict(probe_path, data=new, progress=False).tolist() == [int(g["prediction"]) for g in got]
+
+
+def test_an_image_folder_without_labels_is_predicted_file_by_file(tmp_path, cli, tiny_gpt2):
+    root = named_images(tmp_path / "images", ("cat", "dog"), n=12)
+    features = api.extract(f"file:{root}", str(tiny_gpt2), depths="1", dtype="float32", compile=False)
+    r = cli("-q", "fit", "--features", str(features), "--head", "ridge", "--no-baselines")
+    assert r.exit_code == 0, r.output
+    (probe_path,) = (tmp_path / "results").rglob("*.probe.npz")
+    loose = tmp_path / "new"
+    (loose / "more").mkdir(parents=True)
+    for k, name in enumerate(["10.png", "2.png", "more/1.png"]):  # natural order: 2, 10, more/1
+        shutil.copy(root / ("cat" if k else "dog") / f"{k}.png", loose / name)
+    r = cli("predict", "--probe", str(probe_path), "--data", str(loose))
+    assert r.exit_code == 0, r.output
+    got = lines(r.stdout)
+    assert [g["file"] for g in got] == ["2.png", "10.png", "more/1.png"]
+    assert list(got[0]) == ["row", "file", "prediction", "prediction_name"]
+    assert {g["prediction_name"] for g in got} <= {"cat", "dog"}
+    assert "no labels to score (the images lie in" in r.stderr
+    # class folders of only some of the probe's classes keep the probe's numbering
+    some = tmp_path / "some"
+    shutil.copytree(root / "dog", some / "dog")
+    r = cli("predict", "--probe", str(probe_path), "--data", str(some))
+    assert r.exit_code == 0, r.output
+    assert {g["label"] for g in lines(r.stdout)} == {"1"} and "accuracy" in r.stderr
+
+
+def test_bad_input_is_refused_in_words_before_any_file_is_written(tmp_path, cli, fitted):
+    probe_path, mine, features, x = fitted
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    narrow = table(tmp_path / "narrow.parquet", x[:10, :, :2])  # tokens of 2 values, the probe's have 3
+    r = cli("predict", "--probe", probe_path, "--data", str(narrow))
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "narrow.parquet holds tokens of 2 value(s), the probe reads tokens of 3 value(s)" in r.stderr
+    r = cli("predict", "--probe", str(mine), "--data", str(mine))  # a Parquet file is not a probe
+    assert r.exit_code == 1 and "is not a saved probe: it is a Parquet file" in r.stderr
+    r = cli("predict", "--probe", str(features), "--data", str(mine))
+    assert r.exit_code == 1 and "pass it as --features" in r.stderr
+    other = table(tmp_path / "other.parquet", x[:10], ["up", "left"] * 5)  # a class the probe does not know
+    r = cli("predict", "--probe", probe_path, "--data", str(other))
+    assert r.exit_code == 1 and "'left' name no class the probe knows (its classes: down, up)" in r.stderr
+    r = cli("predict", "--probe", probe_path, "--data", str(mine), "--features", str(features))
+    assert r.exit_code == 2 and "not both" in r.output
+    r = cli("predict", "--probe", probe_path, "--data", str(mine), "--split", "train")
+    assert r.exit_code == 2 and "--split is for --features" in r.output
+    r = cli("predict", "--probe", probe_path, "--data", str(tmp_path / "absent.parquet"))
+    assert r.exit_code == 1 and "absent.parquet does not exist" in r.stderr
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert [p for p in after if p not in before] == [
+        narrow.relative_to(tmp_path),
+        other.relative_to(tmp_path),
+    ]
+
+
+def test_names_need_a_probe_whose_data_named_its_classes(tmp_path, tiny_gpt2):
+    x, y = rows(60)
+    ids = table(tmp_path / "ids.parquet", x, [CLASSES.index(v) for v in y])
+    features = api.extract(f"file:{ids}", str(tiny_gpt2), depths="1", dtype="float32", compile=False)
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    assert api.predict(result["probe"], data=ids, progress=False).shape == (60,)
+    with pytest.raises(UsageError, match="named no classes"):
+        api.predict(result["probe"], data=ids, names=True)
+    meta = json.loads(str(np.load(result["probe"])["meta"]))
+    assert meta["tokens"] == {"kind": "dense", "width": 3} and meta["extraction"]["backbone"] == str(
+        tiny_gpt2
+    )
