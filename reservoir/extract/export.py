@@ -2,8 +2,8 @@
 
 One table row per example, the splits one after another: ``split`` (its name), ``row`` (its index in
 the split), ``label`` (a class id, a real value, or a list for several outputs a row), ``label_name`` (the
-class's name, where the data named its classes: an image folder's class folders, a column of label names),
-then one column a depth, ``d{K}``: the example's readout rows at depth ``K``, flattened (``n_readout *
+class's name, where the data named its classes: an image folder's class folders, a column of label names;
+neither for data read to predict on that had no labels), then one column a depth, ``d{K}``: the example's readout rows at depth ``K``, flattened (``n_readout *
 d_model`` float32 values). The file's identity, depths and class names go into the Parquet schema's
 metadata (``reservoir.identity``, ``reservoir.depths``, ``reservoir.class_names``) and, for a ``datasets``
 folder, its description.
@@ -53,12 +53,15 @@ def blocks(f: h5py.File, split: str, depths: Sequence[int]) -> Iterator[dict[str
         yield columns
 
 
-def _table(pa, split: str, columns: dict[str, np.ndarray], names: list[str] | None = None):
+def _table(
+    pa, split: str, columns: dict[str, np.ndarray], names: list[str] | None = None, labeled: bool = True
+):
     n = len(columns["row"])
     arrays = {"split": pa.array([split] * n, pa.string()), "row": pa.array(columns["row"])}
     label = columns["label"]
-    arrays["label"] = pa.array(label) if label.ndim == 1 else pa.array(list(label.reshape(n, -1)))
-    if names and label.ndim == 1 and label.dtype.kind in "iub":
+    if labeled:  # data without labels stores placeholders: no column
+        arrays["label"] = pa.array(label) if label.ndim == 1 else pa.array(list(label.reshape(n, -1)))
+    if labeled and names and label.ndim == 1 and label.dtype.kind in "iub":
         arrays["label_name"] = pa.array([name_of(names, k) for k in label.tolist()], pa.string())
     for name, X in columns.items():
         if name.startswith("d"):
@@ -72,11 +75,11 @@ def write_parquet(
     """``splits`` of ``f`` at ``depths`` into one Parquet file at ``path``, block by block (``meta``: the
     schema's metadata)."""
     writer = None
-    names = class_names(f)
+    names, labeled = class_names(f), not stored_identity(f).get("unlabeled")
     try:
         for s in splits:
             for columns in blocks(f, s, depths):
-                table = _table(pa, s, columns, names)
+                table = _table(pa, s, columns, names, labeled)
                 if writer is None:
                     schema = table.schema.with_metadata(meta)
                     writer = pq.ParquetWriter(path, schema)

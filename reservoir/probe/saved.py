@@ -23,7 +23,7 @@ names that name another class by the same id.
 Its task may differ (new data of the same shape, a ``file:`` task of another file); a split of data
 read to predict on that has no labels (``unlabeled`` in its identity) gives predictions alone.
 New data itself (any source ``--task file:PATH`` reads) goes through the probe's extraction and the probe
-in one call in :mod:`reservoir.probe.newdata`.
+in one call in :mod:`reservoir.probe.apply`.
 
 >>> probe = load_probe("results/digits/lstm/output-only_logreg_depth2_seed0_KEY.probe.npz")  # doctest: +SKIP
 >>> predictions, labels = predict_file(probe, "features/digits/lstm/FILE.h5", "test")          # doctest: +SKIP

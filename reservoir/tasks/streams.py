@@ -39,7 +39,9 @@ bilinear; default: all images must have the first one's size), ``mode=RGB`` or `
 
 Splits: from the ``DatasetDict``, the split folders, the file names or the split column, else a
 seeded stratified ``test_fraction`` (default 0.2; ``seed``) of the rows becomes ``test``.
-``train`` and ``test`` must be present. Labels are class ids ``0..n_classes-1``, class names
+``train`` and ``test`` must be present, except in data to predict on (``predict=true``,
+:mod:`reservoir.tasks.userfile`): every row in input order, one split, labels optional (a folder whose
+images lie in it, not in class folders, is unlabeled). Labels are class ids ``0..n_classes-1``, class names
 (strings: numbered in their natural order over every split, and kept as the task's class names), or
 any finite numbers with ``regression=true``. A ``datasets`` ``ClassLabel`` column keeps its names
 (from the ``huggingface`` metadata of the files' schema or the folder's ``dataset_info.json``).
@@ -108,6 +110,8 @@ LAYOUTS = (
     "  without splits a seeded stratified test_fraction (0.2; --task-opt test_fraction=F seed=S) becomes test",
     "  labels are class ids 0..C-1, class names (numbered in natural order), or real-valued targets with",
     "    --task-opt regression=true",
+    "  to predict on (reservoir predict --data PATH; --task-opt predict=true): any of these, every row as one",
+    "    split in input order, labels optional; images lying in PATH itself (PATH/*.png) are unlabeled",
 )
 
 

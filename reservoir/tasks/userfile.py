@@ -28,7 +28,7 @@ Data to predict on (``predict=true``; what ``reservoir predict --data PATH`` rea
 source is one split, ``predict``, in input order (split arrays, columns and folders are not used to divide
 them: ``x_<split>`` arrays, a ``DatasetDict``'s splits, split files and split folders follow each other in
 the order train, val, test, then the others). Labels are read where the source has them (``y``, the target
-column, class folders) and are optional: without them the task is unlabeled (:attr:`FileTask.unlabeled`
+column, class folders) and are optional: without them the task is unlabeled (its ``unlabeled``
 says why) and its labels are stored as ``-1``. An image folder whose images lie in it (not in class
 folders) is unlabeled, each image under it a row in the natural order of its path. Every other check
 stands; such a task has no ``train`` or ``test`` split, so ``fit`` and ``train`` refuse it.
@@ -255,7 +255,8 @@ class FileTask(Task):
             if self._vocab > self.vocab_size:
                 raise DataError(
                     f"{path} holds token id {self._vocab - 1}, beyond vocab_size={self.vocab_size} (ids "
-                    f"0..{self.vocab_size - 1}); give ids the input layer has a vector for, or a larger vocab_size"
+                    f"0..{self.vocab_size - 1}, a vector each in the input layer; a probe reads its training data's "
+                    "ids alone): renumber the ids, or leave vocab_size out to size it by the data"
                 )
             self._vocab = self.vocab_size
         if self.unlabeled is not None:
