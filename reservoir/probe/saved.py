@@ -211,6 +211,7 @@ MAGIC = {
     b"ARROW1": "an Arrow file",
     b"\x93NUMPY": "a single .npy array",
     b"\x89PNG": "a PNG image",
+    b"\x80": "a Python pickle (never unpickled here)",
 }
 
 

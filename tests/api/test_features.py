@@ -290,9 +290,9 @@ def test_predict_refuses_files_that_are_not_probes(digits, tmp_path, cli):
     plain = tmp_path / "plain.npz"
     np.savez(plain, coef=np.zeros(3))
     for path, why in (
-        (pickled, "cannot be read as .npz of plain arrays"),
+        (pickled, "it is a Python pickle .never unpickled here., not an .npz archive"),
         (objects, "Object arrays cannot be loaded"),
-        (lone, "holds one array"),
+        (lone, "it is a single .npy array, not an .npz archive"),
         (plain, "no metadata"),
         (tmp_path / "absent.npz", "does not exist"),
     ):
