@@ -325,16 +325,7 @@ def image_parts(
                 f"{folder} holds no class folders; put each class's images in {folder}/CLASS/ (images to "
                 f"predict on may lie in the folder itself: `reservoir predict --data {folder}`) ({FIX})"
             )
-    classes = natural({c.name for cs in classes_of.values() for c in cs})
-    if known is not None:
-        other = [c for c in classes if c not in known]
-        if other:
-            raise DataError(
-                f"{root}: class folder(s) {', '.join(map(repr, other[:5]))} name no class the probe knows "
-                f"(its classes: {', '.join(known[:10])}{', ...' if len(known) > 10 else ''}); rename them, "
-                "or put images of unknown class directly in the folder (unlabeled)"
-            )
-        classes = list(known)
+    classes = natural({c.name for cs in classes_of.values() for c in cs}) if known is None else list(known)
     parts = []
     for name, folder in by_split.items():
         files, labels = [], []
@@ -344,6 +335,12 @@ def image_parts(
                 raise DataError(
                     f"class folder {c} holds no images (files ending {' '.join(IMAGES)}); add images or "
                     "delete the folder"
+                )
+            if c.name not in classes:
+                raise DataError(
+                    f"class folder {c} names no class the probe knows (its classes: {', '.join(classes[:10])}"
+                    f"{', ...' if len(classes) > 10 else ''}); rename it, or predict on its images unlabeled "
+                    "(in a folder of their own)"
                 )
             files += found
             labels += [classes.index(c.name)] * len(found)

@@ -112,6 +112,11 @@ def _read_h5(path: Path) -> tuple[dict[str, np.ndarray], dict[str, tuple[tuple[i
 
     try:
         with h5py.File(path, "r", locking=False) as f:
+            if "identity" in f.attrs and "input_layer" in f:
+                raise DataError(
+                    f"{path} is a feature file `reservoir extract` wrote, not data: pass it as --features (to "
+                    "fit, predict or export), and the data it was made of as --task file:PATH or --data"
+                )
             sets = {k: f[k] for k in f if isinstance(f[k], h5py.Dataset)}
             big = {k: (v.shape, v.dtype) for k, v in sets.items() if k == "x" or k.startswith("x_")}
             out = {k: v[()] for k, v in sets.items() if k not in big}
