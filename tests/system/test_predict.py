@@ -15,6 +15,7 @@ import pytest
 from reservoir import api
 from reservoir.errors import UsageError
 from reservoir.probe.saved import load_probe
+from tests.conftest import save_tiny_gpt2
 from tests.extract.test_export import named_images
 
 pa = pytest.importorskip("pyarrow")
@@ -124,8 +125,10 @@ def test_an_image_folder_without_labels_is_predicted_file_by_file(tmp_path, cli,
     assert {g["label"] for g in lines(r.stdout)} == {"1"} and "accuracy" in r.stderr
 
 
-def test_bad_input_is_refused_in_words_before_any_file_is_written(tmp_path, cli, fitted):
+def test_bad_input_is_refused_in_words_before_any_file_is_written(tmp_path, cli, fitted, tiny_gpt2):
     probe_path, mine, features, x = fitted
+    other_model = save_tiny_gpt2(tmp_path / "other", seed=1)  # the same architecture, other weights
+    moved = shutil.copytree(tiny_gpt2, tmp_path / "moved")  # the probe's weights, elsewhere
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     narrow = table(tmp_path / "narrow.parquet", x[:10, :, :2])  # tokens of 2 values, the probe's have 3
     r = cli("predict", "--probe", probe_path, "--data", str(narrow))
@@ -144,11 +147,19 @@ def test_bad_input_is_refused_in_words_before_any_file_is_written(tmp_path, cli,
     assert r.exit_code == 2 and "--split is for --features" in r.output
     r = cli("predict", "--probe", probe_path, "--data", str(tmp_path / "absent.parquet"))
     assert r.exit_code == 1 and "absent.parquet does not exist" in r.stderr
+    r = cli("predict", "--probe", probe_path, "--data", str(features))  # features are not data
+    assert r.exit_code == 1 and "is a feature file `reservoir extract` wrote, not data" in r.stderr
+    r = cli("predict", "--probe", probe_path, "--data", str(mine), "--backbone", str(other_model))
+    assert r.exit_code == 1 and "loads other weights than the probe's features came from" in r.stderr
+    assert "Traceback" not in r.output
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert [p for p in after if p not in before] == [
         narrow.relative_to(tmp_path),
         other.relative_to(tmp_path),
     ]
+    r = cli("predict", "--probe", probe_path, "--data", str(mine), "--backbone", str(moved))  # a moved folder
+    assert r.exit_code == 0, r.output
+    assert len(lines(r.stdout)) == len(x) and "accuracy" in r.stderr
 
 
 def test_names_need_a_probe_whose_data_named_its_classes(tmp_path, tiny_gpt2):
