@@ -190,6 +190,11 @@ class Engine:
         raise NotImplementedError  # pragma: no cover - abstract
 
 
+#: forwards that live in a module of their own (OpenVINO's, :mod:`reservoir.runtime.openvino`), by engine
+#: name; the module adds its own when the engines' registry imports it
+FORWARDS: dict[str, Callable[..., Any]] = {}
+
+
 def register_engine(cls: type[Engine]) -> type[Engine]:
     """Class decorator: register an :class:`Engine` subclass under its ``name`` (an instance)."""
     ENGINES.register(cls.name, cls(), help=(cls.__doc__ or "").strip().splitlines()[0])
@@ -244,9 +249,10 @@ class OpenVINOEngine(Engine):
         return openvino_installed()
 
     def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width):
-        from reservoir.runtime.openvino import OpenVINOForward
-
-        return OpenVINOForward(eager, dtype, threads, calibration, log, width=width, fixed_width=fixed_width)
+        ENGINES.names()  # every module of the runtime imported: reservoir.runtime.openvino gives its forward
+        return FORWARDS[self.name](
+            eager, dtype, threads, calibration, log, width=width, fixed_width=fixed_width
+        )
 
 
 def choose_engine(

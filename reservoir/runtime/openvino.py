@@ -19,6 +19,7 @@ from reservoir.runtime.engines import (
     CHECK_TOKENS,
     DYNAMIC_GROUP,
     EXAMPLE_WIDTH,
+    FORWARDS,
     INT8_DTYPES,
     STATIC_MIN_ROWS,
     STATIC_SHAPES,
@@ -240,3 +241,6 @@ class OpenVINOForward:
         if self.request is None:
             self.prepare((tokens, lengths, readout))
         return self._infer((tokens, lengths, readout))
+
+
+FORWARDS["openvino"] = OpenVINOForward
