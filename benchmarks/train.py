@@ -39,7 +39,7 @@ from reservoir.runtime.machine import describe  # noqa: E402
 from reservoir.runtime.runner import CompiledOrEager  # noqa: E402
 from reservoir.tasks import get_task  # noqa: E402
 from reservoir.train import FPT, batch_tensors, select_trainable, train_step  # noqa: E402
-from reservoir.train.loop import optimizer  # noqa: E402
+from reservoir.train.step import optimizer  # noqa: E402
 
 MODES = {
     "fp32-eager": ("float32", False),

@@ -8,17 +8,17 @@ The backbone is a random GPT-2 (``--blocks`` blocks, ``--width`` wide) saved wit
 temporary folder, so every run reads the same frozen weights. Both sweeps run :func:`reservoir.train.train`
 with the same settings (dropout off, float32, the stopping rule's defaults but ``--steps``), results and
 checkpoints in a temporary ``RESERVOIR_HOME``. Every step's training loss is recorded as the loop reads it
-(:func:`reservoir.train.loop.check_steps`). Printed, per run: the stop step, best step and test accuracy of both
+(:func:`reservoir.train.step.check_steps`). Printed, per run: the stop step, best step and test accuracy of both
 sweeps (asserted equal), the largest difference of validation accuracy at any pass (in outputs of a pass) and
 the largest relative difference of the training losses over the first ``--loss-steps`` steps; then each sweep's
 wall time (data, models, training, validation and test: all of it), its training tokens/s (steps x batch x
 tokens a row, over the wall time) and the ratio.
 
-``--throughput`` measures instead the training step of a group (:meth:`reservoir.train.loop.GroupRun.step`: one
+``--throughput`` measures instead the training step of a group (:meth:`reservoir.train.group.GroupRun.step`: one
 forward and backward over every run's batch, each run's clipping and Adam, dropout 0.1 drawn from each run's
 generators) at 1, 3 and 9 runs a batch on the bit memory (120 tokens x 50 bits), ListOps (up to 512 ids) and
 MNIST (64 patches x 16; random images in the official format) shapes, beside one run's own step
-(:func:`reservoir.train.loop.train_step`): tokens/s of the real tokens, and the share of the float32 and bf16
+(:func:`reservoir.train.step.train_step`): tokens/s of the real tokens, and the share of the float32 and bf16
 matrix-product rooflines measured now (``(4096, 768) @ (768, 3072)``, as ``extract --dtype auto`` measures) that
 the step's forward plus input-gradient FLOPs take (every block counted on every token: the readout-only last
 block computes less, so the share is an upper bound).
@@ -39,10 +39,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import reservoir.train.group  # noqa: E402
+import reservoir.train.step  # noqa: E402
 from reservoir.config import TrainConfig  # noqa: E402
+from reservoir.model.backbones import load_backbone  # noqa: E402
 from reservoir.runtime.machine import describe, load  # noqa: E402
 from reservoir.tasks import make_task  # noqa: E402
 from reservoir.train import loop  # noqa: E402
+from reservoir.train.checkpoint import settings_identity  # noqa: E402
+from reservoir.train.data import load_data  # noqa: E402
+from reservoir.train.group import GroupBatches, GroupRun  # noqa: E402
+from reservoir.train.step import optimizer, train_step  # noqa: E402
 
 
 def backbone(folder: Path, blocks: int, width: int) -> Path:
@@ -57,7 +64,7 @@ def backbone(folder: Path, blocks: int, width: int) -> Path:
 def sweep(cfg: TrainConfig, losses: dict[str, list[float]]) -> tuple[dict, float]:
     """``train(cfg)`` with every step's training loss of each run (by its tag) into ``losses``; the result and
     its wall seconds."""
-    real = loop.check_steps
+    real = reservoir.train.step.check_steps
 
     def recording(values, norms, first, tag, lr):
         run = losses.setdefault(tag, [])
@@ -65,13 +72,14 @@ def sweep(cfg: TrainConfig, losses: dict[str, list[float]]) -> tuple[dict, float
         run.extend(values)
         return real(values, norms, first, tag, lr)
 
-    loop.check_steps = recording
+    # read by a run alone (read_steps) and by runs trained together (GroupRun.read)
+    reservoir.train.step.check_steps = reservoir.train.group.check_steps = recording
     try:
         start = time.perf_counter()
         result = loop.train(cfg, progress=False)
         return result, time.perf_counter() - start
     finally:
-        loop.check_steps = real
+        reservoir.train.step.check_steps = reservoir.train.group.check_steps = real
 
 
 #: the shapes of --throughput: task options that keep the data small (the step's shape is the task's)
@@ -122,22 +130,20 @@ def timed(step: Callable[[], None], finish: Callable[[], None], seconds: float) 
 
 
 def alone_seconds(task, folder: str, cfg: TrainConfig, batch, args) -> float:
-    """Seconds of one run's own step (:func:`reservoir.train.loop.train_step`) on ``batch``."""
+    """Seconds of one run's own step (:func:`reservoir.train.step.train_step`) on ``batch``."""
     from reservoir.train import FPT, select_trainable
 
-    model = FPT(task.spec, loop.load_backbone(folder, 0), blocks=args.blocks, seed=0, dropout=cfg.dropout)
+    model = FPT(task.spec, load_backbone(folder, 0), blocks=args.blocks, seed=0, dropout=cfg.dropout)
     params, _ = select_trainable(model, cfg.trainable)
-    opt = loop.optimizer(params, 1e-3)
+    opt = optimizer(params, 1e-3)
     model.train()
-    return timed(
-        lambda: loop.train_step(model, params, opt, batch, "float32", 1.0), lambda: None, args.seconds
-    )
+    return timed(lambda: train_step(model, params, opt, batch, "float32", 1.0), lambda: None, args.seconds)
 
 
 def group_seconds(task, data, cfg: TrainConfig, shared: dict, runs: int, seconds: float) -> float:
     """Seconds of a step of a group of ``runs`` runs (seeds ``0 .. runs-1``) on the task's training batches."""
     cpu = torch.device("cpu")
-    group = loop.GroupRun(
+    group = GroupRun(
         cfg,
         task,
         data,
@@ -148,7 +154,7 @@ def group_seconds(task, data, cfg: TrainConfig, shared: dict, runs: int, seconds
         show_counts=False,
     )
     assert not group.mismatch, group.mismatch
-    with loop.GroupBatches(task, data.train, cfg.batch_size, cpu) as batches:
+    with GroupBatches(task, data.train, cfg.batch_size, cpu) as batches:
 
         def step():
             group.step(batches.take(tuple((m.seed, m.state.step) for m in group.active)))
@@ -191,8 +197,8 @@ def throughput(args, home: Path, folder: str) -> None:
             data_dir=home / "data",
         )
         task = make_task(cfg.task, cfg.task_options, cfg.seed)
-        data = loop.load_data(task, cfg)
-        shared = loop.settings_identity(cfg, task, data.named())
+        data = load_data(task, cfg)
+        shared = settings_identity(cfg, task, data.named())
         rows = np.arange(args.batch_size) % len(data.train)
         tokens, lengths, labels = batch_tensors(task, data.train, rows)
         real, width = int(lengths.sum()), tokens.shape[1]

@@ -499,7 +499,7 @@ class TrainConfig(Config):
     backbones, the output layer, dropout and data order (and generated data, unless the task's own
     ``seed`` option is given). Progress for ``patience`` is a validation accuracy 0.1 points above the last
     progress, a validation loss 0.1% below its lowest, or a training loss still falling
-    (:func:`reservoir.train.loop.advance`). ``max_time`` and ``concurrent_runs`` are not part of a run's
+    (:func:`reservoir.train.run.advance`). ``max_time`` and ``concurrent_runs`` are not part of a run's
     identity; ``auto`` dtype is, so a run resumed on another CPU continues in that CPU's dtype."""
 
     command = "train"

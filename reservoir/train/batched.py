@@ -17,10 +17,11 @@ run's numbers are those it computes alone:
 Randomness stays each run's own: inside :func:`drawing`, dropout (``torch.nn.functional.dropout``, which
 ``nn.Dropout`` calls) and attention dropout (``scaled_dot_product_attention``) draw each run's rows from that
 run's generator states, set as the device's generator in turn, so a run draws the numbers it draws alone. Each
-run keeps its own optimiser over :meth:`RunStack.params`, parameters that share the stacked storage.
+run keeps its own optimiser over its parameters in the stack (``RunStack.params``), which share the stacked
+storage.
 
 A family that reads a stacked tensor elsewhere than through its module's forward reads the template's copy,
-which is NaN: :class:`reservoir.train.loop.GroupRun` holds the stacked forward against each run's own model
+which is NaN: :class:`reservoir.train.group.GroupRun` holds the stacked forward against each run's own model
 before training, and such runs train one after another. :func:`runs_that_fit` sizes a group from the memory
 one run's step takes, measured.
 """

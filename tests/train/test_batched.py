@@ -11,7 +11,10 @@ import torch
 
 from reservoir.config import TrainConfig
 from reservoir.errors import DataError
-from reservoir.train import Diverged, batched, loop, train
+from reservoir.train import Diverged, batched, train
+from reservoir.train.checkpoint import settings_identity
+from reservoir.train.data import load_data
+from reservoir.train.group import GroupBatches, GroupRun, group_size
 
 #: a small, fast bit_xor: 512 train (51 held out for validation), 256 test
 XOR_OPTS = {"n_train": "512", "n_test": "256"}
@@ -155,13 +158,15 @@ def test_a_diverging_rate_leaves_the_batch_and_is_set_aside(tiny_gpt2, home, mon
     """A run whose gradients stop being finite leaves the batch; its rate is recorded as diverged and never
     selected (its higher seeds are dropped), the other rate trains on; alone, or when every rate diverges, it is an
     error, as when the runs train one after another."""
-    real = loop.optimize
+    from reservoir.train.step import optimize as real
 
     def optimize(params, opt, grad_clip):  # the gradients of a run at a learning rate above 1 overflow
         norm = real(params, opt, grad_clip)
         return torch.full_like(norm, float("inf")) if opt.param_groups[0]["lr"] > 1 else norm
 
-    monkeypatch.setattr(loop, "optimize", optimize)
+    # the step of runs trained together (GroupRun.step) and of a run alone (train_step)
+    monkeypatch.setattr("reservoir.train.group.optimize", optimize)
+    monkeypatch.setattr("reservoir.train.step.optimize", optimize)
     result = train(xor_cfg(tiny_gpt2, home, lr=(1e-3, 50.0), steps=10), progress=False)
     assert (
         result["lr"] == 1e-3 and "the gradients are not finite at step 1" in result["sweep"]["50"]["diverged"]
@@ -213,21 +218,21 @@ def test_as_many_runs_as_fit_the_memory_left(tiny_gpt2, home, monkeypatch):
 
     cfg = xor_cfg(tiny_gpt2, home)
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
-    data = loop.load_data(task, cfg)
+    data = load_data(task, cfg)
     said = []
     cpu = torch.device("cpu")
     monkeypatch.setattr(batched, "available_memory", lambda: 2**40)
-    assert loop.group_size(cfg, task, data, cpu, 4, said.append) == 4
+    assert group_size(cfg, task, data, cpu, 4, said.append) == 4
     # on the CPU, at most CPU_TOKENS tokens a step: rows of 10 tokens, 100 a run take 2 runs, 300 one
-    assert loop.group_size(dataclasses.replace(cfg, batch_size=100), task, data, cpu, 4, lambda m: None) == 2
-    assert loop.group_size(dataclasses.replace(cfg, batch_size=300), task, data, cpu, 4, lambda m: None) == 1
+    assert group_size(dataclasses.replace(cfg, batch_size=100), task, data, cpu, 4, lambda m: None) == 2
+    assert group_size(dataclasses.replace(cfg, batch_size=300), task, data, cpu, 4, lambda m: None) == 1
     monkeypatch.setattr(batched, "available_memory", lambda: 0)
-    assert loop.group_size(cfg, task, data, cpu, 4, said.append) == 1
+    assert group_size(cfg, task, data, cpu, 4, said.append) == 1
     assert said[0].startswith("4 of 4 runs a batch: each takes about ") and "MiB to give on" in said[0]
-    assert loop.group_size(dataclasses.replace(cfg, concurrent_runs=3), task, data, cpu, 4, said.append) == 3
+    assert group_size(dataclasses.replace(cfg, concurrent_runs=3), task, data, cpu, 4, said.append) == 3
     per_run = float(said[0].split("each takes about ")[1].split(" MiB")[0]) * 2**20
     monkeypatch.setattr(batched, "available_memory", lambda: int(2.5 * per_run / batched.CPU_SHARE))
-    assert loop.group_size(cfg, task, data, cpu, 4, said.append) == 2
+    assert group_size(cfg, task, data, cpu, 4, said.append) == 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -238,15 +243,15 @@ def test_a_batched_step_on_cuda_never_synchronises_the_host(tiny_gpt2, home):
 
     cfg = xor_cfg(tiny_gpt2, home, device="cuda", dropout=0.1, lr=(1e-3, 3e-3), seeds=2)
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
-    data = loop.load_data(task, cfg)
-    shared = loop.settings_identity(cfg, task, data.named())
+    data = load_data(task, cfg)
+    shared = settings_identity(cfg, task, data.named())
     device = torch.device("cuda")
     runs = [(lr, s) for lr in cfg.lr for s in (0, 1)]
-    group = loop.GroupRun(
+    group = GroupRun(
         cfg, task, data, runs, device=device, log=lambda m: None, shared=shared, show_counts=False
     )
     assert not group.mismatch
-    with loop.GroupBatches(task, data.train, cfg.batch_size, device) as batches:
+    with GroupBatches(task, data.train, cfg.batch_size, device) as batches:
         group.step(batches.take(tuple((m.seed, m.state.step) for m in group.active)))
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

@@ -10,7 +10,6 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from tests.zoo import save_tiny
 
 from reservoir.config import TrainConfig
 from reservoir.errors import BackboneError, DataError, UsageError
@@ -19,6 +18,7 @@ from reservoir.model.reservoir import readout_positions
 from reservoir.tasks import make_task
 from reservoir.train import FPT, batch_tensors, select_trainable, train
 from reservoir.train.checkpoint import read_checkpoint
+from tests.zoo import save_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -182,10 +182,10 @@ def test_a_sweep_or_several_seeds_is_a_usage_error_naming_the_fix(many, tiny_gpt
 
 def test_the_sweep_s_run_is_saved_from_its_checkpoint_without_training(tiny_gpt2, home, monkeypatch):
     """The fix the usage error names: sweep, then rerun the selected --lr with --resume --save-backbone."""
-    from reservoir.train import loop
+    from reservoir.train import run as one_run
 
     sweep = train(xor_cfg(tiny_gpt2, home, lr=(1e-3, 1e-2), save_backbone=None), progress=False)
-    monkeypatch.setattr(loop, "train_step", lambda *a, **k: pytest.fail("a finished run trained again"))
+    monkeypatch.setattr(one_run, "train_step", lambda *a, **k: pytest.fail("a finished run trained again"))
     cfg = xor_cfg(tiny_gpt2, home, lr=(sweep["lr"],), resume=True)
     result = train(cfg, progress=False)
     run = next(r for r in sweep["runs"] if r["lr"] == sweep["lr"])
@@ -309,10 +309,10 @@ def test_backbones_that_cannot_be_saved_are_refused_before_training(home, tmp_pa
 
 def test_the_best_validation_step_is_saved_not_the_last(tiny_gpt2, home, monkeypatch):
     """Validation accuracy falls after the first pass: the folder holds step 4's parameters, not step 12's."""
-    from reservoir.train import loop
+    from reservoir.train import run as one_run
 
     passes = iter([0.9, 0.8, 0.7])
-    monkeypatch.setattr(loop, "scores", lambda *a, **k: (next(passes, 0.5), 0.5))
+    monkeypatch.setattr(one_run, "scores", lambda *a, **k: (next(passes, 0.5), 0.5))
     cfg = xor_cfg(tiny_gpt2, home)
     result = train(cfg, progress=False)
     assert result["best_step"] == [4] and result["runs"][0]["steps"] == 12

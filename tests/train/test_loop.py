@@ -89,11 +89,12 @@ def test_only_selected_groups_change(tiny_gpt2, home):
     assert all(p.requires_grad == (id(p) in chosen) for p in model.parameters())
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     data = task.load("train", home)
-    from reservoir.train import batch_tensors, loop
+    from reservoir.train import batch_tensors
+    from reservoir.train.step import optimizer
 
     model.train()
     train_step(
-        model, params, loop.optimizer(params, 1e-2), batch_tensors(task, data, np.arange(16)), "float32", 1.0
+        model, params, optimizer(params, 1e-2), batch_tensors(task, data, np.arange(16)), "float32", 1.0
     )
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     names = {id(p): n for n, p in model.named_parameters()}
@@ -154,13 +155,13 @@ def test_patience_counts_a_falling_validation_loss_as_progress(tiny_gpt2, home, 
     """Bit XOR's 75% plateau: validation accuracy flat while the loss falls 1% a pass is progress (the
     run goes on to solve it); a loss falling less than 0.1% a pass is not, and patience stops the run (the
     training loss's own trend, tests/train/test_loop_stopping.py, is held flat here)."""
-    from reservoir.train import loop
+    from reservoir.train import run as one_run
 
-    monkeypatch.setattr(loop, "loss_falling", lambda losses: False)
+    monkeypatch.setattr(one_run, "loss_falling", lambda losses: False)
     falling = [0.5 * 0.99**i for i in range(12)]
     flat = [falling[-1] * (1 - 1e-4 * i) for i in range(1, 30)]
     passes = iter(falling + flat)
-    monkeypatch.setattr(loop, "scores", lambda *args, **kw: (0.75, next(passes)))
+    monkeypatch.setattr(one_run, "scores", lambda *args, **kw: (0.75, next(passes)))
     result = train(
         xor_cfg(tiny_gpt2, home, steps=40, eval_every=1, patience=3, checkpoint_every=0), progress=False
     )
@@ -178,12 +179,12 @@ def test_patience_counts_accuracy_progress_of_a_tenth_of_a_point(tiny_gpt2, home
     """A plateau scored over many outputs: records of 0.03 points a pass are noise, and patience (3) stops
     the run at its fourth pass, on the last record; a creep of 0.06 a pass adds up to 0.1 points every
     second pass, is progress, and runs to --steps (12). The losses are flat throughout."""
-    from reservoir.train import loop
+    from reservoir.train import run as one_run
 
-    monkeypatch.setattr(loop, "loss_falling", lambda losses: False)
+    monkeypatch.setattr(one_run, "loss_falling", lambda losses: False)
 
     accuracies = iter([0.7 + rise * i for i in range(20)])
-    monkeypatch.setattr(loop, "scores", lambda *args, **kw: (next(accuracies), 0.5))
+    monkeypatch.setattr(one_run, "scores", lambda *args, **kw: (next(accuracies), 0.5))
     result = train(
         xor_cfg(tiny_gpt2, home, steps=12, eval_every=1, patience=3, checkpoint_every=0), progress=False
     )
@@ -197,7 +198,8 @@ def test_zero_position_parameters_are_drawn_so_zero_tokens_keep_gradients_finite
     states); bit XOR's 0 bits are all-zero input tokens. Left at zero, their states stay zero and
     RMSNorm's derivative there (1/sqrt(eps) a norm) blows the gradient up (inf at SmolLM2's 30 blocks);
     the FPT draws the zero positions, seeded, and the gradient is of order 1."""
-    from reservoir.train.loop import batch_tensors, loss_and_correct
+    from reservoir.train.data import batch_tensors
+    from reservoir.train.step import loss_and_correct
     from tests.zoo import save_tiny
 
     folder = save_tiny("llama", tmp_path / "llama")
@@ -329,15 +331,15 @@ def test_a_diverging_learning_rate_is_set_aside_and_the_sweep_goes_on(tiny_gpt2,
     """A sweep's learning rate whose loss stops being finite is recorded as diverged and never
     selected (its other seeds are skipped); alone, or when every rate diverges, it is an error. The runs train one
     after another, through ``train_step`` (runs trained together: tests/train/test_batched.py)."""
-    from reservoir.train import loop
+    from reservoir.train import run as one_run
 
-    real = loop.train_step
+    real = one_run.train_step
 
     def step(forward, params, opt, *args):  # the loss of a run at a learning rate above 1 is NaN
         nan = torch.tensor(float("nan"))
         return (nan, nan) if opt.param_groups[0]["lr"] > 1 else real(forward, params, opt, *args)
 
-    monkeypatch.setattr(loop, "train_step", step)
+    monkeypatch.setattr(one_run, "train_step", step)
     one = dict(concurrent_runs=1, steps=10)
     result = train(xor_cfg(tiny_gpt2, home, lr=(1e-3, 50.0), seeds=2, **one), progress=False)
     assert result["lr"] == 1e-3 and "training loss became nan at step 1" in result["sweep"]["50"]["diverged"]
@@ -631,7 +633,7 @@ def test_non_finite_gradients_skip_the_step_on_the_device_and_the_next_read_name
     """A step whose gradient norm is NaN returns without waiting for the device and leaves parameters and Adam's
     moments and step count as they were; the read of its loss and norm names the step and blames the backward
     pass, not the learning rate (a NaN loss is blamed on the learning rate)."""
-    from reservoir.train.loop import Diverged, optimizer, read_steps, train_step
+    from reservoir.train.step import Diverged, optimizer, read_steps, train_step
 
     layer = torch.nn.Linear(3, 2)
     with torch.no_grad():
@@ -724,7 +726,7 @@ def test_split_roles_come_from_the_task_so_tapes_valid_and_test_holdouts_train()
 
     from reservoir.config import TrainConfig
     from reservoir.tasks import SplitData, get_task, split_roles
-    from reservoir.train.loop import load_data
+    from reservoir.train.data import load_data
 
     task = get_task("remote_homology")
     assert task.spec.roles == (
@@ -783,10 +785,10 @@ def test_max_time_stops_a_run_on_time_with_a_validation_pass_and_a_resume_with_m
 ):
     """A clock that moves one second a step: --max-time 15 stops at step 15, after a validation pass there, and
     says so; resumed with --max-time 30 the run continues to step 30, where it validates as the whole run does."""
-    from reservoir.train import loop
+    from reservoir.train import run as one_run
 
     now = [0.0]
-    monkeypatch.setattr(loop, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
+    monkeypatch.setattr(one_run, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
 
     def tick(step):
         now[0] += 1.0
@@ -834,22 +836,22 @@ def test_batches_are_built_one_step_ahead_on_a_worker_thread_and_pinned_only_for
     the step before it runs (taking step s has already asked for step s + 1); pinned only for a CUDA device."""
     import threading
 
-    from reservoir.train import loop
+    from reservoir.train import data as run_data
 
     task = get_task("bit_xor", **XOR_OPTS)
     data = task.load("train", Path("."))
     built = []
-    real = loop.batch_tensors
+    real = run_data.batch_tensors
 
     def recording(task, d, rows):
         built.append((threading.current_thread() is threading.main_thread(), rows[0]))
         return real(task, d, rows)
 
-    monkeypatch.setattr(loop, "batch_tensors", recording)
-    with loop.Batches(task, data, 3, 16, torch.device("cpu")) as batches:
+    monkeypatch.setattr(run_data, "batch_tensors", recording)
+    with run_data.Batches(task, data, 3, 16, torch.device("cpu")) as batches:
         per_epoch = len(data) // 16
         for step in (0, 1, 2, per_epoch, per_epoch + 1):
-            rows = loop.epoch_order(3, step // per_epoch, len(data))[(step % per_epoch) * 16 :][:16]
+            rows = run_data.epoch_order(3, step // per_epoch, len(data))[(step % per_epoch) * 16 :][:16]
             got = batches.take(step)
             assert all(torch.equal(a, b) for a, b in zip(got, real(task, data, rows)))
             assert not any(t.is_pinned() for t in got)
@@ -858,13 +860,13 @@ def test_batches_are_built_one_step_ahead_on_a_worker_thread_and_pinned_only_for
     # each take started the next step's build: step 3 was built though never taken (the worker builds in order;
     # step per_epoch + 2, asked for last, may be cancelled at close)
     firsts = [
-        int(loop.epoch_order(3, s // per_epoch, len(data))[(s % per_epoch) * 16])
+        int(run_data.epoch_order(3, s // per_epoch, len(data))[(s % per_epoch) * 16])
         for s in (0, 1, 2, 3, per_epoch, per_epoch + 1)
     ]
     assert [int(first) for _, first in built[:6]] == firsts and len(built) in (6, 7)
     pinned = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t)
-    with loop.Batches(task, data, 3, 16, torch.device("cuda", 0)) as batches:
+    with run_data.Batches(task, data, 3, 16, torch.device("cuda", 0)) as batches:
         batches.take(0)
     assert len(pinned) >= 3  # tokens, lengths and labels of step 0
 
@@ -892,7 +894,7 @@ def test_checkpoints_of_a_cuda_run_carry_its_device_generator_and_resume_restore
     weights_only=True, and load_checkpoint puts both back; a CPU run's block holds the CPU's alone (a fake CUDA
     stands in here; tests/system/test_cuda.py resumes a real CUDA run to the uninterrupted one's history)."""
     from reservoir.train.checkpoint import RunState, load_checkpoint, save_checkpoint
-    from reservoir.train.loop import optimizer
+    from reservoir.train.step import optimizer
 
     fake = FakeCuda(monkeypatch)
     cuda = torch.device("cuda", 0)
@@ -948,7 +950,7 @@ def test_auto_trains_in_bf16_only_on_a_card_that_multiplies_it_natively(
     """A Turing card (7.5) runs bf16 only emulated, slower than float32 (torch's is_bf16_supported() still says
     yes): --dtype auto trains in float32 there and in bf16 on an Ampere (8.0); an explicit bf16 on the emulating
     card runs as asked and the log says it is emulated."""
-    from reservoir.train.loop import train_dtype
+    from reservoir.train.step import train_dtype
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Card")
@@ -974,7 +976,8 @@ def test_auto_trains_in_bf16_only_on_a_card_that_multiplies_it_natively(
 def test_a_training_step_on_cuda_never_synchronises_the_host(tiny_gpt2):
     """torch's sync debug mode turns every host synchronisation into an error: a step (pinned batch, forward,
     backward, clipping, fused Adam with found_inf) runs under it."""
-    from reservoir.train.loop import Batches, optimizer
+    from reservoir.train.data import Batches
+    from reservoir.train.step import optimizer
 
     task = get_task("bit_xor", **XOR_OPTS)
     model = FPT(task.spec, load_backbone(str(tiny_gpt2), 0), blocks=2, seed=0).cuda()

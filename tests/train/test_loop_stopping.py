@@ -1,4 +1,4 @@
-"""The stopping rule of `train` (:func:`reservoir.train.loop.advance`): a run stops when it is solved or has made
+"""The stopping rule of `train` (:func:`reservoir.train.run.advance`): a run stops when it is solved or has made
 no progress in ``patience`` validation passes, where a training loss that still falls is progress."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from reservoir.config import TrainConfig
 from reservoir.tasks import get_task
-from reservoir.train import load_data, loop, train, train_run
+from reservoir.train import load_data, run, train, train_run
 from reservoir.train.checkpoint import RunState
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -27,7 +27,7 @@ def stop_pass(train_losses, val_acc=None, val_losses=None, cfg: TrainConfig = CF
     for i, (loss, acc, vloss) in enumerate(zip(train_losses, val_acc, val_losses), 1):
         state.step = 100 * i
         state.history.append({"step": state.step, "loss": loss, "val_accuracy": acc, "val_loss": vloss})
-        loop.advance(state, cfg)
+        run.advance(state, cfg)
         if state.done:
             return i
     return None
@@ -42,7 +42,7 @@ def test_a_still_falling_training_loss_never_stops_the_run():
     """Validation rising over the first 20 passes (as in every run: a trend of fewer passes is too uncertain to
     count), then flat for 280 (accuracy on a plateau, loss constant), while the training loss falls 0.4% a pass
     with 1% noise a pass (bit XOR's slow phase falls 6% to 16% over 20 passes): no stop, for any noise draw."""
-    rising = list(np.linspace(0.6, 0.75, loop.TREND_PASSES))
+    rising = list(np.linspace(0.6, 0.75, run.TREND_PASSES))
     acc, vloss = rising + [0.75] * 280, [1.35 - a for a in rising] + [0.6] * 280
     for seed in range(20):
         assert stop_pass(noisy(0.5 * 0.996 ** np.arange(300), 0.01, seed), acc, vloss) is None, seed
@@ -64,7 +64,7 @@ def test_a_noisy_flat_training_loss_stops_in_reasonable_time():
     for seed in range(20):
         losses = noisy([0.3] * 60, 0.02, seed)
         stops.append(stop_pass(losses))
-        falling += sum(loop.loss_falling(losses[:i]) for i in range(1, 61))
+        falling += sum(run.loss_falling(losses[:i]) for i in range(1, 61))
     assert all(s is not None and s <= 3 * CFG.patience + 1 for s in stops), stops
     assert falling <= 20 * 60 / 20
 
@@ -73,22 +73,22 @@ def test_a_run_that_converges_stops_within_a_window_and_the_patience_of_flatteni
     """Falling 1% a pass for 50 passes, then flat: the trend window still falls for a few passes, then patience runs."""
     losses = list(0.5 * 0.99 ** np.minimum(np.arange(120), 50))
     stop = stop_pass(losses)
-    assert 50 + CFG.patience < stop <= 50 + loop.TREND_PASSES + CFG.patience
+    assert 50 + CFG.patience < stop <= 50 + run.TREND_PASSES + CFG.patience
 
 
 def test_a_fall_too_small_or_too_noisy_is_not_progress():
     """The trend must fall 1% of the loss over its 20 passes and by 2 standard errors: 0.025% a pass, noise-free, is
     too small; a 3% fall under 10% noise is too uncertain; a 3% fall under 0.5% noise counts. Only the last 20
     passes count."""
-    assert loop.TREND_PASSES == 20
-    assert not loop.loss_falling(0.3 * 0.99975 ** np.arange(20))
-    fall, t = loop.loss_trend(0.3 * 0.99975 ** np.arange(20))
+    assert run.TREND_PASSES == 20
+    assert not run.loss_falling(0.3 * 0.99975 ** np.arange(20))
+    fall, t = run.loss_trend(0.3 * 0.99975 ** np.arange(20))
     assert fall == pytest.approx(-math.expm1(19 * math.log(0.99975))) and t < -1e6
-    assert not loop.loss_falling(noisy(0.3 * 0.9984 ** np.arange(20), 0.10, 0))
-    assert loop.loss_falling(noisy(0.3 * 0.9984 ** np.arange(20), 0.005, 0))
-    assert not loop.loss_falling([0.3, 0.2])  # two passes make no trend
-    assert not loop.loss_falling(0.3 * 1.01 ** np.arange(20))  # rising
-    assert not loop.loss_falling(
+    assert not run.loss_falling(noisy(0.3 * 0.9984 ** np.arange(20), 0.10, 0))
+    assert run.loss_falling(noisy(0.3 * 0.9984 ** np.arange(20), 0.005, 0))
+    assert not run.loss_falling([0.3, 0.2])  # two passes make no trend
+    assert not run.loss_falling(0.3 * 1.01 ** np.arange(20))  # rising
+    assert not run.loss_falling(
         list(0.5 * 0.9 ** np.arange(20)) + [0.06] * 20
     )  # fell, then flat for 20 passes
 
@@ -104,7 +104,7 @@ def test_the_plateau_of_the_issue_goes_on_while_its_training_loss_falls():
     assert stop_pass(losses, acc, vloss) is None
     # without the training loss's trend, these validation histories alone stop it at its 74th pass (step 7,400)
     no_trend = pytest.MonkeyPatch()
-    no_trend.setattr(loop, "loss_falling", lambda losses: False)
+    no_trend.setattr(run, "loss_falling", lambda losses: False)
     try:
         assert stop_pass(losses, acc, vloss) == 74
     finally:
@@ -124,7 +124,7 @@ def test_real_runs_go_on_while_the_training_loss_falls_and_stop_when_it_is_flat(
     """End to end on a tiny GPT-2, validation held flat: at lr 3e-3 the training loss falls and the run is never out
     of patience (it reaches --steps); at lr 1e-7 nothing moves, and the same patience stops it at its fourth pass
     (the first pass is a validation record)."""
-    monkeypatch.setattr(loop, "scores", lambda *args, **kw: (0.75, 0.5))
+    monkeypatch.setattr(run, "scores", lambda *args, **kw: (0.75, 0.5))
     task = get_task("bit_xor", **XOR)
     cfg = TrainConfig(
         task="bit_xor",

@@ -1,0 +1,148 @@
+"""The data of a training run: its splits (:func:`load_data`), the tensors of a batch of rows
+(:func:`batch_tensors`), the order of each epoch (:func:`epoch_order`, a function of the run's seed and the
+epoch alone) and its training batches by step (:class:`Batches`), each built and pinned on a worker thread
+while the step before it runs, so that a step never waits for the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from reservoir.config import TrainConfig
+from reservoir.errors import DataError
+from reservoir.tasks import SplitData, Task
+from reservoir.tasks.sizes import check_classes, check_train_split
+from reservoir.train.seeds import rng
+
+
+@dataclasses.dataclass
+class Splits:
+    train: SplitData
+    val: SplitData
+    test: SplitData
+    #: the task's names of the validation split (``None``: held out of train) and of the test split used
+    val_name: str | None = None
+    test_name: str = "test"
+
+    def named(self) -> dict[str, SplitData]:
+        return {"train": self.train, "val": self.val, "test": self.test}
+
+
+def _take(d: SplitData, idx: np.ndarray) -> SplitData:
+    return SplitData(d.inputs[idx], d.labels[idx], d.lengths[idx])
+
+
+def load_data(task: Task, cfg: TrainConfig) -> Splits:
+    """Train, validation and test splits by the roles the task declares (``TaskSpec.roles``): its
+    validation split (``val``, TAPE's ``valid``) or a seeded share of train, and its first test split
+    (``test``, or the first ``test_*``, e.g. TAPE's ``test_fold_holdout``)."""
+    data_dir = Path(cfg.data_dir)
+    val_name, test_names = task.spec.roles
+    if not test_names:
+        raise DataError(f"task {task.name!r} declares no test split (splits {list(task.spec.splits)})")
+    train = task.load("train", data_dir, cfg.limit, cfg.seed)
+    held_out = not any(
+        s in task.spec.splits for s in ("val", "valid")
+    )  # else the task's own validation split
+    check_train_split(
+        f"task {task.spec.name!r}",
+        train.labels,
+        limit=cfg.limit,
+        val_fraction=cfg.val_fraction,
+        n_val=(lambda n: max(1, int(round(cfg.val_fraction * n)))) if held_out else None,
+        n_classes=task.spec.n_classes,
+    )
+    test = task.load(test_names[0], data_dir, cfg.limit, cfg.seed)
+    read = {"train": train, test_names[0]: test}
+    if val_name is not None:
+        val = read[val_name] = task.load(val_name, data_dir, cfg.limit, cfg.seed)
+    check_classes(
+        f"task {task.spec.name!r}",
+        {s: d.labels for s, d in read.items()},
+        limit=cfg.limit,
+        names=task.class_names,
+        full=None if task.draws else (lambda s: task.load(s, data_dir).labels),
+    )
+    if val_name is None:
+        from sklearn.model_selection import train_test_split
+
+        y = train.labels
+        strat = y if y.ndim == 1 and len(np.unique(y)) > 1 and np.bincount(y).min() >= 2 else None
+        n_val = max(1, int(round(cfg.val_fraction * len(train))))
+        if len(train) - n_val < 1:
+            raise DataError(
+                f"train split has {len(train)} examples: too few to hold out a validation split; "
+                "raise --limit or the task's n_train"
+            )
+        fit_idx, val_idx = train_test_split(
+            np.arange(len(train)), test_size=n_val, random_state=cfg.seed, stratify=strat
+        )
+        train, val = _take(train, np.sort(fit_idx)), _take(train, np.sort(val_idx))
+    for name, d in (("train", train), (val_name or "held-out validation", val), (test_names[0], test)):
+        if len(d) == 0:
+            raise DataError(f"the {name} split of task {task.name!r} is empty; check --data-dir and --limit")
+    return Splits(train, val, test, val_name, test_names[0])
+
+
+def batch_tensors(
+    task: Task, d: SplitData, rows: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tokens = torch.from_numpy(np.ascontiguousarray(task.encode(d.inputs[rows])))
+    lengths = torch.from_numpy(np.asarray(d.lengths[rows], dtype=np.int64))
+    labels = torch.from_numpy(np.asarray(d.labels[rows], dtype=np.int64))
+    return tokens, lengths, labels
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The shuffled row order of one epoch: a function of (seed, epoch) only, so resume needs just the step."""
+    return rng(seed, "data order", epoch).permutation(n)
+
+
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class Batches:
+    """The training batches of a run by step, each built on a worker thread while the step before it runs (and
+    pinned when the run's device is CUDA, so its copy to the device is asynchronous; pinned blocks come from
+    torch's caching host allocator, which reuses them). Full batches only: each epoch drops a different
+    remainder, and every step has one shape (one compiled graph)."""
+
+    def __init__(self, task: Task, data: SplitData, seed: int, batch_size: int, device: torch.device):
+        self.task, self.data, self.seed, self.batch_size = task, data, seed, batch_size
+        self.per_epoch = max(1, len(data) // batch_size)
+        self.pin = device.type == "cuda"
+        self._order: tuple[int, np.ndarray | None] = (-1, None)  # the worker thread's alone
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reservoir-batches")
+        self._ahead: tuple[int, Future] | None = None
+
+    def rows(self, step: int) -> np.ndarray:
+        """The training rows of step ``step`` (0-based): a function of (seed, step) alone."""
+        epoch, i = divmod(step, self.per_epoch)
+        if epoch != self._order[0]:
+            self._order = (epoch, epoch_order(self.seed, epoch, len(self.data)))
+        return self._order[1][i * self.batch_size : (i + 1) * self.batch_size]
+
+    def _build(self, step: int) -> Batch:
+        batch = batch_tensors(self.task, self.data, self.rows(step))
+        return tuple(t.pin_memory() for t in batch) if self.pin else batch
+
+    def take(self, step: int) -> Batch:
+        """The batch of ``step``; the worker starts building the next step's."""
+        ahead = self._ahead[1] if self._ahead is not None and self._ahead[0] == step else None
+        current = ahead or self._pool.submit(self._build, step)
+        self._ahead = (step + 1, self._pool.submit(self._build, step + 1))
+        return current.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> Batches:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
