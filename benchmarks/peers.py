@@ -32,7 +32,6 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reservoir.model.backbones import seeded  # noqa: E402
 from reservoir.model.devices import DTYPES
 from reservoir.model.input_layer import make_input_layer  # noqa: E402
 from reservoir.runtime.engines import DYNAMIC_GROUP, INT8_DTYPES, one_line  # noqa: E402,F401  (one_line: also used by extract.py)
@@ -168,10 +167,11 @@ class Setup:
     def hf_model(self):
         """A Hugging Face ``GPT2Model`` with the seeded default initialisation: the weights of
         ``reservoir.model.backbones.load_backbone("gpt2-random", seed)`` (``random_gpt2``)."""
-        from transformers import GPT2Config, GPT2Model
+        from transformers import GPT2Config
 
-        with seeded(self.seed):
-            return frozen(GPT2Model(GPT2Config(**self.shape)))
+        from reservoir.model.backbones.hf import random_model
+
+        return frozen(random_model(GPT2Config(**self.shape), self.seed))
 
     def input_layer(self) -> nn.Module:
         return frozen(make_input_layer(self.spec, self.shape["n_embd"], self.seed))

@@ -25,14 +25,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from reservoir.api.estimator import ReservoirFeatures, _backbone_name
-from reservoir.api.features import FeatureDataset, read_features
 from reservoir.config import ExtractConfig, FitConfig, PredictConfig, ReportConfig, TrainConfig
 from reservoir.errors import ReservoirError, UsageError, optional
+
+if TYPE_CHECKING:
+    from reservoir.api.estimator import ReservoirFeatures
+    from reservoir.api.features import FeatureDataset, read_features
 
 __all__ = [
     "FeatureDataset",
@@ -45,6 +47,22 @@ __all__ = [
     "results",
     "train",
 ]
+
+
+#: the names imported when first used: the command line does not pay for scikit-learn and torch's data module
+_LAZY = {
+    "ReservoirFeatures": "reservoir.api.estimator",
+    "FeatureDataset": "reservoir.api.features",
+    "read_features": "reservoir.api.features",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _watched(progress: bool | None) -> bool:
@@ -79,7 +97,11 @@ def configure(cls: type, task: Any = None, backbone: Any = None, **settings: Any
             raise UsageError(f"give either a {cls.__name__} or settings, not both (got {sorted(settings)})")
         return task
     names = {f.name for f in dataclasses.fields(cls)}
-    given = {k: v for k, v in (("task", task), ("backbone", _backbone_name(backbone))) if k in names}
+    if backbone is not None and not isinstance(backbone, str):
+        from reservoir.model.backbones import register_object
+
+        backbone = register_object(backbone)
+    given = {k: v for k, v in (("task", task), ("backbone", backbone)) if k in names}
     cfg = build(cls, **given, **settings)
     name = getattr(cfg, "task", None)
     if name is not None and not (name.startswith("file:") or name in TASKS):

@@ -20,6 +20,7 @@ from reservoir.model.backbones import load_backbone
 from reservoir.runtime import runner as fw
 from reservoir.runtime.runner import FeatureRunner, resolve_dtype, round_width
 from reservoir.tasks import get_task
+from tests.conftest import TEST_DATA
 
 LISTOPS = {"max_len": 200, "n_train": 14, "n_val": 1, "n_test": 1, "min_length": 5, "max_length": 190}
 
@@ -36,7 +37,7 @@ def runner_for(
 
 def digits(n=48):
     task = get_task("digits")
-    d = task.load("train", ".", n)
+    d = task.load("train", TEST_DATA, n)
     return task, task.encode(d.inputs), d.lengths
 
 

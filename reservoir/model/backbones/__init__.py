@@ -371,15 +371,14 @@ def load_pretrained(
         check_buildable,
         load_added_positions,
         load_model,
-        model_from_config,
+        random_model,
     )
 
     config = load_config(path, revision)
     check_buildable(config, path, dtype)
     adapter = adapter_for(config.model_type, config)
     if init == "random":
-        with seeded(seed):
-            return adapter(model_from_config(config))
+        return adapter(random_model(config, seed))
     backbone = adapter(load_model(path, config, revision=revision, dtype=dtype))
     load_added_positions(
         backbone, path

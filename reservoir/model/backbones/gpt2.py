@@ -14,11 +14,9 @@ from reservoir.model.backbones.base import (
     gather,
     hooked,
     make_mask,
-    quiet_transformers,
     readout_attention,
-    seeded,
 )
-from reservoir.model.backbones.hf import HFBackbone, Parts, load_model, register_family
+from reservoir.model.backbones.hf import HFBackbone, Parts, load_model, random_model, register_family
 
 #: nanoGPT's table: shapes of the released GPT-2 sizes (hub id -> config arguments)
 GPT2_SIZES = {
@@ -111,10 +109,9 @@ def load_gpt2(path: str, seed: int = 0) -> GPT2Backbone:
 
 
 def random_gpt2(seed: int = 0, **shape) -> GPT2Backbone:
-    from transformers import GPT2Config, GPT2Model
+    from transformers import GPT2Config
 
-    with seeded(seed), quiet_transformers():
-        return GPT2Backbone(GPT2Model(GPT2Config(**shape)))
+    return GPT2Backbone(random_model(GPT2Config(**shape), seed))
 
 
 def _register() -> None:

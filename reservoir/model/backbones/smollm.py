@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from reservoir.config import cache_dir
-from reservoir.model.backbones import BackboneError, from_pretrained, register_backbone, seeded
+from reservoir.model.backbones import BackboneError, from_pretrained, register_backbone
 from reservoir.model.backbones.llama import RotaryBackbone
 
 NAME = "smollm2-135m"
@@ -204,10 +204,11 @@ def load_smollm(seed: int = 0, dtype: torch.dtype = torch.float32) -> RotaryBack
 
 def random_smollm(seed: int = 0) -> RotaryBackbone:
     """SmolLM2-135M's architecture from :data:`CONFIG`, default initialisation; reads nothing."""
-    from transformers import AutoModel, LlamaConfig
+    from transformers import LlamaConfig
 
-    with seeded(seed):
-        return RotaryBackbone(AutoModel.from_config(LlamaConfig(**CONFIG), dtype=torch.float32))
+    from reservoir.model.backbones.hf import random_model
+
+    return RotaryBackbone(random_model(LlamaConfig(**CONFIG), seed))
 
 
 register_backbone(

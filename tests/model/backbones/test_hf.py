@@ -12,6 +12,7 @@ from torch import nn
 
 from reservoir.model.backbones import load_backbone
 from reservoir.model.backbones.hf import HFBackbone
+from tests.conftest import TEST_DATA
 from tests.zoo import ARCHITECTURES, KINDS, LAYERS, MORE, save_tiny
 
 #: DINOv2's blocks take an attention mask, and its attention returns its weights, from transformers 5.18 on
@@ -203,7 +204,7 @@ def test_every_parameter_an_fpt_of_fewer_blocks_trains_is_reached_by_the_loss(fo
     task = get_task("digits")
     model = FPT(task.spec, load_backbone(str(folders[kind])), blocks=1, seed=0, dropout=0.0)
     params, _ = select_trainable(model, ["input", *model.groups(), "out"])
-    data = task.load("train", ".", limit=8)
+    data = task.load("train", TEST_DATA, limit=8)
     logits = model(torch.from_numpy(task.encode(data.inputs)), torch.from_numpy(np.asarray(data.lengths)))
     logits.float().sum().backward()
     names = {id(p): n for n, p in model.named_parameters()}
@@ -229,7 +230,7 @@ def test_attention_maps_are_the_library_attention_weights(folders, kind):
     task = get_task("digits")
     backbone = load_backbone(str(folders[kind]))
     reservoir = Reservoir(task.spec, backbone, seed=0).eval()
-    data = task.load("test", ".", limit=1)
+    data = task.load("test", TEST_DATA, limit=1)
     tokens = torch.from_numpy(task.encode(data.inputs))
     lengths = torch.tensor([tokens.shape[1]])
     ours = attention_probs(reservoir, tokens, lengths, layer=1)
@@ -349,7 +350,7 @@ def test_vision_blocks_without_a_mask_run_full_rows_and_refuse_padded_ones(folde
 
     task = get_task("digits")
     reservoir = Reservoir(task.spec, load_backbone(str(folders["dinov2"])), seed=0).eval()
-    tokens = torch.from_numpy(task.encode(task.load("test", ".", limit=2).inputs))
+    tokens = torch.from_numpy(task.encode(task.load("test", TEST_DATA, limit=2).inputs))
     full = torch.tensor([tokens.shape[1]] * 2)
     with torch.inference_mode():
         masked = reservoir(tokens, full, [1, 2])
@@ -360,3 +361,47 @@ def test_vision_blocks_without_a_mask_run_full_rows_and_refuse_padded_ones(folde
             BackboneError, match=r"blocks of transformers .* take no attention mask.*'transformers>=5.18'"
         ):
             reservoir(tokens, torch.tensor([tokens.shape[1], 9]), [1])
+
+
+@pytest.mark.parametrize("kind", ARCHITECTURES + MORE)
+def test_a_random_twin_is_drawn_once_from_the_families_own_distributions(kind):
+    """:func:`random_model` (built without initialising, then one ``init_weights``) against the plain build
+    (every layer draws, then ``post_init`` draws again): every tensor finite; where the plain build is
+    constant (norms, biases) the same constant; elsewhere the same spread; the same seed the same weights."""
+    from reservoir.model.backbones.hf import model_from_config, random_model
+    from tests.zoo import _cfg
+
+    config, _ = _cfg(kind)
+    once = dict(random_model(config, 3).named_parameters())
+    again = dict(random_model(config, 3).named_parameters())
+    torch.manual_seed(3)
+    plain = dict(model_from_config(config).named_parameters())
+    assert once.keys() == plain.keys()
+    for name, p in plain.items():
+        q = once[name].detach()
+        assert torch.isfinite(q).all() and torch.equal(q, again[name]), name
+        if p.numel() > 1 and p.std() == 0:
+            assert torch.equal(q, p.detach()), f"{kind} {name}: a constant of the family's init"
+        elif p.numel() >= 1024:
+            ratio = float(q.std() / p.detach().std())
+            assert 0.8 < ratio < 1.25, f"{kind} {name}: spread {ratio:.2f} times the plain build's"
+
+
+def test_a_parameter_the_familys_init_leaves_alone_builds_the_model_plainly(monkeypatch):
+    from transformers import GPT2Model
+
+    from reservoir.model.backbones.hf import model_from_config, random_model
+    from tests.zoo import _cfg
+
+    config, _ = _cfg("gpt2")
+    real = GPT2Model._init_weights
+
+    def skips_norms(self, module):
+        if not isinstance(module, nn.LayerNorm):
+            real(self, module)
+
+    monkeypatch.setattr(GPT2Model, "_init_weights", skips_norms)
+    got = random_model(config, 5).state_dict()
+    torch.manual_seed(5)
+    want = model_from_config(config).state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)
