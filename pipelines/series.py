@@ -1,162 +1,337 @@
-"""Reservoir computing's home tasks: Mackey-Glass and NARMA-10 one-step forecasting, every backbone.
+"""Reservoir computing's home tasks, every reservoir tuned with the same budget: Mackey-Glass and NARMA-10
+one-step forecasting, and linear memory capacity (``memory.py``).
 
-    python series.py --out ../docs/results/series            # make -C pipelines series
+    python series.py --out ../docs/results/series --trials 8 --seeds 3      # make -C pipelines series
 
-For each task, seed and backbone: ``reservoir extract`` (windows of ``--window`` steps, float32, every
-depth), ``reservoir fit --head ridge`` at every depth (the penalty chosen on the validation stretch) and
-the baselines of the same data (the train mean, a ridge readout of the raw window, random tanh features
-of the raw window). Each seed generates its own series and draws its own random weights. Beside them,
-reservoirpy's own echo state network in its reference setting (``Reservoir(100, sr=1.25, lr=0.3)``, a
-``Ridge`` readout whose penalty is chosen on the same validation steps), run the way reservoirpy runs it:
-over the whole series in one pass, scored on the same test steps.
+Two protocols, both reported:
 
-A setting's number is its test NRMSE at the depth chosen on validation (lowest validation NRMSE),
-mean and standard deviation over the seeds. Written to ``--out``: ``series.md`` (the table),
-``series.csv`` (one line per task, setting, seed and depth) and ``series.json`` (the command, the
-machine and the wall time). Features and results go under ``--home`` (``RESERVOIR_HOME``), reused when
-nothing changed.
+- ``windowed``: the windows every backbone reads (``--window`` steps, one-step-ahead target),
+  ``reservoir extract`` (float32, every depth) then ``reservoir fit --head ridge`` at every depth, the depth
+  chosen on validation; the baselines (train mean, a ridge on the raw window, random tanh features of it)
+  read the same windows. An ESN restarts from a zero state at every window.
+- ``continuous``: the field's protocol for an echo state network: one run over the whole series from a zero
+  state, its ``washout`` first steps (the task's) never read, the states at the same train, validation and
+  test steps read by the same ridge head. Ours (:func:`reservoir.model.backbones.esn.series_states`) and
+  reservoirpy's ``Reservoir`` both run it.
+
+NARMA-10's inputs are fed centred, ``4 u - 1`` (the task's ``centred`` option), Mackey-Glass is scaled to
+[-1, 1] already. Every model's free settings (:data:`MODELS`) are searched with the same number of trials
+(``--trials``) on seed 0 (``tuning.py``), chosen by the lowest validation NRMSE, and the chosen setting is
+run on ``--seeds`` seeds (each its own series and weights); every ridge penalty is chosen on validation
+from the head's grid, in every trial. Trials are kept in ``--out``'s ``trials.jsonl`` and reused by a rerun;
+``--models``, ``--tasks``, ``--n-train`` and ``--protocols`` choose what runs, the tables are rendered from
+every trial the ledger holds.
+
+Written to ``--out``: ``series.md`` (the tables), ``trials.jsonl`` (every trial) and ``series.json`` (the
+command, the machine, the budget).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from scipy.stats import loguniform, uniform
+from tuning import Ledger, draws, identity, search
 
 HERE = Path(__file__).parent
 
-BACKBONES = {
-    "esn:units=100,sr=1.25,lr=0.3": "ESN, reservoirpy's reference setting (100 units)",
-    "esn": "ESN, 768 units (GPT-2 small's width)",
-    "lstm": "LSTM, 3 layers of 768, random",
-    "gpt2-random": "GPT-2 small shape, random",
-    "smollm2-135m": "SmolLM2-135M, language-pretrained",
-    "smollm2-135m-random": "SmolLM2-135M shape, random",
+#: an ESN's leak rate, spectral radius, input scaling and bias scaling
+ESN_SPACE = {
+    "lr": uniform(0.1, 0.9),
+    "sr": uniform(0.1, 1.4),
+    "input_scaling": loguniform(0.01, 3.0),
+    "bias_scaling": uniform(0.0, 1.0),
+}
+#: the std of a backbone's frozen input layer (``--input-scale``; the paper's is about 0.05 a weight)
+INPUT_SCALE_SPACE = {"input_scale": loguniform(0.005, 5.0)}
+#: the std of the random tanh features' pre-activations
+TANH_SPACE = {"scale": loguniform(0.03, 10.0)}
+
+
+@dataclass(frozen=True)
+class Model:
+    label: str
+    protocols: tuple[str, ...]
+    space: dict[str, Any] = field(default_factory=dict)
+    units: int | None = None  # an ESN's
+
+
+MODELS = {
+    "esn-100": Model("ESN, 100 units", ("windowed", "continuous"), ESN_SPACE, 100),
+    "esn": Model("ESN, 768 units (GPT-2 small's width)", ("windowed", "continuous"), ESN_SPACE, 768),
+    "reservoirpy": Model("reservoirpy's own ESN, 100 units", ("continuous",), ESN_SPACE, 100),
+    "lstm": Model("LSTM, 3 layers of 768, random", ("windowed",), INPUT_SCALE_SPACE),
+    "gpt2-random": Model("GPT-2 small shape, random", ("windowed",), INPUT_SCALE_SPACE),
+    "smollm2-135m": Model("SmolLM2-135M, language-pretrained", ("windowed",), INPUT_SCALE_SPACE),
+    "smollm2-135m-random": Model("SmolLM2-135M shape, random", ("windowed",), INPUT_SCALE_SPACE),
+    "tanh": Model("baseline: random tanh features of the raw window (768 wide)", ("windowed",), TANH_SPACE),
+    "raw": Model("baseline: ridge on the raw window", ("windowed",)),
+    "mean": Model("baseline: train mean", ("windowed",)),
 }
 TASKS = {"mackey_glass": "Mackey-Glass (tau 17)", "narma10": "NARMA-10"}
-BASELINES = {
-    "baseline-majority": "baseline: train mean",
-    "baseline-raw": "baseline: ridge on the raw window",
+PROTOCOLS = ("windowed", "continuous")
+#: the published figures set beside ours: task -> (figure, protocol, source, how it compares)
+LITERATURE = {
+    "mackey_glass": [
+        (
+            "NRMSE about 0.0089 (R^2 0.99992)",
+            "ESN of 100 units, sr 1.25, leak 0.3, ridge 1e-5; 2,000 steps, the last 20% tested, one step ahead",
+            "reservoirpy's README",
+            "the same series and definition of NRMSE (sqrt(1 - R^2)); about 1,600 training steps, the setting "
+            "fixed, not tuned",
+        ),
+    ],
+    "narma10": [
+        (
+            "NRMSE about 0.1 to 0.35",
+            "ESNs of 100 to 400 units, no leak, spectral radius below 1, tuned input scaling, one continuous "
+            "run after a washout, several thousand training steps",
+            "e.g. Rodan and Tino 2011 (IEEE TNN 22)",
+            "the classic Atiya-Parlos statement (sum of y[t-9..t], u[t-9] u[t]); ours is reservoirpy's variant "
+            "(module reservoir.tasks.series), so a level, not a digit, compares",
+        ),
+        (
+            "NRMSE 0.15",
+            "delay reservoir of 400 virtual nodes, continuous run",
+            "Appeltant et al. 2011 (Nature Communications 2, 468)",
+            "a physical-style single-node reservoir, not an ESN",
+        ),
+    ],
 }
 
 
-def task_options(args) -> dict[str, int]:
-    return {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test, "window": args.window}
+def task_options(task: str, args, n_train: int) -> dict[str, Any]:
+    opts = {"n_train": n_train, "n_val": args.n_val, "n_test": args.n_test, "window": args.window}
+    return {**opts, "centred": True} if task == "narma10" else opts
 
 
-def run_backbone(task: str, backbone: str, seed: int, args) -> list[dict]:
-    """Extract and fit one (task, backbone, seed); returns its results (depths, then baselines)."""
-    from reservoir.config import ExtractConfig, FitConfig
-    from reservoir.extract.run import extract
-    from reservoir.probe.fit import fit
+def esn_config(model: Model, params: dict[str, Any]):
+    from reservoir.model.backbones.esn import ESNConfig
 
-    cfg = ExtractConfig(
-        task=task, backbone=backbone, seed=seed, task_options=task_options(args), dtype="float32"
-    )
-    features = extract(cfg, progress=False)
-    return fit(
-        FitConfig(task=task, backbone=backbone, features=str(features), head="ridge", seed=seed),
-        progress=False,
-    )
+    return ESNConfig(units=model.units, **params)
 
 
-def reservoirpy_reference(task: str, seed: int, args) -> dict:
-    """reservoirpy's ESN in its reference setting over the whole series in one pass: states of every
-    step, a Ridge readout fitted on the train steps for each penalty, the penalty with the lowest NRMSE
-    on the validation steps refitted on train and validation, scored on the test steps."""
-    from reservoirpy.nodes import Reservoir, Ridge
+def esn_name(model: Model, params: dict[str, Any]) -> str:
+    return f"esn:units={model.units}," + ",".join(f"{k}={v}" for k, v in sorted(params.items()))
 
-    from reservoir.probe.metrics import nrmse, r2
+
+def scored(rows: dict[str, tuple[np.ndarray, np.ndarray]], seed: int) -> dict[str, Any]:
+    """The ridge head on ``rows`` (split -> features, labels): penalty chosen on ``val``, scored on ``test``."""
+    from reservoir.probe.heads import fit_rows
+    from reservoir.probe.rows import ArrayRows
+
+    train, val, test = (ArrayRows(*rows[s]) for s in ("train", "val", "test"))
+    r = fit_rows("ridge", train, {"test": test}, val=val, seed=seed)
+    return {
+        "val_nrmse": r["val_score"],
+        "test_nrmse": r["test_score"],
+        "test_r2": r["test_metrics"]["r2"],
+        "alpha": r["hyperparameters"]["alpha"],
+        "depth": None,
+    }
+
+
+def continuous_run(task: str, name: str, opts: dict[str, Any]):
+    """A trial's run under the continuous protocol (module docstring)."""
+    from reservoir.model.backbones.esn import series_states
     from reservoir.tasks import make_task
 
-    t = make_task(task, task_options(args), seed)
-    inputs, targets = t.series(t.stretches()[1])
-    states = Reservoir(units=100, sr=1.25, lr=0.3, seed=seed).run(inputs[:, None])
-    steps = {split: t.last_steps(split) for split in ("train", "val", "test")}  # the task's own label steps
+    model = MODELS[name]
 
-    def fitted(ridge, names):
-        rows = np.concatenate([steps[s] for s in names])
-        return Ridge(ridge=ridge).fit(states[rows], targets[rows + t.horizon, None])
+    def run(params: dict[str, Any], seed: int) -> dict[str, Any]:
+        t = make_task(task, opts, seed)
+        inputs, targets = t.series(t.stretches()[1])
+        if name == "reservoirpy":
+            from reservoirpy.mat_gen import uniform as bias_draw
+            from reservoirpy.nodes import Reservoir
 
-    def scored(model, split):
-        return model.run(states[steps[split]])[:, 0], targets[steps[split] + t.horizon]
+            b = params["bias_scaling"]
+            esn = Reservoir(
+                units=model.units,
+                lr=params["lr"],
+                sr=params["sr"],
+                input_scaling=params["input_scaling"],
+                bias=bias_draw(low=-b, high=b),
+                seed=seed,
+            )
+            states = esn.run(inputs[:, None])
+        else:
+            states = series_states(esn_config(model, params), inputs[:, None], seed)
+        steps = {s: t.last_steps(s) for s in ("train", "val", "test")}
+        return scored(
+            {s: (states[i], targets[i + t.horizon].astype(np.float32)) for s, i in steps.items()}, seed
+        )
 
-    grid = (1e-8, 1e-6, 1e-4, 1e-2, 1.0)
-    val = {r: nrmse(*scored(fitted(r, ["train"]), "val")) for r in grid}
-    best = min(grid, key=lambda r: val[r])
-    pred, y = scored(fitted(best, ["train", "val"]), "test")
-    return {"val": val[best], "test": nrmse(pred, y), "r2": r2(pred, y), "ridge": best}
+    return run
+
+
+def windowed_run(task: str, name: str, opts: dict[str, Any]):
+    """A trial's run under the windowed protocol (module docstring): a baseline in memory, a backbone through
+    ``extract`` and ``fit`` (its features file removed after the fit: the ledger keeps the trial)."""
+    model = MODELS[name]
+
+    def baseline(params: dict[str, Any], seed: int) -> dict[str, Any]:
+        from reservoir.probe.baselines import raw_inputs, tanh_features
+        from reservoir.probe.metrics import nrmse, r2
+        from reservoir.tasks import make_task
+
+        t = make_task(task, opts, seed)
+        data = {s: t.read(s, Path(".")) for s in ("train", "val", "test")}
+        if name == "mean":
+            mean = float(data["train"].labels.mean())
+            pred = {s: np.full(len(d.labels), mean) for s, d in data.items()}
+            return {
+                "val_nrmse": nrmse(pred["val"], data["val"].labels),
+                "test_nrmse": nrmse(pred["test"], data["test"].labels),
+                "test_r2": r2(pred["test"], data["test"].labels),
+                "alpha": None,
+                "depth": None,
+            }
+        raw = {s: raw_inputs(t, d) for s, d in data.items()}
+        X = raw if name == "raw" else tanh_features(raw, 768, seed, params["scale"])
+        return scored({s: (X[s], d.labels) for s, d in data.items()}, seed)
+
+    def backbone(params: dict[str, Any], seed: int) -> dict[str, Any]:
+        from reservoir.config import ExtractConfig, FitConfig, parse_input_scale
+        from reservoir.extract.run import extract
+        from reservoir.probe.fit import fit
+
+        if model.units:
+            bb, scale = esn_name(model, params), "paper"
+        else:
+            bb, scale = name, parse_input_scale(params["input_scale"])
+        cfg = ExtractConfig(
+            task=task, backbone=bb, seed=seed, task_options=opts, dtype="float32", input_scale=scale
+        )
+        features = Path(extract(cfg, progress=False))
+        fitted = fit(
+            FitConfig(
+                task=task, backbone=bb, features=str(features), head="ridge", seed=seed, baselines=False
+            ),
+            progress=False,
+        )
+        features.unlink(missing_ok=True)
+        best = min(fitted, key=lambda r: (r["val_score"], r["depth"]))
+        return {
+            "val_nrmse": best["val_score"],
+            "test_nrmse": best["test_score"],
+            "test_r2": best["test_metrics"]["r2"],
+            "alpha": best["hyperparameters"]["alpha"],
+            "depth": best["depth"],
+            "by_depth": {str(r["depth"]): [r["val_score"], r["test_score"]] for r in fitted},
+        }
+
+    return baseline if name in ("tanh", "raw", "mean") else backbone
+
+
+def key_of(task: str, protocol: str, name: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """What names a model's trials besides their settings and seed (``tuning.identity``)."""
+    return {"task": task, "protocol": protocol, "model": name, "options": opts}
+
+
+class Missing(Exception):
+    """A trial the ledger does not hold (rendering runs nothing)."""
+
+
+def collected(ledger: Ledger, task: str, protocol: str, name: str, opts, trials: int, seeds: int):
+    """The search of one model as the ledger holds it (``None`` where a trial of it is missing)."""
+
+    def absent(params, seed):
+        raise Missing
+
+    try:
+        return search(
+            ledger, key_of(task, protocol, name, opts), MODELS[name].space, absent, trials=trials, seeds=seeds
+        )
+    except Missing:
+        done = sum(
+            identity(key_of(task, protocol, name, opts), p, 0) in ledger.trials
+            for p in draws(MODELS[name].space, trials)
+        )
+        return {"partial": done}
 
 
 def spread(values: list[float]) -> str:
-    """Mean and standard deviation over seeds, three significant digits (NRMSE spans 1e-5 to 1)."""
+    """Mean ± standard deviation over seeds, three significant digits."""
     mean = float(np.mean(values))
     if len(values) < 2:
         return f"{mean:.3g}"
     return f"{mean:.3g} ± {float(np.std(values, ddof=1)):.2g}"
 
 
-def by_setting(lines: list[dict]) -> dict[tuple[str, str], list[tuple[float, float, int | None]]]:
-    """Per (task, setting), one ``(test NRMSE, test R^2, depth)`` a seed: a backbone's at the depth with the
-    lowest validation NRMSE (the shallower on ties); a baseline's and reservoirpy's as they are (a baseline
-    shared by several backbones' fits of one seed counted once)."""
-    per: dict[tuple[str, str, int], list[dict]] = {}
-    for line in lines:
-        per.setdefault((line["task"], line["setting"], int(line["seed"])), []).append(line)
-    table: dict[tuple[str, str], list[tuple[float, float, int | None]]] = {}
-    for (task, setting, _seed), rows in sorted(per.items()):
-        if rows[0]["depth"] in (None, ""):
-            row, depth = rows[0], None
-        else:
-            row = min(rows, key=lambda r: (float(r["val_nrmse"]), int(r["depth"])))
-            depth = int(row["depth"])
-        table.setdefault((task, setting), []).append((float(row["test_nrmse"]), float(row["test_r2"]), depth))
-    return table
+def columns(args) -> list[tuple[str, int]]:
+    return [(p, n) for p in PROTOCOLS for n in args.n_train]
 
 
-def render(lines: list[dict], about: dict) -> str:
-    """The markdown table of ``lines`` (the CSV's), with the sizes and seeds ``about`` records."""
-    tasks = list(dict.fromkeys(line["task"] for line in lines))
-    table = by_setting(lines)
-    sizes = about["sizes"]
+def render(ledger: Ledger, args) -> str:
+    """The tables: test NRMSE per task, model, protocol and training size; the settings chosen and the
+    search's spread; the literature."""
     md = [
-        "Test NRMSE (the RMSE over the targets' standard deviation; 0 is perfect, 1 is the train mean's level) "
-        f"at the depth chosen on validation, mean ± standard deviation over {about['seeds']} seeds (each seed "
-        "its own series and its own random weights); R^2 beside it, and the depths chosen. "
-        f"{sizes['n_train']} training, {sizes['n_val']} validation and {sizes['n_test']} test windows of "
-        f"{sizes['window']} steps, one-step-ahead targets, float32 features, ridge readout.",
+        f"Test NRMSE (RMSE over the targets' standard deviation; 0 is perfect, 1 the train mean's level), mean "
+        f"± standard deviation over {args.seeds} seeds (each its own series and random weights) of the setting "
+        f"chosen on validation by a random search of {args.trials} trials on seed 0, the same number for every "
+        "model with free settings (the ridge penalty chosen on validation in every trial, for every model; a "
+        "backbone's depth too). "
+        f"{args.n_val} validation and {args.n_test} test steps, one step ahead; windows of {args.window} steps. "
+        "'not run': the search did not fit the time it was given (k/N: trials done); '-': the protocol does "
+        "not apply.",
         "",
-        "| setting | " + " | ".join(f"{TASKS[t]}: NRMSE | R^2 | depths chosen" for t in tasks) + " |",
-        "|---|" + "---|---|---|" * len(tasks),
     ]
-    settings = list(dict.fromkeys(line["setting"] for line in lines))
-    order = [s for s in BACKBONES if s in settings] + ["reservoirpy"]
-    order += [s for s in BASELINES if s in settings] + sorted(
-        s for s in settings if s.startswith("baseline-tanh")
-    )
-    labels = {
-        **BACKBONES,
-        **BASELINES,
-        "reservoirpy": "reservoirpy's own ESN (100 units, sr 1.25, lr 0.3), one pass",
-    }
-    for setting in order:
-        label = labels.get(setting, f"baseline: random tanh features ({setting.rsplit('-', 1)[-1]} wide)")
-        cells = []
-        for task in tasks:
-            got = table.get((task, setting), [])
-            depths = sorted({d for _, _, d in got if d is not None})
-            cells += (
-                [spread([v for v, _, _ in got]), spread([r for _, r, _ in got]), ",".join(map(str, depths))]
-                if got
-                else ["", "", ""]
-            )
-        md.append(f"| {label} | " + " | ".join(cells) + " |")
+    cols = columns(args)
+    header = "| model | " + " | ".join(f"{p}, {n} train" for p, n in cols) + " |"
+    chosen: list[str] = []
+    for task in args.all_tasks:
+        md += [f"**{TASKS[task]}**", "", header, "|---|" + "---|" * len(cols)]
+        for name, model in MODELS.items():
+            cells = []
+            for protocol, n in cols:
+                if protocol not in model.protocols:
+                    cells.append("-")
+                    continue
+                got = collected(
+                    ledger, task, protocol, name, task_options(task, args, n), args.trials, args.seeds
+                )
+                if "partial" in got:
+                    budget = len(draws(model.space, args.trials))
+                    cells.append(f"not run ({got['partial']}/{budget})" if got["partial"] else "not run")
+                    continue
+                tests = [r["test_nrmse"] for r in got["seeds"]]
+                depths = sorted({r["depth"] for r in got["seeds"] if r.get("depth") is not None})
+                note = f" (depth {','.join(map(str, depths))})" if depths else ""
+                cells.append(
+                    spread(tests) + note + ("" if len(tests) == args.seeds else f" [{len(tests)} seeds]")
+                )
+                vals = sorted(r["val_nrmse"] for r in got["trials"])
+                chosen.append(
+                    f"| {TASKS[task]} | {model.label} | {protocol}, {n} | "
+                    + (", ".join(f"{k} {v}" for k, v in got["best"].items()) or "nothing to tune")
+                    + f" | {vals[0]:.3g} / {vals[len(vals) // 2]:.3g} / {vals[-1]:.3g} |"
+                )
+            md.append(f"| {model.label} | " + " | ".join(cells) + " |")
+        md.append("")
+    md += [
+        "Settings chosen on validation (seed 0) and the spread of the search: the validation NRMSE of its best, "
+        "median and worst trial.",
+        "",
+        "| task | model | protocol, train steps | chosen | validation NRMSE: best / median / worst |",
+        "|---|---|---|---|---|",
+        *chosen,
+        "",
+        "Published figures beside ours:",
+        "",
+        "| task | figure | protocol | source | how it compares with ours |",
+        "|---|---|---|---|---|",
+    ]
+    for task in args.all_tasks:
+        md += [f"| {TASKS[task]} | {' | '.join(row)} |" for row in LITERATURE[task]]
     return "\n".join(md) + "\n"
 
 
@@ -166,72 +341,58 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=HERE.parent / "docs" / "results" / "series")
     parser.add_argument("--home", type=Path, default=HERE / "out" / "series")
+    parser.add_argument("--trials", type=int, default=8, help="trials of every model's search (its budget)")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--n-train", type=int, default=1000)
+    parser.add_argument("--n-train", type=int, nargs="+", default=[1000, 4000])
     parser.add_argument("--n-val", type=int, default=300)
     parser.add_argument("--n-test", type=int, default=500)
     parser.add_argument("--window", type=int, default=32)
-    parser.add_argument("--backbones", nargs="+", default=list(BACKBONES), help="backbone names")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    parser.add_argument("--render", action="store_true", help="write series.md again from --out's series.csv")
+    parser.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=list(PROTOCOLS))
+    parser.add_argument(
+        "--render", action="store_true", help="write series.md again from the ledger (no run)"
+    )
     args = parser.parse_args()
+    args.all_tasks = list(TASKS)
     os.environ["RESERVOIR_HOME"] = str(args.home)
-
-    if args.render:  # the table again from the kept CSV (no run)
-        with open(args.out / "series.csv", newline="") as f:
-            lines = list(csv.DictReader(f))
-        about = json.loads((args.out / "series.json").read_text())
-        (args.out / "series.md").write_text(render(lines, about))
-        print(args.out / "series.md")
-        return
+    ledger = Ledger(args.out / "trials.jsonl")
     started = time.perf_counter()
-    lines = []
-    for task in args.tasks:
-        for seed in range(args.seeds):
-            for backbone in args.backbones:
-                print(f"{task} seed {seed} {backbone}", file=sys.stderr, flush=True)
-                for r in run_backbone(task, backbone, seed, args):
-                    lines.append(
-                        {
-                            "task": task,
-                            "setting": r["backbone"] if r["mode"] == "baseline" else backbone,
-                            "seed": seed,
-                            "depth": r["depth"],
-                            "val_nrmse": r["val_score"],
-                            "test_nrmse": r["test_score"],
-                            "test_r2": r["test_metrics"]["r2"],
-                            "hyperparameters": json.dumps(r["hyperparameters"]),
-                        }
-                    )
-            ref = reservoirpy_reference(task, seed, args)
-            lines.append(
-                {
-                    "task": task,
-                    "setting": "reservoirpy",
-                    "seed": seed,
-                    "depth": None,
-                    "val_nrmse": ref["val"],
-                    "test_nrmse": ref["test"],
-                    "test_r2": ref["r2"],
-                    "hyperparameters": json.dumps({"ridge": ref["ridge"]}),
-                }
-            )
+    if not args.render:
+        for task in args.tasks:
+            for n in args.n_train:
+                opts = task_options(task, args, n)
+                for protocol in args.protocols:
+                    for name in args.models:
+                        if protocol not in MODELS[name].protocols:
+                            continue
+                        print(f"{task} {protocol} {n} {name}", file=sys.stderr, flush=True)
+                        run = (continuous_run if protocol == "continuous" else windowed_run)(task, name, opts)
+                        search(
+                            ledger,
+                            key_of(task, protocol, name, opts),
+                            MODELS[name].space,
+                            run,
+                            trials=args.trials,
+                            seeds=args.seeds,
+                        )
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "series.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(lines[0]))
-        writer.writeheader()
-        writer.writerows(lines)
-    from reservoir.runtime import machine
+    (args.out / "series.md").write_text(render(ledger, args))
+    about_path = args.out / "series.json"
+    about = json.loads(about_path.read_text()) if about_path.exists() else {}
+    if ledger.ran:
+        from reservoir.runtime import machine
 
-    seconds = time.perf_counter() - started
-    about = {
-        "command": "make -C pipelines series",
-        "wall_time": f"Wall time: {seconds / 60:.1f} min on {machine.on('cpu')}.",
-        "seeds": args.seeds,
-        "sizes": task_options(args),
-    }
-    (args.out / "series.json").write_text(json.dumps(about, indent=1) + "\n")
-    (args.out / "series.md").write_text(render(lines, about))
+        seconds = sum(r["seconds"] for r in ledger.trials.values())
+        about |= {
+            "command": "make -C pipelines series",
+            "wall_time": f"Compute: {seconds / 60:.1f} min over {len(ledger.trials)} trials, on "
+            f"{machine.on('cpu')} (one thread; the last session ran {ledger.ran} trials in "
+            f"{(time.perf_counter() - started) / 60:.1f} min).",
+            "trials": args.trials,
+            "seeds": args.seeds,
+        }
+    about_path.write_text(json.dumps(about, indent=1) + "\n")
     print(args.out / "series.md")
 
 

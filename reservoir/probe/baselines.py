@@ -72,11 +72,14 @@ def raw_inputs(task: Task, data: SplitData) -> np.ndarray:
     return tokens.reshape(len(tokens), -1).astype(np.float32)
 
 
-def tanh_features(raw: dict[str, np.ndarray], width: int, seed: int) -> dict[str, np.ndarray]:
-    """``tanh(X R / s)`` per split (module docstring); ``s`` is measured on ``raw["train"]``."""
+def tanh_features(
+    raw: dict[str, np.ndarray], width: int, seed: int, scale: float = 1.0
+) -> dict[str, np.ndarray]:
+    """``tanh(scale X R / s)`` per split (module docstring); ``s`` is measured on ``raw["train"]``, so the
+    pre-activations have standard deviation ``scale`` on train."""
     R = np.random.default_rng(seed).standard_normal((raw["train"].shape[1], width), dtype=np.float32)
     s = float(np.std(raw["train"] @ R)) or 1.0
-    return {split: np.tanh(X @ R / s) for split, X in raw.items()}
+    return {split: np.tanh(X @ R / (s / scale)) for split, X in raw.items()}
 
 
 def lookup_rule(keys: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:

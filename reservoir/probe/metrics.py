@@ -173,3 +173,27 @@ def result_scores(kind: str, val_score: float, tests: dict[str, dict[str, float]
             "val_accuracy": val_score,
         }
     return out
+
+
+def memory_capacity(
+    fit: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray], alpha: float = 0.0
+) -> np.ndarray:
+    """Memory capacity per delay (Jaeger 2001): for each column ``k`` of the delayed inputs ``U``, the
+    squared correlation on ``test`` between ``U[:, k]`` and its linear readout from the states ``X``, a
+    ridge of penalty ``alpha`` with an intercept fitted on ``fit`` (as scikit-learn's ``Ridge(alpha)``
+    fits it: centred, unscaled states; ``alpha`` 0 is least squares). ``fit`` and ``test`` are
+    ``(X (n, d), U (n, K))``; returns ``(K,)`` float64, each in [0, 1] (0 for a prediction constant to rounding).
+    Summed over delays, a linear reservoir of ``N`` units reaches at most ``N``."""
+    X, U = (np.asarray(a, np.float64) for a in fit)
+    x_mean, u_mean = X.mean(0), U.mean(0)
+    Xc = X - x_mean
+    if alpha > 0:
+        W = np.linalg.solve(Xc.T @ Xc + alpha * np.eye(X.shape[1]), Xc.T @ (U - u_mean))
+    else:
+        W = np.linalg.lstsq(Xc, U - u_mean, rcond=None)[0]
+    X_test, U_test = (np.asarray(a, np.float64) for a in test)
+    pred = (X_test - x_mean) @ W + u_mean
+    p, t = pred - pred.mean(0), U_test - U_test.mean(0)
+    cov, pp, tt = (p * t).sum(0), (p * p).sum(0), (t * t).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((pp > 1e-24 * tt) & (tt > 0), cov**2 / (pp * tt), 0.0)

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from reservoir.settings import Interval, setting
+from reservoir.settings import Interval, OneOf, setting
 from reservoir.tasks import MAX_ROWS, MAX_SEED, MAX_TOKENS, SplitData, Task, TaskSpec, register_task
 
 SPLITS = ("train", "val", "test")
@@ -159,7 +159,11 @@ class MackeyGlass(Forecast):
 @register_task("narma10")
 @dataclass
 class Narma10(Forecast):
-    """NARMA-10: the output y from the inputs u (reservoirpy's definition)."""
+    """NARMA-10: the output y from the inputs u (reservoirpy's definition); ``centred``: the inputs fed
+    as ``4 u - 1``, from [0, 0.5] to [-1, 1] (centred and scaled as Mackey-Glass is), the targets unchanged."""
+
+    centred: bool = setting(False, OneOf((False, True)))
 
     def series(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
-        return narma(n_steps, self.seed)
+        u, y = narma(n_steps, self.seed)
+        return (4 * u - 1 if self.centred else u), y

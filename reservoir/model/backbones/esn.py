@@ -2,12 +2,16 @@
 
 A leaky-integrator reservoir with reservoirpy's parameters and update (``reservoirpy.nodes.Reservoir``):
 
-    x[t] = (1 - lr) * x[t-1] + lr * tanh(W x[t-1] + Win u[t] + bias)
+    x[t] = (1 - lr) * x[t-1] + lr * f(W x[t-1] + Win u[t] + bias)
 
 - ``units``: reservoir size (also the input layer's width, so every depth is ``units`` wide);
 - ``sr``: spectral radius of ``W`` (a sparse normal matrix of density ``rc_connectivity``, rescaled);
 - ``lr``: leak rate; ``input_scaling``: scale of ``Win`` (a sparse matrix of +-1 of density
-  ``input_connectivity``, times the scale); ``bias_scaling``: scale of a uniform bias in [-1, 1].
+  ``input_connectivity``, times the scale); ``bias_scaling``: scale of a uniform bias in [-1, 1];
+  ``activation``: ``f``, ``tanh`` or ``identity`` (a linear reservoir).
+
+As a backbone the ESN reads the windows every backbone reads, from a zero state at each window's first
+token; :func:`series_states` runs it the field's way, once over a whole series.
 
 A deep ESN stacks ``layers`` reservoirs, each reading the states of the one below (Gallicchio
 et al. 2017); depth ``k`` is reservoir ``k``'s state at the readout token, depth 0 the embedded
@@ -29,46 +33,29 @@ from torch import nn
 
 from reservoir.errors import UsageError
 from reservoir.model.backbones.base import Backbone, Capabilities, weight_std
+from reservoir.settings import Interval, OneOf, check, constraints, setting
+
+#: the reservoir's nonlinearity: ``identity`` makes it a linear reservoir (memory capacity's reference case)
+ACTIVATIONS = {"tanh": torch.tanh, "identity": lambda x: x}
 
 
 @dataclass(frozen=True)
 class ESNConfig:
-    units: int = 768
-    layers: int = 1
-    sr: float = 0.9
-    lr: float = 0.3
-    input_scaling: float = 1.0
-    bias_scaling: float = 0.0
-    input_connectivity: float = 0.1
-    rc_connectivity: float = 0.1
+    """An echo state network's settings (module docstring), each checked where it is made."""
+
+    units: int = setting(768, Interval(1, None, integer=True))
+    layers: int = setting(1, Interval(1, None, integer=True))
+    sr: float = setting(0.9, Interval(0, None, closed="neither"))
+    lr: float = setting(0.3, Interval(0, 1, closed="right"))
+    input_scaling: float = setting(1.0, Interval(0, None, closed="neither"))
+    bias_scaling: float = setting(0.0, Interval(0, None))
+    input_connectivity: float = setting(0.1, Interval(0, 1, closed="right"))
+    rc_connectivity: float = setting(0.1, Interval(0, 1, closed="right"))
+    activation: str = setting("tanh", OneOf(tuple(ACTIVATIONS)))
 
     def __post_init__(self) -> None:
-        checks = {
-            "units": self.units >= 1,
-            "layers": self.layers >= 1,
-            "sr": self.sr > 0,
-            "lr": 0 < self.lr <= 1,
-            "input_scaling": self.input_scaling > 0,
-            "bias_scaling": self.bias_scaling >= 0,
-            "input_connectivity": 0 < self.input_connectivity <= 1,
-            "rc_connectivity": 0 < self.rc_connectivity <= 1,
-        }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            ranges = {
-                "units": ">= 1",
-                "layers": ">= 1",
-                "sr": "> 0",
-                "lr": "in (0, 1]",
-                "input_scaling": "> 0",
-                "bias_scaling": ">= 0",
-                "input_connectivity": "in (0, 1]",
-                "rc_connectivity": "in (0, 1]",
-            }
-            raise UsageError(
-                f"The {bad[0]!r} setting of the echo state network must be {ranges[bad[0]]}. "
-                f"Got {getattr(self, bad[0])!r} instead."
-            )
+        for name, rules in constraints(self).items():
+            check("the echo state network", name, getattr(self, name), *rules, obj=self, noun="setting")
 
 
 VARIANTS = {"esn": ESNConfig(), "esn-deep": ESNConfig(layers=4)}
@@ -88,7 +75,10 @@ def parse_name(name: str) -> ESNConfig | None:
                 f"{sorted(types)}"
             )
         try:
-            settings[key] = int(value) if types[key] in (int, "int") else float(value)
+            kind = types[key]
+            settings[key] = (
+                value if kind in (str, "str") else int(value) if kind in (int, "int") else float(value)
+            )
         except ValueError:
             raise UsageError(f"echo state network setting {key}={value!r} is not a number") from None
     return replace(ESNConfig(), **settings)
@@ -105,13 +95,39 @@ def reservoir_weights(cfg: ESNConfig, n_in: int, rng: np.random.Generator) -> di
     return {"W": W, "Win": Win * cfg.input_scaling, "bias": bias}
 
 
+def leaky_run(
+    cfg: ESNConfig, W: torch.Tensor, Win: torch.Tensor, bias: torch.Tensor, u: torch.Tensor
+) -> torch.Tensor:
+    """States ``(B, T, units)`` of one reservoir of weights ``W``, ``Win``, ``bias`` driven by
+    ``u (B, T, n_in)`` from a zero state (the module docstring's update, ``cfg.activation`` for tanh)."""
+    f = ACTIVATIONS[cfg.activation]
+    drive = u @ Win.T.to(u.dtype) + bias.to(u.dtype)
+    W = W.T.to(u.dtype)
+    x = torch.zeros(u.shape[0], W.shape[0], dtype=u.dtype, device=u.device)
+    out = []
+    for t in range(u.shape[1]):
+        x = (1 - cfg.lr) * x + cfg.lr * f(x @ W + drive[:, t])
+        out.append(x)
+    return torch.stack(out, dim=1)
+
+
+def series_states(cfg: ESNConfig, u: np.ndarray, seed: int = 0) -> np.ndarray:
+    """The field's protocol: one reservoir (``cfg.layers`` ignored) whose ``Win`` reads ``u (T, n_in)``
+    directly, run once over the whole series from a zero state; ``(T, units)`` float64 states (drop a
+    washout before reading them). Weights are drawn from ``seed`` as :class:`ESNBackbone` draws its first."""
+    weights = reservoir_weights(cfg, u.shape[1], np.random.default_rng(seed))
+    W, Win, bias = (torch.from_numpy(weights[k]) for k in ("W", "Win", "bias"))
+    with torch.inference_mode():
+        return leaky_run(cfg, W, Win, bias, torch.from_numpy(np.asarray(u, np.float64))[None])[0].numpy()
+
+
 class ESNBackbone(Backbone):
     """A (deep) echo state network; depth ``k`` is reservoir ``k``'s state."""
 
     family = "esn"
     naming = (
         "esn, esn-deep, or esn:units=U,layers=L,sr=S,lr=A,input_scaling=I,bias_scaling=B,"
-        "input_connectivity=C,rc_connectivity=R"
+        "input_connectivity=C,rc_connectivity=R,activation=tanh|identity"
     )
     example = "esn"
     #: every step is a (rows, units) x (units, units) product: hundreds of rows keep the CPU busy
@@ -137,15 +153,7 @@ class ESNBackbone(Backbone):
 
     def run(self, k: int, u: torch.Tensor) -> torch.Tensor:
         """States ``(B, T, units)`` of reservoir ``k`` driven by ``u (B, T, n_in)`` from a zero state."""
-        W, Win, bias = self.weights(k)
-        drive = u @ Win.T.to(u.dtype) + bias.to(u.dtype)
-        W = W.T.to(u.dtype)
-        x = torch.zeros(u.shape[0], self.cfg.units, dtype=u.dtype, device=u.device)
-        out = []
-        for t in range(u.shape[1]):
-            x = (1 - self.cfg.lr) * x + self.cfg.lr * torch.tanh(x @ W + drive[:, t])
-            out.append(x)
-        return torch.stack(out, dim=1)
+        return leaky_run(self.cfg, *self.weights(k), u)
 
     def embed(self, x, lengths, readout, last):
         """``x`` up to the last readout position: states never depend on later tokens."""

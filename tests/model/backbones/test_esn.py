@@ -8,7 +8,7 @@ import torch
 
 from reservoir.errors import UsageError
 from reservoir.model.backbones import load_backbone
-from reservoir.model.backbones.esn import ESNConfig, parse_name
+from reservoir.model.backbones.esn import ESNConfig, parse_name, series_states
 
 
 def test_states_equal_reservoirpy_on_the_same_weights():
@@ -59,6 +59,10 @@ def test_a_row_never_depends_on_its_padding_or_its_batch():
     "name, message",
     [
         ("esn:sr=-1", "'sr' setting .* must be > 0. Got -1.0"),
+        (
+            "esn:activation=relu",
+            "'activation' setting .* must be one of \\['tanh', 'identity'\\]. Got 'relu'",
+        ),
         ("esn:units=x", "units='x' is not a number"),
         ("esn:nosuch=1", "'nosuch=1' .* KEY=VALUE with a key from"),
     ],
@@ -71,3 +75,17 @@ def test_bad_settings_are_refused_in_words(name, message):
 def test_registered_variants():
     assert load_backbone("esn").n_layers == 1 and load_backbone("esn-deep").n_layers == 4
     assert parse_name("esn:layers=2") == ESNConfig(layers=2)
+
+
+def test_the_continuous_run_is_the_first_reservoir_over_the_whole_series():
+    """``series_states`` draws the weights the backbone's first reservoir draws from the same seed and runs
+    them once over the series; with the identity activation and no bias the states are linear in the input."""
+    cfg = ESNConfig(units=16, lr=0.5, sr=0.9, bias_scaling=0.3)
+    u = np.random.default_rng(0).uniform(-1, 1, (50, 16))
+    backbone = load_backbone("esn:units=16,lr=0.5,sr=0.9,bias_scaling=0.3", seed=4).double()
+    ours = backbone.run(0, torch.from_numpy(u)[None])[0].numpy()
+    np.testing.assert_allclose(series_states(cfg, u, seed=4), ours, atol=1e-6)  # the backbone keeps float32
+    linear = ESNConfig(units=16, activation="identity")
+    np.testing.assert_allclose(series_states(linear, 2 * u), 2 * series_states(linear, u), atol=1e-12)
+    assert not np.allclose(series_states(cfg, 2 * u), 2 * series_states(cfg, u))
+    assert parse_name("esn:activation=identity,units=5") == ESNConfig(units=5, activation="identity")

@@ -1,0 +1,275 @@
+"""Linear memory capacity (Jaeger 2001) per depth: the ESN, the LSTM, the random GPT-2 and the SmolLM2
+stand-ins, checked against rcbench's estimator on the same states.
+
+    python memory.py --out ../docs/results/series      # part of make -C pipelines series
+
+The ``memory_capacity`` task (i.i.d. inputs on [-1, 1], targets the ``--delays`` inputs before each step,
+:mod:`reservoir.tasks.memory`). Windowed models (windows of ``--window`` steps): ``reservoir extract`` at
+every depth; at each depth the linear readout of every delay is fitted on train with a ridge penalty chosen
+on validation (the largest summed capacity over a grid relative to the states' mean variance) and the
+capacity measured on test (:func:`reservoir.probe.metrics.memory_capacity`). Echo state networks also
+run the continuous protocol (one run over the series, 100 units, tanh and linear), where a capacity up to
+the number of units can show. A ridge on the raw window is the windowed reference: it holds exactly the
+``window - 1`` inputs before the last.
+
+With rcbench installed, its ``MemoryCapacityEvaluator`` (its 80/20 split of the train steps, the same penalty)
+and ours on the same states and split are set side by side at the depth chosen, and its linear kernel rank
+is reported per depth. Each (model, seed) is kept in ``memory.json`` under ``--out`` and reused by a rerun;
+``memory.md`` and ``memory_capacity.png`` are written from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).parent
+
+WINDOWED = {
+    "raw": "ridge on the raw window",
+    "esn": "ESN, 768 units (sr 0.9, leak 0.3), windowed",
+    "lstm": "LSTM, 3 layers of 768, random",
+    "gpt2-random": "GPT-2 small shape, random",
+    "smollm2-135m": "SmolLM2-135M, language-pretrained",
+    "smollm2-135m-random": "SmolLM2-135M shape, random",
+}
+#: the continuous protocol's ESNs: 100 units, no leak, spectral radius 0.95, input scaling 0.1
+CONTINUOUS = {
+    "esn-100-linear": ("ESN, 100 units, linear (identity), continuous", "identity"),
+    "esn-100-tanh": ("ESN, 100 units, tanh, continuous", "tanh"),
+}
+#: ridge penalties, times the states' mean variance
+GRID = (0.0, 1e-10, 1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+
+
+def capacities(rows: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float]:
+    """Test capacity per delay at the penalty of the largest summed validation capacity, and that penalty."""
+    from reservoir.probe.metrics import memory_capacity
+
+    X = rows["train"][0].astype(np.float64)
+    scale = float(np.mean(np.var(X, axis=0))) or 1.0
+    val = {a: memory_capacity(rows["train"], rows["val"], a * scale).sum() for a in GRID}
+    alpha = max(GRID, key=lambda a: (val[a], a)) * scale
+    return memory_capacity(rows["train"], rows["test"], alpha), alpha
+
+
+def checked(states: np.ndarray, inputs: np.ndarray, delays: int, alpha: float) -> dict[str, Any]:
+    """rcbench's memory capacity and ours on the same consecutive ``states`` (its 80/20 split, penalty
+    ``alpha``) and rcbench's linear kernel rank; empty without rcbench."""
+    try:
+        from rcbench.tasks.kernelrank import KernelRankEvaluator
+        from rcbench.tasks.memorycapacity import MemoryCapacityEvaluator
+    except ImportError:
+        return {}
+    from reservoir.probe.metrics import memory_capacity
+    from reservoir.tasks.memory import delayed
+
+    theirs = MemoryCapacityEvaluator(inputs, states, max_delay=delays).calculate_total_memory_capacity(
+        feature_selection_method="kbest", num_features="all", regression_alpha=alpha, train_ratio=0.8
+    )
+    steps = np.arange(delays, len(inputs))
+    split = delays + int(0.8 * len(steps))
+    U = delayed(inputs, steps, delays)
+    ours = memory_capacity(
+        (states[delays:split], U[: split - delays]), (states[split:], U[split - delays :]), alpha
+    )
+    rank = KernelRankEvaluator(states).run_evaluation()["kernel_rank"]
+    return {
+        "rcbench": float(theirs["total_memory_capacity"]),
+        "ours": float(ours.sum()),
+        "kernel_rank": int(rank),
+    }
+
+
+def windowed(name: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
+    """Capacity per depth of a windowed model (module docstring)."""
+    import h5py
+
+    from reservoir.config import ExtractConfig
+    from reservoir.extract.run import extract
+    from reservoir.probe.baselines import raw_inputs
+    from reservoir.tasks import make_task
+
+    task = make_task("memory_capacity", opts, seed)
+    if name == "raw":
+        data = {s: task.read(s, Path(".")) for s in ("train", "val", "test")}
+        per_depth = {None: {s: (raw_inputs(task, d), d.labels[:, 0]) for s, d in data.items()}}
+    else:
+        cfg = ExtractConfig(
+            task="memory_capacity", backbone=name, seed=seed, task_options=opts, dtype="float32"
+        )
+        path = Path(extract(cfg, progress=False))
+        with h5py.File(path) as f:
+            depths = [int(d) for d in f.attrs["depths"]]
+            per_depth = {
+                d: {
+                    s: (f[s]["features"][:, i, 0, :], f[s]["labels"][:, 0, :])
+                    for s in ("train", "val", "test")
+                }
+                for i, d in enumerate(depths)
+            }
+        path.unlink(missing_ok=True)
+    out: dict[str, Any] = {"depths": [], "mc": [], "alpha": [], "kernel_rank": []}
+    inputs = task.series(task.stretches()[1])[0][task.last_steps("train")]
+    for depth, rows in per_depth.items():
+        mc, alpha = capacities(rows)
+        out["depths"].append(depth)
+        out["mc"].append(mc.tolist())
+        out["alpha"].append(alpha)
+        out["kernel_rank"].append(checked(rows["train"][0], inputs, opts["delays"], alpha).get("kernel_rank"))
+    best = int(np.argmax([sum(m) for m in out["mc"]]))
+    out["check"] = checked(
+        per_depth[out["depths"][best]]["train"][0], inputs, opts["delays"], out["alpha"][best]
+    )
+    return out
+
+
+def continuous(name: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
+    """Capacity of a continuous-protocol ESN (module docstring)."""
+    from reservoir.model.backbones.esn import ESNConfig, series_states
+    from reservoir.tasks import make_task
+    from reservoir.tasks.memory import delayed
+
+    task = make_task("memory_capacity", opts, seed)
+    u = task.series(task.stretches()[1])[0]
+    cfg = ESNConfig(units=100, lr=1.0, sr=0.95, input_scaling=0.1, activation=CONTINUOUS[name][1])
+    states = series_states(cfg, u[:, None], seed)
+    rows = {
+        s: (states[i], delayed(u, i, opts["delays"]))
+        for s in ("train", "val", "test")
+        for i in [task.last_steps(s)]
+    }
+    mc, alpha = capacities(rows)
+    train = task.last_steps("train")
+    return {
+        "depths": [1],
+        "mc": [mc.tolist()],
+        "alpha": [alpha],
+        "kernel_rank": [None],
+        "check": checked(states[train], u[train], opts["delays"], alpha),
+    }
+
+
+def render(records: dict[str, Any], args) -> str:
+    """The memory capacity table (summed over delays, at each model's best depth and per depth)."""
+    md = [
+        "Linear memory capacity (Jaeger 2001): the sum over delays k = 1..K of the squared correlation, on test "
+        "steps, between the input k steps back and its ridge readout from the state (penalty chosen on "
+        "validation), i.i.d. inputs on [-1, 1]. Windowed: windows of "
+        f"{args.window} steps, K = {args.delays}, {args.n_train} train, {args.n_val} validation and "
+        f"{args.n_test} test windows (a window holds {args.window - 1} inputs before its last: no windowed model "
+        f"can exceed {args.window - 1}). Continuous: one run, K = {args.long_delays}, {args.long_train} train steps; "
+        "a linear reservoir of N units is bounded by N (here 100). Mean ± standard deviation over the seeds run; "
+        "rcbench's estimator on the same states (its 80/20 split of the train steps, the same penalty) beside ours.",
+        "",
+        "| model | seeds | capacity (best depth) | depth | capacity per depth | ours, rcbench's split | rcbench | "
+        "kernel rank per depth (rcbench) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    labels = {**WINDOWED, **{k: v[0] for k, v in CONTINUOUS.items()}}
+    for name, label in labels.items():
+        runs = [r for key, r in sorted(records.items()) if key.split("/")[0] == name]
+        if not runs:
+            md.append(f"| {label} | 0 | not run | | | | | |")
+            continue
+        sums = np.array([[sum(m) for m in r["mc"]] for r in runs])  # (seeds, depths)
+        best = [int(np.argmax(s)) for s in sums]
+        at_best = [s[b] for s, b in zip(sums, best)]
+        depths = sorted({runs[i]["depths"][b] for i, b in enumerate(best)}, key=str)
+        per_depth = ", ".join(f"{d}: {m:.3g}" for d, m in zip(runs[0]["depths"], sums.mean(0)))
+        mean_sd = f"{np.mean(at_best):.3g}" + (f" ± {np.std(at_best, ddof=1):.2g}" if len(runs) > 1 else "")
+        check = [r.get("check") or {} for r in runs]
+        ours = f"{np.mean([c['ours'] for c in check]):.4g}" if all(check) else "rcbench absent"
+        theirs = f"{np.mean([c['rcbench'] for c in check]):.4g}" if all(check) else ""
+        ranks = ", ".join(str(k) for k in runs[0]["kernel_rank"] if k is not None)
+        md.append(
+            f"| {label} | {len(runs)} | {mean_sd} | {','.join(map(str, depths))} | {per_depth} | {ours} | {theirs} "
+            f"| {ranks} |"
+        )
+    return "\n".join(md) + "\n"
+
+
+def plot(records: dict[str, Any], args, path: Path) -> None:
+    """Capacity per delay at each model's best depth (seed 0), and summed capacity per depth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = {**WINDOWED, **{k: v[0] for k, v in CONTINUOUS.items()}}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, label in labels.items():
+        r = records.get(f"{name}/0")
+        if r is None:
+            continue
+        sums = [sum(m) for m in r["mc"]]
+        best = int(np.argmax(sums))
+        left.plot(
+            range(1, len(r["mc"][best]) + 1), r["mc"][best], label=f"{label} (depth {r['depths'][best]})"
+        )
+        if len(r["depths"]) > 1:
+            right.plot(r["depths"], sums, marker="o", label=label)
+    left.axvline(args.window - 1, color="grey", ls=":", label=f"window ({args.window - 1} inputs back)")
+    left.set(xlabel="delay k", ylabel="capacity (squared correlation)", title="memory capacity per delay")
+    right.axhline(100, color="black", ls="--", label="bound of a 100-unit linear ESN")
+    right.axhline(args.window - 1, color="grey", ls=":", label="bound of a windowed model")
+    right.set(xlabel="depth", ylabel="summed capacity", title="summed capacity per depth (windowed, seed 0)")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=HERE.parent / "docs" / "results" / "series")
+    parser.add_argument("--home", type=Path, default=HERE / "out" / "series")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--models", nargs="+", default=[*WINDOWED, *CONTINUOUS], choices=[*WINDOWED, *CONTINUOUS]
+    )
+    parser.add_argument("--window", type=int, default=32)
+    parser.add_argument("--delays", type=int, default=40)
+    parser.add_argument("--n-train", type=int, default=1000)
+    parser.add_argument("--n-val", type=int, default=300)
+    parser.add_argument("--n-test", type=int, default=500)
+    parser.add_argument("--long-delays", type=int, default=150)
+    parser.add_argument("--long-train", type=int, default=4000)
+    parser.add_argument("--render", action="store_true", help="write memory.md and the figure again (no run)")
+    args = parser.parse_args()
+    os.environ["RESERVOIR_HOME"] = str(args.home)
+    args.out.mkdir(parents=True, exist_ok=True)
+    store = args.out / "memory.json"
+    records = json.loads(store.read_text()) if store.exists() else {}
+    short = {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test, "window": args.window}
+    long = {"n_train": args.long_train, "n_val": 500, "n_test": 1000, "window": args.window}
+    for name in [] if args.render else args.models:
+        for seed in range(args.seeds):
+            opts = (
+                {**short, "delays": args.delays} if name in WINDOWED else {**long, "delays": args.long_delays}
+            )
+            opts["washout"] = max(100, opts["delays"])
+            key = f"{name}/{seed}"
+            if key in records and records[key]["options"] == opts:
+                continue
+            print(f"memory capacity {key}", file=sys.stderr, flush=True)
+            started = time.perf_counter()
+            record = (windowed if name in WINDOWED else continuous)(name, seed, opts)
+            records[key] = {**record, "options": opts, "seconds": round(time.perf_counter() - started, 1)}
+            store.write_text(json.dumps(records, indent=1) + "\n")
+    (args.out / "memory.md").write_text(render(records, args))
+    plot(records, args, args.out / "memory_capacity.png")
+    print(args.out / "memory.md")
+
+
+if __name__ == "__main__":
+    main()

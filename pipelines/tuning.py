@@ -1,0 +1,108 @@
+"""The same search budget for every model: a seeded random search over each model's free settings, chosen
+on validation, every trial a run with an identity kept in a ledger, so a rerun reuses its trials.
+
+A model's search space is a dict of scipy distributions; the draws are scikit-learn's
+``ParameterSampler(space, n_iter=trials, random_state=0)``, whose first ``k`` draws do not depend on
+``trials`` (a larger budget adds trials, reusing the earlier ones). Each draw is rounded to three
+significant digits. A trial is scored by a ``run(params, seed)`` function returning at least
+``val_nrmse`` and ``test_nrmse``; :func:`search` runs every draw on the tuning seed, takes the one of lowest
+validation NRMSE (the earlier draw on ties), and runs it again on the other seeds.
+
+The ledger is a JSON-lines file, one trial a line, keyed by the trial's identity (a digest of everything
+that changes its numbers: what ``key`` holds, the settings and the seed); a line is appended as soon as its
+trial ends, so an interrupted search resumes at the next trial.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sklearn.model_selection import ParameterSampler
+
+
+def rounded(params: dict[str, Any]) -> dict[str, Any]:
+    """Each float of ``params`` to three significant digits (the settings a trial names)."""
+    return {k: float(f"{v:.3g}") if isinstance(v, float) else v for k, v in sorted(params.items())}
+
+
+def draws(space: dict[str, Any], trials: int) -> list[dict[str, Any]]:
+    """The ``trials`` settings of a search over ``space`` (one empty setting where there is nothing to tune)."""
+    if not space:
+        return [{}]
+    return [rounded(p) for p in ParameterSampler(space, n_iter=trials, random_state=0)]
+
+
+def identity(key: dict[str, Any], params: dict[str, Any], seed: int) -> str:
+    """The digest naming a trial: ``key`` (task, protocol, sizes, model), its settings and its seed."""
+    text = json.dumps({**key, "params": params, "seed": seed}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Ledger:
+    """The trials run so far, by identity, read from and appended to a JSON-lines ``path``."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.trials: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    record = json.loads(line)
+                    self.trials[record["id"]] = record
+        self.ran = 0  # trials run (not read back) in this process
+
+    def trial(
+        self,
+        key: dict[str, Any],
+        params: dict[str, Any],
+        seed: int,
+        run: Callable[[dict[str, Any], int], dict[str, Any]],
+        role: str,
+    ) -> dict[str, Any]:
+        """The trial of ``params`` on ``seed``: read back if the ledger holds it, else run and appended."""
+        tid = identity(key, params, seed)
+        if tid in self.trials:
+            return self.trials[tid]
+        started = time.perf_counter()
+        scores = run(params, seed)
+        record = {
+            "id": tid,
+            **key,
+            "params": params,
+            "seed": seed,
+            "role": role,
+            **scores,
+            "seconds": round(time.perf_counter() - started, 2),
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+        self.trials[tid] = record
+        self.ran += 1
+        return record
+
+
+def search(
+    ledger: Ledger,
+    key: dict[str, Any],
+    space: dict[str, Any],
+    run: Callable[[dict[str, Any], int], dict[str, Any]],
+    *,
+    trials: int,
+    seeds: int,
+    tune_seed: int = 0,
+) -> dict[str, Any]:
+    """Tune ``key``'s model over ``space`` with ``trials`` draws on ``tune_seed``, then run the setting of
+    lowest validation NRMSE on ``seeds`` seeds (``tune_seed`` first, its trial reused). Returns
+    ``{"trials": [...], "best": params, "seeds": [...]}``, the records of the ledger."""
+    tried = [ledger.trial(key, p, tune_seed, run, "search") for p in draws(space, trials)]
+    best = min(tried, key=lambda r: r["val_nrmse"])["params"]
+    others = [s for s in range(tune_seed, tune_seed + seeds) if s != tune_seed]
+    seeded = [next(r for r in tried if r["params"] == best)]
+    seeded += [ledger.trial(key, best, s, run, "seed") for s in others]
+    return {"trials": tried, "best": best, "seeds": seeded}

@@ -1,0 +1,68 @@
+"""The tuned series pipeline: the same seeded search for every model, its trials kept in a ledger that a
+rerun reads back instead of running again, a larger budget extending the earlier draws, and the table
+rendered from the ledger alone, a search cut short said to be not run."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "pipelines"))  # series.py imports tuning.py beside it
+spec = importlib.util.spec_from_file_location("tuning", ROOT / "pipelines" / "tuning.py")
+tuning = sys.modules["tuning"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tuning)
+
+from scipy.stats import loguniform  # noqa: E402
+
+
+def test_a_rerun_reuses_every_trial_and_a_larger_budget_extends_the_draws(tmp_path):
+    space = {"x": loguniform(0.01, 10.0)}
+    calls = []
+
+    def run(params, seed):
+        calls.append((params["x"], seed))
+        return {"val_nrmse": abs(params["x"] - 1) + seed, "test_nrmse": params["x"]}
+
+    key = {"task": "t", "protocol": "windowed", "model": "m", "options": {"n_train": 10}}
+    first = tuning.search(tuning.Ledger(tmp_path / "trials.jsonl"), key, space, run, trials=4, seeds=3)
+    assert len(calls) == 4 + 2  # four draws on seed 0, the chosen one on seeds 1 and 2
+    best = min(first["trials"], key=lambda r: r["val_nrmse"])["params"]
+    assert first["best"] == best and [r["seed"] for r in first["seeds"]] == [0, 1, 2]
+
+    again = tuning.search(tuning.Ledger(tmp_path / "trials.jsonl"), key, space, run, trials=4, seeds=3)
+    assert len(calls) == 6 and again == first  # read back, nothing run
+
+    more = tuning.search(tuning.Ledger(tmp_path / "trials.jsonl"), key, space, run, trials=6, seeds=3)
+    assert [r["params"] for r in more["trials"][:4]] == [r["params"] for r in first["trials"]]
+    assert len(calls) - 6 == 2 + (2 if more["best"] != first["best"] else 0)
+    lines = (tmp_path / "trials.jsonl").read_text().splitlines()
+    assert len(lines) == len({json.loads(line)["id"] for line in lines}) == len(calls)
+
+
+def test_the_pipeline_runs_a_small_budget_then_reuses_it(tmp_path, monkeypatch):
+    """series.py on tiny NARMA-10 series (an ESN, reservoirpy's and the baselines, both protocols): a second
+    run adds no trial, and the table names what did not run."""
+    spec = importlib.util.spec_from_file_location("series", ROOT / "pipelines" / "series.py")
+    series = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "series", series)  # its dataclass looks its module up
+    spec.loader.exec_module(series)
+    out = tmp_path / "out"
+    argv = [
+        "series.py",
+        *("--out", str(out), "--home", str(tmp_path / "home")),
+        *("--trials", "2", "--seeds", "2", "--n-train", "120", "--n-val", "60", "--n-test", "60"),
+        *("--window", "8", "--tasks", "narma10", "--models", "esn-100", "reservoirpy", "raw", "mean"),
+    ]
+    monkeypatch.setenv("RESERVOIR_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(sys, "argv", argv)
+    series.main()
+    trials = (out / "trials.jsonl").read_text()
+    # esn-100: 2 draws + 1 seed, each protocol; reservoirpy: 2 + 1; raw and mean: one setting on 2 seeds
+    assert len(trials.splitlines()) == 3 + 3 + 3 + 2 + 2
+    series.main()
+    assert (out / "trials.jsonl").read_text() == trials
+    table = (out / "series.md").read_text()
+    narma = table.split("**NARMA-10**")[1]
+    assert "| GPT-2 small shape, random | not run | - |" in narma
+    assert "± " in narma.split("| ESN, 100 units | ")[1].split("\n")[0]

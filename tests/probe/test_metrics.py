@@ -1,0 +1,62 @@
+"""Memory capacity (Jaeger 2001): a linear echo state network holds about as many past inputs as it has
+units, a tanh one fewer, and our estimator equals rcbench's on the same states and split."""
+
+import numpy as np
+import pytest
+
+from reservoir.model.backbones.esn import ESNConfig, series_states
+from reservoir.probe.metrics import memory_capacity
+from reservoir.tasks.memory import delayed
+
+UNITS, DELAYS = 20, 60
+
+
+def states(activation: str, steps: int = 6000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    u = np.random.default_rng(seed).uniform(-1, 1, steps)
+    cfg = ESNConfig(
+        units=UNITS,
+        sr=0.95,
+        lr=1.0,
+        input_scaling=0.1,
+        activation=activation,
+        input_connectivity=1.0,
+        rc_connectivity=1.0,
+    )
+    return series_states(cfg, u[:, None], seed=1), u
+
+
+def capacity(X: np.ndarray, u: np.ndarray, alpha: float = 0.0) -> np.ndarray:
+    steps = np.arange(200, len(u))
+    X, U = X[steps], delayed(u, steps, DELAYS)
+    return memory_capacity((X[:3800], U[:3800]), (X[4000:], U[4000:]), alpha)
+
+
+def test_a_linear_reservoir_holds_about_its_number_of_units():
+    mc = capacity(*states("identity"))
+    assert UNITS - 2 < mc.sum() <= UNITS + 1  # Jaeger's bound, up to the estimator's chance correlations
+    assert np.all(mc[:10] > 0.99) and np.all((mc >= 0) & (mc <= 1))
+    assert mc[UNITS + 10 :].sum() < 1  # nothing older than the reservoir can hold
+
+
+def test_tanh_holds_less_than_linear_and_a_constant_readout_holds_nothing():
+    assert capacity(*states("tanh")).sum() < capacity(*states("identity")).sum()
+    X, u = states("identity")
+    assert capacity(np.zeros_like(X), u).sum() == 0
+
+
+def test_ours_equals_rcbench_on_the_same_states():
+    pytest.importorskip("rcbench")
+    from rcbench.tasks.memorycapacity import MemoryCapacityEvaluator
+
+    X, u = states("tanh", steps=2000)
+    alpha = 1e-6
+    theirs = MemoryCapacityEvaluator(u, X, max_delay=30).calculate_total_memory_capacity(
+        feature_selection_method="kbest", num_features="all", regression_alpha=alpha, train_ratio=0.8
+    )
+    steps = np.arange(30, len(u))
+    split = int(0.8 * len(steps))
+    U = delayed(u, steps, 30)
+    ours = memory_capacity((X[steps][:split], U[:split]), (X[steps][split:], U[split:]), alpha)
+    per_delay = np.array([theirs["delay_results"][k] for k in range(1, 31)])
+    np.testing.assert_allclose(ours, per_delay, atol=1e-6)
+    assert abs(ours.sum() - theirs["total_memory_capacity"]) < 1e-5
