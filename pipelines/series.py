@@ -11,8 +11,8 @@ Two protocols, both reported:
   read the same windows. An ESN restarts from a zero state at every window.
 - ``continuous``: the field's protocol for an echo state network: one run over the whole series from a zero
   state, its ``washout`` first steps (the task's) never read, the states at the same train, validation and
-  test steps read by the same ridge head. Ours (:func:`reservoir.model.backbones.esn.series_states`) and
-  reservoirpy's ``Reservoir`` both run it.
+  test steps read by the same ridge head. Ours (:func:`reservoir.model.backbones.esn.series_states`, every
+  unit reading the input) and reservoirpy's ``Reservoir`` (its defaults: a tenth of the units read it) run it.
 
 NARMA-10's inputs are fed centred, ``4 u - 1`` (the task's ``centred`` option), Mackey-Glass is scaled to
 [-1, 1] already. Every model's free settings (:data:`MODELS`) are searched with the same number of trials
@@ -113,10 +113,19 @@ def task_options(task: str, args, n_train: int) -> dict[str, Any]:
     return {**opts, "centred": True} if task == "narma10" else opts
 
 
-def esn_config(model: Model, params: dict[str, Any]):
+#: settings fixed, not searched, where they differ from the defaults (part of a trial's identity): under the
+#: continuous protocol every unit of our ESN reads the input, as the field's ESNs do (one input through
+#: reservoirpy's default sparse ``Win`` reaches a tenth of the units)
+FIXED = {
+    ("continuous", "esn-100"): {"input_connectivity": 1.0},
+    ("continuous", "esn"): {"input_connectivity": 1.0},
+}
+
+
+def esn_config(model: Model, params: dict[str, Any], fixed: dict[str, Any]):
     from reservoir.model.backbones.esn import ESNConfig
 
-    return ESNConfig(units=model.units, **params)
+    return ESNConfig(units=model.units, **fixed, **params)
 
 
 def esn_name(model: Model, params: dict[str, Any]) -> str:
@@ -164,7 +173,9 @@ def continuous_run(task: str, name: str, opts: dict[str, Any]):
             )
             states = esn.run(inputs[:, None])
         else:
-            states = series_states(esn_config(model, params), inputs[:, None], seed)
+            states = series_states(
+                esn_config(model, params, FIXED[("continuous", name)]), inputs[:, None], seed
+            )
         steps = {s: t.last_steps(s) for s in ("train", "val", "test")}
         return scored(
             {s: (states[i], targets[i + t.horizon].astype(np.float32)) for s, i in steps.items()}, seed
@@ -234,7 +245,14 @@ def windowed_run(task: str, name: str, opts: dict[str, Any]):
 
 def key_of(task: str, protocol: str, name: str, opts: dict[str, Any]) -> dict[str, Any]:
     """What names a model's trials besides their settings and seed (``tuning.identity``)."""
-    return {"task": task, "protocol": protocol, "model": name, "options": opts}
+    fixed = FIXED.get((protocol, name))
+    return {
+        "task": task,
+        "protocol": protocol,
+        "model": name,
+        "options": opts,
+        **({"fixed": fixed} if fixed else {}),
+    }
 
 
 class Missing(Exception):
@@ -380,11 +398,11 @@ def main() -> None:
     (args.out / "series.md").write_text(render(ledger, args))
     about_path = args.out / "series.json"
     about = json.loads(about_path.read_text()) if about_path.exists() else {}
-    if ledger.ran:
+    if ledger.ran or "trials" not in about:
         from reservoir.runtime import machine
 
         seconds = sum(r["seconds"] for r in ledger.trials.values())
-        about |= {
+        about = {
             "command": "make -C pipelines series",
             "wall_time": f"Compute: {seconds / 60:.1f} min over {len(ledger.trials)} trials, on "
             f"{machine.on('cpu')} (one thread; the last session ran {ledger.ran} trials in "
