@@ -60,11 +60,19 @@ def capacities(rows: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarr
     return memory_capacity(rows["train"], rows["test"], alpha), alpha
 
 
+def kernel_rank(states: np.ndarray) -> int | None:
+    """rcbench's linear kernel rank of ``states`` (``None`` without rcbench)."""
+    try:
+        from rcbench.tasks.kernelrank import KernelRankEvaluator
+    except ImportError:
+        return None
+    return int(KernelRankEvaluator(states).run_evaluation()["kernel_rank"])
+
+
 def checked(states: np.ndarray, inputs: np.ndarray, delays: int, alpha: float) -> dict[str, Any]:
     """rcbench's memory capacity and ours on the same consecutive ``states`` (its 80/20 split, penalty
     ``alpha``) and rcbench's linear kernel rank; empty without rcbench."""
     try:
-        from rcbench.tasks.kernelrank import KernelRankEvaluator
         from rcbench.tasks.memorycapacity import MemoryCapacityEvaluator
     except ImportError:
         return {}
@@ -80,11 +88,10 @@ def checked(states: np.ndarray, inputs: np.ndarray, delays: int, alpha: float) -
     ours = memory_capacity(
         (states[delays:split], U[: split - delays]), (states[split:], U[split - delays :]), alpha
     )
-    rank = KernelRankEvaluator(states).run_evaluation()["kernel_rank"]
     return {
         "rcbench": float(theirs["total_memory_capacity"]),
         "ours": float(ours.sum()),
-        "kernel_rank": int(rank),
+        "kernel_rank": kernel_rank(states),
     }
 
 
@@ -123,7 +130,7 @@ def windowed(name: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
         out["depths"].append(depth)
         out["mc"].append(mc.tolist())
         out["alpha"].append(alpha)
-        out["kernel_rank"].append(checked(rows["train"][0], inputs, opts["delays"], alpha).get("kernel_rank"))
+        out["kernel_rank"].append(kernel_rank(rows["train"][0]))
     best = int(np.argmax([sum(m) for m in out["mc"]]))
     out["check"] = checked(
         per_depth[out["depths"][best]]["train"][0], inputs, opts["delays"], out["alpha"][best]

@@ -136,10 +136,11 @@ def section(n: int, record: Path, caption: str, folder: str) -> list[str]:
 
 
 def series_section(record: Path) -> list[str]:
-    """The forecasting tasks' part of the document (``series.py``'s record), with the notes written against it."""
+    """The home tasks' part of the document (``series.py``'s and ``memory.py``'s record), with the notes written
+    against it (``notes/series.md``) and the memory capacity figure."""
     about = json.loads((record / "series.json").read_text())
     parts = [
-        "## Reservoir computing's home tasks: Mackey-Glass and NARMA-10",
+        "## Reservoir computing's home tasks: Mackey-Glass, NARMA-10 and memory capacity",
         "",
         "```",
         about["command"],
@@ -150,6 +151,10 @@ def series_section(record: Path) -> list[str]:
     if notes.exists():
         parts += [notes.read_text().strip(), ""]
     parts += [(record / "series.md").read_text().strip(), "", about["wall_time"], ""]
+    if (record / "memory.md").exists():
+        parts += ["### Memory capacity", "", (record / "memory.md").read_text().strip(), ""]
+    for png in sorted(record.glob("*.png")):
+        parts += [f"![{png.stem}](results/{record.name}/{png.name})", ""]
     return parts
 
 
