@@ -181,15 +181,15 @@ def memory_capacity(
     """Memory capacity per delay (Jaeger 2001): for each column ``k`` of the delayed inputs ``U``, the
     squared correlation on ``test`` between ``U[:, k]`` and its linear readout from the states ``X``, a
     ridge of penalty ``alpha`` with an intercept fitted on ``fit`` (as scikit-learn's ``Ridge(alpha)``
-    fits it: centred, unscaled states; ``alpha`` 0 is least squares). ``fit`` and ``test`` are
+    fits it: centred, unscaled states, the normal equations solved; ``alpha`` 0 is least squares). ``fit`` and ``test`` are
     ``(X (n, d), U (n, K))``; returns ``(K,)`` float64, each in [0, 1] (0 for a prediction constant to rounding).
     Summed over delays, a linear reservoir of ``N`` units reaches at most ``N``."""
     X, U = (np.asarray(a, np.float64) for a in fit)
     x_mean, u_mean = X.mean(0), U.mean(0)
     Xc = X - x_mean
-    if alpha > 0:
+    try:  # the normal equations, as scikit-learn's Ridge solves them (a singular system: least squares)
         W = np.linalg.solve(Xc.T @ Xc + alpha * np.eye(X.shape[1]), Xc.T @ (U - u_mean))
-    else:
+    except np.linalg.LinAlgError:
         W = np.linalg.lstsq(Xc, U - u_mean, rcond=None)[0]
     X_test, U_test = (np.asarray(a, np.float64) for a in test)
     pred = (X_test - x_mean) @ W + u_mean
