@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -375,7 +374,6 @@ def main() -> None:
     args.all_tasks = list(TASKS)
     os.environ["RESERVOIR_HOME"] = str(args.home)
     ledger = Ledger(args.out / "trials.jsonl")
-    started = time.perf_counter()
     if not args.render:
         for task in args.tasks:
             for n in args.n_train:
@@ -398,18 +396,19 @@ def main() -> None:
     (args.out / "series.md").write_text(render(ledger, args))
     about_path = args.out / "series.json"
     about = json.loads(about_path.read_text()) if about_path.exists() else {}
-    if ledger.ran or "trials" not in about:
+    if ledger.ran or "machine" not in about:
         from reservoir.runtime import machine
 
-        seconds = sum(r["seconds"] for r in ledger.trials.values())
-        about = {
-            "command": "make -C pipelines series",
-            "wall_time": f"Compute: {seconds / 60:.1f} min over {len(ledger.trials)} trials, on "
-            f"{machine.on('cpu')} (one thread; the last session ran {ledger.ran} trials in "
-            f"{(time.perf_counter() - started) / 60:.1f} min).",
-            "trials": args.trials,
-            "seeds": args.seeds,
-        }
+        about["machine"] = machine.on("cpu")
+    seconds = sum(r["seconds"] for r in ledger.trials.values())
+    about = {
+        "command": "make -C pipelines series",
+        "machine": about["machine"],
+        "wall_time": f"Compute: {seconds / 60:.0f} min summed over the {len(ledger.trials)} trials of the ledger "
+        f"(one thread each, features extracted and fitted), on {about['machine']}.",
+        "trials": args.trials,
+        "seeds": args.seeds,
+    }
     about_path.write_text(json.dumps(about, indent=1) + "\n")
     print(args.out / "series.md")
 
