@@ -45,8 +45,9 @@ CONTINUOUS = {
     "esn-100-linear": ("ESN, 100 units, linear (identity), continuous", "identity"),
     "esn-100-tanh": ("ESN, 100 units, tanh, continuous", "tanh"),
 }
-#: ridge penalties, times the states' mean variance
-GRID = (0.0, 1e-10, 1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+#: ridge penalties, times the states' mean variance (none 0: an unregularised solve of ill-conditioned states depends on
+#: the solver, scikit-learn's least squares and the normal equations disagreeing by a third of a linear ESN's capacity)
+GRID = (1e-10, 1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 
 def capacities(rows: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float]:
@@ -159,7 +160,7 @@ def continuous(name: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
         "depths": [1],
         "mc": [mc.tolist()],
         "alpha": [alpha],
-        "kernel_rank": [None],
+        "kernel_rank": [kernel_rank(states[train])],
         "check": checked(states[train], u[train], opts["delays"], alpha),
     }
 
@@ -189,8 +190,10 @@ def render(records: dict[str, Any], args) -> str:
         sums = np.array([[sum(m) for m in r["mc"]] for r in runs])  # (seeds, depths)
         best = [int(np.argmax(s)) for s in sums]
         at_best = [s[b] for s, b in zip(sums, best)]
-        depths = sorted({runs[i]["depths"][b] for i, b in enumerate(best)}, key=str)
-        per_depth = ", ".join(f"{d}: {m:.3g}" for d, m in zip(runs[0]["depths"], sums.mean(0)))
+        depths = sorted({str(runs[i]["depths"][b]) for i, b in enumerate(best)} - {"None"}) or ["-"]
+        per_depth = ", ".join(
+            f"{d}: {m:.3g}" for d, m in zip(runs[0]["depths"], sums.mean(0)) if d is not None
+        )
         mean_sd = f"{np.mean(at_best):.3g}" + (f" ± {np.std(at_best, ddof=1):.2g}" if len(runs) > 1 else "")
         check = [r.get("check") or {} for r in runs]
         ours = f"{np.mean([c['ours'] for c in check]):.4g}" if all(check) else "rcbench absent"
@@ -212,17 +215,17 @@ def plot(records: dict[str, Any], args, path: Path) -> None:
 
     labels = {**WINDOWED, **{k: v[0] for k, v in CONTINUOUS.items()}}
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, label in labels.items():
+    for i, (name, label) in enumerate(labels.items()):
         r = records.get(f"{name}/0")
         if r is None:
             continue
         sums = [sum(m) for m in r["mc"]]
         best = int(np.argmax(sums))
-        left.plot(
-            range(1, len(r["mc"][best]) + 1), r["mc"][best], label=f"{label} (depth {r['depths'][best]})"
-        )
+        style = {"color": f"C{i}", "ls": "--" if name == "raw" else "-"}
+        depth = "" if r["depths"][best] is None else f" (depth {r['depths'][best]})"
+        left.plot(range(1, len(r["mc"][best]) + 1), r["mc"][best], label=label + depth, **style)
         if len(r["depths"]) > 1:
-            right.plot(r["depths"], sums, marker="o", label=label)
+            right.plot(r["depths"], sums, marker="o", label=label, **style)
     left.axvline(args.window - 1, color="grey", ls=":", label=f"window ({args.window - 1} inputs back)")
     left.set(xlabel="delay k", ylabel="capacity (squared correlation)", title="memory capacity per delay")
     right.axhline(100, color="black", ls="--", label="bound of a 100-unit linear ESN")
