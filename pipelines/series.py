@@ -16,7 +16,7 @@ Two protocols, both reported:
 
 NARMA-10's inputs are fed centred, ``4 u - 1`` (the task's ``centred`` option), Mackey-Glass is scaled to
 [-1, 1] already. Every model's free settings (:data:`MODELS`) are searched with the same number of trials
-(``--trials``) on seed 0 (``tuning.py``), chosen by the lowest validation NRMSE, and the chosen setting is
+(``--trials``, quasi-random: ``tuning.py``) on seed 0, chosen by the lowest validation NRMSE, and the chosen setting is
 run on ``--seeds`` seeds (each its own series and weights); every ridge penalty is chosen on validation
 from the head's grid, in every trial. Trials are kept in ``--out``'s ``trials.jsonl`` and reused by a rerun;
 ``--models``, ``--tasks``, ``--n-train`` and ``--protocols`` choose what runs, the tables are rendered from
@@ -294,7 +294,7 @@ def render(ledger: Ledger, args) -> str:
     md = [
         f"Test NRMSE (RMSE over the targets' standard deviation; 0 is perfect, 1 the train mean's level), mean "
         f"± standard deviation over {args.seeds} seeds (each its own series and random weights) of the setting "
-        f"chosen on validation by a random search of {args.trials} trials on seed 0, the same number for every "
+        f"chosen on validation by a quasi-random (Sobol) search of {args.trials} trials on seed 0, the same number for every "
         "model with free settings (the ridge penalty chosen on validation in every trial, for every model; a "
         "backbone's depth too). "
         f"{args.n_val} validation and {args.n_test} test steps, one step ahead; windows of {args.window} steps. "
