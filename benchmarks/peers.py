@@ -167,11 +167,9 @@ class Setup:
     def hf_model(self):
         """A Hugging Face ``GPT2Model`` with the seeded default initialisation: the weights of
         ``reservoir.model.backbones.load_backbone("gpt2-random", seed)`` (``random_gpt2``)."""
-        from transformers import GPT2Config
+        from reservoir.model.backbones.gpt2 import random_gpt2
 
-        from reservoir.model.backbones.hf import random_model
-
-        return frozen(random_model(GPT2Config(**self.shape), self.seed))
+        return frozen(random_gpt2(self.seed, **self.shape).to_transformers())
 
     def input_layer(self) -> nn.Module:
         return frozen(make_input_layer(self.spec, self.shape["n_embd"], self.seed))

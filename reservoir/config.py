@@ -39,8 +39,8 @@ def home() -> Path:
 
 
 def cache_dir() -> Path:
-    """Converted models and compile records: ``$RESERVOIR_CACHE``, else ``$RESERVOIR_HOME/cache``,
-    else ``~/.cache/reservoir``."""
+    """Converted models, compile records, derived data: ``$RESERVOIR_CACHE``, else
+    ``$RESERVOIR_HOME/cache``, else ``~/.cache/reservoir``."""
     if os.environ.get("RESERVOIR_CACHE"):
         return Path(os.environ["RESERVOIR_CACHE"])
     if os.environ.get("RESERVOIR_HOME"):

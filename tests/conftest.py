@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,10 +51,6 @@ def one_thread():
     pytest.mark.usefixtures("one_thread")`` in a module that runs them."""
     with torch_threads(1):
         yield
-
-
-#: a data folder for tests that read bundled data (scikit-learn's digits keeps its split there), outside the repository
-TEST_DATA = Path(tempfile.gettempdir()) / "reservoir-test-data"
 
 
 @pytest.fixture

@@ -97,14 +97,17 @@ class Digits(Task):
 
     def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)
-        x, y = self.splits(data_dir)[split]
+        x, y = self.splits()[split]
         n = min(n or len(y), len(y))
         return SplitData(x[:n], y[:n].astype(np.int64), np.full(n, 16))
 
-    def splits(self, data_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """The stratified train/test split of scikit-learn's digits, kept in ``data_dir`` once made, so a
-        later run reads two small arrays instead of importing scikit-learn (about a second and a half)."""
-        kept = Path(data_dir) / "digits" / f"split-{self.test_size!r}-{self.seed}.npz"
+    def splits(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The stratified train/test split of scikit-learn's digits, kept in the reservoir cache once made
+        (:func:`reservoir.config.cache_dir`), so a later run reads two small arrays instead of importing
+        scikit-learn (about a second and a half)."""
+        from reservoir.config import cache_dir
+
+        kept = cache_dir() / "digits" / f"split-{self.test_size!r}-{self.seed}.npz"
         if kept.exists():
             with np.load(kept) as f:
                 return {s: (f[f"x_{s}"], f[f"y_{s}"]) for s in ("train", "test")}
@@ -122,7 +125,7 @@ class Digits(Task):
             with open(part, "wb") as f:
                 np.savez(f, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
             os.replace(part, kept)
-        except OSError:  # a read-only or full data folder: made again next time
+        except OSError:  # a read-only or full cache: made again next time
             with contextlib.suppress(OSError):
                 part.unlink(missing_ok=True)
         return {"train": (x_train, y_train), "test": (x_test, y_test)}

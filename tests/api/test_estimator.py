@@ -13,7 +13,6 @@ from sklearn.preprocessing import StandardScaler
 
 from reservoir import api
 from reservoir.tasks import DataError, get_task
-from tests.conftest import TEST_DATA
 
 
 def digit_tokens(n: int = 200):
@@ -46,7 +45,7 @@ def test_transformer_features_equal_extracted_features(tiny_gpt2, tmp_path):
     )
     X, y = digit_tokens(2000)
     task = get_task("digits")
-    train = task.load("train", TEST_DATA, limit=30)
+    train = task.load("train", ".", limit=30)
     tokens = task.encode(train.inputs)
     feats = (
         api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=[0, 2], seed=0, dtype="float32")
@@ -117,7 +116,7 @@ def test_int8_transformer_calibrates_as_an_extraction_does(tiny_gpt2, tmp_path, 
 
     path = api.extract("digits", str(tiny_gpt2), limit=30, batch_size=7, dtype=dtype, out=tmp_path / "d.h5")
     task = get_task("digits")
-    tokens = task.encode(task.load("train", TEST_DATA, limit=30).inputs)
+    tokens = task.encode(task.load("train", ".", limit=30).inputs)
     feats = (
         api.ReservoirFeatures(backbone=str(tiny_gpt2), depth="all", seed=0, dtype=dtype)
         .fit(tokens)

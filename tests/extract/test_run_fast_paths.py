@@ -20,7 +20,6 @@ from reservoir.model.backbones import load_backbone
 from reservoir.runtime import runner as fw
 from reservoir.runtime.runner import FeatureRunner, resolve_dtype, round_width
 from reservoir.tasks import get_task
-from tests.conftest import TEST_DATA
 
 LISTOPS = {"max_len": 200, "n_train": 14, "n_val": 1, "n_test": 1, "min_length": 5, "max_length": 190}
 
@@ -37,7 +36,7 @@ def runner_for(
 
 def digits(n=48):
     task = get_task("digits")
-    d = task.load("train", TEST_DATA, n)
+    d = task.load("train", ".", n)
     return task, task.encode(d.inputs), d.lengths
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -190,9 +191,7 @@ class Backbone(nn.Module):
     def projections(self) -> dict[str, nn.Module]:
         """The matrix products int8 quantizes, by name in the backbone: every ``nn.Linear`` and
         transformers' ``Conv1D`` (embeddings and norms stay float)."""
-        from transformers.pytorch_utils import Conv1D
-
-        return {name: m for name, m in self.named_modules() if type(m) in (nn.Linear, Conv1D)}
+        return {name: m for name, m in self.named_modules() if type(m) is nn.Linear or is_conv1d(m)}
 
     def check_saveable(self) -> None:
         """Refuse a backbone :meth:`save_pretrained` cannot write (checked before a run that will save it)."""
@@ -357,17 +356,22 @@ def from_pretrained(cls, *args, **kwargs):
         return cls.from_pretrained(*args, **kwargs, trust_remote_code=False)
 
 
+def is_conv1d(module: nn.Module) -> bool:
+    """Whether ``module`` is transformers' ``Conv1D`` (``x @ W + b``, ``W`` of shape ``(in, out)``); asked
+    without importing transformers, which a model holding one has imported already."""
+    conv1d = getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
+    return conv1d is not None and type(module) is conv1d
+
+
 def columns(module: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """Output features ``start:stop`` of a projection (transformers' ``Conv1D`` or ``nn.Linear``)
     without computing the others (a module with a ``columns(x, start, stop)`` method computes them
     itself); any other module, or one whose weight is not a plain tensor (a quantized one), runs
     whole and is sliced."""
-    from transformers.pytorch_utils import Conv1D
-
     if hasattr(module, "columns"):
         return module.columns(x, start, stop)
     plain = type(getattr(module, "weight", None)) in (torch.Tensor, nn.Parameter)
-    if type(module) is Conv1D and plain:  # x @ W + b with W (in, out), as Conv1D.forward computes it
+    if is_conv1d(module) and plain:  # x @ W + b with W (in, out), as Conv1D.forward computes it
         y = torch.addmm(module.bias[start:stop], x.reshape(-1, x.shape[-1]), module.weight[:, start:stop])
         return y.view(*x.shape[:-1], stop - start)
     if type(module) is nn.Linear and plain:

@@ -12,7 +12,6 @@ from torch import nn
 
 from reservoir.model.backbones import load_backbone
 from reservoir.model.backbones.hf import HFBackbone
-from tests.conftest import TEST_DATA
 from tests.zoo import ARCHITECTURES, KINDS, LAYERS, MORE, save_tiny
 
 #: DINOv2's blocks take an attention mask, and its attention returns its weights, from transformers 5.18 on
@@ -204,7 +203,7 @@ def test_every_parameter_an_fpt_of_fewer_blocks_trains_is_reached_by_the_loss(fo
     task = get_task("digits")
     model = FPT(task.spec, load_backbone(str(folders[kind])), blocks=1, seed=0, dropout=0.0)
     params, _ = select_trainable(model, ["input", *model.groups(), "out"])
-    data = task.load("train", TEST_DATA, limit=8)
+    data = task.load("train", ".", limit=8)
     logits = model(torch.from_numpy(task.encode(data.inputs)), torch.from_numpy(np.asarray(data.lengths)))
     logits.float().sum().backward()
     names = {id(p): n for n, p in model.named_parameters()}
@@ -230,7 +229,7 @@ def test_attention_maps_are_the_library_attention_weights(folders, kind):
     task = get_task("digits")
     backbone = load_backbone(str(folders[kind]))
     reservoir = Reservoir(task.spec, backbone, seed=0).eval()
-    data = task.load("test", TEST_DATA, limit=1)
+    data = task.load("test", ".", limit=1)
     tokens = torch.from_numpy(task.encode(data.inputs))
     lengths = torch.tensor([tokens.shape[1]])
     ours = attention_probs(reservoir, tokens, lengths, layer=1)
@@ -350,7 +349,7 @@ def test_vision_blocks_without_a_mask_run_full_rows_and_refuse_padded_ones(folde
 
     task = get_task("digits")
     reservoir = Reservoir(task.spec, load_backbone(str(folders["dinov2"])), seed=0).eval()
-    tokens = torch.from_numpy(task.encode(task.load("test", TEST_DATA, limit=2).inputs))
+    tokens = torch.from_numpy(task.encode(task.load("test", ".", limit=2).inputs))
     full = torch.tensor([tokens.shape[1]] * 2)
     with torch.inference_mode():
         masked = reservoir(tokens, full, [1, 2])
