@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
 FILES = {
@@ -35,6 +37,7 @@ def check(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )
 
 
+@pytest.mark.slow  # about 90 s: every step of the GPU check in its small mode
 def test_the_small_check_writes_every_file_with_its_keys(tmp_path):
     done = check("--small", "--device", "cpu", env={"OUT": str(tmp_path)})  # --out defaults to $OUT
     assert done.returncode == 0, done.stderr
@@ -100,6 +103,7 @@ def run_script(path: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # about 40 s: every variant of the profile
 def test_the_profile_measures_every_variant_in_its_small_mode(tmp_path):
     done = run_script(ROOT / "benchmarks" / "gpu_profile.py", "--small", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
@@ -109,6 +113,7 @@ def test_the_profile_measures_every_variant_in_its_small_mode(tmp_path):
     assert all(r["tokens_per_s"] > 0 and r["of_roofline"] > 0 for r in rates.values())
 
 
+@pytest.mark.slow  # about 35 s: a GPU batch of training runs on the CPU
 def test_a_gpu_batch_stops_its_runs_on_time_and_packs_their_results(tmp_path):
     """Every (task, seed) a run of its own; each gives a result file, packed under TASK/BACKBONE/ for the ledger."""
     import tarfile

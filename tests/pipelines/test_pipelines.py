@@ -63,6 +63,7 @@ def stand_in(tmp_path):
     return wrapper
 
 
+@pytest.mark.slow  # about 2 minutes: a table 2 through make, twice, then another head
 def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_path):
     reservoir = stand_in(tmp_path)
     settings = ("LIMIT=40", "TASKS_2=bit_xor", "PRETRAINED=tinygpt")
@@ -118,6 +119,7 @@ def test_table2_renders_table_csv_and_plot_with_baselines_and_both_scales(tmp_pa
     assert features and all(p.stat().st_mtime_ns == t for p, t in features.items())
 
 
+@pytest.mark.slow  # about 60 s: three makes of table 2
 def test_a_table_grows_run_by_run_across_machines_and_renders_from_its_kept_runs_alone(tmp_path):
     """Two invocations in separate working folders (two machines) keep their runs in one ledger; the second's table
     holds both; a third folder with no runs renders the table and docs/results.md from the ledger alone."""
@@ -159,6 +161,7 @@ def test_a_table_grows_run_by_run_across_machines_and_renders_from_its_kept_runs
     )
 
 
+@pytest.mark.slow  # about 60 s: table 18 through make
 def test_table18_sets_the_output_only_head_at_the_chosen_and_last_depth_beside_the_paper_and_end_to_end(
     tmp_path,
 ):

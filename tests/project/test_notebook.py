@@ -9,6 +9,7 @@ import pytest
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "datasets_to_depth_plot.ipynb"
 
 
+@pytest.mark.slow  # about 50 s: the whole notebook
 def test_the_example_notebook_runs(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

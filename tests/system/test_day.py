@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import save_tiny_gpt2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,6 +23,7 @@ def bash_blocks(text: str) -> list[str]:
     return re.findall(r"```bash\n(.*?)```", text, flags=re.S)
 
 
+@pytest.mark.slow  # about 60 s: every command of the guide
 def test_the_days_commands_run_in_order(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
