@@ -7,8 +7,10 @@ Writes a feature file of about ``--gb`` GB through :class:`reservoir.extract.sto
 (GPT-2 small's shape: 13 depths of one 768-wide readout token, float32; random values), so its
 completion records the digests as an extraction does, then times:
 
-- ``seal``: recording the digests at completion (:func:`reservoir.extract.store.seal`, inside
-  ``FeatureWriter.finish``);
+- ``seal``: recording the digests at completion (:func:`reservoir.extract.digests.seal`, inside
+  ``FeatureWriter.finish``): the rows the writer's running digests took while writing are not read
+  back (:class:`reservoir.extract.digests.RunningDigests`), so for rows written in order this is the
+  wait for the last batch's hashing;
 - ``read``: reading every chunk of every depth through its Fletcher-32 check, nothing else;
 - ``verify``: what ``extract`` runs before reusing the file and ``fit`` before reading it
   (:func:`reservoir.extract.store.verify`): the same reads, a NaN/inf check and a SHA-256 per depth
@@ -32,7 +34,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reservoir.extract.store import FeatureWriter, block_rows, h5_file, verify  # noqa: E402
+from reservoir.extract.digests import block_rows  # noqa: E402
+from reservoir.extract.store import FeatureWriter, h5_file, verify  # noqa: E402
 from reservoir.runtime.machine import describe, load  # noqa: E402
 
 DEPTHS, READOUT, WIDTH = 13, 1, 768
@@ -67,9 +70,9 @@ def write(path: Path, gb: float) -> tuple[int, float]:
         sealed = {}
         seal = store.seal
 
-        def timed(f):
+        def timed(f, running=None):
             start = time.perf_counter()
-            seal(f)
+            seal(f, running)
             sealed["s"] = time.perf_counter() - start
 
         store.seal = timed

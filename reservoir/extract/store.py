@@ -35,19 +35,19 @@ import numpy as np
 
 from reservoir import __version__
 from reservoir.errors import IdentityError, StoreError, UsageError, WriteFailed
+from reservoir.extract.digests import (
+    BLOCK_BYTES,
+    DIGESTS,
+    FIX_FORCE,
+    RunningDigests,
+    depth_digest,
+    feature_splits,
+    seal,
+)
 from reservoir.identity import canonical, differences, digest
 
 CHUNK_BYTES = 1 << 20
 FIX_OTHER = "pass another --out, or delete it to extract again"
-#: attribute (JSON) of each split's group, written when the file is completed: ``features``, one SHA-256 per
-#: stored depth (in the file's depth order) of that depth's rows in row order, and ``labels`` and ``lengths``
-#: (:func:`reservoir.identity.array_digest`); a shard file keeps its ``features`` digests on its root
-DIGESTS = "sha256"
-#: what to do about a complete file whose contents fail verification
-FIX_FORCE = (
-    "extract it again with --force (the same `reservoir extract` command plus --force: the damaged file "
-    "is moved aside and a new one written)"
-)
 
 
 def create_features(group: h5py.Group, n: int, shape: tuple[int, int, int]) -> h5py.Dataset:
@@ -290,59 +290,6 @@ def readable(f: h5py.File) -> bool:
 # ---------------------------------------------------------------- content digests: verify before trust
 
 
-def block_rows(ds: h5py.Dataset) -> int:
-    """Rows of one depth read at a time (about :data:`BLOCK_BYTES`), a whole number of chunks."""
-    rows = max(1, BLOCK_BYTES // (4 * int(np.prod(ds.shape[2:])) or 1))
-    chunk = ds.chunks[0] if ds.chunks else 1
-    return max(chunk, rows // chunk * chunk)
-
-
-def depth_digest(ds: h5py.Dataset, k: int, where: str, fix: str) -> str:
-    """SHA-256 of depth index ``k`` of a features dataset, every chunk read through its Fletcher-32
-    check; a chunk that fails it, or a NaN or inf, raises StoreError starting with ``where``."""
-    import hashlib
-
-    h = hashlib.sha256(f"{ds.dtype.str}{(ds.shape[0], *ds.shape[2:])}".encode())
-    rows = block_rows(ds)
-    for start in range(0, ds.shape[0], rows):
-        try:
-            X = ds[start : start + rows, k]
-        except OSError as e:
-            raise StoreError(
-                f"{where} cannot be read ({str(e).splitlines()[0]}): the file is corrupt; {fix}"
-            ) from None
-        finite = np.isfinite(X).reshape(len(X), -1).all(1)
-        if not finite.all():
-            raise StoreError(
-                f"{where} holds NaN or inf features (row {start + int(np.flatnonzero(~finite)[0])}); {fix}"
-            )
-        h.update(np.ascontiguousarray(X).data)
-    return h.hexdigest()
-
-
-def content_digests(f: h5py.File, split: str, fix: str = FIX_FORCE) -> dict[str, Any]:
-    """The digests of one split (:data:`DIGESTS`), computed from what the file holds."""
-    from reservoir.identity import array_digest
-
-    g, depths = f[split], [int(d) for d in f.attrs["depths"]]
-    return {
-        "features": [
-            depth_digest(g["features"], k, f"{f.filename}: split {split!r}, depth {d}", fix)
-            for k, d in enumerate(depths)
-        ],
-        "labels": array_digest(g["labels"][:]),
-        "lengths": array_digest(g["lengths"][:]),
-    }
-
-
-def seal(f: h5py.File) -> None:
-    """Record every split's content digests (the last step before a file is marked complete)."""
-    for split in feature_splits(f):
-        f[split].attrs[DIGESTS] = json.dumps(
-            content_digests(f, split, fix="the run is not marked complete; rerun it")
-        )
-
-
 def verify(
     f: h5py.File, depths: list[int] | None = None, splits: list[str] | None = None, fix: str = FIX_FORCE
 ) -> None:
@@ -433,6 +380,7 @@ class FeatureWriter:
         self.path, self.f, self.lock = path, f, lock
         self.handles: dict[str, tuple] = {}
         self.failed = False
+        self.digests = RunningDigests()
 
     @classmethod
     def open(
@@ -505,11 +453,14 @@ class FeatureWriter:
     ) -> np.ndarray:
         """Create (or reopen) a split; returns its ``done`` mask."""
         if name in self.f:
-            return self.f[name]["done"][:]
+            done = self.f[name]["done"][:]
+            self.digests.start(name, self.f[name]["features"], fresh=not done.any())
+            return done
         try:
             self._create(name, labels, lengths, shape)
         except (OSError, RuntimeError) as e:
             raise self._failed(e) from None
+        self.digests.start(name, self.f[name]["features"], fresh=True)
         return np.zeros(len(labels), dtype=bool)
 
     def _create(
@@ -545,6 +496,10 @@ class FeatureWriter:
             self.handles[split] = (g, g["features"], g["done"])
         g, ds, done = self.handles[split]
         ds[sel] = features
+        if isinstance(sel, slice):
+            self.digests.add(split, sel.start, features, ds.dtype)
+        else:
+            self.digests.add(split, -1, features, ds.dtype)
         self.f.flush()  # features reach the file before the rows are marked done
         done[sel] = True
         g.attrs["rows_done"] = int(g.attrs["rows_done"]) + n
@@ -563,7 +518,7 @@ class FeatureWriter:
         try:
             self.handles.clear()
             self.f.flush()
-            seal(self.f)  # the digests verification compares with, from what the file holds
+            seal(self.f, self.digests)  # the digests verification compares with, of what the file holds
             self.f.attrs["complete"] = True
             self.f.close()
         except (OSError, RuntimeError) as e:  # h5py reports failed flushes as RuntimeError
@@ -579,6 +534,7 @@ class FeatureWriter:
 
     def close(self) -> None:
         """Close the file (unless a write failed: see :data:`_FAILED`) and release the lock."""
+        self.digests.close()
         try:
             if not self.failed and self.f.id.valid:
                 self.handles.clear()
@@ -694,10 +650,6 @@ def depth_index(f: h5py.File, depth: int) -> int:
     return depths.index(depth)
 
 
-def feature_splits(f: h5py.File) -> list[str]:
-    return [k for k in f if k != "input_layer"]
-
-
 def read_depth(f: h5py.File, split: str, depth: int) -> tuple[np.ndarray, np.ndarray]:
     """Features ``(N, n_readout, d_model)`` and labels of one depth of one split (the blocks of
     :func:`iter_depth`, checked the same way, joined)."""
@@ -724,10 +676,6 @@ def read_depths(f: h5py.File, split: str, depths: list[int] | None = None) -> tu
             out[start : start + len(X), j] = X
             start += len(X)
     return out, f[split]["labels"][:]
-
-
-#: bytes of features read at a time when a depth is streamed
-BLOCK_BYTES = 32 << 20
 
 
 def iter_depth(

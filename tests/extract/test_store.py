@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from reservoir.errors import StoreError
-from reservoir.extract.store import DIGESTS, content_digests, h5_file, verify
+from reservoir.extract.digests import DIGESTS, content_digests
+from reservoir.extract.store import h5_file, verify
 from tests.conftest import torch_threads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
