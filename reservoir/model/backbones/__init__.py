@@ -210,7 +210,7 @@ def fingerprint(model: nn.Module) -> str:
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().to("cpu").contiguous()
         h.update(f"{name}{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")  # no copy: the bytes as they are
     return h.hexdigest()
 
 
