@@ -173,7 +173,9 @@ def test_auto_measures_onnxruntime_on_the_first_batch_and_keeps_its_rate(tiny_gp
     assert r.engine == "onnxruntime" and "measured now, on the first batch" in r.engine_reason
     assert any(text.startswith("engine onnxruntime (auto:") for text in said)
     kept = next(iter(records.read(engines.ENGINE_RATES).values()))
+    convert = kept.pop("convert")  # each converting engine's measured conversion seconds, beside the rates
     assert set(kept) == {"torch", *r.candidates} and all(rate > 0 for rate in kept.values())
+    assert set(convert) <= set(r.candidates) and all(seconds >= 0 for seconds in convert.values())
 
 
 def failing_export(monkeypatch):
