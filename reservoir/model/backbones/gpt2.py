@@ -137,6 +137,16 @@ class GPT2Shape:
         return self.n_embd
 
 
+def _linear(n_in: int, n_out: int) -> nn.Linear:
+    """An ``nn.Linear`` whose tensors are allocated, not drawn (:meth:`NativeGPT2.init_weights` draws them
+    once: its own kaiming draw would be thrown away)."""
+    m = nn.Linear.__new__(nn.Linear)
+    nn.Module.__init__(m)
+    m.in_features, m.out_features = n_in, n_out
+    m.weight, m.bias = nn.Parameter(torch.empty(n_out, n_in)), nn.Parameter(torch.empty(n_out))
+    return m
+
+
 class GPT2Attention(nn.Module):
     """GPT-2's causal self-attention: fused ``c_attn`` (queries, keys, values), ``c_proj``, scaled by
     ``head_dim ** -0.5``. Returns ``(output, weights)``; the weights only when asked
@@ -153,7 +163,7 @@ class GPT2Attention(nn.Module):
         )
         self.scale_attn_weights, self.scale_attn_by_inverse_layer_idx = True, False
         self.reorder_and_upcast_attn = self.is_cross_attention = False
-        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.c_attn, self.c_proj = _linear(d, 3 * d), _linear(d, d)
         self.attn_dropout, self.resid_dropout = nn.Dropout(shape.attn_pdrop), nn.Dropout(shape.resid_pdrop)
 
     def forward(self, h: torch.Tensor, attention_mask=None, output_attentions: bool = False, **_):
@@ -179,8 +189,8 @@ class GPT2MLP(nn.Module):
     def __init__(self, shape: GPT2Shape):
         super().__init__()
         self.c_fc, self.c_proj = (
-            nn.Linear(shape.n_embd, 4 * shape.n_embd),
-            nn.Linear(4 * shape.n_embd, shape.n_embd),
+            _linear(shape.n_embd, 4 * shape.n_embd),
+            _linear(4 * shape.n_embd, shape.n_embd),
         )
         self.dropout = nn.Dropout(shape.resid_pdrop)
 
