@@ -496,10 +496,7 @@ class FeatureWriter:
             self.handles[split] = (g, g["features"], g["done"])
         g, ds, done = self.handles[split]
         ds[sel] = features
-        if isinstance(sel, slice):
-            self.digests.add(split, sel.start, features, ds.dtype)
-        else:
-            self.digests.add(split, -1, features, ds.dtype)
+        self.digests.add(split, sel.start if isinstance(sel, slice) else -1, features, ds.dtype)
         self.f.flush()  # features reach the file before the rows are marked done
         done[sel] = True
         g.attrs["rows_done"] = int(g.attrs["rows_done"]) + n

@@ -7,6 +7,7 @@ Images are kept as uint8 and cut into patches per batch. MNIST is padded from 28
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import os
 from dataclasses import dataclass
@@ -97,14 +98,15 @@ class Digits(Task):
 
     def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)
-        x, y = self.splits()[split]
+        x, y = self.splits[split]
         n = min(n or len(y), len(y))
         return SplitData(x[:n], y[:n].astype(np.int64), np.full(n, 16))
 
+    @functools.cached_property
     def splits(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The stratified train/test split of scikit-learn's digits, kept in the reservoir cache once made
         (:func:`reservoir.config.cache_dir`), so a later run reads two small arrays instead of importing
-        scikit-learn (about a second and a half)."""
+        scikit-learn (about a second and a half); read once per task."""
         from reservoir.config import cache_dir
 
         kept = cache_dir() / "digits" / f"split-{self.test_size!r}-{self.seed}.npz"
