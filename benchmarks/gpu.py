@@ -76,12 +76,12 @@ IN_FLIGHT = 8
 class Sizes:
     """What each step runs: the full shapes, or tiny ones (``--small``)."""
 
-    def __init__(self, small: bool):
+    def __init__(self, small: bool, job_rows: int | None = None):
         self.small = small
         self.shape = TINY if small else GPT2_SMALL
         self.batch = 8 if small else 256
         self.listops_len = 32 if small else 512
-        self.job_rows = 600 if small else 60_000
+        self.job_rows = job_rows or (600 if small else 60_000)
         self.train_batch = 4 if small else 32
         self.reps = 1 if small else 10
         self.matmul_n = 256 if small else 8192
@@ -108,7 +108,11 @@ def child_command(step: str, args: argparse.Namespace, seconds: float) -> list[s
         "--work",
         str(args.work),
     ]
-    return command + (["--small"] if args.small else [])
+    return (
+        command
+        + (["--small"] if args.small else [])
+        + (["--job-rows", str(args.job_rows)] if args.job_rows else [])
+    )
 
 
 def run_step(step: str, args: argparse.Namespace, seconds: float) -> dict[str, Any]:
@@ -189,7 +193,12 @@ def headline(step: str, out: Path) -> str:
             for name, s in r.get("shapes", {}).items()
         )
     if step == "job":
-        return f"{r.get('tokens_per_s', '-')} tokens/s over {r.get('rows', '-')} rows"
+        limit, timed = r.get("limit", {}), r.get("phases", {})
+        return (
+            f"{r.get('tokens_per_s', '-')} tokens/s over {r.get('rows', '-')} rows; {limit.get('share', '-')} of its "
+            f"limit ({limit.get('limit_s', '-')} s), steady batches {limit.get('steady_share', '-')} of theirs; "
+            f"waiting for the writer {timed.get('waiting_for_writer_s', '-')} s"
+        )
     if step == "train":
         return "; ".join(
             f"{name}: {s.get('steps_per_s', '-')} steps/s" for name, s in r.get("tasks", {}).items()
@@ -571,6 +580,7 @@ def step_job(args, sizes: Sizes) -> dict[str, Any]:
     with redirect_stderr(err):
         cli(argv, prog_name="reservoir", standalone_mode=False)
     end = time.perf_counter()
+    timed = phases(marks, begin, end, imported)
     return {
         "command": "reservoir " + " ".join(argv),
         "rows": sizes.job_rows,
@@ -578,9 +588,44 @@ def step_job(args, sizes: Sizes) -> dict[str, Any]:
         "seconds": round(end - begin, 2),
         "tokens_per_s": round(sizes.job_rows * 64 / (end - begin)),
         "data_written_s": round(made, 1),
-        "phases": phases(marks, begin, end, imported),
+        "phases": timed,
+        "limit": job_limit(args, sizes, end - begin, timed),
         "log": said_lines(err.getvalue())[-20:],
     }
+
+
+def job_limit(args, sizes: Sizes, seconds: float, timed: dict[str, Any]) -> dict[str, Any]:
+    """The job's limit, measured now: the larger of its matrix-product FLOPs at the device's ``torch.mm`` rate
+    (the faster of bf16 and float32) and its float32 feature bytes at the disk's sequential write rate (with fsync, in the job's folder);
+    the whole job's share of it and the steady batches' share of theirs."""
+    from extract import flops_per_token
+    from writer import disk_rate
+
+    shape = sizes.shape
+    per_token = flops_per_token(shape["n_layer"], shape["n_embd"], 4 * shape["n_embd"], 64, 16)
+    per_row_bytes = (shape["n_layer"] + 1) * shape["n_embd"] * 4
+    rate = max(roofline(device_of(args.device), sizes.matmul_n, sizes.matmul_s).values())
+    nbytes = sizes.job_rows * per_row_bytes
+    disk = disk_rate(args.work, max(1 << 24, min(nbytes, 1 << 30)))  # GB/s
+
+    def limit(rows: int) -> dict[str, float]:
+        compute, write = rows * 64 * per_token / rate, rows * per_row_bytes / (disk * 1e9)
+        return {
+            "compute_s": round(compute, 3),
+            "disk_s": round(write, 3),
+            "limit_s": round(max(compute, write), 3),
+        }
+
+    whole = limit(sizes.job_rows)
+    out = {"roofline_tflops": round(rate / 1e12, 2), "disk_gb_s": round(disk, 2), **whole}
+    out["share"] = round(whole["limit_s"] / seconds, 3)
+    out["phases_share_of_job"] = {
+        k[:-2]: round(v / seconds, 3) for k, v in timed.items() if k.endswith("_s") and k not in ("imports_s", "steady_tokens_per_s")
+    }
+    if "steady_s" in timed:
+        steady_rows = timed["steady_tokens_per_s"] * timed["steady_s"] / 64
+        out["steady_share"] = round(limit(round(steady_rows))["limit_s"] / timed["steady_s"], 3)
+    return out
 
 
 def said_lines(text: str) -> list[str]:
@@ -779,7 +824,7 @@ STEPS: dict[str, Callable] = {
 
 
 def run_child(args: argparse.Namespace) -> int:
-    result = STEPS[args.step](args, Sizes(args.small))
+    result = STEPS[args.step](args, Sizes(args.small, args.job_rows))
     if result is not None:
         write_json(args.out / FILES[args.step], {"status": "ok", **result})
     return 0
@@ -816,6 +861,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET, help="seconds for every step together")
     p.add_argument(
         "--small", action="store_true", help="a tiny model and tiny sizes (runs on a CPU in under a minute)"
+    )
+    p.add_argument(
+        "--job-rows",
+        type=int,
+        default=None,
+        help="rows of the job step's extraction (default: 60,000; 600 with --small)",
     )
     p.add_argument(
         "--device", default="auto", help="auto (a CUDA GPU when present, else the CPU), cpu, cuda[:N]"

@@ -203,11 +203,16 @@ def weights_kind(name: str) -> str:
 
 
 def fingerprint(model: nn.Module) -> str:
-    """SHA-256 (hex) of the backbone's class, configuration and every tensor of its state dict."""
+    """SHA-256 (hex) of the backbone's class, configuration and every tensor of its state dict, each as the
+    module holds it (a state-dict hook's copy, such as the native GPT-2's transposed projections, is not
+    made: the same digest for the same weights, without copying them)."""
     h = hashlib.sha256()
     h.update(f"{type(model).__module__}.{type(model).__qualname__}".encode())
     h.update(canonical(config_dict(getattr(model, "config", None))).encode())
     for name, t in sorted(model.state_dict().items()):
+        owner, _, attr = name.rpartition(".")
+        held = getattr(model.get_submodule(owner), attr, None)
+        t = held if isinstance(held, torch.Tensor) else t
         t = t.detach().to("cpu").contiguous()
         h.update(f"{name}{t.dtype}{tuple(t.shape)}".encode())
         h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")  # no copy: the bytes as they are
