@@ -85,9 +85,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+import checkout  # noqa: E402, F401  (the checkout's reservoir first on sys.path)
 from matmul import matmul_rate, sync  # noqa: E402  (benchmarks/matmul.py, beside this script)
 from peers import (
     BASELINE_BATCH,

@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(ROOT), str(HERE)]
+sys.path.insert(0, str(HERE))
+from checkout import ROOT  # noqa: E402  (this checkout, or $RESERVOIR_CHECKOUT: job_before_after.py times two)
 
 #: the steps in the order they run, each with its time cap in seconds at the default budget (scaled to --budget)
 CAPS = {"env": 20, "roofline": 25, "test_cuda": 170, "extract": 90, "job": 80, "train": 50, "science": 45}
@@ -620,7 +620,9 @@ def job_limit(args, sizes: Sizes, seconds: float, timed: dict[str, Any]) -> dict
     out = {"roofline_tflops": round(rate / 1e12, 2), "disk_gb_s": round(disk, 2), **whole}
     out["share"] = round(whole["limit_s"] / seconds, 3)
     out["phases_share_of_job"] = {
-        k[:-2]: round(v / seconds, 3) for k, v in timed.items() if k.endswith("_s") and k not in ("imports_s", "steady_tokens_per_s")
+        k[:-2]: round(v / seconds, 3)
+        for k, v in timed.items()
+        if k.endswith("_s") and k not in ("imports_s", "steady_tokens_per_s")
     }
     if "steady_s" in timed:
         steady_rows = timed["steady_tokens_per_s"] * timed["steady_s"] / 64
@@ -651,7 +653,7 @@ def patch_phases(marks: dict[str, Any]) -> None:
         return out
 
     def timed_run(self, batch):
-        marks["calls"].append((time.perf_counter(), batch.n))
+        marks["calls"].append((time.perf_counter(), batch.n, self.compiled))
         return run_async(self, batch)
 
     def timed_submit(self, *a):
@@ -668,16 +670,20 @@ def patch_phases(marks: dict[str, Any]) -> None:
 
 
 def phases(marks: dict[str, Any], begin: float, end: float, imported: float) -> dict[str, Any]:
-    calls = marks["calls"]
-    at = [t for t, _ in calls] + [marks.get("drained", end)]
+    calls = [(c[0], c[1], c[2] if len(c) > 2 else False) for c in marks["calls"]]
+    at = [c[0] for c in calls] + [marks.get("drained", end)]
     out = {"imports_s": round(imported, 2), "preparing_s": round(marks.get("prepared", begin) - begin, 2)}
-    if len(calls) >= 3:
-        steady_rows = sum(n for _, n in calls[2:])
+    # the first compiled call compiles: its own phase; the steady batches start after it
+    compiling = next((i for i, c in enumerate(calls) if c[2]), None)
+    steady = max(2, compiling + 1) if compiling is not None else 2
+    if len(calls) > steady:
+        steady_rows = sum(c[1] for c in calls[steady:])
         out.update(
             probe_and_decision_s=round(at[1] - at[0], 2),
-            first_batch_after_decision_s=round(at[2] - at[1], 2),
-            steady_s=round(at[-1] - at[2], 2),
-            steady_tokens_per_s=round(steady_rows * 64 / (at[-1] - at[2])),
+            first_batch_after_decision_s=round(at[2] - at[1], 2) if compiling != 1 else 0.0,
+            compiling_s=round(at[compiling + 1] - at[compiling], 2) if compiling is not None else 0.0,
+            steady_s=round(at[-1] - at[steady], 2),
+            steady_tokens_per_s=round(steady_rows * 64 / (at[-1] - at[steady])),
             batches=len(calls),
         )
     out.update(waiting_for_writer_s=round(marks["writer_wait"], 2), finishing_s=round(end - at[-1], 2))

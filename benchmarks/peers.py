@@ -30,7 +30,8 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import checkout  # noqa: E402, F401  (the checkout's reservoir first on sys.path)
 
 from reservoir.model.devices import DTYPES
 from reservoir.model.input_layer import make_input_layer  # noqa: E402

@@ -423,7 +423,7 @@ class Run:
         speedup (a run forced to compile keeps the recorded speedup)."""
         eager = [(t, s) for t, s, compiled in runner.timings if not compiled]
         compiled = [(t, s) for t, s, c in runner.timings if c]
-        if key is None or len(compiled) < 3 or not runner.compiled:
+        if key is None or len(compiled) < 3 or not (runner.compiled or runner.compile_dropped):
             return
         from reservoir.runtime.compiling import write_record
 
@@ -616,6 +616,7 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
         shown = shown_bar(first)  # on screen before the first batch, which may also measure or compile
         try:
             probed, compile_key = run.decide_compile(runner, plans, background, progress)
+            checked = compile_key is None
             for split in data:
                 if split != first:
                     shown.close()
@@ -626,6 +627,8 @@ def extract_local(run: Run, *, progress: bool = True) -> Path:
                         fresh = len(rows) - int(done[split][rows].sum())  # a resumed batch may hold done rows
                         background.submit(split, rows, runner.run_async(batch))
                         shown.update(fresh)
+                        if not checked:
+                            checked = runner.keep_compile_if_faster() is not None
             background.drain()
         finally:
             shown.close()

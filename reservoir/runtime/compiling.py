@@ -8,8 +8,8 @@ A compiled forward runs faster than the eager one but costs a compile first. Wit
   a second, warm call);
 - the compile time and the compiled rate come from the last run of the same shapes on the same
   device (the record below, keyed by :func:`device_label`: the CPU model or the CUDA card's
-  name), or, the first time, from a conservative estimate (:data:`COLD_SECONDS_PER_BLOCK` per
-  block run, :data:`DEFAULT_SPEEDUP`);
+  name), or, the first time, from a conservative estimate (:data:`COLD_SECONDS` for the compiler's
+  own start, :data:`COLD_SECONDS_PER_BLOCK` per block run and shape, :data:`DEFAULT_SPEEDUP`);
 - it compiles when ``eager_seconds > compile_seconds + eager_seconds / speedup`` for the
   tokens left to run, and says why on stderr.
 
@@ -30,9 +30,10 @@ from typing import Any
 from reservoir.config import cache_dir
 from reservoir.runtime import records
 
-#: a first compile's cost per block run, in seconds, before any run measured it (docs/benchmarks.md,
-#: "Constants the code takes from these measurements")
-COLD_SECONDS_PER_BLOCK = 1.5
+#: a first compile's cost before any run measured it: COLD_SECONDS for the compiler's own start (whatever the
+#: model) plus COLD_SECONDS_PER_BLOCK per block run and batch shape (``benchmarks/compile_cold.py``;
+#: docs/benchmarks.md, "Constants the code takes from these measurements")
+COLD_SECONDS, COLD_SECONDS_PER_BLOCK = 20.0, 1.5
 #: compiled rate over eager rate assumed before a run measured it, by compute dtype (docs/benchmarks.md,
 #: "Constants the code takes from these measurements")
 DEFAULT_SPEEDUP = {"bfloat16": 1.7, "float32": 1.3}
@@ -143,7 +144,7 @@ def decide(
         speedup = record.get("speedup") or DEFAULT_SPEEDUP.get(dtype, 1.3)
     else:
         compile_s, speedup, source = (
-            COLD_SECONDS_PER_BLOCK * blocks * shapes,
+            COLD_SECONDS + COLD_SECONDS_PER_BLOCK * blocks * shapes,
             DEFAULT_SPEEDUP.get(dtype, 1.3),
             "first-time estimate",
         )

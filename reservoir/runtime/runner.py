@@ -292,6 +292,8 @@ class FeatureRunner:
         #: ``(real tokens, seconds or a CUDA (start, end) event pair, compiled)`` of the first
         #: :data:`TIMED_BATCHES` batches (:attr:`timings`)
         self._timed: list[tuple[int, Any, bool]] = []
+        #: the compiled forward ran slower than eager in this run and was dropped (:meth:`keep_compile_if_faster`)
+        self.compile_dropped = False
         self.calibration_batches = (
             None
             if calibration is None
@@ -424,6 +426,29 @@ class FeatureRunner:
                 hint=" (pass --no-compile to skip compiling)",
                 options={"freezing": True},
             )
+
+    def keep_compile_if_faster(self) -> bool | None:
+        """Check the compile decision by this run's own batches: once the probe batch ran eager and three
+        compiled batches ran past the first (the compiling), eager again from then on, said on stderr,
+        when the compiled batches ran fewer tokens/s than the probe. ``None``: not enough batches yet;
+        ``True``: compiled kept; ``False``: dropped (:attr:`compile_dropped`)."""
+        if not self.compiled or sum(c for *_, c in self._timed) < 4:  # counted before any CUDA wait
+            return None
+        timed = self.timings
+        eager = [(t, s) for t, s, c in timed if not c]
+        compiled = [(t, s) for t, s, c in timed if c][1:]
+        if not eager:
+            return True
+        rate = sum(t for t, _ in compiled) / sum(s for _, s in compiled)
+        probe = eager[0][0] / eager[0][1]
+        if rate >= probe:
+            return True
+        self.forward = CompiledOrEager(self.forward.eager, False)
+        self.compile_dropped = True
+        self.log(
+            f"compiled: {rate:,.0f} tokens/s, below eager's {probe:,.0f} in this run; eager from here on"
+        )
+        return False
 
     @classmethod
     def build(

@@ -85,3 +85,41 @@ def test_a_cheap_remembered_compile_is_taken(cli, home, tiny_gpt2, monkeypatch):
         "extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "300", "--dtype", "float32"
     )
     assert r.exit_code == 0 and "compiled: eager" in r.output and len(calls) == 1
+
+
+def test_a_compile_slower_than_eager_in_its_own_run_is_dropped(cli, home, tiny_gpt2, monkeypatch):
+    """A compile taken on a remembered estimate is checked by the run's own batches: compiled batches
+    slower than the eager probe send the rest of the run back to eager, said, with the same features."""
+    import time
+
+    import h5py
+    import numpy as np
+
+    from reservoir.runtime.runner import CompiledOrEager, FeatureRunner
+
+    monkeypatch.setenv("RESERVOIR_CACHE", str(home / "cache"))
+    monkeypatch.setattr(compiling, "read_record", lambda key: {"compile_seconds": 0.0, "speedup": 5.0})
+    slow_calls = []
+
+    def slow_compile(self):
+        eager = self.forward.eager
+
+        def slow(*a):
+            slow_calls.append(1)
+            time.sleep(0.05)
+            return eager(*a)
+
+        self.forward = CompiledOrEager(eager, False)
+        self.forward.fn, self.forward.compiled = slow, True
+
+    monkeypatch.setattr(FeatureRunner, "enable_compile", slow_compile)
+    common = ("--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "300", "--dtype", "float32")
+    r = cli("extract", *common, "--batch-size", "16", "--out", str(home / "a.h5"))
+    assert r.exit_code == 0, r.output
+    assert "compiled: eager" in r.output and "below eager's" in r.output and "eager from here on" in r.output
+    assert len(slow_calls) == 4  # the compiling call and three more, then eager
+    r = cli("extract", *common, "--no-compile", "--out", str(home / "b.h5"))
+    assert r.exit_code == 0, r.output
+    with h5py.File(home / "a.h5") as a, h5py.File(home / "b.h5") as b:
+        for split in ("train", "test"):
+            np.testing.assert_array_equal(a[split]["features"][:], b[split]["features"][:])
