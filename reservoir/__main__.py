@@ -1,5 +1,32 @@
-"""``python -m reservoir``: the ``reservoir`` command."""
+"""``python -m reservoir`` and the ``reservoir`` console command."""
 
-from reservoir.cli import main
+from __future__ import annotations
 
-main(prog_name="reservoir")
+import os
+import sys
+from typing import Any
+
+
+def entry(argv: list[str] | None = None) -> None:
+    """The ``reservoir`` command (:func:`reservoir.cli.main`), then, its output flushed, the end of the
+    process without the interpreter's teardown (unloading torch, OpenVINO and their thread pools took
+    1 to 2 s after every command, docs/benchmarks.md "Whole jobs"; a finished command has closed its
+    files). An exception still ends the way Python ends it."""
+    from reservoir.cli import main
+
+    try:
+        main(argv, prog_name="reservoir")
+        code: Any = 0
+    except SystemExit as e:
+        code = e.code
+    if not isinstance(code, int):  # SystemExit(None) is success; a message is printed, exit 1
+        if code is not None:
+            print(code, file=sys.stderr)
+        code = 0 if code is None else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    entry()

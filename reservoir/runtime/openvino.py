@@ -5,7 +5,9 @@ registers it is :class:`reservoir.runtime.engines.OpenVINOEngine`."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,6 +25,7 @@ from reservoir.runtime.engines import (
     INT8_DTYPES,
     STATIC_MIN_ROWS,
     STATIC_SHAPES,
+    STREAMS,
     TOLERANCE,
     calibration_dtype,
     centred,
@@ -89,7 +92,9 @@ class OpenVINOForward:
         self.calibration, self.log = calibration, log or (lambda text: None)
         self.shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.batches: list[tuple[np.ndarray, ...]] | None = None
-        self.request = None
+        self.request: list | None = None
+        #: OpenVINO streams a batch is split among: :data:`STREAMS` where each gets a thread
+        self.streams = STREAMS if threads >= STREAMS else 1
         self.seconds: dict[str, float] = {}
         self.error: float | None = None
 
@@ -122,6 +127,8 @@ class OpenVINOForward:
             return contextlib.nullcontext()
         if self.shifts is None:
             start = time.perf_counter()
+            # NNCF takes seconds to import: done beside the pass (PyTorch's kernels release the GIL)
+            threading.Thread(target=importlib.import_module, args=("nncf",), daemon=True).start()
             self.shifts = position_means(self.eager, self._calibration(), self.width, calibration_dtype())
             self.seconds["centre"] = time.perf_counter() - start
         # int8-static's ranges calibrated on the readout rows alone raised the deepest depth's error
@@ -153,15 +160,22 @@ class OpenVINOForward:
         self.seconds["quantize"] = self.seconds.get("quantize", 0.0) + time.perf_counter() - start
         return model
 
-    def _compile(self, model) -> None:
+    def _compile(self, model) -> list:
+        """``model`` compiled for the CPU: one infer request per stream (:data:`STREAMS` where there are
+        threads for them, each request then runs its part of a batch on a stream of its own)."""
         import openvino as ov
 
         props = ov.properties
+        streams = self.streams
         config: dict[Any, Any] = {
             props.inference_num_threads: self.threads,
-            props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
+            props.hint.performance_mode: props.hint.PerformanceMode.THROUGHPUT
+            if streams > 1
+            else props.hint.PerformanceMode.LATENCY,
             props.hint.inference_precision: precision(self.dtype),
         }
+        if streams > 1:
+            config[props.num_streams] = streams
         if self.dtype == "int8":
             config[props.hint.dynamic_quantization_group_size] = str(
                 DYNAMIC_GROUP
@@ -170,10 +184,10 @@ class OpenVINOForward:
         with quiet():
             compiled = ov.Core().compile_model(model, "CPU", config)
         self.seconds["compile"] = self.seconds.get("compile", 0.0) + time.perf_counter() - start
-        return compiled.create_infer_request()
+        return [compiled.create_infer_request() for _ in range(streams)]
 
-    def _request(self, args: Sequence[np.ndarray]):
-        """The request for a batch of ``args``' shapes: on rows of one width, a graph compiled for exactly
+    def _request(self, args: Sequence[np.ndarray]) -> list:
+        """The requests for a batch of ``args``' shapes: on rows of one width, a graph compiled for exactly
         these shapes (at most :data:`STATIC_SHAPES` of them: the full batch and the last); else the dynamic one.
 
         A graph compiled for the shape runs its first call at the steady rate, where the dynamic graph's
@@ -232,10 +246,23 @@ class OpenVINOForward:
         return (tokens, *rest)
 
     def _infer(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The features of a batch: its rows split among the streams' requests (a row's features never
+        depend on the other rows of its batch), each part run at once on its own stream."""
         arrays = [np.ascontiguousarray(t.numpy()) for t in self._widen(args)]
-        request = self._request(arrays)
-        request.infer(dict(enumerate(arrays)))
-        return torch.from_numpy(request.get_output_tensor(0).data.copy())
+        rows = len(arrays[0])
+        parts = min(self.streams, rows // STATIC_MIN_ROWS) or 1
+        cuts = np.linspace(0, rows, parts + 1).astype(int)
+        pieces = [[a[i:j] for a in arrays] for i, j in zip(cuts[:-1], cuts[1:])]
+        running = []
+        for i, piece in enumerate(pieces):
+            request = self._request(piece)[i]
+            request.start_async(dict(enumerate(piece)))
+            running.append(request)
+        out = []
+        for request in running:
+            request.wait()
+            out.append(request.get_output_tensor(0).data.copy())
+        return torch.from_numpy(np.concatenate(out) if len(out) > 1 else out[0])
 
     def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
         if self.request is None:
