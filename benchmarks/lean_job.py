@@ -29,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 OURS = r"""
-import io, json, sys, time
+import io, json, os, sys, time
 from contextlib import redirect_stderr
 began = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
@@ -45,7 +45,9 @@ with redirect_stderr(err):
 end = time.perf_counter()
 out = phases(marks, start, end, imported)
 out["said"] = [ln for ln in err.getvalue().replace("\r", "\n").splitlines() if ln.strip() and "%|" not in ln][-6:]
-print("PHASES " + json.dumps(out))
+print("PHASES " + json.dumps(out), flush=True)
+sys.stderr.flush()
+os._exit(0)  # as the reservoir command ends (reservoir.__main__.entry): no interpreter teardown
 """
 
 

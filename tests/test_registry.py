@@ -48,7 +48,8 @@ def test_unknown_and_repeated_names_are_refused_in_words():
 
 
 def test_engines_and_heads_are_found_where_they_live():
-    assert ENGINES.names()[:3] == ["torch", "openvino", "onnxruntime"]  # torch first: --engine's order
+    assert ENGINES.names()[0] == "torch"  # first in --engine's order
+    assert {"torch", "openvino", "onnxruntime"} <= set(ENGINES.names())
     assert {"logreg", "ridge", "torch"} <= set(HEADS.names())
     assert type(ENGINES["onnxruntime"]).__module__ == "reservoir.runtime.onnx"
 

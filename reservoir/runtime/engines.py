@@ -388,7 +388,7 @@ STATIC_SHAPES = 2
 #: smaller batches (the check's few rows) run on the dynamic graph, on one stream
 STATIC_MIN_ROWS = 16
 #: OpenVINO streams a CPU batch is split among, where each gets a thread: two streams of one thread ran
-#: int8 GPT-2 small 4% faster than one stream of two (docs/benchmarks.md, "Constants the code takes ...")
+#: int8 GPT-2 small 7% faster than one stream of two (docs/benchmarks.md, "Constants the code takes ...")
 STREAMS = 2
 
 

@@ -32,6 +32,7 @@ for a float one.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -192,16 +193,18 @@ def measured_rates(
     width: int, threads: int, *, measure: Callable[[int, int], dict[str, float]] | None = None
 ) -> tuple[dict[str, float], bool]:
     """``(rates, cached)``: :func:`block_rates` of this CPU, threads, width and library versions, read from
-    the cache when measured before, else measured now and kept."""
+    the cache when measured before, else measured now and kept (with the seconds measuring took, as
+    ``"seconds"``)."""
     from openvino import __version__ as ov_version
 
     key = json.dumps(["block", *records.machine(threads), width, torch.__version__, ov_version])
     kept = records.get(RATES, key)
     if isinstance(kept, dict) and "openvino int8" in kept:
         return kept, True
+    start = time.perf_counter()
     rates = (measure or block_rates)(width, threads)
     records.put(RATES, key, rates)
-    return rates, False
+    return {**rates, "seconds": time.perf_counter() - start}, False
 
 
 def choose_int8(
@@ -238,12 +241,13 @@ def choose_int8(
         if refused:
             return False, f"not int8: {why}"
     rates, cached = measured_rates(backbone.d_model, torch.get_num_threads())
+    took = rates.pop("seconds", None)
     floats = {k: v for k, v in rates.items() if k != "openvino int8"}
     best = max(floats, key=floats.get)
     ratio = rates["openvino int8"] / floats[best]
     named = best.replace("openvino", "OpenVINO").replace("torch", "PyTorch")
     measured = (
-        f"one block, {'measured before' if cached else 'measured now'}: int8 "
+        f"one block, {'measured before' if cached else f'measured now, in {took:.1f} s, once for this machine'}: int8 "
         f"{rates['openvino int8']:,.0f} tokens/s, {named} {floats[best]:,.0f}"
     )
     if ratio < MARGIN:

@@ -19,7 +19,11 @@ def data_dir_for(name: str, tmp_path):
     return tmp_path
 
 
-FILE_TASKS = {"cifar10", "cifar10_lra", "remote_homology"}  # fixtures live in test_tasks_data.py
+FILE_TASKS = {
+    "cifar10",
+    "cifar10_lra",
+    "remote_homology",
+}  # their files are written in tests/tasks/test_download.py
 
 
 @pytest.mark.parametrize("name", [n for n in TASKS.names() if n not in FILE_TASKS])
