@@ -12,11 +12,11 @@ prints the fixed part and the part per block (a line through both), the figures
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
+
+from child import tagged_json  # benchmarks/child.py, beside this script
 
 CHILD = r"""
 import json, sys, time
@@ -46,13 +46,7 @@ def cold(name: str, threads: int) -> dict:
             RESERVOIR_CACHE=f"{tmp}/cache",
             RESERVOIR_HOME=tmp,
         )
-        done = subprocess.run(
-            [sys.executable, "-c", CHILD, name], env=env, capture_output=True, text=True, cwd=tmp
-        )
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("COLD ")), None)
-    if line is None:
-        raise SystemExit(f"{name}: failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(line[5:])
+        return tagged_json([sys.executable, "-c", CHILD, name], "COLD", env=env, cwd=tmp, what=name)
 
 
 def main(argv: list[str] | None = None) -> int:

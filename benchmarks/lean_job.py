@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from child import tagged_json  # benchmarks/child.py, beside this script
+
 HERE = Path(__file__).resolve().parent
 
 OURS = r"""
@@ -53,12 +55,8 @@ os._exit(0)  # as the reservoir command ends (reservoir.__main__.entry): no inte
 
 def run(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, dict]:
     start = time.perf_counter()
-    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=3600)
-    took = time.perf_counter() - start
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("PHASES ")), None)
-    if done.returncode or line is None:
-        raise SystemExit(f"{cmd[:3]} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return took, json.loads(line[7:])
+    phases = tagged_json(cmd, "PHASES", env=env, cwd=cwd, what=str(cmd[:3]))
+    return time.perf_counter() - start, phases
 
 
 def main(argv: list[str] | None = None) -> int:

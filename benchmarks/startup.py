@@ -28,11 +28,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from child import tagged_json  # benchmarks/child.py, beside this script
 
 DEFAULT = ["--task", "digits", "--backbone", "gpt2-random", "--limit", "500"]
 PHASES = ["interpreter", "imports", "data", "backbone", "decisions", "first batch"]
@@ -91,11 +92,9 @@ def timing(tree: Path, args: list[str], threads: int, home: Path) -> dict[str, f
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-c", CHILD, *args, "--out", f"{tmp}/f.h5", "--force"]
         start = time.time()
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=tmp)
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("MARKS ")), None)
-    if line is None:
-        raise SystemExit(f"{tree}: no first batch (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    m = json.loads(line[6:])
+        m = tagged_json(
+            cmd, "MARKS", env=env, cwd=tmp, what=f"{tree}: the run to its first batch", timeout=900
+        )
     out = {
         "interpreter": m["began"] - start,
         "imports": m.get("parsed", m["imports"]) - m["began"],

@@ -16,14 +16,14 @@ for the limit. The checkouts alternate when two are given.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from child import tagged_json  # benchmarks/child.py, beside this script
 
 CHILD = r"""
 import json, sys, time, tempfile
@@ -71,17 +71,9 @@ def disk_rate(folder: Path, nbytes: int = 1 << 30) -> float:
 def timing(tree: Path, rows: int, batch: int, folder: Path) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()), OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        done = subprocess.run(
-            [sys.executable, "-c", CHILD, str(rows), str(batch), tmp],
-            env=env,
-            capture_output=True,
-            text=True,
-            cwd=tmp,  # `python -c` looks in its folder first: not a checkout's
-        )
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("WRITER ")), None)
-    if line is None:
-        raise SystemExit(f"{tree}: the writer failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(line[7:])
+        cmd = [sys.executable, "-c", CHILD, str(rows), str(batch), tmp]
+        # `python -c` looks in its folder first: run it in one that is not a checkout
+        return tagged_json(cmd, "WRITER", env=env, cwd=tmp, what=f"{tree}: the writer")
 
 
 def main(argv: list[str] | None = None) -> int:

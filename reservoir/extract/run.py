@@ -421,17 +421,12 @@ class Run:
         """After a compiled run, remember its measured compile time (the first compiled batch's time
         beyond the median compiled batch's) and, when the probe measured the eager rate, its
         speedup (a run forced to compile keeps the recorded speedup)."""
-        eager = [(t, s) for t, s, compiled in runner.timings if not compiled]
-        compiled = [(t, s) for t, s, c in runner.timings if c]
-        if key is None or len(compiled) < 3 or not (runner.compiled or runner.compile_dropped):
+        costs = runner.compile_costs() if key is not None else None
+        if costs is None or not (runner.compiled or runner.compile_dropped):
             return
         from reservoir.runtime.compiling import write_record
 
-        steady = compiled[1:]
-        per_token = float(np.median([s / t for t, s in steady]))
-        compile_s = max(compiled[0][1] - compiled[0][0] * per_token, 0.0)
-        speedup = (1 / per_token) / (eager[0][0] / eager[0][1]) if eager else None
-        write_record(key, compile_s, speedup)
+        write_record(key, *costs)
 
 
 def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run:

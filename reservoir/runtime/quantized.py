@@ -193,18 +193,16 @@ def measured_rates(
     width: int, threads: int, *, measure: Callable[[int, int], dict[str, float]] | None = None
 ) -> tuple[dict[str, float], bool]:
     """``(rates, cached)``: :func:`block_rates` of this CPU, threads, width and library versions, read from
-    the cache when measured before, else measured now and kept (with the seconds measuring took, as
-    ``"seconds"``)."""
+    the cache when measured before, else measured now and kept."""
     from openvino import __version__ as ov_version
 
     key = json.dumps(["block", *records.machine(threads), width, torch.__version__, ov_version])
     kept = records.get(RATES, key)
     if isinstance(kept, dict) and "openvino int8" in kept:
         return kept, True
-    start = time.perf_counter()
     rates = (measure or block_rates)(width, threads)
     records.put(RATES, key, rates)
-    return {**rates, "seconds": time.perf_counter() - start}, False
+    return rates, False
 
 
 def choose_int8(
@@ -240,8 +238,9 @@ def choose_int8(
     for refused, why in refusals:
         if refused:
             return False, f"not int8: {why}"
+    start = time.perf_counter()
     rates, cached = measured_rates(backbone.d_model, torch.get_num_threads())
-    took = rates.pop("seconds", None)
+    took = time.perf_counter() - start
     floats = {k: v for k, v in rates.items() if k != "openvino int8"}
     best = max(floats, key=floats.get)
     ratio = rates["openvino int8"] / floats[best]

@@ -427,26 +427,33 @@ class FeatureRunner:
                 options={"freezing": True},
             )
 
+    def compile_costs(self) -> tuple[float, float | None] | None:
+        """``(compile seconds, speedup)`` read from this run's timed batches: the first compiled batch's time
+        beyond the median compiled batch's, and the compiled tokens/s over the eager probe's (``None``
+        without a probe); ``None`` before three compiled batches."""
+        timed = self.timings
+        eager = [(t, s) for t, s, c in timed if not c]
+        compiled = [(t, s) for t, s, c in timed if c]
+        if len(compiled) < 3:
+            return None
+        per_token = float(np.median([s / t for t, s in compiled[1:]]))
+        compile_s = max(compiled[0][1] - compiled[0][0] * per_token, 0.0)
+        return compile_s, (1 / per_token) / (eager[0][0] / eager[0][1]) if eager else None
+
     def keep_compile_if_faster(self) -> bool | None:
         """Check the compile decision by this run's own batches: once the probe batch ran eager and three
         compiled batches ran past the first (the compiling), eager again from then on, said on stderr,
-        when the compiled batches ran fewer tokens/s than the probe. ``None``: not enough batches yet;
-        ``True``: compiled kept; ``False``: dropped (:attr:`compile_dropped`)."""
+        when the compiled batches ran fewer tokens/s than the probe (:meth:`compile_costs`). ``None``: not
+        enough batches yet; ``True``: compiled kept; ``False``: dropped (:attr:`compile_dropped`)."""
         if not self.compiled or sum(c for *_, c in self._timed) < 4:  # counted before any CUDA wait
             return None
-        timed = self.timings
-        eager = [(t, s) for t, s, c in timed if not c]
-        compiled = [(t, s) for t, s, c in timed if c][1:]
-        if not eager:
-            return True
-        rate = sum(t for t, _ in compiled) / sum(s for _, s in compiled)
-        probe = eager[0][0] / eager[0][1]
-        if rate >= probe:
+        _, speedup = self.compile_costs()
+        if speedup is None or speedup >= 1:
             return True
         self.forward = CompiledOrEager(self.forward.eager, False)
         self.compile_dropped = True
         self.log(
-            f"compiled: {rate:,.0f} tokens/s, below eager's {probe:,.0f} in this run; eager from here on"
+            f"compiled: {speedup:.2f}x the eager probe's tokens/s, below eager's in this run; eager from here on"
         )
         return False
 
