@@ -16,6 +16,11 @@ click parses the options.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
 
 class ReservoirError(Exception):
     """Base class: a foreseeable failure whose message names the value and the fix."""
@@ -83,3 +88,26 @@ def optional(module: str, what: str, install: str | None = None, error: type[Exc
             f"{what} needs the optional package {module!r}, which is not installed here; "
             f"install it with `pip install {package}`"
         ) from None
+
+
+@contextlib.contextmanager
+def interrupt_after() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block and raise it as ``KeyboardInterrupt`` when
+    the block ends. A queue or thread operation interrupted midway can leave its locks inconsistent, so
+    a worker thread never wakes and the command hangs instead of exiting 130; the main thread's waits on
+    its worker threads run inside this. A no-op off the main thread or under a SIGINT handler other than
+    Python's own (a notebook's, or an enclosing block's)."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt

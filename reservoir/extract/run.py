@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from reservoir.config import ExtractConfig, select_depths
-from reservoir.errors import IdentityError, StoreError
+from reservoir.errors import IdentityError, StoreError, interrupt_after
 from reservoir.extract.plan import auto_batch_size, plan_split
 from reservoir.extract.store import (
     FeatureWriter,
@@ -109,7 +109,8 @@ def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
     thread.start()
     try:
         while True:
-            item, error = q.get()
+            with interrupt_after():
+                item, error = q.get()
             if item is _END:
                 if error is not None:
                     raise error
@@ -117,7 +118,8 @@ def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
             yield item
     finally:
         stop.set()
-        thread.join()
+        with interrupt_after():
+            thread.join()
 
 
 class BackgroundWriter:
@@ -157,17 +159,21 @@ class BackgroundWriter:
 
     def submit(self, split: str, rows: np.ndarray, features: np.ndarray) -> None:
         self.check()
-        self.q.put((split, rows, features))
+        with interrupt_after():
+            self.q.put((split, rows, features))
 
     def drain(self) -> None:
         """Wait until every submitted batch is written; raise the writer's error if any."""
-        self.q.join()
+        with interrupt_after():
+            self.q.join()
         self.check()
 
     def close(self) -> None:
+        """Write what was submitted, then end the thread."""
         if self.thread.is_alive():
-            self.q.put(None)
-            self.thread.join()
+            with interrupt_after():
+                self.q.put(None)
+                self.thread.join()
 
 
 def load_splits(task: Task, cfg: ExtractConfig) -> dict[str, SplitData]:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from reservoir.config import TrainConfig
-from reservoir.errors import DataError
+from reservoir.errors import DataError, interrupt_after
 from reservoir.tasks import SplitData, Task
 from reservoir.tasks.sizes import check_classes, check_train_split
 from reservoir.train.seeds import rng
@@ -136,10 +136,12 @@ class Batches:
         ahead = self._ahead[1] if self._ahead is not None and self._ahead[0] == step else None
         current = ahead or self._pool.submit(self._build, step)
         self._ahead = (step + 1, self._pool.submit(self._build, step + 1))
-        return current.result()
+        with interrupt_after():
+            return current.result()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        with interrupt_after():
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> Batches:
         return self
