@@ -27,7 +27,6 @@ from reservoir.settings import (
     Matches,
     NotEmpty,
     OneOf,
-    check,
     comma_list,
     key_values,
     setting,
@@ -74,8 +73,8 @@ def results_dir(task: str, backbone: str) -> Path:
 #: them, :func:`choices`); engines and heads are read from their registries
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8", "int8-static")
 READOUT_CHOICES = ("last", "mean", "all", "padded")
-#: dtypes the frozen weights are read in (``--load-dtype``; reservoir.model.backbones.LOAD_DTYPES)
-LOAD_DTYPE_CHOICES = ("float32", "bfloat16", "float16")
+#: dtypes the frozen weights are read in (``--load-dtype``) and the features stored in (``--store-dtype``)
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 #: named input scales; a positive number is also accepted (:func:`parse_input_scale`)
 INPUT_SCALE_CHOICES = ("paper", "matched")
 #: ``--device`` values: auto, cpu, mps, cuda or cuda:N
@@ -162,7 +161,7 @@ def select_depths(value: Any, available: Sequence[int], where: str) -> list[int]
         contiguous = available == list(range(top + 1))
         allowed = f"in [0, {top}]" if contiguous else f"from {available}"
         raise UsageError(
-            f"depths {_text(value)!r}: depth {bad[0]} is not available {where}; choose depths "
+            f"depths {value if isinstance(value, str) else ','.join(map(str, parsed))!r}: depth {bad[0]} is not available {where}; choose depths "
             f"{allowed} (negative counts from the last), or 'all'"
         )
     return depths
@@ -173,20 +172,11 @@ def depths_json(value: Any) -> str | list[int] | None:
     return value if value is None or isinstance(value, str) else list(parse_depths(value))
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ",".join(map(str, parse_depths(value)))
-
-
 #: ``--device``: auto, cpu, mps, cuda or cuda:N (whether the device is present is checked where it
 #: is used, :func:`reservoir.model.devices.resolve_device`)
 DEVICE = Matches(DEVICE_PATTERN, "auto, cpu, cuda, cuda:N or mps")
 #: counts of at least one (rows, examples, workers)
 POSITIVE = Interval(1, None)
-
-
-def check_device(owner: str, value: str) -> None:
-    """``value`` is auto, cpu, cuda, cuda:N or mps (:data:`DEVICE`)."""
-    check(owner, "device", value, DEVICE)
 
 
 #: the largest seed: scikit-learn's ``random_state`` and numpy's legacy seeding take 32-bit seeds
@@ -291,9 +281,15 @@ class ExtractConfig(Config):
     )
     load_dtype: str = setting(
         "float32",
-        OneOf(LOAD_DTYPE_CHOICES),
+        OneOf(FLOAT_DTYPES),
         help="Dtype the frozen weights are read and kept in: bfloat16 or float16 take half of float32's "
         "memory (the backbone then computes in it, on PyTorch).",
+    )
+    store_dtype: str = setting(
+        "float32",
+        OneOf(FLOAT_DTYPES),
+        help="Dtype the features are stored in: bfloat16 or float16 take half of float32's disk and write "
+        "time; bfloat16 holds a bfloat16 run's features exactly, float16 holds values up to 65,504.",
     )
     dtype: str = setting(
         "auto",
@@ -302,7 +298,7 @@ class ExtractConfig(Config):
         "int8 on OpenVINO where int8 is measured faster here and its probe accuracy was measured within "
         "0.5 points of float32 on this CPU kind (stderr says which, and why); float32 for real-valued "
         "targets; int8 (int8 weights, activations quantized per token at run time) and int8-static "
-        "(activation scales calibrated on the first rows) run on OpenVINO. Features are stored as float32.",
+        "(activation scales calibrated on the first rows) run on OpenVINO. Features are stored as --store-dtype.",
     )
     engine: str = setting(
         "auto",

@@ -168,15 +168,16 @@ def feature_identity(
     limit: int | None,
     calibration: Mapping[str, Any] | None = None,
     load_dtype: str = "float32",
+    store_dtype: str = "float32",
 ) -> dict[str, Any]:
     """The identity of a feature file (module docstring); ``backbone`` is the readable label and
     ``backbone_fingerprint`` the hash of :func:`reservoir.model.backbones.fingerprint`; ``load_dtype``,
-    the dtype the frozen weights were kept in, is recorded when it is not float32. The subset rule is the
+    the dtype the frozen weights were kept in, and ``store_dtype``, the features', are recorded when they
+    are not float32. The subset rule is the
     task's for ``limit`` and ``seed`` (``Task.subset``), the class names the task's (``Task.class_names``);
     a task whose data has no labels (its ``unlabeled`` says why) is recorded ``unlabeled``."""
     extra = {"calibration": dict(calibration)} if calibration else {}
-    if load_dtype != "float32":
-        extra["load_dtype"] = load_dtype
+    extra |= {k: v for k, v in (("load_dtype", load_dtype), ("store_dtype", store_dtype)) if v != "float32"}
     names = getattr(task, "class_names", None)
     if names:
         extra["class_names"] = [str(n) for n in names]
@@ -202,8 +203,9 @@ def feature_identity(
 
 
 def features_path_for(identity: Mapping[str, Any]) -> Path:
-    """Default feature file of a run: ``features/TASK/BACKBONE/DTYPE-seedS[-limitN][-scale-X]-HASH.h5``."""
-    parts = [identity["dtype"], f"seed{identity['seed']}"]
+    """Default feature file of a run: ``features/TASK/BACKBONE/DTYPE[-store-S]-seedS[-limitN][-scale-X]-HASH.h5``."""
+    store = identity.get("store_dtype")
+    parts = [identity["dtype"], *([f"store-{store}"] if store else []), f"seed{identity['seed']}"]
     if identity.get("limit"):
         parts.append(f"limit{identity['limit']}")
     if identity.get("input_scale", "paper") != "paper":

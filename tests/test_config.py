@@ -148,6 +148,7 @@ CHANGED = {
 #: options added since the saved help
 ADDED = {
     ("train", "--concurrent-runs"),
+    ("extract", "--store-dtype"),
     *(("fit", o) for o in ("--readout", "--task-opt", "--limit", "--extract-seed")),
     *(("predict", o) for o in ("--data", "--task-opt", "--backbone")),
 }

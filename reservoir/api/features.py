@@ -15,6 +15,7 @@ from reservoir.config import (
     select_depths,
 )
 from reservoir.errors import StoreError, UsageError, optional
+from reservoir.extract.stored import as_float32
 
 
 def read_features(
@@ -192,7 +193,7 @@ class FeatureDataset(torch.utils.data.Dataset):
         if self._block is None or self._block[0] != start:
             where = f"{self.path}: split {self.split!r}, depth {self.depth}"
             try:
-                block = ds[start : start + self._rows, self._k]
+                block = as_float32(ds[start : start + self._rows, self._k])
             except OSError as e:
                 raise StoreError(
                     f"{where} cannot be read ({str(e).splitlines()[0]}); the file is corrupt: delete "

@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 
 from reservoir.errors import StoreError
+from reservoir.extract.stored import finite
 
 #: attribute (JSON) of each split's group, written when the file is completed: ``features``, one SHA-256 per
 #: stored depth (in the file's depth order) of that depth's rows in row order, and ``labels`` and ``lengths``
@@ -59,10 +60,10 @@ def depth_digest(ds: h5py.Dataset, k: int, where: str, fix: str, h=None, start: 
             raise StoreError(
                 f"{where} cannot be read ({str(e).splitlines()[0]}): the file is corrupt; {fix}"
             ) from None
-        finite = np.isfinite(X).reshape(len(X), -1).all(1)
-        if not finite.all():
+        ok = finite(X).reshape(len(X), -1).all(1)
+        if not ok.all():
             raise StoreError(
-                f"{where} holds NaN or inf features (row {first + int(np.flatnonzero(~finite)[0])}); {fix}"
+                f"{where} holds NaN or inf features (row {first + int(np.flatnonzero(~ok)[0])}); {fix}"
             )
         h.update(np.ascontiguousarray(X).data)
     return h.hexdigest()

@@ -56,6 +56,7 @@ from reservoir.extract.store import (
     stored_identity,
     write_failed,
 )
+from reservoir.extract.stored import STORED
 from reservoir.identity import differences, feature_identity, features_path_for
 from reservoir.identity import digest as identity_hash
 from reservoir.model.backbones import fingerprint, label, load_backbone, weights_kind
@@ -279,6 +280,7 @@ class Run:
             readout=self.cfg.readout,
             calibration=self.calibration if self.dtype in INT8_DTYPES else None,
             log=lambda text: log(text, progress),
+            store=self.cfg.store_dtype,
         )
 
     def settled_runner(self, progress: bool = True, begun_by: str | None = None) -> FeatureRunner:
@@ -310,8 +312,9 @@ class Run:
 
     @property
     def feature_bytes(self) -> int:
-        """Bytes of features the run writes (float32, every split)."""
-        return sum(len(d) for d in self.data.values()) * int(np.prod(self.feature_shape)) * 4
+        """Bytes of features the run writes (every split, in the dtype they are stored in)."""
+        itemsize = STORED[self.cfg.store_dtype].itemsize
+        return sum(len(d) for d in self.data.values()) * int(np.prod(self.feature_shape)) * itemsize
 
     def config(self, engine: str | None = None) -> dict[str, Any]:
         """The file's ``config``: the options and the execution settings actually used."""
@@ -510,6 +513,7 @@ def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run
         limit=cfg.limit,
         calibration=calibration,
         load_dtype=cfg.load_dtype,
+        store_dtype=cfg.store_dtype,
     )
     out = Path(cfg.out) if cfg.out else features_path_for(identity)
     batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)

@@ -6,7 +6,8 @@ Layout::
                            depths, class_names (JSON, where the data names its classes) (readable copies);
                            config (JSON, execution settings too), version, complete
     /input_layer/<name>    float32 tensors of the frozen input layer
-    /<split>/features      (N, n_depths, n_readout, d_model) float32, chunked (rows, 1, R, d):
+    /<split>/features      (N, n_depths, n_readout, d_model) float32, float16 or bfloat16 (identity's
+                           store_dtype; :mod:`reservoir.extract.stored`), chunked (rows, 1, R, d):
                            one depth of a row block is one chunk, so a depth reads contiguously;
                            each chunk carries a Fletcher-32 checksum, so flipped bytes fail loudly
     /<split>/labels        (N, *label_shape) int64
@@ -44,24 +45,31 @@ from reservoir.extract.digests import (
     feature_splits,
     seal,
 )
+from reservoir.extract.stored import STORED, as_float32, finite, to_stored
 from reservoir.identity import canonical, differences, digest
 
 CHUNK_BYTES = 1 << 20
 FIX_OTHER = "pass another --out, or delete it to extract again"
 
 
-def create_features(group: h5py.Group, n: int, shape: tuple[int, int, int]) -> h5py.Dataset:
-    """The ``features`` dataset ``(n, n_depths, n_readout, d)`` float32: chunks of whole rows of one
-    depth (a depth reads contiguously), each with a Fletcher-32 checksum."""
-    rows = max(1, min(n, CHUNK_BYTES // (4 * shape[1] * shape[2])))
-    return group.create_dataset(
+def create_features(
+    group: h5py.Group, n: int, shape: tuple[int, int, int], store: str = "float32"
+) -> h5py.Dataset:
+    """The ``features`` dataset ``(n, n_depths, n_readout, d)`` in the dtype ``store`` keeps them in: chunks
+    of whole rows of one depth (a depth reads contiguously), each with a Fletcher-32 checksum."""
+    dtype = STORED[store]
+    rows = max(1, min(n, CHUNK_BYTES // (dtype.itemsize * shape[1] * shape[2])))
+    ds = group.create_dataset(
         "features",
         shape=(n, *shape),
-        dtype=np.float32,
+        dtype=dtype,
         chunks=(rows, 1, *shape[1:]),
         fletcher32=True,
         track_times=False,
     )
+    if store == "bfloat16":
+        ds.attrs["encoding"] = "bfloat16"
+    return ds
 
 
 #: the names of the ``features`` dataset's dimensions, as HDF5 dimension labels
@@ -381,6 +389,7 @@ class FeatureWriter:
         self.handles: dict[str, tuple] = {}
         self.failed = False
         self.digests = RunningDigests()
+        self.store = stored_identity(f).get("store_dtype", "float32")
 
     @classmethod
     def open(
@@ -468,7 +477,7 @@ class FeatureWriter:
     ) -> None:
         n = len(labels)
         g = self.f.create_group(name)
-        create_features(g, n, shape)
+        create_features(g, n, shape, self.store)
         name_dimensions(g, self.f.attrs["depths"])
         g.create_dataset("labels", data=labels, track_times=False)
         g.create_dataset("lengths", data=lengths, track_times=False)
@@ -477,9 +486,18 @@ class FeatureWriter:
         self.f.flush()
 
     def write(self, split: str, rows: np.ndarray, features: np.ndarray) -> None:
-        """Write ``features`` for the (increasing) row indices ``rows``, then mark them done."""
-        if not np.isfinite(features).all():
-            bad = int(rows[np.flatnonzero(~np.isfinite(features.reshape(len(rows), -1)).all(1))[0]])
+        """Write ``features`` (float32, or already in the stored dtype) for the (increasing) row indices
+        ``rows``, then mark them done."""
+        features = to_stored(features, self.store)
+        ok = finite(features).reshape(len(rows), -1).all(1)
+        if not ok.all():
+            bad = int(rows[np.flatnonzero(~ok)[0]])
+            if self.store == "float16":
+                raise StoreError(
+                    f"row {bad} of split {split!r} has a feature that is NaN, inf or beyond float16's range "
+                    "(65,504); nothing was stored for it. Store as bfloat16 or float32 (--store-dtype), or "
+                    "check the input data"
+                )
             raise StoreError(
                 f"the backbone produced NaN or inf features for row {bad} of split {split!r}; "
                 "nothing was stored for it. Try --dtype float32, or check the input data"
@@ -555,13 +573,17 @@ def write_joined(
     tmp = partial_path(out)
     with h5_file(tmp, "w", track_order=False) as f:
         _write_header(f, identity, config, input_layer)
+        store = identity.get("store_dtype", "float32")
         for name, (labels, lengths, shards) in splits.items():
             g = f.create_group(name)
-            layout = h5py.VirtualLayout(shape=(len(labels), *shape), dtype=np.float32)
+            layout = h5py.VirtualLayout(shape=(len(labels), *shape), dtype=STORED[store])
             for start, stop, path in shards:
                 rel = os.path.relpath(path, out.parent)  # resolved next to the joined file
                 layout[start:stop] = h5py.VirtualSource(rel, f"{name}/features", shape=(stop - start, *shape))
-            g.create_virtual_dataset("features", layout, fillvalue=np.nan)
+            unmapped = 0x7FC0 if store == "bfloat16" else np.nan  # NaN, refused by verification
+            g.create_virtual_dataset("features", layout, fillvalue=unmapped)
+            if store == "bfloat16":
+                g["features"].attrs["encoding"] = "bfloat16"
             name_dimensions(g, identity["depths"])
             g.create_dataset("labels", data=labels, track_times=False)
             g.create_dataset("lengths", data=lengths, track_times=False)
@@ -652,7 +674,7 @@ def read_depth(f: h5py.File, split: str, depth: int) -> tuple[np.ndarray, np.nda
     :func:`iter_depth`, checked the same way, joined)."""
     blocks = list(iter_depth(f, split, depth))
     if not blocks:  # an empty split
-        return f[split]["features"][:, depth_index(f, depth)], f[split]["labels"][:]
+        return as_float32(f[split]["features"][:, depth_index(f, depth)]), f[split]["labels"][:]
     return np.concatenate([X for X, _ in blocks]), np.concatenate([y for _, y in blocks])
 
 
@@ -689,7 +711,7 @@ def iter_depth(
     for start in range(0, ds.shape[0] if select is None else len(select), rows):
         index = slice(start, start + rows) if select is None else select[start : start + rows]
         try:
-            X = ds[index, k]
+            X = as_float32(ds[index, k])
         except OSError as e:
             raise StoreError(
                 f"{f.filename}: split {split!r}, depth {depth} cannot be read "

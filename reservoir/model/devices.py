@@ -11,10 +11,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> the first CUDA device when one is present, else the CPU; ``cpu``, ``cuda``,
     ``cuda:N`` and ``mps`` as asked, or DeviceError naming what this machine has."""
-    from reservoir.config import check_device
+    from reservoir.config import DEVICE
     from reservoir.errors import DeviceError
+    from reservoir.settings import check
 
-    check_device("--device", name)
+    check("--device", "device", name, DEVICE)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):

@@ -270,6 +270,7 @@ def predict_data(
         input_scale=identity.get("input_scale", "paper"),
         dtype=identity["dtype"],
         load_dtype=identity.get("load_dtype", "float32"),
+        store_dtype=identity.get("store_dtype", "float32"),
         readout=identity["readout"],
         depths=(probe.depth,),
         task_options=task.identity_options(),

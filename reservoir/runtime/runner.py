@@ -183,6 +183,16 @@ def resolve(features: np.ndarray | Pending) -> np.ndarray:
     return features
 
 
+#: the torch dtype each ``--store-dtype`` is handed in (bfloat16 as its bits, int16: numpy has no bfloat16)
+STORE_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def stored(features: torch.Tensor, store: str) -> torch.Tensor:
+    """``features`` rounded to ``store`` (:data:`STORE_TORCH`) where they are, bfloat16 viewed as int16."""
+    out = features.to(STORE_TORCH[store])
+    return out.view(torch.int16) if store == "bfloat16" else out
+
+
 def round_width(width: int, seq_len: int, multiple: int = WIDTH_MULTIPLE) -> int:
     """``width`` rounded up to ``multiple``, but never past the task's length (positions run out there)."""
     return max(width, min(-(-width // multiple) * multiple, seq_len))
@@ -236,6 +246,9 @@ class FeatureRunner:
     log
         where the runner reports (the OpenVINO engine's conversion costs, a fallback);
         stderr by default.
+    store
+        the dtype :meth:`run_async` hands features in, the feature file's (``--store-dtype``): float32,
+        float16, or bfloat16 as its bits (int16); converted on the device, so a GPU copies back half the bytes.
 
     Examples
     --------
@@ -258,8 +271,10 @@ class FeatureRunner:
         padded: bool = False,
         calibration: Callable[[], list[tuple[np.ndarray, np.ndarray]]] | None = None,
         log: Callable[[str], None] | None = None,
+        store: str = "float32",
     ):
         self.spec, self.depths, self.readout = reservoir.spec, tuple(depths), reservoir.readout
+        self.store = store
         reservoir.backbone.check_depths(self.depths)
         self.device = torch.device(device)
         self.dtype_name = resolve_dtype(dtype, self.device)
@@ -478,7 +493,7 @@ class FeatureRunner:
         seeded :class:`Reservoir` over ``backbone`` (its input layer set to ``input_layer``'s tensors
         when given: a shard's worker takes the driver's) reading ``readout``
         (:data:`reservoir.model.reservoir.READOUTS`), and the runner around it (``kwargs``:
-        ``engine``, ``tokens``, ``padded``, ``calibration``, ``log``)."""
+        ``engine``, ``tokens``, ``padded``, ``calibration``, ``log``, ``store``)."""
         reservoir = Reservoir(spec, backbone, seed=seed, input_scale=input_scale, readout=readout)
         if input_layer is not None:
             reservoir.input_layer.load_state_dict(
@@ -533,19 +548,21 @@ class FeatureRunner:
     @torch.inference_mode()
     def run(self, batch: Batch) -> np.ndarray:
         """Features ``(n, n_depths, n_readout, d)`` of the batch's real rows (as float32 numpy)."""
-        return resolve(self.run_async(batch))
+        return resolve(self.run_async(batch, "float32"))
 
     @torch.inference_mode()
-    def run_async(self, batch: Batch) -> np.ndarray | Pending:
-        """As :meth:`run`, but on a GPU the copy back to (pinned) host memory is only started: the
-        result is a :class:`Pending` that the writer thread resolves while the next batch runs."""
+    def run_async(self, batch: Batch, store: str | None = None) -> np.ndarray | Pending:
+        """As :meth:`run`, in the dtype ``store`` (default: the runner's ``store``), but on a GPU the copy
+        back to (pinned) host memory is only started: the result is a :class:`Pending` that the writer
+        thread resolves while the next batch runs."""
         tokens = int(batch.lengths[: batch.n].sum())
+        store = store or self.store
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):
-                return self._run_cuda(batch, tokens)
+                return self._run_cuda(batch, tokens, store)
         args = [t.to(self.device, non_blocking=True) for t in (batch.tokens, batch.lengths, batch.readout)]
         start = time.perf_counter()
-        features = self._call(*args)[: batch.n].cpu().numpy()
+        features = stored(self._call(*args)[: batch.n], store).cpu().numpy()
         self._keep_time(tokens, time.perf_counter() - start)
         return features
 
@@ -553,7 +570,7 @@ class FeatureRunner:
         if len(self._timed) < TIMED_BATCHES:  # a long-lived runner (the API's) keeps no growing log
             self._timed.append((tokens, took, self.compiled))
 
-    def _run_cuda(self, batch: Batch, tokens: int) -> Pending:
+    def _run_cuda(self, batch: Batch, tokens: int, store: str) -> Pending:
         """Copy in, forward and copy out, all queued on this device's current stream (the caller made
         ``self.device`` current); the input buffers go back to the pool once their copy is done."""
         stream = torch.cuda.current_stream(self.device)
@@ -569,7 +586,7 @@ class FeatureRunner:
         if len(self._timed) < TIMED_BATCHES:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(stream)
-        out = self._call(*args)[: batch.n]
+        out = stored(self._call(*args)[: batch.n], store)
         if end is not None:
             end.record(stream)
             self._keep_time(tokens, (start, end))

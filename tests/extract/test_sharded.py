@@ -272,3 +272,20 @@ def test_a_shard_another_engine_made_is_made_again(cli, home, tiny_gpt2, monkeyp
     assert r.exit_code == 0 and f"shard {shard} was made by the openvino engine" in r.output, r.output
     with h5py.File(shard) as f:
         assert json.loads(f.attrs["config"])["engine_used"] == "torch"
+
+
+def test_shards_stored_as_bfloat16_join_into_the_file_one_process_writes(cli, home, tiny_gpt2, monkeypatch):
+    """The joined file's virtual features take the shards' stored dtype (bfloat16 bits) and read back as
+    the single process's."""
+    from reservoir.extract.store import open_features, read_depths
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    one, sharded = home / "one.h5", home / "sharded.h5"
+    assert extract(cli, tiny_gpt2, one, "--store-dtype", "bfloat16").exit_code == 0
+    r = extract(cli, tiny_gpt2, sharded, "--store-dtype", "bfloat16", "--workers", "1")
+    assert r.exit_code == 0, r.output
+    assert_same_features(one, sharded)
+    with open_features(sharded) as f:
+        assert f["train/features"].is_virtual and f["train/features"].attrs["encoding"] == "bfloat16"
+        with open_features(one) as g:
+            np.testing.assert_array_equal(read_depths(f, "test")[0], read_depths(g, "test")[0])

@@ -1,0 +1,53 @@
+"""The dtypes features are stored in (``--store-dtype``): float32, float16 or bfloat16.
+
+HDF5 and numpy have no bfloat16, so its values are kept as their 16 bits: a ``uint16`` dataset whose
+attribute ``encoding`` says ``bfloat16``; any reader gets float32 back by shifting the bits into the
+high half of a 32-bit word, ``(bits.astype(uint32) << 16).view(float32)`` (:func:`as_float32`, which
+every reader here goes through). A float32 value is rounded to the nearest bfloat16 (ties to even) or
+float16, as torch rounds; the features of a bfloat16 run are bfloat16 values, so storing them as
+bfloat16 loses nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: numpy's dtype on disk of each ``--store-dtype``
+STORED = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(np.uint16)}
+
+
+def store_name(dtype: np.dtype) -> str:
+    """The ``--store-dtype`` of a features dataset of numpy dtype ``dtype``."""
+    return next(name for name, d in STORED.items() if d == dtype)
+
+
+def to_stored(features: np.ndarray, store: str) -> np.ndarray:
+    """``features`` in the dtype ``store`` keeps them in (as they are when already in it; a bfloat16
+    run's features come as int16 bits from torch, read as the same bits)."""
+    want = STORED[store]
+    if features.dtype == want:
+        return features
+    if store == "bfloat16" and features.dtype == np.int16:
+        return features.view(np.uint16)
+    features = np.asarray(features, dtype=np.float32)
+    if store == "float16":
+        with np.errstate(over="ignore"):  # a value beyond float16 becomes inf, which the writer refuses
+            return features.astype(np.float16)
+    if store == "bfloat16":
+        bits = np.ascontiguousarray(features).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return features
+
+
+def as_float32(stored: np.ndarray) -> np.ndarray:
+    """Stored features as float32 (bfloat16 bits widened exactly; float32 as it is)."""
+    if stored.dtype == np.uint16:
+        return (stored.astype(np.uint32) << 16).view(np.float32)
+    return stored.astype(np.float32, copy=False)
+
+
+def finite(stored: np.ndarray) -> np.ndarray:
+    """Which stored values are finite (bfloat16 bits: those whose exponent is not all ones)."""
+    if stored.dtype == np.uint16:
+        return (stored & 0x7F80) != 0x7F80
+    return np.isfinite(stored)
