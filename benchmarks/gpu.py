@@ -112,6 +112,7 @@ def child_command(step: str, args: argparse.Namespace, seconds: float) -> list[s
         command
         + (["--small"] if args.small else [])
         + (["--job-rows", str(args.job_rows)] if args.job_rows else [])
+        + ["--store-dtype", args.store_dtype]
     )
 
 
@@ -573,6 +574,8 @@ def step_job(args, sizes: Sizes) -> dict[str, Any]:
         args.device,
         "--out",
         str(args.work / "job.h5"),
+        "--store-dtype",
+        args.store_dtype,
         "--force",
     ]
     err = io.StringIO()
@@ -596,14 +599,15 @@ def step_job(args, sizes: Sizes) -> dict[str, Any]:
 
 def job_limit(args, sizes: Sizes, seconds: float, timed: dict[str, Any]) -> dict[str, Any]:
     """The job's limit, measured now: the larger of its matrix-product FLOPs at the device's ``torch.mm`` rate
-    (the faster of bf16 and float32) and its float32 feature bytes at the disk's sequential write rate (with fsync, in the job's folder);
+    (the faster of bf16 and float32) and its feature bytes (as ``--store-dtype`` stores them) at the disk's sequential
+    write rate (with fsync, in the job's folder);
     the whole job's share of it and the steady batches' share of theirs."""
     from extract import flops_per_token
     from writer import disk_rate
 
     shape = sizes.shape
     per_token = flops_per_token(shape["n_layer"], shape["n_embd"], 4 * shape["n_embd"], 64, 16)
-    per_row_bytes = (shape["n_layer"] + 1) * shape["n_embd"] * 4
+    per_row_bytes = (shape["n_layer"] + 1) * shape["n_embd"] * (4 if args.store_dtype == "float32" else 2)
     rate = max(roofline(device_of(args.device), sizes.matmul_n, sizes.matmul_s).values())
     nbytes = sizes.job_rows * per_row_bytes
     disk = disk_rate(args.work, max(1 << 24, min(nbytes, 1 << 30)))  # GB/s
@@ -652,9 +656,9 @@ def patch_phases(marks: dict[str, Any]) -> None:
         marks["prepared"] = time.perf_counter()
         return out
 
-    def timed_run(self, batch):
+    def timed_run(self, batch, *store):
         marks["calls"].append((time.perf_counter(), batch.n, self.compiled))
-        return run_async(self, batch)
+        return run_async(self, batch, *store)
 
     def timed_submit(self, *a):
         t = time.perf_counter()
@@ -873,6 +877,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         help="rows of the job step's extraction (default: 60,000; 600 with --small)",
+    )
+    p.add_argument(
+        "--store-dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default="float32",
+        help="the dtype the job step stores its features in (reservoir extract --store-dtype)",
     )
     p.add_argument(
         "--device", default="auto", help="auto (a CUDA GPU when present, else the CPU), cpu, cuda[:N]"

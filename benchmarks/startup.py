@@ -75,7 +75,7 @@ def first(features):
 
 from reservoir.runtime.runner import FeatureRunner
 real_run = FeatureRunner.run_async
-FeatureRunner.run_async = lambda self, batch: first(real_run(self, batch))
+FeatureRunner.run_async = lambda self, batch, *store: first(real_run(self, batch, *store))
 sys.argv = ["reservoir", "extract", *sys.argv[1:]]
 cli.main(prog_name="reservoir")
 """

@@ -58,9 +58,9 @@ def main() -> int:
     prepared = {}
     run_async = runner_module.FeatureRunner.run_async
 
-    def timed_run(self, batch):
+    def timed_run(self, batch, *store):
         t = time.perf_counter()
-        out = run_async(self, batch)
+        out = run_async(self, batch, *store)
         batches.append((t, time.perf_counter() - t, batch.n))
         return out
 
