@@ -19,7 +19,9 @@ Install with ``reservoir install smollm2-135m`` (or ``make smollm``). The cache 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import shutil
 import subprocess
@@ -31,7 +33,7 @@ from pathlib import Path
 import torch
 
 from reservoir.config import cache_dir
-from reservoir.model.backbones import BackboneError, from_pretrained, register_backbone
+from reservoir.model.backbones import BackboneError, from_pretrained, quiet_transformers, register_backbone
 from reservoir.model.backbones.llama import RotaryBackbone
 
 NAME = "smollm2-135m"
@@ -131,14 +133,20 @@ def convert(gguf: Path, out: Path, *, progress: bool = True) -> Path:
     from transformers import AutoModelForCausalLM
 
     if progress:
-        print(f"dequantizing {gguf} (about half a minute)", file=sys.stderr)
-    model = from_pretrained(AutoModelForCausalLM, gguf.parent, gguf_file=gguf.name, dtype=torch.float32).model
+        print(f"dequantizing {gguf} (seconds to half a minute)", file=sys.stderr)
+    with contextlib.redirect_stderr(
+        io.StringIO()
+    ):  # transformers' own tqdm bar per tensor; errors still raise
+        model = from_pretrained(
+            AutoModelForCausalLM, gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        ).model
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the saved weights are plain float32
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        model.save_pretrained(tmp)
+        with quiet_transformers():  # its shard-writing bar says nothing to the user
+            model.save_pretrained(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
