@@ -167,11 +167,6 @@ def select_depths(value: Any, available: Sequence[int], where: str) -> list[int]
     return depths
 
 
-def depths_json(value: Any) -> str | list[int] | None:
-    """A depth selection as a config records it: ``"all"`` or text as given, else the list of ints (one int too)."""
-    return value if value is None or isinstance(value, str) else list(parse_depths(value))
-
-
 #: ``--device``: auto, cpu, mps, cuda or cuda:N (whether the device is present is checked where it
 #: is used, :func:`reservoir.model.devices.resolve_device`)
 DEVICE = Matches(DEVICE_PATTERN, "auto, cpu, cuda, cuda:N or mps")

@@ -520,11 +520,6 @@ class FeatureWriter:
         g.attrs["rows_done"] = int(g.attrs["rows_done"]) + n
         self.f.flush()
 
-    def set_config(self, config: dict[str, Any]) -> None:
-        """Replace the file's ``config`` (execution settings a run settled while it ran, as the
-        engine ``auto`` measured fastest on its first batch)."""
-        self.f.attrs["config"] = json.dumps(config, sort_keys=True)
-
     def finish(self) -> Path:
         """Mark complete and move into place; returns the final path."""
         for name, g in self.f.items():

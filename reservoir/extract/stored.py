@@ -16,11 +16,6 @@ import numpy as np
 STORED = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(np.uint16)}
 
 
-def store_name(dtype: np.dtype) -> str:
-    """The ``--store-dtype`` of a features dataset of numpy dtype ``dtype``."""
-    return next(name for name, d in STORED.items() if d == dtype)
-
-
 def to_stored(features: np.ndarray, store: str) -> np.ndarray:
     """``features`` in the dtype ``store`` keeps them in (as they are when already in it; a bfloat16
     run's features come as int16 bits from torch, read as the same bits)."""

@@ -99,12 +99,6 @@ class Metric:
     def __call__(self, pred: np.ndarray, y: np.ndarray) -> float:
         return self.fn(pred, y)
 
-    def better(self, a: float, b: float) -> bool:
-        """``a`` is strictly better than ``b`` (NaN is never better)."""
-        if np.isnan(a):
-            return False
-        return np.isnan(b) or (a > b if self.greater_is_better else a < b)
-
     def format(self, value: float | None) -> str:
         if value is None or np.isnan(value):
             return "-"

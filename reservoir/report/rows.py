@@ -289,12 +289,6 @@ def baselines_of(group: DataGroup, baselines: list[dict[str, Any]]) -> list[dict
     return sorted(out, key=lambda b: (baseline_rank(b["baseline"]), b["head"]))
 
 
-def baselines_for(rows: list[Row], baselines: list[dict[str, Any]], task: str) -> list[dict[str, Any]]:
-    """The baselines of ``task`` computed on the data and with the heads of its output-only rows, every data's
-    (:func:`baselines_of`, each data group in turn)."""
-    return [b for group in data_groups(rows, task) for b in baselines_of(group, baselines)]
-
-
 def baseline_name(b: dict[str, Any]) -> str:
     """A baseline result's name in tables: the majority rule of real-valued targets is the train mean."""
     return baseline_label(display_name(b["baseline"], b.get("metric", "accuracy")))

@@ -58,10 +58,6 @@ def use_persistent_cache() -> Path:
 COSTS = "compile-costs.json"
 
 
-def costs_file() -> Path:
-    return cache_dir() / COSTS
-
-
 def device_label(device: Any) -> str:
     """The device a compile record was measured on: ``cuda: CARD (sm_XY)`` for a CUDA device, ``cpu: MODEL``
     for the CPU, the device type otherwise."""

@@ -314,17 +314,6 @@ def register_task(name: str):
     return add
 
 
-def parse_options(pairs: Sequence[str]) -> dict[str, str]:
-    """``["k=v", ...]`` -> dict; raises ValueError naming a malformed pair."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"task option {pair!r} is not of the form key=value")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def get_task(name: str, **options: Any) -> Task:
     """Build a registered task; option values given as strings are converted to the field's type.
 

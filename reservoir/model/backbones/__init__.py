@@ -224,15 +224,6 @@ def label(name: str) -> str:
     return parse_name(name).label
 
 
-def is_backbone(name: str) -> bool:
-    """Whether ``name`` is a backbone name (:func:`parse_name`), without loading anything."""
-    try:
-        parse_name(name)
-    except UsageError:
-        return False
-    return True
-
-
 #: the torch dtypes frozen weights may be loaded in (``--load-dtype``)
 LOAD_DTYPES = DTYPES
 #: models handed over as objects (:func:`register_object`), by the name that stands for them
