@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -352,6 +353,17 @@ def render(ledger: Ledger, args) -> str:
     return "\n".join(md) + "\n"
 
 
+def threads_text(trials) -> str:
+    """How many threads the trials ran on, as the ledger records it (trials before it recorded threads: unrecorded)."""
+    counts = Counter(r.get("threads") for r in trials)
+    said = [
+        f"{n} on {k} thread{'s' if k > 1 else ''}" for k, n in sorted((k, n) for k, n in counts.items() if k)
+    ]
+    if counts.get(None):
+        said.append(f"{counts[None]} with their threads unrecorded")
+    return "trials: " + ", ".join(said)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -405,7 +417,7 @@ def main() -> None:
         "command": "make -C pipelines series",
         "machine": about["machine"],
         "wall_time": f"Compute: {seconds / 60:.0f} min summed over the {len(ledger.trials)} trials of the ledger "
-        f"(one thread each, features extracted and fitted), on {about['machine']}.",
+        f"(features extracted and fitted; {threads_text(ledger.trials.values())}), on {about['machine']}.",
         "trials": args.trials,
         "seeds": args.seeds,
     }

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from scipy.stats import qmc
 
 
@@ -84,6 +85,7 @@ class Ledger:
             "role": role,
             **scores,
             "seconds": round(time.perf_counter() - started, 2),
+            "threads": torch.get_num_threads(),
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
