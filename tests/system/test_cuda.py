@@ -161,6 +161,27 @@ def test_the_readout_only_last_block_equals_the_full_block_on_cuda(folder, kind)
         assert_close_per_depth(features(backbone, spec, "cuda"), full, F32_REL, f"{kind} readout-only block")
 
 
+@pytest.mark.parametrize("store", ["float16", "bfloat16"])
+def test_features_rounded_on_the_card_equal_its_float32_features_rounded_by_torch(folder, store):
+    """--store-dtype converts on the device, before the copy back: the bits equal rounding the card's float32
+    features on the host, and the writer keeps them as they come."""
+    from reservoir.extract.stored import STORED, as_float32, to_stored
+    from reservoir.runtime.runner import STORE_TORCH
+
+    backbone = tiny("gpt2", folder)
+    runner = FeatureRunner.build(
+        DENSE, backbone, [0, 3], seed=0, dtype="float32", batch_size=4, device="cuda", engine="torch"
+    )
+    tokens, lengths = inputs(DENSE, rows=8)
+    batch = runner.prepare(tokens[:4], lengths[:4])
+    full = resolve(runner.run_async(batch, "float32"))
+    kept = to_stored(resolve(runner.run_async(runner.prepare(tokens[:4], lengths[:4]), store)), store)
+    assert kept.dtype == STORED[store]
+    np.testing.assert_array_equal(
+        as_float32(kept), torch.from_numpy(full).to(STORE_TORCH[store]).float().numpy()
+    )
+
+
 def test_pinned_buffers_are_reused_across_batches(folder):
     backbone = tiny("gpt2", folder)
     runner = FeatureRunner.build(
