@@ -66,3 +66,20 @@ def test_the_pipeline_runs_a_small_budget_then_reuses_it(tmp_path, monkeypatch):
     narma = table.split("**NARMA-10**")[1]
     assert "| GPT-2 small shape, random | not run | - |" in narma
     assert "± " in narma.split("| ESN, 100 units | ")[1].split("\n")[0]
+
+
+def test_nonlinear_memory_of_a_delay_line_holds_the_near_linear_targets_and_not_sin_10u():
+    """A state that is the last 10 inputs (a perfect delay line) holds sin(nu u(t - tau)) for tau 1..8 when
+    nu is small (the target is nearly linear: 8 of 8) and little of it at nu = 10, which a linear readout
+    of the inputs cannot form (rcbench's nonlinear memory, as memory.py reports it)."""
+    import numpy as np
+    import pytest
+
+    pytest.importorskip("rcbench")
+    memory_spec = importlib.util.spec_from_file_location("memory", ROOT / "pipelines" / "memory.py")
+    memory = importlib.util.module_from_spec(memory_spec)
+    memory_spec.loader.exec_module(memory)
+    u = np.random.default_rng(0).uniform(-1, 1, 3000)
+    states = np.stack([np.roll(u, k) for k in range(10)], axis=1)
+    got = memory.nonlinear_memory(states, u, alpha=1e-6)
+    assert got["0.1"] > 7.99 and got["1.0"] > 7.9 and got["10.0"] < 0.5
