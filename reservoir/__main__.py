@@ -11,7 +11,10 @@ def entry(argv: list[str] | None = None) -> None:
     """The ``reservoir`` command (:func:`reservoir.cli.main`), then, its output flushed, the end of the
     process without the interpreter's teardown (unloading torch, OpenVINO and their thread pools took
     1 to 2 s after every command, docs/benchmarks.md "Whole jobs"; a finished command has closed its
-    files). An exception still ends the way Python ends it."""
+    files). An exception still ends the way Python ends it. Ending here also keeps Ctrl-C's exit status
+    130: a Ctrl-C that lands while a model loads can leave CPython's "unhandled KeyboardInterrupt" flag set
+    although the command caught it and said what is kept, and the interpreter's teardown then signals the
+    process with SIGINT (exit status -2) instead of returning 130."""
     from reservoir.cli import main
 
     try:
