@@ -15,8 +15,11 @@ def entry(argv: list[str] | None = None) -> None:
     130: a Ctrl-C that lands while a model loads can leave CPython's "unhandled KeyboardInterrupt" flag set
     although the command caught it and said what is kept, and the interpreter's teardown then signals the
     process with SIGINT (exit status -2) instead of returning 130."""
-    from reservoir.cli import main
-
+    try:
+        from reservoir.cli import main
+    except KeyboardInterrupt:  # Ctrl-C while the command starts: nothing was done
+        print("\ninterrupted: nothing was written", file=sys.stderr)
+        os._exit(130)
     try:
         main(argv, prog_name="reservoir")
         code: Any = 0

@@ -72,15 +72,22 @@ KEPT = {
 }
 
 
+class Group(click.Group):
+    """The command group: Ctrl-C in a command ends it with exit status 130, saying what is kept (:data:`KEPT`)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo(f"\ninterrupted: {KEPT.get(ctx.invoked_subcommand, 'nothing was written')}", err=True)
+            sys.exit(130)
+
+
 def run(fn, *args, **kwargs):
-    """Call into the library; its foreseeable errors become exit status 1 with the message (no traceback),
-    an interrupt (Ctrl-C) exit status 130 saying what is kept."""
+    """Call into the library; its foreseeable errors become exit status 1 with the message (no traceback);
+    an interrupt (Ctrl-C) is :class:`Group`'s."""
     try:
         return fn(*args, **kwargs)
-    except KeyboardInterrupt:
-        command = click.get_current_context().command.name
-        click.echo(f"\ninterrupted: {KEPT.get(command, 'nothing was written')}", err=True)
-        sys.exit(130)
     except WriteFailed as e:  # HDF5 cannot be shut down cleanly after a failed write: report and end here
         click.echo(f"Error: {e}", err=True)
         sys.stdout.flush()
@@ -127,7 +134,7 @@ def write_text(path: Path, text: str) -> None:
 # ---------------------------------------------------------------- commands
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__)
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 @click.pass_context
