@@ -181,8 +181,6 @@ MAX_SEED = 2**32 - 1
 MAX_LR = 100
 #: a run's seed
 SEED = Interval(0, MAX_SEED)
-#: a share of the rows, strictly between none and all
-FRACTION = Interval(0, 1, closed="neither")
 #: the share of train held out for validation
 VAL_FRACTION = Interval(0.01, 0.5)
 

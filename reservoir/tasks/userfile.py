@@ -82,7 +82,6 @@ from reservoir.tasks.streams import (
     scan,
 )
 
-SUFFIXES = (".npz", ".h5", ".hdf5")
 #: the largest class id and token id a user file may hold (an output layer, one-hot targets and an
 #: embedding table are sized by them: a stray id like 2**40 would ask for terabytes)
 MAX_ID = 2**20 - 1
