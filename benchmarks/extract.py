@@ -216,7 +216,7 @@ def end_to_end(rows: int, args, workdir: Path) -> Result:
     result = Result(f"{E2E}-{rows}", "")
     out = workdir / f"{E2E}-{rows}.h5"
     cli = Path(sys.executable).with_name("reservoir")
-    command = [str(cli)] if cli.exists() else [sys.executable, "-m", "reservoir.cli"]
+    command = [str(cli)] if cli.exists() else [sys.executable, "-m", "reservoir"]
     if mnist_rows(rows, args):
         task = ["--task", "mnist"]
         result.help = f"reservoir extract --task mnist --split train --limit {rows} (real MNIST)"

@@ -32,7 +32,7 @@ def command(out: Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "reservoir.cli",
+        "reservoir",
         "-q",
         "extract",
         "--task",

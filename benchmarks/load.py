@@ -167,7 +167,7 @@ def main() -> None:
     base = [
         sys.executable,
         "-m",
-        "reservoir.cli",
+        "reservoir",
         "extract",
         "--backbone",
         str(model),

@@ -27,7 +27,7 @@ def measure(n: int, args: argparse.Namespace, folder: Path) -> tuple[float, floa
     cmd = [
         sys.executable,
         "-m",
-        "reservoir.cli",
+        "reservoir",
         "--quiet",
         "extract",
         "--task",

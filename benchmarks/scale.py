@@ -36,7 +36,7 @@ from reservoir.runtime.machine import describe, load  # noqa: E402
 
 def reservoir(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "reservoir.cli", "-q", *args],
+        [sys.executable, "-m", "reservoir", "-q", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},

@@ -387,7 +387,5 @@ def attention(**options) -> None:
     click.echo(str(run(attention_maps, weights, cfg.out, title=title, tokens=labels, heads=heads)))
 
 
-if __name__ == "__main__":  # pragma: no cover - ``python -m reservoir.cli`` ends as the command does
-    from reservoir.__main__ import entry
-
-    entry()
+if __name__ == "__main__":  # pragma: no cover - the command is ``reservoir`` or ``python -m reservoir``
+    sys.exit(main())

@@ -15,7 +15,7 @@ from reservoir.extract.store import open_features
 def test_ctrl_c_during_extract_says_how_to_resume_and_exits_130(tiny_gpt2, tmp_path):
     out = tmp_path / "f.h5"
     env = {**os.environ, "RESERVOIR_HOME": str(tmp_path), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    args = [sys.executable, "-m", "reservoir.cli", "extract", "--task", "digits", "--backbone", str(tiny_gpt2),
+    args = [sys.executable, "-m", "reservoir", "extract", "--task", "digits", "--backbone", str(tiny_gpt2),
             "--batch-size", "1", "--dtype", "float32", "--engine", "torch", "--no-compile", "--out", str(out)]  # fmt: skip
     job = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     partial = Path(f"{out}.partial")
@@ -41,7 +41,7 @@ def test_ctrl_c_while_train_loads_its_model_exits_130_saying_what_is_kept(tiny_g
     import threading
 
     env = {**os.environ, "RESERVOIR_HOME": str(tmp_path), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    args = [sys.executable, "-m", "reservoir.cli", "train", "--task", "digits", "--backbone", str(tiny_gpt2),
+    args = [sys.executable, "-m", "reservoir", "train", "--task", "digits", "--backbone", str(tiny_gpt2),
             "--steps", "100000", "--batch-size", "8", "--eval-every", "1000", "--checkpoint-every", "0"]  # fmt: skip
     job = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []

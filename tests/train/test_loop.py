@@ -580,7 +580,7 @@ def test_sigkilled_cli_run_resumes_to_the_same_result(tiny_gpt2, tmp_path):
     args = [
         sys.executable,
         "-m",
-        "reservoir.cli",
+        "reservoir",
         "-q",
         "train",
         "--task",
