@@ -10,6 +10,14 @@ import pytest
 from reservoir.errors import interrupt_after
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler():
+    """Python's own SIGINT handler in each test, whatever the runner (a pytest-xdist worker) installed."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def ctrl_c() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
