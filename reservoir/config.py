@@ -160,8 +160,9 @@ def select_depths(value: Any, available: Sequence[int], where: str) -> list[int]
     if bad:
         contiguous = available == list(range(top + 1))
         allowed = f"in [0, {top}]" if contiguous else f"from {available}"
+        given = value if isinstance(value, str) else ",".join(map(str, parsed))
         raise UsageError(
-            f"depths {value if isinstance(value, str) else ','.join(map(str, parsed))!r}: depth {bad[0]} is not available {where}; choose depths "
+            f"depths {given!r}: depth {bad[0]} is not available {where}; choose depths "
             f"{allowed} (negative counts from the last), or 'all'"
         )
     return depths

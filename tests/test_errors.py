@@ -17,6 +17,21 @@ def ctrl_c():
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # to this thread, not any thread
     for _ in range(1000):  # Python's handler runs between bytecodes: by now
         pass
+
+def held_then_raised(levels=1):
+    # a Ctrl-C inside `levels` nested blocks: the code after it ran, then KeyboardInterrupt came once
+    went_on = raised = False
+    try:
+        with interrupt_after():
+            if levels > 1:
+                with interrupt_after():
+                    ctrl_c()
+            else:
+                ctrl_c()
+            went_on = True
+    except KeyboardInterrupt:
+        raised = True
+    assert went_on and raised
 """
 
 
@@ -29,14 +44,7 @@ def check(body: str) -> None:
 
 def test_a_ctrl_c_inside_the_block_is_raised_when_the_block_ends():
     check("""
-        went_on = raised = False
-        try:
-            with interrupt_after():
-                ctrl_c()
-                went_on = True
-        except KeyboardInterrupt:
-            raised = True
-        assert went_on and raised
+        held_then_raised()
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     """)
 
@@ -69,13 +77,5 @@ def test_another_handler_is_left_alone_and_nested_blocks_raise_once():
             ctrl_c()
         assert seen == [signal.SIGINT]
         signal.signal(signal.SIGINT, previous)
-        went_on = raised = False
-        try:
-            with interrupt_after():
-                with interrupt_after():
-                    ctrl_c()
-                went_on = True
-        except KeyboardInterrupt:
-            raised = True
-        assert went_on and raised
+        held_then_raised(levels=2)
     """)

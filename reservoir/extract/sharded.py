@@ -49,7 +49,7 @@ from reservoir.extract.store import (
     verify,
     write_joined,
 )
-from reservoir.extract.stored import STORED
+from reservoir.extract.stored import STORED, store_of
 from reservoir.identity import differences, digest
 from reservoir.model.reservoir import readout_count
 from reservoir.progress import bar, log
@@ -201,9 +201,7 @@ def run_shard(job: ShardJob) -> str:
         job.identity,
         {"shard": [job.split, job.start, job.stop], "engine_used": job.engine},
         job.input_layer,
-        nbytes=(job.stop - job.start)
-        * int(np.prod(shape))
-        * STORED[job.identity.get("store_dtype", "float32")].itemsize,
+        nbytes=(job.stop - job.start) * int(np.prod(shape)) * STORED[store_of(job.identity)].itemsize,
     )
     try:
         done = writer.split(job.split, job.labels, job.lengths, shape)

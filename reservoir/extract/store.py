@@ -45,7 +45,7 @@ from reservoir.extract.digests import (
     feature_splits,
     seal,
 )
-from reservoir.extract.stored import STORED, as_float32, finite, to_stored
+from reservoir.extract.stored import STORED, as_float32, finite, store_of, to_stored
 from reservoir.identity import canonical, differences, digest
 
 CHUNK_BYTES = 1 << 20
@@ -389,7 +389,7 @@ class FeatureWriter:
         self.handles: dict[str, tuple] = {}
         self.failed = False
         self.digests = RunningDigests()
-        self.store = stored_identity(f).get("store_dtype", "float32")
+        self.store = store_of(stored_identity(f))
 
     @classmethod
     def open(
@@ -568,7 +568,7 @@ def write_joined(
     tmp = partial_path(out)
     with h5_file(tmp, "w", track_order=False) as f:
         _write_header(f, identity, config, input_layer)
-        store = identity.get("store_dtype", "float32")
+        store = store_of(identity)
         for name, (labels, lengths, shards) in splits.items():
             g = f.create_group(name)
             layout = h5py.VirtualLayout(shape=(len(labels), *shape), dtype=STORED[store])

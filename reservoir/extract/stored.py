@@ -16,6 +16,11 @@ import numpy as np
 STORED = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(np.uint16)}
 
 
+def store_of(identity: dict) -> str:
+    """The ``--store-dtype`` a run identity records (float32 where it records none)."""
+    return identity.get("store_dtype", "float32")
+
+
 def to_stored(features: np.ndarray, store: str) -> np.ndarray:
     """``features`` in the dtype ``store`` keeps them in (as they are when already in it; a bfloat16
     run's features come as int16 bits from torch, read as the same bits)."""
@@ -24,14 +29,12 @@ def to_stored(features: np.ndarray, store: str) -> np.ndarray:
         return features
     if store == "bfloat16" and features.dtype == np.int16:
         return features.view(np.uint16)
-    features = np.asarray(features, dtype=np.float32)
-    if store == "float16":
-        with np.errstate(over="ignore"):  # a value beyond float16 becomes inf, which the writer refuses
-            return features.astype(np.float16)
-    if store == "bfloat16":
-        bits = np.ascontiguousarray(features).view(np.uint32)
-        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return features
+    import torch
+
+    from reservoir.runtime.runner import stored  # the one rounding, as the runner does it on the device
+
+    rounded = stored(torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)), store).numpy()
+    return to_stored(rounded, store)  # bfloat16's int16 bits read as uint16
 
 
 def as_float32(stored: np.ndarray) -> np.ndarray:

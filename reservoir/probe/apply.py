@@ -248,6 +248,7 @@ def predict_data(
     ``backbone``: where to load the probe's backbone (a name, a folder, or the name a model object was
     registered by, :func:`reservoir.model.backbones.register_object`), when not as its extraction named it."""
     from reservoir.extract.run import extract
+    from reservoir.extract.stored import store_of
     from reservoir.settings import build
     from reservoir.tasks.userfile import PREDICT_SPLIT, FileTask
 
@@ -270,7 +271,7 @@ def predict_data(
         input_scale=identity.get("input_scale", "paper"),
         dtype=identity["dtype"],
         load_dtype=identity.get("load_dtype", "float32"),
-        store_dtype=identity.get("store_dtype", "float32"),
+        store_dtype=store_of(identity),
         readout=identity["readout"],
         depths=(probe.depth,),
         task_options=task.identity_options(),
