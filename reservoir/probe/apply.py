@@ -252,7 +252,11 @@ def predict_data(
     from reservoir.settings import build
     from reservoir.tasks.userfile import PREDICT_SPLIT, FileTask
 
-    identity, data = probe.identity, Path(data)
+    text = str(data)  # ``file:PATH``, as --task takes it, is read as PATH
+    identity, data = (
+        probe.identity,
+        Path(text[5:] if text.startswith("file:") and not Path(text).exists() else text),
+    )
     if identity.get("calibration"):
         raise IdentityError(
             f"the probe {probe.path} reads {identity.get('dtype')} features, whose calibration came from the rows "

@@ -65,9 +65,7 @@ def kind_of(path: Path) -> str:
     """What ``path`` holds: ``npz``, ``h5``, ``table`` (a Parquet or Arrow file), ``dataset`` (a
     ``datasets`` folder, a DatasetDict or a folder of tables) or ``images`` (an image folder)."""
     if not path.exists():
-        raise DataError(
-            f"{path} does not exist; give --task file:PATH with an existing file or folder ({FIX})"
-        )
+        raise DataError(f"{path} does not exist; pass an existing file or folder ({FIX})")
     suffix = path.suffix.lower()
     if path.is_file():
         if suffix == ".npz":

@@ -78,7 +78,7 @@ def test_predict_on_an_unlabeled_parquet_gives_every_row_in_order_with_class_nam
     # each new row's features equal the features of the training row it copies
     distances = ((X_new[:, None] - X_all[None]) ** 2).sum(-1).min(1)
     assert np.allclose(distances, 0, atol=1e-6)
-    again = cli("predict", "--probe", probe_path, "--data", str(new))
+    again = cli("predict", "--probe", probe_path, "--data", f"file:{new}")  # written as --task takes it
     assert again.exit_code == 0 and again.stdout == r.stdout and "reusing" in again.stderr
     assert not list((tmp_path / "features").rglob("*.partial")) and not list(
         (tmp_path / "features").rglob("*.lock")

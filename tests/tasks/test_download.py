@@ -491,7 +491,7 @@ def test_user_file_label_out_of_range_and_missing_file(tmp_path):
     np.savez(tmp_path / "l.npz", x=np.zeros((6, 2, 1), np.float32), y=np.array([0, 1, 2, 3, 4, 7]))
     with pytest.raises(DataError, match=r"label 7 \(split '\w+', row \d\) is out of range for n_classes=5"):
         get_task(f"file:{tmp_path / 'l.npz'}", n_classes="5", test_fraction="0.5")
-    with pytest.raises(DataError, match=r"nope.npz does not exist; give --task file:PATH"):
+    with pytest.raises(DataError, match=r"nope.npz does not exist; pass an existing file or folder"):
         get_task(f"file:{tmp_path / 'nope.npz'}")
     with pytest.raises(
         ValueError, match=r"unknown option 'n_class' for task file:PATH; choose from \[.*'n_classes'"
