@@ -247,11 +247,12 @@ class DataGroup:
         return {row.head for row in self.rows}
 
 
-def data_groups(rows: list[Row], task: str) -> list[DataGroup]:
-    """The output-only rows of ``task`` grouped by their data (:func:`data_keys`), in the order rows come."""
+def data_groups(rows: list[Row], task: str, every_mode: bool = False) -> list[DataGroup]:
+    """The output-only rows of ``task`` (``every_mode``: every row of it, end-to-end ones too) grouped by their
+    data (:func:`data_keys`), in the order rows come."""
     groups: dict[tuple[str, ...], DataGroup] = {}
     for row in rows:
-        if row.task != task or row.mode != "output-only":
+        if row.task != task or not (every_mode or row.mode == "output-only"):
             continue
         keys = data_keys(row)
         label = data_label(row.results[0]) + (

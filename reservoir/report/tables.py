@@ -253,17 +253,17 @@ class Report:
             lines = [title, "", *([classes, ""] if classes else [])]
             lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             groups = self.groups(task)
-            if len(groups) <= 1:  # one data: its rows, then its baselines
+            if len(data_groups(rows, task, every_mode=True)) <= 1:  # one data: its rows, then its baselines
                 lines += self.row_lines(rows, depths)
                 lines += [line for g in groups for line in self.baseline_lines(g, len(depths))]
-            else:  # each data under a line naming it, with its own baselines (or a line saying there are none)
-                for group in groups:
+            else:  # each data under a line naming it, end-to-end rows too, the probes' with their own baselines
+                for group in data_groups(rows, task, every_mode=True):
                     lines.append(
                         "| " + " | ".join([f"*data: {group.label}*"] + [""] * (len(head) - 1)) + " |"
                     )
                     lines += self.row_lines(group.rows, depths)
-                    lines += self.baseline_lines(group, len(depths), say_missing=True)
-                lines += self.row_lines([r for r in rows if r.mode != "output-only"], depths)
+                    probes = next((g for g in groups if g.keys == group.keys), None)
+                    lines += self.baseline_lines(probes, len(depths), say_missing=True) if probes else []
             out.append("\n".join(lines))
         return "\n\n".join(out)
 

@@ -406,6 +406,29 @@ def test_a_table_mixing_data_sizes_pairs_each_result_with_the_baselines_of_its_o
     assert "none found" in task
 
 
+def test_end_to_end_rows_of_other_data_stand_under_their_own_data_line():
+    """End-to-end results of two subsets, beside probes of a third: each data under its line, the end-to-end
+    rows never under the probes' (nor without a line where the task mixes data)."""
+    probes = {"train": 200, "val": 200, "test": 200}
+    results = [sized(probes, 200, test=0.30), sized(probes, 200, "raw", test=0.55)]
+    for n, test in ((32, 0.4), (64, 0.3)):
+        r = end_to_end("narma10", f"e2e{n}", ["input", "out"], test)
+        r["identity"] |= {"data": {"train": {"rows": n, "sha256": f"t{n}"}}, "limit": n}
+        r.update(n_train=n, n_test=n, metric="nrmse", test_score=test, val_score=test)
+        results.append(r)
+    lines = Report(results).depth_tables().splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("| *data:")]
+    sections = ["\n".join(lines[a:b]) for a, b in zip(heads, heads[1:] + [len(lines)])]
+    assert len(sections) == 3, lines
+    assert sorted(("e2e32" in s, "e2e64" in s, "raw-input" in s, "| lstm |" in s) for s in sections) == [
+        (False, False, True, True),
+        (False, True, False, False),
+        (True, False, False, False),
+    ]
+    one = Report(results[2:3]).depth_tables()
+    assert "*data:" not in one and "e2e32" in one  # one data: no line
+
+
 def test_one_data_keeps_the_table_as_it_was_and_a_row_of_seeds_averages_their_baselines():
     """A table of one data has no data lines; a row of several seeds' data (a subset drawn per seed) shows the
     mean of the baselines of its seeds' data and how many it found."""
