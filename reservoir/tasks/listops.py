@@ -54,28 +54,28 @@ VALUE_P = 0.25  # LRA: a node is an operator when random() <= VALUE_P
 STREAM = {"train": 0, "val": 1, "test": 2}
 
 
-def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int):
-    """LRA's ``generate_tree``: returns (tree, length)."""
-    r = rng.random() if depth < max_depth else 1
-    if r > VALUE_P:
-        return rng.randint(0, 9), 1
-    length = 2
-    values = []
-    for _ in range(rng.randint(2, max_args)):
-        sub, sub_len = generate_tree(rng, depth + 1, max_depth, max_args)
-        values.append(sub)
-        length += sub_len
-    tree = (rng.choice(OPERATORS), values[0])
-    for v in values[1:]:
-        tree = (tree, v)
-    return (tree, END), length
+DIGITS = tuple(str(d) for d in range(10))
 
 
-def to_string(tree) -> str:
-    """LRA's text form, e.g. ``( ( [MAX 4 ) 7 ] )``."""
-    if not isinstance(tree, tuple):
-        return str(tree)
-    return "( " + to_string(tree[0]) + " " + to_string(tree[1]) + " )"
+def draw_tree(rng: random.Random, max_depth: int, max_args: int) -> tuple[list[str], int]:
+    """One tree of LRA's ``generate_tree`` (the same draws from ``rng``, in the same order), as the pieces of its
+    text form (``" ".join`` them: e.g. ``( ( ( [MAX 4 ) 7 ) ] )``) and its length (operators, ``]`` and values)."""
+    rand, below, out = rng.random, rng._randbelow, []  # randint(a, b) and choice(seq) are a + _randbelow(...)
+
+    def node(depth: int) -> int:
+        if (rand() if depth < max_depth else 1) > VALUE_P:
+            out.append(DIGITS[below(10)])
+            return 1
+        n_args, at, length = below(max_args - 1) + 2, len(out), 2
+        out.append("")  # the opening brackets and the operator, drawn after the arguments
+        for _ in range(n_args):
+            length += node(depth + 1)
+            out.append(")")
+        out[at] = "( " * (n_args + 1) + OPERATORS[below(len(OPERATORS))]
+        out.append("] )")
+        return length
+
+    return out, node(1)
 
 
 def evaluate(text: str) -> int:
@@ -141,9 +141,9 @@ class _Stream:
                         f"{max_depth}, max_args={max_args}); widen min_length..max_length, raise max_depth, or "
                         "ask for fewer examples (n_train, n_val, n_test, or --limit)"
                     )
-                tree, length = generate_tree(self.rng, 1, max_depth, max_args)
+                pieces, length = draw_tree(self.rng, max_depth, max_args)
                 if min_length < length < max_length:
-                    text = to_string(tree)
+                    text = " ".join(pieces)
                     if text not in self.seen and text not in self.exclude:
                         self.seen.add(text)
                         self.out.append(text)

@@ -103,13 +103,49 @@ def test_listops_tokenization_keeps_closing_bracket_unless_fpt():
     assert len(v) == 16 and v["<pad>"] == 0
 
 
+def lra_generate_tree(rng, depth, max_depth, max_args):
+    """LRA's own ``generate_tree`` (its ListOps generator), the reference :func:`listops.draw_tree` follows."""
+    r = rng.random() if depth < max_depth else 1
+    if r > listops.VALUE_P:
+        return rng.randint(0, 9), 1
+    length, values = 2, []
+    for _ in range(rng.randint(2, max_args)):
+        sub, sub_len = lra_generate_tree(rng, depth + 1, max_depth, max_args)
+        values.append(sub)
+        length += sub_len
+    tree = (rng.choice(listops.OPERATORS), values[0])
+    for v in values[1:]:
+        tree = (tree, v)
+    return (tree, listops.END), length
+
+
+def lra_to_string(tree):
+    return (
+        str(tree) if not isinstance(tree, tuple) else f"( {lra_to_string(tree[0])} {lra_to_string(tree[1])} )"
+    )
+
+
+@pytest.mark.parametrize("seed,max_depth,max_args", [(0, 10, 10), (1, 6, 4), (2, 3, 30), (3, 1, 2)])
+def test_listops_draws_lra_trees_draw_for_draw(seed, max_depth, max_args):
+    """The same texts and lengths as LRA's generator from the same seed, and the random stream left where LRA's
+    leaves it (so every later draw is the same too)."""
+    import random
+
+    ours, theirs = random.Random(seed), random.Random(seed)
+    for _ in range(300):
+        tree, length = lra_generate_tree(theirs, 1, max_depth, max_args)
+        pieces, got = listops.draw_tree(ours, max_depth, max_args)
+        assert (" ".join(pieces), got) == (lra_to_string(tree), length)
+    assert ours.random() == theirs.random()
+
+
 def test_listops_generator_lengths_dedup_and_heldout():
     import random
 
     rng = random.Random(0)
     for _ in range(200):
-        tree, length = listops.generate_tree(rng, 1, 10, 10)
-        text = listops.to_string(tree)
+        pieces, length = listops.draw_tree(rng, 10, 10)
+        text = " ".join(pieces)
         assert length == sum(1 for t in text.split() if t not in "()")  # ops + ']' + values
     t = get_task("listops", n_val=5, n_test=5, n_train=20)
     test = listops.generate(5, 0, listops.STREAM["test"], 500, 2000, 10, 10)
