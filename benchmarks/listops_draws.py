@@ -20,28 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reservoir.tasks.listops import END, OPERATORS, VALUE_P, draw_tree  # noqa: E402
-
-
-def lra_generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int):
-    r = rng.random() if depth < max_depth else 1
-    if r > VALUE_P:
-        return rng.randint(0, 9), 1
-    length, values = 2, []
-    for _ in range(rng.randint(2, max_args)):
-        sub, sub_len = lra_generate_tree(rng, depth + 1, max_depth, max_args)
-        values.append(sub)
-        length += sub_len
-    tree = (rng.choice(OPERATORS), values[0])
-    for v in values[1:]:
-        tree = (tree, v)
-    return (tree, END), length
-
-
-def lra_to_string(tree) -> str:
-    if not isinstance(tree, tuple):
-        return str(tree)
-    return "( " + lra_to_string(tree[0]) + " " + lra_to_string(tree[1]) + " )"
+from reservoir.tasks.listops import draw_tree  # noqa: E402
+from tests.tasks.test_tasks import lra_generate_tree, lra_to_string  # noqa: E402  LRA's generator, the reference
 
 
 def lra(n: int, seed: int) -> list[str]:
