@@ -70,8 +70,8 @@ TAUS = tuple(range(1, 9))
 
 def nonlinear_memory(states: np.ndarray, inputs: np.ndarray, alpha: float) -> dict[str, float] | None:
     """rcbench's nonlinear memory of consecutive ``states`` driven by ``inputs``: per ``nu``, the capacity
-    (squared correlation on its 80/20 split, ridge penalty ``alpha``) summed over ``tau`` = 1..8
-    (``None`` without rcbench)."""
+    (its definition: 1 - NMSE of a ridge readout, penalty ``alpha``, of the states as they are, on the last 20% of
+    the steps, floored at 0; not a squared correlation) summed over ``tau`` = 1..8 (``None`` without rcbench)."""
     try:
         from rcbench.tasks.nonlinearmemory import NonlinearMemoryEvaluator
     except ImportError:
@@ -208,7 +208,9 @@ def render(records: dict[str, Any], args) -> str:
         "a linear reservoir of N units is bounded by N (here 100). Mean ± standard deviation over the seeds run; "
         "rcbench's estimator on the same states (its 80/20 split of the train steps, the same penalty) beside ours. "
         "Nonlinear memory (rcbench): the capacity for sin(nu u(t - tau)) summed over tau = 1..8 (at most 8), at "
-        "nu = 1 / 3 / 10 (at 0.1 every model here holds all 8: the target is linear), at the best depth of the linear capacity, the same penalty.",
+        "nu = 1 / 3 / 10 (at 0.1 every model here holds all 8: the target is linear), at the best depth of the linear capacity, the same penalty; rcbench's capacity is 1 - NMSE on its test steps, "
+        "floored at 0, of a readout of the states as they are (not standardized), where the linear capacity is a "
+        "squared correlation: a readout shrunk by the penalty or off in scale scores lower there (down to 0) than here.",
         "",
         "| model | seeds | capacity (best depth) | depth | capacity per depth | ours, rcbench's split | rcbench | "
         "kernel rank per depth (rcbench) | nonlinear memory, nu 1 / 3 / 10 (rcbench) |",
@@ -277,11 +279,15 @@ def has_rcbench() -> bool:
 
 
 def nonlinear_text(runs: list[dict[str, Any]], best: list[int]) -> str:
-    """Nonlinear memory at nu = 1, 3 and 10 at each seed's best linear depth, averaged over seeds."""
+    """Nonlinear memory at nu = 1, 3 and 10 at each seed's best linear depth: mean (± standard deviation) over
+    seeds."""
     at = [r["nonlinear"][b] for r, b in zip(runs, best) if r.get("nonlinear") and r["nonlinear"][b]]
     if len(at) < len(runs):
         return "not run"
-    return " / ".join(f"{np.mean([a[str(nu)] for a in at]):.3g}" for nu in (1.0, 3.0, 10.0))
+    values = [[a[str(nu)] for a in at] for nu in (1.0, 3.0, 10.0)]
+    return " / ".join(
+        f"{np.mean(v):.3g}" + (f" ± {np.std(v, ddof=1):.2g}" if len(v) > 1 else "") for v in values
+    )
 
 
 def main() -> None:
