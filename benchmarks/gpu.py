@@ -154,9 +154,10 @@ def last_line(path: Path) -> str:
     return lines[-1].strip()[:300] if lines else "no message"
 
 
-def record_failure(out: Path, step: str, status: str, log: Path) -> None:
-    """Say in the step's own file why it has no results (keeping what a log step wrote before it stopped)."""
-    tail = log.read_text(errors="replace").splitlines()[-30:] if log.exists() else []
+def record_failure(out: Path, step: str, status: str, log: Path | None) -> None:
+    """Say in the step's own file why it has no results (keeping what a log step wrote before it stopped;
+    ``log`` None: a step that never ran)."""
+    tail = log.read_text(errors="replace").splitlines()[-30:] if log is not None and log.is_file() else []
     if out.suffix == ".json":
         kept = read_json(out)
         out.write_text(json.dumps({**kept, "status": status, "log_tail": tail}, indent=1))
@@ -238,7 +239,7 @@ def run_all(args: argparse.Namespace) -> int:
         )
         if seconds < MIN_STEP:
             status = "skipped: out of time"
-            record_failure(args.out / FILES[step], step, status, Path("/nonexistent"))
+            record_failure(args.out / FILES[step], step, status, None)
             rows.append({"step": step, "status": status, "seconds": 0, "headline": "-"})
         else:
             print(f"{step}: up to {seconds:.0f} s ...", file=sys.stderr, flush=True)
