@@ -176,13 +176,13 @@ def generate(
 #: generation gives up after this many consecutive draws without a new expression, or this many tokens drawn
 MAX_MISSES = 200_000
 MAX_WASTED_TOKENS = 20_000_000
-#: the largest mean expression length :func:`generate_tree` may be asked for (its trees branch: LRA's
+#: the largest mean expression length :func:`draw_tree` may be asked for (its trees branch: LRA's
 #: max_depth 10 and max_args 10 give about 120 tokens, max_depth 25 about 56,000, 100 more than can be drawn)
 MAX_EXPECTED_LENGTH = 100_000
 
 
 def expected_length(max_depth: int, max_args: int) -> float:
-    """The mean length of :func:`generate_tree`'s expressions: a node below ``max_depth`` is an operator
+    """The mean length of :func:`draw_tree`'s expressions: a node below ``max_depth`` is an operator
     with probability ``VALUE_P`` (2 tokens and 2..``max_args`` arguments), else a value (1 token)."""
     mean_args = (2 + max_args) / 2
     length = 1.0  # at max_depth: a value
