@@ -252,12 +252,12 @@ class Report:
             classes = classes_line(rows)
             lines = [title, "", *([classes, ""] if classes else [])]
             lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-            groups = self.groups(task)
-            if len(data_groups(rows, task, every_mode=True)) <= 1:  # one data: its rows, then its baselines
+            groups, every = self.groups(task), data_groups(rows, task, every_mode=True)
+            if len(every) <= 1:  # one data: its rows, then its baselines
                 lines += self.row_lines(rows, depths)
                 lines += [line for g in groups for line in self.baseline_lines(g, len(depths))]
             else:  # each data under a line naming it, end-to-end rows too, the probes' with their own baselines
-                for group in data_groups(rows, task, every_mode=True):
+                for group in every:
                     lines.append(
                         "| " + " | ".join([f"*data: {group.label}*"] + [""] * (len(head) - 1)) + " |"
                     )
