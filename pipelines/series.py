@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 from scipy.stats import loguniform, uniform
-from tuning import Ledger, draws, identity, search
+from tuning import Ledger, draws, edges, identity, search
 
 HERE = Path(__file__).parent
 
@@ -328,16 +328,24 @@ def render(ledger: Ledger, args) -> str:
                     spread(tests) + note + ("" if len(tests) == args.seeds else f" [{len(tests)} seeds]")
                 )
                 vals = sorted(r["val_nrmse"] for r in got["trials"])
+                edge = edges(model.space, got["best"])
                 chosen.append(
                     f"| {TASKS[task]} | {model.label} | {protocol}, {n} | "
-                    + (", ".join(f"{k} {v}" for k, v in got["best"].items()) or "nothing to tune")
+                    + (
+                        ", ".join(
+                            f"{k} {v}" + (f" ({edge[k]})" if k in edge else "")
+                            for k, v in got["best"].items()
+                        )
+                        or "nothing to tune"
+                    )
                     + f" | {vals[0]:.3g} / {vals[len(vals) // 2]:.3g} / {vals[-1]:.3g} |"
                 )
             md.append(f"| {model.label} | " + " | ".join(cells) + " |")
         md.append("")
     md += [
         "Settings chosen on validation (seed 0) and the spread of the search: the validation NRMSE of its best, "
-        "median and worst trial.",
+        "median and worst trial. '(low edge)' or '(high edge)': the chosen value lies in the outer tenth of the "
+        "range searched (by its distribution's quantile), so a wider range might choose further out.",
         "",
         "| task | model | protocol, train steps | chosen | validation NRMSE: best / median / worst |",
         "|---|---|---|---|---|",

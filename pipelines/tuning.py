@@ -44,6 +44,18 @@ def draws(space: dict[str, Any], trials: int) -> list[dict[str, Any]]:
     return [rounded({n: float(space[n].ppf(q)) for n, q in zip(names, p)}) for p in points]
 
 
+def edges(space: dict[str, Any], params: dict[str, Any], margin: float = 0.1) -> dict[str, str]:
+    """The settings of ``params`` in the outer ``margin`` of ``space``'s range, by the quantile of each
+    setting's distribution: name -> ``"low edge"`` or ``"high edge"``. A choice there says a wider range
+    might choose further out."""
+    quantiles = {n: float(space[n].cdf(v)) for n, v in params.items() if n in space}
+    return {
+        n: "low edge" if q < margin else "high edge"
+        for n, q in quantiles.items()
+        if not margin <= q <= 1 - margin
+    }
+
+
 def identity(key: dict[str, Any], params: dict[str, Any], seed: int) -> str:
     """The digest naming a trial: ``key`` (task, protocol, sizes, model), its settings and its seed."""
     text = json.dumps({**key, "params": params, "seed": seed}, sort_keys=True)

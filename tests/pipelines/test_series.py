@@ -13,7 +13,7 @@ spec = importlib.util.spec_from_file_location("tuning", ROOT / "pipelines" / "tu
 tuning = sys.modules["tuning"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tuning)
 
-from scipy.stats import loguniform  # noqa: E402
+from scipy.stats import loguniform, uniform  # noqa: E402
 
 
 def test_a_rerun_reuses_every_trial_and_a_larger_budget_extends_the_draws(tmp_path):
@@ -38,6 +38,14 @@ def test_a_rerun_reuses_every_trial_and_a_larger_budget_extends_the_draws(tmp_pa
     assert len(calls) - 6 == 2 + (2 if more["best"] != first["best"] else 0)
     lines = (tmp_path / "trials.jsonl").read_text().splitlines()
     assert len(lines) == len({json.loads(line)["id"] for line in lines}) == len(calls)
+
+
+def test_a_choice_in_the_outer_tenth_of_its_range_is_flagged_as_an_edge():
+    space = {"s": loguniform(0.005, 5.0), "u": uniform(0.0, 1.0)}
+    assert tuning.edges(space, {"s": 0.00704, "u": 0.5}) == {"s": "low edge"}  # 5% up a log range
+    assert tuning.edges(space, {"s": 0.07, "u": 0.95}) == {"u": "high edge"}
+    assert tuning.edges(space, {"s": 0.5, "u": 0.1}) == {}  # the tenth itself is inside
+    assert tuning.edges(space, {}) == {}  # nothing tuned
 
 
 def test_the_pipeline_runs_a_small_budget_then_reuses_it(tmp_path, monkeypatch):
