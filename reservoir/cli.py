@@ -10,6 +10,7 @@ modules (torch) are imported by the commands that need them."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -42,7 +43,18 @@ class Settings:
     quiet: bool = False
 
 
-pass_settings = click.make_pass_decorator(Settings)
+def pass_settings(fn):
+    """``fn`` called with the shared :class:`Settings` first; its command takes ``-q`` too, so that
+    ``reservoir fit -q`` is ``reservoir -q fit``."""
+
+    @click.option("--quiet", "-q", "quiet_here", is_flag=True, help="No progress on stderr (as reservoir -q).")
+    @click.pass_context
+    @functools.wraps(fn)
+    def call(ctx: click.Context, quiet_here: bool, **options):
+        settings = ctx.find_object(Settings) or Settings()
+        return fn(Settings(quiet=True) if quiet_here else settings, **options)
+
+    return call
 
 
 def configured(cls: type, options: dict):

@@ -138,6 +138,15 @@ def test_extract_fit_report_on_digits(cli, home, tiny_gpt2):
     )
 
 
+def test_quiet_is_taken_after_the_command_as_before_it(cli, home, tiny_gpt2):
+    r = cli("extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "100", "-q")
+    assert r.exit_code == 0 and r.stderr == "" and Path(r.stdout.strip()).exists()
+    fit = ("fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "100", "--head", "ridge")
+    loud, after, before = cli(*fit), cli(*fit, "--quiet"), cli("-q", *fit)
+    assert "depth 0:" in loud.stderr and after.stderr == before.stderr == ""
+    assert after.stdout == before.stdout and "### digits" in after.stdout
+
+
 def test_fit_without_features_exits_1(cli, home):
     r = cli("fit", "--task", "digits", "--backbone", "lstm")
     assert r.exit_code == 1 and "no feature file for task 'digits' and backbone 'lstm'" in r.output

@@ -151,6 +151,7 @@ ADDED = {
     ("extract", "--store-dtype"),
     *(("fit", o) for o in ("--readout", "--task-opt", "--limit", "--extract-seed")),
     *(("predict", o) for o in ("--data", "--task-opt", "--backbone")),
+    *((c, "--quiet") for c in ("install", "extract", "fit", "predict", "train")),  # as after reservoir
 }
 
 
