@@ -47,7 +47,9 @@ def pass_settings(fn):
     """``fn`` called with the shared :class:`Settings` first; its command takes ``-q`` too, so that
     ``reservoir fit -q`` is ``reservoir -q fit``."""
 
-    @click.option("--quiet", "-q", "quiet_here", is_flag=True, help="No progress on stderr (as reservoir -q).")
+    @click.option(
+        "--quiet", "-q", "quiet_here", is_flag=True, help="No progress on stderr (as reservoir -q)."
+    )
     @click.pass_context
     @functools.wraps(fn)
     def call(ctx: click.Context, quiet_here: bool, **options):
