@@ -44,16 +44,38 @@ def draws(space: dict[str, Any], trials: int) -> list[dict[str, Any]]:
     return [rounded({n: float(space[n].ppf(q)) for n, q in zip(names, p)}) for p in points]
 
 
-def edges(space: dict[str, Any], params: dict[str, Any], margin: float = 0.1) -> dict[str, str]:
-    """The settings of ``params`` in the outer ``margin`` of ``space``'s range, by the quantile of each
-    setting's distribution: name -> ``"low edge"`` or ``"high edge"``. A choice there says a wider range
-    might choose further out."""
-    quantiles = {n: float(space[n].cdf(v)) for n, v in params.items() if n in space}
-    return {
-        n: "low edge" if q < margin else "high edge"
-        for n, q in quantiles.items()
-        if not margin <= q <= 1 - margin
-    }
+def edges(
+    space: dict[str, Any], params: dict[str, Any], tried: list[dict[str, Any]], margin: float = 0.1
+) -> dict[str, str]:
+    """The settings of ``params`` that are the lowest (highest) value ``tried`` and lie in the outer ``margin``
+    of ``space``'s range, by the quantile of the setting's distribution: name -> ``"low edge"`` or
+    ``"high edge"``. A choice there says a wider range might choose further out."""
+    out = {}
+    for n, v in params.items():
+        if n not in space:
+            continue
+        q, values = float(space[n].cdf(v)), [t[n] for t in tried if n in t]
+        if q < margin and v <= min(values):
+            out[n] = "low edge"
+        elif q > 1 - margin and v >= max(values):
+            out[n] = "high edge"
+    return out
+
+
+def beyond(
+    space: dict[str, Any], params: dict[str, Any], edge: dict[str, str], steps: int = 2
+) -> list[dict[str, Any]]:
+    """Settings past ``params``' edges (:func:`edges`), to measure whether an edge binds: each log-uniform
+    setting at an edge moved out by one, then two, tenths of its range's span (the others kept). Settings of
+    other distributions (a leak rate, a radius: bounds of what the model accepts) are not moved."""
+    out = []
+    for n, side in sorted(edge.items()):
+        low, high = (float(b) for b in space[n].support())
+        if space[n].dist.name != "loguniform":
+            continue
+        ratio = (high / low) ** (0.1 if side == "high edge" else -0.1)
+        out += [rounded({**params, n: params[n] * ratio**k}) for k in range(1, steps + 1)]
+    return out
 
 
 def identity(key: dict[str, Any], params: dict[str, Any], seed: int) -> str:

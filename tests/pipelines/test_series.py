@@ -40,12 +40,14 @@ def test_a_rerun_reuses_every_trial_and_a_larger_budget_extends_the_draws(tmp_pa
     assert len(lines) == len({json.loads(line)["id"] for line in lines}) == len(calls)
 
 
-def test_a_choice_in_the_outer_tenth_of_its_range_is_flagged_as_an_edge():
+def test_a_choice_at_the_end_of_the_values_tried_and_of_the_range_is_flagged_as_an_edge():
     space = {"s": loguniform(0.005, 5.0), "u": uniform(0.0, 1.0)}
-    assert tuning.edges(space, {"s": 0.00704, "u": 0.5}) == {"s": "low edge"}  # 5% up a log range
-    assert tuning.edges(space, {"s": 0.07, "u": 0.95}) == {"u": "high edge"}
-    assert tuning.edges(space, {"s": 0.5, "u": 0.1}) == {}  # the tenth itself is inside
-    assert tuning.edges(space, {}) == {}  # nothing tuned
+    tried = [{"s": 0.00704, "u": 0.5}, {"s": 0.07, "u": 0.95}, {"s": 0.006, "u": 0.02}]
+    assert tuning.edges(space, {"s": 0.00704, "u": 0.5}, tried[:2]) == {"s": "low edge"}  # 5% up a log range
+    assert tuning.edges(space, {"s": 0.00704, "u": 0.5}, tried) == {}  # a lower value was tried
+    assert tuning.edges(space, {"s": 0.07, "u": 0.95}, tried) == {"u": "high edge"}
+    assert tuning.edges(space, {"s": 0.5, "u": 0.1}, [{"s": 0.5, "u": 0.1}]) == {}  # the tenth is inside
+    assert tuning.edges(space, {}, [{}]) == {}  # nothing tuned
 
 
 def test_the_pipeline_runs_a_small_budget_then_reuses_it(tmp_path, monkeypatch):
@@ -74,6 +76,40 @@ def test_the_pipeline_runs_a_small_budget_then_reuses_it(tmp_path, monkeypatch):
     narma = table.split("**NARMA-10**")[1]
     assert "| GPT-2 small shape, random | not run | - |" in narma
     assert "± " in narma.split("| ESN, 100 units | ")[1].split("\n")[0]
+
+
+def test_past_the_edges_runs_the_scales_beyond_a_choice_at_an_edge_once(tmp_path, monkeypatch):
+    """With one trial the ESN's only draw is chosen, its input scaling (2.03) at the high edge of 0.01 to 3:
+    --beyond-edges runs it one and two tenths of the range's span (300 ** 0.1) further on seed 0, once, and
+    the table reports them; the choice and the seeds stand as searched."""
+    spec = importlib.util.spec_from_file_location("series", ROOT / "pipelines" / "series.py")
+    series = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "series", series)
+    spec.loader.exec_module(series)
+    out = tmp_path / "out"
+    argv = [
+        "series.py",
+        *("--out", str(out), "--home", str(tmp_path / "home")),
+        *("--trials", "1", "--seeds", "2", "--n-train", "120", "--n-val", "60", "--n-test", "60"),
+        *("--window", "8", "--tasks", "narma10", "--models", "esn-100", "raw", "--beyond-edges"),
+    ]
+    monkeypatch.setenv("RESERVOIR_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(sys, "argv", argv)
+    series.main()
+    records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    past = [r for r in records if r["role"] == "past the edge"]
+    assert (
+        len(records) == 2 * (1 + 1 + 2) + 2
+    )  # per protocol: a draw, a seed, two past the edge; raw: 2 seeds
+    assert sorted((r["protocol"], r["params"]["input_scaling"], r["seed"]) for r in past) == [
+        (p, v, 0) for p in ("continuous", "windowed") for v in (3.59, 6.35)
+    ]
+    assert {r["params"]["sr"] for r in records if r["model"] == "esn-100"} == {0.61}  # only the scale moved
+    series.main()
+    assert len((out / "trials.jsonl").read_text().splitlines()) == len(records)  # nothing run again
+    table = (out / "series.md").read_text().split("Past the edge")[1]
+    for r in past:
+        assert f"input_scaling {r['params']['input_scaling']}: {r['val_nrmse']:.3g}" in table
 
 
 def test_nonlinear_memory_of_a_delay_line_holds_the_near_linear_targets_and_not_sin_10u():
