@@ -272,7 +272,7 @@ def test_fit_finds_the_one_file_or_lists_the_candidates(extract, cli, home, tiny
         and "2 feature files match task 'digits'" in r.output
         and "pass --features" in r.output
     )
-    assert "seed 0" in r.output and "seed 1" in r.output
+    assert "seed 0" in r.output and "seed 1" in r.output and "or --extract-seed to choose" in r.output
 
 
 def test_a_too_small_split_is_refused_naming_limit(extract, cli, home):

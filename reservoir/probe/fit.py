@@ -79,6 +79,15 @@ def describe_file(p: Path, i: dict[str, Any]) -> str:
     )
 
 
+#: the recorded extraction settings fit's options choose a feature file by (``FitConfig.extraction``)
+SELECTING = {
+    "readout": "--readout",
+    "limit": "--limit",
+    "seed": "--extract-seed",
+    "task_options": "--task-opt",
+}
+
+
 def extraction_mismatch(identity: dict[str, Any], wanted: dict[str, Any]) -> str | None:
     """Which of the extraction settings ``wanted`` (:attr:`reservoir.config.FitConfig.extraction`) the
     recorded ``identity`` differs in, or ``None``."""
@@ -149,9 +158,14 @@ def find_features(task: str, backbone: str | None, wanted: dict[str, Any] | None
             + f"\nrun `reservoir extract --task {task}"
             f"{' --backbone ' + backbone if backbone else ''}` first, or pass --features FILE"
         )
+    keys = sorted(set().union(*(i for _, i in matching)))
+    differ = [k for k in keys if len({canonical(i.get(k)) for _, i in matching}) > 1]
+    options = [SELECTING[k] for k in differ if k in SELECTING]
     raise StoreError(
-        f"{len(matching)} feature files match {what}; pass --features with one of them, or the option "
-        "that tells them apart (--readout, --limit, --extract-seed, --task-opt):\n"
+        f"{len(matching)} feature files match {what}, differing in {', '.join(differ)}; pass --features with "
+        "one of them"
+        + (f", or {' or '.join(options)} to choose" if options else " (no option of fit chooses by these)")
+        + ":\n"
         + "\n".join(describe_file(p, i) for p, i in matching)
     )
 

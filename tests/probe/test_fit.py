@@ -103,7 +103,8 @@ def test_fit_picks_among_a_task_s_extractions_by_their_options(cli, home, tiny_g
     r = cli(
         "-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--head", "ridge", "--no-baselines"
     )
-    assert r.exit_code == 1 and "2 feature files match" in r.output and "--readout" in r.output
+    assert r.exit_code == 1 and "2 feature files match" in r.output
+    assert "differing in readout; pass --features with one of them, or --readout to choose" in r.output
     for readout, path in (("mean", mean), ("last", last)):
         r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--head", "ridge",
                 "--no-baselines", "--readout", readout, "--depth", "1")  # fmt: skip
@@ -114,6 +115,11 @@ def test_fit_picks_among_a_task_s_extractions_by_their_options(cli, home, tiny_g
     assert r.exit_code == 1 and "holds features of seed 0" in r.output
     r = cli("-q", "fit", "--features", str(mean), "--readout", "last")
     assert r.exit_code == 1 and "holds features of readout 'mean'" in r.output
+    extract(
+        cli, "digits", tiny_gpt2, "--limit", "200", "--depths", "0"
+    )  # differs from `last` in depths alone
+    r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--readout", "last")
+    assert r.exit_code == 1 and "differing in depths; pass --features with one of them (no option" in r.output
 
 
 def test_real_valued_targets_take_the_ridge_head_by_default(cli, home, tiny_gpt2):
