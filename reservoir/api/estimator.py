@@ -53,7 +53,24 @@ def _backbone(name: str, seed: int):
 
 
 def _sequences(X: Any) -> tuple[list[np.ndarray], str, int]:
-    """Rows of ``X`` as per-example token arrays, the token kind and the token width (0 for ids)."""
+    """Rows of ``X`` as per-example token arrays, the token kind and the token width (0 for ids); no rows,
+    a row without tokens, and NaN or infinite values are refused, as ``extract`` refuses them in a file."""
+    rows, kind, width = _rows(X)
+    if not rows:
+        raise UsageError("X is empty; give at least one sequence")
+    empty = next((i for i, r in enumerate(rows) if len(r) == 0), None)
+    if empty is not None:
+        raise UsageError(f"sequence {empty} of X has no tokens; give every sequence at least one")
+    if kind == "dense":
+        bad = next((i for i, r in enumerate(rows) if not np.isfinite(r).all()), None)
+        if bad is not None:
+            raise UsageError(
+                f"X holds NaN or infinite values (sequence {bad}); replace them before transforming"
+            )
+    return rows, kind, width
+
+
+def _rows(X: Any) -> tuple[list[np.ndarray], str, int]:
     if isinstance(X, np.ndarray) and X.dtype != object:
         if X.ndim == 3 and X.dtype.kind == "f":
             return list(X), "dense", X.shape[2]
@@ -67,7 +84,7 @@ def _sequences(X: Any) -> tuple[list[np.ndarray], str, int]:
         )
     rows = [np.asarray(r) for r in X]
     if not rows:
-        raise UsageError("X is empty; give at least one sequence")
+        return [], "dense", 0
     kinds = {("ids" if r.dtype.kind in "iu" else "dense") for r in rows}
     if len(kinds) > 1:
         raise UsageError("X mixes integer-id and float sequences; give one kind")

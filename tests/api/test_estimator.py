@@ -85,6 +85,27 @@ def test_transformer_parameters_follow_the_sklearn_contract(tiny_gpt2):
     assert out.shape == (3, 32)  # (N, T) floats: one value a token
 
 
+@pytest.mark.parametrize(
+    "X, message",
+    [
+        (np.zeros((0, 4, 3), np.float32), "X is empty"),
+        ([], "X is empty"),
+        (np.zeros((2, 0, 3), np.float32), "sequence 0 of X has no tokens"),
+        ([np.array([1, 2]), np.array([], int)], "sequence 1 of X has no tokens"),
+        (np.array([[0.5, 1.0], [np.nan, 1.0]]), r"NaN or infinite values \(sequence 1\)"),
+        ([np.ones((3, 2)), np.array([[1.0, np.inf]])], r"NaN or infinite values \(sequence 1\)"),
+    ],
+)
+def test_the_transformer_refuses_what_extract_refuses_in_a_file(tiny_gpt2, X, message):
+    """No rows, a row without tokens, non-finite values: refused before the model runs (no NaN features)."""
+    t = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1, engine="torch")
+    with pytest.raises(ValueError, match=message):
+        t.fit(X)
+    fitted = t.fit(np.ones((2, 3, 2), np.float32) if "NaN" in message else [np.array([1, 2])])
+    with pytest.raises(ValueError, match=message):
+        fitted.transform(X)
+
+
 def test_api_extract_and_fit_on_a_user_npz(tiny_gpt2, tmp_path, home):
     rng = np.random.default_rng(0)
     y = np.arange(80) % 2
