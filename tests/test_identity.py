@@ -199,9 +199,12 @@ def test_files_that_are_not_feature_files_are_named(extract, cli, home, tmp_path
     with h5py.File(other, "w") as f:
         f["x"] = np.zeros(3)
     code, out, _ = extract("--out", str(other))
-    assert code == 1 and "not a reservoir feature file" in out
-    r = cli("fit", "--features", str(other))
-    assert r.exit_code == 1 and "not a reservoir feature file" in r.output
+    assert code == 1 and "not a reservoir feature file" in out and "pass another --out" in out
+    for command in (("fit", "--features"), ("export", "--out", str(tmp_path / "x.parquet"))):
+        for path in (other, junk):  # read, not written: the fix names the file to give, not --out
+            r = cli(*command, str(path))
+            assert r.exit_code == 1 and "feature file" in r.output and "--out" not in r.output.split(";")[-1]
+            assert "pass a feature file `reservoir extract` wrote" in r.output
 
 
 def test_fit_refuses_features_of_another_task_or_file(extract, cli, home, tmp_path):

@@ -50,6 +50,8 @@ from reservoir.identity import canonical, differences, digest
 
 CHUNK_BYTES = 1 << 20
 FIX_OTHER = "pass another --out, or delete it to extract again"
+#: what to do about a file given to read features from that is not a complete feature file
+FIX_READ = "pass a feature file `reservoir extract` wrote (it prints its path)"
 
 
 def create_features(
@@ -103,24 +105,25 @@ def h5_file(path: Path, mode: str = "r", **kwargs) -> h5py.File:
     return h5py.File(path, mode, locking=LOCKING, **kwargs)
 
 
-def _open_h5(path: Path, mode: str = "r") -> h5py.File:
-    """Open an HDF5 file, translating h5py's errors into what the file is and what to do."""
+def _open_h5(path: Path, mode: str = "r", fix: str = FIX_OTHER) -> h5py.File:
+    """Open an HDF5 file, translating h5py's errors into what the file is and what to do (``fix``)."""
     try:
         return h5_file(path, mode)
     except OSError as e:
         if not h5py.is_hdf5(path):
             raise StoreError(
                 f"{path} is not an HDF5 feature file (it is {path.stat().st_size:,d} bytes of something "
-                f"else); {FIX_OTHER}"
+                f"else); {fix}"
             ) from None
         raise StoreError(
             f"{path} is an HDF5 file that cannot be opened ({str(e).splitlines()[0]}); it may be "
-            f"truncated or in use by another program; {FIX_OTHER}"
+            f"truncated or in use by another program; {fix}"
         ) from None
 
 
-def stored_identity(f: h5py.File) -> dict[str, Any]:
-    """The identity recorded in a feature file; StoreError for files that are not ours or older formats."""
+def stored_identity(f: h5py.File, fix: str = FIX_OTHER) -> dict[str, Any]:
+    """The identity recorded in a feature file; StoreError (saying ``fix``) for files that are not ours or
+    older formats."""
     if "identity" not in f.attrs:
         version = f.attrs.get("version")
         what = (
@@ -128,7 +131,7 @@ def stored_identity(f: h5py.File) -> dict[str, Any]:
             if version is not None
             else "not a reservoir feature file (no identity recorded)"
         )
-        raise StoreError(f"{f.filename} is {what}; {FIX_OTHER}")
+        raise StoreError(f"{f.filename} is {what}; {fix}")
     return json.loads(f.attrs["identity"])
 
 
@@ -628,9 +631,9 @@ def open_features(path: Path) -> h5py.File:
         raise StoreError(
             f"{path} is a folder, not a feature file; pass the .h5 file `reservoir extract` printed"
         )
-    f = _open_h5(path)
+    f = _open_h5(path, fix=FIX_READ)
     try:
-        stored_identity(f)
+        stored_identity(f, FIX_READ)
         check_ready(f)
     except BaseException:
         f.close()
