@@ -298,12 +298,11 @@ def past_edges(model: Model, got: dict[str, Any]) -> list[dict[str, Any]]:
     )
 
 
-def edge_row(ledger: Ledger, task: str, protocol: str, name: str, n: int, opts, got) -> str | None:
-    """The row of the table "past the edge": the choice's validation NRMSE, then each setting past its edge."""
-    past = past_edges(MODELS[name], got)
+def edge_row(ledger: Ledger, key: dict[str, Any], where: str, got: dict[str, Any], past: list) -> str | None:
+    """The row of the table "past the edge" (``where``: its first cells): the choice's validation NRMSE, then
+    that of each setting ``past`` its edge, as the ledger holds them."""
     if not past:
         return None
-    key = key_of(task, protocol, name, opts)
     chosen = next(r for r in got["trials"] if r["params"] == got["best"])
     cells = []
     for p in past:
@@ -311,11 +310,7 @@ def edge_row(ledger: Ledger, task: str, protocol: str, name: str, n: int, opts, 
         record = ledger.trials.get(identity(key, p, 0))
         cells.append(f"{moved}: " + (f"{record['val_nrmse']:.3g}" if record else "not run"))
     best = ", ".join(f"{k} {got['best'][k]}" for k in past[0] if past[0][k] != got["best"][k])
-    return (
-        f"| {TASKS[task]} | {MODELS[name].label} | {protocol}, {n} | {best}: {chosen['val_nrmse']:.3g} | "
-        + " | ".join(cells)
-        + " |"
-    )
+    return f"{where} {best}: {chosen['val_nrmse']:.3g} | " + " | ".join(cells) + " |"
 
 
 def spread(values: list[float]) -> str:
@@ -369,12 +364,14 @@ def render(ledger: Ledger, args) -> str:
                 cells.append(
                     spread(tests) + note + ("" if len(tests) == args.seeds else f" [{len(tests)} seeds]")
                 )
-                row = edge_row(ledger, task, protocol, name, n, task_options(task, args, n), got)
+                where = f"| {TASKS[task]} | {model.label} | {protocol}, {n} |"
+                edge = edges(model.space, got["best"], [r["params"] for r in got["trials"]])
+                key = key_of(task, protocol, name, task_options(task, args, n))
+                row = edge_row(ledger, key, where, got, beyond(model.space, got["best"], edge))
                 past += [row] if row else []
                 vals = sorted(r["val_nrmse"] for r in got["trials"])
-                edge = edges(model.space, got["best"], [r["params"] for r in got["trials"]])
                 chosen.append(
-                    f"| {TASKS[task]} | {model.label} | {protocol}, {n} | "
+                    f"{where} "
                     + (
                         ", ".join(
                             f"{k} {v}" + (f" ({edge[k]})" if k in edge else "")
