@@ -50,9 +50,8 @@ def test_a_choice_at_the_end_of_the_values_tried_and_of_the_range_is_flagged_as_
     assert tuning.edges(space, {}, [{}]) == {}  # nothing tuned
 
 
-def test_the_pipeline_runs_a_small_budget_then_reuses_it(tmp_path, monkeypatch):
-    """series.py on tiny NARMA-10 series (an ESN, reservoirpy's and the baselines, both protocols): a second
-    run adds no trial, and the table names what did not run."""
+def tiny_series(tmp_path, monkeypatch, *options: str):
+    """series.py's module, set to run on tiny NARMA-10 series (windows of 8) with ``options``, and its --out."""
     spec = importlib.util.spec_from_file_location("series", ROOT / "pipelines" / "series.py")
     series = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "series", series)  # its dataclass looks its module up
@@ -61,11 +60,20 @@ def test_the_pipeline_runs_a_small_budget_then_reuses_it(tmp_path, monkeypatch):
     argv = [
         "series.py",
         *("--out", str(out), "--home", str(tmp_path / "home")),
-        *("--trials", "2", "--seeds", "2", "--n-train", "120", "--n-val", "60", "--n-test", "60"),
-        *("--window", "8", "--tasks", "narma10", "--models", "esn-100", "reservoirpy", "raw", "mean"),
+        *("--seeds", "2", "--n-train", "120", "--n-val", "60", "--n-test", "60", "--window", "8"),
+        *("--tasks", "narma10", *options),
     ]
     monkeypatch.setenv("RESERVOIR_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(sys, "argv", argv)
+    return series, out
+
+
+def test_the_pipeline_runs_a_small_budget_then_reuses_it(tmp_path, monkeypatch):
+    """series.py on tiny NARMA-10 series (an ESN, reservoirpy's and the baselines, both protocols): a second
+    run adds no trial, and the table names what did not run."""
+    series, out = tiny_series(
+        tmp_path, monkeypatch, "--trials", "2", "--models", "esn-100", "reservoirpy", "raw", "mean"
+    )
     series.main()
     trials = (out / "trials.jsonl").read_text()
     # esn-100: 2 draws + 1 seed, each protocol; reservoirpy: 2 + 1; raw and mean: one setting on 2 seeds
@@ -82,25 +90,14 @@ def test_past_the_edges_runs_the_scales_beyond_a_choice_at_an_edge_once(tmp_path
     """With one trial the ESN's only draw is chosen, its input scaling (2.03) at the high edge of 0.01 to 3:
     --beyond-edges runs it one and two tenths of the range's span (300 ** 0.1) further on seed 0, once, and
     the table reports them; the choice and the seeds stand as searched."""
-    spec = importlib.util.spec_from_file_location("series", ROOT / "pipelines" / "series.py")
-    series = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "series", series)
-    spec.loader.exec_module(series)
-    out = tmp_path / "out"
-    argv = [
-        "series.py",
-        *("--out", str(out), "--home", str(tmp_path / "home")),
-        *("--trials", "1", "--seeds", "2", "--n-train", "120", "--n-val", "60", "--n-test", "60"),
-        *("--window", "8", "--tasks", "narma10", "--models", "esn-100", "raw", "--beyond-edges"),
-    ]
-    monkeypatch.setenv("RESERVOIR_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(sys, "argv", argv)
+    series, out = tiny_series(
+        tmp_path, monkeypatch, "--trials", "1", "--models", "esn-100", "raw", "--beyond-edges"
+    )
     series.main()
     records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     past = [r for r in records if r["role"] == "past the edge"]
-    assert (
-        len(records) == 2 * (1 + 1 + 2) + 2
-    )  # per protocol: a draw, a seed, two past the edge; raw: 2 seeds
+    # per protocol: a draw, a seed and two past the edge; raw: two seeds
+    assert len(records) == 2 * (1 + 1 + 2) + 2
     assert sorted((r["protocol"], r["params"]["input_scaling"], r["seed"]) for r in past) == [
         (p, v, 0) for p in ("continuous", "windowed") for v in (3.59, 6.35)
     ]
