@@ -17,6 +17,8 @@ from typing import TextIO
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _TIMES = re.compile(r"\s*\[[^\]]*\]$")
+#: a bar line with a total: its description and percentage, the bar drawn, then its count (``3/3``)
+_BAR = re.compile(r"^(.*?)\|.*\|\s*(\S+)")
 #: seconds between updates when stderr is a terminal, and when it is a file or pipe
 TTY_INTERVAL, PIPE_INTERVAL = 0.5, 15.0
 
@@ -30,7 +32,10 @@ class _Lines:
 
     def write(self, text: str) -> None:
         text = _ANSI.sub("", text).replace("\r", "").strip()
-        done = _TIMES.sub("", text)  # the bar and its count, without times and rates
+        bar = _BAR.match(
+            text
+        )  # its count, without the bar drawn (its width follows the rate's), times and rates
+        done = f"{bar.group(1)} {bar.group(2)}" if bar else _TIMES.sub("", text)
         if text and done != self.last:  # closing a bar redraws its last count: written once
             self.stream.write(text + "\n")
             self.last = done

@@ -18,3 +18,20 @@ def test_a_piped_bar_writes_its_last_count_once(monkeypatch):
             shown.update(1)
     lines = err.getvalue().splitlines()
     assert [line.split("|")[0].strip() for line in lines] == ["x:   0%", "x:  33%", "x: 100%"]
+
+
+def test_a_piped_line_is_written_again_only_when_its_count_changes():
+    """The bar drawn is as wide as the rate leaves room for, so one count can come with bars of two widths:
+    written once all the same; a bar without a total is told apart by its text without times."""
+    err = io.StringIO()
+    lines = progress._Lines(err)
+    lines.write("x: 100%|#####| 3/3 [00:00<00:00, 14444.22ex/s]")
+    lines.write("\rx: 100%|######| 3/3 [00:00<00:00, 9978.52ex/s]")
+    lines.write("x: 3ex [00:00, 12.0ex/s]")
+    lines.write("x: 3ex [00:01, 3.0ex/s]")
+    lines.write("x: 4ex [00:01, 4.0ex/s]")
+    assert err.getvalue().splitlines() == [
+        "x: 100%|#####| 3/3 [00:00<00:00, 14444.22ex/s]",
+        "x: 3ex [00:00, 12.0ex/s]",
+        "x: 4ex [00:01, 4.0ex/s]",
+    ]
