@@ -32,9 +32,8 @@ class _Lines:
 
     def write(self, text: str) -> None:
         text = _ANSI.sub("", text).replace("\r", "").strip()
-        bar = _BAR.match(
-            text
-        )  # its count, without the bar drawn (its width follows the rate's), times and rates
+        # its count, without the bar drawn (its width follows the rate's), times and rates
+        bar = _BAR.match(text)
         done = f"{bar.group(1)} {bar.group(2)}" if bar else _TIMES.sub("", text)
         if text and done != self.last:  # closing a bar redraws its last count: written once
             self.stream.write(text + "\n")
