@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -446,14 +446,20 @@ class FitConfig(Config):
         None, "Data folder the baselines read the task's data from", "the one the extraction read"
     )
 
+    #: the fields that choose a feature file among a task's extractions, by the identity key each must equal
+    SELECTING: ClassVar[dict[str, str]] = {
+        "readout": "readout",
+        "limit": "limit",
+        "seed": "extract_seed",
+        "task_options": "task_options",
+    }
+
     @property
     def extraction(self) -> dict[str, Any]:
         """What the features must have been extracted with, as their identity records it (the options
         given: the file to read is the one extraction that matches)."""
-        wanted = {"readout": self.readout, "limit": self.limit, "seed": self.extract_seed}
-        return {k: v for k, v in wanted.items() if v is not None} | (
-            {"task_options": self.task_options} if self.task_options else {}
-        )
+        given = {key: getattr(self, name) for key, name in self.SELECTING.items()}
+        return {key: value for key, value in given.items() if value not in (None, {})}
 
     def combined(self) -> None:
         if self.features is None and self.task is None:

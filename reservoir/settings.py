@@ -297,6 +297,12 @@ def default(cls: type, name: str) -> Any:
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
+def option_name(cls: type, name: str) -> str:
+    """The command-line option that sets field ``name`` of a config dataclass (``--extract-seed``)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return f.metadata.get("cli", {}).get("option") or f"--{name.replace('_', '-')}"
+
+
 def shown_default(f: dataclasses.Field) -> str:
     """A setting's default as its help shows it ("" when it has none to show)."""
     text = f.metadata.get("cli", {}).get("default_text")
@@ -454,7 +460,7 @@ def _parameter(cls: type, f: dataclasses.Field):
     cli = f.metadata["cli"]
     if cli.get("argument"):
         return click.argument(f.name, type=_type(cls, f), nargs=cli.get("nargs", 1))
-    names = [cli.get("option") or f"--{f.name.replace('_', '-')}"]
+    names = [option_name(cls, f.name)]
     flag = cli.get("flag")
     if flag == "pair":
         names = [f"{names[0]}/--no-{names[0][2:]}"]

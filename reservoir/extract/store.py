@@ -241,32 +241,27 @@ def move_aside(path: Path, identity: dict[str, Any]) -> Path:
     return aside
 
 
+#: the recorded extract options that change the features: the command that writes a file again gives each
+#: one that is not at its default
+REPRODUCED = "split limit seed input_scale load_dtype store_dtype dtype depths readout".split()  # noqa: SIM905
+
+
 def extract_command(f: h5py.File) -> str:
     """The ``reservoir extract`` command that writes ``f`` again, from its recorded options, with ``--force``."""
     import shlex
 
-    from reservoir.config import default_data_dir
+    from reservoir.config import ExtractConfig, default_data_dir
+    from reservoir.settings import default, option_name
 
     c = file_config(f)
     words = ["reservoir", "extract", "--task", c["task"], "--backbone", c["backbone"]]
     for key, value in sorted(c.get("task_options", {}).items()):
         words += ["--task-opt", f"{key}={value}"]
-    defaults = {
-        "split": "all",
-        "limit": None,
-        "seed": 0,
-        "input_scale": "paper",
-        "dtype": "auto",
-        "depths": "all",
-        "readout": "last",
-    }
-    for key, default in defaults.items():
-        value = c.get(key, default)
-        if value != default:
-            words += [
-                f"--{key.replace('_', '-')}",
-                ",".join(map(str, value)) if isinstance(value, list) else str(value),
-            ]
+    for key in REPRODUCED:
+        value = c.get(key)
+        if value not in (None, "all" if key == "depths" else None, default(ExtractConfig, key)):
+            shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+            words += [option_name(ExtractConfig, key), shown]
     if c.get("data_dir") and c["data_dir"] != str(default_data_dir()):
         words += ["--data-dir", c["data_dir"]]
     return shlex.join(words + ["--out", str(f.filename), "--force"])

@@ -39,6 +39,7 @@ from reservoir.probe.rows import Rows, rows
 from reservoir.progress import log
 from reservoir.results import Result, result_path, write_result
 from reservoir.runtime import machine
+from reservoir.settings import option_name
 from reservoir.tasks import VALIDATION_SPLITS
 from reservoir.tasks import split_roles as roles_of
 
@@ -77,15 +78,6 @@ def describe_file(p: Path, i: dict[str, Any]) -> str:
         f"  {p}  (backbone {i['backbone']}, seed {i['seed']}, {i['dtype']}, {limit}, "
         f"depths {i['depths'][0]}..{i['depths'][-1]}, readout {i['readout']})"
     )
-
-
-#: the recorded extraction settings fit's options choose a feature file by (``FitConfig.extraction``)
-SELECTING = {
-    "readout": "--readout",
-    "limit": "--limit",
-    "seed": "--extract-seed",
-    "task_options": "--task-opt",
-}
 
 
 def extraction_mismatch(identity: dict[str, Any], wanted: dict[str, Any]) -> str | None:
@@ -160,7 +152,7 @@ def find_features(task: str, backbone: str | None, wanted: dict[str, Any] | None
         )
     keys = sorted(set().union(*(i for _, i in matching)))
     differ = [k for k in keys if len({canonical(i.get(k)) for _, i in matching}) > 1]
-    options = [SELECTING[k] for k in differ if k in SELECTING]
+    options = [option_name(FitConfig, FitConfig.SELECTING[k]) for k in differ if k in FitConfig.SELECTING]
     raise StoreError(
         f"{len(matching)} feature files match {what}, differing in {', '.join(differ)}; pass --features with "
         "one of them"

@@ -233,3 +233,38 @@ def test_a_shard_damaged_after_the_join_is_refused_and_force_redoes_it(
     with h5_file(out) as a, h5_file(reference) as b:
         verify(a)
         np.testing.assert_array_equal(a["test"]["features"][:], b["test"]["features"][:])
+
+
+def test_the_command_that_extracts_a_file_again_writes_the_same_identity(cli, tmp_path, tiny_gpt2):
+    """``extract_command`` (what fit's errors tell a user to run) gives every recorded option that changes
+    the features and is not at its default: run as it reads, it writes a file of the same identity."""
+    import shlex
+
+    from reservoir.extract.store import extract_command, stored_identity
+
+    first = tmp_path / "first.h5"
+    opts = [
+        "--seed",
+        "3",
+        "--store-dtype",
+        "float16",
+        "--readout",
+        "mean",
+        "--depths",
+        "0,2",
+        "--split",
+        "test",
+    ]
+    assert extract(cli, tiny_gpt2, first, *opts).exit_code == 0
+    with h5_file(first) as f:
+        command = extract_command(f)
+        identity = stored_identity(f)
+    words = shlex.split(command)
+    for option, value in zip(opts[::2], opts[1::2]):
+        assert words[words.index(option) + 1] == value, command
+    assert "--load-dtype" not in words and "--input-scale" not in words  # at their defaults
+    again = tmp_path / "again.h5"
+    words[words.index("--out") + 1] = str(again)
+    assert cli("-q", *words[1:]).exit_code == 0
+    with h5_file(again) as f:
+        assert stored_identity(f) == identity
