@@ -49,8 +49,9 @@ def pass_quiet(fn):
     return call
 
 
-def configured(cls: type, options: dict):
-    """The config of a command from its options, checked as the API checks (exit 2 on a refusal)."""
+def configured(cls: type, options: dict, spelled: dict[str, str] | None = None):
+    """The config of a command from its options, checked as the API checks (exit 2 on a refusal); ``spelled``:
+    how this command spells an option, where not as extract does (a positional TASK)."""
     from reservoir.api import configure
 
     given = {k: v for k, v in options.items() if v not in (None, ())}
@@ -59,7 +60,7 @@ def configured(cls: type, options: dict):
     except UsageError as e:
         option = getattr(e, "option", None)
         if option:
-            raise click.BadParameter(str(e), param_hint=option) from None
+            raise click.BadParameter(str(e), param_hint=(spelled or {}).get(option, option)) from None
         raise click.UsageError(str(e)) from None
 
 
@@ -303,7 +304,7 @@ def task_argument(fn):
 def built_task(task: str, task_options: tuple[str, ...]):
     from reservoir.tasks import get_task
 
-    cfg = configured(ExtractConfig, {"task": task, "task_options": task_options})
+    cfg = configured(ExtractConfig, {"task": task, "task_options": task_options}, {"--task": "'TASK'"})
     return run(get_task, cfg.task, **cfg.task_options)
 
 
