@@ -70,9 +70,9 @@ def beyond(
     other distributions (a leak rate, a radius: bounds of what the model accepts) are not moved."""
     out = []
     for n, side in sorted(edge.items()):
-        low, high = (float(b) for b in space[n].support())
         if space[n].dist.name != "loguniform":
             continue
+        low, high = (float(b) for b in space[n].support())
         ratio = (high / low) ** (0.1 if side == "high edge" else -0.1)
         out += [rounded({**params, n: params[n] * ratio**k}) for k in range(1, steps + 1)]
     return out
