@@ -1,13 +1,11 @@
 """Tasks: each owns its spec (token kind, shapes, classes, readout, splits) and its data.
 
-A task turns a split into compact raw ``inputs`` (uint8 images, id lists, bits) and
-``labels``; :meth:`Task.encode` turns a batch of raw inputs into model tokens. Keeping
-the raw form compact and encoding per batch keeps memory flat as datasets grow.
+A task turns a split into compact raw ``inputs`` (uint8 images, id lists, bits) and ``labels``;
+:meth:`Task.encode` turns a batch of raw inputs into model tokens.
 
-Register a task with ``@register_task("name")`` on a dataclass subclass of :class:`Task` in a
-module of this package: :data:`TASKS` imports every module here on its first lookup
-(:func:`reservoir.registry.discover`), so a new module needs no list. Its dataclass fields are the
-task's options (``--task-opt key=value`` on the CLI).
+Register a task with ``@register_task("name")`` on a dataclass subclass of :class:`Task` in a module of
+this package (:data:`TASKS` imports every module here on its first lookup, so a new module needs no
+list). Its dataclass fields are the task's options (``--task-opt key=value`` on the CLI).
 """
 
 from __future__ import annotations
@@ -134,8 +132,7 @@ class SplitData:
         return SplitData(inputs, self.labels[rows], self.lengths[rows])
 
 
-#: how a subset of a split (``--limit N``) is drawn, by the rule's name (:meth:`Task.subset`; a feature file's
-#: identity records the rule and its seed)
+#: how a subset of a split (``--limit N``) is drawn, by the rule's name (:meth:`Task.subset`)
 SUBSET_RULES = {
     "all": "every row of the split (no limit)",
     "stratified": "a seeded sample stratified by class: each class's count within one of its proportional share "
@@ -148,16 +145,15 @@ SUBSET_RULES = {
 
 
 def subset_stream(seed: int, split: str) -> np.random.Generator:
-    """The generator a split's sample is drawn from: the run's ``seed`` and the split's name, so every split
-    draws its own rows and the same seed draws the same rows on any machine."""
+    """The generator a split's sample is drawn from, seeded by the run's ``seed`` and the split's name."""
     return np.random.default_rng([int(seed), zlib.crc32(split.encode())])
 
 
 def class_quota(counts: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Rows to take of each class (``counts``: rows of each class, all > 0) for a sample of ``n`` of their sum:
-    each within one of its proportional share ``n * count / total`` (the floor of the share, plus one for as many
-    classes as rows are left: first the classes whose share is below one row, so that a sample keeps every class
-    it can, then the largest remainders, ties in a seeded order)."""
+    """Rows to take of each class (``counts``, all > 0) for a sample of ``n`` of their sum, each within one
+    of its proportional share: the floor of the share, plus one for as many classes as rows are left, first
+    those whose share is below one row (so the sample keeps every class it can), then the largest
+    remainders, ties in a seeded order."""
     counts = np.asarray(counts, dtype=np.int64)
     total = int(counts.sum())
     base, remainder = np.divmod(n * counts, total)  # integers: no rounding decides a row
@@ -194,8 +190,7 @@ class Task:
     """Base class; subclasses are dataclasses whose fields are the task's options."""
 
     name: ClassVar[str] = ""
-    #: the task generates its examples from its ``seed`` option, which then follows the run's
-    #: ``--seed`` unless given (:func:`make_task`); datasets with a seeded split keep their own
+    #: the task draws its examples from its ``seed`` option, which follows the run's ``--seed`` unless given
     generated: ClassVar[bool] = False
 
     @property
@@ -217,13 +212,13 @@ class Task:
         return False
 
     def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
-        """The rows of ``split`` in source order: all of them, or the first ``n`` (tasks stop reading or drawing
-        there). Subsets are taken by :meth:`load`, never by cutting this."""
+        """The rows of ``split`` in source order: all of them, or the first ``n``. Subsets are taken by
+        :meth:`load`, never by cutting this."""
         raise NotImplementedError  # pragma: no cover - abstract
 
     def subset(self, limit: int | None, seed: int) -> dict[str, Any]:
-        """How :meth:`load` takes ``limit`` rows of a split, as a feature file's identity records it: the rule
-        (:data:`SUBSET_RULES`) and, for a sample, its seed."""
+        """How :meth:`load` takes ``limit`` rows of a split: the rule (:data:`SUBSET_RULES`) and, for a sample,
+        its seed, as a feature file's identity records them."""
         if limit is None:
             return {"rule": "all"}
         if self.draws:
@@ -233,9 +228,8 @@ class Task:
         return {"rule": rule, "seed": int(seed)}
 
     def load(self, split: str, data_dir: Path, limit: int | None = None, seed: int = 0) -> SplitData:
-        """The rows of ``split``: all of them, or a seeded sample of ``limit`` (:meth:`subset`: stratified by
-        class for class targets, at random otherwise, rows in source order; a generated task's first draws).
-        Lazy inputs stay lazy: a sample of a source larger than memory reads only its rows, when asked.
+        """The rows of ``split``: all of them, or a seeded sample of ``limit`` (:meth:`subset`), in source
+        order; lazy inputs stay lazy.
 
         >>> d = get_task("digits").load("train", Path("."), limit=50, seed=0)
         >>> len(d), len(np.unique(d.labels))
@@ -281,8 +275,7 @@ class Task:
 
 #: every task, registered by the modules of this package (found on the first lookup)
 TASKS: Registry[Task] = Registry("task", home=__name__)
-#: tasks named by a prefix and a value (``file:PATH``): the prefix -> the task class, whose ``named(value,
-#: **options)`` builds one; registered by the module that defines the class, like every task
+#: tasks named by a prefix and a value (``file:PATH``): the prefix -> the class whose ``named(value, **options)`` builds one
 PREFIXED: Registry[type[Task]] = Registry("task prefix", home=__name__)
 
 
@@ -297,9 +290,8 @@ MAX_TOKENS = 2**20
 
 
 def check_value(task: str, key: str, value: Any, meta: Any) -> None:
-    """``value`` of option ``key`` of ``task`` meets its field's declared constraints; UsageError in
-    scikit-learn's shape otherwise ("The 'n_bits' option of task bit_xor must be in [1, 1048576]. Got -3
-    instead."), written by :func:`reservoir.settings.check`."""
+    """Check that ``value`` of option ``key`` of ``task`` meets its field's declared constraints
+    (:func:`reservoir.settings.check`); UsageError otherwise."""
     check(f"task {task}", key, value, *meta.get("rules", ()), noun="option")
 
 

@@ -7,26 +7,21 @@ Where the data is looked for, in order:
 3. the official archive ``DATA_DIR/cifar10/cifar-10-python.tar.gz`` (size and md5 checked, then unpacked),
 4. a download of that archive when the network allows (``--task-opt download=false`` to never try).
 
-A folder in the official layout (``data_batch_1`` .. ``data_batch_5``, ``test_batch``,
-``batches.meta``: pickled dicts with ``b'data'`` uint8 ``(N, 3072)`` channel-major rows and
-``b'labels'``) is accepted without the archive checksum, since a copy rebuilt from another
-source (JPEGs, another archive) cannot match it; ``reservoir data verify cifar10`` says
-whether each file is byte-for-byte the official one. The batches are pickles, read by
-:mod:`reservoir.tasks.pickles`: a batch that names anything but the containers and numpy arrays
-the official files hold is refused before it can run code.
+A folder in the official layout (``data_batch_1`` .. ``data_batch_5``, ``test_batch``, ``batches.meta``:
+pickled dicts with ``b'data'`` uint8 ``(N, 3072)`` channel-major rows and ``b'labels'``) is accepted
+without the archive checksum (``reservoir data verify cifar10`` compares each file with the official
+one). The pickles are read by :mod:`reservoir.tasks.pickles`, which refuses any that could run code.
 
 ``cifar10``: each 32x32x3 image is cut into 4x4 patches, a patch flattened row-major with the
 channel innermost (the FPT code's ``b c (h p1) (w p2) -> b (h w) (p1 p2 c)``): 64 tokens of 48.
 Values are normalized per channel with the FPT code's mean (0.4914, 0.4822, 0.4465) and std
 (0.2023, 0.1994, 0.2010); ``normalize=false`` gives ``x / 255`` instead. No augmentation.
 
-``cifar10_lra``: grayscale as the Long Range Arena computes it (``tf.image.rgb_to_grayscale`` on
-uint8 images): pixels to ``[0, 1]`` floats, luma ``0.2989 R + 0.5870 G + 0.1140 B`` (ITU-R
-601-2), back to uint8 as TensorFlow's ``convert_image_dtype`` does (times 255.5, truncated).
-One pixel a token: 1024 tokens of 1, valued ``(g / 255 - 0.5) / 0.5`` as the FPT code
-normalizes its grayscale CIFAR (``normalize=false``: ``g / 255``). ``lra_split=true`` gives the
-splits train / val / test with val the last 10% of the training batches, as LRA's
-``train[90%:]`` (the official batches are in the official order; a rebuilt copy may be shuffled).
+``cifar10_lra``: grayscale as the Long Range Arena computes it (``tf.image.rgb_to_grayscale`` on uint8
+images: luma ``0.2989 R + 0.5870 G + 0.1140 B`` of ``[0, 1]`` floats, back to uint8 times 255.5,
+truncated). One pixel a token: 1024 tokens of 1, valued ``(g / 255 - 0.5) / 0.5`` as the FPT code
+normalizes its grayscale CIFAR (``normalize=false``: ``g / 255``). ``lra_split=true`` makes val the last
+10% of the training batches, as LRA's ``train[90%:]`` (a rebuilt copy of the batches may be shuffled).
 """
 
 from __future__ import annotations

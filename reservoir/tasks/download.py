@@ -82,9 +82,7 @@ def fetch_verified(urls: Sequence[str], dest: Path, check, errors: list[str]) ->
 def ensure_files(folder: Path, files: tuple[DataFile, ...], task: str, download: bool = True) -> list[Path]:
     """Return the paths of ``files`` in ``folder``, downloading missing ones when the network allows.
 
-    Downloads land in a temporary file that is verified and then renamed, so a failed or
-    interrupted download never leaves a file that looks complete. Raises :class:`DataError`
-    naming the folder and the files to place there when some cannot be had.
+    Raises :class:`DataError` naming the folder and the files to place there when some cannot be had.
     """
     missing = [f for f in files if not (folder / f.name).exists()]
     errors: list[str] = []
@@ -108,10 +106,9 @@ def ensure_files(folder: Path, files: tuple[DataFile, ...], task: str, download:
 class DataArchive:
     """A compressed archive that unpacks into a folder of the files a task reads.
 
-    ``contents`` is the folder the archive unpacks to (relative to the task's folder) and
-    ``members`` the files that must be in it. ``md5`` and ``size`` are of the archive file;
-    ``size`` tells a truncated download from a corrupt one. ``md5=None`` means no checksum
-    is published; the unpacked contents are then checked by the task's reader alone.
+    ``contents`` is the folder the archive unpacks to (relative to the task's folder) and ``members``
+    the files that must be in it. ``md5`` and ``size`` are of the archive file; ``md5=None`` means no
+    checksum is published, and the task's reader alone checks the contents.
     """
 
     name: str
@@ -142,9 +139,7 @@ def check_archive(path: Path, archive: DataArchive) -> None:
 def unpack(path: Path, folder: Path, archive: DataArchive) -> Path:
     """Unpack ``path`` into ``folder``; returns ``folder / archive.contents``.
 
-    The archive is unpacked into a temporary folder and moved into place only when every
-    member is there, so an interrupted or truncated archive never leaves a folder that
-    looks complete.
+    The folder is moved into place only when every member is there.
     """
     dest = folder / archive.contents
     tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".{archive.name}.", suffix=".unpack"))
@@ -186,11 +181,9 @@ def ensure_archive(
 ) -> Path:
     """Return a folder holding the archive's ``members``, unpacking or downloading it if needed.
 
-    Order: an unpacked folder in ``folder / archive.contents`` or any of ``look_in`` (accepted
-    without the archive checksum, so a folder rebuilt from another copy of the data works);
-    else the archive in ``folder`` (size and checksum verified, then unpacked); else a download
-    when allowed and the network answers. Raises :class:`DataError` saying exactly which
-    files to place where when none of these works.
+    Order: an unpacked folder in ``folder / archive.contents`` or any of ``look_in`` (accepted without
+    the archive checksum); else the archive in ``folder`` (size and checksum verified, then unpacked);
+    else a download when allowed. Raises :class:`DataError` saying which files to place where.
     """
     folder = Path(folder)
     candidates = [folder / archive.contents, *map(Path, look_in)]

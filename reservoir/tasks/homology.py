@@ -1,30 +1,23 @@
 """Remote homology (TAPE): a protein's amino-acid sequence -> its SCOP fold, 1195 classes.
 
-Data: TAPE's files ``DATA_DIR/remote_homology/remote_homology_<split>.lmdb`` (TAPE's default:
-an LMDB of pickled records, ``b'num_examples'`` and ``str(i).encode()`` keys) or ``.json``
-(TAPE's JSON variant: a list of records); LMDB is read when both exist. A record needs
-``primary`` (the sequence) and ``fold_label`` (0..1194). Splits are TAPE's: ``train`` (12,312),
-``valid`` (736), ``test_fold_holdout`` (718), ``test_superfamily_holdout`` (1,254),
-``test_family_holdout`` (1,272). When no file is there, TAPE's ``remote_homology.tar.gz`` is
-downloaded and unpacked into ``DATA_DIR`` if the network allows; TAPE publishes no checksum
-for it, so ``reservoir data verify remote_homology`` checks record counts and labels instead.
-Reading LMDB needs the ``lmdb`` package (``pip install 'reservoir[data]'``); JSON needs nothing.
+Data: TAPE's ``DATA_DIR/remote_homology/remote_homology_<split>.lmdb`` (an LMDB of pickled records,
+``b'num_examples'`` and ``str(i).encode()`` keys; needs ``pip install 'reservoir[data]'``) or ``.json``
+(a list of records); LMDB is read when both exist. A record needs ``primary`` (the sequence) and
+``fold_label`` (0..1194). Splits are TAPE's: ``train`` (12,312), ``valid`` (736), ``test_fold_holdout``
+(718), ``test_superfamily_holdout`` (1,254), ``test_family_holdout`` (1,272). TAPE publishes no
+checksum for its archive, so ``reservoir data verify remote_homology`` checks record counts and labels.
 
-Tokens: the 25 letters of TAPE's IUPAC vocabulary in TAPE's order (20 standard amino acids
-plus B, O, U, X, Z: ``ABCDEFGHIKLMNOPQRSTUVWXYZ``) are ids 1..25 (TAPE's ids 5..29 minus 4),
-0 is padding. TAPE's ``<cls>``/``<sep>`` are not added; the readout is the last real residue.
-Any other character raises a DataError naming the file, record and position, as TAPE's
-tokenizer refuses unknown tokens.
+Tokens: the 25 letters of TAPE's IUPAC vocabulary in TAPE's order (``ABCDEFGHIKLMNOPQRSTUVWXYZ``) are
+ids 1..25 (TAPE's ids minus 4), 0 is padding; TAPE's ``<cls>``/``<sep>`` are not added, and the
+readout is the last real residue. Any other character raises a DataError, as TAPE's tokenizer refuses it.
 
-Sequences longer than ``max_len`` (1024 by default) are truncated to their first ``max_len``
-residues; every example stays in its split, so an accuracy is always over the whole split.
-How many were truncated is printed per split on stderr and kept in ``task.truncated``.
-(The official FPT code instead skips batches longer than 1024 tokens and multiplies its
-reported accuracies by 0.9739, the fraction kept; nothing here needs that correction.)
+Sequences longer than ``max_len`` (1024 by default) are truncated to their first ``max_len`` residues
+and stay in their split, so an accuracy is always over the whole split; ``task.truncated`` counts them.
+(The official FPT code instead skips batches longer than 1024 tokens and multiplies its reported
+accuracies by 0.9739, the fraction kept; nothing here needs that correction.)
 
-The FPT paper's homology accuracy was measured on TAPE's ``valid`` split (its code's test
-loader reads ``valid``). ``reservoir fit`` chooses regularisation on ``valid`` and reports
-every ``test_*`` split, ``test_fold_holdout`` first.
+The FPT paper's homology accuracy was measured on TAPE's ``valid`` split (its code's test loader reads
+``valid``). ``reservoir fit`` chooses regularisation on ``valid`` and reports every ``test_*`` split.
 """
 
 from __future__ import annotations

@@ -103,10 +103,9 @@ def _table_files(folder: Path) -> list[Path]:
 def table_parts(
     path: Path, *, input: str, target: str, split: str, images: Images, whole: bool = False
 ) -> list[Part]:
-    """The parts of a table source (a Parquet/Arrow file, a ``datasets`` folder, a folder of tables),
-    their labels and split names read (one pass over those columns). ``whole`` (data to predict on): one
-    part of every file in split order, no split column read, labels where the target column is there
-    (``None`` otherwise, the part's ``target`` saying which column was looked for)."""
+    """The parts of a table source (a Parquet/Arrow file, a ``datasets`` folder, a folder of tables), their
+    labels and split names read. ``whole`` (data to predict on): one part of every file in split order, no
+    split column read, labels where the target column is there."""
     need("pyarrow", "Parquet, Arrow and datasets folders")
     if path.is_file():
         groups = {None: [path]}
@@ -205,9 +204,8 @@ def _schema(path: Path) -> list[str]:
 
 
 def class_label_names(path: Path, column: str) -> list[str] | None:
-    """The names of a ``datasets`` ``ClassLabel`` column, by class id: from the ``huggingface`` metadata of the
-    file's schema (what ``datasets`` writes into Parquet and Arrow files), else the ``dataset_info.json`` beside
-    it (a ``save_to_disk`` folder); ``None`` for a column that is not one."""
+    """The names of a ``datasets`` ``ClassLabel`` column, by class id, from the ``huggingface`` metadata of the
+    file's schema, else the ``dataset_info.json`` beside it; ``None`` for a column that is not one."""
     found = []
     meta = _arrow_schema(path).metadata or {}
     if b"huggingface" in meta:
@@ -301,13 +299,11 @@ def image_parts(
     root: Path, images: Images, *, whole: bool = False, known: list[str] | None = None
 ) -> list[Part]:
     """The parts of an image folder (``root/CLASS/*`` or ``root/SPLIT/CLASS/*``): files in natural order,
-    classes numbered in the natural order of their folder names across splits (:func:`natural`: ``2``
-    before ``10``), their names kept as the parts' ``names``.
+    classes numbered in the natural order of their folder names across splits (:func:`natural`).
 
-    ``whole`` (images to predict on): one part of every image, split folders in order; a folder with images
-    lying in it (not in class folders) is unlabeled: each image under it is a row, in natural order of its
-    path. ``known``: the class names to number class folders by (a probe's); a folder of another name is
-    refused, naming them."""
+    ``whole`` (images to predict on): one part of every image, split folders in order; images lying in the
+    folder itself are unlabeled. ``known``: the class names (a probe's) to number class folders by; a folder
+    of another name is refused."""
     if whole and any(p.is_file() and p.suffix.lower() in IMAGES for p in root.iterdir()):
         files = natural_paths(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGES)
         why = f"the images lie in {root} itself, not in class folders"

@@ -109,8 +109,8 @@ def tokenize(text: str, keep_brackets: bool = True) -> np.ndarray:
 
 
 class _Stream:
-    """One seeded stream of distinct expressions, drawn as far as asked and kept: the first ``n`` of a
-    stream never depend on how many are asked for, so a later, shorter or longer request continues it."""
+    """One seeded stream of distinct expressions, drawn as far as asked and kept: its first ``n`` never
+    depend on how many are asked for."""
 
     def __init__(
         self,
@@ -132,9 +132,8 @@ class _Stream:
         min_length, max_length, max_depth, max_args = self.args
         with self.lock:
             while len(self.out) < n:
-                if self.misses > MAX_MISSES or self.wasted > MAX_WASTED_TOKENS:  # the options admit no (or no
-                    # more distinct) expressions, or too few for the time they take: never loop (nearly) forever,
-                    # and a stream that gave up stays given up
+                # the options admit no more distinct expressions: give up, and stay given up
+                if self.misses > MAX_MISSES or self.wasted > MAX_WASTED_TOKENS:
                     raise DataError(
                         f"ListOps generation found {len(self.out)} of {n} distinct expressions of length in "
                         f"({min_length}, {max_length}) and none in the next {self.misses:,d} draws (max_depth="
@@ -168,16 +167,15 @@ def generate(
     max_args: int,
     exclude: frozenset = frozenset(),
 ) -> list[str]:
-    """The first ``n`` distinct expressions of a seeded stream, none in ``exclude``. Drawing is the slow part of
-    loading (each split of train excludes the held-out ones), so a process keeps its streams and continues them."""
+    """The first ``n`` distinct expressions of a seeded stream, none in ``exclude``; a process keeps its
+    streams and continues them."""
     return _stream(seed, stream, min_length, max_length, max_depth, max_args, exclude).take(n)
 
 
 #: generation gives up after this many consecutive draws without a new expression, or this many tokens drawn
 MAX_MISSES = 200_000
 MAX_WASTED_TOKENS = 20_000_000
-#: the largest mean expression length :func:`draw_tree` may be asked for (its trees branch: LRA's
-#: max_depth 10 and max_args 10 give about 120 tokens, max_depth 25 about 56,000, 100 more than can be drawn)
+#: the largest mean expression length :func:`draw_tree` may be asked for (LRA's settings give about 120)
 MAX_EXPECTED_LENGTH = 100_000
 
 
@@ -197,8 +195,7 @@ def expected_length(max_depth: int, max_args: int) -> float:
 def heldout(
     seed: int, min_length: int, max_length: int, max_depth: int, max_args: int, n_val: int, n_test: int
 ) -> frozenset:
-    """Every val and test expression, which train never holds (one object per setting, so the train stream
-    keyed by it is found again)."""
+    """Every val and test expression, which train never holds (one object per setting)."""
     args = (min_length, max_length, max_depth, max_args)
     return frozenset(
         t for s, n in (("val", n_val), ("test", n_test)) for t in generate(n, seed, STREAM[s], *args)

@@ -1,10 +1,9 @@
 """Reading the data formats that are pickles (CIFAR-10's python batches, TAPE's LMDB records)
 without running code from them.
 
-A pickle can name any importable callable and have it called while loading; a crafted
-"data file" runs whatever it names. The official files hold only dicts, lists, tuples, bytes,
-strings, numbers and numpy arrays (and numpy scalars), which the unpickler below admits; any
-other reference is refused before it is called, naming the file and what it referred to.
+A pickle can name any importable callable and have it called while loading. The official files hold
+only dicts, lists, tuples, bytes, strings, numbers and numpy arrays and scalars, which the unpickler
+below admits; any other reference is refused before it is called.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ from typing import Any
 
 from reservoir.errors import DataError
 
-#: the only globals a data pickle may name: what numpy arrays, dtypes and scalars pickle to (both
-#: numpy 1's ``numpy.core`` and numpy 2's ``numpy._core``; ``_frombuffer`` for protocol 5), and the
-#: bytes codec that protocol-2 pickles written by Python 3 use for ``bytes``
+#: the only globals a data pickle may name: numpy arrays, dtypes and scalars (numpy 1 and 2), and the
+#: codec protocol-2 pickles use for ``bytes``
 ALLOWED = frozenset(
     {
         ("numpy", "ndarray"),
@@ -55,9 +53,8 @@ class DataUnpickler(pickle.Unpickler):
 def loads(data: bytes, source: Path | str, what: str, fix: str, **kwargs: Any) -> Any:
     """Unpickle ``data`` read from ``source`` (``kwargs``: :class:`pickle.Unpickler`'s, e.g. ``encoding``).
 
-    A reference outside :data:`ALLOWED` raises :class:`~reservoir.errors.DataError` naming
-    ``source``, the reference and ``fix``; nothing it names is called. Other unpickling errors
-    propagate as they are, for the caller's own message.
+    A reference outside :data:`ALLOWED` raises :class:`~reservoir.errors.DataError` naming ``source``,
+    the reference and ``fix``; other unpickling errors propagate.
     """
     try:
         return DataUnpickler(io.BytesIO(data), **kwargs).load()

@@ -1,15 +1,12 @@
 """How much data a head or a training run needs, checked before anything runs.
 
-A validation split held out of train must hold at least one example per class, and so must
-what is left to train on; a train split of one class teaches nothing. ``fit`` and ``train``
-refuse smaller data up front, naming ``--limit`` and the smallest value that works, instead of
-failing inside scikit-learn ("test_size = 6 should be greater or equal to the number of
-classes = 10") or "training" to a meaningless number.
+A validation split held out of train must hold at least one example per class, and so must what is
+left to train on; ``fit`` and ``train`` refuse smaller data up front, naming ``--limit`` and the
+smallest value that works.
 
-Train must hold every class the other splits hold (:func:`check_classes`): a class that test holds
-and train lacks caps the accuracy without a word (no head predicts a class it never saw). ``extract``
-and ``train`` refuse such splits before any work, ``fit`` refuses feature files made before that
-check. (A test split may lack classes of train: they are only not scored.)
+Train must hold every class the other splits hold (:func:`check_classes`): a class that test holds and
+train lacks caps the accuracy without a word. A test split may lack classes of train (they are only not
+scored).
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ def holdout_minimum(classes: int, n_val: Callable[[int], int]) -> int:
         return n_val(n) >= classes and n - n_val(n) >= classes
 
     high = 2 * classes
-    while not enough(high):  # doubling, then bisection: a few dozen evaluations for any class count
+    while not enough(high):  # doubling, then bisection
         high *= 2
     low = high // 2  # not enough: fewer than 2 * classes, or the last doubling's
     while high - low > 1:
@@ -60,10 +57,9 @@ def check_train_split(
 ) -> None:
     """Refuse a train split too small to mean anything (UsageError naming ``--limit`` and the minimum).
 
-    ``labels`` are the train split's, one class per example (1-D) or several outputs per example
-    (bit tasks: each output one of ``n_classes``). ``n_val(n)``: the validation examples held out of
-    ``n`` (``None``: the task has its own validation split, nothing is held out). ``n_classes``: the
-    task's classes, for the minimum (the classes present when larger)."""
+    ``labels`` are the train split's, one class per example or several outputs per example.
+    ``n_val(n)``: the validation examples held out of ``n`` (``None``: the task has its own validation
+    split). ``n_classes``: the task's classes (the classes present when larger)."""
     n = len(labels)
     if labels.dtype.kind == "f":  # real-valued targets (regression): no classes to cover, rows on each side
         held = n_val(n) if n_val is not None else 0
@@ -123,8 +119,8 @@ def _lacking(sets: dict[str, set[int]]) -> set[int]:
 
 
 def keeps_every_class(labels: np.ndarray) -> int:
-    """The smallest ``--limit`` from which a stratified sample of a split keeps every class of it: the rarest
-    class's proportional share is then a row (:func:`reservoir.tasks.class_quota`); the split's size at most."""
+    """The smallest ``--limit`` from which a stratified sample of a split keeps every class of it
+    (:func:`reservoir.tasks.class_quota`); the split's size at most."""
     _, counts = np.unique(labels, return_counts=True)
     return min(len(labels), math.ceil(len(labels) / int(counts.min()))) if len(labels) else 0
 
@@ -138,13 +134,10 @@ def check_classes(
     full: Callable[[str], np.ndarray] | None = None,
     fix: str | None = None,
 ) -> None:
-    """Refuse a train split that lacks classes another split holds (no head predicts a class it never saw, so
-    the accuracy on that split is capped without a word): DataError naming those classes (ids and ``names``),
-    the splits that hold them, and the fix. ``labels``: each split's labels as read (splits of one class id a
-    row are compared; a validation or test split may lack classes of train: they are only not scored);
-    ``limit``: the run's ``--limit``; ``full(split)``: that split's labels without the limit (read only to
-    choose the fix: a larger ``--limit`` when the whole splits agree, the data itself when they do not);
-    ``fix`` replaces the fix."""
+    """Refuse a train split that lacks classes another split holds: DataError naming those classes, the
+    splits that hold them, and the fix. ``labels``: each split's labels as read; ``limit``: the run's
+    ``--limit``; ``full(split)``: that split's labels without the limit (read only to choose the fix, a
+    larger ``--limit`` or the data itself); ``fix`` replaces the fix."""
     sets = _class_sets(labels)
     missing = _lacking(sets)
     if not missing:

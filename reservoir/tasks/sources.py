@@ -23,12 +23,10 @@ from reservoir.tasks.download import DataArchive, check_archive, md5sum
 class Source:
     """Where a task's data lives and how to get it.
 
-    ``looks_in`` are the places searched, in order; ``files`` the paths that must exist for
-    the data to count as present, in groups of alternatives (e.g. a split's LMDB or JSON);
-    ``fetch(download)`` makes them present (unpacking a local archive, downloading when
-    ``download`` is true) or raises a DataError saying which files to place where;
-    ``official_md5`` maps files to their official checksums (of the decompressed content when
-    ``gunzip_md5``); ``sizes`` gives the official number of examples per split.
+    ``looks_in`` are the places searched, in order; ``files`` the paths that must exist, in groups of
+    alternatives (a split's LMDB or JSON); ``fetch(download)`` makes them present or raises a DataError
+    saying which files to place where; ``official_md5`` maps files to their official checksums (of the
+    decompressed content when ``gunzip_md5``); ``sizes`` gives the official examples per split.
     """
 
     task: str
@@ -55,8 +53,7 @@ class Source:
         return "present" if not missing else f"missing {len(missing)} of {len(self.files)}"
 
 
-#: where each task that reads files finds them, by task name: registered here or by the task's own
-#: module (every module of :mod:`reservoir.tasks` is imported on the first lookup)
+#: where each task that reads files finds them, by task name (registered here or by the task's module)
 SOURCES: Registry[Source] = Registry("data source", home="reservoir.tasks")
 
 

@@ -1,63 +1,24 @@
 """Your own data, read a chunk at a time: the sources ``--task file:PATH`` accepts besides ``.npz``.
 
-``PATH`` may be any of:
+``PATH`` may be an ``.h5``/``.hdf5`` file (``x`` or ``x_<split>`` streamed in blocks of rows, holding
+the arrays :mod:`reservoir.tasks.userfile` describes), a Parquet or Arrow file or a folder of them
+(files named by split give the splits), a Hugging Face ``datasets`` folder written by ``save_to_disk``
+(read without the ``datasets`` package), or an image folder in torchvision's ``ImageFolder`` layout
+(``root/CLASS/*.png``, or ``root/SPLIT/CLASS/*.png``). :data:`LAYOUTS` lists them with their options.
 
-- an ``.npz`` file (read whole: numpy compresses it) or an ``.h5``/``.hdf5`` file (``x`` or
-  ``x_<split>`` streamed in blocks of rows), holding the arrays :mod:`reservoir.tasks.userfile`
-  describes;
-- a Parquet file (``.parquet``, ``.pq``), read one row group at a time;
-- an Arrow file (``.arrow``, ``.feather``, ``.ipc``: the IPC file or stream format), read one
-  record batch at a time;
-- a Hugging Face ``datasets`` folder written by ``save_to_disk``: a ``Dataset`` (``state.json``
-  and ``data-*.arrow`` files) or a ``DatasetDict`` (``dataset_dict.json``, one such folder per
-  split); the ``datasets`` package is not needed to read it;
-- a folder of Parquet or Arrow files: files named by split (``train.parquet``, ``test.parquet``,
-  or the Hub's ``train-00000-of-00002.parquet``) give the splits; otherwise the files are one table;
-- an image folder in torchvision's ``ImageFolder`` layout: ``root/CLASS/*.png`` (one folder per
-  class; classes numbered in the natural order of their names, ``2`` before ``10``, and the names
-  kept as the task's class names), or ``root/SPLIT/CLASS/*.png`` with ``train`` and ``test`` (and
-  ``val``) folders. Files ending ``.png .jpg .jpeg .bmp .gif .ppm .pgm .tif .tiff .webp`` are
-  images, read in the natural order of their names; others are skipped.
+Caveats: class names (class folders, string labels) are numbered in natural order over every split
+(``2`` before ``10``) and kept as the task's class names. Images are decoded with Pillow and cut into
+``patch`` x ``patch`` tokens as :func:`reservoir.tasks.patches` does (row-major, channel innermost, in
+``[0, 1]``). Without a split, a seeded stratified ``test_fraction`` of the rows becomes ``test``. Data to
+predict on (``predict=true``, :mod:`reservoir.tasks.userfile`) is every row in input order as one split,
+labels optional; an image folder whose images lie in it, not in class folders, is unlabeled.
 
-Tables (Parquet, Arrow, ``datasets``) have named columns. ``--task-opt input=COLUMN`` names the
-column holding each example (default: the one of ``x``, ``input``, ``inputs``, ``image``,
-``img``, ``pixel_values``, ``sequence`` present), ``target=COLUMN`` the label (default: the one
-of ``y``, ``label``, ``labels``, ``target`` present), ``split=COLUMN`` a column naming each row's
-split (default: ``split`` when present). An input column holds one of:
-
-- lists of numbers per row (nested lists, fixed-size lists, ``datasets`` ``Array2D`` or Arrow
-  tensors): integers ``(T,)`` are token ids, floats ``(T, d)`` are tokens of ``d`` values; rows
-  of different ``T`` make a variable-length task (each row's length is its list's);
-- images (``datasets`` ``Image``: structs of ``bytes`` and ``path``, or raw encoded bytes).
-
-Images (from a folder or an image column) are decoded with Pillow, as ``uint8`` ``(H, W, C)``,
-and cut into ``patch`` x ``patch`` patches as tokens of ``patch * patch * C`` values in
-``[0, 1]`` (row-major patches, channel innermost, as :func:`reservoir.tasks.patches`). Options:
-``patch`` (default 4; must divide the height and width), ``image_size=HxW`` (resize every image,
-bilinear; default: all images must have the first one's size), ``mode=RGB`` or ``mode=L``
-(convert every image; default: all must have the first one's mode, ``RGB`` or ``L``).
-
-Splits: from the ``DatasetDict``, the split folders, the file names or the split column, else a
-seeded stratified ``test_fraction`` (default 0.2; ``seed``) of the rows becomes ``test``.
-``train`` and ``test`` must be present, except in data to predict on (``predict=true``,
-:mod:`reservoir.tasks.userfile`): every row in input order, one split, labels optional (a folder whose
-images lie in it, not in class folders, is unlabeled). Labels are class ids ``0..n_classes-1``, class names
-(strings: numbered in their natural order over every split, and kept as the task's class names), or
-any finite numbers with ``regression=true``. A ``datasets`` ``ClassLabel`` column keeps its names
-(from the ``huggingface`` metadata of the files' schema or the folder's ``dataset_info.json``).
-
-Memory: labels, lengths and split names are held (a few bytes per row); inputs are read when a
-batch asks for them, a chunk at a time (a Parquet row group, an Arrow record batch, about
-:data:`H5_CHUNK_BYTES` of HDF5 rows, :data:`IMAGE_CHUNK` images), at most :data:`CACHED` chunks
-kept (variable-length rows, batched by length: up to :data:`CACHED_BYTES`). Write large Parquet files with row groups of tens of megabytes (pyarrow's
-``row_group_size``); memory holds a few row groups of the input column.
-
-Checks: building the task reads every row once, in order, and refuses (DataError naming the
-file, the column or the image, and what to pass) missing or ambiguous columns, columns of
-another type, missing values, NaN or infinite values, negative or huge token ids, labels out of
-range, images of another size or mode, unreadable images and empty class folders, before any
-feature file exists. The same pass computes the data digest the run's identity records
-(:func:`reservoir.identity.data_fingerprint`), equal to the digest of the same rows in memory.
+Only labels, lengths and split names are held in memory; inputs are read a chunk at a time when a batch
+asks for them (a Parquet row group, an Arrow record batch, :data:`H5_CHUNK_BYTES` of HDF5 rows,
+:data:`IMAGE_CHUNK` images), at most :data:`CACHED` chunks kept (:data:`CACHED_BYTES` for variable-length
+rows). Building the task reads every row once and refuses bad data with a DataError before any feature
+file exists; the same pass computes the data digest (:func:`reservoir.identity.data_fingerprint`), equal
+to the digest of the same rows in memory.
 """
 
 from __future__ import annotations
@@ -82,9 +43,7 @@ H5_CHUNK_BYTES = 16 * 2**20
 IMAGE_CHUNK = 64
 #: chunks kept decoded for the batches that ask for them
 CACHED = 2
-#: variable-length rows are extracted in batches sorted by length within blocks of rows
-#: (:func:`reservoir.extract.plan.plan_split`), each batch's rows spread over the block: up to this
-#: many bytes of chunks are kept for them, so that a block's chunks are read once
+#: bytes of chunks kept for variable-length rows, whose length-sorted batches spread over a block of rows
 CACHED_BYTES = 256 * 2**20
 PARQUET = (".parquet", ".pq")
 ARROW = (".arrow", ".feather", ".ipc")
@@ -116,8 +75,8 @@ LAYOUTS = (
 
 
 def natural_key(name: str) -> tuple:
-    """Sort key of a name in natural order: runs of digits compare as numbers (``class2`` before ``class10``,
-    ``2`` before ``10``), the rest as text, case-insensitively; the name itself breaks ties."""
+    """Sort key of a name in natural order: runs of digits compare as numbers (``2`` before ``10``), the
+    rest case-insensitively; the name itself breaks ties."""
     parts = re.split(r"(\d+)", str(name))
     return tuple(int(p) if i % 2 else p.casefold() for i, p in enumerate(parts)), str(name)
 
@@ -463,11 +422,11 @@ def _numbers(a: np.ndarray, where: str) -> np.ndarray:
 
 
 class Rows:
-    """One split's inputs, read when asked: ``rows[index_array]`` reads the chunks holding those rows and
-    returns a numpy array (an object array of rows for variable-length data), ``rows[a:b]`` is a lazy
-    view. ``positions`` are the split's rows in the source, ascending; ``cut`` (optional) the real
-    tokens of each row (right-padded rows are cut to them, as an in-memory object array would be).
-    ``sha256``: the digest state of these rows as :func:`reservoir.identity.array_digest` computes it,
+    """One split's inputs, read when asked: ``rows[index_array]`` reads the chunks holding those rows (an
+    object array for variable-length data), ``rows[a:b]`` is a lazy view.
+
+    ``positions`` are the split's rows in the source, ascending; ``cut`` (optional) the real tokens of
+    each right-padded row; ``sha256`` the rows' digest state (:func:`reservoir.identity.array_digest`),
     when the scan computed it."""
 
     def __init__(
@@ -522,8 +481,7 @@ class Rows:
         return self.take(np.asarray(key, dtype=np.int64))
 
     def subset(self, idx: np.ndarray) -> Rows:
-        """The rows at ``idx`` (ascending positions in this split) as lazy rows: nothing is read (a sample of a
-        source larger than memory reads its rows when a batch asks for them)."""
+        """The rows at ``idx`` (ascending positions in this split) as lazy rows; nothing is read."""
         idx = np.asarray(idx, dtype=np.int64)
         cut = None if self.cut is None else self.cut[idx]
         return Rows(self.chunks, self.positions[idx], self.value_dtype, self.row_shape, cut)
@@ -585,10 +543,9 @@ def scan(
     cut: np.ndarray | None = None,
     objects: bool = True,
 ) -> Scan:
-    """Read every chunk once, in order: check values (finite, one dtype, one token width), find each
-    row's length and the extremes, and feed each split's rows (``splits``: source rows, ascending) into
-    its digests: as object rows (cut to ``cut``, per source row, when given; only when ``objects``) and,
-    while every row has one shape, as fixed-shape rows. The caller keeps the one that applies."""
+    """Read every chunk once, in order: check values, find each row's length and the extremes, and feed
+    each split's rows (``splits``: source rows, ascending) into its digests, as object rows (cut to
+    ``cut`` when given; only when ``objects``) and, while every row has one shape, as fixed-shape rows."""
     s = Scan(lengths=np.zeros(len(chunks), np.int64))
     if objects or cut is not None:
         s.objects = {k: hashlib.sha256(rows_header(np.dtype(object), (len(p),))) for k, p in splits.items()}

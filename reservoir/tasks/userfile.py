@@ -1,43 +1,20 @@
 """Your own data as a task: ``--task file:PATH`` with an ``.npz`` or ``.h5``/``.hdf5`` file (or a table
 or image source: :mod:`reservoir.tasks.streams`).
 
-Arrays (names are case-sensitive):
+Arrays (names are case-sensitive): ``x``, ``(N, T, d)`` floats or ``(N, T)`` integer token ids (0 is the
+padding id when ``lengths`` is given); ``y``, ``(N,)`` class ids ``0..n_classes-1`` or class names
+(numbered in natural order over every split, ``2`` before ``10``, and kept as the task's class names);
+optionally ``lengths``, ``(N,)`` real tokens of right-padded rows (the readout is then the last real
+token); optionally the splits, as a ``split`` array of names or as Keras-style ``x_train``, ``y_train``,
+``x_test``, ``y_test`` (and ``val``, ``lengths_<split>``). Without either, a seeded stratified
+``test_fraction`` of the rows becomes ``test``. An ``.npz`` is read whole, an ``.h5`` file's ``x`` arrays
+a chunk at a time. Every problem raises a DataError naming the file, the array and what to change.
 
-- ``x``: ``(N, T, d)`` floats (dense tokens of ``d`` values) or ``(N, T)`` integers (token ids,
-  0 reserved for padding when ``lengths`` is given),
-- ``y``: ``(N,)`` integer class labels in ``0..n_classes-1``, or class names (strings, numbered in their natural
-  order over every split, ``2`` before ``10``, and kept as the task's class names),
-- ``lengths`` (optional): ``(N,)`` real tokens per example, for right-padded variable-length
-  data (the readout is then the last real token, never padding),
-- splits (optional), either ``split``: ``(N,)`` strings naming each row's split (``train``,
-  ``test`` and optionally ``val``; any others are kept too), or separate arrays ``x_train``,
-  ``y_train``, ``x_test``, ``y_test`` (and ``x_val``/``y_val``, ``lengths_<split>``) as in
-  Keras' ``mnist.npz``. Without either, a seeded stratified ``test_fraction`` of the rows
-  (0.2 by default) becomes ``test``.
-
-Options (``--task-opt key=value``): ``n_classes`` (default: largest label + 1 over every
-split), ``test_fraction``, ``seed``, ``regression=true`` (``y`` holds real-valued targets, any
-finite numbers: a regression task, split without stratifying), ``vocab_size`` (token ids: the size of
-the input layer's table, default the largest id + 1; ids beyond it are refused; no effect on dense
-tokens). The file is checked when the task is built (shapes,
-dtypes, finite values, ids >= 0, labels in range, lengths in ``1..T``, both ``train`` and
-``test`` present), and each problem raises a DataError naming the file, the array and what
-to change.
-
-Data to predict on (``predict=true``; what ``reservoir predict --data PATH`` reads): every row of the
-source is one split, ``predict``, in input order (split arrays, columns and folders are not used to divide
-them: ``x_<split>`` arrays, a ``DatasetDict``'s splits, split files and split folders follow each other in
-the order train, val, test, then the others). Labels are read where the source has them (``y``, the target
-column, class folders) and are optional: without them the task is unlabeled (its ``unlabeled``
-says why) and its labels are stored as ``-1``. An image folder whose images lie in it (not in class
-folders) is unlabeled, each image under it a row in the natural order of its path. Every other check
-stands; such a task has no ``train`` or ``test`` split, so ``fit`` and ``train`` refuse it.
-
-Options for tables and images (``input``, ``target``, ``split``, ``patch``, ``image_size``,
-``mode``) and the other layouts ``PATH`` may have (Parquet, Arrow, Hugging Face ``datasets``
-folders, image folders) are described in :mod:`reservoir.tasks.streams`. An ``.h5`` file's ``x``
-arrays and every table or image source are read a chunk at a time, so inputs larger than memory
-can be used; an ``.npz`` is read whole.
+Data to predict on (``predict=true``, what ``reservoir predict --data PATH`` reads): every row of the
+source is one split, ``predict``, in input order (``x_<split>`` arrays, split files and folders follow
+each other in the order train, val, test, then the others). Labels are optional: without them the task
+is unlabeled (its ``unlabeled`` says why) and stores ``-1`` as each label. Such a task has no ``train``
+or ``test`` split, so ``fit`` and ``train`` refuse it.
 
 Example::
 
@@ -82,8 +59,7 @@ from reservoir.tasks.streams import (
     scan,
 )
 
-#: the largest class id and token id a user file may hold (an output layer, one-hot targets and an
-#: embedding table are sized by them: a stray id like 2**40 would ask for terabytes)
+#: the largest class id and token id a user file may hold (output layers and embedding tables are sized by them)
 MAX_ID = 2**20 - 1
 FIX = "see `reservoir data where` for the file layout"
 #: the split of a task read to predict on (``predict=true``): every row, in input order
@@ -191,9 +167,8 @@ class FileTask(Task):
     @classmethod
     def to_predict(cls, path: str, classes: list[str] | None = None, **options: Any) -> FileTask:
         """Every row of ``file:PATH`` as data to predict on (``predict=true``, module docstring), labels where
-        it has them. ``classes`` (a probe's class names): labels given as names, and class folders, are
-        numbered by their place in it, and a name outside it is refused, so that an id means the probe's
-        class even where the data holds only some of them."""
+        it has them. ``classes`` (a probe's class names) numbers labels given as names and class folders by
+        their place in it, so that an id means the probe's class; a name outside it is refused."""
         task = cls.__new__(cls)
         task._known = [str(c) for c in classes] if classes else None
         task.__init__(path, **{**options, "predict": True})
@@ -290,9 +265,8 @@ class FileTask(Task):
         return splits
 
     def _joined_arrays(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """An .npz's arrays to predict on (``predict=true``): ``x`` (``y``, ``lengths``) as they are, or the
-        ``x_<split>`` arrays one after the other in split order (their ``y_<split>`` likewise where every split
-        has one); other layouts as they are."""
+        """An .npz's arrays to predict on (``predict=true``): the ``x_<split>`` arrays (and their ``y_<split>``
+        where every split has one) one after the other in split order; other layouts as they are."""
         names = ordered([k[2:] for k in arrays if k.startswith("x_")])
         if not self.predict or "x" in arrays or "y" in arrays or not names:
             return arrays
@@ -431,9 +405,9 @@ class FileTask(Task):
         return parts
 
     def _named(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Label arrays (``y``, ``y_<split>``, or the labels of a source's parts) that hold class names instead of
-        ids, as ids: the names of every split together, numbered in natural order (``2`` before ``10``), kept as
-        the task's class names. Other arrays, and the labels of a regression task, as they are."""
+        """Label arrays (``y``, ``y_<split>``, or a source's parts' labels) holding class names, as ids: the
+        names of every split numbered together in natural order and kept as the task's class names. Other
+        arrays, and a regression task's labels, as they are."""
         keys = [k for k in arrays if k == "y" or k.startswith("y_") or k.isdigit()]
         named = [k for k in keys if np.asarray(arrays[k]).dtype.kind in "US"]
         if not named or self.regression:
@@ -471,9 +445,8 @@ class FileTask(Task):
     def _read_parts(
         self, path: Path, parts: list[Part]
     ) -> tuple[dict[str, SplitData], dict[str, int], dict[str, int]]:
-        """Each part's rows read once (:func:`reservoir.tasks.streams.scan`): checked, digested, and
-        made the lazy inputs of its splits. Returns the splits, and per split the token width (0 for
-        ids) and the largest id."""
+        """Each part's rows read once (:func:`reservoir.tasks.streams.scan`) and made the lazy inputs of its
+        splits. Returns the splits, and per split the token width (0 for ids) and the largest id."""
         splits, dims, tops = {}, {}, {}
         for part in parts:
             y = part.labels
@@ -587,8 +560,7 @@ class FileTask(Task):
 
     @staticmethod
     def _check_y(path, xname, yname, y, n, regression: bool = False) -> None:
-        """Labels: one per row, or a row of ``k`` (``(n, k)``: multi-label 0/1 targets, several class ids, or
-        ``k`` real values); class ids ``0..MAX_ID``, or finite numbers for ``regression``."""
+        """Labels: one per row, or ``(n, k)``; class ids ``0..MAX_ID``, or finite numbers for ``regression``."""
         if y.ndim not in (1, 2) or len(y) != n or (y.ndim == 2 and y.shape[1] == 0):
             raise DataError(
                 f"{path}: {yname} has shape {y.shape}; expected ({n},), one label per row of {xname}, or "
@@ -678,8 +650,8 @@ class FileTask(Task):
         return {"train": np.sort(train), "test": np.sort(test)}
 
     def _labels(self, y: np.ndarray) -> np.ndarray:
-        """Labels as stored: int64 class ids, or float32 regression targets; ``k`` labels a row are stored
-        as ``(n, 1, k)``, the outputs of the one readout token (as the bit tasks store theirs)."""
+        """Labels as stored: int64 class ids or float32 targets; ``k`` labels a row as ``(n, 1, k)``, the
+        outputs of the one readout token."""
         y = y.astype(np.float32 if self.regression else np.int64)
         return y[:, None, :] if y.ndim == 2 else y
 
@@ -725,8 +697,7 @@ class FileTask(Task):
 
     @property
     def files(self) -> list[str] | None:
-        """Data to predict on from an image folder: each row's file, relative to the folder (``/``-separated);
-        ``None`` for other sources, whose rows are known by their position."""
+        """Data to predict on from an image folder: each row's file, relative to the folder; else ``None``."""
         return None if self._files is None else list(self._files)
 
     def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
