@@ -1,23 +1,15 @@
 """A saved probe applied: to new data, through the extraction its features went through, or to a split of
 a feature file (``reservoir predict``; :func:`reservoir.api.predict`).
 
-New data (:func:`predict_data`) is any source ``--task file:PATH`` reads (Parquet or Arrow files, a
-``datasets`` folder, an image folder, an ``.npz`` or ``.h5`` of arrays), with labels or without. It is read
-as data to predict on (:meth:`reservoir.tasks.userfile.FileTask.to_predict`): every row, in input order, one
-split (``predict``); labels where the source has them, class names numbered as the probe numbers them. Its
-reading options are the probe's data's (input and target columns, patch, image size and mode, regression),
-where the caller gives none; token ids keep the probe's vocabulary.
-
-It then goes through the probe's extraction, as the probe's feature file recorded it: the backbone (loaded as
-that extraction named it, or from ``backbone`` where it has moved), seed, input scale, compute dtype, the
-dtype the weights were loaded in and readout, at the probe's depth alone. Before any file is touched the data
-and the prepared extraction are checked against the probe: tokens (ids and their vocabulary, or their
-width), label shape, classes and class names (DataError); every extraction setting, the backbone's weights
-(by fingerprint), the features' shape and the frozen input layer (IdentityError); each problem named with
-the fix. The features are written as every extraction's are, to the file named by the run's identity under
-``features/`` (a ``.partial`` until complete, so an interrupted file never looks complete), and the next call
-on the same data reuses that file after verifying it. Probes of int8 features cannot be applied to new data:
-int8's calibration comes from the rows extracted.
+New data (:func:`predict_data`) is any source ``--task file:PATH`` reads, with labels or without, read as
+data to predict on (:meth:`reservoir.tasks.userfile.FileTask.to_predict`): every row in input order as one
+split, class names numbered as the probe numbers them, with the probe's data's reading options where the
+caller gives none, and the probe's vocabulary of token ids. It then goes through the probe's extraction as
+the probe's feature file recorded it, at the probe's depth alone. Before any file is touched the data and
+the prepared extraction are checked against the probe (DataError, IdentityError), each problem named with
+the fix. The features are written as every extraction's are, and the next call on the same data reuses
+them. Probes of int8 features cannot be applied to new data: int8's calibration comes from the rows
+extracted.
 
 >>> predicted = predict_data(load_probe("RESULT.probe.npz"), "new.parquet")   # doctest: +SKIP
 >>> predicted.predictions[:3], predicted.names[:3]                            # doctest: +SKIP
@@ -47,17 +39,15 @@ from reservoir.probe.saved import (
     token_layout,
 )
 
-#: the options of a ``file:`` task that say how its rows are read and made tokens: new data takes the
-#: probe's data's unless given
+#: the options of a ``file:`` task that say how its rows are read (new data takes the probe's data's)
 READING = ("input", "target", "patch", "image_size", "mode", "regression")
 
 
 @dataclass
 class Predicted:
     """What a probe predicted, row by row in order: ``predictions`` ``(N, *label_shape)``, the ``labels``
-    where the rows have them (``None`` otherwise, ``unlabeled`` saying why), the rows' ``files`` (an image
-    folder's, relative to it), the ``split`` predicted, the feature file read, and the ``data`` it was made
-    of (``None``: a feature file given)."""
+    (``None`` without them, ``unlabeled`` saying why), the rows' ``files`` (an image folder's), the ``split``,
+    the feature file read, and the ``data`` it was made of (``None``: a feature file given)."""
 
     probe: SavedProbe
     predictions: np.ndarray
@@ -78,8 +68,8 @@ class Predicted:
         return predictions_csv(self.predictions, self.labels, self.probe.class_names, self.files)
 
     def summary(self, out: Path | None = None) -> str:
-        """The line ``reservoir predict`` prints on stderr: the rows, their score where they have labels (and
-        the fit's on the same split of the same file), the probe, and where the predictions went."""
+        """The line ``reservoir predict`` prints on stderr: the rows, their score where they have labels, the
+        probe, and where the predictions went."""
         from reservoir.probe.metrics import METRICS
 
         p = self.probe
@@ -102,8 +92,7 @@ class Predicted:
 
 
 def predict(cfg: PredictConfig, *, progress: bool = True, probe: SavedProbe | None = None) -> Predicted:
-    """What ``reservoir predict`` runs: ``cfg.probe`` (or ``probe``, already loaded) on ``cfg.data``
-    (:func:`predict_data`) or on ``cfg.split`` of ``cfg.features``."""
+    """What ``reservoir predict`` runs: ``cfg.probe`` (or ``probe``) on ``cfg.data`` or ``cfg.features``."""
     probe = probe or load_probe(cfg.probe)
     if cfg.data is None:
         predictions, labels = predict_file(probe, cfg.features, cfg.split)
@@ -116,7 +105,7 @@ def predict(cfg: PredictConfig, *, progress: bool = True, probe: SavedProbe | No
 
 def recorded_backbone(probe: SavedProbe) -> str:
     """The backbone as the probe's extraction named it: its record in the probe, else in the fit's result
-    beside it (``RESULT.json``, probes written before the probe kept it), else the identity's name."""
+    beside it, else the identity's name."""
     named = (probe.meta.get("extraction") or {}).get("backbone")
     result = probe.path.with_name(probe.path.name.removesuffix(".probe.npz") + ".json")
     if not named and result.is_file():
@@ -134,8 +123,7 @@ def recorded_backbone(probe: SavedProbe) -> str:
 
 
 def reading_options(probe: SavedProbe, given: dict[str, Any] | None) -> dict[str, Any]:
-    """The options new data is read with: the probe's data's reading options (:data:`READING`), the
-    regression flag of its head, its vocabulary of token ids, then ``given`` over them."""
+    """The options new data is read with: the probe's data's (:data:`READING`), then ``given`` over them."""
     identity = probe.identity
     recorded = identity.get("task_options") or {} if str(identity.get("task", "")).startswith("file:") else {}
     options = {k: v for k, v in recorded.items() if k in READING}
@@ -153,8 +141,8 @@ def _tokens_text(tokens: dict[str, Any]) -> str:
 
 
 def check_data(probe: SavedProbe, task: Any, data: Path) -> None:
-    """The data to predict on is of the probe's kind: its tokens (ids, or their width), its labels' shape,
-    classes and naming. DataError naming every difference and the fix otherwise."""
+    """Check that the data to predict on is of the probe's kind (tokens, labels' shape, classes and names);
+    DataError naming every difference and the fix otherwise."""
     spec, problems = task.spec, []
     wanted = probe.meta.get("tokens")
     found = (
@@ -187,9 +175,9 @@ def check_data(probe: SavedProbe, task: Any, data: Path) -> None:
 
 
 def check_run(probe: SavedProbe, run: Any) -> None:
-    """The prepared extraction (:class:`reservoir.extract.run.Run`) is the probe's: every setting of
-    :data:`reservoir.probe.saved.SAME_EXTRACTION` (a backbone of another name is the probe's where its
-    weights are), the features' shape and the frozen input layer. IdentityError naming each difference."""
+    """Check that the prepared extraction (:class:`reservoir.extract.run.Run`) is the probe's: every setting of
+    :data:`reservoir.probe.saved.SAME_EXTRACTION` (the backbone by its weights), the features' shape and the
+    frozen input layer; IdentityError naming each difference."""
     from reservoir.model.input_layer import input_layer_tensors, make_input_layer
 
     ours, theirs = probe.identity, run.identity
@@ -242,11 +230,9 @@ def predict_data(
     backbone: Any = None,
     progress: bool = True,
 ) -> Predicted:
-    """``probe`` on every row of ``data`` (module docstring): read as data to predict on with the probe's
-    reading options and ``task_options`` over them, checked (:func:`check_data`), extracted as the probe's
-    features were (:func:`check_run` before any file is touched; a file of the same run reused), predicted.
-    ``backbone``: where to load the probe's backbone (a name, a folder, or the name a model object was
-    registered by, :func:`reservoir.model.backbones.register_object`), when not as its extraction named it."""
+    """``probe`` on every row of ``data`` (module docstring), read with the probe's reading options and
+    ``task_options`` over them. ``backbone``: where to load the probe's backbone (a name, a folder, or a name
+    given to :func:`reservoir.model.backbones.register_object`), when not as its extraction named it."""
     from reservoir.extract.run import extract
     from reservoir.extract.stored import store_of
     from reservoir.settings import build

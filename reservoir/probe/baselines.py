@@ -1,8 +1,7 @@
 """Baselines beside every output-only result: what a reservoir's features add over the input.
 
-``fit`` computes them from the same splits as the feature file (the task's data is read
-again and must hash to the file's recorded data), with the same head, the same choice of
-its regularisation on validation and the same refit:
+``fit`` computes them from the same splits as the feature file (read again, and checked against its
+data digest), with the same head, regularisation search and refit:
 
 - ``majority``: the most common train label (per output for multi-output tasks; the train mean of
   real-valued targets);
@@ -15,9 +14,8 @@ its regularisation on validation and the same refit:
   the most common train label among the train examples with the same key, the majority
   label for a key train never showed.
 
-A baseline's identity holds the data (task, options, data digest, limit and subset rule, splits), the
-baseline and its width and seed, never the backbone: every backbone's fit on the same
-data reuses the same baseline results (read back instead of recomputed).
+A baseline's identity holds the data, the baseline and its width and seed, never the backbone: every
+backbone's fit on the same data reuses the same baseline results.
 """
 
 from __future__ import annotations
@@ -83,8 +81,8 @@ def tanh_features(
 
 
 def lookup_rule(keys: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """Predict the most common label of each key among ``(keys, labels)`` (the overall most common
-    for a key not among them); labels ``(N,)``, or ``(N, ...)`` voted per output."""
+    """Predict the most common label of each key among ``(keys, labels)`` (the overall most common for an
+    unseen key), voted per output."""
     flat = labels.reshape(len(labels), -1)
 
     def vote(rows: np.ndarray) -> np.ndarray:
@@ -116,8 +114,7 @@ def rule_scores(
     val_fraction: float,
     seed: int,
 ) -> dict[str, Any]:
-    """A lookup rule scored like a head: validation on the val split (or a seeded held-out part
-    of train), test after refitting on all of train (as :func:`reservoir.probe.heads.fit_rows`)."""
+    """A lookup rule scored like a head (:func:`reservoir.probe.heads.fit_rows`)."""
     train_y = data["train"].labels
     kind = target_kind(train_y)
     if val is None:
@@ -144,8 +141,7 @@ def rule_scores(
 
 
 def baseline_identity(identity: dict[str, Any], name: str, **extra: Any) -> dict[str, Any]:
-    """The identity of a baseline of a feature file's data: the data's fields of its identity (the subset rule
-    where the file records one), the baseline and ``extra`` (its width and seed)."""
+    """The identity of a baseline of a feature file's data: the data's fields, the baseline and ``extra``."""
     keep = ("format", "task", "task_options", "data", "limit", "splits")
     subset = {"subset": identity["subset"]} if "subset" in identity else {}
     return {**{k: identity[k] for k in keep}, **subset, "baseline": name, **extra}
@@ -162,10 +158,9 @@ def fit_baselines(
     loaded: tuple[Task, dict[str, SplitData]] | None = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """Every baseline of the data behind ``identity`` (module docstring), each written as a
-    result with ``mode="baseline"`` under ``results/TASK/baseline-NAME/``; a baseline already
-    written for the same data, head and selection is read back, not recomputed. ``loaded``:
-    the task and its data when the caller has read and checked them already (``file:`` tasks)."""
+    """Every baseline of the data behind ``identity`` (module docstring), each written as a result with
+    ``mode="baseline"`` under ``results/TASK/baseline-NAME/`` or read back when already written. ``loaded``:
+    the task and its data when the caller has read and checked them already."""
     task, data = loaded or (
         make_task(identity["task"], dict(identity["task_options"]), identity["seed"]),
         None,

@@ -1,9 +1,8 @@
 """Fit a linear head per depth on a feature file and write one result per depth.
 
-The file is ``--features`` or the one complete file extracted for ``--task`` and
-``--backbone``; either way it must belong to the task asked for (its recorded identity
-names the task, and for ``file:PATH`` tasks the data digest must match the file's
-contents), so results are never written under the wrong name.
+The file is ``--features`` or the one complete file extracted for ``--task`` and ``--backbone``; either
+way its recorded identity must name the task asked for (for ``file:PATH`` tasks, the data digest must
+match the file's contents), so results are never written under the wrong name.
 """
 
 from __future__ import annotations
@@ -45,8 +44,7 @@ from reservoir.tasks import split_roles as roles_of
 
 
 class FileRows(Rows):
-    """One depth of one split of a feature file (``index``: a subset of its rows), streamed in
-    blocks: heads that accumulate (ridge) never hold more than a block of features."""
+    """One depth of one split of a feature file (``index``: a subset of its rows), streamed in blocks."""
 
     def __init__(self, f: h5py.File, split: str, depth: int, index=None, labels: np.ndarray | None = None):
         self.f, self.split, self.depth, self.index = f, split, depth, index
@@ -95,9 +93,8 @@ def extraction_mismatch(identity: dict[str, Any], wanted: dict[str, Any]) -> str
 
 
 def identity_mismatch(task: str, backbone: str | None, identity: dict[str, Any], read: dict) -> str | None:
-    """Why a feature file's recorded ``identity`` is not of ``task`` (and ``backbone``), or ``None``. For
-    ``file:PATH`` tasks the file's data digest must equal that of PATH read with the recorded options and
-    limit (``read`` caches the tasks built, by options)."""
+    """Why a feature file's recorded ``identity`` is not of ``task`` (and ``backbone``), or ``None``; for
+    ``file:PATH`` tasks, by the data digest (``read`` caches the tasks built, by options)."""
     if identity.get("task") != task_label(task):
         return f"task {identity.get('task')!r}"
     if backbone is not None and identity.get("backbone") != backbone_label(backbone):
@@ -114,9 +111,8 @@ def identity_mismatch(task: str, backbone: str | None, identity: dict[str, Any],
 
 
 def find_features(task: str, backbone: str | None, wanted: dict[str, Any] | None = None) -> Path:
-    """The one complete feature file under ``features/`` whose recorded identity is of ``task`` (for
-    ``file:PATH``, of that file's contents), ``backbone`` and the extraction settings ``wanted``; several
-    that match are listed."""
+    """The one complete feature file under ``features/`` whose recorded identity is of ``task``, ``backbone``
+    and the extraction settings ``wanted``."""
     folder = features_dir() / slug(task_label(task))
     pattern = f"{slug(backbone_label(backbone))}/*.h5" if backbone else "*/*.h5"
     found = sorted(folder.glob(pattern))
@@ -194,8 +190,7 @@ def check_sizes(
     path: Path, y_train, cfg: FitConfig, has_val: bool, limit: int | None = None, n_classes: int = 0
 ) -> None:
     """Refuse up front a train split too small for the head's validation split or its classes
-    (:func:`reservoir.tasks.sizes.check_train_split`; ``limit``: the extraction's ``--limit``;
-    ``n_classes``: the classes of every split, for the minimum)."""
+    (:func:`reservoir.tasks.sizes.check_train_split`)."""
     import math
 
     from reservoir.tasks.sizes import check_train_split
@@ -223,8 +218,7 @@ def task_classes(identity: dict[str, Any]) -> int:
 
 
 def check_label_rows(path: Path, f: h5py.File, identity: dict[str, Any]) -> None:
-    """Refuse (DataError) a file whose readout rows per example differ from its labels per example: a
-    head pairs each readout row with one label (``--readout all`` of a task with one label per example)."""
+    """Refuse (DataError) a file whose readout rows per example differ from its labels per example."""
     rows_per = f["train"]["features"].shape[2]
     labels = f["train"]["labels"]
     per = 1 if labels.ndim == 1 else labels.shape[1]
@@ -239,9 +233,7 @@ def check_label_rows(path: Path, f: h5py.File, identity: dict[str, Any]) -> None
 
 def check_split_classes(path: Path, f: h5py.File, identity: dict[str, Any]) -> None:
     """Refuse (DataError) a feature file whose train split lacks classes another split holds
-    (:func:`reservoir.tasks.sizes.check_classes`), naming the classes, the splits and the extraction that mends
-    it. Extraction refuses such splits before it starts; files made before it did are caught here, before any
-    head is fitted."""
+    (:func:`reservoir.tasks.sizes.check_classes`)."""
     from reservoir.tasks.sizes import check_classes
 
     limit = identity.get("limit")
@@ -268,8 +260,7 @@ def check_split_classes(path: Path, f: h5py.File, identity: dict[str, Any]) -> N
 
 
 def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
-    """The validation split (or None) and the test splits of a feature file, in the task's order
-    (the roles every task declares, :func:`reservoir.tasks.split_roles`)."""
+    """The validation split (or None) and the test splits of a feature file (:func:`reservoir.tasks.split_roles`)."""
     val, tests = roles_of(
         [s for s in order if s in f] + [s for s in VALIDATION_SPLITS if s in f and s not in order]
     )
@@ -277,16 +268,13 @@ def split_roles(f: h5py.File, order: list[str]) -> tuple[str | None, list[str]]:
 
 
 def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
-    """Fit ``cfg.head`` at each requested depth, then (``cfg.baselines``) the baselines of the same
-    data (:mod:`reservoir.probe.baselines`); returns the result dicts, one per depth and then one per
-    baseline (``mode="baseline"``), each also written as JSON. Each depth's fitted head is saved beside
-    its result as ``RESULT.probe.npz`` (:mod:`reservoir.probe.saved`), which the result names as ``probe``.
+    """Fit ``cfg.head`` at each requested depth, then (``cfg.baselines``) the baselines of the same data
+    (:mod:`reservoir.probe.baselines`); returns the result dicts, each also written as JSON, and saves each
+    depth's head beside its result (:mod:`reservoir.probe.saved`).
 
-    Regularisation is chosen on the file's ``val`` (or TAPE's ``valid``) split when it has one,
-    else on a seeded ``val_fraction`` of train; the test accuracy is over the whole stored test
-    split. A file with several test splits (``test`` and ``test_*``, e.g. TAPE's three holdouts)
-    gets one result per depth whose ``test_accuracy`` is the first of them (``test_split``) and
-    whose ``test_accuracies`` / ``n_tests`` hold every one.
+    Regularisation is chosen on the file's validation split when it has one, else on a seeded
+    ``val_fraction`` of train. With several test splits, ``test_accuracy`` is the first's (``test_split``)
+    and ``test_accuracies`` / ``n_tests`` hold every one.
     """
     path = Path(cfg.features) if cfg.features else find_features(cfg.task, cfg.backbone, cfg.extraction)
     results = []
@@ -317,7 +305,7 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
                 )
             )
         extract_cfg = file_config(f)
-        # verify before trust: the depths fitted, of every split read, against the digests recorded at completion
+        # verify the depths fitted, of every split read, against the digests recorded at completion
         verify(
             f,
             depths,

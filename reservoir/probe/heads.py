@@ -1,22 +1,17 @@
 """Linear heads on cached features, with the scikit-learn estimator contract.
 
-Labels are ``(n,)`` class ids or ``(n, m)`` for ``m`` outputs (bits) sharing one head;
-``predict`` returns the same shape. :func:`fit_depth` standardizes, chooses the
-regularisation on a validation split, refits on all of train and scores the test split,
-with BLAS and OpenMP limited to :func:`head_threads` threads.
+Labels are ``(n,)`` class ids or ``(n, m)`` for ``m`` outputs (bits) sharing one head; ``predict``
+returns the same shape. :func:`fit_depth` standardizes, chooses the regularisation on a validation
+split, refits on all of train and scores the test split, with BLAS and OpenMP limited to
+:func:`head_threads` threads.
 
-- ``logreg`` (:mod:`reservoir.probe.logistic`): multinomial logistic regression per output,
-  scikit-learn's objective minimised by L-BFGS over the rows block by block.
-- ``ridge`` (:mod:`reservoir.probe.ridge`): closed-form ridge readout on one-hot targets from
-  statistics accumulated chunk by chunk; one eigendecomposition gives every alpha's solution.
-- ``torch`` (:mod:`reservoir.probe.torch_head`): a linear layer trained with Adam in mini-batches
-  read block by block, or full-batch LBFGS in memory.
+- ``logreg`` (:mod:`reservoir.probe.logistic`): multinomial logistic regression per output, by L-BFGS.
+- ``ridge`` (:mod:`reservoir.probe.ridge`): closed-form ridge readout on one-hot targets.
+- ``torch`` (:mod:`reservoir.probe.torch_head`): a linear layer trained with Adam, or LBFGS in memory.
 
 A head registers itself (:func:`register_head`) with the grid it is searched over; rows come from
-:mod:`reservoir.probe.rows` and fitted heads predict through :mod:`reservoir.probe.predictors`.
-
-Each head has one implementation: ``fit(X, y)`` on rows in memory is ``fit_blocks`` on those
-rows, the same code that reads a feature file block by block when it does not fit in memory.
+:mod:`reservoir.probe.rows` and fitted heads predict through :mod:`reservoir.probe.predictors`. Each
+head has one implementation: ``fit(X, y)`` is ``fit_blocks`` on rows in memory.
 """
 
 from __future__ import annotations
@@ -43,9 +38,8 @@ from reservoir.registry import HEADS
 def head_threads() -> int:
     """BLAS and OpenMP threads while a head fits: one, whatever the number of cores.
 
-    :func:`fit_depth` holds this limit (threadpoolctl) for the whole fit of a depth. Threads
-    pay off only while every core stays free for the whole fit, which a shared machine does not
-    promise; the measurements behind the choice are in docs/benchmarks.md, section "Heads".
+    :func:`fit_depth` holds this limit (threadpoolctl) for the whole fit of a depth; why one: see
+    docs/benchmarks.md, section "Heads".
 
     Returns
     -------
@@ -57,9 +51,8 @@ def head_threads() -> int:
 
 @dataclass(frozen=True)
 class HeadKind:
-    """A registered head: its estimator, the hyperparameter searched on validation and its grid,
-    how the grid is searched (``None``: :func:`search_refit`, one fit per value; a head that solves
-    the grid faster gives its own, as ridge does) and whether it fits real-valued targets."""
+    """A registered head: its estimator, the hyperparameter searched on validation and its grid, how
+    the grid is searched (``None``: :func:`search_refit`) and whether it fits real-valued targets."""
 
     estimator: Any
     param: str
@@ -76,9 +69,8 @@ def register_head(
     search: Callable[..., Search] | None = None,
     regression: bool = False,
 ):
-    """Class decorator: register an estimator class (the scikit-learn contract, a ``predict_``
-    :class:`~reservoir.probe.predictors.Predictor` once fitted) as the head ``name`` of ``fit --head``, searched over ``grid``
-    values of its parameter ``param``; the class's first docstring line is its help."""
+    """Class decorator: register an estimator class (a ``predict_`` :class:`~reservoir.probe.predictors.Predictor`
+    once fitted) as the head ``name``, searched over ``grid``; the class's first docstring line is its help."""
 
     def add(cls):
         kind = HeadKind(cls(), param, tuple(grid), search, regression)
@@ -89,8 +81,7 @@ def register_head(
 
 
 def best_value(grid: tuple[float, ...], scores: dict[float, float], by: Metric | None = None) -> float:
-    """The best-scoring value by metric ``by`` (default: accuracy, greater is better); ties and NaN
-    scores go to the first in the grid."""
+    """The best-scoring value by metric ``by`` (default: accuracy); ties and NaN go to the first in the grid."""
     sign = 1.0 if by is None or by.greater_is_better else -1.0
     return max(grid, key=lambda v: (-np.inf if np.isnan(scores[v]) else sign * scores[v], -grid.index(v)))
 
@@ -121,9 +112,8 @@ def search_refit(
     memory_bytes: int | None = None,
 ) -> Search:
     """Any head: fit it per grid value on ``fit``, score it on ``val``, refit the best on ``fit`` (+ ``val``
-    when ``refit_with_val``). Rows in memory train a standardize-then-estimate pipeline; training rows
-    holding more than ``memory_bytes`` of features train the head's ``fit_blocks`` (the same implementation
-    as its ``fit``) on blocks read from the file. Validation is scored block by block."""
+    when ``refit_with_val``). Training rows holding more than ``memory_bytes`` of features are read block
+    by block (the head's ``fit_blocks``)."""
     train_bytes = fit.nbytes + (val.nbytes if refit_with_val else 0)
     streamed = (
         memory_bytes is not None and train_bytes > memory_bytes and hasattr(kind.estimator, "fit_blocks")
@@ -141,17 +131,14 @@ def search_refit(
 
 
 def check_head_fits(head: str, labels: np.ndarray) -> None:
-    """ValueError when ``labels`` are real values and ``head`` fits classes only, naming the heads that
-    regress (those registered with ``regression=True``)."""
+    """ValueError when ``labels`` are real values and ``head`` fits classes only, naming the heads that regress."""
     if target_kind(labels) == "regression" and not HEADS[head].regression:
         able = " or ".join(f"--head {n}" for n in HEADS.names() if HEADS[n].regression)
         raise ValueError(f"real-valued targets (regression); --head {head} fits classes: use {able}")
 
 
 def evaluate(predict: Callable[[np.ndarray], np.ndarray], source: Rows) -> dict[str, float]:
-    """Every metric of ``source``'s target kind (:func:`reservoir.probe.metrics.scores`) of the
-    predictions of ``predict``, made block by block; the predictions and labels of the split are
-    gathered (one value per output per row), never its features."""
+    """Every metric of ``source``'s target kind of the predictions of ``predict``, made block by block."""
     preds, ys = [], []
     for X, y in source.blocks():
         pred = predict(X)
@@ -184,8 +171,7 @@ def fit_depth(
 
 
 def holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted row indices of the fit part and of a seeded (stratified for single-label tasks)
-    validation part of ``val_fraction``."""
+    """Sorted row indices of the fit part and of a seeded, stratified validation part of ``val_fraction``."""
     strat = (
         labels if labels.ndim == 1 and labels.dtype.kind in "iu" and np.bincount(labels).min() >= 2 else None
     )
@@ -230,19 +216,16 @@ def fit_probe(
     device: str = "cpu",
     memory_bytes: int | None = None,
 ) -> tuple[dict[str, Any], Callable[[np.ndarray], np.ndarray]]:
-    """Choose the head's regularisation on validation, refit on all of train, score every test
-    split with that one head (``test_accuracy`` and ``n_test`` are the first split's;
-    ``test_accuracies`` and ``n_tests`` hold each).
+    """Choose the head's regularisation on validation, refit on all of train, score every test split with
+    that one head (``test_accuracy`` and ``n_test`` are the first split's).
 
-    Without an explicit ``val``, a seeded (stratified for single-label tasks) ``val_fraction``
-    of train is held out (``train`` must then offer ``take(index)``) and the refit uses train
-    and validation; with one, the refit uses train. BLAS and OpenMP run :func:`head_threads`
-    threads meanwhile. ``device`` is where the torch head trains. With ``memory_bytes``,
-    training rows holding more features than that are never loaded at once: ridge always
-    accumulates block by block, the logistic and torch heads then stream (:func:`search_refit`).
+    Without an explicit ``val``, a seeded (stratified for single-label tasks) ``val_fraction`` of train
+    is held out (``train`` must then offer ``take(index)``) and the refit uses train and validation; with
+    one, the refit uses train. ``device`` is where the torch head trains. With ``memory_bytes``,
+    training rows holding more features than that are never loaded at once (:func:`search_refit`).
 
-    Returns the scores and the refitted head's predictor ``X (n, d) -> (n, m)``, the one that scored
-    the test splits: for the registered heads a :class:`~reservoir.probe.predictors.Predictor`, whose state a saved probe keeps
+    Returns the scores and the refitted head's predictor ``X (n, d) -> (n, m)``: for the registered heads
+    a :class:`~reservoir.probe.predictors.Predictor`, whose state a saved probe keeps
     (:mod:`reservoir.probe.saved`).
     """
     kind = HEADS[head]  # UsageError naming the registered heads

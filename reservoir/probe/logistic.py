@@ -19,9 +19,7 @@ from reservoir.settings import Interval, validate
 @register_head("logreg", param="C", grid=(0.001, 0.01, 0.1, 1.0, 10.0))
 class LogRegHead(ClassifierMixin, BaseEstimator):
     """Multinomial logistic regression per output (one logit for two classes), scikit-learn's
-    objective (``C`` times the summed log loss plus half the squared weights, intercept
-    unpenalised, standardized features) minimised by L-BFGS: :func:`streaming_logistic`, the one
-    implementation whether the rows are in memory or read block by block.
+    objective minimised by L-BFGS (:func:`streaming_logistic`, in memory or not).
 
     Parameters
     ----------
@@ -55,10 +53,9 @@ class LogRegHead(ClassifierMixin, BaseEstimator):
 def streaming_logistic(
     C: float, source: Rows, *, max_iter: int = 300, tol: float = 1e-4
 ) -> Callable[[np.ndarray], np.ndarray]:
-    """Logistic regression out of core: scikit-learn's objective (``C`` times the summed log loss
-    plus half the squared weights, intercept unpenalised, on standardized features; softmax over
-    the classes, or one logit for two classes, per output) minimised by SciPy's L-BFGS, each
-    loss and gradient computed over the rows block by block. Returns a predictor ``X -> (n, m)``."""
+    """Logistic regression out of core: scikit-learn's objective (``C`` times the summed log loss plus
+    half the squared weights, intercept unpenalised, on standardized features) minimised by SciPy's
+    L-BFGS, each loss and gradient computed block by block. Returns a predictor ``X -> (n, m)``."""
     from scipy.optimize import minimize
 
     mean, scale, n = moments(source)

@@ -1,25 +1,14 @@
 """The scores a probe reports, by the kind of target it predicts.
 
-A task's labels say what is predicted (:func:`target_kind`): integer class ids (one per example,
-``"class"``), several integer outputs per example (bits, multi-label 0/1 targets or a class per
-readout token: ``"multi"``), or floats (``"regression"``). Each kind has its metrics, the first of
-which is the primary one (:data:`METRICS_BY_TARGET`): the one a fit chooses its depth and its
-regularisation by, and the one tables print.
+A task's labels say what is predicted (:func:`target_kind`): one class id per example (``"class"``),
+several integer outputs per example (``"multi"``), or floats (``"regression"``). Each kind's first metric
+(:data:`METRICS_BY_TARGET`) is the primary one, which a fit chooses its depth and regularisation by.
 
-Regression metrics pool every output of every row:
-
-- ``r2``: ``1 - SSE / SST``, ``SST`` the squared deviations of each output from its mean over the
-  scored rows (scikit-learn's ``r2_score`` with ``multioutput="variance_weighted"``; for one output
-  exactly ``r2_score``);
-- ``nrmse``: ``sqrt(SSE / SST)``, the root-mean-square error over the targets' standard deviation,
-  so ``nrmse = sqrt(1 - r2)``; 0 is perfect, 1 is what predicting the mean gives. (reservoirpy's
-  ``nrmse`` divides the RMSE by the targets' range by default, ``norm="minmax"``; the NARMA and
-  Mackey-Glass literature mostly divides by their standard deviation, as here.)
-- ``rmse``: the root-mean-square error in the targets' units.
-
-Classification metrics: ``accuracy`` (fraction correct over every output), ``balanced_accuracy``
-(the mean of the per-class recalls, scikit-learn's) and ``macro_f1`` (F1 per class, or per output
-for multi-output 0/1 targets, averaged with equal weight).
+Regression metrics pool every output of every row: ``r2`` is ``1 - SSE / SST``, ``SST`` the squared
+deviations of each output from its mean (scikit-learn's ``r2_score`` with
+``multioutput="variance_weighted"``); ``nrmse`` is ``sqrt(SSE / SST)``, the RMSE over the targets'
+standard deviation (0 is perfect, 1 is predicting the mean; reservoirpy's default divides by the range
+instead); ``rmse`` is in the targets' units.
 """
 
 from __future__ import annotations
@@ -88,8 +77,7 @@ def macro_f1(pred: np.ndarray, y: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class Metric:
-    """A score of predictions against labels: its name, function and direction; ``percent``: shown
-    as a percentage (fractions in [0, 1])."""
+    """A score of predictions against labels: its name, function and direction; ``percent``: shown as one."""
 
     name: str
     fn: Callable[[np.ndarray, np.ndarray], float]
@@ -138,8 +126,7 @@ def scores(pred: np.ndarray, y: np.ndarray, kind: str) -> dict[str, float]:
 
 
 def score_line(result: dict) -> str:
-    """A fit's scores on one line: ``test 91.2%, test_fold 88.0% (val 90.1%, 1.2s)``, each split in the
-    result's primary metric (``nrmse 0.0213`` for regression)."""
+    """A fit's scores on one line, each split in the result's primary metric: ``test 91.2% (val 90.1%, 1.2s)``."""
     m = METRICS[result.get("metric", "accuracy")]
     label = "" if m.name == "accuracy" else f"{m.name} "
     tests = ", ".join(f"{name} {label}{m.format(v)}" for name, v in result["test_scores"].items())
@@ -147,10 +134,9 @@ def score_line(result: dict) -> str:
 
 
 def result_scores(kind: str, val_score: float, tests: dict[str, dict[str, float]]) -> dict:
-    """The score fields of a result (:mod:`reservoir.results`): ``metric`` (the primary metric of target
-    ``kind``), ``val_score``, ``test_score`` and ``test_metrics`` of the first test split, ``test_scores``
-    of each; for accuracy also the ``test_accuracy``, ``test_accuracies`` and ``val_accuracy`` that results
-    of class targets have always had. ``tests``: every metric (:func:`scores`) per test split, in order."""
+    """The score fields of a result (:mod:`reservoir.results`): ``metric``, ``val_score``, ``test_score`` and
+    ``test_metrics`` of the first test split, ``test_scores`` of each, and for accuracy the ``test_accuracy``,
+    ``test_accuracies`` and ``val_accuracy`` fields. ``tests``: every metric (:func:`scores`) per test split."""
     primary = METRICS_BY_TARGET[kind][0]
     first = next(iter(tests))
     out = {
@@ -173,11 +159,9 @@ def memory_capacity(
     fit: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray], alpha: float = 0.0
 ) -> np.ndarray:
     """Memory capacity per delay (Jaeger 2001): for each column ``k`` of the delayed inputs ``U``, the
-    squared correlation on ``test`` between ``U[:, k]`` and its linear readout from the states ``X``, a
-    ridge of penalty ``alpha`` with an intercept fitted on ``fit`` (as scikit-learn's ``Ridge(alpha)``
-    fits it: centred, unscaled states, the normal equations solved; ``alpha`` 0 is least squares). ``fit`` and ``test`` are
-    ``(X (n, d), U (n, K))``; returns ``(K,)`` float64, each in [0, 1] (0 for a prediction constant to rounding).
-    Summed over delays, a linear reservoir of ``N`` units reaches at most ``N``."""
+    squared correlation on ``test`` between ``U[:, k]`` and its linear readout from the states ``X``, fitted
+    on ``fit`` as scikit-learn's ``Ridge(alpha)`` fits it (``alpha`` 0 is least squares). ``fit`` and
+    ``test`` are ``(X (n, d), U (n, K))``; returns ``(K,)`` float64, each in [0, 1]."""
     X, U = (np.asarray(a, np.float64) for a in fit)
     x_mean, u_mean = X.mean(0), U.mean(0)
     Xc = X - x_mean

@@ -19,9 +19,8 @@ REGRESSION = 0
 
 
 def predict_ids(scores: np.ndarray, m: int, k: int, y_ndim: int = 2) -> np.ndarray:
-    """Scores ``(n, m * k)`` -> class ids ``(n, m)`` (``(n,)`` for ``y_ndim == 1``): the argmax of
-    each output's ``k`` class scores, or the sign of its one logit when ``k == 1`` (binary); for
-    ``k`` :data:`REGRESSION` the scores ``(n, m)`` are the predicted values."""
+    """Scores ``(n, m * k)`` -> class ids ``(n, m)`` (``(n,)`` for ``y_ndim == 1``): the argmax per output,
+    or the sign of one logit when ``k == 1``; for ``k`` :data:`REGRESSION` the scores themselves."""
     if k == REGRESSION:
         pred = scores.reshape(len(scores), m)
         return pred[:, 0] if y_ndim == 1 else pred
@@ -45,10 +44,9 @@ def array(arrays: dict[str, np.ndarray], name: str, ndim: int, shape: tuple | No
 class Predictor:
     """What a fitted head predicts with: ``X (n, d) -> (n, m)`` class ids, and its state.
 
-    :meth:`state` gives the numbers (``meta``, JSON) and arrays (numeric ``arrays``) that
-    :func:`predictor_from_state` turns back into a predictor computing the same operations in
-    the same dtypes, so its predictions equal the fit's exactly (on the same device).
-    ``n_outputs`` (``m``) and ``n_classes`` (per output) describe its labels.
+    :meth:`state` gives the numbers (``meta``, JSON) and arrays that :func:`predictor_from_state` turns
+    back into a predictor computing the same operations in the same dtypes, so its predictions equal the
+    fit's. ``n_outputs`` (``m``) and ``n_classes`` (per output) describe its labels.
 
     Examples
     --------
@@ -81,14 +79,12 @@ class Predictor:
     def from_state(
         cls, meta: dict[str, Any], arrays: dict[str, np.ndarray], m: int, c: int
     ) -> Predictor:  # pragma: no cover - abstract
-        """The predictor of this kind that ``meta`` and ``arrays`` describe (``m`` outputs of ``c``
-        classes); ValueError naming what is missing or malformed."""
+        """The predictor of this kind that ``meta`` and ``arrays`` describe; ValueError when malformed."""
         raise NotImplementedError
 
 
 class ScaledPredictor(Predictor):
-    """A fitted ``StandardScaler`` (``scaler.transform``, as the in-memory search's pipeline applies it)
-    before an inner predictor."""
+    """A fitted ``StandardScaler`` before an inner predictor."""
 
     kind = "standardized"
 
@@ -132,8 +128,8 @@ class ScaledPredictor(Predictor):
 
 
 def pipeline_predictor(model) -> Callable[[np.ndarray], np.ndarray]:
-    """The predictor of a fitted ``StandardScaler`` + head pipeline: a :class:`ScaledPredictor` when the
-    head predicts with a :class:`Predictor` (the same operations as ``model.predict``), else ``model.predict``."""
+    """The predictor of a fitted ``StandardScaler`` + head pipeline: a :class:`ScaledPredictor` where it can
+    be, else ``model.predict``."""
     scaler, est = model[0], model[-1]
     inner = getattr(est, "predict_", None)
     if isinstance(scaler, StandardScaler) and isinstance(inner, Predictor):
@@ -142,8 +138,7 @@ def pipeline_predictor(model) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def predictor_from_state(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Predictor:
-    """The predictor :meth:`Predictor.state` describes, by its kind's ``from_state`` (ValueError naming what
-    is missing or malformed)."""
+    """The predictor :meth:`Predictor.state` describes, by its kind's ``from_state``."""
     HEADS.names()  # every head's module, and so its predictor, registered
     kind = meta.get("kind")
     if kind not in Predictor.kinds:

@@ -16,22 +16,19 @@ from reservoir.probe.predictors import REGRESSION, Predictor, array, predict_ids
 from reservoir.probe.rows import Concat, Rows, _outputs
 from reservoir.settings import Interval, validate
 
-#: the ridge penalties searched for real-valued targets: forecasting a smooth series from a reservoir's
-#: states often wants far less regularisation than classifying (reservoirpy's examples use 1e-8 to 1e-6)
+#: the ridge penalties searched for real-valued targets (a forecast often wants far less than a classifier)
 REGRESSION_GRID = (1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0, 1000.0)
 
 
 def _classes(Y: np.ndarray, n_classes: int | None) -> int:
-    """Classes per output: ``n_classes`` when given, :data:`REGRESSION` for float targets, else the
-    largest id + 1."""
+    """Classes per output: ``n_classes``, else :data:`REGRESSION` for float targets, else the largest id + 1."""
     if Y.dtype.kind == "f":
         return REGRESSION
     return n_classes or int(Y.max()) + 1
 
 
 def _onehot(Y: np.ndarray, n_classes: int) -> np.ndarray:
-    """``(n, m)`` class ids -> ``(n, m * n_classes)`` 0/1 targets (uint8; widened per chunk); real
-    targets (``n_classes`` :data:`REGRESSION`) are their own targets."""
+    """``(n, m)`` class ids -> ``(n, m * n_classes)`` uint8 0/1 targets; real targets as they are."""
     if n_classes == REGRESSION:
         return Y
     if Y.size and (Y.min() < 0 or Y.max() >= n_classes):
@@ -47,12 +44,10 @@ def _onehot(Y: np.ndarray, n_classes: int) -> np.ndarray:
 class RidgeStats:
     """Sufficient statistics of a ridge readout, all float64, summed over chunks of rows.
 
-    :meth:`add` folds in one chunk; ``a + b`` holds the rows of both, so the statistics of
-    all of train are those of the fit part plus those of the validation part, without
-    reading a row again. Standardization and the intercept are derived from the sums in
-    :meth:`decompose`, so no pass over the data is needed before accumulating. (Centring
-    ``X^T X`` afterwards loses about ``log10(mean^2 / variance)`` of float64's 16 digits
-    per feature: harmless unless a feature's mean is many orders above its spread.)
+    :meth:`add` folds in one chunk; ``a + b`` holds the rows of both (train is fit plus validation,
+    without reading a row again). Standardization and the intercept are derived from the sums in
+    :meth:`decompose`; centring ``X^T X`` afterwards loses about ``log10(mean^2 / variance)`` of
+    float64's digits per feature, harmless unless a feature's mean is many orders above its spread.
 
     Parameters
     ----------
@@ -115,8 +110,7 @@ class RidgeStats:
         )
 
     def decompose(self) -> RidgePath:
-        """Standardize (as ``StandardScaler`` would on these rows), centre the targets and
-        eigendecompose the Gram matrix once: the ridge solution for any alpha follows."""
+        """Standardize as ``StandardScaler`` would, centre the targets and eigendecompose the Gram matrix once."""
         if self.n == 0:
             raise ValueError("RidgeStats holds no rows; add some before decomposing")
         n = self.n
@@ -135,10 +129,9 @@ class RidgeStats:
 class RidgePath:
     """Ridge solutions for every alpha from one eigendecomposition.
 
-    With standardized features ``Z = (X - mean_x) / scale``, centred targets ``Y - mean_y``
-    and ``Z^T Z = V diag(eigvals) V^T``, the weights are
-    ``W(alpha) = V diag(1 / (eigvals + alpha)) V^T Z^T (Y - mean_y)`` and the unpenalised
-    intercept is ``mean_y``; ``proj`` holds ``V^T Z^T (Y - mean_y)``.
+    With ``Z = (X - mean_x) / scale`` and ``Z^T Z = V diag(eigvals) V^T``, the weights are
+    ``W(alpha) = V diag(1 / (eigvals + alpha)) proj`` with ``proj = V^T Z^T (Y - mean_y)``, and the
+    unpenalised intercept is ``mean_y``.
     """
 
     eigvals: np.ndarray
@@ -150,10 +143,9 @@ class RidgePath:
 
     @classmethod
     def from_rows(cls, X: np.ndarray, Y: np.ndarray) -> RidgePath:
-        """The same path computed from the rows through their ``n x n`` Gram matrix: cheaper than
-        :class:`RidgeStats` when features outnumber rows (raw-input baselines). With the thin SVD
-        ``Z = U S V^T``, ``eigvals = S^2``, ``V = Z^T U / S`` and ``proj = S U^T (Y - mean_y)``;
-        directions with ``S = 0`` carry no weight in either form."""
+        """The same path computed from the rows through their ``n x n`` Gram matrix, for when features
+        outnumber rows. With the thin SVD ``Z = U S V^T``, ``eigvals = S^2``, ``V = Z^T U / S`` and
+        ``proj = S U^T (Y - mean_y)``; directions with ``S = 0`` carry no weight in either form."""
         X, Y = np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64)
         mean_x, mean_y = X.mean(0), Y.mean(0)
         var = X.var(0)
@@ -182,11 +174,9 @@ def search_ridge(
     device: str = "cpu",
     memory_bytes: int | None = None,
 ) -> Search:
-    """The ridge head's :func:`~reservoir.probe.heads.search_refit`, by :class:`RidgeHead` itself: one pass over ``fit``
-    (block by block, :meth:`RidgeHead.fit_blocks`) and one eigendecomposition score every alpha of
-    the grid; the refit adds ``val`` and decomposes once more. Same results as a standardized ridge
-    per alpha. Class targets are scored by accuracy over ``kind.grid``, float targets by NRMSE over
-    :data:`REGRESSION_GRID` (:mod:`.metrics`)."""
+    """The ridge head's :func:`~reservoir.probe.heads.search_refit`: one pass over ``fit`` and one
+    eigendecomposition score every alpha; the refit adds ``val`` and decomposes once more. Class targets
+    are scored by accuracy over ``kind.grid``, float targets by NRMSE over :data:`REGRESSION_GRID`."""
     regression = fit.labels.dtype.kind == "f"
     c = REGRESSION if regression else int(max(fit.labels.max(), val.labels.max())) + 1
     head = RidgeHead(n_classes=c).fit_blocks(fit)
@@ -237,8 +227,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
     """Closed-form ridge regression on one-hot targets; predicts the argmax per output. Float
     targets are regressed as they are (``n_classes_`` is then :data:`REGRESSION`) and predicted as values.
 
-    Features are standardized and the intercept is not penalised, both from the
-    accumulated :class:`RidgeStats` (so ``alpha`` is comparable across datasets).
+    Features are standardized and the intercept is not penalised (:class:`RidgeStats`).
 
     Parameters
     ----------
@@ -275,8 +264,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
         return self
 
     def solve(self, alpha: float | None = None) -> RidgeHead:
-        """Coefficients for ``alpha`` (default ``self.alpha``); the eigendecomposition is
-        computed once per set of statistics and reused for every further alpha."""
+        """Coefficients for ``alpha`` (default ``self.alpha``), reusing these statistics' eigendecomposition."""
         if getattr(self, "path_", None) is None:
             check_is_fitted(self, "stats_")
             self.path_ = self.stats_.decompose()
@@ -284,8 +272,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
         return self
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> RidgeHead:
-        """All rows at once: through their ``n x n`` Gram matrix when features outnumber rows
-        (:meth:`RidgePath.from_rows`), else through the accumulated statistics."""
+        """All rows at once (through :meth:`RidgePath.from_rows` when features outnumber rows)."""
         validate(self, "RidgeHead")
         self.__dict__.pop("stats_", None)
         if X.shape[0] >= X.shape[1]:
@@ -300,8 +287,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
         return self.solve()
 
     def fit_blocks(self, source: Rows) -> RidgeHead:
-        """Rows read block by block (one block in memory at a time), statistics accumulated; rows held
-        in memory and fewer than the features take :meth:`fit`'s Gram-matrix path."""
+        """Rows read block by block, statistics accumulated (rows in memory may take :meth:`fit`'s path)."""
         if source.in_memory:
             X, y = source.load()
             if X.shape[0] < X.shape[1]:
@@ -317,8 +303,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
 
 
 class RidgePredictor(Predictor):
-    """The ridge head: ``argmax(X @ coef + intercept)`` per output on raw features (the
-    standardisation ``mean``/``scale`` is folded into ``coef`` and ``intercept``; kept for reference)."""
+    """The ridge head: ``argmax(X @ coef + intercept)`` per output, the standardisation folded in."""
 
     kind = "ridge"
     min_classes = REGRESSION

@@ -15,10 +15,8 @@ def _outputs(y: np.ndarray) -> np.ndarray:
 class Rows:
     """Rows of one split for a head: ``(X (n, d), y (n,) | (n, m))`` blocks, as :func:`rows` gives.
 
-    :meth:`blocks` streams them (a feature file is read a block at a time, so heads that
-    accumulate, like ridge, keep memory flat as the split grows); :meth:`load` gathers them
-    for heads that need every row at once. ``labels`` (per example) and ``n`` (examples) are
-    known without reading features.
+    :meth:`blocks` streams them; :meth:`load` gathers them for heads that need every row at once.
+    ``labels`` (per example) and ``n`` (examples) are known without reading features.
     """
 
     labels: np.ndarray

@@ -1,29 +1,17 @@
 """Saved probes: the head a fit chose, kept beside its result and applied again to features.
 
 Every depth a ``fit`` scores writes, beside its result ``RESULT.json``, the fitted head as
-``RESULT.probe.npz``: a NumPy ``.npz`` of numeric arrays and one JSON text, read back with
-``allow_pickle=False`` (the project never unpickles a file it did not just write). It holds
+``RESULT.probe.npz``: numeric arrays and one JSON text, read back with ``allow_pickle=False``. It holds
+the head's state as arrays (:class:`reservoir.probe.predictors.Predictor`: weights, intercept and the
+standardisation its fit applied) and ``meta``: the head, depth, regularisation chosen, classes (and
+``class_names``) and label shape, feature shape, seed, the feature file's identity and its hash, a digest
+of its frozen input layer, its ``tokens``, how its ``extraction`` named the backbone, and the test scores.
 
-- the head's state as arrays (:class:`reservoir.probe.predictors.Predictor`): its weights or
-  coefficients and intercept, and the standardisation (mean and scale) its fit applied;
-- ``meta`` (JSON): the head, the depth, the regularisation chosen on validation (``C``,
-  ``alpha`` or ``weight_decay``), the classes (and their names, ``class_names``, where the data
-  named them) and label shape, the feature shape, the seed,
-  the feature file's identity and identity hash, a digest of its frozen input layer, its tokens
-  (``tokens``: ids and the vocabulary, or dense and their width), how its extraction named the backbone
-  (``extraction``: the backbone as given, the dtype its weights were loaded in), and the fit's test
-  accuracies.
-
-Applied to a feature file (:func:`predict_file`; ``reservoir predict``), it computes the fit's
-operations in the fit's dtypes, block by block as the fit scored its test split, so the same
-file gives the same predictions. A file of other extraction settings is refused, naming each
-difference: another backbone (its fingerprint), seed, input scale, dtype, readout or input layer,
-a depth the file lacks, another feature or label shape, labels beyond the probe's classes, or class
-names that name another class by the same id.
-Its task may differ (new data of the same shape, a ``file:`` task of another file); a split of data
-read to predict on that has no labels (``unlabeled`` in its identity) gives predictions alone.
-New data itself (any source ``--task file:PATH`` reads) goes through the probe's extraction and the probe
-in one call in :mod:`reservoir.probe.apply`.
+Applied to a feature file (:func:`predict_file`), it computes the fit's operations in the fit's dtypes,
+block by block as the fit scored its test split, so the fit's file gives the fit's predictions. A file of
+other extraction settings, depth, feature or label shape, or classes is refused, naming each difference;
+its task may differ. New data goes through the probe's extraction and the probe in
+:mod:`reservoir.probe.apply`.
 
 >>> probe = load_probe("results/digits/lstm/output-only_logreg_depth2_seed0_KEY.probe.npz")  # doctest: +SKIP
 >>> predictions, labels = predict_file(probe, "features/digits/lstm/FILE.h5", "test")          # doctest: +SKIP
@@ -90,9 +78,8 @@ def input_layer_digest(f: h5py.File | dict[str, Any]) -> str:
 
 
 def token_layout(tensors: Any) -> dict[str, Any]:
-    """The tokens an input layer reads, from its tensors (a feature file's ``input_layer`` group, or
-    ``{name: array}``): ``{"kind": "ids", "vocab_size": V}`` (an embedding) or ``{"kind": "dense", "width": k}``
-    (a linear layer of ``k`` values a token)."""
+    """The tokens an input layer reads, from its tensors: ``{"kind": "ids", "vocab_size": V}`` or
+    ``{"kind": "dense", "width": k}``."""
     weight = tuple(tensors["weight"].shape)
     if "bias" in tensors:
         return {"kind": "dense", "width": int(weight[1])}
@@ -318,10 +305,9 @@ def extract_hint(probe: SavedProbe) -> str:
 
 
 def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
-    """``f``'s ``split`` holds features this probe reads: the same extraction settings (a backbone of
-    another name is the same where its weights' fingerprint is), depth, feature and label shapes, labels
-    among its classes (data without labels: none to compare). IdentityError naming every difference
-    otherwise."""
+    """Check that ``f``'s ``split`` holds features this probe reads (the same extraction settings, a
+    backbone compared by its weights' fingerprint, depth, shapes, labels among its classes); IdentityError
+    naming every difference otherwise."""
     if split not in f:
         raise UsageError(
             f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}: pass --split "
@@ -386,9 +372,8 @@ def predict_file(
     probe: SavedProbe, features: str | Path, split: str = "test"
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Predictions and labels, each ``(N, *label_shape)``, of ``probe`` on ``split`` of a feature file
-    (checked by :func:`check_features`, verified against its digests, read block by block as the fit
-    read its test split, so the fit's file gives the fit's predictions). Labels are ``None`` for data
-    without labels (``unlabeled`` in the file's identity)."""
+    (checked by :func:`check_features` and against its digests). Labels are ``None`` for data without
+    labels."""
     from threadpoolctl import threadpool_limits
 
     with open_features(Path(features)) as f:
@@ -421,12 +406,10 @@ def predictions_csv(
     class_names: list[str] | None = None,
     files: list[str] | None = None,
 ) -> str:
-    """CSV of one line per row: ``row,prediction,label`` (``row``: the row's position in the split, or in
-    the input for data read to predict on); labels of several values a row (bits, readout tokens) give
-    ``prediction_I,...`` and ``label_I,...`` columns (``I``: the value's index, ``_``-joined); ``labels``
-    ``None`` (data without labels) gives no label columns. With ``class_names`` (one class id a row:
-    :attr:`SavedProbe.class_names`), ``prediction_name`` and ``label_name`` follow, the names of those ids;
-    with ``files`` (an image folder's), a ``file`` column after ``row``."""
+    """CSV of one line per row: ``row,prediction,label``; several values a row give ``prediction_I,...``
+    and ``label_I,...`` columns; ``labels`` ``None`` gives no label columns. With ``class_names``
+    (:attr:`SavedProbe.class_names`), ``prediction_name`` and ``label_name`` follow; with ``files`` (an
+    image folder's), a ``file`` column follows ``row``."""
     n = len(predictions)
     given = [predictions] if labels is None else [predictions, labels]
     if predictions.ndim == 1:
@@ -450,8 +433,8 @@ def predictions_csv(
 
 
 def predicted_names(probe: SavedProbe, predictions: np.ndarray) -> np.ndarray | None:
-    """The class names of ``predictions`` (one class id a row) where the probe's data named its classes (an
-    array of str, like the ids); ``None`` otherwise."""
+    """The class names of ``predictions`` (one class id a row) where the probe's data named its classes;
+    ``None`` otherwise."""
     names = probe.class_names
     if not names or predictions.ndim != 1 or predictions.dtype.kind not in "iub":
         return None

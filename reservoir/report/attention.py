@@ -1,18 +1,13 @@
 """Attention probabilities of one block of a frozen backbone for one example (FPT paper, figures 3 to 5).
 
-The example goes through the project's own forward path (:class:`reservoir.model.reservoir.Reservoir`:
-the seeded input layer, then the backbone's blocks as its adapter runs them); a hook on the
-attention module of block ``layer`` catches what it returns and stops the forward there.
+The example goes through the project's own forward path (:class:`reservoir.model.reservoir.Reservoir`);
+a hook on the attention module of block ``layer``, which the backbone's adapter names, catches what it
+returns and stops the forward there. The module runs with Hugging Face's ``eager`` attention, so the
+weights are the library's own (what ``output_attentions=True`` returns). A backbone without attention
+(an LSTM, an echo state network, a state-space model) is refused.
 
-The weights are the library's own: the backbone's adapter names the block's attention
-module, which runs with Hugging Face's ``eager`` attention and returns the weights it applied
-(tests check them against ``output_attentions=True`` for every family). An LSTM, an echo state
-network or a state-space model has no attention and is refused.
-
-With ``checkpoint``, the input layer, positions and layer norms are the ones an end-to-end
-``reservoir train`` run learned (its best-validation parameters), which is what the paper's
-figures show: the frozen attention weights read differently once the FPT's small
-parameter set is trained.
+With ``checkpoint``, the input layer, positions and layer norms are those a ``reservoir train`` run
+learned, as the paper's figures show them.
 """
 
 from __future__ import annotations
@@ -89,18 +84,12 @@ def attention_probs(
 ) -> torch.Tensor:
     """Attention probabilities ``(B, heads, T, T)`` (float32) of block ``layer`` of ``reservoir``'s backbone.
 
-    The backbone's adapter names the block's attention module (``attention_module``); the module
-    runs as the library runs it with its ``eager`` attention, which returns the weights it
-    applied, and those are read from what it returns. So the weights are the library's own (what
-    ``output_attentions=True`` returns), for every family with attention.
-
     Parameters
     ----------
     reservoir
         a :class:`reservoir.model.reservoir.Reservoir` (or anything called as one).
     tokens, lengths
-        a batch as the task encodes it (rows should not be padded: a causal
-        model's real tokens never see padding, but an encoder's would).
+        a batch as the task encodes it, unpadded (an encoder's tokens would see padding).
     layer
         the block, from 0.
     """
@@ -112,8 +101,7 @@ def attention_probs(
         )
     module = backbone.attention_module(layer)
     blocks = list(getattr(backbone, "blocks", None) or [])
-    # a block shared by several depths (ALBERT) runs its attention once for each: this depth's is the call
-    # after as many as the earlier depths that apply the same block
+    # a block shared by several depths (ALBERT): this depth's call follows the earlier depths' calls
     call = 1 + sum(b is blocks[layer] for b in blocks[:layer]) if blocks else 1
     with torch.inference_mode(), backbone.eager_attention():
         output = catch_output(module, lambda: reservoir(tokens, lengths, [layer + 1]), call)
@@ -127,12 +115,8 @@ def attention_probs(
 
 
 def token_labels(task, tokens: np.ndarray) -> list[str]:
-    """A short label per token of one example.
-
-    Dense one-value tokens (bits, pixels): the value; id tokens: the symbol when the task's
-    module has a ``VOCAB`` dict (ListOps, proteins), else the id; wider dense tokens
-    (patches): the position.
-    """
+    """A short label per token of one example: the value of a one-value token, the symbol (the task module's
+    ``VOCAB``) or id of an id token, else the position."""
     if tokens.ndim == 2 and tokens.shape[1] == 1:
         return [f"{v:g}" for v in tokens[:, 0]]
     if tokens.ndim == 1:
@@ -217,30 +201,23 @@ def first_layer_attention(
         a registered task (``reservoir tasks``) or ``file:PATH``.
     backbone_name
         a registered backbone, a ``save_pretrained`` folder or ``hf:ID`` (and twins).
-    seed
-        seeds the input layer, a random backbone and generated data (as ``extract --seed``).
+    seed, input_scale
+        as ``extract --seed`` and ``--input-scale``.
     layer
         the block, from 0 (the FPT paper's figures show block 0).
-    example
-        row of ``split``.
-    split
-        the split the example comes from.
-    input_scale
-        the frozen input layer's scale (as ``extract --input-scale``).
+    example, split
+        the row and the split it comes from.
     data_dir
         data folder (default: ``$RESERVOIR_HOME/data`` or ``./data``).
     limit
-        the split's examples are the seeded sample of ``limit`` that ``extract --limit`` draws with ``seed``
-        (:meth:`reservoir.tasks.Task.load`), and ``example`` a row of it (``example < limit``).
+        ``example`` is a row of the seeded sample of ``limit`` that ``extract --limit`` draws.
     checkpoint
-        a ``reservoir train`` checkpoint (``.pt``) of this task and backbone: its
-        trained input layer, positions and norms are used, and its seed, input scale and
-        task options override ``seed`` and ``input_scale``.
+        a ``reservoir train`` checkpoint (``.pt``) of this task and backbone, whose trained input layer,
+        positions and norms are used, and whose seed, input scale and task options override the arguments.
 
     Returns
     -------
-    weights : ``(heads, T, T)`` float32; row ``i`` is query token ``i``'s distribution over
-        key tokens (rows sum to 1; zero above the diagonal for causal backbones).
+    weights : ``(heads, T, T)`` float32; row ``i`` is query token ``i``'s distribution over key tokens.
     token_labels : one short string per token (:func:`token_labels`).
 
     Examples
@@ -278,7 +255,6 @@ def first_layer_attention(
     check_length(task.spec, reservoir.backbone, backbone_name)
     task.check_split(split)
     folder = Path(data_dir) if data_dir is not None else default_data_dir()
-    # row ``example`` of the whole split needs only the rows up to it; of a sample, the sample
     data = task.read(split, folder, example + 1) if limit is None else task.load(split, folder, limit, seed)
     if example >= len(data):
         raise UsageError(

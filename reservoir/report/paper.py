@@ -1,51 +1,34 @@
 """The FPT paper's reported numbers, and its critique's, for setting our results beside them.
 
-Lu, Grover, Abbeel, Mordatch (2021), "Pretrained Transformers as Universal Computation
-Engines", arXiv 2103.05247 v2: every result table, 1 to 21, transcribed from the paper's text
-with every row and column it prints. Table 22 (the GPT-2 sizes' layers, width, heads and
-parameter counts) is a list of hyperparameters, not results, and is not recorded; its
-parameter counts are table 8's.
+Lu, Grover, Abbeel, Mordatch (2021), "Pretrained Transformers as Universal Computation Engines", arXiv
+2103.05247 v2: every result table, 1 to 21, transcribed with every row and column it prints (table 22
+lists hyperparameters, not results, and is not recorded).
 
 Conventions
 -----------
-* Numbers are as printed: accuracies in percent ("38.4%" is 38.4, "76%" is 76), other units as
-  the table's ``unit`` and ``units`` say (gradient steps, speedup factors, parameter counts,
-  numbers of blocks). Printed abbreviations are written out: "1× 104" is 1e4, "117M" is 117e6.
-* Columns that are one of the paper's seven tasks use our task names (:data:`TASKS`); depth
-  columns are numbers of blocks as strings (:data:`DEPTHS`); other columns have short labels
-  of the paper's headings. Row labels are the paper's (in ASCII: table 3's "LSTM∗" is
-  "LSTM*"; table 10's one speedup range is two rows, see its note).
-* Columns are what our runs vary (tasks, or numbers of blocks), because
-  :mod:`reservoir.report.tables` lays our results out that way. Where the paper prints tasks or depths down the side
-  (tables 10, 11, 12, 14, 15, 17 to 21) the table is stored transposed (``transposed=True``):
-  its rows are the paper's column headings and its columns the paper's row labels.
-  Tables 7, 8 and 16 have no task column; ``task`` names the one task they are about.
-* A cell the paper leaves empty or prints as "-" has no entry; :func:`paper_number` gives
-  ``None`` for it. The paper's own oddities (a repeated row, a cell that disagrees with another
-  table) are kept as printed and named in the table's ``note``.
+* Numbers are as printed: accuracies in percent ("38.4%" is 38.4), other units as the table's ``unit``
+  and ``units`` say; printed abbreviations are written out ("1× 104" is 1e4, "117M" is 117e6).
+* Task columns use our task names (:data:`TASKS`), depth columns numbers of blocks as strings
+  (:data:`DEPTHS`); row labels are the paper's, in ASCII. Columns are what our runs vary, as
+  :mod:`reservoir.report.tables` lays them out, so a table the paper prints with tasks or depths down
+  the side is stored transposed (``transposed=True``). Tables 7, 8 and 16 name their one task in ``task``.
+* A cell the paper leaves empty or prints as "-" has no entry (:func:`paper_number` gives ``None``).
+  The paper's own oddities are kept as printed and named in the table's ``note``.
 
-The critique, Rothermel, Li, Rocktäschel, Foerster (2021), "A Closer Look at Cross-modal
-Transfer of Pretrained Transformers", has no numbered tables in its text; its two tables are
-stored here as numbers 101 and 102 with ``source=CRITIQUE_SOURCE`` (:data:`CRITIQUE` holds just
-those), so that ``reservoir report --paper 101`` can set them beside ours as well.
+The critique, Rothermel, Li, Rocktäschel, Foerster (2021), "A Closer Look at Cross-modal Transfer of
+Pretrained Transformers", has no numbered tables; its two are stored as numbers 101 and 102 with
+``source=CRITIQUE_SOURCE`` (:data:`CRITIQUE` holds just those).
 
 Examples
 --------
 >>> paper_number(1, "FPT", "listops")
 38.4
->>> paper_number(9, "Default", "listops")  # table 9 calls the random initialisation "Default"
-34.3
 >>> paper_number(12, "Random", "6") is None  # printed as "-"
 True
->>> paper_number(8, "Large", "total params")
-774000000.0
 >>> TABLES[8].unit_of("Large", "total params")
 'parameters'
->>> critique = TABLES[101]
->>> critique.source, paper_number(101, "Unfrozen Pretrained, GPT2", "cifar10_lra")
-('Rothermel et al. 2021', 67.8)
->>> critique.plus_minus["Unfrozen Pretrained, GPT2"]["cifar10_lra"]
-0.3
+>>> paper_number(101, "Unfrozen Pretrained, GPT2", "cifar10_lra")
+67.8
 """
 
 from __future__ import annotations
@@ -62,7 +45,7 @@ TASKS: tuple[str, ...] = (
     "cifar10_lra",
     "remote_homology",
 )
-#: the numbers of blocks in the depth tables, as column labels: table 11's (1, 2, 6) and table 12's (1, 3, 6, 12, 24)
+#: the numbers of blocks in the depth tables (11 and 12), as column labels
 DEPTHS: tuple[str, ...] = ("1", "2", "3", "6", "12", "24")
 
 #: ``source`` of the FPT paper's tables and of the critique's
@@ -77,23 +60,19 @@ class PaperTable:
     Parameters
     ----------
     number
-        the table's number in arXiv v2 (101 and up: the critique's tables, see the module).
-    caption
-        what the table shows, one line in our words.
+        the table's number in arXiv v2 (101 and up: the critique's tables).
+    caption, note
+        what the table shows, one line in our words; what each row is, and the paper's oddities.
     columns
         our task names, numbers of blocks ("1", "3", ...), or short labels of the paper's headings.
     rows
         the paper's row label -> column -> the paper's number; a cell the paper leaves empty is absent.
-    unit
-        the unit of the cells, "%" (test accuracy) unless said: "steps" (gradient steps).
-    note
-        what each row is, and the paper's oddities kept as printed.
-    units
-        the unit of the rows or columns (by label) whose cells are not in ``unit``.
+    unit, units
+        the unit of the cells ("%" test accuracy, or "steps"), and of the rows or columns (by label) in another.
     task
         the one task the table is about, when no column is a task.
     transposed
-        the paper prints the table with rows and columns swapped (tasks or depths down the side).
+        the paper prints the table with rows and columns swapped.
     marks
         (row, column) -> what the paper's mark on that cell means.
     plus_minus
@@ -129,9 +108,8 @@ def _row(*values: float | None, columns: tuple[str, ...] = TASKS) -> dict[str, f
 def _transposed(
     row_labels: tuple[str, ...], printed: dict[str, tuple[float | None, ...]]
 ) -> dict[str, dict[str, float]]:
-    """Rows of a table the paper prints transposed, from its printed lines: ``printed`` maps each
-    printed line's label (our column: a task or a number of blocks) to its values, one per
-    ``row_labels`` (the paper's column headings) in order; ``None`` where the paper prints "-"."""
+    """Rows of a table the paper prints transposed: ``printed`` maps each printed line's label (our
+    column) to its values, one per ``row_labels`` (the paper's column headings); ``None`` for "-"."""
     rows: dict[str, dict[str, float]] = {label: {} for label in row_labels}
     for column, values in printed.items():
         assert len(values) == len(row_labels), ("one value per heading", column)

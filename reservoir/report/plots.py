@@ -1,14 +1,9 @@
 """PNG plots of results: accuracy by depth, training curves, attention maps. Data in, PNG out.
 
-matplotlib is an optional extra (``pip install 'reservoir[plot]'``), imported by each
-function when it runs; without it they raise :class:`~reservoir.errors.UsageError` saying
-how to install it. Figures are drawn on matplotlib's Agg canvas directly
-(``matplotlib.figure.Figure``, no ``pyplot``), so no display is needed, the caller's
-backend is left alone and no figure stays registered after a call. Each file is written
-atomically (:func:`reservoir.results.atomic_write`): a temp file in the target folder
-(created if needed), renamed over the final name.
-
-Figure sizes are fixed (inches at :data:`DPI`); legends sit outside the axes.
+matplotlib is an optional extra (``pip install 'reservoir[plot]'``), imported when a function runs;
+without it they raise :class:`~reservoir.errors.UsageError` saying how to install it. Figures are drawn
+on matplotlib's Agg canvas directly, without ``pyplot``, so the caller's backend is left alone and no
+figure stays registered. Each file is written atomically (:func:`reservoir.results.atomic_write`).
 """
 
 from __future__ import annotations
@@ -86,22 +81,15 @@ def depth_plot(
     Parameters
     ----------
     curves
-        ``{backbone: {depth: accuracy}}``, accuracies **in percent** (results store
-        fractions: multiply by 100); a line with markers each, one colour per backbone.
-    path
-        the PNG to write (its folder is created).
-    title
-        the figure's title.
+        ``{backbone: {depth: accuracy}}``, accuracies **in percent** (results store fractions).
+    path, title
+        the PNG to write (its folder is created) and the figure's title.
     baselines
-        ``{name: accuracy}`` in percent (e.g. ``"majority"``, ``"raw-input linear"``,
-        ``"random tanh features"``, ``"first operator"``): a labelled horizontal dashed line each.
+        ``{name: accuracy}`` in percent: a labelled horizontal dashed line each.
     chosen
         ``{backbone: depth}``, the depth chosen on validation; ringed on its curve.
     paper
-        ``{backbone: {depth: accuracy}}`` in percent, the paper's numbers: hollow markers
-        in the backbone's colour.
-    ylabel
-        the y axis label.
+        ``{backbone: {depth: accuracy}}`` in percent, the paper's numbers (hollow markers).
 
     Returns
     -------
@@ -208,12 +196,9 @@ def training_curves(runs: dict[str, list[dict]], path: Path | str, *, title: str
     ----------
     runs
         ``{name: history}``; a history is the list ``reservoir train`` records, each entry
-        ``{"step", "loss", "val_accuracy"}`` (accuracy a fraction, shown in percent); entries
-        without a value for a panel are skipped there.
-    path
-        the PNG to write (its folder is created).
-    title
-        the figure's title.
+        ``{"step", "loss", "val_accuracy"}`` (accuracy a fraction).
+    path, title
+        the PNG to write (its folder is created) and the figure's title.
 
     Returns
     -------
@@ -272,12 +257,9 @@ def attention_maps(
     Parameters
     ----------
     weights
-        ``(n_heads, T, T)`` probabilities; row ``i`` is query token ``i``'s
-        distribution over key tokens (:func:`reservoir.report.attention.first_layer_attention`).
-    path
-        the PNG to write (its folder is created).
-    title
-        the figure's title.
+        ``(n_heads, T, T)`` probabilities (:func:`reservoir.report.attention.first_layer_attention`).
+    path, title
+        the PNG to write (its folder is created) and the figure's title.
     tokens
         ``T`` labels; shown on both axes when ``T <= MAX_LABELLED_TOKENS``.
     heads

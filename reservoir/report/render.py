@@ -45,8 +45,8 @@ def paper_table(cfg: ReportConfig) -> tuple[Any, dict[str, str]]:
 
 def render(cfg: ReportConfig) -> Rendered:
     """The report of ``cfg``: its results (default: ``results/`` under ``$RESERVOIR_HOME``) laid out
-    (default: as the paper's table, else by depth). DataError when a path is missing or no result is found;
-    UsageError for a paper table or row that does not exist, or depth rules the layout cannot show."""
+    (default: as the paper's table, else by depth). DataError when no result is found; UsageError for a
+    paper table or row that does not exist, or depth rules the layout cannot show."""
     table, mapping = paper_table(cfg)
     layout = cfg.layout or ("depth" if table is None or all(c.isdigit() for c in table.columns) else "task")
     if cfg.depths != ("chosen",) and layout == "depth":

@@ -1,6 +1,5 @@
 """Rows of a report: results grouped into settings (one row a setting, its seeds folded), and the data each
-row's results were computed on, so every row is shown beside the baselines of its own data (:func:`data_key`:
-task, task options and the digest of every split's rows, so sizes and the seed of a subset)."""
+row's results were computed on (:func:`data_key`), so every row is shown beside the baselines of its own data."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ def input_scale(r: dict[str, Any]) -> str:
 
 
 def data_key(r: dict[str, Any]) -> str:
-    """What a result (or a baseline) was computed on: its task, task options and the digest of the rows of
-    every split (their number and contents, so a subset's size and seed); equal keys, the same data."""
+    """What a result (or a baseline) was computed on: its task, options and the digest of every split's rows."""
     from reservoir.identity import digest
 
     identity = r.get("identity", {})
@@ -116,8 +114,7 @@ class Row:
         return max(sorted(self.by_depth), key=lambda d: (self._better_first(self.val(d)), -d))
 
     def depth_for(self, rule: str | int) -> int | None:
-        """The depth a :data:`reservoir.report.tables.DEPTH_RULES` rule picks: ``"chosen"`` on validation, ``"last"`` the
-        deepest, a number that depth (``None`` when the row has no result there)."""
+        """The depth a :data:`reservoir.report.tables.DEPTH_RULES` rule (or a depth number) picks, or ``None``."""
         if rule == "chosen":
             return self.chosen
         if rule == "last":
@@ -148,19 +145,15 @@ class Row:
         return f"{r['n_train']}/{r['n_test']}"
 
 
-#: what an extraction's seed draws: the seed itself, the data of generated tasks (and their task option
-#: ``seed``, which follows it unless set), the sample of a ``--limit`` (its ``subset`` seed) and a random
-#: backbone's weights
+#: the identity fields an extraction's seed draws (generated data, a ``--limit`` sample, random weights)
 SEED_DRAWN = ("seed", "data", "backbone_fingerprint")
-#: the same for an end-to-end result (its seeds, their generated data and random backbones), with the number
-#: of blocks, so a sweep over blocks (paper table 11) and seeds run apart (:func:`merge_seeds`) share a row
+#: the same for an end-to-end result, with the number of blocks, so a sweep over blocks shares a row
 E2E_SEED_DRAWN = ("seeds", "data", "backbone_fingerprints", "blocks")
 
 
 def run_of(r: dict[str, Any]) -> str:
     """The producing run, short: every setting but what the seeds draw (:data:`SEED_DRAWN`,
-    :data:`E2E_SEED_DRAWN`), so the seeds of one setting share a row, and for end-to-end results every
-    number of blocks too."""
+    :data:`E2E_SEED_DRAWN`), so the seeds of one setting share a row."""
     from reservoir.identity import digest
 
     identity = dict(r.get("identity", {}))
@@ -217,8 +210,7 @@ def class_names_of(row: Row) -> list[str] | None:
 
 
 def classes_line(rows: list[Row], most: int = 20) -> str:
-    """``Classes: 0 cat, 1 dog, ...`` for rows whose data named their classes (the first ``most``); ``""``
-    otherwise or where the rows' data name them differently."""
+    """``Classes: 0 cat, 1 dog, ...`` for rows whose data named their classes alike (the first ``most``)."""
     named = {tuple(n) for r in rows if r.mode == "output-only" and (n := class_names_of(r))}
     if len(named) != 1:
         return ""
@@ -228,8 +220,7 @@ def classes_line(rows: list[Row], most: int = 20) -> str:
 
 
 def data_keys(row: Row) -> tuple[str, ...]:
-    """The data of a row's results (:func:`data_key`), one key per data set, in order: one for a row of one
-    extraction, one per seed where the seed draws the data (a generated task, a subset)."""
+    """The data of a row's results (:func:`data_key`), one key per data set (per seed, where it draws them)."""
     return tuple(dict.fromkeys(data_key(r) for r in row.results))
 
 
@@ -248,8 +239,7 @@ class DataGroup:
 
 
 def data_groups(rows: list[Row], task: str, every_mode: bool = False) -> list[DataGroup]:
-    """The output-only rows of ``task`` (``every_mode``: every row of it, end-to-end ones too) grouped by their
-    data (:func:`data_keys`), in the order rows come."""
+    """The output-only rows of ``task`` (``every_mode``: end-to-end ones too) grouped by :func:`data_keys`."""
     groups: dict[tuple[str, ...], DataGroup] = {}
     for row in rows:
         if row.task != task or not (every_mode or row.mode == "output-only"):
@@ -263,9 +253,9 @@ def data_groups(rows: list[Row], task: str, every_mode: bool = False) -> list[Da
 
 
 def baselines_of(group: DataGroup, baselines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The baselines of a group's data and heads (rules have none), one per name and head. Where the group
-    spans several data sets (a seed each), a baseline found for several of them is their mean: ``test_score``
-    the mean, ``test_std`` and ``n_data`` over the data sets found, ``of_data`` how many the group has."""
+    """The baselines of a group's data and heads, one per name and head. Where the group spans several data
+    sets, a baseline is their mean (``test_score``), with ``test_std`` and ``n_data`` over the data sets found
+    and ``of_data`` how many the group has."""
     found: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
     for b in baselines:
         if b["task"] != group.task or (b["head"] != "rule" and b["head"] not in group.heads):
@@ -305,8 +295,7 @@ def pct(x: float | None, std: float | None = None, n: int = 1) -> str:
 
 
 def score_text(x: float | None, std: float | None = None, n: int = 1, metric: Metric | None = None) -> str:
-    """A score as tables show it: a percentage with one decimal (:func:`pct`) for accuracies, four
-    significant digits for other metrics (NRMSE, R^2), with the spread over ``n`` seeds."""
+    """A score as tables show it (a percentage for accuracies), with the spread over ``n`` seeds."""
     if metric is None or metric.percent:
         return pct(x, std, n)
     if x is None:

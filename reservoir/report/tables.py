@@ -1,21 +1,14 @@
 """Tables, CSV and plots across results (:mod:`reservoir.results` owns the schema, the writer and
 the reader).
 
-A row is one setting: task, backbone, mode, head, trained groups, input scale and the
-producing run. Output-only rows have a test accuracy per depth; the number a row reports is
-the test accuracy at the depth chosen on validation (the best mean validation accuracy over
-seeds; ties go to the shallower depth), never the best test accuracy, which appears only
-labelled as such; the task layout can also report a fixed depth (``depths=("chosen", "last")``:
-a line per rule). Results of several seeds share a row: mean, and spread over seeds (the seed
-of ``fit`` and the seed of ``extract``, which draws the input layer, a random backbone and
-generated data).
-Baselines (:mod:`reservoir.probe.baselines`) are shown with every output-only table, each only beside the
-results of the same data (:func:`reservoir.report.rows.data_key`: task, task options and the digest of every split's rows, so
-sizes and the seed of a subset) and head: a table mixing data (a ``--limit`` run beside a full one) shows
-each data's rows under a line naming that data, with its own baselines or a line saying they are missing;
-a row of several seeds' data shows the mean of their baselines and how many it found. The CSV names the
-data of every line. The FPT paper's number (:mod:`reservoir.report.paper`) is shown beside ours where a
-row is mapped to a row of the paper's table (``--as BACKBONE=ROW``).
+A row is one setting: task, backbone, mode, head, trained groups, input scale and the producing run.
+The number an output-only row reports is the test accuracy at the depth chosen on validation (the best
+mean validation accuracy over seeds; ties go to the shallower depth), never the best test accuracy,
+which appears only labelled as such. Results of several seeds share a row: mean, and spread over seeds.
+Baselines (:mod:`reservoir.probe.baselines`) are shown only beside results of the same data
+(:func:`reservoir.report.rows.data_key`) and head; a table mixing data shows each data's rows under a
+line naming it. The FPT paper's number (:mod:`reservoir.report.paper`) is shown beside ours where a row
+is mapped to a row of the paper's table (``--as BACKBONE=ROW``).
 """
 
 from __future__ import annotations
@@ -104,9 +97,7 @@ def _settings(row: Row) -> dict[str, str]:
 
 
 def row_labels(rows: list[Row]) -> dict[int, str]:
-    """Each row's label (by ``id``): :func:`row_label`, and where rows of one task and head would share
-    it, the settings that tell them apart (on every row of that label, so a setting keeps one line
-    across tasks)."""
+    """Each row's label (by ``id``): :func:`row_label`, plus the settings that tell apart rows sharing it."""
     labels = {id(r): row_label(r) for r in rows}
     groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for r in rows:
@@ -124,8 +115,7 @@ def row_labels(rows: list[Row]) -> dict[int, str]:
 
 
 class Report:
-    """Markdown and CSV of results, laid out by depth (one table per task) or by task (one row per
-    setting, the validation-chosen depth's test accuracy per task column)."""
+    """Markdown and CSV of results, laid out by depth (one table per task) or by task (one row per setting)."""
 
     def __init__(
         self,
@@ -256,7 +246,7 @@ class Report:
             if len(every) <= 1:  # one data: its rows, then its baselines
                 lines += self.row_lines(rows, depths)
                 lines += [line for g in groups for line in self.baseline_lines(g, len(depths))]
-            else:  # each data under a line naming it, end-to-end rows too, the probes' with their own baselines
+            else:  # each data under a line naming it, with its own baselines
                 for group in every:
                     lines.append(
                         "| " + " | ".join([f"*data: {group.label}*"] + [""] * (len(head) - 1)) + " |"
@@ -304,8 +294,7 @@ class Report:
         return lines
 
     def baseline_lines(self, group: DataGroup, n_depths: int, say_missing: bool = False) -> list[str]:
-        """The baselines of a data group, a line each (and their CSV records); with ``say_missing``, a line saying
-        there are none when the group has none."""
+        """The baselines of a data group, a line each (and their CSV records); ``say_missing``: say when none."""
         lines = []
         found = baselines_of(group, self.baselines)
         for b in found:
@@ -421,8 +410,7 @@ class Report:
                     **extra,
                 )
             lines.append("| " + " | ".join([label, headname] + cells) + " |")
-        # a line per baseline and head; where a task mixes data, per data too (its label names it), and a line
-        # saying which data has none
+        # a line per baseline and head (and per data, where a task mixes data)
         by_name: dict[tuple[str, str], dict[str, tuple[dict[str, Any] | None, DataGroup]]] = defaultdict(dict)
         for t in tasks:
             groups = self.groups(t)
@@ -455,8 +443,7 @@ class Report:
 
     def sweep_table(self) -> str:
         """The end-to-end results that swept learning rates, one line per setting and task: test
-        accuracy (mean ± std over seeds) at each rate, the rate chosen on validation in bold, a diverged
-        rate as such (the critique's figure of accuracy by learning rate, as a table); empty without one."""
+        accuracy at each rate, the rate chosen on validation in bold; empty without one."""
         swept = [
             (row, r)
             for row in self.rows
@@ -505,8 +492,7 @@ class Report:
 
     # ---------------------------------------------------------------- plots
     def plots(self, folder: Path) -> list[Path]:
-        """Accuracy against depth per task (baselines as lines, the chosen depth ringed, the paper's
-        numbers hollow), and the training curves of end-to-end results that recorded them."""
+        """Accuracy against depth per task, and the training curves of end-to-end results that recorded them."""
         from reservoir.report.plots import depth_plot, training_curves
 
         folder = Path(folder)
@@ -572,6 +558,5 @@ class Report:
 
 
 def depth_table(results: list[dict[str, Any]]) -> str:
-    """Markdown, one table per task: test accuracy by depth per setting, the depth chosen on
-    validation, and the baselines of the same data."""
+    """Markdown, one table per task: test accuracy by depth per setting, and the baselines of the same data."""
     return Report(results).depth_tables()

@@ -42,15 +42,13 @@ class TaskSpec:
     n_readout
         readout tokens per example (the last ``n_readout`` real tokens).
     outputs_per_token
-        outputs predicted from each readout token (bits per token for bit
-        tasks, 1 for classification).
+        outputs predicted from each readout token (bits per token for bit tasks, else 1).
     splits
         split names; always includes ``train`` and ``test``.
     variable_length
         examples have different lengths (padding with id ``pad_id``).
     target
-        ``"class"`` (integer labels, ``n_classes`` per output) or ``"regression"`` (float
-        labels, ``outputs_per_token`` real values per readout token; ``n_classes`` unused).
+        ``"class"`` (integer labels) or ``"regression"`` (float labels; ``n_classes`` unused).
     """
 
     name: str
@@ -75,8 +73,7 @@ class TaskSpec:
 
     @property
     def roles(self) -> tuple[str | None, tuple[str, ...]]:
-        """The validation split (``None``: hold out a share of train) and the test splits, in order
-        (:func:`split_roles`); ``fit`` and ``train`` both use them."""
+        """The validation split (``None``: hold out a share of train) and the test splits (:func:`split_roles`)."""
         return split_roles(self.splits)
 
     def describe(self) -> str:
@@ -98,20 +95,15 @@ VALIDATION_SPLITS = ("val", "valid", "validation")
 
 
 def split_roles(splits) -> tuple[str | None, tuple[str, ...]]:
-    """Roles of split names: the validation split (``val``, else ``valid``, else ``None``) and the test
-    splits (``test`` and ``test_*``, e.g. TAPE's three holdouts), in the order given."""
+    """Roles of split names: the validation split (or ``None``) and the test splits (``test``, ``test_*``)."""
     val = next((s for s in VALIDATION_SPLITS if s in splits), None)
     return val, tuple(s for s in splits if s == "test" or s.startswith("test_"))
 
 
 @dataclass
 class SplitData:
-    """One split in raw, compact form.
-
-    ``inputs`` has one row per example (any dtype; an object array for variable-length
-    id sequences), ``labels`` has shape ``(N, *spec.label_shape)``, ``lengths`` the real
-    number of tokens per example (equal to ``seq_len`` for fixed-length tasks).
-    """
+    """One split in raw, compact form: ``inputs`` one row per example (an object array for variable-length
+    rows), ``labels`` ``(N, *spec.label_shape)``, ``lengths`` the real tokens per example."""
 
     inputs: np.ndarray
     labels: np.ndarray
@@ -150,17 +142,16 @@ def subset_stream(seed: int, split: str) -> np.random.Generator:
 
 
 def class_quota(counts: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Rows to take of each class (``counts``, all > 0) for a sample of ``n`` of their sum, each within one
-    of its proportional share: the floor of the share, plus one for as many classes as rows are left, first
-    those whose share is below one row (so the sample keeps every class it can), then the largest
-    remainders, ties in a seeded order."""
+    """Rows to take of each class (``counts``, all > 0) for a sample of ``n``: the floor of each proportional
+    share, plus one for as many classes as rows are left, first those whose share is below one row (so the
+    sample keeps every class it can), then the largest remainders, ties in a seeded order."""
     counts = np.asarray(counts, dtype=np.int64)
     total = int(counts.sum())
     base, remainder = np.divmod(n * counts, total)  # integers: no rounding decides a row
     left = n - int(base.sum())
     order = np.lexsort((rng.random(len(counts)), -remainder, base > 0))  # the last key sorts first
     take = base.copy()
-    take[order[:left]] += 1  # every one of them has a remainder: fewer than left + 1 of the shares are whole
+    take[order[:left]] += 1
     return take
 
 
@@ -207,8 +198,7 @@ class Task:
 
     @property
     def draws(self) -> bool:
-        """The task's examples are independent seeded draws, so its first ``N`` are a random sample of it
-        (:data:`SUBSET_RULES`, ``draws``)."""
+        """The task's examples are independent seeded draws, so its first ``N`` are a random sample of it."""
         return False
 
     def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
@@ -217,8 +207,7 @@ class Task:
         raise NotImplementedError  # pragma: no cover - abstract
 
     def subset(self, limit: int | None, seed: int) -> dict[str, Any]:
-        """How :meth:`load` takes ``limit`` rows of a split: the rule (:data:`SUBSET_RULES`) and, for a sample,
-        its seed, as a feature file's identity records them."""
+        """How :meth:`load` takes ``limit`` rows of a split: the rule (:data:`SUBSET_RULES`) and its seed."""
         if limit is None:
             return {"rule": "all"}
         if self.draws:
@@ -246,8 +235,7 @@ class Task:
 
     @property
     def class_names(self) -> list[str] | None:
-        """The name of each class id, where the data names its classes (an image folder's class folders, a
-        column of label names); ``None`` where the ids are all there is."""
+        """The name of each class id, where the data names its classes; else ``None``."""
         return None
 
     def encode(self, inputs: np.ndarray) -> np.ndarray:
@@ -275,7 +263,7 @@ class Task:
 
 #: every task, registered by the modules of this package (found on the first lookup)
 TASKS: Registry[Task] = Registry("task", home=__name__)
-#: tasks named by a prefix and a value (``file:PATH``): the prefix -> the class whose ``named(value, **options)`` builds one
+#: tasks named by a prefix and a value (``file:PATH``): the prefix -> the class whose ``named`` builds one
 PREFIXED: Registry[type[Task]] = Registry("task prefix", home=__name__)
 
 
@@ -333,8 +321,7 @@ def task_class(name: str) -> type[Task]:
 
 
 def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Option names and value types of a task, checked without building it (the CLI does this
-    while parsing); returns the converted values."""
+    """Option names and value types of a task, checked without reading data; returns the converted values."""
     fields = {f.name: f for f in dataclasses.fields(task_class(name)) if f.name != "path"}
     for key in options:
         if key not in fields:
@@ -350,8 +337,7 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_task(name: str, options: dict[str, Any], seed: int) -> Task:
-    """The task of a run: a task that generates its data draws it from the run's ``seed`` unless
-    ``options`` set its own ``seed``."""
+    """The task of a run; a generated task draws from the run's ``seed`` unless ``options`` set its own."""
     if task_class(name).generated and "seed" not in options:
         options = {**options, "seed": seed}
     return get_task(name, **options)

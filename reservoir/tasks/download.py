@@ -21,11 +21,8 @@ TIMEOUT_SECONDS = 5.0
 
 @dataclass(frozen=True)
 class DataFile:
-    """One file a task needs: its name in the task's folder, checksum and download sources.
-
-    ``md5`` is of the file's content after gzip decompression when ``gunzip_md5`` is set
-    (so a re-compressed copy of the official data still verifies), else of the file itself.
-    """
+    """One file a task needs: its name in the task's folder, checksum and download sources (``md5`` is of
+    the decompressed content when ``gunzip_md5``, so a re-compressed copy still verifies)."""
 
     name: str
     md5: str
@@ -57,11 +54,8 @@ def _download(url: str, dest: Path) -> None:
 
 
 def fetch_verified(urls: Sequence[str], dest: Path, check, errors: list[str]) -> bool:
-    """Download the first of ``urls`` that works into a temporary file, ``check`` it, rename it to ``dest``.
-
-    A failed or interrupted download never leaves a file that looks complete; failures are
-    appended to ``errors``. Returns whether ``dest`` now exists.
-    """
+    """Download the first of ``urls`` that works into a temporary file, ``check`` it, rename it to ``dest``;
+    failures are appended to ``errors``. Returns whether ``dest`` now exists."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     for url in urls:
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
@@ -80,10 +74,8 @@ def fetch_verified(urls: Sequence[str], dest: Path, check, errors: list[str]) ->
 
 
 def ensure_files(folder: Path, files: tuple[DataFile, ...], task: str, download: bool = True) -> list[Path]:
-    """Return the paths of ``files`` in ``folder``, downloading missing ones when the network allows.
-
-    Raises :class:`DataError` naming the folder and the files to place there when some cannot be had.
-    """
+    """Return the paths of ``files`` in ``folder``, downloading missing ones when the network allows;
+    :class:`DataError` naming the files to place there when some cannot be had."""
     missing = [f for f in files if not (folder / f.name).exists()]
     errors: list[str] = []
     if missing and download and not os.environ.get("RESERVOIR_OFFLINE"):
@@ -104,12 +96,8 @@ def ensure_files(folder: Path, files: tuple[DataFile, ...], task: str, download:
 
 @dataclass(frozen=True)
 class DataArchive:
-    """A compressed archive that unpacks into a folder of the files a task reads.
-
-    ``contents`` is the folder the archive unpacks to (relative to the task's folder) and ``members``
-    the files that must be in it. ``md5`` and ``size`` are of the archive file; ``md5=None`` means no
-    checksum is published, and the task's reader alone checks the contents.
-    """
+    """A compressed archive that unpacks into ``contents`` (relative to the task's folder), holding
+    ``members``; ``md5`` and ``size`` are of the archive (``md5=None``: no checksum is published)."""
 
     name: str
     md5: str | None
@@ -137,10 +125,7 @@ def check_archive(path: Path, archive: DataArchive) -> None:
 
 
 def unpack(path: Path, folder: Path, archive: DataArchive) -> Path:
-    """Unpack ``path`` into ``folder``; returns ``folder / archive.contents``.
-
-    The folder is moved into place only when every member is there.
-    """
+    """Unpack ``path`` into ``folder``, moved into place once every member is there; returns the contents."""
     dest = folder / archive.contents
     tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".{archive.name}.", suffix=".unpack"))
     try:
@@ -179,12 +164,9 @@ def find_contents(candidates: Sequence[Path], members: Sequence[str]) -> Path | 
 def ensure_archive(
     folder: Path, archive: DataArchive, task: str, download: bool = True, look_in: Sequence[Path] = ()
 ) -> Path:
-    """Return a folder holding the archive's ``members``, unpacking or downloading it if needed.
-
-    Order: an unpacked folder in ``folder / archive.contents`` or any of ``look_in`` (accepted without
-    the archive checksum); else the archive in ``folder`` (size and checksum verified, then unpacked);
-    else a download when allowed. Raises :class:`DataError` saying which files to place where.
-    """
+    """Return a folder holding the archive's ``members``: an unpacked folder (in ``folder`` or ``look_in``,
+    accepted without the archive checksum), else the archive in ``folder`` verified and unpacked, else a
+    download when allowed; :class:`DataError` saying which files to place where otherwise."""
     folder = Path(folder)
     candidates = [folder / archive.contents, *map(Path, look_in)]
     found = find_contents(candidates, archive.members)

@@ -37,9 +37,8 @@ from reservoir.tasks.streams import (
 
 @dataclass
 class Part:
-    """Rows of a source that share one reader: their inputs (read lazily), their labels, and which
-    split they belong to: ``split`` (all of them), ``split_names`` (a name per row), or neither (the
-    task draws a seeded test fraction)."""
+    """Rows of a source that share one reader: their inputs, labels and split (``split`` for all of them,
+    ``split_names`` a name per row, or neither)."""
 
     chunks: Chunks
     #: ``None``: the source gives none (read to predict on, ``predict=true``; ``target`` then says why)
@@ -62,8 +61,7 @@ def ordered(names) -> list[Any]:
 
 
 def kind_of(path: Path) -> str:
-    """What ``path`` holds: ``npz``, ``h5``, ``table`` (a Parquet or Arrow file), ``dataset`` (a
-    ``datasets`` folder, a DatasetDict or a folder of tables) or ``images`` (an image folder)."""
+    """What ``path`` holds: ``npz``, ``h5``, ``table``, ``dataset`` (a folder of tables) or ``images``."""
     if not path.exists():
         raise DataError(f"{path} does not exist; pass an existing file or folder ({FIX})")
     suffix = path.suffix.lower()
@@ -103,9 +101,8 @@ def _table_files(folder: Path) -> list[Path]:
 def table_parts(
     path: Path, *, input: str, target: str, split: str, images: Images, whole: bool = False
 ) -> list[Part]:
-    """The parts of a table source (a Parquet/Arrow file, a ``datasets`` folder, a folder of tables), their
-    labels and split names read. ``whole`` (data to predict on): one part of every file in split order, no
-    split column read, labels where the target column is there."""
+    """The parts of a table source, their labels and split names read; ``whole`` (data to predict on): one
+    part of every file in split order."""
     need("pyarrow", "Parquet, Arrow and datasets folders")
     if path.is_file():
         groups = {None: [path]}
@@ -248,8 +245,8 @@ def _pick(
     what: str,
     optional: bool = False,
 ) -> str | None:
-    """The column of ``what``: ``given``, else the one of ``defaults`` present; DataError naming the columns and
-    the option when it is missing or ambiguous (``optional``: ``None`` when it is missing)."""
+    """The column of ``what``: ``given``, else the one of ``defaults`` present; DataError when it is missing
+    (unless ``optional``) or ambiguous."""
     if given:
         if given not in columns and optional:
             return None
@@ -298,12 +295,9 @@ def _column(col: Any, where: str, first: int) -> np.ndarray:
 def image_parts(
     root: Path, images: Images, *, whole: bool = False, known: list[str] | None = None
 ) -> list[Part]:
-    """The parts of an image folder (``root/CLASS/*`` or ``root/SPLIT/CLASS/*``): files in natural order,
-    classes numbered in the natural order of their folder names across splits (:func:`natural`).
-
-    ``whole`` (images to predict on): one part of every image, split folders in order; images lying in the
-    folder itself are unlabeled. ``known``: the class names (a probe's) to number class folders by; a folder
-    of another name is refused."""
+    """The parts of an image folder (``root/CLASS/*`` or ``root/SPLIT/CLASS/*``), classes numbered in natural
+    order across splits. ``whole`` (images to predict on): one part of every image; ``known``: the class
+    names (a probe's) to number class folders by."""
     if whole and any(p.is_file() and p.suffix.lower() in IMAGES for p in root.iterdir()):
         files = natural_paths(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGES)
         why = f"the images lie in {root} itself, not in class folders"

@@ -58,8 +58,8 @@ DIGITS = tuple(str(d) for d in range(10))
 
 
 def draw_tree(rng: random.Random, max_depth: int, max_args: int) -> tuple[list[str], int]:
-    """One tree of LRA's ``generate_tree`` (the same draws from ``rng``, in the same order), as the pieces of its
-    text form (``" ".join`` them: e.g. ``( ( ( [MAX 4 ) 7 ) ] )``) and its length (operators, ``]`` and values)."""
+    """One tree of LRA's ``generate_tree`` (the same draws from ``rng``): the pieces of its text form, to
+    ``" ".join``, and its length (operators, ``]`` and values)."""
     rand, below, out = rng.random, rng._randbelow, []  # randint(a, b) and choice(seq) are a + _randbelow(...)
 
     def node(depth: int) -> int:
@@ -109,8 +109,7 @@ def tokenize(text: str, keep_brackets: bool = True) -> np.ndarray:
 
 
 class _Stream:
-    """One seeded stream of distinct expressions, drawn as far as asked and kept: its first ``n`` never
-    depend on how many are asked for."""
+    """One seeded stream of distinct expressions, drawn as far as asked and kept."""
 
     def __init__(
         self,
@@ -167,8 +166,7 @@ def generate(
     max_args: int,
     exclude: frozenset = frozenset(),
 ) -> list[str]:
-    """The first ``n`` distinct expressions of a seeded stream, none in ``exclude``; a process keeps its
-    streams and continues them."""
+    """The first ``n`` distinct expressions of a seeded stream (kept by the process), none in ``exclude``."""
     return _stream(seed, stream, min_length, max_length, max_depth, max_args, exclude).take(n)
 
 
@@ -180,8 +178,7 @@ MAX_EXPECTED_LENGTH = 100_000
 
 
 def expected_length(max_depth: int, max_args: int) -> float:
-    """The mean length of :func:`draw_tree`'s expressions: a node below ``max_depth`` is an operator
-    with probability ``VALUE_P`` (2 tokens and 2..``max_args`` arguments), else a value (1 token)."""
+    """The mean length of :func:`draw_tree`'s expressions."""
     mean_args = (2 + max_args) / 2
     length = 1.0  # at max_depth: a value
     for _ in range(max_depth - 1):

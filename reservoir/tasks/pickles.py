@@ -51,11 +51,8 @@ class DataUnpickler(pickle.Unpickler):
 
 
 def loads(data: bytes, source: Path | str, what: str, fix: str, **kwargs: Any) -> Any:
-    """Unpickle ``data`` read from ``source`` (``kwargs``: :class:`pickle.Unpickler`'s, e.g. ``encoding``).
-
-    A reference outside :data:`ALLOWED` raises :class:`~reservoir.errors.DataError` naming ``source``,
-    the reference and ``fix``; other unpickling errors propagate.
-    """
+    """Unpickle ``data`` read from ``source``; a reference outside :data:`ALLOWED` raises
+    :class:`~reservoir.errors.DataError` naming ``source``, the reference and ``fix``."""
     try:
         return DataUnpickler(io.BytesIO(data), **kwargs).load()
     except UnsafePickle as e:

@@ -57,7 +57,6 @@ def check_train_split(
 ) -> None:
     """Refuse a train split too small to mean anything (UsageError naming ``--limit`` and the minimum).
 
-    ``labels`` are the train split's, one class per example or several outputs per example.
     ``n_val(n)``: the validation examples held out of ``n`` (``None``: the task has its own validation
     split). ``n_classes``: the task's classes (the classes present when larger)."""
     n = len(labels)
@@ -134,10 +133,9 @@ def check_classes(
     full: Callable[[str], np.ndarray] | None = None,
     fix: str | None = None,
 ) -> None:
-    """Refuse a train split that lacks classes another split holds: DataError naming those classes, the
-    splits that hold them, and the fix. ``labels``: each split's labels as read; ``limit``: the run's
-    ``--limit``; ``full(split)``: that split's labels without the limit (read only to choose the fix, a
-    larger ``--limit`` or the data itself); ``fix`` replaces the fix."""
+    """Refuse a train split that lacks classes another split holds: DataError naming them, the splits and
+    the fix. ``full(split)``: that split's labels without ``limit`` (read only to choose the fix); ``fix``
+    replaces the fix."""
     sets = _class_sets(labels)
     missing = _lacking(sets)
     if not missing:

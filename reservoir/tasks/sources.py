@@ -21,13 +21,9 @@ from reservoir.tasks.download import DataArchive, check_archive, md5sum
 
 @dataclass
 class Source:
-    """Where a task's data lives and how to get it.
-
-    ``looks_in`` are the places searched, in order; ``files`` the paths that must exist, in groups of
-    alternatives (a split's LMDB or JSON); ``fetch(download)`` makes them present or raises a DataError
-    saying which files to place where; ``official_md5`` maps files to their official checksums (of the
-    decompressed content when ``gunzip_md5``); ``sizes`` gives the official examples per split.
-    """
+    """Where a task's data lives and how to get it: ``looks_in`` the places searched, in order; ``files``
+    the paths that must exist, in groups of alternatives; ``fetch(download)`` makes them present or raises a
+    DataError; ``official_md5`` their checksums; ``sizes`` the official examples per split."""
 
     task: str
     needs: str

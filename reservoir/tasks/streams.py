@@ -75,8 +75,7 @@ LAYOUTS = (
 
 
 def natural_key(name: str) -> tuple:
-    """Sort key of a name in natural order: runs of digits compare as numbers (``2`` before ``10``), the
-    rest case-insensitively; the name itself breaks ties."""
+    """Sort key of a name in natural order: digits as numbers (``2`` before ``10``), text case-insensitively."""
     parts = re.split(r"(\d+)", str(name))
     return tuple(int(p) if i % 2 else p.casefold() for i, p in enumerate(parts)), str(name)
 
@@ -87,8 +86,7 @@ def natural(names) -> list:
 
 
 def need(module: str, what: str) -> Any:
-    """Import an optional module of the ``data`` extra, or a DataError saying how to install it
-    (:func:`reservoir.errors.optional`)."""
+    """Import an optional module of the ``data`` extra, or raise a DataError saying how to install it."""
     return optional(module, f"reading {what}", "'reservoir[data]'", DataError)
 
 
@@ -98,8 +96,7 @@ def need(module: str, what: str) -> Any:
 class Chunks:
     """Rows of one input, read a chunk at a time: chunk ``i`` holds rows ``starts[i]:starts[i+1]``.
 
-    Subclasses set ``starts`` and ``name`` (for messages) and implement :meth:`read`, which returns a
-    chunk's rows as one array ``(n, *row_shape)`` or an object array of row arrays."""
+    Subclasses set ``starts`` and ``name`` and implement :meth:`read` (an array, or an object array of rows)."""
 
     name: str = ""
     starts: np.ndarray
@@ -154,8 +151,7 @@ class H5Chunks(Chunks):
 
 
 class ChainedChunks(Chunks):
-    """Several sources' rows one after the other (every row of a source to predict on: an .h5 file's
-    ``x_<split>`` arrays in split order): chunk ``i`` is the next chunk of the source holding it."""
+    """Several sources' rows one after the other (an .h5 file's ``x_<split>`` arrays, to predict on)."""
 
     def __init__(self, parts: list[Chunks]):
         self.parts, self.name = parts, ", ".join(dict.fromkeys(p.name for p in parts))
@@ -194,8 +190,7 @@ class TableChunks(Chunks):
 
 
 def table_pieces(path: Path) -> list[tuple[Any, int]]:
-    """The chunks of a Parquet or Arrow file: ``[(where, rows), ...]`` (a Parquet row group's index,
-    an Arrow file's batch index, or an Arrow stream's message offset)."""
+    """The chunks of a Parquet or Arrow file: ``[(where, rows), ...]``, ``where`` a row group, batch or offset."""
     pa = need("pyarrow", "Parquet and Arrow files")
     try:
         if path.suffix.lower() in PARQUET:
@@ -273,8 +268,7 @@ def parse_size(text: str) -> tuple[int, int] | None:
 
 @dataclass
 class Images:
-    """Decodes images to ``uint8`` ``(H, W, C)``: every image resized to ``size`` and converted to
-    ``mode`` when given, else required to have the first image's size and mode."""
+    """Decodes images to ``uint8`` ``(H, W, C)``, resized and converted when asked, else as the first one."""
 
     size: tuple[int, int] | None = None
     mode: str = ""
@@ -329,9 +323,8 @@ class Images:
 
 
 def arrow_rows(col: Any, first: int, *, where: str, images: Images) -> np.ndarray:
-    """An Arrow column's rows as numpy: ``(n, T)`` ids / ``(n, T, d)`` floats when every row has one
-    length, an object array of rows otherwise; images ``(n, H, W, C)`` uint8. ``first`` is the
-    column's first row number (for messages)."""
+    """An Arrow column's rows as numpy: ``(n, T)`` ids or ``(n, T, d)`` floats (an object array of rows when
+    lengths differ), or images ``(n, H, W, C)`` uint8; ``first`` is the column's first row number."""
     import pyarrow as pa
 
     t = col.type
@@ -422,12 +415,9 @@ def _numbers(a: np.ndarray, where: str) -> np.ndarray:
 
 
 class Rows:
-    """One split's inputs, read when asked: ``rows[index_array]`` reads the chunks holding those rows (an
-    object array for variable-length data), ``rows[a:b]`` is a lazy view.
-
-    ``positions`` are the split's rows in the source, ascending; ``cut`` (optional) the real tokens of
-    each right-padded row; ``sha256`` the rows' digest state (:func:`reservoir.identity.array_digest`),
-    when the scan computed it."""
+    """One split's inputs, read when asked: ``rows[index_array]`` reads the chunks holding those rows,
+    ``rows[a:b]`` is a lazy view. ``positions`` are the split's rows in the source, ascending; ``cut`` the
+    real tokens of each right-padded row; ``sha256`` the digest state the scan computed, if any."""
 
     def __init__(
         self,

@@ -81,8 +81,7 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
 
 
 def _read_h5(path: Path) -> tuple[dict[str, np.ndarray], dict[str, tuple[tuple[int, ...], np.dtype]]]:
-    """An ``.h5`` file's small arrays (labels, lengths, splits), read, and the shapes and dtypes of its
-    ``x`` and ``x_<split>`` arrays, which are read a chunk at a time later."""
+    """An ``.h5`` file's small arrays, read, and the shapes and dtypes of its ``x`` and ``x_<split>`` arrays."""
     import h5py
 
     try:
@@ -153,8 +152,7 @@ class FileTask(Task):
     predict: bool = False
     vocab_size: int = setting(0, Interval(0, MAX_ID + 1))
 
-    #: options every feature file's identity records; the others only when set, so that files made
-    #: before they existed keep their identity
+    #: options every identity records; the others only when set (older files keep their identity)
     RECORDED: ClassVar[tuple[str, ...]] = ("n_classes", "test_fraction", "seed")
     #: class names labels must be among, numbered by their place here (:meth:`to_predict`)
     _known: ClassVar[list[str] | None] = None
@@ -265,8 +263,7 @@ class FileTask(Task):
         return splits
 
     def _joined_arrays(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """An .npz's arrays to predict on (``predict=true``): the ``x_<split>`` arrays (and their ``y_<split>``
-        where every split has one) one after the other in split order; other layouts as they are."""
+        """An .npz's arrays to predict on: the ``x_<split>`` (and ``y_<split>``) arrays joined in split order."""
         names = ordered([k[2:] for k in arrays if k.startswith("x_")])
         if not self.predict or "x" in arrays or "y" in arrays or not names:
             return arrays
@@ -356,8 +353,7 @@ class FileTask(Task):
         return parts
 
     def _joined(self, path: Path, parts: list[Part]) -> list[Part]:
-        """The parts of a source to predict on as one part, rows in their order: labels where every part has
-        them (else none, the first unlabeled part saying why), lengths where any part cuts its rows."""
+        """The parts of a source to predict on as one part, labelled only where every part is."""
         if len(parts) == 1:
             return parts
         bare = [p for p in parts if p.labels is None]
@@ -405,9 +401,8 @@ class FileTask(Task):
         return parts
 
     def _named(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Label arrays (``y``, ``y_<split>``, or a source's parts' labels) holding class names, as ids: the
-        names of every split numbered together in natural order and kept as the task's class names. Other
-        arrays, and a regression task's labels, as they are."""
+        """Label arrays holding class names, as ids: the names of every split numbered together in natural
+        order and kept as the task's class names; other arrays as they are."""
         keys = [k for k in arrays if k == "y" or k.startswith("y_") or k.isdigit()]
         named = [k for k in keys if np.asarray(arrays[k]).dtype.kind in "US"]
         if not named or self.regression:
@@ -445,8 +440,8 @@ class FileTask(Task):
     def _read_parts(
         self, path: Path, parts: list[Part]
     ) -> tuple[dict[str, SplitData], dict[str, int], dict[str, int]]:
-        """Each part's rows read once (:func:`reservoir.tasks.streams.scan`) and made the lazy inputs of its
-        splits. Returns the splits, and per split the token width (0 for ids) and the largest id."""
+        """The splits of the parts, read once (:func:`reservoir.tasks.streams.scan`), with per split the token
+        width (0 for ids) and the largest id."""
         splits, dims, tops = {}, {}, {}
         for part in parts:
             y = part.labels
@@ -650,8 +645,7 @@ class FileTask(Task):
         return {"train": np.sort(train), "test": np.sort(test)}
 
     def _labels(self, y: np.ndarray) -> np.ndarray:
-        """Labels as stored: int64 class ids or float32 targets; ``k`` labels a row as ``(n, 1, k)``, the
-        outputs of the one readout token."""
+        """Labels as stored: int64 ids or float32 targets; ``k`` labels a row as ``(n, 1, k)``."""
         y = y.astype(np.float32 if self.regression else np.int64)
         return y[:, None, :] if y.ndim == 2 else y
 

@@ -1,29 +1,16 @@
 """Several runs of one FPT trained in one forward and backward pass: the run dimension folded into the batch.
 
 The runs of a group (learning rates x seeds of one backbone) share the template model's frozen modules; what
-differs between them is stacked, one row a run (:class:`RunStack`): the trainable parameters, and every frozen
-tensor a run draws from its seed (the input layer, a random backbone's weights). A batch holds the rows of
-every run one after another (``R`` runs of ``n`` rows: rows ``r*n .. (r+1)*n - 1`` are run ``r``'s).
-Modules whose tensors every run shares (a pretrained backbone's blocks) run once over all rows, as large
-matrix products, which compute each row as they compute it in a batch of one run. Each module that owns a
-stacked tensor computes each run's rows with that run's tensors, by the operation the module runs alone, so a
-run's numbers are those it computes alone:
+differs between them (the trainable parameters, and every frozen tensor a run draws from its seed) is stacked,
+one row a run (:class:`RunStack`). A batch holds each run's rows one after another. Modules whose tensors every
+run shares run once over all rows; each module that owns a stacked tensor computes each run's rows with that
+run's tensors, by the operation it runs alone (the functional form of ``nn.Linear``, ``Conv1D``,
+``nn.LayerNorm`` and ``nn.Embedding``, else its own forward once a run), so a run's numbers are those it
+computes alone. Inside :func:`drawing`, dropout draws each run's rows from that run's generator states.
 
-- ``nn.Linear``, transformers' ``Conv1D``, ``nn.LayerNorm``, ``nn.Embedding``: their functional form on each
-  run's rows (an embedding looked up not by row, such as positions, gives every row of a run that run's
-  vectors);
-- any other module: its own forward once a run, with that run's tensors (``torch.func.functional_call``).
-
-Randomness stays each run's own: inside :func:`drawing`, dropout (``torch.nn.functional.dropout``, which
-``nn.Dropout`` calls) and attention dropout (``scaled_dot_product_attention``) draw each run's rows from that
-run's generator states, set as the device's generator in turn, so a run draws the numbers it draws alone. Each
-run keeps its own optimiser over its parameters in the stack (``RunStack.params``), which share the stacked
-storage.
-
-A family that reads a stacked tensor elsewhere than through its module's forward reads the template's copy,
-which is NaN: :class:`reservoir.train.group.GroupRun` holds the stacked forward against each run's own model
-before training, and such runs train one after another. :func:`runs_that_fit` sizes a group from the memory
-one run's step takes, measured.
+Caveat: a family that reads a stacked tensor elsewhere than through its module's forward reads the
+template's copy, which is NaN; :class:`reservoir.train.group.GroupRun` checks the stacked forward against
+each run's own model before training, and such runs train one after another.
 """
 
 from __future__ import annotations
@@ -44,17 +31,15 @@ from reservoir.model.backbones.hf import available_memory
 #: the share of free device memory (CUDA) and of available memory (CPU) a group may take
 CUDA_SHARE = 0.8
 CPU_SHARE = 0.5
-#: the most tokens a step of a group takes on the CPU: there a step's time grows with its rows (elementwise
-#: kernels and attention past the caches), and a group gains only the fixed cost of each step; measured on a
-#: 4-block 64-wide GPT-2 (docs/benchmarks.md, runs trained together): 6 runs of 320 tokens 1.09x, of 80 tokens
-#: 1.96x; 3 runs of MNIST's 2,048 tokens 0.91x, 9 runs of bit memory's 3,840 tokens 0.62x
+#: the most tokens a step of a group takes on the CPU, where a group saves only each step's fixed cost
+#: (docs/benchmarks.md, runs trained together)
 CPU_TOKENS = 2048
 
 
 @dataclasses.dataclass
 class Bound:
     """What the stacked modules of a forward read: a tensor per stacked name ``(runs, *shape)``, the rows each run
-    has in the batch, and each run's generator states (training only: dropout draws from them)."""
+    has in the batch, and each run's generator states (training only)."""
 
     tensors: list[torch.Tensor]
     runs: int
@@ -71,8 +56,8 @@ class Bound:
         )
 
     def each_run(self, fn: Callable[..., torch.Tensor], *tensors: torch.Tensor) -> torch.Tensor:
-        """``fn`` on each run's rows of ``tensors`` (split evenly along their first dimension), with the run's
-        generator state as the device's, joined; the caller's generator state is as before afterwards."""
+        """``fn`` on each run's rows of ``tensors``, with the run's generator state as the device's, joined;
+        the caller's generator state is restored afterwards."""
         assert self.generators is not None, "only a training forward draws"
         rows = tensors[0].shape[0]
         if rows % self.runs:
@@ -104,8 +89,7 @@ def bound() -> Bound:
 
 
 def device_generator(device: torch.device) -> tuple[torch.Generator, str]:
-    """The generator dropout on ``device`` draws from, and its key in a run's generator states
-    (:func:`reservoir.train.seeds.generator_states`)."""
+    """The generator dropout on ``device`` draws from, and its key in a run's generator states."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return torch.cuda.default_generators[index], "cuda"
@@ -141,8 +125,7 @@ def _run_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs)
 
 @contextlib.contextmanager
 def drawing() -> Iterator[None]:
-    """Within: dropout and attention dropout draw each run's rows from its own generator states (those of the
-    bound forward; elsewhere they are torch's own)."""
+    """Within: dropout and attention dropout draw each run's rows from its own generator states."""
     F.dropout, F.scaled_dot_product_attention = _run_dropout, _run_sdpa
     try:
         yield
@@ -255,8 +238,7 @@ def _embedding(module: nn.Embedding, slots: dict[str, int]) -> tuple[Callable, N
 
 
 def _each_run(module: nn.Module, slots: dict[str, int]) -> Callable:
-    """Any other module: called once a run, on its rows, with its tensors (``torch.func.functional_call``). A call
-    with no argument by row (a lookup of positions) gives each run's output to every row of the run."""
+    """Any other module: called once a run, on its rows, with its tensors (``torch.func.functional_call``)."""
 
     def by_row(value, b: Bound) -> bool:
         return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == b.runs * b.rows
@@ -332,11 +314,10 @@ class RunStack:
     Parameters
     ----------
     template
-        the model every run shares (its modules run every run's rows); its copies of the stacked tensors are
-        set to NaN, so that a path reading them outside the stacked modules shows.
+        the model every run shares; its copies of the stacked tensors are set to NaN, so that a path reading
+        them outside the stacked modules shows.
     names
-        the template's parameters that are stacked: the first ``trainable`` train, the others are frozen tensors
-        that differ between runs.
+        the template's stacked parameters: the first ``trainable`` train, the others differ between runs.
     values
         each run's values of ``names``.
     """
@@ -381,8 +362,7 @@ class RunStack:
                 module.columns = columns
 
     def _views(self) -> None:
-        """The trainable leaves the forward reads, one per trainable name ``(runs, *shape)``, and each run's
-        parameters (:attr:`params`): views of :attr:`theta`, which the runs' optimisers update in place."""
+        """The trainable leaves the forward reads and each run's :attr:`params`, views of :attr:`theta`."""
         self.leaves, self.params, offset = [], [[] for _ in range(self.runs)], 0
         for shape, size in zip(self.shapes, self.sizes):
             view = self.theta[:, offset : offset + size]
@@ -405,8 +385,7 @@ class RunStack:
     def bound(
         self, tensors: list[torch.Tensor], rows: int, generators: list[dict[str, torch.Tensor]] | None = None
     ) -> Iterator[None]:
-        """Within: the template computes ``len(tensors[0])`` runs of ``rows`` rows each with ``tensors``, drawing
-        dropout from ``generators`` (one a run)."""
+        """Within: the template computes runs of ``rows`` rows each with ``tensors`` and ``generators``."""
         token = _BOUND.set(Bound(tensors, len(tensors[0]), rows, generators))
         try:
             yield
@@ -421,8 +400,7 @@ class RunStack:
             leaf.grad = None
 
     def keep(self, runs: Sequence[int]) -> None:
-        """Keep only the runs ``runs`` (in that order): the others left the group. The kept runs' parameters are
-        new tensors (:attr:`params`)."""
+        """Keep only the runs ``runs``, in that order; their :attr:`params` are new tensors."""
         index = torch.tensor(list(runs), dtype=torch.long, device=self.theta.device)
         with torch.no_grad():
             self.theta = self.theta.index_select(0, index)
@@ -435,8 +413,7 @@ class RunStack:
 
 
 def saved_bytes(step: Callable[[], None]) -> int:
-    """Bytes of the tensors autograd saves for the backward pass while ``step()`` runs its forward (each storage
-    once)."""
+    """Bytes of the tensors autograd saves for the backward pass while ``step()`` runs its forward."""
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -450,10 +427,9 @@ def saved_bytes(step: Callable[[], None]) -> int:
 
 
 def runs_that_fit(run_bytes: int, device: torch.device, n_runs: int, run_tokens: int) -> tuple[int, int]:
-    """How many of ``n_runs`` runs of ``run_bytes`` each fit the memory ``device`` can still give (a share of it:
-    :data:`CUDA_SHARE` of a card's free memory, :data:`CPU_SHARE` of the machine's available memory), at least
-    one, and on the CPU no more than :data:`CPU_TOKENS` tokens a step at ``run_tokens`` a run; and the bytes that
-    share of memory is."""
+    """How many of ``n_runs`` runs of ``run_bytes`` each fit :data:`CUDA_SHARE` of a card's free memory or
+    :data:`CPU_SHARE` of the machine's available memory (at least one; on the CPU at most :data:`CPU_TOKENS`
+    tokens a step), and the bytes that share is."""
     if device.type == "cuda":
         budget = int(torch.cuda.mem_get_info(device)[0] * CUDA_SHARE)
         most = n_runs

@@ -1,15 +1,11 @@
 """Checkpoints of a training run: named and checked by the run's identity, written atomically.
 
-A checkpoint holds the trainable parameters, the optimiser, the run state (step, best
-validation and its parameters, history) and the state of every torch generator the run draws
-from (the CPU's and, on CUDA, the device's: :func:`reservoir.train.seeds.generator_states`), so
-``--resume`` continues exactly. Its file name carries the run's readable name and the digest of its
-identity; ``--resume`` with other settings finds no checkpoint of its own identity and is
-refused, naming the fields that differ from the one it finds.
-
-Nothing in a checkpoint runs code: it is read with ``torch.load(weights_only=True)``, which
-admits tensors and plain data (dicts, lists, tuples, strings, numbers) only, so a crafted file
-that pickles a callable is refused, naming the callable, before anything in it runs.
+A checkpoint holds the trainable parameters, the optimiser, the run state (step, best validation and
+its parameters, history) and the state of every torch generator the run draws from
+(:func:`reservoir.train.seeds.generator_states`), so ``--resume`` continues exactly. Its file name
+carries the run's readable name and the digest of its identity; ``--resume`` with other settings is
+refused, naming the fields that differ. It is read with ``torch.load(weights_only=True)``, so nothing in
+it runs code.
 """
 
 from __future__ import annotations
@@ -32,11 +28,9 @@ from reservoir.train.seeds import generator_states, set_generator_states
 
 CPU = torch.device("cpu")
 
-#: 3: the optimiser is fused Adam (a step with non-finite gradients is skipped on the device) and the RNG block
-#: holds the CUDA generator of a CUDA run
+#: version of the checkpoint layout (fused Adam's state; the CUDA generator of a CUDA run)
 CHECKPOINT_FORMAT = 3
-#: TrainConfig fields that may change between a checkpoint and its ``--resume`` (they do not
-#: change the numbers of the steps already taken)
+#: TrainConfig fields that may change between a checkpoint and its ``--resume`` (they change no step taken)
 RESUMABLE_CHANGES = (
     "steps",
     "stop_at",
@@ -65,10 +59,9 @@ class RunState:
     best_params: list[torch.Tensor] | None = None
     steps_to_target: int | None = None
     best_val_loss: float = float("inf")
-    #: the validation accuracy of the last progress in accuracy (it counts from there; ``loop.ACC_PROGRESS``)
+    #: the validation accuracy of the last progress in accuracy (``run.ACC_PROGRESS`` counts from there)
     progress_val: float = -1.0
-    #: validation passes since the last progress (a higher validation accuracy, a lower validation loss or a
-    #: falling training loss: ``loop.advance``)
+    #: validation passes since the last progress (``run.advance``)
     evals_since_best: int = 0
     done: bool = False
     stop_reason: str = ""
@@ -82,8 +75,7 @@ class RunState:
 
 
 def settings_identity(cfg: TrainConfig, task, data) -> dict[str, Any]:
-    """The part of a training identity shared by every run of a sweep: task, data (and, under ``--limit``, the
-    rule and seed its sample was drawn by), settings."""
+    """The part of a training identity shared by every run of a sweep: task, data and settings."""
     settings = {
         k: v
         for k, v in cfg.to_json().items()
@@ -155,9 +147,8 @@ def save_checkpoint(
     device: torch.device = CPU,
     rng: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Write atomically (:func:`reservoir.results.atomic_write`); ``device`` is the run's, whose generator is saved
-    beside the CPU's; ``rng``, when given, holds the run's generator states in their place (a run of a batch draws
-    from generators of its own: :mod:`reservoir.train.batched`)."""
+    """Write atomically; ``device`` is the run's, whose generator is saved beside the CPU's; ``rng``, when
+    given, holds the run's own generator states (a run of a group)."""
     obj = {
         "format": CHECKPOINT_FORMAT,
         "version": __version__,
@@ -204,8 +195,7 @@ IDENTITY_TYPES = {
 
 
 def misshapen(obj: dict[str, Any]) -> str:
-    """What in ``obj`` is not the shape :func:`save_checkpoint` writes (``""``: nothing), so that a damaged or
-    crafted file is refused before any of it is used."""
+    """What in ``obj`` is not the shape :func:`save_checkpoint` writes (``""``: nothing)."""
 
     def tensors(value: Any) -> bool:
         return isinstance(value, list) and all(
@@ -260,8 +250,8 @@ def load_checkpoint(
     device: torch.device = CPU,
     generators: dict[str, torch.Tensor] | None = None,
 ) -> RunState:
-    """Restore parameters, optimiser and the generators of a run on ``device`` from ``path`` (into ``generators``
-    when given, instead of the process's); refuse a checkpoint of another identity."""
+    """Restore parameters, optimiser and generators (into ``generators`` when given) of a run from ``path``;
+    refuse a checkpoint of another identity."""
     obj = read_checkpoint(path, "delete it to start over")
     diff = differences(obj["identity"], identity)
     if diff:

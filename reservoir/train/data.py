@@ -1,7 +1,6 @@
 """The data of a training run: its splits (:func:`load_data`), the tensors of a batch of rows
-(:func:`batch_tensors`), the order of each epoch (:func:`epoch_order`, a function of the run's seed and the
-epoch alone) and its training batches by step (:class:`Batches`), each built and pinned on a worker thread
-while the step before it runs, so that a step never waits for the host.
+(:func:`batch_tensors`), the order of each epoch (:func:`epoch_order`) and its training batches by step
+(:class:`Batches`).
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ def _take(d: SplitData, idx: np.ndarray) -> SplitData:
 
 def load_data(task: Task, cfg: TrainConfig) -> Splits:
     """Train, validation and test splits by the roles the task declares (``TaskSpec.roles``): its
-    validation split (``val``, TAPE's ``valid``) or a seeded share of train, and its first test split
-    (``test``, or the first ``test_*``, e.g. TAPE's ``test_fold_holdout``)."""
+    validation split or a seeded share of train, and its first test split."""
     data_dir = Path(cfg.data_dir)
     val_name, test_names = task.spec.roles
     if not test_names:
@@ -108,9 +106,8 @@ Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 class Batches:
     """The training batches of a run by step, each built on a worker thread while the step before it runs (and
-    pinned when the run's device is CUDA, so its copy to the device is asynchronous; pinned blocks come from
-    torch's caching host allocator, which reuses them). Full batches only: each epoch drops a different
-    remainder, and every step has one shape (one compiled graph)."""
+    pinned for CUDA). Full batches only: each epoch drops a different remainder, and every step has one shape
+    (one compiled graph)."""
 
     def __init__(self, task: Task, data: SplitData, seed: int, batch_size: int, device: torch.device):
         self.task, self.data, self.seed, self.batch_size = task, data, seed, batch_size

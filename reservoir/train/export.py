@@ -1,19 +1,14 @@
 """A training run's backbone saved as a backbone folder (``train --save-backbone DIR``).
 
-The FPT paper's "Bit" row (section 3.2, table 2) is a GPT-2 whose every parameter was first
-trained on bit memory, then frozen and used as the backbone of the other tasks, each with a
-fresh input and output layer. Any run can be saved so: the folder holds the backbone alone
-(not the run's input and output layers), with the parameters of the best validation step
-(those the run's test accuracy was scored with), as a Hugging Face ``save_pretrained``
-folder (``config.json`` and weights; a model without learned positions of its own also
-keeps its trained added positions beside them) that ``--backbone DIR`` loads like any
-other. ``reservoir.json`` says what it is: the run, its task and settings, its scores.
+The folder holds the backbone alone, with the parameters of the best validation step, as a Hugging Face
+``save_pretrained`` folder (a model without learned positions also keeps its trained added positions) that
+``--backbone DIR`` loads like any other; ``reservoir.json`` says what it is (the FPT paper's "Bit" row is
+such a backbone, trained on bit memory).
 
-The folder is written under a temporary name beside ``DIR``, loaded back and compared with
-the trained backbone tensor by tensor, and only then renamed to ``DIR``: a failure or a
-kill never leaves a half-written folder under that name (a SIGKILL leaves the temporary one, which
-the next save to ``DIR`` on that host removes). An existing ``DIR`` that is not
-empty is refused, before the run trains and again at the rename, and left as it was.
+The folder is written under a temporary name beside ``DIR``, loaded back and compared with the trained
+backbone tensor by tensor, and only then renamed to ``DIR`` (a SIGKILL leaves the temporary one, which
+the next save to ``DIR`` on that host removes). An existing ``DIR`` that is not empty is refused, before
+the run trains and again at the rename.
 """
 
 from __future__ import annotations
@@ -87,7 +82,7 @@ def _alive(pid: int) -> bool:
 
 def remove_stale_partials(folder: Path) -> list[Path]:
     """Remove the half-written folders that killed saves to ``folder`` left on this host (their process is
-    gone): a SIGKILL skips the cleanup, and each holds a whole model. Another host's are left alone."""
+    gone); another host's are left alone."""
     removed = []
     for tmp in folder.parent.glob(f".{glob.escape(folder.name)}.{glob.escape(_HOST)}.*-*.partial"):
         pid = tmp.name[len(f".{folder.name}.{_HOST}.") :].split("-", 1)[0]
@@ -100,8 +95,7 @@ def remove_stale_partials(folder: Path) -> list[Path]:
 def save_backbone(backbone: Backbone, folder: Path, provenance: dict[str, Any]) -> Path:
     """Write ``backbone`` as a backbone folder at ``folder`` (module docstring), atomically.
 
-    ``provenance`` goes to :data:`PROVENANCE`, with the folder's ``fingerprint`` (the one
-    ``extract`` records for features of it) added. Returns ``folder``.
+    ``provenance`` goes to :data:`PROVENANCE`, with the folder's ``fingerprint`` added. Returns ``folder``.
     """
     folder = Path(folder)
     check_free(folder)

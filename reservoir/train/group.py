@@ -1,9 +1,7 @@
 """Runs (learning rate, seed) of one sweep trained together, the run dimension folded into the batch
-(:mod:`reservoir.train.batched`): :class:`GroupRun` (the runs, their stacked parameters, each run's Adam,
-state and checkpoint), its batches (:class:`GroupBatches`), :func:`train_group` (a group from start to end)
-and :func:`group_size` (how many runs a group trains, from the memory one run takes, measured). Each run
-follows the rule it follows alone (:func:`reservoir.train.run.advance`) and returns the result it returns
-alone.
+(:mod:`reservoir.train.batched`): :class:`GroupRun`, its batches (:class:`GroupBatches`), :func:`train_group`
+and :func:`group_size`. Each run follows the stopping rule it follows alone
+(:func:`reservoir.train.run.advance`) and returns the result it returns alone.
 """
 
 from __future__ import annotations
@@ -59,9 +57,7 @@ from reservoir.train.step import (
 
 
 class GroupBatches(Batches):
-    """The training batches of a group of runs (:class:`GroupRun`): each run's rows of its own step by its own
-    data order (:meth:`Batches.rows` of its seed), one run after another, built a step ahead on a worker thread
-    (and pinned for CUDA) as :class:`Batches` builds one run's."""
+    """The training batches of a group of runs: each run's rows of its own step, one run after another."""
 
     def __init__(self, task: Task, data: SplitData, batch_size: int, device: torch.device):
         super().__init__(task, data, 0, batch_size, device)
@@ -90,8 +86,7 @@ class GroupBatches(Batches):
 
 @dataclasses.dataclass
 class Member:
-    """One run of a :class:`GroupRun`: its settings, state, checkpoint and generator states; ``outcome`` is its
-    result once it finished, :class:`Diverged` once it diverged."""
+    """One run of a :class:`GroupRun`: its settings, state, checkpoint and generator states, and its ``outcome``."""
 
     lr: float
     seed: int
@@ -116,17 +111,14 @@ class Member:
 
 
 class GroupRun:
-    """Runs (learning rate, seed) of ``train`` trained together (:mod:`reservoir.train.batched`): the backbone held
-    once, the runs' trainable parameters and seeded tensors stacked, each step one forward and backward over every
-    run's batch, each run with its Adam, clipping, data order and dropout generators. A run leaves the group when
-    it meets its stopping rule, ``--steps`` or ``--max-time``, or diverges; it writes the checkpoints (one file a
-    run, the one it writes alone) and returns the result it returns alone, with ``batch_runs``: the number of
-    runs it started training with.
+    """Runs (learning rate, seed) of ``train`` trained together (:mod:`reservoir.train.batched`): each step one
+    forward and backward over every run's batch, each run with its own Adam, clipping, data order and dropout
+    generators. A run leaves the group when it meets its stopping rule, ``--steps`` or ``--max-time``, or
+    diverges; it writes the checkpoint and returns the result it would alone, with ``batch_runs``.
 
-    Building it builds each seed's model as :class:`~reservoir.train.run.TrainingRun` does (the dropout
-    generators then stand where the run's stand alone), stacks what differs, holds the stacked forward against
-    each run's own model (:attr:`mismatch` says why not, and then the runs must train one after another) and
-    resumes each run's checkpoint under ``cfg.resume``.
+    Building it builds each seed's model as :class:`~reservoir.train.run.TrainingRun` does, stacks what
+    differs, checks the stacked forward against each run's own model (:attr:`mismatch` says why not, and the
+    runs must then train one after another) and resumes each run's checkpoint under ``cfg.resume``.
     """
 
     #: validation rows the stacked forward is held against each run's own model on
@@ -291,8 +283,7 @@ class GroupRun:
         return not m.stopped and not m.state.done and m.state.step < cfg.steps and not out_of_time
 
     def step(self, batch: Batch) -> None:
-        """One step of every active run on ``batch`` (its rows, run after run): one forward and backward, then each
-        run's clipping and Adam (:func:`optimize`, as alone); nothing waits for the device."""
+        """One step of every active run on ``batch``: one forward and backward, then each run's :func:`optimize`."""
         stack, n = self.stack, self.cfg.batch_size
         tokens, lengths, labels = (t.to(self.device, non_blocking=True) for t in batch)
         self.model.train()
@@ -315,9 +306,8 @@ class GroupRun:
             m.state.step += 1
 
     def read(self) -> None:
-        """The steps since the last read, brought to the host at once; a run whose loss or gradient norm is not
-        finite has diverged (:func:`check_steps`), and the runs of its learning rate with higher seeds are
-        dropped (the rate is set aside, as it is when its runs train one after another)."""
+        """The steps since the last read, brought to the host at once; a diverged run (:func:`check_steps`) drops
+        the runs of its learning rate with higher seeds."""
         if not self.unread:
             return
         both = (
@@ -347,8 +337,7 @@ class GroupRun:
     def scores(
         self, members: list[Member], d: SplitData, tensors: list[torch.Tensor]
     ) -> list[tuple[float, float]]:
-        """Accuracy and mean cross-entropy of each of ``members`` (its stacked ``tensors``) over every output of the
-        whole split ``d`` (:func:`scores` of each run alone), its batches of ``eval_batch_size`` rows a run."""
+        """Accuracy and mean cross-entropy of each of ``members`` over the whole split ``d``, as :func:`scores`."""
         k, size = len(members), self.cfg.eval_batch_size
         correct = torch.zeros(k, dtype=torch.long, device=self.device)
         losses, counts = [], []
@@ -386,8 +375,7 @@ class GroupRun:
         return torch.tensor([self.active.index(m) for m in members], dtype=torch.long, device=self.device)
 
     def record(self, m: Member, evaluation: Evaluation) -> None:
-        """``evaluation`` into run ``m``'s history, best step and stopping rule, as a run alone records it
-        (:func:`note_evaluation`); the steps must have been read."""
+        """Record ``evaluation`` for run ``m`` (:func:`note_evaluation`); the steps must have been read."""
         r = self.active.index(m)
         began, first = m.clock
         note_evaluation(
@@ -402,8 +390,7 @@ class GroupRun:
         )
 
     def checkpoint(self, m: Member) -> None:
-        """Count run ``m``'s time so far, then save it as it saves alone (its parameters, its Adam, its state),
-        with its own generator states."""
+        """Count run ``m``'s time so far, then save it as it saves alone, with its own generator states."""
         m.state.seconds = m.seconds
         m.clock = (time.perf_counter(), m.state.step)
         self.read()
@@ -411,8 +398,8 @@ class GroupRun:
         save_checkpoint(m.ckpt, self.stack.params[r], self.opts[r], m.state, m.ident, self.device, rng=m.rng)
 
     def leave(self, members: list[Member]) -> None:
-        """``members`` leave the group: each finished one validates if its last step had no pass, checkpoints, and
-        is scored on the test split at its best validation step (together); a diverged or dropped one ends."""
+        """``members`` leave the group: each finished one validates if needed, checkpoints and is scored on the
+        test split at its best validation step; a diverged or dropped one ends."""
         if not members:
             return
         self.read()
@@ -462,8 +449,7 @@ class GroupRun:
             self.log(f"{self.tag} {len(members)} run(s) left the batch; {len(self.active)} go on")
 
     def train(self, on_step: Callable[[int], None] | None, progress: bool) -> None:
-        """Step, validate and record each run every ``eval_every`` of its steps (and at its last), checkpoint it
-        every ``checkpoint_every``, until every run has left (:meth:`leave`)."""
+        """Step, validate, record and checkpoint each run as it would alone, until every run has left."""
         cfg = self.cfg
         self.leave([m for m in self.active if not self.running(m)])  # resumed finished
         if not self.active:
@@ -512,9 +498,8 @@ def train_group(
     show_counts: bool,
     progress: bool,
 ) -> dict[tuple[float, int], dict[str, Any] | Diverged | None] | None:
-    """Train ``runs`` together (:class:`GroupRun`); each run's result, :class:`Diverged`, or ``None`` (dropped:
-    its rate diverged at a lower seed). ``None`` where they cannot train together (said in the log): the caller
-    trains them one after another."""
+    """Train ``runs`` together (:class:`GroupRun`): each run's result, :class:`Diverged` or ``None`` (dropped);
+    ``None`` where they cannot train together, and the caller trains them one after another."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         group = GroupRun(
             cfg, task, data, runs, device=device, log=log, shared=shared, show_counts=show_counts
@@ -530,11 +515,10 @@ def group_size(
     cfg: TrainConfig, task: Task, data: Splits, device: torch.device, n_runs: int, log: Callable[[str], None]
 ) -> int:
     """Runs a group trains together: ``cfg.concurrent_runs``, or as many of ``n_runs`` as fit the device's memory
-    (:func:`~reservoir.train.batched.runs_that_fit`; on the CPU also no more than
-    :data:`~reservoir.train.batched.CPU_TOKENS` tokens a step), from what one run takes, measured: its trainable parameters
-    (with their gradients, Adam moments, best copy and flat copies: 6 times), its frozen tensors that differ
-    between seeds, and one step's activations (on CUDA the peak of a training step and of a validation batch
-    over what was allocated before; on the CPU twice what autograd saves for the backward pass)."""
+    (:func:`~reservoir.train.batched.runs_that_fit`), from what one run takes, measured: 6 times its trainable
+    parameters (gradients, Adam moments, best and flat copies), its frozen tensors that differ between seeds,
+    and one step's activations (on CUDA the peak of a training step and a validation batch; on the CPU twice
+    what autograd saves)."""
     if cfg.concurrent_runs is not None or n_runs == 1:
         return min(cfg.concurrent_runs or 1, n_runs)
     cuda = device.type == "cuda"

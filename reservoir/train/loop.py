@@ -3,31 +3,16 @@ learning rate selected, the result written (and shown: :func:`summary`). Its par
 (:mod:`reservoir.train.data`), a step and a scoring pass (:mod:`reservoir.train.step`), one run alone and the
 stopping rule (:mod:`reservoir.train.run`), and runs trained together (:mod:`reservoir.train.group`).
 
-Differences from the official code, following the critique of Rothermel et al. (2021),
-whose conclusions flip with the learning rate:
+Unlike the official code (following the critique of Rothermel et al. 2021, whose conclusions flip with the
+learning rate): a seeded validation split selects the step and, in a sweep, the learning rate; test accuracy is
+computed once, on the whole test split, at the best validation step; every source of randomness draws from a
+named stream of the run's seed (:mod:`reservoir.train.seeds`) and is checkpointed, so a resumed run continues
+exactly where its checkpoint left it.
 
-- a seeded validation split (the task's ``val`` split when it has one, else a fraction
-  of train) selects the step (early stopping) and, in a sweep, the learning rate;
-- test accuracy is computed once, on the whole test split (no dropped last batch, no
-  random test batches), with the parameters of the best validation step;
-- every source of randomness draws from a named stream of the run's seed
-  (:mod:`reservoir.train.seeds`): the data order is a function of ``(seed, epoch)``, dropout
-  draws from torch generators forked for the run (the CPU's and, on CUDA, the device's; the
-  caller's are untouched) and checkpointed, so a resumed run continues exactly where the
-  checkpoint left it.
-
-A step never waits for the host and the host never waits for a step: the next step's batch is
-built (and pinned, on CUDA) on a worker thread while the device runs the current one
-(:class:`reservoir.train.data.Batches`), and each step's loss and gradient norm stay on the device until the
-next validation pass or checkpoint reads them all at once (:func:`reservoir.train.step.read_steps`). A step
-whose gradient norm is not finite is skipped on the device (fused Adam's ``found_inf``: parameters, moments and
-step count stay as they were), and the read that finds it stops the run, naming the step.
-
-A run stops at ``steps``, after ``patience`` validation passes without progress (no validation
-accuracy 0.1 points above the last progress, no validation loss 0.1% below its lowest, and no
-training loss still falling: :func:`reservoir.train.run.advance`), or when validation accuracy reaches
-``stop_at`` (by default 100%: it cannot improve further). With ``save_backbone``, the run's trained backbone
-(at its best validation step) is then saved as a backbone folder (:mod:`reservoir.train.export`).
+Each step's loss and gradient norm stay on the device until the next validation pass or checkpoint reads them
+(:func:`reservoir.train.step.read_steps`). A step whose gradient norm is not finite is skipped on the device
+(fused Adam's ``found_inf``), and the read that finds it stops the run, naming the step. With
+``save_backbone``, the trained backbone is saved as a backbone folder (:mod:`reservoir.train.export`).
 """
 
 from __future__ import annotations
@@ -88,10 +73,9 @@ def _train_groups(
     shared: dict[str, Any],
     progress: bool,
 ) -> dict[tuple[float, int], dict[str, Any] | Diverged | None]:
-    """The runs ``pairs`` (in the order they run one after another) trained in groups of ``size``
-    (:func:`train_group`; a group that cannot train together trains one after another): each run's result or
-    :class:`Diverged`. Once a run diverged, the runs of its learning rate not yet started never start, as one
-    after another they never would."""
+    """The runs ``pairs`` trained in groups of ``size`` (:func:`train_group`; a group that cannot train
+    together trains one after another): each run's result or :class:`Diverged`. Once a run diverged, the runs of
+    its learning rate not yet started never start."""
     outcomes: dict[tuple[float, int], dict[str, Any] | Diverged | None] = {}
     pending = list(pairs)
     while pending:
@@ -130,8 +114,7 @@ def _sweep_outcomes(
     log: Callable[[str], None],
 ) -> tuple[dict[float, list[dict[str, Any]]], dict[float, str]]:
     """The runs of each learning rate and the rates set aside, from the runs' ``outcomes``, as
-    :func:`_sweep_runs` gives them one after another: a rate whose run diverged is set aside with the message of
-    its lowest diverged seed (raised where it is the only rate)."""
+    :func:`_sweep_runs` gives them: a rate whose run diverged is set aside (raised where it is the only rate)."""
     runs: dict[float, list[dict[str, Any]]] = {}
     diverged: dict[float, str] = {}
     for lr in cfg.lr:
@@ -156,9 +139,8 @@ def train(
 ) -> dict[str, Any]:
     """Train every (learning rate, seed) of ``cfg``; select the learning rate on mean validation accuracy.
 
-    Writes one result (``mode: end-to-end``) to ``results/{task}/{backbone}/`` and returns it.
-    ``test_accuracy`` is the mean over seeds at the selected learning rate, each run scored
-    at its best validation step; ``test_std`` and ``runs`` give the spread and each run.
+    Writes one result (``mode: end-to-end``) to ``results/{task}/{backbone}/`` and returns it:
+    ``test_accuracy`` is the mean over seeds at the selected learning rate, ``test_std`` the spread.
 
     Examples
     --------
@@ -289,8 +271,7 @@ def train(
 
 
 def _save_trained(cfg: TrainConfig, model: FPT, result: dict[str, Any]) -> Path:
-    """Save the backbone of the run of ``result`` (:func:`reservoir.train.export.save_backbone`), with
-    what it is in its ``reservoir.json``."""
+    """Save the backbone of the run of ``result`` (:func:`reservoir.train.export.save_backbone`)."""
     run = result["runs"][0]
     backbone = model.backbone
     blocks = (

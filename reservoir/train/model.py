@@ -1,13 +1,11 @@
 """The FPT model: the shared forward path (:class:`reservoir.model.reservoir.Reservoir`) plus a linear
 output layer on the readout tokens, its parameter groups and their counts.
 
-The FPT of Lu et al. (2021, section 2.2) trains a small parameter set of a frozen
-transformer: the input layer (orthogonal initialisation, gain 1.41), the positional
-embeddings, the layer norms and the output layer; ``trainable`` picks the groups
-(``attn`` and ``ff`` unfreeze the blocks themselves). Untrained and in eval mode, its
-readout states are exactly the features ``reservoir extract`` stores for the same seed,
-except for a backbone whose position parameters start at exactly zero (the positions added
-to models without learned ones, e.g. rotary Llama): the FPT draws them (:func:`draw_zero_positions`).
+The FPT of Lu et al. (2021, section 2.2) trains a small parameter set of a frozen transformer: the input
+layer (orthogonal initialisation, gain 1.41), the positional embeddings, the layer norms and the output
+layer; ``trainable`` picks the groups (``attn`` and ``ff`` unfreeze the blocks themselves). Untrained and in
+eval mode, its readout states are exactly the features ``reservoir extract`` stores for the same seed, except
+where position parameters start at exactly zero (:func:`draw_zero_positions`).
 """
 
 from __future__ import annotations
@@ -26,19 +24,16 @@ from reservoir.model.backbones import Backbone
 from reservoir.model.reservoir import Reservoir
 from reservoir.tasks import TaskSpec
 
-#: std of position parameters that start at exactly zero, drawn when the FPT is built: GPT-2's
-#: initialisation of its learned positions (``initializer_range``), where the paper's random GPT-2 starts
+#: std of position parameters that start at exactly zero, drawn when the FPT is built (GPT-2's ``initializer_range``)
 POSITION_STD = 0.02
 
 
 def draw_zero_positions(backbone: Backbone, generator: torch.Generator) -> int:
     """Draw the backbone's ``pos`` parameters that are exactly zero from N(0, POSITION_STD^2); returns how many.
 
-    Models without learned positions get an added position embedding that is zero, so extracted
-    features are the model's own. Trained from there, a token whose input is all zero (a 0 bit of
-    bit XOR, a blank MNIST patch: the paper's input layer has no bias) has a zero state in a model
-    without biases (Llama), and RMSNorm's derivative at zero is ``1/sqrt(eps)`` per norm: the first
-    backward pass overflows. Positions drawn at GPT-2's scale give every token a non-zero state.
+    Models without learned positions get an added position embedding that is zero; trained from there, an
+    all-zero token keeps a zero state in a model without biases and its gradient overflows (why: see
+    docs/guide/pipelines.md, all-zero tokens).
     """
     drawn = 0
     with torch.no_grad():
@@ -66,15 +61,11 @@ class FPT(nn.Module):
 
     Parameters
     ----------
-    spec
-        the task's spec.
-    backbone
-        the backbone (its dropout layers are set to ``dropout``).
-    blocks
-        blocks of the backbone to run.
+    spec, backbone, blocks
+        the task's spec, the backbone and how many of its blocks run.
     seed
-        seeds the input layer (as extraction does) and, through derived streams, the output layer and
-        any position parameters that start at exactly zero (:func:`draw_zero_positions`).
+        seeds the input layer (as extraction does), the output layer and zero positions
+        (:func:`draw_zero_positions`).
     input_scale
         the input layer's scale.
     dropout
@@ -125,8 +116,8 @@ class FPT(nn.Module):
         return list({id(b): b for b in blocks[: self.blocks]}.values()) if blocks is not None else []
 
     def groups(self) -> dict[str, list[nn.Parameter]]:
-        """Parameters by group: ``input``, the backbone's groups (``pos``, ``ln``, ...), ``out``; the
-        parameters of blocks past ``blocks`` never run, get no gradient, and are in no group."""
+        """Parameters by group: ``input``, the backbone's groups (``pos``, ``ln``, ...), ``out``; blocks past
+        ``blocks`` are in no group."""
         blocks = self.backbone.blocks
         run = {id(p) for b in self.run_blocks for p in b.parameters()}
         unrun = {id(p) for p in blocks.parameters()} - run if blocks is not None else set()
@@ -141,8 +132,7 @@ class FPT(nn.Module):
 def select_trainable(model: FPT, trainable: Sequence[str]) -> tuple[list[nn.Parameter], list[str]]:
     """Freeze everything, then unfreeze the named groups (explicit parameter lists, no name matching).
 
-    Returns the trainable parameters (in a fixed order) and notes about requested groups
-    this backbone does not have.
+    Returns the trainable parameters (in a fixed order) and notes about groups this backbone lacks.
     """
     groups = model.groups()
     unknown = [g for g in trainable if g not in groups and g not in TRAIN_GROUPS]
@@ -178,8 +168,7 @@ def _shape_terms(params: Sequence[nn.Parameter]) -> str:
 def param_counts(model: FPT) -> list[dict[str, Any]]:
     """One row per group: parameter count and its arithmetic (``12 x (4 x 768) + 2 x 768 = 38,400``).
 
-    Blocks are assumed identical, so the per-block term is read from the first block and counts
-    :attr:`FPT.run_blocks`.
+    Blocks are assumed identical: the per-block term is the first block's, times :attr:`FPT.run_blocks`.
     """
     blocks = model.backbone.blocks
     in_blocks = {id(p) for p in blocks.parameters()} if blocks is not None else set()

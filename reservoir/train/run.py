@@ -2,10 +2,8 @@
 (the model, its optimiser, state and checkpoint; its steps, validation passes and records), and the stopping
 rule every run follows, alone or trained together (:func:`advance`).
 
-A run stops at ``steps``, after ``patience`` validation passes without progress (no validation
-accuracy 0.1 points above the last progress, no validation loss 0.1% below its lowest, and no
-training loss still falling: :func:`advance`), or when validation accuracy reaches ``stop_at``
-(by default 100%: it cannot improve further).
+A run stops at ``steps``, after ``patience`` validation passes without progress (:func:`advance`), or
+when validation accuracy reaches ``stop_at`` (by default 100%).
 """
 
 from __future__ import annotations
@@ -46,13 +44,10 @@ from reservoir.train.model import FPT, format_counts, param_counts, select_train
 from reservoir.train.seeds import run_generators
 from reservoir.train.step import evaluate, optimizer, read_steps, scores, train_dtype, train_step
 
-#: the relative fall of the lowest validation loss that counts as progress for ``patience``: bit XOR's
-#: plateau runs fall about 1% a validation pass, a run stuck on bit memory's 75% about 0.003%
+#: the relative fall of the lowest validation loss that counts as progress for ``patience``
 LOSS_PROGRESS = 1e-3
-#: the rise of validation accuracy over its value at the last progress that counts as progress for
-#: ``patience`` (0.1 points; as Keras' ``min_delta``, a slow creep counts once it adds up to it): on a
-#: plateau scored over many outputs (bit memory's 1,000,000 bits) the accuracy wanders by hundredths of
-#: a point, and every new record of that noise would otherwise restart the patience count
+#: the rise of validation accuracy over its value at the last progress that counts as progress (as Keras'
+#: ``min_delta``: a slow creep counts once it adds up to it)
 ACC_PROGRESS = 1e-3
 #: validation passes whose mean training losses make the training-loss trend (:func:`loss_falling`)
 TREND_PASSES = 20
@@ -68,8 +63,8 @@ def solved(state: RunState, stop_at: float) -> None:
 
 
 def loss_trend(losses: Sequence[float]) -> tuple[float, float]:
-    """``(fall, t)`` of the least-squares line through the logs of ``losses`` (one a validation pass): the
-    fraction of the loss the line falls over them, and its slope in standard errors (negative: falling)."""
+    """``(fall, t)`` of the least-squares line through the logs of ``losses``: the fraction of the loss it
+    falls, and its slope in standard errors."""
     y = np.log(np.maximum(np.asarray(losses, dtype=np.float64), 1e-12))
     x = np.arange(len(y), dtype=np.float64) - (len(y) - 1) / 2
     slope = float(x @ (y - y.mean()) / (x @ x))
@@ -82,8 +77,7 @@ def loss_trend(losses: Sequence[float]) -> tuple[float, float]:
 
 
 def loss_falling(losses: Sequence[float]) -> bool:
-    """Whether the training loss still falls: over its last :data:`TREND_PASSES` validation passes, its trend
-    line (:func:`loss_trend`) falls by :data:`TREND_FALL` of it or more, :data:`TREND_T` standard errors or more."""
+    """Whether the training loss still falls (:func:`loss_trend` over the last :data:`TREND_PASSES` passes)."""
     window = list(losses)[-TREND_PASSES:]
     if len(window) < 3:
         return False
@@ -96,10 +90,7 @@ def advance(state: RunState, cfg: TrainConfig) -> None:
     the run when it is solved (``stop_at``) or made no progress in ``patience`` passes.
 
     Progress is any of: a validation accuracy :data:`ACC_PROGRESS` above the last progress, a validation loss
-    :data:`LOSS_PROGRESS` below its lowest, or a training loss still falling (:func:`loss_falling`). Validation
-    alone is noisy where it matters: on bit XOR a run's accuracy sits on a plateau and its validation loss
-    wanders for thousands of steps while the training loss (a mean over the pass's steps) keeps falling
-    until the run solves the task; a run that has converged or is stuck has a flat training loss and stops."""
+    :data:`LOSS_PROGRESS` below its lowest, or a training loss still falling (:func:`loss_falling`)."""
     last = state.history[-1]
     val, val_loss = last["val_accuracy"], last["val_loss"]
     state.evals_since_best += 1
@@ -134,9 +125,9 @@ def note_evaluation(
     rate: float,
     elapsed: float,
 ) -> None:
-    """``evaluation`` into the history of ``state`` (with the mean training loss since the last, which must have
-    been read), the best step and its parameters (``params()``: copies of the run's trainable tensors), and the
-    stopping rule (:func:`advance`); one line of log, at ``rate`` steps/s after ``elapsed`` seconds."""
+    """Record ``evaluation`` in the history of ``state`` (with the mean training loss since the last), the best
+    step and its parameters (``params()``: copies of the trainable tensors) and the stopping rule (:func:`advance`);
+    one line of log."""
     state.history.append(
         {
             "step": evaluation.step,
@@ -166,9 +157,8 @@ def resume_state(
     log: Callable[[str], None],
     tag: str,
 ) -> RunState:
-    """The state a run starts from: under ``--resume``, its checkpoint's (``load()`` restores it; one of another
-    identity beside it is refused), ended where its best validation already reached ``--stop-at``; a fresh one
-    otherwise, saying that it replaces an old checkpoint."""
+    """The state a run starts from: under ``--resume``, its checkpoint's (``load()`` restores it), ended where
+    its best validation already reached ``--stop-at``; a fresh one otherwise."""
     state = RunState()
     if cfg.resume:
         check_resumable(ckpt, name, ident)
@@ -186,8 +176,7 @@ def resume_state(
 
 
 def stop_reason(state: RunState, cfg: TrainConfig) -> str:
-    """Why a run that leaves its loop stopped: its stopping rule, ``--max-time`` or ``--steps`` (more of either
-    continue it)."""
+    """Why a run that leaves its loop stopped: its stopping rule, ``--max-time`` or ``--steps``."""
     if state.done:
         return state.stop_reason
     if state.step < cfg.steps:
@@ -207,8 +196,7 @@ def run_result(
     ckpt: Path,
     fingerprint: str,
 ) -> dict[str, Any]:
-    """The result of one finished run (scores and bookkeeping), scored ``test`` on the test split at its best
-    validation step, stopped for ``why``."""
+    """The result of one finished run, scored ``test`` at its best validation step, stopped for ``why``."""
     return {
         "lr": lr,
         "seed": seed,
@@ -245,12 +233,10 @@ def train_run(
 ) -> dict[str, Any]:
     """Train one (learning rate, seed); returns its scores and bookkeeping.
 
-    ``on_step(step)`` is called after every step (after any checkpoint of that step); an
-    exception it raises interrupts the run as a kill would. ``on_trained(model)`` is called at
-    the end with the model holding the parameters of the best validation step. ``shared`` is
-    the sweep's :func:`~reservoir.train.checkpoint.settings_identity` (computed here when not given).
-    The run's torch generators (dropout; the CPU's and a CUDA device's) are forked from the caller's and
-    seeded from the run's seed (:func:`reservoir.train.seeds.run_generators`).
+    ``on_step(step)`` is called after every step (after any checkpoint of that step); an exception it
+    raises interrupts the run as a kill would. ``on_trained(model)`` is called at the end with the
+    parameters of the best validation step. ``shared`` is the sweep's
+    :func:`~reservoir.train.checkpoint.settings_identity` (computed here when not given).
     """
     if log is None:
         log = lambda msg: log_line(msg, progress)  # noqa: E731
@@ -285,9 +271,7 @@ class Evaluation:
 
 class TrainingRun:
     """One (learning rate, seed) of ``train``: the model, its optimiser, its state and checkpoint, and the
-    steps the loop takes: :meth:`step` (one optimiser step), :meth:`validate` (a validation pass, changing
-    nothing), :meth:`record` (an evaluation into the history, the best step and the stopping rule),
-    :meth:`checkpoint` and :meth:`finish` (the best step's parameters back, scored on the test split).
+    steps the loop takes (:meth:`step`, :meth:`validate`, :meth:`record`, :meth:`checkpoint`, :meth:`finish`).
 
     Building it loads the backbone, checks ``--blocks`` and the trainable groups, and resumes the
     checkpoint (``cfg.resume``) of the same run identity.
@@ -410,8 +394,7 @@ class TrainingRun:
         return Evaluation(self.state.step, val, val_loss)
 
     def record(self, evaluation: Evaluation) -> None:
-        """``evaluation`` into the history (with the mean training loss since the last), the best step and
-        its parameters, and the stopping rule (:func:`advance`); one line of log."""
+        """Record ``evaluation`` (:func:`note_evaluation`)."""
         self.read()
         began, first = self.clock
         note_evaluation(
@@ -433,8 +416,8 @@ class TrainingRun:
         save_checkpoint(self.ckpt, self.params, self.opt, self.state, self.ident, self.device)
 
     def finish(self) -> dict[str, Any]:
-        """Checkpoint the end, put the best validation step's parameters back, score the test split; the run's
-        result (scores and bookkeeping)."""
+        """Checkpoint the end, put the best validation step's parameters back and score the test split;
+        returns the run's result."""
         state, cfg = self.state, self.cfg
         why = stop_reason(state, cfg)
         assert state.best_params is not None, "the last step always runs a validation pass"
@@ -476,12 +459,11 @@ def _train_run(
     on_trained: Callable[[FPT], None] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """The loop of :func:`train_run`: step, validate and record every ``eval_every`` steps (and at the last),
-    checkpoint every ``checkpoint_every``, until the stopping rule or ``--steps``; then finish."""
+    """The loop of :func:`train_run`: step, validate, record and checkpoint until the run stops; then finish."""
     run = TrainingRun(
         cfg, task, data, lr=lr, seed=seed, device=device, log=log, show_counts=show_counts, shared=shared
     )
-    # a bar of steps (rate and ETA) between the validation lines: a step of a large model can take seconds
+    # a bar of steps (rate and ETA) between the validation lines
     with (
         bar(cfg.steps, f"{run.tag} training", initial=run.state.step, enabled=progress, unit="step") as shown,
         Batches(task, data.train, seed, cfg.batch_size, device) as batches,

@@ -26,8 +26,7 @@ def rng(seed: int, stream: str, *keys: int) -> np.random.Generator:
 
 
 def generator_states(device: torch.device) -> dict[str, torch.Tensor]:
-    """The states of every torch generator a run on ``device`` draws from: the CPU's (``torch``) and, on a
-    CUDA device, that device's (``cuda``; dropout on a GPU draws from it), as the uint8 tensors torch gives."""
+    """The states of every torch generator a run on ``device`` draws from: the CPU's and a CUDA device's."""
     states = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
         states["cuda"] = torch.cuda.get_rng_state(device)
@@ -35,9 +34,8 @@ def generator_states(device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def set_generator_states(states: dict[str, torch.Tensor], device: torch.device) -> None:
-    """Restore :func:`generator_states` for a run on ``device``. A device state the run's device does not use
-    (a CUDA run resumed on the CPU) is ignored, and a CUDA run resumed from a CPU run's states keeps the CUDA
-    generator :func:`run_generators` seeded."""
+    """Restore :func:`generator_states` for a run on ``device``; a state of a device the run does not use is
+    ignored."""
     torch.set_rng_state(states["torch"])
     if device.type == "cuda" and "cuda" in states:
         torch.cuda.set_rng_state(states["cuda"], device)
@@ -45,8 +43,8 @@ def set_generator_states(states: dict[str, torch.Tensor], device: torch.device) 
 
 @contextlib.contextmanager
 def run_generators(seed: int, device: torch.device) -> Iterator[None]:
-    """Inside the block, the torch generators of a run on ``device`` (the CPU's and a CUDA device's own) are
-    forked from the caller's, which are restored after it, and seeded from the run's ``dropout`` stream."""
+    """Inside the block, the torch generators of a run on ``device`` are forked from the caller's and seeded
+    from the run's ``dropout`` stream."""
     cuda = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         torch.default_generator.manual_seed(derive(seed, "dropout"))

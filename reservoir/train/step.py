@@ -3,10 +3,9 @@
 its losses and gradient norms (:func:`read_steps`, :func:`check_steps`) and a run's compute dtype
 (:func:`train_dtype`).
 
-A step never waits for the host: its loss and gradient norm stay on the device until the next validation
-pass or checkpoint reads them all at once (:func:`read_steps`). A step whose gradient norm is not finite is
-skipped on the device (fused Adam's ``found_inf``: parameters, moments and step count stay as they were), and
-the read that finds it stops the run, naming the step (:class:`Diverged`).
+A step's loss and gradient norm stay on the device until :func:`read_steps` reads them. A step whose
+gradient norm is not finite is skipped on the device (fused Adam's ``found_inf``), and the read that finds
+it stops the run, naming the step (:class:`Diverged`).
 """
 
 from __future__ import annotations
@@ -87,10 +86,8 @@ def train_step(
     dtype: str,
     grad_clip: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One Adam step on one batch (the model must be in train mode; the batch moves to its device). Returns the
-    loss and the gradient norm as tensors on the device: nothing here waits for the device. A step whose gradient
-    norm is not finite is skipped by the device when ``opt`` is fused Adam (:func:`optimizer`): its kernel
-    leaves parameters, moments and step count as they were; :func:`read_steps` then stops the run."""
+    """One Adam step on one batch (the model must be in train mode). Returns the loss and the gradient norm as
+    tensors on the device, without waiting for it."""
     device = params[0].device
     tokens, lengths, labels = (t.to(device, non_blocking=True) for t in batch)
     with autocast(dtype, device):
@@ -103,8 +100,7 @@ def train_step(
 
 def optimize(params: list[nn.Parameter], opt: torch.optim.Optimizer, grad_clip: float) -> torch.Tensor:
     """The optimiser's step from the gradients of ``params``, clipped to the norm ``grad_clip`` (0: not clipped);
-    returns their norm before clipping, on the device. A step whose norm is not finite is skipped by the device
-    when ``opt`` is fused Adam (``found_inf``)."""
+    returns their norm before clipping, on the device."""
     norm = nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
     if opt.defaults.get("fused"):
         opt.found_inf = (~torch.isfinite(norm)).to(torch.float32)
@@ -115,9 +111,8 @@ def optimize(params: list[nn.Parameter], opt: torch.optim.Optimizer, grad_clip: 
 def read_steps(
     steps: list[tuple[torch.Tensor, torch.Tensor]], first: int, tag: str, lr: float
 ) -> list[float]:
-    """The losses of ``steps``, the (loss, gradient norm) device tensors of :func:`train_step` for steps
-    ``first + 1, first + 2, ...``, read in one synchronisation; Diverged naming the first step whose gradient
-    norm or loss is not finite (:func:`check_steps`)."""
+    """The losses of ``steps`` (:func:`train_step`'s device tensors for steps ``first + 1, ...``), read in one
+    synchronisation and checked (:func:`check_steps`)."""
     if not steps:
         return []
     losses, norms = torch.stack([torch.stack(s) for s in steps]).float().cpu().T.tolist()
@@ -148,9 +143,8 @@ def check_steps(losses: list[float], norms: list[float], first: int, tag: str, l
 def train_dtype(
     name: str, device: torch.device, width: int, log: Callable[[str], None], tag: str = ""
 ) -> str:
-    """The compute dtype of a run: ``name``, or for ``auto`` the faster training dtype on ``device``, measured
-    at the backbone's ``width`` on a CPU, bf16 on a CUDA card only where it is native
-    (:func:`reservoir.runtime.dtypes.choose`; said in the log, as is an explicit bf16 the card emulates)."""
+    """The compute dtype of a run: ``name``, or for ``auto`` the faster training dtype on ``device``
+    (:func:`reservoir.runtime.dtypes.choose`), said in the log."""
     if name == "auto":
         dtype, why = choose_dtype(device, width, allowed=TRAIN_DTYPES)
         log(f"{tag} {why}".strip())
@@ -164,5 +158,4 @@ def train_dtype(
 
 
 class Diverged(ReservoirError):
-    """A run whose loss or gradients stopped being finite. Alone it stops ``train``; in a sweep its
-    learning rate is set aside (recorded as diverged, never selected) and the sweep goes on."""
+    """A run whose loss or gradients stopped being finite; in a sweep its learning rate is set aside."""
