@@ -15,8 +15,7 @@ from reservoir.errors import StoreError
 from reservoir.extract.stored import finite
 
 #: attribute (JSON) of each split's group, written when the file is completed: ``features``, one SHA-256 per
-#: stored depth (in the file's depth order) of that depth's rows in row order, and ``labels`` and ``lengths``
-#: (:func:`reservoir.identity.array_digest`); a shard file keeps its ``features`` digests on its root
+#: stored depth of its rows in row order, and ``labels`` and ``lengths`` (:func:`reservoir.identity.array_digest`)
 DIGESTS = "sha256"
 #: what to do about a complete file whose contents fail verification
 FIX_FORCE = (
@@ -104,12 +103,10 @@ def seal(f: h5py.File, running: RunningDigests | None = None) -> None:
 
 
 class RunningDigests:
-    """Each split's per-depth SHA-256 fed the rows a writer writes, as it writes them, on a thread of its
-    own (hashing releases the GIL: it overlaps the HDF5 writes), so completing a file reads back only
-    the rows it could not take in order: a split's digests advance while its rows arrive in row order
-    from row 0 (the rows of a resumed run, or of length buckets out of order, are read back when the
-    file is completed, as before). The bytes are those the file holds (the dataset's dtype, row order),
-    so the digests equal :func:`content_digests` of the file."""
+    """Each split's per-depth SHA-256 fed the rows a writer writes, on a thread of its own, while they
+    arrive in row order from row 0; a split whose rows come out of order (a resumed run, length buckets)
+    is read back when the file is completed. The bytes hashed are those the file holds, so the digests
+    equal :func:`content_digests` of the file."""
 
     def __init__(self):
         from concurrent.futures import ThreadPoolExecutor

@@ -1,16 +1,14 @@
 """Feature files out, in the formats other tools read: Parquet, or a Hugging Face ``datasets`` folder.
 
-One table row per example, the splits one after another: ``split`` (its name), ``row`` (its index in
-the split), ``label`` (a class id, a real value, or a list for several outputs a row), ``label_name`` (the
-class's name, where the data named its classes: an image folder's class folders, a column of label names;
-neither for data read to predict on that had no labels), then one column a depth, ``d{K}``: the example's readout rows at depth ``K``, flattened (``n_readout *
-d_model`` float32 values). The file's identity, depths and class names go into the Parquet schema's
-metadata (``reservoir.identity``, ``reservoir.depths``, ``reservoir.class_names``) and, for a ``datasets``
-folder, its description.
+One table row per example, the splits one after another: ``split``, ``row`` (its index in the split),
+``label`` (a class id, a real value, or a list for several outputs a row), ``label_name`` (where the
+data named its classes; neither label column for data without labels), then one column a depth,
+``d{K}``: the example's readout rows at depth ``K``, flattened float32. The file's identity, depths and
+class names go into the Parquet schema's metadata (``reservoir.identity``, ``reservoir.depths``,
+``reservoir.class_names``) and, for a ``datasets`` folder, its description.
 
-Rows are read in blocks (each checked as every reader of the store checks them: checksums and finite
-values, after the file's digests are verified) and written as they come, so memory stays flat as the
-file grows. The output is written under a temporary name and renamed when complete.
+The file is verified first, then read and written block by block, under a temporary name renamed when
+complete.
 """
 
 from __future__ import annotations
@@ -90,9 +88,8 @@ def write_parquet(
 
 
 def check_out(out: Path, format: str) -> None:
-    """Refuse an ``out`` that is something else than what an export writes there (never replaced): a folder,
-    or a file named for another format (``.csv``), for Parquet; a file or a folder other than a ``datasets``
-    folder for ``datasets``. A missing parent folder is made."""
+    """Refuse an ``out`` that is something else than what an export of ``format`` writes there (it is never
+    replaced); a missing parent folder is made."""
     if format == "parquet" and out.suffix.lower() not in ("", ".parquet", ".pq"):
         raise UsageError(
             f"--out {out} names a {out.suffix} file, and export writes Parquet; name it .parquet (or use "
@@ -153,9 +150,8 @@ def export(
             datasets.disable_progress_bars()  # its bars and messages say nothing to the user of this command
             with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.cache") as cache:
                 parts = {}
-                for (
-                    s
-                ) in names:  # each split through a Parquet file of its own, which datasets reads in blocks
+                # each split through a Parquet file of its own, which datasets reads in blocks
+                for s in names:
                     part = Path(cache) / f"{s}.parquet"
                     write_parquet(pa, pq, f, [s], depths, meta, part)
                     parts[s] = datasets.Dataset.from_parquet(str(part), cache_dir=cache)

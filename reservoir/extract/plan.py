@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-#: with ``batch_size=None`` a batch holds about this many tokens (a backbone may ask for more
-#: with a ``batch_tokens`` attribute: an LSTM's step is a matrix product with one row per example)
+#: with ``batch_size=None`` a batch holds about this many tokens (a backbone's ``batch_tokens`` may ask for more)
 BATCH_TOKENS = 16384
 #: and at most this many examples
 MAX_BATCH_ROWS = 512

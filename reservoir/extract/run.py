@@ -1,32 +1,12 @@
 """Stream a task through the frozen input layer and backbone (:mod:`reservoir.runtime.runner`) into
 the feature store, one file per run identity (:mod:`reservoir.identity`).
 
-Extraction is the only expensive step of the method, so the default path is tuned for
-CPUs (measured in ``docs/benchmarks.md``, ``make bench``):
-
-- the float dtype the machine multiplies fastest (``dtype="auto"``: bf16 where the CPU multiplies
-  it natively and faster, else float32), or int8 on OpenVINO where int8 is measured faster than
-  every float path and its probe accuracy was measured within
-  :data:`~reservoir.runtime.quantized.ACCURACY_BAR` points of float32 on that CPU kind
-  (:mod:`reservoir.runtime.quantized`); the input layer stays float32 and features are stored as float32;
-- on the CPU, runs of :data:`~reservoir.runtime.engines.OPENVINO_MIN_TOKENS` tokens or more go to
-  OpenVINO when it is installed and the backbone converts (``engine="auto"``,
-  :mod:`reservoir.runtime.engines`); otherwise PyTorch runs, as below;
-- the forward (input layer, backbone, readout) compiled by inductor with weight freezing
-  (oneDNN-packed weights), falling back to eager, with a message, when compilation fails;
-  ``compile=None`` compiles when the measured costs say it is repaid
-  (:mod:`reservoir.runtime.compiling`: the eager rate measured on the run's first batch, the compile
-  time and speedup of the last run of the same shapes), with inductor's caches kept in the
-  reservoir cache so a second run compiles in seconds;
-- a compiled graph sees few shapes: each batch is padded to the batch size and, for
-  variable-length tasks, to a width that is a multiple of ``reservoir.runtime.runner.WIDTH_MULTIPLE``; padding
-  rows are dropped and the readout is the last real token, so padding never changes a
-  feature (causal models need no mask; encoders build one from ``lengths``);
-- only the blocks up to the deepest requested depth run (the backbones' ``states``);
-- variable-length batches are bucketed by length;
-- the next batches are encoded on a thread while the current one computes, and HDF5
-  writes run on a background thread; a failure there stops the run with the original
-  error and the file is never marked complete.
+The compute dtype, the engine and the compile decision are chosen per run
+(:mod:`reservoir.runtime.runner`); the default path is described in docs/benchmarks.md, "What the
+default path does". Batches are padded to few shapes for a compiled graph, but padding rows are
+dropped and the readout is the last real token, so padding never changes a feature. Batches are
+encoded on a prefetch thread and written on a background one; a failure there stops the run with the
+original error, and the file is never marked complete.
 """
 
 from __future__ import annotations
@@ -69,9 +49,8 @@ from reservoir.runtime.engines import INT8_DTYPES
 from reservoir.runtime.runner import Batch, FeatureRunner, resolve, resolve_dtype
 from reservoir.tasks import SplitData, Task, make_task
 
-#: sharded runs (no probe) with ``compile=None`` compile when they have at least this many tokens
-#: left to extract, where compiling is repaid (docs/benchmarks.md, "Constants the code takes from these
-#: measurements")
+#: sharded runs (no probe) with ``compile=None`` compile when they have at least this many tokens left
+#: (measured: docs/benchmarks.md, "Constants the code takes from these measurements")
 AUTO_COMPILE_TOKENS = 300_000
 T = TypeVar("T")
 
@@ -146,9 +125,8 @@ class BackgroundWriter:
                     return
                 if self.error is None:
                     split, rows, features = job
-                    self.writer.write(
-                        split, rows, resolve(features)
-                    )  # a GPU copy finishes here, off the main thread
+                    # a GPU copy finishes here, off the main thread
+                    self.writer.write(split, rows, resolve(features))
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 self.error = e
             finally:
@@ -188,8 +166,7 @@ def load_splits(task: Task, cfg: ExtractConfig) -> dict[str, SplitData]:
 
 def check_split_classes(task: Task, data: dict[str, SplitData], cfg: ExtractConfig) -> None:
     """Refuse, before anything is extracted, a train split that lacks classes another split holds
-    (:func:`reservoir.tasks.sizes.check_classes`: the classes, the splits, and the fix: the ``--limit`` that
-    keeps them, or the data)."""
+    (:func:`reservoir.tasks.sizes.check_classes`)."""
     from reservoir.tasks.sizes import check_classes
 
     check_classes(
@@ -286,9 +263,7 @@ class Run:
     def settled_runner(self, progress: bool = True, begun_by: str | None = None) -> FeatureRunner:
         """The run's runner on the one engine that makes every row of its file: as asked; for ``--engine
         auto``, the engine ``begun_by`` (that made the rows of a file being resumed), else decided before
-        the first row is kept. Where auto takes a converting engine (OpenVINO, ONNX Runtime) for a float
-        dtype, the first batch runs now, so that the conversion is checked (a model that fails it runs
-        PyTorch) and, on a machine that never measured this model, the engines are measured on it."""
+        the first row is kept, by running the first batch now where auto takes a converting engine."""
         if begun_by and self.cfg.engine not in ("auto", begun_by):
             raise IdentityError(
                 f"{partial_path(self.out)} was begun on the {begun_by} engine; rerun with --engine "
@@ -379,10 +354,9 @@ class Run:
         progress: bool = True,
     ) -> tuple[dict[str, int], str | None]:
         """Compile as asked, or (``compile=None``) when the measured costs say it pays
-        (:func:`reservoir.runtime.compiling.decide`): the first batch runs eager as the probe of the
-        eager rate (its features are kept) and is taken out of ``plans``. Says on stderr which
-        path runs and why. Returns the rows the probe wrote per split, and the compile record's
-        key when the run compiles (:meth:`record_compile` then remembers its costs on this device)."""
+        (:func:`reservoir.runtime.compiling.decide`): the first batch runs eager as the probe (its
+        features are kept) and is taken out of ``plans``. Returns the rows the probe wrote per split,
+        and the compile record's key when the run compiles."""
         from reservoir.runtime.compiling import decide, read_record
 
         if runner.converting:
@@ -427,9 +401,8 @@ class Run:
         return {split: len(rows)}, key if decision.compile else None
 
     def record_compile(self, runner: FeatureRunner, key: str | None) -> None:
-        """After a compiled run, remember its measured compile time (the first compiled batch's time
-        beyond the median compiled batch's) and, when the probe measured the eager rate, its
-        speedup (a run forced to compile keeps the recorded speedup)."""
+        """After a compiled run, remember its measured compile time and, when the probe measured the eager
+        rate, its speedup (:meth:`FeatureRunner.compile_costs`)."""
         costs = runner.compile_costs() if key is not None else None
         if costs is None or not (runner.compiled or runner.compile_dropped):
             return
@@ -462,9 +435,8 @@ def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run
             progress,
         )
     dtype = cfg.load_dtype if halved and cfg.dtype == "auto" else resolve_dtype(cfg.dtype, device)
-    check_fits(
-        backbone, device, dtype, cfg.backbone
-    )  # a CUDA card's free memory, before anything moves there
+    # a CUDA card's free memory, before anything moves there
+    check_fits(backbone, device, dtype, cfg.backbone)
     fastest = dtype
     if cfg.dtype == "auto" and not halved and task.spec.target == "regression" and dtype != "float32":
         # bf16 keeps 8 bits of a state: a forecast's error then stops near 1% of the target's spread
@@ -531,17 +503,12 @@ def extract(
     (:func:`prepare`); ``accept``: called with the prepared run before any file is touched, to refuse it (by
     raising) where it cannot serve its caller (``predict`` checks it against its probe).
 
-    Data and backbone are loaded, and the run's identity computed, before any file is
-    touched, so bad input leaves nothing behind. The feature file is ``cfg.out`` or the
-    default path derived from the identity. An existing complete file there is reused when
-    its identity equals this run's and its contents pass verification (every chunk read
-    through its checksum, finite, equal to the digests recorded at completion:
-    :func:`reservoir.extract.store.verify`), and refused otherwise (IdentityError naming the
-    differing fields; StoreError naming the split and depth); with ``force`` a file of this
-    run is moved aside (``FILE.old``) and extracted again. A ``.partial`` file of the same
-    identity is resumed. With ``workers`` or
-    ``scheduler`` the rows are extracted as shards on dask workers
-    (:mod:`reservoir.extract.sharded`) and joined into one file.
+    Nothing is touched before the data, the backbone and the identity are loaded, so bad input leaves
+    nothing behind. An existing complete file is reused when its identity equals this run's and its
+    contents pass :func:`reservoir.extract.store.verify`, and refused otherwise (IdentityError,
+    StoreError); with ``force`` it is moved aside and extracted again. A ``.partial`` file of the same
+    identity is resumed. With ``workers`` or ``scheduler`` the rows are extracted as shards on dask
+    workers (:mod:`reservoir.extract.sharded`).
     """
     run = prepare(cfg, progress, task)
     if accept is not None:

@@ -1,29 +1,14 @@
 """Extraction over dask.distributed workers: shards written on their own, joined without copying.
 
-``reservoir extract ... --workers N`` starts a ``LocalCluster`` of ``N`` worker processes
-(the CPU's threads split between them; with several CUDA devices, worker ``i`` takes
-``cuda:i``); ``--scheduler ADDRESS`` uses the workers of a running cluster::
-
-    dask scheduler --port 8786                       # on one machine
-    dask worker tcp://HOST:8786 --nthreads 1         # on each machine (or once per GPU)
-    reservoir extract --task cifar10_lra --backbone gpt2-large --scheduler tcp://HOST:8786
-
-(on SLURM, ``dask_jobqueue.SLURMCluster(...).scale(jobs=K)`` starts the workers and its
-``scheduler_address`` is the address to pass). Every worker must see the same backbone
-(a registered name, or a folder at the same path); a worker whose weights differ from the
-driver's refuses its shard.
-
+``--workers N`` starts a local cluster, ``--scheduler ADDRESS`` uses a running one (docs/guide/devices.md).
 The rows of each split are cut into contiguous shards aligned with the batch plan
-(:func:`reservoir.extract.plan.plan_split`: a single process runs exactly the same batches, so
-a float32 sharded file equals the single-process one bit for bit). The driver encodes each
-shard's tokens and sends them with the run's identity and input layer; a worker runs them
-through the shared forward path and writes ``FILE.shards/SPLIT-START-STOP.h5`` with the store's
-one writer (:class:`reservoir.extract.store.FeatureWriter`: locked, ``.partial`` until every row is
-written and its digests recorded, then renamed; a shard cut short resumes), recording the identity. On a rerun, complete shards of the
-same identity are skipped and missing ones (a lost worker's) are redone; a shard of another
-identity is refused. When every shard is there the driver writes ``FILE``: labels, lengths
-and the input layer as usual, and the features as an HDF5 virtual dataset over the shards,
-so ``fit`` reads it unchanged. Keep ``FILE`` and ``FILE.shards/`` together.
+(:func:`reservoir.extract.plan.plan_split`), so a single process runs exactly the same batches and a
+float32 sharded file equals the single-process one bit for bit. The driver encodes each shard's
+tokens and settles the engine once (:func:`settle_engine`); a worker writes
+``FILE.shards/SPLIT-START-STOP.h5`` with the store's one writer
+(:class:`reservoir.extract.store.FeatureWriter`), refusing its shard when its backbone's weights differ
+from the driver's. A rerun skips complete shards of the same identity and redoes missing ones; the
+driver then writes ``FILE`` with the features as an HDF5 virtual dataset over the shards.
 """
 
 from __future__ import annotations
@@ -79,14 +64,12 @@ class ShardJob:
     threads: int  # torch threads on the worker (0: the worker's default)
     batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (rows, tokens, lengths)
     engine: str = "auto"
-    tokens: int | None = None  # of the whole run (engine="auto" decides by it)
-    readout: str = "last"  # the run's readout (reservoir.model.reservoir.READOUTS)
+    tokens: int | None = None  # of the whole run
+    readout: str = "last"
     calibration: list[tuple[np.ndarray, np.ndarray]] | None = (
         None  # the int8 dtypes: (tokens, lengths) batches
     )
-    labels: np.ndarray | None = (
-        None  # of the shard's rows (the store's writer keeps them beside the features)
-    )
+    labels: np.ndarray | None = None  # of the shard's rows
     lengths: np.ndarray | None = None
 
 
@@ -95,10 +78,9 @@ def shard_path(out: Path, split: str, start: int, stop: int) -> Path:
 
 
 def shard_state(path: Path, identity: dict[str, Any], engine: str) -> bool:
-    """Whether a complete, intact shard of this identity, made by ``engine``, is at ``path`` (its contents
-    read through their checksums and compared with the digests recorded when it was completed; a damaged
-    one, or one another engine made, is removed, said on stderr, and redone); IdentityError for another
-    run's."""
+    """Whether a complete shard of this identity, made by ``engine``, is at ``path`` and passes
+    :func:`reservoir.extract.store.verify` (a damaged one, or one another engine made, is removed and
+    redone); IdentityError for another run's."""
     if not path.exists():
         return False
     try:
@@ -113,9 +95,7 @@ def shard_state(path: Path, identity: dict[str, Any], engine: str) -> bool:
                     f"by {engine}"
                 )
             if complete and not diff:
-                verify(
-                    f, fix=""
-                )  # every chunk through its checksum, against the digests recorded at completion
+                verify(f, fix="")
     except StoreError as e:
         print(f"{str(e).rstrip('; ')}; extracting it again", file=sys.stderr)
         os.remove(path)
@@ -193,7 +173,6 @@ def run_shard(job: ShardJob) -> str:
     runner = _runner(job)
     path.parent.mkdir(parents=True, exist_ok=True)
     shape = (len(job.depths), readout_count(job.spec, job.readout), runner.backbone.d_model)
-    # the store's one writer: the same locking, resuming, NaN refusal, digests and completion as a whole file
     if runner.engine != job.engine:  # an internal invariant: the worker runs the engine the driver settled
         raise ReservoirError(f"this worker runs {runner.engine}, the run's shards {job.engine}")
     writer = FeatureWriter.open(
@@ -307,12 +286,10 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
 
 
 def settle_engine(run, progress: bool) -> str:
-    """The engine every shard of ``run`` runs, decided once, here (:meth:`Run.settled_runner`): workers with
-    other threads (or other machines) deciding ``--engine auto`` each for itself could run different
-    engines, whose features differ in their last bits."""
-    if (
-        run.cfg.engine != "auto" or run.device.type != "cpu"
-    ):  # nothing to settle: as asked, or PyTorch off the CPU
+    """The engine every shard of ``run`` runs, decided once, here: workers deciding ``--engine auto`` each
+    for itself could run different engines, whose features differ in their last bits."""
+    # nothing to settle: as asked, or PyTorch off the CPU
+    if run.cfg.engine != "auto" or run.device.type != "cpu":
         engine, why = choose_engine(run.cfg.engine, run.dtype, run.device, run.backbone, run.tokens_total)
     else:
         runner = run.settled_runner(progress)
@@ -327,9 +304,8 @@ def _run_jobs(
     from distributed import as_completed
 
     cfg = run.cfg
-    calibration = (
-        run.calibration() if "calibration" in run.identity else None
-    )  # int8: the same rows for every shard
+    # int8: the same calibration rows for every shard
+    calibration = run.calibration() if "calibration" in run.identity else None
     client, cluster = _client(cfg.workers, cfg.scheduler)
     try:
         n_workers = cfg.workers or max(1, len(client.scheduler_info().get("workers", {})))

@@ -1,24 +1,19 @@
 """The HDF5 feature store: one file per run identity (:mod:`reservoir.identity`).
 
-Layout::
+Layout (the full one: docs/guide/feature-file.md)::
 
-    /                      attrs: identity (JSON) and identity_hash; task, backbone, seed, dtype, readout,
-                           depths, class_names (JSON, where the data names its classes) (readable copies);
-                           config (JSON, execution settings too), version, complete
+    /                      attrs: identity (JSON), identity_hash, readable copies, config (JSON), version, complete
     /input_layer/<name>    float32 tensors of the frozen input layer
-    /<split>/features      (N, n_depths, n_readout, d_model) float32, float16 or bfloat16 (identity's
-                           store_dtype; :mod:`reservoir.extract.stored`), chunked (rows, 1, R, d):
-                           one depth of a row block is one chunk, so a depth reads contiguously;
-                           each chunk carries a Fletcher-32 checksum, so flipped bytes fail loudly
-    /<split>/labels        (N, *label_shape) int64
+    /<split>/features      (N, n_depths, n_readout, d_model) in the store dtype (:mod:`reservoir.extract.stored`),
+                           one chunk per depth of a row block, each with a Fletcher-32 checksum
+    /<split>/labels        (N, *label_shape)
     /<split>/lengths       (N,) real tokens per example
     /<split>/done          (N,) bool, rows written so far; attrs rows_done
 
-A run writes ``FILE.partial`` and renames it to ``FILE`` only when every row of every
-split is written (``complete`` set), so a half-written file is never taken for a
-complete one; a killed run resumes from the ``.partial`` file, and only when the identity
-of the run asked for equals the one recorded there. Datasets are created
-without timestamps, so the same command with the same seed writes the same bytes.
+A run writes ``FILE.partial`` and renames it to ``FILE`` only when every row of every split is written
+(``complete`` set); a killed run resumes from the ``.partial`` file only when its identity equals the
+one recorded there. Datasets are created without timestamps, so the same command with the same seed
+writes the same bytes.
 """
 
 from __future__ import annotations
@@ -57,8 +52,8 @@ FIX_READ = "pass a feature file `reservoir extract` wrote (it prints its path)"
 def create_features(
     group: h5py.Group, n: int, shape: tuple[int, int, int], store: str = "float32"
 ) -> h5py.Dataset:
-    """The ``features`` dataset ``(n, n_depths, n_readout, d)`` in the dtype ``store`` keeps them in: chunks
-    of whole rows of one depth (a depth reads contiguously), each with a Fletcher-32 checksum."""
+    """The ``features`` dataset ``(n, n_depths, n_readout, d)`` in the dtype ``store``: chunks of whole rows
+    of one depth, each with a Fletcher-32 checksum."""
     dtype = STORED[store]
     rows = max(1, min(n, CHUNK_BYTES // (dtype.itemsize * shape[1] * shape[2])))
     ds = group.create_dataset(
@@ -80,7 +75,7 @@ FEATURE_DIMS = ("row", "depth", "readout", "feature")
 
 def name_dimensions(group: h5py.Group, depths) -> None:
     """Label the dimensions of ``group["features"]`` (:data:`FEATURE_DIMS`) and attach a ``depth`` dimension
-    scale holding the depths, so any HDF5 reader (h5py, netCDF-4 readers, HDFView) sees named dimensions."""
+    scale holding the depths, for any HDF5 reader."""
     scale = group.create_dataset("depth", data=np.asarray(depths, dtype=np.int64), track_times=False)
     scale.make_scale("depth")
     features = group["features"]
@@ -93,10 +88,8 @@ def partial_path(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
 
 
-#: HDF5's own file locks are off: one writer per file is this module's :class:`WriterLock`, and a complete
-#: file is never written again. HDF5 locks with ``flock``, which a forked child process (OpenVINO's and
-#: NNCF's helpers fork) inherits with the open file: a file closed by its writer could stay locked
-#: against readers until the child exited (seen as intermittent "unable to lock file" on reading).
+#: HDF5's own file locks are off (one writer is :class:`WriterLock`'s job): a forked child (OpenVINO's and
+#: NNCF's helpers fork) inherits HDF5's ``flock`` and kept a closed file locked against readers
 LOCKING = False
 
 
@@ -122,8 +115,7 @@ def _open_h5(path: Path, mode: str = "r", fix: str = FIX_OTHER) -> h5py.File:
 
 
 def stored_identity(f: h5py.File, fix: str = FIX_OTHER) -> dict[str, Any]:
-    """The identity recorded in a feature file; StoreError (saying ``fix``) for files that are not ours or
-    older formats."""
+    """The identity recorded in a feature file; StoreError (saying ``fix``) for a file without one."""
     if "identity" not in f.attrs:
         version = f.attrs.get("version")
         what = (
@@ -164,9 +156,8 @@ def writer_of(path: Path) -> str | None:
 
 
 class WriterLock:
-    """One writer per feature file: an exclusive ``flock`` on ``FILE.lock``, taken before the
-    ``.partial`` is touched. The kernel releases it when its holder exits or dies, so a killed
-    run never blocks the rerun; a second live writer is refused, told who holds it."""
+    """One writer per feature file: an exclusive ``flock`` on ``FILE.lock``, taken before the ``.partial``
+    is touched, released by the kernel when its holder dies; a second live writer is refused."""
 
     def __init__(self, path: Path):
         import fcntl
@@ -219,9 +210,8 @@ def check_shards(f: h5py.File) -> None:
 
 
 def check_complete_match(path: Path, identity: dict[str, Any], fix: str = FIX_FORCE) -> None:
-    """An existing file at ``path`` may be reused: it is a complete feature file of this very run
-    whose contents pass :func:`verify` (IdentityError naming the differing fields, or StoreError
-    naming the split and depth and ``fix``, otherwise)."""
+    """An existing file at ``path`` may be reused: a complete feature file of this very run whose contents
+    pass :func:`verify` (IdentityError or StoreError otherwise)."""
     with _open_h5(path) as f:
         check_identity(f, identity)
         check_ready(f)
@@ -230,7 +220,7 @@ def check_complete_match(path: Path, identity: dict[str, Any], fix: str = FIX_FO
 
 def move_aside(path: Path, identity: dict[str, Any]) -> Path:
     """``--force``: move the complete file of this very run at ``path`` aside (``FILE.old``, ``FILE.old-2``,
-    ...) so the run writes a new one; a file of another run, or not ours, is refused as without it."""
+    ...); a file of another run is refused as without it."""
     with _open_h5(path) as f:
         check_identity(f, identity)
     aside, n = path.with_name(path.name + ".old"), 1
@@ -241,8 +231,7 @@ def move_aside(path: Path, identity: dict[str, Any]) -> Path:
     return aside
 
 
-#: the recorded extract options that change the features: the command that writes a file again gives each
-#: one that is not at its default
+#: the recorded extract options that change the features (:func:`extract_command` gives those not at default)
 REPRODUCED = "split limit seed input_scale load_dtype store_dtype dtype depths readout".split()  # noqa: SIM905
 
 
@@ -281,8 +270,7 @@ def check_ready(f: h5py.File) -> None:
 
 
 def readable(f: h5py.File) -> bool:
-    """Every chunk of every split's features reads back through its Fletcher-32 check (a run
-    killed in the middle of writing a chunk leaves one that does not)."""
+    """Every chunk of every split's features reads back through its Fletcher-32 check."""
     for name in feature_splits(f):
         ds = f[name]["features"]
         try:
@@ -299,10 +287,10 @@ def readable(f: h5py.File) -> bool:
 def verify(
     f: h5py.File, depths: list[int] | None = None, splits: list[str] | None = None, fix: str = FIX_FORCE
 ) -> None:
-    """Before a complete file is trusted: read ``depths`` (default: all) of ``splits`` (default: all)
-    through their checksums, refuse NaN or inf, and compare every digest with the one recorded at
-    completion. StoreError naming the file, split and depth, and ``fix``, otherwise. A file written
-    before digests were recorded is checked for readable chunks and finite values only."""
+    """Before a complete file is trusted: read ``depths`` of ``splits`` (default: all) through their
+    checksums, refuse NaN or inf, and compare every digest with the one recorded at completion
+    (StoreError saying ``fix`` otherwise). A file without recorded digests is checked for readable
+    chunks and finite values only."""
     stored_depths = [int(d) for d in f.attrs["depths"]]
     for split in feature_splits(f) if splits is None else splits:
         g = f[split]
@@ -339,8 +327,8 @@ HEADROOM_BYTES = 1 << 20
 
 
 def check_space(path: Path, nbytes: int) -> None:
-    """Refuse before writing when the disk holding ``path`` has less free space than ``nbytes``
-    (plus metadata headroom): a full disk is said up front, not found halfway."""
+    """Refuse before writing when the disk holding ``path`` has less free space than ``nbytes`` (plus
+    :data:`HEADROOM_BYTES`)."""
     import shutil
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -353,9 +341,8 @@ def check_space(path: Path, nbytes: int) -> None:
         )
 
 
-#: what failed writes left behind (the exception with its frames, the open file): kept referenced
-#: until the process ends, since freeing or closing HDF5 objects whose writes failed can crash the
-#: interpreter; the command line ends the process right after reporting (``WriteFailed``)
+#: what failed writes left behind (the exception, the open file), referenced until the process ends (the
+#: command line ends it right after reporting): freeing HDF5 objects whose writes failed can crash the interpreter
 _FAILED: list = []
 
 
@@ -399,8 +386,7 @@ class FeatureWriter:
         nbytes: int = 0,
     ) -> FeatureWriter:
         """Lock ``path``, then open ``path.partial`` for writing, resuming it when its identity equals
-        ``identity`` (IdentityError naming the differences otherwise). A new file must find
-        ``nbytes`` (the features it will hold) free on its disk."""
+        ``identity`` (IdentityError otherwise); a new file must find ``nbytes`` free on its disk."""
         path = Path(path)
         lock = WriterLock(path)
         try:
@@ -559,10 +545,8 @@ def write_joined(
     splits: dict[str, tuple[np.ndarray, np.ndarray, list[tuple[int, int, Path]]]],
     shape: tuple[int, int, int],
 ) -> Path:
-    """Write ``out`` whose features are virtual datasets over shard files (no copy); labels,
-    lengths and the input layer as in a single-process file. ``splits`` maps a split to its
-    labels, lengths and ``(start, stop, shard path)`` list. Written as ``.partial``, marked
-    complete last and renamed."""
+    """Write ``out`` whose features are virtual datasets over shard files (no copy). ``splits`` maps a split
+    to its labels, lengths and ``(start, stop, shard path)`` list."""
     tmp = partial_path(out)
     with h5_file(tmp, "w", track_order=False) as f:
         _write_header(f, identity, config, input_layer)
@@ -641,8 +625,7 @@ def file_config(f: h5py.File) -> dict[str, Any]:
 
 
 def class_names(f: h5py.File) -> list[str] | None:
-    """The name of each class id of a feature file's labels, where its data named them (an image folder's class
-    folders, a column of label names); ``None`` otherwise."""
+    """The name of each class id of a feature file's labels, where its data named them; ``None`` otherwise."""
     if "class_names" in f.attrs:
         return [str(n) for n in json.loads(f.attrs["class_names"])]
     names = stored_identity(f).get("class_names")
@@ -672,9 +655,8 @@ def read_depth(f: h5py.File, split: str, depth: int) -> tuple[np.ndarray, np.nda
 
 
 def read_depths(f: h5py.File, split: str, depths: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Features ``(N, n_depths, n_readout, d_model)`` float32 and labels of several depths (default:
-    every stored one, in the file's order) of one split, each depth read and checked as
-    :func:`read_depth` reads it, into one array."""
+    """Features ``(N, n_depths, n_readout, d_model)`` float32 and labels of several depths (default: every
+    stored one) of one split, each read and checked as :func:`read_depth` does."""
     if split not in f:
         raise UsageError(f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}")
     depths = [int(d) for d in f.attrs["depths"]] if depths is None else list(depths)
@@ -693,9 +675,8 @@ def read_depths(f: h5py.File, split: str, depths: list[int] | None = None) -> tu
 def iter_depth(
     f: h5py.File, split: str, depth: int, rows: int | None = None, select: np.ndarray | None = None
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Stream one depth in blocks of ``rows`` (default: about :data:`BLOCK_BYTES`), so memory stays
-    flat as the split grows; with ``select`` (increasing row indices) only those rows. A corrupt
-    chunk or a non-finite value raises StoreError naming the file, split and depth."""
+    """Stream one depth in blocks of ``rows`` (default: about :data:`BLOCK_BYTES`); with ``select``
+    (increasing row indices) only those rows. A corrupt chunk or a non-finite value raises StoreError."""
     if split not in f:
         raise UsageError(f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}")
     k = depth_index(f, depth)

@@ -1,11 +1,9 @@
 """The dtypes features are stored in (``--store-dtype``): float32, float16 or bfloat16.
 
 HDF5 and numpy have no bfloat16, so its values are kept as their 16 bits: a ``uint16`` dataset whose
-attribute ``encoding`` says ``bfloat16``; any reader gets float32 back by shifting the bits into the
-high half of a 32-bit word, ``(bits.astype(uint32) << 16).view(float32)`` (:func:`as_float32`, which
-every reader here goes through). A float32 value is rounded to the nearest bfloat16 (ties to even) or
-float16, as torch rounds; the features of a bfloat16 run are bfloat16 values, so storing them as
-bfloat16 loses nothing.
+attribute ``encoding`` says ``bfloat16``, widened exactly to float32 by every reader here
+(:func:`as_float32`). A float32 value is rounded to the nearest (ties to even), as torch rounds, so a
+bfloat16 run's features stored as bfloat16 lose nothing.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The one forward path: frozen input layer -> backbone -> readout tokens at each depth.
 
-``extract``, ``train`` and the scikit-learn transformer all build their model here, so the
-features a file stores, the untrained end-to-end model and ``ReservoirFeatures`` are the
-same numbers (tests check it).
-
-- The **depth convention** is the backbones' (:mod:`reservoir.model.backbones`): depth ``k`` is
-  the backbone truncated to its first ``k`` blocks, final norm included; depth 0 is the
-  embedded input through that norm.
-- The **readout rule** is :func:`readout_index`, by the run's readout (:data:`READOUTS`): ``last``
-  reads the last ``n_readout`` real tokens of each row (:func:`readout_positions`); ``padded`` the
-  last positions of rows padded to the task's length (the official FPT code's readout, which depends
-  on padding); ``mean`` the mean of the states of every real token (one row); ``all`` every token's
-  state (tasks of fixed length: ``seq_len`` rows, for per-timestep analyses).
+``extract``, ``train`` and the scikit-learn transformer all build their model here, so the features a
+file stores, the untrained end-to-end model and ``ReservoirFeatures`` are the same numbers (tested).
+The depth convention is the backbones' (:mod:`reservoir.model.backbones`); the readout rule is
+:func:`readout_index`, by the run's readout (:data:`READOUTS`). ``padded`` is the official FPT code's
+readout, which depends on padding; ``all`` is for tasks of fixed length.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """When compiling pays: the compile decision from measured costs, and the persistent inductor cache.
 
-A compiled forward runs faster than the eager one but costs a compile first. With
-``--compile`` left to auto, ``extract`` decides from measurements instead of a fixed size:
-
-- the eager rate is measured on the run's device (the CPU or the CUDA card), now, on one batch
-  of the run (a probe whose features are kept; on CUDA the device time between events around
-  a second, warm call);
-- the compile time and the compiled rate come from the last run of the same shapes on the same
-  device (the record below, keyed by :func:`device_label`: the CPU model or the CUDA card's
-  name), or, the first time, from a conservative estimate (:data:`COLD_SECONDS` for the compiler's
-  own start, :data:`COLD_SECONDS_PER_BLOCK` per block run and shape, :data:`DEFAULT_SPEEDUP`);
-- it compiles when ``eager_seconds > compile_seconds + eager_seconds / speedup`` for the
-  tokens left to run, and says why on stderr.
-
-After a compiled run, the measured compile time replaces the record's and the measured
-speedup is averaged into it, so the decision follows this machine. Inductor's own caches (compiled kernels and graphs) live in
-``$RESERVOIR_CACHE/inductor`` (``~/.cache/reservoir/inductor`` by default, unless
-``TORCHINDUCTOR_CACHE_DIR`` is set), so a second run of the same shapes compiles in seconds
-and the record learns that.
+With ``--compile`` left to auto, ``extract`` measures the eager rate on the run's first batch and takes
+the compile time and speedup from the last run of the same shapes on the same device
+(:func:`shape_key`, :func:`device_label`), or a first-time estimate, and compiles when that pays
+(:func:`decide`). After a compiled run its measured costs update the record (:func:`write_record`).
+Inductor's caches live in ``$RESERVOIR_CACHE/inductor`` (:func:`use_persistent_cache`), so a second run
+of the same shapes compiles in seconds.
 """
 
 from __future__ import annotations
@@ -30,12 +18,11 @@ from typing import Any
 from reservoir.config import cache_dir
 from reservoir.runtime import records
 
-#: a first compile's cost before any run measured it: COLD_SECONDS for the compiler's own start (whatever the
-#: model) plus COLD_SECONDS_PER_BLOCK per block run and batch shape (``benchmarks/compile_cold.py``;
-#: docs/benchmarks.md, "Constants the code takes from these measurements")
+# Both estimates are measured: docs/benchmarks.md, "Constants the code takes from these measurements".
+#: a first compile's cost before any run measured it: COLD_SECONDS for the compiler's own start plus
+#: COLD_SECONDS_PER_BLOCK per block run and batch shape
 COLD_SECONDS, COLD_SECONDS_PER_BLOCK = 20.0, 1.5
-#: compiled rate over eager rate assumed before a run measured it, by compute dtype (docs/benchmarks.md,
-#: "Constants the code takes from these measurements")
+#: compiled rate over eager rate assumed before a run measured it, by compute dtype
 DEFAULT_SPEEDUP = {"bfloat16": 1.7, "float32": 1.3}
 
 
@@ -45,9 +32,8 @@ def use_persistent_cache() -> Path:
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if current is None or os.path.abspath(current) == os.path.abspath(
-        default_cache_dir()
-    ):  # torch's, not the user's
+    # unset, or torch's default rather than the user's
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
     folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     folder.mkdir(parents=True, exist_ok=True)
@@ -101,8 +87,8 @@ def read_record(key: str) -> dict[str, float] | None:
 
 
 def write_record(key: str, compile_seconds: float, speedup: float | None) -> None:
-    """Remember a run's measured costs (best effort: a cache that cannot be written is skipped);
-    ``speedup=None`` (a run forced to compile has no eager rate) keeps the recorded one, or none."""
+    """Remember a run's measured costs (best effort); ``speedup=None`` (a run forced to compile has no eager
+    rate) keeps the recorded one."""
     old = records.get(COSTS, key)
     if speedup is None:
         speedup = old.get("speedup") if old else None
@@ -133,8 +119,8 @@ def decide(
     record: dict[str, float] | None,
     dtype: str = "float32",
 ) -> Decision:
-    """Compile when the eager time of ``tokens_left`` exceeds the compile time plus the compiled
-    time (module docstring); ``shapes`` distinct batch shapes each compile once."""
+    """Compile when the eager time of ``tokens_left`` exceeds the compile time plus the compiled time, both
+    from ``record`` or else the first-time estimate; ``shapes`` distinct batch shapes each compile once."""
     if record:
         compile_s, source = record["compile_seconds"] * shapes, "measured last time"
         speedup = record.get("speedup") or DEFAULT_SPEEDUP.get(dtype, 1.3)

@@ -1,31 +1,13 @@
 """The compute dtype ``--dtype auto`` takes: the one this CPU multiplies fastest, measured.
 
-Instruction-set flags say only what is possible: bf16 products are native with AVX512-BF16 or
-AMX, fp16 ones with AVX512-FP16 or AMX-FP16. Whether they are faster than float32 differs by
-CPU, and the difference is large (bf16 slower than float32 on some CPUs with AVX512-BF16,
-several times faster on others: docs/benchmarks.md, "Constants the code takes from these
-measurements"). So ``auto`` measures.
+Flags say only which float dtypes are native (:func:`candidates`), not whether they are faster, so each
+is timed on a product of a transformer block's shape (:func:`rate`), once per CPU, threads and torch
+version (kept in the cache), and a lower precision is taken only at :data:`MARGIN` times float32's
+rate (docs/performance.md, "The compute dtype").
 
-- The candidates are float32 and each lower float dtype the flags make native here.
-- Each is timed on a matrix product of a transformer block's shape (rows of a batch times the
-  model's width, into four times the width), a few repetitions after a warm-up, on the
-  threads the run will use; the rate is in GFLOP/s.
-- The rates are kept in ``$RESERVOIR_CACHE/dtype-rates.json``, keyed by the CPU model, its
-  flags, the threads and the torch version, so a machine measures once (a fraction of a second)
-  and a new CPU or library measures again.
-- ``auto`` takes the fastest candidate; a lower precision must be at least :data:`MARGIN`
-  times float32's rate to be taken, since it also costs exactness (bf16 features differ from
-  float32's by about 5e-3).
-
-``extract`` says on stderr what was measured and why it chose; the run's identity records the
-dtype as resolved. Where int8 keeps accuracy and wins, ``extract``'s ``auto`` takes int8 instead
-(:mod:`reservoir.runtime.quantized`).
-
-On a CUDA device the fast dtype is bf16: ``auto`` takes it where the card multiplies bf16 natively
-(compute capability 8.0 or newer; torch's ``is_bf16_supported()`` also counts emulated bf16, which
-is slower than float32), else float32, with no measurement. float32 on CUDA is IEEE float32: the
-runner turns TF32 off (:func:`strict_float32`), so float32 features are the exact reference that
-CPU and CUDA agree on, and bf16 is the one fast path.
+On a CUDA device ``auto`` takes bf16 where the card multiplies it natively (:func:`cuda_bf16_native`),
+else float32, without measuring; float32 on CUDA is IEEE float32 (:func:`strict_float32`), so float32
+features are the reference CPU and CUDA agree on.
 """
 
 from __future__ import annotations
@@ -44,7 +26,7 @@ from reservoir.runtime.machine import bf16_native, cpu
 FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: a lower precision is taken only when it multiplies at least this many times float32's rate
 MARGIN = 1.1
-#: the product's shape: rows x width -> 4 width (a block's MLP), at the model's width
+#: the timed product's shape: rows x width -> 4 width (a block's MLP), at the model's width
 ROWS = 2048
 REPEATS = 5
 
@@ -106,7 +88,7 @@ def measured_rates(
     CPU, thread count, width and torch version were measured before, else measured and kept."""
     threads = threads or torch.get_num_threads()
     key = _key(width, threads)
-    if measure is None and key in _MEASURED:  # this process read or measured them (the CPU does not change)
+    if measure is None and key in _MEASURED:  # the CPU does not change within a process
         return _MEASURED[key]
     kept = records.get(RATES, key)
     if isinstance(kept, dict) and set(kept) == set(candidates()):
@@ -134,7 +116,7 @@ BF16_CAPABILITY = (8, 0)
 
 def cuda_bf16_native(device: torch.device | str = "cuda") -> bool:
     """Whether the CUDA ``device`` multiplies bf16 natively: compute capability 8.0 or newer and, where
-    torch can say so, ``is_bf16_supported(including_emulation=False)`` on that device."""
+    torch can say so, ``is_bf16_supported(including_emulation=False)`` (emulated bf16 is slower than float32)."""
     device = torch.device(device)
     if tuple(torch.cuda.get_device_capability(device)) < BF16_CAPABILITY:
         return False
@@ -146,9 +128,8 @@ def cuda_bf16_native(device: torch.device | str = "cuda") -> bool:
 
 
 def strict_float32() -> None:
-    """IEEE float32 products on CUDA from now on (TF32 off for cuBLAS matmuls and cuDNN), so float32
-    features equal the CPU's to float32 rounding. Process-wide, as torch's flags are; bf16 runs are
-    unaffected."""
+    """IEEE float32 products on CUDA from now on (TF32 off), so float32 features equal the CPU's to float32
+    rounding. Process-wide, as torch's flags are."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 

@@ -1,49 +1,18 @@
 """Engines that run the frozen forward: PyTorch (eager or compiled), OpenVINO, or ONNX Runtime (:mod:`reservoir.runtime.onnx`).
 
-The forward module is always :class:`reservoir.runtime.runner.Reservoir` (input layer, backbone,
-readout). The ``openvino`` engine converts that same module with ``openvino.convert_model``
-(its readout-only deepest block included) and runs it with OpenVINO's CPU plugin:
+Every engine runs the same module, :class:`reservoir.runtime.runner.Reservoir`; a converting engine
+converts it, its readout-only deepest block included. OpenVINO also computes ``int8`` (activations
+quantized per token at run time, so a row never depends on its batch) and ``int8-static`` (scales
+calibrated by NNCF).
 
-- ``bfloat16`` / ``float16`` / ``float32``: OpenVINO's inference precision set to the dtype (bf16 only
-  where the CPU multiplies it natively, as for PyTorch);
-- ``int8``: int8 weights (``nncf.compress_weights``, symmetric, per output channel) and
-  int8 activations quantized at run time per token in groups of :data:`DYNAMIC_GROUP` values
-  (OpenVINO's dynamic quantization): a row's features never depend on the other rows of its
-  batch; everything between the int8 products (norms, attention, residual sums) in float32
-  (:data:`INT8_FLOAT`). ``--dtype auto`` takes it where it keeps accuracy and wins
-  (:mod:`reservoir.runtime.quantized`);
-- ``int8-static``: weights and activations int8 with scales fixed by calibration
-  (``nncf.quantize``, transformer preset); faster than dynamic int8.
+Both int8 dtypes quantize each projection's input centred per position (:class:`Centred`,
+:func:`position_means`), so a row's int8 features depend on the calibration rows, which are part of the
+run's identity; a change that moves int8 features must bump :data:`INT8_RECIPE`. ``int8-static`` keeps
+whole last blocks and a free width: with constant tables, OpenVINO's static int8 pass folds the
+per-position factor wrongly.
 
-Both int8 dtypes quantize each backbone projection's input *centred*: minus its mean at that
-position and divided by its largest departure from that mean there, both over the run's first
-rows (:func:`calibration_rows`: 256 MNIST images, 16 sequences of 1,024 tokens; read in one pass
-with the model in the CPU's fastest float dtype, :func:`position_means`), undone after
-the product in float (:class:`Centred`; exact in real arithmetic). A random GPT-2's rows share
-most of their value at each position; quantized whole, the part that tells rows apart drowned in
-the rounding (docs/benchmarks.md, section "int8 on OpenVINO"). A row's int8 features therefore depend on those calibration rows,
-which are part of the run's identity. Under ``int8`` the readout-only deepest block reads the
-tables at its readout positions (its queries, attention output and MLP run on those rows alone);
-``int8-static`` keeps whole last blocks. Lookups (position embeddings, the tables read at the
-readout rows) stay float in both. On tasks of fixed length, ``int8``'s graph
-takes rows of the task's width only (a narrower batch is widened, each row's last token repeated;
-nothing past a row's length reaches its features): OpenVINO then folds the tables' slices to
-constants and fuses them into the neighbouring operations. ``int8-static`` keeps the width free:
-with the tables constant, OpenVINO's static int8 pass folds the per-position factor after a product
-wrongly (the engine's check refuses such features). Why, measured: docs/benchmarks.md, section
-"Constants the code takes from these measurements".
-
-The engines' speed is in docs/benchmarks.md (``benchmarks/extract.py``). OpenVINO is an optional extra
-(``pip install 'reservoir[openvino]'``); ``engine="auto"`` takes it on the CPU when it is
-installed and the backbone has been checked to convert (``Backbone.openvino``), else PyTorch;
-between the two it then goes by measurement: the first batch of a CPU and model never measured
-runs on both (PyTorch eager twice, its first call making its kernels), the rates are kept in
-``$RESERVOIR_CACHE/engine-rates.json`` (:func:`engine_key`) and the faster engine runs the rest
-and every later run (:class:`reservoir.runtime.runner.FeatureRunner`).
-
-After converting, the engine checks its features on the first rows of the first batch
-against PyTorch's eager float32 forward, and stops with an error naming
-``--engine torch`` if they differ by more than :data:`TOLERANCE` (relative, worst depth).
+After converting, an engine checks its features on the first rows against PyTorch's eager float32
+forward and stops with an error naming ``--engine torch`` beyond :data:`TOLERANCE`.
 """
 
 from __future__ import annotations
@@ -66,39 +35,29 @@ from reservoir.runtime.dtypes import choose as choose_dtype
 
 #: the int8 dtypes: only converting engines compute them
 INT8_DTYPES = ("int8", "int8-static")
-#: values per dynamic quantization group of the ``int8`` dtype (the fastest group size: docs/benchmarks.md,
-#: "Constants the code takes from these measurements")
+# The measurements behind the constants below: docs/benchmarks.md, "Constants the code takes from these
+# measurements".
+#: values per dynamic quantization group of the ``int8`` dtype
 DYNAMIC_GROUP = 128
-#: version of the int8 recipe (what is centred, what stays float), recorded in an int8 run's identity
-#: (``calibration.recipe``): a change that moves int8 features bumps it, so no earlier file is reused.
-#: 2: lookups (position embeddings, the centring tables read at the readout rows) stay float, and
-#: ``int8`` computes the readout-only deepest block; 3: the calibration rows are read in one pass, in the
-#: float dtype this CPU multiplies fastest (:func:`position_means`), and ``int8`` computes everything
-#: but its int8 products in float32 (:data:`INT8_FLOAT`)
+#: version of the int8 recipe, recorded in an int8 run's identity (``calibration.recipe``): a change that
+#: moves int8 features bumps it, so no earlier file is reused
 INT8_RECIPE = 3
-#: what ``int8`` computes between its int8 products (norms, attention, residual sums): float32. In
-#: bf16, the residual stream's rounding cost a MNIST probe 0.54 points against float32 where float32
-#: cost 0.16, for about a tenth of the speed (docs/benchmarks.md, "Constants the code takes ...")
+#: what ``int8`` computes between its int8 products (norms, attention, residual sums)
 INT8_FLOAT = "float32"
-#: ``int8-static`` calibrates on the first rows of the run's first split: about this many tokens,
-#: at most :data:`CALIBRATION_ROWS` rows, in batches of :data:`CALIBRATION_BATCH` rows
+#: ``int8-static`` calibrates on about this many tokens of the run's first split, at most
+#: :data:`CALIBRATION_ROWS` rows, in batches of :data:`CALIBRATION_BATCH` rows
 CALIBRATION_TOKENS, CALIBRATION_ROWS, CALIBRATION_BATCH = 16384, 256, 16
 #: ``engine="auto"`` takes OpenVINO for runs of at least this many tokens, where converting is repaid
-#: (docs/benchmarks.md, "Constants the code takes from these measurements"); tiny runs stay on PyTorch eager
 OPENVINO_MIN_TOKENS = 20_000
-#: ``engine="auto"`` considers ONNX Runtime for float32 runs of at least this many tokens, where the export
-#: (cached after) is repaid (docs/benchmarks.md, "Constants the code takes from these measurements")
+#: ``engine="auto"`` considers ONNX Runtime for float32 runs of at least this many tokens
 ONNX_MIN_TOKENS = 200_000
 
 
-#: the conversion example's width: the converted graph computes the same features at any width, and a
-#: narrow example converts faster and in less memory (docs/benchmarks.md, "Constants the code takes ...")
+#: the conversion example's width (the converted graph computes the same features at any width)
 EXAMPLE_WIDTH = 64
-#: rows of the first batch checked against PyTorch's eager float32 forward after converting: 4, or
-#: fewer for long rows (about CHECK_TOKENS tokens: the eager float32 reference is the slow part)
+#: rows of the first batch checked against PyTorch's eager float32 forward: 4, or about CHECK_TOKENS tokens
 CHECK_ROWS, CHECK_TOKENS = 4, 2048
-#: largest relative feature error (norm-wise, worst depth) accepted against PyTorch's float32
-#: forward, by compute dtype (the errors measured: docs/benchmarks.md, "Constants the code takes ...")
+#: largest relative feature error (norm-wise, worst depth) accepted against PyTorch's float32 forward
 TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2, "int8": 0.15, "int8-static": 0.15}
 INSTALL = "pip install 'reservoir[openvino]'"
 
@@ -118,12 +77,11 @@ def onnxruntime_installed() -> bool:
 
 
 class Engine:
-    """What runs the frozen forward during extraction: one object registered in
-    :data:`reservoir.registry.ENGINES` by :func:`register_engine`, which ``--engine``, ``auto`` and
-    :class:`reservoir.runtime.runner.FeatureRunner` ask.
+    """What runs the frozen forward during extraction, registered in :data:`reservoir.registry.ENGINES`
+    by :func:`register_engine`.
 
-    An engine is not part of a float run's identity: a converting engine computes PyTorch's
-    features (to its dtype's :data:`TOLERANCE`), checked on the first batch by its forward.
+    An engine is not part of a float run's identity: a converting engine computes PyTorch's features
+    to its dtype's :data:`TOLERANCE`, checked on the first batch.
     """
 
     #: its ``--engine`` name, and how messages name it
@@ -135,8 +93,7 @@ class Engine:
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     #: the command that installs what it needs ("" : nothing to install)
     install: ClassVar[str] = ""
-    #: tokens a float run needs for ``auto`` to consider it (converting must be repaid); ``None``:
-    #: ``auto`` never converts to it
+    #: tokens a float run needs for ``auto`` to consider it (``None``: ``auto`` never converts to it)
     auto_tokens: ClassVar[int | None] = None
     #: it converts the PyTorch module (``False``: PyTorch itself, the reference every engine is checked against)
     converts: ClassVar[bool] = True
@@ -153,8 +110,7 @@ class Engine:
         )
 
     def why_not(self, dtype: str, device: torch.device, backbone: Any = None) -> ReservoirError | None:
-        """Why it cannot run ``dtype`` on ``device`` here, as the error to raise (naming the way out);
-        ``None`` when it can."""
+        """Why it cannot run ``dtype`` on ``device`` here, as the error to raise; ``None`` when it can."""
         if device.type not in self.devices:
             return DeviceError(
                 f"--engine {self.name} runs on the CPU, not {device}; use --engine torch on {device}, or --device cpu"
@@ -181,17 +137,15 @@ class Engine:
         width: int,
         fixed_width: bool,
     ) -> Any:
-        """Its forward over ``eager`` (the float32 PyTorch module ``(tokens, lengths, readout) ->
-        (B, n_depths, n_readout, d)``): an object with ``prepare(batch)`` (convert at the first batch
-        and check the features of its first rows against ``eager``, raising
-        :class:`reservoir.errors.BackboneError` naming ``--engine torch``), ``request`` (``None``
-        until prepared), ``seconds``, ``error`` and ``__call__(tokens, lengths, readout)``
-        returning float32 features. ``calibration``: the int8 dtypes' calibration batches."""
+        """Its forward over ``eager`` (the float32 module ``(tokens, lengths, readout) -> (B, n_depths,
+        n_readout, d)``): an object with ``prepare(batch)`` (convert and check against ``eager``, raising
+        :class:`reservoir.errors.BackboneError`), ``request`` (``None`` until prepared), ``seconds``,
+        ``error`` and ``__call__(tokens, lengths, readout)`` returning float32 features.
+        ``calibration``: the int8 dtypes' calibration batches."""
         raise NotImplementedError  # pragma: no cover - abstract
 
 
-#: forwards that live in a module of their own (OpenVINO's, :mod:`reservoir.runtime.openvino`), by engine
-#: name; the module adds its own when the engines' registry imports it
+#: forwards that live in a module of their own (:mod:`reservoir.runtime.openvino`), by engine name
 FORWARDS: dict[str, Callable[..., Any]] = {}
 
 
@@ -249,7 +203,7 @@ class OpenVINOEngine(Engine):
         return openvino_installed()
 
     def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width):
-        ENGINES.names()  # every module of the runtime imported: reservoir.runtime.openvino gives its forward
+        ENGINES.names()  # imports the runtime's modules: reservoir.runtime.openvino adds its forward
         return FORWARDS[self.name](
             eager, dtype, threads, calibration, log, width=width, fixed_width=fixed_width
         )
@@ -258,11 +212,8 @@ class OpenVINOEngine(Engine):
 def choose_engine(
     name: str, dtype: str, device: torch.device, backbone: Any = None, tokens: int | None = None
 ) -> tuple[str, str]:
-    """``(engine, why)``. ``auto`` -> on the CPU, a converting engine (OpenVINO, else ONNX Runtime) when
-    an int8 dtype is asked and one that computes it is installed, or when the backbone is known to
-    convert (``Backbone.openvino``) and the run is long enough to repay converting
-    (:func:`auto_candidates`; ``tokens=None``: a long-lived caller, the API's), else ``torch``.
-    An explicit engine is asked whether it can run here (:meth:`Engine.why_not`)."""
+    """``(engine, why)``: for ``auto``, the first of :func:`auto_candidates` (``tokens=None``: a
+    long-lived caller, the API's), else ``torch``; an explicit engine is asked :meth:`Engine.why_not`."""
     if name != "auto" and name not in ENGINES:
         raise UsageError(f"engine {name!r} is not supported; choose from {['auto', *ENGINES.names()]}")
     why = f"--engine {name}"
@@ -286,10 +237,9 @@ def auto_candidates(
     dtype: str, device: torch.device, backbone: Any, tokens: int | None
 ) -> tuple[list[str], str]:
     """The converting engines ``auto`` may run for ``dtype`` (first: the one it starts on), and why
-    there are none. An int8 dtype: the first installed engine that computes it (its features are that
-    engine's int8; ``auto`` does not switch between int8 recipes). A float dtype: the installed
-    engines that compute it, for a backbone checked to convert, in runs of at least their
-    :attr:`Engine.auto_tokens`; ``auto`` then measures them against PyTorch."""
+    there are none. An int8 dtype takes the first installed engine that computes it (``auto`` never
+    switches between int8 recipes); a float dtype, those installed, for a backbone checked to convert,
+    in runs of at least their :attr:`Engine.auto_tokens`."""
     converting = [e for e in engines() if e.auto_tokens is not None and device.type in e.devices]
     if not converting:
         return [], f"auto on {device.type}"
@@ -309,16 +259,14 @@ def auto_candidates(
     return found, ""
 
 
-#: the engines' measured rates in the cache folder (:mod:`reservoir.runtime.records`), beside the
-#: dtypes' rates and the compile records
+#: the engines' measured rates in the cache folder (:mod:`reservoir.runtime.records`)
 ENGINE_RATES = "engine-rates.json"
 #: rows a first batch needs for ``auto`` to measure the engines on it (fewer: too short to time)
 MEASURE_MIN_ROWS = 16
 
 
 def engine_key(dtype: str, backbone: Any, width: int, threads: int) -> str:
-    """What the engines' relative speed depends on: the CPU (model and flags), threads, the versions of
-    torch, OpenVINO and ONNX Runtime, the compute dtype, the architecture (not its weights) and the row width."""
+    """The key of the engines' rates: CPU, threads, runtime versions, dtype, architecture and row width."""
     import json
 
     from reservoir.runtime import records
@@ -347,17 +295,15 @@ def engine_key(dtype: str, backbone: Any, width: int, threads: int) -> str:
 
 
 def faster_engine(rates: dict[str, float]) -> str:
-    """The engine ``auto`` takes from measured tokens/s: the fastest converting engine, PyTorch only when
-    it is faster than every one."""
+    """The engine ``auto`` takes from measured rates: the fastest, PyTorch only when faster than every other."""
     others = {e: r for e, r in rates.items() if e != "torch"}
     best = max(others, key=others.get) if others else "torch"
     return "torch" if rates.get("torch", 0.0) > rates.get(best, 0.0) else best
 
 
 def pays(rates: dict[str, float], convert: dict[str, float], engine: str, tokens: int | None) -> bool:
-    """Whether converting to ``engine`` repays its measured fixed cost (``convert``: seconds to convert and
-    check, by engine) over a job of ``tokens``: its conversion plus its tokens at its rate against the same
-    tokens on PyTorch (``tokens=None``, a long-lived caller, or no conversion measured: it pays)."""
+    """Whether converting to ``engine`` repays ``convert[engine]`` seconds over a job of ``tokens`` against
+    PyTorch (``tokens=None``, a long-lived caller, or no conversion measured: it pays)."""
     if engine == "torch" or tokens is None or engine not in convert:
         return True
     return convert[engine] + tokens / rates[engine] < tokens / rates["torch"]
@@ -377,9 +323,8 @@ def measured_reason(rates: dict[str, float], when: str) -> str:
 
 
 def calibration_batches(rows: int) -> list[np.ndarray]:
-    """Row indices of each calibration batch: the first ``rows`` rows in batches of
-    :data:`CALIBRATION_BATCH` (static int8's ranges depend on the batching, so every caller,
-    extract, its workers and the API, batches alike)."""
+    """Row indices of each calibration batch: the first ``rows`` rows in batches of :data:`CALIBRATION_BATCH`
+    (static int8's ranges depend on the batching, so every caller must batch alike)."""
     return [np.arange(i, min(i + CALIBRATION_BATCH, rows)) for i in range(0, rows, CALIBRATION_BATCH)]
 
 
@@ -387,8 +332,7 @@ def calibration_batches(rows: int) -> list[np.ndarray]:
 STATIC_SHAPES = 2
 #: smaller batches (the check's few rows) run on the dynamic graph, on one stream
 STATIC_MIN_ROWS = 16
-#: OpenVINO streams a CPU batch is split among, where each gets a thread: two streams of one thread ran
-#: int8 GPT-2 small 7% faster than one stream of two (docs/benchmarks.md, "Constants the code takes ...")
+#: OpenVINO streams a CPU batch is split among, where each gets a thread
 STREAMS = 2
 
 
@@ -400,13 +344,9 @@ def calibration_rows(seq_len: int, available: int) -> int:
 
 class Centred(nn.Module):
     """``module`` applied to ``x`` of ``T`` positions as ``module(u) * scale[:T] + moved[:T]`` with
-    ``u = (x - shift[:T]) / scale[:T]``: in exact arithmetic ``module(x)`` (``moved`` is
-    ``module(shift) - scale * module(0)``; a factor per row passes through a matrix product), but
-    int8 then quantizes each row's departure from the mean row at its position, in units of that
-    position's spread, not the large part every row shares there.
-
-    On a random GPT-2 most of a readout row's energy is the mean row at its position, and quantized
-    whole the part that tells rows apart drowns (docs/benchmarks.md, "int8 on OpenVINO").
+    ``u = (x - shift[:T]) / scale[:T]`` and ``moved = module(shift) - scale * module(0)``: in exact
+    arithmetic ``module(x)``, but int8 then quantizes each row's departure from the mean row at its
+    position, not the large part every row shares there.
     """
 
     #: its tables are per position: a readout-only block tells it the readout rows' positions
@@ -439,10 +379,9 @@ class Centred(nn.Module):
 
 
 def projections(model: nn.Module) -> dict[str, nn.Module]:
-    """The backbone's matrix products int8 quantizes, by name in ``model``: what its adapter names
-    (:meth:`reservoir.model.backbones.Backbone.projections`: every ``nn.Linear`` and transformers'
-    ``Conv1D`` by default). The input layer is not among them: its inputs are the task's own values
-    (bits, pixels), which int8 often holds exactly as they are and not once centred."""
+    """The backbone's matrix products int8 quantizes, by name in ``model``
+    (:meth:`reservoir.model.backbones.Backbone.projections`). The input layer is not among them: int8
+    often holds the task's own values exactly as they are, and not once centred."""
     from reservoir.model.backbones import Backbone
 
     backbone = getattr(getattr(model, "reservoir", None), "backbone", None)
@@ -470,16 +409,13 @@ def position_means(
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``{name: (shift, scale, moved)}`` for :class:`Centred`, over ``batches``: each projection's
     mean input at each of ``width`` positions, ``(width, d)``; the largest departure from it there,
-    ``(width, 1)``; and ``module(shift) - scale * module(0)``. Positions no row reaches get the mean
-    and the largest departure over all positions. Projections fed anything but ``(B, T, d)`` rows
-    are left out.
+    ``(width, 1)``; and ``module(shift) - scale * module(0)``, by the float32 projections. Positions no
+    row reaches get the values over all positions; projections fed anything but ``(B, T, d)`` rows are
+    left out.
 
-    One pass over ``batches`` with the model computing in ``dtype`` (:func:`computing_in`; the int8
-    engines pass the float dtype this CPU multiplies fastest, :func:`calibration_dtype`): per position
-    and feature it keeps the sum, the least and the largest input, so no projection's inputs are
-    kept, and the largest departure from the mean is ``max(largest - mean, mean - least)`` over the
-    features (float rounding is monotone: the same value as subtracting the mean from every input).
-    ``moved`` is computed by the float32 projections."""
+    One pass with the model computing in ``dtype`` (:func:`computing_in`), keeping per position and
+    feature only the sum, the least and the largest input: ``max(largest - mean, mean - least)`` is the
+    largest departure exactly, since float rounding is monotone."""
     found = projections(model)
     total: dict[str, torch.Tensor] = {}
     count: dict[str, torch.Tensor] = {}
@@ -518,16 +454,15 @@ def position_means(
 
 
 def calibration_dtype() -> str:
-    """The float dtype the int8 engines' calibration pass computes in: the one this CPU multiplies fastest
-    (measured, :func:`reservoir.runtime.dtypes.choose`), as the float parts of their int8 graphs."""
+    """The float dtype the int8 engines' calibration pass computes in: this CPU's fastest
+    (:func:`reservoir.runtime.dtypes.choose`)."""
     return choose_dtype("cpu")[0]
 
 
 @contextlib.contextmanager
 def computing_in(model: nn.Module, dtype: str):
     """``model`` with every :class:`reservoir.model.reservoir.Reservoir` in it computing in ``dtype``
-    (its backbone's weights cast; the input layer stays float32), its float32 weights and buffers put
-    back after, untouched. ``float32``: the model as it is."""
+    (the input layer stays float32), its float32 weights and buffers put back after."""
     from reservoir.model.reservoir import Reservoir
 
     inner = [m for m in model.modules() if isinstance(m, Reservoir)]
@@ -592,8 +527,7 @@ def centred(
     model: nn.Module, shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], whole: bool = False
 ):
     """``model`` with the projections named in ``shifts`` wrapped in :class:`Centred`, restored after
-    (a readout-only last block reads the tables at its readout positions; ``whole``: whole last
-    blocks instead, :func:`whole_blocks`)."""
+    (``whole``: whole last blocks, :func:`whole_blocks`)."""
     swapped = []
     for name, tables in shifts.items():
         parent, _, child = name.rpartition(".")
@@ -624,9 +558,8 @@ def narrow(batch: tuple[torch.Tensor, ...], width: int | None = None) -> tuple[t
 
 
 def precision(dtype: str):
-    """OpenVINO's inference precision for ``dtype``: the float dtype itself; float32 between the int8
-    products of ``int8`` (:data:`INT8_FLOAT`); for ``int8-static``, the float dtype this CPU multiplies
-    fastest (measured, :mod:`reservoir.runtime.dtypes`)."""
+    """OpenVINO's inference precision for ``dtype``: a float dtype itself, :data:`INT8_FLOAT` for
+    ``int8``, this CPU's fastest float dtype for ``int8-static``."""
     import openvino as ov
 
     floats = {"float32": ov.Type.f32, "bfloat16": ov.Type.bf16, "float16": ov.Type.f16}

@@ -1,30 +1,17 @@
 """The ONNX Runtime engine: the forward module exported to ONNX and run by ONNX Runtime's CPU provider.
 
-The module is the one every engine runs (:class:`reservoir.model.reservoir.FixedDepths` over
-:class:`reservoir.runtime.runner.Reservoir`), exported with torch's ONNX exporter
-(``torch.onnx.export(dynamo=True)``, the TorchScript exporter where that fails) with the batch and
-the width free (:func:`export`), so one file serves every batch shape of a run:
+The module every engine runs (:class:`reservoir.model.reservoir.FixedDepths` over
+:class:`reservoir.runtime.runner.Reservoir`) is exported with the batch and the width free
+(:func:`export`), so one file serves every batch shape of a run. ``int8`` centres the projections
+as the OpenVINO engine does (:func:`reservoir.runtime.engines.centred`) before export, then
+quantizes with ``quantize_dynamic``. ONNX Runtime computes one activation scale per tensor at run
+time, so a row quantized beside others would depend on them: ``int8`` runs each row alone
+(:meth:`ONNXForward._infer`).
 
-- ``float32``: the exported file as it is;
-- ``int8``: the projections centred per position as the OpenVINO engine's ``int8`` centres them
-  (:func:`reservoir.runtime.engines.centred`, the same calibration rows and tables) before export,
-  then ``onnxruntime.quantization.quantize_dynamic`` with int8 weights (``QInt8``; only the matrix
-  products with a constant operand, :data:`QUANTIZED_OPS`). ONNX Runtime quantizes each such
-  product's input with one scale per tensor computed at run time, so a row quantized beside others
-  would depend on them: ``int8`` runs each row alone, cut to its own length, and a row's scales are
-  its own (:meth:`ONNXForward._infer`).
-
-``bfloat16``, ``float16`` and ``int8-static`` are refused where the engine is chosen (:class:`ONNXEngine`, :data:`reservoir.runtime.engines.ONNX_DTYPES`).
-
-The file is kept in ``$RESERVOIR_CACHE/onnx/`` under a digest of everything that makes it (the
-module's weights and buffers, the int8 tables, the depths, the token shape and dtype, the dtype and
-the library versions: :func:`file_key`), so a second run of the same model loads it instead of
-exporting again. After loading, the engine checks its features on the first rows of the first batch
-against PyTorch's eager float32 forward, as the OpenVINO engine does, and stops naming ``--engine
-torch`` when they differ by more than :data:`reservoir.runtime.engines.TOLERANCE`.
-
-``benchmarks/peers.py`` builds its ONNX Runtime rows from the same functions (:func:`export`,
-:func:`quantize_int8`, :func:`session`).
+The file is cached in ``$RESERVOIR_CACHE/onnx/`` under a digest of everything that makes it
+(:func:`file_key`); a change to how it is made that moves features must bump :data:`FILE_RECIPE`.
+``benchmarks/peers.py`` builds its ONNX Runtime rows from :func:`export`, :func:`quantize_int8` and
+:func:`session`.
 """
 
 from __future__ import annotations
@@ -91,8 +78,7 @@ def versions() -> dict[str, str | None]:
 
 @contextlib.contextmanager
 def quiet():
-    """The exporter's and the quantizer's chatter (progress bars, notes, warnings, log lines) kept off
-    the terminal."""
+    """The exporter's and the quantizer's chatter kept off the terminal."""
     from reservoir.model.backbones import quiet_transformers
 
     levels = {name: logging.getLogger(name).level for name in LOGGERS}
@@ -121,10 +107,9 @@ def export(
     output_names: Sequence[str] = (OUTPUT,),
     dynamic: dict[str, dict[int, str]] | None = None,
 ) -> str:
-    """Export ``module`` called on ``example`` to the ONNX file ``path`` with the named axes of
-    ``dynamic`` (``{input name: {axis: name}}``; outputs follow) left free: torch's dynamo exporter,
-    else the TorchScript one. Returns which exporter wrote it; raises ``RuntimeError`` naming both
-    failures."""
+    """Export ``module`` called on ``example`` to the ONNX file ``path`` with the named axes of ``dynamic``
+    (``{input name: {axis: name}}``) left free: torch's dynamo exporter, else the TorchScript one. Returns
+    which exporter wrote it; raises ``RuntimeError`` naming both failures."""
     dynamic = dynamic or {}
     errors = []
     for dynamo in (True, False):
@@ -171,11 +156,9 @@ def quantize_int8(
     op_types: Sequence[str] | None = QUANTIZED_OPS,
     large: bool = False,
 ) -> str:
-    """``source`` quantized to ``path`` by ``quantize_dynamic`` (int8 weights, ``QInt8``; activations
-    quantized per tensor at run time), after ONNX Runtime's recommended pre-processing
-    (``quant_pre_process``: shape inference and graph optimization) where it succeeds.
-    ``op_types=None``: ONNX Runtime's default operations; ``large``: weights past 2 GB, kept beside
-    the file. Returns what was done."""
+    """``source`` quantized to ``path`` by ``quantize_dynamic`` (int8 weights), after ``quant_pre_process``
+    where it succeeds. ``op_types=None``: ONNX Runtime's default operations; ``large``: weights kept
+    beside the file. Returns what was done."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     pre = "quant_pre_process"
@@ -226,10 +209,9 @@ def file_key(
     dynamic: dict,
     tables: dict[str, Sequence[torch.Tensor]] | None = None,
 ) -> str:
-    """SHA-256 of what an exported file depends on: the module's class, every weight and buffer
-    (input layer and backbone: a seed or checkpoint that differs makes another file), the depths
-    it reads, the inputs' dtypes and trailing shapes, the free axes, the dtype, the int8 tables,
-    :data:`FILE_RECIPE` and the library versions."""
+    """SHA-256 of what an exported file depends on: the module's class, weights and buffers, depths, the
+    inputs' dtypes and trailing shapes, the free axes, the dtype, the int8 tables, :data:`FILE_RECIPE`
+    and the library versions."""
     h = hashlib.sha256()
     head = {
         "recipe": FILE_RECIPE,
@@ -274,9 +256,8 @@ class Unquantized(Exception):
 
 class ONNXForward:
     """``(tokens, lengths, readout) -> (B, n_depths, n_readout, d)`` float32 tensor, computed by ONNX
-    Runtime from :class:`reservoir.runtime.runner.Reservoir` (exported, or loaded from the cache, at
-    the first call). The face of :class:`reservoir.runtime.openvino.OpenVINOForward`: :meth:`prepare`,
-    ``request`` (the session; ``None`` until prepared), ``seconds``, ``error``.
+    Runtime (exported, or loaded from the cache, at the first call); the face of
+    :meth:`reservoir.runtime.engines.Engine.forward`.
 
     Parameters
     ----------
@@ -287,8 +268,7 @@ class ONNXForward:
     threads
         ONNX Runtime's intra-op threads (PyTorch's thread count).
     calibration
-        ``int8`` only: returns the calibration batches ``[(tokens, lengths, readout), ...]``
-        as numpy arrays, whose per-position means centre the projections.
+        ``int8`` only: returns the calibration batches ``[(tokens, lengths, readout), ...]`` as numpy arrays.
     width
         the widest rows it will be called with (the int8 tables' length).
     """
@@ -326,8 +306,8 @@ class ONNXForward:
         return tables
 
     def _make(self, example: tuple[torch.Tensor, ...], path: Path, tables) -> None:
-        """Export (int8: centred, then quantized) into ``path``, written whole or not at all: the weights
-        inside the file, or beside it in ``path.data`` for models past ONNX's 2 GB limit."""
+        """Export (int8: centred, then quantized) into ``path``, written whole or not at all (weights past
+        :data:`LARGE_BYTES` beside it in ``path.data``)."""
         import onnx
 
         dynamic = {"tokens": {0: "batch", 1: "width"}, "lengths": {0: "batch"}, "readout": {0: "batch"}}
@@ -365,9 +345,8 @@ class ONNXForward:
             os.replace(whole, path)
 
     def prepare(self, batch: tuple[torch.Tensor, ...]) -> None:
-        """Load the cached file of this module and dtype, or export it (from two rows of ``batch``),
-        open a session and check against PyTorch float32 on ``batch``'s first rows. Says what each
-        step took."""
+        """Load the cached file of this module and dtype, or export it, open a session and check against
+        PyTorch float32 on ``batch``'s first rows."""
 
         example = narrow(batch)
         tables = self._tables()
@@ -424,8 +403,8 @@ class ONNXForward:
         return self.request.run(None, feed)[0]
 
     def _infer(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
-        """float32: the batch at once. int8: each row alone, cut to its own length (and past its
-        readout positions), so that its run-time activation scales are its own."""
+        """float32: the batch at once. int8: each row alone, cut to its own length, so that its run-time
+        activation scales are its own."""
         tokens, lengths, readout = args
         if self.dtype != "int8":
             return torch.from_numpy(self._run(tokens, lengths, readout))

@@ -45,8 +45,7 @@ class OpenVINOForward:
     Parameters
     ----------
     eager
-        the float32 PyTorch forward module ``(tokens, lengths, readout) -> features``: what
-        is converted, and the reference of the check.
+        the float32 PyTorch forward module: what is converted, and the reference of the check.
     dtype
         ``float32``, ``bfloat16``, ``int8`` or ``int8-static``.
     threads
@@ -57,8 +56,7 @@ class OpenVINOForward:
     width
         the widest rows it will be called with (the int8 dtypes' per-position tables).
     fixed_width
-        every row spans ``width`` positions (a task of fixed length): ``int8`` then
-        fixes the graph's width, which lets OpenVINO fuse the centring tables.
+        every row spans ``width`` positions (a task of fixed length): ``int8`` then fixes the graph's width.
     """
 
     def __init__(
@@ -78,15 +76,11 @@ class OpenVINOForward:
         if dtype in INT8_DTYPES and not width:
             raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
         self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
-        #: ``int8`` on rows of one width: the graph's rows fixed at ``width`` positions, any narrower
-        #: batch widened to it (variable-length tasks keep a free width: their short batches would
-        #: otherwise compute the whole width)
+        #: ``int8`` on rows of one width: the graph's rows fixed at ``width`` positions, a narrower batch widened
         self.fixed = dtype == "int8" and fixed_width
-        #: rows of one width: each batch shape (the full batch, the last one) gets a graph compiled for
-        #: that shape (:meth:`_request`); a dynamic graph's first large call costs several seconds more
-        self.static_shapes = (
-            fixed_width and dtype not in INT8_DTYPES
-        )  # int8's kernels differ by graph: one graph
+        #: rows of one width: each batch shape gets a graph compiled for it (:meth:`_request`); int8 keeps one
+        #: graph, since its kernels differ by graph
+        self.static_shapes = fixed_width and dtype not in INT8_DTYPES
         self.model = None
         self.static: dict[tuple[int, ...], Any] = {}
         self.calibration, self.log = calibration, log or (lambda text: None)
@@ -121,8 +115,8 @@ class OpenVINOForward:
         return self.batches
 
     def _centred(self) -> contextlib.AbstractContextManager:
-        """int8: ``self.eager`` with every projection centred per position (:func:`centred`), the
-        means taken once from the calibration rows; the float dtypes convert it as it is."""
+        """int8: ``self.eager`` with every projection centred per position (:func:`centred`); the float
+        dtypes convert it as it is."""
         if self.dtype not in INT8_DTYPES:
             return contextlib.nullcontext()
         if self.shifts is None:
@@ -131,8 +125,7 @@ class OpenVINOForward:
             threading.Thread(target=importlib.import_module, args=("nncf",), daemon=True).start()
             self.shifts = position_means(self.eager, self._calibration(), self.width, calibration_dtype())
             self.seconds["centre"] = time.perf_counter() - start
-        # int8-static's ranges calibrated on the readout rows alone raised the deepest depth's error
-        # (GPT-2 small, 64 tokens: 9.7e-3 -> 1.1e-2); it keeps whole last blocks
+        # int8-static calibrates its ranges on whole last blocks (on the readout rows alone they were worse)
         return centred(self.eager, self.shifts, whole=self.dtype == "int8-static")
 
     def _quantize(self, model):
@@ -140,9 +133,8 @@ class OpenVINOForward:
 
         start = time.perf_counter()
         nncf.set_log_level(logging.ERROR)
-        lookups = nncf.IgnoredScope(
-            types=["Gather"], validate=False
-        )  # stay float: int8 tables moved every position
+        # lookups stay float: int8 tables moved every position
+        lookups = nncf.IgnoredScope(types=["Gather"], validate=False)
         with quiet():
             if self.dtype == "int8":
                 model = nncf.compress_weights(
@@ -161,8 +153,7 @@ class OpenVINOForward:
         return model
 
     def _compile(self, model) -> list:
-        """``model`` compiled for the CPU: one infer request per stream (:data:`STREAMS` where there are
-        threads for them, each request then runs its part of a batch on a stream of its own)."""
+        """``model`` compiled for the CPU: one infer request per stream."""
         import openvino as ov
 
         props = ov.properties
@@ -177,9 +168,8 @@ class OpenVINOForward:
         if streams > 1:
             config[props.num_streams] = streams
         if self.dtype == "int8":
-            config[props.hint.dynamic_quantization_group_size] = str(
-                DYNAMIC_GROUP
-            )  # OpenVINO 2024 parses only a string as unsigned
+            # OpenVINO 2024 parses only a string as unsigned
+            config[props.hint.dynamic_quantization_group_size] = str(DYNAMIC_GROUP)
         start = time.perf_counter()
         with quiet():
             compiled = ov.Core().compile_model(model, "CPU", config)
@@ -188,10 +178,8 @@ class OpenVINOForward:
 
     def _request(self, args: Sequence[np.ndarray]) -> list:
         """The requests for a batch of ``args``' shapes: on rows of one width, a graph compiled for exactly
-        these shapes (at most :data:`STATIC_SHAPES` of them: the full batch and the last); else the dynamic one.
-
-        A graph compiled for the shape runs its first call at the steady rate, where the dynamic graph's
-        first call is slow (docs/benchmarks.md, "Constants the code takes from these measurements")."""
+        these shapes (at most :data:`STATIC_SHAPES` of them), whose first call runs at the steady rate;
+        else the dynamic one."""
         shapes = tuple(tuple(a.shape) for a in args)
         if shapes in self.static:
             return self.static[shapes]
@@ -205,10 +193,9 @@ class OpenVINOForward:
         return self.static[shapes]
 
     def prepare(self, batch: tuple[torch.Tensor, ...]) -> None:
-        """Convert (from two rows cut to :data:`EXAMPLE_WIDTH` tokens: the graph takes any shape,
-        and converting long rows costs far more time and memory), quantize (int8), compile for
-        the CPU and check against PyTorch on ``batch``'s first rows at their full width; a graph
-        that fails the check is converted again from the full width. Says what each step took."""
+        """Convert (from two rows cut to :data:`EXAMPLE_WIDTH` tokens), quantize (int8), compile for the CPU
+        and check against PyTorch on ``batch``'s first rows at their full width; a graph that fails the
+        check is converted again from the full width."""
         examples = [narrow(batch)] + (
             [tuple(t[:2] for t in batch)] if batch[0].shape[1] > EXAMPLE_WIDTH else []
         )
@@ -236,9 +223,8 @@ class OpenVINOForward:
             )
 
     def _widen(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """``(tokens, lengths, readout)`` with the tokens widened to :attr:`width` positions by repeating
-        each row's last token (past every row's length: no feature reads them), where the graph's
-        width is fixed."""
+        """``(tokens, lengths, readout)`` with the tokens widened to :attr:`width` positions by repeating each
+        row's last token (past every row's length: no feature reads them), where the graph's width is fixed."""
         tokens, *rest = args
         if self.fixed and tokens.shape[1] < self.width:
             tail = tokens[:, -1:].expand(-1, self.width - tokens.shape[1], *tokens.shape[2:])
@@ -246,8 +232,8 @@ class OpenVINOForward:
         return (tokens, *rest)
 
     def _infer(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The features of a batch: its rows split among the streams' requests (a row's features never
-        depend on the other rows of its batch), each part run at once on its own stream."""
+        """The features of a batch, its rows split among the streams' requests (a row's features never
+        depend on the other rows of its batch)."""
         arrays = [np.ascontiguousarray(t.numpy()) for t in self._widen(args)]
         rows = len(arrays[0])
         parts = min(self.streams, rows // STATIC_MIN_ROWS) or 1

@@ -1,32 +1,12 @@
 """When ``--dtype auto`` takes int8: on a CPU where int8 is measured faster than every float path and
-where its probe accuracy has been measured within :data:`ACCURACY_BAR` points of float32's.
+where its probe accuracy has been measured within :data:`ACCURACY_BAR` points of float32's, and only
+where int8 can run and pays (:func:`choose_int8`).
 
-The two halves are measured differently, since one is cheap and the other is not:
-
-- **Accuracy**, measured once per CPU kind (:func:`cpu_kind`) and model family, with the MNIST and
-  CIFAR-10 probes of ``benchmarks/probe.py`` (every depth, ridge head, the depth chosen on
-  validation; at least 10,000 training and 10,000 test images). :data:`PROBED` keeps each
-  pairing whose int8 probes were both within the bar, with the measurement in words; the figures
-  and the commands are in docs/benchmarks.md ("When --dtype auto takes int8, per CPU kind"). A
-  pairing not in the table (not measured, or measured outside the bar) never gets int8 from
-  ``auto``.
-- **Speed**, measured on this machine: one pre-norm transformer block of the model's width
-  (:func:`block_rates`: norm, attention, MLP, residual sums, on rows of 64 tokens) is timed in
-  ``--dtype int8``'s recipe on OpenVINO (int8 weights per output channel, activations quantized per
-  token in groups of :data:`reservoir.runtime.engines.DYNAMIC_GROUP`, float32 between the products)
-  and in every float path (OpenVINO and PyTorch, each float dtype this CPU multiplies natively).
-  int8 is taken when it runs at least :data:`MARGIN` times the fastest float path. The rates are
-  kept in ``$RESERVOIR_CACHE/int8-rates.json`` by CPU, threads, width and library versions, so a
-  machine measures once (a few seconds).
-
-and only where int8 can run and pays: on the CPU, ``--engine auto`` or ``openvino`` with OpenVINO
-installed, a backbone checked to convert (``Backbone.openvino``), weights loaded in float32, class
-targets (real-valued targets keep float32), and runs of at least :data:`MIN_TOKENS` tokens (int8's
-calibration pass and quantization cost a few seconds that a short run does not repay).
-
-``extract`` says on stderr why it took int8, and ``--dtype float32`` (or ``bfloat16``) is one option
-away; the run's identity records int8 and its calibration rows, so an int8 file is never mistaken
-for a float one.
+Accuracy is measured once per CPU kind (:func:`cpu_kind`) and model by ``benchmarks/probe.py``;
+:data:`PROBED` keeps the pairings within the bar, and any other never gets int8 from ``auto``. Speed is
+measured on this machine once, one transformer block in int8's recipe against every float path
+(:func:`block_rates`), and kept in the cache. The rule and its measurements: docs/performance.md,
+"int8".
 """
 
 from __future__ import annotations
@@ -47,12 +27,11 @@ ACCURACY_BAR = 0.5
 #: int8 must run at least this many times the fastest float path
 MARGIN = 1.1
 #: runs shorter than this keep a float dtype: calibrating and quantizing are not repaid
-#: (docs/benchmarks.md, "When --dtype auto takes int8, per CPU kind")
 MIN_TOKENS = 200_000
 
 #: ``(CPU kind, model type, weights)`` whose int8 probes were measured within :data:`ACCURACY_BAR` of
-#: float32 on MNIST and CIFAR-10 (``benchmarks/probe.py --limit 10000``; docs/benchmarks.md, "When --dtype
-#: auto takes int8, per CPU kind"); a change to the int8 recipe measures them again
+#: float32 on MNIST and CIFAR-10 (docs/benchmarks.md, "When --dtype auto takes int8, per CPU kind"); a
+#: change to the int8 recipe measures them again
 PROBED: dict[tuple[str, str, str], str] = {
     ("avx512-vnni", "gpt2", "random"): "MNIST -0.16, CIFAR-10 -0.03",  # AMD Zen 4, int8 recipe 3
 }
@@ -82,12 +61,10 @@ ROUNDS = 3
 
 
 def block_rates(width: int, threads: int) -> dict[str, float]:
-    """Tokens/s of one pre-norm transformer block of ``width`` (norm, attention over rows of
-    :data:`TOKENS` tokens in heads of :data:`HEAD_WIDTH`, residual sum, norm, MLP of four times the
-    width with GELU, residual sum) in ``--dtype int8``'s recipe on OpenVINO (int8 weights per output
-    channel, activations quantized per token, float32 between the products) and in each float path
-    here: ``{"openvino int8": r, "openvino bfloat16": r, "torch float32": r, ...}``, each the fastest call
-    over :data:`ROUNDS` interleaved rounds (each path built and warmed up first)."""
+    """Tokens/s of one pre-norm transformer block of ``width`` (rows of :data:`TOKENS` tokens, heads of
+    :data:`HEAD_WIDTH`) in ``--dtype int8``'s recipe on OpenVINO and in each float path here:
+    ``{"openvino int8": r, "openvino bfloat16": r, "torch float32": r, ...}``, each the fastest call over
+    :data:`ROUNDS` interleaved rounds."""
     import openvino as ov
 
     try:
@@ -149,9 +126,8 @@ def block_rates(width: int, threads: int) -> dict[str, float]:
             props.hint.inference_precision: fast[INT8_FLOAT if int8 else dtype],
         }
         if int8:
-            config[props.hint.dynamic_quantization_group_size] = str(
-                DYNAMIC_GROUP
-            )  # OpenVINO 2024 parses only a string as unsigned
+            # OpenVINO 2024 parses only a string as unsigned
+            config[props.hint.dynamic_quantization_group_size] = str(DYNAMIC_GROUP)
         model = ov.Model([out], [source])
         request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
         return lambda: request.infer({0: x})

@@ -1,9 +1,7 @@
-"""Measurements this machine keeps in the cache folder (``$RESERVOIR_CACHE``): one JSON file of
-records by key per kind (the dtypes' product rates, the engines' rates, compile costs). A file
-that is missing or unreadable reads as empty; writes are atomic and best effort (a read-only
-cache measures again next time). A write reads, changes and replaces the file under an exclusive
-lock (``NAME.lock``, released by the kernel if its holder dies), so runs that start together (two
-terminals, the workers of a sharded run) never lose each other's records."""
+"""Measurements this machine keeps in the cache folder (``$RESERVOIR_CACHE``): one JSON file of records
+by key per kind (the dtypes' and engines' rates, compile costs). A missing or unreadable file reads as
+empty; writes are atomic and best effort, under an exclusive lock (``NAME.lock``), so runs that start
+together never lose each other's records."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
-"""Running the frozen forward for extraction: compute dtype, engine, compilation, batches.
+"""Running the frozen forward for extraction: :class:`FeatureRunner` turns token batches into float32
+feature arrays, choosing the compute dtype, the engine (:mod:`reservoir.runtime.engines`) and whether to
+compile (:class:`CompiledOrEager`), padding batches to static shapes and dropping the padding rows.
 
-- **Compilation** is :class:`CompiledOrEager`: torch.compile when asked, eager with a
-  message when compiling or the compiled call fails.
-- :class:`FeatureRunner` turns token batches into float32 feature arrays for extraction:
-  compute dtype, engine (PyTorch, OpenVINO or ONNX Runtime, :mod:`reservoir.runtime.engines`), static shapes
-  for the compiled graph, padding rows dropped.
-
-On a CUDA device, batches are copied into page-locked host buffers from a reused pool
-(:class:`PinnedPool`) on the prefetch thread, the forward and both copies run on the device's own
-current stream, and features come back as a :class:`Pending` copy whose completion event is
-recorded on that stream; nothing in the batch loop waits for the device except the first batch's
-timing (the compile decision's probe).
+On a CUDA device, batches go through reused page-locked buffers (:class:`PinnedPool`), everything runs
+on the device's current stream, and features come back as a :class:`Pending` copy: nothing in the batch
+loop may wait for the device except the first batch's timing.
 """
 
 from __future__ import annotations
@@ -49,14 +43,13 @@ from reservoir.tasks import TaskSpec
 WIDTH_MULTIPLE = 64
 #: batches whose time a :class:`FeatureRunner` keeps (the compile decision's measurements)
 TIMED_BATCHES = 64
-#: free page-locked buffers a :class:`PinnedPool` keeps per shape: the batches in flight (prefetched
-#: inputs, features queued for the writer) with room to spare
+#: free page-locked buffers a :class:`PinnedPool` keeps per shape: the batches in flight, with room to spare
 PINNED_KEEP = 8
 
 
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> str:
-    """``"auto"`` -> the float dtype this device multiplies fastest, measured on a CPU
-    (:func:`reservoir.runtime.dtypes.choose`); the float and int8 dtypes as they are."""
+    """``"auto"`` -> the float dtype this device multiplies fastest (:func:`reservoir.runtime.dtypes.choose`);
+    the float and int8 dtypes as they are."""
     if name == "auto":
         return choose_dtype(device)[0]
     if name not in DTYPES and name not in INT8_DTYPES:
@@ -74,8 +67,7 @@ class CompiledOrEager:
     """``fn`` under ``torch.compile`` when ``enabled``; if compiling or a compiled call fails, the
     eager ``fn`` from then on, with one message on stderr.
 
-    ``compiled`` says which runs; :meth:`fall_back` switches by hand (training calls it when
-    the backward pass of a compiled graph fails).
+    ``compiled`` says which runs; :meth:`fall_back` switches by hand (training, when a compiled backward fails).
     """
 
     def __init__(self, fn: Callable, enabled: bool, *, hint: str = "", **compile_kwargs: Any):
@@ -111,11 +103,10 @@ class CompiledOrEager:
 class PinnedPool:
     """Reused page-locked host buffers, so a batch in flight never allocates one.
 
-    :meth:`take` lends a buffer of at least the rows asked for (viewed to the shape asked); :meth:`give`
-    returns it with the CUDA event after which it is free (the copy that reads or fills it), and
-    it is lent again only once that event has completed. At most ``keep`` free buffers are kept
-    per row shape and dtype. Thread-safe: inputs are taken on the prefetch thread, features given
-    back on the writer's. ``pin=False`` lends ordinary memory (the same bookkeeping on a CPU).
+    :meth:`take` lends a buffer of at least the rows asked for; :meth:`give` returns it with the CUDA
+    event after which it is free, and it is lent again only once that event has completed. At most
+    ``keep`` free buffers are kept per row shape and dtype. Thread-safe (the prefetch thread takes, the
+    writer's gives back); ``pin=False`` lends ordinary memory.
     """
 
     def __init__(self, pin: bool = True, keep: int = PINNED_KEEP):
@@ -172,8 +163,7 @@ class Pending(NamedTuple):
 
 
 def resolve(features: np.ndarray | Pending) -> np.ndarray:
-    """The features as a numpy array (waiting for a GPU copy to finish; the pinned buffer is copied
-    out and lent again)."""
+    """The features as a numpy array, waiting for a GPU copy to finish and lending its buffer again."""
     if isinstance(features, Pending):
         features.done.synchronize()
         array = features.host.numpy().copy()
@@ -200,8 +190,7 @@ def round_width(width: int, seq_len: int, multiple: int = WIDTH_MULTIPLE) -> int
 
 class Batch(NamedTuple):
     """Model inputs of one batch; rows past ``n`` are padding whose outputs are dropped. On CUDA the
-    tensors are buffers lent by the runner's :class:`PinnedPool`, returned once the batch is copied
-    to the device (so a batch runs once)."""
+    tensors are lent by the runner's :class:`PinnedPool` and returned once copied, so a batch runs once."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
@@ -216,39 +205,29 @@ class FeatureRunner:
     Parameters
     ----------
     reservoir
-        the frozen input layer and backbone (:class:`Reservoir`); its backbone is
-        converted to ``dtype`` in place.
+        the frozen input layer and backbone (:class:`Reservoir`), converted to ``dtype`` in place.
     depths
         depths to read; only blocks up to the deepest run.
     dtype
-        ``"auto"``, ``"bfloat16"`` or ``"float32"`` compute; ``"int8"`` or ``"int8-static"``
-        on the OpenVINO engine.
+        ``"auto"``, a float dtype, or ``"int8"`` / ``"int8-static"`` on a converting engine.
     compile
-        compile the forward with inductor (weight freezing); eager if that fails (the
-        ``torch`` engine only).
+        compile the forward with inductor (the ``torch`` engine only); eager if that fails.
     batch_size
         when compiling, smaller batches are padded to this many rows so one graph serves.
     device
-        where the backbone runs (:func:`reservoir.model.devices.resolve_device`); batches are
-        prepared on the CPU (in reused pinned buffers for CUDA) and features come back as CPU arrays. float32 on CUDA
-        is IEEE float32 (TF32 off, :func:`reservoir.runtime.dtypes.strict_float32`); bf16 is the fast
-        dtype there.
+        where the backbone runs (:func:`reservoir.model.devices.resolve_device`); features come back on the CPU.
     engine
-        ``"torch"``, ``"openvino"``, ``"onnxruntime"`` or ``"auto"``
-        (:func:`reservoir.runtime.engines.choose_engine`; auto measures the installed engines on the first
-        batch, and runs PyTorch when the converting engine cannot convert the model or its check fails).
+        ``"torch"``, ``"openvino"``, ``"onnxruntime"`` or ``"auto"`` (:func:`reservoir.runtime.engines.choose_engine`).
     tokens
-        tokens the run will extract (``engine="auto"`` takes OpenVINO for long runs only).
+        tokens the run will extract (``engine="auto"`` converts for long runs only).
     padded
         the padded readout (``reservoir extract --readout padded``), for calibration batches.
     calibration
         the int8 dtypes only: returns the calibration batches as ``(tokens, lengths)``.
     log
-        where the runner reports (the OpenVINO engine's conversion costs, a fallback);
-        stderr by default.
+        where the runner reports; stderr by default.
     store
-        the dtype :meth:`run_async` hands features in, the feature file's (``--store-dtype``): float32,
-        float16, or bfloat16 as its bits (int16); converted on the device, so a GPU copies back half the bytes.
+        the dtype :meth:`run_async` hands features in (``--store-dtype``; bfloat16 as int16 bits).
 
     Examples
     --------
@@ -286,8 +265,8 @@ class FeatureRunner:
         self.engine, self.engine_reason = choose_engine(
             engine, self.dtype_name, self.device, reservoir.backbone, tokens
         )
-        #: ``auto`` between float engines: the key of this CPU and model's measured rates, while the
-        #: first batch is still to measure them (:meth:`_measure`), and the converting engines it measures
+        #: ``auto`` between float engines: the rates' key while the first batch is still to measure them
+        #: (:meth:`_measure`), and the converting engines it measures
         self.measure_key: str | None = None
         self.candidates: list[str] = []
         if engine == "auto" and self.converting and self.dtype_name in DTYPES:
@@ -295,9 +274,8 @@ class FeatureRunner:
         #: ``engine="auto"`` runs PyTorch when the converting engine cannot convert or check (an explicit engine fails)
         self.falls_back = engine == "auto" and self.dtype_name in DTYPES
         self.log = log or (lambda text: print(text, file=sys.stderr))
-        if low_precision(
-            reservoir.backbone
-        ):  # weights kept in bf16 or fp16 (--load-dtype): never upcast whole
+        # weights kept in bf16 or fp16 (--load-dtype) are never upcast whole
+        if low_precision(reservoir.backbone):
             reservoir.input_layer.float()
             self.reservoir = freeze(reservoir).eval().to(self.device)
         else:
@@ -329,8 +307,7 @@ class FeatureRunner:
         return ENGINES[self.engine].converts
 
     def _converting(self, engine: str) -> Any:
-        """The forward of a converting engine (converted, checked, at its first call):
-        :meth:`reservoir.runtime.engines.Engine.forward`."""
+        """The forward of a converting engine (:meth:`reservoir.runtime.engines.Engine.forward`)."""
         return ENGINES[engine].forward(
             FixedDepths(self.reservoir, self.depths),
             self.dtype_name,
@@ -342,8 +319,8 @@ class FeatureRunner:
         )
 
     def _engine_by_measurement(self, backbone: Backbone, tokens: int | None) -> None:
-        """``auto``: the engine measured fastest for this CPU and model before, or (never measured, or not
-        with every installed engine) the first converting engine for now and a measurement on the first batch."""
+        """``auto``: the engine measured fastest for this CPU and model before, else the first converting
+        engine for now and a measurement on the first batch."""
         self.candidates = auto_candidates(self.dtype_name, self.device, backbone, tokens)[0]
         key = engine_key(self.dtype_name, backbone, self.spec.seq_len, torch.get_num_threads())
         kept = records.get(ENGINE_RATES, key)
@@ -365,9 +342,8 @@ class FeatureRunner:
             )
 
     def _measure(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Run the first batch on every candidate engine and PyTorch (eager twice: its first call makes its
-        kernels), keep the rates for this CPU and model, go on with the fastest and return its features.
-        A converting engine that cannot convert or check is said and left out."""
+        """Run the first batch on every candidate engine and PyTorch, keep the rates for this CPU and model,
+        go on with the fastest and return its features; an engine that cannot convert or check is left out."""
         key, self.measure_key = self.measure_key, None
         tokens = int(args[1].sum())
         rates, outputs, forwards, failed, convert = {}, {}, {}, [], {}
@@ -394,7 +370,7 @@ class FeatureRunner:
                 )
         self.reservoir.to_compute(DTYPES[self.dtype_name])
         eager = CompiledOrEager(FixedDepths(self.reservoir, self.depths), False)
-        eager(*args)
+        eager(*args)  # its first call makes its kernels: not the rate
         start = time.perf_counter()
         outputs["torch"] = eager(*args)
         rates["torch"] = tokens / (time.perf_counter() - start)
@@ -431,9 +407,8 @@ class FeatureRunner:
             return self.forward(*args)
 
     def enable_compile(self) -> None:
-        """Compile the forward (inductor, weight freezing) from now on; batches prepared after this
-        are padded to the compiled shape. Eager, with a message, if compiling fails. The OpenVINO
-        engine compiles in its own way and ignores this."""
+        """Compile the forward from now on (batches prepared after this are padded to the compiled shape);
+        a converting engine ignores this."""
         if not self.converting and not self.compiled:
             self.forward = CompiledOrEager(
                 self.forward.eager,
@@ -443,9 +418,9 @@ class FeatureRunner:
             )
 
     def compile_costs(self) -> tuple[float, float | None] | None:
-        """``(compile seconds, speedup)`` read from this run's timed batches: the first compiled batch's time
-        beyond the median compiled batch's, and the compiled tokens/s over the eager probe's (``None``
-        without a probe); ``None`` before three compiled batches."""
+        """``(compile seconds, speedup)`` from this run's timed batches: the first compiled batch's time
+        beyond the median's, and the compiled rate over the eager probe's (``None`` without a probe);
+        ``None`` before three compiled batches."""
         timed = self.timings
         eager = [(t, s) for t, s, c in timed if not c]
         compiled = [(t, s) for t, s, c in timed if c]
@@ -456,10 +431,9 @@ class FeatureRunner:
         return compile_s, (1 / per_token) / (eager[0][0] / eager[0][1]) if eager else None
 
     def keep_compile_if_faster(self) -> bool | None:
-        """Check the compile decision by this run's own batches: once the probe batch ran eager and three
-        compiled batches ran past the first (the compiling), eager again from then on, said on stderr,
-        when the compiled batches ran fewer tokens/s than the probe (:meth:`compile_costs`). ``None``: not
-        enough batches yet; ``True``: compiled kept; ``False``: dropped (:attr:`compile_dropped`)."""
+        """Check the compile decision by this run's own batches: eager again from then on when the compiled
+        batches ran slower than the eager probe (:meth:`compile_costs`). ``None``: not enough batches yet;
+        ``True``: compiled kept; ``False``: dropped (:attr:`compile_dropped`)."""
         if not self.compiled or sum(c for *_, c in self._timed) < 4:  # counted before any CUDA wait
             return None
         _, speedup = self.compile_costs()
@@ -489,11 +463,9 @@ class FeatureRunner:
         readout: str = "last",
         **kwargs: Any,
     ) -> FeatureRunner:
-        """The one construction of a runner, shared by ``extract``, its shards and the Python API: a
-        seeded :class:`Reservoir` over ``backbone`` (its input layer set to ``input_layer``'s tensors
-        when given: a shard's worker takes the driver's) reading ``readout``
-        (:data:`reservoir.model.reservoir.READOUTS`), and the runner around it (``kwargs``:
-        ``engine``, ``tokens``, ``padded``, ``calibration``, ``log``, ``store``)."""
+        """The one construction of a runner, shared by ``extract``, its shards and the Python API: a seeded
+        :class:`Reservoir` over ``backbone`` reading ``readout`` (its input layer set to ``input_layer``'s
+        tensors when given: a shard's worker takes the driver's), and the runner around it."""
         reservoir = Reservoir(spec, backbone, seed=seed, input_scale=input_scale, readout=readout)
         if input_layer is not None:
             reservoir.input_layer.load_state_dict(
@@ -508,8 +480,7 @@ class FeatureRunner:
     @property
     def timings(self) -> list[tuple[int, float, bool]]:
         """``(real tokens, seconds, compiled)`` of the first :data:`TIMED_BATCHES` batches, for the compile
-        decision (:mod:`reservoir.runtime.compiling`); on CUDA, the device time between events
-        recorded on its stream around the forward (reading it waits for those batches)."""
+        decision; on CUDA, the device time around the forward (reading it waits for those batches)."""
         out = []
         for tokens, took, compiled in self._timed:
             if isinstance(took, tuple):
@@ -520,11 +491,8 @@ class FeatureRunner:
         return out
 
     def prepare(self, tokens: np.ndarray, lengths: np.ndarray, padded: bool = False) -> Batch:
-        """Model inputs for a batch (thread-safe: runs on the prefetch thread).
-
-        Compiled runs pad the batch to ``batch_size`` rows and variable-length widths to a
-        multiple of :data:`WIDTH_MULTIPLE`, so the graph is reused.
-        """
+        """Model inputs for a batch (thread-safe: runs on the prefetch thread). Compiled runs pad the batch
+        to ``batch_size`` rows and variable-length widths to a multiple of :data:`WIDTH_MULTIPLE`."""
         n, width = tokens.shape[0], tokens.shape[1]
         lengths = np.asarray(lengths, dtype=np.int64)
         if self.compiled:
@@ -552,9 +520,8 @@ class FeatureRunner:
 
     @torch.inference_mode()
     def run_async(self, batch: Batch, store: str | None = None) -> np.ndarray | Pending:
-        """As :meth:`run`, in the dtype ``store`` (default: the runner's ``store``), but on a GPU the copy
-        back to (pinned) host memory is only started: the result is a :class:`Pending` that the writer
-        thread resolves while the next batch runs."""
+        """As :meth:`run`, in the dtype ``store`` (default: the runner's), but on a GPU the copy back is
+        only started: the result is a :class:`Pending` the writer resolves while the next batch runs."""
         tokens = int(batch.lengths[: batch.n].sum())
         store = store or self.store
         if self.device.type == "cuda":
@@ -572,7 +539,7 @@ class FeatureRunner:
 
     def _run_cuda(self, batch: Batch, tokens: int, store: str) -> Pending:
         """Copy in, forward and copy out, all queued on this device's current stream (the caller made
-        ``self.device`` current); the input buffers go back to the pool once their copy is done."""
+        ``self.device`` current)."""
         stream = torch.cuda.current_stream(self.device)
         args = [t.to(self.device, non_blocking=True) for t in (batch.tokens, batch.lengths, batch.readout)]
         if batch.pinned:

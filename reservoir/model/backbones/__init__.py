@@ -376,9 +376,8 @@ def load_pretrained(
     if init == "random":
         return adapter(random_model(config, seed))
     backbone = adapter(load_model(path, config, revision=revision, dtype=dtype))
-    load_added_positions(
-        backbone, path
-    )  # a folder train --save-backbone wrote of a model without learned positions
+    # a folder train --save-backbone wrote of a model without learned positions holds them
+    load_added_positions(backbone, path)
     return backbone
 
 
@@ -401,7 +400,6 @@ def _subclasses(cls: type) -> list[type]:
     return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
 
 
-# every module of this package is an adapter that registers itself: adding a family is adding its file. They are
-# found as every registry finds its modules (reservoir.registry.discover), here at import: the adapters' model
-# types (hf.ADAPTERS) are read by family lookups that go through no registry
+# every module of this package is an adapter that registers itself, imported here because family lookups
+# (hf.ADAPTERS) go through no registry
 discover(__name__)

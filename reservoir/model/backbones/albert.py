@@ -1,12 +1,9 @@
 """ALBERT adapter: one block group shared by every layer, so each application is a depth.
 
-ALBERT's encoder applies its ``num_hidden_groups`` block groups ``num_hidden_layers`` times
-(layer ``i`` runs group ``i * groups // layers``): the stack lists each application, and the
-generic adapter, which counts block calls, reads depth ``k`` after the ``k``-th. Everything
-else is found as the generic adapter finds it: the FPT input layer writes the token
-embedding's width (``embedding_size``), the model's own position embedding, layer norm and
-``embedding_hidden_mapping_in`` then run as in ALBERT, and the pooler is left out. A shared
-group's parameters belong to every depth that applies it, and are trained once.
+ALBERT's encoder applies its ``num_hidden_groups`` block groups ``num_hidden_layers`` times (layer ``i``
+runs group ``i * groups // layers``): the stack lists each application, and the generic adapter, which
+counts block calls, reads depth ``k`` after the ``k``-th; everything else is found as it finds it. A
+shared group's parameters belong to every depth that applies it, and are trained once.
 """
 
 from __future__ import annotations

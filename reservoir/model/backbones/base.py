@@ -1,30 +1,17 @@
 """The backbone contract and what every adapter shares.
 
 A backbone maps the input layer's output ``x (B, T, d_input)`` to the hidden states of the
-readout rows after each requested depth. Depth ``k`` is what the model truncated to its
-first ``k`` blocks outputs, final norm included (for LSTMs and echo state networks: the
-output of layer ``k``); depth 0 is the embedded input (input layer + positions) through that
-final norm. Only blocks up to the deepest requested depth run, and the final norm is applied
-to the readout rows only (it acts per token, so that equals norming every position and then
-reading).
+readout rows after each requested depth. Depth ``k`` is what the model truncated to its first
+``k`` blocks outputs, final norm included (for LSTMs and echo state networks: the output of layer
+``k``); depth 0 is the embedded input through that final norm. The final norm acts per token, so
+it is applied to the readout rows only.
 
-Each architecture family is one adapter (a :class:`Backbone` subclass in its own file) that
-knows where the blocks, final norm and embeddings are, how embedded tokens are fed, the
-parameter groups of ``train --trainable`` (:meth:`Backbone.param_groups`), the attention
-module of a block (:meth:`Backbone.attention_module`) and the projections int8 quantizes
-(:meth:`Backbone.projections`).
-
-The base walks, the adapter declares: :meth:`Backbone.states` checks the depths, embeds
-(:meth:`Backbone.embed`), reads depth 0, runs the first ``max(depths)`` blocks
-(:meth:`Backbone.call_block`), reads the wanted depths and applies the final norm
-(:meth:`Backbone.finish`); a family says only how it embeds and calls a block. What a family
-offers beyond that is declared once, in its :class:`Capabilities` (``reservoir backbones`` prints
-them, ``engine="auto"`` and the compile decision read them). Families whose blocks allow it
-compute only the readout rows in the deepest block that runs (:meth:`Backbone.readout_block`):
-keys and values for every position, queries, attention output, residual and MLP for the readout
-rows alone (:func:`readout_attention`). While that block computes the readout rows alone,
-:func:`readout_rows` gives their positions, so that a projection whose computation depends on
-the position (the int8 engine's centring) reads its tables there.
+The base walks, the adapter declares: :meth:`Backbone.states` owns the depth loop, and a family
+says how it embeds and calls a block (:meth:`Backbone.embed`, :meth:`Backbone.call_block`) and
+declares its fast paths once, in its :class:`Capabilities`. A family whose blocks allow it
+computes only the readout rows in the deepest block (:meth:`Backbone.readout_block`,
+:func:`readout_attention`); meanwhile :func:`readout_rows` gives their positions, so that a module
+whose computation depends on the position (the int8 engine's centring) reads its tables there.
 """
 
 from __future__ import annotations
@@ -48,9 +35,7 @@ GROUPS = ("pos", "ln", "attn", "ff")
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a family offers beyond the plain walk, declared once per adapter (``capabilities``):
-    ``reservoir backbones`` prints :attr:`fast_paths`, ``engine="auto"`` reads ``openvino`` and the
-    compile decision reads ``compile``."""
+    """What a family offers beyond the plain walk, declared once per adapter (``capabilities``)."""
 
     #: the deepest block that runs computes only the readout rows (:meth:`Backbone.readout_block`)
     readout_block: bool = False
@@ -67,10 +52,9 @@ class Capabilities:
 
 
 class Backbone(nn.Module):
-    """Base class of every adapter. Subclasses set ``d_model``, ``n_layers``, ``family`` (and
-    ``max_positions`` when positions run out), their ``capabilities``, and the hooks
-    :meth:`states` calls where the defaults do not fit (:meth:`embed`, :meth:`call_block`,
-    :meth:`readout_block`; the final norm is ``after``)."""
+    """Base class of every adapter. Subclasses set ``d_model``, ``n_layers``, ``family``, their
+    ``capabilities``, and the hooks :meth:`states` calls where the defaults do not fit
+    (:meth:`embed`, :meth:`call_block`, :meth:`readout_block`)."""
 
     family: str = ""
     #: how to name a model of this family (``reservoir backbones`` lists it)
@@ -83,13 +67,12 @@ class Backbone(nn.Module):
     blocks: nn.ModuleList | None = None
     #: per-token modules applied after the last block, in order (the final norm): :meth:`finish`
     after: tuple[nn.Module, ...] = ()
-    #: the one declaration of the fast paths (a backbone that runs its own modules compiles unless it says not)
+    #: the one declaration of the fast paths
     capabilities: Capabilities = Capabilities(compile=True)
     causal: bool = True
     #: longest input the backbone has positions for (``None``: no limit)
     max_positions: int | None = None
-    #: std of the backbone's own token embedding as loaded (its initialisation's for a random
-    #: twin); ``--input-scale matched`` draws the input layer at this scale
+    #: std of the backbone's own token embedding as loaded; ``--input-scale matched`` draws the input layer at it
     token_std: float | None = None
     #: use the readout-only deepest block where the family has one (engines switch it off to see every row)
     readout_last_block: bool = True
@@ -119,11 +102,8 @@ class Backbone(nn.Module):
     ) -> list[torch.Tensor]:
         """Hidden states at the ``readout`` positions ``(B, R)`` for each depth: ``[(B, R, d)]``.
 
-        ``x`` is the input layer's output ``(B, T, d)`` (positions not yet added);
-        ``lengths`` the real length of each row (right padding beyond it). The walk every family
-        shares: :meth:`embed` gives depth 0, blocks ``0..max(depths)-1`` run by :meth:`call_block`
-        (the deepest by :meth:`readout_block` where the family declares it and it applies), and
-        each wanted depth's readout rows go through :meth:`finish`.
+        ``x`` is the input layer's output ``(B, T, d)`` (positions not yet added); ``lengths`` the
+        real length of each row (right padding beyond it).
         """
         self.check_depths(depths)
         last = max(depths)
@@ -144,10 +124,8 @@ class Backbone(nn.Module):
     def embed(
         self, x: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor, last: int
     ) -> tuple[torch.Tensor, Any]:
-        """The states entering the first block ``(B, T', d)`` (depth 0 before :meth:`finish`), and what
-        every block call reads (masks, rotary positions), handed to :meth:`call_block` and
-        :meth:`readout_block` as it is; ``last`` is the deepest block that will run. Default: ``x``
-        as it is, nothing else."""
+        """The states entering the first block ``(B, T', d)``, and what every block call reads (masks,
+        rotary positions); ``last`` is the deepest block that will run. Default: ``x``, nothing else."""
         return x, None
 
     def call_block(self, i: int, h: torch.Tensor, context: Any) -> torch.Tensor:
@@ -158,8 +136,7 @@ class Backbone(nn.Module):
         self, i: int, h: torch.Tensor, readout: torch.Tensor, context: Any
     ) -> torch.Tensor | None:
         """``gather(call_block(i, h, context), readout)`` computing only what the readout rows need, or
-        ``None`` where block ``i`` is not one this computes exactly (it then runs whole). Called for
-        the deepest block only, when ``capabilities.readout_block`` is declared."""
+        ``None`` where block ``i`` is not one this computes exactly (it then runs whole)."""
         return None
 
     def finish(self, h: torch.Tensor) -> torch.Tensor:
@@ -184,8 +161,7 @@ class Backbone(nn.Module):
         raise UsageError(f"a {self.kind} backbone has no attention; choose a transformer backbone")
 
     def eager_attention(self) -> contextlib.AbstractContextManager:
-        """Within: attention modules compute their weights explicitly (Hugging Face's ``eager``
-        implementation) and return them, so :meth:`attention_module`'s output carries them."""
+        """Within: attention modules compute and return their weights (Hugging Face's ``eager`` implementation)."""
         return contextlib.nullcontext()
 
     def projections(self) -> dict[str, nn.Module]:
@@ -203,7 +179,7 @@ class Backbone(nn.Module):
 
     def save_pretrained(self, folder) -> None:
         """Write the backbone as a folder that :func:`~reservoir.model.backbones.load_backbone` reads back
-        to equal parameters (Hugging Face backbones: :meth:`HFBackbone.save_pretrained`)."""
+        to equal parameters (Hugging Face backbones only)."""
         self.check_saveable()
 
     def check_depths(self, depths: Sequence[int]) -> None:
@@ -230,9 +206,8 @@ _READOUT_ROWS: contextvars.ContextVar[torch.Tensor | None] = contextvars.Context
 
 
 def at_readout(block: nn.Module, readout: torch.Tensor) -> contextlib.AbstractContextManager:
-    """Within: ``block`` computes the readout rows ``readout (B, R)`` (positions), not positions
-    ``0..T-1`` (:func:`readout_rows`), where one of its modules reads positions (its
-    ``reads_positions`` attribute); else nothing is set, so compiled graphs do not break on it."""
+    """Within: ``block`` computes the readout rows ``readout (B, R)`` (:func:`readout_rows`), where one
+    of its modules has ``reads_positions``; else nothing is set, so compiled graphs do not break on it."""
     if any(getattr(m, "reads_positions", False) for m in block.modules()):
         return _reading(readout)
     return contextlib.nullcontext()
@@ -270,11 +245,9 @@ def readout_attention(
     """Causal attention of the readout queries alone: ``(B, R, H * hd)``.
 
     ``q (B, H, R, hd)`` are the queries of the positions ``readout (B, R)``; ``k``, ``v``
-    ``(B, Hkv, T, hd)`` the keys and values of every position (``H`` a multiple of ``Hkv``:
-    query head ``h`` reads key-value head ``h // (H / Hkv)``, as Hugging Face's ``repeat_kv``).
-    A query at position ``p`` attends to keys ``0..p``, as in the full causal block, so the
-    last block can compute queries, output projection and MLP for the readout rows only. With
-    ``window``, only the keys ``p - window < key <= p``.
+    ``(B, Hkv, T, hd)`` the keys and values of every position (``H`` a multiple of ``Hkv``, as
+    Hugging Face's ``repeat_kv``). A query at position ``p`` attends to keys ``0..p`` (with
+    ``window``, only ``p - window < key <= p``), as in the full causal block.
     """
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
@@ -288,9 +261,8 @@ def readout_attention(
 
 
 def hooked(*modules: nn.Module) -> bool:
-    """Whether any of ``modules`` has forward hooks: an observer (such as
-    :mod:`reservoir.report.attention`'s pre-hook) expects the module itself to run, so the readout-only
-    last block is not used then."""
+    """Whether any of ``modules`` has forward hooks; an observer expects the module itself to run, so the
+    readout-only last block is not used then."""
     return any(m._forward_pre_hooks or m._forward_hooks for m in modules)
 
 
@@ -298,9 +270,8 @@ def hooked(*modules: nn.Module) -> bool:
 def stats_init(model: nn.Module, seed: int) -> nn.Module:
     """Redraw every parameter from ``N(mean, std)`` of its current (pretrained) values, in place.
 
-    Statistics-only initialisation of the FPT paper (section 3.8): the architecture and each
-    tensor's first two moments are kept, the learned structure is not. Buffers (rotary
-    frequencies, causal masks) are left alone; a one-element tensor keeps its value.
+    Statistics-only initialisation of the FPT paper (section 3.8). Buffers are left alone; a
+    one-element tensor keeps its value.
     """
     g = torch.Generator().manual_seed(seed)
     for _, p in model.named_parameters():
@@ -326,11 +297,8 @@ def freeze(module: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def quiet_transformers():
-    """transformers' loading chatter off the terminal: its progress bars, its load report (a head
-    model's unused weights; what matters is checked by the caller and said in the project's words)
-    and notes on optional kernels; huggingface_hub's retry lines when the hub is unreachable (the
-    caller's error names the cause once); errors still show. Levels and progress bars are as before
-    afterwards, for a program that uses transformers beside the project."""
+    """transformers' and huggingface_hub's loading chatter off the terminal (progress bars, load
+    reports, retry lines); errors still show, and levels and progress bars are restored after."""
     from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
 
@@ -349,9 +317,8 @@ def quiet_transformers():
 
 
 def from_pretrained(cls, *args, **kwargs):
-    """``cls.from_pretrained(*args, **kwargs)`` without transformers' chatter (:func:`quiet_transformers`;
-    extract and train print their own progress), never running code a model folder or hub repository
-    ships (``trust_remote_code=False``: transformers refuses such a model instead of asking)."""
+    """``cls.from_pretrained(*args, **kwargs)`` without transformers' chatter (:func:`quiet_transformers`),
+    never running code a model folder or hub repository ships (``trust_remote_code=False``)."""
     with quiet_transformers():
         return cls.from_pretrained(*args, **kwargs, trust_remote_code=False)
 
@@ -364,10 +331,9 @@ def is_conv1d(module: nn.Module) -> bool:
 
 
 def columns(module: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """Output features ``start:stop`` of a projection (transformers' ``Conv1D`` or ``nn.Linear``)
-    without computing the others (a module with a ``columns(x, start, stop)`` method computes them
-    itself); any other module, or one whose weight is not a plain tensor (a quantized one), runs
-    whole and is sliced."""
+    """Output features ``start:stop`` of a projection without computing the others (a module with a
+    ``columns(x, start, stop)`` method computes them itself); any other module, or one whose weight is
+    not a plain tensor (a quantized one), runs whole and is sliced."""
     if hasattr(module, "columns"):
         return module.columns(x, start, stop)
     plain = type(getattr(module, "weight", None)) in (torch.Tensor, nn.Parameter)
@@ -419,9 +385,8 @@ def check_length(x: torch.Tensor, limit: int | None, name: str) -> None:
 
 
 def make_mask(fn, embeds, positions, **kwargs):
-    """Call a ``transformers.masking_utils`` mask builder across versions: its embeddings argument
-    was ``input_embeds`` before 5.2, ``cache_position`` was required before 5.4, and the cache
-    argument is ``cache`` (``past_key_values`` before): passed only where required."""
+    """Call a ``transformers.masking_utils`` mask builder across versions, passing the embeddings,
+    ``cache_position`` and the cache under the names and only where its signature requires them."""
     params = inspect.signature(fn).parameters
     kwargs["inputs_embeds" if "inputs_embeds" in params else "input_embeds"] = embeds
     if "cache_position" in params:

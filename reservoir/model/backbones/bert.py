@@ -1,11 +1,9 @@
 """BERT-shaped encoder adapter: BERT, RoBERTa, XLM-RoBERTa, ELECTRA (bidirectional, post-norm).
 
-The model's own embedding module adds its positions and token type 0 to the input layer's
-output and normalises (ELECTRA then projects to the hidden width, ``embeddings_project``); an
-attention mask over padding keeps a row's features independent of how far the batch was
-padded. Every block ends in a LayerNorm, so there is no extra final norm. The readout token is
-the last real token, as for every family. No readout-only last block (every position's query
-would be needed by the blocks below; the last block alone could, but is not written).
+The model's own embedding module adds its positions and token type 0 to the input layer's output and
+normalises; an attention mask over padding keeps a row's features independent of how far the batch was
+padded. Every block ends in a LayerNorm, so there is no extra final norm. No readout-only last block
+(one is possible for the last block alone, but not written).
 """
 
 from __future__ import annotations
@@ -31,9 +29,8 @@ class EncoderBackbone(HFBackbone):
     def locate(self) -> Parts:
         m, c = self.model, self.model.config
         emb = m.embeddings
-        offset = (
-            c.pad_token_id + 1 if hasattr(emb, "padding_idx") and c.model_type != "bert" else 0
-        )  # RoBERTa: pad+1
+        # RoBERTa's positions start at pad + 1
+        offset = c.pad_token_id + 1 if hasattr(emb, "padding_idx") and c.model_type != "bert" else 0
         positions = [emb.position_embeddings] + (
             [emb.token_type_embeddings] if hasattr(emb, "token_type_embeddings") else []
         )

@@ -1,26 +1,13 @@
 """Echo state networks: the classical reservoir, beside the transformer ones.
 
-A leaky-integrator reservoir with reservoirpy's parameters and update (``reservoirpy.nodes.Reservoir``):
-
-    x[t] = (1 - lr) * x[t-1] + lr * f(W x[t-1] + Win u[t] + bias)
-
-- ``units``: reservoir size (also the input layer's width, so every depth is ``units`` wide);
-- ``sr``: spectral radius of ``W`` (a sparse normal matrix of density ``rc_connectivity``, rescaled);
-- ``lr``: leak rate; ``input_scaling``: scale of ``Win`` (a sparse matrix of +-1 of density
-  ``input_connectivity``, times the scale); ``bias_scaling``: scale of a uniform bias in [-1, 1];
-  ``activation``: ``f``, ``tanh`` or ``identity`` (a linear reservoir).
+A leaky-integrator reservoir with reservoirpy's parameters and update (``reservoirpy.nodes.Reservoir``),
+``x[t] = (1 - lr) * x[t-1] + lr * f(W x[t-1] + Win u[t] + bias)``; its states equal reservoirpy's on
+the same weights (tested). A deep ESN stacks ``layers`` reservoirs, each reading the states of the one
+below (Gallicchio et al. 2017); depth ``k`` is reservoir ``k``'s state at the readout token.
 
 As a backbone the ESN reads the windows every backbone reads, from a zero state at each window's first
-token; :func:`series_states` runs it the field's way, once over a whole series.
-
-A deep ESN stacks ``layers`` reservoirs, each reading the states of the one below (Gallicchio
-et al. 2017); depth ``k`` is reservoir ``k``'s state at the readout token, depth 0 the embedded
-input. Weights are drawn from ``seed`` with numpy. The states equal reservoirpy's on the same
-weights (``tests/model/backbones/test_esn.py`` hands ours to ``reservoirpy.nodes.Reservoir``); here all rows of a
-batch step together on the CPU or GPU.
-
-Names: ``esn`` (one reservoir of 768 units, GPT-2 small's width), ``esn-deep`` (four), or any
-setting as ``esn:units=2000,sr=0.95,lr=0.3,layers=3`` (keys as above; unknown keys are refused).
+token; :func:`series_states` runs it the field's way, once over a whole series. Names: ``esn``,
+``esn-deep``, or a setting such as ``esn:units=2000,sr=0.95,lr=0.3,layers=3``.
 """
 
 from __future__ import annotations
@@ -41,16 +28,25 @@ ACTIVATIONS = {"tanh": torch.tanh, "identity": lambda x: x}
 
 @dataclass(frozen=True)
 class ESNConfig:
-    """An echo state network's settings (module docstring), each checked where it is made."""
+    """An echo state network's settings, each checked where it is made."""
 
+    #: reservoir size, also the input layer's width (every depth is ``units`` wide)
     units: int = setting(768, Interval(1, None, integer=True))
+    #: reservoirs stacked, one depth each
     layers: int = setting(1, Interval(1, None, integer=True))
+    #: spectral radius of ``W``
     sr: float = setting(0.9, Interval(0, None, closed="neither"))
+    #: leak rate
     lr: float = setting(0.3, Interval(0, 1, closed="right"))
+    #: scale of ``Win``, a sparse matrix of +-1
     input_scaling: float = setting(1.0, Interval(0, None, closed="neither"))
+    #: scale of a uniform bias in [-1, 1]
     bias_scaling: float = setting(0.0, Interval(0, None))
+    #: density of ``Win``
     input_connectivity: float = setting(0.1, Interval(0, 1, closed="right"))
+    #: density of ``W``, a sparse normal matrix rescaled to ``sr``
     rc_connectivity: float = setting(0.1, Interval(0, 1, closed="right"))
+    #: ``f``: ``tanh``, or ``identity`` for a linear reservoir
     activation: str = setting("tanh", OneOf(tuple(ACTIVATIONS)))
 
     def __post_init__(self) -> None:
@@ -99,7 +95,7 @@ def leaky_run(
     cfg: ESNConfig, W: torch.Tensor, Win: torch.Tensor, bias: torch.Tensor, u: torch.Tensor
 ) -> torch.Tensor:
     """States ``(B, T, units)`` of one reservoir of weights ``W``, ``Win``, ``bias`` driven by
-    ``u (B, T, n_in)`` from a zero state (the module docstring's update, ``cfg.activation`` for tanh)."""
+    ``u (B, T, n_in)`` from a zero state (the module docstring's update)."""
     f = ACTIVATIONS[cfg.activation]
     drive = u @ Win.T.to(u.dtype) + bias.to(u.dtype)
     W = W.T.to(u.dtype)
@@ -114,7 +110,7 @@ def leaky_run(
 def series_states(cfg: ESNConfig, u: np.ndarray, seed: int = 0) -> np.ndarray:
     """The field's protocol: one reservoir (``cfg.layers`` ignored) whose ``Win`` reads ``u (T, n_in)``
     directly, run once over the whole series from a zero state; ``(T, units)`` float64 states (drop a
-    washout before reading them). Weights are drawn from ``seed`` as :class:`ESNBackbone` draws its first."""
+    washout before reading them), weights drawn from ``seed`` as :class:`ESNBackbone` draws its first."""
     weights = reservoir_weights(cfg, u.shape[1], np.random.default_rng(seed))
     W, Win, bias = (torch.from_numpy(weights[k]) for k in ("W", "Win", "bias"))
     with torch.inference_mode():
@@ -132,7 +128,6 @@ class ESNBackbone(Backbone):
     example = "esn"
     #: every step is a (rows, units) x (units, units) product: hundreds of rows keep the CPU busy
     batch_tokens = 32768
-    #: none: neither converted nor compiled
     capabilities = Capabilities()
 
     def __init__(self, cfg: ESNConfig, seed: int = 0):
@@ -144,8 +139,7 @@ class ESNBackbone(Backbone):
         for k in range(cfg.layers):
             for name, value in reservoir_weights(cfg, cfg.units, rng).items():
                 self.register_buffer(f"{name}_{k}", torch.from_numpy(value).float())
-        # no token embedding: ``--input-scale matched`` draws the input layer at the std of the first
-        # reservoir's input weights, as for an LSTM
+        # no token embedding: ``--input-scale matched`` reads the first reservoir's input weights, as for an LSTM
         self.token_std = weight_std(self.Win_0)
 
     def weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -2,9 +2,9 @@
 deepest block; the released sizes as registered names and their ``-random``/``-stats`` twins.
 
 A ``-random`` twin of a released size is built natively (:class:`NativeGPT2`: GPT-2's blocks in plain
-torch, with transformers' parameter names, its default initialisation and its computation), so a job on
-random GPT-2 weights never imports transformers (about 3 seconds of a short job's start-up). Pretrained
-weights, folders and ``-stats`` twins load through transformers' ``GPT2Model``."""
+torch, with transformers' parameter names, initialisation and computation), so a job on random GPT-2
+weights never imports transformers. Pretrained weights, folders and ``-stats`` twins load through
+transformers' ``GPT2Model``."""
 
 from __future__ import annotations
 
@@ -68,9 +68,8 @@ class GPT2Backbone(HFBackbone):
         return h, mask
 
     def call_block(self, i, h, mask):
-        return first_output(
-            self.blocks[i](h, attention_mask=mask)
-        )  # transformers < 5.3 returns (hidden, ...)
+        # transformers < 5.3 returns (hidden, ...)
+        return first_output(self.blocks[i](h, attention_mask=mask))
 
     def readout_block(self, i, h, readout, mask):
         block = self.blocks[i]
@@ -95,10 +94,8 @@ def readout_block_supported(block: nn.Module) -> bool:
 def readout_block(block: nn.Module, h: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
     """``gather(block(h), readout)`` computing only what the readout rows need: ``(B, R, d)``.
 
-    ``ln_1`` and the key/value projections run on every position (the readout queries attend
-    to them, causally); queries, attention output, residual, ``ln_2`` and the MLP run on the
-    ``R`` readout rows only. The scale follows ``scale_attn_weights`` and
-    ``scale_attn_by_inverse_layer_idx``; dropout acts as in the block (training only).
+    ``ln_1`` and the key/value projections run on every position; queries, attention output, residual,
+    ``ln_2`` and the MLP on the ``R`` readout rows only.
     """
     attn = block.attn
     d, hd = attn.embed_dim, attn.head_dim
@@ -195,9 +192,8 @@ class GPT2MLP(nn.Module):
         self.dropout = nn.Dropout(shape.resid_pdrop)
 
     def act(self, x: torch.Tensor) -> torch.Tensor:
-        """``gelu_new``: ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``, in one fused kernel (torch's
-        tanh-approximated GELU; transformers composes it of six operations: the same values within float32's
-        rounding, computed 4 to 6 times faster on the CPU: docs/benchmarks.md, "Whole jobs")."""
+        """``gelu_new`` in one fused kernel (torch's tanh-approximated GELU): transformers' values within
+        float32's rounding."""
         return nn.functional.gelu(x, approximate="tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -258,9 +254,8 @@ class NativeGPT2(nn.Module):
 
 
 class NativeGPT2Backbone(GPT2Backbone):
-    """:class:`GPT2Backbone` over :class:`NativeGPT2` (a ``-random`` twin): the same blocks, readout-only
-    last block and parameter groups; nothing here imports transformers but saving as a folder, which
-    writes transformers' ``GPT2Model`` (it loads back through :class:`GPT2Backbone` to equal features)."""
+    """:class:`GPT2Backbone` over :class:`NativeGPT2` (a ``-random`` twin); nothing here imports transformers
+    but saving as a folder, which writes transformers' ``GPT2Model``."""
 
     def __init__(self, model: NativeGPT2):
         super().__init__(model, quiet=True)

@@ -1,33 +1,17 @@
 """Any Hugging Face model as a backbone: the generic adapter, and the base of the written ones.
 
-:class:`HFBackbone` holds a Hugging Face base model and its :class:`Parts`: where the block
-stack, the modules after it (the final norm), the token embedding and the learned
-positions are. A family with an adapter of its own names them (:meth:`HFBackbone.locate`);
-for any other model they are found from the model's own metadata and module tree:
+:class:`HFBackbone` holds a Hugging Face base model and its :class:`Parts`: the block stack, the
+modules after it (the final norm), the token embedding and the learned positions. A family adapter
+names them (:meth:`HFBackbone.locate`); for any other model they are found from its own hints: the
+blocks by ``_no_split_modules`` (:func:`find_blocks`), the modules after them by running the model
+once on two tokens (poolers left out; anything but norms and linear layers refused, since it could
+not be applied to the readout rows alone), the token embedding by ``get_input_embeddings()``. A
+model without learned positions gets the FPT's as an additive ``wpe`` initialised to zero, so frozen
+features are exactly the model's own.
 
-- the **blocks**: the ``ModuleList`` whose entries are of a class the model lists in
-  ``_no_split_modules`` (Hugging Face's own name for "a block"), else the ``ModuleList`` of one
-  class with as many entries as the config has layers;
-- the **modules after the blocks** (final norm, an output projection): those the model's own
-  forward calls after its last block returns, found once by running it on two tokens;
-  poolers (a ``*Pooler`` class, or a module named ``pooler*``) are not hidden states and are
-  left out; anything but norms and linear layers there is refused, since it could not be
-  applied to the readout rows alone;
-- the **token embedding**: ``get_input_embeddings()`` (the FPT input layer replaces it; its
-  width is the width the input layer writes);
-- the **learned positions**: the other ``nn.Embedding`` modules outside the blocks. A model
-  without any (rotary, ALiBi, relative, state-space) gets the FPT's position parameters as a
-  learned additive embedding ``wpe`` after the input layer, initialised to zero so frozen
-  features are exactly the model's own.
-
-The generic adapter runs the model's own forward (``inputs_embeds``, and for bidirectional
-models an attention mask over padding) and reads the blocks' outputs with hooks, stopping
-after the deepest requested block; depth ``k`` is the output of the ``k``-th block call
-through the modules after the blocks, exactly what the model truncated to ``k`` blocks
-outputs. Blocks are counted by call, so a stack that applies shared blocks again (ALBERT,
-whose adapter lists each application) has one depth per application. It has no
-fast paths (no readout-only last block, no OpenVINO, no compiling) and says so when it loads;
-a model it cannot map is refused, naming what it could not find.
+The generic adapter runs the model's own forward on ``inputs_embeds`` and reads the blocks' outputs
+with hooks, stopping after the deepest requested block. Blocks are counted by call, so shared blocks
+applied again (ALBERT) give one depth per application. It has no fast paths and says so when it loads.
 """
 
 from __future__ import annotations
@@ -61,13 +45,12 @@ from reservoir.model.backbones.base import (
 )
 from reservoir.tasks.pickles import refused_by_torch
 
-#: longest sequence the learned additive position embedding covers (the paper's longest inputs
-#: are 2,000 ListOps tokens); capped so that 128k-context configs do not allocate gigabytes of zeros
+#: longest sequence the added position embedding covers (above the paper's longest inputs, 2,000 ListOps
+#: tokens), so that 128k-context configs do not allocate gigabytes of zeros
 MAX_ADDED_POSITIONS = 4096
 #: class-name parts of a block's sequence-mixing module (its ``attn`` group)
 MIXER_NAMES = ("Attention", "Attn", "Mixer")
-#: the file of a saved backbone folder that holds the added positions ``wpe`` (a model without learned
-#: positions of its own has no place for them among its weights)
+#: the file of a saved backbone folder that holds the added positions ``wpe`` (no place for them among the weights)
 ADDED_POSITIONS = "added_positions.safetensors"
 #: model_type -> the adapter class of its family (families register themselves, :func:`register_family`)
 ADAPTERS: dict[str, type[HFBackbone]] = {}
@@ -165,11 +148,9 @@ class HFBackbone(Backbone):
     model_types: tuple[str, ...] = ()
     #: an example name for ``reservoir backbones``
     example = ""
-    #: none: the model's own forward read by hooks is neither cut at the readout rows, converted nor compiled
     capabilities = Capabilities()
-    #: read the depths by hooks on the model's own forward (:meth:`states`); a family adapter that
-    #: calls its blocks itself (:meth:`~Backbone.embed`, :meth:`~Backbone.call_block`) sets it
-    #: ``False`` and the base's walk runs
+    #: read the depths by hooks on the model's own forward (:meth:`states`); ``False`` in a family adapter
+    #: that calls its blocks itself (the base's walk then runs)
     by_hooks: bool = True
 
     def __init__(self, model: nn.Module, *, quiet: bool = False):
@@ -222,7 +203,7 @@ class HFBackbone(Backbone):
         return self.config.model_type
 
     def locate(self) -> Parts:
-        """The generic adapter's search (module docstring); family adapters name their parts."""
+        """The generic adapter's search (see the module docstring); family adapters name their parts."""
         model = self.model
         if "inputs_embeds" not in accepted(model.forward):
             raise BackboneError(
@@ -246,8 +227,7 @@ class HFBackbone(Backbone):
         )
 
     def block_stack(self) -> nn.ModuleList:
-        """The blocks, one entry per application in the forward's order (:func:`find_blocks`; a family
-        whose blocks are shared lists each application)."""
+        """The blocks, one entry per application in the forward's order (:func:`find_blocks`)."""
         return find_blocks(self.model)
 
     @torch.no_grad()
@@ -318,9 +298,8 @@ class HFBackbone(Backbone):
         )
 
     def drop_unused(self) -> None:
-        """Remove the token embedding (the FPT input layer replaces it; its width and std are read):
-        its tensors are neither run, trained nor part of the fingerprint, and a large vocabulary
-        costs memory. The forward never reads it when given ``inputs_embeds``."""
+        """Remove the token embedding: the FPT input layer replaces it, and a forward given ``inputs_embeds``
+        never reads it (its width and std are read first)."""
         if self.embedding is None:
             return
         for _name, module in list(self.model.named_modules()):
@@ -351,12 +330,10 @@ class HFBackbone(Backbone):
         return x + self.wpe(torch.arange(x.shape[1], device=x.device)).to(x.dtype)
 
     def states(self, x, lengths, depths: Sequence[int], readout):
-        """The generic adapter's walk (a family adapter with ``by_hooks = False`` gets the base's,
-        :meth:`Backbone.states`): the model's own forward on ``inputs_embeds``, its blocks' outputs
-        read by hooks, stopped after the deepest wanted block call. It keeps a walk of its own
-        because it cannot call a block itself: what a block takes besides the hidden states (masks,
-        rotary or relative position biases, a state-space cache, a shared block applied again) is
-        built by each model's forward in its own way."""
+        """The generic adapter's walk: the model's own forward on ``inputs_embeds``, its blocks' outputs
+        read by hooks, stopped after the deepest wanted block call (``by_hooks = False``: the base's
+        :meth:`Backbone.states`). It cannot call a block itself, since each model's forward builds what
+        its blocks take (masks, position biases, caches) in its own way."""
         if not self.by_hooks:
             return super().states(x, lengths, depths, readout)
         self.check_depths(depths)
@@ -392,8 +369,7 @@ class HFBackbone(Backbone):
     # -- groups, attention --------------------------------------------------------------------------
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """``pos``: learned positions (or the added ``wpe``); ``ln``: every norm; ``attn``: each block's
-        sequence-mixing module (class named like ``*Attention``, ``*Attn``, ``*Mixer``); ``ff``: the
-        rest of each block."""
+        sequence-mixing modules (:data:`MIXER_NAMES`); ``ff``: the rest of each block."""
         ln = params(
             m
             for m in self.modules()
@@ -473,11 +449,9 @@ class HFBackbone(Backbone):
         """Write the backbone as a ``save_pretrained`` folder that :func:`load_model` takes and
         :func:`~reservoir.model.backbones.load_backbone` reads back to bitwise equal parameters.
 
-        Every tensor of the model is written as it is. The token embedding, dropped on loading (the
-        FPT input layer replaces it), is written back redrawn, so the folder is a complete model:
-        N(0, 1) rescaled to the std it had (:attr:`token_std`), which ``--input-scale matched`` reads.
-        Added positions ``wpe`` (models without learned ones) go to :data:`ADDED_POSITIONS` beside
-        the weights, read back by :func:`load_added_positions`.
+        The token embedding, dropped on loading, is written back redrawn at the std it had
+        (:attr:`token_std`, which ``--input-scale matched`` reads), so the folder is a complete model.
+        Added positions ``wpe`` go to :data:`ADDED_POSITIONS` beside the weights.
         """
         self.check_saveable()
         with seeded(0):
@@ -604,8 +578,7 @@ def unique(modules) -> list[nn.Module]:
 
 
 def _in_pooler(model: nn.Module, key: str) -> bool:
-    """Whether parameter ``key`` belongs to a pooler (:func:`is_pooler`; never read here: a masked-LM
-    folder has none saved, which is fine)."""
+    """Whether parameter ``key`` belongs to a pooler (:func:`is_pooler`), which is never read here."""
     parts = key.split(".")
     module = model
     for i, name in enumerate(parts[:-1]):
@@ -622,10 +595,9 @@ def _few(keys: list[str], n: int = 4) -> str:
 
 
 def model_class(config):
-    """The class a folder's model is built as: the base model its config names in ``architectures`` when that
-    is one of transformers' encoder-only or base classes (``T5EncoderModel``: an encoder saved alone from an
-    encoder-decoder family, whose ``AutoModel`` would be the whole encoder-decoder), else ``AutoModel``
-    (a model saved with a head, ``...ForMaskedLM``, is read as its base model without the head)."""
+    """The class a folder's model is built as: an encoder-only class its config names in ``architectures``
+    (``T5EncoderModel``, whose ``AutoModel`` would be the whole encoder-decoder), else ``AutoModel`` (a
+    model saved with a head is read as its base model)."""
     import transformers
 
     for name in getattr(config, "architectures", None) or []:
@@ -646,11 +618,9 @@ def model_from_config(config) -> nn.Module:
 def random_model(config, seed: int) -> nn.Module:
     """The architecture of ``config`` with its family's default initialisation, drawn once from ``seed``.
 
-    Built under transformers' ``no_init_weights`` (no layer draws its own weights in its constructor), then
-    initialised once by the model's ``init_weights``: the same distributions as building it plainly, at
-    about 60% of the time (GPT-2 small: 124M values drawn instead of 284M). A parameter the model's own
-    initialisation leaves untouched (a module of a family whose ``_init_weights`` does not cover it) is
-    found, and the model is then built plainly, initialised twice."""
+    Built under transformers' ``no_init_weights``, then initialised once by the model's ``init_weights``
+    (the same distributions as building it plainly). Where that leaves a parameter untouched, the model
+    is built plainly instead."""
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # an older transformers: its constructors draw, and post_init draws again
@@ -678,9 +648,8 @@ def available_memory() -> int:
 
 
 def check_buildable(config, source: str, dtype: torch.dtype = torch.float32) -> None:
-    """Refuse, in words, a config that builds no model (a bad value) or one larger than this machine's free
-    memory in ``dtype``: it is built on the meta device first, which allocates nothing, so a config.json with
-    a mistyped size is named instead of taking every byte of memory."""
+    """Refuse, in words, a config that builds no model or one larger than this machine's free memory in
+    ``dtype`` (built on the meta device, which allocates nothing)."""
     try:
         with torch.device("meta"):
             model = model_from_config(config)
@@ -719,9 +688,8 @@ def takes_pixels_only(config) -> bool:
 
 
 def adapter_for(model_type: str, config=None) -> type[HFBackbone]:
-    """The family adapter of ``model_type``; for a vision transformer of another type that reads pixels
-    only (:func:`takes_pixels_only`), the vision adapter, whose input layer replaces the patch embedding;
-    else the generic one."""
+    """The family adapter of ``model_type``; the vision adapter for another vision transformer that reads
+    pixels only (:func:`takes_pixels_only`); else the generic one."""
     if model_type in ADAPTERS:
         return ADAPTERS[model_type]
     if config is not None and "vit" in ADAPTERS and takes_pixels_only(config):

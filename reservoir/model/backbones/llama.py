@@ -1,11 +1,9 @@
 """Llama-shaped decoder adapter: Llama, Mistral, Qwen2, Qwen3 (rotary positions, RMSNorm, pre-norm).
 
-Blocks ``layers``, final ``norm``, token embedding ``embed_tokens``. The FPT's position
-parameters become a learned additive embedding ``wpe`` after the input layer, initialised to
-zero so that frozen features are exactly the model's own; rotary positions still act inside
-attention. Causal, so right padding needs no mask. Each block gets the mask of its attention
-kind as the model builds it: full causal, or causal within a sliding window
-(``config.layer_types``, else ``config.sliding_window``).
+Blocks ``layers``, final ``norm``, token embedding ``embed_tokens``; the FPT's positions are the added
+``wpe`` (zero at the start), rotary positions still act inside attention. Causal, so right padding
+needs no mask. Each block gets the mask of its attention kind as the model builds it: full causal, or
+causal within a sliding window (``config.layer_types``, else ``config.sliding_window``).
 
 The readout-only deepest block is chosen by the block's structure, not its class: a block
 with exactly ``self_attn``, ``mlp``, ``input_layernorm`` and ``post_attention_layernorm``, whose
@@ -43,8 +41,8 @@ class RotaryBackbone(HFBackbone):
     model_types = ("llama", "mistral", "qwen2", "qwen3")
     naming = "a save_pretrained folder of Llama, Mistral, Qwen2 or Qwen3 (smollm2-135m is one)"
     example = "smollm2-135m-random"
-    #: no OpenVINO for engine="auto": in bf16, OpenVINO computes the pretrained SmolLM2-135M's features
-    #: wrongly (docs/benchmarks.md, "Constants the code takes from these measurements")
+    #: no OpenVINO for engine="auto": OpenVINO computes the pretrained SmolLM2-135M wrongly in bf16
+    #: (docs/benchmarks.md, "Constants the code takes from these measurements")
     capabilities = Capabilities(readout_block=True, compile=True)
     by_hooks = False
 
@@ -154,10 +152,8 @@ def readout_layer(
 ) -> torch.Tensor:
     """``gather(layer(h), readout)`` computing only what the readout rows need: ``(B, R, d)``.
 
-    ``input_layernorm`` and the key/value projections (rotary at every position) run on all
-    positions; queries (rotary at the readout positions), ``o_proj``, residual,
-    ``post_attention_layernorm`` and the MLP on the readout rows only. Grouped key-value
-    heads are shared as in ``repeat_kv``; a sliding window limits the keys as the model's mask does.
+    ``input_layernorm`` and the key/value projections run on all positions; queries, ``o_proj``,
+    residual, ``post_attention_layernorm`` and the MLP on the readout rows only.
     """
     attn = layer.self_attn
     cos, sin = rotary  # (1, T, hd)

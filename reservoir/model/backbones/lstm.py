@@ -36,11 +36,9 @@ class LSTMBackbone(Backbone):
     family = "lstm"
     naming = ", ".join(LSTM_VARIANTS) + " (random init, the paper's tables 3 to 5)"
     example = "lstm"
-    #: extraction batches of about this many tokens: each recurrent step is a matrix product
-    #: with one row per example, which needs hundreds of rows to run near the CPU's peak
+    #: extraction batches of about this many tokens: each recurrent step is a product with one row per example
     batch_tokens = 32768
-    #: converts to OpenVINO with equal features; no compile: torch.compile cannot capture nn.LSTM (a
-    #: graph break), so an automatic compile gains nothing
+    #: no compile: torch.compile cannot capture nn.LSTM, so an automatic compile gains nothing
     capabilities = Capabilities(openvino=True)
 
     def __init__(self, config: LSTMConfig):

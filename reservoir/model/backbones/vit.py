@@ -2,18 +2,12 @@
 transformer read from pixels alone that keeps a table of patch positions (ViT-MSN, I-JEPA, DINOv2 with
 registers, ...: taken by its shape, :func:`reservoir.model.backbones.hf.takes_pixels_only`).
 
-As in the FPT paper's ViT row, the FPT input layer replaces the patch embedding: the embedded
-tokens are the patches. The model's class and distillation tokens are not used; its learned
-patch positions (the position table after the special tokens: ``embeddings.position_embeddings``
-of ViT, DeiT and DINOv2, ``embeddings.position_embedding`` of CLIP and SigLIP) are added, resized
-bicubically to the task's grid when the task has a square number of tokens (as Hugging Face's
-``interpolate_pos_encoding`` resizes them for other image sizes), else the first ``T`` are
-taken. A norm the model applies before its blocks (CLIP's ``pre_layrnorm``) follows. Blocks are
-found as the generic adapter finds them (``_no_split_modules``); the norm the model applies to
-its last hidden state (``layernorm``; SigLIP's ``post_layernorm``; none for CLIP, whose
-``post_layernorm`` reads only the pooled class token) is applied to the readout rows. A CLIP or
-SigLIP folder of both towers is read as its vision tower. The readout token is the last one,
-as for every family. No readout-only last block.
+As in the FPT paper's ViT row, the FPT input layer replaces the patch embedding: the embedded tokens
+are the patches. The class and distillation tokens are not used; the learned patch positions are added,
+resized bicubically to the task's grid when the task has a square number of tokens, else the first
+``T`` (:meth:`VisionBackbone.patch_positions`). The norm the model applies to its last hidden state is
+applied to the readout rows (none for CLIP, whose ``post_layernorm`` reads only the pooled class
+token). A CLIP or SigLIP folder of both towers is read as its vision tower.
 """
 
 from __future__ import annotations
@@ -56,9 +50,7 @@ class VisionBackbone(HFBackbone):
 
     def layout(self) -> tuple[str, str | None, str | None]:
         """Where the model keeps its position table, its norm before the blocks and its norm of the last
-        hidden state: :data:`LAYOUT` for the families named there; for another vision transformer read
-        from pixels only, found by name (``position_embeddings`` or ``position_embedding``; ``pre_layrnorm``
-        or ``pre_layernorm``; ``layernorm``)."""
+        hidden state: :data:`LAYOUT`, else found by name."""
         if self.config.model_type in LAYOUT:
             return LAYOUT[self.config.model_type]
         m, emb = self.model, self.model.embeddings
@@ -88,16 +80,14 @@ class VisionBackbone(HFBackbone):
             emb.patch_embeddings.num_patches if hasattr(emb, "patch_embeddings") else emb.num_patches
         )
         self.n_special = self.position_table().shape[1] - self.n_patches
-        object.__setattr__(
-            self, "pre_norm", getattr(m, before) if before else None
-        )  # a reference, not registered twice
+        # a reference, not registered twice
+        object.__setattr__(self, "pre_norm", getattr(m, before) if before else None)
         # positions past the patches' count exist only for square token counts (resized)
         return Parts(find_blocks(m), (getattr(m, after),) if after else (), None, [positions], None)
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """As every Hugging Face model's, with ``ln`` only the norms this path applies (the blocks',
-        the one before and the one after them): CLIP's ``post_layernorm`` and SigLIP's pooling head
-        read only the pooled token and would get no gradient."""
+        """As every Hugging Face model's, with ``ln`` only the norms this path applies (the others read only
+        the pooled token and would get no gradient)."""
         groups = super().param_groups()
         applied = {
             id(p) for m in (*self.blocks, *self.after, self.pre_norm) if m is not None for p in m.parameters()
