@@ -23,9 +23,10 @@ import torch
 from torch import nn
 
 from reservoir.errors import BackboneError, DataError, IdentityError, UsageError
+from reservoir.model.backbones.base import StopForward
 
 
-class _Caught(Exception):
+class _Caught(StopForward):
     """Raised by the hook once the attention module has returned: the rest need not run."""
 
 

@@ -143,3 +143,43 @@ def test_a_model_larger_than_the_cards_free_memory_is_refused_up_front(tiny_gpt2
     check_fits(backbone, torch.device("cuda:0"), "bfloat16", "tiny")  # half the bytes: fits
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: pytest.fail("the CPU asks no card"))
     check_fits(backbone, torch.device("cpu"), "float32", "tiny")
+
+
+def test_a_model_object_the_adapters_cannot_run_is_refused_naming_it(tmp_path, monkeypatch):
+    """A module that is neither a transformers model nor a :class:`Backbone` is refused when handed over;
+    one whose blocks change the number of tokens (Longformer pads to its attention window) is refused on
+    building; a failure of the library's forward under the generic adapter is a BackboneError naming the
+    model type, not a bare library exception."""
+    import transformers as t
+
+    from tests.zoo import save_tiny
+
+    encoder = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2)
+    with pytest.raises(BackboneError, match="TransformerEncoder is neither a transformers"):
+        api.extract("bit_xor", encoder, **SMALL)
+    config = t.LongformerConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, attention_window=4
+    )
+    with pytest.raises(BackboneError, match=r"'longformer' model return hidden states of shape \(1, 4, 32\)"):
+        api.extract("bit_xor", t.LongformerModel(config), **SMALL)
+    backbone = load_backbone(str(save_tiny("gpt_neox", tmp_path / "neox")))
+
+    def fails(**kwargs):
+        raise ValueError("not enough values to unpack")
+
+    monkeypatch.setattr(backbone.model, "forward", fails)
+    x, lengths = torch.zeros(2, 3, backbone.d_input), torch.tensor([3, 3])
+    with pytest.raises(
+        BackboneError, match=r"gpt_neox's own forward failed .*\(ValueError: not enough values"
+    ):
+        backbone.states(x, lengths, [1], torch.tensor([[2], [2]]))
+
+
+def test_a_model_whose_blocks_are_not_batch_first_is_refused_before_any_feature():
+    """XLNet's blocks take and return (tokens, rows, width): hooks reading (rows, tokens, width) would read the
+    wrong rows, silently where a batch has as many rows as tokens. The generic adapter refuses it on building."""
+    import transformers as t
+
+    model = t.XLNetModel(t.XLNetConfig(d_model=32, n_layer=2, n_head=4, d_inner=64))
+    with pytest.raises(BackboneError, match=r"'xlnet' model return hidden states of shape \(2, 1, 32\)"):
+        api.extract("bit_xor", model, **SMALL)

@@ -240,6 +240,11 @@ def register_object(model: nn.Module) -> str:
             f"backbone must be a name or a torch.nn.Module (a transformers PreTrainedModel or a reservoir "
             f"Backbone); got {type(model).__name__}"
         )
+    if not isinstance(model, Backbone) and not hasattr(model, "config"):
+        raise BackboneError(
+            f"{type(model).__name__} is neither a transformers model (a PreTrainedModel, with its config) nor a "
+            "reservoir Backbone; wrap it in a Backbone subclass (docs/contributing.md, recipe 1: a model family)"
+        )
     name = f"object:{type(model).__name__}:{fingerprint(model)[:16]}"
     OBJECTS[name] = model
     return name

@@ -371,6 +371,10 @@ def is_norm(module: nn.Module) -> bool:
     )
 
 
+class StopForward(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by a hook to end a forward early, once what it reads has been computed."""
+
+
 def first_output(output) -> torch.Tensor:
     """A block's hidden states from whatever it returns (a tensor, or a tuple/ModelOutput led by one)."""
     return output if isinstance(output, torch.Tensor) else output[0]

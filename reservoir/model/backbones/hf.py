@@ -29,10 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from reservoir.errors import BackboneError
+from reservoir.errors import BackboneError, ReservoirError
 from reservoir.model.backbones.base import (
     Backbone,
     Capabilities,
+    StopForward,
     check_length,
     first_output,
     from_pretrained,
@@ -54,6 +55,10 @@ MIXER_NAMES = ("Attention", "Attn", "Mixer")
 ADDED_POSITIONS = "added_positions.safetensors"
 #: model_type -> the adapter class of its family (families register themselves, :func:`register_family`)
 ADAPTERS: dict[str, type[HFBackbone]] = {}
+
+
+class _Stop(StopForward):
+    """Raised by a hook after the deepest requested block: the rest of the model need not run."""
 
 
 def register_family(cls: type[HFBackbone]) -> type[HFBackbone]:
@@ -88,7 +93,7 @@ def n_layers_of(config) -> int | None:
 
 def max_positions_of(config) -> int | None:
     for key in ("max_position_embeddings", "n_positions", "max_positions"):
-        if isinstance(getattr(config, key, None), int):
+        if isinstance(getattr(config, key, None), int) and getattr(config, key) > 0:  # XLNet's -1: none
             return getattr(config, key)
     return None
 
@@ -124,10 +129,6 @@ def find_blocks(model: nn.Module) -> nn.ModuleList:
 
 def accepted(fn: Callable) -> set[str]:
     return set(inspect.signature(fn).parameters)
-
-
-class _Stop(Exception):
-    """Raised by a hook after the deepest requested block: the rest of the model need not run."""
 
 
 class HFBackbone(Backbone):
@@ -243,24 +244,23 @@ class HFBackbone(Backbone):
             if id(m) not in inside and id(m) not in pooled and not any(True for _ in m.children())
         ]
         handles = [m.register_forward_hook(lambda m, a, o: calls.append(m)) for m in leaves]
-        handles.append(blocks[-1].register_forward_hook(lambda m, a, o: calls.append(None)))
+        shapes: list[tuple[int, ...]] = []
+
+        def ended(
+            module, args, output
+        ) -> None:  # the last block's call (a hook returning a value replaces it)
+            calls.append(None)
+            shapes.append(tuple(first_output(output).shape))
+
+        handles.append(blocks[-1].register_forward_hook(ended))
         width = getattr(embedding, "embedding_dim", None) or self.config.hidden_size
         param = next(self.model.parameters())
         was = self.model.training
         self.model.eval()
         try:
-            with quiet_transformers():
-                self.model(
-                    **self.call_kwargs(
-                        torch.zeros(1, 2, width, dtype=param.dtype, device=param.device), torch.tensor([2])
-                    )
-                )
-        except Exception as e:  # noqa: BLE001 - any failure here means the generic adapter cannot take it
-            raise BackboneError(
-                f"the generic adapter could not run this {self.config.model_type!r} model on embedded "
-                f"tokens ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); it needs "
-                "an adapter of its own (reservoir/model/backbones/, one file)"
-            ) from None
+            self.own_forward(
+                torch.zeros(1, 2, width, dtype=param.dtype, device=param.device), torch.tensor([2])
+            )
         finally:
             for h in handles:
                 h.remove()
@@ -269,6 +269,11 @@ class HFBackbone(Backbone):
             raise BackboneError(
                 f"the generic adapter found a block stack in this {self.config.model_type!r} model "
                 "that its forward never calls; it needs an adapter of its own"
+            )
+        if tuple(shapes[-1][:2]) != (1, 2):  # hooks read (batch, tokens, width); XLNet's are time-major
+            raise BackboneError(
+                f"the blocks of this {self.config.model_type!r} model return hidden states of shape "
+                f"{tuple(shapes[-1])} for 1 row of 2 tokens, not (rows, tokens, width); it needs an adapter of its own"
             )
         last = len(calls) - 1 - calls[::-1].index(None)
         after = [m for m in calls[last + 1 :] if not isinstance(m, (nn.Dropout, nn.Identity))]
@@ -322,6 +327,21 @@ class HFBackbone(Backbone):
             kwargs["use_cache"] = False
         return kwargs
 
+    def own_forward(self, h: torch.Tensor, lengths: torch.Tensor) -> None:
+        """The model's own forward on embedded tokens ``h``; a failure of the library's code is a
+        BackboneError naming the model type (the generic adapter cannot run it)."""
+        try:
+            with quiet_transformers():
+                self.model(**self.call_kwargs(h, lengths))
+        except (StopForward, ReservoirError, torch.OutOfMemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - any other failure means the generic adapter cannot take it
+            raise BackboneError(
+                f"{self.config.model_type}'s own forward failed under the generic adapter ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); it needs an adapter of its own "
+                "(reservoir/model/backbones/, one file: docs/contributing.md, recipe 1)"
+            ) from None
+
     def add_positions(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` plus the added positions ``wpe`` (models without learned positions of their own)."""
         check_length(x, self.max_positions, f"{self.config.model_type} ({self.family} adapter)")
@@ -357,8 +377,7 @@ class HFBackbone(Backbone):
         handles = [self.blocks[0].register_forward_pre_hook(before, with_kwargs=True)] if 0 in depths else []
         handles += [block.register_forward_hook(after) for block in unique(self.blocks)] if last else []
         try:
-            with quiet_transformers():
-                self.model(**self.call_kwargs(h, lengths))
+            self.own_forward(h, lengths)
         except _Stop:
             pass
         finally:
