@@ -29,7 +29,8 @@ Identity of a feature file (:func:`feature_identity`):
   as resolved on this CPU (``auto`` is never stored), ``readout``, ``limit`` and ``splits``;
 - ``calibration`` (the int8 dtypes only): the split and number of first rows whose
   activations fixed the per-position means int8 subtracts (and, for ``int8-static``, the scales),
-  and the int8 recipe's version (:data:`reservoir.runtime.engines.INT8_RECIPE`).
+  the int8 recipe's version (:data:`reservoir.runtime.engines.INT8_RECIPE`), the engine, and the float
+  ``dtype`` the centring pass computed in (decided once, so every shard centres alike).
 
 Execution settings that do not change what is computed (batch size, compile, the engine,
 progress, the output path) are kept in the file's ``config`` but are not part of the

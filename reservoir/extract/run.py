@@ -256,6 +256,7 @@ class Run:
             padded=self.padded,
             readout=self.cfg.readout,
             calibration=self.calibration if self.dtype in INT8_DTYPES else None,
+            centre_dtype=self.identity.get("calibration", {}).get("dtype"),
             log=lambda text: log(text, progress),
             store=self.cfg.store_dtype,
         )
@@ -462,7 +463,7 @@ def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run
             dtype, dtype_why = "int8", why
     calibration = None
     if dtype in INT8_DTYPES:  # engines quantize by their own recipes: the int8 engine is part of the identity
-        from reservoir.runtime.engines import INT8_RECIPE, calibration_rows, choose_engine
+        from reservoir.runtime.engines import INT8_RECIPE, calibration_dtype, calibration_rows, choose_engine
 
         first = next(iter(data))
         calibration = {
@@ -470,6 +471,7 @@ def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run
             "rows": calibration_rows(task.spec.seq_len, len(data[first])),
             "recipe": INT8_RECIPE,
             "engine": choose_engine(cfg.engine, dtype, device, backbone)[0],
+            "dtype": calibration_dtype(),  # decided once: every shard, on any worker, centres in it
         }
     identity = feature_identity(
         task_name=cfg.task,

@@ -163,6 +163,7 @@ def _runner(job: ShardJob):
                 padded=job.padded,
                 readout=job.readout,
                 calibration=(lambda: calibration) if calibration else None,
+                centre_dtype=job.identity.get("calibration", {}).get("dtype"),
             )
         return _RUNNERS[key]
 

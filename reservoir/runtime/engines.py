@@ -136,12 +136,14 @@ class Engine:
         *,
         width: int,
         fixed_width: bool,
+        centre_dtype: str | None = None,
     ) -> Any:
         """Its forward over ``eager`` (the float32 module ``(tokens, lengths, readout) -> (B, n_depths,
         n_readout, d)``): an object with ``prepare(batch)`` (convert and check against ``eager``, raising
         :class:`reservoir.errors.BackboneError`), ``request`` (``None`` until prepared), ``seconds``,
         ``error`` and ``__call__(tokens, lengths, readout)`` returning float32 features.
-        ``calibration``: the int8 dtypes' calibration batches."""
+        ``calibration``: the int8 dtypes' calibration batches; ``centre_dtype``: the float dtype their centring
+        pass computes in (``None``: this CPU's fastest, :func:`calibration_dtype`)."""
         raise NotImplementedError  # pragma: no cover - abstract
 
 
@@ -202,10 +204,17 @@ class OpenVINOEngine(Engine):
     def installed(self) -> bool:
         return openvino_installed()
 
-    def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width):
+    def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width, centre_dtype=None):
         ENGINES.names()  # imports the runtime's modules: reservoir.runtime.openvino adds its forward
         return FORWARDS[self.name](
-            eager, dtype, threads, calibration, log, width=width, fixed_width=fixed_width
+            eager,
+            dtype,
+            threads,
+            calibration,
+            log,
+            width=width,
+            fixed_width=fixed_width,
+            centre_dtype=centre_dtype,
         )
 
 

@@ -271,6 +271,8 @@ class ONNXForward:
         ``int8`` only: returns the calibration batches ``[(tokens, lengths, readout), ...]`` as numpy arrays.
     width
         the widest rows it will be called with (the int8 tables' length).
+    centre_dtype
+        ``int8``: the float dtype the centring pass computes in (``None``: this CPU's fastest).
     """
 
     def __init__(
@@ -281,6 +283,7 @@ class ONNXForward:
         calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
         log: Callable[[str], None] | None = None,
         width: int | None = None,
+        centre_dtype: str | None = None,
         **_: Any,
     ):
         if dtype == "int8" and calibration is None:
@@ -291,6 +294,7 @@ class ONNXForward:
             raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
         self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
         self.calibration, self.log = calibration, log or (lambda text: None)
+        self.centre_dtype = centre_dtype
         self.request = None
         self.path: Path | None = None
         self.how = ""
@@ -301,7 +305,9 @@ class ONNXForward:
         if self.dtype != "int8":
             return None
         start = time.perf_counter()
-        tables = position_means(self.eager, self.calibration(), self.width, calibration_dtype())
+        tables = position_means(
+            self.eager, self.calibration(), self.width, self.centre_dtype or calibration_dtype()
+        )
         self.seconds["centre"] = time.perf_counter() - start
         return tables
 
@@ -441,5 +447,5 @@ class ONNXEngine(Engine):
             f"installed; {ONNX_INSTALL}, or pass --engine torch"
         )
 
-    def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width):
-        return ONNXForward(eager, dtype, threads, calibration, log, width=width)
+    def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width, centre_dtype=None):
+        return ONNXForward(eager, dtype, threads, calibration, log, width=width, centre_dtype=centre_dtype)

@@ -57,6 +57,8 @@ class OpenVINOForward:
         the widest rows it will be called with (the int8 dtypes' per-position tables).
     fixed_width
         every row spans ``width`` positions (a task of fixed length): ``int8`` then fixes the graph's width.
+    centre_dtype
+        the int8 dtypes: the float dtype the centring pass computes in (``None``: this CPU's fastest).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class OpenVINOForward:
         log: Callable[[str], None] | None = None,
         width: int | None = None,
         fixed_width: bool = False,
+        centre_dtype: str | None = None,
     ):
         if dtype in INT8_DTYPES and calibration is None:
             raise UsageError(
@@ -84,6 +87,7 @@ class OpenVINOForward:
         self.model = None
         self.static: dict[tuple[int, ...], Any] = {}
         self.calibration, self.log = calibration, log or (lambda text: None)
+        self.centre_dtype = centre_dtype
         self.shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.batches: list[tuple[np.ndarray, ...]] | None = None
         self.request: list | None = None
@@ -123,7 +127,9 @@ class OpenVINOForward:
             start = time.perf_counter()
             # NNCF takes seconds to import: done beside the pass (PyTorch's kernels release the GIL)
             threading.Thread(target=importlib.import_module, args=("nncf",), daemon=True).start()
-            self.shifts = position_means(self.eager, self._calibration(), self.width, calibration_dtype())
+            self.shifts = position_means(
+                self.eager, self._calibration(), self.width, self.centre_dtype or calibration_dtype()
+            )
             self.seconds["centre"] = time.perf_counter() - start
         # int8-static calibrates its ranges on whole last blocks (on the readout rows alone they were worse)
         return centred(self.eager, self.shifts, whole=self.dtype == "int8-static")

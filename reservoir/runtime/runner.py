@@ -224,6 +224,9 @@ class FeatureRunner:
         the padded readout (``reservoir extract --readout padded``), for calibration batches.
     calibration
         the int8 dtypes only: returns the calibration batches as ``(tokens, lengths)``.
+    centre_dtype
+        the int8 dtypes: the float dtype their centring pass computes in, as the run's identity records it
+        (``None``: this CPU's fastest).
     log
         where the runner reports; stderr by default.
     store
@@ -249,6 +252,7 @@ class FeatureRunner:
         tokens: int | None = None,
         padded: bool = False,
         calibration: Callable[[], list[tuple[np.ndarray, np.ndarray]]] | None = None,
+        centre_dtype: str | None = None,
         log: Callable[[str], None] | None = None,
         store: str = "float32",
     ):
@@ -287,6 +291,7 @@ class FeatureRunner:
         self._timed: list[tuple[int, Any, bool]] = []
         #: the compiled forward ran slower than eager in this run and was dropped (:meth:`keep_compile_if_faster`)
         self.compile_dropped = False
+        self.centre_dtype = centre_dtype
         self.calibration_batches = (
             None
             if calibration is None
@@ -316,6 +321,7 @@ class FeatureRunner:
             self.log,
             width=self.spec.seq_len,
             fixed_width=not self.spec.variable_length,
+            centre_dtype=self.centre_dtype,
         )
 
     def _engine_by_measurement(self, backbone: Backbone, tokens: int | None) -> None:
