@@ -103,7 +103,8 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     ``fit`` learns nothing from the data: it only sizes the frozen, seeded input layer (token
     width, or the id vocabulary) and loads the backbone, so the transformer is safe inside a
     ``sklearn.pipeline.Pipeline`` and cross-validation. The readout is the last real
-    token of each sequence; features are those ``reservoir extract`` stores (a test checks it).
+    token of each sequence; features are those ``reservoir extract`` stores (a test checks it). A fitted
+    transformer pickles (``joblib.dump``): its copy builds the same runner, in the dtype ``fit`` resolved.
 
     Input ``X``: an array ``(N, T, d)`` of floats, ``(N, T)`` of integer ids, ``(N, T)`` of
     floats (one value a token), or a list of variable-length sequences (``(T_i,)`` ids or
@@ -195,12 +196,11 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         """
         from reservoir.model.devices import resolve_device
         from reservoir.model.reservoir import check_length
-        from reservoir.runtime.engines import INT8_DTYPES, calibration_batches, calibration_rows
-        from reservoir.runtime.runner import FeatureRunner, resolve_dtype
+        from reservoir.runtime.engines import INT8_DTYPES, calibration_dtype, calibration_rows
+        from reservoir.runtime.runner import resolve_dtype
 
         validate(self, "ReservoirFeatures")
-        device = resolve_device(self.device)
-        dtype = resolve_dtype(self.dtype, device)
+        self.dtype_ = resolve_dtype(self.dtype, resolve_device(self.device))
         rows, kind, width = _sequences(X)
         backbone = _backbone(self.backbone, self.seed)
         self.depths_ = select_depths(
@@ -213,30 +213,57 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
             "sklearn", kind, seq_len=max(len(r) for r in rows), n_classes=1, token_dim=width, vocab_size=vocab
         )
         check_length(self.spec_, backbone, _backbone_name(self.backbone))
-        calibration = None
-        if dtype in INT8_DTYPES:
-            first = rows[: calibration_rows(self.spec_.seq_len, len(rows))]
+        # the int8 dtypes: the rows that calibrate the quantization and the dtype their centring computes in
+        # (kept, so a copy builds the same runner)
+        int8 = self.dtype_ in INT8_DTYPES
+        self.calibration_rows_ = rows[: calibration_rows(self.spec_.seq_len, len(rows))] if int8 else None
+        self.centre_dtype_ = calibration_dtype() if int8 else None
+        self.runner_ = self._runner(backbone)
+        self.n_features_out_ = len(self.depths_) * backbone.d_model
+        return self
+
+    def _runner(self, backbone: Any = None) -> Any:
+        """The feature runner of the fitted settings (``backbone`` loaded again when not given)."""
+        from reservoir.model.devices import resolve_device
+        from reservoir.runtime.engines import calibration_batches
+        from reservoir.runtime.runner import FeatureRunner
+
+        first, calibration = self.calibration_rows_, None
+        if first is not None:
 
             def calibration():
                 return [
                     tokens
                     for batch in calibration_batches(len(first))
-                    for _, tokens in self._batches([first[i] for i in batch], kind, width)
+                    for _, tokens in self._batches(
+                        [first[i] for i in batch], self.spec_.token_kind, self.spec_.token_dim
+                    )
                 ]
 
-        self.runner_ = FeatureRunner.build(
+        return FeatureRunner.build(
             self.spec_,
-            backbone,
+            backbone if backbone is not None else _backbone(self.backbone, self.seed),
             self.depths_,
             seed=self.seed,
-            dtype=dtype,
+            dtype=self.dtype_,
             input_scale=parse_input_scale(self.input_scale),
-            device=device,
+            device=resolve_device(self.device),
             engine=self.engine,
             calibration=calibration,
+            centre_dtype=self.centre_dtype_,
         )
-        self.n_features_out_ = len(self.depths_) * backbone.d_model
-        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The settings and fitted attributes without the runner (its engine holds locks and compiled
+        graphs): an unpickled transformer builds its runner again from the same settings and dtype."""
+        state = self.__dict__.copy()
+        state.pop("runner_", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if "spec_" in state:
+            self.runner_ = self._runner()
 
     def transform_depths(self, X: Any) -> np.ndarray:
         """Features ``(N, n_depths, d_model)``, one slice per depth in ``depths_``."""

@@ -145,3 +145,23 @@ def test_int8_transformer_calibrates_as_an_extraction_does(tiny_gpt2, tmp_path, 
     )
     stored = np.stack([api.read_features(path, "train", d)[0] for d in range(feats.shape[1])], 1)
     assert relative_error(feats, stored) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "auto", "int8"])
+def test_a_fitted_transformer_pickles_and_its_copy_gives_the_same_features(tiny_gpt2, dtype):
+    """A fitted transformer (or a pipeline holding one) pickles as scikit-learn models do (``joblib.dump``):
+    the copy rebuilds its runner from the fitted settings (the resolved dtype, int8's calibration rows) and
+    transforms to the same features, bit for bit."""
+    import copy
+    import pickle
+
+    if dtype == "int8":
+        pytest.importorskip("openvino")
+    X, _ = digit_tokens(40)
+    fitted = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=[0, 2], dtype=dtype).fit(X)
+    expected = fitted.transform(X)
+    again = pickle.loads(pickle.dumps(fitted))
+    assert again.dtype_ == fitted.dtype_ and again.depths_ == fitted.depths_
+    np.testing.assert_array_equal(again.transform(X), expected)
+    np.testing.assert_array_equal(copy.deepcopy(fitted).transform(X[:7]), expected[:7])
+    assert "runner_" not in pickle.loads(pickle.dumps(api.ReservoirFeatures())).__dict__  # unfitted stays so
