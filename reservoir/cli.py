@@ -332,7 +332,7 @@ def data_where(tasks, data_dir) -> None:
     from reservoir.tasks.sources import data_dir_origin, where_lines
 
     for task in tasks:
-        configured(ExtractConfig, {"task": task})
+        configured(ExtractConfig, {"task": task}, {"--task": "'TASKS'"})
     folder, origin = data_dir_origin(data_dir)
     for line in run(where_lines, folder, origin, list(tasks) or TASKS.names()):
         click.echo(line)

@@ -597,6 +597,8 @@ def test_data_commands(cli, tmp_path, monkeypatch, cifar_dir):
     )
     r = cli("data", "fetch", "nope")  # the TASK argument named as the command spells it
     assert r.exit_code == 2 and "Invalid value for 'TASK': unknown task 'nope'" in r.output
+    r = cli("data", "where", "digits", "nope")
+    assert r.exit_code == 2 and "Invalid value for 'TASKS': unknown task 'nope'" in r.output
     write_tape(tmp_path / "rh", "lmdb")
     r = cli("data", "verify", "remote_homology", "--data-dir", str(tmp_path / "rh"))
     assert r.exit_code == 0 and "train: 30 examples of the official 12312" in r.output
