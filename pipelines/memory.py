@@ -12,6 +12,10 @@ run the continuous protocol (one run over the series, 100 units, tanh and linear
 the number of units can show. A ridge on the raw window is the windowed reference: it holds exactly the
 ``window - 1`` inputs before the last.
 
+Each model runs at its default setting and again at the setting its search in ``series.py`` chose on NARMA-10
+(``--tuned-on``, ``--tuned-train`` training steps: the same number of trials for every model, read from the
+ledger ``trials.jsonl`` beside ``--out``); a model whose search is not complete there is said not run.
+
 With rcbench installed, its ``MemoryCapacityEvaluator`` (its 80/20 split of the train steps, the same penalty)
 and ours on the same states and split are set side by side at the depth chosen, and its linear kernel rank
 and nonlinear memory (``NonlinearMemoryEvaluator``: the capacity for ``sin(nu u(t - tau))``, summed over
@@ -45,6 +49,17 @@ WINDOWED = {
 CONTINUOUS = {
     "esn-100-linear": ("ESN, 100 units, linear (identity), continuous", "identity"),
     "esn-100-tanh": ("ESN, 100 units, tanh, continuous", "tanh"),
+}
+#: models measured again at the setting their series search chose (``--tuned-on``): name -> (the model of
+#: ``series.MODELS``, its protocol)
+TUNED = {
+    "esn-tuned": ("esn", "windowed"),
+    "lstm-tuned": ("lstm", "windowed"),
+    "gpt2-random-tuned": ("gpt2-random", "windowed"),
+    "gpt2-random-low-tuned": ("gpt2-random-low", "windowed"),
+    "smollm2-135m-tuned": ("smollm2-135m", "windowed"),
+    "smollm2-135m-random-tuned": ("smollm2-135m-random", "windowed"),
+    "esn-100-tuned": ("esn-100", "continuous"),
 }
 #: ridge penalties, times the states' mean variance (none 0: an unregularised solve of ill-conditioned states depends on
 #: the solver, scikit-learn's least squares and the normal equations disagreeing by a third of a linear ESN's capacity)
@@ -125,8 +140,26 @@ def checked(states: np.ndarray, inputs: np.ndarray, delays: int, alpha: float) -
     }
 
 
-def windowed(name: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
-    """Capacity per depth of a windowed model (module docstring)."""
+def tuned_setting(args, name: str) -> dict[str, Any] | None:
+    """The setting the series search chose for ``TUNED[name]`` on ``args.tuned_on`` (``None`` where the
+    ledger does not hold the whole search)."""
+    import series
+    from tuning import Ledger
+
+    model, protocol = TUNED[name]
+    sizes = argparse.Namespace(n_val=args.n_val, n_test=args.n_test, window=args.window)
+    opts = series.task_options(args.tuned_on, sizes, args.tuned_train)
+    got = series.collected(
+        Ledger(args.out / "trials.jsonl"), args.tuned_on, protocol, model, opts, args.trials, args.seeds
+    )
+    return None if "partial" in got else got["best"]
+
+
+def windowed(
+    name: str, seed: int, opts: dict[str, Any], backbone: str | None = None, input_scale: Any = None
+) -> dict[str, Any]:
+    """Capacity per depth of a windowed model (module docstring): ``backbone`` (default ``name``) at
+    ``input_scale`` (default the backbone's)."""
     import h5py
 
     from reservoir.config import ExtractConfig
@@ -139,8 +172,14 @@ def windowed(name: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
         data = {s: task.read(s, Path(".")) for s in ("train", "val", "test")}
         per_depth = {None: {s: (raw_inputs(task, d), d.labels[:, 0]) for s, d in data.items()}}
     else:
+        scale = {} if input_scale is None else {"input_scale": input_scale}
         cfg = ExtractConfig(
-            task="memory_capacity", backbone=name, seed=seed, task_options=opts, dtype="float32"
+            task="memory_capacity",
+            backbone=backbone or name,
+            seed=seed,
+            task_options=opts,
+            dtype="float32",
+            **scale,
         )
         path = Path(extract(cfg, progress=False))
         with h5py.File(path) as f:
@@ -169,15 +208,17 @@ def windowed(name: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def continuous(name: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
-    """Capacity of a continuous-protocol ESN (module docstring)."""
+def continuous(name: str, seed: int, opts: dict[str, Any], cfg: Any = None) -> dict[str, Any]:
+    """Capacity of a continuous-protocol ESN (module docstring): ``cfg`` (an ``ESNConfig``; default the
+    field's setting of :data:`CONTINUOUS`)."""
     from reservoir.model.backbones.esn import ESNConfig, series_states
     from reservoir.tasks import make_task
     from reservoir.tasks.memory import delayed
 
     task = make_task("memory_capacity", opts, seed)
     u = task.series(task.stretches()[1])[0]
-    cfg = ESNConfig(units=100, lr=1.0, sr=0.95, input_scaling=0.1, activation=CONTINUOUS[name][1])
+    if cfg is None:
+        cfg = ESNConfig(units=100, lr=1.0, sr=0.95, input_scaling=0.1, activation=CONTINUOUS[name][1])
     states = series_states(cfg, u[:, None], seed)
     rows = {
         s: (states[i], delayed(u, i, opts["delays"]))
@@ -196,6 +237,31 @@ def continuous(name: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def tuned_run(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of :func:`windowed` or :func:`continuous` that run ``TUNED[name]`` at ``params``."""
+    import series
+
+    model, protocol = TUNED[name]
+    if protocol == "windowed":
+        backbone, scale = series.windowed_backbone(model, params)
+        return {"backbone": backbone, "input_scale": scale}
+    return {"cfg": series.esn_config(series.MODELS[model], params, series.FIXED[(protocol, model)])}
+
+
+def labels(records: dict[str, Any], args) -> dict[str, str]:
+    """Every model's row label; a tuned model's names the setting its runs record."""
+    import series
+
+    out = {**WINDOWED, **{k: v[0] for k, v in CONTINUOUS.items()}}
+    for name, (model, protocol) in TUNED.items():
+        params = next((r["params"] for k, r in sorted(records.items()) if k.split("/")[0] == name), None)
+        setting = ", ".join(f"{k} {v}" for k, v in params.items()) if params else "its search not complete"
+        out[name] = (
+            f"{series.MODELS[model].label}, {protocol}, tuned on {series.TASKS[args.tuned_on]} ({setting})"
+        )
+    return out
+
+
 def render(records: dict[str, Any], args) -> str:
     """The memory capacity table (summed over delays, at each model's best depth and per depth)."""
     md = [
@@ -210,14 +276,16 @@ def render(records: dict[str, Any], args) -> str:
         "Nonlinear memory (rcbench): the capacity for sin(nu u(t - tau)) summed over tau = 1..8 (at most 8), at "
         "nu = 1 / 3 / 10 (at 0.1 every model here holds all 8: the target is linear), at the best depth of the linear capacity, the same penalty; rcbench's capacity is 1 - NMSE on its test steps, "
         "floored at 0, of a readout of the states as they are (not standardized), where the linear capacity is a "
-        "squared correlation: a readout shrunk by the penalty or off in scale scores lower there (down to 0) than here.",
+        "squared correlation: a readout shrunk by the penalty or off in scale scores lower there (down to 0) than here. "
+        f"'tuned on {args.tuned_on}': the setting the same {args.trials}-trial search chose for the model on "
+        f"{args.tuned_on}'s validation NRMSE ({args.tuned_train} training steps, the series table's), every other "
+        "row at its default setting.",
         "",
         "| model | seeds | capacity (best depth) | depth | capacity per depth | ours, rcbench's split | rcbench | "
         "kernel rank per depth (rcbench) | nonlinear memory, nu 1 / 3 / 10 (rcbench) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    labels = {**WINDOWED, **{k: v[0] for k, v in CONTINUOUS.items()}}
-    for name, label in labels.items():
+    for name, label in labels(records, args).items():
         runs = [r for key, r in sorted(records.items()) if key.split("/")[0] == name]
         if not runs:
             md.append(f"| {label} | 0 | not run | | | | | | |")
@@ -248,15 +316,14 @@ def plot(records: dict[str, Any], args, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = {**WINDOWED, **{k: v[0] for k, v in CONTINUOUS.items()}}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, (name, label) in enumerate(labels.items()):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 6))
+    for i, (name, label) in enumerate(labels(records, args).items()):
         r = records.get(f"{name}/0")
         if r is None:
             continue
         sums = [sum(m) for m in r["mc"]]
         best = int(np.argmax(sums))
-        style = {"color": f"C{i}", "ls": "--" if name == "raw" else "-"}
+        style = {"color": f"C{i % 10}", "ls": "--" if name == "raw" else "-." if name in TUNED else "-"}
         depth = "" if r["depths"][best] is None else f" (depth {r['depths'][best]})"
         left.plot(range(1, len(r["mc"][best]) + 1), r["mc"][best], label=label + depth, **style)
         if len(r["depths"]) > 1:
@@ -297,9 +364,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE.parent / "docs" / "results" / "series")
     parser.add_argument("--home", type=Path, default=HERE / "out" / "series")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument(
-        "--models", nargs="+", default=[*WINDOWED, *CONTINUOUS], choices=[*WINDOWED, *CONTINUOUS]
-    )
+    every = [*WINDOWED, *CONTINUOUS, *TUNED]
+    parser.add_argument("--models", nargs="+", default=every, choices=every)
     parser.add_argument("--window", type=int, default=32)
     parser.add_argument("--delays", type=int, default=40)
     parser.add_argument("--n-train", type=int, default=1000)
@@ -307,6 +373,11 @@ def main() -> None:
     parser.add_argument("--n-test", type=int, default=500)
     parser.add_argument("--long-delays", type=int, default=150)
     parser.add_argument("--long-train", type=int, default=4000)
+    parser.add_argument(
+        "--tuned-on", default="narma10", help="the series task whose search sets the tuned rows"
+    )
+    parser.add_argument("--tuned-train", type=int, default=1000, help="training steps of that search")
+    parser.add_argument("--trials", type=int, default=8, help="trials of that search")
     parser.add_argument("--render", action="store_true", help="write memory.md and the figure again (no run)")
     args = parser.parse_args()
     os.environ["RESERVOIR_HOME"] = str(args.home)
@@ -316,22 +387,34 @@ def main() -> None:
     short = {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test, "window": args.window}
     long = {"n_train": args.long_train, "n_val": 500, "n_test": 1000, "window": args.window}
     for name in [] if args.render else args.models:
+        params, how = None, {}
+        if name in TUNED:
+            params = tuned_setting(args, name)
+            if params is None:
+                print(
+                    f"memory capacity {name}: not run, its {args.tuned_on} search is not complete",
+                    file=sys.stderr,
+                )
+                continue
+            how = tuned_run(name, params)
+        is_windowed = name in WINDOWED or TUNED.get(name, ("", ""))[1] == "windowed"
         for seed in range(args.seeds):
-            opts = (
-                {**short, "delays": args.delays} if name in WINDOWED else {**long, "delays": args.long_delays}
-            )
+            opts = {**short, "delays": args.delays} if is_windowed else {**long, "delays": args.long_delays}
             opts["washout"] = max(100, opts["delays"])
             key = f"{name}/{seed}"
             if (
                 key in records
                 and records[key]["options"] == opts
+                and records[key].get("params") == params
                 and (has_rcbench() <= ("nonlinear" in records[key]))
             ):
                 continue  # kept (one from before nonlinear memory was measured is run again where rcbench is)
             print(f"memory capacity {key}", file=sys.stderr, flush=True)
             started = time.perf_counter()
-            record = (windowed if name in WINDOWED else continuous)(name, seed, opts)
+            record = (windowed if is_windowed else continuous)(name, seed, opts, **how)
             records[key] = {**record, "options": opts, "seconds": round(time.perf_counter() - started, 1)}
+            if params is not None:
+                records[key]["params"] = params
             store.write_text(json.dumps(records, indent=1) + "\n")
     (args.out / "memory.md").write_text(render(records, args))
     plot(records, args, args.out / "memory_capacity.png")

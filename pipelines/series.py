@@ -145,6 +145,17 @@ def esn_name(model: Model, params: dict[str, Any]) -> str:
     return f"esn:units={model.units}," + ",".join(f"{k}={v}" for k, v in sorted(params.items()))
 
 
+def windowed_backbone(name: str, params: dict[str, Any]) -> tuple[str, Any]:
+    """What ``extract`` runs for model ``name`` at ``params`` under the windowed protocol: the backbone and its
+    input scale (an ESN's settings are in its name; a backbone's input scale is searched)."""
+    from reservoir.config import parse_input_scale
+
+    model = MODELS[name]
+    if model.units:
+        return esn_name(model, params), "paper"
+    return model.backbone or name, parse_input_scale(params["input_scale"])
+
+
 def scored(rows: dict[str, tuple[np.ndarray, np.ndarray]], seed: int) -> dict[str, Any]:
     """The ridge head on ``rows`` (split -> features, labels): penalty chosen on ``val``, scored on ``test``."""
     from reservoir.probe.heads import fit_rows
@@ -200,7 +211,6 @@ def continuous_run(task: str, name: str, opts: dict[str, Any]):
 def windowed_run(task: str, name: str, opts: dict[str, Any]):
     """A trial's run under the windowed protocol (module docstring): a baseline in memory, a backbone through
     ``extract`` and ``fit`` (its features file removed after the fit: the ledger keeps the trial)."""
-    model = MODELS[name]
 
     def baseline(params: dict[str, Any], seed: int) -> dict[str, Any]:
         from reservoir.probe.baselines import raw_inputs, tanh_features
@@ -224,14 +234,11 @@ def windowed_run(task: str, name: str, opts: dict[str, Any]):
         return scored({s: (X[s], d.labels) for s, d in data.items()}, seed)
 
     def backbone(params: dict[str, Any], seed: int) -> dict[str, Any]:
-        from reservoir.config import ExtractConfig, FitConfig, parse_input_scale
+        from reservoir.config import ExtractConfig, FitConfig
         from reservoir.extract.run import extract
         from reservoir.probe.fit import fit
 
-        if model.units:
-            bb, scale = esn_name(model, params), "paper"
-        else:
-            bb, scale = model.backbone or name, parse_input_scale(params["input_scale"])
+        bb, scale = windowed_backbone(name, params)
         cfg = ExtractConfig(
             task=task, backbone=bb, seed=seed, task_options=opts, dtype="float32", input_scale=scale
         )

@@ -2,6 +2,7 @@
 rerun reads back instead of running again, a larger budget extending the earlier draws, and the table
 rendered from the ledger alone, a search cut short said to be not run."""
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -124,3 +125,44 @@ def test_nonlinear_memory_of_a_delay_line_holds_the_near_linear_targets_and_not_
     states = np.stack([np.roll(u, k) for k in range(10)], axis=1)
     got = memory.nonlinear_memory(states, u, alpha=1e-6)
     assert got["0.1"] > 7.99 and got["1.0"] > 7.9 and got["10.0"] < 0.5
+
+
+def test_memory_capacity_runs_a_model_at_the_setting_its_series_search_chose(tmp_path, monkeypatch):
+    """memory.py's tuned row of the 100-unit ESN (continuous) runs at the setting series.py's search chose on
+    NARMA-10 and names it; a rerun runs nothing; a model whose search is not in the ledger is said not run."""
+    series, out = tiny_series(tmp_path, monkeypatch, "--trials", "2", "--models", "esn-100")
+    series.main()
+    chosen = series.collected(
+        tuning.Ledger(out / "trials.jsonl"),
+        "narma10",
+        "continuous",
+        "esn-100",
+        series.task_options("narma10", argparse.Namespace(n_val=60, n_test=60, window=8), 120),
+        2,
+        2,
+    )["best"]
+    spec = importlib.util.spec_from_file_location("memory", ROOT / "pipelines" / "memory.py")
+    memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(memory)
+    argv = [
+        "memory.py",
+        *("--out", str(out), "--home", str(tmp_path / "home"), "--seeds", "2", "--trials", "2"),
+        *("--n-val", "60", "--n-test", "60", "--window", "8", "--tuned-train", "120"),
+        *("--long-train", "300", "--long-delays", "20", "--models", "esn-100-tuned", "lstm-tuned"),
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    memory.main()
+    records = json.loads((out / "memory.json").read_text())
+    assert sorted(records) == ["esn-100-tuned/0", "esn-100-tuned/1"]
+    assert all(r["params"] == chosen for r in records.values())
+    default = memory.continuous("esn-100-tanh", 0, records["esn-100-tuned/0"]["options"])
+    assert default["mc"] != records["esn-100-tuned/0"]["mc"]  # the setting reached the reservoir
+    memory.main()
+    assert json.loads((out / "memory.json").read_text()) == records  # read back, nothing run
+    table = (out / "memory.md").read_text()
+    setting = ", ".join(f"{k} {v}" for k, v in chosen.items())
+    assert f"ESN, 100 units, continuous, tuned on NARMA-10 ({setting}) | 2 |" in table
+    assert (
+        "LSTM, 3 layers of 768, random, windowed, tuned on NARMA-10 (its search not complete) | 0 | not run"
+        in table
+    )
