@@ -248,17 +248,18 @@ def tuned_run(name: str, params: dict[str, Any]) -> dict[str, Any]:
     return {"cfg": series.esn_config(series.MODELS[model], params, series.FIXED[(protocol, model)])}
 
 
-def labels(records: dict[str, Any], args) -> dict[str, str]:
-    """Every model's row label; a tuned model's names the setting its runs record."""
+def labels(args) -> dict[str, tuple[str, dict[str, Any] | None]]:
+    """Every model's row label, and a tuned model's setting (as the series ledger holds it; ``None`` else)."""
     import series
 
-    out = {**WINDOWED, **{k: v[0] for k, v in CONTINUOUS.items()}}
+    out = {**{k: (v, None) for k, v in WINDOWED.items()}, **{k: (v[0], None) for k, v in CONTINUOUS.items()}}
     for name, (model, protocol) in TUNED.items():
-        params = next((r["params"] for k, r in sorted(records.items()) if k.split("/")[0] == name), None)
+        params = tuned_setting(args, name)
         setting = ", ".join(f"{k} {v}" for k, v in params.items()) if params else "its search not complete"
-        out[name] = (
+        label = (
             f"{series.MODELS[model].label}, {protocol}, tuned on {series.TASKS[args.tuned_on]} ({setting})"
         )
+        out[name] = (label, params)
     return out
 
 
@@ -285,8 +286,10 @@ def render(records: dict[str, Any], args) -> str:
         "kernel rank per depth (rcbench) | nonlinear memory, nu 1 / 3 / 10 (rcbench) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, label in labels(records, args).items():
-        runs = [r for key, r in sorted(records.items()) if key.split("/")[0] == name]
+    for name, (label, params) in labels(args).items():
+        runs = [
+            r for key, r in sorted(records.items()) if key.split("/")[0] == name and r.get("params") == params
+        ]
         if not runs:
             md.append(f"| {label} | 0 | not run | | | | | | |")
             continue
@@ -317,9 +320,9 @@ def plot(records: dict[str, Any], args, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 6))
-    for i, (name, label) in enumerate(labels(records, args).items()):
+    for i, (name, (label, params)) in enumerate(labels(args).items()):
         r = records.get(f"{name}/0")
-        if r is None:
+        if r is None or r.get("params") != params:
             continue
         sums = [sum(m) for m in r["mc"]]
         best = int(np.argmax(sums))
