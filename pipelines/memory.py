@@ -286,10 +286,22 @@ def render(records: dict[str, Any], args) -> str:
         "kernel rank per depth (rcbench) | nonlinear memory, nu 1 / 3 / 10 (rcbench) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    deep = [
+        "",
+        "Nonlinear memory per depth (rcbench, as above: at most 8), mean over the seeds run, for the models of "
+        "more than one depth:",
+        "",
+        "| model | nu = 1, per depth | nu = 3, per depth |",
+        "|---|---|---|",
+    ]
     for name, (label, params) in labels(args).items():
         runs = [
             r for key, r in sorted(records.items()) if key.split("/")[0] == name and r.get("params") == params
         ]
+        if len(runs) and len(runs[0]["depths"]) > 1 and all(all(r.get("nonlinear") or [None]) for r in runs):
+            deep.append(
+                f"| {label} | " + " | ".join(nonlinear_by_depth(runs, nu) for nu in (1.0, 3.0)) + " |"
+            )
         if not runs:
             md.append(f"| {label} | 0 | not run | | | | | | |")
             continue
@@ -309,7 +321,14 @@ def render(records: dict[str, Any], args) -> str:
             f"| {label} | {len(runs)} | {mean_sd} | {','.join(map(str, depths))} | {per_depth} | {ours} | {theirs} "
             f"| {ranks} | {nonlinear_text(runs, best)} |"
         )
-    return "\n".join(md) + "\n"
+    return "\n".join(md + deep) + "\n"
+
+
+def nonlinear_by_depth(runs: list[dict[str, Any]], nu: float) -> str:
+    """rcbench's nonlinear memory at ``nu`` per depth, mean over ``runs`` (depth 0, the input layer alone,
+    left out)."""
+    values = np.array([[n[str(nu)] for n in r["nonlinear"]] for r in runs]).mean(0)
+    return ", ".join(f"{d}: {v:.2g}" for d, v in zip(runs[0]["depths"], values) if d)
 
 
 def plot(records: dict[str, Any], args, path: Path) -> None:
