@@ -338,26 +338,33 @@ def plot(records: dict[str, Any], args, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 6))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 8.5))
     for i, (name, (label, params)) in enumerate(labels(args).items()):
         r = records.get(f"{name}/0")
         if r is None or r.get("params") != params:
             continue
         sums = [sum(m) for m in r["mc"]]
         best = int(np.argmax(sums))
-        style = {"color": f"C{i % 10}", "ls": "--" if name == "raw" else "-." if name in TUNED else "-"}
+        style = {
+            "color": plt.cm.tab20(i % 20),
+            "ls": "--" if name == "raw" else "-." if name in TUNED else "-",
+        }
+        short = label.rsplit(" (", 1)[0] if name in TUNED else label  # the setting is in the table
         depth = "" if r["depths"][best] is None else f" (depth {r['depths'][best]})"
-        left.plot(range(1, len(r["mc"][best]) + 1), r["mc"][best], label=label + depth, **style)
+        left.plot(range(1, len(r["mc"][best]) + 1), r["mc"][best], label=short + depth, **style)
         if len(r["depths"]) > 1:
-            right.plot(r["depths"], sums, marker="o", label=label, **style)
+            right.plot(r["depths"], sums, marker="o", markersize=3, **style)
     left.axvline(args.window - 1, color="grey", ls=":", label=f"window ({args.window - 1} inputs back)")
-    left.set(xlabel="delay k", ylabel="capacity (squared correlation)", title="memory capacity per delay")
+    left.set(
+        xlabel="delay k", ylabel="capacity (squared correlation)", title="memory capacity per delay (seed 0)"
+    )
     right.axhline(100, color="black", ls="--", label="bound of a 100-unit linear ESN")
     right.axhline(args.window - 1, color="grey", ls=":", label="bound of a windowed model")
     right.set(xlabel="depth", ylabel="summed capacity", title="summed capacity per depth (windowed, seed 0)")
-    left.legend(fontsize=7)
-    right.legend(fontsize=7)
-    fig.tight_layout()
+    handles = [h for ax in (left, right) for h in ax.get_legend_handles_labels()[0]]
+    names = [n for ax in (left, right) for n in ax.get_legend_handles_labels()[1]]
+    fig.legend(handles, names, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.27, 1, 1))
     fig.savefig(path, dpi=110)
 
 
