@@ -140,18 +140,15 @@ def checked(states: np.ndarray, inputs: np.ndarray, delays: int, alpha: float) -
     }
 
 
-def tuned_setting(args, name: str) -> dict[str, Any] | None:
-    """The setting the series search chose for ``TUNED[name]`` on ``args.tuned_on`` (``None`` where the
-    ledger does not hold the whole search)."""
+def tuned_setting(args, name: str, ledger) -> dict[str, Any] | None:
+    """The setting the series search chose for ``TUNED[name]`` on ``args.tuned_on``, as ``ledger`` (the series'
+    ``tuning.Ledger``) holds it (``None`` where it does not hold the whole search)."""
     import series
-    from tuning import Ledger
 
     model, protocol = TUNED[name]
     sizes = argparse.Namespace(n_val=args.n_val, n_test=args.n_test, window=args.window)
     opts = series.task_options(args.tuned_on, sizes, args.tuned_train)
-    got = series.collected(
-        Ledger(args.out / "trials.jsonl"), args.tuned_on, protocol, model, opts, args.trials, args.seeds
-    )
+    got = series.collected(ledger, args.tuned_on, protocol, model, opts, args.trials, args.seeds)
     return None if "partial" in got else got["best"]
 
 
@@ -251,10 +248,12 @@ def tuned_run(name: str, params: dict[str, Any]) -> dict[str, Any]:
 def labels(args) -> dict[str, tuple[str, dict[str, Any] | None]]:
     """Every model's row label, and a tuned model's setting (as the series ledger holds it; ``None`` else)."""
     import series
+    from tuning import Ledger
 
+    ledger = Ledger(args.out / "trials.jsonl")
     out = {**{k: (v, None) for k, v in WINDOWED.items()}, **{k: (v[0], None) for k, v in CONTINUOUS.items()}}
     for name, (model, protocol) in TUNED.items():
-        params = tuned_setting(args, name)
+        params = tuned_setting(args, name, ledger)
         setting = ", ".join(f"{k} {v}" for k, v in params.items()) if params else "its search not complete"
         label = (
             f"{series.MODELS[model].label}, {protocol}, tuned on {series.TASKS[args.tuned_on]} ({setting})"
@@ -263,8 +262,8 @@ def labels(args) -> dict[str, tuple[str, dict[str, Any] | None]]:
     return out
 
 
-def render(records: dict[str, Any], args) -> str:
-    """The memory capacity table (summed over delays, at each model's best depth and per depth)."""
+def render(records: dict[str, Any], args, rows: dict[str, tuple[str, Any]]) -> str:
+    """The memory capacity table (summed over delays, at each model's best depth and per depth); ``rows``: :func:`labels`."""
     md = [
         "Linear memory capacity (Jaeger 2001): the sum over delays k = 1..K of the squared correlation, on test "
         "steps, between the input k steps back and its ridge readout from the state (penalty chosen on "
@@ -294,7 +293,7 @@ def render(records: dict[str, Any], args) -> str:
         "| model | nu = 1, per depth | nu = 3, per depth |",
         "|---|---|---|",
     ]
-    for name, (label, params) in labels(args).items():
+    for name, (label, params) in rows.items():
         runs = [
             r for key, r in sorted(records.items()) if key.split("/")[0] == name and r.get("params") == params
         ]
@@ -331,7 +330,7 @@ def nonlinear_by_depth(runs: list[dict[str, Any]], nu: float) -> str:
     return ", ".join(f"{d}: {v:.2g}" for d, v in zip(runs[0]["depths"], values) if d)
 
 
-def plot(records: dict[str, Any], args, path: Path) -> None:
+def plot(records: dict[str, Any], args, rows: dict[str, tuple[str, Any]], path: Path) -> None:
     """Capacity per delay at each model's best depth (seed 0), and summed capacity per depth."""
     import matplotlib
 
@@ -339,7 +338,7 @@ def plot(records: dict[str, Any], args, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 8.5))
-    for i, (name, (label, params)) in enumerate(labels(args).items()):
+    for i, (name, (label, params)) in enumerate(rows.items()):
         r = records.get(f"{name}/0")
         if r is None or r.get("params") != params:
             continue
@@ -415,10 +414,10 @@ def main() -> None:
     records = json.loads(store.read_text()) if store.exists() else {}
     short = {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test, "window": args.window}
     long = {"n_train": args.long_train, "n_val": 500, "n_test": 1000, "window": args.window}
+    rows = labels(args)  # the series ledger read once: memory.py adds nothing to it
     for name in [] if args.render else args.models:
-        params, how = None, {}
+        params, how = rows[name][1], {}
         if name in TUNED:
-            params = tuned_setting(args, name)
             if params is None:
                 print(
                     f"memory capacity {name}: not run, its {args.tuned_on} search is not complete",
@@ -445,8 +444,8 @@ def main() -> None:
             if params is not None:
                 records[key]["params"] = params
             store.write_text(json.dumps(records, indent=1) + "\n")
-    (args.out / "memory.md").write_text(render(records, args))
-    plot(records, args, args.out / "memory_capacity.png")
+    (args.out / "memory.md").write_text(render(records, args, rows))
+    plot(records, args, rows, args.out / "memory_capacity.png")
     print(args.out / "memory.md")
 
 
