@@ -246,9 +246,8 @@ class HFBackbone(Backbone):
         handles = [m.register_forward_hook(lambda m, a, o: calls.append(m)) for m in leaves]
         shapes: list[tuple[int, ...]] = []
 
-        def ended(
-            module, args, output
-        ) -> None:  # the last block's call (a hook returning a value replaces it)
+        # the last block's call, and the shape it returns (a hook must return None: a value replaces the output)
+        def ended(module, args, output) -> None:
             calls.append(None)
             shapes.append(tuple(first_output(output).shape))
 
