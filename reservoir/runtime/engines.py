@@ -18,8 +18,11 @@ forward and stops with an error naming ``--engine torch`` beyond :data:`TOLERANC
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
+import logging
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -592,13 +595,44 @@ def one_line(e: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def quiet():
-    """Converter and NNCF chatter (progress bars, tables, warnings) kept off the terminal."""
-    with (
-        contextlib.redirect_stdout(io.StringIO()),
-        contextlib.redirect_stderr(io.StringIO()),
-        warnings.catch_warnings(),
-        quiet_transformers(),
-    ):
-        warnings.simplefilter("ignore")
-        yield
+def quiet(*loggers: str):
+    """The converters' and quantizers' chatter (progress bars, tables, warnings, the records of ``loggers``)
+    kept off the terminal, and their usage telemetry declined (:func:`decline_telemetry`)."""
+    decline_telemetry()
+    levels = {name: logging.getLogger(name).level for name in loggers}
+    for name in loggers:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        with (
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+            warnings.catch_warnings(),
+            quiet_transformers(),
+        ):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+@functools.cache
+def decline_telemetry() -> None:
+    """Send no usage telemetry from this process unless its user opted in.
+
+    OpenVINO's converter and NNCF send an event per call unless a consent file opts out (with no file they
+    send), each from a process forked by a thread pool: beside torch's threads such a fork can hang the run.
+    Here no file counts as declined; a user's consent file (``opt_in_out --opt_in``) still decides. ONNX
+    Runtime's telemetry is declined through ``ORT_DISABLE_TELEMETRY``, unless the environment sets it."""
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    try:
+        from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
+    except ImportError:
+        return
+    check = OptInChecker.check
+
+    def declined_without_a_file(self, *args, **kwargs):
+        result = check(self, *args, **kwargs)
+        return ConsentCheckResult.DECLINED if result == ConsentCheckResult.NO_FILE else result
+
+    OptInChecker.check = declined_without_a_file

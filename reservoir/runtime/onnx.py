@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
-import logging
 import os
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +41,7 @@ from reservoir.runtime.engines import (
     calibration_dtype,
     centred,
     narrow,
+    one_line,
     position_means,
     register_engine,
     relative_error,
@@ -76,26 +74,9 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-@contextlib.contextmanager
-def quiet():
-    """The exporter's and the quantizer's chatter kept off the terminal."""
-    from reservoir.model.backbones import quiet_transformers
-
-    levels = {name: logging.getLogger(name).level for name in LOGGERS}
-    for name in LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    try:
-        with (
-            contextlib.redirect_stdout(io.StringIO()),
-            contextlib.redirect_stderr(io.StringIO()),
-            warnings.catch_warnings(),
-            quiet_transformers(),
-        ):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
+def quiet() -> contextlib.AbstractContextManager:
+    """The exporter's and the quantizer's chatter kept off the terminal (:func:`engines.quiet`)."""
+    return engines.quiet(*LOGGERS)
 
 
 def export(
@@ -242,12 +223,6 @@ def cached_file(key: str) -> Path:
     from reservoir.config import cache_dir
 
     return cache_dir() / FOLDER / f"{key[:32]}.onnx"
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as ``Type: first line`` (at most 240 characters)."""
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:240]
 
 
 class Unquantized(Exception):

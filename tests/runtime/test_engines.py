@@ -548,3 +548,26 @@ def test_no_library_log_line_reaches_the_terminal(tiny_gpt2, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "openvino: convert" in r.stderr
     assert "[transformers]" not in r.stderr and "Warning" not in r.stderr, r.stderr
+
+
+def test_the_converters_send_no_telemetry_unless_their_user_opted_in(extract, home, monkeypatch, tmp_path):
+    """OpenVINO's converter and NNCF, which send usage events from forked processes unless a consent file
+    opts out, fork nothing and write nothing in the home folder; a user's opt-in file still decides."""
+    import multiprocessing
+    import os
+
+    checker = pytest.importorskip("openvino_telemetry.utils.opt_in_checker")
+    for name in ("CI", "TF_BUILD", "JENKINS_URL"):  # these decline by themselves
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    (tmp_path / "user").mkdir()
+    started = []
+    monkeypatch.setattr(multiprocessing.Process, "start", lambda process: started.append(process))
+    r, _ = extract("--dtype", "int8-static", "--engine", "openvino")  # converts, then quantizes with NNCF
+    assert r.exit_code == 0, r.output
+    assert started == [] and list((tmp_path / "user").iterdir()) == []
+    assert checker.OptInChecker().check(False, True) == checker.ConsentCheckResult.DECLINED
+    assert os.environ["ORT_DISABLE_TELEMETRY"] == "1"
+    (tmp_path / "user" / "intel").mkdir()
+    (tmp_path / "user" / "intel" / "openvino_telemetry").write_text("1")
+    assert checker.OptInChecker().check(False, True) == checker.ConsentCheckResult.ACCEPTED
