@@ -99,7 +99,10 @@ def need(module: str):
 @contextlib.contextmanager
 def quiet():
     """Library chatter (exporter progress, NNCF's tables and progress bars, warnings) goes to
-    stderr, so stdout stays the report."""
+    stderr, so stdout stays the report; their usage telemetry declined, as the engines decline it."""
+    from reservoir.runtime.engines import decline_telemetry
+
+    decline_telemetry()
     with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
