@@ -51,9 +51,18 @@ def default_data_dir() -> Path:
     return home() / "data"
 
 
+#: the prefix of a task read from a user's own file or folder (``--task file:PATH``)
+FILE_TASK = "file:"
+
+
+def file_task_path(name: Any) -> str | None:
+    """PATH of a ``file:PATH`` task name; ``None`` for any other name (or none)."""
+    return name[len(FILE_TASK) :] if isinstance(name, str) and name.startswith(FILE_TASK) else None
+
+
 def slug(name: str) -> str:
     """A file-name-safe name for a task or backbone (a folder path gives its last part)."""
-    for prefix in ("hf:", "file:"):
+    for prefix in ("hf:", FILE_TASK):
         if name.startswith(prefix):
             name = name[len(prefix) :]
     if os.sep in name or Path(name).exists():

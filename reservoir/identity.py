@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.config import features_dir, slug
+from reservoir.config import FILE_TASK, features_dir, file_task_path, slug
 
 #: a task (:class:`reservoir.tasks.Task`) and a split's data (:class:`reservoir.tasks.SplitData`), as this module reads
 #: them: it sits below the tasks and names them only by what it uses (``load``, ``read``, ``subset``,
@@ -151,7 +151,8 @@ def config_dict(config: Any) -> dict[str, Any]:
 
 def task_label(name: str) -> str:
     """``file:some/dir/mine.npz`` -> ``file:mine.npz``; registered names as they are."""
-    return f"file:{Path(name[5:]).name}" if name.startswith("file:") else name
+    path = file_task_path(name)
+    return name if path is None else FILE_TASK + Path(path).name
 
 
 def feature_identity(

@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from reservoir.config import ExtractConfig, FitConfig, PredictConfig, ReportConfig, TrainConfig
+from reservoir.config import (
+    FILE_TASK,
+    ExtractConfig,
+    FitConfig,
+    PredictConfig,
+    ReportConfig,
+    TrainConfig,
+    file_task_path,
+)
 from reservoir.errors import ReservoirError, UsageError, optional
 
 if TYPE_CHECKING:
@@ -104,7 +112,7 @@ def configure(cls: type, task: Any = None, backbone: Any = None, **settings: Any
     given = {k: v for k, v in (("task", task), ("backbone", backbone)) if k in names}
     cfg = build(cls, **given, **settings)
     name = getattr(cfg, "task", None)
-    if name is not None and not (name.startswith("file:") or name in TASKS):
+    if name is not None and not (file_task_path(name) is not None or name in TASKS):
         raise _refused("--task", f"unknown task {name!r}; choose from {TASKS.names()} or file:PATH")
     chosen = getattr(cfg, "backbone", None)
     if isinstance(chosen, str):
@@ -113,14 +121,14 @@ def configure(cls: type, task: Any = None, backbone: Any = None, **settings: Any
         except UsageError as e:
             raise _refused("--backbone", str(e)) from None
     if isinstance(cfg, PredictConfig):  # its options read its --data: a file task's
-        name = f"file:{cfg.data or ''}"
+        name = f"{FILE_TASK}{cfg.data or ''}"
     if "task_options" in names and name is not None:
         try:
             cfg = dataclasses.replace(cfg, task_options=check_options(name, cfg.task_options))
         except UsageError as e:
             raise _refused("--task-opt", str(e)) from None
     split = getattr(cfg, "split", None)
-    if isinstance(cfg, ExtractConfig) and split != "all" and not name.startswith("file:"):
+    if isinstance(cfg, ExtractConfig) and split != "all" and file_task_path(name) is None:
         splits = list(get_task(name, **cfg.task_options).spec.splits)
         if split not in splits:
             raise _refused("--split", f"task {name!r} has no split {split!r}; choose from {splits} or 'all'")

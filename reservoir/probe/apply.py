@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.config import ExtractConfig, PredictConfig
+from reservoir.config import FILE_TASK, ExtractConfig, PredictConfig, file_task_path
 from reservoir.errors import DataError, IdentityError, UsageError
 from reservoir.probe.predictors import REGRESSION
 from reservoir.probe.saved import (
@@ -125,7 +125,7 @@ def recorded_backbone(probe: SavedProbe) -> str:
 def reading_options(probe: SavedProbe, given: dict[str, Any] | None) -> dict[str, Any]:
     """The options new data is read with: the probe's data's (:data:`READING`), then ``given`` over them."""
     identity = probe.identity
-    recorded = identity.get("task_options") or {} if str(identity.get("task", "")).startswith("file:") else {}
+    recorded = identity.get("task_options") or {} if file_task_path(identity.get("task")) is not None else {}
     options = {k: v for k, v in recorded.items() if k in READING}
     options["regression"] = probe.predictor.n_classes == REGRESSION
     tokens = probe.meta.get("tokens") or {}
@@ -217,7 +217,7 @@ def check_run(probe: SavedProbe, run: Any) -> None:
             )
     if problems:
         raise IdentityError(
-            f"the probe {probe.path} cannot read features of {run.cfg.task[5:]} extracted here: "
+            f"the probe {probe.path} cannot read features of {file_task_path(run.cfg.task)} extracted here: "
             f"{'; '.join(problems)}"
         )
 
@@ -238,11 +238,8 @@ def predict_data(
     from reservoir.settings import build
     from reservoir.tasks.userfile import PREDICT_SPLIT, FileTask
 
-    text = str(data)  # ``file:PATH``, as --task takes it, is read as PATH
-    identity, data = (
-        probe.identity,
-        Path(text[5:] if text.startswith("file:") and not Path(text).exists() else text),
-    )
+    path = file_task_path(str(data))  # ``file:PATH``, as --task takes it, is read as PATH
+    identity, data = probe.identity, Path(str(data) if path is None or Path(data).exists() else path)
     if identity.get("calibration"):
         raise IdentityError(
             f"the probe {probe.path} reads {identity.get('dtype')} features, whose calibration came from the rows "
@@ -254,7 +251,7 @@ def predict_data(
     check_data(probe, task, data)
     cfg = build(
         ExtractConfig,
-        task=f"file:{data}",
+        task=f"{FILE_TASK}{data}",
         backbone=backbone if backbone is not None else recorded_backbone(probe),
         split=PREDICT_SPLIT,
         seed=identity["seed"],

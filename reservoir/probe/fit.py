@@ -15,7 +15,15 @@ from typing import Any
 import h5py
 import numpy as np
 
-from reservoir.config import FitConfig, default_data_dir, features_dir, select_depths, slug
+from reservoir.config import (
+    FILE_TASK,
+    FitConfig,
+    default_data_dir,
+    features_dir,
+    file_task_path,
+    select_depths,
+    slug,
+)
 from reservoir.errors import DataError, IdentityError, StoreError, UsageError
 from reservoir.extract.store import (
     class_names,
@@ -99,14 +107,14 @@ def identity_mismatch(task: str, backbone: str | None, identity: dict[str, Any],
         return f"task {identity.get('task')!r}"
     if backbone is not None and identity.get("backbone") != backbone_label(backbone):
         return f"backbone {identity.get('backbone')!r}"
-    if task.startswith("file:"):
+    if (path := file_task_path(task)) is not None:
         from reservoir.tasks.userfile import FileTask
 
         key = canonical(identity["task_options"])
         if key not in read:
-            read[key] = FileTask(path=task[5:], **identity["task_options"])
+            read[key] = FileTask(path=path, **identity["task_options"])
         if reread(read[key], identity, ".") is None:
-            return f"the data of another file named {Path(task[5:]).name!r}"
+            return f"the data of another file named {Path(path).name!r}"
     return None
 
 
@@ -171,15 +179,15 @@ def check_task(f: h5py.File, identity: dict[str, Any], cfg: FitConfig) -> tuple[
             f"{f.filename} holds features of backbone {identity['backbone']!r}, not {cfg.backbone!r}; "
             "pass the feature file of that backbone, or leave out --backbone"
         )
-    if cfg.task is not None and cfg.task.startswith("file:"):
+    if (path := file_task_path(cfg.task)) is not None:
         from reservoir.tasks.userfile import FileTask
 
-        task = FileTask(path=cfg.task[5:], **identity["task_options"])
+        task = FileTask(path=path, **identity["task_options"])
         data = reread(task, identity, ".")
         if data is None:
             raise IdentityError(
-                f"{f.filename} was extracted from another file named {Path(cfg.task[5:]).name!r} "
-                f"(its contents differ from {cfg.task[5:]}); extract this file first, or pass the "
+                f"{f.filename} was extracted from another file named {Path(path).name!r} "
+                f"(its contents differ from {path}); extract this file first, or pass the "
                 "features of this one"
             )
         return task, data
@@ -280,11 +288,11 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
     results = []
     with open_features(path) as f:
         identity = stored_identity(f)
-        recorded = file_config(f).get("task") or ""
-        if cfg.task is None and recorded.startswith("file:") and Path(recorded[5:]).exists():
+        recorded = file_task_path(file_config(f).get("task"))
+        if cfg.task is None and recorded is not None and Path(recorded).exists():
             try:  # the file the features came from, still there and unchanged: its baselines too
-                checked = check_task(f, identity, dataclasses.replace(cfg, task=recorded))
-                cfg = dataclasses.replace(cfg, task=recorded)
+                checked = check_task(f, identity, dataclasses.replace(cfg, task=FILE_TASK + recorded))
+                cfg = dataclasses.replace(cfg, task=FILE_TASK + recorded)
             except IdentityError:
                 checked = None
         else:
@@ -370,9 +378,9 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             if progress:
                 print(f"depth {depth}: {score_line(scores)}", file=sys.stderr)
         if cfg.baselines:
-            if identity["task"].startswith("file:") and not cfg.task:
+            if file_task_path(identity["task"]) is not None and not cfg.task:
                 log(
-                    f"no baselines: the file the features came from ({recorded[5:] or 'unrecorded'}) is not "
+                    f"no baselines: the file the features came from ({recorded or 'unrecorded'}) is not "
                     "there or has changed; pass --task file:PATH of that data to compute them",
                     progress,
                 )

@@ -30,6 +30,7 @@ import h5py
 import numpy as np
 
 from reservoir import __version__
+from reservoir.config import FILE_TASK, file_task_path
 from reservoir.errors import DataError, IdentityError, UsageError
 from reservoir.extract.store import (
     class_names,
@@ -290,7 +291,7 @@ def _short(value: Any, width: int = 40) -> str:
 def extract_hint(probe: SavedProbe) -> str:
     """The ``reservoir extract`` options that make features this probe reads."""
     i = probe.identity
-    task = "file:YOUR_DATA" if str(i.get("task", "")).startswith("file:") else i.get("task")
+    task = f"{FILE_TASK}YOUR_DATA" if file_task_path(i.get("task")) is not None else i.get("task")
     words = [
         f"--task {task}",
         f"--backbone {i.get('backbone')}",

@@ -19,7 +19,11 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from reservoir.config import MAX_SEED  # noqa: F401  (task modules bound their seed options by it)
+from reservoir.config import (
+    FILE_TASK,
+    MAX_SEED,  # noqa: F401  (task modules bound their seed options by it)
+    file_task_path,
+)
 from reservoir.errors import DataError, UsageError  # noqa: F401  (DataError: re-exported for task modules)
 from reservoir.registry import Registry
 from reservoir.settings import check
@@ -327,9 +331,10 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
         if key not in fields:
             raise UsageError(f"unknown option {key!r} for task {name!r}; choose from {sorted(fields)}")
     values = {key: _convert(value, fields[key].type, key) for key, value in options.items()}
+    user_file = file_task_path(name) is not None
     for key, value in values.items():
-        check_value("file:PATH" if name.startswith("file:") else name, key, value, fields[key].metadata)
-    if not name.startswith("file:"):
+        check_value(f"{FILE_TASK}PATH" if user_file else name, key, value, fields[key].metadata)
+    if not user_file:
         get_task(
             name, **values
         )  # options checked together (e.g. bit_memory's n_bits by token_bits); reads nothing

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reservoir.config import file_task_path
 from reservoir.registry import Registry
 from reservoir.tasks import TASKS, DataError, Task, get_task
 from reservoir.tasks.download import DataArchive, check_archive, md5sum
@@ -65,7 +66,7 @@ def source(*names: str):
 
 
 def source_of(task: Task, data_dir: Path) -> Source:
-    if task.spec.name.startswith("file:"):
+    if file_task_path(task.spec.name) is not None:
         return _file_source(task)
     if task.name not in SOURCES:
         return Source(task.name, "generated on the fly (no files)")

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from reservoir.config import FILE_TASK
 from reservoir.errors import UsageError, unreadable
 from reservoir.settings import Interval, OneOf, setting
 from reservoir.tasks import (
@@ -131,7 +132,7 @@ def _strings(v: np.ndarray) -> np.ndarray:
     return np.array(flat, dtype=str).reshape(v.shape)
 
 
-@PREFIXED.register("file:")
+@PREFIXED.register(FILE_TASK)
 @dataclass(init=False)
 class FileTask(Task):
     """A task read from a user's file or folder (``--task file:PATH``): .npz, .h5, Parquet, Arrow, a
