@@ -29,6 +29,7 @@ from reservoir.runtime.engines import (
     TOLERANCE,
     calibration_dtype,
     centred,
+    decline_telemetry,
     narrow,
     one_line,
     position_means,
@@ -126,6 +127,7 @@ class OpenVINOForward:
         if self.shifts is None:
             start = time.perf_counter()
             # NNCF takes seconds to import: done beside the pass (PyTorch's kernels release the GIL)
+            decline_telemetry()  # before NNCF's import asks for consent
             threading.Thread(target=importlib.import_module, args=("nncf",), daemon=True).start()
             self.shifts = position_means(
                 self.eager, self._calibration(), self.width, self.centre_dtype or calibration_dtype()
