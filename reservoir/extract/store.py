@@ -237,13 +237,20 @@ REPRODUCED = "split limit seed input_scale load_dtype store_dtype dtype depths r
 
 def extract_command(f: h5py.File) -> str:
     """The ``reservoir extract`` command that writes ``f`` again, from its recorded options, with ``--force``."""
+    return command_of(file_config(f), "--out", str(f.filename), "--force")
+
+
+def command_of(c: dict[str, Any], *extra: str) -> str:
+    """The ``reservoir extract`` command of the options in ``c`` (a feature file's :func:`file_config`, or
+    the settings a search for one asks for), those at their default left out, then ``extra``."""
     import shlex
 
     from reservoir.config import ExtractConfig, default_data_dir
     from reservoir.settings import default, option_name
 
-    c = file_config(f)
-    words = ["reservoir", "extract", "--task", c["task"], "--backbone", c["backbone"]]
+    words = ["reservoir", "extract", "--task", c["task"]] + (
+        ["--backbone", c["backbone"]] if c.get("backbone") else []
+    )
     for key, value in sorted(c.get("task_options", {}).items()):
         words += ["--task-opt", f"{key}={value}"]
     for key in REPRODUCED:
@@ -253,7 +260,7 @@ def extract_command(f: h5py.File) -> str:
             words += [option_name(ExtractConfig, key), shown]
     if c.get("data_dir") and c["data_dir"] != str(default_data_dir()):
         words += ["--data-dir", c["data_dir"]]
-    return shlex.join(words + ["--out", str(f.filename), "--force"])
+    return shlex.join([*words, *extra])
 
 
 def check_ready(f: h5py.File) -> None:

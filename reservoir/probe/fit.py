@@ -27,6 +27,7 @@ from reservoir.config import (
 from reservoir.errors import DataError, IdentityError, StoreError, UsageError
 from reservoir.extract.store import (
     class_names,
+    command_of,
     extract_command,
     feature_splits,
     file_config,
@@ -125,12 +126,12 @@ def find_features(task: str, backbone: str | None, wanted: dict[str, Any] | None
     pattern = f"{slug(backbone_label(backbone))}/*.h5" if backbone else "*/*.h5"
     found = sorted(folder.glob(pattern))
     what = f"task {task!r}" + (f" and backbone {backbone!r}" if backbone else "")
+    command = command_of({"task": task, "backbone": backbone, **(wanted or {})})
     if not found:
         partial = sorted(folder.glob(pattern + ".partial"))
         hint = f" ({len(partial)} unfinished: rerun the same extract to finish it)" if partial else ""
         raise StoreError(
-            f"no feature file for {what} under {folder}{hint}; run `reservoir extract --task {task}"
-            f"{' --backbone ' + backbone if backbone else ''}` first, or pass --features FILE"
+            f"no feature file for {what} under {folder}{hint}; run `{command}` first, or pass --features FILE"
         )
     matching, others, read = [], [], {}
     for p in found:
@@ -151,8 +152,7 @@ def find_features(task: str, backbone: str | None, wanted: dict[str, Any] | None
         raise StoreError(
             f"none of the {len(found)} feature files under {folder} holds features of {what}:\n"
             + "\n".join(others)
-            + f"\nrun `reservoir extract --task {task}"
-            f"{' --backbone ' + backbone if backbone else ''}` first, or pass --features FILE"
+            + f"\nrun `{command}` first, or pass --features FILE"
         )
     keys = sorted(set().union(*(i for _, i in matching)))
     differ = [k for k in keys if len({canonical(i.get(k)) for _, i in matching}) > 1]

@@ -4,6 +4,8 @@ for a head refused up front."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +99,8 @@ def test_a_file_made_before_splits_were_checked_for_their_classes_is_refused(cli
 
 def test_fit_picks_among_a_task_s_extractions_by_their_options(cli, home, tiny_gpt2):
     """Two extractions of one task and backbone differ in readout: fit names both and the options that tell
-    them apart, and --readout picks one; an option no file matches is refused."""
+    them apart, and --readout picks one; an option no file matches is refused, with the extract command that
+    makes the file asked for."""
     last = extract(cli, "digits", tiny_gpt2, "--limit", "200", "--depths", "0,1")
     mean = extract(cli, "digits", tiny_gpt2, "--limit", "200", "--depths", "0,1", "--readout", "mean")
     r = cli(
@@ -111,8 +114,10 @@ def test_fit_picks_among_a_task_s_extractions_by_their_options(cli, home, tiny_g
         assert r.exit_code == 0, r.output
         results = [json.loads(p.read_text()) for p in (home / "results" / "digits").rglob("*.json")]
         assert any(res["config"]["fit"]["features"] == str(path) for res in results)
-    r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--extract-seed", "7")
+    seed_7 = ("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--extract-seed", "7")
+    r = cli(*seed_7, "--limit", "200")
     assert r.exit_code == 1 and "holds features of seed 0" in r.output
+    made_by = re.search(r"run `reservoir (extract [^`]+)` first", r.output).group(1)
     r = cli("-q", "fit", "--features", str(mean), "--readout", "last")
     assert r.exit_code == 1 and "holds features of readout 'mean'" in r.output
     extract(
@@ -120,6 +125,8 @@ def test_fit_picks_among_a_task_s_extractions_by_their_options(cli, home, tiny_g
     )  # differs from `last` in depths alone
     r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--readout", "last")
     assert r.exit_code == 1 and "differing in depths; pass --features with one of them (no option" in r.output
+    assert cli("-q", *shlex.split(made_by), "--depths", "0,1").exit_code == 0  # the file the error asks for
+    assert cli(*seed_7, "--limit", "200", "--depth", "1", "--no-baselines").exit_code == 0
 
 
 def test_real_valued_targets_take_the_ridge_head_by_default(cli, home, tiny_gpt2):
