@@ -31,13 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import numpy as np
-    import openvino as ov
     import torch
 
     from reservoir.model.backbones import load_backbone
-    from reservoir.runtime.engines import DYNAMIC_GROUP, precision
+    from reservoir.runtime.engines import DYNAMIC_GROUP, import_openvino, precision
     from reservoir.runtime.runner import FeatureRunner
     from reservoir.tasks import TaskSpec
+
+    ov = import_openvino()
 
     torch.set_num_threads(args.threads)
     spec = TaskSpec(name="mnist-like", token_kind="dense", seq_len=64, n_classes=10, token_dim=16)

@@ -164,8 +164,10 @@ def main() -> int:
 
 def profile_forward(models: dict, peak: float, flops: float, T: int) -> None:
     import numpy as np
-    import openvino as ov
 
+    from reservoir.runtime.engines import import_openvino
+
+    ov = import_openvino()
     forward = models["forward"]
     props = ov.properties
     config = {

@@ -284,7 +284,7 @@ def engine_key(dtype: str, backbone: Any, width: int, threads: int) -> str:
     from reservoir.runtime import records
 
     try:
-        from openvino import __version__ as ov_version
+        ov_version = import_openvino().__version__
     except ImportError:
         ov_version = None
     try:
@@ -572,7 +572,7 @@ def narrow(batch: tuple[torch.Tensor, ...], width: int | None = None) -> tuple[t
 def precision(dtype: str):
     """OpenVINO's inference precision for ``dtype``: a float dtype itself, :data:`INT8_FLOAT` for
     ``int8``, this CPU's fastest float dtype for ``int8-static``."""
-    import openvino as ov
+    ov = import_openvino()
 
     floats = {"float32": ov.Type.f32, "bfloat16": ov.Type.bf16, "float16": ov.Type.f16}
     if dtype in floats:
@@ -614,6 +614,14 @@ def quiet(*loggers: str):
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+def import_openvino():
+    """The ``openvino`` module, imported with its usage telemetry declined (its import sends an event)."""
+    decline_telemetry()
+    import openvino
+
+    return openvino
 
 
 @functools.cache

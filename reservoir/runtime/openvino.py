@@ -30,6 +30,7 @@ from reservoir.runtime.engines import (
     calibration_dtype,
     centred,
     decline_telemetry,
+    import_openvino,
     narrow,
     one_line,
     position_means,
@@ -98,7 +99,7 @@ class OpenVINOForward:
         self.error: float | None = None
 
     def _convert(self, example: tuple[torch.Tensor, ...]):
-        import openvino as ov
+        ov = import_openvino()
 
         try:
             with quiet(), torch.no_grad(), self._centred():
@@ -162,7 +163,7 @@ class OpenVINOForward:
 
     def _compile(self, model) -> list:
         """``model`` compiled for the CPU: one infer request per stream."""
-        import openvino as ov
+        ov = import_openvino()
 
         props = ov.properties
         streams = self.streams
@@ -193,7 +194,7 @@ class OpenVINOForward:
             return self.static[shapes]
         if not self.static_shapes or len(self.static) >= STATIC_SHAPES or len(args[0]) < STATIC_MIN_ROWS:
             return self.request
-        import openvino as ov
+        ov = import_openvino()
 
         model = self.model.clone()
         model.reshape({port: ov.PartialShape(list(shape)) for port, shape in zip(model.inputs, shapes)})

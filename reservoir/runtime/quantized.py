@@ -65,14 +65,13 @@ def block_rates(width: int, threads: int) -> dict[str, float]:
     :data:`HEAD_WIDTH`) in ``--dtype int8``'s recipe on OpenVINO and in each float path here:
     ``{"openvino int8": r, "openvino bfloat16": r, "torch float32": r, ...}``, each the fastest call over
     :data:`ROUNDS` interleaved rounds."""
-    import openvino as ov
+    from reservoir.runtime.engines import DYNAMIC_GROUP, INT8_FLOAT, import_openvino
 
+    ov = import_openvino()
     try:
         import openvino.opset13 as ops
     except ImportError:  # OpenVINO before 2025 keeps the opsets under openvino.runtime
         from openvino.runtime import opset13 as ops
-
-    from reservoir.runtime.engines import DYNAMIC_GROUP, INT8_FLOAT
 
     rows, heads = max(1, ROWS // TOKENS), max(1, width // HEAD_WIDTH)
     rng = np.random.default_rng(0)
@@ -170,7 +169,9 @@ def measured_rates(
 ) -> tuple[dict[str, float], bool]:
     """``(rates, cached)``: :func:`block_rates` of this CPU, threads, width and library versions, read from
     the cache when measured before, else measured now and kept."""
-    from openvino import __version__ as ov_version
+    from reservoir.runtime.engines import import_openvino
+
+    ov_version = import_openvino().__version__
 
     key = json.dumps(["block", *records.machine(threads), width, torch.__version__, ov_version])
     kept = records.get(RATES, key)

@@ -550,24 +550,39 @@ def test_no_library_log_line_reaches_the_terminal(tiny_gpt2, tmp_path):
     assert "[transformers]" not in r.stderr and "Warning" not in r.stderr, r.stderr
 
 
-def test_the_converters_send_no_telemetry_unless_their_user_opted_in(extract, home, monkeypatch, tmp_path):
-    """OpenVINO's converter and NNCF, which send usage events from forked processes unless a consent file
-    opts out, fork nothing and write nothing in the home folder; a user's opt-in file still decides."""
-    import multiprocessing
+def test_the_converters_send_no_telemetry_unless_their_user_opted_in(home, tiny_gpt2, monkeypatch, tmp_path):
+    """OpenVINO's import and converter and NNCF, which send usage events from forked processes unless a
+    consent file opts out, fork nothing in a whole int8-static run and write nothing in the home folder; a
+    user's opt-in file still decides."""
     import os
+    import subprocess
+    import sys
 
     checker = pytest.importorskip("openvino_telemetry.utils.opt_in_checker")
     for name in ("CI", "TF_BUILD", "JENKINS_URL"):  # these decline by themselves
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "user"))
-    (tmp_path / "user").mkdir()
-    started = []
-    monkeypatch.setattr(multiprocessing.Process, "start", lambda process: started.append(process))
-    r, _ = extract("--dtype", "int8-static", "--engine", "openvino")  # converts, then quantizes with NNCF
-    assert r.exit_code == 0, r.output
-    assert started == [] and list((tmp_path / "user").iterdir()) == []
+    user = tmp_path / "user"
+    user.mkdir()
+    monkeypatch.setenv("HOME", str(user))
+    counting = (  # a fresh process, so that OpenVINO's import is in the run
+        "import multiprocessing, sys\n"
+        "started = []\n"
+        "multiprocessing.Process.start = lambda process: started.append(process)\n"
+        "from reservoir.cli import main\n"
+        "try:\n    main(sys.argv[1:], standalone_mode=False)\n"
+        "finally:\n    print('processes started:', len(started), file=sys.stderr)\n"
+    )
+    run = [sys.executable, "-c", counting, "-q", "extract", "--task", "digits", "--backbone", str(tiny_gpt2),
+           *BASE, "--dtype", "int8-static", "--engine", "openvino"]  # fmt: skip
+    r = subprocess.run(run, capture_output=True, text=True, env=os.environ)
+    assert r.returncode == 0 and "processes started: 0" in r.stderr, r.stderr[-2000:]
+    assert list(user.iterdir()) == []
+    assert (
+        checker.OptInChecker().check(False, True) == checker.ConsentCheckResult.NO_FILE
+    )  # as OpenVINO sees it
+    engines.decline_telemetry()
     assert checker.OptInChecker().check(False, True) == checker.ConsentCheckResult.DECLINED
     assert os.environ["ORT_DISABLE_TELEMETRY"] == "1"
-    (tmp_path / "user" / "intel").mkdir()
-    (tmp_path / "user" / "intel" / "openvino_telemetry").write_text("1")
+    (user / "intel").mkdir()
+    (user / "intel" / "openvino_telemetry").write_text("1")
     assert checker.OptInChecker().check(False, True) == checker.ConsentCheckResult.ACCEPTED
