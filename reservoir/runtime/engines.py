@@ -628,8 +628,8 @@ def import_openvino():
 def decline_telemetry() -> None:
     """Send no usage telemetry from this process unless its user opted in.
 
-    OpenVINO's converter and NNCF send an event per call unless a consent file opts out (with no file they
-    send), each from a process forked by a thread pool: beside torch's threads such a fork can hang the run.
+    OpenVINO's import and converter and NNCF send an event per call unless a consent file opts out (with no
+    file they send), each from a process forked by a thread pool: beside torch's threads such a fork can hang the run.
     Here no file counts as declined; a user's consent file (``opt_in_out --opt_in``) still decides. ONNX
     Runtime's telemetry is declined through ``ORT_DISABLE_TELEMETRY``, unless the environment sets it."""
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")

@@ -65,6 +65,7 @@ LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "torch.fx", "onnxscrip
 
 def versions() -> dict[str, str | None]:
     """The versions a file and a measured rate depend on."""
+    engines.decline_telemetry()  # before ONNX Runtime's import
     out: dict[str, str | None] = {"torch": torch.__version__}
     for name in ("onnxruntime", "onnx", "onnxscript"):
         try:
@@ -172,6 +173,7 @@ def quantize_int8(
 
 def session(path: Path | str, threads: int):
     """An ONNX Runtime CPU session of ``path`` on ``threads`` threads (one stream, every graph optimization)."""
+    engines.decline_telemetry()
     import onnxruntime as ort
 
     options = ort.SessionOptions()
