@@ -562,16 +562,15 @@ class FileTask(Task):
                 f"{path}: {yname} has shape {y.shape}; expected ({n},), one label per row of {xname}, or "
                 f"({n}, k), k labels a row (multi-label 0/1 targets, or k real values with regression=true)"
             )
+        if regression and y.dtype.kind not in "fiub":
+            raise DataError(f"{path}: {yname} is {y.dtype}; regression targets must be numbers")
+        if y.dtype.kind == "f" and not np.isfinite(y).all():
+            row = int(np.flatnonzero(~np.isfinite(y).reshape(len(y), -1).all(1))[0])
+            kind = "targets" if regression else "labels"
+            raise DataError(f"{path}: {yname} holds NaN or infinite {kind} (row {row}); replace or drop them")
         if regression:
-            if y.dtype.kind not in "fiub":
-                raise DataError(f"{path}: {yname} is {y.dtype}; regression targets must be numbers")
-            if not np.isfinite(y).all():
-                row = int(np.flatnonzero(~np.isfinite(y).reshape(len(y), -1).all(1))[0])
-                raise DataError(
-                    f"{path}: {yname} holds NaN or infinite targets (row {row}); replace or drop them"
-                )
             return
-        if y.dtype.kind == "f" and not (np.isfinite(y).all() and (y == np.round(y)).all()):
+        if y.dtype.kind == "f" and not (y == np.round(y)).all():
             raise DataError(
                 f"{path}: {yname} holds non-integer values; give class ids 0..C-1 "
                 "(sklearn.preprocessing.LabelEncoder turns names into ids), or pass --task-opt regression=true "

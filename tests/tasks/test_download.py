@@ -431,6 +431,10 @@ def test_user_file_without_splits_gets_a_seeded_stratified_test(tmp_path):
         ({"x": np.full((5, 3, 2), np.nan), "y": np.zeros(5, int)}, r"NaN or infinite"),
         ({"x": np.zeros((5, 3), int), "y": np.array([0, 1, 2, 3, 0.5])}, r"non-integer values"),
         (
+            {"x": np.zeros((5, 3), int), "y": np.array([0, 1, np.nan, 3, 0])},
+            r"y holds NaN or infinite labels \(row 2\)",
+        ),
+        (
             {"x": np.zeros((5, 3), int), "y": np.arange(5), "split": np.array(["train"] * 5)},
             r"no .* 'test' split",
         ),
