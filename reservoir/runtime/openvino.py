@@ -29,7 +29,6 @@ from reservoir.runtime.engines import (
     TOLERANCE,
     calibration_dtype,
     centred,
-    decline_telemetry,
     import_openvino,
     narrow,
     one_line,
@@ -128,7 +127,6 @@ class OpenVINOForward:
         if self.shifts is None:
             start = time.perf_counter()
             # NNCF takes seconds to import: done beside the pass (PyTorch's kernels release the GIL)
-            decline_telemetry()  # before NNCF's import asks for consent
             threading.Thread(target=importlib.import_module, args=("nncf",), daemon=True).start()
             self.shifts = position_means(
                 self.eager, self._calibration(), self.width, self.centre_dtype or calibration_dtype()
