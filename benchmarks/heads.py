@@ -50,7 +50,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reservoir.config import default_data_dir  # noqa: E402
+from reservoir.paths import default_data_dir  # noqa: E402
 from reservoir.probe import heads  # noqa: E402
 from reservoir.runtime.machine import describe, load  # noqa: E402
 from reservoir.tasks import get_task  # noqa: E402

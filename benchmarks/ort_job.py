@@ -25,7 +25,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 
 def rows_of_mnist(rows: int, data_dir: Path | None, seed: int) -> np.ndarray:
-    from reservoir.config import default_data_dir
+    from reservoir.paths import default_data_dir
     from reservoir.tasks import make_task
 
     task = make_task("mnist", {}, seed)

@@ -1,15 +1,9 @@
-"""Paths and run configurations: one place for each default.
-
-Working folders default to ``./data``, ``./features/`` and ``./results/``, all under
-``$RESERVOIR_HOME`` when it is set. Feature files are named by the identity of the run
-that produced them (:mod:`reservoir.identity`).
-"""
+"""Run configurations: one declaration per setting, one place for each default (working folders:
+:mod:`reservoir.paths`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from reservoir.errors import UsageError
+from reservoir.paths import default_data_dir, home, slug
 from reservoir.registry import ENGINES, HEADS
 from reservoir.settings import (
     AllOf,
@@ -31,52 +26,6 @@ from reservoir.settings import (
     key_values,
     setting,
 )
-
-
-def home() -> Path:
-    return Path(os.environ.get("RESERVOIR_HOME", "."))
-
-
-def cache_dir() -> Path:
-    """Converted models, compile records, derived data: ``$RESERVOIR_CACHE``, else
-    ``$RESERVOIR_HOME/cache``, else ``~/.cache/reservoir``."""
-    if os.environ.get("RESERVOIR_CACHE"):
-        return Path(os.environ["RESERVOIR_CACHE"])
-    if os.environ.get("RESERVOIR_HOME"):
-        return Path(os.environ["RESERVOIR_HOME"]) / "cache"
-    return Path.home() / ".cache" / "reservoir"
-
-
-def default_data_dir() -> Path:
-    return home() / "data"
-
-
-#: the prefix of a task read from a user's own file or folder (``--task file:PATH``)
-FILE_TASK = "file:"
-
-
-def file_task_path(name: Any) -> str | None:
-    """PATH of a ``file:PATH`` task name; ``None`` for any other name (or none)."""
-    return name[len(FILE_TASK) :] if isinstance(name, str) and name.startswith(FILE_TASK) else None
-
-
-def slug(name: str) -> str:
-    """A file-name-safe name for a task or backbone (a folder path gives its last part)."""
-    for prefix in ("hf:", FILE_TASK):
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-    if os.sep in name or Path(name).exists():
-        name = Path(name.rstrip(os.sep)).stem or name
-    return re.sub(r"[^A-Za-z0-9_.-]+", "--", name)
-
-
-def features_dir() -> Path:
-    return home() / "features"
-
-
-def results_dir(task: str, backbone: str) -> Path:
-    return home() / "results" / slug(task) / slug(backbone)
-
 
 #: choices of the options that take one (the CLI's click.Choice lists come from the fields declaring
 #: them, :func:`choices`); engines and heads are read from their registries

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.config import FILE_TASK, features_dir, file_task_path, slug
+from reservoir.paths import FILE_TASK, features_dir, file_task_path, slug
 
 #: a task (:class:`reservoir.tasks.Task`) and a split's data (:class:`reservoir.tasks.SplitData`), as this module reads
 #: them: it sits below the tasks and names them only by what it uses (``load``, ``read``, ``subset``,

@@ -37,9 +37,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from reservoir import __version__
-from reservoir.config import results_dir, slug
 from reservoir.errors import DataError
 from reservoir.identity import digest
+from reservoir.paths import results_dir, slug
 
 MODES = ("output-only", "end-to-end", "baseline")
 

@@ -30,15 +30,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from reservoir.config import (
-    FILE_TASK,
     ExtractConfig,
     FitConfig,
     PredictConfig,
     ReportConfig,
     TrainConfig,
-    file_task_path,
 )
 from reservoir.errors import ReservoirError, UsageError, optional
+from reservoir.paths import FILE_TASK, file_task_path
 
 if TYPE_CHECKING:
     from reservoir.api.estimator import ReservoirFeatures

@@ -245,7 +245,8 @@ def command_of(c: dict[str, Any], *extra: str) -> str:
     the settings a search for one asks for), those at their default left out, then ``extra``."""
     import shlex
 
-    from reservoir.config import ExtractConfig, default_data_dir
+    from reservoir.config import ExtractConfig
+    from reservoir.paths import default_data_dir
     from reservoir.settings import default, option_name
 
     words = ["reservoir", "extract", "--task", c["task"]] + (

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from reservoir.config import FILE_TASK, ExtractConfig, PredictConfig, file_task_path
+from reservoir.config import ExtractConfig, PredictConfig
 from reservoir.errors import DataError, IdentityError, UsageError
+from reservoir.paths import FILE_TASK, file_task_path
 from reservoir.probe.predictors import REGRESSION
 from reservoir.probe.saved import (
     SAME_EXTRACTION,

@@ -16,13 +16,8 @@ import h5py
 import numpy as np
 
 from reservoir.config import (
-    FILE_TASK,
     FitConfig,
-    default_data_dir,
-    features_dir,
-    file_task_path,
     select_depths,
-    slug,
 )
 from reservoir.errors import DataError, IdentityError, StoreError, UsageError
 from reservoir.extract.store import (
@@ -40,6 +35,7 @@ from reservoir.extract.store import (
 from reservoir.identity import canonical, reread, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.model.devices import resolve_device
+from reservoir.paths import FILE_TASK, default_data_dir, features_dir, file_task_path, slug
 from reservoir.probe.heads import check_head_fits, fit_probe
 from reservoir.probe.metrics import score_line
 from reservoir.probe.predictors import Predictor

@@ -30,7 +30,6 @@ import h5py
 import numpy as np
 
 from reservoir import __version__
-from reservoir.config import FILE_TASK, file_task_path
 from reservoir.errors import DataError, IdentityError, UsageError
 from reservoir.extract.store import (
     class_names,
@@ -43,6 +42,7 @@ from reservoir.extract.store import (
     verify,
 )
 from reservoir.identity import array_digest, canonical
+from reservoir.paths import FILE_TASK, file_task_path
 from reservoir.probe.heads import head_threads
 from reservoir.probe.predictors import REGRESSION, Predictor, predictor_from_state
 from reservoir.probe.rows import rows

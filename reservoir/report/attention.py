@@ -227,9 +227,10 @@ def first_layer_attention(
     >>> w.shape, labels[:3]                                           # doctest: +SKIP
     ((12, 10, 10), ['1', '0', '1'])
     """
-    from reservoir.config import default_data_dir, parse_input_scale
+    from reservoir.config import parse_input_scale
     from reservoir.model.backbones import freeze, load_backbone
     from reservoir.model.reservoir import Reservoir, check_length
+    from reservoir.paths import default_data_dir
 
     if example < 0 or layer < 0:
         raise UsageError(f"example and layer count from 0; got example {example}, layer {layer}")

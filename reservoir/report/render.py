@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reservoir.config import ReportConfig, home
+from reservoir.config import ReportConfig
 from reservoir.errors import DataError, UsageError
+from reservoir.paths import home
 from reservoir.report.tables import Report
 from reservoir.results import load_results
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reservoir.config import cache_dir
+from reservoir.paths import cache_dir
 from reservoir.runtime import records
 
 # Both estimates are measured: docs/benchmarks.md, "Constants the code takes from these measurements".

@@ -222,7 +222,7 @@ def file_key(
 
 
 def cached_file(key: str) -> Path:
-    from reservoir.config import cache_dir
+    from reservoir.paths import cache_dir
 
     return cache_dir() / FOLDER / f"{key[:32]}.onnx"
 

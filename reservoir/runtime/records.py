@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from reservoir.config import cache_dir
+from reservoir.paths import cache_dir
 
 
 def machine(threads: int) -> list[Any]:

@@ -19,12 +19,9 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from reservoir.config import (
-    FILE_TASK,
-    MAX_SEED,  # noqa: F401  (task modules bound their seed options by it)
-    file_task_path,
-)
+from reservoir.config import MAX_SEED  # noqa: F401  (task modules bound their seed options by it)
 from reservoir.errors import DataError, UsageError  # noqa: F401  (DataError: re-exported for task modules)
+from reservoir.paths import FILE_TASK, file_task_path
 from reservoir.registry import Registry
 from reservoir.settings import check
 

@@ -105,8 +105,8 @@ class Digits(Task):
     @functools.cached_property
     def splits(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The stratified train/test split of scikit-learn's digits, kept in the reservoir cache once made
-        (:func:`reservoir.config.cache_dir`) so that a later run need not import scikit-learn."""
-        from reservoir.config import cache_dir
+        (:func:`reservoir.paths.cache_dir`) so that a later run need not import scikit-learn."""
+        from reservoir.paths import cache_dir
 
         kept = cache_dir() / "digits" / f"split-{self.test_size!r}-{self.seed}.npz"
         if kept.exists():

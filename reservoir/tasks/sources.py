@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reservoir.config import file_task_path
+from reservoir.paths import file_task_path
 from reservoir.registry import Registry
 from reservoir.tasks import TASKS, DataError, Task, get_task
 from reservoir.tasks.download import DataArchive, check_archive, md5sum
@@ -168,7 +168,7 @@ def _file_source(task: Task) -> Source:
 
 def data_dir_origin(data_dir: Path | None) -> tuple[Path, str]:
     """The data folder in use and why."""
-    from reservoir.config import default_data_dir
+    from reservoir.paths import default_data_dir
 
     if data_dir is not None:
         return Path(data_dir), "--data-dir"

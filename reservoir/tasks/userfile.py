@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from reservoir.config import FILE_TASK
 from reservoir.errors import UsageError, unreadable
+from reservoir.paths import FILE_TASK
 from reservoir.settings import Interval, OneOf, setting
 from reservoir.tasks import (
     MAX_SEED,

