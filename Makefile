@@ -10,7 +10,9 @@ LIMIT ?=
 EXTRACT_OPTS ?= $(if $(LIMIT),--limit $(LIMIT))
 FIT_OPTS ?=
 HEAD ?= logreg
-DATA_DIR ?= data
+# the folder the command line's defaults are under (data/, features/, results/), as reservoir reads it
+HOME_DIR := $(or $(RESERVOIR_HOME),.)
+DATA_DIR ?= $(HOME_DIR)/data
 
 .PHONY: help install test test-all check-lowest lint clean demo bench smollm
 
@@ -50,7 +52,7 @@ demo: smollm ## pretrained smollm2-135m vs its random twin and the baselines on 
 		$(RESERVOIR) fit --task digits --backbone $$b --features "$$f" --head ridge \
 			> /dev/null || exit 1; \
 	done
-	$(RESERVOIR) report $(addprefix results/digits/,$(DEMO_BACKBONES)) results/digits/baseline-*
+	$(RESERVOIR) report $(addprefix $(HOME_DIR)/results/digits/,$(DEMO_BACKBONES)) $(HOME_DIR)/results/digits/baseline-*
 
 features/%.h5: | install ## features/TASK/BACKBONE.h5: extract (LIMIT=N, EXTRACT_OPTS=...)
 	$(RESERVOIR) extract --task $(word 1,$(subst /, ,$*)) --backbone $(word 2,$(subst /, ,$*)) \
@@ -59,7 +61,7 @@ features/%.h5: | install ## features/TASK/BACKBONE.h5: extract (LIMIT=N, EXTRACT
 results/%/done: features/%.h5 ## results/TASK/BACKBONE/done: fit every depth (HEAD=logreg|ridge|torch)
 	$(RESERVOIR) fit --task $(word 1,$(subst /, ,$*)) --backbone $(word 2,$(subst /, ,$*)) \
 		--features $< --head $(HEAD) $(FIT_OPTS)
-	touch $@
+	mkdir -p $(@D) && touch $@
 
 bench: install ## extraction speed: official baseline, peer runtimes (pip install -e '.[bench]'), ours, roofline, whole jobs (docs/benchmarks.md)
 	$(BIN)/python benchmarks/extract.py --data-dir $(DATA_DIR)
