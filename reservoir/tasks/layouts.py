@@ -30,6 +30,7 @@ from reservoir.tasks.streams import (
     natural,
     natural_key,
     need,
+    refuse_nulls,
 )
 
 # -- naming a source ------------------------------------------------------------------------------
@@ -276,10 +277,7 @@ def _column(col: Any, where: str, first: int) -> np.ndarray:
     """A label column as numpy (ints, floats, bools; strings as str), refusing missing values."""
     import pyarrow as pa
 
-    col = col.combine_chunks() if hasattr(col, "combine_chunks") else col
-    if col.null_count:
-        row = first + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-        raise DataError(f"{where} has a missing value in row {row}; fill or drop it")
+    col = refuse_nulls(col.combine_chunks() if hasattr(col, "combine_chunks") else col, first, where)
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):

@@ -322,6 +322,17 @@ class Images:
 # -- arrow columns to numpy rows ---------------------------------------------------------------
 
 
+def refuse_nulls(col: Any, first: int | None, where: str) -> Any:
+    """``col`` (an Arrow array) when it holds no missing value; else a DataError naming the first one's row
+    (``first``: the column's first row number; ``None``: values inside a column's lists)."""
+    if not col.null_count:
+        return col
+    if first is None:
+        raise DataError(f"{where} has missing values inside its lists; fill or drop them")
+    row = first + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+    raise DataError(f"{where} has a missing value in row {row}; fill or drop it")
+
+
 def arrow_rows(col: Any, first: int, *, where: str, images: Images) -> np.ndarray:
     """An Arrow column's rows as numpy: ``(n, T)`` ids or ``(n, T, d)`` floats (an object array of rows when
     lengths differ), or images ``(n, H, W, C)`` uint8; ``first`` is the column's first row number."""
@@ -332,9 +343,7 @@ def arrow_rows(col: Any, first: int, *, where: str, images: Images) -> np.ndarra
         if hasattr(col, "to_numpy_ndarray"):  # an Arrow fixed-shape tensor
             return _numbers(col.to_numpy_ndarray(), where)
         col, t = col.storage, t.storage_type  # datasets' Array2D: nested lists
-    if col.null_count:
-        row = first + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-        raise DataError(f"{where} has a missing value in row {row}; fill or drop it")
+    refuse_nulls(col, first, where)
     if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:  # datasets' Image: bytes and path
         data, paths = (
             col.field("bytes").to_pylist(),
@@ -355,9 +364,7 @@ def arrow_rows(col: Any, first: int, *, where: str, images: Images) -> np.ndarra
             "tokens (lists of floats) or an image (tokenize text into ids first; " + FIX + ")"
         )
     lengths = _list_lengths(col)
-    inner = col.flatten()
-    if inner.null_count:
-        raise DataError(f"{where} has missing values inside its lists; fill or drop them")
+    inner = refuse_nulls(col.flatten(), None, where)
     width = None
     if isinstance(inner.type, pa.ExtensionType):
         inner = inner.storage
@@ -375,9 +382,7 @@ def arrow_rows(col: Any, first: int, *, where: str, images: Images) -> np.ndarra
         width = int(widths[0]) if len(widths) else 0
         if not width:
             raise DataError(f"{where}: its tokens are empty lists; every token needs at least one value")
-        inner = inner.flatten()
-        if inner.null_count:
-            raise DataError(f"{where} has missing values inside its lists; fill or drop them")
+        inner = refuse_nulls(inner.flatten(), None, where)
         if pa.types.is_list(inner.type) or pa.types.is_large_list(inner.type):
             raise DataError(f"{where} nests lists three deep; rows must be (T,) ids or (T, d) floats ({FIX})")
     if not (pa.types.is_integer(inner.type) or pa.types.is_floating(inner.type)):

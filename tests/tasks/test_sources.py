@@ -341,6 +341,18 @@ def bad_sources(tmp: Path):
             lambda: (_parquet(tmp / "a.parquet", {"x": x[:5] + [None], "y": y}), ()),
             "column 'x' has a missing value in row 5; fill or drop it",
         ),
+        "missing label": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": y[:4] + [None, 1]}), ()),
+            "column 'y' has a missing value in row 4; fill or drop it",
+        ),
+        "missing value inside a row": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": x[:5] + [[[0.5, None]] * 3], "y": y}), ()),
+            "column 'x' has missing values inside its lists; fill or drop them",
+        ),
+        "missing id inside a row": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": [[1, 2]] * 5 + [[3, None]], "y": y}), ()),
+            "column 'x' has missing values inside its lists; fill or drop them",
+        ),
         "NaN": (
             lambda: (_parquet(tmp / "a.parquet", {"x": x[:4] + [[[float("nan"), 1.0]] * 3] * 2, "y": y}), ()),
             "column 'x' holds NaN or infinite values (row 4)",
