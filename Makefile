@@ -23,10 +23,10 @@ $(BIN)/activate: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test,data,cluster,smollm,openvino,docs,examples]"
+	$(BIN)/pip install -q -e ".[test,data,cluster,smollm,openvino,onnx,series,docs,examples]"
 	touch $(BIN)/activate
 
-install: $(BIN)/activate ## create .venv and install the package with the test, data, cluster, smollm, openvino, docs and examples extras
+install: $(BIN)/activate ## create .venv and install the package with the test, data, cluster, smollm, openvino, onnx, series, docs and examples extras
 
 # the tests run on every core this process may use (at most 4 workers, one thread each: tests/conftest.py)
 test: install ## run the default test suite (< 10 minutes)
