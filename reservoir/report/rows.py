@@ -3,7 +3,7 @@ row's results were computed on (:func:`data_key`), so every row is shown beside 
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +83,9 @@ class Row:
     trainable: str
     scale: str
     run: str
+    #: the data's key (:func:`data_key`) where results of this setting were computed on several data sets with
+    #: one seed (so they are not seeds of one experiment); else ""
+    data: str = ""
     by_depth: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
 
     @property
@@ -181,15 +184,36 @@ def row_key(r: dict[str, Any]) -> tuple:
     )
 
 
-def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, Any]]]:
-    """Rows of the reservoir results (sorted) and the baseline results."""
-    rows: dict[tuple, Row] = {}
-    baselines = []
-    for r in map(with_scores, results):
-        if r["mode"] == "baseline":
-            baselines.append(r)
-            continue
+def seeds_of(r: dict[str, Any]) -> set[Any]:
+    """The seeds a result ran (an end-to-end result's every seed)."""
+    return set(r.get("identity", {}).get("seeds") or [r.get("seed")])
+
+
+def split_by_data(results: list[dict[str, Any]]) -> set[tuple]:
+    """The row keys whose results, at one depth, share a seed but not their data: the data was edited between
+    runs, or files of one name hold other rows. Their results are not seeds of one experiment."""
+    seen: dict[tuple, dict[Any, str]] = defaultdict(dict)
+    split = set()
+    for r in results:
         key = row_key(r)
+        by_seed = seen[key, int(r["depth"])]
+        for seed in seeds_of(r):
+            if by_seed.setdefault(seed, data_key(r)) != data_key(r):
+                split.add(key)
+    return split
+
+
+def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, Any]]]:
+    """Rows of the reservoir results (sorted) and the baseline results. Results of one setting fold into a row
+    as its seeds; where two of them ran one seed on different data, each data set is a row of its own."""
+    rows: dict[tuple, Row] = {}
+    scored = [with_scores(r) for r in results]
+    baselines = [r for r in scored if r["mode"] == "baseline"]
+    scored = [r for r in scored if r["mode"] != "baseline"]
+    split = split_by_data(scored)
+    for r in scored:
+        key = row_key(r)
+        key = (*key, data_key(r) if key in split else "")
         row = rows.setdefault(key, Row(*key))
         row.by_depth[int(r["depth"])].append(r)
     for row in rows.values():  # an end-to-end result folds its seeds; seeds run apart fold into one
@@ -198,7 +222,7 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
                 if len(rs) > 1 and all(r.get("runs") for r in rs):
                     row.by_depth[depth] = [merge_seeds(rs)]
     order = sorted(
-        rows, key=lambda k: (k[0], k[1], k[2], k[3], k[4], k[5] != "paper", k[5], k[6])
+        rows, key=lambda k: (k[0], k[1], k[2], k[3], k[4], k[5] != "paper", k[5], k[6], k[7])
     )  # paper scale first
     return [rows[k] for k in order], baselines
 
@@ -249,6 +273,10 @@ def data_groups(rows: list[Row], task: str, every_mode: bool = False) -> list[Da
             f" ({len(keys)} data sets, one per seed)" if len(keys) > 1 else ""
         )
         groups.setdefault(keys, DataGroup(task, keys, label)).rows.append(row)
+    labels = Counter(g.label for g in groups.values())
+    for g in groups.values():  # data sets alike in words (an edited file, files of one name) told apart
+        if labels[g.label] > 1:
+            g.label += f" (data {', '.join(k[:6] for k in g.keys)})"
     return list(groups.values())
 
 

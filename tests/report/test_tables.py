@@ -456,3 +456,39 @@ def test_one_data_keeps_the_table_as_it_was_and_a_row_of_seeds_averages_their_ba
     assert (
         "| baseline: majority class | rule | 50/50 |  |  | 30.0 ± 14.1 (n=2) (2 of 3 data sets) |  |" in table
     )
+
+
+def test_results_of_one_seed_on_other_data_are_never_averaged_as_seeds():
+    """Two results of one setting and seed whose data differ (a file edited between runs, or two files of one
+    name) are two rows under data lines told apart, each with its own baselines; seeds of one data still fold."""
+    edited = [
+        output_only(depth, 0.5, test, data={"train": {"rows": 80, "sha256": sha}}, task_options={"seed": 0})
+        for sha, test in (("a", 0.6), ("b", 0.55))
+        for depth in (0, 1)
+    ]
+    for sha, test in (("a", 0.8), ("b", 0.3)):
+        b = output_only(
+            None,
+            test,
+            test,
+            backbone="baseline-raw",
+            data={"train": {"rows": 80, "sha256": sha}},
+            task_options={"seed": 0},
+        )
+        b.update(mode="baseline", baseline="raw")
+        edited.append(b)
+    rep = Report(edited)
+    assert len(rep.rows) == 2 and all(len(row.by_depth[0]) == 1 for row in rep.rows)
+    table = rep.depth_tables()
+    assert "±" not in table and "one per seed" not in table
+    lines = table.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("| *data:")]
+    assert len(heads) == 2 and lines[heads[0]] != lines[heads[1]], table
+    sections = ["\n".join(lines[a:b]) for a, b in zip(heads, heads[1:] + [len(lines)])]
+    assert sorted(("| 60.0 |" in s, "| 80.0 |" in s, "| 30.0 |" in s) for s in sections) == [
+        (False, False, True),
+        (True, True, False),
+    ]
+    seeds = [output_only(0, 0.5, test, seed=seed) for seed, test in ((0, 0.5), (1, 0.7))]
+    (row,) = Report(seeds).rows
+    assert row.spread(0)[2] == 2
