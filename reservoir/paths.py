@@ -39,12 +39,14 @@ def file_task_path(name: Any) -> str | None:
 
 
 def slug(name: str) -> str:
-    """A file-name-safe name for a task or backbone (a folder path gives its last part)."""
-    for prefix in ("hf:", FILE_TASK):
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-    if os.sep in name or Path(name).exists():
-        name = Path(name.rstrip(os.sep)).stem or name
+    """A file-name-safe name for a task or backbone, the same from any folder: a ``file:PATH`` task gives its
+    file's name, a path or ``hf:ID`` its last part."""
+    if (path := file_task_path(name)) is not None:
+        name = Path(path.rstrip(os.sep)).name or path
+    else:
+        name = name.removeprefix("hf:")
+        if os.sep in name:
+            name = Path(name.rstrip(os.sep)).stem or name
     return re.sub(r"[^A-Za-z0-9_.-]+", "--", name)
 
 

@@ -27,11 +27,15 @@ def test_a_file_task_gives_its_path_and_any_other_name_none():
     assert [file_task_path(name) for name in ("digits", "hf:file:x", None, 3)] == [None] * 4
 
 
-def test_slugs_are_file_safe_and_drop_prefixes_and_folders(tmp_path):
+def test_slugs_are_file_safe_and_drop_prefixes_and_folders(tmp_path, monkeypatch):
     folder = tmp_path / "my model"
     folder.mkdir()
     assert slug("hf:openai-community/gpt2") == "gpt2"
-    assert slug(f"file:{tmp_path / 'rows.parquet'}") == "rows"
+    assert slug(f"file:{tmp_path / 'rows.parquet'}") == slug("file:rows.parquet") == "rows.parquet"
+    (tmp_path / "rows.parquet").write_bytes(b"")
+    (tmp_path / "model.v2").mkdir()
+    monkeypatch.chdir(tmp_path)  # the same names from the folder holding them
+    assert slug("file:rows.parquet") == "rows.parquet" and slug("model.v2") == "model.v2"
     assert slug(f"{folder}/") == "my--model"
     assert slug("bit_xor") == "bit_xor"
     assert slug("a b*c") == "a--b--c"

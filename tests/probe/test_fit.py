@@ -61,6 +61,22 @@ def test_fit_picks_the_file_whose_data_digest_matches_among_same_named_user_file
     assert str(fb) in r.output and str(fb2) in r.output and str(fa) not in r.output
 
 
+def test_a_user_file_extracted_from_one_folder_is_fitted_from_another(cli, home, tiny_gpt2, monkeypatch):
+    """A ``file:`` task's features and results sit under the file's name whatever the working folder: from
+    the folder holding the file as from its parent."""
+    user_file(home / "data" / "toy.npz", seed=1)
+    monkeypatch.chdir(home)
+    features = extract(cli, "file:data/toy.npz", tiny_gpt2)
+    monkeypatch.chdir(home / "data")
+    r = cli(
+        "-q", "fit", "--task", "file:toy.npz", "--backbone", str(tiny_gpt2), "--depths", "1", "--no-baselines"
+    )
+    assert r.exit_code == 0, r.output
+    (result,) = (home / "results").rglob("*depth1*.json")
+    assert json.loads(result.read_text())["features"] == str(features)
+    assert result.parent.parent == home / "results" / "toy.npz" and features.parent.parent.name == "toy.npz"
+
+
 @pytest.mark.parametrize("limit", ["10", "60"])
 def test_fit_refuses_a_train_split_too_small_and_writes_no_result(cli, home, tiny_gpt2, limit):
     path = extract(cli, "digits", tiny_gpt2, "--limit", limit, "--depths", "0")
