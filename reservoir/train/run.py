@@ -172,6 +172,17 @@ def resume_state(
         )
     elif ckpt.exists():
         log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
+    elif cfg.resume:
+        others = sorted(p.name for p in ckpt.parent.glob("*.pt"))
+        log(
+            f"{tag} --resume: no checkpoint of this run in {ckpt.parent}, starting at step 0"
+            + (
+                f" (it holds {len(others)} of other runs, e.g. {others[0]}: another --lr, --trainable, "
+                "--blocks or --seed names another run)"
+                if others
+                else ""
+            )
+        )
     return state
 
 

@@ -489,6 +489,30 @@ def test_resume_refuses_other_settings_and_broken_files(tiny_gpt2, home, cli):
     assert r.exit_code == 1 and f"checkpoint {ckpt} is unreadable" in r.output and "delete it" in r.output
 
 
+def test_resume_of_a_run_without_a_checkpoint_says_it_starts_over(tiny_gpt2, home, cli):
+    """``--resume`` where a run (another --trainable, here) has no checkpoint trains it from step 0 and says so,
+    naming the folder and the other runs' checkpoints there."""
+    args = ["train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=64"]
+    args += [
+        "--task-opt",
+        "n_test=32",
+        "--steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--checkpoint-dir",
+        str(home / "c"),
+    ]
+    assert cli("-q", *args).exit_code == 0
+    (first,) = (home / "c").glob("*.pt")
+    r = cli(*args, "--resume", "--trainable", "input,attn")
+    assert r.exit_code == 0, r.output
+    assert f"--resume: no checkpoint of this run in {home / 'c'}, starting at step 0" in r.output
+    assert f"(it holds 1 of other runs, e.g. {first.name}: another --lr, --trainable" in r.output
+    r = cli(*args, "--resume")
+    assert r.exit_code == 0 and "resumed" in r.output and "no checkpoint" not in r.output
+
+
 def test_resume_beside_a_checkpoint_of_an_earlier_format_says_so_in_words(tiny_gpt2, home, cli):
     """A checkpoint written by a version with another checkpoint format (format 2: plain Adam, no CUDA generator)
     cannot continue exactly: --resume is refused, naming both formats and the fix, and the old file is kept."""
