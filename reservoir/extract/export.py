@@ -96,14 +96,26 @@ def check_out(out: Path, format: str) -> None:
             "--format datasets for a folder)"
         )
     out.parent.mkdir(parents=True, exist_ok=True)  # as extract --out: a missing folder is made
-    if not out.exists():
-        return
-    other = out.is_dir() if format == "parquet" else not (out / "dataset_dict.json").exists()
-    if other:
+    if out.exists() and not exported(out, format):
         raise UsageError(
             f"{out} exists and is not a {'Parquet file' if format == 'parquet' else 'datasets folder'} an "
-            "export wrote; choose another --out"
+            "export wrote; choose another --out (or delete it)"
         )
+
+
+def exported(out: Path, format: str) -> bool:
+    """Whether ``out`` is what an export of ``format`` wrote: its metadata (the Parquet schema's, or each
+    split's description in a ``datasets`` folder) holds a feature file's identity."""
+    try:
+        if format == "parquet":
+            import pyarrow.parquet as pq
+
+            return not out.is_dir() and b"reservoir.identity" in (pq.read_schema(out).metadata or {})
+        splits = json.loads((out / "dataset_dict.json").read_text())["splits"]
+        infos = [json.loads((out / s / "dataset_info.json").read_text()) for s in splits]
+        return bool(infos) and all("reservoir.identity" in info.get("description", "") for info in infos)
+    except Exception:  # noqa: BLE001 - a target that cannot be read as an export is not one
+        return False
 
 
 def export(

@@ -101,3 +101,32 @@ def test_the_class_names_of_the_data_are_a_column_and_in_the_metadata(tmp_path, 
     assert json.loads(table.schema.metadata[b"reservoir.class_names"]) == names
     labels, words = table.column("label").to_pylist(), table.column("label_name").to_pylist()
     assert words == [names[k] for k in labels] and set(words) == set(names)
+
+
+def test_a_users_own_parquet_file_or_datasets_folder_is_never_replaced_and_an_export_is(
+    digits, tmp_path, cli
+):
+    """An existing --out that an export did not write (a user's Parquet file, a stray file named .parquet, a
+    user's datasets folder) is refused and left as it was; one an export wrote is replaced."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    datasets = pytest.importorskip("datasets")
+    mine = tmp_path / "mine.parquet"
+    pq.write_table(pa.table({"a": [1, 2, 3]}), mine)
+    notes = tmp_path / "notes.parquet"
+    notes.write_text("hello")
+    folder = tmp_path / "myds"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"a": [1, 2]})}).save_to_disk(str(folder))
+    for out, fmt in ((mine, "parquet"), (notes, "parquet"), (folder, "datasets")):
+        before = sorted((p.relative_to(tmp_path), p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file())
+        r = cli("export", str(digits), "--out", str(out), "--format", fmt)
+        assert r.exit_code == 1 and f"{out} exists and is not a" in r.output and "Traceback" not in r.output
+        after = sorted((p.relative_to(tmp_path), p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file())
+        assert after == before
+    assert pq.read_table(mine).column_names == ["a"] and notes.read_text() == "hello"
+    for fmt, out in (("parquet", tmp_path / "x.parquet"), ("datasets", tmp_path / "x")):
+        for depths in ("0", "1"):  # the second export replaces the first
+            r = cli("export", str(digits), "--out", str(out), "--format", fmt, "--depths", depths)
+            assert r.exit_code == 0, r.output
+    assert pq.read_table(tmp_path / "x.parquet").column_names[-1] == "d1"
+    assert "d1" in datasets.load_from_disk(str(tmp_path / "x"))["test"].column_names
