@@ -144,6 +144,12 @@ SEED = Interval(0, MAX_SEED)
 VAL_FRACTION = Interval(0.01, 0.5)
 
 
+def named_for(out: Path, suffix: str, what: str) -> None:
+    """Refuse an ``--out`` not named ``*suffix`` (another kind of file, perhaps a user's own, is never written)."""
+    if Path(out).suffix.lower() != suffix:
+        raise UsageError(f"--out {out}: {what}; name it {suffix} (another kind of file is never written)")
+
+
 # ---------------------------------------------------------------- settings shared by several commands
 
 
@@ -617,6 +623,9 @@ class AttentionConfig(Config):
     data_dir: Path | None = data_dir_setting(None)
     out: Path = setting(help="PNG file to write.", path="file")
 
+    def combined(self) -> None:
+        named_for(self.out, ".png", "attention writes a PNG image")
+
 
 @dataclass(frozen=True)
 class ExportConfig(Config):
@@ -684,6 +693,8 @@ class PredictConfig(Config):
     )
 
     def combined(self) -> None:
+        if self.out is not None:
+            named_for(self.out, ".csv", "predict writes CSV")
         given = [f"--{k} {v}" for k, v in (("features", self.features), ("data", self.data)) if v is not None]
         other = {"--split": self.split, "--task-opt": self.task_options, "--backbone": self.backbone}
         wrong = [f"{o} {v}" for o, v in other.items() if v and (o == "--split") == (self.data is not None)]

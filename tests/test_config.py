@@ -220,3 +220,25 @@ def test_adding_an_option_is_one_field():
     assert isinstance(r.exception, UsageError) and "The 'rounds' parameter of demo must be in [1, 9]" in str(
         r.exception
     )
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["attention", "--task", "bit_xor", "--out", "{}/victim.npz"], "attention writes a PNG image; name it .png"),
+        (["attention", "--task", "bit_xor", "--out", "{}/map.jpg"], "attention writes a PNG image; name it .png"),
+        (["predict", "--probe", "{}/p.probe.npz", "--features", "{}/p.probe.npz", "--out", "{}/victim.npz"],
+         "predict writes CSV; name it .csv"),
+    ],
+)  # fmt: skip
+def test_an_out_of_another_kind_is_refused_before_anything_runs_and_left_as_it_was(tmp_path, args, said):
+    """``attention --out`` must name a .png and ``predict --out`` a .csv: a user's file of another kind named
+    there by mistake is never overwritten (exit 2, the file unchanged)."""
+    from click.testing import CliRunner
+
+    (tmp_path / "p.probe.npz").write_bytes(b"probe")
+    victim = tmp_path / args[-1].rsplit("/", 1)[-1]
+    victim.write_bytes(b"the user's own")
+    r = CliRunner().invoke(main, [a.format(tmp_path) for a in args])
+    assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
+    assert victim.read_bytes() == b"the user's own"
