@@ -58,6 +58,8 @@ class Predicted:
     data: Path | None = None
     files: list[str] | None = None
     unlabeled: str | None = None
+    #: the names the data gives its classes (the labels' names; ``None`` where it names none)
+    label_names: list[str] | None = None
 
     @property
     def names(self) -> np.ndarray | None:
@@ -66,7 +68,9 @@ class Predicted:
 
     def csv(self) -> str:
         """One CSV line a row (:func:`reservoir.probe.saved.predictions_csv`)."""
-        return predictions_csv(self.predictions, self.labels, self.probe.class_names, self.files)
+        return predictions_csv(
+            self.predictions, self.labels, self.probe.class_names, self.files, self.label_names
+        )
 
     def summary(self, out: Path | None = None) -> str:
         """The line ``reservoir predict`` prints on stderr: the rows, their score where they have labels, the
@@ -96,9 +100,11 @@ def predict(cfg: PredictConfig, *, progress: bool = True, probe: SavedProbe | No
     """What ``reservoir predict`` runs: ``cfg.probe`` (or ``probe``) on ``cfg.data`` or ``cfg.features``."""
     probe = probe or load_probe(cfg.probe)
     if cfg.data is None:
-        predictions, labels = predict_file(probe, cfg.features, cfg.split)
+        predictions, labels, names = predict_file(probe, cfg.features, cfg.split)
         bare = f"{cfg.features} holds data without labels" if labels is None else None
-        return Predicted(probe, predictions, labels, cfg.split, Path(cfg.features), unlabeled=bare)
+        return Predicted(
+            probe, predictions, labels, cfg.split, Path(cfg.features), unlabeled=bare, label_names=names
+        )
     return predict_data(
         probe, cfg.data, task_options=cfg.task_options, backbone=cfg.backbone, progress=progress
     )
@@ -265,5 +271,5 @@ def predict_data(
         task_options=task.identity_options(),
     )
     path = extract(cfg, progress=progress, task=task, accept=lambda run: check_run(probe, run))
-    predictions, labels = predict_file(probe, path, PREDICT_SPLIT)
-    return Predicted(probe, predictions, labels, PREDICT_SPLIT, path, data, task.files, task.unlabeled)
+    predictions, labels, names = predict_file(probe, path, PREDICT_SPLIT)
+    return Predicted(probe, predictions, labels, PREDICT_SPLIT, path, data, task.files, task.unlabeled, names)

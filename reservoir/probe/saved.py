@@ -14,7 +14,7 @@ its task may differ. New data goes through the probe's extraction and the probe 
 :mod:`reservoir.probe.apply`.
 
 >>> probe = load_probe("results/digits/lstm/output-only_logreg_depth2_seed0_KEY.probe.npz")  # doctest: +SKIP
->>> predictions, labels = predict_file(probe, "features/digits/lstm/FILE.h5", "test")          # doctest: +SKIP
+>>> predictions, labels, names = predict_file(probe, "features/digits/lstm/FILE.h5", "test")          # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -371,10 +371,10 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
 
 def predict_file(
     probe: SavedProbe, features: str | Path, split: str = "test"
-) -> tuple[np.ndarray, np.ndarray | None]:
+) -> tuple[np.ndarray, np.ndarray | None, list[str] | None]:
     """Predictions and labels, each ``(N, *label_shape)``, of ``probe`` on ``split`` of a feature file
-    (checked by :func:`check_features` and against its digests). Labels are ``None`` for data without
-    labels."""
+    (checked by :func:`check_features` and against its digests), and the names the file's data gives its
+    classes. Labels are ``None`` for data without labels, names ``None`` for data that names none."""
     from threadpoolctl import threadpool_limits
 
     with open_features(Path(features)) as f:
@@ -382,14 +382,15 @@ def predict_file(
         verify(f, [probe.depth], [split])
         labels = None if stored_identity(f).get("unlabeled") else f[split]["labels"][:]
         n = int(f[split]["labels"].shape[0])
+        names = class_names(f)
         parts = []
         with threadpool_limits(limits=head_threads()):
             for X, y in iter_depth(f, split, probe.depth):
                 parts.append(probe.predictor(X.reshape(-1, X.shape[-1]) if labels is None else rows(X, y)[0]))
     shape = (n, *probe.label_shape) if labels is None else labels.shape
     if not parts:
-        return np.zeros(shape, dtype=np.int64), labels
-    return np.concatenate(parts).reshape(shape), labels
+        return np.zeros(shape, dtype=np.int64), labels, names
+    return np.concatenate(parts).reshape(shape), labels, names
 
 
 def score(probe: SavedProbe, predictions: np.ndarray, labels: np.ndarray) -> tuple[str, float]:
@@ -406,11 +407,13 @@ def predictions_csv(
     labels: np.ndarray | None,
     class_names: list[str] | None = None,
     files: list[str] | None = None,
+    label_names: list[str] | None = None,
 ) -> str:
     """CSV of one line per row: ``row,prediction,label``; several values a row give ``prediction_I,...``
     and ``label_I,...`` columns; ``labels`` ``None`` gives no label columns. With ``class_names``
-    (:attr:`SavedProbe.class_names`), ``prediction_name`` and ``label_name`` follow; with ``files`` (an
-    image folder's), a ``file`` column follows ``row``."""
+    (:attr:`SavedProbe.class_names`), ``prediction_name`` follows; with ``label_names`` (the names the
+    labels' own data gives its classes), ``label_name``; with ``files`` (an image folder's), a ``file``
+    column follows ``row``."""
     n = len(predictions)
     given = [predictions] if labels is None else [predictions, labels]
     if predictions.ndim == 1:
@@ -419,17 +422,16 @@ def predictions_csv(
         index = ["_".join(map(str, i)) for i in np.ndindex(*predictions.shape[1:])]
         names = [f"{what}_{i}" for what in ("prediction", "label")[: len(given)] for i in index]
     values = np.concatenate([a.reshape(n, -1) for a in given], axis=1)
-    named = bool(class_names) and predictions.ndim == 1 and values.dtype.kind in "iub"
+    ids = predictions.ndim == 1 and values.dtype.kind in "iub"
+    named = [(w, k, ns) for w, k, ns in (("prediction_name", 0, class_names), ("label_name", 1, label_names))]
+    named = [(w, k, ns) for w, k, ns in named if ids and ns and k < len(given)]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    words = ["prediction_name", "label_name"][: len(given)] if named else []
-    writer.writerow(["row", *(["file"] if files is not None else []), *names, *words])
+    writer.writerow(["row", *(["file"] if files is not None else []), *names, *(w for w, _, _ in named)])
     number = int if values.dtype.kind in "iub" else repr  # real values in full (float64's shortest repr)
     for i, row in enumerate(values.tolist()):
         source = [files[i]] if files is not None else []
-        writer.writerow(
-            [i, *source, *(number(v) for v in row), *(name_of(class_names, v) for v in row[: len(words)])]
-        )
+        writer.writerow([i, *source, *(number(v) for v in row), *(name_of(ns, row[k]) for _, k, ns in named)])
     return buf.getvalue()
 
 
