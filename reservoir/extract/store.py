@@ -490,9 +490,11 @@ class FeatureWriter:
                     "(65,504); nothing was stored for it. Store as bfloat16 or float32 (--store-dtype), or "
                     "check the input data"
                 )
+            dtype = stored_identity(self.f).get("dtype")
             raise StoreError(
-                f"the backbone produced NaN or inf features for row {bad} of split {split!r}; "
-                "nothing was stored for it. Try --dtype float32, or check the input data"
+                f"the backbone produced NaN or inf features for row {bad} of split {split!r} in {dtype}; "
+                "nothing was stored for it. Check the input data and --input-scale"
+                + ("" if dtype == "float32" else ", or try --dtype float32")
             )
         sel = slice(int(rows[0]), int(rows[-1]) + 1) if len(rows) and np.all(np.diff(rows) == 1) else rows
         try:
@@ -702,6 +704,7 @@ def iter_depth(
         if not np.isfinite(X).all():
             raise StoreError(
                 f"{f.filename}: split {split!r}, depth {depth} holds NaN or inf features; "
-                "delete the file and extract again (try --dtype float32)"
+                "delete the file and extract again (check the input data and --input-scale; under a half-"
+                "precision --dtype, try --dtype float32)"
             )
         yield X, labels[index]

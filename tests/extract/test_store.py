@@ -268,3 +268,14 @@ def test_the_command_that_extracts_a_file_again_writes_the_same_identity(cli, tm
     assert cli("-q", *words[1:]).exit_code == 0
     with h5_file(again) as f:
         assert stored_identity(f) == identity
+
+
+def test_a_forward_that_overflows_is_refused_with_advice_that_fits_its_dtype(cli, home, tiny_gpt2):
+    """Features that overflow to inf or NaN stop the run naming the row and the dtype; float32 is not
+    suggested to a run already in float32."""
+    args = ["extract", "--task", "digits", "--backbone", str(tiny_gpt2), "--limit", "20"]
+    r = cli(*args, "--input-scale", "1e30", "--dtype", "float32", "--out", str(home / "x.h5"))
+    assert r.exit_code == 1 and "NaN or inf features for row 0 of split 'train' in float32" in r.output
+    (said,) = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert "--input-scale" in said and "--dtype float32" not in said and "Traceback" not in r.output
+    assert not (home / "x.h5").exists()
