@@ -36,14 +36,17 @@ def holdout_minimum(classes: int, n_val: Callable[[int], int]) -> int:
     return high
 
 
-def _more(limit: int | None, need: int | None) -> str:
-    if limit is not None:
+def _more(limit: int | None, need: int | None, n: int) -> str:
+    """What to do about a train split of ``n`` examples, ``need`` wanted: raise ``--limit`` where it cut the
+    split, else give more data."""
+    if limit is not None and n >= limit:
         return (
             f"pass --limit {need} or more (now {limit}), or leave --limit out"
             if need
             else f"raise --limit (now {limit}) or leave it out"
         )
-    return f"give at least {need} training examples" if need else "give more examples"
+    short = f" (the data holds fewer than --limit {limit}; a task option may set its size)" if limit else ""
+    return (f"give at least {need} training examples" if need else "give more examples") + short
 
 
 def check_train_split(
@@ -66,14 +69,14 @@ def check_train_split(
             return
         raise UsageError(
             f"{where}: the train split has {n} examples of real-valued targets, too few to fit a head"
-            f"{' and hold out a validation part' if n_val is not None else ''}: {_more(limit, None)}"
+            f"{' and hold out a validation part' if n_val is not None else ''}: {_more(limit, None, n)}"
         )
     if labels.ndim == 1:
         present = len(np.unique(labels))
         if present < 2:
             raise UsageError(
                 f"{where}: the train split holds {'no examples' if n == 0 else f'a single class in its {n} examples'}; "
-                f"a head needs at least two classes: {_more(limit, None)}"
+                f"a head needs at least two classes: {_more(limit, None, n)}"
             )
     else:
         present = min(max(int(np.unique(labels).size), 1), max(n_classes, 2))
@@ -84,10 +87,11 @@ def check_train_split(
         return
     need = holdout_minimum(max(present, n_classes), n_val)
     kind = "examples" if labels.ndim == 1 else "examples (of several outputs each)"
+    short, fix = ("validation", "raise") if held < present else ("training", "lower")
     raise UsageError(
         f"{where}: the train split has {n} {kind} of {present} classes; holding out --val-fraction "
         f"{val_fraction:g} leaves {held} for validation and {n - held} to train on, fewer than one per "
-        f"class: {_more(limit, need)}, or raise --val-fraction"
+        f"class for {short}: {_more(limit, need, n)}, or {fix} --val-fraction"
     )
 
 
@@ -118,10 +122,16 @@ def _lacking(sets: dict[str, set[int]]) -> set[int]:
 
 
 def keeps_every_class(labels: np.ndarray) -> int:
-    """The smallest ``--limit`` from which a stratified sample of a split keeps every class of it
-    (:func:`reservoir.tasks.class_quota`); the split's size at most."""
+    """The smallest ``--limit`` from which a stratified sample of a split keeps every class of it: where
+    :func:`reservoir.tasks.class_quota` has a row left over for each class whose share is below one (which
+    its seeded order does not change); the split's size at most."""
     _, counts = np.unique(labels, return_counts=True)
-    return min(len(labels), math.ceil(len(labels) / int(counts.min()))) if len(labels) else 0
+    total = len(labels)
+    for n in range(len(counts), min(total, math.ceil(total / int(counts.min())) if total else 0) + 1):
+        base = n * counts // total
+        if int((base == 0).sum()) <= n - int(base.sum()):
+            return n
+    return total
 
 
 def check_classes(
@@ -162,7 +172,7 @@ def check_classes(
             else:
                 need = keeps_every_class(whole["train"])
                 fix = (
-                    f"the sample of --limit {limit} leaves them out: pass --limit {need} or more (every class of "
-                    "train then has a row of its own share) or leave --limit out"
+                    f"the sample of --limit {limit} leaves them out: pass --limit {need} or more (the smallest "
+                    "sample that keeps a row of every class of train) or leave --limit out"
                 )
     raise DataError(f"{where}: {problem}. A head never predicts a class it has not seen in train; {fix}")

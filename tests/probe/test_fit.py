@@ -81,7 +81,10 @@ def test_a_user_file_extracted_from_one_folder_is_fitted_from_another(cli, home,
 def test_fit_refuses_a_train_split_too_small_and_writes_no_result(cli, home, tiny_gpt2, limit):
     path = extract(cli, "digits", tiny_gpt2, "--limit", limit, "--depths", "0")
     r = cli("fit", "--features", str(path), "--head", "ridge")
-    assert r.exit_code == 1 and "fewer than one per class: pass --limit 91 or more" in r.output, r.output
+    assert (
+        r.exit_code == 1 and "fewer than one per class for validation: pass --limit 91 or more" in r.output
+    ), r.output
+    assert "or raise --val-fraction" in r.output
     assert f"(now {limit})" in r.output and "Traceback" not in r.output
     assert not (home / "results").exists()
 

@@ -701,7 +701,7 @@ def test_data_too_small_to_train_on_is_refused_up_front_naming_limit(cli, home, 
     assert r.exit_code == 1, r.output
     assert (
         f"task 'digits': the train split has {limit} examples of {classes} classes; holding out --val-fraction "
-        f"0.1 leaves {held} for validation and {left} to train on, fewer than one per class: pass --limit 95 or more "
+        f"0.1 leaves {held} for validation and {left} to train on, fewer than one per class for validation: pass --limit 95 or more "
         f"(now {limit})"
     ) in r.output
     assert "Traceback" not in r.output and "test_size" not in r.output
