@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from reservoir.settings import (
     OneOf,
     comma_list,
     key_values,
+    selecting,
     setting,
 )
 
@@ -168,12 +169,13 @@ def backbone_setting(default: Any = "gpt2-random", *, default_text: str | None =
     )
 
 
-def task_options_setting(help: str = "A task option (repeatable).") -> Any:
+def task_options_setting(help: str = "A task option (repeatable).", selects: str | None = None) -> Any:
     """``--task-opt KEY=VALUE`` (repeatable): the task's own options."""
     return setting(
         factory=dict,
         help=help,
         parse=key_values,
+        selects=selects,
         option="--task-opt",
         metavar="KEY=VALUE",
         multiple=True,
@@ -364,16 +366,18 @@ class FitConfig(Config):
         None,
         OneOf(READOUT_CHOICES),
         help="The --readout the features were extracted with (picks the file among a task's extractions).",
+        selects="readout",
         default_text="any",
     )
     task_options: dict[str, Any] = task_options_setting(
-        "A --task-opt the features were extracted with (repeatable; picks the file)."
+        "A --task-opt the features were extracted with (repeatable; picks the file).", selects="task_options"
     )
     limit: int | None = setting(
         None,
         None,
         POSITIVE,
         help="The --limit the features were extracted with (picks the file).",
+        selects="limit",
         default_text="any",
     )
     extract_seed: int | None = setting(
@@ -381,6 +385,7 @@ class FitConfig(Config):
         None,
         SEED,
         help="The --seed the features were extracted with (picks the file; --seed seeds the validation split).",
+        selects="seed",
         default_text="any",
     )
     head: str | None = setting(
@@ -410,19 +415,11 @@ class FitConfig(Config):
         None, "Data folder the baselines read the task's data from", "the one the extraction read"
     )
 
-    #: the fields that choose a feature file among a task's extractions, by the identity key each must equal
-    SELECTING: ClassVar[dict[str, str]] = {
-        "readout": "readout",
-        "limit": "limit",
-        "seed": "extract_seed",
-        "task_options": "task_options",
-    }
-
     @property
     def extraction(self) -> dict[str, Any]:
         """What the features must have been extracted with, as their identity records it (the options
-        given: the file to read is the one extraction that matches)."""
-        given = {key: getattr(self, name) for key, name in self.SELECTING.items()}
+        given, each field declared with ``selects``: the file to read is the one extraction that matches)."""
+        given = {key: getattr(self, name) for key, name in selecting(type(self)).items()}
         return {key: value for key, value in given.items() if value not in (None, {})}
 
     def combined(self) -> None:

@@ -270,12 +270,14 @@ def setting(
     help: str = "",
     factory: Any = dataclasses.MISSING,
     parse: Callable[[Any], Any] | None = None,
+    selects: str | None = None,
     **cli: Any,
 ) -> Any:
     """A setting, declared once: a config field with its ``default`` (``factory`` for a mutable one), its
     ``rules`` (any one passing admits a value; ``None`` among them admits ``None``), its ``help`` (the
     command line's and the docs'), ``parse`` (a value as text, or in a looser form, to the field's form;
-    ValueError or UsageError on a bad one) and how the command line spells it (:data:`CLI_KEYS`).
+    ValueError or UsageError on a bad one), ``selects`` (the key of a feature file's identity the value must
+    equal, for a setting that chooses among files) and how the command line spells it (:data:`CLI_KEYS`).
 
     The command line's options (``reservoir.cli``), the API's keyword checks (:func:`build`) and the docs'
     option tables (``docs/guide/options.md``) are generated from these declarations."""
@@ -285,8 +287,13 @@ def setting(
     return field(
         default=default,
         default_factory=factory,
-        metadata={"rules": rules, "help": help, "parse": parse, "cli": cli},
+        metadata={"rules": rules, "help": help, "parse": parse, "cli": cli, "selects": selects},
     )
+
+
+def selecting(cls: type) -> dict[str, str]:
+    """The settings of a config dataclass that choose a feature file: identity key -> field name."""
+    return {f.metadata["selects"]: f.name for f in dataclasses.fields(cls) if f.metadata.get("selects")}
 
 
 def default(cls: type, name: str) -> Any:
@@ -370,10 +377,18 @@ def build(cls: type, **settings: Any) -> Any:
 
 
 def comma_list(kind: type) -> Callable[[Any], tuple[Any, ...]]:
-    """A parser of a list setting: ``"a,b,c"``, one value, or a sequence, to a tuple of ``kind``."""
+    """A parser of a list setting: ``"a,b,c"``, one value, or a sequence, to a tuple of ``kind``; an empty
+    item (``"a,,b"``, ``"a,"``) is refused."""
 
     def parse(value: Any) -> tuple[Any, ...]:
-        items = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+        items = value
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.split(",")]
+            items = [p for p in parts if p]
+            if items and len(items) < len(parts):
+                raise UsageError(
+                    f"{value!r} has an empty item; separate the values by single commas ({','.join(items)!r})"
+                )
         if isinstance(items, (str, int, float)):
             items = [items]
         try:
@@ -389,7 +404,7 @@ def comma_list(kind: type) -> Callable[[Any], tuple[Any, ...]]:
 
 def key_values(value: Any) -> dict[str, Any]:
     """A task's options: a dict as it is, or ``("key=value", ...)`` pairs (``--task-opt``) to a dict of text
-    (the task converts and checks them: ``reservoir.tasks.check_options``)."""
+    (the task converts and checks them: ``reservoir.tasks.check_options``); a key given twice is refused."""
     if isinstance(value, dict):
         return dict(value)
     out = {}
@@ -397,7 +412,10 @@ def key_values(value: Any) -> dict[str, Any]:
         key, sep, text = str(pair).partition("=")
         if not sep or not key:
             raise UsageError(f"task option {pair!r} is not of the form key=value")
-        out[key.strip()] = text.strip()
+        key = key.strip()
+        if key in out:
+            raise UsageError(f"--task-opt {key} is given twice ({out[key]} and {text.strip()}); give it once")
+        out[key] = text.strip()
     return out
 
 

@@ -242,3 +242,32 @@ def test_an_out_of_another_kind_is_refused_before_anything_runs_and_left_as_it_w
     r = CliRunner().invoke(main, [a.format(tmp_path) for a in args])
     assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
     assert victim.read_bytes() == b"the user's own"
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["extract", "--task", "bit_xor", "--task-opt", "n_bits=5", "--task-opt", "n_bits=6"],
+         "--task-opt n_bits is given twice (5 and 6); give it once"),
+        (["data", "fetch", "bit_xor", "--task-opt", "n_bits=5", "--task-opt", " n_bits = 6"],
+         "--task-opt n_bits is given twice (5 and 6); give it once"),
+        (["train", "--task", "bit_xor", "--lr", "1e-3,,3e-3"],
+         "'1e-3,,3e-3' has an empty item; separate the values by single commas ('1e-3,3e-3')"),
+        (["train", "--task", "bit_xor", "--trainable", "ln,attn,"],
+         "'ln,attn,' has an empty item; separate the values by single commas ('ln,attn')"),
+    ],
+)  # fmt: skip
+def test_a_repeated_task_option_or_an_empty_list_item_is_a_usage_error(home, args, said):
+    """A ``--task-opt`` key given twice and an empty item of a comma list are refused naming them (exit 2),
+    before anything runs (no file under the home), never resolved silently (the last value winning, the
+    empty item dropped); the API refuses them alike."""
+    from click.testing import CliRunner
+
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and said in " ".join(r.output.split()) and "Traceback" not in r.output, r.output
+    assert not list(home.iterdir())
+    with pytest.raises(UsageError, match="given twice"):
+        configure(ExtractConfig, task="bit_xor", task_options=("n_bits=5", "n_bits=6"))
+    with pytest.raises(UsageError, match="has an empty item"):
+        configure(TrainConfig, task="bit_xor", lr="1e-3,,3e-3")
+    assert configure(TrainConfig, task="bit_xor", lr=" 1e-3 , 3e-3 ").lr == (1e-3, 3e-3)

@@ -3,6 +3,7 @@ scikit-learn estimator can sit on top of it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -139,8 +140,11 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     Raises
     ------
     ValueError
-        From ``fit``: a setting outside its range, input of another shape, sequences longer than
-        the backbone's positions ([`UsageError`][reservoir.errors.UsageError]).
+        From ``fit``: a setting outside its range, input of another shape
+        ([`UsageError`][reservoir.errors.UsageError]).
+    BackboneError
+        From ``fit`` and ``transform``: sequences longer than the backbone's positions
+        ([`BackboneError`][reservoir.errors.BackboneError]).
 
     Examples
     --------
@@ -266,7 +270,10 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
             self.runner_ = self._runner()
 
     def transform_depths(self, X: Any) -> np.ndarray:
-        """Features ``(N, n_depths, d_model)``, one slice per depth in ``depths_``."""
+        """Features ``(N, n_depths, d_model)``, one slice per depth in ``depths_``; sequences longer than the
+        backbone's positions are refused, as ``fit`` refuses them, before the backbone runs."""
+        from reservoir.model.reservoir import check_length
+
         check_is_fitted(self, "runner_")
         rows, kind, width = _sequences(X)
         if kind != self.spec_.token_kind or width != self.spec_.token_dim:
@@ -283,6 +290,13 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
                 )
         if min(len(r) for r in rows) < 1:
             raise UsageError("every sequence needs at least one token")
+        longest = max(len(r) for r in rows)
+        if longest > self.spec_.seq_len:
+            check_length(
+                dataclasses.replace(self.spec_, seq_len=longest),
+                self.runner_.backbone,
+                _backbone_name(self.backbone),
+            )
         out = np.empty((len(rows), len(self.depths_), self.runner_.backbone.d_model), dtype=np.float32)
         for batch, (tokens, lengths) in self._batches(rows, kind, width):
             out[batch] = self.runner_(tokens, lengths)[:, :, -1]

@@ -43,7 +43,7 @@ from reservoir.probe.rows import Rows, rows
 from reservoir.progress import log
 from reservoir.results import Result, result_path, write_result
 from reservoir.runtime import machine
-from reservoir.settings import option_name
+from reservoir.settings import option_name, selecting
 from reservoir.tasks import VALIDATION_SPLITS
 from reservoir.tasks import split_roles as roles_of
 
@@ -152,7 +152,8 @@ def find_features(task: str, backbone: str | None, wanted: dict[str, Any] | None
         )
     keys = sorted(set().union(*(i for _, i in matching)))
     differ = [k for k in keys if len({canonical(i.get(k)) for _, i in matching}) > 1]
-    options = [option_name(FitConfig, FitConfig.SELECTING[k]) for k in differ if k in FitConfig.SELECTING]
+    chooses = selecting(FitConfig)
+    options = [option_name(FitConfig, chooses[k]) for k in differ if k in chooses]
     raise StoreError(
         f"{len(matching)} feature files match {what}, differing in {', '.join(differ)}; pass --features with "
         "one of them"

@@ -35,18 +35,31 @@ MNIST_DATA = tuple(
 )
 
 
+#: what to do with an MNIST file that cannot be read
+MNIST_FIX = "delete it and fetch it again (reservoir data fetch mnist, with the same --data-dir)"
+
+
 def read_idx(path: Path, header: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The rows of ``shape`` of a gzipped MNIST IDX file of uint8 (``header`` bytes: the magic number and
+    the sizes); DataError naming the file when it is not one, or unreadable."""
     try:
         with gzip.open(path, "rb") as f:
             raw = f.read()
+    except gzip.BadGzipFile:
+        raise DataError(f"{path} is not an MNIST IDX file (it is not gzip-compressed); {MNIST_FIX}") from None
     except (OSError, EOFError) as e:
-        raise unreadable(path, e, "delete it and fetch it again") from None
+        raise unreadable(path, e, MNIST_FIX) from None
+    magic = b"\0\0\x08" + bytes([1 + len(shape)])
+    sizes = [int.from_bytes(raw[i : i + 4], "big") for i in range(8, header, 4)]
+    if len(raw) < header or raw[:4] != magic or tuple(sizes) != shape:
+        what = "x".join(map(str, shape)) + " uint8 images" if shape else "uint8 labels"
+        raise DataError(
+            f"{path} is not an MNIST IDX file (it does not start with the IDX header of {what}); {MNIST_FIX}"
+        )
     data = np.frombuffer(raw, dtype=np.uint8, offset=header)
     n = len(data) // int(np.prod(shape))
     if n * int(np.prod(shape)) != len(data):
-        raise DataError(
-            f"{path} has {len(data)} bytes of data, not a multiple of {shape}; delete it and fetch it again"
-        )
+        raise DataError(f"{path} has {len(data)} bytes of data, not a multiple of {shape}; {MNIST_FIX}")
     return data.reshape(n, *shape)
 
 

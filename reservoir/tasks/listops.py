@@ -276,6 +276,13 @@ class ListOps(Task):
             for row in reader:
                 if n is not None and len(texts) >= n:
                     break
+                if len(row) != 2 or row[1].strip() not in DIGITS:
+                    found = f"target {row[1]!r}" if len(row) == 2 else f"{len(row)} column(s)"
+                    raise DataError(
+                        f"{path}, line {reader.line_num}: expected an expression, a tab and a target class "
+                        f"from 0 to 9; found {found}. Fix or delete the line, or use the generator "
+                        "(--task-opt source=generate)"
+                    )
                 texts.append(row[0])
                 targets.append(int(row[1]))
         return texts, targets

@@ -106,6 +106,31 @@ def test_the_transformer_refuses_what_extract_refuses_in_a_file(tiny_gpt2, X, me
         fitted.transform(X)
 
 
+@pytest.mark.parametrize("engine", ["torch", "onnxruntime", "auto"])
+def test_transform_refuses_sequences_longer_than_the_backbone_as_fit_does(tmp_path, capfd, engine):
+    """A sequence longer than the backbone's positions is refused by ``transform`` with ``fit``'s message,
+    before any engine runs (no engine's own error or log line)."""
+    from transformers import GPT2Config, GPT2Model
+
+    from reservoir.errors import BackboneError
+
+    if engine == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+    GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=128)).save_pretrained(tmp_path / "gpt")
+    t = api.ReservoirFeatures(backbone=str(tmp_path / "gpt"), engine=engine, dtype="float32")
+    long = np.random.default_rng(0).normal(size=(2, 200, 3)).astype(np.float32)
+    with pytest.raises(BackboneError) as by_fit:
+        t.fit(long)
+    t.fit(np.zeros((6, 10, 3), np.float32))
+    capfd.readouterr()
+    with pytest.raises(BackboneError) as by_transform:
+        t.transform(long)
+    assert str(by_transform.value) == str(by_fit.value)
+    assert "up to 200 tokens" in str(by_fit.value) and "reads at most 128 positions" in str(by_fit.value)
+    assert capfd.readouterr().err == ""
+    assert t.transform(np.zeros((2, 128, 3), np.float32)).shape == (2, 32)  # the backbone's length still runs
+
+
 def test_api_extract_and_fit_on_a_user_npz(tiny_gpt2, tmp_path, home):
     rng = np.random.default_rng(0)
     y = np.arange(80) % 2

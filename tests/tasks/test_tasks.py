@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reservoir.tasks import TASKS, get_task, listops
+from reservoir.tasks import TASKS, DataError, get_task, listops
 from tests.conftest import write_mnist
 
 #: a data folder holding the real MNIST files (mnist/), for the test that reads them
@@ -196,6 +196,55 @@ def test_listops_reads_lra_tsv(tmp_path):
 
     with pytest.raises(DataError, match="basic_val.tsv should start with the header"):
         get_task("listops", source="lra").load("val", tmp_path)
+
+
+@pytest.mark.parametrize(
+    "line, found",
+    [
+        ("( [MAX 4 ]\tx", "found target 'x'"),
+        ("( [MAX 4 ]\t12", "found target '12'"),
+        ("( [MAX 4 ]", "found 1 column(s)"),
+        ("( [MAX 4 ]\t4\t4", "found 3 column(s)"),
+    ],
+)
+def test_a_bad_lra_listops_line_is_named_with_its_file_and_line(tmp_path, home, cli, tiny_gpt2, line, found):
+    """A target that is not a class 0..9, or a line without its target, is refused naming the file, the line
+    and what it should hold (exit 1, no traceback, no feature file)."""
+    (tmp_path / "listops").mkdir()
+    tsv = tmp_path / "listops" / "basic_train.tsv"
+    tsv.write_text(f"Source\tTarget\n( [MIN 4 ]\t4\n{line}\n")
+    r = cli(
+        "extract", "--task", "listops", "--task-opt", "source=lra", "--split", "train",
+        "--backbone", str(tiny_gpt2), "--data-dir", str(tmp_path),
+    )  # fmt: skip
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert (
+        f"Error: {tsv}, line 3: expected an expression, a tab and a target class from 0 to 9; {found}"
+        in r.output
+    )
+    assert not list((home / "features").rglob("*.h5*"))
+
+
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_a_file_that_is_not_mnist_is_named_with_the_way_to_fetch_it(tmp_path, home, cli, tiny_gpt2, gzipped):
+    """A gzip of a few random bytes, or a file that is not gzip at all, in place of an MNIST file: a DataError
+    naming the file, saying it is not an MNIST IDX file and how to get a good one (exit 1, no traceback)."""
+    import gzip
+
+    write_mnist(tmp_path / "mnist", {"train": 12, "t10k": 7})
+    bad = tmp_path / "mnist" / "t10k-images-idx3-ubyte.gz"
+    junk = bytes(range(1, 9))
+    bad.write_bytes(gzip.compress(junk) if gzipped else junk)
+    r = cli(
+        "extract", "--task", "mnist", "--split", "test", "--backbone", str(tiny_gpt2), "--data-dir", str(tmp_path)
+    )  # fmt: skip
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert f"Error: {bad} is not an MNIST IDX file" in r.output
+    assert "delete it and fetch it again (reservoir data fetch mnist" in r.output
+    assert not list((home / "features").rglob("*.h5*"))
+    bad.write_bytes((tmp_path / "mnist" / "t10k-labels-idx1-ubyte.gz").read_bytes())  # labels in its place
+    with pytest.raises(DataError, match="is not an MNIST IDX file .*header of 28x28 uint8 images"):
+        get_task("mnist").load("test", tmp_path)
 
 
 @pytest.mark.skipif(

@@ -81,7 +81,8 @@ BACKBONES: Registry[Entry] = Registry("backbone")
 #: what a name's weights may be: as read (``pretrained``), the architecture with default init (``random``),
 #: each tensor redrawn from N(mean, std) of the read one (``stats``, paper section 3.8)
 WEIGHTS = ("pretrained", "random", "stats")
-#: prefixes of names a family parses itself (``esn:units=2000``): prefix -> parser(name) -> factory(seed)
+#: prefixes of names a family parses itself (``esn:units=2000``): prefix -> parser(name) -> factory(seed); the
+#: parser refuses bad settings (UsageError) when called, before anything is built
 SETTINGS: dict[str, Callable[[str], Callable[[int], Backbone]]] = {}
 
 
@@ -143,7 +144,7 @@ def parse_name(name: str) -> BackboneName:
     ``hf:ID`` or ``hf:ID@REVISION``, ``object:...`` (a model object), ``FAMILY:SETTINGS`` (``esn:units=2000``),
     and ``-random`` or ``-stats`` after a registered name, a folder or an id. A registered name or an existing
     folder is never split, so a folder that happens to end in ``-random`` is read as it is. UsageError for a
-    name of none of these, naming the choices.
+    name of none of these, naming the choices, and for settings the family refuses.
 
     >>> parse_name("gpt2-random")
     BackboneName(text='gpt2-random', source='registered', base='gpt2', weights='random', revision=None)
@@ -152,6 +153,7 @@ def parse_name(name: str) -> BackboneName:
         return BackboneName(name, "object", name)
     family, colon, _ = name.partition(":")
     if colon and family + ":" in SETTINGS:
+        SETTINGS[family + ":"](name)  # its settings checked with the name: a bad one is a usage error
         return BackboneName(name, "setting", name)
     base, weights = name, "pretrained"
     if name not in BACKBONES and not Path(name).is_dir():

@@ -58,7 +58,8 @@ VARIANTS = {"esn": ESNConfig(), "esn-deep": ESNConfig(layers=4)}
 
 
 def parse_name(name: str) -> ESNConfig | None:
-    """``esn:units=2000,sr=0.95`` -> its config (``None`` for a name that is not an ESN setting)."""
+    """``esn:units=2000,sr=0.95`` -> its config (``None`` for a name that is not an ESN setting); UsageError
+    for an unknown key, a key given twice or a value out of range."""
     if not name.startswith("esn:"):
         return None
     types = {f.name: f.type for f in fields(ESNConfig)}
@@ -69,6 +70,11 @@ def parse_name(name: str) -> ESNConfig | None:
             raise UsageError(
                 f"echo state network setting {pair!r} in {name!r} is not KEY=VALUE with a key from "
                 f"{sorted(types)}"
+            )
+        if key in settings:
+            raise UsageError(
+                f"echo state network setting {key!r} is given twice in {name!r} ({settings[key]} and {value}); "
+                "give it once"
             )
         try:
             kind = types[key]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -65,11 +67,25 @@ def test_a_row_never_depends_on_its_padding_or_its_batch():
         ),
         ("esn:units=x", "units='x' is not a number"),
         ("esn:nosuch=1", "'nosuch=1' .* KEY=VALUE with a key from"),
+        ("esn:units=0", "'units' setting .* must be an integer >= 1. Got 0"),
+        (
+            "esn:units=50,sr=0.5,units=60",
+            "setting 'units' is given twice in .* \\(50 and 60\\); give it once",
+        ),
     ],
 )
-def test_bad_settings_are_refused_in_words(name, message):
+def test_bad_settings_are_refused_in_words(name, message, home):
+    """A bad setting is refused by the loader, and by the command line as a usage error (exit 2, as an unknown
+    backbone or an option out of range is) before anything runs."""
+    from click.testing import CliRunner
+
+    from reservoir.cli import main
+
     with pytest.raises(UsageError, match=message):
         load_backbone(name)
+    r = CliRunner().invoke(main, ["extract", "--task", "bit_xor", "--backbone", name, "--limit", "4"])
+    assert r.exit_code == 2 and "Invalid value for --backbone" in r.output and "Traceback" not in r.output
+    assert re.search(message, " ".join(r.output.split())) and not list(home.iterdir())
 
 
 def test_registered_variants():
