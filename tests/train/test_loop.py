@@ -492,17 +492,8 @@ def test_resume_refuses_other_settings_and_broken_files(tiny_gpt2, home, cli):
 def test_resume_of_a_run_without_a_checkpoint_says_it_starts_over(tiny_gpt2, home, cli):
     """``--resume`` where a run (another --trainable, here) has no checkpoint trains it from step 0 and says so,
     naming the folder and the other runs' checkpoints there."""
-    args = ["train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=64"]
-    args += [
-        "--task-opt",
-        "n_test=32",
-        "--steps",
-        "4",
-        "--eval-every",
-        "2",
-        "--checkpoint-dir",
-        str(home / "c"),
-    ]
+    args = ["train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=64", "--task-opt",
+            "n_test=32", "--steps", "4", "--eval-every", "2", "--checkpoint-dir", str(home / "c")]  # fmt: skip
     assert cli("-q", *args).exit_code == 0
     (first,) = (home / "c").glob("*.pt")
     r = cli(*args, "--resume", "--trainable", "input,attn")
