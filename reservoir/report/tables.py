@@ -111,6 +111,7 @@ def row_labels(rows: list[Row]) -> dict[int, str]:
                 keys |= {k for k in set().union(*same) if len({s.get(k, "-") for s in same}) > 1}
         for r in group:
             labels[id(r)] = label + "".join(f", {k} {settings[id(r)].get(k, '-')}" for k in sorted(keys))
+            labels[id(r)] += f", data {r.data[:6]}" if r.data else ""  # one seed on several data (rows.collect)
     return labels
 
 

@@ -489,6 +489,8 @@ def test_results_of_one_seed_on_other_data_are_never_averaged_as_seeds():
         (False, False, True),
         (True, True, False),
     ]
+    task = rep.task_table()
+    assert "| 60.0 (50/50, d0) |" in task and "| 55.0 (50/50, d0) |" in task, task  # two rows, told apart
     seeds = [output_only(0, 0.5, test, seed=seed) for seed, test in ((0, 0.5), (1, 0.7))]
     (row,) = Report(seeds).rows
     assert row.spread(0)[2] == 2
