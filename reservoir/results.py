@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from reservoir import __version__
-from reservoir.errors import DataError
+from reservoir.errors import DataError, ReservoirError, StoreError
 from reservoir.identity import digest
 from reservoir.paths import results_dir, slug
 
@@ -137,22 +137,36 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
     flushed, fsynced and renamed over ``path``; a failure or a kill never leaves a partial file
     under the final name (results and training checkpoints are written this way)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    # created exclusively with the permissions a plain open() gives (mkstemp's would be private)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # created exclusively with the permissions a plain open() gives (mkstemp's would be private)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as e:
+        raise unwritable(path, e) from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        if isinstance(e, (OSError, RuntimeError)) and not isinstance(e, ReservoirError):
+            raise unwritable(path, e) from None  # torch.save reports a full disk as a RuntimeError
         raise
     fsync_path(path.parent)  # make the rename itself durable
     return path
+
+
+def unwritable(path: Path, e: BaseException) -> StoreError:
+    """The error of a file that could not be written: where, the system's words, and the fix."""
+    said = (str(e).splitlines() or [""])[0] or type(e).__name__
+    return StoreError(
+        f"{path} could not be written ({said}): the disk is full or the folder is not writable; free space or "
+        "make it writable (or set RESERVOIR_HOME to another folder), then rerun"
+    )
 
 
 def fsync_path(path: Path) -> None:

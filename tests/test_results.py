@@ -60,3 +60,33 @@ def test_a_result_refuses_an_unknown_mode_or_missing_scores():
         result("probe")
     with pytest.raises(ValueError, match=r"result scores lack \['n_test'\]"):
         Result(**{**result().__dict__, "scores": {k: v for k, v in result().scores.items() if k != "n_test"}})
+
+
+@pytest.mark.parametrize(
+    "fails",
+    [
+        OSError(28, "No space left on device"),
+        RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos"),
+    ],
+    ids=["full-disk", "torch-save"],
+)
+def test_a_write_that_fails_names_the_file_and_the_fix_and_leaves_nothing(tmp_path, fails):
+    """A full disk while writing (as ``open`` reports it, or as ``torch.save`` does) and a folder that cannot be
+    made: a StoreError naming the file and the fix, no temporary file left, an earlier file kept."""
+    from reservoir.errors import StoreError
+    from reservoir.results import atomic_write
+
+    target = tmp_path / "r.json"
+    target.write_text("before")
+
+    def write(f):
+        f.write(b"partial")
+        raise fails
+
+    with pytest.raises(
+        StoreError, match=rf"{target} could not be written .*: the disk is full or the folder"
+    ):
+        atomic_write(target, write)
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"] and target.read_text() == "before"
+    with pytest.raises(StoreError, match="could not be written .*free space or make it writable"):
+        atomic_write(target / "under-a-file.json", lambda f: f.write(b"x"))

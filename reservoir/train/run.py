@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from reservoir.config import TrainConfig
-from reservoir.errors import UsageError
+from reservoir.errors import IdentityError, UsageError
 from reservoir.model.backbones import fingerprint as backbone_fingerprint
 from reservoir.model.backbones import load_backbone
 from reservoir.model.devices import resolve_device
@@ -164,6 +164,11 @@ def resume_state(
         check_resumable(ckpt, name, ident)
     if cfg.resume and ckpt.exists():
         state = load()
+        if state.step > cfg.steps:  # its scores are of the longer run: reported as this one's, they mislead
+            raise IdentityError(
+                f"checkpoint {ckpt} has trained {state.step} steps, more than --steps {cfg.steps}; pass --steps "
+                f"{state.step} or more to resume it, or drop --resume to train {cfg.steps} steps from the start"
+            )
         if not state.done and state.best_val >= cfg.stop_at:  # solved by a lower --stop-at than it ran with
             solved(state, cfg.stop_at)
         log(

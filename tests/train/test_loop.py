@@ -504,6 +504,20 @@ def test_resume_of_a_run_without_a_checkpoint_says_it_starts_over(tiny_gpt2, hom
     assert r.exit_code == 0 and "resumed" in r.output and "no checkpoint" not in r.output
 
 
+def test_resume_with_fewer_steps_than_the_checkpoint_trained_is_refused(tiny_gpt2, home, cli):
+    """A checkpoint trained past the --steps asked for is not reported as a run of fewer steps: --resume is
+    refused naming both counts, and the checkpoint is kept."""
+    args = ["train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--task-opt", "n_train=64", "--task-opt",
+            "n_test=32", "--eval-every", "2", "--checkpoint-dir", str(home / "c")]  # fmt: skip
+    assert cli("-q", *args, "--steps", "6").exit_code == 0
+    (ckpt,) = (home / "c").glob("*.pt")
+    before = ckpt.read_bytes()
+    r = cli("-q", *args, "--steps", "4", "--resume")
+    assert r.exit_code == 1 and f"checkpoint {ckpt} has trained 6 steps, more than --steps 4" in r.output
+    assert "pass --steps 6 or more to resume it" in r.output and "Traceback" not in r.output
+    assert ckpt.read_bytes() == before
+
+
 def test_resume_beside_a_checkpoint_of_an_earlier_format_says_so_in_words(tiny_gpt2, home, cli):
     """A checkpoint written by a version with another checkpoint format (format 2: plain Adam, no CUDA generator)
     cannot continue exactly: --resume is refused, naming both formats and the fix, and the old file is kept."""
