@@ -212,6 +212,16 @@ def fetch(task: Task, data_dir: Path) -> list[str]:
         return [f"{s.task}: nothing to fetch ({s.needs})"]
     s.fetch(True)
     s = source_of(task, data_dir)  # locations may have changed (unpacked archive)
+    checked = verify(task, data_dir)  # files already present are read too: "ready" means they load
+    if checked.problems:
+        raise DataError(
+            f"{s.task}: its files are present but do not load: {checked.problems[0]}"
+            + (
+                f" (and {len(checked.problems) - 1} more problem(s): `reservoir data verify {s.task}`)"
+                if len(checked.problems) > 1
+                else ""
+            )
+        )
     return [f"{s.task}: ready"] + [f"  {next(p for p in g if p.exists())}" for g in s.files]
 
 

@@ -609,3 +609,24 @@ def test_data_commands(cli, tmp_path, monkeypatch, cifar_dir):
     (data_dir / "cifar10" / "cifar-10-batches-py" / "test_batch").write_bytes(b"\x80\x04junk")
     r = cli("data", "verify", "cifar10", "--data-dir", str(data_dir))
     assert r.exit_code == 1 and "test_batch is unreadable or truncated" in r.output
+
+
+def test_fetch_says_ready_only_for_files_that_load(cli, tmp_path):
+    """``data fetch`` of a task whose files are present reads them: damaged ones are refused naming the file
+    (exit 1), good ones are ready."""
+    from tests.conftest import write_mnist
+
+    good = tmp_path / "good"
+    write_mnist(good / "mnist", {"train": 30, "t10k": 10})
+    r = cli("data", "fetch", "mnist", "--data-dir", str(good))
+    assert r.exit_code == 0 and "mnist: ready" in r.output, r.output
+    bad = tmp_path / "bad" / "mnist"
+    shutil.copytree(good / "mnist", bad)
+    (bad / "t10k-images-idx3-ubyte.gz").write_bytes(b"\x1f\x8b junk")
+    r = cli("data", "fetch", "mnist", "--data-dir", str(bad.parent))
+    assert r.exit_code == 1 and "mnist: its files are present but do not load" in r.output
+    assert (
+        "t10k-images-idx3-ubyte.gz" in r.output
+        and "mnist: ready" not in r.output
+        and "Traceback" not in r.output
+    )
