@@ -3,12 +3,14 @@ row's results were computed on (:func:`data_key`), so every row is shown beside 
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from reservoir.config import select_depths
 from reservoir.probe.baselines import display_name
 from reservoir.probe.metrics import METRICS, Metric
 from reservoir.results import merge_seeds, with_scores
@@ -141,6 +143,20 @@ class Row:
             (float(np.std(values, ddof=1)) if len(values) > 1 else None),
             len(values),
         )
+
+    @property
+    def missing_depths(self) -> list[int]:
+        """Depths a fit of this row's results was asked for and wrote no result of (it stopped, or failed)."""
+        asked: set[int] = set()
+        for r in self.results:
+            depths, stored = (
+                (r.get("config") or {}).get("fit", {}).get("depths"),
+                r.get("identity", {}).get("depths"),
+            )
+            if r["mode"] == "output-only" and depths is not None and stored:
+                with contextlib.suppress(ValueError):
+                    asked |= set(select_depths(depths, stored, "in the features"))
+        return sorted(asked - set(self.by_depth))
 
     @property
     def size(self) -> str:

@@ -494,3 +494,18 @@ def test_results_of_one_seed_on_other_data_are_never_averaged_as_seeds():
     seeds = [output_only(0, 0.5, test, seed=seed) for seed, test in ((0, 0.5), (1, 0.7))]
     (row,) = Report(seeds).rows
     assert row.spread(0)[2] == 2
+
+
+def test_a_fit_that_stopped_before_its_last_depths_is_marked_incomplete():
+    """Results of a fit asked for every depth but written for the first ones only (Ctrl-C, a full disk) are
+    never shown as a whole fit: the row says which depths have no result; a fit asked for fewer depths is
+    whole."""
+    stopped = [output_only(d, 0.5, 0.5 + d / 10, depths=[0, 1, 2]) for d in (0, 1)]
+    for r in stopped:
+        r["config"] = {"fit": {"depths": "all"}}
+    rep = Report(stopped)
+    assert "(incomplete: depths 2 of its fit have no result)" in rep.depth_tables()
+    assert "(incomplete" in rep.task_table()
+    for r in stopped:
+        r["config"] = {"fit": {"depths": [0, 1]}}
+    assert "incomplete" not in Report(stopped).depth_tables()
