@@ -367,10 +367,17 @@ def write_failed(path: Path, e: Exception, *keep: Any) -> WriteFailed:
         if full
         else f"the write failed ({text.splitlines()[0] if text else type(e).__name__})"
     )
-    fix = "Check the disk" if getattr(e, "errno", None) == errno.EIO else "Free space"
+    code = getattr(e, "errno", None)
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        what, fix = (
+            f"its folder is not writable ({text.splitlines()[0]})",
+            "Make it writable (or pass --out in a writable folder)",
+        )
+    else:
+        fix = "Check the disk" if code == errno.EIO else "Free space"
+        fix += " (or pass --out on another disk)"
     return WriteFailed(
-        f"writing {path} stopped: {what}. {fix} (or pass --out on another disk) and rerun the "
-        "same command: it resumes where it stopped"
+        f"writing {path} stopped: {what}. {fix} and rerun the same command: it resumes where it stopped"
     )
 
 

@@ -279,3 +279,22 @@ def test_a_forward_that_overflows_is_refused_with_advice_that_fits_its_dtype(cli
     (said,) = [line for line in r.output.splitlines() if line.startswith("Error:")]
     assert "--input-scale" in said and "--dtype float32" not in said and "Traceback" not in r.output
     assert not (home / "x.h5").exists()
+
+
+@pytest.mark.parametrize(
+    "code, said, fix",
+    [
+        (30, "its folder is not writable ([Errno 30] Read-only file system", "Make it writable"),
+        (13, "its folder is not writable ([Errno 13] Permission denied", "Make it writable"),
+        (28, "the disk is full", "Free space (or pass --out on another disk)"),
+    ],
+)
+def test_a_failed_write_names_its_cause_and_the_fix_that_helps(tmp_path, code, said, fix):
+    import os
+
+    from reservoir.extract.store import write_failed
+
+    e = OSError(code, os.strerror(code) if code != 30 else "Read-only file system")
+    text = str(write_failed(tmp_path / "f.h5", e))
+    assert f"writing {tmp_path / 'f.h5'} stopped: {said}" in text and fix in text
+    assert ("Free space" in text) == (code == 28)
