@@ -10,6 +10,7 @@ from typing import Any
 from reservoir.config import ReportConfig
 from reservoir.errors import DataError, UsageError
 from reservoir.paths import home
+from reservoir.progress import log
 from reservoir.report.tables import Report
 from reservoir.results import load_results
 
@@ -44,6 +45,25 @@ def paper_table(cfg: ReportConfig) -> tuple[Any, dict[str, str]]:
     return table, mapping
 
 
+def check_asked(report: Report, mapping: dict[str, str]) -> None:
+    """Refuse a ``--depth N`` no probe result holds (UsageError naming the depths they hold), and say so of an
+    ``--as BACKBONE`` no result has (a table whose runs are not all done): neither leaves a silent gap."""
+    probes = [row for row in report.rows if row.mode == "output-only"]
+    held = sorted({d for row in probes for d in row.by_depth})
+    absent = [d for d in report.depths if isinstance(d, int) and d not in held]
+    if absent and probes:
+        raise UsageError(
+            f"--depth {absent[0]}: no probe result of these has depth {absent[0]}; they hold depths "
+            f"{', '.join(map(str, held))} (or use chosen or last)"
+        )
+    backbones = sorted({row.backbone for row in report.rows})
+    for ours in (o for o in mapping if o.split(":")[0] not in backbones):
+        log(
+            f"--as {ours}={mapping[ours]}: no result has backbone {ours.split(':')[0]!r} (the results' "
+            f"backbones: {', '.join(backbones)}); that row stays without our number"
+        )
+
+
 def render(cfg: ReportConfig) -> Rendered:
     """The report of ``cfg``: its results (default: ``results/`` under ``$RESERVOIR_HOME``) laid out
     (default: as the paper's table, else by depth). DataError when no result is found; UsageError for a
@@ -66,6 +86,7 @@ def render(cfg: ReportConfig) -> Rendered:
             "(api.fit, api.train) first"
         )
     report = Report(found, paper=table, paper_rows=mapping, depths=cfg.depths)
+    check_asked(report, mapping)
     text = report.markdown(layout)
     if table is not None:
         caption = f"Paper table {table.number}: {table.caption}" + (f" ({table.note})" if table.note else "")

@@ -201,6 +201,16 @@ def test_report_depth_option(cli, tmp_path):
     assert r.exit_code == 0, r.output
     assert "| b, depth chosen on validation | ridge | 60.0 (50/50, d1) |" in r.output
     assert "| b, last depth | ridge | 40.0 (50/50, d2) |" in r.output
+    r = cli("report", str(folder), "--layout", "task", "--depth", "7")
+    assert (
+        r.exit_code == 2
+        and "--depth 7: no probe result of these has depth 7; they hold depths 0, 1, 2" in r.output
+    )
+    r = cli("report", str(folder), "--paper", "2", "--as", "nosuch=Random")
+    assert (
+        r.exit_code == 0
+        and "--as nosuch=Random: no result has backbone 'nosuch' (the results' backbones: b)" in r.output
+    )
     r = cli("report", str(folder), "--layout", "task", "--depth", "deepest")
     assert (
         r.exit_code == 2
