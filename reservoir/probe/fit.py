@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from reservoir.config import (
-    FitConfig,
-    select_depths,
-)
+from reservoir.config import FitConfig, select_depths
 from reservoir.errors import DataError, IdentityError, StoreError, UsageError
 from reservoir.extract.store import (
     class_names,
@@ -32,7 +30,7 @@ from reservoir.extract.store import (
     stored_identity,
     verify,
 )
-from reservoir.identity import canonical, reread, task_label
+from reservoir.identity import _short, canonical, reread, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.model.devices import resolve_device
 from reservoir.paths import FILE_TASK, default_data_dir, features_dir, file_task_path, slug
@@ -74,12 +72,19 @@ class FileRows(Rows):
             yield rows(X, y)
 
 
-def describe_file(p: Path, i: dict[str, Any]) -> str:
+#: the identity keys :func:`describe_file` always shows
+DESCRIBED = ("backbone", "seed", "dtype", "limit", "subset", "depths", "readout")
+
+
+def describe_file(p: Path, i: dict[str, Any], differ: Sequence[str] = ()) -> str:
+    """A feature file's line in fit's messages: its main settings, and those of ``differ`` (the keys the
+    files listed beside it differ in), so that no two lines read alike."""
     subset = i.get("subset") or {}
     limit = f"limit {i['limit']}" + (f" ({subset['rule']})" if i["limit"] and subset.get("rule") else "")
+    extra = "".join(f", {k} {_short(i.get(k), 40)}" for k in differ if k not in DESCRIBED)
     return (
         f"  {p}  (backbone {i['backbone']}, seed {i['seed']}, {i['dtype']}, {limit}, "
-        f"depths {i['depths'][0]}..{i['depths'][-1]}, readout {i['readout']})"
+        f"depths {i['depths'][0]}..{i['depths'][-1]}, readout {i['readout']}{extra})"
     )
 
 
@@ -159,7 +164,7 @@ def find_features(task: str, backbone: str | None, wanted: dict[str, Any] | None
         "one of them"
         + (f", or {' or '.join(options)} to choose" if options else " (no option of fit chooses by these)")
         + ":\n"
-        + "\n".join(describe_file(p, i) for p, i in matching)
+        + "\n".join(describe_file(p, i, differ) for p, i in matching)
     )
 
 

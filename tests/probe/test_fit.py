@@ -77,6 +77,19 @@ def test_a_user_file_extracted_from_one_folder_is_fitted_from_another(cli, home,
     assert result.parent.parent == home / "results" / "toy.npz" and features.parent.parent.name == "toy.npz"
 
 
+def test_files_that_differ_only_in_their_splits_are_listed_apart(cli, home, tiny_gpt2):
+    """Two extractions of one task that differ in what no fit option chooses by (the splits): each file's line
+    shows the setting they differ in, so the two lines never read alike."""
+    files = [
+        extract(cli, "digits", tiny_gpt2, "--limit", "40", "--split", split) for split in ("train", "test")
+    ]
+    r = cli("-q", "fit", "--task", "digits", "--backbone", str(tiny_gpt2), "--no-baselines")
+    assert r.exit_code == 1 and "2 feature files match" in r.output and "differing in" in r.output
+    lines = [line for line in r.output.splitlines() if any(str(f) in line for f in files)]
+    assert len(lines) == 2 and all("splits" in line for line in lines)
+    assert lines[0].split("(", 1)[1] != lines[1].split("(", 1)[1]
+
+
 @pytest.mark.parametrize("limit", ["10", "60"])
 def test_fit_refuses_a_train_split_too_small_and_writes_no_result(cli, home, tiny_gpt2, limit):
     path = extract(cli, "digits", tiny_gpt2, "--limit", limit, "--depths", "0")
