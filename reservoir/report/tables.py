@@ -93,6 +93,11 @@ def _settings(row: Row) -> dict[str, str]:
         for k, v in value.items() if isinstance(value, dict) else [(None, value)]:
             text = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
             out[key if k is None else f"{key}.{k}"] = text if len(text) <= 24 else text[:21] + "..."
+    seeds = sorted(
+        {x["seed"] for r in row.results for x in r.get("runs") or [] if x.get("lr") == r.get("lr")}
+    )
+    if "seeds" in out and seeds:  # seeds run apart fold into one row: it shows them all
+        out["seeds"] = json.dumps(seeds)
     return out
 
 

@@ -151,6 +151,8 @@ def test_end_to_end_seeds_run_apart_share_one_row_with_their_spread_and_a_seed_r
     assert r["steps_to_target_mean"] == pytest.approx(200)
     mean, std, n = merged.spread(3)
     assert n == 3 and mean == pytest.approx(0.8) and std == pytest.approx(0.1)
+    table = Report(results).depth_tables()
+    assert "seeds [0, 1, 2]" in table and "seeds [0]," in table  # the merged row names every seed it holds
 
 
 def test_settings_that_differ_beyond_the_seed_keep_their_own_rows():
