@@ -69,6 +69,26 @@ def unreadable(path: object, e: BaseException, fix: str) -> DataError:
     return DataError(f"{path} is unreadable or truncated ({type(e).__name__}: {e}); {fix}")
 
 
+def write_failure(e: BaseException) -> tuple[str, str]:
+    """``(what happened, what to do)`` of a failed write, in the user's words: a full disk (as the OS, HDF5 or
+    ``torch.save`` report it), a folder not writable, a disk I/O error, or the system's own words."""
+    import errno
+
+    code, said = getattr(e, "errno", None), str(e)
+    text = (said.splitlines() or [""])[0]
+    # HDF5 says it lines below the first; torch.save's writer finds its file shorter than it wrote
+    if code == errno.ENOSPC or any(w in said for w in ("No space left", "errno = 28", "unexpected pos")):
+        return "the disk is full", "Free space"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"its folder is not writable ({text})", "Make it writable"
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        return f"its folder cannot be made ({text})", "Choose another folder"
+    return (
+        f"the write failed ({text or type(e).__name__})",
+        "Check the disk" if code == errno.EIO else "Free space",
+    )
+
+
 def optional(module: str, what: str, install: str | None = None, error: type[Exception] = ImportError):
     """The optional package ``module``, imported; else ``error`` saying that ``what`` needs it and how to install
     it (``install``: the pip argument, default the package's own name)."""

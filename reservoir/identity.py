@@ -216,7 +216,8 @@ def features_path_for(identity: Mapping[str, Any]) -> Path:
     return features_dir() / slug(identity["task"]) / slug(identity["backbone"]) / name
 
 
-def _short(value: Any, width: int = 60) -> str:
+def short(value: Any, width: int = 60) -> str:
+    """``value`` as canonical text, cut to ``width`` characters (messages that name values)."""
     text = canonical(value)
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -230,7 +231,7 @@ def differences(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[st
             continue
         if isinstance(a, dict) and isinstance(b, dict):
             sub = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-            out += [f"{key}.{k}: stored {_short(a.get(k))}, asked {_short(b.get(k))}" for k in sub]
+            out += [f"{key}.{k}: stored {short(a.get(k))}, asked {short(b.get(k))}" for k in sub]
         else:
-            out.append(f"{key}: stored {_short(a)}, asked {_short(b)}")
+            out.append(f"{key}: stored {short(a)}, asked {short(b)}")
     return out

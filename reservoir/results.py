@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from reservoir import __version__
-from reservoir.errors import DataError, ReservoirError, StoreError
+from reservoir.errors import DataError, ReservoirError, StoreError, write_failure
 from reservoir.identity import digest
 from reservoir.paths import results_dir, slug
 
@@ -162,10 +162,9 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
 
 def unwritable(path: Path, e: BaseException) -> StoreError:
     """The error of a file that could not be written: where, the system's words, and the fix."""
-    said = (str(e).splitlines() or [""])[0] or type(e).__name__
+    what, fix = write_failure(e)
     return StoreError(
-        f"{path} could not be written ({said}): the disk is full or the folder is not writable; free space or "
-        "make it writable (or set RESERVOIR_HOME to another folder), then rerun"
+        f"{path} could not be written: {what}. {fix} (or set RESERVOIR_HOME to another folder), then rerun"
     )
 
 

@@ -29,13 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from reservoir.config import (
-    ExtractConfig,
-    FitConfig,
-    PredictConfig,
-    ReportConfig,
-    TrainConfig,
-)
+from reservoir.config import ExtractConfig, FitConfig, PredictConfig, ReportConfig, TrainConfig
 from reservoir.errors import ReservoirError, UsageError, optional
 from reservoir.paths import FILE_TASK, file_task_path
 

@@ -30,7 +30,7 @@ import h5py
 import numpy as np
 
 from reservoir import __version__
-from reservoir.errors import IdentityError, StoreError, UsageError, WriteFailed
+from reservoir.errors import IdentityError, StoreError, UsageError, WriteFailed, write_failure
 from reservoir.extract.digests import (
     BLOCK_BYTES,
     DIGESTS,
@@ -357,25 +357,13 @@ _FAILED: list = []
 def write_failed(path: Path, e: Exception, *keep: Any) -> WriteFailed:
     """A failed write in the user's words: a full disk says so, every case says what to do.
     ``e`` and ``keep`` (the file) are kept alive, never closed (:data:`_FAILED`)."""
-    import errno
-
     _FAILED.append((e, keep))
-    text = str(e)
-    full = getattr(e, "errno", None) == errno.ENOSPC or "No space left" in text or "errno = 28" in text
-    what = (
-        "the disk is full"
-        if full
-        else f"the write failed ({text.splitlines()[0] if text else type(e).__name__})"
+    what, fix = write_failure(e)
+    fix += (
+        " (or pass --out on another disk)"
+        if fix in ("Free space", "Check the disk")
+        else " (or another --out)"
     )
-    code = getattr(e, "errno", None)
-    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
-        what, fix = (
-            f"its folder is not writable ({text.splitlines()[0]})",
-            "Make it writable (or pass --out in a writable folder)",
-        )
-    else:
-        fix = "Check the disk" if code == errno.EIO else "Free space"
-        fix += " (or pass --out on another disk)"
     return WriteFailed(
         f"writing {path} stopped: {what}. {fix} and rerun the same command: it resumes where it stopped"
     )

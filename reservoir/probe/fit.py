@@ -30,7 +30,7 @@ from reservoir.extract.store import (
     stored_identity,
     verify,
 )
-from reservoir.identity import _short, canonical, reread, task_label
+from reservoir.identity import canonical, reread, short, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.model.devices import resolve_device
 from reservoir.paths import FILE_TASK, default_data_dir, features_dir, file_task_path, slug
@@ -81,7 +81,7 @@ def describe_file(p: Path, i: dict[str, Any], differ: Sequence[str] = ()) -> str
     files listed beside it differ in), so that no two lines read alike."""
     subset = i.get("subset") or {}
     limit = f"limit {i['limit']}" + (f" ({subset['rule']})" if i["limit"] and subset.get("rule") else "")
-    extra = "".join(f", {k} {_short(i.get(k), 40)}" for k in differ if k not in DESCRIBED)
+    extra = "".join(f", {k} {short(i.get(k), 40)}" for k in differ if k not in DESCRIBED)
     return (
         f"  {p}  (backbone {i['backbone']}, seed {i['seed']}, {i['dtype']}, {limit}, "
         f"depths {i['depths'][0]}..{i['depths'][-1]}, readout {i['readout']}{extra})"
@@ -293,8 +293,8 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         recorded = file_task_path(file_config(f).get("task"))
         if cfg.task is None and recorded is not None and Path(recorded).exists():
             try:  # the file the features came from, still there and unchanged: its baselines too
-                checked = check_task(f, identity, dataclasses.replace(cfg, task=FILE_TASK + recorded))
-                cfg = dataclasses.replace(cfg, task=FILE_TASK + recorded)
+                named = dataclasses.replace(cfg, task=FILE_TASK + recorded)
+                checked, cfg = check_task(f, identity, named), named
             except IdentityError:
                 checked = None
         else:

@@ -41,7 +41,7 @@ from reservoir.extract.store import (
     stored_identity,
     verify,
 )
-from reservoir.identity import array_digest, canonical
+from reservoir.identity import array_digest, short
 from reservoir.paths import FILE_TASK, file_task_path
 from reservoir.probe.heads import head_threads
 from reservoir.probe.predictors import REGRESSION, Predictor, predictor_from_state
@@ -283,11 +283,6 @@ def load_probe(path: str | Path) -> SavedProbe:
     return SavedProbe(path, meta, predictor)
 
 
-def _short(value: Any, width: int = 40) -> str:
-    text = canonical(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
 def extract_hint(probe: SavedProbe) -> str:
     """The ``reservoir extract`` options that make features this probe reads."""
     i = probe.identity
@@ -317,7 +312,7 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
     identity, ours = stored_identity(f), probe.identity
     same_weights = ours.get("backbone_fingerprint") == identity.get("backbone_fingerprint")
     problems = [
-        f"{key}: probe {_short(ours.get(key))}, file {_short(identity.get(key))}"
+        f"{key}: probe {short(ours.get(key), 40)}, file {short(identity.get(key), 40)}"
         for key in SAME_EXTRACTION
         if ours.get(key) != identity.get(key) and not (key == "backbone" and same_weights)
     ]
@@ -423,8 +418,8 @@ def predictions_csv(
         names = [f"{what}_{i}" for what in ("prediction", "label")[: len(given)] for i in index]
     values = np.concatenate([a.reshape(n, -1) for a in given], axis=1)
     ids = predictions.ndim == 1 and values.dtype.kind in "iub"
-    named = [(w, k, ns) for w, k, ns in (("prediction_name", 0, class_names), ("label_name", 1, label_names))]
-    named = [(w, k, ns) for w, k, ns in named if ids and ns and k < len(given)]
+    wanted = (("prediction_name", 0, class_names), ("label_name", 1, label_names))
+    named = [(w, k, ns) for w, k, ns in wanted if ids and ns and k < len(given)]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["row", *(["file"] if files is not None else []), *names, *(w for w, _, _ in named)])

@@ -149,10 +149,8 @@ class Row:
         """Depths a fit of this row's results was asked for and wrote no result of (it stopped, or failed)."""
         asked: set[int] = set()
         for r in self.results:
-            depths, stored = (
-                (r.get("config") or {}).get("fit", {}).get("depths"),
-                r.get("identity", {}).get("depths"),
-            )
+            depths = (r.get("config") or {}).get("fit", {}).get("depths")
+            stored = r.get("identity", {}).get("depths")
             if r["mode"] == "output-only" and depths is not None and stored:
                 with contextlib.suppress(ValueError):
                     asked |= set(select_depths(depths, stored, "in the features"))
@@ -205,17 +203,16 @@ def seeds_of(r: dict[str, Any]) -> set[Any]:
     return set(r.get("identity", {}).get("seeds") or [r.get("seed")])
 
 
-def split_by_data(results: list[dict[str, Any]]) -> set[tuple]:
-    """The row keys whose results, at one depth, share a seed but not their data: the data was edited between
-    runs, or files of one name hold other rows. Their results are not seeds of one experiment."""
+def split_by_data(keyed: list[tuple[tuple, str, dict[str, Any]]]) -> set[tuple]:
+    """Of ``(row key, data key, result)``, the row keys whose results, at one depth, share a seed but not their
+    data: the data was edited between runs, or files of one name hold other rows. Their results are not seeds
+    of one experiment."""
     seen: dict[tuple, dict[Any, str]] = defaultdict(dict)
     split = set()
-    for r in results:
-        key = row_key(r)
+    for key, data, r in keyed:
         by_seed = seen[key, int(r["depth"])]
-        for seed in seeds_of(r):
-            if by_seed.setdefault(seed, data_key(r)) != data_key(r):
-                split.add(key)
+        if any(by_seed.setdefault(seed, data) != data for seed in seeds_of(r)):
+            split.add(key)
     return split
 
 
@@ -225,11 +222,10 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
     rows: dict[tuple, Row] = {}
     scored = [with_scores(r) for r in results]
     baselines = [r for r in scored if r["mode"] == "baseline"]
-    scored = [r for r in scored if r["mode"] != "baseline"]
-    split = split_by_data(scored)
-    for r in scored:
-        key = row_key(r)
-        key = (*key, data_key(r) if key in split else "")
+    keyed = [(row_key(r), data_key(r), r) for r in scored if r["mode"] != "baseline"]
+    split = split_by_data(keyed)
+    for key, data, r in keyed:
+        key = (*key, data if key in split else "")
         row = rows.setdefault(key, Row(*key))
         row.by_depth[int(r["depth"])].append(r)
     for row in rows.values():  # an end-to-end result folds its seeds; seeds run apart fold into one

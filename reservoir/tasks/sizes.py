@@ -125,9 +125,11 @@ def keeps_every_class(labels: np.ndarray) -> int:
     """The smallest ``--limit`` from which a stratified sample of a split keeps every class of it: where
     :func:`reservoir.tasks.class_quota` has a row left over for each class whose share is below one (which
     its seeded order does not change); the split's size at most."""
-    _, counts = np.unique(labels, return_counts=True)
     total = len(labels)
-    for n in range(len(counts), min(total, math.ceil(total / int(counts.min())) if total else 0) + 1):
+    if not total:
+        return 0
+    _, counts = np.unique(labels, return_counts=True)
+    for n in range(len(counts), min(total, math.ceil(total / int(counts.min()))) + 1):
         base = n * counts // total
         if int((base == 0).sum()) <= n - int(base.sum()):
             return n
