@@ -22,6 +22,7 @@ from reservoir.settings import (
     Matches,
     NotEmpty,
     OneOf,
+    Suffix,
     comma_list,
     key_values,
     selecting,
@@ -143,12 +144,6 @@ MAX_LR = 100
 SEED = Interval(0, MAX_SEED)
 #: the share of train held out for validation
 VAL_FRACTION = Interval(0.01, 0.5)
-
-
-def named_for(out: Path, suffix: str, what: str) -> None:
-    """Refuse an ``--out`` not named ``*suffix`` (another kind of file, perhaps a user's own, is never written)."""
-    if Path(out).suffix.lower() != suffix:
-        raise UsageError(f"--out {out}: {what}; name it {suffix} (another kind of file is never written)")
 
 
 # ---------------------------------------------------------------- settings shared by several commands
@@ -618,10 +613,7 @@ class AttentionConfig(Config):
         exists=True,
     )
     data_dir: Path | None = data_dir_setting(None)
-    out: Path = setting(help="PNG file to write.", path="file")
-
-    def combined(self) -> None:
-        named_for(self.out, ".png", "attention writes a PNG image")
+    out: Path = setting(dataclasses.MISSING, Suffix(".png"), help="PNG file to write.", path="file")
 
 
 @dataclass(frozen=True)
@@ -683,6 +675,8 @@ class PredictConfig(Config):
     )
     out: Path | None = setting(
         None,
+        None,
+        Suffix(".csv"),
         help="CSV file to write: row (and file, for image folders), prediction(s), label(s) where given, and "
         "prediction_name, label_name where the data names its classes.",
         path="file",
@@ -690,8 +684,6 @@ class PredictConfig(Config):
     )
 
     def combined(self) -> None:
-        if self.out is not None:
-            named_for(self.out, ".csv", "predict writes CSV")
         given = [f"--{k} {v}" for k, v in (("features", self.features), ("data", self.data)) if v is not None]
         other = {"--split": self.split, "--task-opt": self.task_options, "--backbone": self.backbone}
         wrong = [f"{o} {v}" for o, v in other.items() if v and (o == "--split") == (self.data is not None)]

@@ -145,6 +145,20 @@ class Matches(Constraint):
 
 
 @dataclass(frozen=True)
+class Suffix(Constraint):
+    """A path whose name ends ``suffix`` (an output of one kind: a file of another kind named there by mistake,
+    perhaps a user's own, is never written)."""
+
+    suffix: str
+
+    def ok(self, value: Any, owner: Any = None) -> bool:
+        return isinstance(value, (str, Path)) and Path(value).suffix.lower() == self.suffix
+
+    def text(self, owner: Any = None) -> str:
+        return f"a file named *{self.suffix} (another kind of file is never written)"
+
+
+@dataclass(frozen=True)
 class Distinct(Constraint):
     """A sequence without repeated values."""
 
@@ -219,7 +233,7 @@ def check(
     real = [r for r in rules if r is not None]
     if not real or any(r.ok(value, obj) for r in real):
         return
-    shown = list(value) if isinstance(value, tuple) else value
+    shown = list(value) if isinstance(value, tuple) else str(value) if isinstance(value, Path) else value
     rule = " or ".join(r.why(value, obj) for r in real)
     raise UsageError(f"The {name!r} {noun} of {owner} must be {rule}{note}. Got {shown!r} instead.")
 

@@ -225,10 +225,10 @@ def test_adding_an_option_is_one_field():
 @pytest.mark.parametrize(
     "args, said",
     [
-        (["attention", "--task", "bit_xor", "--out", "{}/victim.npz"], "attention writes a PNG image; name it .png"),
-        (["attention", "--task", "bit_xor", "--out", "{}/map.jpg"], "attention writes a PNG image; name it .png"),
+        (["attention", "--task", "bit_xor", "--out", "{}/victim.npz"], "The 'out' parameter of attention must be a file named *.png"),
+        (["attention", "--task", "bit_xor", "--out", "{}/map.jpg"], "The 'out' parameter of attention must be a file named *.png"),
         (["predict", "--probe", "{}/p.probe.npz", "--features", "{}/p.probe.npz", "--out", "{}/victim.npz"],
-         "predict writes CSV; name it .csv"),
+         "The 'out' parameter of predict must be a file named *.csv"),
     ],
 )  # fmt: skip
 def test_an_out_of_another_kind_is_refused_before_anything_runs_and_left_as_it_was(tmp_path, args, said):
