@@ -93,9 +93,12 @@ def parse_depths(value: Any) -> str | tuple[int, ...]:
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return (int(value),)
     try:
-        depths = tuple(int(d) for d in value)
-    except (TypeError, ValueError):
-        raise UsageError(f"depths {value!r} must be 'all', an integer or a list of integers") from None
+        items = list(value)
+    except TypeError:
+        items = [value]
+    if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in items):
+        raise UsageError(f"depths {value!r} must be 'all', an integer or a list of integers")
+    depths = tuple(int(d) for d in items)
     if not depths:
         raise UsageError("depths names no depth; give 'all' or at least one integer")
     return depths
@@ -132,7 +135,7 @@ def select_depths(value: Any, available: Sequence[int], where: str) -> list[int]
 #: is used, :func:`reservoir.model.devices.resolve_device`)
 DEVICE = Matches(DEVICE_PATTERN, "auto, cpu, cuda, cuda:N or mps")
 #: counts of at least one (rows, examples, workers)
-POSITIVE = Interval(1, None)
+POSITIVE = Interval(1, None, integer=True)
 
 
 #: the largest seed: scikit-learn's ``random_state`` and numpy's legacy seeding take 32-bit seeds
@@ -141,7 +144,7 @@ MAX_SEED = 2**32 - 1
 #: float32's range torch's optimiser fails to even store it)
 MAX_LR = 100
 #: a run's seed
-SEED = Interval(0, MAX_SEED)
+SEED = Interval(0, MAX_SEED, integer=True)
 #: the share of train held out for validation
 VAL_FRACTION = Interval(0.01, 0.5)
 
@@ -427,7 +430,7 @@ class FitConfig(Config):
                 raise UsageError(
                     f"--depth {self.depth} and --depths are the same option (one depth, a list); give one"
                 )
-            object.__setattr__(self, "depths", (self.depth,))
+            object.__setattr__(self, "depths", parse_depths(self.depth))
             object.__setattr__(self, "depth", None)  # said once, as depths (a config rebuilt by replace)
         object.__setattr__(self, "depths", "all" if self.depths is None else self.depths)
 
@@ -473,7 +476,7 @@ class TrainConfig(Config):
     seeds: int = setting(1, POSITIVE, help="Runs per learning rate.")
     seed: int = setting(
         0,
-        Interval(0, lambda cfg: MAX_SEED - cfg.seeds + 1, note=_seeds_runs),
+        Interval(0, lambda cfg: MAX_SEED - cfg.seeds + 1, note=_seeds_runs, integer=True),
         help="First seed (runs use seed, seed+1, ...); also seeds generated data (bit tasks, generated "
         "ListOps).",
     )

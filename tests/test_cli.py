@@ -212,7 +212,7 @@ BAD_VALUES = [
     ),
     (
         ("extract", "--task", "digits", "--seed", "-1"),
-        "The 'seed' parameter of extract must be in [0, 4294967295]. Got -1",
+        "The 'seed' parameter of extract must be an integer in [0, 4294967295]. Got -1",
     ),
     (
         ("extract", "--task", "digits", "--workers", "2", "--scheduler", "tcp://x:1"),
@@ -220,7 +220,7 @@ BAD_VALUES = [
     ),
     (
         ("fit", "--task", "digits", "--seed", "4294967296"),
-        "The 'seed' parameter of fit must be in [0, 4294967295]",
+        "The 'seed' parameter of fit must be an integer in [0, 4294967295]",
     ),
     (
         ("train", "--task", "digits", "--lr", "-1"),
@@ -247,7 +247,7 @@ BAD_VALUES = [
     ),
     (
         ("train", "--task", "digits", "--seed", "4294967295", "--seeds", "2"),
-        "The 'seed' parameter of train must be in [0, 4294967294] (it seeds 2 runs). Got 4294967295 instead.",
+        "The 'seed' parameter of train must be an integer in [0, 4294967294] (it seeds 2 runs). Got 4294967295 instead.",
     ),
 ]
 

@@ -13,13 +13,14 @@ from sklearn.utils.validation import check_is_fitted
 
 from reservoir.config import (
     DEVICE,
+    POSITIVE,
     SEED,
     ExtractConfig,
     parse_input_scale,
     select_depths,
 )
 from reservoir.errors import UsageError
-from reservoir.settings import Interval, default, validate
+from reservoir.settings import default, validate
 from reservoir.tasks import TaskSpec, pad_ids
 
 
@@ -34,18 +35,39 @@ def _backbone_name(backbone: Any) -> Any:
     return register_object(backbone)
 
 
-_LOADED: dict[tuple[str, int], Any] = {}
+_LOADED: dict[tuple[Any, ...], Any] = {}
+
+
+def _load_key(name: str, seed: int) -> tuple[Any, ...]:
+    """What a loaded backbone stands for: its name and seed, and for a folder its absolute path and each
+    file's size, times and inode, so a folder saved again (or the same name from another working
+    folder) loads afresh."""
+    from pathlib import Path
+
+    from reservoir.model.backbones import parse_name
+
+    parsed = parse_name(name)
+    folder = Path(parsed.base)
+    if parsed.source not in ("folder", "hub") or not folder.is_dir():
+        return name, seed
+    stats = [(str(p), p.stat()) for p in sorted(folder.rglob("*")) if p.is_file()]
+    return (
+        name,
+        seed,
+        str(folder.resolve()),
+        *((f, s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino) for f, s in stats),
+    )
 
 
 def _backbone(name: str, seed: int):
-    """Load once per (name, seed): every fold of a cross-validation shares the frozen model (a
-    fresh copy, since the runner converts it to the compute dtype in place)."""
+    """Load once per backbone and seed (:func:`_load_key`): every fold of a cross-validation shares the frozen
+    model (a fresh copy, since the runner converts it to the compute dtype in place)."""
     import copy
 
     from reservoir.model.backbones import load_backbone
 
     name = _backbone_name(name)
-    key = (name, seed)
+    key = _load_key(name, seed)
     if key not in _LOADED:
         if len(_LOADED) >= 2:
             _LOADED.pop(next(iter(_LOADED)))
@@ -71,6 +93,17 @@ def _sequences(X: Any) -> tuple[list[np.ndarray], str, int]:
     return rows, kind, width
 
 
+def _check_ids(rows: list[np.ndarray], vocab: int) -> None:
+    """Every id in ``[0, vocab)``, else a UsageError naming the id out of range and what to change."""
+    low, top = min(int(r.min()) for r in rows), max(int(r.max()) for r in rows)
+    if low < 0:
+        raise UsageError(f"token ids must be >= 0; got {low}. Map the ids to 0..V-1 first")
+    if top >= vocab:
+        raise UsageError(
+            f"token ids must lie in [0, {vocab}); got up to {top}. Set vocab_size to cover every id"
+        )
+
+
 def _rows(X: Any) -> tuple[list[np.ndarray], str, int]:
     if isinstance(X, np.ndarray) and X.dtype != object:
         if X.ndim == 3 and X.dtype.kind == "f":
@@ -83,9 +116,24 @@ def _rows(X: Any) -> tuple[list[np.ndarray], str, int]:
             f"X must be (N, T, d) floats, (N, T) integer ids or (N, T) floats (one value a token); "
             f"got {X.dtype} with shape {X.shape}"
         )
+    if hasattr(X, "to_numpy"):  # a pandas or polars frame: its rows
+        return _rows(X.to_numpy())
+    if isinstance(X, np.ndarray) and X.ndim > 1:  # an object array of one shape: its values as numbers
+        try:
+            return _rows(X.astype(float))
+        except (TypeError, ValueError):
+            raise UsageError(
+                f"X is an object array of shape {X.shape} whose values are not numbers"
+            ) from None
     rows = [np.asarray(r) for r in X]
     if not rows:
         return [], "dense", 0
+    bad = next((i for i, r in enumerate(rows) if r.ndim not in (1, 2) or r.dtype.kind not in "iufb"), None)
+    if bad is not None:
+        raise UsageError(
+            f"sequence {bad} of X is {rows[bad].dtype} with shape {rows[bad].shape}; give each sequence as "
+            "(T_i,) integer ids or (T_i, d) floats"
+        )
     kinds = {("ids" if r.dtype.kind in "iu" else "dense") for r in rows}
     if len(kinds) > 1:
         raise UsageError("X mixes integer-id and float sequences; give one kind")
@@ -157,7 +205,8 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     parameter_constraints = {
         "seed": (SEED,),
         "device": (DEVICE,),
-        "batch_size": (Interval(1, None, integer=True),),
+        "batch_size": (POSITIVE,),
+        "vocab_size": (POSITIVE, None),
     }
 
     def __init__(
@@ -213,6 +262,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         vocab = 0
         if kind == "ids":
             vocab = self.vocab_size or int(max(r.max() for r in rows)) + 1
+            _check_ids(rows, vocab)
         self.spec_ = TaskSpec(
             "sklearn", kind, seq_len=max(len(r) for r in rows), n_classes=1, token_dim=width, vocab_size=vocab
         )
@@ -282,12 +332,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
                 f"{self.spec_.token_kind} tokens of width {self.spec_.token_dim}"
             )
         if kind == "ids":
-            top = max(int(r.max()) for r in rows)
-            if top >= self.spec_.vocab_size or min(int(r.min()) for r in rows) < 0:
-                raise UsageError(
-                    f"token ids must lie in [0, {self.spec_.vocab_size}); got up to {top}. "
-                    "Set vocab_size to cover every id"
-                )
+            _check_ids(rows, self.spec_.vocab_size)
         if min(len(r) for r in rows) < 1:
             raise UsageError("every sequence needs at least one token")
         longest = max(len(r) for r in rows)

@@ -190,3 +190,54 @@ def test_a_fitted_transformer_pickles_and_its_copy_gives_the_same_features(tiny_
     np.testing.assert_array_equal(again.transform(X), expected)
     np.testing.assert_array_equal(copy.deepcopy(fitted).transform(X[:7]), expected[:7])
     assert "runner_" not in pickle.loads(pickle.dumps(api.ReservoirFeatures())).__dict__  # unfitted stays so
+
+
+def test_a_folder_saved_again_is_loaded_again(tmp_path):
+    """The transformer's in-process cache of loaded backbones knows a folder by its files: a model saved
+    again under the same name gives the new model's features, those of a fresh process."""
+    from reservoir.api import estimator
+    from tests.conftest import save_tiny_gpt2
+
+    folder = save_tiny_gpt2(tmp_path / "model", seed=0)
+    X = np.random.default_rng(0).normal(size=(4, 5, 3)).astype(np.float32)
+    before = api.ReservoirFeatures(backbone=str(folder), depth=1, dtype="float32").fit_transform(X)
+    save_tiny_gpt2(folder, seed=1)
+    after = api.ReservoirFeatures(backbone=str(folder), depth=1, dtype="float32").fit_transform(X)
+    estimator._LOADED.clear()
+    fresh = api.ReservoirFeatures(backbone=str(folder), depth=1, dtype="float32").fit_transform(X)
+    assert not np.allclose(before, after)
+    np.testing.assert_array_equal(after, fresh)
+
+
+def test_a_data_frame_gives_the_features_of_its_array(tiny_gpt2):
+    """Rows of a pandas frame (what a pipeline step with ``set_output(transform="pandas")`` hands on), and
+    an object array of numbers, are sequences of one value a token, as the array they hold."""
+    pd = pytest.importorskip("pandas")
+    X = np.random.default_rng(0).normal(size=(5, 6)).astype(np.float32)
+    t = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1, dtype="float32")
+    want = t.fit_transform(X)
+    np.testing.assert_array_equal(t.fit_transform(pd.DataFrame(X, columns=list("abcdef"))), want)
+    np.testing.assert_array_equal(t.fit_transform(X.astype(object)), want)
+
+
+@pytest.mark.parametrize(
+    "params, X, message",
+    [
+        ({}, [np.array([1, -2, 3])], r"token ids must be >= 0; got -2"),
+        ({"vocab_size": 3}, [np.array([1, 7])], r"must lie in \[0, 3\); got up to 7"),
+        ({"vocab_size": 0}, [np.array([1])], r"'vocab_size' parameter .* must be an integer >= 1. Got 0"),
+        ({"vocab_size": 5.5}, [np.array([1])], r"'vocab_size' parameter .* Got 5.5"),
+        ({"seed": 2.0}, [np.array([1])], r"'seed' parameter .* must be an integer in"),
+        (
+            {"depth": [1.5]},
+            [np.array([1])],
+            r"depths \[1.5\] must be 'all', an integer or a list of integers",
+        ),
+        ({}, ["abc", "de"], r"sequence 0 of X is <U3 with shape \(\); give each sequence as"),
+    ],
+)
+def test_fit_refuses_ids_and_settings_it_cannot_honour(tiny_gpt2, params, X, message):
+    """Negative ids, ids past ``vocab_size``, a vocabulary or seed that is not a whole number, a depth that is
+    not one: refused by ``fit`` in words, not truncated nor failing inside torch."""
+    with pytest.raises(ValueError, match=message):
+        api.ReservoirFeatures(backbone=str(tiny_gpt2), **{"depth": 1, **params}).fit(X)

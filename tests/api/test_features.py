@@ -410,3 +410,11 @@ def test_a_notebook_gets_a_live_bar(monkeypatch):
         widget = type(b).__module__.startswith("tqdm.notebook")
         assert widget == (importlib.util.find_spec("ipywidgets") is not None)
         assert widget or b.mininterval == progress.TTY_INTERVAL  # redrawn in place, not a line every 15 s
+
+
+@pytest.mark.parametrize("kwargs", [{"depth": 1.9}, {"depths": [0.9, 2]}, {"seed": 1.0}])
+def test_api_fit_refuses_a_depth_or_seed_that_is_not_an_integer(digits, home, kwargs):
+    with pytest.raises(
+        ValueError, match=r"must be 'all', an integer or a list of integers|must be an integer"
+    ):
+        api.fit(features=digits, head="ridge", **kwargs)

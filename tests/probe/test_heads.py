@@ -58,7 +58,7 @@ def test_torch_head_lbfgs_and_bad_optimizer():
     [
         (LogRegHead(C=0.0), "The 'C' parameter of LogRegHead must be > 0. Got 0.0 instead."),
         (RidgeHead(alpha=-1.0), "The 'alpha' parameter of RidgeHead must be >= 0. Got -1.0 instead."),
-        (TorchHead(epochs=0), "The 'epochs' parameter of TorchHead must be >= 1. Got 0 instead."),
+        (TorchHead(epochs=0), "The 'epochs' parameter of TorchHead must be an integer >= 1. Got 0 instead."),
     ],
 )
 def test_heads_check_their_declared_constraints(head, message):

@@ -4,10 +4,10 @@ registers, ...: taken by its shape, :func:`reservoir.model.backbones.hf.takes_pi
 
 As in the FPT paper's ViT row, the FPT input layer replaces the patch embedding: the embedded tokens
 are the patches. The class and distillation tokens are not used; the learned patch positions are added,
-resized bicubically to the task's grid when the task has a square number of tokens, else the first
-``T`` (:meth:`VisionBackbone.patch_positions`). The norm the model applies to its last hidden state is
-applied to the readout rows (none for CLIP, whose ``post_layernorm`` reads only the pooled class
-token). A CLIP or SigLIP folder of both towers is read as its vision tower.
+resized bicubically to a row's grid when the row has a square number of tokens, else the first ``T``,
+each row by its own length (:meth:`VisionBackbone.patch_positions`). The norm the model applies to its
+last hidden state is applied to the readout rows (none for CLIP, whose ``post_layernorm`` reads only the
+pooled class token). A CLIP or SigLIP folder of both towers is read as its vision tower.
 """
 
 from __future__ import annotations
@@ -121,6 +121,15 @@ class VisionBackbone(HFBackbone):
             )
         return pos[:, :n].to(dtype)
 
+    def row_positions(self, lengths: list[int], width: int, dtype: torch.dtype) -> torch.Tensor:
+        """Positions ``(B, width, d)`` of rows of ``lengths`` real tokens padded to ``width``: each row's
+        from its own length (:meth:`patch_positions`), so a row's features never depend on its batch mates;
+        ``(1, width, d)`` when every row fills the width."""
+        if min(lengths) == width:
+            return self.patch_positions(width, dtype)
+        tables = {n: self.patch_positions(n, dtype)[0] for n in set(lengths)}
+        return torch.stack([nn.functional.pad(tables[n], (0, 0, 0, width - n)) for n in lengths])
+
     @property
     def blocks_take_mask(self) -> bool:
         """Whether a block's forward takes an attention mask after the hidden states (DINOv2's does from
@@ -135,7 +144,7 @@ class VisionBackbone(HFBackbone):
         """``x`` plus the patch positions, through the embedding dropout and the norm before the
         blocks; the attention mask over each row's padding, where the blocks take one (refused
         for rows of unequal length where they do not)."""
-        h = x + self.patch_positions(x.shape[1], x.dtype)
+        h = x + self.row_positions(lengths.tolist(), x.shape[1], x.dtype)
         dropout = getattr(self.model.embeddings, "dropout", None)
         h = dropout(h) if dropout is not None else h
         h = self.pre_norm(h) if self.pre_norm is not None else h

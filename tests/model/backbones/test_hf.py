@@ -136,6 +136,23 @@ def test_every_depth_equals_the_library_model_cut_there(request, kind):
 
 
 @pytest.mark.parametrize("kind", ARCHITECTURES)
+def test_a_rows_features_do_not_depend_on_its_batch_mates(folders, kind):
+    """A 3-token row gives the same features alone as beside rows of 4, 5, 9 and 16 tokens: square and
+    other widths, so a vision model places each row's patch positions by the row's own length."""
+    backbone = load_backbone(str(folders[kind]))
+    g = torch.Generator().manual_seed(0)
+    row = torch.randn(1, 3, backbone.input_width, generator=g)
+    with torch.inference_mode():
+        alone = backbone(row, torch.tensor([3]), [1, LAYERS], torch.tensor([[2]]))
+        for n in (4, 5, 9, 16):
+            x = torch.cat(
+                [nn.functional.pad(row, (0, 0, 0, n - 3)), torch.randn(1, n, row.shape[2], generator=g)]
+            )
+            together = backbone(x, torch.tensor([3, n]), [1, LAYERS], torch.tensor([[2], [n - 1]]))
+            torch.testing.assert_close(together[:1], alone, atol=1e-5, rtol=1e-5, msg=f"{kind} beside {n}")
+
+
+@pytest.mark.parametrize("kind", ARCHITECTURES)
 def test_the_random_twin_extracts(folders, kind, home):
     from reservoir import api
     from reservoir.extract.store import open_features
