@@ -168,22 +168,44 @@ SEED_DRAWN = ("seed", "data", "backbone_fingerprint")
 E2E_SEED_DRAWN = ("seeds", "data", "backbone_fingerprints", "blocks")
 
 
+def follows_run_seed(task: str) -> bool:
+    """Whether a task's ``seed`` option is drawn from the run's seed (a generated task's, unless set)."""
+    from reservoir.tasks import task_class
+
+    try:
+        return task_class(task).generated
+    except (ValueError, LookupError):  # a task no longer registered: its option taken as drawn
+        return True
+
+
+def fit_settings(r: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a probe's fit that change its scores beside its features' (the seed of its
+    validation split and torch head, the share held out); none for other results."""
+    if r["mode"] != "output-only":
+        return {}
+    fit = (r.get("config") or {}).get("fit") or {}
+    return {"seed": r.get("seed"), "val_fraction": fit.get("val_fraction")}
+
+
 def run_of(r: dict[str, Any]) -> str:
     """The producing run, short: every setting but what the seeds draw (:data:`SEED_DRAWN`,
-    :data:`E2E_SEED_DRAWN`), so the seeds of one setting share a row."""
+    :data:`E2E_SEED_DRAWN`), so the seeds of one setting share a row, with a probe's fit settings
+    (:func:`fit_settings`)."""
     from reservoir.identity import digest
 
     identity = dict(r.get("identity", {}))
     end_to_end = r["mode"] == "end-to-end"
     first_seed = (identity.get("seeds") or [None])[0] if end_to_end else identity.get("seed")
     options = identity.get("task_options")
-    if isinstance(options, dict) and "seed" in options and options["seed"] == first_seed:
+    drawn = isinstance(options, dict) and options.get("seed") == first_seed and follows_run_seed(r["task"])
+    if drawn:
         identity["task_options"] = {k: v for k, v in options.items() if k != "seed"}
     subset = identity.get("subset")  # a --limit sample is drawn by the run's seed too
     if isinstance(subset, dict) and subset.get("seed") == first_seed:
         identity["subset"] = {k: v for k, v in subset.items() if k != "seed"}
     drawn = E2E_SEED_DRAWN if end_to_end else SEED_DRAWN
-    return digest({k: v for k, v in identity.items() if k not in drawn})[:6]
+    kept = {k: v for k, v in identity.items() if k not in drawn}
+    return digest({**kept, "fit": fit_settings(r)} if fit_settings(r) else kept)[:6]
 
 
 def row_key(r: dict[str, Any]) -> tuple:
@@ -199,8 +221,10 @@ def row_key(r: dict[str, Any]) -> tuple:
 
 
 def seeds_of(r: dict[str, Any]) -> set[Any]:
-    """The seeds a result ran (an end-to-end result's every seed)."""
-    return set(r.get("identity", {}).get("seeds") or [r.get("seed")])
+    """The seeds a result ran, those a row folds: an end-to-end result's every seed, a probe's features'
+    seed."""
+    identity = r.get("identity", {})
+    return set(identity.get("seeds") or [identity.get("seed", r.get("seed"))])
 
 
 def split_by_data(keyed: list[tuple[tuple, str, dict[str, Any]]]) -> set[tuple]:

@@ -33,8 +33,11 @@ from reservoir.report.rows import (
     collect,
     data_groups,
     data_label,
+    fit_settings,
+    follows_run_seed,
     pct,
     score_text,
+    seeds_of,
 )
 from reservoir.results import (
     load_results,  # noqa: F401  (report's entry point reads through it)
@@ -93,11 +96,17 @@ def _settings(row: Row) -> dict[str, str]:
         for k, v in value.items() if isinstance(value, dict) else [(None, value)]:
             text = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
             out[key if k is None else f"{key}.{k}"] = text if len(text) <= 24 else text[:21] + "..."
+    out |= {f"fit {k}": json.dumps(v) for k, v in fit_settings(row.results[0]).items()}
+    if follows_run_seed(row.task):  # the data's seed is the run's: the seed says it
+        out.pop("task_options.seed", None)
     seeds = sorted(
         {x["seed"] for r in row.results for x in r.get("runs") or [] if x.get("lr") == r.get("lr")}
     )
     if "seeds" in out and seeds:  # seeds run apart fold into one row: it shows them all
         out["seeds"] = json.dumps(seeds)
+    folded = sorted(set().union(*(seeds_of(r) for r in row.results)), key=str)
+    if "seed" in out and len(folded) > 1:  # a probe's row of several features' seeds
+        out["seed"] = json.dumps(folded)
     return out
 
 

@@ -19,7 +19,7 @@ def output_only(depth, val, test, *, task="mnist", backbone="b", seed=0, **ident
         "seed": seed,
         "input_scale": "paper",
         "limit": 50,
-        "task_options": {"n_bits": 5, "seed": seed},
+        "task_options": {"n_bits": 5},
         **identity,
     }
     return {
@@ -35,7 +35,7 @@ def output_only(depth, val, test, *, task="mnist", backbone="b", seed=0, **ident
         "n_val": 5,
         "n_test": 50,
         "seconds": 0.0,
-        "seed": seed,
+        "seed": 0,  # the fit's seed; the features' is the identity's
         "lr": None,
         "identity": ident,
         "identity_hash": f"hash{seed}{identity}",
@@ -521,3 +521,40 @@ def test_a_fit_that_stopped_before_its_last_depths_is_marked_incomplete():
     for r in stopped:
         r["config"] = {"fit": {"depths": [0, 1]}}
     assert "incomplete" not in Report(stopped).depth_tables()
+
+
+def probe(seed, depth, test, *, task="bit_xor", fit_seed=0, val_fraction=0.1):
+    """A probe's result as ``fit`` writes it: its ``seed`` is the fit's (validation split, torch head), its
+    features' seed is in the identity, and the task's seed option is the run's where the task draws its data."""
+    r = output_only(
+        depth, 0.5, test, task=task, seed=seed, data={"train": {"rows": 80, "sha256": f"s{seed}"}}
+    )
+    r["identity"]["task_options"] = {"seed": seed if task == "bit_xor" else 0}
+    r["seed"] = fit_seed
+    r["config"] = {"fit": {"val_fraction": val_fraction, "seed": fit_seed}}
+    return r
+
+
+@pytest.mark.parametrize("task", ["bit_xor", "digits"])
+def test_probes_of_features_of_several_seeds_fold_into_one_row_naming_them(task):
+    """Features extracted with seeds 0, 1, 2 and fitted with the fit's default seed are three seeds of one
+    setting: one row, n=3, whether the task draws its data from the seed (bit_xor) or not (digits)."""
+    rep = Report([probe(seed, 0, test, task=task) for seed, test in ((0, 0.5), (1, 0.7), (2, 0.6))])
+    (row,) = rep.rows
+    assert row.spread(0)[2] == 3
+    assert "seed [0, 1, 2]" in rep.label(row) or rep.label(row) == "b"
+
+
+def test_fits_of_one_file_that_differ_in_their_settings_are_not_seeds():
+    """Fits of the same features with another --val-fraction or fit --seed are settings of their own, each a
+    row of one seed named by what differs; they are never averaged as seeds."""
+    results = [probe(0, 0, 0.5), probe(0, 0, 0.7, val_fraction=0.3), probe(0, 0, 0.6, fit_seed=1)]
+    rep = Report(results)
+    assert len(rep.rows) == 3 and all(row.spread(0)[2] == 1 for row in rep.rows)
+    labels = sorted(rep.label(row) for row in rep.rows)
+    assert labels == [
+        "b, fit seed 0, fit val_fraction 0.1",
+        "b, fit seed 0, fit val_fraction 0.3",
+        "b, fit seed 1, fit val_fraction 0.1",
+    ], labels
+    assert "±" not in rep.depth_tables()
