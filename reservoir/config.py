@@ -469,7 +469,12 @@ class TrainConfig(Config):
     )
     lr: tuple[float, ...] = setting(
         (1e-3,),
-        AllOf((Interval(0, MAX_LR, closed="right", each=True), Distinct())),
+        AllOf(
+            (
+                Interval(0, MAX_LR, closed="right", each=True),
+                Distinct(lambda lr: f"{lr:g}", "to 6 significant digits (they name runs and checkpoints)"),
+            )
+        ),
         help="Adam learning rate(s); a list is a sweep selected on validation accuracy.",
         parse=comma_list(float),
     )

@@ -160,13 +160,17 @@ class Suffix(Constraint):
 
 @dataclass(frozen=True)
 class Distinct(Constraint):
-    """A sequence without repeated values."""
+    """A sequence without repeated values; ``named``: nor values that read alike as it writes them (the
+    names of files and keys they make), ``how`` says how."""
+
+    named: Callable[[Any], str] | None = None
+    how: str = ""
 
     def ok(self, value: Any, owner: Any = None) -> bool:
-        return len(set(value)) == len(value)
+        return len(set(map(self.named or (lambda v: v), value))) == len(value)
 
     def text(self, owner: Any = None) -> str:
-        return "distinct values"
+        return "distinct values" + (f" {self.how}" if self.how else "")
 
 
 @dataclass(frozen=True)

@@ -228,7 +228,11 @@ BAD_VALUES = [
     ),
     (
         ("train", "--task", "digits", "--lr", "1e-3,1e-3"),
-        "The 'lr' parameter of train must be distinct values. Got [0.001, 0.001] instead.",
+        "The 'lr' parameter of train must be distinct values to 6 significant digits (they name runs and checkpoints). Got [0.001, 0.001] instead.",
+    ),
+    (
+        ("train", "--task", "digits", "--lr", "0.001,0.0010000001"),  # one name, one checkpoint, one sweep key
+        "The 'lr' parameter of train must be distinct values to 6 significant digits",
     ),
     (("train", "--task", "digits", "--lr", "nan"), "The 'lr' parameter of train must be in (0, 100] (each)"),
     (

@@ -284,8 +284,9 @@ class GroupRun:
 
     def step(self, batch: Batch) -> None:
         """One step of every active run on ``batch``: one forward and backward, then each run's :func:`optimize`."""
-        stack, n = self.stack, self.cfg.batch_size
+        stack = self.stack
         tokens, lengths, labels = (t.to(self.device, non_blocking=True) for t in batch)
+        n = len(tokens) // stack.runs  # the batch size, or every training row where there are fewer
         self.model.train()
         with (
             stack.bound(stack.tensors(), n, [m.rng for m in self.active]),
@@ -390,10 +391,13 @@ class GroupRun:
         )
 
     def checkpoint(self, m: Member) -> None:
-        """Count run ``m``'s time so far, then save it as it saves alone, with its own generator states."""
+        """Count run ``m``'s time so far, then save it as it saves alone, with its own generator states (not
+        when the losses read now show it diverged)."""
+        self.read()
+        if m.stopped:  # the read found it diverged: a diverged run keeps no checkpoint, as alone
+            return
         m.state.seconds = m.seconds
         m.clock = (time.perf_counter(), m.state.step)
-        self.read()
         r = self.active.index(m)
         save_checkpoint(m.ckpt, self.stack.params[r], self.opts[r], m.state, m.ident, self.device, rng=m.rng)
 
@@ -514,11 +518,19 @@ def train_group(
 def group_size(
     cfg: TrainConfig, task: Task, data: Splits, device: torch.device, n_runs: int, log: Callable[[str], None]
 ) -> int:
-    """Runs a group trains together: ``cfg.concurrent_runs``, or as many of ``n_runs`` as fit the device's memory
+    """Runs a group trains together: one on a task of variable length with dropout (a run's draws would
+    depend on its batch mates' lengths); else ``cfg.concurrent_runs``, or as many of ``n_runs`` as fit the device's memory
     (:func:`~reservoir.train.batched.runs_that_fit`), from what one run takes, measured: 6 times its trainable
     parameters (gradients, Adam moments, best and flat copies), its frozen tensors that differ between seeds,
     and one step's activations (on CUDA the peak of a training step and a validation batch; on the CPU twice
     what autograd saves)."""
+    if n_runs > 1 and task.spec.variable_length and cfg.dropout > 0:
+        log(
+            "runs train one after another: on a task of variable length a batch is padded to its longest row, "
+            "so dropout would draw differently beside other runs' rows than alone (--dropout 0 trains them "
+            "together)"
+        )
+        return 1
     if cfg.concurrent_runs is not None or n_runs == 1:
         return min(cfg.concurrent_runs or 1, n_runs)
     cuda = device.type == "cuda"

@@ -60,3 +60,13 @@ def test_ours_equals_rcbench_on_the_same_states():
     per_delay = np.array([theirs["delay_results"][k] for k in range(1, 31)])
     np.testing.assert_allclose(ours, per_delay, atol=1e-6)
     assert abs(ours.sum() - theirs["total_memory_capacity"]) < 1e-5
+
+
+def test_non_finite_states_are_refused_not_scored_zero():
+    X, u = states("identity", steps=1000)
+    X[500, 3] = np.nan
+    steps = np.arange(200, len(u))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        memory_capacity(
+            (X[steps][:400], delayed(u, steps, 5)[:400]), (X[steps][400:], delayed(u, steps, 5)[400:])
+        )

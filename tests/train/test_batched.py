@@ -179,6 +179,56 @@ def test_a_diverging_rate_leaves_the_batch_and_is_set_aside(tiny_gpt2, home, mon
         train(xor_cfg(tiny_gpt2, home, lr=(50.0, 60.0), steps=10), progress=False)
 
 
+def test_a_run_that_diverged_keeps_no_checkpoint_and_a_resume_finds_it_diverged(tiny_gpt2, home, monkeypatch):
+    """A run whose divergence is read at a checkpoint step (not a validation step) saves no checkpoint, as alone:
+    a resumed sweep finds the rate diverged again, never a healthy run to go on from."""
+    from reservoir.train.step import optimize as real
+
+    def optimize(params, opt, grad_clip):
+        norm = real(params, opt, grad_clip)
+        return torch.full_like(norm, float("inf")) if opt.param_groups[0]["lr"] > 1 else norm
+
+    monkeypatch.setattr("reservoir.train.group.optimize", optimize)
+    cfg = xor_cfg(tiny_gpt2, home, lr=(50.0, 1e-3), seeds=1, steps=10, checkpoint_every=5, eval_every=10)
+    first = train(cfg, progress=False)
+    assert (
+        not list((home / "ckpt").glob("*lr50_*.pt")) and len(list((home / "ckpt").glob("*lr0.001_*.pt"))) == 1
+    )
+    again = train(dataclasses.replace(cfg, resume=True), progress=False)
+    assert "diverged" in first["sweep"]["50"] and "diverged" in again["sweep"]["50"]
+
+
+def test_a_batch_size_above_the_training_rows_trains_every_row_each_step(tiny_gpt2, home):
+    """With fewer training rows than --batch-size, each step of each run takes every row, together as alone."""
+    opts = {"n_train": "40", "n_test": "64"}
+    cfg = xor_cfg(tiny_gpt2, home, task_options=opts, batch_size=64, steps=6, concurrent_runs=4)
+    together = train(cfg, progress=False)
+    alone = train(dataclasses.replace(cfg, checkpoint_dir=home / "alone", concurrent_runs=1), progress=False)
+    assert [r["batch_runs"] for r in together["runs"]] == [4] * 4
+    assert_same_runs(together, alone)
+
+
+def test_variable_length_runs_with_dropout_train_one_after_another(tiny_gpt2, home, capsys):
+    """On a task of variable length a batch is padded to its longest row, so dropout would draw differently beside
+    other runs' rows: with dropout the runs train one after another, saying why; without it, together."""
+    opts = {
+        "n_train": "80",
+        "n_val": "20",
+        "n_test": "20",
+        "max_length": "24",
+        "min_length": "4",
+        "max_depth": "2",
+    }
+    base = dict(
+        task="listops", task_options=opts, steps=3, eval_every=3, checkpoint_every=3, concurrent_runs=4
+    )
+    with_dropout = train(xor_cfg(tiny_gpt2, home, dropout=0.1, **base), progress=True)
+    assert [r["batch_runs"] for r in with_dropout["runs"]] == [1] * 4
+    assert "dropout would draw differently beside other runs' rows than alone" in capsys.readouterr().err
+    without = train(xor_cfg(tiny_gpt2, home, dropout=0.0, checkpoint_dir=home / "b", **base), progress=False)
+    assert [r["batch_runs"] for r in without["runs"]] == [4] * 4
+
+
 def test_any_module_computes_each_run_s_rows_with_its_own_tensors(tiny_gpt2, home, monkeypatch):
     """With no module kind of its own (every stacked module called once a run, ``torch.func.functional_call``), the
     batch still equals its runs alone."""

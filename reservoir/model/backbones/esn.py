@@ -86,12 +86,35 @@ def parse_name(name: str) -> ESNConfig | None:
     return replace(ESNConfig(), **settings)
 
 
+#: draws of ``W`` before a reservoir too sparse to have a spectral radius is refused
+MAX_DRAWS = 100
+
+
+def nilpotent(W: np.ndarray) -> bool:
+    """Whether ``W``'s pattern of non-zeros has no cycle, so every eigenvalue is 0 whatever its values (its
+    ``2**m``-th power, ``2**m >= units``, is zero): such a reservoir cannot be scaled to a spectral radius."""
+    pattern = (W != 0).astype(np.float32)
+    for _ in range(max(1, int(np.ceil(np.log2(len(W)))))):
+        pattern = ((pattern @ pattern) > 0).astype(np.float32)
+    return not pattern.any()
+
+
 def reservoir_weights(cfg: ESNConfig, n_in: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """``W (units, units)`` at spectral radius ``sr``, ``Win (units, n_in)`` and ``bias (units,)``, float64."""
+    """``W (units, units)`` at spectral radius ``sr``, ``Win (units, n_in)`` and ``bias (units,)``, float64.
+    A ``W`` whose spectral radius is 0 (:func:`nilpotent`: likely for a few units at a low ``rc_connectivity``)
+    is drawn again; UsageError after :data:`MAX_DRAWS` such draws."""
     n = cfg.units
-    W = rng.normal(size=(n, n)) * (rng.random((n, n)) < cfg.rc_connectivity)
-    radius = np.max(np.abs(np.linalg.eigvals(W))) if W.any() else 1.0
-    W *= cfg.sr / radius
+    for _ in range(MAX_DRAWS):
+        W = rng.normal(size=(n, n)) * (rng.random((n, n)) < cfg.rc_connectivity)
+        if not nilpotent(W):
+            break
+    else:
+        raise UsageError(
+            f"an echo state network of {n} units at rc_connectivity {cfg.rc_connectivity:g} drew {MAX_DRAWS} "
+            "reservoirs whose spectral radius is 0 (too few connections to form a loop), which cannot be scaled "
+            "to sr; raise rc_connectivity or units"
+        )
+    W *= cfg.sr / np.max(np.abs(np.linalg.eigvals(W)))
     Win = rng.choice([-1.0, 1.0], size=(n, n_in)) * (rng.random((n, n_in)) < cfg.input_connectivity)
     bias = rng.uniform(-1, 1, size=n) * cfg.bias_scaling
     return {"W": W, "Win": Win * cfg.input_scaling, "bias": bias}
