@@ -33,6 +33,7 @@ from reservoir.probe.metrics import scores as metric_scores
 from reservoir.probe.predictors import pipeline_predictor
 from reservoir.probe.rows import ArrayRows, Concat, Rows, stream_accuracy
 from reservoir.registry import HEADS
+from reservoir.tasks.sizes import stratify_by
 
 
 def head_threads() -> int:
@@ -172,11 +173,8 @@ def fit_depth(
 
 def holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Sorted row indices of the fit part and of a seeded, stratified validation part of ``val_fraction``."""
-    strat = (
-        labels if labels.ndim == 1 and labels.dtype.kind in "iu" and np.bincount(labels).min() >= 2 else None
-    )
     fit, val = train_test_split(
-        np.arange(len(labels)), test_size=val_fraction, random_state=seed, stratify=strat
+        np.arange(len(labels)), test_size=val_fraction, random_state=seed, stratify=stratify_by(labels)
     )
     return np.sort(fit), np.sort(val)
 

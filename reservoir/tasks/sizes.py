@@ -19,6 +19,15 @@ import numpy as np
 from reservoir.errors import DataError, UsageError
 
 
+def stratify_by(labels: np.ndarray) -> np.ndarray | None:
+    """``labels`` to stratify a split by, when they are class ids of which each class held has two rows or more
+    (scikit-learn's stratified split needs them; ids need not be contiguous); else ``None``."""
+    if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) == 0:
+        return None
+    counts = np.unique(labels, return_counts=True)[1]
+    return labels if len(counts) > 1 and counts.min() >= 2 else None
+
+
 def holdout_minimum(classes: int, n_val: Callable[[int], int]) -> int:
     """The fewest train examples from which holding out ``n_val(n)`` leaves at least ``classes``
     for validation and ``classes`` for training."""

@@ -15,7 +15,7 @@ import torch
 from reservoir.config import TrainConfig
 from reservoir.errors import DataError, interrupt_after
 from reservoir.tasks import SplitData, Task
-from reservoir.tasks.sizes import check_classes, check_train_split
+from reservoir.tasks.sizes import check_classes, check_train_split, stratify_by
 from reservoir.train.seeds import rng
 
 
@@ -70,7 +70,6 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
         from sklearn.model_selection import train_test_split
 
         y = train.labels
-        strat = y if y.ndim == 1 and len(np.unique(y)) > 1 and np.bincount(y).min() >= 2 else None
         n_val = max(1, int(round(cfg.val_fraction * len(train))))
         if len(train) - n_val < 1:
             raise DataError(
@@ -78,7 +77,7 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
                 "raise --limit or the task's n_train"
             )
         fit_idx, val_idx = train_test_split(
-            np.arange(len(train)), test_size=n_val, random_state=cfg.seed, stratify=strat
+            np.arange(len(train)), test_size=n_val, random_state=cfg.seed, stratify=stratify_by(y)
         )
         train, val = _take(train, np.sort(fit_idx)), _take(train, np.sort(val_idx))
     for name, d in (("train", train), (val_name or "held-out validation", val), (test_names[0], test)):

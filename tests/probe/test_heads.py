@@ -333,3 +333,14 @@ def test_over_the_memory_budget_heads_stream_instead_of_loading(head, monkeypatc
     assert streamed["n_train"] == 600 and streamed["n_test"] == 200
     assert abs(streamed["test_accuracy"] - in_memory["test_accuracy"]) <= 0.03
     assert streamed["test_accuracy"] > 0.8  # 4 classes: chance is 0.25
+
+
+def test_the_validation_holdout_is_stratified_whatever_the_class_ids():
+    """Class ids that skip values (3 and 7: classes a file's other splits hold) are stratified as 0 and 1 are:
+    the held-out part keeps each class's share."""
+    from reservoir.probe.heads import holdout
+
+    labels = np.array([3] * 90 + [7] * 10)
+    for seed in range(5):
+        _, val = holdout(labels, 0.2, seed)
+        assert sorted(labels[val].tolist()) == [3] * 18 + [7] * 2, seed
