@@ -231,7 +231,13 @@ BAD_VALUES = [
         "The 'lr' parameter of train must be distinct values to 6 significant digits (they name runs and checkpoints). Got [0.001, 0.001] instead.",
     ),
     (
-        ("train", "--task", "digits", "--lr", "0.001,0.0010000001"),  # one name, one checkpoint, one sweep key
+        (
+            "train",
+            "--task",
+            "digits",
+            "--lr",
+            "0.001,0.0010000001",
+        ),  # one name, one checkpoint, one sweep key
         "The 'lr' parameter of train must be distinct values to 6 significant digits",
     ),
     (("train", "--task", "digits", "--lr", "nan"), "The 'lr' parameter of train must be in (0, 100] (each)"),

@@ -112,7 +112,7 @@ def predict(cfg: PredictConfig, *, progress: bool = True, probe: SavedProbe | No
 
 def recorded_backbone(probe: SavedProbe) -> str:
     """The backbone as the probe's extraction named it: its record in the probe, else in the fit's result
-    beside it, else the identity's name."""
+    beside it, else the identity's name; UsageError for a model object this process was not handed."""
     named = (probe.meta.get("extraction") or {}).get("backbone")
     result = probe.path.with_name(probe.path.name.removesuffix(".probe.npz") + ".json")
     if not named and result.is_file():
@@ -121,7 +121,9 @@ def recorded_backbone(probe: SavedProbe) -> str:
         except (OSError, ValueError, KeyError, TypeError):
             named = None
     named = named or str(probe.identity.get("backbone"))
-    if named.startswith("object:"):
+    from reservoir.model.backbones import OBJECTS  # torch: loaded only for data to run through a model
+
+    if named.startswith("object:") and named not in OBJECTS:  # handed over in another process
         raise UsageError(
             f"the probe {probe.path} was fitted on features of a model object ({named}), which only its "
             "process knew; pass the model: api.predict(..., backbone=model)"

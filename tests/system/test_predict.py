@@ -174,3 +174,26 @@ def test_names_need_a_probe_whose_data_named_its_classes(tmp_path, tiny_gpt2):
     assert meta["tokens"] == {"kind": "dense", "width": 3} and meta["extraction"]["backbone"] == str(
         tiny_gpt2
     )
+
+
+def test_a_probe_of_a_model_object_predicts_in_the_process_that_holds_it(tmp_path, tiny_gpt2, monkeypatch):
+    """A probe fitted on a model object's features predicts new data in the same process without the model
+    handed over again; in another process (the object unknown there) it asks for it in words."""
+    from transformers import GPT2Model
+
+    from reservoir.model.backbones import OBJECTS
+
+    x, y = rows(60)
+    mine = table(tmp_path / "mine.parquet", x, y)
+    model = GPT2Model.from_pretrained(tiny_gpt2).eval()
+    features = api.extract(f"file:{mine}", model, depths="2", dtype="float32", compile=False)
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    new = table(tmp_path / "new.parquet", rows(5, seed=1)[0])
+    same = api.predict(result["probe"], data=str(new), progress=False)
+    np.testing.assert_array_equal(
+        same, api.predict(result["probe"], data=str(new), backbone=model, progress=False)
+    )
+    monkeypatch.setattr("reservoir.model.backbones.OBJECTS", {})
+    assert OBJECTS  # the process's own table, set aside for the call below
+    with pytest.raises(UsageError, match=r"fitted on features of a model object .* backbone=model"):
+        api.predict(result["probe"], data=str(new), progress=False)
