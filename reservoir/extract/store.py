@@ -311,7 +311,7 @@ def verify(
                 f"corrupt; {fix}"
             ) from None
         for depth in stored_depths if depths is None else depths:
-            k = stored_depths.index(depth)
+            k = depth_index(f, depth)
             where = f"{f.filename}: split {split!r}, depth {depth}"
             got = depth_digest(g["features"], k, where, fix)
             if recorded is not None and got != recorded["features"][k]:
@@ -644,10 +644,13 @@ def name_of(names: list[str] | None, label: Any) -> str:
 
 
 def depth_index(f: h5py.File, depth: int) -> int:
+    """Where ``depth`` is among the file's depths (a negative one counts from the deepest stored, as
+    ``--depths`` does)."""
     depths = [int(d) for d in f.attrs["depths"]]
-    if depth not in depths:
+    at = max(depths) + 1 + depth if depth < 0 else depth
+    if at not in depths:
         raise UsageError(f"depth {depth} is not in {f.filename}; it holds depths {depths}")
-    return depths.index(depth)
+    return depths.index(at)
 
 
 def read_depth(f: h5py.File, split: str, depth: int) -> tuple[np.ndarray, np.ndarray]:

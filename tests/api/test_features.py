@@ -42,6 +42,13 @@ def test_all_depth_reader_equals_the_per_depth_reads(digits):
     some, _, chosen = api.read_features(digits, "test", depths="0,-1")
     assert chosen == [0, 2]
     np.testing.assert_array_equal(some, X[:, [0, 2]])
+    last, _ = api.read_features(digits, "test", -1)  # the single-depth form counts from the last as --depths
+    np.testing.assert_array_equal(last, X[:, 2].reshape(len(X), -1))
+    assert np.array_equal(
+        api.FeatureDataset(digits, "test", -1)[0][0], api.FeatureDataset(digits, "test", 2)[0][0]
+    )
+    with pytest.raises(UsageError, match=r"depth -4 is not in .*; it holds depths \[0, 1, 2\]"):
+        api.read_features(digits, "test", -4)
     with pytest.raises(UsageError, match="depth 5 is not available"):
         api.read_features(digits, "test", depths=[5])
     with pytest.raises(UsageError, match="not both"):
