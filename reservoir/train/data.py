@@ -87,9 +87,14 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
 
 
 def batch_tensors(
-    task: Task, d: SplitData, rows: np.ndarray
+    task: Task, d: SplitData, rows: np.ndarray, width: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens, lengths and labels of ``rows``; the tokens padded (id 0, or zeros) to ``width`` when given, else
+    to the longest of the rows."""
     tokens = torch.from_numpy(np.ascontiguousarray(task.encode(d.inputs[rows])))
+    if width is not None and tokens.shape[1] < width:
+        pad = (0, width - tokens.shape[1]) if tokens.dim() == 2 else (0, 0, 0, width - tokens.shape[1])
+        tokens = torch.nn.functional.pad(tokens, pad)
     lengths = torch.from_numpy(np.asarray(d.lengths[rows], dtype=np.int64))
     labels = torch.from_numpy(np.asarray(d.labels[rows], dtype=np.int64))
     return tokens, lengths, labels
@@ -103,13 +108,29 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+def train_width(task: Task, data: SplitData, dropout: float) -> int | None:
+    """The width every training batch is padded to: on a task of variable length with dropout, the training
+    split's longest row (as the FPT code pads ListOps to one length), so the dropout a run draws never depends
+    on which rows share its batch, whether it trains alone or beside other runs; else ``None`` (each batch's
+    longest row)."""
+    return int(data.lengths.max()) if task.spec.variable_length and dropout > 0 and len(data) else None
+
+
 class Batches:
     """The training batches of a run by step, each built on a worker thread while the step before it runs (and
     pinned for CUDA). Full batches only: each epoch drops a different remainder, and every step has one shape
-    (one compiled graph)."""
+    (one compiled graph). ``width``: every batch padded to it (:func:`train_width`)."""
 
-    def __init__(self, task: Task, data: SplitData, seed: int, batch_size: int, device: torch.device):
-        self.task, self.data, self.seed, self.batch_size = task, data, seed, batch_size
+    def __init__(
+        self,
+        task: Task,
+        data: SplitData,
+        seed: int,
+        batch_size: int,
+        device: torch.device,
+        width: int | None = None,
+    ):
+        self.task, self.data, self.seed, self.batch_size, self.width = task, data, seed, batch_size, width
         self.per_epoch = max(1, len(data) // batch_size)
         self.pin = device.type == "cuda"
         self._order: tuple[int, np.ndarray | None] = (-1, None)  # the worker thread's alone
@@ -124,7 +145,7 @@ class Batches:
         return self._order[1][i * self.batch_size : (i + 1) * self.batch_size]
 
     def _build(self, step: int) -> Batch:
-        batch = batch_tensors(self.task, self.data, self.rows(step))
+        batch = batch_tensors(self.task, self.data, self.rows(step), self.width)
         return tuple(t.pin_memory() for t in batch) if self.pin else batch
 
     def take(self, step: int) -> Batch:

@@ -41,7 +41,7 @@ from reservoir.train.checkpoint import (
     run_name,
     save_checkpoint,
 )
-from reservoir.train.data import Batch, Batches, Splits, batch_tensors, epoch_order
+from reservoir.train.data import Batch, Batches, Splits, batch_tensors, epoch_order, train_width
 from reservoir.train.model import FPT, format_counts, param_counts, select_trainable
 from reservoir.train.run import Evaluation, note_evaluation, resume_state, run_result, stop_reason
 from reservoir.train.seeds import generator_states, run_generators
@@ -59,8 +59,10 @@ from reservoir.train.step import (
 class GroupBatches(Batches):
     """The training batches of a group of runs: each run's rows of its own step, one run after another."""
 
-    def __init__(self, task: Task, data: SplitData, batch_size: int, device: torch.device):
-        super().__init__(task, data, 0, batch_size, device)
+    def __init__(
+        self, task: Task, data: SplitData, batch_size: int, device: torch.device, width: int | None = None
+    ):
+        super().__init__(task, data, 0, batch_size, device, width)
         self._orders: dict[int, tuple[int, np.ndarray]] = {}  # the worker thread's alone
 
     def run_rows(self, seed: int, step: int) -> np.ndarray:
@@ -72,7 +74,7 @@ class GroupBatches(Batches):
 
     def _build(self, plan: tuple[tuple[int, int], ...]) -> Batch:
         rows = np.concatenate([self.run_rows(seed, step) for seed, step in plan])
-        batch = batch_tensors(self.task, self.data, rows)
+        batch = batch_tensors(self.task, self.data, rows, self.width)
         return tuple(t.pin_memory() for t in batch) if self.pin else batch
 
     def take(self, plan: tuple[tuple[int, int], ...]) -> Batch:
@@ -461,7 +463,13 @@ class GroupRun:
         start = min(m.state.step for m in self.active)
         with (
             bar(cfg.steps, f"{self.tag} training", initial=start, enabled=progress, unit="step") as shown,
-            GroupBatches(self.task, self.data.train, cfg.batch_size, self.device) as batches,
+            GroupBatches(
+                self.task,
+                self.data.train,
+                cfg.batch_size,
+                self.device,
+                train_width(self.task, self.data.train, cfg.dropout),
+            ) as batches,
         ):
             while self.active:
                 self.step(batches.take(tuple((m.seed, m.state.step) for m in self.active)))
@@ -518,19 +526,11 @@ def train_group(
 def group_size(
     cfg: TrainConfig, task: Task, data: Splits, device: torch.device, n_runs: int, log: Callable[[str], None]
 ) -> int:
-    """Runs a group trains together: one on a task of variable length with dropout (a run's draws would
-    depend on its batch mates' lengths); else ``cfg.concurrent_runs``, or as many of ``n_runs`` as fit the device's memory
+    """Runs a group trains together: ``cfg.concurrent_runs``, or as many of ``n_runs`` as fit the device's memory
     (:func:`~reservoir.train.batched.runs_that_fit`), from what one run takes, measured: 6 times its trainable
     parameters (gradients, Adam moments, best and flat copies), its frozen tensors that differ between seeds,
     and one step's activations (on CUDA the peak of a training step and a validation batch; on the CPU twice
     what autograd saves)."""
-    if n_runs > 1 and task.spec.variable_length and cfg.dropout > 0:
-        log(
-            "runs train one after another: on a task of variable length a batch is padded to its longest row, "
-            "so dropout would draw differently beside other runs' rows than alone (--dropout 0 trains them "
-            "together)"
-        )
-        return 1
     if cfg.concurrent_runs is not None or n_runs == 1:
         return min(cfg.concurrent_runs or 1, n_runs)
     cuda = device.type == "cuda"
