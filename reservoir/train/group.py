@@ -552,7 +552,8 @@ def group_size(
             seeded = sum(p.numel() * p.element_size() for p in differing(backbone, other).values())
             del other
         train_rows = np.arange(min(cfg.batch_size, len(data.train)))
-        tokens, lengths, labels = (t.to(device) for t in batch_tensors(task, data.train, train_rows))
+        width = train_width(task, data.train, cfg.dropout)
+        tokens, lengths, labels = (t.to(device) for t in batch_tensors(task, data.train, train_rows, width))
         model.train()
 
         def forward() -> torch.Tensor:
