@@ -71,6 +71,7 @@ class ShardJob:
     )
     labels: np.ndarray | None = None  # of the shard's rows
     lengths: np.ndarray | None = None
+    load_dtype: str = "float32"  # the dtype the weights are read in (--load-dtype)
 
 
 def shard_path(out: Path, split: str, start: int, stop: int) -> Path:
@@ -139,7 +140,7 @@ def _runner(job: ShardJob):
         if key not in _RUNNERS:
             if job.threads:
                 torch.set_num_threads(job.threads)
-            backbone = load_backbone(job.backbone, job.seed)
+            backbone = load_backbone(job.backbone, job.seed, dtype=job.load_dtype)
             if backbone_fingerprint(backbone) != job.identity["backbone_fingerprint"]:
                 raise IdentityError(
                     f"this worker's backbone {job.backbone!r} has other weights than the driver's; "
@@ -322,6 +323,7 @@ def _run_jobs(
                 identity=run.identity,
                 backbone=cfg.backbone,
                 seed=cfg.seed,
+                load_dtype=cfg.load_dtype,
                 input_scale=cfg.input_scale,
                 spec=run.task.spec,
                 input_layer=layer,

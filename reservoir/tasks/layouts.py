@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,22 @@ class Part:
     names: list[str] | None = None
 
 
+#: words that name a split in a folder's or file's name, and the split each names
+SPLIT_WORDS = {"train": "train", "training": "train", "test": "test", "testing": "test"}
+
+
+def split_of(name: str) -> str | None:
+    """The split a folder or file name names by a word of it (``mnist_train.parquet``, ``training``), else
+    ``None``."""
+    words = re.split(r"[._\-\s]+", name.lower())
+    return next((SPLIT_WORDS[w] for w in words if w in SPLIT_WORDS), None)
+
+
+def shown(paths) -> list[Path]:
+    """``paths`` without hidden ones (a name starting with ``.``: macOS's ``._x.png``, ``.ipynb_checkpoints``)."""
+    return [p for p in paths if not p.name.startswith(".")]
+
+
 def ordered(names) -> list[Any]:
     """Split names in the order a task lists them: train, val, valid, test, then the others sorted."""
     first = ("train", "val", "valid", "test")
@@ -79,7 +96,7 @@ def kind_of(path: Path) -> str:
         )
     if (path / "dataset_dict.json").exists() or (path / "state.json").exists() or _table_files(path):
         return "dataset"
-    if any(p.is_dir() or p.suffix.lower() in IMAGES for p in path.iterdir()):
+    if any(p.is_dir() or p.suffix.lower() in IMAGES for p in shown(path.iterdir())):
         return "images"
     raise DataError(
         f"{path} is a folder without Parquet or Arrow files, a datasets save_to_disk folder or class "
@@ -90,7 +107,7 @@ def kind_of(path: Path) -> str:
 def _table_files(folder: Path) -> list[Path]:
     for place in (folder, folder / "data"):
         files = (
-            sorted(p for p in place.glob("*") if p.suffix.lower() in PARQUET + ARROW)
+            sorted(p for p in shown(place.glob("*")) if p.suffix.lower() in PARQUET + ARROW)
             if place.is_dir()
             else []
         )
@@ -119,7 +136,7 @@ def table_parts(
         files = _table_files(path)
         by_name: dict[str, list[Path]] = {}
         for f in files:
-            by_name.setdefault(f.name.split(".")[0].split("-")[0], []).append(f)
+            by_name.setdefault(split_of(f.name) or f.name.split(".")[0].split("-")[0], []).append(f)
         groups = {k: by_name[k] for k in ordered(by_name)} if "train" in by_name else {None: files}
     if whole:
         groups = {None: [f for files in groups.values() for f in files]}
@@ -150,7 +167,8 @@ def table_parts(
             t = chunks.table(i, [y] + ([s] if s else []))
             labels.append(_column(t.column(0), f"{base}: column {y!r}", int(chunks.starts[i])))
             if s:
-                names.append(np.asarray(t.column(1).to_pylist(), dtype=str))
+                split_column = refuse_nulls(t.column(1), int(chunks.starts[i]), f"{base}: column {s!r}")
+                names.append(np.asarray(split_column.to_pylist(), dtype=str))
         y_all = np.concatenate(labels) if labels else np.zeros(0, np.int64)
         image = _is_image(files[0], x)
         parts.append(
@@ -290,22 +308,36 @@ def _column(col: Any, where: str, first: int) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
+def _images_below(folder: Path) -> list[Path]:
+    """The image files under ``folder``, at any depth, hidden ones and those in hidden folders left out."""
+    return [
+        p
+        for p in folder.rglob("*")
+        if p.suffix.lower() in IMAGES
+        and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
+
+
 def image_parts(
     root: Path, images: Images, *, whole: bool = False, known: list[str] | None = None
 ) -> list[Part]:
     """The parts of an image folder (``root/CLASS/*`` or ``root/SPLIT/CLASS/*``), classes numbered in natural
     order across splits. ``whole`` (images to predict on): one part of every image; ``known``: the class
     names (a probe's) to number class folders by."""
-    if whole and any(p.is_file() and p.suffix.lower() in IMAGES for p in root.iterdir()):
-        files = natural_paths(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGES)
+    if whole and any(p.is_file() and p.suffix.lower() in IMAGES for p in shown(root.iterdir())):
+        files = natural_paths(p for p in _images_below(root))
         why = f"the images lie in {root} itself, not in class folders"
         return [Part(ImageChunks(files, images), None, str(root), why, None, None, True)]
-    subfolders = natural(p for p in root.iterdir() if p.is_dir())
-    named = {p.name: p for p in subfolders}
-    by_split = {k: named[k] for k in ordered(named)} if (root / "train").is_dir() else {None: root}
+    subfolders = natural(p for p in shown(root.iterdir()) if p.is_dir())
+    named = {split_of(p.name) or p.name: p for p in subfolders}
+    # the split layout: a train folder (train, training) of class folders; a class may be called train
+    train = named.get("train")
+    split_layout = train is not None and any(p.is_dir() for p in shown(train.iterdir()))
+    by_split = {k: named[k] for k in ordered(named)} if split_layout else {None: root}
     classes_of = {}
     for name, folder in by_split.items():
-        classes_of[name] = natural(p for p in folder.iterdir() if p.is_dir())
+        classes_of[name] = natural(p for p in shown(folder.iterdir()) if p.is_dir())
         if not classes_of[name]:
             raise DataError(
                 f"{folder} holds no class folders; put each class's images in {folder}/CLASS/ (images to "
@@ -316,7 +348,7 @@ def image_parts(
     for name, folder in by_split.items():
         files, labels = [], []
         for c in classes_of[name]:
-            found = natural_paths(p for p in c.rglob("*") if p.suffix.lower() in IMAGES and p.is_file())
+            found = natural_paths(_images_below(c))
             if not found:
                 raise DataError(
                     f"class folder {c} holds no images (files ending {' '.join(IMAGES)}); add images or "

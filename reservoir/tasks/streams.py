@@ -58,10 +58,11 @@ LAYOUTS = (
     "  an .npz or .h5 file: x (N, T, d) floats or (N, T) integer ids, y (N,) class ids, optional lengths (N,)",
     "    and split (N,) names (train/val/test), or x_train/y_train/x_test/y_test (.h5 x arrays are streamed)",
     "  a Parquet (.parquet) or Arrow (.arrow/.feather) file, or a folder of them (train.parquet, test.parquet,",
-    "    or train-00000-of-00002.parquet: files named by split), streamed a row group / record batch at a time",
+    "    train-00000-of-00002.parquet or mnist_train.parquet: files named by split; training and testing name",
+    "    train and test), streamed a row group / record batch at a time",
     "  a Hugging Face datasets folder written by save_to_disk (a Dataset, or a DatasetDict: one folder per split)",
     "  an image folder: PATH/CLASS/*.png|jpg (classes numbered in natural order: 2 before 10) or PATH/train/CLASS/...,",
-    "    PATH/test/CLASS/... (and val)",
+    "    PATH/test/CLASS/... (and val; or training, testing); names starting with . are passed over",
     "  table columns: --task-opt input=COLUMN (default x, input, inputs, image, img, pixel_values or sequence),",
     "    target=COLUMN (default y, label, labels or target), split=COLUMN (default split, when present); an input",
     "    holds per row a list of token ids (T,), a list of tokens (T, d) of floats, or an image (datasets Image)",
@@ -286,6 +287,12 @@ class Images:
         try:
             with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as im:
                 im.load()
+                if im.mode in ("I", "F") or im.mode.startswith("I;16"):
+                    raise DataError(
+                        f"image {name} has mode {im.mode}: values of more than 8 bits, which converting to an 8-bit "
+                        "mode clips at 255; rescale the images to 8 bits (e.g. a 16-bit one: value // 256) and "
+                        "save them again"
+                    )
                 if self.mode:
                     im = im.convert(self.mode)
                 elif im.mode not in ("RGB", "L"):

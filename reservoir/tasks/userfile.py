@@ -77,7 +77,14 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as f:
             return {k: f[k] for k in f.files}
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+    except ValueError as e:
+        if "Object arrays" in str(e):  # read only with pickle, which runs code: never
+            raise DataError(
+                f"{path} holds an array of Python objects (pandas' .values of text, mixed types); save each array "
+                "with a plain dtype: y.astype(str) for class names, x.astype('float32') or ids as integers"
+            ) from None
+        raise unreadable(path, e, "write it again") from None
+    except (OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
         raise unreadable(path, e, "write it again") from None
 
 

@@ -289,3 +289,15 @@ def test_shards_stored_as_bfloat16_join_into_the_file_one_process_writes(cli, ho
         assert f["train/features"].is_virtual and f["train/features"].attrs["encoding"] == "bfloat16"
         with open_features(one) as g:
             np.testing.assert_array_equal(read_depths(f, "test")[0], read_depths(g, "test")[0])
+
+
+def test_weights_read_in_bfloat16_shard_as_one_process_reads_them(cli, home, tiny_gpt2, monkeypatch):
+    """``--load-dtype bfloat16`` with workers: each worker reads the weights in bfloat16 as the driver does (it
+    read them in float32, and every shard was refused as another model's), and the file equals one process's."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    one, sharded = home / "one.h5", home / "sharded.h5"
+    load = ("--load-dtype", "bfloat16", "--dtype", "bfloat16")
+    assert extract(cli, tiny_gpt2, one, *load).exit_code == 0
+    r = extract(cli, tiny_gpt2, sharded, *load, "--workers", "1")
+    assert r.exit_code == 0, r.output
+    assert_same_features(one, sharded)

@@ -297,6 +297,11 @@ def _images(root: Path, sizes, modes=None) -> Path:
     return root
 
 
+def _npz(path: Path, **arrays) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
 def _with(root: Path, name: str, data: bytes | None) -> Path:
     """``root`` with an empty folder (``data`` None) or a file of ``data`` at ``name``."""
     if data is None:
@@ -399,6 +404,26 @@ def bad_sources(tmp: Path):
         "patch not dividing": (
             lambda: (_images(tmp / "im", [(8, 8)] * 6), ("patch=3",)),
             "images are 8x8, which patch=3 does not divide; pass --task-opt patch=P",
+        ),
+        "16-bit image": (
+            lambda: (_images(tmp / "im", [(8, 8)] * 6, ["I;16"] * 6), ("mode=L",)),
+            "has mode I;16: values of more than 8 bits, which converting to an 8-bit mode clips at 255",
+        ),
+        "missing split name": (
+            lambda: (
+                _parquet(
+                    tmp / "a.parquet", {"x": x, "y": y, "split": ["train"] * 3 + [None, "test", "test"]}
+                ),
+                (),
+            ),
+            "column 'split' has a missing value in row 3; fill or drop it",
+        ),
+        "array of Python objects": (
+            lambda: (
+                _npz(tmp / "a.npz", x=np.ones((6, 3, 2), np.float32), y=np.array(["a", 1] * 3, dtype=object)),
+                (),
+            ),
+            "holds an array of Python objects (pandas' .values of text, mixed types); save each array with a plain",
         ),
         "split missing": (
             lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": y, "split": ["train"] * 6}), ()),
@@ -573,3 +598,33 @@ def test_token_ids_to_predict_on_keep_the_vocabulary_they_are_given(tmp_path):
     assert task.spec.vocab_size == 10 and task.identity_options()["vocab_size"] == 10
     with pytest.raises(DataError, match="token id 3, beyond vocab_size=3"):
         FileTask.to_predict(str(tmp_path / "ids.npz"), vocab_size=3)
+
+
+def test_split_words_in_names_and_hidden_files_are_read_as_meant(tmp_path):
+    """Split folders and files named by a word of their name (mnist_png's ``training``/``testing``,
+    ``mnist_train.parquet``) are those splits; a class folder called ``train`` (CIFAR-100 has one) stays a
+    class; hidden files and folders (macOS's ``._x.png``, ``.ipynb_checkpoints``) are passed over."""
+    from reservoir.tasks import get_task
+
+    for split, n in (("training", 6), ("testing", 2)):
+        _images(tmp_path / "mnist_png" / split, [(8, 8)] * n)
+    task = get_task(f"file:{tmp_path / 'mnist_png'}")
+    assert task.spec.splits == ("train", "test") and task.class_names == ["c0", "c1"]
+    assert [len(task.load(s, ".")) for s in ("train", "test")] == [6, 2]
+
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    x = [[[0.5, 1.0]] * 3] * 6
+    _parquet(tables / "mnist_train.parquet", {"x": x, "y": [0, 1] * 3})
+    _parquet(tables / "mnist_test.parquet", {"x": x[:4], "y": [0, 1] * 2})
+    _with(tables, "._mnist_train.parquet", b"resource fork")
+    task = get_task(f"file:{tables}")
+    assert [len(task.load(s, ".")) for s in ("train", "test")] == [6, 4]
+
+    classes = _images(tmp_path / "c100", [(8, 8)] * 6)
+    (classes / "c0").rename(classes / "train")
+    _with(classes, "c1/._0.png", b"resource fork")
+    _with(classes, ".ipynb_checkpoints", None)
+    task = get_task(f"file:{classes}")
+    assert task.class_names == ["c1", "train"]
+    assert sum(len(task.load(s, ".")) for s in task.spec.splits) == 6
