@@ -145,13 +145,22 @@ def table_parts(
         columns = _schema(files[0])
         x = _pick(files[0], columns, input, INPUTS, "input", "the examples")
         y = _pick(files[0], columns, target, TARGETS, "target", "the labels", optional=whole)
-        if y is None:
+        lacking = None
+        for f in files[1:]:  # every file of a part holds its columns (a labeled train, an unlabeled test)
+            has = _schema(f)
+            if x not in has or (y is not None and y not in has and not whole):
+                raise DataError(
+                    f"{f} has no column {x if x not in has else y!r} that {files[0]} has (columns: {has}); give "
+                    "every file the same columns"
+                )
+            lacking = lacking or (f if y is not None and y not in has else None)
+        if y is None or lacking is not None:  # data to predict on: labeled only where every file is
             base = files[0] if len(files) == 1 else files[0].parent
-            looked = repr(target) if target else " / ".join(TARGETS)
+            looked = repr(y or target) if (y or target) else " / ".join(TARGETS)
             chunks = TableChunks(
                 files, x, functools.partial(arrow_rows, where=f"{base}: column {x!r}", images=images)
             )
-            why = f"{base} has no column {looked} of labels"
+            why = f"{lacking or base} has no column {looked} of labels"
             parts.append(Part(chunks, None, f"{base}: column {x!r}", why, None, None, _is_image(files[0], x)))
             continue
         s = "" if whole else split or ("split" if "split" in columns and name is None else "")

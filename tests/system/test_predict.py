@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from reservoir import api
-from reservoir.errors import UsageError
+from reservoir.errors import DataError, UsageError
 from reservoir.probe.saved import load_probe
 from tests.conftest import save_tiny_gpt2
 from tests.extract.test_export import named_images
@@ -197,3 +197,18 @@ def test_a_probe_of_a_model_object_predicts_in_the_process_that_holds_it(tmp_pat
     assert OBJECTS  # the process's own table, set aside for the call below
     with pytest.raises(UsageError, match=r"fitted on features of a model object .* backbone=model"):
         api.predict(result["probe"], data=str(new), progress=False)
+
+
+def test_a_folder_labeled_only_in_part_is_predicted_unlabeled(tmp_path, fitted, tiny_gpt2):
+    """A folder of a labeled train.parquet and an unlabeled test.parquet (Kaggle's layout) is predicted on as
+    unlabeled data, every row in order; extracted as a task, the file without labels is named."""
+    probe, _, _, _ = fitted
+    folder = tmp_path / "kaggle"
+    folder.mkdir()
+    x, y = rows(10)
+    table(folder / "train.parquet", x, y)
+    table(folder / "test.parquet", rows(4, seed=1)[0])
+    predicted = api.predict(probe, data=str(folder), progress=False)
+    assert len(predicted) == 14
+    with pytest.raises(DataError, match=r"test.parquet has no column named y / label / labels / target"):
+        api.extract(f"file:{folder}", str(tiny_gpt2), dtype="float32", compile=False)
