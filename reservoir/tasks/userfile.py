@@ -399,6 +399,10 @@ class FileTask(Task):
                 images=self._images,
                 whole=self.predict,
             )
+        if self._known is not None:  # class ids a source names (a ClassLabel): renumbered as the probe's
+            for part in parts:
+                if part.names and part.labels is not None and list(part.names) != self._known:
+                    part.labels, part.names = self._renumbered(path, part.labels, part.names), list(self._known)
         labeled = {str(k): part.labels for k, part in enumerate(parts) if part.labels is not None}
         named = self._named(path, labeled)
         for k, part in enumerate(parts):
@@ -407,6 +411,19 @@ class FileTask(Task):
         if self._names is None and len(given) == 1 and not self.regression:
             self._names = list(given.pop())
         return parts
+
+    def _renumbered(self, path: Path, labels: np.ndarray, names: list[str]) -> np.ndarray:
+        """Class ids of a source whose classes are ``names`` as the ids of the same names to the probe."""
+        known = self._known or []
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise DataError(
+                f"{path} names a class {unknown[0]!r} that the probe does not know (its classes: "
+                f"{', '.join(known[:10])}{', ...' if len(known) > 10 else ''}); predict on data of its classes"
+            )
+        order = np.array([known.index(n) for n in names], dtype=np.int64)
+        labels = np.asarray(labels)
+        return np.where(labels >= 0, order[np.clip(labels, 0, len(order) - 1)], labels)
 
     def _named(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Label arrays holding class names, as ids: the names of every split numbered together in natural

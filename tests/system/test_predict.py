@@ -212,3 +212,35 @@ def test_a_folder_labeled_only_in_part_is_predicted_unlabeled(tmp_path, fitted, 
     assert len(predicted) == 14
     with pytest.raises(DataError, match=r"test.parquet has no column named y / label / labels / target"):
         api.extract(f"file:{folder}", str(tiny_gpt2), dtype="float32", compile=False)
+
+
+def test_a_class_label_of_the_probes_classes_in_another_order_is_renumbered_by_name(tmp_path, cli, fitted):
+    """A datasets ClassLabel naming the probe's classes in another order (["up", "down"] to a probe of
+    ["down", "up"]) is scored by name: each row's label is the probe's id of its name; a class the probe does
+    not know is refused naming it."""
+    ds = pytest.importorskip("datasets")
+    probe_path, *_ = fitted
+    x, y = rows(12, seed=3)
+    features = ds.Features(
+        {"x": ds.Sequence(ds.Sequence(ds.Value("float32"))), "label": ds.ClassLabel(names=["up", "down"])}
+    )
+    swapped = ["up", "down"]
+    data = {"x": x.tolist(), "label": [swapped.index(n) for n in y]}
+    ds.Dataset.from_dict(data, features=features).save_to_disk(tmp_path / "swapped")
+    r = cli(
+        "predict",
+        "--probe",
+        probe_path,
+        "--data",
+        str(tmp_path / "swapped"),
+        "--out",
+        str(tmp_path / "p.csv"),
+    )
+    assert r.exit_code == 0, r.output
+    got = lines((tmp_path / "p.csv").read_text())
+    assert [g["label_name"] for g in got] == y.tolist()
+    assert [CLASSES[int(g["label"])] for g in got] == y.tolist()
+    other = ds.Features({"x": features["x"], "label": ds.ClassLabel(names=["up", "sideways"])})
+    ds.Dataset.from_dict(data, features=other).save_to_disk(tmp_path / "other")
+    r = cli("predict", "--probe", probe_path, "--data", str(tmp_path / "other"))
+    assert r.exit_code == 1 and "names a class 'sideways' that the probe does not know" in r.output
