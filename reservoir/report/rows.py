@@ -179,12 +179,11 @@ def follows_run_seed(task: str) -> bool:
 
 
 def fit_settings(r: dict[str, Any]) -> dict[str, Any]:
-    """The settings of a probe's fit that change its scores beside its features' (the seed of its
-    validation split and torch head, the share held out); none for other results."""
+    """The settings of a probe's fit, beside its features' and its seed, that change its scores (the share of
+    train held out); none for other results."""
     if r["mode"] != "output-only":
         return {}
-    fit = (r.get("config") or {}).get("fit") or {}
-    return {"seed": r.get("seed"), "val_fraction": fit.get("val_fraction")}
+    return {"val_fraction": ((r.get("config") or {}).get("fit") or {}).get("val_fraction")}
 
 
 def run_of(r: dict[str, Any]) -> str:
@@ -221,10 +220,12 @@ def row_key(r: dict[str, Any]) -> tuple:
 
 
 def seeds_of(r: dict[str, Any]) -> set[Any]:
-    """The seeds a result ran, those a row folds: an end-to-end result's every seed, a probe's features'
-    seed."""
+    """The seeds a result ran, those a row folds: an end-to-end result's every seed; a probe's, its features'
+    seed with the fit's (of its validation split and torch head)."""
     identity = r.get("identity", {})
-    return set(identity.get("seeds") or [identity.get("seed", r.get("seed"))])
+    if r["mode"] == "output-only":
+        return {(identity.get("seed"), r.get("seed"))}
+    return set(identity.get("seeds") or [r.get("seed")])
 
 
 def split_by_data(keyed: list[tuple[tuple, str, dict[str, Any]]]) -> set[tuple]:

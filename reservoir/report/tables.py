@@ -37,7 +37,6 @@ from reservoir.report.rows import (
     follows_run_seed,
     pct,
     score_text,
-    seeds_of,
 )
 from reservoir.results import (
     load_results,  # noqa: F401  (report's entry point reads through it)
@@ -104,7 +103,7 @@ def _settings(row: Row) -> dict[str, str]:
     )
     if "seeds" in out and seeds:  # seeds run apart fold into one row: it shows them all
         out["seeds"] = json.dumps(seeds)
-    folded = sorted(set().union(*(seeds_of(r) for r in row.results)), key=str)
+    folded = sorted({r.get("identity", {}).get("seed") for r in row.results}, key=str)
     if "seed" in out and len(folded) > 1:  # a probe's row of several features' seeds
         out["seed"] = json.dumps(folded)
     return out

@@ -402,7 +402,10 @@ class FileTask(Task):
         if self._known is not None:  # class ids a source names (a ClassLabel): renumbered as the probe's
             for part in parts:
                 if part.names and part.labels is not None and list(part.names) != self._known:
-                    part.labels, part.names = self._renumbered(path, part.labels, part.names), list(self._known)
+                    part.labels, part.names = (
+                        self._renumbered(path, part.labels, part.names),
+                        list(self._known),
+                    )
         labeled = {str(k): part.labels for k, part in enumerate(parts) if part.labels is not None}
         named = self._named(path, labeled)
         for k, part in enumerate(parts):

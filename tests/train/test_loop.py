@@ -872,9 +872,9 @@ def test_batches_are_built_one_step_ahead_on_a_worker_thread_and_pinned_only_for
     built = []
     real = run_data.batch_tensors
 
-    def recording(task, d, rows):
+    def recording(task, d, rows, width=None):
         built.append((threading.current_thread() is threading.main_thread(), rows[0]))
-        return real(task, d, rows)
+        return real(task, d, rows, width)
 
     monkeypatch.setattr(run_data, "batch_tensors", recording)
     with run_data.Batches(task, data, 3, 16, torch.device("cpu")) as batches:
