@@ -253,7 +253,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         from reservoir.runtime.runner import resolve_dtype
 
         validate(self, "ReservoirFeatures")
-        self.dtype_ = resolve_dtype(self.dtype, resolve_device(self.device))
+        self.dtype_ = resolve_dtype(self.dtype, resolve_device(self.device), self.engine)
         rows, kind, width = _sequences(X)
         backbone = _backbone(self.backbone, self.seed)
         self.depths_ = select_depths(

@@ -435,7 +435,7 @@ def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run
             "api.read_features (--readout last or mean for a probe)",
             progress,
         )
-    dtype = cfg.load_dtype if halved and cfg.dtype == "auto" else resolve_dtype(cfg.dtype, device)
+    dtype = cfg.load_dtype if halved and cfg.dtype == "auto" else resolve_dtype(cfg.dtype, device, cfg.engine)
     # a CUDA card's free memory, before anything moves there
     check_fits(backbone, device, dtype, cfg.backbone)
     fastest = dtype

@@ -554,18 +554,23 @@ def centred(
             setattr(owner, child, module)
 
 
-def narrow(batch: tuple[torch.Tensor, ...], width: int | None = None) -> tuple[torch.Tensor, ...]:
+def narrow(
+    batch: tuple[torch.Tensor, ...], width: int | None = None, every_position: bool = False
+) -> tuple[torch.Tensor, ...]:
     """Two rows of ``(tokens, lengths, readout)`` cut to ``width`` tokens (:data:`EXAMPLE_WIDTH`),
-    lengths and readout positions moved inside the cut; the batch's own two rows if narrower."""
-    tokens, lengths, readout = (t[:2] for t in batch)
+    lengths and readout positions moved inside the cut (``every_position``: a readout of every position, the
+    ``mean`` readout's, cut with the tokens); the batch's own two rows if narrower. A batch of one row gives it
+    twice: an exporter fixes an axis its example has as 1."""
+    tokens, lengths, readout = (t[:2] if len(t) > 1 else t.repeat(2, *[1] * (t.dim() - 1)) for t in batch)
     width = width or EXAMPLE_WIDTH
     if tokens.shape[1] <= width:
         return tokens, lengths, readout
     shift = (readout.max(dim=1).values + 1 - width).clamp(min=0)
+    readout = (readout - shift[:, None]).clamp(min=0)
     return (
         tokens[:, :width].contiguous(),
         (lengths - shift).clamp(min=1, max=width),
-        (readout - shift[:, None]).clamp(min=0),
+        readout[:, -width:].contiguous() if every_position else readout,
     )
 
 

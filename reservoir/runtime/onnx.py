@@ -185,6 +185,11 @@ def session(path: Path | str, threads: int):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+def readout_of(module: torch.nn.Module) -> str | None:
+    """The readout of an engine's module (:class:`~reservoir.model.reservoir.FixedDepths`)."""
+    return getattr(getattr(module, "reservoir", None), "readout", None)
+
+
 def file_key(
     module: torch.nn.Module,
     example: Sequence[torch.Tensor],
@@ -192,16 +197,23 @@ def file_key(
     dynamic: dict,
     tables: dict[str, Sequence[torch.Tensor]] | None = None,
 ) -> str:
-    """SHA-256 of what an exported file depends on: the module's class, weights and buffers, depths, the
-    inputs' dtypes and trailing shapes, the free axes, the dtype, the int8 tables, :data:`FILE_RECIPE`
-    and the library versions."""
+    """SHA-256 of what an exported file depends on: the module's class, its backbone's class and configuration,
+    weights and buffers, depths and readout, the inputs' dtypes and trailing shapes, the free axes, the dtype,
+    the int8 tables, :data:`FILE_RECIPE` and the library versions."""
+    from reservoir.identity import canonical, config_dict
+
     h = hashlib.sha256()
+    reservoir = getattr(module, "reservoir", None)
+    backbone = getattr(reservoir, "backbone", None)
     head = {
         "recipe": FILE_RECIPE,
         "versions": versions(),
         "dtype": dtype,
         "dynamic": dynamic,
         "class": type(module).__qualname__,
+        "backbone": f"{type(backbone).__module__}.{type(backbone).__qualname__}",
+        "config": canonical(config_dict(getattr(backbone, "config", None))),
+        "readout": readout_of(module),
         "depths": list(getattr(module, "depths", ())),
         "inputs": [[str(t.dtype), list(t.shape[2:])] for t in example],
         "readout_last_block": [bool(getattr(m, "readout_last_block", False)) for m in module.modules()],
@@ -215,6 +227,8 @@ def file_key(
 
     for name, t in module.state_dict().items():
         add(name, t)
+    for name, t in module.named_buffers():  # those no state dict holds (rotary frequencies) too
+        add(f"buffer:{name}", t)
     for name in sorted(tables or {}):
         for i, t in enumerate(tables[name]):
             add(f"table:{name}:{i}", t)
@@ -293,7 +307,12 @@ class ONNXForward:
         :data:`LARGE_BYTES` beside it in ``path.data``)."""
         import onnx
 
-        dynamic = {"tokens": {0: "batch", 1: "width"}, "lengths": {0: "batch"}, "readout": {0: "batch"}}
+        mean = readout_of(self.eager) == "mean"  # a readout column a position: as wide as the tokens
+        dynamic = {
+            "tokens": {0: "batch", 1: "width"},
+            "lengths": {0: "batch"},
+            "readout": {0: "batch", 1: "width"} if mean else {0: "batch"},
+        }
         big = sum(t.numel() * t.element_size() for t in self.eager.state_dict().values()) > LARGE_BYTES
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
@@ -331,10 +350,10 @@ class ONNXForward:
         """Load the cached file of this module and dtype, or export it, open a session and check against
         PyTorch float32 on ``batch``'s first rows."""
 
-        example = narrow(batch)
+        example = narrow(batch, every_position=readout_of(self.eager) == "mean")
         tables = self._tables()
         start = time.perf_counter()
-        dynamic = {"batch": [0], "width": [1]}
+        dynamic = {"batch": [0], "width": [1], "readout width": readout_of(self.eager) == "mean"}
         path = cached_file(file_key(self.eager, example, self.dtype, dynamic, tables))
         self.seconds["key"] = time.perf_counter() - start
         cached = path.exists()
@@ -378,12 +397,11 @@ class ONNXForward:
             )
 
     def _run(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> np.ndarray:
-        feed = {
-            "tokens": np.ascontiguousarray(tokens.numpy()),
-            "lengths": np.ascontiguousarray(lengths.numpy()),
-            "readout": np.ascontiguousarray(readout.numpy()),
-        }
-        return self.request.run(None, feed)[0]
+        feed = {"tokens": tokens, "lengths": lengths, "readout": readout}
+        names = [
+            i.name for i in self.request.get_inputs()
+        ]  # a graph that never reads one has no input for it
+        return self.request.run(None, {n: np.ascontiguousarray(feed[n].numpy()) for n in names})[0]
 
     def _infer(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
         """float32: the batch at once. int8: each row alone, cut to its own length, so that its run-time

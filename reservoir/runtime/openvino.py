@@ -252,9 +252,15 @@ class OpenVINOForward:
             request.start_async(dict(enumerate(piece)))
             running.append(request)
         out = []
-        for request in running:
-            request.wait()
-            out.append(request.get_output_tensor(0).data.copy())
+        try:
+            for request in running:
+                request.wait()
+                out.append(request.get_output_tensor(0).data.copy())
+        except RuntimeError as e:  # a graph whose converted shapes this batch's do not fit
+            raise BackboneError(
+                f"OpenVINO could not run a batch of shapes {[list(a.shape) for a in arrays]} through the graph it "
+                f"converted ({str(e).splitlines()[0][:200]}); pass --engine torch"
+            ) from None
         return torch.from_numpy(np.concatenate(out) if len(out) > 1 else out[0])
 
     def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:

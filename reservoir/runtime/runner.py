@@ -47,11 +47,13 @@ TIMED_BATCHES = 64
 PINNED_KEEP = 8
 
 
-def resolve_dtype(name: str, device: torch.device | str = "cpu") -> str:
-    """``"auto"`` -> the float dtype this device multiplies fastest (:func:`reservoir.runtime.dtypes.choose`);
-    the float and int8 dtypes as they are."""
+def resolve_dtype(name: str, device: torch.device | str = "cpu", engine: str = "auto") -> str:
+    """``"auto"`` -> the float dtype this device multiplies fastest (:func:`reservoir.runtime.dtypes.choose`),
+    float32 where the ``engine`` asked for computes no other; the float and int8 dtypes as they are."""
     if name == "auto":
-        return choose_dtype(device)[0]
+        fastest = choose_dtype(device)[0]
+        computes = ENGINES[engine].dtypes if engine in ENGINES else (fastest,)
+        return fastest if fastest in computes else "float32"
     if name not in DTYPES and name not in INT8_DTYPES:
         raise UsageError(f"dtype {name!r} is not supported; choose from {['auto', *DTYPES, *INT8_DTYPES]}")
     return name
@@ -260,7 +262,7 @@ class FeatureRunner:
         self.store = store
         reservoir.backbone.check_depths(self.depths)
         self.device = torch.device(device)
-        self.dtype_name = resolve_dtype(dtype, self.device)
+        self.dtype_name = resolve_dtype(dtype, self.device, engine)
         if self.device.type == "cuda" and self.dtype_name == "float32":
             strict_float32()
         on_cuda = self.device.type == "cuda"
@@ -360,6 +362,7 @@ class FeatureRunner:
                     begun = time.perf_counter()
                     forward.prepare(tuple(args))  # converting, compiling and checking are not the rate
                     convert[engine] = time.perf_counter() - begun  # the fixed cost a later run weighs
+                forward(*args)  # its first call of this shape compiles it (OpenVINO): not the rate
                 start = time.perf_counter()
                 outputs[engine] = forward(*args)
                 rates[engine] = tokens / (time.perf_counter() - start)
@@ -402,6 +405,9 @@ class FeatureRunner:
         try:
             if self.measure_key is not None and self.converting and len(args[0]) >= MEASURE_MIN_ROWS:
                 return self._measure(args)
+            self.measure_key = (
+                None  # the engine of the first batch is the run's: every row through one engine
+            )
             return self.forward(*args)
         except BackboneError as e:  # the converting engine could not convert or check, on the first batch
             if not (self.converting and self.falls_back):

@@ -74,3 +74,17 @@ def test_rates_measured_by_this_run_are_said_measured_now_for_the_rest_of_it(cac
     assert len(calls) == 2
     monkeypatch.setattr(dtypes, "_MEASURED", {})  # a later process
     assert "measured before" in dtypes.choose("cpu")[1] and len(calls) == 2
+
+
+def test_auto_takes_a_dtype_the_engine_asked_for_computes(monkeypatch):
+    """``--dtype auto`` where bfloat16 multiplies fastest: bfloat16 for PyTorch and ``auto``, float32 for an
+    engine that computes no bfloat16 (ONNX Runtime: it was refused, naming a dtype the user never gave)."""
+    from reservoir.runtime import runner
+
+    monkeypatch.setattr(runner, "choose_dtype", lambda device: ("bfloat16", "faked"))
+    assert runner.resolve_dtype("auto", "cpu") == "bfloat16"
+    assert runner.resolve_dtype("auto", "cpu", "torch") == "bfloat16"
+    assert runner.resolve_dtype("auto", "cpu", "onnxruntime") == "float32"
+    assert (
+        runner.resolve_dtype("float16", "cpu", "onnxruntime") == "float16"
+    )  # a dtype given is the engine's to refuse

@@ -372,6 +372,24 @@ def test_auto_measures_both_engines_on_the_first_batch_and_keeps_the_rates(tiny_
         assert runner(task, str(tiny_gpt2), "auto", tokens=10**6).measure_key is None  # measured once
 
 
+def test_a_first_batch_too_small_to_measure_settles_the_engine(tiny_gpt2, tmp_path, monkeypatch):
+    """A first batch of fewer rows than a measurement takes runs the engine ``auto`` starts with, and that engine
+    is the run's: a later large batch measures nothing, so every row goes through one engine (a later switch
+    gave the same rows other features, train and test from two engines)."""
+    monkeypatch.setenv("RESERVOIR_CACHE", str(tmp_path))
+    monkeypatch.setattr(runner_module, "faster_engine", lambda rates: "torch")  # a measurement would switch
+    task = get_task("bit_xor", n_train=64)
+    d = task.load("train", ".", None)
+    tokens, lengths = task.encode(d.inputs), d.lengths
+    r = runner(task, str(tiny_gpt2), "auto", tokens=10**6)
+    assert r.engine == "openvino" and r.measure_key
+    small = r(tokens[:4], lengths[:4])
+    assert r.measure_key is None
+    large = r(tokens, lengths)
+    assert r.engine == "openvino" and not records.read(engines.ENGINE_RATES)
+    np.testing.assert_allclose(large[:4], small, rtol=1e-5, atol=1e-6)
+
+
 # -- through the command line -----------------------------------------------------------------
 
 

@@ -287,3 +287,33 @@ def test_no_exporter_line_reaches_the_terminal(tiny_gpt2, tmp_path):
     assert "onnxruntime: exported to" in r.stderr
     for noise in ("torchvision", "Writing model", "[torch.onnx]", "Warning", "W1", "[transformers]"):
         assert noise not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("readout", ["mean", "last"])
+def test_each_readout_has_its_own_file_whose_axes_fit_any_batch(tiny_gpt2, cache, readout):
+    """A file exported for one readout is never taken for another, and one exported from a first batch of one
+    row, for the mean over rows of other widths, fits every later batch: equal to PyTorch on each."""
+    task = get_task("listops", **LISTOPS)
+    (tokens, lengths), short = batches(task)
+    other = "last" if readout == "mean" else "mean"
+    runner(task, str(tiny_gpt2), "onnxruntime", readout=other)(tokens[:1], lengths[:1])
+    ours, ref = (runner(task, str(tiny_gpt2), e, readout=readout) for e in ("onnxruntime", "torch"))
+    for t, n in ((tokens[:1], lengths[:1]), (tokens, lengths), short):
+        np.testing.assert_allclose(ours(t, n), ref(t, n), rtol=1e-4, atol=1e-5)
+    assert len(list((cache / onnx.FOLDER).glob("*.onnx"))) == 2
+
+
+def test_models_of_one_weights_and_other_settings_export_their_own_files(tmp_path, cache):
+    """Two GPT-2 folders of the same weights and another activation are two models: each its own file, each
+    equal to its own PyTorch features (one file served both)."""
+    from transformers import GPT2Config, GPT2Model
+
+    task = get_task("bit_xor")
+    (tokens, lengths), _ = batches(task)
+    for activation in ("gelu_new", "relu"):
+        torch.manual_seed(0)
+        config = GPT2Config(n_layer=2, n_embd=32, n_head=4, activation_function=activation)
+        GPT2Model(config).save_pretrained(tmp_path / activation)
+        ours, ref = (runner(task, str(tmp_path / activation), e) for e in ("onnxruntime", "torch"))
+        np.testing.assert_allclose(ours(tokens, lengths), ref(tokens, lengths), rtol=1e-4, atol=1e-5)
+    assert len(list((cache / onnx.FOLDER).glob("*.onnx"))) == 2
