@@ -11,7 +11,8 @@ Conventions
 * Task columns use our task names (:data:`TASKS`), depth columns numbers of blocks as strings
   (:data:`DEPTHS`); row labels are the paper's, in ASCII. Columns are what our runs vary, as
   :mod:`reservoir.report.tables` lays them out, so a table the paper prints with tasks or depths down
-  the side is stored transposed (``transposed=True``). Tables 7, 8 and 16 name their one task in ``task``.
+  the side is stored transposed (``transposed=True``). Tables 7, 8, 11, 12 and 16 name their one task in
+  ``task``.
 * A cell the paper leaves empty or prints as "-" has no entry (:func:`paper_number` gives ``None``).
   The paper's own oddities are kept as printed and named in the table's ``note``.
 
