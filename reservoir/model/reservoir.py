@@ -121,6 +121,7 @@ class Reservoir(nn.Module):
         )
         self.dropout = nn.Dropout(dropout)
         self.backbone = backbone
+        backbone.for_task(None if spec.variable_length else spec.seq_len)
         self.compute_dtype = torch.float32
 
     def to_compute(self, dtype: torch.dtype) -> Reservoir:

@@ -121,6 +121,10 @@ class Backbone(nn.Module):
                 out[i + 1] = gather(h, readout)
         return [self.finish(out[d]) for d in depths]
 
+    def for_task(self, tokens: int | None) -> None:
+        """Before any batch: the task's tokens a row when every row has that many, else ``None`` (rows of
+        any length). Default: nothing (a vision model resizes its patch grid to it)."""
+
     def embed(
         self, x: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor, last: int
     ) -> tuple[torch.Tensor, Any]:

@@ -3,9 +3,10 @@ transformer read from pixels alone that keeps a table of patch positions (ViT-MS
 registers, ...: taken by its shape, :func:`reservoir.model.backbones.hf.takes_pixels_only`).
 
 As in the FPT paper's ViT row, the FPT input layer replaces the patch embedding: the embedded tokens
-are the patches. The class and distillation tokens are not used; the learned patch positions are added,
-resized bicubically to a row's grid when the row has a square number of tokens, else the first ``T``,
-each row by its own length (:meth:`VisionBackbone.patch_positions`). The norm the model applies to its
+are the patches. The class and distillation tokens are not used; the learned patch positions are added:
+on a task of fixed length (images), resized bicubically to the task's grid when it has a square number of
+tokens, else its first ``T`` (:meth:`VisionBackbone.patch_positions`); on a task of variable length, the first
+positions, so a row's positions never depend on its length or its batch mates'. The norm the model applies to its
 last hidden state is applied to the readout rows (none for CLIP, whose ``post_layernorm`` reads only the
 pooled class token). A CLIP or SigLIP folder of both towers is read as its vision tower.
 """
@@ -121,14 +122,23 @@ class VisionBackbone(HFBackbone):
             )
         return pos[:, :n].to(dtype)
 
-    def row_positions(self, lengths: list[int], width: int, dtype: torch.dtype) -> torch.Tensor:
-        """Positions ``(B, width, d)`` of rows of ``lengths`` real tokens padded to ``width``: each row's
-        from its own length (:meth:`patch_positions`), so a row's features never depend on its batch mates;
-        ``(1, width, d)`` when every row fills the width."""
-        if min(lengths) == width:
+    #: the task's tokens a row when every row has that many (:meth:`for_task`): the grid positions resize to
+    grid_tokens: int | None = None
+
+    def for_task(self, tokens: int | None) -> None:
+        self.grid_tokens = tokens
+
+    def positions_for(self, width: int, dtype: torch.dtype) -> torch.Tensor:
+        """Positions ``(1, width, d)`` of a batch ``width`` tokens wide: :meth:`patch_positions` on a task of
+        fixed length, else the first ``width`` (a row's first positions, whatever its length)."""
+        if width == self.grid_tokens or width == self.n_patches:
             return self.patch_positions(width, dtype)
-        tables = {n: self.patch_positions(n, dtype)[0] for n in set(lengths)}
-        return torch.stack([nn.functional.pad(tables[n], (0, 0, 0, width - n)) for n in lengths])
+        if width > self.n_patches:
+            raise BackboneError(
+                f"{self.config.model_type} has {self.n_patches} patch positions; rows of {width} tokens of a task of "
+                "variable length do not fit. Choose a task of at most that many tokens"
+            )
+        return self.position_table()[:, self.n_special : self.n_special + width].to(dtype)
 
     @property
     def blocks_take_mask(self) -> bool:
@@ -144,7 +154,7 @@ class VisionBackbone(HFBackbone):
         """``x`` plus the patch positions, through the embedding dropout and the norm before the
         blocks; the attention mask over each row's padding, where the blocks take one (refused
         for rows of unequal length where they do not)."""
-        h = x + self.row_positions(lengths.tolist(), x.shape[1], x.dtype)
+        h = x + self.positions_for(x.shape[1], x.dtype)
         dropout = getattr(self.model.embeddings, "dropout", None)
         h = dropout(h) if dropout is not None else h
         h = self.pre_norm(h) if self.pre_norm is not None else h

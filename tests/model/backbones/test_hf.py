@@ -137,8 +137,8 @@ def test_every_depth_equals_the_library_model_cut_there(request, kind):
 
 @pytest.mark.parametrize("kind", ARCHITECTURES)
 def test_a_rows_features_do_not_depend_on_its_batch_mates(folders, kind):
-    """A 3-token row gives the same features alone as beside rows of 4, 5, 9 and 16 tokens: square and
-    other widths, so a vision model places each row's patch positions by the row's own length."""
+    """A 3-token row gives the same features alone as beside rows of 4, 5, 9 and 16 tokens: square and other
+    widths, so a vision model's positions for rows of any length never follow the batch's padded width."""
     backbone = load_backbone(str(folders[kind]))
     g = torch.Generator().manual_seed(0)
     row = torch.randn(1, 3, backbone.input_width, generator=g)
