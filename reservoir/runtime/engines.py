@@ -24,7 +24,7 @@ import io
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -552,6 +552,48 @@ def centred(
     finally:
         for owner, child, module in swapped:
             setattr(owner, child, module)
+
+
+class ConvertedForward:
+    """What the converting engines' forwards share: ``(tokens, lengths, readout) -> (B, n_depths, n_readout, d)``
+    float32, the module converted and checked against PyTorch at the first call (:meth:`prepare`), then run
+    (:meth:`_infer`). ``eager`` is the float32 PyTorch module; ``calibration`` (the int8 dtypes) returns the
+    calibration batches as numpy arrays, ``width`` is the widest rows it will be called with (the int8 tables'
+    length), ``centre_dtype`` the float dtype the int8 centring computes in (``None``: this CPU's fastest)."""
+
+    def __init__(
+        self,
+        eager: nn.Module,
+        dtype: str,
+        threads: int,
+        calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
+        log: Callable[[str], None] | None = None,
+        width: int | None = None,
+        centre_dtype: str | None = None,
+    ):
+        if dtype in INT8_DTYPES and calibration is None:
+            raise UsageError(
+                f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)"
+            )
+        if dtype in INT8_DTYPES and not width:
+            raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
+        self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
+        self.calibration, self.log = calibration, log or (lambda text: None)
+        self.centre_dtype = centre_dtype
+        self.request: Any = None
+        self.seconds: dict[str, float] = {}
+        self.error: float | None = None
+
+    def prepare(self, batch: tuple[torch.Tensor, ...]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _infer(self, args: Sequence[torch.Tensor]) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+        if self.request is None:
+            self.prepare((tokens, lengths, readout))
+        return self._infer((tokens, lengths, readout))
 
 
 def narrow(

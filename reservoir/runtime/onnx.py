@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from reservoir.errors import BackboneError, UsageError
+from reservoir.errors import BackboneError
 from reservoir.runtime import engines
 from reservoir.runtime.engines import (
     CHECK_ROWS,
@@ -37,6 +37,7 @@ from reservoir.runtime.engines import (
     ONNX_DTYPES,
     ONNX_INSTALL,
     TOLERANCE,
+    ConvertedForward,
     Engine,
     calibration_dtype,
     centred,
@@ -245,26 +246,10 @@ class Unquantized(Exception):
     """``int8``: quantizing left every product of the backbone float."""
 
 
-class ONNXForward:
-    """``(tokens, lengths, readout) -> (B, n_depths, n_readout, d)`` float32 tensor, computed by ONNX
-    Runtime (exported, or loaded from the cache, at the first call); the face of
-    :meth:`reservoir.runtime.engines.Engine.forward`.
-
-    Parameters
-    ----------
-    eager
-        the float32 PyTorch forward module: what is exported, and the reference of the check.
-    dtype
-        ``float32`` or ``int8``.
-    threads
-        ONNX Runtime's intra-op threads (PyTorch's thread count).
-    calibration
-        ``int8`` only: returns the calibration batches ``[(tokens, lengths, readout), ...]`` as numpy arrays.
-    width
-        the widest rows it will be called with (the int8 tables' length).
-    centre_dtype
-        ``int8``: the float dtype the centring pass computes in (``None``: this CPU's fastest).
-    """
+class ONNXForward(ConvertedForward):
+    """The converted forward (:class:`~reservoir.runtime.engines.ConvertedForward`) of ONNX Runtime: the
+    module exported, or loaded from the cache, at the first call; ``dtype`` ``float32`` or ``int8``,
+    ``threads`` ONNX Runtime's intra-op threads (PyTorch's thread count)."""
 
     def __init__(
         self,
@@ -277,20 +262,9 @@ class ONNXForward:
         centre_dtype: str | None = None,
         **_: Any,
     ):
-        if dtype == "int8" and calibration is None:
-            raise UsageError(
-                f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)"
-            )
-        if dtype == "int8" and not width:
-            raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
-        self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
-        self.calibration, self.log = calibration, log or (lambda text: None)
-        self.centre_dtype = centre_dtype
-        self.request = None
+        super().__init__(eager, dtype, threads, calibration, log, width, centre_dtype)
         self.path: Path | None = None
         self.how = ""
-        self.seconds: dict[str, float] = {}
-        self.error: float | None = None
 
     def _tables(self) -> dict[str, tuple[torch.Tensor, ...]] | None:
         if self.dtype != "int8":
@@ -414,11 +388,6 @@ class ONNXForward:
             width = max(int(lengths[i]), int(readout[i].max()) + 1)
             out.append(self._run(tokens[i : i + 1, :width], lengths[i : i + 1], readout[i : i + 1]))
         return torch.from_numpy(np.concatenate(out))
-
-    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
-        if self.request is None:
-            self.prepare((tokens, lengths, readout))
-        return self._infer((tokens, lengths, readout))
 
 
 @register_engine

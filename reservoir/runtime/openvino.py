@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from reservoir.errors import BackboneError, UsageError
+from reservoir.errors import BackboneError
 from reservoir.runtime.engines import (
     CHECK_ROWS,
     CHECK_TOKENS,
@@ -27,6 +27,7 @@ from reservoir.runtime.engines import (
     STATIC_SHAPES,
     STREAMS,
     TOLERANCE,
+    ConvertedForward,
     calibration_dtype,
     centred,
     import_openvino,
@@ -39,28 +40,11 @@ from reservoir.runtime.engines import (
 )
 
 
-class OpenVINOForward:
-    """``(tokens, lengths, readout) -> (B, n_depths, n_readout, d)`` float32 tensor, computed by
-    OpenVINO from :class:`reservoir.runtime.runner.Reservoir` (converted at the first call).
-
-    Parameters
-    ----------
-    eager
-        the float32 PyTorch forward module: what is converted, and the reference of the check.
-    dtype
-        ``float32``, ``bfloat16``, ``int8`` or ``int8-static``.
-    threads
-        OpenVINO's inference threads (PyTorch's thread count).
-    calibration
-        the int8 dtypes only: a callable returning the calibration batches
-        ``[(tokens, lengths, readout), ...]`` as numpy arrays.
-    width
-        the widest rows it will be called with (the int8 dtypes' per-position tables).
-    fixed_width
-        every row spans ``width`` positions (a task of fixed length): ``int8`` then fixes the graph's width.
-    centre_dtype
-        the int8 dtypes: the float dtype the centring pass computes in (``None``: this CPU's fastest).
-    """
+class OpenVINOForward(ConvertedForward):
+    """The converted forward (:class:`~reservoir.runtime.engines.ConvertedForward`) of OpenVINO: the module
+    converted at the first call; ``dtype`` ``float32``, ``bfloat16``, ``int8`` or ``int8-static``, ``threads``
+    OpenVINO's inference threads (PyTorch's thread count), ``fixed_width``: every row spans ``width`` positions
+    (a task of fixed length), and ``int8`` then fixes the graph's width."""
 
     def __init__(
         self,
@@ -73,13 +57,7 @@ class OpenVINOForward:
         fixed_width: bool = False,
         centre_dtype: str | None = None,
     ):
-        if dtype in INT8_DTYPES and calibration is None:
-            raise UsageError(
-                f"--dtype {dtype} needs calibration rows; this caller gives none (use --dtype auto)"
-            )
-        if dtype in INT8_DTYPES and not width:
-            raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
-        self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
+        super().__init__(eager, dtype, threads, calibration, log, width, centre_dtype)
         #: ``int8`` on rows of one width: the graph's rows fixed at ``width`` positions, a narrower batch widened
         self.fixed = dtype == "int8" and fixed_width
         #: rows of one width: each batch shape gets a graph compiled for it (:meth:`_request`); int8 keeps one
@@ -87,15 +65,10 @@ class OpenVINOForward:
         self.static_shapes = fixed_width and dtype not in INT8_DTYPES
         self.model = None
         self.static: dict[tuple[int, ...], Any] = {}
-        self.calibration, self.log = calibration, log or (lambda text: None)
-        self.centre_dtype = centre_dtype
         self.shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.batches: list[tuple[np.ndarray, ...]] | None = None
-        self.request: list | None = None
         #: OpenVINO streams a batch is split among: :data:`STREAMS` where each gets a thread
         self.streams = STREAMS if threads >= STREAMS else 1
-        self.seconds: dict[str, float] = {}
-        self.error: float | None = None
 
     def _convert(self, example: tuple[torch.Tensor, ...]):
         ov = import_openvino()
@@ -262,11 +235,6 @@ class OpenVINOForward:
                 f"converted ({str(e).splitlines()[0][:200]}); pass --engine torch"
             ) from None
         return torch.from_numpy(np.concatenate(out) if len(out) > 1 else out[0])
-
-    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
-        if self.request is None:
-            self.prepare((tokens, lengths, readout))
-        return self._infer((tokens, lengths, readout))
 
 
 FORWARDS["openvino"] = OpenVINOForward
