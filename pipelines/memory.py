@@ -45,7 +45,8 @@ WINDOWED = {
     "smollm2-135m": "SmolLM2-135M, language-pretrained",
     "smollm2-135m-random": "SmolLM2-135M shape, random",
 }
-#: the continuous protocol's ESNs: 100 units, no leak, spectral radius 0.95, input scaling 0.1
+#: the continuous protocol's ESNs: 100 units, no leak, spectral radius 0.95, input scaling 0.1, every unit
+#: reading the input
 CONTINUOUS = {
     "esn-100-linear": ("ESN, 100 units, linear (identity), continuous", "identity"),
     "esn-100-tanh": ("ESN, 100 units, tanh, continuous", "tanh"),
@@ -66,15 +67,44 @@ TUNED = {
 GRID = (1e-10, 1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 
-def capacities(rows: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float]:
-    """Test capacity per delay at the penalty of the largest summed validation capacity, and that penalty."""
+def capacities(rows: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float, float]:
+    """Test capacity per delay at the penalty of the largest summed validation capacity, that penalty, and that
+    validation capacity (what a model's depth is chosen by)."""
     from reservoir.probe.metrics import memory_capacity
 
     X = rows["train"][0].astype(np.float64)
     scale = float(np.mean(np.var(X, axis=0))) or 1.0
     val = {a: memory_capacity(rows["train"], rows["val"], a * scale).sum() for a in GRID}
-    alpha = max(GRID, key=lambda a: (val[a], a)) * scale
-    return memory_capacity(rows["train"], rows["test"], alpha), alpha
+    best = max(GRID, key=lambda a: (val[a], a))
+    return memory_capacity(rows["train"], rows["test"], best * scale), best * scale, float(val[best])
+
+
+def chosen(record: dict[str, Any]) -> int:
+    """The index of a record's depth chosen on validation: the largest summed validation capacity."""
+    return int(np.argmax(record["val"]))
+
+
+def options(name: str, args) -> dict[str, Any]:
+    """The task options a model's capacity is measured with: the windowed protocol's or the continuous one's."""
+    windowed = name in WINDOWED or TUNED.get(name, ("", ""))[1] == "windowed"
+    if windowed:
+        opts = {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test, "window": args.window}
+        opts["delays"] = args.delays
+    else:
+        opts = {"n_train": args.long_train, "n_val": 500, "n_test": 1000, "window": args.window}
+        opts["delays"] = args.long_delays
+    return {**opts, "washout": max(100, opts["delays"])}
+
+
+def runs_of(records: dict[str, Any], name: str, params: Any, args) -> list[dict[str, Any]]:
+    """The records of ``name`` this command stands for: its setting, its options, seeds below ``--seeds``."""
+    return [
+        records[f"{name}/{seed}"]
+        for seed in range(args.seeds)
+        if f"{name}/{seed}" in records
+        and records[f"{name}/{seed}"].get("params") == params
+        and records[f"{name}/{seed}"]["options"] == options(name, args)
+    ]
 
 
 #: rcbench's nonlinear memory: the nonlinearities ``nu`` and delays ``tau`` of its targets ``sin(nu u(t - tau))``
@@ -189,16 +219,17 @@ def windowed(
                 for i, d in enumerate(depths)
             }
         path.unlink(missing_ok=True)
-    out: dict[str, Any] = {"depths": [], "mc": [], "alpha": [], "kernel_rank": [], "nonlinear": []}
+    out: dict[str, Any] = {"depths": [], "mc": [], "val": [], "alpha": [], "kernel_rank": [], "nonlinear": []}
     inputs = task.series(task.stretches()[1])[0][task.last_steps("train")]
     for depth, rows in per_depth.items():
-        mc, alpha = capacities(rows)
+        mc, alpha, val = capacities(rows)
         out["depths"].append(depth)
         out["mc"].append(mc.tolist())
+        out["val"].append(val)
         out["alpha"].append(alpha)
         out["kernel_rank"].append(kernel_rank(rows["train"][0]))
         out["nonlinear"].append(nonlinear_memory(rows["train"][0].astype(np.float64), inputs, alpha))
-    best = int(np.argmax([sum(m) for m in out["mc"]]))
+    best = chosen(out)
     out["check"] = checked(
         per_depth[out["depths"][best]]["train"][0], inputs, opts["delays"], out["alpha"][best]
     )
@@ -215,18 +246,26 @@ def continuous(name: str, seed: int, opts: dict[str, Any], cfg: Any = None) -> d
     task = make_task("memory_capacity", opts, seed)
     u = task.series(task.stretches()[1])[0]
     if cfg is None:
-        cfg = ESNConfig(units=100, lr=1.0, sr=0.95, input_scaling=0.1, activation=CONTINUOUS[name][1])
+        cfg = ESNConfig(  # every unit reads the input, as in the continuous protocol's search (series.FIXED)
+            units=100,
+            lr=1.0,
+            sr=0.95,
+            input_scaling=0.1,
+            input_connectivity=1.0,
+            activation=CONTINUOUS[name][1],
+        )
     states = series_states(cfg, u[:, None], seed)
     rows = {
         s: (states[i], delayed(u, i, opts["delays"]))
         for s in ("train", "val", "test")
         for i in [task.last_steps(s)]
     }
-    mc, alpha = capacities(rows)
+    mc, alpha, val = capacities(rows)
     train = task.last_steps("train")
     return {
         "depths": [1],
         "mc": [mc.tolist()],
+        "val": [val],
         "alpha": [alpha],
         "kernel_rank": [kernel_rank(states[train])],
         "nonlinear": [nonlinear_memory(states[train], u[train], alpha)],
@@ -263,7 +302,8 @@ def labels(args) -> dict[str, tuple[str, dict[str, Any] | None]]:
 
 
 def render(records: dict[str, Any], args, rows: dict[str, tuple[str, Any]]) -> str:
-    """The memory capacity table (summed over delays, at each model's best depth and per depth); ``rows``: :func:`labels`."""
+    """The memory capacity table (summed over delays, at each model's depth chosen on validation and per depth);
+    ``rows``: :func:`labels`."""
     md = [
         "Linear memory capacity (Jaeger 2001): the sum over delays k = 1..K of the squared correlation, on test "
         "steps, between the input k steps back and its ridge readout from the state (penalty chosen on "
@@ -274,14 +314,14 @@ def render(records: dict[str, Any], args, rows: dict[str, tuple[str, Any]]) -> s
         "a linear reservoir of N units is bounded by N (here 100). Mean ± standard deviation over the seeds run; "
         "rcbench's estimator on the same states (its 80/20 split of the train steps, the same penalty) beside ours. "
         "Nonlinear memory (rcbench): the capacity for sin(nu u(t - tau)) summed over tau = 1..8 (at most 8), at "
-        "nu = 1 / 3 / 10 (at 0.1 every model here holds all 8: the target is linear), at the best depth of the linear capacity, the same penalty; rcbench's capacity is 1 - NMSE on its test steps, "
+        "nu = 1 / 3 / 10 (at 0.1 every model here holds all 8: the target is linear), at the depth of the linear capacity chosen on validation, the same penalty; rcbench's capacity is 1 - NMSE on its test steps, "
         "floored at 0, of a readout of the states as they are (not standardized), where the linear capacity is a "
         "squared correlation: a readout shrunk by the penalty or off in scale scores lower there (down to 0) than here. "
         f"'tuned on {args.tuned_on}': the setting the same {args.trials}-trial search chose for the model on "
         f"{args.tuned_on}'s validation NRMSE ({args.tuned_train} training steps, the series table's), every other "
         "row at its default setting.",
         "",
-        "| model | seeds | capacity (best depth) | depth | capacity per depth | ours, rcbench's split | rcbench | "
+        "| model | seeds | capacity (depth chosen on validation) | depth | capacity per depth (test) | ours, rcbench's split | rcbench | "
         "kernel rank per depth (rcbench) | nonlinear memory, nu 1 / 3 / 10 (rcbench) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -294,9 +334,7 @@ def render(records: dict[str, Any], args, rows: dict[str, tuple[str, Any]]) -> s
         "|---|---|---|",
     ]
     for name, (label, params) in rows.items():
-        runs = [
-            r for key, r in sorted(records.items()) if key.split("/")[0] == name and r.get("params") == params
-        ]
+        runs = runs_of(records, name, params, args)
         if len(runs) and len(runs[0]["depths"]) > 1 and all(all(r.get("nonlinear") or [None]) for r in runs):
             deep.append(
                 f"| {label} | " + " | ".join(nonlinear_by_depth(runs, nu) for nu in (1.0, 3.0)) + " |"
@@ -305,7 +343,7 @@ def render(records: dict[str, Any], args, rows: dict[str, tuple[str, Any]]) -> s
             md.append(f"| {label} | 0 | not run | | | | | | |")
             continue
         sums = np.array([[sum(m) for m in r["mc"]] for r in runs])  # (seeds, depths)
-        best = [int(np.argmax(s)) for s in sums]
+        best = [chosen(r) for r in runs]
         at_best = [s[b] for s, b in zip(sums, best)]
         depths = sorted({str(runs[i]["depths"][b]) for i, b in enumerate(best)} - {"None"}) or ["-"]
         per_depth = ", ".join(
@@ -331,7 +369,7 @@ def nonlinear_by_depth(runs: list[dict[str, Any]], nu: float) -> str:
 
 
 def plot(records: dict[str, Any], args, rows: dict[str, tuple[str, Any]], path: Path) -> None:
-    """Capacity per delay at each model's best depth (seed 0), and summed capacity per depth."""
+    """Capacity per delay at each model's depth chosen on validation (seed 0), and summed capacity per depth."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -339,11 +377,11 @@ def plot(records: dict[str, Any], args, rows: dict[str, tuple[str, Any]], path: 
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 8.5))
     for i, (name, (label, params)) in enumerate(rows.items()):
-        r = records.get(f"{name}/0")
-        if r is None or r.get("params") != params:
+        r = next((r for r in runs_of(records, name, params, args) if r is records.get(f"{name}/0")), None)
+        if r is None:
             continue
         sums = [sum(m) for m in r["mc"]]
-        best = int(np.argmax(sums))
+        best = chosen(r)
         style = {
             "color": plt.cm.tab20(i % 20),
             "ls": "--" if name == "raw" else "-." if name in TUNED else "-",
@@ -374,8 +412,8 @@ def has_rcbench() -> bool:
 
 
 def nonlinear_text(runs: list[dict[str, Any]], best: list[int]) -> str:
-    """Nonlinear memory at nu = 1, 3 and 10 at each seed's best linear depth: mean (± standard deviation) over
-    seeds."""
+    """Nonlinear memory at nu = 1, 3 and 10 at each seed's linear depth chosen on validation: mean (± standard
+    deviation) over seeds."""
     at = [r["nonlinear"][b] for r, b in zip(runs, best) if r.get("nonlinear") and r["nonlinear"][b]]
     if len(at) < len(runs):
         return "not run"
@@ -412,8 +450,6 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "memory.json"
     records = json.loads(store.read_text()) if store.exists() else {}
-    short = {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test, "window": args.window}
-    long = {"n_train": args.long_train, "n_val": 500, "n_test": 1000, "window": args.window}
     rows = labels(args)  # the series ledger read once: memory.py adds nothing to it
     for name in [] if args.render else args.models:
         params, how = rows[name][1], {}
@@ -426,17 +462,17 @@ def main() -> None:
                 continue
             how = tuned_run(name, params)
         is_windowed = name in WINDOWED or TUNED.get(name, ("", ""))[1] == "windowed"
+        opts = options(name, args)
         for seed in range(args.seeds):
-            opts = {**short, "delays": args.delays} if is_windowed else {**long, "delays": args.long_delays}
-            opts["washout"] = max(100, opts["delays"])
             key = f"{name}/{seed}"
             if (
                 key in records
                 and records[key]["options"] == opts
                 and records[key].get("params") == params
+                and "val" in records[key]
                 and (has_rcbench() <= ("nonlinear" in records[key]))
             ):
-                continue  # kept (one from before nonlinear memory was measured is run again where rcbench is)
+                continue  # kept (one from before validation or nonlinear memory was recorded is run again)
             print(f"memory capacity {key}", file=sys.stderr, flush=True)
             started = time.perf_counter()
             record = (windowed if is_windowed else continuous)(name, seed, opts, **how)

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 from scipy.stats import loguniform, uniform
-from tuning import Ledger, beyond, draws, edges, identity, search
+from tuning import Ledger, beyond, draws, edges, identity, lowest_first, search
 
 HERE = Path(__file__).parent
 
@@ -250,7 +250,7 @@ def windowed_run(task: str, name: str, opts: dict[str, Any]):
             progress=False,
         )
         features.unlink(missing_ok=True)
-        best = min(fitted, key=lambda r: (r["val_score"], r["depth"]))
+        best = min(fitted, key=lambda r: (*lowest_first(r["val_score"]), r["depth"]))
         return {
             "val_nrmse": best["val_score"],
             "test_nrmse": best["test_score"],
@@ -376,7 +376,7 @@ def render(ledger: Ledger, args) -> str:
                 key = key_of(task, protocol, name, task_options(task, args, n))
                 row = edge_row(ledger, key, where, got, beyond(model.space, got["best"], edge))
                 past += [row] if row else []
-                vals = sorted(r["val_nrmse"] for r in got["trials"])
+                vals = sorted((r["val_nrmse"] for r in got["trials"]), key=lowest_first)
                 chosen.append(
                     f"{where} "
                     + (

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -129,6 +130,11 @@ class Ledger:
         return record
 
 
+def lowest_first(score: float) -> tuple[bool, float]:
+    """A sort key of an error to minimise that puts NaN (a diverged trial) after every number."""
+    return math.isnan(score), score
+
+
 def search(
     ledger: Ledger,
     key: dict[str, Any],
@@ -143,7 +149,9 @@ def search(
     lowest validation NRMSE on ``seeds`` seeds (``tune_seed`` first, its trial reused). Returns
     ``{"trials": [...], "best": params, "seeds": [...]}``, the records of the ledger."""
     tried = [ledger.trial(key, p, tune_seed, run, "search") for p in draws(space, trials)]
-    best = min(tried, key=lambda r: r["val_nrmse"])["params"]
+    if all(math.isnan(r["val_nrmse"]) for r in tried):
+        raise ValueError(f"{key}: every trial of the search scored NaN on validation; no setting to choose")
+    best = min(tried, key=lambda r: lowest_first(r["val_nrmse"]))["params"]
     others = [s for s in range(tune_seed, tune_seed + seeds) if s != tune_seed]
     seeded = [next(r for r in tried if r["params"] == best)]
     seeded += [ledger.trial(key, best, s, run, "seed") for s in others]

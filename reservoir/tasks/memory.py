@@ -55,11 +55,11 @@ class MemoryCapacity(Forecast):
         self.check_split(split)
         check(
             "memory_capacity",
-            "delays",
-            self.delays,
-            Interval(1, self.washout),
+            "washout",
+            self.washout,
+            Interval(self.delays, None),
             noun="option",
-            note=" (washout)",
+            note=f" (delays {self.delays}: the first step scored reads that many inputs back)",
         )
         stretches, total = self.stretches()
         start, size = stretches[split]

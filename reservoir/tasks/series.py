@@ -32,7 +32,16 @@ from typing import ClassVar
 import numpy as np
 
 from reservoir.settings import Interval, OneOf, setting
-from reservoir.tasks import MAX_ROWS, MAX_SEED, MAX_TOKENS, SplitData, Task, TaskSpec, register_task
+from reservoir.tasks import (
+    MAX_ROWS,
+    MAX_SEED,
+    MAX_TOKENS,
+    DataError,
+    SplitData,
+    Task,
+    TaskSpec,
+    register_task,
+)
 
 SPLITS = ("train", "val", "test")
 
@@ -58,6 +67,10 @@ def mackey_glass(
     return x[tau:]
 
 
+#: a NARMA output past this has left the recurrence's bounded regime (it stays near 0 to 1 where it is stable)
+DIVERGED = 1e3
+
+
 def narma(
     n_steps: int,
     seed: int,
@@ -72,8 +85,15 @@ def narma(
     step as ``reservoirpy.datasets.narma`` pairs ``u[order:]`` with ``y`` (module docstring)."""
     u = np.random.default_rng(seed).uniform(0, 0.5, size=(n_steps + order, 1))[:, 0]
     y = np.zeros(n_steps + order)
-    for t in range(order, n_steps + order - 1):
-        y[t + 1] = a1 * y[t] + a2 * y[t] * np.sum(y[t - order : t]) + b * u[t - order] * u[t] + c
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t in range(order, n_steps + order - 1):
+            y[t + 1] = a1 * y[t] + a2 * y[t] * np.sum(y[t - order : t]) + b * u[t - order] * u[t] + c
+    if not np.isfinite(y).all() or np.abs(y).max() > DIVERGED:
+        step = int(np.flatnonzero(~np.isfinite(y) | (np.abs(y) > DIVERGED))[0]) - order
+        raise DataError(
+            f"NARMA-{order} of seed {seed} diverges at step {step} of {n_steps} (its recurrence grows without bound "
+            "for some input draws); choose another seed (--seed, or --task-opt seed=N)"
+        )
     return u[order:], y[order:]
 
 

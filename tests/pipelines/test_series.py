@@ -8,6 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "pipelines"))  # series.py imports tuning.py beside it
 spec = importlib.util.spec_from_file_location("tuning", ROOT / "pipelines" / "tuning.py")
@@ -39,6 +42,29 @@ def test_a_rerun_reuses_every_trial_and_a_larger_budget_extends_the_draws(tmp_pa
     assert len(calls) - 6 == 2 + (2 if more["best"] != first["best"] else 0)
     lines = (tmp_path / "trials.jsonl").read_text().splitlines()
     assert len(lines) == len({json.loads(line)["id"] for line in lines}) == len(calls)
+
+
+def test_a_diverged_trial_is_never_chosen_and_a_search_of_only_diverged_ones_says_so(tmp_path):
+    """A trial scoring NaN (a diverged series, non-finite features) sorts after every number: the first draw's
+    NaN is not taken as the best; a search whose every trial is NaN is refused in words."""
+    space = {"x": loguniform(0.01, 10.0)}
+    first = tuning.draws(space, 4)[0]
+
+    def run(params, seed):
+        return {"val_nrmse": float("nan") if params == first else abs(params["x"] - 1), "test_nrmse": 0.0}
+
+    key = {"task": "t", "protocol": "windowed", "model": "m", "options": {}}
+    got = tuning.search(tuning.Ledger(tmp_path / "a.jsonl"), key, space, run, trials=4, seeds=1)
+    assert got["best"] != first and not np.isnan(got["seeds"][0]["val_nrmse"])
+    with pytest.raises(ValueError, match="every trial of the search scored NaN"):
+        tuning.search(
+            tuning.Ledger(tmp_path / "b.jsonl"),
+            key,
+            space,
+            lambda p, s: {"val_nrmse": float("nan")},
+            trials=3,
+            seeds=1,
+        )
 
 
 def test_a_choice_at_the_end_of_the_values_tried_and_of_the_range_is_flagged_as_an_edge():
@@ -166,3 +192,31 @@ def test_memory_capacity_runs_a_model_at_the_setting_its_series_search_chose(tmp
         "LSTM, 3 layers of 768, random, windowed, tuned on NARMA-10 (its search not complete) | 0 | not run"
         in table
     )
+
+
+def test_memory_capacity_reports_the_depth_chosen_on_validation_of_this_commands_runs():
+    """memory.py's table takes each seed's depth by its validation capacity, not its test capacity, and counts
+    only the records of the command's options and seeds (a record of another window is not averaged in)."""
+    spec = importlib.util.spec_from_file_location("memory", ROOT / "pipelines" / "memory.py")
+    memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(memory)
+    args = argparse.Namespace(
+        seeds=2, window=8, delays=5, n_train=50, n_val=20, n_test=20, long_delays=20, long_train=300,
+        tuned_on="narma10", trials=2, tuned_train=120,
+    )  # fmt: skip
+    opts = memory.options("lstm", args)
+
+    def record(test_sums, val, **extra):
+        mc = [[s / 5] * 5 for s in test_sums]
+        return {"depths": [0, 1, 2], "mc": mc, "val": val, "alpha": [1.0] * 3, "kernel_rank": [1] * 3,
+                "nonlinear": [None] * 3, "options": opts, **extra}  # fmt: skip
+
+    records = {
+        "lstm/0": record([1.0, 4.0, 5.0], [0.5, 3.0, 2.0]),  # test peaks at depth 2, validation at 1
+        "lstm/1": record([1.0, 6.0, 7.0], [0.5, 3.0, 2.0]),
+        "lstm/2": record([9.0, 9.0, 9.0], [9.0, 1.0, 1.0]),  # a seed past --seeds
+    }
+    table = memory.render(records, args, {"lstm": ("LSTM", None)})
+    assert "| LSTM | 2 | 5 ± 1.4 | 1 |" in table, table
+    records["lstm/1"]["options"] = {**opts, "window": 16}  # a record of another command
+    assert "| LSTM | 1 | 4 | 1 |" in memory.render(records, args, {"lstm": ("LSTM", None)})

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from reservoir.probe.metrics import nrmse, r2
-from reservoir.tasks import make_task
+from reservoir.tasks import DataError, make_task
 from reservoir.tasks.series import mackey_glass, narma
 
 pytestmark = pytest.mark.usefixtures("home", "one_thread")
@@ -131,3 +131,16 @@ def test_messages_of_a_forecast_say_what_ran(cli, home, tiny_gpt2):
     assert r.exit_code == 0, r.output
     assert "baseline train mean" in r.output and "baseline majority" not in r.output
     assert METRICS["nrmse"].format(0.0000123) == "1.23e-05"
+
+
+def test_a_narma_series_that_diverges_is_refused_naming_its_seed_and_step():
+    """NARMA-10's recurrence grows without bound for some input draws (seed 270 at these sizes): refused in words,
+    where it stored infinite labels and every score read nan."""
+    from reservoir.tasks.series import narma
+
+    u, y = narma(3706, 0)
+    assert np.isfinite(y).all() and 0 < y.max() < 1 and len(u) == len(y) == 3706
+    with pytest.raises(
+        DataError, match=r"NARMA-10 of seed 270 diverges at step \d+ of 3706 .* choose another seed"
+    ):
+        narma(3706, 270)

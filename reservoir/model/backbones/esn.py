@@ -82,7 +82,10 @@ def parse_name(name: str) -> ESNConfig | None:
                 value if kind in (str, "str") else int(value) if kind in (int, "int") else float(value)
             )
         except ValueError:
-            raise UsageError(f"echo state network setting {key}={value!r} is not a number") from None
+            what = "an integer" if kind in (int, "int") else "a number"
+            raise UsageError(f"echo state network setting {key}={value!r} is not {what}") from None
+        if isinstance(settings[key], float) and not np.isfinite(settings[key]):
+            raise UsageError(f"echo state network setting {key}={value!r} is not a finite number")
     return replace(ESNConfig(), **settings)
 
 

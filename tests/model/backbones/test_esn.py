@@ -82,7 +82,10 @@ def test_a_row_never_depends_on_its_padding_or_its_batch():
             "esn:activation=relu",
             "'activation' setting .* must be one of \\['tanh', 'identity'\\]. Got 'relu'",
         ),
-        ("esn:units=x", "units='x' is not a number"),
+        ("esn:units=x", "units='x' is not an integer"),
+        ("esn:layers=2.5", "layers='2.5' is not an integer"),
+        ("esn:sr=x", "sr='x' is not a number"),
+        ("esn:input_scaling=inf", "input_scaling='inf' is not a finite number"),
         ("esn:nosuch=1", "'nosuch=1' .* KEY=VALUE with a key from"),
         ("esn:units=0", "'units' setting .* must be an integer >= 1. Got 0"),
         (
