@@ -26,6 +26,7 @@ and nonlinear memory (``NonlinearMemoryEvaluator``: the capacity for ``sin(nu u(
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -85,10 +86,14 @@ def chosen(record: dict[str, Any]) -> int:
     return int(np.argmax(record["val"]))
 
 
+def is_windowed(name: str) -> bool:
+    """Whether a model's capacity is measured on windows (else over one continuous run)."""
+    return name in WINDOWED or TUNED.get(name, ("", ""))[1] == "windowed"
+
+
 def options(name: str, args) -> dict[str, Any]:
     """The task options a model's capacity is measured with: the windowed protocol's or the continuous one's."""
-    windowed = name in WINDOWED or TUNED.get(name, ("", ""))[1] == "windowed"
-    if windowed:
+    if is_windowed(name):
         opts = {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test, "window": args.window}
         opts["delays"] = args.delays
     else:
@@ -105,6 +110,7 @@ def runs_of(records: dict[str, Any], name: str, params: Any, args) -> list[dict[
         if f"{name}/{seed}" in records
         and records[f"{name}/{seed}"].get("params") == params
         and records[f"{name}/{seed}"]["options"] == options(name, args)
+        and "val" in records[f"{name}/{seed}"]  # its depth chosen on validation
     ]
 
 
@@ -112,6 +118,16 @@ def runs_of(records: dict[str, Any], name: str, params: Any, args) -> list[dict[
 #: (its defaults)
 NU = (0.1, 0.3, 1.0, 3.0, 10.0)
 TAUS = tuple(range(1, 9))
+
+
+@contextlib.contextmanager
+def quiet_ridge():
+    """rcbench's unstandardized ridge warns of near-collinear states, which its penalty handles: not shown."""
+    from scipy.linalg import LinAlgWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LinAlgWarning)
+        yield
 
 
 def nonlinear_memory(states: np.ndarray, inputs: np.ndarray, alpha: float) -> dict[str, float] | None:
@@ -122,13 +138,8 @@ def nonlinear_memory(states: np.ndarray, inputs: np.ndarray, alpha: float) -> di
         from rcbench.tasks.nonlinearmemory import NonlinearMemoryEvaluator
     except ImportError:
         return None
-    from scipy.linalg import LinAlgWarning
-
     evaluator = NonlinearMemoryEvaluator(inputs, states, tau_values=list(TAUS), nu_values=list(NU))
-    with (
-        warnings.catch_warnings()
-    ):  # its unstandardized ridge on near-collinear states: the penalty handles it
-        warnings.simplefilter("ignore", LinAlgWarning)
+    with quiet_ridge():
         return {
             str(nu): float(
                 sum(
@@ -161,9 +172,10 @@ def checked(states: np.ndarray, inputs: np.ndarray, delays: int, alpha: float) -
     from reservoir.probe.metrics import memory_capacity
     from reservoir.tasks.memory import delayed
 
-    theirs = MemoryCapacityEvaluator(inputs, states, max_delay=delays).calculate_total_memory_capacity(
-        feature_selection_method="kbest", num_features="all", regression_alpha=alpha, train_ratio=0.8
-    )
+    with quiet_ridge():
+        theirs = MemoryCapacityEvaluator(inputs, states, max_delay=delays).calculate_total_memory_capacity(
+            feature_selection_method="kbest", num_features="all", regression_alpha=alpha, train_ratio=0.8
+        )
     steps = np.arange(delays, len(inputs))
     split = delays + int(0.8 * len(steps))
     U = delayed(inputs, steps, delays)
@@ -468,7 +480,6 @@ def main() -> None:
                 )
                 continue
             how = tuned_run(name, params)
-        is_windowed = name in WINDOWED or TUNED.get(name, ("", ""))[1] == "windowed"
         opts = options(name, args)
         for seed in range(args.seeds):
             key = f"{name}/{seed}"
@@ -482,7 +493,7 @@ def main() -> None:
                 continue  # kept (one from before validation or nonlinear memory was recorded is run again)
             print(f"memory capacity {key}", file=sys.stderr, flush=True)
             started = time.perf_counter()
-            record = (windowed if is_windowed else continuous)(name, seed, opts, **how)
+            record = (windowed if is_windowed(name) else continuous)(name, seed, opts, **how)
             records[key] = {**record, "options": opts, "seconds": round(time.perf_counter() - started, 1)}
             if params is not None:
                 records[key]["params"] = params

@@ -118,9 +118,9 @@ def _rows(X: Any) -> tuple[list[np.ndarray], str, int]:
         )
     if hasattr(X, "to_numpy"):  # a pandas or polars frame: its rows
         return _rows(X.to_numpy())
-    if isinstance(X, np.ndarray) and X.ndim > 1:  # an object array of one shape: its values as numbers
+    if isinstance(X, np.ndarray) and X.ndim > 1:  # an object array of one shape: its values, typed by numpy
         try:
-            return _rows(X.astype(float))
+            return _rows(np.array(X.tolist()))
         except (TypeError, ValueError):
             raise UsageError(
                 f"X is an object array of shape {X.shape} whose values are not numbers"
@@ -264,7 +264,13 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
             vocab = self.vocab_size or int(max(r.max() for r in rows)) + 1
             _check_ids(rows, vocab)
         self.spec_ = TaskSpec(
-            "sklearn", kind, seq_len=max(len(r) for r in rows), n_classes=1, token_dim=width, vocab_size=vocab
+            "sklearn",
+            kind,
+            seq_len=max(len(r) for r in rows),
+            n_classes=1,
+            token_dim=width,
+            vocab_size=vocab,
+            variable_length=len({len(r) for r in rows}) > 1,
         )
         check_length(self.spec_, backbone, _backbone_name(self.backbone))
         # the int8 dtypes: the rows that calibrate the quantization and the dtype their centring computes in

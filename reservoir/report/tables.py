@@ -103,7 +103,9 @@ def _settings(row: Row) -> dict[str, str]:
     )
     if "seeds" in out and seeds:  # seeds run apart fold into one row: it shows them all
         out["seeds"] = json.dumps(seeds)
-    folded = sorted({r.get("identity", {}).get("seed") for r in row.results}, key=str)
+    folded = sorted(
+        {r.get("identity", {}).get("seed") for r in row.results}, key=lambda s: (s is None, s or 0)
+    )
     if "seed" in out and len(folded) > 1:  # a probe's row of several features' seeds
         out["seed"] = json.dumps(folded)
     return out

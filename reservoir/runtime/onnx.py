@@ -260,11 +260,13 @@ class ONNXForward(ConvertedForward):
         log: Callable[[str], None] | None = None,
         width: int | None = None,
         centre_dtype: str | None = None,
-        **_: Any,
+        fixed_width: bool = False,
     ):
         super().__init__(eager, dtype, threads, calibration, log, width, centre_dtype)
+        self.fixed_width = fixed_width
         self.path: Path | None = None
         self.how = ""
+        self.inputs: list[str] = []
 
     def _tables(self) -> dict[str, tuple[torch.Tensor, ...]] | None:
         if self.dtype != "int8":
@@ -324,7 +326,9 @@ class ONNXForward(ConvertedForward):
         """Load the cached file of this module and dtype, or export it, open a session and check against
         PyTorch float32 on ``batch``'s first rows."""
 
-        example = narrow(batch, every_position=readout_of(self.eager) == "mean")
+        # rows of one width (a task of fixed length) export at it: a graph may depend on it (a vision model's grid)
+        width = batch[0].shape[1] if self.fixed_width else None
+        example = narrow(batch, width, every_position=readout_of(self.eager) == "mean")
         tables = self._tables()
         start = time.perf_counter()
         dynamic = {"batch": [0], "width": [1], "readout width": readout_of(self.eager) == "mean"}
@@ -345,6 +349,7 @@ class ONNXForward(ConvertedForward):
         try:
             with quiet():
                 self.request = session(path, self.threads)
+            self.inputs = [i.name for i in self.request.get_inputs()]  # a graph that never reads one lacks it
         except Exception as e:  # noqa: BLE001 - a damaged cached file, or an op the runtime lacks
             raise BackboneError(
                 f"ONNX Runtime could not load the exported model {path} ({one_line(e)}); delete "
@@ -372,10 +377,14 @@ class ONNXForward(ConvertedForward):
 
     def _run(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> np.ndarray:
         feed = {"tokens": tokens, "lengths": lengths, "readout": readout}
-        names = [
-            i.name for i in self.request.get_inputs()
-        ]  # a graph that never reads one has no input for it
-        return self.request.run(None, {n: np.ascontiguousarray(feed[n].numpy()) for n in names})[0]
+        arrays = {n: np.ascontiguousarray(feed[n].numpy()) for n in self.inputs}
+        try:
+            return self.request.run(None, arrays)[0]
+        except Exception as e:  # noqa: BLE001 - onnxruntime's own errors: a graph this batch's shapes do not fit
+            raise BackboneError(
+                f"ONNX Runtime could not run a batch of shapes {[list(t.shape) for t in feed.values()]} through the "
+                f"graph it exported ({one_line(e)}); pass --engine torch"
+            ) from None
 
     def _infer(self, args: Sequence[torch.Tensor]) -> torch.Tensor:
         """float32: the batch at once. int8: each row alone, cut to its own length, so that its run-time
@@ -412,4 +421,13 @@ class ONNXEngine(Engine):
         )
 
     def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width, centre_dtype=None):
-        return ONNXForward(eager, dtype, threads, calibration, log, width=width, centre_dtype=centre_dtype)
+        return ONNXForward(
+            eager,
+            dtype,
+            threads,
+            calibration,
+            log,
+            width=width,
+            fixed_width=fixed_width,
+            centre_dtype=centre_dtype,
+        )

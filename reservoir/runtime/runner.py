@@ -275,6 +275,8 @@ class FeatureRunner:
         #: (:meth:`_measure`), and the converting engines it measures
         self.measure_key: str | None = None
         self.candidates: list[str] = []
+        #: a batch has run: the engine is settled (a later failure is an error, never a switch of engine)
+        self.ran = False
         if engine == "auto" and self.converting and self.dtype_name in DTYPES:
             self._engine_by_measurement(reservoir.backbone, tokens)
         #: ``engine="auto"`` runs PyTorch when the converting engine cannot convert or check (an explicit engine fails)
@@ -404,13 +406,18 @@ class FeatureRunner:
     def _call(self, *args: torch.Tensor) -> torch.Tensor:
         try:
             if self.measure_key is not None and self.converting and len(args[0]) >= MEASURE_MIN_ROWS:
-                return self._measure(args)
-            self.measure_key = (
-                None  # the engine of the first batch is the run's: every row through one engine
-            )
-            return self.forward(*args)
+                out = self._measure(args)
+            else:
+                if (
+                    self.measure_key is not None
+                ):  # the first batch's engine is the run's: every row through one
+                    self.measure_key = None
+                    self.engine_reason += f" (not measured: a first batch of {len(args[0])} rows)"
+                out = self.forward(*args)
+            self.ran = True
+            return out
         except BackboneError as e:  # the converting engine could not convert or check, on the first batch
-            if not (self.converting and self.falls_back):
+            if not (self.converting and self.falls_back) or self.ran:  # never two engines in one run
                 raise
             self.log(f"{e}: running PyTorch eager instead")
             failed = ENGINES[self.engine].label

@@ -57,7 +57,15 @@ class Part:
 
 
 #: words that name a split in a folder's or file's name, and the split each names
-SPLIT_WORDS = {"train": "train", "training": "train", "test": "test", "testing": "test"}
+SPLIT_WORDS = {
+    "train": "train",
+    "training": "train",
+    "test": "test",
+    "testing": "test",
+    "val": "val",
+    "valid": "valid",
+    "validation": "validation",
+}
 
 
 def split_of(name: str) -> str | None:
@@ -343,6 +351,11 @@ def image_parts(
     # the split layout: a train folder (train, training) of class folders; a class may be called train
     train = named.get("train")
     split_layout = train is not None and any(p.is_dir() for p in shown(train.iterdir()))
+    if not split_layout and train is not None and all(split_of(p.name) for p in subfolders):
+        raise DataError(
+            f"{root} holds split folders ({', '.join(p.name for p in subfolders)}) with images but no class "
+            f"folders; put each split's images in {root}/SPLIT/CLASS/ ({FIX})"
+        )
     by_split = {k: named[k] for k in ordered(named)} if split_layout else {None: root}
     classes_of = {}
     for name, folder in by_split.items():

@@ -426,7 +426,11 @@ class FileTask(Task):
             )
         order = np.array([known.index(n) for n in names], dtype=np.int64)
         labels = np.asarray(labels)
-        return np.where(labels >= 0, order[np.clip(labels, 0, len(order) - 1)], labels)
+        if labels.size and labels.max() >= len(order):
+            raise DataError(
+                f"{path} has label {int(labels.max())}, past the {len(order)} classes its ClassLabel names"
+            )
+        return np.where(labels >= 0, order[np.clip(labels, 0, None)], labels)
 
     def _named(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Label arrays holding class names, as ids: the names of every split numbered together in natural

@@ -241,3 +241,16 @@ def test_fit_refuses_ids_and_settings_it_cannot_honour(tiny_gpt2, params, X, mes
     not one: refused by ``fit`` in words, not truncated nor failing inside torch."""
     with pytest.raises(ValueError, match=message):
         api.ReservoirFeatures(backbone=str(tiny_gpt2), **{"depth": 1, **params}).fit(X)
+
+
+def test_a_vision_backbone_on_rows_of_several_lengths_reads_each_row_alone(tmp_path):
+    """Fitted on rows of 3, 4 and 9 tokens (of varying length: no image grid), a ViT transformer gives a row the
+    features it has alone beside a row of 9 tokens, a square width."""
+    from tests.zoo import save_tiny
+
+    folder = save_tiny("vit", tmp_path / "vit")
+    rng = np.random.default_rng(0)
+    rows = [rng.normal(size=(n, 3)).astype(np.float32) for n in (3, 4, 9)]
+    t = api.ReservoirFeatures(backbone=str(folder), depth=-1, dtype="float32", engine="torch").fit(rows)
+    assert t.spec_.variable_length
+    np.testing.assert_allclose(t.transform([rows[0], rows[2]])[0], t.transform([rows[0]])[0], atol=1e-5)

@@ -317,3 +317,47 @@ def test_models_of_one_weights_and_other_settings_export_their_own_files(tmp_pat
         ours, ref = (runner(task, str(tmp_path / activation), e) for e in ("onnxruntime", "torch"))
         np.testing.assert_allclose(ours(tokens, lengths), ref(tokens, lengths), rtol=1e-4, atol=1e-5)
     assert len(list((cache / onnx.FOLDER).glob("*.onnx"))) == 2
+
+
+@pytest.mark.parametrize("engine", ["onnxruntime", "openvino"])
+def test_a_vision_model_on_a_fixed_length_task_past_the_example_width_converts_at_its_width(tmp_path, engine):
+    """A ViT of 64 patch positions on rows of 100 tokens (a grid of 10 x 10, its positions resized): a graph
+    converted from rows cut to 64 tokens took the other positions and failed to run; rows of one width are
+    converted at that width and give PyTorch's features."""
+    from transformers import ViTConfig, ViTModel
+
+    from reservoir.tasks import TaskSpec
+    from tests.zoo import VISION
+
+    if engine == "openvino":
+        pytest.importorskip("openvino")
+    torch.manual_seed(0)
+    ViTModel(ViTConfig(**VISION)).eval().save_pretrained(tmp_path / "vit")
+    spec = TaskSpec("t", "dense", seq_len=100, n_classes=2, token_dim=4)
+    x, lengths = np.random.default_rng(0).normal(size=(3, 100, 4)).astype(np.float32), np.full(3, 100)
+    ref, ours = (
+        FeatureRunner.build(
+            spec, load_backbone(str(tmp_path / "vit")), [2], seed=0, dtype="float32", engine=e
+        )
+        for e in ("torch", engine)
+    )
+    np.testing.assert_allclose(ours(x, lengths), ref(x, lengths), rtol=1e-4, atol=1e-5)
+
+
+def test_an_engine_that_fails_after_its_first_batch_stops_the_run_rather_than_switch(tiny_gpt2, monkeypatch):
+    """``auto`` falls back to PyTorch only on the first batch: a converting engine that fails on a later batch
+    is an error, never a run whose rows went through two engines."""
+    monkeypatch.setattr(engines, "openvino_installed", lambda: False)
+    task = get_task("bit_xor")
+    (tokens, lengths), _ = batches(task)
+    r = runner(task, str(tiny_gpt2), "auto", tokens=10**6)
+    r(tokens[:8], lengths[:8])
+    assert r.engine == "onnxruntime"
+
+    def fail(*args):
+        raise BackboneError("a shape the graph does not fit")
+
+    monkeypatch.setattr(r, "forward", fail)
+    with pytest.raises(BackboneError, match="a shape the graph does not fit"):
+        r(tokens[:8], lengths[:8])
+    assert r.engine == "onnxruntime"

@@ -288,9 +288,9 @@ def _parquet(path: Path, columns: dict) -> Path:
     return path
 
 
-def _images(root: Path, sizes, modes=None) -> Path:
+def _images(root: Path, sizes, modes=None, folders=("c0", "c1")) -> Path:
     for i, size in enumerate(sizes):
-        f = root / f"c{i % 2}" / f"{i}.png"
+        f = root / folders[i % 2] / f"{i}.png"
         f.parent.mkdir(parents=True, exist_ok=True)
         mode = (modes or ["RGB"] * len(sizes))[i]
         Image.new(mode, size[::-1]).save(f)
@@ -404,6 +404,10 @@ def bad_sources(tmp: Path):
         "patch not dividing": (
             lambda: (_images(tmp / "im", [(8, 8)] * 6), ("patch=3",)),
             "images are 8x8, which patch=3 does not divide; pass --task-opt patch=P",
+        ),
+        "split folders without classes": (
+            lambda: (_images(tmp / "im", [(8, 8)] * 6, folders=("train", "test")), ()),
+            "holds split folders (test, train) with images but no class folders; put each split's images in",
         ),
         "16-bit image": (
             lambda: (_images(tmp / "im", [(8, 8)] * 6, ["I;16"] * 6), ("mode=L",)),
@@ -617,9 +621,11 @@ def test_split_words_in_names_and_hidden_files_are_read_as_meant(tmp_path):
     x = [[[0.5, 1.0]] * 3] * 6
     _parquet(tables / "mnist_train.parquet", {"x": x, "y": [0, 1] * 3})
     _parquet(tables / "mnist_test.parquet", {"x": x[:4], "y": [0, 1] * 2})
+    _parquet(tables / "mnist_validation.parquet", {"x": x[:2], "y": [0, 1]})
     _with(tables, "._mnist_train.parquet", b"resource fork")
     task = get_task(f"file:{tables}")
-    assert [len(task.load(s, ".")) for s in ("train", "test")] == [6, 4]
+    assert task.spec.splits == ("train", "test", "validation")
+    assert [len(task.load(s, ".")) for s in ("train", "test", "validation")] == [6, 4, 2]
 
     classes = _images(tmp_path / "c100", [(8, 8)] * 6)
     (classes / "c0").rename(classes / "train")

@@ -96,6 +96,8 @@ MAX_DRAWS = 100
 def nilpotent(W: np.ndarray) -> bool:
     """Whether ``W``'s pattern of non-zeros has no cycle, so every eigenvalue is 0 whatever its values (its
     ``2**m``-th power, ``2**m >= units``, is zero): such a reservoir cannot be scaled to a spectral radius."""
+    if np.diag(W).any():  # a unit reading itself is a loop
+        return False
     pattern = (W != 0).astype(np.float32)
     for _ in range(max(1, int(np.ceil(np.log2(len(W)))))):
         pattern = ((pattern @ pattern) > 0).astype(np.float32)
