@@ -208,7 +208,7 @@ class OpenVINOForward(ConvertedForward):
             )
 
     def _widen(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """``(tokens, lengths, readout)`` with the tokens widened to :attr:`width` positions by repeating each
+        """``(tokens, lengths, readout)`` with the tokens widened to ``width`` positions by repeating each
         row's last token (past every row's length: no feature reads them), where the graph's width is fixed."""
         tokens, *rest = args
         if self.fixed and tokens.shape[1] < self.width:

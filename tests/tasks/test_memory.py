@@ -21,9 +21,9 @@ def test_labels_are_the_inputs_before_the_last_step():
     assert -1 <= u.min() < -0.9 and 0.9 < u.max() <= 1
 
 
-def test_delays_beyond_the_washout_are_refused():
+def test_a_washout_shorter_than_the_delays_is_refused_naming_both():
     task = make_task("memory_capacity", {"delays": 50, "washout": 20}, 0)
     with pytest.raises(
-        UsageError, match=r"'delays' option of memory_capacity must be in \[1, 20\] \(washout\)"
+        UsageError, match=r"'washout' option of memory_capacity must be >= 50 \(delays 50: .*\. Got 20 instead"
     ):
         task.read("train", None)
