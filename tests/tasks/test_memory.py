@@ -24,6 +24,7 @@ def test_labels_are_the_inputs_before_the_last_step():
 def test_a_washout_shorter_than_the_delays_is_refused_naming_both():
     task = make_task("memory_capacity", {"delays": 50, "washout": 20}, 0)
     with pytest.raises(
-        UsageError, match=r"'washout' option of memory_capacity must be >= 50 \(delays 50: .*\. Got 20 instead"
+        UsageError,
+        match=r"'washout' option of memory_capacity must be >= 50 \(delays 50: .*\. Got 20 instead",
     ):
         task.read("train", None)
