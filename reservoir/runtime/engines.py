@@ -146,11 +146,22 @@ class Engine:
         :class:`reservoir.errors.BackboneError`), ``request`` (``None`` until prepared), ``seconds``,
         ``error`` and ``__call__(tokens, lengths, readout)`` returning float32 features.
         ``calibration``: the int8 dtypes' calibration batches; ``centre_dtype``: the float dtype their centring
-        pass computes in (``None``: this CPU's fastest, :func:`calibration_dtype`)."""
-        raise NotImplementedError  # pragma: no cover - abstract
+        pass computes in (``None``: this CPU's fastest, :func:`calibration_dtype`). Default: the forward its module
+        registers in :data:`FORWARDS`."""
+        ENGINES.names()  # imports the runtime's modules: each converting engine's adds its forward
+        return FORWARDS[self.name](
+            eager,
+            dtype,
+            threads,
+            calibration,
+            log,
+            width=width,
+            fixed_width=fixed_width,
+            centre_dtype=centre_dtype,
+        )
 
 
-#: forwards that live in a module of their own (:mod:`reservoir.runtime.openvino`), by engine name
+#: the converting engines' forwards (:class:`ConvertedForward`), each registered by its module, by engine name
 FORWARDS: dict[str, Callable[..., Any]] = {}
 
 
@@ -206,19 +217,6 @@ class OpenVINOEngine(Engine):
 
     def installed(self) -> bool:
         return openvino_installed()
-
-    def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width, centre_dtype=None):
-        ENGINES.names()  # imports the runtime's modules: reservoir.runtime.openvino adds its forward
-        return FORWARDS[self.name](
-            eager,
-            dtype,
-            threads,
-            calibration,
-            log,
-            width=width,
-            fixed_width=fixed_width,
-            centre_dtype=centre_dtype,
-        )
 
 
 def choose_engine(

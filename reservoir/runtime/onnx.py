@@ -34,6 +34,7 @@ from reservoir.runtime import engines
 from reservoir.runtime.engines import (
     CHECK_ROWS,
     CHECK_TOKENS,
+    FORWARDS,
     ONNX_DTYPES,
     ONNX_INSTALL,
     TOLERANCE,
@@ -420,14 +421,5 @@ class ONNXEngine(Engine):
             f"installed; {ONNX_INSTALL}, or pass --engine torch"
         )
 
-    def forward(self, eager, dtype, threads, calibration, log, *, width, fixed_width, centre_dtype=None):
-        return ONNXForward(
-            eager,
-            dtype,
-            threads,
-            calibration,
-            log,
-            width=width,
-            fixed_width=fixed_width,
-            centre_dtype=centre_dtype,
-        )
+
+FORWARDS["onnxruntime"] = ONNXForward
