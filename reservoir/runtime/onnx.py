@@ -22,7 +22,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -252,18 +252,9 @@ class ONNXForward(ConvertedForward):
     module exported, or loaded from the cache, at the first call; ``dtype`` ``float32`` or ``int8``,
     ``threads`` ONNX Runtime's intra-op threads (PyTorch's thread count)."""
 
-    def __init__(
-        self,
-        eager: torch.nn.Module,
-        dtype: str,
-        threads: int,
-        calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
-        log: Callable[[str], None] | None = None,
-        width: int | None = None,
-        centre_dtype: str | None = None,
-        fixed_width: bool = False,
-    ):
-        super().__init__(eager, dtype, threads, calibration, log, width, centre_dtype)
+    def __init__(self, *args: Any, fixed_width: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        #: rows of one width (a task of fixed length): exported at that width
         self.fixed_width = fixed_width
         self.path: Path | None = None
         self.how = ""

@@ -31,17 +31,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from reservoir.errors import DataError
 from reservoir.settings import Interval, OneOf, setting
-from reservoir.tasks import (
-    MAX_ROWS,
-    MAX_SEED,
-    MAX_TOKENS,
-    DataError,
-    SplitData,
-    Task,
-    TaskSpec,
-    register_task,
-)
+from reservoir.tasks import MAX_ROWS, MAX_SEED, MAX_TOKENS, SplitData, Task, TaskSpec, register_task
 
 SPLITS = ("train", "val", "test")
 
