@@ -552,12 +552,18 @@ def centred(
             setattr(owner, child, module)
 
 
+def readout_of(module: nn.Module) -> str | None:
+    """The readout of an engine's module (:class:`~reservoir.model.reservoir.FixedDepths`)."""
+    return getattr(getattr(module, "reservoir", None), "readout", None)
+
+
 class ConvertedForward:
     """What the converting engines' forwards share: ``(tokens, lengths, readout) -> (B, n_depths, n_readout, d)``
     float32, the module converted and checked against PyTorch at the first call (:meth:`prepare`), then run
     (:meth:`_infer`). ``eager`` is the float32 PyTorch module; ``calibration`` (the int8 dtypes) returns the
     calibration batches as numpy arrays, ``width`` is the widest rows it will be called with (the int8 tables'
-    length), ``centre_dtype`` the float dtype the int8 centring computes in (``None``: this CPU's fastest)."""
+    length), ``fixed_width``: every row spans ``width`` positions (a task of fixed length), ``centre_dtype``
+    the float dtype the int8 centring computes in (``None``: this CPU's fastest)."""
 
     def __init__(
         self,
@@ -567,6 +573,7 @@ class ConvertedForward:
         calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
         log: Callable[[str], None] | None = None,
         width: int | None = None,
+        fixed_width: bool = False,
         centre_dtype: str | None = None,
     ):
         if dtype in INT8_DTYPES and calibration is None:
@@ -577,10 +584,17 @@ class ConvertedForward:
             raise ValueError(f"--dtype {dtype} needs the widest row width (the per-position tables' length)")
         self.eager, self.dtype, self.threads, self.width = eager, dtype, threads, width
         self.calibration, self.log = calibration, log or (lambda text: None)
-        self.centre_dtype = centre_dtype
+        self.fixed_width, self.centre_dtype = fixed_width, centre_dtype
+        #: the ``mean`` readout: a readout column a position, as wide as the tokens
+        self.every_position = readout_of(eager) == "mean"
         self.request: Any = None
         self.seconds: dict[str, float] = {}
         self.error: float | None = None
+
+    def example(self, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The rows to convert from (:func:`narrow`): rows of one width (a task of fixed length) at that width,
+        since a graph may depend on it (a vision model's grid); else cut to :data:`EXAMPLE_WIDTH` tokens."""
+        return narrow(batch, batch[0].shape[1] if self.fixed_width else None, self.every_position)
 
     def prepare(self, batch: tuple[torch.Tensor, ...]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError

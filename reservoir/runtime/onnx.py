@@ -42,9 +42,9 @@ from reservoir.runtime.engines import (
     Engine,
     calibration_dtype,
     centred,
-    narrow,
     one_line,
     position_means,
+    readout_of,
     register_engine,
     relative_error,
 )
@@ -187,11 +187,6 @@ def session(path: Path | str, threads: int):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def readout_of(module: torch.nn.Module) -> str | None:
-    """The readout of an engine's module (:class:`~reservoir.model.reservoir.FixedDepths`)."""
-    return getattr(getattr(module, "reservoir", None), "readout", None)
-
-
 def file_key(
     module: torch.nn.Module,
     example: Sequence[torch.Tensor],
@@ -252,10 +247,8 @@ class ONNXForward(ConvertedForward):
     module exported, or loaded from the cache, at the first call; ``dtype`` ``float32`` or ``int8``,
     ``threads`` ONNX Runtime's intra-op threads (PyTorch's thread count)."""
 
-    def __init__(self, *args: Any, fixed_width: bool = False, **kwargs: Any):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        #: rows of one width (a task of fixed length): exported at that width
-        self.fixed_width = fixed_width
         self.path: Path | None = None
         self.how = ""
         self.inputs: list[str] = []
@@ -275,11 +268,10 @@ class ONNXForward(ConvertedForward):
         :data:`LARGE_BYTES` beside it in ``path.data``)."""
         import onnx
 
-        mean = readout_of(self.eager) == "mean"  # a readout column a position: as wide as the tokens
         dynamic = {
             "tokens": {0: "batch", 1: "width"},
             "lengths": {0: "batch"},
-            "readout": {0: "batch", 1: "width"} if mean else {0: "batch"},
+            "readout": {0: "batch", 1: "width"} if self.every_position else {0: "batch"},
         }
         big = sum(t.numel() * t.element_size() for t in self.eager.state_dict().values()) > LARGE_BYTES
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -318,12 +310,10 @@ class ONNXForward(ConvertedForward):
         """Load the cached file of this module and dtype, or export it, open a session and check against
         PyTorch float32 on ``batch``'s first rows."""
 
-        # rows of one width (a task of fixed length) export at it: a graph may depend on it (a vision model's grid)
-        width = batch[0].shape[1] if self.fixed_width else None
-        example = narrow(batch, width, every_position=readout_of(self.eager) == "mean")
+        example = self.example(batch)
         tables = self._tables()
         start = time.perf_counter()
-        dynamic = {"batch": [0], "width": [1], "readout width": readout_of(self.eager) == "mean"}
+        dynamic = {"batch": [0], "width": [1], "readout width": self.every_position}
         path = cached_file(file_key(self.eager, example, self.dtype, dynamic, tables))
         self.seconds["key"] = time.perf_counter() - start
         cached = path.exists()

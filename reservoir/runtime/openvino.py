@@ -20,7 +20,6 @@ from reservoir.runtime.engines import (
     CHECK_ROWS,
     CHECK_TOKENS,
     DYNAMIC_GROUP,
-    EXAMPLE_WIDTH,
     FORWARDS,
     INT8_DTYPES,
     STATIC_MIN_ROWS,
@@ -31,7 +30,6 @@ from reservoir.runtime.engines import (
     calibration_dtype,
     centred,
     import_openvino,
-    narrow,
     one_line,
     position_means,
     precision,
@@ -57,7 +55,7 @@ class OpenVINOForward(ConvertedForward):
         fixed_width: bool = False,
         centre_dtype: str | None = None,
     ):
-        super().__init__(eager, dtype, threads, calibration, log, width, centre_dtype)
+        super().__init__(eager, dtype, threads, calibration, log, width, fixed_width, centre_dtype)
         #: ``int8`` on rows of one width: the graph's rows fixed at ``width`` positions, a narrower batch widened
         self.fixed = dtype == "int8" and fixed_width
         #: rows of one width: each batch shape gets a graph compiled for it (:meth:`_request`); int8 keeps one
@@ -173,12 +171,11 @@ class OpenVINOForward(ConvertedForward):
         return self.static[shapes]
 
     def prepare(self, batch: tuple[torch.Tensor, ...]) -> None:
-        """Convert (from two rows cut to :data:`EXAMPLE_WIDTH` tokens), quantize (int8), compile for the CPU
-        and check against PyTorch on ``batch``'s first rows at their full width; a graph that fails the
-        check, or fails to run them, is converted again from the full width."""
-        examples = [narrow(batch)] + (
-            [tuple(t[:2] for t in batch)] if batch[0].shape[1] > EXAMPLE_WIDTH else []
-        )
+        """Convert (from :meth:`example`), quantize (int8), compile for the CPU and check against PyTorch on
+        ``batch``'s first rows at their full width; a graph from a cut example that fails the check, or fails to
+        run them, is converted again from the full width."""
+        first = self.example(batch)
+        examples = [first] + ([tuple(t[:2] for t in batch)] if first[0].shape[1] < batch[0].shape[1] else [])
         for k, example in enumerate(examples):
             rows = tuple(t[: max(1, min(CHECK_ROWS, CHECK_TOKENS // batch[0].shape[1]))] for t in batch)
             try:

@@ -408,9 +408,7 @@ class FeatureRunner:
             if self.measure_key is not None and self.converting and len(args[0]) >= MEASURE_MIN_ROWS:
                 out = self._measure(args)
             else:
-                if (
-                    self.measure_key is not None
-                ):  # the first batch's engine is the run's: every row through one
+                if self.measure_key is not None:  # too few rows to measure: this engine is the run's
                     self.measure_key = None
                     self.engine_reason += f" (not measured: a first batch of {len(args[0])} rows)"
                 out = self.forward(*args)

@@ -119,7 +119,7 @@ def train_width(task: Task, data: SplitData, dropout: float) -> int | None:
 class Batches:
     """The training batches of a run by step, each built on a worker thread while the step before it runs (and
     pinned for CUDA). Full batches only: each epoch drops a different remainder, and every step has one shape
-    (one compiled graph). ``width``: every batch padded to it (:func:`train_width`)."""
+    (one compiled graph). ``dropout``: the run's, which sets the width batches are padded to (:func:`train_width`)."""
 
     def __init__(
         self,
@@ -128,9 +128,10 @@ class Batches:
         seed: int,
         batch_size: int,
         device: torch.device,
-        width: int | None = None,
+        dropout: float = 0.0,
     ):
-        self.task, self.data, self.seed, self.batch_size, self.width = task, data, seed, batch_size, width
+        self.task, self.data, self.seed, self.batch_size = task, data, seed, batch_size
+        self.width = train_width(task, data, dropout)
         self.per_epoch = max(1, len(data) // batch_size)
         self.pin = device.type == "cuda"
         self._order: tuple[int, np.ndarray | None] = (-1, None)  # the worker thread's alone

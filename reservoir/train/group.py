@@ -60,9 +60,9 @@ class GroupBatches(Batches):
     """The training batches of a group of runs: each run's rows of its own step, one run after another."""
 
     def __init__(
-        self, task: Task, data: SplitData, batch_size: int, device: torch.device, width: int | None = None
+        self, task: Task, data: SplitData, batch_size: int, device: torch.device, dropout: float = 0.0
     ):
-        super().__init__(task, data, 0, batch_size, device, width)
+        super().__init__(task, data, 0, batch_size, device, dropout)
         self._orders: dict[int, tuple[int, np.ndarray]] = {}  # the worker thread's alone
 
     def run_rows(self, seed: int, step: int) -> np.ndarray:
@@ -463,13 +463,7 @@ class GroupRun:
         start = min(m.state.step for m in self.active)
         with (
             bar(cfg.steps, f"{self.tag} training", initial=start, enabled=progress, unit="step") as shown,
-            GroupBatches(
-                self.task,
-                self.data.train,
-                cfg.batch_size,
-                self.device,
-                train_width(self.task, self.data.train, cfg.dropout),
-            ) as batches,
+            GroupBatches(self.task, self.data.train, cfg.batch_size, self.device, cfg.dropout) as batches,
         ):
             while self.active:
                 self.step(batches.take(tuple((m.seed, m.state.step) for m in self.active)))

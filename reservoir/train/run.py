@@ -39,7 +39,7 @@ from reservoir.train.checkpoint import (
     save_checkpoint,
     settings_identity,
 )
-from reservoir.train.data import Batch, Batches, Splits, train_width
+from reservoir.train.data import Batch, Batches, Splits
 from reservoir.train.model import FPT, format_counts, param_counts, select_trainable
 from reservoir.train.seeds import run_generators
 from reservoir.train.step import evaluate, optimizer, read_steps, scores, train_dtype, train_step
@@ -482,9 +482,7 @@ def _train_run(
     # a bar of steps (rate and ETA) between the validation lines
     with (
         bar(cfg.steps, f"{run.tag} training", initial=run.state.step, enabled=progress, unit="step") as shown,
-        Batches(
-            task, data.train, seed, cfg.batch_size, device, train_width(task, data.train, cfg.dropout)
-        ) as batches,
+        Batches(task, data.train, seed, cfg.batch_size, device, cfg.dropout) as batches,
     ):
         while run.running:
             run.step(batches.take(run.state.step))
