@@ -9,7 +9,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -44,29 +44,19 @@ class OpenVINOForward(ConvertedForward):
     OpenVINO's inference threads (PyTorch's thread count), ``fixed_width``: every row spans ``width`` positions
     (a task of fixed length), and ``int8`` then fixes the graph's width."""
 
-    def __init__(
-        self,
-        eager: torch.nn.Module,
-        dtype: str,
-        threads: int,
-        calibration: Callable[[], list[tuple[np.ndarray, ...]]] | None = None,
-        log: Callable[[str], None] | None = None,
-        width: int | None = None,
-        fixed_width: bool = False,
-        centre_dtype: str | None = None,
-    ):
-        super().__init__(eager, dtype, threads, calibration, log, width, fixed_width, centre_dtype)
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         #: ``int8`` on rows of one width: the graph's rows fixed at ``width`` positions, a narrower batch widened
-        self.fixed = dtype == "int8" and fixed_width
+        self.fixed = self.dtype == "int8" and self.fixed_width
         #: rows of one width: each batch shape gets a graph compiled for it (:meth:`_request`); int8 keeps one
         #: graph, since its kernels differ by graph
-        self.static_shapes = fixed_width and dtype not in INT8_DTYPES
+        self.static_shapes = self.fixed_width and self.dtype not in INT8_DTYPES
         self.model = None
         self.static: dict[tuple[int, ...], Any] = {}
         self.shifts: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.batches: list[tuple[np.ndarray, ...]] | None = None
         #: OpenVINO streams a batch is split among: :data:`STREAMS` where each gets a thread
-        self.streams = STREAMS if threads >= STREAMS else 1
+        self.streams = STREAMS if self.threads >= STREAMS else 1
 
     def _convert(self, example: tuple[torch.Tensor, ...]):
         ov = import_openvino()
