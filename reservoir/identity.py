@@ -22,7 +22,8 @@ Identity of a feature file (:func:`feature_identity`):
 - ``unlabeled`` (data read to predict on that has no labels, ``--task-opt predict=true``): ``true``, and
   its stored labels are placeholders (``-1``);
 - ``backbone`` (a readable name; for folders their base name) and ``backbone_fingerprint``:
-  a SHA-256 of the architecture's configuration and of every weight and buffer as loaded
+  a SHA-256 of the adapter (its class and reading version), the architecture's configuration and of
+  every weight and buffer as loaded
   (before any dtype conversion), so two folders called ``checkpoint-500`` differ and a
   ``-random`` twin built from another seed differs;
 - ``seed`` and ``input_scale`` of the frozen input layer, ``depths``, the compute ``dtype``

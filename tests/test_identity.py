@@ -155,6 +155,21 @@ def test_the_random_twin_of_another_seed_is_another_backbone():
     )
 
 
+def test_an_adapter_whose_reading_changed_is_another_backbone(monkeypatch, tiny_gpt2):
+    """Features of the same weights read another way (a fixed adapter raises its ``reading``) are never
+    served from a file or checkpoint of the earlier reading; the first reading's fingerprint stays as it was."""
+    from reservoir.model.backbones import load_backbone
+    from reservoir.model.backbones.base import Backbone
+    from reservoir.model.backbones.hf import HFBackbone
+
+    lstm, gpt2 = load_backbone("lstm", 0), load_backbone(str(tiny_gpt2))
+    before = backbone_fingerprint(lstm), backbone_fingerprint(gpt2)
+    monkeypatch.setattr(HFBackbone, "reading", 3)
+    assert backbone_fingerprint(lstm) == before[0] and backbone_fingerprint(gpt2) != before[1]
+    monkeypatch.setattr(Backbone, "reading", 2)
+    assert backbone_fingerprint(lstm) != before[0]
+
+
 def test_a_partial_file_of_another_run_is_not_resumed(extract, home, monkeypatch, tmp_path, tiny_gpt2):
     from reservoir.config import ExtractConfig
     from reservoir.extract.run import extract as run_extract

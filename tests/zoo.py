@@ -75,6 +75,48 @@ def _cfg(kind: str):
             t.Gemma3TextConfig(**DECODER, num_key_value_heads=2, head_dim=8, sliding_window=6),
             t.Gemma3ForCausalLM,
         ),
+        # an embedding model's decoder run bidirectionally (EmbeddingGemma): causal by type, not as it runs
+        "gemma3_bidirectional": lambda: (
+            t.Gemma3TextConfig(
+                **DECODER,
+                num_key_value_heads=2,
+                head_dim=8,
+                sliding_window=6,
+                use_bidirectional_attention=True,
+            ),
+            t.Gemma3TextModel,
+        ),
+        # Gemma's own flag for it: its SDPA path does not honour a padding mask (transformers 5.x)
+        "gemma_bidirectional": lambda: (
+            t.GemmaConfig(**DECODER, num_key_value_heads=2, head_dim=8, use_bidirectional_attention=True),
+            t.GemmaModel,
+        ),
+        # mixes tokens by Fourier transforms: its forward takes no attention mask
+        "fnet": lambda: (
+            t.FNetConfig(
+                hidden_size=W,
+                num_hidden_layers=LAYERS,
+                intermediate_size=FF,
+                vocab_size=VOCAB,
+                max_position_embeddings=POS,
+            ),
+            t.FNetModel,
+        ),
+        "bert_generation": lambda: (t.BertGenerationConfig(**DECODER), t.BertGenerationEncoder),
+        # OPT-350m's layout: tokens projected in and the last state projected out to another width
+        "opt_project": lambda: (
+            t.OPTConfig(
+                hidden_size=W,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS,
+                ffn_dim=FF,
+                vocab_size=VOCAB,
+                max_position_embeddings=POS,
+                word_embed_proj_dim=16,
+                do_layer_norm_before=False,
+            ),
+            t.OPTForCausalLM,
+        ),
         "phi": lambda: (t.PhiConfig(**DECODER), t.PhiForCausalLM),
         "olmo": lambda: (t.OlmoConfig(**DECODER), t.OlmoForCausalLM),
         "bert": lambda: (t.BertConfig(**DECODER), t.BertForMaskedLM),
@@ -90,6 +132,11 @@ def _cfg(kind: str):
                 position_biased_input=False,
             ),
             t.DebertaV2ForMaskedLM,
+        ),
+        # the xlarge layout: a convolution the encoder applies after its first block, outside it
+        "deberta-v2-conv": lambda: (
+            t.DebertaV2Config(**DECODER, relative_attention=True, position_buckets=8, conv_kernel_size=3),
+            t.DebertaV2Model,
         ),
         "t5": lambda: (
             t.T5Config(d_model=W, d_kv=8, d_ff=FF, num_layers=LAYERS, num_heads=HEADS, vocab_size=VOCAB),
@@ -238,6 +285,10 @@ MORE = (
     "vit_msn",
     "ijepa",
     "dinov2_with_registers",
+    "gemma3_bidirectional",
+    "bert_generation",
+    "opt_project",
+    "deberta-v2-conv",
 )
 #: the kind of each: decoder, encoder, encoder-decoder's encoder, vision, state-space
 KINDS = {
@@ -259,6 +310,9 @@ KINDS = {
     "vit_msn": "vision",
     "ijepa": "vision",
     "dinov2_with_registers": "vision",
+    "gemma3_bidirectional": "encoder",
+    "bert_generation": "encoder",
+    "deberta-v2-conv": "encoder",
 }
 
 

@@ -449,9 +449,17 @@ class FeatureWriter:
     ) -> np.ndarray:
         """Create (or reopen) a split; returns its ``done`` mask."""
         if name in self.f:
-            done = self.f[name]["done"][:]
-            self.digests.start(name, self.f[name]["features"], fresh=not done.any())
-            return done
+            held = self.f[name]["features"].shape
+            if held == (len(labels), *shape):
+                done = self.f[name]["done"][:]
+                self.digests.start(name, self.f[name]["features"], fresh=not done.any())
+                return done
+            print(  # the same identity read by another version of an adapter, at another width
+                f"{partial_path(self.path)} holds {name} features of shape {held}, this run writes "
+                f"{(len(labels), *shape)}; starting {name} over",
+                file=sys.stderr,
+            )
+            del self.f[name]
         try:
             self._create(name, labels, lengths, shape)
         except (OSError, RuntimeError) as e:

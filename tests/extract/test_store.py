@@ -17,7 +17,7 @@ import pytest
 
 from reservoir.errors import StoreError
 from reservoir.extract.digests import DIGESTS, content_digests
-from reservoir.extract.store import h5_file, verify
+from reservoir.extract.store import FeatureWriter, h5_file, open_features, verify
 from tests.conftest import torch_threads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -298,3 +298,31 @@ def test_a_failed_write_names_its_cause_and_the_fix_that_helps(tmp_path, code, s
     text = str(write_failed(tmp_path / "f.h5", e))
     assert f"writing {tmp_path / 'f.h5'} stopped: {said}" in text and fix in text
     assert ("Free space" in text) == (code == 28)
+
+
+def test_a_partial_split_of_another_width_is_started_over(tmp_path, capsys):
+    """A killed run's split written at another width under the same identity (an adapter of another
+    version) is started over, not written into at the wrong shape."""
+    identity = {
+        "task": "t",
+        "backbone": "b",
+        "seed": 0,
+        "dtype": "float32",
+        "readout": "last",
+        "depths": [0, 1],
+    }
+    labels, lengths = np.arange(3), np.full(3, 4)
+    writer = FeatureWriter.open(tmp_path / "f.h5", identity, {}, {})
+    writer.split("train", labels, lengths, (2, 1, 8))
+    writer.write("train", np.arange(2), np.ones((2, 2, 1, 8), np.float32))
+    writer.close()  # killed: the .partial stays
+    writer = FeatureWriter.open(tmp_path / "f.h5", identity, {}, {})
+    done = writer.split("train", labels, lengths, (2, 1, 4))
+    assert not done.any() and writer.f["train"]["features"].shape == (3, 2, 1, 4)
+    assert (
+        "holds train features of shape (3, 2, 1, 8), this run writes (3, 2, 1, 4)" in capsys.readouterr().err
+    )
+    writer.write("train", np.arange(3), np.full((3, 2, 1, 4), 2, np.float32))
+    writer.finish()
+    with open_features(tmp_path / "f.h5") as f:
+        assert (f["train"]["features"][:] == 2).all()

@@ -205,12 +205,15 @@ def weights_kind(name: str) -> str:
 
 
 def fingerprint(model: nn.Module) -> str:
-    """SHA-256 (hex) of the backbone's class, configuration and every tensor of its state dict, each as the
+    """SHA-256 (hex) of the backbone's class (and its :attr:`~reservoir.model.backbones.base.Backbone.reading`
+    past the first), configuration and every tensor of its state dict, each as the
     module holds it (a state-dict hook's copy, such as the native GPT-2's transposed projections, is not
     made: the same digest for the same weights, without copying them)."""
     h = hashlib.sha256()
     h.update(f"{type(model).__module__}.{type(model).__qualname__}".encode())
     h.update(canonical(config_dict(getattr(model, "config", None))).encode())
+    if getattr(model, "reading", 1) != 1:  # an adapter's reading fixed since (files of the first unchanged)
+        h.update(f"reading {model.reading}".encode())
     for name, t in sorted(model.state_dict().items()):
         owner, _, attr = name.rpartition(".")
         held = getattr(model.get_submodule(owner), attr, None)

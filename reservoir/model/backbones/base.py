@@ -70,6 +70,9 @@ class Backbone(nn.Module):
     #: the one declaration of the fast paths
     capabilities: Capabilities = Capabilities(compile=True)
     causal: bool = True
+    #: the version of how the adapter reads its depths, raised when a fix changes the features of the same
+    #: weights: it enters the fingerprint, so feature files and checkpoints of an earlier reading are not reused
+    reading: int = 1
     #: longest input the backbone has positions for (``None``: no limit)
     max_positions: int | None = None
     #: std of the backbone's own token embedding as loaded; ``--input-scale matched`` draws the input layer at it

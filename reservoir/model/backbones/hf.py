@@ -9,9 +9,12 @@ not be applied to the readout rows alone), the token embedding by ``get_input_em
 model without learned positions gets the FPT's as an additive ``wpe`` initialised to zero, so frozen
 features are exactly the model's own.
 
-The generic adapter runs the model's own forward on ``inputs_embeds`` and reads the blocks' outputs
-with hooks, stopping after the deepest requested block. Blocks are counted by call, so shared blocks
-applied again (ALBERT) give one depth per application. It has no fast paths and says so when it loads.
+The generic adapter runs the model's own forward on ``inputs_embeds`` and reads each block call's
+input with hooks (the last call's output for the deepest depth), stopping at the deepest requested
+depth. Blocks are counted by call, so shared blocks applied again (ALBERT) give one depth per
+application. Whether the model is causal, and whether a padded row keeps its states, is found by
+running it (:meth:`HFBackbone.is_causal`, :meth:`HFBackbone.masks_padding`). It has no fast paths
+and says so when it loads.
 """
 
 from __future__ import annotations
@@ -153,6 +156,12 @@ class HFBackbone(Backbone):
     #: read the depths by hooks on the model's own forward (:meth:`states`); ``False`` in a family adapter
     #: that calls its blocks itself (the base's walk then runs)
     by_hooks: bool = True
+    #: a row padded beside longer ones keeps its states (a causal model's right padding always does):
+    #: :meth:`masks_padding`
+    pads: bool = True
+    #: 2: a depth is the next block call's input; causal and padding as the model runs (a vision model on
+    #: variable-length rows takes its first positions)
+    reading = 2
 
     def __init__(self, model: nn.Module, *, quiet: bool = False):
         super().__init__()
@@ -167,14 +176,18 @@ class HFBackbone(Backbone):
         ):
             object.__setattr__(self, name, value)
         self.n_layers = len(self.blocks)
-        self.d_model = int(
+        hidden = int(
             getattr(self.config, "hidden_size", None)
             or getattr(self.config, "n_embd", 0)
             or getattr(self.config, "d_model", 0)
         )
         width = getattr(self.embedding, "embedding_dim", None)
-        self.d_input = int(width) if width else self.d_model
+        self.d_input = int(width) if width else hidden
+        # the features' width: a projection after the last block (OPT-350m's project_out) sets it
+        widths = [m.out_features for m in self.after if isinstance(m, nn.Linear)]
+        self.d_model = widths[-1] if widths else hidden
         self.causal = self.is_causal()
+        self.pads = self.causal or not self.by_hooks or self.masks_padding()
         object.__setattr__(self, "positions", list(parts.positions))
         self.wpe: nn.Embedding | None = None
         if self.positions:
@@ -289,17 +302,57 @@ class HFBackbone(Backbone):
             )
         return tuple(after)
 
-    def is_causal(self) -> bool:
-        """A decoder (each token sees only earlier ones): a causal-LM type that is not also a masked-LM type."""
-        from transformers.models.auto import modeling_auto as auto
-
-        kind = self.config.model_type
-        if getattr(self.config, "is_encoder_decoder", False):
-            return False  # the encoder of an encoder-decoder is bidirectional
-        return (
-            kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-            and kind not in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    @torch.no_grad()
+    def last_states(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The last block call's output for embedded tokens ``x``, in eval mode, as float32."""
+        param = next(self.model.parameters())
+        states: list[torch.Tensor] = []
+        handle = self.blocks[-1].register_forward_hook(
+            lambda m, a, output: states.append(first_output(output).float())
         )
+        was = self.model.training
+        self.model.eval()
+        try:
+            self.own_forward(x.to(param.device, param.dtype), lengths)
+        finally:
+            handle.remove()
+            self.model.train(was)
+        return states[-1]
+
+    def same(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """``a`` equals ``b`` up to the rounding of the model's dtype."""
+        tolerance = max(1e-3, 4 * torch.finfo(next(self.model.parameters()).dtype).eps)
+        return bool((a - b).norm() <= tolerance * a.norm())
+
+    def is_causal(self) -> bool:
+        """A decoder (each token sees only earlier ones), as the model runs, not as its type is named: two
+        rows that differ only in their second token give the same last-block state of the first token
+        (a bidirectional Gemma, ``use_bidirectional_attention``, or a BERT-generation encoder do not)."""
+        x = torch.randn(2, 2, self.d_input, generator=torch.Generator().manual_seed(0))
+        x[1, 0] = x[0, 0]
+        self.causal = True  # two real tokens a row: no mask to build
+        first = self.last_states(x, torch.tensor([2, 2]))[:, 0]
+        return self.same(first[0], first[1])
+
+    def masks_padding(self) -> bool:
+        """A bidirectional model's row padded beside a longer one keeps the states it has alone: its
+        forward takes an attention mask and its attention honours it (eager attention is tried where
+        the configured one does not, as Gemma's SDPA path with a bidirectional mask)."""
+        if "attention_mask" not in accepted(self.model.forward):
+            return False
+        x = torch.randn(2, 4, self.d_input, generator=torch.Generator().manual_seed(1))
+
+        def kept() -> bool:
+            padded = self.last_states(x, torch.tensor([4, 2]))[1, :2]
+            return self.same(self.last_states(x[1:, :2], torch.tensor([2]))[0], padded)
+
+        if kept():
+            return True
+        setter = getattr(self.model, "set_attn_implementation", None)
+        if setter is None or getattr(self.config, "_attn_implementation", None) == "eager":
+            return False
+        setter("eager")
+        return kept()
 
     def drop_unused(self) -> None:
         """Remove the token embedding: the FPT input layer replaces it, and a forward given ``inputs_embeds``
@@ -318,10 +371,16 @@ class HFBackbone(Backbone):
         mask over right padding for bidirectional models, no cache."""
         names = accepted(self.model.forward)
         kwargs: dict[str, Any] = {"inputs_embeds": h}
-        if not self.causal and "attention_mask" in names:
-            kwargs["attention_mask"] = (
-                torch.arange(h.shape[1], device=h.device)[None, :] < lengths.to(h.device)[:, None]
-            ).long()
+        if not self.causal:
+            real = torch.arange(h.shape[1], device=h.device)[None, :] < lengths.to(h.device)[:, None]
+            if not self.pads and not bool(real.all()):
+                raise BackboneError(
+                    f"rows padded to a common length change this {self.config.model_type!r} model's states "
+                    "(its forward takes no attention mask, or its attention does not honour one); use it on "
+                    "a task of fixed length"
+                )
+            if "attention_mask" in names:
+                kwargs["attention_mask"] = real.long()
         if "use_cache" in names:
             kwargs["use_cache"] = False
         return kwargs
@@ -349,10 +408,12 @@ class HFBackbone(Backbone):
         return x + self.wpe(torch.arange(x.shape[1], device=x.device)).to(x.dtype)
 
     def states(self, x, lengths, depths: Sequence[int], readout):
-        """The generic adapter's walk: the model's own forward on ``inputs_embeds``, its blocks' outputs
-        read by hooks, stopped after the deepest wanted block call (``by_hooks = False``: the base's
-        :meth:`Backbone.states`). It cannot call a block itself, since each model's forward builds what
-        its blocks take (masks, position biases, caches) in its own way."""
+        """The generic adapter's walk: the model's own forward on ``inputs_embeds``, read by hooks, stopped
+        at the deepest wanted depth (``by_hooks = False``: the base's :meth:`Backbone.states`). Depth ``k``
+        is the input of the ``k+1``-th block call, as the model's own ``hidden_states`` (what its forward
+        does between blocks, such as DeBERTa-v2's convolution after the first, included), and the last
+        depth the last call's output. It cannot call a block itself, since each model's forward builds
+        what its blocks take (masks, position biases, caches) in its own way."""
         if not self.by_hooks:
             return super().states(x, lengths, depths, readout)
         self.check_depths(depths)
@@ -360,21 +421,25 @@ class HFBackbone(Backbone):
         last, caught = max(depths), {}
         wanted, calls = set(depths), [0]
 
-        def before(module, args, kwargs):  # the first block's input, at its first call only
-            if calls[0] == 0:
-                caught[0] = gather(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0], readout)
-            if last == 0:
-                raise _Stop
-
-        def after(module, args, output):  # the k-th block call gives depth k (a shared block is called again)
-            calls[0] += 1
+        def before(
+            module, args, kwargs
+        ):  # the k+1-th block call's input is depth k (a shared block is called again)
             if calls[0] in wanted:
-                caught[calls[0]] = gather(first_output(output), readout)
+                caught[calls[0]] = gather(
+                    kwargs["hidden_states"] if "hidden_states" in kwargs else args[0], readout
+                )
             if calls[0] == last:
                 raise _Stop
+            calls[0] += 1
 
-        handles = [self.blocks[0].register_forward_pre_hook(before, with_kwargs=True)] if 0 in depths else []
-        handles += [block.register_forward_hook(after) for block in unique(self.blocks)] if last else []
+        def after(module, args, output):  # the last call's output is the last depth
+            if calls[0] == self.n_layers:
+                caught[calls[0]] = gather(first_output(output), readout)
+                raise _Stop
+
+        handles = [block.register_forward_pre_hook(before, with_kwargs=True) for block in unique(self.blocks)]
+        if last == self.n_layers:
+            handles += [block.register_forward_hook(after) for block in unique(self.blocks)]
         try:
             self.own_forward(h, lengths)
         except _Stop:

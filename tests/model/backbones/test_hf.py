@@ -37,6 +37,9 @@ BLOCKS = {
     "roberta": "encoder.layer",
     "electra": "encoder.layer",
     "deberta-v2": "encoder.layer",
+    "deberta-v2-conv": "encoder.layer",
+    "bert_generation": "encoder.layer",
+    "opt_project": "decoder.layers",
     "t5": "block",
     "dinov2": "encoder.layer",
     "vit_msn": "layers",
@@ -112,9 +115,11 @@ def reference(folder, kind: str, backbone, x, lengths, readout, k: int) -> torch
         out = model(pixel_values=torch.zeros(2, 3, 32, 32)).last_hidden_state
     else:
         kwargs = {"inputs_embeds": x}
-        if not backbone.causal:
+        if KINDS.get(kind, "decoder") in ("encoder", "encoder-decoder"):  # by the zoo, not the adapter
             kwargs["attention_mask"] = (torch.arange(x.shape[1])[None] < lengths[:, None]).long()
-        if kind == "deberta-v2" and k == 0:  # DeBERTa's encoder fails with no layers: its embeddings' output
+        if (
+            kind.startswith("deberta-v2") and k == 0
+        ):  # DeBERTa's encoder fails with no layers: its embeddings' output
             out = model.embeddings(inputs_embeds=x, mask=kwargs["attention_mask"])
         else:
             out = model(**kwargs).last_hidden_state
@@ -133,13 +138,13 @@ def test_every_depth_equals_the_library_model_cut_there(request, kind):
             want = reference(folders[kind], kind, backbone, x, lengths, readout, k)
             torch.testing.assert_close(ours[:, k], want, atol=1e-5, rtol=1e-5, msg=f"{kind} depth {k}")
     assert not torch.allclose(ours[:, 1], ours[:, LAYERS])  # the blocks do something
+    assert ours.shape[-1] == backbone.d_model  # the width feature files are made for
+    assert backbone.causal == (KINDS.get(kind, "decoder") in ("decoder", "state-space"))
 
 
-@pytest.mark.parametrize("kind", ARCHITECTURES)
-def test_a_rows_features_do_not_depend_on_its_batch_mates(folders, kind):
+def alone_equals_beside_others(backbone, kind: str) -> None:
     """A 3-token row gives the same features alone as beside rows of 4, 5, 9 and 16 tokens: square and other
     widths, so a vision model's positions for rows of any length never follow the batch's padded width."""
-    backbone = load_backbone(str(folders[kind]))
     g = torch.Generator().manual_seed(0)
     row = torch.randn(1, 3, backbone.input_width, generator=g)
     with torch.inference_mode():
@@ -150,6 +155,33 @@ def test_a_rows_features_do_not_depend_on_its_batch_mates(folders, kind):
             )
             together = backbone(x, torch.tensor([3, n]), [1, LAYERS], torch.tensor([[2], [n - 1]]))
             torch.testing.assert_close(together[:1], alone, atol=1e-5, rtol=1e-5, msg=f"{kind} beside {n}")
+
+
+@pytest.mark.parametrize("kind", ARCHITECTURES + MORE)
+def test_a_rows_features_do_not_depend_on_its_batch_mates(request, kind):
+    folders = request.getfixturevalue("more_folders" if kind in MORE else "folders")
+    alone_equals_beside_others(load_backbone(str(folders[kind])), kind)
+
+
+def test_a_model_whose_attention_ignores_its_padding_mask_runs_eager_attention(tmp_path):
+    """Gemma run bidirectionally through its own flag: where its configured attention lets a padded row
+    attend to the padding, the adapter runs eager attention, and a row is the same alone and padded."""
+    alone_equals_beside_others(load_backbone(str(save_tiny("gemma_bidirectional", tmp_path))), "gemma")
+
+
+def test_a_bidirectional_model_without_an_attention_mask_refuses_padded_rows(tmp_path):
+    """FNet's forward takes no attention mask: rows of one length run, rows padded to a common length are
+    refused in words rather than mixing in the padding."""
+    from reservoir.errors import BackboneError
+
+    backbone = load_backbone(str(save_tiny("fnet", tmp_path)))
+    x = torch.randn(2, 6, backbone.input_width, generator=torch.Generator().manual_seed(0))
+    readout = torch.tensor([[5], [5]])
+    with torch.inference_mode():
+        full = backbone(x, torch.tensor([6, 6]), [1, LAYERS], readout)
+        torch.testing.assert_close(full[1:], backbone(x[1:], torch.tensor([6]), [1, LAYERS], readout[1:]))
+        with pytest.raises(BackboneError, match="rows padded to a common length change this 'fnet' model's"):
+            backbone(x, torch.tensor([6, 3]), [1], torch.tensor([[5], [2]]))
 
 
 @pytest.mark.parametrize("kind", ARCHITECTURES)
