@@ -416,7 +416,7 @@ def test_a_model_the_generic_adapter_cannot_feed_is_refused_naming_why(tmp_path)
     )
     SwinModel(config).save_pretrained(tmp_path)
     with pytest.raises(
-        BackboneError, match="'swin' vision transformer has no table of absolute patch positions.*choose"
+        BackboneError, match="'swin' vision model has no table of absolute patch positions.*choose"
     ):
         load_backbone(str(tmp_path))
 

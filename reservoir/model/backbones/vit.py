@@ -61,7 +61,7 @@ class VisionBackbone(HFBackbone):
         )
         if table is None:
             raise BackboneError(
-                f"this {self.config.model_type!r} vision transformer has no table of absolute patch positions for "
+                f"this {self.config.model_type!r} vision model has no table of absolute patch positions for "
                 "the FPT input layer's tokens to take in place of its patches (its blocks place their tokens "
                 "themselves); choose a vision transformer with one: ViT, DeiT, DINOv2 and its variants, "
                 "ViT-MSN, I-JEPA, or CLIP's or SigLIP's vision tower"
