@@ -144,6 +144,34 @@ def test_two_backbone_folders_with_the_same_name_never_share_a_file(extract, hom
     assert code == 1 and "backbone_fingerprint: stored" in out
 
 
+def test_fit_never_takes_the_features_of_another_folder_of_the_same_name(extract, cli, home, tmp_path):
+    """A folder backbone is recorded by its base name: fit by task and backbone, or given the file, compares
+    the folder's weights too, and refuses the other folder's features."""
+    a = save_tiny_gpt2(tmp_path / "a" / "checkpoint-500", seed=1)
+    b = save_tiny_gpt2(tmp_path / "b" / "checkpoint-500", seed=2)
+    code, out, fa = extract(backbone=str(a))
+    assert code == 0, out
+    fit = (
+        "-q",
+        "fit",
+        "--task",
+        "digits",
+        "--limit",
+        "24",
+        "--no-baselines",
+        "--depths",
+        "1",
+        "--val-fraction",
+        "0.5",
+    )
+    r = cli(*fit, "--backbone", str(b))
+    assert r.exit_code == 1 and "another folder named 'checkpoint-500' (other weights)" in r.output
+    r = cli(*fit, "--backbone", str(b), "--features", str(fa))
+    assert r.exit_code == 1 and f"{b} holds other weights" in r.output
+    r = cli(*fit, "--backbone", str(a))
+    assert r.exit_code == 0, r.output
+
+
 def test_the_random_twin_of_another_seed_is_another_backbone():
     from reservoir.model.backbones import load_backbone
 

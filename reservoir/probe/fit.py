@@ -102,13 +102,35 @@ def extraction_mismatch(identity: dict[str, Any], wanted: dict[str, Any]) -> str
     return None
 
 
+def other_weights(backbone: str, identity: dict[str, Any], read: dict) -> bool:
+    """Whether a folder backbone, recorded by its base name only, holds other weights than the file was
+    extracted from: loaded as the extraction loaded it, by fingerprint (``read`` caches them). A registered
+    name or setting says its weights itself; a folder no longer there cannot be checked."""
+    import contextlib
+    import io
+
+    from reservoir.model.backbones import fingerprint, load_backbone, parse_name
+
+    parsed = parse_name(backbone)
+    if parsed.source != "folder" or not Path(parsed.base).is_dir():
+        return False
+    seed, dtype = identity.get("seed", 0), identity.get("load_dtype", "float32")
+    if (backbone, seed, dtype) not in read:
+        with contextlib.redirect_stderr(io.StringIO()):  # the adapter's notes belong to extraction
+            read[backbone, seed, dtype] = fingerprint(load_backbone(backbone, seed, dtype))
+    return read[backbone, seed, dtype] != identity.get("backbone_fingerprint")
+
+
 def identity_mismatch(task: str, backbone: str | None, identity: dict[str, Any], read: dict) -> str | None:
     """Why a feature file's recorded ``identity`` is not of ``task`` (and ``backbone``), or ``None``; for
-    ``file:PATH`` tasks, by the data digest (``read`` caches the tasks built, by options)."""
+    ``file:PATH`` tasks, by the data digest, and for folder backbones by their weights (``read`` caches the
+    tasks built and the weights read)."""
     if identity.get("task") != task_label(task):
         return f"task {identity.get('task')!r}"
     if backbone is not None and identity.get("backbone") != backbone_label(backbone):
         return f"backbone {identity.get('backbone')!r}"
+    if backbone is not None and other_weights(backbone, identity, read):
+        return f"another folder named {identity.get('backbone')!r} (other weights)"
     if (path := file_task_path(task)) is not None:
         from reservoir.tasks.userfile import FileTask
 
@@ -180,6 +202,11 @@ def check_task(f: h5py.File, identity: dict[str, Any], cfg: FitConfig) -> tuple[
         raise IdentityError(
             f"{f.filename} holds features of backbone {identity['backbone']!r}, not {cfg.backbone!r}; "
             "pass the feature file of that backbone, or leave out --backbone"
+        )
+    if cfg.backbone is not None and other_weights(cfg.backbone, identity, {}):
+        raise IdentityError(
+            f"{f.filename} holds features of another folder named {identity['backbone']!r}: {cfg.backbone} holds "
+            "other weights; extract its features first, or leave out --backbone"
         )
     if (path := file_task_path(cfg.task)) is not None:
         from reservoir.tasks.userfile import FileTask

@@ -85,8 +85,9 @@ class Row:
     trainable: str
     scale: str
     run: str
-    #: the data's key (:func:`data_key`) where results of this setting were computed on several data sets with
-    #: one seed (so they are not seeds of one experiment); else ""
+    #: what tells this row from others of its setting, where results of it ran one seed on other data or
+    #: other weights of one backbone name (so they are not seeds of one experiment), e.g. ``data 1a2b3c``;
+    #: else "" (:func:`source_of`)
     data: str = ""
     by_depth: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
 
@@ -228,17 +229,28 @@ def seeds_of(r: dict[str, Any]) -> set[Any]:
     return set(identity.get("seeds") or [r.get("seed")])
 
 
-def split_by_data(keyed: list[tuple[tuple, str, dict[str, Any]]]) -> set[tuple]:
-    """Of ``(row key, data key, result)``, the row keys whose results, at one depth, share a seed but not their
-    data: the data was edited between runs, or files of one name hold other rows. Their results are not seeds
-    of one experiment."""
-    seen: dict[tuple, dict[Any, str]] = defaultdict(dict)
-    split = set()
-    for key, data, r in keyed:
+def source_of(r: dict[str, Any]) -> tuple[str, str]:
+    """What a result was computed from besides its settings: its data (:func:`data_key`) and its backbone's
+    weights (folders of one name may hold others)."""
+    from reservoir.identity import digest
+
+    identity = r.get("identity", {})
+    weights = identity.get("backbone_fingerprint") or digest({"weights": identity.get("backbone_fingerprints")})
+    return data_key(r), weights
+
+
+def split_by_source(keyed: list[tuple[tuple, tuple[str, str], dict[str, Any]]]) -> dict[tuple, str]:
+    """Of ``(row key, source, result)``, the row keys whose results, at one depth, share a seed but not their
+    source (:func:`source_of`: the data was edited between runs, files of one name hold other rows, folders
+    of one name other weights), each with what differs. Their results are not seeds of one experiment."""
+    seen: dict[tuple, dict[Any, tuple[str, str]]] = defaultdict(dict)
+    split: dict[tuple, set[int]] = defaultdict(set)
+    for key, source, r in keyed:
         by_seed = seen[key, int(r["depth"])]
-        if any(by_seed.setdefault(seed, data) != data for seed in seeds_of(r)):
-            split.add(key)
-    return split
+        for seed in seeds_of(r):
+            first = by_seed.setdefault(seed, source)
+            split[key] |= {i for i in (0, 1) if first[i] != source[i]}
+    return {key: differ for key, differ in split.items() if differ}
 
 
 def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, Any]]]:
@@ -247,10 +259,11 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
     rows: dict[tuple, Row] = {}
     scored = [with_scores(r) for r in results]
     baselines = [r for r in scored if r["mode"] == "baseline"]
-    keyed = [(row_key(r), data_key(r), r) for r in scored if r["mode"] != "baseline"]
-    split = split_by_data(keyed)
-    for key, data, r in keyed:
-        key = (*key, data if key in split else "")
+    keyed = [(row_key(r), source_of(r), r) for r in scored if r["mode"] != "baseline"]
+    split = split_by_source(keyed)
+    for key, source, r in keyed:
+        told = ", ".join(f"{('data', 'weights')[i]} {source[i][:6]}" for i in sorted(split.get(key, ())))
+        key = (*key, told)
         row = rows.setdefault(key, Row(*key))
         row.by_depth[int(r["depth"])].append(r)
     for row in rows.values():  # an end-to-end result folds its seeds; seeds run apart fold into one

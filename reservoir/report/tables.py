@@ -126,8 +126,8 @@ def row_labels(rows: list[Row]) -> dict[int, str]:
                 keys |= {k for k in set().union(*same) if len({s.get(k, "-") for s in same}) > 1}
         for r in group:
             labels[id(r)] = label + "".join(f", {k} {settings[id(r)].get(k, '-')}" for k in sorted(keys))
-            if r.data:  # one seed on several data sets (rows.collect)
-                labels[id(r)] += f", data {r.data[:6]}"
+            if r.data:  # one seed on several data sets or weights (rows.collect)
+                labels[id(r)] += f", {r.data}"
             if missing := r.missing_depths:
                 labels[id(r)] += (
                     f" (incomplete: depths {', '.join(map(str, missing))} of its fit have no result)"

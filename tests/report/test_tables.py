@@ -508,6 +508,23 @@ def test_results_of_one_seed_on_other_data_are_never_averaged_as_seeds():
     assert row.spread(0)[2] == 2
 
 
+def test_results_of_one_seed_of_other_weights_of_one_backbone_name_are_never_averaged_as_seeds():
+    """Two folders of one name (``checkpoint-500``) hold other weights: their results at one seed are two rows
+    told apart by the weights, each folding its own seeds; a random twin's seeds (weights drawn from the seed)
+    still fold into one row."""
+
+    def of(weights: str, seed: int, test: float) -> dict:
+        return output_only(0, 0.5, test, seed=seed, data="same", backbone_fingerprint=weights)
+
+    rep = Report([of("aaaaaa1", 0, 0.6), of("aaaaaa1", 1, 0.7), of("bbbbbb2", 0, 0.2)])
+    assert sorted(row.spread(0)[2] for row in rep.rows) == [1, 2]
+    task = rep.task_table()
+    assert "| b, seed [0, 1], weights aaaaaa | ridge | 65.0 ± 7.1 (n=2) (50/50) |" in task, task
+    assert "| b, seed 0, weights bbbbbb | ridge | 20.0 (50/50) |" in task, task
+    (row,) = Report([output_only(0, 0.5, test, seed=seed) for seed, test in ((0, 0.5), (1, 0.7))]).rows
+    assert row.spread(0)[2] == 2 and not row.data
+
+
 def test_a_fit_that_stopped_before_its_last_depths_is_marked_incomplete():
     """Results of a fit asked for every depth but written for the first ones only (Ctrl-C, a full disk) are
     never shown as a whole fit: the row says which depths have no result; a fit asked for fewer depths is
