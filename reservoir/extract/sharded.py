@@ -96,7 +96,7 @@ def shard_state(path: Path, identity: dict[str, Any], engine: str) -> bool:
                     f"by {engine}"
                 )
             if complete and not diff:
-                verify(f, fix="")
+                verify(f, fix="", shard=True)
     except StoreError as e:
         print(f"{str(e).rstrip('; ')}; extracting it again", file=sys.stderr)
         os.remove(path)

@@ -292,24 +292,57 @@ def readable(f: h5py.File) -> bool:
 # ---------------------------------------------------------------- content digests: verify before trust
 
 
+def check_header(f: h5py.File, fix: str = FIX_FORCE, shard: bool = False) -> dict[str, Any]:
+    """A complete file's identity, once its readable attributes agree with it and every split it names is
+    there (a ``shard`` holds one); StoreError saying ``fix`` otherwise."""
+    from reservoir.identity import digest
+
+    identity = stored_identity(f, fix)
+    told = {"identity_hash": digest(identity)} | {k: identity[k] for k in HEADER if k in identity}
+    for key, value in told.items():
+        held = f.attrs.get(key)
+        held = held.tolist() if hasattr(held, "tolist") else held
+        if held != value:
+            raise StoreError(
+                f"{f.filename}: its {key} attribute ({held!r}) is not its identity's ({value!r}): the file was "
+                f"edited or damaged since it was completed; {fix}"
+            )
+    missing = [s for s in identity.get("splits", []) if s not in f and not shard]
+    if missing:
+        raise StoreError(
+            f"{f.filename}: split {missing[0]!r} of its identity is missing: the file is damaged; {fix}"
+        )
+    return identity
+
+
 def verify(
-    f: h5py.File, depths: list[int] | None = None, splits: list[str] | None = None, fix: str = FIX_FORCE
+    f: h5py.File,
+    depths: list[int] | None = None,
+    splits: list[str] | None = None,
+    fix: str = FIX_FORCE,
+    shard: bool = False,
 ) -> None:
-    """Before a complete file is trusted: read ``depths`` of ``splits`` (default: all) through their
-    checksums, refuse NaN or inf, and compare every digest with the one recorded at completion
-    (StoreError saying ``fix`` otherwise). A file without recorded digests is checked for readable
-    chunks and finite values only."""
+    """Before a complete file is trusted: its readable attributes agree with its identity, every split
+    the identity names is there and fully written; read ``depths`` of ``splits`` (default: all) through
+    their checksums, refuse NaN or inf, and compare every digest with the one recorded at completion
+    (StoreError saying ``fix`` otherwise). Files of formats before digests were recorded (1 and 2) are
+    checked for readable chunks and finite values only. A ``shard`` holds one split of its run's identity."""
+    identity = check_header(f, fix, shard)
     stored_depths = [int(d) for d in f.attrs["depths"]]
     for split in feature_splits(f) if splits is None else splits:
         g = f[split]
         try:
             recorded = json.loads(g.attrs[DIGESTS]) if DIGESTS in g.attrs else None
             labels, lengths = g["labels"][:], g["lengths"][:]
+            written = bool(g["done"][:].all()) if "done" in g else identity.get("format", 0) < DIGESTED_FORMAT
         except (OSError, ValueError) as e:
             raise StoreError(
                 f"{f.filename}: split {split!r} cannot be read ({str(e).splitlines()[0]}): the file is "
                 f"corrupt; {fix}"
             ) from None
+        if not written or (recorded is None and identity.get("format", 0) >= DIGESTED_FORMAT):
+            why = "rows never written" if not written else "no digests recorded at completion"
+            raise StoreError(f"{f.filename}: split {split!r} has {why}: the file is damaged; {fix}")
         for depth in stored_depths if depths is None else depths:
             k = depth_index(f, depth)
             where = f"{f.filename}: split {split!r}, depth {depth}"
@@ -587,12 +620,18 @@ def write_joined(
     return out
 
 
+#: the identity's fields a feature file also holds as attributes of their own, for reading at a glance
+HEADER = ("task", "backbone", "seed", "dtype", "readout", "depths")
+#: the first feature format whose complete files record their digests
+DIGESTED_FORMAT = 3
+
+
 def _write_header(
     f: h5py.File, identity: dict[str, Any], config: dict[str, Any], input_layer: dict[str, Any]
 ) -> None:
     f.attrs["identity"] = canonical(identity)
     f.attrs["identity_hash"] = digest(identity)
-    f.attrs.update({k: identity[k] for k in ("task", "backbone", "seed", "dtype", "readout")})
+    f.attrs.update({k: identity[k] for k in HEADER[:-1]})
     f.attrs["depths"] = np.asarray(identity["depths"], dtype=np.int64)
     if identity.get("class_names"):
         f.attrs["class_names"] = json.dumps(identity["class_names"])

@@ -19,6 +19,7 @@ import numpy as np
 from reservoir.config import FitConfig, select_depths
 from reservoir.errors import DataError, IdentityError, StoreError, UsageError
 from reservoir.extract.store import (
+    check_header,
     class_names,
     command_of,
     extract_command,
@@ -330,6 +331,8 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         if other is not None:
             raise IdentityError(f"{path} holds features of {other}, not of the extraction asked for")
         depths = select_depths(cfg.depths, identity["depths"], f"in {path}")
+        fix = f"extract it again: `{extract_command(f)}`"
+        check_header(f, fix)
         val, tests = split_roles(f, identity["splits"])
         if "train" not in f or not tests:
             raise StoreError(
@@ -347,7 +350,7 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             f,
             depths,
             ["train", *([val] if val else []), *tests],
-            fix=f"extract it again: `{extract_command(f)}`",
+            fix=fix,
         )
         check_label_rows(path, f, identity)
         check_split_classes(path, f, identity)

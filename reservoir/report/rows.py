@@ -235,7 +235,9 @@ def source_of(r: dict[str, Any]) -> tuple[str, str]:
     from reservoir.identity import digest
 
     identity = r.get("identity", {})
-    weights = identity.get("backbone_fingerprint") or digest({"weights": identity.get("backbone_fingerprints")})
+    weights = identity.get("backbone_fingerprint") or digest(
+        {"weights": identity.get("backbone_fingerprints")}
+    )
     return data_key(r), weights
 
 

@@ -68,7 +68,41 @@ def edit(path: Path, split: str, depth_index: int, value: float) -> None:
         ds[5, depth_index] = x
 
 
+def attrs(path: Path, split: str | None = None, **edits) -> None:
+    """Edit attributes of the file (or of one split) after completion; ``None`` deletes one."""
+    with h5py.File(path, "r+") as f:
+        where = f if split is None else f[split]
+        for name, value in edits.items():
+            if value is None:
+                del where.attrs[name]
+            else:
+                where.attrs[name] = value(where.attrs[name]) if callable(value) else value
+
+
+def hollow(path: Path, what: str) -> None:
+    """Remove a split, or mark a row of train never written, as a copied .partial marked complete holds."""
+    with h5py.File(path, "r+") as f:
+        if what == "split":
+            del f["test"]
+        else:
+            f["train"]["done"][3] = False
+
+
 DAMAGE = {
+    "digests removed": (
+        lambda p: attrs(p, "train", **{DIGESTS: None}),
+        r"split 'train' has no digests recorded at completion: the file is damaged",
+    ),
+    "a split removed": (lambda p: hollow(p, "split"), r"split 'test' of its identity is missing"),
+    "rows never written": (lambda p: hollow(p, "done"), r"split 'train' has rows never written"),
+    "an attribute edited": (
+        lambda p: attrs(p, seed=7),
+        r"its seed attribute \(7\) is not its identity's \(0\): the file was edited",
+    ),
+    "its hash edited": (
+        lambda p: attrs(p, identity_hash="0123456789"),
+        r"its identity_hash attribute \('0123456789'\) is not its identity's",
+    ),
     "flipped bytes": (
         lambda p: flip_bytes(p, "test", 1),
         r"split 'test', depth 1 cannot be read \(.*\): the file is corrupt",
@@ -118,6 +152,14 @@ def test_a_damaged_complete_file_is_refused_by_extract_and_fit_and_force_extract
             assert a[split].attrs[DIGESTS] == b[split].attrs[DIGESTS]
     r = cli("-q", "fit", "--features", str(out), "--head", "ridge", "--no-baselines")
     assert r.exit_code == 0, r.output
+
+
+def test_fit_refuses_a_file_whose_identity_was_edited(cli, home, tmp_path, reference):
+    out = tmp_path / "f.h5"
+    shutil.copy(reference, out)
+    attrs(out, identity=lambda i: i.replace('"input_scale":"paper"', '"input_scale":"matched"'))
+    r = cli("-q", "fit", "--features", str(out), "--head", "ridge", "--no-baselines")
+    assert r.exit_code == 1 and "its identity_hash attribute" in r.output, r.output
 
 
 def test_fit_by_task_and_backbone_verifies_the_file_it_finds(cli, home, tiny_gpt2):

@@ -109,6 +109,7 @@ def test_a_file_made_before_splits_were_checked_for_their_classes_is_refused(cli
     import h5py
 
     import reservoir.tasks.sizes
+    from reservoir.identity import digest
 
     rng = np.random.default_rng(0)
     x = rng.random((40, 6, 3)).astype("float32")
@@ -122,6 +123,7 @@ def test_a_file_made_before_splits_were_checked_for_their_classes_is_refused(cli
         identity = json.loads(f.attrs["identity"])
         identity.pop("subset")
         f.attrs["identity"] = json.dumps({**identity, "format": 2})
+        f.attrs["identity_hash"] = digest({**identity, "format": 2})
     r = cli("-q", "fit", "--features", str(path), "--no-baselines")
     assert r.exit_code == 1, r.output
     assert "split 'train' lacks class 3, which 'test' holds" in r.output
