@@ -510,7 +510,7 @@ def _parameter(cls: type, f: dataclasses.Field):
         type=None if flag else _type(cls, f),
         is_flag=flag == "single" or None,
         multiple=cli.get("multiple", False),
-        default=None,
+        **({} if required else {"default": None}),  # click 8.5 takes a default of None as given
         required=required,
         metavar=cli.get("metavar"),
         hidden=cli.get("hidden", False),

@@ -35,6 +35,36 @@ def test_bad_depths_and_task_options_exit_2_while_parsing(cli, home):
     assert not (home / "features").exists()
 
 
+def test_every_required_option_left_out_exits_2_naming_it(cli, home):
+    """Each command run without a required option says which, as a usage error, for every click version."""
+    import click
+
+    from reservoir.cli import main
+
+    def commands(group, path=()):
+        for name, command in group.commands.items():
+            if isinstance(command, click.Group):
+                yield from commands(command, (*path, name))
+            else:
+                yield (*path, name), command
+
+    checked = 0
+    for path, command in commands(main):
+        required = [p for p in command.params if p.required and isinstance(p, click.Option)]
+        (home / "given").write_text("")
+        arguments = [
+            str(home / "given") for p in command.params if p.required and isinstance(p, click.Argument)
+        ]
+        if required:
+            r = cli(*path, *arguments)
+            assert r.exit_code == 2 and "Missing option" in r.output and "Traceback" not in r.output, (
+                path,
+                r.output,
+            )
+            checked += 1
+    assert checked >= 4
+
+
 def test_fit_depth_is_the_single_depth_form_of_depths(cli, home, tmp_path):
     """`reservoir fit --depth 6`: on a 12-block file it fits depth 6 and no other."""
     from tests.conftest import save_tiny_gpt2
