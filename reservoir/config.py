@@ -84,7 +84,7 @@ def parse_depths(value: Any) -> str | tuple[int, ...]:
         if text == "all":
             return "all"
         try:
-            depths = tuple(int(p) for p in text.split(",") if p.strip())
+            depths = tuple(int(p) for p in text.split(","))
         except ValueError:
             depths = ()
         if not depths:

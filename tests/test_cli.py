@@ -26,6 +26,8 @@ def test_unknown_backbone_exits_2(cli, home):
 def test_bad_depths_and_task_options_exit_2_while_parsing(cli, home):
     r = cli("extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,x", "--limit", "4")
     assert r.exit_code == 2 and "depths '0,x' must be 'all' or comma-separated integers" in r.output
+    r = cli("extract", "--task", "digits", "--backbone", "lstm", "--depths", "0,,1", "--limit", "4")
+    assert r.exit_code == 2 and "depths '0,,1' must be 'all' or comma-separated integers" in r.output
     r = cli("extract", "--task", "digits", "--task-opt", "colour=red")
     assert r.exit_code == 2 and "unknown option 'colour' for task 'digits'" in r.output
     r = cli("extract", "--task", "bit_xor", "--task-opt", "n_bits=five")
