@@ -270,6 +270,10 @@ def verify(task: Task, data_dir: Path) -> Report:
         r.lines.append(f"  {path.name}: {verdict}")
     spec = task.spec
     sizes = s.sizes
+    r.lines += [f"  read {took}" for took in getattr(task, "took", [])]
+    if names := getattr(task, "class_names", None):
+        shown = ", ".join(f"{k} {name}" for k, name in enumerate(names[:20]))
+        r.lines.append(f"  classes: {shown}{f', ... ({len(names)} in all)' if len(names) > 20 else ''}")
     for split in spec.splits:
         try:
             d = task.load(split, data_dir)

@@ -215,8 +215,11 @@ class FileTask(Task):
             dims = {s: self._dim(d) for s, d in splits.items()}
             ids = not any(dims.values())
             tops = {s: max(int(r.max()) for r in d.inputs) if ids else 0 for s, d in splits.items()}
+            self.took = [f"{path}: arrays {', '.join(sorted(arrays))}"]
         else:
             parts = self._h5_parts(path) if kind == "h5" else self._source_parts(path, kind)
+            #: where the inputs and labels were read, each source in words (``reservoir data verify`` says it)
+            self.took = list(dict.fromkeys(f"{p.where}, labels: {p.target}" for p in parts))
             splits, dims, tops = self._read_parts(path, self._joined(path, parts) if self.predict else parts)
         for s in (PREDICT_SPLIT,) if self.predict else ("train", "test"):
             if s not in splits or not len(splits[s]):

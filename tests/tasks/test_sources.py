@@ -634,3 +634,17 @@ def test_split_words_in_names_and_hidden_files_are_read_as_meant(tmp_path):
     task = get_task(f"file:{classes}")
     assert task.class_names == ["c1", "train"]
     assert sum(len(task.load(s, ".")) for s in task.spec.splits) == 6
+
+
+def test_data_verify_names_the_columns_it_took_and_the_classes(cli, tmp_path):
+    """`reservoir data verify file:PATH` says where the inputs and labels were read and the classes by id."""
+    x = np.random.default_rng(0).random((40, 6, 2))
+    pq.write_table(
+        pa.table({"x": [r.tolist() for r in x], "label": ["cat", "dog"] * 20}), tmp_path / "mine.parquet"
+    )
+    r = cli("data", "verify", f"file:{tmp_path / 'mine.parquet'}")
+    assert r.exit_code == 0, r.output
+    assert (
+        "read mine.parquet: column 'x', labels: column 'label'" in r.output
+        and "classes: 0 cat, 1 dog" in r.output
+    )
