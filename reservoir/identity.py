@@ -16,7 +16,8 @@ Identity of a feature file (:func:`feature_identity`):
 - ``subset``: how ``limit`` rows of each split were taken, the rule and its seed (the run's
   ``--seed``): ``{"rule": "stratified", "seed": S}`` (a seeded sample stratified by class),
   ``random``, ``draws`` (a generated task's first draws) or ``all`` (no limit); rules in
-  :data:`reservoir.tasks.SUBSET_RULES`. Files of format 2 and before took the first ``limit`` rows
+  :data:`reservoir.tasks.SUBSET_RULES`, with ``left_out``, the classes of the whole train split the
+  sample holds none of, where it lost some. Files of format 2 and before took the first ``limit`` rows
   and record no ``subset``;
 - ``class_names`` (where the data names its classes): the name of each class id;
 - ``unlabeled`` (data read to predict on that has no labels, ``--task-opt predict=true``): ``true``, and
@@ -44,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,7 @@ def feature_identity(
     calibration: Mapping[str, Any] | None = None,
     load_dtype: str = "float32",
     store_dtype: str = "float32",
+    left_out: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The identity of a feature file (module docstring); ``backbone`` is the readable label and
     ``backbone_fingerprint`` the hash of :func:`reservoir.model.backbones.fingerprint`; ``load_dtype``,
@@ -199,7 +201,7 @@ def feature_identity(
         "dtype": dtype,
         "readout": readout,
         "limit": limit,
-        "subset": task.subset(limit, seed),
+        "subset": task.subset(limit, seed) | ({"left_out": [int(c) for c in left_out]} if left_out else {}),
         "splits": list(data),
         **extra,
     }

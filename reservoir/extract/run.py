@@ -164,12 +164,12 @@ def load_splits(task: Task, cfg: ExtractConfig) -> dict[str, SplitData]:
     return {s: task.load(s, Path(cfg.data_dir), cfg.limit, cfg.seed) for s in splits}
 
 
-def check_split_classes(task: Task, data: dict[str, SplitData], cfg: ExtractConfig) -> None:
-    """Refuse, before anything is extracted, a train split that lacks classes another split holds
-    (:func:`reservoir.tasks.sizes.check_classes`)."""
-    from reservoir.tasks.sizes import check_classes
+def check_split_classes(task: Task, data: dict[str, SplitData], cfg: ExtractConfig) -> list[int]:
+    """Refuse, before anything is extracted, a train split that lacks classes another split holds; the
+    classes a ``--limit`` sample left out of every split (:func:`reservoir.tasks.sizes.check_sample`)."""
+    from reservoir.tasks.sizes import check_sample
 
-    check_classes(
+    return check_sample(
         f"task {cfg.task!r}",
         {s: d.labels for s, d in data.items()},
         limit=cfg.limit,
@@ -426,7 +426,7 @@ def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run
     depths = select_depths(
         cfg.depths, range(backbone.n_layers + 1), f"in backbone {cfg.backbone} ({backbone.n_layers} blocks)"
     )
-    check_split_classes(task, data, cfg)  # the options checked first, then the data's classes
+    lost = check_split_classes(task, data, cfg)  # the options checked first, then the data's classes
     labels = next(iter(data.values())).labels
     if cfg.readout == "all" and labels.ndim == 1:
         log(
@@ -488,6 +488,7 @@ def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run
         calibration=calibration,
         load_dtype=cfg.load_dtype,
         store_dtype=cfg.store_dtype,
+        left_out=lost,
     )
     out = Path(cfg.out) if cfg.out else features_path_for(identity)
     batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)

@@ -71,7 +71,9 @@ def data_label(r: dict[str, Any]) -> str:
     if rule == "draws":
         return text + f": the first draws (--limit {limit})"
     seed = f", seed {subset['seed']}" if "seed" in subset else ""
-    return text + f": a {rule} sample (--limit {limit}{seed})"
+    lost = subset.get("left_out")
+    without = f", without class{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))}" if lost else ""
+    return text + f": a {rule} sample (--limit {limit}{seed}){without}"
 
 
 @dataclass

@@ -11,7 +11,9 @@ scored).
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -128,6 +130,33 @@ def _lacking(sets: dict[str, set[int]]) -> set[int]:
     if "train" not in sets:
         return set()
     return set().union(*sets.values()) - sets["train"]
+
+
+def check_sample(
+    where: str,
+    labels: Mapping[str, np.ndarray],
+    *,
+    limit: int | None,
+    names: Sequence[str] | None,
+    full: Callable[[str], np.ndarray] | None,
+) -> list[int]:
+    """:func:`check_classes`, then the classes of the whole train split (``full("train")``) that a ``--limit``
+    sample's splits hold none of, said on stderr (its results are of fewer classes) and returned."""
+    full = functools.cache(full) if full is not None else None
+    check_classes(where, labels, limit=limit, names=names, full=full)
+    if limit is None or full is None or "train" not in labels:
+        return []
+    sets = _class_sets({**labels, "whole": full("train")})
+    lost = sorted(sets.pop("whole", set()) - set().union(*sets.values()))
+    if lost:
+        kept = len(sets.get("train", ()))
+        print(
+            f"note: {where}: the sample of --limit {limit} holds {kept} of train's {kept + len(lost)} classes, "
+            f"{_classes_text(lost, names)} left out of every split: its results are of {kept} classes; pass "
+            f"--limit {keeps_every_class(full('train'))} or more to keep them all",
+            file=sys.stderr,
+        )
+    return lost
 
 
 def keeps_every_class(labels: np.ndarray) -> int:

@@ -74,14 +74,16 @@ class RunState:
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 
-def settings_identity(cfg: TrainConfig, task, data) -> dict[str, Any]:
-    """The part of a training identity shared by every run of a sweep: task, data and settings."""
+def settings_identity(cfg: TrainConfig, task, data, left_out: list[int] = ()) -> dict[str, Any]:
+    """The part of a training identity shared by every run of a sweep: task, data (with the classes a
+    ``--limit`` sample left out) and settings."""
     settings = {
         k: v
         for k, v in cfg.to_json().items()
         if k not in RESUMABLE_CHANGES and k not in ("task", "backbone", "task_options", "seed")
     }
-    subset = {"subset": task.subset(cfg.limit, cfg.seed)} if cfg.limit is not None else {}
+    lost = {"left_out": [int(c) for c in left_out]} if left_out else {}
+    subset = {"subset": task.subset(cfg.limit, cfg.seed) | lost} if cfg.limit is not None else {}
     return {
         "format": CHECKPOINT_FORMAT,
         "task": task_label(cfg.task),

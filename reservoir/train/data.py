@@ -15,7 +15,7 @@ import torch
 from reservoir.config import TrainConfig
 from reservoir.errors import DataError, interrupt_after
 from reservoir.tasks import SplitData, Task
-from reservoir.tasks.sizes import check_classes, check_train_split, stratify_by
+from reservoir.tasks.sizes import check_sample, check_train_split, stratify_by
 from reservoir.train.seeds import rng
 
 
@@ -27,6 +27,8 @@ class Splits:
     #: the task's names of the validation split (``None``: held out of train) and of the test split used
     val_name: str | None = None
     test_name: str = "test"
+    #: the classes of the whole train split a ``--limit`` sample left out of every split
+    left_out: list[int] = dataclasses.field(default_factory=list)
 
     def named(self) -> dict[str, SplitData]:
         return {"train": self.train, "val": self.val, "test": self.test}
@@ -59,7 +61,7 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
     read = {"train": train, test_names[0]: test}
     if val_name is not None:
         val = read[val_name] = task.load(val_name, data_dir, cfg.limit, cfg.seed)
-    check_classes(
+    left_out = check_sample(
         f"task {task.spec.name!r}",
         {s: d.labels for s, d in read.items()},
         limit=cfg.limit,
@@ -83,7 +85,7 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
     for name, d in (("train", train), (val_name or "held-out validation", val), (test_names[0], test)):
         if len(d) == 0:
             raise DataError(f"the {name} split of task {task.name!r} is empty; check --data-dir and --limit")
-    return Splits(train, val, test, val_name, test_names[0])
+    return Splits(train, val, test, val_name, test_names[0], left_out)
 
 
 def batch_tensors(

@@ -157,7 +157,7 @@ def train(
             "reservoir fit --head ridge)"
         )
     data = load_data(task, cfg)
-    shared = settings_identity(cfg, task, data.named())
+    shared = settings_identity(cfg, task, data.named(), data.left_out)
     log = lambda msg: log_line(msg, progress)  # noqa: E731
     seeds = list(range(cfg.seed, cfg.seed + cfg.seeds))
     runs: dict[float, list[dict[str, Any]]] = {}

@@ -257,7 +257,7 @@ def train_run(
     if log is None:
         log = lambda msg: log_line(msg, progress)  # noqa: E731
     if shared is None:
-        shared = settings_identity(cfg, task, data.named())
+        shared = settings_identity(cfg, task, data.named(), data.left_out)
     device = resolve_device(cfg.device)
     with run_generators(seed, device):
         return _train_run(

@@ -49,3 +49,28 @@ def test_the_limit_named_to_keep_every_class_is_the_smallest_that_does(counts):
 
     assert all(kept(need, seed) == len(counts) for seed in range(5))
     assert need == len(counts) or all(kept(need - 1, seed) < len(counts) for seed in range(5))
+
+
+def test_a_limit_sample_that_loses_a_class_says_so_and_records_it(cli, home):
+    """digits --limit 9: a stratified sample of 9 rows cannot hold 10 classes. Extraction says which class
+    every split lost and the --limit that keeps them all; the identity records it, and so does the data's
+    label in a report, so its results never stand as the 10-class task's."""
+    import json
+
+    import h5py
+
+    from reservoir.report.rows import data_label
+
+    r = cli("-q", "extract", "--task", "digits", "--backbone", "lstm", "--limit", "9", "--depths", "0")
+    assert r.exit_code == 0, r.output
+    assert (
+        "note: task 'digits': the sample of --limit 9 holds 9 of train's 10 classes, class 8 left out of "
+        "every split: its results are of 9 classes; pass --limit 10 or more to keep them all"
+    ) in r.stderr
+    with h5py.File(r.stdout.strip().splitlines()[-1]) as f:
+        identity = json.loads(f.attrs["identity"])
+    assert identity["subset"] == {"rule": "stratified", "seed": 0, "left_out": [8]}
+    label = data_label({"identity": identity})
+    assert label.endswith("a stratified sample (--limit 9, seed 0), without class 8"), label
+    r = cli("-q", "extract", "--task", "digits", "--backbone", "lstm", "--limit", "10", "--depths", "0")
+    assert r.exit_code == 0 and "note:" not in r.stderr

@@ -645,6 +645,5 @@ def test_data_verify_names_the_columns_it_took_and_the_classes(cli, tmp_path):
     r = cli("data", "verify", f"file:{tmp_path / 'mine.parquet'}")
     assert r.exit_code == 0, r.output
     assert (
-        "mine.parquet: column 'x', labels: column 'label'" in r.output
-        and "classes: 0 cat, 1 dog" in r.output
+        "mine.parquet: column 'x', labels: column 'label'" in r.output and "classes: 0 cat, 1 dog" in r.output
     )
