@@ -190,7 +190,7 @@ def run_user_file(
             check_failure(code, output, str(path), path.name)
             assert not complete_files(home / "features")  # no feature file (a .partial at most)
         else:
-            features = Path(output.strip().splitlines()[-1])
+            features = Path(next(line for line in reversed(output.splitlines()) if line.endswith(".h5")))
             with h5_file(features) as f:
                 assert f.attrs["complete"]
                 verify(f)
