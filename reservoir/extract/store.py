@@ -220,9 +220,17 @@ def check_complete_match(path: Path, identity: dict[str, Any], fix: str = FIX_FO
 
 def move_aside(path: Path, identity: dict[str, Any]) -> Path:
     """``--force``: move the complete file of this very run at ``path`` aside (``FILE.old``, ``FILE.old-2``,
-    ...); a file of another run is refused as without it."""
-    with _open_h5(path) as f:
-        check_identity(f, identity)
+    ...); a file of another run is refused as without it, an HDF5 file too damaged to open moved aside too."""
+    try:
+        with _open_h5(path) as f:
+            check_identity(f, identity)
+    except StoreError:
+        if not h5py.is_hdf5(path):
+            raise
+        print(
+            f"{path} cannot be opened (truncated or damaged), so its run is unknown; moving it aside",
+            file=sys.stderr,
+        )
     aside, n = path.with_name(path.name + ".old"), 1
     while aside.exists():
         n += 1
@@ -458,6 +466,12 @@ class FeatureWriter:
                     raise IdentityError(
                         f"{tmp} is an unfinished run with other settings ({'; '.join(diff)}); rerun with the same "
                         "options to resume it, pass another --out, or delete it to start over"
+                    )
+                if any(f[name]["features"].is_virtual for name in feature_splits(f)):
+                    f.close()
+                    raise StoreError(
+                        f"{tmp} was joined from the shards of a run with --workers and not finished; rerun with "
+                        "--workers to finish it from its shards, or delete it to extract in one process"
                     )
                 if readable(f):
                     return cls(path, f, lock)

@@ -368,3 +368,38 @@ def test_a_partial_split_of_another_width_is_started_over(tmp_path, capsys):
     writer.finish()
     with open_features(tmp_path / "f.h5") as f:
         assert (f["train"]["features"][:] == 2).all()
+
+
+def test_a_sharded_join_cut_short_is_finished_by_workers_and_named_to_one_process(
+    cli, home, tmp_path, tiny_gpt2
+):
+    """A run with --workers killed while joining leaves FILE.partial of virtual datasets over its shards: one
+    process says to finish it with --workers (no traceback), and --workers finishes it from its shards."""
+    out = tmp_path / "joined.h5"
+    assert extract(cli, tiny_gpt2, out, "--workers", "1", "--shard-rows", "64").exit_code == 0
+    with h5py.File(out, "r+") as f:  # as the join leaves it before it is sealed and renamed
+        f.attrs["complete"] = False
+    out.rename(tmp_path / "joined.h5.partial")
+    r = extract(cli, tiny_gpt2, out)
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert (
+        "was joined from the shards of a run with --workers and not finished; rerun with --workers"
+        in r.output
+    )
+    r = extract(cli, tiny_gpt2, out, "--workers", "1", "--shard-rows", "64")
+    assert r.exit_code == 0, r.output
+    with h5_file(out) as f:
+        verify(f)
+
+
+def test_force_moves_aside_a_complete_file_too_truncated_to_open(cli, home, tmp_path, reference, tiny_gpt2):
+    out = tmp_path / "f.h5"
+    shutil.copy(reference, out)
+    os.truncate(out, out.stat().st_size // 2)
+    r = extract(cli, tiny_gpt2, out)
+    assert r.exit_code == 1 and "cannot be opened" in r.output, r.output
+    r = extract(cli, tiny_gpt2, out, "--force")
+    assert r.exit_code == 0 and "cannot be opened (truncated or damaged)" in r.output, r.output
+    assert out.with_name("f.h5.old").stat().st_size < reference.stat().st_size
+    with h5_file(out) as f:
+        verify(f)
