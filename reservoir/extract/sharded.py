@@ -262,7 +262,10 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
         plans = {}
         for (split, _, _), (_, batches) in todo.items():
             plans.setdefault(split, []).extend(batches)
-        compile = run.compile_for(plans)
+        # by the whole run, not what is left: a resumed run compiles (or not) as its first attempt did
+        compile = run.compile_for(
+            {split: [b for (_, batches) in planned[split] for b in batches] for split in planned}
+        )
         n_done = sum(len(v) for v in shards.values()) - len(todo)
         log(
             f"extracting {run.task.name} through {cfg.backbone} as {sum(len(v) for v in shards.values())} shards "

@@ -202,6 +202,28 @@ def test_a_shard_of_another_run_is_refused_and_a_missing_shard_is_named(cli, hom
     assert extract(cli, tiny_gpt2, out, "--workers", "1").exit_code == 0 and shard.exists()
 
 
+def test_a_resumed_sharded_run_decides_compile_by_the_whole_run(cli, home, tiny_gpt2, monkeypatch):
+    """The compile decision (by size) of a sharded run counts every shard's tokens, those already done too:
+    a rerun after a kill compiles as the first attempt did, so its rows are of one graph."""
+    import reservoir.extract.run
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    sizes = []
+    monkeypatch.setattr(
+        reservoir.extract.run,
+        "should_compile",
+        lambda setting, tokens, backbone=None: sizes.append(tokens) and False,
+    )
+    out = home / "s.h5"
+    assert extract(cli, tiny_gpt2, out, "--workers", "1").exit_code == 0
+    out.unlink()
+    for shard in sorted((home / "s.h5.shards").glob("train-*.h5"))[1:]:
+        shard.unlink()  # a kill that left the first shard only
+    r = extract(cli, tiny_gpt2, out, "--workers", "1")
+    assert r.exit_code == 0, r.output
+    assert len(sizes) == 2 and sizes[0] == sizes[1] > 0
+
+
 # int8-static centres and scales with the calibration rows, dynamic int8 only centres: about 40 s each
 @pytest.mark.parametrize("dtype", [pytest.param("int8", marks=pytest.mark.slow), "int8-static"])
 def test_int8_shards_calibrate_on_the_same_rows_as_one_process(cli, home, tiny_gpt2, monkeypatch, dtype):
