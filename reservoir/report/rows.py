@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,9 +50,10 @@ def data_key(r: dict[str, Any]) -> str:
     )
 
 
-def data_label(r: dict[str, Any]) -> str:
+def data_label(r: dict[str, Any], seeds: Sequence[Any] = ()) -> str:
     """The data of a result in words: rows per split and how a ``--limit`` took them, e.g. ``train 200, test
-    100 rows: a stratified sample (--limit 200, seed 0)``."""
+    100 rows: a stratified sample (--limit 200, seed 0)``; ``seeds``: those of the samples of a row of several
+    (``seeds 0, 1, 2``)."""
     identity = r.get("identity", {})
     data = identity.get("data")
     sizes = (
@@ -71,6 +73,7 @@ def data_label(r: dict[str, Any]) -> str:
     if rule == "draws":
         return text + f": the first draws (--limit {limit})"
     seed = f", seed {subset['seed']}" if "seed" in subset else ""
+    seed = f", seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 and seed else seed
     lost = subset.get("left_out")
     without = f", without class{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))}" if lost else ""
     return text + f": a {rule} sample (--limit {limit}{seed}){without}"
@@ -323,7 +326,9 @@ def data_groups(rows: list[Row], task: str, every_mode: bool = False) -> list[Da
         if row.task != task or not (every_mode or row.mode == "output-only"):
             continue
         keys = data_keys(row)
-        label = data_label(row.results[0]) + (
+        subsets = [r.get("identity", {}).get("subset") or {} for r in row.results]
+        seeds = sorted({s["seed"] for s in subsets if "seed" in s}, key=str)
+        label = data_label(row.results[0], seeds) + (
             f" ({len(keys)} data sets, one per seed)" if len(keys) > 1 else ""
         )
         groups.setdefault(keys, DataGroup(task, keys, label)).rows.append(row)

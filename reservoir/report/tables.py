@@ -93,7 +93,7 @@ def _settings(row: Row) -> dict[str, str]:
         if key in UNLABELLED:
             continue
         for k, v in value.items() if isinstance(value, dict) else [(None, value)]:
-            text = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+            text = v if isinstance(v, str) else "none" if v is None else json.dumps(v, sort_keys=True)
             out[key if k is None else f"{key}.{k}"] = text if len(text) <= 24 else text[:21] + "..."
     out |= {f"fit {k}": json.dumps(v) for k, v in fit_settings(row.results[0]).items()}
     if follows_run_seed(row.task):  # the data's seed is the run's: the seed says it
@@ -519,8 +519,9 @@ class Report:
         folder = Path(folder)
         written = []
         for task in dict.fromkeys(r.task for r in self.rows):
-            rows = [r for r in self.rows if r.task == task and r.mode == "output-only"]
-            if rows:
+            groups = self.groups(task)  # one plot per data: a row only beside its own data's baselines
+            for k, group in enumerate(groups, 1):
+                rows = group.rows
                 curves = {
                     f"{self.label(r)} ({r.head})": {d: 100 * r.spread(d)[0] for d in sorted(r.by_depth)}
                     for r in rows
@@ -539,23 +540,18 @@ class Report:
                     }
                     if numbers:
                         paper[f"paper: {name}"] = numbers
-                groups = self.groups(task)
-                baselines = {  # each data's own, named by its data where the task mixes data
-                    f"{baseline_label(b['baseline'])} ({b['head']}{', ' + g.label if len(groups) > 1 else ''})": 100
-                    * b["test_score"]
-                    for g in groups
-                    for b in baselines_of(g, self.baselines)
+                baselines = {
+                    f"{baseline_label(b['baseline'])} ({b['head']})": 100 * b["test_score"]
+                    for b in baselines_of(group, self.baselines)
                 }
-                size = rows[0].size
                 written.append(
                     depth_plot(
                         curves,
-                        folder / f"{task}-depth.png",
+                        folder / (f"{task}-depth.png" if len(groups) == 1 else f"{task}-depth-{k}.png"),
                         baselines=baselines,
                         chosen=chosen,
                         paper=paper or None,
-                        title=f"{task}: test accuracy by depth (n train/test {size}); "
-                        "ring: depth chosen on validation",
+                        title=f"{task}: test accuracy by depth ({group.label}); ring: depth chosen on validation",
                     )
                 )
             runs = {

@@ -572,3 +572,50 @@ def test_fits_of_one_file_with_another_val_fraction_are_not_seeds_and_fit_seeds_
     assert sorted(by_label) == ["b, fit val_fraction 0.1", "b, fit val_fraction 0.3"], sorted(by_label)
     assert by_label["b, fit val_fraction 0.1"].spread(0)[2] == 2
     assert by_label["b, fit val_fraction 0.3"].spread(0)[:2] == (0.7, None)
+
+
+def test_a_row_of_samples_of_several_seeds_names_every_seed_and_a_full_run_says_no_limit():
+    """A row folding --limit samples drawn by seeds 0 and 1 says both seeds in its data line (not the first
+    result's); a setting without --limit beside one with it is labelled ``limit none``."""
+
+    def sampled(seed, test, limit=50):
+        subset = {"rule": "stratified", "seed": seed} if limit else {"rule": "all"}
+        return output_only(0, 0.5, test, seed=seed, subset=subset, limit=limit)
+
+    from reservoir.report.rows import data_groups
+
+    (group,) = data_groups(Report([sampled(1, 0.6), sampled(0, 0.7)]).rows, "mnist")
+    assert group.label.endswith("(--limit 50, seeds 0, 1) (2 data sets, one per seed)"), group.label
+    task = Report([sampled(0, 0.6), sampled(0, 0.7, limit=None)]).task_table()
+    assert "| b, limit none | ridge |" in task and "| b, limit 50 | ridge |" in task, task
+
+
+def test_a_task_of_several_data_plots_each_data_with_its_own_baselines(tmp_path):
+    """Rows of a full run and of a --limit sample are plotted apart, each beside its own data's baselines,
+    the data named in its title; a task of one data keeps one plot."""
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    results = []
+    for data, limit, test in (("full", None, 0.8), ("small", 50, 0.4)):
+        results += [output_only(d, 0.5, test, data=data, limit=limit) for d in (0, 1)]
+        b = output_only(None, test / 2, test / 2, backbone="baseline-raw", data=data, limit=limit)
+        b.update(mode="baseline", baseline="raw")
+        results.append(b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        written = Report(results).plots(tmp_path)
+    assert sorted(p.name for p in written) == ["mnist-depth-1.png", "mnist-depth-2.png"]
+    assert [p.name for p in Report(results[:3]).plots(tmp_path / "one")] == ["mnist-depth.png"]
+
+    from reservoir.report import plots
+
+    drawn = []
+    real = plots.depth_plot
+    plots.depth_plot = lambda curves, path, **kw: drawn.append((curves, kw["baselines"])) or path
+    try:
+        Report(results).plots(tmp_path / "again")
+    finally:
+        plots.depth_plot = real
+    pairs = sorted((next(iter(c.values()))[0], list(b.values())) for c, b in drawn)
+    assert pairs == [(40.0, [20.0]), (80.0, [40.0])]  # each data's curve beside its own baseline only
