@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import secrets
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -272,10 +273,16 @@ def load_results(paths: Iterable[Path]) -> list[dict[str, Any]]:
     not results (or results of an older schema) are skipped.
     """
     out: dict[str, dict[str, Any]] = {}
+    skipped: list[Path] = []
     for p in paths:
         p = Path(p)
         files = sorted(p.rglob("*.json")) if p.is_dir() else [p]
         for f in files:
+            if f.suffix != ".json" and not p.is_dir():
+                raise DataError(
+                    f"{f} is not a reservoir result (results are the .json files `reservoir fit` and `reservoir "
+                    "train` write; a feature file or a saved probe is not one): pass those, or their folder"
+                )
             try:
                 obj = json.loads(f.read_text())
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -287,6 +294,7 @@ def load_results(paths: Iterable[Path]) -> list[dict[str, Any]]:
                 obj = with_scores(obj)
             if not _is_result(obj):
                 if p.is_dir():
+                    skipped.append(f)
                     continue
                 raise DataError(
                     f"{f} is not a reservoir result (it lacks "
@@ -294,4 +302,9 @@ def load_results(paths: Iterable[Path]) -> list[dict[str, Any]]:
                     "pass result files written by `reservoir fit` or `reservoir train`"
                 )
             out.setdefault(obj["key"], {**obj, "path": str(f)})
+    if skipped:
+        print(
+            f"note: skipped {len(skipped)} JSON file(s) that are not results, such as {skipped[0]}",
+            file=sys.stderr,
+        )
     return list(out.values())

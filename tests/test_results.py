@@ -88,3 +88,14 @@ def test_a_write_that_fails_names_the_file_and_the_fix_and_leaves_nothing(tmp_pa
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"] and target.read_text() == "before"
     with pytest.raises(StoreError, match="could not be written: its folder cannot be made .* Choose another"):
         atomic_write(target / "under-a-file.json", lambda f: f.write(b"x"))
+
+
+def test_report_names_a_file_of_another_kind_and_the_json_it_skips(cli, tmp_path):
+    """A feature file or a saved probe given to report is named as not a result (not 'rerun the fit'); in a
+    folder, JSON files that are not results are skipped with a note."""
+    (tmp_path / "f.h5").write_bytes(b"\\x89HDF\\r\\n\\x1a\\n" + bytes(64))
+    r = cli("report", str(tmp_path / "f.h5"))
+    assert r.exit_code == 1 and "f.h5 is not a reservoir result" in r.output and "rerun" not in r.output, r.output
+    (tmp_path / "notes.json").write_text("{}")
+    r = cli("report", str(tmp_path))
+    assert "skipped 1 JSON file(s) that are not results" in r.stderr, r.output
