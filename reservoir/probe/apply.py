@@ -272,6 +272,16 @@ def predict_data(
         depths=(probe.depth,),
         task_options=task.identity_options(),
     )
-    path = extract(cfg, progress=progress, task=task, accept=lambda run: check_run(probe, run))
+    try:
+        path = extract(cfg, progress=progress, task=task, accept=lambda run: check_run(probe, run))
+    except UsageError as e:  # a backbone the probe's depth is not in: say first that it is another backbone
+        from reservoir.model.backbones import label
+
+        if not isinstance(backbone, str) or label(backbone) == identity["backbone"]:
+            raise
+        raise IdentityError(
+            f"--backbone {backbone} is not the probe's backbone ({identity['backbone']!r}), and {e}; pass "
+            "--backbone with the probe's model, or leave it out"
+        ) from None
     predictions, labels, names = predict_file(probe, path, PREDICT_SPLIT)
     return Predicted(probe, predictions, labels, PREDICT_SPLIT, path, data, task.files, task.unlabeled, names)

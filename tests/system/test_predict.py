@@ -152,8 +152,11 @@ def test_bad_input_is_refused_in_words_before_any_file_is_written(tmp_path, cli,
     r = cli("predict", "--probe", probe_path, "--data", str(mine), "--backbone", str(other_model))
     assert r.exit_code == 1 and "loads other weights than the probe's features came from" in r.stderr
     assert "Traceback" not in r.output
+    shallow = save_tiny_gpt2(tmp_path / "shallow", n_layer=1)  # has no depth 2, the probe's
+    r = cli("predict", "--probe", probe_path, "--data", str(mine), "--backbone", str(shallow))
+    assert r.exit_code == 1 and "is not the probe's backbone ('tiny-gpt20'), and depth" in r.stderr, r.output
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    assert [p for p in after if p not in before] == [
+    assert [p for p in after if p not in before and "shallow" not in p.parts] == [
         narrow.relative_to(tmp_path),
         other.relative_to(tmp_path),
     ]
