@@ -328,7 +328,7 @@ def test_a_too_small_split_is_refused_naming_limit(extract, cli, home):
         r.exit_code == 1
         and "leaves 3 for validation and 27 to train on, fewer than one per class for validation" in r.output
     )
-    assert "pass --limit 91 or more (now 30)" in r.output
+    assert "extract the features again with --limit 91 or more (now 30)" in r.output
 
 
 def test_flipped_bytes_in_a_feature_chunk_fail_loudly(extract, cli, home):

@@ -240,6 +240,7 @@ def check_sizes(
         val_fraction=cfg.val_fraction,
         n_val=None if has_val else (lambda n: math.ceil(cfg.val_fraction * n)),
         n_classes=n_classes,
+        extracted=True,
     )
 
 

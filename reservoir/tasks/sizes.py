@@ -47,14 +47,16 @@ def holdout_minimum(classes: int, n_val: Callable[[int], int]) -> int:
     return high
 
 
-def _more(limit: int | None, need: int | None, n: int) -> str:
+def _more(limit: int | None, need: int | None, n: int, extracted: bool = False) -> str:
     """What to do about a train split of ``n`` examples, ``need`` wanted: raise ``--limit`` where it cut the
-    split, else give more data."""
+    split (``extracted``: the features' extraction's), else give more data."""
     if limit is not None and n >= limit:
+        how = "extract the features again with" if extracted else "pass"
         return (
-            f"pass --limit {need} or more (now {limit}), or leave --limit out"
+            f"{how} --limit {need} or more (now {limit}), or leave --limit out"
             if need
-            else f"raise --limit (now {limit}) or leave it out"
+            else f"{'extract the features again with a larger --limit' if extracted else 'raise --limit'} "
+            f"(now {limit}) or leave it out"
         )
     short = f" (the data holds fewer than --limit {limit}; a task option may set its size)" if limit else ""
     return (f"give at least {need} training examples" if need else "give more examples") + short
@@ -68,8 +70,10 @@ def check_train_split(
     n_val: Callable[[int], int] | None,
     val_fraction: float,
     n_classes: int = 0,
+    extracted: bool = False,
 ) -> None:
-    """Refuse a train split too small to mean anything (UsageError naming ``--limit`` and the minimum).
+    """Refuse a train split too small to mean anything (UsageError naming ``--limit`` and the minimum;
+    ``extracted``: the limit is the features' extraction's, so the fix is to extract again).
 
     ``n_val(n)``: the validation examples held out of ``n`` (``None``: the task has its own validation
     split). ``n_classes``: the task's classes (the classes present when larger)."""
@@ -80,14 +84,14 @@ def check_train_split(
             return
         raise UsageError(
             f"{where}: the train split has {n} examples of real-valued targets, too few to fit a head"
-            f"{' and hold out a validation part' if n_val is not None else ''}: {_more(limit, None, n)}"
+            f"{' and hold out a validation part' if n_val is not None else ''}: {_more(limit, None, n, extracted)}"
         )
     if labels.ndim == 1:
         present = len(np.unique(labels))
         if present < 2:
             raise UsageError(
                 f"{where}: the train split holds {'no examples' if n == 0 else f'a single class in its {n} examples'}; "
-                f"a head needs at least two classes: {_more(limit, None, n)}"
+                f"a head needs at least two classes: {_more(limit, None, n, extracted)}"
             )
     else:
         present = min(max(int(np.unique(labels).size), 1), max(n_classes, 2))
@@ -102,7 +106,7 @@ def check_train_split(
     raise UsageError(
         f"{where}: the train split has {n} {kind} of {present} classes; holding out --val-fraction "
         f"{val_fraction:g} leaves {held} for validation and {n - held} to train on, fewer than one per "
-        f"class for {short}: {_more(limit, need, n)}, or {fix} --val-fraction"
+        f"class for {short}: {_more(limit, need, n, extracted)}, or {fix} --val-fraction"
     )
 
 
