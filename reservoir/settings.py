@@ -359,10 +359,9 @@ class Config:
             if parse is not None and value is not None:
                 try:
                     object.__setattr__(self, f.name, parse(value))
-                except UsageError:
-                    raise
-                except (TypeError, ValueError) as e:
-                    raise UsageError(str(e)) from None
+                except (UsageError, TypeError, ValueError) as e:  # named by its option unless it names itself
+                    said = str(e) if f.name in str(e) else f"{option_name(type(self), f.name)} {e}"
+                    raise UsageError(said) from None
         validate(self, self.command)
         self.combined()
 

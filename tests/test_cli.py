@@ -196,6 +196,8 @@ def test_listings(cli):
 
 
 BAD_VALUES = [
+    (("train", "--task", "digits", "--lr", "abc"), "--lr 'abc' must be a comma-separated list of float values"),
+    (("train", "--task", "digits", "--trainable", ""), "--trainable '' names no values"),
     (
         ("extract", "--task", "bit_xor", "--task-opt", "n_bits=-3"),
         "The 'n_bits' option of task bit_xor must be in [1, 1048576]. Got -3 instead.",
