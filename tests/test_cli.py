@@ -196,7 +196,10 @@ def test_listings(cli):
 
 
 BAD_VALUES = [
-    (("train", "--task", "digits", "--lr", "abc"), "--lr 'abc' must be a comma-separated list of float values"),
+    (
+        ("train", "--task", "digits", "--lr", "abc"),
+        "--lr 'abc' must be a comma-separated list of float values",
+    ),
     (("train", "--task", "digits", "--trainable", ""), "--trainable '' names no values"),
     (
         ("extract", "--task", "bit_xor", "--task-opt", "n_bits=-3"),

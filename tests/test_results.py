@@ -95,7 +95,9 @@ def test_report_names_a_file_of_another_kind_and_the_json_it_skips(cli, tmp_path
     folder, JSON files that are not results are skipped with a note."""
     (tmp_path / "f.h5").write_bytes(b"\\x89HDF\\r\\n\\x1a\\n" + bytes(64))
     r = cli("report", str(tmp_path / "f.h5"))
-    assert r.exit_code == 1 and "f.h5 is not a reservoir result" in r.output and "rerun" not in r.output, r.output
+    assert r.exit_code == 1 and "f.h5 is not a reservoir result" in r.output and "rerun" not in r.output, (
+        r.output
+    )
     (tmp_path / "notes.json").write_text("{}")
     r = cli("report", str(tmp_path))
     assert "skipped 1 JSON file(s) that are not results" in r.stderr, r.output

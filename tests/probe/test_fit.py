@@ -95,7 +95,9 @@ def test_fit_refuses_a_train_split_too_small_and_writes_no_result(cli, home, tin
     path = extract(cli, "digits", tiny_gpt2, "--limit", limit, "--depths", "0")
     r = cli("fit", "--features", str(path), "--head", "ridge")
     assert (
-        r.exit_code == 1 and "fewer than one per class for validation: extract the features again with --limit 91 or more" in r.output
+        r.exit_code == 1
+        and "fewer than one per class for validation: extract the features again with --limit 91 or more"
+        in r.output
     ), r.output
     assert "or raise --val-fraction" in r.output
     assert f"(now {limit})" in r.output and "Traceback" not in r.output
