@@ -321,6 +321,10 @@ class ExtractConfig(Config):
                 f"give --workers ({self.workers}) or --scheduler ({self.scheduler!r}), not both: "
                 "--scheduler uses the workers of a running cluster"
             )
+        if self.engine != "auto" and self.dtype != "auto":  # before any data or model is read
+            refused = ENGINES.factory(self.engine).refuses(self.dtype)
+            if refused is not None:
+                raise UsageError(refused)
         if self.load_dtype != "float32":
             if self.engine != "auto" and ENGINES.factory(self.engine).converts:
                 raise UsageError(

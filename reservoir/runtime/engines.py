@@ -112,19 +112,24 @@ class Engine:
             + (" with --dtype auto" if dtype in INT8_DTYPES else "")
         )
 
+    def refuses(self, dtype: str) -> str | None:
+        """Why it does not compute ``dtype`` (a dtype it lacks, with the engines that have it); ``None`` when it does."""
+        if dtype in self.dtypes:
+            return None
+        others = [e.name for e in engines() if dtype in e.dtypes and e is not self]
+        return (
+            f"--engine {self.name} computes {' or '.join(self.dtypes)}, not --dtype {dtype}; choose "
+            f"--dtype {' or '.join(self.dtypes)}" + (f", or --engine {' or '.join(others)}" if others else "")
+        )
+
     def why_not(self, dtype: str, device: torch.device, backbone: Any = None) -> ReservoirError | None:
         """Why it cannot run ``dtype`` on ``device`` here, as the error to raise; ``None`` when it can."""
         if device.type not in self.devices:
             return DeviceError(
                 f"--engine {self.name} runs on the CPU, not {device}; use --engine torch on {device}, or --device cpu"
             )
-        if dtype not in self.dtypes:
-            others = [e.name for e in engines() if dtype in e.dtypes and e is not self]
-            return UsageError(
-                f"--engine {self.name} computes {' or '.join(self.dtypes)}, not --dtype {dtype}; choose "
-                f"--dtype {' or '.join(self.dtypes)}"
-                + (f", or --engine {' or '.join(others)}" if others else "")
-            )
+        if (refused := self.refuses(dtype)) is not None:
+            return UsageError(refused)
         if not self.installed():
             return UsageError(self.missing(dtype))
         return None
@@ -185,7 +190,8 @@ class TorchEngine(Engine):
     devices = ("cpu", "cuda", "mps")
     converts = False
 
-    def why_not(self, dtype: str, device: torch.device, backbone: Any = None) -> ReservoirError | None:
+    def refuses(self, dtype: str) -> str | None:
+        """The int8 dtypes: the engines that compute them (how to install those missing); else ``None``."""
         if dtype not in INT8_DTYPES:
             return None
         computing = [e for e in engines() if dtype in e.dtypes]
@@ -198,9 +204,7 @@ class TorchEngine(Engine):
             f"--engine {e.name}" + ("" if e.installed() or i else f" ({e.install})")
             for i, e in enumerate(computing)
         )
-        return UsageError(
-            f"--dtype {dtype} runs on {runs_it}; pass {ways}, or choose --dtype auto, float32 or bfloat16"
-        )
+        return f"--dtype {dtype} runs on {runs_it}; pass {ways}, or choose --dtype auto, float32 or bfloat16"
 
 
 @register_engine

@@ -465,7 +465,7 @@ def test_a_bad_engine_or_an_int8_dtype_on_pytorch_is_refused(extract, home):
     assert {"torch", "openvino", "onnxruntime"} <= set(choices)
     r, _ = extract("--dtype", "int8", "--engine", "torch")
     assert (
-        r.exit_code == 1
+        r.exit_code == 2  # a usage error found before any data or model is read
         and "--dtype int8 runs on the OpenVINO or ONNX Runtime engine; pass --engine openvino" in r.output
     )
     assert "Traceback" not in r.output and not list((home / "features").rglob("*.h5*"))

@@ -237,7 +237,7 @@ def test_engine_onnxruntime_through_the_cli_equals_torch_and_an_export_failure_e
     np.testing.assert_allclose(ours, read(home / "torch.h5")[2], rtol=1e-4, atol=1e-5)
     r = cli(*base, "--engine", "onnxruntime", "--dtype", "bfloat16", "--out", str(home / "bf16.h5"))
     assert (
-        r.exit_code == 1 and "--engine onnxruntime computes float32 or int8, not --dtype bfloat16" in r.output
+        r.exit_code == 2 and "--engine onnxruntime computes float32 or int8, not --dtype bfloat16" in r.output
     )
     failing_export(monkeypatch)
     monkeypatch.setenv("RESERVOIR_CACHE", str(home / "empty-cache"))
