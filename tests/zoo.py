@@ -32,6 +32,17 @@ DECODER = dict(
 )
 
 
+#: OPT names its sizes its own way
+OPT = dict(
+    hidden_size=W,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    ffn_dim=FF,
+    vocab_size=VOCAB,
+    max_position_embeddings=POS,
+)
+
+
 def _cfg(kind: str):
     import transformers as t
 
@@ -47,18 +58,7 @@ def _cfg(kind: str):
             t.GPTJForCausalLM,
         ),
         "gpt_neox": lambda: (t.GPTNeoXConfig(**DECODER), t.GPTNeoXForCausalLM),
-        "opt": lambda: (
-            t.OPTConfig(
-                hidden_size=W,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS,
-                ffn_dim=FF,
-                vocab_size=VOCAB,
-                max_position_embeddings=POS,
-                word_embed_proj_dim=W,
-            ),
-            t.OPTForCausalLM,
-        ),
+        "opt": lambda: (t.OPTConfig(**OPT, word_embed_proj_dim=W), t.OPTForCausalLM),
         "llama": lambda: (t.LlamaConfig(**DECODER, num_key_value_heads=2), t.LlamaForCausalLM),
         "mistral": lambda: (
             t.MistralConfig(**DECODER, num_key_value_heads=2, sliding_window=6),
@@ -92,29 +92,11 @@ def _cfg(kind: str):
             t.GemmaModel,
         ),
         # mixes tokens by Fourier transforms: its forward takes no attention mask
-        "fnet": lambda: (
-            t.FNetConfig(
-                hidden_size=W,
-                num_hidden_layers=LAYERS,
-                intermediate_size=FF,
-                vocab_size=VOCAB,
-                max_position_embeddings=POS,
-            ),
-            t.FNetModel,
-        ),
+        "fnet": lambda: (t.FNetConfig(**DECODER), t.FNetModel),
         "bert_generation": lambda: (t.BertGenerationConfig(**DECODER), t.BertGenerationEncoder),
         # OPT-350m's layout: tokens projected in and the last state projected out to another width
         "opt_project": lambda: (
-            t.OPTConfig(
-                hidden_size=W,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS,
-                ffn_dim=FF,
-                vocab_size=VOCAB,
-                max_position_embeddings=POS,
-                word_embed_proj_dim=16,
-                do_layer_norm_before=False,
-            ),
+            t.OPTConfig(**OPT, word_embed_proj_dim=16, do_layer_norm_before=False),
             t.OPTForCausalLM,
         ),
         "phi": lambda: (t.PhiConfig(**DECODER), t.PhiForCausalLM),
