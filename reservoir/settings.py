@@ -359,8 +359,14 @@ class Config:
             if parse is not None and value is not None:
                 try:
                     object.__setattr__(self, f.name, parse(value))
-                except (UsageError, TypeError, ValueError) as e:  # named by its option unless it names itself
-                    said = str(e) if f.name in str(e) else f"{option_name(type(self), f.name)} {e}"
+                except (
+                    UsageError,
+                    TypeError,
+                    ValueError,
+                ) as e:  # a message opening with the value: its option first
+                    said = (
+                        f"{option_name(type(self), f.name)} {e}" if str(e).startswith(repr(value)) else str(e)
+                    )
                     raise UsageError(said) from None
         validate(self, self.command)
         self.combined()

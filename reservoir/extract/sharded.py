@@ -259,9 +259,6 @@ def extract_sharded(run, *, progress: bool = True) -> Path:
                 shards[split].append((start, stop, path))
                 if not shard_state(path, identity, engine):
                     todo[(split, start, stop)] = (path, batches)
-        plans = {}
-        for (split, _, _), (_, batches) in todo.items():
-            plans.setdefault(split, []).extend(batches)
         # by the whole run, not what is left: a resumed run compiles (or not) as its first attempt did
         compile = run.compile_for(
             {split: [b for (_, batches) in planned[split] for b in batches] for split in planned}

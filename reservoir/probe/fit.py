@@ -324,8 +324,8 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             try:  # the file the features came from, still there and unchanged: its baselines too
                 named = dataclasses.replace(cfg, task=FILE_TASK + recorded)
                 checked, cfg = check_task(f, identity, named), named
-            except IdentityError:
-                checked = None
+            except IdentityError:  # the file changed: no baselines, but the backbone is still checked
+                checked = check_task(f, identity, dataclasses.replace(cfg, task=None))
         else:
             checked = check_task(f, identity, cfg)
         other = extraction_mismatch(identity, cfg.extraction)

@@ -50,10 +50,10 @@ def data_key(r: dict[str, Any]) -> str:
     )
 
 
-def data_label(r: dict[str, Any], seeds: Sequence[Any] = ()) -> str:
+def data_label(r: dict[str, Any], seeds: Sequence[Any] = (), lost: Sequence[int] | None = None) -> str:
     """The data of a result in words: rows per split and how a ``--limit`` took them, e.g. ``train 200, test
     100 rows: a stratified sample (--limit 200, seed 0)``; ``seeds``: those of the samples of a row of several
-    (``seeds 0, 1, 2``)."""
+    (``seeds 0, 1, 2``), and ``lost`` the classes any of them left out (default: this result's)."""
     identity = r.get("identity", {})
     data = identity.get("data")
     sizes = (
@@ -74,7 +74,7 @@ def data_label(r: dict[str, Any], seeds: Sequence[Any] = ()) -> str:
         return text + f": the first draws (--limit {limit})"
     seed = f", seed {subset['seed']}" if "seed" in subset else ""
     seed = f", seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 and seed else seed
-    lost = subset.get("left_out")
+    lost = subset.get("left_out") if lost is None else lost
     without = f", without class{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))}" if lost else ""
     return text + f": a {rule} sample (--limit {limit}{seed}){without}"
 
@@ -205,9 +205,11 @@ def run_of(r: dict[str, Any]) -> str:
     drawn = isinstance(options, dict) and options.get("seed") == first_seed and follows_run_seed(r["task"])
     if drawn:
         identity["task_options"] = {k: v for k, v in options.items() if k != "seed"}
-    subset = identity.get("subset")  # a --limit sample is drawn by the run's seed too
+    subset = identity.get(
+        "subset"
+    )  # a --limit sample is drawn by the run's seed too, and the classes it lost
     if isinstance(subset, dict) and subset.get("seed") == first_seed:
-        identity["subset"] = {k: v for k, v in subset.items() if k != "seed"}
+        identity["subset"] = {k: v for k, v in subset.items() if k not in ("seed", "left_out")}
     drawn = E2E_SEED_DRAWN if end_to_end else SEED_DRAWN
     kept = {k: v for k, v in identity.items() if k not in drawn}
     return digest({**kept, "fit": fit_settings(r)} if fit_settings(r) else kept)[:6]
@@ -234,30 +236,42 @@ def seeds_of(r: dict[str, Any]) -> set[Any]:
     return set(identity.get("seeds") or [r.get("seed")])
 
 
-def source_of(r: dict[str, Any]) -> tuple[str, str]:
-    """What a result was computed from besides its settings: its data (:func:`data_key`) and its backbone's
-    weights (folders of one name may hold others)."""
-    from reservoir.identity import digest
-
+def source_of(r: dict[str, Any], seed: Any) -> tuple[str, str]:
+    """What a result's run of ``seed`` was computed from besides its settings: its data (:func:`data_key`) and
+    its backbone's weights at that seed (folders of one name may hold others)."""
     identity = r.get("identity", {})
-    weights = identity.get("backbone_fingerprint") or digest(
-        {"weights": identity.get("backbone_fingerprints")}
-    )
-    return data_key(r), weights
+    by_seed = identity.get("backbone_fingerprints") or {}
+    weights = identity.get("backbone_fingerprint") or by_seed.get(str(seed)) or by_seed.get(seed)
+    return data_key(r), str(weights)
 
 
-def split_by_source(keyed: list[tuple[tuple, tuple[str, str], dict[str, Any]]]) -> dict[tuple, str]:
-    """Of ``(row key, source, result)``, the row keys whose results, at one depth, share a seed but not their
-    source (:func:`source_of`: the data was edited between runs, files of one name hold other rows, folders
-    of one name other weights), each with what differs. Their results are not seeds of one experiment."""
+def split_by_source(keyed: list[tuple[tuple, dict[str, Any]]]) -> dict[tuple, list[str]]:
+    """Of ``(row key, result)``, the row keys whose results, at one depth, share a seed but not their source
+    (:func:`source_of`: the data was edited between runs, files of one name hold other rows, folders of one
+    name other weights), each with what differs (``data``, ``weights``). Their results are not seeds of one
+    experiment."""
     seen: dict[tuple, dict[Any, tuple[str, str]]] = defaultdict(dict)
     split: dict[tuple, set[int]] = defaultdict(set)
-    for key, source, r in keyed:
+    for key, r in keyed:
         by_seed = seen[key, int(r["depth"])]
         for seed in seeds_of(r):
+            source = source_of(r, seed[0] if isinstance(seed, tuple) else seed)
             first = by_seed.setdefault(seed, source)
             split[key] |= {i for i in (0, 1) if first[i] != source[i]}
-    return {key: differ for key, differ in split.items() if differ}
+    return {key: [("data", "weights")[i] for i in sorted(differ)] for key, differ in split.items() if differ}
+
+
+def told_apart(r: dict[str, Any], differ: list[str]) -> str:
+    """What tells a result's row from others of its setting (:func:`split_by_source`), e.g. ``weights 1a2b3c``."""
+    if not differ:
+        return ""
+    seed = next(iter(sorted(seeds_of(r), key=str)))
+    source = dict(zip(("data", "weights"), source_of(r, seed[0] if isinstance(seed, tuple) else seed)))
+    if r["mode"] != "output-only" and "weights" in differ:  # several seeds' weights: one digest of them all
+        from reservoir.identity import digest
+
+        source["weights"] = digest({"weights": r.get("identity", {}).get("backbone_fingerprints")})
+    return ", ".join(f"{what} {source[what][:6]}" for what in differ)
 
 
 def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, Any]]]:
@@ -266,11 +280,10 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
     rows: dict[tuple, Row] = {}
     scored = [with_scores(r) for r in results]
     baselines = [r for r in scored if r["mode"] == "baseline"]
-    keyed = [(row_key(r), source_of(r), r) for r in scored if r["mode"] != "baseline"]
+    keyed = [(row_key(r), r) for r in scored if r["mode"] != "baseline"]
     split = split_by_source(keyed)
-    for key, source, r in keyed:
-        told = ", ".join(f"{('data', 'weights')[i]} {source[i][:6]}" for i in sorted(split.get(key, ())))
-        key = (*key, told)
+    for key, r in keyed:
+        key = (*key, told_apart(r, split.get(key, [])))
         row = rows.setdefault(key, Row(*key))
         row.by_depth[int(r["depth"])].append(r)
     for row in rows.values():  # an end-to-end result folds its seeds; seeds run apart fold into one
@@ -328,7 +341,8 @@ def data_groups(rows: list[Row], task: str, every_mode: bool = False) -> list[Da
         keys = data_keys(row)
         subsets = [r.get("identity", {}).get("subset") or {} for r in row.results]
         seeds = sorted({s["seed"] for s in subsets if "seed" in s}, key=str)
-        label = data_label(row.results[0], seeds) + (
+        lost = sorted({c for s in subsets for c in s.get("left_out", ())})
+        label = data_label(row.results[0], seeds, lost) + (
             f" ({len(keys)} data sets, one per seed)" if len(keys) > 1 else ""
         )
         groups.setdefault(keys, DataGroup(task, keys, label)).rows.append(row)

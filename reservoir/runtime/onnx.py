@@ -194,7 +194,7 @@ def file_key(
     dynamic: dict,
     tables: dict[str, Sequence[torch.Tensor]] | None = None,
 ) -> str:
-    """SHA-256 of what an exported file depends on: the module's class, its backbone's class and configuration,
+    """SHA-256 of what an exported file depends on: the module's class, its backbone's class, reading and configuration,
     weights and buffers, depths and readout, the inputs' dtypes and trailing shapes, the free axes, the dtype,
     the int8 tables, :data:`FILE_RECIPE` and the library versions."""
     from reservoir.identity import canonical, config_dict
@@ -209,6 +209,7 @@ def file_key(
         "dynamic": dynamic,
         "class": type(module).__qualname__,
         "backbone": f"{type(backbone).__module__}.{type(backbone).__qualname__}",
+        "reading": getattr(backbone, "reading", 1),
         "config": canonical(config_dict(getattr(backbone, "config", None))),
         "readout": readout_of(module),
         "depths": list(getattr(module, "depths", ())),

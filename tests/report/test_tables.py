@@ -124,6 +124,7 @@ def test_end_to_end_seeds_run_apart_share_one_row_with_their_spread_and_a_seed_r
             **r["identity"],
             "seeds": list(seeds),
             "task_options": {"seed": seeds[0]},
+            "backbone_fingerprints": {str(s): f"fp{s}" for s in seeds},  # as real runs record them, per seed
             **identity,
         }
         return r

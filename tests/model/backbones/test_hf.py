@@ -453,3 +453,11 @@ def test_a_parameter_the_familys_init_leaves_alone_builds_the_model_plainly(monk
     torch.manual_seed(5)
     want = model_from_config(config).state_dict()
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("kind", ["bert_generation", "deberta-v2", "falcon"])
+def test_causal_is_read_alike_in_bfloat16(more_folders, folders, kind):
+    """The run that tells a decoder from an encoder holds in bfloat16, where an encoder's pull on the first
+    token is no bigger than the dtype's rounding."""
+    folder = (more_folders if kind in MORE else folders)[kind]
+    assert load_backbone(str(folder), dtype="bfloat16").causal == (KINDS.get(kind, "decoder") == "decoder")
