@@ -2,7 +2,7 @@
 
 ALBERT's encoder applies its ``num_hidden_groups`` block groups ``num_hidden_layers`` times (layer ``i``
 runs group ``i * groups // layers``): the stack lists each application, and the generic adapter, which
-counts block calls, reads depth ``k`` after the ``k``-th; everything else is found as it finds it. A
+counts block calls, reads depth ``k`` as the ``k+1``-th call's input; everything else is found as it finds it. A
 shared group's parameters belong to every depth that applies it, and are trained once.
 """
 
