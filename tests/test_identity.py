@@ -192,7 +192,8 @@ def test_an_adapter_whose_reading_changed_is_another_backbone(monkeypatch, tiny_
 
     lstm, gpt2 = load_backbone("lstm", 0), load_backbone(str(tiny_gpt2))
     before = backbone_fingerprint(lstm), backbone_fingerprint(gpt2)
-    monkeypatch.setattr(HFBackbone, "reading", 3)
+    assert isinstance(gpt2, HFBackbone)
+    monkeypatch.setattr(type(gpt2), "reading", 3)
     assert backbone_fingerprint(lstm) == before[0] and backbone_fingerprint(gpt2) != before[1]
     monkeypatch.setattr(Backbone, "reading", 2)
     assert backbone_fingerprint(lstm) != before[0]
