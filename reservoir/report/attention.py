@@ -145,7 +145,12 @@ def _checkpoint_model(path: Path, task_name: str, backbone_name: str):
         if ident.get(key) != value:
             raise IdentityError(
                 f"checkpoint {path} was trained with {key} {ident.get(key)!r}, not {value!r}; "
-                f"pass --{key} {ident.get(key)}, or a checkpoint of this {key}"
+                + (
+                    f"pass --{key} {ident.get(key)}"
+                    if key == "task"  # a backbone is recorded by its folder's base name: not a path to pass
+                    else f"pass --backbone with the model it was trained on (recorded as {ident.get(key)!r})"
+                )
+                + f", or a checkpoint of this {key}"
             )
     seed = ident["run_seed"]
     backbone = load_backbone(backbone_name, seed)

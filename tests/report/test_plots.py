@@ -223,8 +223,11 @@ def test_attention_with_a_training_checkpoint(tiny_gpt2, home):
     untrained, _ = first_layer_attention("bit_xor", str(tiny_gpt2))
     check_probabilities(trained, causal=True)
     assert not np.allclose(trained, untrained)
-    with pytest.raises(IdentityError, match="trained with backbone"):
+    with pytest.raises(IdentityError, match="trained with backbone") as refused:
         first_layer_attention("bit_xor", "gpt2-random", checkpoint=ckpt)
+    assert f"pass --backbone with the model it was trained on (recorded as '{tiny_gpt2.name}')" in str(
+        refused.value
+    )
 
 
 def test_cli_attention_writes_a_png(cli, tiny_gpt2, tmp_path):
