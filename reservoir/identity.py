@@ -201,7 +201,7 @@ def feature_identity(
         "dtype": dtype,
         "readout": readout,
         "limit": limit,
-        "subset": task.subset(limit, seed) | ({"left_out": [int(c) for c in left_out]} if left_out else {}),
+        "subset": task.subset(limit, seed, left_out),
         "splits": list(data),
         **extra,
     }

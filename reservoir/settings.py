@@ -359,15 +359,11 @@ class Config:
             if parse is not None and value is not None:
                 try:
                     object.__setattr__(self, f.name, parse(value))
-                except (
-                    UsageError,
-                    TypeError,
-                    ValueError,
-                ) as e:  # a message opening with the value: its option first
-                    said = (
-                        f"{option_name(type(self), f.name)} {e}" if str(e).startswith(repr(value)) else str(e)
-                    )
-                    raise UsageError(said) from None
+                except (UsageError, TypeError, ValueError) as e:
+                    said = str(e)  # a message opening with the bare value gets its option's name first
+                    raise UsageError(
+                        f"{option_name(type(self), f.name)} {said}" if said.startswith(repr(value)) else said
+                    ) from None
         validate(self, self.command)
         self.combined()
 

@@ -645,7 +645,7 @@ def _write_header(
 ) -> None:
     f.attrs["identity"] = canonical(identity)
     f.attrs["identity_hash"] = digest(identity)
-    f.attrs.update({k: identity[k] for k in HEADER[:-1]})
+    f.attrs.update({k: identity[k] for k in HEADER if k != "depths"})
     f.attrs["depths"] = np.asarray(identity["depths"], dtype=np.int64)
     if identity.get("class_names"):
         f.attrs["class_names"] = json.dumps(identity["class_names"])

@@ -205,9 +205,8 @@ def run_of(r: dict[str, Any]) -> str:
     drawn = isinstance(options, dict) and options.get("seed") == first_seed and follows_run_seed(r["task"])
     if drawn:
         identity["task_options"] = {k: v for k, v in options.items() if k != "seed"}
-    subset = identity.get(
-        "subset"
-    )  # a --limit sample is drawn by the run's seed too, and the classes it lost
+    # a --limit sample is drawn by the run's seed too, and so are the classes it lost
+    subset = identity.get("subset")
     if isinstance(subset, dict) and subset.get("seed") == first_seed:
         identity["subset"] = {k: v for k, v in subset.items() if k not in ("seed", "left_out")}
     drawn = E2E_SEED_DRAWN if end_to_end else SEED_DRAWN

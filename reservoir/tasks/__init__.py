@@ -207,15 +207,18 @@ class Task:
         :meth:`load`, never by cutting this."""
         raise NotImplementedError  # pragma: no cover - abstract
 
-    def subset(self, limit: int | None, seed: int) -> dict[str, Any]:
-        """How :meth:`load` takes ``limit`` rows of a split: the rule (:data:`SUBSET_RULES`) and its seed."""
+    def subset(self, limit: int | None, seed: int, left_out: Sequence[int] = ()) -> dict[str, Any]:
+        """How :meth:`load` takes ``limit`` rows of a split: the rule (:data:`SUBSET_RULES`) and its seed, with
+        ``left_out``, the classes of the whole train split the sample lost, where it lost some."""
         if limit is None:
             return {"rule": "all"}
         if self.draws:
             return {"rule": "draws"}
         spec = self.spec
         rule = "stratified" if spec.target == "class" and spec.label_shape == () else "random"
-        return {"rule": rule, "seed": int(seed)}
+        return {"rule": rule, "seed": int(seed)} | (
+            {"left_out": [int(c) for c in left_out]} if left_out else {}
+        )
 
     def load(self, split: str, data_dir: Path, limit: int | None = None, seed: int = 0) -> SplitData:
         """The rows of ``split``: all of them, or a seeded sample of ``limit`` (:meth:`subset`), in source

@@ -82,8 +82,7 @@ def settings_identity(cfg: TrainConfig, task, data, left_out: list[int] = ()) ->
         for k, v in cfg.to_json().items()
         if k not in RESUMABLE_CHANGES and k not in ("task", "backbone", "task_options", "seed")
     }
-    lost = {"left_out": [int(c) for c in left_out]} if left_out else {}
-    subset = {"subset": task.subset(cfg.limit, cfg.seed) | lost} if cfg.limit is not None else {}
+    subset = {"subset": task.subset(cfg.limit, cfg.seed, left_out)} if cfg.limit is not None else {}
     return {
         "format": CHECKPOINT_FORMAT,
         "task": task_label(cfg.task),

@@ -25,7 +25,6 @@ class EncoderBackbone(HFBackbone):
     )
     capabilities = Capabilities(openvino=True, compile=True)
     by_hooks = False
-    reading = 1  # its blocks called by itself: the generic adapter's fixes change nothing here
 
     def locate(self) -> Parts:
         m, c = self.model, self.model.config

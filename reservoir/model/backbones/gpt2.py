@@ -49,7 +49,6 @@ class GPT2Backbone(HFBackbone):
     example = "gpt2-random"
     capabilities = Capabilities(readout_block=True, openvino=True, compile=True)
     by_hooks = False
-    reading = 1  # its blocks called by itself: the generic adapter's fixes change nothing here
 
     def locate(self) -> Parts:
         m = self.model

@@ -159,9 +159,12 @@ class HFBackbone(Backbone):
     #: a row padded beside longer ones keeps its states (a causal model's right padding always does):
     #: :meth:`masks_padding`
     pads: bool = True
-    #: 2: a depth is the next block call's input; causal and padding as the model runs (a vision model on
-    #: variable-length rows takes its first positions)
-    reading = 2
+
+    @property
+    def reading(self) -> int:
+        """2 where the model's own forward is read by hooks: a depth is the next block call's input, causal and
+        padding as the model runs; a family that calls its blocks itself reads as it always did (1)."""
+        return 2 if self.by_hooks else 1
 
     def __init__(self, model: nn.Module, *, quiet: bool = False):
         super().__init__()
@@ -266,17 +269,7 @@ class HFBackbone(Backbone):
 
         handles.append(blocks[-1].register_forward_hook(ended))
         width = getattr(embedding, "embedding_dim", None) or self.config.hidden_size
-        param = next(self.model.parameters())
-        was = self.model.training
-        self.model.eval()
-        try:
-            self.own_forward(
-                torch.zeros(1, 2, width, dtype=param.dtype, device=param.device), torch.tensor([2])
-            )
-        finally:
-            for h in handles:
-                h.remove()
-            self.model.train(was)
+        self.probe(torch.zeros(1, 2, width), torch.tensor([2]), handles)
         if None not in calls:
             raise BackboneError(
                 f"the generic adapter found a block stack in this {self.config.model_type!r} model "
@@ -303,26 +296,27 @@ class HFBackbone(Backbone):
         return tuple(after)
 
     @torch.no_grad()
-    def last_states(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """The last block call's output for embedded tokens ``x``, in eval mode, as float32."""
+    def probe(self, x: torch.Tensor, lengths: torch.Tensor, handles: list) -> None:
+        """The model's own forward in eval mode on embedded tokens ``x`` (moved to its weights' device and
+        dtype), read by the hooks ``handles``, which are removed after it."""
         param = next(self.model.parameters())
-        states: list[torch.Tensor] = []
-        handle = self.blocks[-1].register_forward_hook(
-            lambda m, a, output: states.append(first_output(output).float())
-        )
         was = self.model.training
         self.model.eval()
         try:
             self.own_forward(x.to(param.device, param.dtype), lengths)
         finally:
-            handle.remove()
+            for h in handles:
+                h.remove()
             self.model.train(was)
-        return states[-1]
 
-    def same(self, a: torch.Tensor, b: torch.Tensor) -> bool:
-        """``a`` equals ``b`` up to the rounding of the model's dtype."""
-        tolerance = max(1e-3, 4 * torch.finfo(next(self.model.parameters()).dtype).eps)
-        return bool((a - b).norm() <= tolerance * a.norm())
+    def last_states(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The last block call's output for embedded tokens ``x`` (:meth:`probe`), as float32."""
+        states: list[torch.Tensor] = []
+        hook = self.blocks[-1].register_forward_hook(
+            lambda m, a, out: states.append(first_output(out).float())
+        )
+        self.probe(x, lengths, [hook])
+        return states[-1]
 
     def is_causal(self) -> bool:
         """A decoder (each token sees only earlier ones), as the model runs, not as its type is named: two
@@ -332,7 +326,6 @@ class HFBackbone(Backbone):
             return True  # built to count its parameters runs nothing
         x = torch.randn(2, 8, self.d_input, generator=torch.Generator().manual_seed(0))
         x[1, 0] = x[0, 0]
-        self.causal = True  # real tokens only: no mask to build
         first = [self.last_states(x[i : i + 1], torch.tensor([8]))[0, 0] for i in (0, 1)]
         # a causal model computes the first token alike bit for bit; any later token's pull, however small
         # in a low-precision dtype, makes it bidirectional
@@ -348,9 +341,14 @@ class HFBackbone(Backbone):
             return True
         x = torch.randn(2, 4, self.d_input, generator=torch.Generator().manual_seed(1))
 
+        tolerance = max(
+            1e-3, 4 * torch.finfo(next(self.model.parameters()).dtype).eps
+        )  # the dtype's rounding
+
         def kept() -> bool:
             padded = self.last_states(x, torch.tensor([4, 2]))[1, :2]
-            return self.same(self.last_states(x[1:, :2], torch.tensor([2]))[0], padded)
+            alone = self.last_states(x[1:, :2], torch.tensor([2]))[0]
+            return bool((alone - padded).norm() <= tolerance * alone.norm())
 
         if kept():
             return True

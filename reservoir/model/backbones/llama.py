@@ -45,7 +45,6 @@ class RotaryBackbone(HFBackbone):
     #: (docs/benchmarks.md, "Constants the code takes from these measurements")
     capabilities = Capabilities(readout_block=True, compile=True)
     by_hooks = False
-    reading = 1  # its blocks called by itself: the generic adapter's fixes change nothing here
 
     def locate(self) -> Parts:
         m = self.model

@@ -45,6 +45,7 @@ class VisionBackbone(HFBackbone):
     )
     capabilities = Capabilities(compile=True)
     by_hooks = False
+    reading = 2  # rows of any length take the first positions, not a grid resized to the batch's width
 
     def __init__(self, model: nn.Module, **kwargs):
         super().__init__(getattr(model, "vision_model", model), **kwargs)  # a dual encoder: its vision tower
