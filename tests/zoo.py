@@ -32,15 +32,8 @@ DECODER = dict(
 )
 
 
-#: OPT names its sizes its own way
-OPT = dict(
-    hidden_size=W,
-    num_hidden_layers=LAYERS,
-    num_attention_heads=HEADS,
-    ffn_dim=FF,
-    vocab_size=VOCAB,
-    max_position_embeddings=POS,
-)
+#: OPT names its MLP's width its own way
+OPT = {**{k: v for k, v in DECODER.items() if k != "intermediate_size"}, "ffn_dim": FF}
 
 
 def _cfg(kind: str):
