@@ -514,3 +514,20 @@ def test_a_vit_named_by_vit_gives_table2_the_papers_vit_row(tmp_path):
     assert f"--backbone {vit}/ " in r.stdout
     table = (tmp_path / "40" / "table2.md").read_text()
     assert re.search(r"\| tinyvit \| ridge \| [\d.]+ \(40/40, d\d\) \(paper 100\) \|", table), table
+
+
+def test_the_kept_results_document_is_what_render_writes_from_the_kept_runs(tmp_path):
+    """docs/results.md and every table's CSV and record under docs/results/ are rendered again from the ledgers kept
+    in the repository (no run): a document edited by hand, or left behind by the renderer's code, differs."""
+    kept = ROOT / "docs" / "results"
+    doc = tmp_path / "doc" / "results.md"
+    shutil.copytree(kept, doc.parent / "results")
+    rendered = make(tmp_path / "out", "render", f"LEDGER_DIR={kept / 'runs'}", f"DOC_OUT={doc}")
+    assert rendered.returncode == 0, rendered.stdout[-3000:] + rendered.stderr[-3000:]
+    assert doc.read_text() == (ROOT / "docs" / "results.md").read_text()
+    for path in kept.rglob("*"):
+        if path.suffix in (".csv", ".json", ".md") and "runs" not in path.relative_to(kept).parts:
+            again = doc.parent / "results" / path.relative_to(kept)
+            assert again.read_text() == path.read_text(), (
+                f"{path.relative_to(ROOT)} is not what render writes"
+            )
