@@ -30,7 +30,7 @@ import numpy as np
 from reservoir.config import FitConfig
 from reservoir.errors import DataError, IdentityError
 from reservoir.identity import digest, reread
-from reservoir.probe.heads import fit_rows, holdout
+from reservoir.probe.heads import fit_rows, holdout, noting_convergence
 from reservoir.probe.metrics import METRICS_BY_TARGET, result_scores, score_line, target_kind
 from reservoir.probe.metrics import scores as metric_scores
 from reservoir.probe.rows import ArrayRows
@@ -201,15 +201,16 @@ def fit_baselines(
                 raw = {s: raw_inputs(task, d) for s, d in data.items()}
             X = raw if baseline == "raw" else tanh_features(raw, width, identity["seed"])
             train, test_rows, val_rows = _rows(X, data, val, tests)
-            scores = fit_rows(
-                head,
-                train,
-                test_rows,
-                val=val_rows,
-                val_fraction=cfg.val_fraction,
-                seed=cfg.seed,
-                memory_bytes=cfg.memory_mb * 2**20,
-            )
+            with noting_convergence(f"baseline {baseline}"):
+                scores = fit_rows(
+                    head,
+                    train,
+                    test_rows,
+                    val=val_rows,
+                    val_fraction=cfg.val_fraction,
+                    seed=cfg.seed,
+                    memory_bytes=cfg.memory_mb * 2**20,
+                )
         scores["test_split"] = tests[0]
         result = Result(**described, scores=scores, seconds=scores["seconds"]).to_json()
         result["path"] = str(write_result(result))

@@ -35,7 +35,7 @@ from reservoir.identity import canonical, reread, short, task_label
 from reservoir.model.backbones import label as backbone_label
 from reservoir.model.devices import resolve_device
 from reservoir.paths import FILE_TASK, default_data_dir, features_dir, file_task_path, slug
-from reservoir.probe.heads import check_head_fits, fit_probe
+from reservoir.probe.heads import check_head_fits, fit_probe, noting_convergence
 from reservoir.probe.metrics import score_line
 from reservoir.probe.predictors import Predictor
 from reservoir.probe.rows import Rows, rows
@@ -372,16 +372,17 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             0 if regression else max(len(np.unique(labels)), task_classes(identity)),
         )
         for depth in depths:
-            scores, predictor = fit_probe(
-                cfg.head,
-                FileRows(f, "train", depth),
-                {t: FileRows(f, t, depth) for t in tests},
-                val=FileRows(f, val, depth) if val else None,
-                val_fraction=cfg.val_fraction,
-                seed=cfg.seed,
-                device=cfg.device if cfg.head == "torch" else "cpu",
-                memory_bytes=cfg.memory_mb * 2**20,
-            )
+            with noting_convergence(f"depth {depth}"):
+                scores, predictor = fit_probe(
+                    cfg.head,
+                    FileRows(f, "train", depth),
+                    {t: FileRows(f, t, depth) for t in tests},
+                    val=FileRows(f, val, depth) if val else None,
+                    val_fraction=cfg.val_fraction,
+                    seed=cfg.seed,
+                    device=cfg.device if cfg.head == "torch" else "cpu",
+                    memory_bytes=cfg.memory_mb * 2**20,
+                )
             scores["test_split"] = tests[0]
             head_on = machine.on(resolve_device(cfg.device) if cfg.head == "torch" else "cpu")
             result = Result(

@@ -16,13 +16,17 @@ head has one implementation: ``fit(X, y)`` is ``fit_blocks`` on rows in memory.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -129,6 +133,25 @@ def search_refit(
     scores = {value: stream_accuracy(trained(value, fit), val) for value in kind.grid}
     best = best_value(kind.grid, scores)
     return scores, best, trained(best, Concat(fit, val) if refit_with_val else fit)
+
+
+@contextlib.contextmanager
+def noting_convergence(where: str) -> Iterator[None]:
+    """Each head's :class:`~sklearn.exceptions.ConvergenceWarning` raised inside, said once on stderr as a note
+    on ``where`` (a depth, a baseline) after it; other warnings pass on as they would have."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        yield
+    said = dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning))
+    for w in caught:
+        if not issubclass(w.category, ConvergenceWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if said:
+        print(
+            f"note: {where}: {'; '.join(said)}; its scores may move with more iterations (the Python API's "
+            "LogRegHead(max_iter=...)), and --head ridge is solved in closed form",
+            file=sys.stderr,
+        )
 
 
 def check_head_fits(head: str, labels: np.ndarray) -> None:

@@ -3,10 +3,12 @@ block, in memory or not."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
 from reservoir.config import POSITIVE
@@ -53,9 +55,11 @@ class LogRegHead(ClassifierMixin, BaseEstimator):
 def streaming_logistic(
     C: float, source: Rows, *, max_iter: int = 300, tol: float = 1e-4
 ) -> Callable[[np.ndarray], np.ndarray]:
-    """Logistic regression out of core: scikit-learn's objective (``C`` times the summed log loss plus
-    half the squared weights, intercept unpenalised, on standardized features) minimised by SciPy's
-    L-BFGS, each loss and gradient computed block by block. Returns a predictor ``X -> (n, m)``."""
+    """Logistic regression out of core: scikit-learn's objective (the mean log loss plus the squared weights
+    over ``2 C n``, intercept unpenalised, on standardized features) minimised by SciPy's L-BFGS with
+    scikit-learn's stopping rules, each loss and gradient computed block by block. Returns a predictor
+    ``X -> (n, m)``; a :class:`~sklearn.exceptions.ConvergenceWarning` when ``max_iter`` iterations end
+    before the optimum, as scikit-learn's ``LogisticRegression`` warns."""
     from scipy.optimize import minimize
 
     mean, scale, n = moments(source)
@@ -83,16 +87,22 @@ def streaming_logistic(
             G = G.reshape(len(Z), m * k)
             gW += Z.T @ G
             gb += G.sum(0)
-        value = (C * loss + 0.5 * float(np.sum(W * W))) / n
-        return value, np.concatenate([(C * gW + W).ravel(), C * gb]) / n
+        value = (loss + 0.5 * float(np.sum(W * W)) / C) / n
+        return value, np.concatenate([(gW + W / C).ravel(), gb]) / n
 
     result = minimize(
         objective,
         np.zeros(d * m * k + m * k),
         jac=True,
         method="L-BFGS-B",
-        options={"maxiter": max_iter, "gtol": tol / n, "maxls": 50},
+        options={"maxiter": max_iter, "gtol": tol, "ftol": 64 * np.finfo(float).eps, "maxls": 50},
     )
+    if result.status == 1:  # the iteration limit
+        warnings.warn(
+            f"the logistic head (C={C:g}) reached its limit of {max_iter} L-BFGS iterations before converging",
+            ConvergenceWarning,
+            stacklevel=2,
+        )
     W, b = result.x[: d * m * k].reshape(d, m * k), result.x[d * m * k :]
     return LogisticPredictor(mean, scale, W, b, m, c)
 

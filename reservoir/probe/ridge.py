@@ -46,17 +46,19 @@ class RidgeStats:
 
     :meth:`add` folds in one chunk; ``a + b`` holds the rows of both (train is fit plus validation,
     without reading a row again). Standardization and the intercept are derived from the sums in
-    :meth:`decompose`; centring ``X^T X`` afterwards loses about ``log10(mean^2 / variance)`` of
-    float64's digits per feature, harmless unless a feature's mean is many orders above its spread.
+    :meth:`decompose`. The feature sums are of ``X - shift``, ``shift`` the first chunk's mean (the shifted-data
+    algorithm): centring them afterwards keeps float64's digits where a feature's mean is far above its spread.
 
     Parameters
     ----------
     n
         rows seen.
     sum_x, sum_y
-        column sums of the features ``(d,)`` and of the targets ``(k,)``.
+        column sums of the shifted features ``(d,)`` and of the targets ``(k,)``.
     xtx, xty
-        ``X^T X`` ``(d, d)`` and ``X^T Y`` ``(d, k)``.
+        ``(X - shift)^T (X - shift)`` ``(d, d)`` and ``(X - shift)^T Y`` ``(d, k)``.
+    shift
+        ``(d,)``, set by the first :meth:`add`.
 
     Examples
     --------
@@ -72,13 +74,14 @@ class RidgeStats:
     sum_y: np.ndarray
     xtx: np.ndarray
     xty: np.ndarray
+    shift: np.ndarray
 
     #: rows converted to float64 at a time by :meth:`add` (bounds its extra memory)
     chunk_rows = 4096
 
     @classmethod
     def zeros(cls, d: int, k: int) -> RidgeStats:
-        return cls(0, np.zeros(d), np.zeros(k), np.zeros((d, d)), np.zeros((d, k)))
+        return cls(0, np.zeros(d), np.zeros(k), np.zeros((d, d)), np.zeros((d, k)), np.zeros(d))
 
     def add(self, X: np.ndarray, Y: np.ndarray) -> RidgeStats:
         """Fold in rows ``X (n, d)`` with targets ``Y (n, k)`` (in place; returns self)."""
@@ -93,6 +96,9 @@ class RidgeStats:
                 x = buffer[: len(x)]
                 x[...] = X[i : i + self.chunk_rows]
             y = np.asarray(Y[i : i + self.chunk_rows], dtype=np.float64)
+            if self.n == 0:
+                self.shift = np.asarray(x.mean(0), dtype=np.float64)
+            x = x - self.shift
             self.n += len(x)
             self.sum_x += x.sum(0)
             self.sum_y += y.sum(0)
@@ -101,12 +107,18 @@ class RidgeStats:
         return self
 
     def __add__(self, other: RidgeStats) -> RidgeStats:
+        if self.n == 0 or other.n == 0:
+            return other if self.n == 0 else self
+        d = other.shift - self.shift  # other's sums moved to this shift: x - s = (x - s') + d
+        sum_x = other.sum_x + other.n * d
+        xtx = other.xtx + np.outer(other.sum_x, d) + np.outer(d, other.sum_x) + other.n * np.outer(d, d)
         return RidgeStats(
             self.n + other.n,
-            self.sum_x + other.sum_x,
+            self.sum_x + sum_x,
             self.sum_y + other.sum_y,
-            self.xtx + other.xtx,
-            self.xty + other.xty,
+            self.xtx + xtx,
+            self.xty + other.xty + np.outer(d, other.sum_y),
+            self.shift,
         )
 
     def decompose(self) -> RidgePath:
@@ -114,7 +126,7 @@ class RidgeStats:
         if self.n == 0:
             raise ValueError("RidgeStats holds no rows; add some before decomposing")
         n = self.n
-        mean_x, mean_y = self.sum_x / n, self.sum_y / n
+        mean_x, mean_y = self.sum_x / n, self.sum_y / n  # mean_x of the shifted features
         scatter = self.xtx - n * np.outer(mean_x, mean_x)
         var = np.maximum(np.diag(scatter) / n, 0.0)
         constant = var <= n * np.finfo(np.float64).eps * np.diag(self.xtx) / n  # rounding noise only
@@ -122,7 +134,9 @@ class RidgeStats:
         gram = scatter / np.outer(scale, scale)
         cross = (self.xty - n * np.outer(mean_x, mean_y)) / scale[:, None]
         eigvals, eigvecs = np.linalg.eigh(gram)
-        return RidgePath(np.maximum(eigvals, 0.0), eigvecs, eigvecs.T @ cross, mean_x, scale, mean_y)
+        return RidgePath(
+            np.maximum(eigvals, 0.0), eigvecs, eigvecs.T @ cross, mean_x + self.shift, scale, mean_y
+        )
 
 
 @dataclass(frozen=True)

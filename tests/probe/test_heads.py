@@ -160,8 +160,12 @@ def test_ridge_stats_chunks_and_sums_equal_one_pass(monkeypatch):
     chunked = RidgeStats.zeros(12, 4).add(X[:100], Y[:100]).add(X[100:], Y[100:])
     for other in (chunked, summed):
         assert other.n == one.n == 300
-        for name in ("sum_x", "sum_y", "xtx", "xty"):
-            np.testing.assert_allclose(getattr(other, name), getattr(one, name), rtol=1e-9, err_msg=name)
+        mine, theirs = other.decompose(), one.decompose()
+        for name in ("mean_x", "scale", "mean_y", "eigvals"):
+            np.testing.assert_allclose(
+                getattr(mine, name), getattr(theirs, name), rtol=1e-9, atol=1e-12, err_msg=name
+            )
+        np.testing.assert_allclose(mine.coef(1.0)[0], theirs.coef(1.0)[0], rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="holds no rows"):
         RidgeStats.zeros(12, 4).decompose()
 
@@ -344,3 +348,57 @@ def test_the_validation_holdout_is_stratified_whatever_the_class_ids():
     for seed in range(5):
         _, val = holdout(labels, 0.2, seed)
         assert sorted(labels[val].tolist()) == [3] * 18 + [7] * 2, seed
+
+
+@pytest.mark.parametrize("classes", [2, 4])
+@pytest.mark.parametrize("C", [0.001, 0.1, 10.0])
+def test_the_logistic_head_stops_where_scikit_learns_logistic_regression_does(classes, C):
+    """The same objective and stopping rules (gradient tolerance, relative decrease): the weights equal
+    LogisticRegression's at its defaults, whatever C (a scaled objective stopped small C early and large C late)."""
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(1500, 32)).astype(np.float32)
+    y = (X[:, :classes] + rng.normal(size=(1500, classes))).argmax(1)
+    ours = LogRegHead(C=C).fit(X, y).predict_
+    Z = StandardScaler().fit_transform(X)
+    theirs = LogisticRegression(C=C, max_iter=300).fit(Z, y)
+    assert np.abs(ours.W - theirs.coef_.T).max() <= 3e-5 * np.abs(theirs.coef_).max()
+    assert np.allclose(ours.b, theirs.intercept_, atol=3e-5 * np.abs(theirs.intercept_).max() + 1e-9)
+
+
+def test_a_logistic_head_out_of_iterations_says_so_once_per_fit(capsys):
+    """Like LogisticRegression, the head warns when its iterations end first; a fit turns the warnings of its grid
+    into one note naming where, and lets other warnings through."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = blobs()
+    with pytest.warns(ConvergenceWarning, match="limit of 2 L-BFGS iterations"):
+        LogRegHead(max_iter=2).fit(X, y)
+    with pytest.warns(UserWarning, match="other"), heads.noting_convergence("depth 3"):
+        LogRegHead(C=0.5, max_iter=2).fit(X, y)
+        LogRegHead(C=0.5, max_iter=2).fit(X, y)
+        warnings.warn("other", UserWarning)
+    err = capsys.readouterr().err
+    assert err.count("note: depth 3: the logistic head (C=0.5) reached its limit of 2") == 1
+    assert err.count("\n") == 1
+
+
+def test_ridge_standardizes_a_feature_far_above_its_spread_as_scikit_learn_does():
+    """A feature of mean 1e5 and spread 0.1 over 20,000 rows keeps its scale (summed raw, its centred variance was
+    rounding noise and it was taken for constant), so a strong penalty still fits as StandardScaler + Ridge."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(20000, 4))
+    y = X @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1 * rng.normal(size=20000)
+    X[:, 2] = 1e5 + 0.1 * X[:, 2]
+    X = X.astype(np.float32)
+    path = RidgeStats.zeros(4, 1).add(X, y[:, None]).decompose()
+    ref = StandardScaler().fit(X.astype(np.float64))
+    np.testing.assert_allclose(path.scale, ref.scale_, rtol=1e-6)
+    coef, intercept = path.coef(1e4)
+    theirs = make_pipeline(StandardScaler(), Ridge(alpha=1e4)).fit(X.astype(np.float64), y)
+    np.testing.assert_allclose(
+        (X @ coef + intercept)[:, 0], theirs.predict(X.astype(np.float64)), rtol=1e-6, atol=1e-6
+    )
