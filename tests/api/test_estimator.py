@@ -254,3 +254,19 @@ def test_a_vision_backbone_on_rows_of_several_lengths_reads_each_row_alone(tmp_p
     t = api.ReservoirFeatures(backbone=str(folder), depth=-1, dtype="float32", engine="torch").fit(rows)
     assert t.spec_.variable_length
     np.testing.assert_allclose(t.transform([rows[0], rows[2]])[0], t.transform([rows[0]])[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["vit", "siglip_vision"])
+def test_a_vision_backbone_fitted_on_images_reads_a_shorter_row_alone(tmp_path, kind):
+    """Fitted on rows of 16 tokens (an image grid, its positions resized to 4 x 4), a row of 9 tokens takes its
+    first positions beside a 16-token row as alone (the batch's width gave it the grid's), and a 16-token row
+    keeps the grid's beside the shorter one."""
+    from tests.zoo import save_tiny
+
+    folder = save_tiny(kind, tmp_path / kind)
+    rng = np.random.default_rng(0)
+    images, short = rng.normal(size=(4, 16, 3)).astype(np.float32), rng.normal(size=(9, 3)).astype(np.float32)
+    t = api.ReservoirFeatures(backbone=str(folder), depth=-1, dtype="float32", engine="torch").fit(images)
+    together = t.transform([short, images[0]])
+    np.testing.assert_allclose(together[0], t.transform([short])[0], atol=1e-5)
+    np.testing.assert_allclose(together[1], t.transform(images[:1])[0], atol=1e-5)

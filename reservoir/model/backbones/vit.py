@@ -129,17 +129,30 @@ class VisionBackbone(HFBackbone):
     def for_task(self, tokens: int | None) -> None:
         self.grid_tokens = tokens
 
-    def positions_for(self, width: int, dtype: torch.dtype) -> torch.Tensor:
-        """Positions ``(1, width, d)`` of a batch ``width`` tokens wide: :meth:`patch_positions` on a task of
-        fixed length, else the first ``width`` (a row's first positions, whatever its length)."""
-        if width == self.grid_tokens or width == self.n_patches:
-            return self.patch_positions(width, dtype)
-        if width > self.n_patches:
+    def positions_for(self, width: int, dtype: torch.dtype, lengths: torch.Tensor) -> torch.Tensor:
+        """Positions ``(B or 1, width, d)`` of a batch ``width`` tokens wide, by each row's own length: a row of the
+        task's fixed length (or of the model's patch count) takes :meth:`patch_positions`, any other its first
+        positions (zero past them: padding), so a row's positions never depend on its batch mates'."""
+        lengths = lengths.to(self.position_table().device)
+        whole = (
+            (lengths == width)
+            if width in (self.grid_tokens, self.n_patches)
+            else torch.zeros_like(lengths, dtype=torch.bool)
+        )
+        grid = self.patch_positions(width, dtype) if bool(whole.any()) else None
+        if grid is not None and bool(whole.all()):
+            return grid
+        longest = int(lengths[~whole].max())
+        if longest > self.n_patches:
             raise BackboneError(
-                f"{self.config.model_type} has {self.n_patches} patch positions; rows of {width} tokens of a task of "
-                "variable length do not fit. Choose a task of at most that many tokens"
+                f"{self.config.model_type} has {self.n_patches} patch positions; rows of {longest} tokens of a task "
+                "of variable length do not fit. Choose a task of at most that many tokens"
             )
-        return self.position_table()[:, self.n_special : self.n_special + width].to(dtype)
+        first = self.position_table()[:, self.n_special : self.n_special + min(width, self.n_patches)].to(
+            dtype
+        )
+        first = nn.functional.pad(first, (0, 0, 0, width - first.shape[1]))
+        return first if grid is None else torch.where(whole[:, None, None], grid, first)
 
     @property
     def blocks_take_mask(self) -> bool:
@@ -155,7 +168,7 @@ class VisionBackbone(HFBackbone):
         """``x`` plus the patch positions, through the embedding dropout and the norm before the
         blocks; the attention mask over each row's padding, where the blocks take one (refused
         for rows of unequal length where they do not)."""
-        h = x + self.positions_for(x.shape[1], x.dtype)
+        h = x + self.positions_for(x.shape[1], x.dtype, lengths)
         dropout = getattr(self.model.embeddings, "dropout", None)
         h = dropout(h) if dropout is not None else h
         h = self.pre_norm(h) if self.pre_norm is not None else h
