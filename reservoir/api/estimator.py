@@ -59,6 +59,16 @@ def _load_key(name: str, seed: int) -> tuple[Any, ...]:
     )
 
 
+def _folder_weights(name: Any, backbone: Any) -> str | None:
+    """The fingerprint of a backbone loaded from a folder (or the local hub cache), whose files can change under
+    a fitted transformer's name; ``None`` for a name or object whose weights the name itself fixes."""
+    from reservoir.model.backbones import fingerprint, parse_name
+
+    if not isinstance(name, str) or parse_name(name).source not in ("folder", "hub"):
+        return None
+    return fingerprint(backbone)
+
+
 def _backbone(name: str, seed: int):
     """Load once per backbone and seed (:func:`_load_key`): every fold of a cross-validation shares the frozen
     model (a fresh copy, since the runner converts it to the compute dtype in place)."""
@@ -90,6 +100,13 @@ def _sequences(X: Any) -> tuple[list[np.ndarray], str, int]:
             raise UsageError(
                 f"X holds NaN or infinite values (sequence {bad}); replace them before transforming"
             )
+        top = float(np.finfo(np.float32).max)
+        bad = next((i for i, r in enumerate(rows) if r.size and np.abs(r).max() > top), None)
+        if bad is not None:
+            raise UsageError(
+                f"X holds values beyond float32's range (sequence {bad}), which the backbone computes in; "
+                "scale them down before transforming"
+            )
     return rows, kind, width
 
 
@@ -120,11 +137,23 @@ def _rows(X: Any) -> tuple[list[np.ndarray], str, int]:
         return _rows(X.to_numpy())
     if isinstance(X, np.ndarray) and X.ndim > 1:  # an object array of one shape: its values, typed by numpy
         try:
-            return _rows(np.array(X.tolist()))
+            values = np.array(X.tolist())
         except (TypeError, ValueError):
+            values = X
+        if values.dtype == object:
             raise UsageError(
-                f"X is an object array of shape {X.shape} whose values are not numbers"
-            ) from None
+                f"X is an object array of shape {X.shape} whose values are not all numbers (missing values such "
+                "as None or pandas' <NA>?); give numbers only"
+            )
+        return _rows(values)
+    if not isinstance(X, np.ndarray) and hasattr(X, "__array__") and not hasattr(X, "__iter__"):
+        return _rows(np.asarray(X))
+    if hasattr(X, "tocsr"):
+        raise UsageError("X is a sparse matrix; give dense sequences (X.toarray() for (N, T) values)")
+    if not hasattr(X, "__iter__") or isinstance(X, (str, bytes, dict)):
+        raise UsageError(
+            f"X is a {type(X).__name__}; give sequences: an array (N, T, d) or (N, T), or a list of them"
+        )
     rows = [np.asarray(r) for r in X]
     if not rows:
         return [], "dense", 0
@@ -150,10 +179,12 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     """Sequences -> readout features of a frozen backbone at one or more depths.
 
     ``fit`` learns nothing from the data: it only sizes the frozen, seeded input layer (token
-    width, or the id vocabulary) and loads the backbone, so the transformer is safe inside a
+    width, or the id vocabulary), notes whether every row has one length (a vision backbone's positions are then
+    its patch grid resized to it) and loads the backbone, so the transformer is safe inside a
     ``sklearn.pipeline.Pipeline`` and cross-validation. The readout is the last real
     token of each sequence; features are those ``reservoir extract`` stores (a test checks it). A fitted
-    transformer pickles (``joblib.dump``): its copy builds the same runner, in the dtype ``fit`` resolved.
+    transformer pickles (``joblib.dump``): its copy builds the same runner, of the settings and dtype ``fit`` read
+    (``set_params`` takes effect at the next ``fit``), and refuses a folder backbone whose weights changed since.
 
     Input ``X``: an array ``(N, T, d)`` of floats, ``(N, T)`` of integer ids, ``(N, T)`` of
     floats (one value a token), or a list of variable-length sequences (``(T_i,)`` ids or
@@ -167,7 +198,8 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     depth : int, sequence of int or str
         A depth (negative counts from the last block: ``-1``), a list of depths, ``"0,6"`` or
         ``"all"`` (the same selection as ``reservoir extract --depths``). One depth gives
-        ``(N, d_model)``; several give ``(N, n_depths * d_model)``, depth-major.
+        ``(N, d_model)``; several give ``(N, n_depths * d_model)``, depth-major, each depth once in increasing
+        order (``depths_``, as an extraction stores them).
     seed : int
         Seeds the input layer and randomly initialised backbones.
     input_scale : str
@@ -175,7 +207,8 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
     dtype : str
         Compute dtype, as ``reservoir extract --dtype`` (``"auto"``: the float dtype this machine
         multiplies fastest; ``"int8"``, or ``"int8-static"`` calibrated on the first rows given to
-        ``fit``); features are returned as float32.
+        ``fit``); features are returned as float32. In float32 a row's features do not depend on
+        ``batch_size`` or its batch mates; in bfloat16 they agree to its precision (about 1%).
     device : str
         Where the backbone runs, as ``reservoir extract --device``.
     batch_size : int
@@ -253,9 +286,14 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         from reservoir.runtime.runner import resolve_dtype
 
         validate(self, "ReservoirFeatures")
+        if not isinstance(self.backbone, str) and not hasattr(self.backbone, "state_dict"):
+            raise UsageError(
+                f"The 'backbone' parameter of ReservoirFeatures must be a name, a folder, hf:ID or a model object. "
+                f"Got {self.backbone!r} instead."
+            )
         self.dtype_ = resolve_dtype(self.dtype, resolve_device(self.device), self.engine)
         rows, kind, width = _sequences(X)
-        backbone = _backbone(self.backbone, self.seed)
+        backbone = _backbone(self.backbone, int(self.seed))
         self.depths_ = select_depths(
             self.depth, range(backbone.n_layers + 1), f"in backbone {_backbone_name(self.backbone)}"
         )
@@ -278,6 +316,16 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         int8 = self.dtype_ in INT8_DTYPES
         self.calibration_rows_ = rows[: calibration_rows(self.spec_.seq_len, len(rows))] if int8 else None
         self.centre_dtype_ = calibration_dtype() if int8 else None
+        # the settings the runner is built of, as fit read them: a copy (pickle, deepcopy) builds the same runner
+        # after set_params, and refuses a folder that holds other weights by then
+        self.settings_ = {
+            "backbone": self.backbone,
+            "seed": int(self.seed),
+            "input_scale": self.input_scale,
+            "device": self.device,
+            "engine": self.engine,
+            "weights": _folder_weights(self.backbone, backbone),
+        }
         self.runner_ = self._runner(backbone)
         self.n_features_out_ = len(self.depths_) * backbone.d_model
         return self
@@ -300,22 +348,38 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
                     )
                 ]
 
+        fitted = getattr(self, "settings_", None) or {
+            "backbone": self.backbone,
+            "seed": int(self.seed),
+            "input_scale": self.input_scale,
+            "device": self.device,
+            "engine": self.engine,
+        }
+        if backbone is None:
+            backbone = _backbone(fitted["backbone"], fitted["seed"])
+            weights = fitted.get("weights")
+            if weights is not None and _folder_weights(fitted["backbone"], backbone) != weights:
+                raise UsageError(
+                    f"the folder {fitted['backbone']} holds other weights than it did when this ReservoirFeatures "
+                    "was fitted, so its features would differ: restore those weights, or fit the transformer again"
+                )
         return FeatureRunner.build(
             self.spec_,
-            backbone if backbone is not None else _backbone(self.backbone, self.seed),
+            backbone,
             self.depths_,
-            seed=self.seed,
+            seed=fitted["seed"],
             dtype=self.dtype_,
-            input_scale=parse_input_scale(self.input_scale),
-            device=resolve_device(self.device),
-            engine=self.engine,
+            input_scale=parse_input_scale(fitted["input_scale"]),
+            device=resolve_device(fitted["device"]),
+            engine=fitted["engine"],
             calibration=calibration,
             centre_dtype=self.centre_dtype_,
         )
 
     def __getstate__(self) -> dict[str, Any]:
         """The settings and fitted attributes without the runner (its engine holds locks and compiled
-        graphs): an unpickled transformer builds its runner again from the same settings and dtype."""
+        graphs): an unpickled transformer builds its runner again from the settings ``fit`` read and its dtype,
+        and refuses a folder backbone whose weights changed since."""
         state = self.__dict__.copy()
         state.pop("runner_", None)
         return state
@@ -351,6 +415,13 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         out = np.empty((len(rows), len(self.depths_), self.runner_.backbone.d_model), dtype=np.float32)
         for batch, (tokens, lengths) in self._batches(rows, kind, width):
             out[batch] = self.runner_(tokens, lengths)[:, :, -1]
+        bad = np.flatnonzero(~np.isfinite(out).reshape(len(out), -1).all(1))
+        if len(bad):
+            raise UsageError(
+                f"the backbone produced NaN or inf features for sequence {bad[0]} of X in {self.dtype_}: check the "
+                "scale of the input values and input_scale"
+                + ("" if self.dtype_ == "float32" else ", or try dtype='float32'")
+            )
         return out
 
     def _batches(self, rows: list[np.ndarray], kind: str, width: int):

@@ -52,8 +52,12 @@ def make_input_layer(
     g = torch.Generator().manual_seed(seed)
     if spec.token_kind == "ids":
         layer = nn.Embedding(spec.vocab_size, d_model)
+        # drawn in whole blocks of 16 values, as torch draws them (a partial last block is drawn again), so an id's
+        # row is the same whatever the vocabulary's size
+        n = layer.weight.numel()
+        drawn = torch.empty(max(16, -(-n // 16) * 16)).normal_(std=1.0 if std is None else std, generator=g)
         with torch.no_grad():
-            layer.weight.normal_(std=1.0 if std is None else std, generator=g)
+            layer.weight.copy_(drawn[:n].view_as(layer.weight))
         return layer
     layer = nn.Linear(spec.token_dim, d_model)
     gain = ORTH_GAIN if std is None else std / math.sqrt(min(1.0, spec.token_dim / d_model))

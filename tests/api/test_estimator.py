@@ -94,10 +94,14 @@ def test_transformer_parameters_follow_the_sklearn_contract(tiny_gpt2):
         ([np.array([1, 2]), np.array([], int)], "sequence 1 of X has no tokens"),
         (np.array([[0.5, 1.0], [np.nan, 1.0]]), r"NaN or infinite values \(sequence 1\)"),
         ([np.ones((3, 2)), np.array([[1.0, np.inf]])], r"NaN or infinite values \(sequence 1\)"),
+        (np.array([[0.5, 1.0], [1e39, 1.0]]), r"beyond float32's range \(sequence 1\)"),
+        (np.array([[1, None], [2, 3]], dtype=object), "whose values are not all numbers"),
+        (3.0, "X is a float; give sequences"),
     ],
 )
 def test_the_transformer_refuses_what_extract_refuses_in_a_file(tiny_gpt2, X, message):
-    """No rows, a row without tokens, non-finite values: refused before the model runs (no NaN features)."""
+    """No rows, a row without tokens, non-finite values or values float32 cannot hold, missing values, no sequences:
+    refused before the model runs (no NaN features, no recursion or TypeError)."""
     t = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1, engine="torch")
     with pytest.raises(ValueError, match=message):
         t.fit(X)
@@ -192,6 +196,47 @@ def test_a_fitted_transformer_pickles_and_its_copy_gives_the_same_features(tiny_
     assert "runner_" not in pickle.loads(pickle.dumps(api.ReservoirFeatures())).__dict__  # unfitted stays so
 
 
+@pytest.mark.parametrize(
+    "change", [{"seed": 1}, {"input_scale": "0.02"}, {"engine": "openvino"}, {"backbone": "other"}]
+)
+def test_a_copy_after_set_params_transforms_as_the_fitted_original(tiny_gpt2, tmp_path, change):
+    """``set_params`` after ``fit`` takes effect at the next fit: a pickled or deep-copied transformer builds the
+    runner the original was fitted with, not one of the new settings (which gave other features, silently)."""
+    import copy
+    import pickle
+
+    from tests.conftest import save_tiny_gpt2
+
+    if change.get("backbone"):
+        change = {"backbone": str(save_tiny_gpt2(tmp_path / "other", seed=5))}
+    X = np.random.default_rng(0).normal(size=(4, 5, 3)).astype(np.float32)
+    fitted = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1, dtype="float32", engine="torch").fit(X)
+    expected = fitted.transform(X)
+    fitted.set_params(**change)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(fitted)).transform(X), expected)
+    np.testing.assert_array_equal(copy.deepcopy(fitted).transform(X), expected)
+
+
+def test_a_pickled_transformer_refuses_a_folder_whose_weights_changed(tmp_path):
+    """A copy rebuilds its backbone from the folder it was fitted on: one saved again with other weights is refused
+    in words, not read as the fitted model; a numpy integer seed (a grid search's) fits as an int does."""
+    import pickle
+
+    from reservoir.errors import UsageError
+    from tests.conftest import save_tiny_gpt2
+
+    folder = save_tiny_gpt2(tmp_path / "model", seed=0)
+    X = np.random.default_rng(0).normal(size=(4, 5, 3)).astype(np.float32)
+    fitted = api.ReservoirFeatures(backbone=str(folder), depth=1, dtype="float32", seed=np.int64(2)).fit(X)
+    saved = pickle.dumps(fitted)
+    np.testing.assert_array_equal(pickle.loads(saved).transform(X), fitted.transform(X))
+    save_tiny_gpt2(folder, seed=1)
+    with pytest.raises(
+        UsageError, match="holds other weights than it did when this ReservoirFeatures was fitted"
+    ):
+        pickle.loads(saved)
+
+
 def test_a_folder_saved_again_is_loaded_again(tmp_path):
     """The transformer's in-process cache of loaded backbones knows a folder by its files: a model saved
     again under the same name gives the new model's features, those of a fresh process."""
@@ -270,3 +315,13 @@ def test_a_vision_backbone_fitted_on_images_reads_a_shorter_row_alone(tmp_path, 
     together = t.transform([short, images[0]])
     np.testing.assert_allclose(together[0], t.transform([short])[0], atol=1e-5)
     np.testing.assert_allclose(together[1], t.transform(images[:1])[0], atol=1e-5)
+
+
+def test_features_the_backbone_cannot_hold_are_refused_not_returned(tiny_gpt2):
+    """Inputs within float32's range whose features overflow inside the backbone (1e20: its squares do) are
+    refused in words naming the sequence, not returned as NaN."""
+    X = np.ones((3, 4, 2), np.float32)
+    X[1, 2] = 1e20
+    fitted = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1, dtype="float32", engine="torch").fit(X[:1])
+    with pytest.raises(ValueError, match="NaN or inf features for sequence 1 of X in float32"):
+        fitted.transform(X)

@@ -111,3 +111,20 @@ def test_a_readout_the_task_cannot_take_is_refused_before_any_file(
     assert r.exit_code == 1, r.output
     assert message in r.output and "Traceback" not in r.output
     assert not out.exists() and not list(tmp_path.glob("refused*"))
+
+
+def test_an_ids_row_of_the_input_layer_does_not_depend_on_the_vocabulary_size():
+    """An id's embedding row is the same in a vocabulary of 5 as of 10 or 11 ids, at widths where the table is not
+    whole blocks of 16 values (torch draws a partial last block again), and unchanged where it is (GPT-2's 768)."""
+    from reservoir.model.input_layer import make_input_layer
+    from reservoir.tasks import TaskSpec
+
+    def table(vocab, width, seed=3):
+        spec = TaskSpec("t", "ids", seq_len=4, n_classes=2, vocab_size=vocab)
+        return make_input_layer(spec, width, seed).weight.detach()
+
+    for width in (50, 3, 768):
+        small, large, odd = table(5, width), table(10, width), table(11, width)
+        assert torch.equal(small, large[:5]) and torch.equal(large, odd[:10])
+    drawn = torch.empty(10 * 768).normal_(generator=torch.Generator().manual_seed(3))
+    assert torch.equal(table(10, 768), drawn.view(10, 768))

@@ -380,7 +380,7 @@ def test_a_logistic_head_out_of_iterations_says_so_once_per_fit(capsys):
     with pytest.warns(UserWarning, match="other"), heads.noting_convergence("depth 3"):
         LogRegHead(C=0.5, max_iter=2).fit(X, y)
         LogRegHead(C=0.5, max_iter=2).fit(X, y)
-        warnings.warn("other", UserWarning)
+        warnings.warn("other", UserWarning, stacklevel=2)
     err = capsys.readouterr().err
     assert err.count("note: depth 3: the logistic head (C=0.5) reached its limit of 2") == 1
     assert err.count("\n") == 1
