@@ -352,29 +352,38 @@ def data_groups(rows: list[Row], task: str, every_mode: bool = False) -> list[Da
     return list(groups.values())
 
 
+def fitted_as(r: dict[str, Any]) -> tuple[Any, Any]:
+    """How a probe or baseline was fitted beside its data: its seed (of the validation split) and the share of
+    train held out."""
+    return r.get("seed"), ((r.get("config") or {}).get("fit") or {}).get("val_fraction")
+
+
 def baselines_of(group: DataGroup, baselines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The baselines of a group's data and heads, one per name and head. Where the group spans several data
-    sets, a baseline is their mean (``test_score``), with ``test_std`` and ``n_data`` over the data sets found
-    and ``of_data`` how many the group has."""
-    found: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    """The baselines of a group's data and heads, one per name and head, fitted as the group's probes were (on
+    their data sets, at their seeds and share held out: :func:`fitted_as`) where there are such, else as they were.
+    Several fits of a baseline are averaged (``test_score``), with ``test_std`` and ``n_data`` over them and
+    ``of_data`` how many fits the group's probes had; ``other_fit`` says none was fitted as the probes were."""
+    wanted = {(data_key(r), *fitted_as(r)) for row in group.rows for r in row.results}
+    found: dict[tuple[str, str], dict[tuple, dict[str, Any]]] = defaultdict(dict)
     for b in baselines:
         if b["task"] != group.task or (b["head"] != "rule" and b["head"] not in group.heads):
             continue
-        key = data_key(b)
-        if key in group.keys:
-            found[(b["baseline"], b["head"])].setdefault(key, b)
+        if data_key(b) in group.keys:
+            found[(b["baseline"], b["head"])].setdefault((data_key(b), *fitted_as(b)), b)
     out = []
-    for by_key in found.values():
-        bs = [by_key[k] for k in group.keys if k in by_key]
-        b = dict(bs[0])
-        if len(group.keys) > 1:
+    for by_fit in found.values():
+        bs = [b for fit, b in by_fit.items() if fit in wanted]
+        other = not bs  # none fitted as the probes were: one per data set, said so
+        bs = bs or list({key: b for (key, *_), b in reversed(by_fit.items())}.values())
+        b = dict(bs[0], other_fit=other)
+        if len(bs) > 1 or len(wanted) > 1:
             tests = [x["test_score"] for x in bs]
             b.update(
                 test_score=float(np.mean(tests)),
                 val_score=float(np.mean([x["val_score"] for x in bs])),
                 test_std=float(np.std(tests, ddof=1)) if len(bs) > 1 else None,
                 n_data=len(bs),
-                of_data=len(group.keys),
+                of_data=len(wanted),
             )
         out.append(b)
     return sorted(out, key=lambda b: (baseline_rank(b["baseline"]), b["head"]))

@@ -47,11 +47,14 @@ DEPTH_RULES = {"chosen": "depth chosen on validation", "last": "last depth"}
 
 
 def baseline_text(b: dict[str, Any]) -> str:
-    """A baseline's test score as cells show it: the mean over the data sets of a row of several, how many."""
+    """A baseline's test score as cells show it: the mean over the fits of a row of several, how many, and whether
+    it was fitted otherwise than the row's probes."""
     metric = METRICS[b.get("metric", "accuracy")]
     text = score_text(b["test_score"], b.get("test_std"), b.get("n_data", 1), metric)
     if b.get("of_data") and b["n_data"] < b["of_data"]:
-        text += f" ({b['n_data']} of {b['of_data']} data sets)"
+        text += f" ({b['n_data']} of {b['of_data']} fits)"
+    if b.get("other_fit"):
+        text += " (not fitted at the probes' seeds and held-out share)"
     return text
 
 

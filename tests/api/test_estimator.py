@@ -322,6 +322,8 @@ def test_features_the_backbone_cannot_hold_are_refused_not_returned(tiny_gpt2):
     refused in words naming the sequence, not returned as NaN."""
     X = np.ones((3, 4, 2), np.float32)
     X[1, 2] = 1e20
-    fitted = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1, dtype="float32", engine="torch").fit(X[:1])
+    fitted = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1, dtype="float32", engine="torch").fit(
+        X[:1]
+    )
     with pytest.raises(ValueError, match="NaN or inf features for sequence 1 of X in float32"):
         fitted.transform(X)

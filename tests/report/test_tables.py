@@ -466,9 +466,7 @@ def test_one_data_keeps_the_table_as_it_was_and_a_row_of_seeds_averages_their_ba
     (row,) = rep.rows  # the seeds of one setting, each drawing its own sample: one row
     table = rep.depth_tables()
     assert "*data:" not in table
-    assert (
-        "| baseline: majority class | rule | 50/50 |  |  | 30.0 ± 14.1 (n=2) (2 of 3 data sets) |  |" in table
-    )
+    assert "| baseline: majority class | rule | 50/50 |  |  | 30.0 ± 14.1 (n=2) (2 of 3 fits) |  |" in table
 
 
 def test_results_of_one_seed_on_other_data_are_never_averaged_as_seeds():
@@ -620,3 +618,26 @@ def test_a_task_of_several_data_plots_each_data_with_its_own_baselines(tmp_path)
         plots.depth_plot = real
     pairs = sorted((next(iter(c.values()))[0], list(b.values())) for c, b in drawn)
     assert pairs == [(40.0, [20.0]), (80.0, [40.0])]  # each data's curve beside its own baseline only
+
+
+def test_a_row_of_fit_seeds_shows_the_baselines_of_those_seeds_and_held_out_share():
+    """Probes fitted at seeds 0 and 1 (one feature file) sit beside the mean of the baselines fitted at those seeds
+    with the same share held out, not beside the first baseline found (seed 2's, or one held out otherwise)."""
+
+    def fitted(r, seed, val_fraction=0.1):
+        return {
+            **r,
+            "seed": seed,
+            "config": {"fit": {"val_fraction": val_fraction}},
+            "key": f"{r['key']}{seed}",
+        }
+
+    results = [fitted(output_only(1, 0.5, 0.5 + seed / 10), seed) for seed in (0, 1)]
+    for seed, test, share in ((2, 0.9, 0.1), (0, 0.2, 0.1), (0, 0.8, 0.3), (1, 0.4, 0.1)):
+        b = fitted(output_only(None, test, test, backbone="baseline-raw"), seed, share)
+        b.update(mode="baseline", baseline="raw", head="ridge", key=f"raw{seed}{share}")
+        results.append(b)
+    table = Report(results).depth_tables()
+    assert "| baseline: raw-input linear head | ridge | 50/50 |  |  | 30.0 ± 14.1 (n=2) |  |" in table
+    alone = Report([results[0], results[2]]).depth_tables()  # only seed 2's baseline: shown, and said so
+    assert "90.0 (not fitted at the probes' seeds and held-out share)" in alone
