@@ -13,7 +13,7 @@ from sklearn.utils.validation import check_is_fitted
 from reservoir.probe.heads import HeadKind, Search, best_value, register_head
 from reservoir.probe.metrics import metric
 from reservoir.probe.predictors import REGRESSION, Predictor, array, predict_ids
-from reservoir.probe.rows import Concat, Rows, _outputs
+from reservoir.probe.rows import Concat, Rows, _outputs, standard_scale
 from reservoir.settings import Interval, validate
 
 #: the ridge penalties searched for real-valued targets (a forecast often wants far less than a classifier)
@@ -21,10 +21,11 @@ REGRESSION_GRID = (1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0, 1000.0)
 
 
 def _classes(Y: np.ndarray, n_classes: int | None) -> int:
-    """Classes per output: ``n_classes``, else :data:`REGRESSION` for float targets, else the largest id + 1."""
+    """Classes per output: ``n_classes``, else :data:`REGRESSION` for float targets, else the largest id + 1; two
+    at least (one score per class: a single class would be read as one logit's sign)."""
     if Y.dtype.kind == "f":
         return REGRESSION
-    return n_classes or int(Y.max()) + 1
+    return max(2, n_classes or int(Y.max()) + 1)
 
 
 def _onehot(Y: np.ndarray, n_classes: int) -> np.ndarray:
@@ -129,8 +130,7 @@ class RidgeStats:
         mean_x, mean_y = self.sum_x / n, self.sum_y / n  # mean_x of the shifted features
         scatter = self.xtx - n * np.outer(mean_x, mean_x)
         var = np.maximum(np.diag(scatter) / n, 0.0)
-        constant = var <= n * np.finfo(np.float64).eps * np.diag(self.xtx) / n  # rounding noise only
-        scale = np.where(constant, 1.0, np.sqrt(var))
+        scale = standard_scale(var, np.diag(self.xtx) / n, n, mean_x)
         gram = scatter / np.outer(scale, scale)
         cross = (self.xty - n * np.outer(mean_x, mean_y)) / scale[:, None]
         eigvals, eigvecs = np.linalg.eigh(gram)
@@ -163,8 +163,7 @@ class RidgePath:
         X, Y = np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64)
         mean_x, mean_y = X.mean(0), Y.mean(0)
         var = X.var(0)
-        constant = var <= np.finfo(np.float64).eps * np.einsum("ij,ij->j", X, X)  # as RidgeStats.decompose
-        scale = np.where(constant, 1.0, np.sqrt(var))
+        scale = standard_scale(var, var, len(X), mean_x)
         Z = (X - mean_x) / scale
         eigvals, U = np.linalg.eigh(Z @ Z.T)
         keep = eigvals > eigvals.max(initial=0.0) * len(X) * np.finfo(np.float64).eps
@@ -192,7 +191,7 @@ def search_ridge(
     eigendecomposition score every alpha; the refit adds ``val`` and decomposes once more. Class targets
     are scored by accuracy over ``kind.grid``, float targets by NRMSE over :data:`REGRESSION_GRID`."""
     regression = fit.labels.dtype.kind == "f"
-    c = REGRESSION if regression else int(max(fit.labels.max(), val.labels.max())) + 1
+    c = REGRESSION if regression else _classes(np.concatenate([fit.labels.ravel(), val.labels.ravel()]), None)
     head = RidgeHead(n_classes=c).fit_blocks(fit)
 
     def scores_of(alphas, source: Rows) -> dict[float, float]:

@@ -68,6 +68,17 @@ class Concat(Rows):
         return sum(s.nbytes for s in self.sources)
 
 
+def check_finite(X: np.ndarray) -> None:
+    """ValueError naming the first row of features ``X`` holding NaN or an infinity (scikit-learn's estimators
+    refuse them too; a head would fit or predict them as some class)."""
+    X = np.asarray(X)
+    if X.dtype.kind in "fc" and not np.isfinite(X).all():
+        row = int(np.flatnonzero(~np.isfinite(X).reshape(len(X), -1).all(1))[0])
+        raise ValueError(
+            f"features hold NaN or infinite values (row {row}); replace them or extract them again"
+        )
+
+
 class ArrayRows(Rows):
     """Rows held in memory: readout features ``(N, R, d)`` and their labels, or rows already flat as a
     head's ``fit(X, y)`` gets them (``X (n, d)``, ``y (n,) | (n, m)``)."""
@@ -75,6 +86,7 @@ class ArrayRows(Rows):
     in_memory = True
 
     def __init__(self, X: np.ndarray, y: np.ndarray):
+        check_finite(X)
         self.X, self.labels = X, y
 
     @property
@@ -118,18 +130,31 @@ def shape_of(source: Rows) -> tuple[int, int]:
     return source.outputs, int(source.labels.max()) + 1
 
 
+def standard_scale(
+    var: np.ndarray, mean_square: np.ndarray, n: int, mean: np.ndarray | float = 0.0
+) -> np.ndarray:
+    """``StandardScaler``'s scale of features of variance ``var`` over ``n`` rows: the standard deviation, and 1 where
+    the variance is within the rounding noise of sums of squares of mean ``mean_square`` about a shift from which
+    the features' mean is ``mean`` (scikit-learn's bound: a constant feature)."""
+    eps = np.finfo(np.float64).eps
+    constant = var <= n * eps * mean_square + (n * eps * mean) ** 2
+    return np.where(constant, 1.0, np.sqrt(var))
+
+
 def moments(source: Rows) -> tuple[np.ndarray, np.ndarray, int]:
-    """Mean and scale of the features (``StandardScaler``'s, a constant feature scaled by 1) and the
-    number of rows, in one pass."""
-    n, total, squares = 0, None, None
+    """Mean and scale of the features (``StandardScaler``'s: :func:`standard_scale`) and the number of rows, in
+    one pass, summed about the first block's mean (so a mean far above the spread keeps its digits)."""
+    n, shift, total, squares = 0, None, None, None
     for X, _ in source.blocks():
         x = X.astype(np.float64)
+        shift = x.mean(0) if shift is None else shift
+        x -= shift
         total = x.sum(0) if total is None else total + x.sum(0)
         squares = (x * x).sum(0) if squares is None else squares + (x * x).sum(0)
         n += len(x)
     mean = total / n
     var = np.maximum(squares / n - mean * mean, 0.0)
-    return mean, np.where(var > 0, np.sqrt(var), 1.0), n
+    return mean + shift, standard_scale(var, squares / n, n, mean), n
 
 
 def stream_accuracy(predict: Callable[[np.ndarray], np.ndarray], source: Rows) -> float:

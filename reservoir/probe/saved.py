@@ -45,7 +45,7 @@ from reservoir.identity import array_digest, short
 from reservoir.paths import FILE_TASK, file_task_path
 from reservoir.probe.heads import head_threads
 from reservoir.probe.predictors import REGRESSION, Predictor, predictor_from_state
-from reservoir.probe.rows import rows
+from reservoir.probe.rows import check_finite, rows
 
 #: version of the saved-probe layout
 PROBE_FORMAT = 1
@@ -144,6 +144,7 @@ class SavedProbe:
                 f"probe {self.path}; got {X.shape}. Read them with api.read_features(path, split, "
                 f"depth={self.depth})"
             )
+        check_finite(X)
         with threadpool_limits(limits=head_threads()):
             pred = self.predictor(X.reshape(len(X) * r, d))
         return pred.reshape(len(X), *self.label_shape)

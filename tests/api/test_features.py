@@ -203,6 +203,9 @@ def test_saved_probe_applied_by_predict_reproduces_the_fit(digits, home, cli, he
 
         X, y = api.read_features(digits, "test", depth=result["depth"])
         np.testing.assert_array_equal(api.load_probe(probe).predict(X), predictions)  # and in memory
+        X[2, ..., 0] = np.nan
+        with pytest.raises(ValueError, match=r"NaN or infinite values \(row 2\)"):  # not predicted as a class
+            api.load_probe(probe).predict(X)
 
 
 @pytest.mark.parametrize("head", ["logreg", "ridge", "torch"])

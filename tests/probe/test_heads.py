@@ -402,3 +402,56 @@ def test_ridge_standardizes_a_feature_far_above_its_spread_as_scikit_learn_does(
     np.testing.assert_allclose(
         (X @ coef + intercept)[:, 0], theirs.predict(X.astype(np.float64)), rtol=1e-6, atol=1e-6
     )
+
+
+def test_heads_refuse_features_holding_nan_as_scikit_learn_estimators_do():
+    """A NaN in train, validation or test features, or in those a saved probe's predict gets, is refused naming its
+    row: the logistic head fitted it as class 0 everywhere and scored NaN test rows as class 0."""
+    X, y = blobs()
+    bad = X.copy()
+    bad[5, 3] = np.nan
+    for head in ("logreg", "ridge", "torch"):
+        with pytest.raises(ValueError, match=r"NaN or infinite values \(row 5\)"):
+            fit_depth(head, bad[:, None], y, X[:, None], y)
+        with pytest.raises(ValueError, match=r"NaN or infinite values \(row 5\)"):
+            fit_depth(head, X[:, None], y, bad[:, None], y)
+    with pytest.raises(ValueError, match=r"row 5"):
+        LogRegHead().fit(bad, y)
+
+
+def test_a_ridge_head_of_one_class_predicts_that_class():
+    """Labels of one class (an API user's; the command line refuses them) are predicted as that class, not as the
+    class a one-logit sign rule reads."""
+    X, _ = blobs()
+    for c in (0, 1, 2):
+        assert set(RidgeHead().fit(X, np.full(len(X), c)).predict(X)) == {c}
+    assert (
+        fit_depth("ridge", X[:, None], np.zeros(len(X), int), X[:, None], np.zeros(len(X), int))[
+            "test_accuracy"
+        ]
+        == 1.0
+    )
+
+
+def test_every_head_scales_features_as_standard_scaler_constant_and_far_above_their_spread():
+    """The logistic and torch heads' one-pass moments and ridge's path through the rows (more features than rows)
+    give StandardScaler's scales: 1 for a constant feature (not its rounding noise), its spread for a feature of
+    mean 1e5 and spread 0.1."""
+    from reservoir.probe.ridge import RidgePath
+    from reservoir.probe.rows import moments
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(20000, 3))
+    X[:, 1] = 1e5 + 0.1 * X[:, 1]
+    X[:, 2] = 0.1
+    X = X.astype(np.float32)
+    ref = StandardScaler().fit(X.astype(np.float64))
+    mean, scale, n = moments(ArrayRows(X, np.zeros(len(X), int)))
+    np.testing.assert_allclose(scale, ref.scale_, rtol=1e-6)
+    np.testing.assert_allclose(mean, ref.mean_, rtol=1e-12)
+    few = np.repeat(X[:8], 4, axis=1)  # 8 rows of 12 features
+    np.testing.assert_allclose(
+        RidgePath.from_rows(few, np.ones((8, 1))).scale,
+        StandardScaler().fit(few.astype(np.float64)).scale_,
+        rtol=1e-6,
+    )
