@@ -59,14 +59,23 @@ def _load_key(name: str, seed: int) -> tuple[Any, ...]:
     )
 
 
-def _folder_weights(name: Any, backbone: Any) -> str | None:
+_WEIGHTS: dict[tuple[Any, ...], str] = {}
+
+
+def _folder_weights(name: Any, seed: int, backbone: Any) -> str | None:
     """The fingerprint of a backbone loaded from a folder (or the local hub cache), whose files can change under
-    a fitted transformer's name; ``None`` for a name or object whose weights the name itself fixes."""
+    a fitted transformer's name, computed once per :func:`_load_key`; ``None`` for a name or object whose weights
+    the name itself fixes."""
     from reservoir.model.backbones import fingerprint, parse_name
 
     if not isinstance(name, str) or parse_name(name).source not in ("folder", "hub"):
         return None
-    return fingerprint(backbone)
+    key = _load_key(name, seed)
+    if key not in _WEIGHTS:
+        if len(_WEIGHTS) >= 8:
+            _WEIGHTS.pop(next(iter(_WEIGHTS)))
+        _WEIGHTS[key] = fingerprint(backbone)
+    return _WEIGHTS[key]
 
 
 def _backbone(name: str, seed: int):
@@ -324,7 +333,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
             "input_scale": self.input_scale,
             "device": self.device,
             "engine": self.engine,
-            "weights": _folder_weights(self.backbone, backbone),
+            "weights": _folder_weights(self.backbone, int(self.seed), backbone),
         }
         self.runner_ = self._runner(backbone)
         self.n_features_out_ = len(self.depths_) * backbone.d_model
@@ -358,7 +367,10 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         if backbone is None:
             backbone = _backbone(fitted["backbone"], fitted["seed"])
             weights = fitted.get("weights")
-            if weights is not None and _folder_weights(fitted["backbone"], backbone) != weights:
+            if (
+                weights is not None
+                and _folder_weights(fitted["backbone"], fitted["seed"], backbone) != weights
+            ):
                 raise UsageError(
                     f"the folder {fitted['backbone']} holds other weights than it did when this ReservoirFeatures "
                     "was fitted, so its features would differ: restore those weights, or fit the transformer again"
