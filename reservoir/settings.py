@@ -187,19 +187,6 @@ class NotEmpty(Constraint):
 
 
 @dataclass(frozen=True)
-class Each(Constraint):
-    """A sequence whose every value meets ``rule``."""
-
-    rule: Constraint
-
-    def ok(self, value: Any, owner: Any = None) -> bool:
-        return isinstance(value, (list, tuple)) and all(self.rule.ok(v, owner) for v in value)
-
-    def text(self, owner: Any = None) -> str:
-        return f"each {self.rule.text(owner)}"
-
-
-@dataclass(frozen=True)
 class AllOf(Constraint):
     """Every one of ``rules`` (a list of learning rates: each in range, and distinct)."""
 
