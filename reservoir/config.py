@@ -542,6 +542,12 @@ class TrainConfig(Config):
     device: str = device_setting()
     grad_clip: float = setting(1.0, Interval(0, None), help="Maximum gradient norm (0: no clipping).")
     dropout: float = setting(0.1, Interval(0, 1, closed="left"), help="Dropout.")
+    augment: bool = setting(
+        True,
+        help="Augment the training images as the FPT code does (cifar10, cifar10_lra: a crop of the image padded "
+        "by 4 pixels, a horizontal flip, a rotation of up to 20 degrees); other tasks have no augmentation.",
+        flag="pair",
+    )
     checkpoint_every: int = setting(
         500, Interval(0, None), help="Steps between checkpoints (0: only at the end)."
     )

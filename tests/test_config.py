@@ -147,7 +147,7 @@ CHANGED = {
 }
 #: options added since the saved help
 ADDED = {
-    ("train", "--concurrent-runs"),
+    *(("train", o) for o in ("--concurrent-runs", "--augment")),
     ("extract", "--store-dtype"),
     *(("fit", o) for o in ("--readout", "--task-opt", "--limit", "--extract-seed")),
     *(("predict", o) for o in ("--data", "--task-opt", "--backbone")),

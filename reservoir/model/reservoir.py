@@ -93,7 +93,8 @@ class Reservoir(nn.Module):
     input_scale
         the input layer's scale (``"paper"``, ``"matched"`` or a std as text).
     dropout
-        after the input layer (training only; 0 for extraction).
+        after a dense input layer (training only; 0 for extraction). An id embedding goes to the backbone as it is,
+        as in the FPT code, where the backbone's own embedding dropout is the only one.
     readout
         one of :data:`READOUTS` (:func:`check_readout` refuses what the task cannot take).
 
@@ -119,7 +120,7 @@ class Reservoir(nn.Module):
         self.input_layer = make_input_layer(
             spec, backbone.input_width, seed, input_scale, getattr(backbone, "token_std", None)
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(dropout) if spec.token_kind == "dense" else nn.Identity()
         self.backbone = backbone
         backbone.for_task(None if spec.variable_length else spec.seq_len)
         self.compute_dtype = torch.float32

@@ -184,6 +184,8 @@ class Task:
     name: ClassVar[str] = ""
     #: the task draws its examples from its ``seed`` option, which follows the run's ``--seed`` unless given
     generated: ClassVar[bool] = False
+    #: how end-to-end training augments the task's training examples (:meth:`augment`), in words; empty: it does not
+    augmentation: ClassVar[str] = ""
 
     @property
     def spec(self) -> TaskSpec:  # pragma: no cover - abstract
@@ -245,6 +247,11 @@ class Task:
     def encode(self, inputs: np.ndarray) -> np.ndarray:
         """Raw batch -> tokens: float32 ``(B, T, token_dim)`` or int64 ``(B, T)`` ids."""
         raise NotImplementedError  # pragma: no cover - abstract
+
+    def augment(self, inputs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Raw training inputs, randomly transformed by ``rng`` as :attr:`augmentation` says (the same shape and
+        dtype); as they are where the task has no augmentation."""
+        return inputs
 
     def baseline_rules(self) -> dict[str, Callable[[SplitData], np.ndarray]]:
         """Rules a reservoir should beat, by name: each maps a split to one key per example, and

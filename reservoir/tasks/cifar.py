@@ -15,7 +15,13 @@ one). The pickles are read by :mod:`reservoir.tasks.pickles`, which refuses any 
 ``cifar10``: each 32x32x3 image is cut into 4x4 patches, a patch flattened row-major with the
 channel innermost (the FPT code's ``b c (h p1) (w p2) -> b (h w) (p1 p2 c)``): 64 tokens of 48.
 Values are normalized per channel with the FPT code's mean (0.4914, 0.4822, 0.4465) and std
-(0.2023, 0.1994, 0.2010); ``normalize=false`` gives ``x / 255`` instead. No augmentation.
+(0.2023, 0.1994, 0.2010); ``normalize=false`` gives ``x / 255`` instead.
+
+Both tasks augment the images end-to-end training steps on (``reservoir train --augment``, the default) as the FPT
+code does (its ``data_aug=True``): a 32x32 crop of the image padded by 4 black pixels a side, a horizontal flip
+with probability 1/2, then a rotation by an angle drawn uniformly in [-20, 20] degrees about the image's centre,
+nearest pixel, black outside (torchvision's ``RandomCrop(32, padding=4)``, ``RandomHorizontalFlip()`` and
+``RandomRotation(20)``). Features for a linear head, validation and test images are never augmented.
 
 ``cifar10_lra``: grayscale as the Long Range Arena computes it (``tf.image.rgb_to_grayscale`` on uint8
 images: luma ``0.2989 R + 0.5870 G + 0.1140 B`` of ``[0, 1]`` floats, back to uint8 times 255.5,
@@ -123,10 +129,50 @@ def grayscale(images: np.ndarray) -> np.ndarray:
     return (gray * np.float32(255.5)).astype(np.uint8)
 
 
+def augment_images(
+    images: np.ndarray, rng: np.random.Generator, pad: int = 4, degrees: float = 20.0
+) -> np.ndarray:
+    """Images ``(N, H, W)`` or ``(N, H, W, C)``, each cropped from a copy padded by ``pad`` zero pixels a side, flipped
+    left to right with probability 1/2 and rotated by an angle uniform in ``[-degrees, degrees]`` (:func:`transform`):
+    the FPT code's CIFAR augmentation (module docstring), one draw per image."""
+    n = len(images)
+    shift = rng.integers(-pad, pad + 1, size=(n, 2))
+    flip = rng.random(n) < 0.5
+    return transform(images, shift, flip, rng.uniform(-degrees, degrees, size=n))
+
+
+def transform(images: np.ndarray, shift: np.ndarray, flip: np.ndarray, degrees: np.ndarray) -> np.ndarray:
+    """Each image ``(H, W[, C])`` moved by ``shift`` ``(dy, dx)`` pixels (a crop of a zero-padded copy: pixel ``(i,
+    j)`` shows ``(i + dy, j + dx)``), flipped left to right where ``flip``, then rotated by ``degrees`` about its
+    centre (counter-clockwise as displayed, as torchvision's), nearest pixel, zero where nothing shows."""
+    n, h, w = images.shape[:3]
+    angle = np.deg2rad(np.asarray(degrees, np.float64))
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    cy, cx = (h - 1) / 2, (w - 1) / 2
+    cos, sin = np.cos(angle)[:, None, None], np.sin(angle)[:, None, None]
+    # each output pixel of the rotated image, back to the flipped and cropped one it shows, then to the image
+    sx = cos * (x - cx) - sin * (y - cy) + cx
+    sy = sin * (x - cx) + cos * (y - cy) + cy
+    sx = np.where(np.asarray(flip)[:, None, None], w - 1 - sx, sx)
+    sy = np.rint(sy).astype(np.int64) + shift[:, :1, None]
+    sx = np.rint(sx).astype(np.int64) + shift[:, 1:, None]
+    inside = (sy >= 0) & (sy < h) & (sx >= 0) & (sx < w)
+    out = images[np.arange(n)[:, None, None], np.clip(sy, 0, h - 1), np.clip(sx, 0, w - 1)]
+    inside = inside.reshape(inside.shape + (1,) * (images.ndim - 3))
+    return np.where(inside, out, 0).astype(images.dtype)
+
+
 @dataclass
 class _Cifar(Task):
     normalize: bool = True
     download: bool = True
+
+    augmentation = (
+        "a crop of the image padded by 4 pixels, a horizontal flip and a rotation of up to 20 degrees"
+    )
+
+    def augment(self, inputs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return augment_images(inputs, rng)
 
     @property
     def class_names(self) -> list[str]:

@@ -74,14 +74,24 @@ class RunState:
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 
+def augments(cfg: TrainConfig, task) -> bool:
+    """Whether a run augments its training examples: ``--augment`` on a task with an augmentation."""
+    return cfg.augment and bool(task.augmentation)
+
+
 def settings_identity(cfg: TrainConfig, task, data, left_out: list[int] = ()) -> dict[str, Any]:
     """The part of a training identity shared by every run of a sweep: task, data (with the classes a
     ``--limit`` sample left out) and settings."""
     settings = {
         k: v
         for k, v in cfg.to_json().items()
-        if k not in RESUMABLE_CHANGES and k not in ("task", "backbone", "task_options", "seed")
+        if k not in RESUMABLE_CHANGES and k not in ("task", "backbone", "task_options", "seed", "augment")
     }
+    # recorded where it augments (runs of tasks without augmentation, and earlier runs, keep their identity)
+    if augments(cfg, task):
+        settings["augment"] = task.augmentation
+    if task.spec.token_kind == "ids" and cfg.dropout:  # id embeddings once had a dropout of their own
+        settings["embedding_dropout"] = "the backbone's only"
     subset = {"subset": task.subset(cfg.limit, cfg.seed, left_out)} if cfg.limit is not None else {}
     return {
         "format": CHECKPOINT_FORMAT,

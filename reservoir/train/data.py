@@ -89,11 +89,11 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
 
 
 def batch_tensors(
-    task: Task, d: SplitData, rows: np.ndarray, width: int | None = None
+    task: Task, d: SplitData, rows: np.ndarray, width: int | None = None, inputs: np.ndarray | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens, lengths and labels of ``rows``; the tokens padded (id 0, or zeros) to ``width`` when given, else
-    to the longest of the rows."""
-    tokens = torch.from_numpy(np.ascontiguousarray(task.encode(d.inputs[rows])))
+    """Tokens, lengths and labels of ``rows`` (their raw ``inputs`` when given: augmented); the tokens padded (id 0,
+    or zeros) to ``width`` when given, else to the longest of the rows."""
+    tokens = torch.from_numpy(np.ascontiguousarray(task.encode(d.inputs[rows] if inputs is None else inputs)))
     if width is not None and tokens.shape[1] < width:
         pad = (0, width - tokens.shape[1]) if tokens.dim() == 2 else (0, 0, 0, width - tokens.shape[1])
         tokens = torch.nn.functional.pad(tokens, pad)
@@ -121,7 +121,8 @@ def train_width(task: Task, data: SplitData, dropout: float) -> int | None:
 class Batches:
     """The training batches of a run by step, each built on a worker thread while the step before it runs (and
     pinned for CUDA). Full batches only: each epoch drops a different remainder, and every step has one shape
-    (one compiled graph). ``dropout``: the run's, which sets the width batches are padded to (:func:`train_width`)."""
+    (one compiled graph). ``dropout``: the run's, which sets the width batches are padded to (:func:`train_width`);
+    ``augment``: each step's rows augmented (:meth:`reservoir.tasks.Task.augment`) by draws of (seed, step) alone."""
 
     def __init__(
         self,
@@ -131,8 +132,9 @@ class Batches:
         batch_size: int,
         device: torch.device,
         dropout: float = 0.0,
+        augment: bool = False,
     ):
-        self.task, self.data, self.seed, self.batch_size = task, data, seed, batch_size
+        self.task, self.data, self.seed, self.batch_size, self.augment = task, data, seed, batch_size, augment
         self.width = train_width(task, data, dropout)
         self.per_epoch = max(1, len(data) // batch_size)
         self.pin = device.type == "cuda"
@@ -147,8 +149,15 @@ class Batches:
             self._order = (epoch, epoch_order(self.seed, epoch, len(self.data)))
         return self._order[1][i * self.batch_size : (i + 1) * self.batch_size]
 
+    def inputs(self, rows: np.ndarray, seed: int, step: int) -> np.ndarray | None:
+        """Run ``seed``'s raw inputs of ``rows`` at ``step``, augmented; ``None`` where it does not augment."""
+        if not self.augment:
+            return None
+        return self.task.augment(self.data.inputs[rows], rng(seed, "augment", step))
+
     def _build(self, step: int) -> Batch:
-        batch = batch_tensors(self.task, self.data, self.rows(step), self.width)
+        rows = self.rows(step)
+        batch = batch_tensors(self.task, self.data, rows, self.width, self.inputs(rows, self.seed, step))
         return tuple(t.pin_memory() for t in batch) if self.pin else batch
 
     def take(self, step: int) -> Batch:

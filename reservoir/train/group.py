@@ -35,6 +35,7 @@ from reservoir.train.batched import (
 )
 from reservoir.train.checkpoint import (
     RunState,
+    augments,
     checkpoint_path,
     load_checkpoint,
     run_identity,
@@ -60,9 +61,15 @@ class GroupBatches(Batches):
     """The training batches of a group of runs: each run's rows of its own step, one run after another."""
 
     def __init__(
-        self, task: Task, data: SplitData, batch_size: int, device: torch.device, dropout: float = 0.0
+        self,
+        task: Task,
+        data: SplitData,
+        batch_size: int,
+        device: torch.device,
+        dropout: float = 0.0,
+        augment: bool = False,
     ):
-        super().__init__(task, data, 0, batch_size, device, dropout)
+        super().__init__(task, data, 0, batch_size, device, dropout, augment)
         self._orders: dict[int, tuple[int, np.ndarray]] = {}  # the worker thread's alone
 
     def run_rows(self, seed: int, step: int) -> np.ndarray:
@@ -73,8 +80,10 @@ class GroupBatches(Batches):
         return self._orders[seed][1][i * self.batch_size : (i + 1) * self.batch_size]
 
     def _build(self, plan: tuple[tuple[int, int], ...]) -> Batch:
-        rows = np.concatenate([self.run_rows(seed, step) for seed, step in plan])
-        batch = batch_tensors(self.task, self.data, rows, self.width)
+        by_run = [(self.run_rows(seed, step), seed, step) for seed, step in plan]
+        rows = np.concatenate([r for r, _, _ in by_run])
+        inputs = np.concatenate([self.inputs(*run) for run in by_run]) if self.augment else None
+        batch = batch_tensors(self.task, self.data, rows, self.width, inputs)
         return tuple(t.pin_memory() for t in batch) if self.pin else batch
 
     def take(self, plan: tuple[tuple[int, int], ...]) -> Batch:
@@ -463,7 +472,9 @@ class GroupRun:
         start = min(m.state.step for m in self.active)
         with (
             bar(cfg.steps, f"{self.tag} training", initial=start, enabled=progress, unit="step") as shown,
-            GroupBatches(self.task, self.data.train, cfg.batch_size, self.device, cfg.dropout) as batches,
+            GroupBatches(
+                self.task, self.data.train, cfg.batch_size, self.device, cfg.dropout, augments(cfg, self.task)
+            ) as batches,
         ):
             while self.active:
                 self.step(batches.take(tuple((m.seed, m.state.step) for m in self.active)))

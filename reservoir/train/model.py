@@ -69,7 +69,7 @@ class FPT(nn.Module):
     input_scale
         the input layer's scale.
     dropout
-        after the input layer and in the backbone's own dropout layers.
+        after a dense input layer (not an id embedding: the FPT code's) and in the backbone's own dropout layers.
 
     ``forward(tokens, lengths)`` returns logits ``(B, n_readout, outputs_per_token, n_classes)``.
     """

@@ -31,6 +31,7 @@ from reservoir.runtime.runner import CompiledOrEager
 from reservoir.tasks import Task
 from reservoir.train.checkpoint import (
     RunState,
+    augments,
     check_resumable,
     checkpoint_path,
     load_checkpoint,
@@ -482,7 +483,7 @@ def _train_run(
     # a bar of steps (rate and ETA) between the validation lines
     with (
         bar(cfg.steps, f"{run.tag} training", initial=run.state.step, enabled=progress, unit="step") as shown,
-        Batches(task, data.train, seed, cfg.batch_size, device, cfg.dropout) as batches,
+        Batches(task, data.train, seed, cfg.batch_size, device, cfg.dropout, augments(cfg, task)) as batches,
     ):
         while run.running:
             run.step(batches.take(run.state.step))

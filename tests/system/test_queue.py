@@ -58,3 +58,14 @@ def test_two_small_budgets_resume_and_complete_one_cell(tiny_gpt2, tmp_path):
     assert not folder.exists()
     listing = queue("list", cells=cells, ledger=ledger)
     assert "kept" in listing.stdout and "waiting" in listing.stdout and "H100" in listing.stdout
+
+
+def test_the_queue_trains_remote_homology_at_the_papers_learning_rate(monkeypatch):
+    """The paper's appendix C trains remote homology at 1e-4 and every other task at 1e-3: so do the queue's cells."""
+    monkeypatch.syspath_prepend(str(ROOT / "pipelines"))
+    import cell_queue
+
+    rates = {c.task: c.lrs for c in cell_queue.cells() if c.table == 2}
+    assert rates["remote_homology"] == (1e-4,) and {rates[t] for t in rates if t != "remote_homology"} == {
+        (1e-3,)
+    }

@@ -630,3 +630,29 @@ def test_fetch_says_ready_only_for_files_that_load(cli, tmp_path):
         and "mnist: ready" not in r.output
         and "Traceback" not in r.output
     )
+
+
+def test_cifar_augmentation_crops_flips_and_rotates_as_the_fpt_code():
+    """The FPT code's CIFAR augmentation, step by step: a shift is a crop of a zero-padded copy, a flip mirrors left
+    to right after it, 90 degrees turn counter-clockwise as displayed (torchvision's sign); draws stay within 4 pixels
+    and 20 degrees, show only the image's pixels or black, and follow the generator alone."""
+    from reservoir.tasks.cifar import augment_images, transform
+
+    images = np.arange(1, 1 + 2 * 6 * 6 * 3).reshape(2, 6, 6, 3).astype(np.uint16)
+    still, no, zero = np.zeros((2, 2), int), np.zeros(2, bool), np.zeros(2)
+    np.testing.assert_array_equal(transform(images, still, no, zero), images)
+    np.testing.assert_array_equal(transform(images, still, ~no, zero), images[:, :, ::-1])
+    np.testing.assert_array_equal(
+        transform(images, still, no, np.full(2, 90.0)), np.rot90(images, 1, axes=(1, 2))
+    )
+    moved = transform(images, np.array([[1, 2], [0, 0]]), np.array([True, False]), zero)
+    np.testing.assert_array_equal(moved[0, :5, 2:], images[0, 1:, 2:][:, ::-1])  # cropped, then mirrored
+    assert (moved[0, 5] == 0).all() and (moved[0, :, :2] == 0).all()
+    gray = np.random.default_rng(0).integers(1, 256, size=(64, 32, 32)).astype(np.uint8)
+    a, b = augment_images(gray, np.random.default_rng(7)), augment_images(gray, np.random.default_rng(7))
+    np.testing.assert_array_equal(a, b)
+    assert a.dtype == np.uint8 and a.shape == gray.shape and not np.array_equal(a, gray)
+    assert set(np.unique(a)) <= set(np.unique(gray)) | {0}
+    # at most 4 pixels and 20 degrees: the centre pixel of each image is a pixel within 4 + 1 of it
+    near = [{int(v) for v in g[11:21, 11:21].ravel()} for g in gray]
+    assert all(int(x[15, 15]) in n for x, n in zip(a, near))

@@ -319,3 +319,39 @@ def test_a_batched_step_on_cuda_never_synchronises_the_host(tiny_gpt2, home):
             torch.cuda.set_sync_debug_mode("default")
     losses, norms = group.unread[-1]
     assert losses.is_cuda and norms.is_cuda and bool(torch.isfinite(losses).all())
+
+
+def test_augmented_cifar_runs_batched_killed_and_resumed_equal_the_runs_alone(tiny_gpt2, home):
+    """CIFAR-10 trains on augmented images (its identity says so; --no-augment trains on others): each run's draws
+    depend on its seed and step alone, so a batch of runs equals the runs alone, and a run killed at step 13 and
+    resumed from step 10 ends bit for bit where the uninterrupted one ends."""
+    import pickle
+
+    import numpy as np
+
+    from tests.tasks.test_download import write_batch
+
+    folder = home / "data" / "cifar10" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"):
+        write_batch(folder / name, rng.integers(0, 256, (40, 32, 32, 3), dtype=np.uint8), np.arange(40) % 10)
+    (folder / "batches.meta").write_bytes(pickle.dumps({b"label_names": [b"c%d" % i for i in range(10)]}))
+    cfg = xor_cfg(tiny_gpt2, home, task="cifar10", task_options={}, steps=20, batch_size=8)
+    together = train(cfg, progress=False)
+    assert together["identity"]["augment"].startswith("a crop of the image padded by 4 pixels")
+    alone = train(dataclasses.replace(cfg, checkpoint_dir=home / "alone", concurrent_runs=1), progress=False)
+    assert_same_runs(together, alone)
+    plain = train(dataclasses.replace(cfg, checkpoint_dir=home / "plain", augment=False), progress=False)
+    assert "augment" not in plain["identity"] and plain["identity_hash"] != together["identity_hash"]
+    assert plain["runs"][0]["history"][0]["loss"] != together["runs"][0]["history"][0]["loss"]
+
+    def kill(step):
+        if step == 13:
+            raise Killed
+
+    one = dataclasses.replace(cfg, lr=(1e-3,), seeds=1, checkpoint_dir=home / "cut")
+    whole = train(dataclasses.replace(one, checkpoint_dir=home / "whole"), progress=False)
+    with pytest.raises(Killed):
+        train(one, progress=False, on_step=kill)
+    assert_same_runs(train(dataclasses.replace(one, resume=True), progress=False), whole, exact=True)

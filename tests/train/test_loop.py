@@ -51,6 +51,29 @@ def xor_cfg(backbone, home: Path, **kw) -> TrainConfig:
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+def test_dropout_follows_a_dense_input_layer_and_not_an_id_embedding(tiny_gpt2):
+    """As in the FPT code, dense tokens pass a dropout after the input layer and id tokens go to the backbone as
+    embedded, whose own embedding dropout is the only one (id tokens were dropped out twice); the identity of a run
+    on ids says so, so a checkpoint of the earlier model is not resumed."""
+    from reservoir.model.backbones import load_backbone
+    from reservoir.train.checkpoint import settings_identity
+
+    backbone = load_backbone(str(tiny_gpt2), 0)
+    dense = FPT(get_task("bit_xor").spec, backbone, blocks=2, seed=0, dropout=0.5).train()
+    ids = FPT(
+        get_task("listops").spec, load_backbone(str(tiny_gpt2), 0), blocks=2, seed=0, dropout=0.5
+    ).train()
+    x = torch.ones(2, 10, dtype=torch.long)
+    embedded = ids.reservoir.input_layer(x)
+    assert torch.equal(ids.reservoir.dropout(embedded), embedded)
+    assert (dense.reservoir.dropout(torch.ones(4, 100)) == 0).any()
+    cfg = TrainConfig(task="listops", backbone=str(tiny_gpt2))
+    assert settings_identity(cfg, get_task("listops"), {})["embedding_dropout"] == "the backbone's only"
+    assert "embedding_dropout" not in settings_identity(
+        dataclasses.replace(cfg, task="bit_xor"), get_task("bit_xor"), {}
+    )
+
+
 def test_paper_parameter_arithmetic_for_gpt2_base():
     """Layer norms: 4 x 768 per block x 12 blocks, plus the final norm (2 x 768), as the paper counts."""
     from transformers import GPT2Config, GPT2Model
