@@ -895,9 +895,9 @@ def test_batches_are_built_one_step_ahead_on_a_worker_thread_and_pinned_only_for
     built = []
     real = run_data.batch_tensors
 
-    def recording(task, d, rows, width=None):
+    def recording(task, d, rows, width=None, inputs=None):
         built.append((threading.current_thread() is threading.main_thread(), rows[0]))
-        return real(task, d, rows, width)
+        return real(task, d, rows, width, inputs)
 
     monkeypatch.setattr(run_data, "batch_tensors", recording)
     with run_data.Batches(task, data, 3, 16, torch.device("cpu")) as batches:
