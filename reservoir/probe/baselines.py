@@ -30,7 +30,7 @@ import numpy as np
 from reservoir.config import FitConfig
 from reservoir.errors import DataError, IdentityError
 from reservoir.identity import digest, reread
-from reservoir.probe.heads import fit_rows, holdout, noting_convergence
+from reservoir.probe.heads import fit_rows, noting_convergence
 from reservoir.probe.metrics import METRICS_BY_TARGET, result_scores, score_line, target_kind
 from reservoir.probe.metrics import scores as metric_scores
 from reservoir.probe.rows import ArrayRows
@@ -38,6 +38,7 @@ from reservoir.progress import log
 from reservoir.results import Result, result_key, result_path, write_result
 from reservoir.runtime import machine
 from reservoir.tasks import SplitData, Task, make_task
+from reservoir.tasks.sizes import holdout
 
 
 def load_data(task: Task, identity: dict[str, Any], data_dir: Path) -> dict[str, SplitData]:

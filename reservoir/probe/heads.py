@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
@@ -37,7 +36,7 @@ from reservoir.probe.metrics import scores as metric_scores
 from reservoir.probe.predictors import pipeline_predictor
 from reservoir.probe.rows import ArrayRows, Concat, Rows, stream_accuracy
 from reservoir.registry import HEADS
-from reservoir.tasks.sizes import stratify_by
+from reservoir.tasks.sizes import holdout
 
 
 def head_threads() -> int:
@@ -192,14 +191,6 @@ def fit_depth(
         val_fraction=val_fraction,
         seed=seed,
     )
-
-
-def holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted row indices of the fit part and of a seeded, stratified validation part of ``val_fraction``."""
-    fit, val = train_test_split(
-        np.arange(len(labels)), test_size=val_fraction, random_state=seed, stratify=stratify_by(labels)
-    )
-    return np.sort(fit), np.sort(val)
 
 
 def fit_rows(

@@ -30,6 +30,29 @@ def stratify_by(labels: np.ndarray) -> np.ndarray | None:
     return labels if len(counts) > 1 and counts.min() >= 2 else None
 
 
+def holdout(labels: np.ndarray, size: float | int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted row indices of the fit part and of a seeded validation part of ``labels`` of ``size`` rows (a share,
+    or a count), stratified where the labels are class ids (:func:`stratify_by`). A class of a single row stays in
+    the fit part, and the other rows are stratified (so one rare class neither leaves training without a row of it
+    nor turns stratification off for every class)."""
+    from sklearn.model_selection import train_test_split
+
+    rows = np.arange(len(labels))
+    single = np.zeros(len(labels), dtype=bool)
+    if labels.ndim == 1 and labels.dtype.kind in "iu" and len(labels):
+        values, counts = np.unique(labels, return_counts=True)
+        single = np.isin(labels, values[counts == 1])
+    if not single.any():
+        fit, val = train_test_split(rows, test_size=size, random_state=seed, stratify=stratify_by(labels))
+        return np.sort(fit), np.sort(val)
+    n_val = size if isinstance(size, (int, np.integer)) else math.ceil(size * len(labels))
+    rest = rows[~single]
+    fit, val = train_test_split(
+        rest, test_size=int(n_val), random_state=seed, stratify=stratify_by(labels[rest])
+    )
+    return np.sort(np.concatenate([fit, rows[single]])), np.sort(val)
+
+
 def holdout_minimum(classes: int, n_val: Callable[[int], int]) -> int:
     """The fewest train examples from which holding out ``n_val(n)`` leaves at least ``classes``
     for validation and ``classes`` for training."""

@@ -221,7 +221,7 @@ def misshapen(obj: dict[str, Any]) -> str:
     for key, kind in IDENTITY_TYPES.items():
         if not isinstance(identity.get(key), kind) or isinstance(identity.get(key), bool):
             return f"its identity's {key!r} is {identity.get(key)!r}"
-    if identity["blocks"] < 1 or not 0 <= identity["run_seed"] < 2**32:
+    if identity["blocks"] < 0 or not 0 <= identity["run_seed"] < 2**32:
         return f"its identity's blocks {identity['blocks']} or seed {identity['run_seed']} is out of range"
     if not tensors(obj["params"]) or not (
         state.get("best_params") is None or tensors(state.get("best_params"))

@@ -15,7 +15,7 @@ import torch
 from reservoir.config import TrainConfig
 from reservoir.errors import DataError, interrupt_after
 from reservoir.tasks import SplitData, Task
-from reservoir.tasks.sizes import check_sample, check_train_split, stratify_by
+from reservoir.tasks.sizes import check_sample, check_train_split, holdout
 from reservoir.train.seeds import rng
 
 
@@ -69,19 +69,14 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
         full=None if task.draws else (lambda s: task.load(s, data_dir).labels),
     )
     if val_name is None:
-        from sklearn.model_selection import train_test_split
-
-        y = train.labels
         n_val = max(1, int(round(cfg.val_fraction * len(train))))
         if len(train) - n_val < 1:
             raise DataError(
                 f"train split has {len(train)} examples: too few to hold out a validation split; "
                 "raise --limit or the task's n_train"
             )
-        fit_idx, val_idx = train_test_split(
-            np.arange(len(train)), test_size=n_val, random_state=cfg.seed, stratify=stratify_by(y)
-        )
-        train, val = _take(train, np.sort(fit_idx)), _take(train, np.sort(val_idx))
+        fit_idx, val_idx = holdout(train.labels, n_val, cfg.seed)
+        train, val = _take(train, fit_idx), _take(train, val_idx)
     for name, d in (("train", train), (val_name or "held-out validation", val), (test_names[0], test)):
         if len(d) == 0:
             raise DataError(f"the {name} split of task {task.name!r} is empty; check --data-dir and --limit")

@@ -36,7 +36,7 @@ from reservoir.train.data import Splits, load_data
 from reservoir.train.export import check_free, save_backbone
 from reservoir.train.group import group_size, train_group
 from reservoir.train.model import FPT, format_counts
-from reservoir.train.run import train_run
+from reservoir.train.run import TIMED_OUT, train_run
 from reservoir.train.step import Diverged
 
 
@@ -220,6 +220,8 @@ def train(
         "seeds": seeds,
         "steps": cfg.steps,
         "stop_at": cfg.stop_at,
+        # a run cut short by --max-time is not the whole run: its result is kept apart (a later, longer one is not)
+        **({"max_time": cfg.max_time} if any(timed_out(r) for rs in runs.values() for r in rs) else {}),
         "backbone_fingerprints": {str(r["seed"]): r["backbone_fingerprint"] for r in chosen},
     }
     summary = seed_summary(chosen)
@@ -326,6 +328,11 @@ def _save_trained(cfg: TrainConfig, model: FPT, result: dict[str, Any]) -> Path:
         ) from None
 
 
+def timed_out(run: dict[str, Any]) -> bool:
+    """Whether ``--max-time`` cut a run short."""
+    return run["stop_reason"].startswith(TIMED_OUT.split("{")[0])
+
+
 def summary(result: dict[str, Any]) -> str:
     """Human-readable lines for stdout: parameter counts, the sweep, and the selected result."""
     lines = [format_counts(result["param_counts"]), ""]
@@ -333,6 +340,9 @@ def summary(result: dict[str, Any]) -> str:
         lines.append("| lr | val mean | val std | test mean | test std |")
         lines.append("|---|---|---|---|---|")
         for lr, s in result["sweep"].items():
+            if "diverged" in s:
+                lines.append(f"| {lr} (diverged: {s['diverged']}) | | | | |")
+                continue
             mark = " (selected)" if float(lr) == result["lr"] else ""
             lines.append(
                 f"| {lr}{mark} | {100 * s['val_mean']:.2f} | {100 * s['val_std']:.2f} | "

@@ -58,9 +58,15 @@ TREND_FALL = 0.01
 TREND_T = 2.0
 
 
+#: why a run that reached ``--stop-at`` stopped
+SOLVED = "validation accuracy reached {:g}%"
+#: why a run that ``--max-time`` cut short stopped
+TIMED_OUT = "reached --max-time {:g} s at step {}"
+
+
 def solved(state: RunState, stop_at: float) -> None:
     """End a run whose validation accuracy reached ``stop_at`` (``--stop-at``)."""
-    state.done, state.stop_reason = True, f"validation accuracy reached {100 * stop_at:g}%"
+    state.done, state.stop_reason = True, SOLVED.format(100 * stop_at)
 
 
 def loss_trend(losses: Sequence[float]) -> tuple[float, float]:
@@ -105,7 +111,13 @@ def advance(state: RunState, cfg: TrainConfig) -> None:
         state.steps_to_target = state.step
     if val >= cfg.stop_at:
         solved(state, cfg.stop_at)
-    elif cfg.patience and state.evals_since_best >= cfg.patience:
+    else:
+        stall(state, cfg)
+
+
+def stall(state: RunState, cfg: TrainConfig) -> None:
+    """End a run that made no progress in ``patience`` validation passes (:func:`advance`)."""
+    if cfg.patience and state.evals_since_best >= cfg.patience:
         state.done, state.stop_reason = (
             True,
             (
@@ -113,6 +125,27 @@ def advance(state: RunState, cfg: TrainConfig) -> None:
                 f"lower and no falling training loss in {cfg.patience} validation passes"
             ),
         )
+
+
+def stop_at_again(state: RunState, cfg: TrainConfig, ckpt: Path) -> None:
+    """A resumed run under the ``--stop-at`` of this invocation, where a fresh run at it would be: one that stopped
+    below it trains on (unless its patience ends it at that pass), one whose last validation pass reaches it ends
+    there; one that passed it before its last step is refused (its parameters and optimiser of that step are gone)."""
+    crossed = next((h for h in state.history if h["val_accuracy"] >= cfg.stop_at), None)
+    if crossed is not None and crossed["step"] < state.step:
+        raise IdentityError(
+            f"checkpoint {ckpt} reached {100 * crossed['val_accuracy']:.2f}% validation accuracy at step "
+            f"{crossed['step']}, before its step {state.step}: a run at --stop-at {cfg.stop_at:g} stops there, which "
+            f"it cannot continue from; drop --resume to train it afresh, or resume it with a --stop-at above its "
+            f"{100 * state.best_val:.2f}%"
+        )
+    if crossed is not None:
+        solved(state, cfg.stop_at)
+    elif state.done and state.stop_reason.startswith(
+        SOLVED.split("{")[0]
+    ):  # by a --stop-at it no longer reaches
+        state.done, state.stop_reason = False, ""
+        stall(state, cfg)
 
 
 def note_evaluation(
@@ -158,8 +191,8 @@ def resume_state(
     log: Callable[[str], None],
     tag: str,
 ) -> RunState:
-    """The state a run starts from: under ``--resume``, its checkpoint's (``load()`` restores it), ended where
-    its best validation already reached ``--stop-at``; a fresh one otherwise."""
+    """The state a run starts from: under ``--resume``, its checkpoint's (``load()`` restores it), under this
+    ``--stop-at`` (:func:`stop_at_again`); a fresh one otherwise."""
     state = RunState()
     if cfg.resume:
         check_resumable(ckpt, name, ident)
@@ -170,8 +203,7 @@ def resume_state(
                 f"checkpoint {ckpt} has trained {state.step} steps, more than --steps {cfg.steps}; pass --steps "
                 f"{state.step} or more to resume it, or drop --resume to train {cfg.steps} steps from the start"
             )
-        if not state.done and state.best_val >= cfg.stop_at:  # solved by a lower --stop-at than it ran with
-            solved(state, cfg.stop_at)
+        stop_at_again(state, cfg, ckpt)
         log(
             f"{tag} resumed {ckpt} at step {state.step}"
             + (" (finished)" if state.done or state.step >= cfg.steps else "")
@@ -197,7 +229,7 @@ def stop_reason(state: RunState, cfg: TrainConfig) -> str:
     if state.done:
         return state.stop_reason
     if state.step < cfg.steps:
-        return f"reached --max-time {cfg.max_time:g} s at step {state.step}"
+        return TIMED_OUT.format(cfg.max_time, state.step)
     return f"reached --steps {cfg.steps}"
 
 

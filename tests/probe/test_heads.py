@@ -342,7 +342,7 @@ def test_over_the_memory_budget_heads_stream_instead_of_loading(head, monkeypatc
 def test_the_validation_holdout_is_stratified_whatever_the_class_ids():
     """Class ids that skip values (3 and 7: classes a file's other splits hold) are stratified as 0 and 1 are:
     the held-out part keeps each class's share."""
-    from reservoir.probe.heads import holdout
+    from reservoir.tasks.sizes import holdout
 
     labels = np.array([3] * 90 + [7] * 10)
     for seed in range(5):
@@ -455,3 +455,15 @@ def test_every_head_scales_features_as_standard_scaler_constant_and_far_above_th
         StandardScaler().fit(few.astype(np.float64)).scale_,
         rtol=1e-6,
     )
+
+
+def test_a_class_of_one_row_stays_in_the_fit_part_and_the_others_stay_stratified():
+    """A class with a single train row is never held out for validation alone (training would lack it), and it
+    no longer turns stratification off for the other classes; the part held out keeps its size."""
+    from reservoir.tasks.sizes import holdout
+
+    labels = np.array([0] * 20 + [1] * 19 + [2])
+    for seed in range(10):
+        fit, val = holdout(labels, 0.25, seed)
+        assert 39 in fit and len(val) == 10 and sorted(np.bincount(labels[val], minlength=3)) == [0, 5, 5]
+        assert np.array_equal(np.sort(np.concatenate([fit, val])), np.arange(40))

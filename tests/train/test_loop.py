@@ -1048,3 +1048,77 @@ def test_a_training_step_on_cuda_never_synchronises_the_host(tiny_gpt2):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert loss.is_cuda and norm.is_cuda and torch.isfinite(loss)
+
+
+def test_a_resume_under_another_stop_at_ends_where_a_fresh_run_at_it_ends_or_is_refused(tiny_gpt2, home):
+    """A run stopped by --stop-at 5% and resumed at 100% trains on to the fresh 100% run's result; a run resumed at
+    a --stop-at its validation passed before its last step (a fresh run stops there, where no parameters were kept)
+    is refused in words, not ended at its last step as solved."""
+    from reservoir.errors import IdentityError
+
+    task = get_task("bit_xor", **XOR_OPTS)
+    cfg = xor_cfg(tiny_gpt2, home, steps=30, lr=(3e-3,), stop_at=0.05)
+    data = load_data(task, cfg)
+    stopped = train_run(cfg, task, data, lr=3e-3, seed=0, progress=False)
+    assert stopped["steps"] == 10
+    fresh = train_run(
+        dataclasses.replace(cfg, stop_at=1.0, checkpoint_dir=home / "fresh"),
+        task,
+        data,
+        lr=3e-3,
+        seed=0,
+        progress=False,
+    )
+    raised = train_run(
+        dataclasses.replace(cfg, stop_at=1.0, resume=True), task, data, lr=3e-3, seed=0, progress=False
+    )
+    for key in ("steps", "best_step", "stop_reason", "test_accuracy", "history"):
+        assert raised[key] == fresh[key], key
+    first = fresh["history"][0]["val_accuracy"]
+    with pytest.raises(IdentityError, match=r"at step 10, before its step 30: a run at --stop-at"):
+        train_run(
+            dataclasses.replace(cfg, stop_at=first, resume=True), task, data, lr=3e-3, seed=0, progress=False
+        )
+
+
+def test_a_result_cut_by_max_time_is_kept_apart_from_the_whole_runs(tiny_gpt2, home, monkeypatch):
+    """A sweep --max-time cut short writes its result beside the whole sweep's, never over it (one setting and
+    seed otherwise); the result says the time it ran under."""
+    from reservoir.train import run as one_run
+
+    now = [0.0]
+    monkeypatch.setattr(one_run, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
+    cfg = xor_cfg(tiny_gpt2, home, steps=20, lr=(3e-3,))
+    whole = train(cfg, progress=False)
+
+    def tick(step):
+        now[0] += 1.0
+
+    cut = train(
+        dataclasses.replace(cfg, checkpoint_dir=home / "cut", max_time=5), progress=False, on_step=tick
+    )
+    assert cut["steps"] == [5] and cut["identity"]["max_time"] == 5 and "max_time" not in whole["identity"]
+    assert cut["path"] != whole["path"] and Path(whole["path"]).exists()
+
+
+def test_the_summary_of_a_sweep_with_a_diverged_rate_names_it(tiny_gpt2, home, monkeypatch):
+    """A sweep whose rate diverged prints its table with that rate marked diverged (it raised a KeyError after
+    writing the result)."""
+    from reservoir.train.loop import summary
+    from reservoir.train.step import optimize as real
+
+    def optimize(params, opt, grad_clip):
+        norm = real(params, opt, grad_clip)
+        return torch.full_like(norm, float("inf")) if opt.param_groups[0]["lr"] > 1 else norm
+
+    monkeypatch.setattr("reservoir.train.group.optimize", optimize)
+    result = train(xor_cfg(tiny_gpt2, home, lr=(50.0, 1e-3), seeds=1, steps=10), progress=False)
+    assert "| 50 (diverged: " in summary(result) and "| 0.001 (selected) |" in summary(result)
+
+
+def test_a_run_of_no_blocks_resumes(tiny_gpt2, home):
+    """--blocks 0 (the input and output layers alone) checkpoints a run that --resume continues."""
+    cfg = xor_cfg(tiny_gpt2, home, steps=20, lr=(3e-3,), seeds=1, blocks=0)
+    first = train(cfg, progress=False)
+    again = train(dataclasses.replace(cfg, resume=True, steps=30), progress=False)
+    assert first["depth"] == 0 and again["steps"] == [30]
