@@ -241,19 +241,39 @@ def seed_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def merge_seeds(results: list[dict[str, Any]]) -> dict[str, Any]:
     """End-to-end results of one setting whose seeds ran apart (other processes or machines) as one result of
-    all their seeds: each result's runs at its chosen learning rate, a seed run twice counted once."""
+    all their seeds, as one sweep of them all selects: the learning rate of the best mean validation accuracy over
+    every seed (the first listed on a tie) among those every seed ran, its runs; a seed run twice counted once.
+    Where no rate ran on every seed, each result's runs at its own chosen rate."""
     if len(results) == 1:
         return results[0]
-    runs: dict[int, dict[str, Any]] = {}
+    by_lr: dict[float, dict[int, dict[str, Any]]] = {}
     for r in results:
         for run in r.get("runs", []):
-            if run["lr"] == r["lr"]:
-                runs.setdefault(run["seed"], run)
-    chosen = [runs[s] for s in sorted(runs)]
+            by_lr.setdefault(run["lr"], {}).setdefault(run["seed"], run)
+    seeds = {s for r in results for s in r.get("seeds") or [run["seed"] for run in r.get("runs", [])]}
+    order = [float(lr) for lr in results[0].get("identity", {}).get("lr") or sorted(by_lr)]
+    every = [lr for lr in by_lr if set(by_lr[lr]) == seeds]
+    if every:
+        best = max(
+            every,
+            key=lambda lr: (
+                float(np.mean([run["val_accuracy"] for run in by_lr[lr].values()])),
+                -(order.index(lr) if lr in order else len(order)),
+            ),
+        )
+        chosen = [by_lr[best][s] for s in sorted(seeds)]
+    else:
+        kept: dict[int, dict[str, Any]] = {}
+        for r in results:
+            for run in r.get("runs", []):
+                if run["lr"] == r["lr"]:
+                    kept.setdefault(run["seed"], run)
+        best, chosen = results[0]["lr"], [kept[s] for s in sorted(kept)]
     summary = seed_summary(chosen)
     return {
         **results[0],
         **summary,
+        "lr": best,
         "test_score": summary["test_accuracy"],
         "val_score": summary["val_accuracy"],
         "runs": chosen,

@@ -156,6 +156,35 @@ def test_end_to_end_seeds_run_apart_share_one_row_with_their_spread_and_a_seed_r
     assert "seeds [0, 1, 2]" in table and "seeds [0]," in table  # the merged row names every seed it holds
 
 
+def test_seeds_run_apart_take_the_rate_one_sweep_of_them_all_selects():
+    """Seeds of one sweep (two rates) trained in separate processes, each choosing its own rate, are one row at
+    the rate of the best mean validation over every seed, as `--seeds 3` selects, and the row says that rate."""
+
+    def alone(seed, vals):
+        r = end_to_end("bit_xor", "b", ["input", "out"], 0.0)
+        r["runs"] = [
+            {
+                "seed": seed,
+                "lr": lr,
+                "test_accuracy": v,
+                "val_accuracy": v,
+                "steps": 9,
+                "best_step": 9,
+                "steps_to_target": None,
+            }
+            for lr, v in zip((1e-3, 3e-2), vals)
+        ]
+        r.update(seeds=[seed], lr=1e-3 if vals[0] >= vals[1] else 3e-2)
+        r["identity"] = {**r["identity"], "seeds": [seed], "lr": [1e-3, 3e-2], "task_options": {"seed": seed}}
+        r["identity"]["backbone_fingerprints"] = {str(seed): f"fp{seed}"}
+        return r
+
+    (row,) = Report([alone(0, (0.30, 0.20)), alone(1, (0.20, 0.26)), alone(2, (0.21, 0.27))]).rows
+    (r,) = row.by_depth[3]
+    assert r["lr"] == 3e-2 and [run["lr"] for run in r["runs"]] == [3e-2] * 3
+    assert r["test_accuracy"] == pytest.approx(np.mean([0.20, 0.26, 0.27]))
+
+
 def test_settings_that_differ_beyond_the_seed_keep_their_own_rows():
     rows = Report(
         [
