@@ -85,7 +85,9 @@ MODELS = {
     ),
     "smollm2-135m": Model("SmolLM2-135M, language-pretrained", ("windowed",), INPUT_SCALE_SPACE),
     "smollm2-135m-random": Model("SmolLM2-135M shape, random", ("windowed",), INPUT_SCALE_SPACE),
-    "tanh": Model("baseline: random tanh features of the raw window (768 wide)", ("windowed",), TANH_SPACE),
+    "tanh": Model(
+        "baseline: random tanh features of the raw window (768 wide, with a bias)", ("windowed",), TANH_SPACE
+    ),
     "raw": Model("baseline: ridge on the raw window", ("windowed",)),
     "mean": Model("baseline: train mean", ("windowed",)),
 }
@@ -132,6 +134,7 @@ def task_options(task: str, args, n_train: int) -> dict[str, Any]:
 FIXED = {
     ("continuous", "esn-100"): {"input_connectivity": 1.0},
     ("continuous", "esn"): {"input_connectivity": 1.0},
+    ("windowed", "tanh"): {"bias": "N(0, 1)"},  # trials of the features without a bias are not these
 }
 
 

@@ -8,8 +8,10 @@ data digest), with the same head, regularisation search and refit:
 - ``raw``: the head on the task's raw tokens, flattened: dense values zero-padded to the
   task's length, id tokens one-hot per position;
 - ``tanh-W``: the head on ``W`` random tanh features of those raw tokens, ``W`` the width
-  of the reservoir's features: ``tanh(X R / s)`` with ``R`` drawn from N(0, 1) by the run's
-  seed and ``s`` the std of ``X R`` over train, so pre-activations have unit std;
+  of the reservoir's features: ``tanh(X R / s + b)`` with ``R`` and the bias ``b`` drawn from
+  N(0, 1) by the run's seed and ``s`` the std of ``X R`` over train, so the projections have
+  unit std (random features as an extreme learning machine draws them: without the bias every
+  feature is odd in the input, and no readout of them forms an even function such as a product);
 - a task's rules (:meth:`reservoir.tasks.Task.baseline_rules`; ListOps: the first operator):
   the most common train label among the train examples with the same key, the majority
   label for a key train never showed.
@@ -74,11 +76,13 @@ def raw_inputs(task: Task, data: SplitData) -> np.ndarray:
 def tanh_features(
     raw: dict[str, np.ndarray], width: int, seed: int, scale: float = 1.0
 ) -> dict[str, np.ndarray]:
-    """``tanh(scale X R / s)`` per split (module docstring); ``s`` is measured on ``raw["train"]``, so the
-    pre-activations have standard deviation ``scale`` on train."""
-    R = np.random.default_rng(seed).standard_normal((raw["train"].shape[1], width), dtype=np.float32)
+    """``tanh(scale X R / s + b)`` per split (module docstring); ``s`` is measured on ``raw["train"]``, so the
+    projections have standard deviation ``scale`` on train, and the bias ``b`` (one per feature) is N(0, 1)."""
+    rng = np.random.default_rng(seed)
+    R = rng.standard_normal((raw["train"].shape[1], width), dtype=np.float32)
+    b = rng.standard_normal(width, dtype=np.float32)
     s = float(np.std(raw["train"] @ R)) or 1.0
-    return {split: np.tanh(X @ R / (s / scale)) for split, X in raw.items()}
+    return {split: np.tanh(X @ R / (s / scale) + b) for split, X in raw.items()}
 
 
 def lookup_rule(keys: np.ndarray, labels: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
@@ -168,7 +172,8 @@ def fit_baselines(
     )
     rules = task.baseline_rules()
     plan = [(rule, "rule", {}) for rule in ("majority", *rules)]
-    plan += [("raw", cfg.head, {}), (f"tanh-{width}", cfg.head, {"width": width, "seed": identity["seed"]})]
+    tanh = {"width": width, "seed": identity["seed"], "bias": "N(0, 1)"}  # results of no bias kept apart
+    plan += [("raw", cfg.head, {}), (f"tanh-{width}", cfg.head, tanh)]
     raw = None
     out = []
     for baseline, head, extra in plan:

@@ -301,3 +301,20 @@ def test_report_options_refuse_bad_input(cli, home, tiny_gpt2, tmp_path):
         str(tmp_path / "t.csv"),
     )
     assert r.exit_code == 0 and r.output.startswith("Paper table 2:") and (tmp_path / "t.csv").exists()
+
+
+def test_random_tanh_features_have_a_bias_so_a_readout_forms_a_product():
+    """Centred inputs and an even target (x1 * x2, NARMA's product term): without a bias every random tanh feature
+    is odd, and no linear readout of them beats the mean; with one it fits the product."""
+    from sklearn.linear_model import RidgeCV
+
+    from reservoir.probe.baselines import tanh_features
+
+    rng = np.random.default_rng(0)
+    raw = {s: rng.uniform(-1, 1, size=(n, 2)).astype(np.float32) for s, n in (("train", 2000), ("test", 500))}
+    y = {s: x[:, 0] * x[:, 1] for s, x in raw.items()}
+    X = tanh_features(raw, 256, seed=3, scale=0.5)
+    head = RidgeCV(alphas=(1e-6, 1e-4, 1e-2, 1.0)).fit(X["train"], y["train"])
+    assert head.score(X["test"], y["test"]) > 0.9
+    flipped = tanh_features({k: -v for k, v in raw.items()}, 256, 3, 0.5)
+    assert not np.allclose(flipped["test"], -X["test"])  # not odd in the input

@@ -70,3 +70,21 @@ def test_non_finite_states_are_refused_not_scored_zero():
         memory_capacity(
             (X[steps][:400], delayed(u, steps, 5)[:400]), (X[steps][400:], delayed(u, steps, 5)[400:])
         )
+
+
+def test_an_ill_conditioned_linear_reservoir_is_read_as_a_stable_least_squares_solver_reads_it():
+    """A linear reservoir of 100 units, read at a penalty of 1e-12 of its states' variance: the normal equations
+    (its condition number squared) lost capacity; the estimator equals scikit-learn's Ridge solved by SVD."""
+    from sklearn.linear_model import Ridge
+
+    u = np.random.default_rng(0).uniform(-1, 1, 5200)
+    cfg = ESNConfig(
+        units=100, sr=0.95, lr=1.0, input_scaling=0.1, activation="identity", input_connectivity=1.0
+    )
+    steps = np.arange(200, len(u))
+    X, U = series_states(cfg, u[:, None], seed=1)[steps], delayed(u, steps, 150)
+    alpha = 1e-12 * float(np.mean(np.var(X, axis=0)))
+    ours = memory_capacity((X[:4000], U[:4000]), (X[4000:], U[4000:]), alpha)
+    pred = Ridge(alpha=alpha, solver="svd").fit(X[:4000], U[:4000]).predict(X[4000:])
+    theirs = np.array([np.corrcoef(pred[:, k], U[4000:, k])[0, 1] ** 2 for k in range(U.shape[1])])
+    np.testing.assert_allclose(ours, theirs, atol=1e-6)
