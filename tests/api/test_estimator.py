@@ -305,7 +305,7 @@ def test_a_vision_backbone_on_rows_of_several_lengths_reads_each_row_alone(tmp_p
 def test_a_vision_backbone_fitted_on_images_reads_a_shorter_row_alone(tmp_path, kind):
     """Fitted on rows of 16 tokens (an image grid, its positions resized to 4 x 4), a row of 9 tokens takes its
     first positions beside a 16-token row as alone (the batch's width gave it the grid's), and a 16-token row
-    keeps the grid's beside the shorter one."""
+    keeps the grid's beside a shorter or a longer one."""
     from tests.zoo import save_tiny
 
     folder = save_tiny(kind, tmp_path / kind)
@@ -315,6 +315,8 @@ def test_a_vision_backbone_fitted_on_images_reads_a_shorter_row_alone(tmp_path, 
     together = t.transform([short, images[0]])
     np.testing.assert_allclose(together[0], t.transform([short])[0], atol=1e-5)
     np.testing.assert_allclose(together[1], t.transform(images[:1])[0], atol=1e-5)
+    longer = rng.normal(size=(25, 3)).astype(np.float32)  # a wider batch: the image row keeps its grid
+    np.testing.assert_allclose(t.transform([images[0], longer])[0], t.transform(images[:1])[0], atol=1e-5)
 
 
 def test_features_the_backbone_cannot_hold_are_refused_not_returned(tiny_gpt2):

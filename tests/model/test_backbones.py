@@ -603,3 +603,15 @@ def test_install_smollm_from_pypi(tmp_path, monkeypatch):
 )
 def test_smollm_stats_twin_matches_pretrained_moments():
     assert_stats_match(load_backbone("smollm2-135m"), load_backbone("smollm2-135m-stats", seed=0))
+
+
+def test_a_vision_backbone_places_rows_without_a_graph_break_or_a_host_sync(tmp_path):
+    """Image rows at a resized grid beside shorter rows: the positions are chosen by tensor operations alone, so
+    the embedding compiles to one graph (a branch on the lengths' values would break it and wait for the device)."""
+    from tests.zoo import save_tiny
+
+    backbone = load_backbone(str(save_tiny("vit", tmp_path / "vit")), 0)
+    backbone.for_task(16)
+    x, lengths = torch.randn(3, 16, backbone.input_width), torch.tensor([16, 9, 16])
+    explained = torch._dynamo.explain(lambda x, n: backbone.embed(x, n, None, None)[0])(x, lengths)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1

@@ -131,28 +131,25 @@ class VisionBackbone(HFBackbone):
 
     def positions_for(self, width: int, dtype: torch.dtype, lengths: torch.Tensor) -> torch.Tensor:
         """Positions ``(B or 1, width, d)`` of a batch ``width`` tokens wide, by each row's own length: a row of the
-        task's fixed length (or of the model's patch count) takes :meth:`patch_positions`, any other its first
-        positions (zero past them: padding), so a row's positions never depend on its batch mates'."""
-        lengths = lengths.to(self.position_table().device)
-        whole = (
-            (lengths == width)
-            if width in (self.grid_tokens, self.n_patches)
-            else torch.zeros_like(lengths, dtype=torch.bool)
-        )
-        grid = self.patch_positions(width, dtype) if bool(whole.any()) else None
-        if grid is not None and bool(whole.all()):
-            return grid
-        longest = int(lengths[~whole].max())
-        if longest > self.n_patches:
+        task's fixed length takes :meth:`patch_positions`, any other its first positions (zero past them: padding),
+        so a row's positions never depend on its batch mates'. Decided from shapes alone (no host synchronisation,
+        one compiled graph)."""
+        table = self.position_table()[:, self.n_special :]
+        if width > max(self.n_patches, self.grid_tokens or 0):
             raise BackboneError(
-                f"{self.config.model_type} has {self.n_patches} patch positions; rows of {longest} tokens of a task "
+                f"{self.config.model_type} has {self.n_patches} patch positions; rows of {width} tokens of a task "
                 "of variable length do not fit. Choose a task of at most that many tokens"
             )
-        first = self.position_table()[:, self.n_special : self.n_special + min(width, self.n_patches)].to(
-            dtype
+        first = nn.functional.pad(
+            table[:, : min(width, self.n_patches)], (0, 0, 0, max(0, width - self.n_patches))
         )
-        first = nn.functional.pad(first, (0, 0, 0, width - first.shape[1]))
-        return first if grid is None else torch.where(whole[:, None, None], grid, first)
+        first = first.to(dtype)
+        if self.grid_tokens is None or width < self.grid_tokens or self.grid_tokens == self.n_patches:
+            return first
+        grid = self.patch_positions(self.grid_tokens, dtype)
+        grid = nn.functional.pad(grid, (0, 0, 0, width - self.grid_tokens))
+        whole = (lengths.to(grid.device) == self.grid_tokens)[:, None, None]
+        return torch.where(whole, grid, first)
 
     @property
     def blocks_take_mask(self) -> bool:
