@@ -239,6 +239,12 @@ def seed_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def best_rate(val_mean: dict[float, float], order: list[float]) -> float:
+    """The learning rate of a sweep with the best mean validation accuracy over its seeds, the first in ``order``
+    on a tie."""
+    return max(val_mean, key=lambda lr: (val_mean[lr], -(order.index(lr) if lr in order else len(order))))
+
+
 def merge_seeds(results: list[dict[str, Any]]) -> dict[str, Any]:
     """End-to-end results of one setting whose seeds ran apart (other processes or machines) as one result of
     all their seeds, as one sweep of them all selects: the learning rate of the best mean validation accuracy over
@@ -254,12 +260,8 @@ def merge_seeds(results: list[dict[str, Any]]) -> dict[str, Any]:
     order = [float(lr) for lr in results[0].get("identity", {}).get("lr") or sorted(by_lr)]
     every = [lr for lr in by_lr if set(by_lr[lr]) == seeds]
     if every:
-        best = max(
-            every,
-            key=lambda lr: (
-                float(np.mean([run["val_accuracy"] for run in by_lr[lr].values()])),
-                -(order.index(lr) if lr in order else len(order)),
-            ),
+        best = best_rate(
+            {lr: float(np.mean([run["val_accuracy"] for run in by_lr[lr].values()])) for lr in every}, order
         )
         chosen = [by_lr[best][s] for s in sorted(seeds)]
     else:

@@ -328,16 +328,22 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         # the settings the runner is built of, as fit read them: a copy (pickle, deepcopy) builds the same runner
         # after set_params, and refuses a folder that holds other weights by then
         self.settings_ = {
-            "backbone": self.backbone,
-            "seed": int(self.seed),
-            "input_scale": self.input_scale,
-            "device": self.device,
-            "engine": self.engine,
+            **self._settings(),
             "weights": _folder_weights(self.backbone, int(self.seed), backbone),
         }
         self.runner_ = self._runner(backbone)
         self.n_features_out_ = len(self.depths_) * backbone.d_model
         return self
+
+    def _settings(self) -> dict[str, Any]:
+        """The settings a runner is built of, as they are now."""
+        return {
+            "backbone": self.backbone,
+            "seed": int(self.seed),
+            "input_scale": self.input_scale,
+            "device": self.device,
+            "engine": self.engine,
+        }
 
     def _runner(self, backbone: Any = None) -> Any:
         """The feature runner of the fitted settings (``backbone`` loaded again when not given)."""
@@ -357,13 +363,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
                     )
                 ]
 
-        fitted = getattr(self, "settings_", None) or {
-            "backbone": self.backbone,
-            "seed": int(self.seed),
-            "input_scale": self.input_scale,
-            "device": self.device,
-            "engine": self.engine,
-        }
+        fitted = getattr(self, "settings_", None) or self._settings()
         if backbone is None:
             backbone = _backbone(fitted["backbone"], fitted["seed"])
             weights = fitted.get("weights")

@@ -42,6 +42,9 @@ from reservoir.runtime import machine
 from reservoir.tasks import SplitData, Task, make_task
 from reservoir.tasks.sizes import holdout
 
+#: the version of the heads' fitting a fitted baseline's identity records
+HEADS_VERSION = 2
+
 
 def load_data(task: Task, identity: dict[str, Any], data_dir: Path) -> dict[str, SplitData]:
     """The splits a feature file was extracted from, read again and checked against its digest."""
@@ -172,8 +175,11 @@ def fit_baselines(
     )
     rules = task.baseline_rules()
     plan = [(rule, "rule", {}) for rule in ("majority", *rules)]
-    tanh = {"width": width, "seed": identity["seed"], "bias": "N(0, 1)"}  # results of no bias kept apart
-    plan += [("raw", cfg.head, {}), (f"tanh-{width}", cfg.head, tanh)]
+    # the heads' fits as they are since version 2 (scikit-learn's stopping, a single-row class kept in the fit
+    # part), and random features with a bias: results of earlier fits are made again, not reused
+    fitted = {"heads": HEADS_VERSION}
+    tanh = {**fitted, "width": width, "seed": identity["seed"], "bias": "N(0, 1)"}
+    plan += [("raw", cfg.head, fitted), (f"tanh-{width}", cfg.head, tanh)]
     raw = None
     out = []
     for baseline, head, extra in plan:

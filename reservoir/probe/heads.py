@@ -138,13 +138,15 @@ def search_refit(
 def noting_convergence(where: str) -> Iterator[None]:
     """Each head's :class:`~sklearn.exceptions.ConvergenceWarning` raised inside, said once on stderr as a note
     on ``where`` (a depth, a baseline) after it; other warnings pass on as they would have."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        yield
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            yield
+    finally:
+        for w in caught:
+            if not issubclass(w.category, ConvergenceWarning):
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     said = dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning))
-    for w in caught:
-        if not issubclass(w.category, ConvergenceWarning):
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if said:
         print(
             f"note: {where}: {'; '.join(said)}; its scores may move with more iterations (the Python API's "

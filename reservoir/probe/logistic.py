@@ -14,7 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 from reservoir.config import POSITIVE
 from reservoir.probe.heads import register_head
 from reservoir.probe.predictors import Predictor, array, predict_ids
-from reservoir.probe.rows import ArrayRows, Rows, _outputs, moments, shape_of
+from reservoir.probe.rows import ArrayRows, Rows, _outputs, check_finite, moments, shape_of
 from reservoir.settings import Interval, validate
 
 
@@ -48,6 +48,7 @@ class LogRegHead(ClassifierMixin, BaseEstimator):
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "predict_")
+        check_finite(X)
         pred = self.predict_(X)
         return pred[:, 0] if self.y_ndim_ == 1 else pred
 
@@ -97,11 +98,14 @@ def streaming_logistic(
         method="L-BFGS-B",
         options={"maxiter": max_iter, "gtol": tol, "ftol": 64 * np.finfo(float).eps, "maxls": 50},
     )
-    if result.status == 1:  # the iteration limit
+    if result.status:  # the iteration limit, or a line search that failed: scikit-learn warns of both
+        why = (
+            f"reached its limit of {max_iter} L-BFGS iterations"
+            if result.status == 1
+            else f"stopped ({result.message})"
+        )
         warnings.warn(
-            f"the logistic head (C={C:g}) reached its limit of {max_iter} L-BFGS iterations before converging",
-            ConvergenceWarning,
-            stacklevel=2,
+            f"the logistic head (C={C:g}) {why} before converging", ConvergenceWarning, stacklevel=2
         )
     W, b = result.x[: d * m * k].reshape(d, m * k), result.x[d * m * k :]
     return LogisticPredictor(mean, scale, W, b, m, c)

@@ -13,7 +13,7 @@ from sklearn.utils.validation import check_is_fitted
 from reservoir.probe.heads import HeadKind, Search, best_value, register_head
 from reservoir.probe.metrics import metric
 from reservoir.probe.predictors import REGRESSION, Predictor, array, predict_ids
-from reservoir.probe.rows import Concat, Rows, _outputs, standard_scale
+from reservoir.probe.rows import Concat, Rows, _outputs, check_finite, standard_scale
 from reservoir.settings import Interval, validate
 
 #: the ridge penalties searched for real-valued targets (a forecast often wants far less than a classifier)
@@ -267,6 +267,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
     def partial_fit(self, X: np.ndarray, y: np.ndarray) -> RidgeHead:
         """Add one chunk to the statistics (no solve: call :meth:`solve`)."""
         validate(self, "RidgeHead")
+        check_finite(X)
         Y = _outputs(y)
         if not hasattr(self, "stats_"):
             self.n_outputs_, self.n_classes_ = Y.shape[1], _classes(Y, self.n_classes)
@@ -287,6 +288,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
     def fit(self, X: np.ndarray, y: np.ndarray) -> RidgeHead:
         """All rows at once (through :meth:`RidgePath.from_rows` when features outnumber rows)."""
         validate(self, "RidgeHead")
+        check_finite(X)
         self.__dict__.pop("stats_", None)
         if X.shape[0] >= X.shape[1]:
             return self.partial_fit(X, y).solve()
@@ -312,6 +314,7 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "coef_")
+        check_finite(X)
         return predict_ids(X @ self.coef_ + self.intercept_, self.n_outputs_, self.n_classes_, self.y_ndim_)
 
 

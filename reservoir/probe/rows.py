@@ -146,6 +146,8 @@ def moments(source: Rows) -> tuple[np.ndarray, np.ndarray, int]:
     one pass, summed about the first block's mean (so a mean far above the spread keeps its digits)."""
     n, shift, total, squares = 0, None, None, None
     for X, _ in source.blocks():
+        if not len(X):
+            continue
         x = X.astype(np.float64)
         shift = x.mean(0) if shift is None else shift
         x -= shift

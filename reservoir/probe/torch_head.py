@@ -14,7 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 from reservoir.config import POSITIVE
 from reservoir.probe.heads import register_head
 from reservoir.probe.predictors import Predictor, array
-from reservoir.probe.rows import ArrayRows, Rows, _outputs, moments, shape_of
+from reservoir.probe.rows import ArrayRows, Rows, _outputs, check_finite, moments, shape_of
 from reservoir.settings import Interval, OneOf, check, validate
 
 
@@ -65,6 +65,7 @@ class TorchHead(ClassifierMixin, BaseEstimator):
         from reservoir.model.devices import resolve_device
 
         validate(self, "TorchHead")
+        check_finite(X)
         self.device_ = resolve_device(self.device)
         if self.optimizer == "adam":  # the same implementation as a fit on rows read block by block
             return self.fit_blocks(ArrayRows(X, y))
@@ -122,6 +123,7 @@ class TorchHead(ClassifierMixin, BaseEstimator):
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "predict_")
+        check_finite(X)
         pred = self.predict_(X)
         return pred[:, 0] if self.y_ndim_ == 1 else pred
 

@@ -282,7 +282,11 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
     keyed = [(row_key(r), r) for r in scored if r["mode"] != "baseline"]
     split = split_by_source(keyed)
     for key, r in keyed:
-        key = (*key, told_apart(r, split.get(key, [])))
+        cut = r.get("identity", {}).get("max_time")  # seeds --max-time cut short: a row of their own, said so
+        told = ", ".join(
+            filter(None, [told_apart(r, split.get(key, [])), cut and f"cut at --max-time {cut:g} s"])
+        )
+        key = (*key, told)
         row = rows.setdefault(key, Row(*key))
         row.by_depth[int(r["depth"])].append(r)
     for row in rows.values():  # an end-to-end result folds its seeds; seeds run apart fold into one

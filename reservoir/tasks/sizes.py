@@ -42,14 +42,15 @@ def holdout(labels: np.ndarray, size: float | int, seed: int) -> tuple[np.ndarra
     if labels.ndim == 1 and labels.dtype.kind in "iu" and len(labels):
         values, counts = np.unique(labels, return_counts=True)
         single = np.isin(labels, values[counts == 1])
-    if not single.any():
-        fit, val = train_test_split(rows, test_size=size, random_state=seed, stratify=stratify_by(labels))
-        return np.sort(fit), np.sort(val)
-    n_val = size if isinstance(size, (int, np.integer)) else math.ceil(size * len(labels))
+    n_val = int(size) if isinstance(size, (int, np.integer)) else math.ceil(size * len(labels))
     rest = rows[~single]
-    fit, val = train_test_split(
-        rest, test_size=int(n_val), random_state=seed, stratify=stratify_by(labels[rest])
-    )
+    by = stratify_by(labels[rest])
+    if by is not None and min(n_val, len(rest) - n_val) < len(np.unique(by)):
+        by = None  # too few rows held out (or left) for one of every class: a plain seeded draw
+    if not single.any():  # the share as given (the same rows as a count of it)
+        fit, val = train_test_split(rows, test_size=size, random_state=seed, stratify=by)
+        return np.sort(fit), np.sort(val)
+    fit, val = train_test_split(rest, test_size=n_val, random_state=seed, stratify=by)
     return np.sort(np.concatenate([fit, rows[single]])), np.sort(val)
 
 

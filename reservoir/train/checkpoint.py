@@ -74,6 +74,10 @@ class RunState:
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 
+#: the version of the tasks' augmentation a run's identity records (:meth:`reservoir.tasks.Task.augment`)
+AUGMENTATION = 1
+
+
 def augments(cfg: TrainConfig, task) -> bool:
     """Whether a run augments its training examples: ``--augment`` on a task with an augmentation."""
     return cfg.augment and bool(task.augmentation)
@@ -87,11 +91,11 @@ def settings_identity(cfg: TrainConfig, task, data, left_out: list[int] = ()) ->
         for k, v in cfg.to_json().items()
         if k not in RESUMABLE_CHANGES and k not in ("task", "backbone", "task_options", "seed", "augment")
     }
-    # recorded where it augments (runs of tasks without augmentation, and earlier runs, keep their identity)
+    # recorded where they apply, so runs of other tasks keep their identity
     if augments(cfg, task):
-        settings["augment"] = task.augmentation
-    if task.spec.token_kind == "ids" and cfg.dropout:  # id embeddings once had a dropout of their own
-        settings["embedding_dropout"] = "the backbone's only"
+        settings["augment"] = AUGMENTATION
+    if task.spec.token_kind == "ids" and cfg.dropout:  # an id embedding passes only the backbone's dropout
+        settings["embedding_dropout"] = "backbone"
     subset = {"subset": task.subset(cfg.limit, cfg.seed, left_out)} if cfg.limit is not None else {}
     return {
         "format": CHECKPOINT_FORMAT,

@@ -29,7 +29,7 @@ from reservoir.config import TrainConfig
 from reservoir.errors import DataError, UsageError
 from reservoir.model.devices import resolve_device
 from reservoir.progress import log as log_line
-from reservoir.results import Result, sample_std, seed_summary, write_result
+from reservoir.results import Result, best_rate, sample_std, seed_summary, write_result
 from reservoir.tasks import Task, make_task
 from reservoir.train.checkpoint import settings_identity
 from reservoir.train.data import Splits, load_data
@@ -210,7 +210,7 @@ def train(
             "sweep lower ones"
         )
     val_mean = {lr: float(np.mean([r["val_accuracy"] for r in rs])) for lr, rs in runs.items()}
-    best_lr = max(runs, key=lambda lr: (val_mean[lr], -cfg.lr.index(lr)))
+    best_lr = best_rate(val_mean, list(cfg.lr))
     chosen = runs[best_lr]
     # the result's identity adds what checkpoints may change on --resume but its numbers depend on
     identity = {

@@ -415,8 +415,11 @@ def test_heads_refuse_features_holding_nan_as_scikit_learn_estimators_do():
             fit_depth(head, bad[:, None], y, X[:, None], y)
         with pytest.raises(ValueError, match=r"NaN or infinite values \(row 5\)"):
             fit_depth(head, X[:, None], y, bad[:, None], y)
-    with pytest.raises(ValueError, match=r"row 5"):
-        LogRegHead().fit(bad, y)
+    for head in (LogRegHead(), RidgeHead(), TorchHead(epochs=2)):
+        with pytest.raises(ValueError, match=r"row 5"):
+            clone(head).fit(bad, y)
+        with pytest.raises(ValueError, match=r"row 5"):  # predicted as class 0, before
+            clone(head).fit(X, y).predict(bad)
 
 
 def test_a_ridge_head_of_one_class_predicts_that_class():
@@ -467,3 +470,13 @@ def test_a_class_of_one_row_stays_in_the_fit_part_and_the_others_stay_stratified
         fit, val = holdout(labels, 0.25, seed)
         assert 39 in fit and len(val) == 10 and sorted(np.bincount(labels[val], minlength=3)) == [0, 5, 5]
         assert np.array_equal(np.sort(np.concatenate([fit, val])), np.arange(40))
+
+
+def test_a_holdout_of_too_few_rows_for_every_class_is_drawn_plainly():
+    """Five classes of seven rows and five classes of one: four rows held out cannot hold one of each class, so the
+    draw is plain (scikit-learn's stratified split refuses it), and the single rows stay in the fit part."""
+    from reservoir.tasks.sizes import holdout
+
+    labels = np.array([c for c in range(5) for _ in range(7)] + list(range(5, 10)))
+    fit, val = holdout(labels, 0.1, 0)
+    assert len(val) == 4 and set(range(35, 40)) <= set(fit)

@@ -670,3 +670,14 @@ def test_a_row_of_fit_seeds_shows_the_baselines_of_those_seeds_and_held_out_shar
     assert "| baseline: raw-input linear head | ridge | 50/50 |  |  | 30.0 ± 14.1 (n=2) |  |" in table
     alone = Report([results[0], results[2]]).depth_tables()  # only seed 2's baseline: shown, and said so
     assert "90.0 (not fitted at the probes' seeds and held-out share)" in alone
+
+
+def test_seeds_cut_by_max_time_form_a_row_that_says_so():
+    """Seeds of one setting run apart, one solved and two cut short by --max-time (their identity records it): the
+    cut seeds are a row of their own whose label says they were cut, not a second row alike in words."""
+    whole = end_to_end("bit_xor", "b", ["input", "out"], 0.9)
+    cut = end_to_end("bit_xor", "b", ["input", "out"], 0.6)
+    cut["identity"] = {**cut["identity"], "max_time": 285}
+    cut["key"] += "cut"
+    table = Report([whole, cut]).depth_tables()
+    assert "cut at --max-time 285 s" in table and len(Report([whole, cut]).rows) == 2

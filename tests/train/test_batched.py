@@ -339,7 +339,7 @@ def test_augmented_cifar_runs_batched_killed_and_resumed_equal_the_runs_alone(ti
     (folder / "batches.meta").write_bytes(pickle.dumps({b"label_names": [b"c%d" % i for i in range(10)]}))
     cfg = xor_cfg(tiny_gpt2, home, task="cifar10", task_options={}, steps=20, batch_size=8)
     together = train(cfg, progress=False)
-    assert together["identity"]["augment"].startswith("a crop of the image padded by 4 pixels")
+    assert together["identity"]["augment"] == 1  # the version of the augmentation
     alone = train(dataclasses.replace(cfg, checkpoint_dir=home / "alone", concurrent_runs=1), progress=False)
     assert_same_runs(together, alone)
     plain = train(dataclasses.replace(cfg, checkpoint_dir=home / "plain", augment=False), progress=False)

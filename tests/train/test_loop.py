@@ -68,7 +68,7 @@ def test_dropout_follows_a_dense_input_layer_and_not_an_id_embedding(tiny_gpt2):
     assert torch.equal(ids.reservoir.dropout(embedded), embedded)
     assert (dense.reservoir.dropout(torch.ones(4, 100)) == 0).any()
     cfg = TrainConfig(task="listops", backbone=str(tiny_gpt2))
-    assert settings_identity(cfg, get_task("listops"), {})["embedding_dropout"] == "the backbone's only"
+    assert settings_identity(cfg, get_task("listops"), {})["embedding_dropout"] == "backbone"
     assert "embedding_dropout" not in settings_identity(
         dataclasses.replace(cfg, task="bit_xor"), get_task("bit_xor"), {}
     )
