@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -132,7 +134,43 @@ def section(n: int, record: Path, caption: str, folder: str) -> list[str]:
         parts += [about["wall_time"], ""]
     for png in sorted(record.glob("*.png")):
         parts += [f"![{png.stem}]({folder}/{png.name})", ""]
-    return parts
+    return parts + queued(n, record.parent / "runs")
+
+
+#: how the queue's end-to-end cells stand beside the paper's columns (the stand-ins of its FPT and Random)
+QUEUED_AS = ("--as", "smollm2-135m=FPT", "--as", "smollm2-135m-random=Random", "--as", "gpt2-random=Random")
+
+
+def queued(n: int, runs: Path) -> list[str]:
+    """The end-to-end cells the queue (``cell_queue.py``) kept for table ``n`` where the table is not rendered from
+    its ledger (``runs/tableN.json`` absent: its record above is of an earlier run), as ``reservoir report`` shows
+    them beside the paper's numbers."""
+    if (runs / f"table{n}.json").exists() or not any((runs / f"table{n}").rglob("*.json")):
+        return []
+    made = subprocess.run(
+        [sys.executable, "-m", "reservoir", "report", str(runs / f"table{n}"), "--paper", str(n), *QUEUED_AS],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    table = "\n".join(line for line in made.stdout.splitlines() if line.startswith("|"))
+    machines = sorted(
+        {
+            m
+            for f in (runs / f"table{n}").rglob("*.json")
+            for m in json.loads(f.read_text()).get("machines", [])
+        }
+    )
+    return [
+        f"End-to-end cells of table {n} trained since, by the paper's protocol (`make -C pipelines next`: input "
+        "layer, positions, layer norms and output trained, Adam at 1e-3, three seeds, stopped at 99% validation "
+        f"on the bit tasks), kept in `results/runs/table{n}/`:",
+        "",
+        table,
+        "",
+        f"Ran on: {'; '.join(machines)}.",
+        "",
+    ]
 
 
 def series_section(record: Path) -> list[str]:
