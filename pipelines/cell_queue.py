@@ -181,19 +181,26 @@ def listing(todo: list[Cell], queue: Path, flops: float, device: str) -> str:
     return "\n".join(lines)
 
 
-def run_cell(cell: Cell, seconds: float, ledger: Path, queue: Path, env: dict) -> str:
-    """Train ``cell`` for at most ``seconds`` (counted across invocations: ``--max-time`` grows by the slice);
-    keep its result in the ledger when its runs end, else leave its checkpoints for the next invocation."""
+def run_cell(cell: Cell, seconds: float, ledger: Path, queue: Path, env: dict, data_dir: Path) -> str:
+    """Train ``cell`` for at most ``seconds`` (counted across invocations: ``--max-time`` grows by the slice) on the
+    data of ``data_dir``, with the models installed where this process finds them (its results go to a folder of
+    their own); keep its result in the ledger when its runs end, else leave its checkpoints for the next one."""
+    from reservoir.paths import cache_dir
+
     done = state(queue)
     entry = done.get(cell.name, {"seconds": 0.0})
     limit = entry["seconds"] + seconds
     folder = queue / cell.name
     with tempfile.TemporaryDirectory(prefix="reservoir-queue-") as home:
         argv = [sys.executable, "-m", "reservoir", "-q", *cell.command(), "--max-time", f"{limit:g}",
-                "--checkpoint-dir", str(folder), "--resume"]  # fmt: skip
+                "--checkpoint-dir", str(folder), "--resume", "--data-dir", str(data_dir)]  # fmt: skip
         start = time.perf_counter()
         made = subprocess.run(
-            argv, env={**env, "RESERVOIR_HOME": home}, capture_output=True, text=True, cwd=ROOT
+            argv,
+            env={**env, "RESERVOIR_HOME": home, "RESERVOIR_CACHE": str(cache_dir())},
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
         )
         spent = time.perf_counter() - start
         if made.returncode:
@@ -225,8 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cells", type=Path, default=None, help="a JSON list of cells in place of the tables' own"
     )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="the tasks' data (default: where reservoir looks for it here)",
+    )
     p.add_argument("--reserve", type=float, default=RESERVE, help="seconds a cell needs beyond training")
     args = p.parse_args(argv)
+    if args.data_dir is None:
+        from reservoir.paths import default_data_dir
+
+        args.data_dir = default_data_dir()
     queue = args.queue or args.ledger / "queue"
     todo = (
         cells()
@@ -250,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
             break
         if device == "cpu" and cost(cell, flops) > left:
             continue  # waits for a card (listed below); a CPU runs the cells that fit it
-        said.append(run_cell(cell, left, args.ledger, queue, env))  # it ends by itself, or on time
+        said.append(
+            run_cell(cell, left, args.ledger, queue, env, args.data_dir)
+        )  # it ends by itself, or on time
         print(said[-1], file=sys.stderr)
         if (
             not state(queue).get(cell.name, {}).get("done")

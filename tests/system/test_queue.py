@@ -69,3 +69,28 @@ def test_the_queue_trains_remote_homology_at_the_papers_learning_rate(monkeypatc
     assert rates["remote_homology"] == (1e-4,) and {rates[t] for t in rates if t != "remote_homology"} == {
         (1e-3,)
     }
+
+
+def test_a_cell_reads_its_data_from_the_data_folder_given(tiny_gpt2, tmp_path):
+    """The queue runs each cell in a folder of its own, yet reads the task's data where it is given (--data-dir,
+    Make's DATA_DIR) and the models installed where this process finds them: an MNIST cell trains on a data folder
+    the cell's own folder does not hold."""
+    from tests.conftest import write_mnist
+
+    write_mnist(tmp_path / "data" / "mnist", {"train": 120, "t10k": 40}, cyclic_labels=True)
+    cell = {"table": 2, "task": "mnist", "backbone": str(tiny_gpt2), "lrs": [1e-3], "seeds": 1, "steps": 4,
+            "limit": 100, "batch_size": 8, "options": ["--eval-every", "2", "--dtype", "float32", "--device", "cpu"]}  # fmt: skip
+    cells, ledger = tmp_path / "cells.json", tmp_path / "runs"
+    cells.write_text(json.dumps([cell]))
+    ran = queue(
+        "next",
+        "--budget",
+        "300",
+        "--reserve",
+        "8",
+        "--data-dir",
+        str(tmp_path / "data"),
+        cells=cells,
+        ledger=ledger,
+    )
+    assert ran.returncode == 0 and "ended: result kept" in ran.stderr, ran.stderr
