@@ -60,16 +60,8 @@ from reservoir.train.step import (
 class GroupBatches(Batches):
     """The training batches of a group of runs: each run's rows of its own step, one run after another."""
 
-    def __init__(
-        self,
-        task: Task,
-        data: SplitData,
-        batch_size: int,
-        device: torch.device,
-        dropout: float = 0.0,
-        augment: bool = False,
-    ):
-        super().__init__(task, data, 0, batch_size, device, dropout, augment)
+    def __init__(self, task: Task, data: SplitData, batch_size: int, device: torch.device, **options: Any):
+        super().__init__(task, data, 0, batch_size, device, **options)  # each run's seed is its plan's
         self._orders: dict[int, tuple[int, np.ndarray]] = {}  # the worker thread's alone
 
     def run_rows(self, seed: int, step: int) -> np.ndarray:
@@ -473,7 +465,12 @@ class GroupRun:
         with (
             bar(cfg.steps, f"{self.tag} training", initial=start, enabled=progress, unit="step") as shown,
             GroupBatches(
-                self.task, self.data.train, cfg.batch_size, self.device, cfg.dropout, augments(cfg, self.task)
+                self.task,
+                self.data.train,
+                cfg.batch_size,
+                self.device,
+                dropout=cfg.dropout,
+                augment=augments(cfg, self.task),
             ) as batches,
         ):
             while self.active:
