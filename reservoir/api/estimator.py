@@ -109,8 +109,9 @@ def _sequences(X: Any) -> tuple[list[np.ndarray], str, int]:
             raise UsageError(
                 f"X holds NaN or infinite values (sequence {bad}); replace them before transforming"
             )
-        top = float(np.finfo(np.float32).max)
-        bad = next((i for i, r in enumerate(rows) if r.size and np.abs(r).max() > top), None)
+        top = float(np.finfo(np.float32).max)  # only wider floats can exceed it
+        wide = (i for i, r in enumerate(rows) if r.dtype.itemsize > 4 and r.dtype.kind == "f")
+        bad = next((i for i in wide if rows[i].size and np.abs(rows[i]).max() > top), None)
         if bad is not None:
             raise UsageError(
                 f"X holds values beyond float32's range (sequence {bad}), which the backbone computes in; "
