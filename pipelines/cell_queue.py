@@ -102,11 +102,8 @@ def cells() -> list[Cell]:
             Cell(table, "bit_memory", backbone, (group, "out"))
             for group in ("input", "pos", "ln", "attn", "ff")
         ]
-    for task in (
-        "cifar10",
-        "cifar10_lra",
-        "remote_homology",
-    ):  # homology at the paper's 1e-4 (its appendix C)
+    for task in ("cifar10", "cifar10_lra", "remote_homology"):
+        # remote homology at the paper's 1e-4 (its appendix C)
         lrs = (1e-4,) if task == "remote_homology" else (1e-3,)
         out += [Cell(2, task, b, lrs=lrs, steps=5000) for b in ("smollm2-135m", "gpt2-random")]
     return out
@@ -186,6 +183,7 @@ def run_cell(cell: Cell, seconds: float, ledger: Path, queue: Path, env: dict, d
     data of ``data_dir``, with the models installed where this process finds them (its results go to a folder of
     their own); keep its result in the ledger when its runs end, else leave its checkpoints for the next one."""
     from reservoir.paths import cache_dir
+    from reservoir.train.run import TIMED_OUT, stopped_by
 
     done = state(queue)
     entry = done.get(cell.name, {"seconds": 0.0})
@@ -207,7 +205,7 @@ def run_cell(cell: Cell, seconds: float, ledger: Path, queue: Path, env: dict, d
             return f"{cell.name}: failed ({made.stderr.strip().splitlines()[-1] if made.stderr.strip() else made.returncode})"
         results = sorted(Path(home, "results").rglob("end-to-end_*.json"))
         result = json.loads(results[-1].read_text())
-        on_time = any("max-time" in r.get("stop_reason", "") for r in result.get("runs", []))
+        on_time = any(stopped_by(r.get("stop_reason", ""), TIMED_OUT) for r in result.get("runs", []))
         entry = {"seconds": limit, "done": not on_time, "wall": entry.get("wall", 0.0) + spent}
         if not on_time:
             sys.path.insert(0, str(ROOT / "pipelines"))
@@ -267,9 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             break
         if device == "cpu" and cost(cell, flops) > left:
             continue  # waits for a card (listed below); a CPU runs the cells that fit it
-        said.append(
-            run_cell(cell, left, args.ledger, queue, env, args.data_dir)
-        )  # it ends by itself, or on time
+        # it ends by itself, or on time
+        said.append(run_cell(cell, left, args.ledger, queue, env, args.data_dir))
         print(said[-1], file=sys.stderr)
         if (
             not state(queue).get(cell.name, {}).get("done")

@@ -4,7 +4,7 @@ giving the solution for every alpha."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -109,7 +109,7 @@ class RidgeStats:
 
     def __add__(self, other: RidgeStats) -> RidgeStats:
         if self.n == 0 or other.n == 0:
-            return other if self.n == 0 else self
+            return replace(other if self.n == 0 else self)  # a copy, as a sum is
         d = other.shift - self.shift  # other's sums moved to this shift: x - s = (x - s') + d
         sum_x = other.sum_x + other.n * d
         xtx = other.xtx + np.outer(other.sum_x, d) + np.outer(d, other.sum_x) + other.n * np.outer(d, d)
@@ -288,10 +288,10 @@ class RidgeHead(ClassifierMixin, BaseEstimator):
     def fit(self, X: np.ndarray, y: np.ndarray) -> RidgeHead:
         """All rows at once (through :meth:`RidgePath.from_rows` when features outnumber rows)."""
         validate(self, "RidgeHead")
-        check_finite(X)
         self.__dict__.pop("stats_", None)
         if X.shape[0] >= X.shape[1]:
             return self.partial_fit(X, y).solve()
+        check_finite(X)
         Y = _outputs(y)
         self.n_outputs_, self.n_classes_, self.y_ndim_ = (
             Y.shape[1],

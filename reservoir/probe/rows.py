@@ -100,7 +100,9 @@ class ArrayRows(Rows):
         return (self.X, self.labels) if self.flat else rows(self.X, self.labels)
 
     def take(self, index: np.ndarray) -> ArrayRows:
-        return ArrayRows(self.X[index], self.labels[index])
+        taken = ArrayRows.__new__(ArrayRows)  # rows of checked rows: not checked again
+        taken.X, taken.labels = self.X[index], self.labels[index]
+        return taken
 
     @property
     def outputs(self) -> int:

@@ -65,10 +65,10 @@ class TorchHead(ClassifierMixin, BaseEstimator):
         from reservoir.model.devices import resolve_device
 
         validate(self, "TorchHead")
-        check_finite(X)
         self.device_ = resolve_device(self.device)
         if self.optimizer == "adam":  # the same implementation as a fit on rows read block by block
             return self.fit_blocks(ArrayRows(X, y))
+        check_finite(X)
         Y = torch.from_numpy(_outputs(y).astype(np.int64)).to(self.device_)
         self.y_ndim_, self.n_outputs_ = y.ndim, Y.shape[1]
         self.n_classes_ = int(Y.max()) + 1

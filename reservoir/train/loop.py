@@ -36,7 +36,7 @@ from reservoir.train.data import Splits, load_data
 from reservoir.train.export import check_free, save_backbone
 from reservoir.train.group import group_size, train_group
 from reservoir.train.model import FPT, format_counts
-from reservoir.train.run import TIMED_OUT, train_run
+from reservoir.train.run import TIMED_OUT, stopped_by, train_run
 from reservoir.train.step import Diverged
 
 
@@ -221,7 +221,11 @@ def train(
         "steps": cfg.steps,
         "stop_at": cfg.stop_at,
         # a run cut short by --max-time is not the whole run: its result is kept apart (a later, longer one is not)
-        **({"max_time": cfg.max_time} if any(timed_out(r) for rs in runs.values() for r in rs) else {}),
+        **(
+            {"max_time": cfg.max_time}
+            if any(stopped_by(r["stop_reason"], TIMED_OUT) for rs in runs.values() for r in rs)
+            else {}
+        ),
         "backbone_fingerprints": {str(r["seed"]): r["backbone_fingerprint"] for r in chosen},
     }
     summary = seed_summary(chosen)
@@ -326,11 +330,6 @@ def _save_trained(cfg: TrainConfig, model: FPT, result: dict[str, Any]) -> Path:
             f"cannot write the backbone folder {cfg.save_backbone} ({type(e).__name__}: {e}); free the "
             f"space or choose another folder: {again}"
         ) from None
-
-
-def timed_out(run: dict[str, Any]) -> bool:
-    """Whether ``--max-time`` cut a run short."""
-    return run["stop_reason"].startswith(TIMED_OUT.split("{")[0])
 
 
 def summary(result: dict[str, Any]) -> str:

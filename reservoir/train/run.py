@@ -64,6 +64,11 @@ SOLVED = "validation accuracy reached {:g}%"
 TIMED_OUT = "reached --max-time {:g} s at step {}"
 
 
+def stopped_by(reason: str, template: str) -> bool:
+    """Whether a run's stop reason is one ``template`` (:data:`SOLVED`, :data:`TIMED_OUT`) writes."""
+    return reason.startswith(template.split("{")[0])
+
+
 def solved(state: RunState, stop_at: float) -> None:
     """End a run whose validation accuracy reached ``stop_at`` (``--stop-at``)."""
     state.done, state.stop_reason = True, SOLVED.format(100 * stop_at)
@@ -141,9 +146,7 @@ def stop_at_again(state: RunState, cfg: TrainConfig, ckpt: Path) -> None:
         )
     if crossed is not None:
         solved(state, cfg.stop_at)
-    elif state.done and state.stop_reason.startswith(
-        SOLVED.split("{")[0]
-    ):  # by a --stop-at it no longer reaches
+    elif state.done and stopped_by(state.stop_reason, SOLVED):  # by a --stop-at it no longer reaches
         state.done, state.stop_reason = False, ""
         stall(state, cfg)
 
