@@ -161,11 +161,11 @@ def windowed_backbone(name: str, params: dict[str, Any]) -> tuple[str, Any]:
 
 def scored(rows: dict[str, tuple[np.ndarray, np.ndarray]], seed: int) -> dict[str, Any]:
     """The ridge head on ``rows`` (split -> features, labels): penalty chosen on ``val``, scored on ``test``."""
-    from reservoir.probe.heads import fit_rows
+    from reservoir.probe.heads import fit_probe
     from reservoir.probe.rows import ArrayRows
 
     train, val, test = (ArrayRows(*rows[s]) for s in ("train", "val", "test"))
-    r = fit_rows("ridge", train, {"test": test}, val=val, seed=seed)
+    r, _ = fit_probe("ridge", train, {"test": test}, val=val, seed=seed)
     return {
         "val_nrmse": r["val_score"],
         "test_nrmse": r["test_score"],

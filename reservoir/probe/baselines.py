@@ -32,7 +32,7 @@ import numpy as np
 from reservoir.config import FitConfig
 from reservoir.errors import DataError, IdentityError
 from reservoir.identity import digest, reread
-from reservoir.probe.heads import fit_rows, noting_convergence
+from reservoir.probe.heads import fit_probe, noting_convergence
 from reservoir.probe.metrics import METRICS_BY_TARGET, result_scores, score_line, target_kind
 from reservoir.probe.metrics import scores as metric_scores
 from reservoir.probe.rows import ArrayRows
@@ -122,7 +122,7 @@ def rule_scores(
     val_fraction: float,
     seed: int,
 ) -> dict[str, Any]:
-    """A lookup rule scored like a head (:func:`reservoir.probe.heads.fit_rows`)."""
+    """A lookup rule scored like a head (:func:`reservoir.probe.heads.fit_probe`)."""
     train_y = data["train"].labels
     kind = target_kind(train_y)
     if val is None:
@@ -214,7 +214,7 @@ def fit_baselines(
             X = raw if baseline == "raw" else tanh_features(raw, width, identity["seed"])
             train, test_rows, val_rows = _rows(X, data, val, tests)
             with noting_convergence(f"baseline {baseline}"):
-                scores = fit_rows(
+                scores, _ = fit_probe(
                     head,
                     train,
                     test_rows,

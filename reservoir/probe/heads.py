@@ -184,38 +184,14 @@ def fit_depth(
     val_fraction: float = 0.1,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """:func:`fit_rows` on arrays: ``X_*`` are ``(N, R, d)`` readout features."""
-    return fit_rows(
+    """The scores of :func:`fit_probe` on arrays: ``X_*`` are ``(N, R, d)`` readout features."""
+    return fit_probe(
         head,
         ArrayRows(X_train, y_train),
         {"test": ArrayRows(X_test, y_test)},
         val=None if X_val is None else ArrayRows(X_val, y_val),
         val_fraction=val_fraction,
         seed=seed,
-    )
-
-
-def fit_rows(
-    head: str,
-    train: Rows,
-    tests: dict[str, Rows],
-    *,
-    val: Rows | None = None,
-    val_fraction: float = 0.1,
-    seed: int = 0,
-    device: str = "cpu",
-    memory_bytes: int | None = None,
-) -> dict[str, Any]:
-    """The scores of :func:`fit_probe` (its docstring), without the fitted predictor."""
-    return fit_probe(
-        head,
-        train,
-        tests,
-        val=val,
-        val_fraction=val_fraction,
-        seed=seed,
-        device=device,
-        memory_bytes=memory_bytes,
     )[0]
 
 

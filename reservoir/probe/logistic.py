@@ -9,17 +9,16 @@ from collections.abc import Callable
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils.validation import check_is_fitted
 
 from reservoir.config import POSITIVE
 from reservoir.probe.heads import register_head
-from reservoir.probe.predictors import Predictor, array, predict_ids
-from reservoir.probe.rows import ArrayRows, Rows, _outputs, check_finite, moments, shape_of
+from reservoir.probe.predictors import Predictor, PredictsThrough, array, predict_ids
+from reservoir.probe.rows import ArrayRows, Rows, _outputs, moments, shape_of
 from reservoir.settings import Interval, validate
 
 
 @register_head("logreg", param="C", grid=(0.001, 0.01, 0.1, 1.0, 10.0))
-class LogRegHead(ClassifierMixin, BaseEstimator):
+class LogRegHead(PredictsThrough, ClassifierMixin, BaseEstimator):
     """Multinomial logistic regression per output (one logit for two classes), scikit-learn's
     objective minimised by L-BFGS (:func:`streaming_logistic`, in memory or not).
 
@@ -45,12 +44,6 @@ class LogRegHead(ClassifierMixin, BaseEstimator):
         self.y_ndim_ = source.y_ndim
         self.predict_ = streaming_logistic(self.C, source, max_iter=self.max_iter)
         return self
-
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        check_is_fitted(self, "predict_")
-        check_finite(X)
-        pred = self.predict_(X)
-        return pred[:, 0] if self.y_ndim_ == 1 else pred
 
 
 def streaming_logistic(

@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.preprocessing import StandardScaler
+from sklearn.utils.validation import check_is_fitted
 
-from reservoir.probe.rows import _outputs
+from reservoir.probe.rows import _outputs, check_finite
 from reservoir.registry import HEADS
 
 #: ``n_classes`` of a head whose outputs are real values (float targets: ridge regression)
@@ -81,6 +82,16 @@ class Predictor:
     ) -> Predictor:  # pragma: no cover - abstract
         """The predictor of this kind that ``meta`` and ``arrays`` describe; ValueError when malformed."""
         raise NotImplementedError
+
+
+class PredictsThrough:
+    """A head's ``predict`` through the predictor it fitted (``predict_``), one output's ids as ``(n,)``."""
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        check_is_fitted(self, "predict_")
+        check_finite(X)
+        pred = self.predict_(X)
+        return pred[:, 0] if self.y_ndim_ == 1 else pred
 
 
 class ScaledPredictor(Predictor):

@@ -9,17 +9,16 @@ from typing import Any
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils.validation import check_is_fitted
 
 from reservoir.config import POSITIVE
 from reservoir.probe.heads import register_head
-from reservoir.probe.predictors import Predictor, array
+from reservoir.probe.predictors import Predictor, PredictsThrough, array
 from reservoir.probe.rows import ArrayRows, Rows, _outputs, check_finite, moments, shape_of
 from reservoir.settings import Interval, OneOf, check, validate
 
 
 @register_head("torch", param="weight_decay", grid=(0.0, 1e-4, 1e-3, 1e-2))
-class TorchHead(ClassifierMixin, BaseEstimator):
+class TorchHead(PredictsThrough, ClassifierMixin, BaseEstimator):
     """A linear layer trained with cross-entropy per output.
 
     Parameters
@@ -120,12 +119,6 @@ class TorchHead(ClassifierMixin, BaseEstimator):
             batch_size=self.batch_size,
         )
         return self
-
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        check_is_fitted(self, "predict_")
-        check_finite(X)
-        pred = self.predict_(X)
-        return pred[:, 0] if self.y_ndim_ == 1 else pred
 
 
 def streaming_linear(

@@ -330,10 +330,10 @@ def test_over_the_memory_budget_heads_stream_instead_of_loading(head, monkeypatc
 
     X, y = separable(n=800)
     train, test = BlockRows(X[:600], y[:600]), BlockRows(X[600:], y[600:])
-    in_memory = heads.fit_rows(head, train, {"test": test}, seed=0)
+    in_memory, _ = heads.fit_probe(head, train, {"test": test}, seed=0)
     monkeypatch.setattr(heads.Rows, "load", lambda self: pytest.fail("rows were loaded"))
     monkeypatch.setattr(heads.ArrayRows, "load", lambda self: pytest.fail("rows were loaded"))
-    streamed = heads.fit_rows(head, train, {"test": test}, seed=0, memory_bytes=1)
+    streamed, _ = heads.fit_probe(head, train, {"test": test}, seed=0, memory_bytes=1)
     assert streamed["n_train"] == 600 and streamed["n_test"] == 200
     assert abs(streamed["test_accuracy"] - in_memory["test_accuracy"]) <= 0.03
     assert streamed["test_accuracy"] > 0.8  # 4 classes: chance is 0.25
