@@ -293,46 +293,42 @@ class FileTask(Task):
             )
         return out
 
-    def _read_npz(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, SplitData]:
+    def _array_names(self, path: Path, arrays) -> dict[str | None, tuple[str, str, str]]:
+        """The x, y and lengths arrays of a file holding ``arrays`` (their names): ``x``, ``y``, ``lengths``
+        under ``None`` (rows the split array or the seeded split divides), else those of each ``x_<split>``."""
         if "x" in arrays or "y" in arrays:
-            x = self._need(arrays, "x", path)
-            y = arrays.get("y") if self.predict else self._need(arrays, "y", path)
-            lengths = arrays.get("lengths")
-            if y is None:
-                self.unlabeled = f"{path} has no array 'y'"
-            self._check(path, "x", "y", "lengths", x, y, lengths)
-            rows = {PREDICT_SPLIT: np.arange(len(x))} if self.predict else self._split_rows(path, arrays, y)
-            return {
-                s: self._split(x[r], None if y is None else y[r], None if lengths is None else lengths[r])
-                for s, r in rows.items()
-            }
-        names = sorted(k[2:] for k in arrays if k.startswith("x_"))
-        if not names:
+            self._need(dict.fromkeys(arrays), "x", path)
+            return {None: ("x", "y", "lengths")}
+        found = (ordered if self.predict else sorted)([k[2:] for k in arrays if k.startswith("x_")])
+        if not found:
             raise no_x_arrays(path, arrays)
-        _check_split_names(path, "an x_<split> array", names)
+        _check_split_names(path, "an x_<split> array", found)
+        return {s: (f"x_{s}", f"y_{s}", f"lengths_{s}") for s in found}
+
+    def _read_npz(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, SplitData]:
         splits = {}
-        for s in names:
-            x, y = arrays[f"x_{s}"], self._need(arrays, f"y_{s}", path)
-            lengths = arrays.get(f"lengths_{s}")
-            self._check(path, f"x_{s}", f"y_{s}", f"lengths_{s}", x, y, lengths)
-            splits[s] = self._split(x, y, lengths)
+        for split, (xname, yname, lname) in self._array_names(path, arrays).items():
+            x, lengths = arrays[xname], arrays.get(lname)
+            y = arrays.get(yname) if self.predict else self._need(arrays, yname, path)
+            if y is None:
+                self.unlabeled = f"{path} has no array {yname!r}"
+            self._check(path, xname, yname, lname, x, y, lengths)
+            if split is not None:
+                splits[split] = self._split(x, y, lengths)
+                continue
+            rows = {PREDICT_SPLIT: np.arange(len(x))} if self.predict else self._split_rows(path, arrays, y)
+            for s, r in rows.items():
+                splits[s] = self._split(
+                    x[r], None if y is None else y[r], None if lengths is None else lengths[r]
+                )
         return splits
 
     def _h5_parts(self, path: Path) -> list[Part]:
         """An .h5 file's x (or each x_<split>) as a part read a chunk at a time, its small arrays checked."""
         arrays, big = _read_h5(path)
         arrays = self._named(path, arrays)
-        if "x" in big or "y" in arrays:
-            self._need({**arrays, **big}, "x", path)
-            names = {None: ("x", "y", "lengths")}
-        else:
-            found = (ordered if self.predict else sorted)([k[2:] for k in big if k.startswith("x_")])
-            if not found:
-                raise no_x_arrays(path, [*arrays, *big])
-            _check_split_names(path, "an x_<split> array", found)
-            names = {s: (f"x_{s}", f"y_{s}", f"lengths_{s}") for s in found}
         parts = []
-        for split, (xname, yname, lname) in names.items():
+        for split, (xname, yname, lname) in self._array_names(path, [*arrays, *big]).items():
             shape, dtype = big[xname]
             y = arrays.get(yname) if self.predict else self._need(arrays, yname, path)
             lengths = arrays.get(lname)
