@@ -9,7 +9,7 @@ import contextlib
 import functools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -383,20 +383,11 @@ def image_parts(
                 names=classes,
             )
         )
-    if whole and len(parts) > 1:
+    if whole and len(parts) > 1:  # one part of every split's images, in split order
         files = [f for part in parts for f in part.chunks.files]
         labels = np.concatenate([part.labels for part in parts])
         return [
-            Part(
-                ImageChunks(files, images),
-                labels,
-                str(root),
-                "class folders",
-                None,
-                None,
-                True,
-                names=classes,
-            )
+            replace(parts[0], chunks=ImageChunks(files, images), labels=labels, where=str(root), split=None)
         ]
     return parts
 
