@@ -438,16 +438,11 @@ def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run
     dtype = cfg.load_dtype if halved and cfg.dtype == "auto" else resolve_dtype(cfg.dtype, device, cfg.engine)
     # a CUDA card's free memory, before anything moves there
     check_fits(backbone, device, dtype, cfg.backbone)
-    fastest = dtype
-    if cfg.dtype == "auto" and not halved and task.spec.target == "regression" and dtype != "float32":
+    dtype_why = ""
+    if cfg.dtype == "auto" and not halved and task.spec.target == "regression":
         # bf16 keeps 8 bits of a state: a forecast's error then stops near 1% of the target's spread
-        fastest = dtype
+        dtype_why = f"auto: float32, not {dtype}, which multiplies fastest here: task {task.name!r} has real-valued targets"
         dtype = "float32"
-    dtype_why = (
-        f"auto: float32, not {fastest}, which multiplies fastest here: task {task.name!r} has real-valued targets"
-        if dtype == "float32" and cfg.dtype == "auto" and task.spec.target == "regression" and not halved
-        else ""
-    )
     if cfg.dtype == "auto" and not halved and dtype not in INT8_DTYPES:
         from reservoir.runtime.quantized import choose_int8
 

@@ -41,7 +41,7 @@ from reservoir.extract.digests import (
     seal,
 )
 from reservoir.extract.stored import STORED, as_float32, finite, store_of, to_stored
-from reservoir.identity import canonical, differences, digest
+from reservoir.identity import array_digest, canonical, differences, digest
 
 CHUNK_BYTES = 1 << 20
 FIX_OTHER = "pass another --out, or delete it to extract again"
@@ -303,8 +303,6 @@ def readable(f: h5py.File) -> bool:
 def check_header(f: h5py.File, fix: str = FIX_FORCE, shard: bool = False) -> dict[str, Any]:
     """A complete file's identity, once its readable attributes agree with it and every split it names is
     there (a ``shard`` holds one); StoreError saying ``fix`` otherwise."""
-    from reservoir.identity import digest
-
     identity = stored_identity(f, fix)
     told = {"identity_hash": digest(identity)} | {k: identity[k] for k in HEADER if k in identity}
     for key, value in told.items():
@@ -361,8 +359,6 @@ def verify(
                     f"(changed or damaged since); {fix}"
                 )
         if recorded is not None:
-            from reservoir.identity import array_digest
-
             for name, values in (("labels", labels), ("lengths", lengths)):
                 if array_digest(values) != recorded[name]:
                     raise StoreError(
@@ -715,17 +711,14 @@ def depth_index(f: h5py.File, depth: int) -> int:
 
 
 def read_depth(f: h5py.File, split: str, depth: int) -> tuple[np.ndarray, np.ndarray]:
-    """Features ``(N, n_readout, d_model)`` and labels of one depth of one split (the blocks of
-    :func:`iter_depth`, checked the same way, joined)."""
-    blocks = list(iter_depth(f, split, depth))
-    if not blocks:  # an empty split
-        return as_float32(f[split]["features"][:, depth_index(f, depth)]), f[split]["labels"][:]
-    return np.concatenate([X for X, _ in blocks]), np.concatenate([y for _, y in blocks])
+    """Features ``(N, n_readout, d_model)`` and labels of one depth of one split (:func:`read_depths`)."""
+    X, labels = read_depths(f, split, [depth])
+    return X[:, 0], labels
 
 
 def read_depths(f: h5py.File, split: str, depths: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Features ``(N, n_depths, n_readout, d_model)`` float32 and labels of several depths (default: every
-    stored one) of one split, each read and checked as :func:`read_depth` does."""
+    stored one) of one split, the blocks of :func:`iter_depth`, checked the same way, joined."""
     if split not in f:
         raise UsageError(f"split {split!r} is not in {f.filename}; it holds {feature_splits(f)}")
     depths = [int(d) for d in f.attrs["depths"]] if depths is None else list(depths)

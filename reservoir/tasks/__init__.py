@@ -375,10 +375,10 @@ def _convert(value: Any, annotation: Any, key: str) -> Any:
     return value
 
 
-def pad_ids(seqs: Sequence[np.ndarray], pad_id: int = 0) -> np.ndarray:
-    """Right-pad variable-length id sequences to the longest in the batch."""
+def pad_ids(seqs: Sequence[np.ndarray], pad_id: int = 0, dtype: Any = np.int64) -> np.ndarray:
+    """Right-pad variable-length rows (``(T,)`` ids, or ``(T, d)`` tokens) to the longest in the batch, as ``dtype``."""
     width = max(len(s) for s in seqs)
-    out = np.full((len(seqs), width), pad_id, dtype=np.int64)
+    out = np.full((len(seqs), width, *np.shape(seqs[0])[1:]), pad_id, dtype=dtype)
     for i, s in enumerate(seqs):
         out[i, : len(s)] = s
     return out

@@ -42,10 +42,11 @@ def md5sum(path: Path, gunzip: bool = False) -> str:
     return h.hexdigest()
 
 
-def verify(path: Path, file: DataFile) -> None:
-    got = md5sum(path, file.gunzip_md5)
-    if got != file.md5:
-        raise DataError(f"{path} has checksum {got}, expected {file.md5}; delete it and fetch it again")
+def verify(path: Path, md5: str, gunzip: bool = False) -> None:
+    """Raise DataError when the md5 of ``path`` (of its decompressed content when ``gunzip``) is not ``md5``."""
+    got = md5sum(path, gunzip)
+    if got != md5:
+        raise DataError(f"{path} has checksum {got}, expected {md5}; delete it and fetch it again")
 
 
 def _download(url: str, dest: Path) -> None:
@@ -82,7 +83,9 @@ def ensure_files(folder: Path, files: tuple[DataFile, ...], task: str, download:
         missing = [
             f
             for f in missing
-            if not fetch_verified(f.urls, folder / f.name, lambda tmp, f=f: verify(tmp, f), errors)
+            if not fetch_verified(
+                f.urls, folder / f.name, lambda tmp, f=f: verify(tmp, f.md5, f.gunzip_md5), errors
+            )
         ]
     if missing:
         names = ", ".join(f.name for f in missing)
@@ -117,11 +120,7 @@ def check_archive(path: Path, archive: DataArchive) -> None:
     if archive.size is not None and size < archive.size:
         raise DataError(f"{path} is truncated ({size} of {archive.size} bytes); delete it and fetch it again")
     if archive.md5 is not None:
-        got = md5sum(path)
-        if got != archive.md5:
-            raise DataError(
-                f"{path} has checksum {got}, expected {archive.md5}; delete it and fetch it again"
-            )
+        verify(path, archive.md5)
 
 
 def unpack(path: Path, folder: Path, archive: DataArchive) -> Path:

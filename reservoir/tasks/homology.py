@@ -166,10 +166,6 @@ def read_lmdb(path: Path, n: int | None = None) -> list[dict[str, Any]]:
     return records
 
 
-def read_records(path: Path, n: int | None = None) -> list[dict[str, Any]]:
-    return read_lmdb(path, n) if Path(path).suffix == ".lmdb" else read_json(path, n)
-
-
 def tokenize(sequence: str, where: str) -> np.ndarray:
     """Amino-acid string -> uint8 ids 1..25; ``where`` names the record in errors."""
     if isinstance(sequence, bytes):
@@ -242,7 +238,7 @@ class RemoteHomology(Task):
     def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)
         path = find_split(data_dir, split, self.download)
-        seqs, labels = parse(read_records(path, n), path)
+        seqs, labels = parse(read_lmdb(path, n) if path.suffix == ".lmdb" else read_json(path, n), path)
         self.truncated[split] = sum(len(s) > self.max_len for s in seqs)
         if self.truncated[split]:
             print(

@@ -9,7 +9,7 @@ import contextlib
 import functools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -162,23 +162,21 @@ def table_parts(
                     "every file the same columns"
                 )
             lacking = lacking or (f if y is not None and y not in has else None)
+        base = files[0] if len(files) == 1 else files[0].parent
+        where = f"{base}: column {x!r}"
+        rows = functools.partial(arrow_rows, where=where, images=images)
+        image = _is_image(files[0], x)
         if y is None or lacking is not None:  # data to predict on: labeled only where every file is
-            base = files[0] if len(files) == 1 else files[0].parent
             looked = repr(y or target) if (y or target) else " / ".join(TARGETS)
-            chunks = TableChunks(
-                files, x, functools.partial(arrow_rows, where=f"{base}: column {x!r}", images=images)
-            )
             why = f"{lacking or base} has no column {looked} of labels"
-            parts.append(Part(chunks, None, f"{base}: column {x!r}", why, None, None, _is_image(files[0], x)))
+            parts.append(Part(TableChunks(files, x, rows), None, where, why, None, None, image))
             continue
         s = "" if whole else split or ("split" if "split" in columns and name is None else "")
         if s and s not in columns:
             raise DataError(
                 f"{files[0]} has no column {s!r} (columns: {columns}); pass --task-opt split=COLUMN"
             )
-        base = files[0] if len(files) == 1 else files[0].parent
-        where = f"{base}: column {x!r}"
-        chunks = TableChunks(files, x, functools.partial(arrow_rows, where=where, images=images))
+        chunks = TableChunks(files, x, rows)
         labels, names = [], []
         for i in range(len(chunks.pieces)):
             t = chunks.table(i, [y] + ([s] if s else []))
@@ -187,7 +185,6 @@ def table_parts(
                 split_column = refuse_nulls(t.column(1), int(chunks.starts[i]), f"{base}: column {s!r}")
                 names.append(np.asarray(split_column.to_pylist(), dtype=str))
         y_all = np.concatenate(labels) if labels else np.zeros(0, np.int64)
-        image = _is_image(files[0], x)
         parts.append(
             Part(
                 chunks,
@@ -258,17 +255,7 @@ def class_label_names(path: Path, column: str) -> list[str] | None:
 def _is_image(path: Path, column: str) -> bool:
     import pyarrow as pa
 
-    if path.suffix.lower() in PARQUET:
-        import pyarrow.parquet as pq
-
-        t = pq.read_schema(path).field(column).type
-    else:
-        import pyarrow.ipc as ipc
-
-        with pa.memory_map(str(path)) as mm:
-            file_format = mm.read(6) == b"ARROW1"
-            mm.seek(0)
-            t = (ipc.open_file(mm) if file_format else ipc.open_stream(mm)).schema.field(column).type
+    t = _arrow_schema(path).field(column).type
     return (pa.types.is_struct(t) and t.get_field_index("bytes") >= 0) or pa.types.is_binary(t)
 
 
@@ -396,20 +383,11 @@ def image_parts(
                 names=classes,
             )
         )
-    if whole and len(parts) > 1:
+    if whole and len(parts) > 1:  # one part of every split's images, in split order
         files = [f for part in parts for f in part.chunks.files]
         labels = np.concatenate([part.labels for part in parts])
         return [
-            Part(
-                ImageChunks(files, images),
-                labels,
-                str(root),
-                "class folders",
-                None,
-                None,
-                True,
-                names=classes,
-            )
+            replace(parts[0], chunks=ImageChunks(files, images), labels=labels, where=str(root), split=None)
         ]
     return parts
 

@@ -17,7 +17,7 @@ import numpy as np
 from reservoir.paths import file_task_path
 from reservoir.registry import Registry
 from reservoir.tasks import TASKS, DataError, Task, get_task
-from reservoir.tasks.download import DataArchive, check_archive, md5sum
+from reservoir.tasks.download import DataArchive, check_archive, find_contents, md5sum
 
 
 @dataclass
@@ -78,7 +78,7 @@ def _cifar(task: Task, data_dir: Path) -> Source:
     from reservoir.tasks import cifar
 
     places = cifar.look_in(data_dir)
-    found = next((p for p in places if all((p / m).exists() for m in cifar.ARCHIVE.members)), places[0])
+    found = find_contents(places, cifar.ARCHIVE.members) or places[0]
     return Source(
         task.name,
         "CIFAR-10 python batches (data_batch_1..5, test_batch, batches.meta) or the official archive",

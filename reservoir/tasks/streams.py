@@ -6,12 +6,10 @@ the arrays :mod:`reservoir.tasks.userfile` describes), a Parquet or Arrow file o
 (read without the ``datasets`` package), or an image folder in torchvision's ``ImageFolder`` layout
 (``root/CLASS/*.png``, or ``root/SPLIT/CLASS/*.png``). :data:`LAYOUTS` lists them with their options.
 
-Caveats: class names (class folders, string labels) are numbered in natural order over every split
-(``2`` before ``10``) and kept as the task's class names. Images are decoded with Pillow and cut into
-``patch`` x ``patch`` tokens as :func:`reservoir.tasks.patches` does (row-major, channel innermost, in
-``[0, 1]``). Without a split, a seeded stratified ``test_fraction`` of the rows becomes ``test``. Data to
-predict on (``predict=true``, :mod:`reservoir.tasks.userfile`) is every row in input order as one split,
-labels optional; an image folder whose images lie in it, not in class folders, is unlabeled.
+Class names (class folders, string labels), splits and data to predict on are as
+:mod:`reservoir.tasks.userfile` says; an image folder whose images lie in it, not in class folders, is
+unlabeled. Images are decoded with Pillow and cut into ``patch`` x ``patch`` tokens as
+:func:`reservoir.tasks.patches` does (row-major, channel innermost, in ``[0, 1]``).
 
 Only labels, lengths and split names are held in memory; inputs are read a chunk at a time when a batch
 asks for them (a Parquet row group, an Arrow record batch, :data:`H5_CHUNK_BYTES` of HDF5 rows,

@@ -293,47 +293,42 @@ class FileTask(Task):
             )
         return out
 
-    def _read_npz(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, SplitData]:
+    def _array_names(self, path: Path, arrays) -> dict[str | None, tuple[str, str, str]]:
+        """The x, y and lengths arrays of a file holding ``arrays`` (their names): ``x``, ``y``, ``lengths``
+        under ``None`` (rows the split array or the seeded split divides), else those of each ``x_<split>``."""
         if "x" in arrays or "y" in arrays:
-            x = self._need(arrays, "x", path)
-            y = arrays.get("y") if self.predict else self._need(arrays, "y", path)
-            lengths = arrays.get("lengths")
-            if y is None:
-                self.unlabeled = f"{path} has no array 'y'"
-            self._check(path, "x", "y", "lengths", x, y, lengths)
-            rows = self._rows(path, arrays, y, len(x))
-            return {
-                s: self._split(x[r], None if y is None else y[r], None if lengths is None else lengths[r])
-                for s, r in rows.items()
-            }
-        names = sorted(k[2:] for k in arrays if k.startswith("x_"))
-        if not names:
+            self._need(dict.fromkeys(arrays), "x", path)
+            return {None: ("x", "y", "lengths")}
+        found = (ordered if self.predict else sorted)([k[2:] for k in arrays if k.startswith("x_")])
+        if not found:
             raise no_x_arrays(path, arrays)
-        _check_split_names(path, "an x_<split> array", names)
+        _check_split_names(path, "an x_<split> array", found)
+        return {s: (f"x_{s}", f"y_{s}", f"lengths_{s}") for s in found}
+
+    def _read_npz(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, SplitData]:
         splits = {}
-        for s in names:
-            x, y = arrays[f"x_{s}"], self._need(arrays, f"y_{s}", path)
-            lengths = arrays.get(f"lengths_{s}")
-            self._check(path, f"x_{s}", f"y_{s}", f"lengths_{s}", x, y, lengths)
-            splits[s] = self._split(x, y, lengths)
+        for split, (xname, yname, lname) in self._array_names(path, arrays).items():
+            x, lengths = arrays[xname], arrays.get(lname)
+            y = arrays.get(yname) if self.predict else self._need(arrays, yname, path)
+            if y is None:
+                self.unlabeled = f"{path} has no array {yname!r}"
+            self._check(path, xname, yname, lname, x, y, lengths)
+            if split is not None:
+                splits[split] = self._split(x, y, lengths)
+                continue
+            rows = {PREDICT_SPLIT: np.arange(len(x))} if self.predict else self._split_rows(path, arrays, y)
+            for s, r in rows.items():
+                splits[s] = self._split(
+                    x[r], None if y is None else y[r], None if lengths is None else lengths[r]
+                )
         return splits
 
     def _h5_parts(self, path: Path) -> list[Part]:
         """An .h5 file's x (or each x_<split>) as a part read a chunk at a time, its small arrays checked."""
         arrays, big = _read_h5(path)
         arrays = self._named(path, arrays)
-        if "x" in big or "y" in arrays:
-            if "x" not in big:
-                raise DataError(f"{path} has no array 'x' (it has {sorted([*arrays, *big])}); {FIX}")
-            names = {None: ("x", "y", "lengths")}
-        else:
-            found = (ordered if self.predict else sorted)([k[2:] for k in big if k.startswith("x_")])
-            if not found:
-                raise no_x_arrays(path, [*arrays, *big])
-            _check_split_names(path, "an x_<split> array", found)
-            names = {s: (f"x_{s}", f"y_{s}", f"lengths_{s}") for s in found}
         parts = []
-        for split, (xname, yname, lname) in names.items():
+        for split, (xname, yname, lname) in self._array_names(path, [*arrays, *big]).items():
             shape, dtype = big[xname]
             y = arrays.get(yname) if self.predict else self._need(arrays, yname, path)
             lengths = arrays.get(lname)
@@ -504,7 +499,8 @@ class FileTask(Task):
             else:
                 shape = (len(part.chunks), *(found.row_shape or ("T", *found.token_shape)))
                 self._check_x(part.where, found.dtype, shape)
-                self._check_ids(part.where, found)
+                if found.dtype.kind in "iu":
+                    self._check_ids(part.where, int(found.low), int(found.high))
                 dim = 0 if found.dtype.kind in "iu" else int(found.token_shape[-1])
             variable = part.cut is not None or not found.uniform
             for s, pos in rows.items():
@@ -549,13 +545,8 @@ class FileTask(Task):
         self._check_x(f"{path}: {xname}", x.dtype, x.shape)
         if x.dtype.kind == "f" and not np.isfinite(x).all():
             raise DataError(f"{path}: {xname} holds NaN or infinite values; replace them before extracting")
-        if x.dtype.kind in "iu" and x.min() < 0:
-            raise DataError(f"{path}: {xname} holds negative token ids (min {x.min()}); ids must be >= 0")
-        if x.dtype.kind in "iu" and x.max() > MAX_ID:
-            raise DataError(
-                f"{path}: {xname} holds token id {x.max()}; ids must be at most {MAX_ID:,d} (the input "
-                "layer holds a vector per id): renumber them 0..V-1"
-            )
+        if x.dtype.kind in "iu":
+            self._check_ids(f"{path}: {xname}", int(x.min()), int(x.max()))
         if y is not None:
             self._check_y(path, xname, yname, y, len(x), self.regression)
         self._check_lengths(path, xname, lname, lengths, x.shape)
@@ -578,13 +569,13 @@ class FileTask(Task):
             raise DataError(f"{where} is empty (shape {shape}); {FIX}")
 
     @staticmethod
-    def _check_ids(where: str, found) -> None:
-        """Token ids streamed by a scan lie in ``0..MAX_ID``."""
-        if found.dtype.kind in "iu" and found.low < 0:
-            raise DataError(f"{where} holds negative token ids (min {found.low:.0f}); ids must be >= 0")
-        if found.dtype.kind in "iu" and found.high > MAX_ID:
+    def _check_ids(where: str, low: int, high: int) -> None:
+        """Token ids, from ``low`` to ``high``, lie in ``0..MAX_ID``."""
+        if low < 0:
+            raise DataError(f"{where} holds negative token ids (min {low}); ids must be >= 0")
+        if high > MAX_ID:
             raise DataError(
-                f"{where} holds token id {found.high:.0f}; ids must be at most {MAX_ID:,d} (the input "
+                f"{where} holds token id {high}; ids must be at most {MAX_ID:,d} (the input "
                 "layer holds a vector per id): renumber them 0..V-1"
             )
 
@@ -639,12 +630,6 @@ class FileTask(Task):
                 f"found {lengths.min()}..{lengths.max()}"
             )
 
-    def _rows(
-        self, path: Path, arrays: dict[str, np.ndarray], y: np.ndarray | None, n: int
-    ) -> dict[str, np.ndarray]:
-        """The rows of each split: all ``n`` in order to predict on, else :meth:`_split_rows`."""
-        return {PREDICT_SPLIT: np.arange(n)} if self.predict else self._split_rows(path, arrays, y)
-
     def _split_rows(self, path: Path, arrays: dict[str, np.ndarray], y: np.ndarray) -> dict[str, np.ndarray]:
         if "split" in arrays:
             split = np.asarray(arrays["split"]).astype(str)
@@ -665,10 +650,7 @@ class FileTask(Task):
                 f"{self.test_fraction:g} leaves none to train on; give more rows, a lower test_fraction, "
                 "or a split array naming each row's split"
             )
-        if self.regression:
-            train, test = train_test_split(rows, test_size=n_test, random_state=self.seed)
-            return {"train": np.sort(train), "test": np.sort(test)}
-        if y.ndim > 1:  # several labels a row: no one class to stratify by
+        if self.regression or y.ndim > 1:  # real values, or several labels a row: no one class to stratify by
             train, test = train_test_split(rows, test_size=n_test, random_state=self.seed)
             return {"train": np.sort(train), "test": np.sort(test)}
         counts = np.bincount(y.astype(np.int64))
@@ -715,9 +697,6 @@ class FileTask(Task):
             target="regression" if self.regression else "class",
         )
 
-    def options(self) -> dict[str, Any]:
-        return {"path": self.path, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)[1:]}}
-
     @property
     def class_names(self) -> list[str] | None:
         """The class names the file gives (class folders, label names, a ``ClassLabel``), by id; else ``None``."""
@@ -737,12 +716,5 @@ class FileTask(Task):
         inputs = np.asarray(inputs) if isinstance(inputs, Rows) else inputs
         if self._image:
             return patches(inputs, self.patch).astype(np.float32) / 255.0
-        if inputs.dtype != object:
-            return inputs.astype(np.int64) if self._kind == "ids" else inputs.astype(np.float32)
-        if self._kind == "ids":
-            return pad_ids(list(inputs), 0)
-        width = max(len(s) for s in inputs)
-        out = np.zeros((len(inputs), width, inputs[0].shape[-1]), dtype=np.float32)
-        for i, s in enumerate(inputs):
-            out[i, : len(s)] = s
-        return out
+        dtype = np.int64 if self._kind == "ids" else np.float32
+        return inputs.astype(dtype) if inputs.dtype != object else pad_ids(list(inputs), 0, dtype)
