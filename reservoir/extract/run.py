@@ -439,9 +439,12 @@ def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run
     # a CUDA card's free memory, before anything moves there
     check_fits(backbone, device, dtype, cfg.backbone)
     dtype_why = ""
-    if cfg.dtype == "auto" and not halved and task.spec.target == "regression":
+    if cfg.dtype == "auto" and not halved and task.spec.target == "regression" and dtype != "float32":
         # bf16 keeps 8 bits of a state: a forecast's error then stops near 1% of the target's spread
-        dtype_why = f"auto: float32, not {dtype}, which multiplies fastest here: task {task.name!r} has real-valued targets"
+        dtype_why = (
+            f"auto: float32, not {dtype}, which multiplies fastest here: task {task.name!r} has real-valued "
+            "targets"
+        )
         dtype = "float32"
     if cfg.dtype == "auto" and not halved and dtype not in INT8_DTYPES:
         from reservoir.runtime.quantized import choose_int8

@@ -107,6 +107,20 @@ def test_auto_dtype_is_float32_for_real_valued_targets(tiny_gpt2, cli):
         assert f.attrs["dtype"] == "float32"
 
 
+def test_auto_on_a_cpu_whose_fastest_dtype_is_float32_gives_that_reason(tiny_gpt2, cli, monkeypatch):
+    """Where float32 is already the fastest dtype, real-valued targets change nothing, and the run says the
+    CPU's reason, not "float32, not float32"."""
+    import reservoir.runtime.dtypes as dtypes
+    import reservoir.runtime.runner as runner
+
+    fastest = ("float32", "float32: this CPU has no native bfloat16")
+    monkeypatch.setattr(runner, "choose_dtype", lambda device="cpu": fastest)
+    monkeypatch.setattr(dtypes, "choose", lambda device="cpu": fastest)
+    r = cli("extract", "--task", "narma10", "--backbone", str(tiny_gpt2), *SMALL, "--depths", "0")
+    assert r.exit_code == 0, r.output
+    assert "float32 (float32: this CPU has no native bfloat16)" in r.output and "not float32" not in r.output
+
+
 def test_real_targets_are_refused_where_classes_are_needed(tmp_path, tiny_gpt2, cli):
     r = cli("extract", "--task", "narma10", "--backbone", str(tiny_gpt2), *SMALL, "--dtype", "float32")
     assert r.exit_code == 0, r.output
