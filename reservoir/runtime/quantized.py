@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from reservoir.model.devices import DTYPES
 from reservoir.runtime import records
-from reservoir.runtime.dtypes import FLOATS, ROWS, best_of, candidates
+from reservoir.runtime.dtypes import ROWS, best_of, candidates
 
 #: int8's probe accuracy must be within this many points of float32's on MNIST and on CIFAR-10
 ACCURACY_BAR = 0.5
@@ -123,7 +124,7 @@ def block_rates(width: int, threads: int) -> dict[str, float]:
 
     def pytorch(dtype: str) -> Callable[[], Any]:
         f = torch.nn.functional
-        kind = FLOATS[dtype]
+        kind = DTYPES[dtype]
         w = {k: torch.from_numpy(v).to(kind) for k, v in weights.items()}
         source = torch.from_numpy(x).to(kind)
 
