@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from reservoir.errors import BackboneError
+from reservoir.paths import cache_dir
 from reservoir.runtime import engines
 from reservoir.runtime.engines import (
     FORWARDS,
@@ -229,12 +230,6 @@ def file_key(
     return h.hexdigest()
 
 
-def cached_file(key: str) -> Path:
-    from reservoir.paths import cache_dir
-
-    return cache_dir() / FOLDER / f"{key[:32]}.onnx"
-
-
 class Unquantized(Exception):
     """``int8``: quantizing left every product of the backbone float."""
 
@@ -311,7 +306,9 @@ class ONNXForward(ConvertedForward):
         tables = self._tables()
         start = time.perf_counter()
         dynamic = {"batch": [0], "width": [1], "readout width": self.every_position}
-        path = cached_file(file_key(self.eager, example, self.dtype, dynamic, tables))
+        path = (
+            cache_dir() / FOLDER / f"{file_key(self.eager, example, self.dtype, dynamic, tables)[:32]}.onnx"
+        )
         self.seconds["key"] = time.perf_counter() - start
         cached = path.exists()
         if not cached:
