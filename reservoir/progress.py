@@ -64,7 +64,7 @@ def bar(total: int, desc: str, *, initial: int = 0, enabled: bool = True, unit: 
         return widget(total=total, initial=initial, desc=desc, unit=unit, disable=not enabled, leave=True)
     from tqdm import tqdm
 
-    tty = sys.stderr.isatty() or in_notebook()
+    tty = interactive()
     return tqdm(
         total=total,
         initial=initial,

@@ -237,10 +237,10 @@ def constraints(owner: Any) -> dict[str, Rules]:
     return dict(getattr(owner, "parameter_constraints", {}))
 
 
-def validate(obj: Any, owner: str) -> None:
+def validate(obj: Any, owner: str, noun: str = "parameter") -> None:
     """Every declared rule of ``obj``'s parameters (:func:`constraints`), by :func:`check`."""
     for name, rules in constraints(obj).items():
-        check(owner, name, getattr(obj, name), *rules, obj=obj)
+        check(owner, name, getattr(obj, name), *rules, obj=obj, noun=noun)
 
 
 def choices(cls: type, name: str) -> OneOf:

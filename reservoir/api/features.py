@@ -11,9 +11,7 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from reservoir.config import (
-    select_depths,
-)
+from reservoir.config import select_depths
 from reservoir.errors import StoreError, UsageError, optional
 from reservoir.extract.stored import as_float32
 
@@ -207,9 +205,8 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_file"] = state["_pid"] = state["_block"] = (
-            None  # a pickled copy (spawned worker) opens its own
-        )
+        # a pickled copy (spawned worker) opens its own
+        state["_file"] = state["_pid"] = state["_block"] = None
         return state
 
     def close(self) -> None:

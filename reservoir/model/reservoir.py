@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from reservoir.config import READOUT_CHOICES as READOUTS
 from reservoir.errors import BackboneError, UsageError
 from reservoir.model.backbones import Backbone
 from reservoir.model.input_layer import make_input_layer
@@ -26,10 +27,6 @@ def readout_positions(lengths: torch.Tensor, n_readout: int, width: int | None =
     positions of rows padded to ``width``."""
     last = lengths if width is None else torch.full_like(lengths, width)
     return last[:, None] - n_readout + torch.arange(n_readout, device=lengths.device)[None, :]
-
-
-#: the readouts (``reservoir extract --readout``), the default first
-READOUTS = ("last", "mean", "all", "padded")
 
 
 def readout_count(spec: TaskSpec, readout: str) -> int:

@@ -19,11 +19,10 @@ from collections.abc import Callable
 
 import torch
 
+from reservoir.model.devices import DTYPES
 from reservoir.runtime import records
 from reservoir.runtime.machine import bf16_native, cpu
 
-#: float compute dtypes the PyTorch path runs, by option name
-FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: a lower precision is taken only when it multiplies at least this many times float32's rate
 MARGIN = 1.1
 #: the timed product's shape: rows x width -> 4 width (a block's MLP), at the model's width
@@ -49,8 +48,8 @@ def rate(dtype: str, width: int = 768, threads: int | None = None) -> float:
         torch.set_num_threads(threads)
     try:
         g = torch.Generator().manual_seed(0)
-        a = torch.randn(ROWS, width, generator=g).to(FLOATS[dtype])
-        b = torch.randn(width, 4 * width, generator=g).to(FLOATS[dtype])
+        a = torch.randn(ROWS, width, generator=g).to(DTYPES[dtype])
+        b = torch.randn(width, 4 * width, generator=g).to(DTYPES[dtype])
         with torch.inference_mode():
             return 2 * ROWS * width * 4 * width / best_of(lambda: torch.mm(a, b)) / 1e9
     finally:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from reservoir.errors import DeviceError, ReservoirError, UsageError
+from reservoir.errors import BackboneError, DeviceError, ReservoirError, UsageError
 from reservoir.model.backbones import columns, quiet_transformers, readout_rows
 from reservoir.registry import ENGINES
 from reservoir.runtime.dtypes import choose as choose_dtype
@@ -600,6 +600,34 @@ class ConvertedForward:
         since a graph may depend on it (a vision model's grid); else cut to :data:`EXAMPLE_WIDTH` tokens."""
         return narrow(batch, batch[0].shape[1] if self.fixed_width else None, self.every_position)
 
+    def check_rows(self, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The first rows of ``batch`` checked against PyTorch: :data:`CHECK_ROWS`, or about :data:`CHECK_TOKENS` tokens."""
+        return tuple(t[: max(1, min(CHECK_ROWS, CHECK_TOKENS // batch[0].shape[1]))] for t in batch)
+
+    def compare(self, ours: np.ndarray, rows: tuple[torch.Tensor, ...]) -> float:
+        """:attr:`error`: ``ours``, the features of ``rows``, against PyTorch's eager float32 forward's
+        (:func:`relative_error`)."""
+        with torch.inference_mode():
+            ref = self.eager(*rows).float().numpy()
+        self.error = relative_error(ours, ref)
+        return self.error
+
+    def accept(self, engine: str, rows: int, source: str = "") -> None:
+        """Log the conversion's steps and :attr:`error` on ``rows`` rows (``source``: where the graph came
+        from); beyond the dtype's :data:`TOLERANCE`, drop the request and raise
+        :class:`reservoir.errors.BackboneError` naming ``--engine torch``."""
+        steps = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
+        self.log(
+            f"{engine}: {source + '; ' if source else ''}{steps}; features within {self.error:.1e} of PyTorch "
+            f"float32 on {rows} rows"
+        )
+        if not self.error <= TOLERANCE[self.dtype]:
+            self.request = None
+            raise BackboneError(
+                f"the {ENGINES[engine].label} engine's features differ from PyTorch's by {self.error:.2g} (relative, "
+                f"worst depth; at most {TOLERANCE[self.dtype]:g} is accepted for {self.dtype}); pass --engine torch"
+            )
+
     def prepare(self, batch: tuple[torch.Tensor, ...]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -641,6 +669,25 @@ def precision(dtype: str):
     if dtype in floats:
         return floats[dtype]
     return floats[INT8_FLOAT if dtype == "int8" else choose_dtype("cpu")[0]]
+
+
+def cpu_config(dtype: str, threads: int, streams: int = 1) -> dict[Any, Any]:
+    """OpenVINO's CPU plugin settings for ``dtype`` (:func:`precision`) on ``threads`` threads, split among
+    ``streams`` streams (one: latency mode)."""
+    props = import_openvino().properties
+    config: dict[Any, Any] = {
+        props.inference_num_threads: threads,
+        props.hint.performance_mode: props.hint.PerformanceMode.THROUGHPUT
+        if streams > 1
+        else props.hint.PerformanceMode.LATENCY,
+        props.hint.inference_precision: precision(dtype),
+    }
+    if streams > 1:
+        config[props.num_streams] = streams
+    if dtype == "int8":
+        # OpenVINO 2024 parses only a string as unsigned
+        config[props.hint.dynamic_quantization_group_size] = str(DYNAMIC_GROUP)
+    return config
 
 
 def relative_error(ours: np.ndarray, ref: np.ndarray) -> float:

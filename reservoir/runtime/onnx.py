@@ -30,14 +30,12 @@ import numpy as np
 import torch
 
 from reservoir.errors import BackboneError
+from reservoir.paths import cache_dir
 from reservoir.runtime import engines
 from reservoir.runtime.engines import (
-    CHECK_ROWS,
-    CHECK_TOKENS,
     FORWARDS,
     ONNX_DTYPES,
     ONNX_INSTALL,
-    TOLERANCE,
     ConvertedForward,
     Engine,
     calibration_dtype,
@@ -46,7 +44,6 @@ from reservoir.runtime.engines import (
     position_means,
     readout_of,
     register_engine,
-    relative_error,
 )
 
 #: operations ``int8`` quantizes (those with a constant weight: ``MatMulConstBOnly``); lookups stay float
@@ -233,12 +230,6 @@ def file_key(
     return h.hexdigest()
 
 
-def cached_file(key: str) -> Path:
-    from reservoir.paths import cache_dir
-
-    return cache_dir() / FOLDER / f"{key[:32]}.onnx"
-
-
 class Unquantized(Exception):
     """``int8``: quantizing left every product of the backbone float."""
 
@@ -315,7 +306,9 @@ class ONNXForward(ConvertedForward):
         tables = self._tables()
         start = time.perf_counter()
         dynamic = {"batch": [0], "width": [1], "readout width": self.every_position}
-        path = cached_file(file_key(self.eager, example, self.dtype, dynamic, tables))
+        path = (
+            cache_dir() / FOLDER / f"{file_key(self.eager, example, self.dtype, dynamic, tables)[:32]}.onnx"
+        )
         self.seconds["key"] = time.perf_counter() - start
         cached = path.exists()
         if not cached:
@@ -340,23 +333,10 @@ class ONNXForward(ConvertedForward):
             ) from None
         self.path = path
         self.seconds["load"] = time.perf_counter() - start
-        rows = tuple(t[: max(1, min(CHECK_ROWS, CHECK_TOKENS // batch[0].shape[1]))] for t in batch)
-        ours = self._infer(rows).numpy()
-        with torch.inference_mode():
-            ref = self.eager(*rows).float().numpy()
-        self.error = relative_error(ours, ref)
-        steps = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
+        rows = self.check_rows(batch)
+        self.compare(self._infer(rows).numpy(), rows)
         source = f"cached file {path.name}" if cached else f"exported to {path.name}"
-        self.log(
-            f"onnxruntime: {source}; {steps}; features within {self.error:.1e} of PyTorch float32 on "
-            f"{len(ours)} rows"
-        )
-        if not self.error <= TOLERANCE[self.dtype]:
-            self.request = None
-            raise BackboneError(
-                f"the ONNX Runtime engine's features differ from PyTorch's by {self.error:.2g} (relative, worst "
-                f"depth; at most {TOLERANCE[self.dtype]:g} is accepted for {self.dtype}); pass --engine torch"
-            )
+        self.accept("onnxruntime", len(rows[0]), source)
 
     def _run(self, tokens: torch.Tensor, lengths: torch.Tensor, readout: torch.Tensor) -> np.ndarray:
         feed = {"tokens": tokens, "lengths": lengths, "readout": readout}

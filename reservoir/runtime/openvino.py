@@ -17,9 +17,6 @@ import torch
 
 from reservoir.errors import BackboneError
 from reservoir.runtime.engines import (
-    CHECK_ROWS,
-    CHECK_TOKENS,
-    DYNAMIC_GROUP,
     FORWARDS,
     INT8_DTYPES,
     STATIC_MIN_ROWS,
@@ -29,12 +26,11 @@ from reservoir.runtime.engines import (
     ConvertedForward,
     calibration_dtype,
     centred,
+    cpu_config,
     import_openvino,
     one_line,
     position_means,
-    precision,
     quiet,
-    relative_error,
 )
 
 
@@ -124,25 +120,13 @@ class OpenVINOForward(ConvertedForward):
         """``model`` compiled for the CPU: one infer request per stream."""
         ov = import_openvino()
 
-        props = ov.properties
-        streams = self.streams
-        config: dict[Any, Any] = {
-            props.inference_num_threads: self.threads,
-            props.hint.performance_mode: props.hint.PerformanceMode.THROUGHPUT
-            if streams > 1
-            else props.hint.PerformanceMode.LATENCY,
-            props.hint.inference_precision: precision(self.dtype),
-        }
-        if streams > 1:
-            config[props.num_streams] = streams
-        if self.dtype == "int8":
-            # OpenVINO 2024 parses only a string as unsigned
-            config[props.hint.dynamic_quantization_group_size] = str(DYNAMIC_GROUP)
         start = time.perf_counter()
         with quiet():
-            compiled = ov.Core().compile_model(model, "CPU", config)
+            compiled = ov.Core().compile_model(
+                model, "CPU", cpu_config(self.dtype, self.threads, self.streams)
+            )
         self.seconds["compile"] = self.seconds.get("compile", 0.0) + time.perf_counter() - start
-        return [compiled.create_infer_request() for _ in range(streams)]
+        return [compiled.create_infer_request() for _ in range(self.streams)]
 
     def _request(self, args: Sequence[np.ndarray]) -> list:
         """The requests for a batch of ``args``' shapes: on rows of one width, a graph compiled for exactly
@@ -166,8 +150,8 @@ class OpenVINOForward(ConvertedForward):
         run them, is converted again from the full width."""
         first = self.example(batch)
         examples = [first] + ([tuple(t[:2] for t in batch)] if first[0].shape[1] < batch[0].shape[1] else [])
+        rows = self.check_rows(batch)
         for k, example in enumerate(examples):
-            rows = tuple(t[: max(1, min(CHECK_ROWS, CHECK_TOKENS // batch[0].shape[1]))] for t in batch)
             try:
                 model = self._convert(example)
                 if self.dtype in INT8_DTYPES:
@@ -179,20 +163,9 @@ class OpenVINOForward(ConvertedForward):
                 if k + 1 == len(examples):
                     raise
                 continue  # a graph the cut example fixes to its width (a vision model's grid): the full width
-            with torch.inference_mode():
-                ref = self.eager(*rows).float().numpy()
-            self.error = relative_error(ours, ref)
-            if self.error <= TOLERANCE[self.dtype]:
+            if self.compare(ours, rows) <= TOLERANCE[self.dtype]:
                 break
-        steps = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
-        self.log(
-            f"openvino: {steps}; features within {self.error:.1e} of PyTorch float32 on {len(ours)} rows"
-        )
-        if not self.error <= TOLERANCE[self.dtype]:
-            raise BackboneError(
-                f"the OpenVINO engine's features differ from PyTorch's by {self.error:.2g} (relative, worst depth; "
-                f"at most {TOLERANCE[self.dtype]:g} is accepted for {self.dtype}); pass --engine torch"
-            )
+        self.accept("openvino", len(ours))
 
     def _widen(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """``(tokens, lengths, readout)`` with the tokens widened to ``width`` positions by repeating each

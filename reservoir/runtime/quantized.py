@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from reservoir.model.devices import DTYPES
 from reservoir.runtime import records
-from reservoir.runtime.dtypes import FLOATS, ROWS, best_of, candidates
+from reservoir.runtime.dtypes import ROWS, best_of, candidates
 
 #: int8's probe accuracy must be within this many points of float32's on MNIST and on CIFAR-10
 ACCURACY_BAR = 0.5
@@ -65,7 +66,7 @@ def block_rates(width: int, threads: int) -> dict[str, float]:
     :data:`HEAD_WIDTH`) in ``--dtype int8``'s recipe on OpenVINO and in each float path here:
     ``{"openvino int8": r, "openvino bfloat16": r, "torch float32": r, ...}``, each the fastest call over
     :data:`ROUNDS` interleaved rounds."""
-    from reservoir.runtime.engines import DYNAMIC_GROUP, INT8_FLOAT, import_openvino
+    from reservoir.runtime.engines import cpu_config, import_openvino
 
     ov = import_openvino()
     try:
@@ -117,23 +118,13 @@ def block_rates(width: int, threads: int) -> dict[str, float]:
         mixed = ops.reshape(mixed, ops.constant(np.array([rows, TOKENS, width], np.int64)), False)
         h = ops.add(source, linear(mixed, "out"))
         out = ops.add(h, linear(ops.gelu(linear(norm(h), "up"), "tanh"), "down"))
-        props = ov.properties
-        fast = {"float32": ov.Type.f32, "bfloat16": ov.Type.bf16, "float16": ov.Type.f16}
-        config: dict[Any, Any] = {
-            props.inference_num_threads: threads,
-            props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
-            props.hint.inference_precision: fast[INT8_FLOAT if int8 else dtype],
-        }
-        if int8:
-            # OpenVINO 2024 parses only a string as unsigned
-            config[props.hint.dynamic_quantization_group_size] = str(DYNAMIC_GROUP)
         model = ov.Model([out], [source])
-        request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
+        request = ov.Core().compile_model(model, "CPU", cpu_config(dtype, threads)).create_infer_request()
         return lambda: request.infer({0: x})
 
     def pytorch(dtype: str) -> Callable[[], Any]:
         f = torch.nn.functional
-        kind = FLOATS[dtype]
+        kind = DTYPES[dtype]
         w = {k: torch.from_numpy(v).to(kind) for k, v in weights.items()}
         source = torch.from_numpy(x).to(kind)
 

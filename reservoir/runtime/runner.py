@@ -175,13 +175,10 @@ def resolve(features: np.ndarray | Pending) -> np.ndarray:
     return features
 
 
-#: the torch dtype each ``--store-dtype`` is handed in (bfloat16 as its bits, int16: numpy has no bfloat16)
-STORE_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
 def stored(features: torch.Tensor, store: str) -> torch.Tensor:
-    """``features`` rounded to ``store`` (:data:`STORE_TORCH`) where they are, bfloat16 viewed as int16."""
-    out = features.to(STORE_TORCH[store])
+    """``features`` rounded to ``store`` (a ``--store-dtype``, :data:`~reservoir.model.devices.DTYPES`) where they
+    are, bfloat16 viewed as int16 (numpy has no bfloat16)."""
+    out = features.to(DTYPES[store])
     return out.view(torch.int16) if store == "bfloat16" else out
 
 

@@ -166,7 +166,7 @@ def test_features_rounded_on_the_card_equal_its_float32_features_rounded_by_torc
     """--store-dtype converts on the device, before the copy back: the bits equal rounding the card's float32
     features on the host, and the writer keeps them as they come."""
     from reservoir.extract.stored import STORED, as_float32, to_stored
-    from reservoir.runtime.runner import STORE_TORCH
+    from reservoir.model.devices import DTYPES
 
     backbone = tiny("gpt2", folder)
     runner = FeatureRunner.build(
@@ -177,9 +177,7 @@ def test_features_rounded_on_the_card_equal_its_float32_features_rounded_by_torc
     full = resolve(runner.run_async(batch, "float32"))
     kept = to_stored(resolve(runner.run_async(runner.prepare(tokens[:4], lengths[:4]), store)), store)
     assert kept.dtype == STORED[store]
-    np.testing.assert_array_equal(
-        as_float32(kept), torch.from_numpy(full).to(STORE_TORCH[store]).float().numpy()
-    )
+    np.testing.assert_array_equal(as_float32(kept), torch.from_numpy(full).to(DTYPES[store]).float().numpy())
 
 
 def test_pinned_buffers_are_reused_across_batches(folder):

@@ -229,8 +229,6 @@ def label(name: str) -> str:
     return parse_name(name).label
 
 
-#: the torch dtypes frozen weights may be loaded in (``--load-dtype``)
-LOAD_DTYPES = DTYPES
 #: models handed over as objects (:func:`register_object`), by the name that stands for them
 OBJECTS: dict[str, nn.Module] = {}
 
@@ -293,18 +291,18 @@ def load_backbone(name: str, seed: int = 0, dtype: str = "float32") -> Backbone:
     either: ``NAME-random`` (same architecture from the config, default init, no weights read) or
     ``NAME-stats`` (each tensor drawn from a normal with the pretrained tensor's mean and std).
 
-    Random initialisations draw from ``seed``; the weights are kept in ``dtype`` (:data:`LOAD_DTYPES`:
-    a pretrained folder's are read in it, so bfloat16 and float16 take half of float32's memory); the
-    model is returned in eval mode.
+    Random initialisations draw from ``seed``; the weights are kept in ``dtype`` (a key of
+    :data:`~reservoir.model.devices.DTYPES`: a pretrained folder's are read in it, so bfloat16 and float16
+    take half of float32's memory); the model is returned in eval mode.
 
     Examples
     --------
     >>> load_backbone("lstm").n_layers
     3
     """
-    if dtype not in LOAD_DTYPES:
-        raise UsageError(f"load dtype {dtype!r} is not one of {list(LOAD_DTYPES)}")
-    torch_dtype = LOAD_DTYPES[dtype]
+    if dtype not in DTYPES:
+        raise UsageError(f"load dtype {dtype!r} is not one of {list(DTYPES)}")
+    torch_dtype = DTYPES[dtype]
     parsed = parse_name(name)
     if parsed.source == "object":
         return from_object(name, torch_dtype).eval()

@@ -20,7 +20,7 @@ from torch import nn
 
 from reservoir.errors import UsageError
 from reservoir.model.backbones.base import Backbone, Capabilities, weight_std
-from reservoir.settings import Interval, OneOf, check, constraints, setting
+from reservoir.settings import Interval, OneOf, setting, validate
 
 #: the reservoir's nonlinearity: ``identity`` makes it a linear reservoir (memory capacity's reference case)
 ACTIVATIONS = {"tanh": torch.tanh, "identity": lambda x: x}
@@ -50,8 +50,7 @@ class ESNConfig:
     activation: str = setting("tanh", OneOf(tuple(ACTIVATIONS)))
 
     def __post_init__(self) -> None:
-        for name, rules in constraints(self).items():
-            check("the echo state network", name, getattr(self, name), *rules, obj=self, noun="setting")
+        validate(self, "the echo state network", noun="setting")
 
 
 VARIANTS = {"esn": ESNConfig(), "esn-deep": ESNConfig(layers=4)}
@@ -195,10 +194,6 @@ class ESNBackbone(Backbone):
         return {}  # fixed random weights: only the FPT's input and output layers train
 
 
-def build(cfg: ESNConfig, seed: int = 0) -> ESNBackbone:
-    return ESNBackbone(cfg, seed)
-
-
 def _register() -> None:
     """``esn`` and ``esn-deep`` by name, and any ``esn:KEY=VALUE,...`` setting."""
     from reservoir.model.backbones import SETTINGS, register_backbone
@@ -208,14 +203,14 @@ def _register() -> None:
             name,
             help=f"echo state network: {cfg.layers} reservoir(s) of {cfg.units} units, "
             f"spectral radius {cfg.sr}, leak rate {cfg.lr}",
-        )(lambda seed=0, _c=cfg: build(_c, seed))
+        )(lambda seed=0, _c=cfg: ESNBackbone(_c, seed))
     SETTINGS["esn:"] = parsed_builder
 
 
 def parsed_builder(name: str):
     """The builder of an ``esn:...`` name."""
     cfg = parse_name(name)
-    return lambda seed=0: build(cfg, seed)
+    return lambda seed=0: ESNBackbone(cfg, seed)
 
 
 _register()

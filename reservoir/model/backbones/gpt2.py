@@ -297,10 +297,6 @@ class NativeGPT2Backbone(GPT2Backbone):
         hf.save_pretrained(folder)
 
 
-def load_gpt2(path: str, seed: int = 0) -> GPT2Backbone:
-    return GPT2Backbone(load_model(path))
-
-
 def random_gpt2(seed: int = 0, **shape) -> NativeGPT2Backbone:
     """A GPT-2 of ``shape`` with its default initialisation drawn from ``seed``; built natively."""
     with seeded(seed):
@@ -317,7 +313,7 @@ def _register() -> None:
             help=f"pretrained GPT-2 ({shape['n_layer']} blocks x {shape['n_embd']}), hub id or cache",
             random=lambda seed=0, _s=shape: random_gpt2(seed, **_s),
             stats=True,
-        )(lambda seed=0, _n=name: load_gpt2(_n, seed))
+        )(lambda seed=0, _n=name: GPT2Backbone(load_model(_n)))
 
 
 _register()

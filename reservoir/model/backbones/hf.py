@@ -45,6 +45,7 @@ from reservoir.model.backbones.base import (
     params,
     quiet_transformers,
     seeded,
+    weight_std,
     without,
 )
 from reservoir.tasks.pickles import refused_by_torch
@@ -201,11 +202,7 @@ class HFBackbone(Backbone):
             nn.init.zeros_(self.wpe.weight)
             self.max_positions = n_pos
         weight = getattr(self.embedding, "weight", None)
-        self.token_std = (
-            float(weight.detach().double().std())
-            if isinstance(weight, torch.Tensor) and not weight.is_meta
-            else None
-        )
+        self.token_std = weight_std(weight) if isinstance(weight, torch.Tensor) else None
         self.drop_unused()
         if type(self) is HFBackbone and not quiet:
             print(
@@ -509,19 +506,16 @@ class HFBackbone(Backbone):
     @contextlib.contextmanager
     def eager_attention(self):
         before = getattr(self.config, "_attn_implementation", None)
-        setter = getattr(self.model, "set_attn_implementation", None)
-        if setter is not None:
-            setter("eager")
-        else:  # transformers < 5
-            self.config._attn_implementation = "eager"
+        # transformers < 5 has no setter: the config's field is set instead
+        use = getattr(self.model, "set_attn_implementation", None) or (
+            lambda name: setattr(self.config, "_attn_implementation", name)
+        )
+        use("eager")
         try:
             yield
         finally:
             if before is not None and before != "eager":
-                if setter is not None:
-                    setter(before)
-                else:
-                    self.config._attn_implementation = before
+                use(before)
 
     # -- saving -------------------------------------------------------------------------------------
     def check_saveable(self) -> None:
@@ -556,11 +550,7 @@ class HFBackbone(Backbone):
         missing, unexpected = model.load_state_dict(self.model.state_dict(), strict=False)
         missing = [k for k in missing if k not in names and not _in_pooler(model, k)]
         if missing or unexpected:
-            named = "; ".join(
-                f"{what}: {_few(keys)}"
-                for what, keys in (("missing", missing), ("unexpected", unexpected))
-                if keys
-            )
+            named = _named(("missing", missing), ("unexpected", unexpected))
             raise BackboneError(
                 f"this {self.config.model_type!r} backbone does not fit the model its config builds "
                 f"({named}); it cannot be saved as a folder"
@@ -648,11 +638,7 @@ def load_model(
     ]
     mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", [])]
     if missing or mismatched:
-        named = (
-            (f"missing: {_few(missing)}" if missing else "")
-            + ("; " if missing and mismatched else "")
-            + (f"wrongly shaped: {_few(mismatched)}" if mismatched else "")
-        )
+        named = _named(("missing", missing), ("wrongly shaped", mismatched))
         raise BackboneError(
             f"the weights in {path!r} do not fit its config ({named}); these parts would be random. "
             "Pass the folder save_pretrained wrote for this model, or the -random twin for random weights"
@@ -684,8 +670,13 @@ def _in_pooler(model: nn.Module, key: str) -> bool:
     return False
 
 
-def _few(keys: list[str], n: int = 4) -> str:
-    return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
+def _named(*groups: tuple[str, list[str]], n: int = 4) -> str:
+    """``what: k1, k2, k3, k4 and 5 more`` of each group of keys that has any, joined by ``; ``."""
+    return "; ".join(
+        f"{what}: {', '.join(keys[:n])}" + (f" and {len(keys) - n} more" if len(keys) > n else "")
+        for what, keys in groups
+        if keys
+    )
 
 
 def model_class(config):
