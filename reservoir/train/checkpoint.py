@@ -275,9 +275,7 @@ def load_checkpoint(
             "same options to resume it, or drop --resume to start over"
         )
     shapes = [tuple(t.shape) for t in obj["params"]]
-    if shapes != [
-        tuple(p.shape) for p in params
-    ]:  # an earlier version's run also listed blocks past --blocks
+    if shapes != [tuple(p.shape) for p in params]:  # an earlier version listed blocks past --blocks
         raise DataError(
             f"checkpoint {path} holds {len(shapes)} trainable tensors of other shapes than this run's "
             f"{len(params)} (it was written by an earlier version of the project); delete it to start over"

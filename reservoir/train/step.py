@@ -53,11 +53,9 @@ def scores(
             rows = np.arange(start, min(start + batch_size, len(d)))
             tokens, lengths, labels = (t.to(device) for t in batch_tensors(task, d, rows))
             loss, c = loss_and_correct(forward(tokens, lengths), labels)
-            correct, total, loss_sum = (
-                correct + int(c),
-                total + labels.numel(),
-                loss_sum + float(loss) * labels.numel(),
-            )
+            correct += int(c)
+            total += labels.numel()
+            loss_sum += float(loss) * labels.numel()
     return correct / total, loss_sum / total
 
 
