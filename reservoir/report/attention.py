@@ -24,6 +24,7 @@ from torch import nn
 
 from reservoir.errors import BackboneError, DataError, IdentityError, UsageError
 from reservoir.model.backbones.base import StopForward
+from reservoir.tasks import make_task
 
 
 class _Caught(StopForward):
@@ -160,7 +161,7 @@ def _checkpoint_model(path: Path, task_name: str, backbone_name: str):
             "differ); pass the same backbone folder or name"
         )
     model = FPT(
-        _task(task_name, ident["task_options"], seed).spec,
+        make_task(task_name, ident["task_options"], seed).spec,
         backbone,
         blocks=ident["blocks"],
         seed=seed,
@@ -178,12 +179,6 @@ def _checkpoint_model(path: Path, task_name: str, backbone_name: str):
         for p, value in zip(params, saved, strict=True):
             p.copy_(value)
     return model.reservoir, ident
-
-
-def _task(task_name: str, options: dict[str, Any], seed: int):
-    from reservoir.tasks import make_task
-
-    return make_task(task_name, options, seed)
 
 
 def first_layer_attention(
@@ -246,9 +241,9 @@ def first_layer_attention(
         )
     if checkpoint is not None:
         reservoir, ident = _checkpoint_model(Path(checkpoint), task_name, backbone_name)
-        task = _task(task_name, ident["task_options"], ident["run_seed"])
+        task = make_task(task_name, ident["task_options"], ident["run_seed"])
     else:
-        task = _task(task_name, {}, seed)
+        task = make_task(task_name, {}, seed)
         backbone = load_backbone(backbone_name, seed)
         reservoir = Reservoir(task.spec, backbone, seed=seed, input_scale=parse_input_scale(input_scale))
     try:
