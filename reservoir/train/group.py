@@ -28,7 +28,7 @@ from reservoir.train.batched import (
     saved_bytes,
 )
 from reservoir.train.checkpoint import augments
-from reservoir.train.data import Batch, Batches, Splits, batch_tensors, epoch_order, train_width
+from reservoir.train.data import Batch, Batches, Splits, batch_tensors, train_width
 from reservoir.train.model import FPT, select_trainable
 from reservoir.train.run import Evaluation, Member, load_model, trainable
 from reservoir.train.seeds import generator_states, run_generators
@@ -48,17 +48,9 @@ class GroupBatches(Batches):
 
     def __init__(self, task: Task, data: SplitData, batch_size: int, device: torch.device, **options: Any):
         super().__init__(task, data, 0, batch_size, device, **options)  # each run's seed is its plan's
-        self._orders: dict[int, tuple[int, np.ndarray]] = {}  # the worker thread's alone
-
-    def run_rows(self, seed: int, step: int) -> np.ndarray:
-        """Run ``seed``'s training rows of its step ``step``, as :meth:`Batches.rows` gives them alone."""
-        epoch, i = divmod(step, self.per_epoch)
-        if self._orders.get(seed, (-1,))[0] != epoch:
-            self._orders[seed] = (epoch, epoch_order(seed, epoch, len(self.data)))
-        return self._orders[seed][1][i * self.batch_size : (i + 1) * self.batch_size]
 
     def _build(self, plan: tuple[tuple[int, int], ...]) -> Batch:
-        by_run = [(self.run_rows(seed, step), seed, step) for seed, step in plan]
+        by_run = [(self.rows(step, seed), seed, step) for seed, step in plan]
         rows = np.concatenate([r for r, _, _ in by_run])
         inputs = np.concatenate([self.inputs(*run) for run in by_run]) if self.augment else None
         batch = batch_tensors(self.task, self.data, rows, self.width, inputs)
@@ -227,9 +219,8 @@ class GroupRun:
         the runs of its learning rate with higher seeds."""
         if not self.unread:
             return
-        both = (
-            torch.stack([torch.stack([loss, norm]) for loss, norm in self.unread]).float().cpu()
-        )  # (S, 2, R)
+        # (steps, 2, runs): each step's losses and gradient norms
+        both = torch.stack([torch.stack([loss, norm]) for loss, norm in self.unread]).float().cpu()
         for r, m in enumerate(self.active):
             if m.stopped:
                 continue
@@ -279,21 +270,19 @@ class GroupRun:
             out.append((c / total, loss_sum / total))
         return out
 
-    def validate(self, members: list[Member]) -> list[Evaluation]:
-        """A validation pass of ``members``' current parameters, together; changes nothing of the runs."""
+    def validate(self, members: list[Member]) -> None:
+        """A validation pass of ``members``' current parameters, together, recorded for each
+        (:meth:`Member.record`); the steps must have been read."""
+        if not members:
+            return
         every = len(members) == self.stack.runs
         tensors = self.stack.tensors(None if every else self._index(members))
-        return [
-            Evaluation(m.state.step, acc, loss)
-            for m, (acc, loss) in zip(members, self.scores(members, self.data.val, tensors))
-        ]
+        for m, (acc, loss) in zip(members, self.scores(members, self.data.val, tensors)):
+            params = self.stack.params[self.active.index(m)]
+            m.record(self.cfg, Evaluation(m.state.step, acc, loss), params, self.log)
 
     def _index(self, members: list[Member]) -> torch.Tensor:
         return torch.tensor([self.active.index(m) for m in members], dtype=torch.long, device=self.device)
-
-    def record(self, m: Member, evaluation: Evaluation) -> None:
-        """Record ``evaluation`` for run ``m`` (:meth:`Member.record`); the steps must have been read."""
-        m.record(self.cfg, evaluation, self.stack.params[self.active.index(m)], self.log)
 
     def checkpoint(self, m: Member) -> None:
         """Count run ``m``'s time so far, then save it as it saves alone, with its own generator states (not
@@ -311,12 +300,9 @@ class GroupRun:
             return
         self.read()
         finishing = [m for m in members if not m.stopped]
-        unrecorded = [
-            m for m in finishing if not m.state.history or m.state.history[-1]["step"] != m.state.step
-        ]
-        if unrecorded:
-            for m, evaluation in zip(unrecorded, self.validate(unrecorded)):
-                self.record(m, evaluation)
+        self.validate(
+            [m for m in finishing if not m.state.history or m.state.history[-1]["step"] != m.state.step]
+        )
         finishing = [m for m in finishing if not m.stopped]
         if finishing:
             for m in finishing:
@@ -364,16 +350,9 @@ class GroupRun:
                 ]
                 if due:
                     self.read()
-                    due = [m for m in due if not m.stopped]
-                    for m, evaluation in zip(due, self.validate(due) if due else []):
-                        self.record(m, evaluation)
-                saving = [
-                    m
-                    for m in self.active
-                    if cfg.checkpoint_every and m.state.step % cfg.checkpoint_every == 0 and not m.state.done
-                ]
-                for m in saving:
-                    if not m.stopped:
+                    self.validate([m for m in due if not m.stopped])
+                for m in self.active:  # a run the read found diverged saves nothing (:meth:`checkpoint`)
+                    if cfg.checkpoint_every and m.state.step % cfg.checkpoint_every == 0 and not m.state.done:
                         self.checkpoint(m)
                 if on_step is not None:
                     on_step(max(m.state.step for m in self.active))

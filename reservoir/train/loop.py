@@ -1,17 +1,12 @@
 """The sweep of end-to-end FPT training: every (learning rate, seed) of a config trained (:func:`train`), the
-learning rate selected, the result written (and shown: :func:`summary`). Its parts: the data of a run
-(:mod:`reservoir.train.data`), a step and a scoring pass (:mod:`reservoir.train.step`), one run alone and the
-stopping rule (:mod:`reservoir.train.run`), and runs trained together (:mod:`reservoir.train.group`).
+learning rate selected, the result written (and shown: :func:`summary`).
 
 Unlike the official code (following the critique of Rothermel et al. 2021, whose conclusions flip with the
 learning rate): a seeded validation split selects the step and, in a sweep, the learning rate; test accuracy is
 computed once, on the whole test split, at the best validation step; every source of randomness draws from a
 named stream of the run's seed (:mod:`reservoir.train.seeds`) and is checkpointed, so a resumed run continues
-exactly where its checkpoint left it.
-
-Each step's loss and gradient norm stay on the device until the next validation pass or checkpoint reads them
-(:func:`reservoir.train.step.read_steps`). A step whose gradient norm is not finite is skipped on the device
-(fused Adam's ``found_inf``), and the read that finds it stops the run, naming the step. With
+exactly where its checkpoint left it. Losses stay on the device until a validation pass or checkpoint reads
+them, and a step whose gradients are not finite stops its run (:mod:`reservoir.train.step`). With
 ``save_backbone``, the trained backbone is saved as a backbone folder (:mod:`reservoir.train.export`).
 """
 
