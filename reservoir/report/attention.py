@@ -22,8 +22,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from reservoir.config import parse_input_scale
 from reservoir.errors import BackboneError, DataError, IdentityError, UsageError
+from reservoir.identity import task_label
+from reservoir.model.backbones import fingerprint as backbone_fingerprint
+from reservoir.model.backbones import freeze, load_backbone
+from reservoir.model.backbones import label as backbone_label
 from reservoir.model.backbones.base import StopForward
+from reservoir.model.reservoir import Reservoir, check_length
+from reservoir.paths import default_data_dir
 from reservoir.tasks import make_task
 
 
@@ -130,10 +137,6 @@ def token_labels(task, tokens: np.ndarray) -> list[str]:
 
 def _checkpoint_model(path: Path, task_name: str, backbone_name: str):
     """The trained FPT of a ``reservoir train`` checkpoint (best-validation parameters) and its identity."""
-    from reservoir.identity import task_label
-    from reservoir.model.backbones import fingerprint as backbone_fingerprint
-    from reservoir.model.backbones import label as backbone_label
-    from reservoir.model.backbones import load_backbone
     from reservoir.train.checkpoint import read_checkpoint
     from reservoir.train.model import FPT, select_trainable
 
@@ -227,11 +230,6 @@ def first_layer_attention(
     >>> w.shape, labels[:3]                                           # doctest: +SKIP
     ((12, 10, 10), ['1', '0', '1'])
     """
-    from reservoir.config import parse_input_scale
-    from reservoir.model.backbones import freeze, load_backbone
-    from reservoir.model.reservoir import Reservoir, check_length
-    from reservoir.paths import default_data_dir
-
     if example < 0 or layer < 0:
         raise UsageError(f"example and layer count from 0; got example {example}, layer {layer}")
     if limit is not None and example >= limit:

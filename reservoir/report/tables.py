@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from reservoir.probe.metrics import METRICS
+from reservoir.report.paper import CRITIQUE_SOURCE
 from reservoir.report.rows import (
     DataGroup,
     Row,
@@ -177,8 +178,6 @@ class Report:
     @property
     def who(self) -> str:
         """How cells name the source of the numbers beside ours: "paper", or "critique" (Rothermel et al.)."""
-        from reservoir.report.paper import CRITIQUE_SOURCE
-
         return "critique" if self.paper is not None and self.paper.source == CRITIQUE_SOURCE else "paper"
 
     def beside(self, row: Row, column: str, ours: str) -> str:
