@@ -340,12 +340,8 @@ class Report:
     # ---------------------------------------------------------------- task layout
     def task_table(self) -> str:
         ours = list(dict.fromkeys(r.task for r in self.rows))
-        if self.paper is not None:  # the paper's columns we have results for, then our tasks it lacks
-            tasks = [t for t in self.paper.columns if t in ours] + [
-                t for t in ours if t not in self.paper.columns
-            ]
-        else:
-            tasks = ours
+        columns = self.paper.columns if self.paper is not None else ()
+        tasks = [t for t in columns if t in ours] + [t for t in ours if t not in columns]  # the paper's first
         rules = self.depths
         settings: dict[tuple, dict[str, tuple[Row, str | int]]] = defaultdict(dict)
         for row in self.rows:

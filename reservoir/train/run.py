@@ -124,12 +124,10 @@ def advance(state: RunState, cfg: TrainConfig) -> None:
 def stall(state: RunState, cfg: TrainConfig) -> None:
     """End a run that made no progress in ``patience`` validation passes (:func:`advance`)."""
     if cfg.patience and state.evals_since_best >= cfg.patience:
-        state.done, state.stop_reason = (
-            True,
-            (
-                f"no validation accuracy {100 * ACC_PROGRESS:g} points higher, no validation loss {100 * LOSS_PROGRESS:g}% "
-                f"lower and no falling training loss in {cfg.patience} validation passes"
-            ),
+        state.done = True
+        state.stop_reason = (
+            f"no validation accuracy {100 * ACC_PROGRESS:g} points higher, no validation loss {100 * LOSS_PROGRESS:g}% "
+            f"lower and no falling training loss in {cfg.patience} validation passes"
         )
 
 
