@@ -34,10 +34,8 @@ from reservoir.train.checkpoint import (
     RunState,
     augments,
     check_resumable,
-    checkpoint_path,
     load_checkpoint,
-    run_identity,
-    run_name,
+    run_checkpoint,
     save_checkpoint,
     settings_identity,
 )
@@ -224,10 +222,11 @@ class Member:
         rng: dict[str, torch.Tensor] | None = None,
     ) -> Member:
         """The run ``(lr, seed)`` of a sweep whose :func:`~reservoir.train.checkpoint.settings_identity` is
-        ``shared``: its identity and checkpoint path."""
-        ident = run_identity(shared, backbone_fingerprint=fingerprint, blocks=blocks, lr=lr, seed=seed)
-        name = run_name(cfg, blocks, lr, seed)
-        return cls(lr, seed, name, ident, checkpoint_path(cfg.checkpoint_folder, name, ident), rng)
+        ``shared`` (:func:`~reservoir.train.checkpoint.run_checkpoint`)."""
+        ident, name, ckpt = run_checkpoint(
+            cfg, shared, backbone_fingerprint=fingerprint, blocks=blocks, lr=lr, seed=seed
+        )
+        return cls(lr, seed, name, ident, ckpt, rng)
 
     @property
     def tag(self) -> str:
@@ -385,8 +384,8 @@ class Member:
 
 class TrainingRun:
     """One (learning rate, seed) of ``train``: the model, its optimiser, its bookkeeping (:attr:`run`, a
-    :class:`Member`), and the steps the loop takes (:meth:`step`, :meth:`validate`, :meth:`record`,
-    :meth:`checkpoint`, :meth:`finish`).
+    :class:`Member`), and the steps the loop takes (:meth:`step`, :meth:`validate`, :meth:`checkpoint`,
+    :meth:`finish`).
 
     Building it loads the backbone (:func:`load_model`), checks the trainable groups, and resumes the
     checkpoint (``cfg.resume``) of the same run identity.
@@ -445,18 +444,15 @@ class TrainingRun:
         )
         self.unread.clear()
 
-    def validate(self) -> Evaluation:
-        """A validation pass of the current parameters; changes nothing of the run."""
+    def validate(self) -> None:
+        """A validation pass of the current parameters; then the steps are read and the pass recorded
+        (:meth:`Member.record`)."""
         self.model.eval()
         val, val_loss = scores(
             self.model, self.task, self.data.val, self.cfg.eval_batch_size, self.dtype, self.device
         )
-        return Evaluation(self.run.state.step, val, val_loss)
-
-    def record(self, evaluation: Evaluation) -> None:
-        """Read the steps, then record ``evaluation`` (:meth:`Member.record`)."""
         self.read()
-        self.run.record(self.cfg, evaluation, self.params, self.log)
+        self.run.record(self.cfg, Evaluation(self.run.state.step, val, val_loss), self.params, self.log)
 
     def checkpoint(self) -> None:
         """Read the steps, then save the run (:meth:`Member.save`)."""
@@ -523,13 +519,13 @@ def train_run(
                 shown.update()
                 step = state.step
                 if step % cfg.eval_every == 0 or step >= cfg.steps:
-                    training.record(training.validate())
+                    training.validate()
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not state.done:
                     training.checkpoint()
                 if on_step is not None:
                     on_step(step)
             if not state.history or state.history[-1]["step"] != state.step:  # stopped on time
-                training.record(training.validate())
+                training.validate()
         result = training.finish()
         if on_trained is not None:
             on_trained(training.model)
