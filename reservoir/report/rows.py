@@ -289,9 +289,7 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
             for depth, rs in row.by_depth.items():
                 if len(rs) > 1 and all(r.get("runs") for r in rs):
                     row.by_depth[depth] = [merge_seeds(rs)]
-    order = sorted(
-        rows, key=lambda k: (k[0], k[1], k[2], k[3], k[4], k[5] != "paper", k[5], k[6], k[7])
-    )  # paper scale first
+    order = sorted(rows, key=lambda k: (*k[:5], k[5] != "paper", *k[5:]))  # input scale "paper" first
     return [rows[k] for k in order], baselines
 
 
