@@ -266,9 +266,8 @@ class Member:
             check_resumable(ckpt, self.name, self.ident)
         if cfg.resume and ckpt.exists():
             self.state = state = load_checkpoint(ckpt, params, opt, self.ident, device, generators=self.rng)
-            if (
-                state.step > cfg.steps
-            ):  # its scores are of the longer run: reported as this one's, they mislead
+            # its scores are of the longer run: reported as this one's, they mislead
+            if state.step > cfg.steps:
                 raise IdentityError(
                     f"checkpoint {ckpt} has trained {state.step} steps, more than --steps {cfg.steps}; pass --steps "
                     f"{state.step} or more to resume it, or drop --resume to train {cfg.steps} steps from the start"
