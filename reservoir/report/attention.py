@@ -22,8 +22,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from reservoir.config import parse_input_scale
 from reservoir.errors import BackboneError, DataError, IdentityError, UsageError
+from reservoir.identity import task_label
+from reservoir.model.backbones import fingerprint as backbone_fingerprint
+from reservoir.model.backbones import freeze, load_backbone
+from reservoir.model.backbones import label as backbone_label
 from reservoir.model.backbones.base import StopForward
+from reservoir.model.reservoir import Reservoir, check_length
+from reservoir.paths import default_data_dir
+from reservoir.tasks import make_task
 
 
 class _Caught(StopForward):
@@ -129,10 +137,6 @@ def token_labels(task, tokens: np.ndarray) -> list[str]:
 
 def _checkpoint_model(path: Path, task_name: str, backbone_name: str):
     """The trained FPT of a ``reservoir train`` checkpoint (best-validation parameters) and its identity."""
-    from reservoir.identity import task_label
-    from reservoir.model.backbones import fingerprint as backbone_fingerprint
-    from reservoir.model.backbones import label as backbone_label
-    from reservoir.model.backbones import load_backbone
     from reservoir.train.checkpoint import read_checkpoint
     from reservoir.train.model import FPT, select_trainable
 
@@ -160,7 +164,7 @@ def _checkpoint_model(path: Path, task_name: str, backbone_name: str):
             "differ); pass the same backbone folder or name"
         )
     model = FPT(
-        _task(task_name, ident["task_options"], seed).spec,
+        make_task(task_name, ident["task_options"], seed).spec,
         backbone,
         blocks=ident["blocks"],
         seed=seed,
@@ -178,12 +182,6 @@ def _checkpoint_model(path: Path, task_name: str, backbone_name: str):
         for p, value in zip(params, saved, strict=True):
             p.copy_(value)
     return model.reservoir, ident
-
-
-def _task(task_name: str, options: dict[str, Any], seed: int):
-    from reservoir.tasks import make_task
-
-    return make_task(task_name, options, seed)
 
 
 def first_layer_attention(
@@ -232,11 +230,6 @@ def first_layer_attention(
     >>> w.shape, labels[:3]                                           # doctest: +SKIP
     ((12, 10, 10), ['1', '0', '1'])
     """
-    from reservoir.config import parse_input_scale
-    from reservoir.model.backbones import freeze, load_backbone
-    from reservoir.model.reservoir import Reservoir, check_length
-    from reservoir.paths import default_data_dir
-
     if example < 0 or layer < 0:
         raise UsageError(f"example and layer count from 0; got example {example}, layer {layer}")
     if limit is not None and example >= limit:
@@ -246,9 +239,9 @@ def first_layer_attention(
         )
     if checkpoint is not None:
         reservoir, ident = _checkpoint_model(Path(checkpoint), task_name, backbone_name)
-        task = _task(task_name, ident["task_options"], ident["run_seed"])
+        task = make_task(task_name, ident["task_options"], ident["run_seed"])
     else:
-        task = _task(task_name, {}, seed)
+        task = make_task(task_name, {}, seed)
         backbone = load_backbone(backbone_name, seed)
         reservoir = Reservoir(task.spec, backbone, seed=seed, input_scale=parse_input_scale(input_scale))
     try:

@@ -48,8 +48,7 @@ def _figure(figsize: tuple[float, float]):
 
 
 def _save(fig, path: Path | str) -> Path:
-    path = Path(path)
-    return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
+    return atomic_write(Path(path), lambda f: fig.savefig(f, format="png", dpi=DPI))
 
 
 def _colours(names: Sequence[str]) -> dict[str, Any]:
@@ -57,13 +56,6 @@ def _colours(names: Sequence[str]) -> dict[str, Any]:
 
     cmap = colormaps["tab10" if len(names) <= 10 else "tab20"]
     return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
-
-
-def _union(*keyed: dict[str, Any] | None) -> list[str]:
-    names: list[str] = []
-    for d in keyed:
-        names += [k for k in (d or {}) if k not in names]
-    return names
 
 
 def depth_plot(
@@ -110,7 +102,7 @@ def depth_plot(
     from matplotlib.ticker import MaxNLocator
 
     ax = fig.add_subplot()
-    colour = _colours(_union(curves, paper))
+    colour = _colours(list(dict.fromkeys([*curves, *(paper or {})])))
     depths: list[int] = []
     for name, curve in curves.items():
         xs = sorted(curve)

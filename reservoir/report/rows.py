@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.config import select_depths
+from reservoir.identity import digest
 from reservoir.probe.baselines import display_name
 from reservoir.probe.metrics import METRICS, Metric
 from reservoir.results import merge_seeds, with_scores
@@ -42,8 +43,6 @@ def input_scale(r: dict[str, Any]) -> str:
 
 def data_key(r: dict[str, Any]) -> str:
     """What a result (or a baseline) was computed on: its task, options and the digest of every split's rows."""
-    from reservoir.identity import digest
-
     identity = r.get("identity", {})
     return digest(
         {"task": r.get("task"), "options": identity.get("task_options"), "data": identity.get("data")}
@@ -196,8 +195,6 @@ def run_of(r: dict[str, Any]) -> str:
     """The producing run, short: every setting but what the seeds draw (:data:`SEED_DRAWN`,
     :data:`E2E_SEED_DRAWN`), so the seeds of one setting share a row, with a probe's fit settings
     (:func:`fit_settings`)."""
-    from reservoir.identity import digest
-
     identity = dict(r.get("identity", {}))
     end_to_end = r["mode"] == "end-to-end"
     first_seed = (identity.get("seeds") or [None])[0] if end_to_end else identity.get("seed")
@@ -267,8 +264,6 @@ def told_apart(r: dict[str, Any], differ: list[str]) -> str:
     seed = next(iter(sorted(seeds_of(r), key=str)))
     source = dict(zip(("data", "weights"), source_of(r, seed[0] if isinstance(seed, tuple) else seed)))
     if r["mode"] != "output-only" and "weights" in differ:  # several seeds' weights: one digest of them all
-        from reservoir.identity import digest
-
         source["weights"] = digest({"weights": r.get("identity", {}).get("backbone_fingerprints")})
     return ", ".join(f"{what} {source[what][:6]}" for what in differ)
 
@@ -294,9 +289,7 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
             for depth, rs in row.by_depth.items():
                 if len(rs) > 1 and all(r.get("runs") for r in rs):
                     row.by_depth[depth] = [merge_seeds(rs)]
-    order = sorted(
-        rows, key=lambda k: (k[0], k[1], k[2], k[3], k[4], k[5] != "paper", k[5], k[6], k[7])
-    )  # paper scale first
+    order = sorted(rows, key=lambda k: (*k[:5], k[5] != "paper", *k[5:]))  # input scale "paper" first
     return [rows[k] for k in order], baselines
 
 

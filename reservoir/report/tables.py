@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from reservoir.probe.metrics import METRICS
+from reservoir.report.paper import CRITIQUE_SOURCE
 from reservoir.report.rows import (
     DataGroup,
     Row,
@@ -38,9 +39,6 @@ from reservoir.report.rows import (
     pct,
     score_text,
 )
-from reservoir.results import (
-    load_results,  # noqa: F401  (report's entry point reads through it)
-)
 
 #: how an output-only setting's depth is picked in the task layout (or a depth number), and the label of each
 DEPTH_RULES = {"chosen": "depth chosen on validation", "last": "last depth"}
@@ -56,6 +54,16 @@ def baseline_text(b: dict[str, Any]) -> str:
     if b.get("other_fit"):
         text += " (not fitted at the probes' seeds and held-out share)"
     return text
+
+
+def table_line(cells: list[str]) -> str:
+    """One line of a markdown table."""
+    return "| " + " | ".join(cells) + " |"
+
+
+def table_head(cells: list[str]) -> list[str]:
+    """The heading line of a markdown table and the rule under it."""
+    return [table_line(cells), "|" + "---|" * len(cells)]
 
 
 def rule_label(rule: str | int) -> str:
@@ -151,9 +159,8 @@ class Report:
     ):
         self.rows, self.baselines = collect(results)
         self.paper, self.paper_rows = paper, dict(paper_rows or {})
-        self.depths = tuple(depths) or (
-            "chosen",
-        )  # the task layout's rules for output-only rows (DEPTH_RULES)
+        #: the task layout's rules for output-only rows (DEPTH_RULES)
+        self.depths = tuple(depths) or ("chosen",)
         self.records: list[dict[str, Any]] = []  # the CSV, one line per cell
         self.labels = row_labels(self.rows)
 
@@ -171,8 +178,6 @@ class Report:
     @property
     def who(self) -> str:
         """How cells name the source of the numbers beside ours: "paper", or "critique" (Rothermel et al.)."""
-        from reservoir.report.paper import CRITIQUE_SOURCE
-
         return "critique" if self.paper is not None and self.paper.source == CRITIQUE_SOURCE else "paper"
 
     def beside(self, row: Row, column: str, ours: str) -> str:
@@ -265,16 +270,14 @@ class Report:
             )
             classes = classes_line(rows)
             lines = [title, "", *([classes, ""] if classes else [])]
-            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += table_head(head)
             groups, every = self.groups(task), data_groups(rows, task, every_mode=True)
             if len(every) <= 1:  # one data: its rows, then its baselines
                 lines += self.row_lines(rows, depths)
                 lines += [line for g in groups for line in self.baseline_lines(g, len(depths))]
             else:  # each data under a line naming it, with its own baselines
                 for group in every:
-                    lines.append(
-                        "| " + " | ".join([f"*data: {group.label}*"] + [""] * (len(head) - 1)) + " |"
-                    )
+                    lines.append(table_line([f"*data: {group.label}*"] + [""] * (len(head) - 1)))
                     lines += self.row_lines(group.rows, depths)
                     probes = next((g for g in groups if g.keys == group.keys), None)
                     lines += self.baseline_lines(probes, len(depths), say_missing=True) if probes else []
@@ -307,13 +310,11 @@ class Report:
                 paper=self.paper_number(row, str(c)),
             )
             lines.append(
-                "| "
-                + " | ".join(
+                table_line(
                     [self.label(row), row.head, row.size]
                     + cells
                     + [str(c), row.text(mean, std, n), f"{row.text(row.spread(b)[0])} (d{b})"]
                 )
-                + " |"
             )
         return lines
 
@@ -324,18 +325,14 @@ class Report:
         for b in found:
             label = f"baseline: {baseline_name(b)}"
             n = f"{b['n_train']}/{b['n_test']}"
-            lines.append(
-                "| " + " | ".join([label, b["head"], n] + [""] * n_depths + ["", baseline_text(b), ""]) + " |"
-            )
+            lines.append(table_line([label, b["head"], n] + [""] * n_depths + ["", baseline_text(b), ""]))
             self.record_baseline(b, group.task, "baseline", group.label)
         if not found and say_missing:
             lines.append(
-                "| "
-                + " | ".join(
+                table_line(
                     ["baselines: none found for this data (fit its features with baselines)", "", ""]
                     + [""] * (n_depths + 3)
                 )
-                + " |"
             )
             self.record_missing(group, "baseline")
         return lines
@@ -343,14 +340,8 @@ class Report:
     # ---------------------------------------------------------------- task layout
     def task_table(self) -> str:
         ours = list(dict.fromkeys(r.task for r in self.rows))
-        if (
-            self.paper is not None
-        ):  # the paper's columns we have results for, then our tasks the paper's table lacks
-            tasks = [t for t in self.paper.columns if t in ours] + [
-                t for t in ours if t not in self.paper.columns
-            ]
-        else:
-            tasks = ours
+        columns = self.paper.columns if self.paper is not None else ()
+        tasks = [t for t in columns if t in ours] + [t for t in ours if t not in columns]  # the paper's first
         rules = self.depths
         settings: dict[tuple, dict[str, tuple[Row, str | int]]] = defaultdict(dict)
         for row in self.rows:
@@ -360,7 +351,7 @@ class Report:
                     label += f", {rule_label(rule)}"
                 settings[(label, row.head)][row.task] = (row, rule)
         head = ["setting", "head"] + [f"{t} (n train/test)" for t in tasks]
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines = table_head(head)
         for (label, headname), by_task in settings.items():
             cells = []
             for t in tasks:
@@ -433,7 +424,7 @@ class Report:
                     **({"lr": lr} if lr is not None else {}),
                     **extra,
                 )
-            lines.append("| " + " | ".join([label, headname] + cells) + " |")
+            lines.append(table_line([label, headname] + cells))
         # a line per baseline and head (and per data, where a task mixes data)
         by_name: dict[tuple[str, str], dict[str, tuple[dict[str, Any] | None, DataGroup]]] = defaultdict(dict)
         for t in tasks:
@@ -462,7 +453,7 @@ class Report:
                 else:
                     cells.append(f"{baseline_text(b)} ({b['n_train']}/{b['n_test']})")
                     self.record_baseline(b, t, t, g.label)
-            lines.append("| " + " | ".join([label, headname] + cells) + " |")
+            lines.append(table_line([label, headname] + cells))
         return "\n".join(lines) + self.sweep_table()
 
     def sweep_table(self) -> str:
@@ -485,8 +476,7 @@ class Report:
             "Test accuracy at each learning rate of the sweep (mean ± std over seeds, validation in "
             "brackets); **bold**: the rate chosen on validation.",
             "",
-            "| " + " | ".join(head) + " |",
-            "|" + "---|" * len(head),
+            *table_head(head),
         ]
         for row, r in swept:
             cells = []
@@ -500,7 +490,7 @@ class Report:
                     std = f" ± {100 * cell['test_std']:.1f}" if len(r.get("seeds", [0])) > 1 else ""
                     text = f"{pct(cell['test_mean'])}{std} [{pct(cell['val_mean'])}]"
                     cells.append(f"**{text}**" if lr == f"{r['lr']:g}" else text)
-            lines.append("| " + " | ".join([self.label(row), row.task] + cells) + " |")
+            lines.append(table_line([self.label(row), row.task] + cells))
         return "\n".join(lines)
 
     def markdown(self, layout: str) -> str:

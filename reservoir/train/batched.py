@@ -151,23 +151,26 @@ def _runs(x: torch.Tensor, b: Bound) -> tuple[torch.Tensor, ...]:
     return x.chunk(b.runs)
 
 
+def _by_run(module: nn.Module, slots: dict[str, int], fn: Callable, x: torch.Tensor) -> torch.Tensor:
+    """``fn(rows, weight, bias)`` of each bound run's rows of ``x`` with that run's ``weight`` and ``bias``
+    (:func:`_tensor`), joined."""
+    b = bound()
+    return torch.cat(
+        [
+            fn(xr, _tensor(module, slots, "weight", b, r), _tensor(module, slots, "bias", b, r))
+            for r, xr in enumerate(_runs(x, b))
+        ]
+    )
+
+
 def _linear(module: nn.Module, slots: dict[str, int]) -> tuple[Callable, Callable]:
-    def weights(b: Bound, r: int):
-        return _tensor(module, slots, "weight", b, r), _tensor(module, slots, "bias", b, r)
-
-    def forward(x):
-        b = bound()
-        return torch.cat([F.linear(xr, *weights(b, r)) for r, xr in enumerate(_runs(x, b))])
-
     def columns(x, start, stop):  # reservoir.model.backbones.base.columns of nn.Linear
-        b = bound()
-        out = []
-        for r, xr in enumerate(_runs(x, b)):
-            w, bias = weights(b, r)
-            out.append(F.linear(xr, w[start:stop], None if bias is None else bias[start:stop]))
-        return torch.cat(out)
+        def linear(xr, w, bias):
+            return F.linear(xr, w[start:stop], None if bias is None else bias[start:stop])
 
-    return forward, columns
+        return _by_run(module, slots, linear, x)
+
+    return (lambda x: _by_run(module, slots, F.linear, x)), columns
 
 
 def _conv1d(module: nn.Module, slots: dict[str, int]) -> tuple[Callable, Callable]:
@@ -176,48 +179,17 @@ def _conv1d(module: nn.Module, slots: dict[str, int]) -> tuple[Callable, Callabl
     def product(xr, w, bias):
         return torch.addmm(bias, xr.reshape(-1, xr.shape[-1]), w).view(*xr.shape[:-1], w.shape[-1])
 
-    def forward(x):
-        b = bound()
-        return torch.cat(
-            [
-                product(xr, _tensor(module, slots, "weight", b, r), _tensor(module, slots, "bias", b, r))
-                for r, xr in enumerate(_runs(x, b))
-            ]
-        )
-
     def columns(x, start, stop):  # reservoir.model.backbones.base.columns of Conv1D
-        b = bound()
-        return torch.cat(
-            [
-                product(
-                    xr,
-                    _tensor(module, slots, "weight", b, r)[:, start:stop],
-                    _tensor(module, slots, "bias", b, r)[start:stop],
-                )
-                for r, xr in enumerate(_runs(x, b))
-            ]
-        )
+        return _by_run(module, slots, lambda xr, w, bias: product(xr, w[:, start:stop], bias[start:stop]), x)
 
-    return forward, columns
+    return (lambda x: _by_run(module, slots, product, x)), columns
 
 
 def _layer_norm(module: nn.LayerNorm, slots: dict[str, int]) -> tuple[Callable, None]:
-    def forward(x):
-        b = bound()
-        return torch.cat(
-            [
-                F.layer_norm(
-                    xr,
-                    module.normalized_shape,
-                    _tensor(module, slots, "weight", b, r),
-                    _tensor(module, slots, "bias", b, r),
-                    module.eps,
-                )
-                for r, xr in enumerate(_runs(x, b))
-            ]
-        )
+    def norm(xr, w, bias):
+        return F.layer_norm(xr, module.normalized_shape, w, bias, module.eps)
 
-    return forward, None
+    return (lambda x: _by_run(module, slots, norm, x)), None
 
 
 def _embedding(module: nn.Embedding, slots: dict[str, int]) -> tuple[Callable, None]:

@@ -108,25 +108,20 @@ def settings_identity(cfg: TrainConfig, task, data, left_out: list[int] = ()) ->
     }
 
 
-def run_identity(
-    shared: dict[str, Any], *, backbone_fingerprint: str, blocks: int, lr: float, seed: int
-) -> dict[str, Any]:
-    """The identity of one (learning rate, seed) run."""
-    return {
+def run_checkpoint(
+    cfg: TrainConfig, shared: dict[str, Any], *, backbone_fingerprint: str, blocks: int, lr: float, seed: int
+) -> tuple[dict[str, Any], str, Path]:
+    """The identity of one (learning rate, seed) run of a sweep whose :func:`settings_identity` is ``shared``,
+    its readable name, and the path of its checkpoint (the name and the identity's digest)."""
+    identity = {
         **shared,
         "backbone_fingerprint": backbone_fingerprint,
         "blocks": blocks,
         "run_lr": lr,
         "run_seed": seed,
     }
-
-
-def run_name(cfg: TrainConfig, blocks: int, lr: float, seed: int) -> str:
-    return f"{'-'.join(cfg.trainable)}_blocks{blocks}_lr{lr:g}_seed{seed}"
-
-
-def checkpoint_path(folder: Path, name: str, identity: dict[str, Any]) -> Path:
-    return Path(folder) / f"{name}-{digest(identity)}.pt"
+    name = f"{'-'.join(cfg.trainable)}_blocks{blocks}_lr{lr:g}_seed{seed}"
+    return identity, name, Path(cfg.checkpoint_folder) / f"{name}-{digest(identity)}.pt"
 
 
 def check_resumable(path: Path, name: str, identity: dict[str, Any]) -> None:
@@ -275,9 +270,7 @@ def load_checkpoint(
             "same options to resume it, or drop --resume to start over"
         )
     shapes = [tuple(t.shape) for t in obj["params"]]
-    if shapes != [
-        tuple(p.shape) for p in params
-    ]:  # an earlier version's run also listed blocks past --blocks
+    if shapes != [tuple(p.shape) for p in params]:  # an earlier version listed blocks past --blocks
         raise DataError(
             f"checkpoint {path} holds {len(shapes)} trainable tensors of other shapes than this run's "
             f"{len(params)} (it was written by an earlier version of the project); delete it to start over"

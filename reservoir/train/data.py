@@ -46,9 +46,7 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
     if not test_names:
         raise DataError(f"task {task.name!r} declares no test split (splits {list(task.spec.splits)})")
     train = task.load("train", data_dir, cfg.limit, cfg.seed)
-    held_out = not any(
-        s in task.spec.splits for s in ("val", "valid")
-    )  # else the task's own validation split
+    held_out = not any(s in task.spec.splits for s in ("val", "valid"))  # no validation split of its own
     check_train_split(
         f"task {task.spec.name!r}",
         train.labels,
@@ -133,16 +131,18 @@ class Batches:
         self.width = train_width(task, data, dropout)
         self.per_epoch = max(1, len(data) // batch_size)
         self.pin = device.type == "cuda"
-        self._order: tuple[int, np.ndarray | None] = (-1, None)  # the worker thread's alone
+        self._orders: dict[int, tuple[int, np.ndarray]] = {}  # by seed: the worker thread's alone
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reservoir-batches")
         self._ahead: tuple[int, Future] | None = None
 
-    def rows(self, step: int) -> np.ndarray:
-        """The training rows of step ``step`` (0-based): a function of (seed, step) alone."""
+    def rows(self, step: int, seed: int | None = None) -> np.ndarray:
+        """The training rows of step ``step`` (0-based) of run ``seed`` (default: this one's): a function of
+        (seed, step) alone."""
+        seed = self.seed if seed is None else seed
         epoch, i = divmod(step, self.per_epoch)
-        if epoch != self._order[0]:
-            self._order = (epoch, epoch_order(self.seed, epoch, len(self.data)))
-        return self._order[1][i * self.batch_size : (i + 1) * self.batch_size]
+        if self._orders.get(seed, (-1,))[0] != epoch:
+            self._orders[seed] = (epoch, epoch_order(seed, epoch, len(self.data)))
+        return self._orders[seed][1][i * self.batch_size : (i + 1) * self.batch_size]
 
     def inputs(self, rows: np.ndarray, seed: int, step: int) -> np.ndarray | None:
         """Run ``seed``'s raw inputs of ``rows`` at ``step``, augmented; ``None`` where it does not augment."""

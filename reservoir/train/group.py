@@ -6,20 +6,14 @@ and :func:`group_size`. Each run follows the stopping rule it follows alone
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from reservoir.config import TrainConfig
-from reservoir.errors import UsageError
-from reservoir.model.backbones import fingerprint as backbone_fingerprint
 from reservoir.model.backbones import load_backbone
-from reservoir.model.reservoir import check_length
 from reservoir.progress import bar
 from reservoir.runtime import machine
 from reservoir.tasks import SplitData, Task
@@ -33,18 +27,10 @@ from reservoir.train.batched import (
     same_buffers,
     saved_bytes,
 )
-from reservoir.train.checkpoint import (
-    RunState,
-    augments,
-    checkpoint_path,
-    load_checkpoint,
-    run_identity,
-    run_name,
-    save_checkpoint,
-)
-from reservoir.train.data import Batch, Batches, Splits, batch_tensors, epoch_order, train_width
-from reservoir.train.model import FPT, format_counts, param_counts, select_trainable
-from reservoir.train.run import Evaluation, note_evaluation, resume_state, run_result, stop_reason
+from reservoir.train.checkpoint import augments
+from reservoir.train.data import Batch, Batches, Splits, batch_tensors, train_width
+from reservoir.train.model import FPT, select_trainable
+from reservoir.train.run import Evaluation, Member, load_model, trainable
 from reservoir.train.seeds import generator_states, run_generators
 from reservoir.train.step import (
     Diverged,
@@ -62,17 +48,9 @@ class GroupBatches(Batches):
 
     def __init__(self, task: Task, data: SplitData, batch_size: int, device: torch.device, **options: Any):
         super().__init__(task, data, 0, batch_size, device, **options)  # each run's seed is its plan's
-        self._orders: dict[int, tuple[int, np.ndarray]] = {}  # the worker thread's alone
-
-    def run_rows(self, seed: int, step: int) -> np.ndarray:
-        """Run ``seed``'s training rows of its step ``step``, as :meth:`Batches.rows` gives them alone."""
-        epoch, i = divmod(step, self.per_epoch)
-        if self._orders.get(seed, (-1,))[0] != epoch:
-            self._orders[seed] = (epoch, epoch_order(seed, epoch, len(self.data)))
-        return self._orders[seed][1][i * self.batch_size : (i + 1) * self.batch_size]
 
     def _build(self, plan: tuple[tuple[int, int], ...]) -> Batch:
-        by_run = [(self.run_rows(seed, step), seed, step) for seed, step in plan]
+        by_run = [(self.rows(step, seed), seed, step) for seed, step in plan]
         rows = np.concatenate([r for r, _, _ in by_run])
         inputs = np.concatenate([self.inputs(*run) for run in by_run]) if self.augment else None
         batch = batch_tensors(self.task, self.data, rows, self.width, inputs)
@@ -87,41 +65,15 @@ class GroupBatches(Batches):
         return current.result()
 
 
-@dataclasses.dataclass
-class Member:
-    """One run of a :class:`GroupRun`: its settings, state, checkpoint and generator states, and its ``outcome``."""
-
-    lr: float
-    seed: int
-    tag: str
-    ident: dict[str, Any]
-    ckpt: Path
-    rng: dict[str, torch.Tensor]
-    state: RunState = dataclasses.field(default_factory=RunState)
-    clock: tuple[float, int] = (0.0, 0)
-    outcome: dict[str, Any] | Diverged | None = None
-    #: left unfinished: a run of the same learning rate and a lower seed diverged (the rate is set aside)
-    dropped: bool = False
-
-    @property
-    def seconds(self) -> float:
-        """Seconds of training so far, earlier stretches of a resumed run included."""
-        return self.state.seconds + time.perf_counter() - self.clock[0]
-
-    @property
-    def stopped(self) -> bool:
-        return self.outcome is not None or self.dropped
-
-
 class GroupRun:
     """Runs (learning rate, seed) of ``train`` trained together (:mod:`reservoir.train.batched`): each step one
     forward and backward over every run's batch, each run with its own Adam, clipping, data order and dropout
     generators. A run leaves the group when it meets its stopping rule, ``--steps`` or ``--max-time``, or
     diverges; it writes the checkpoint and returns the result it would alone, with ``batch_runs``.
 
-    Building it builds each seed's model as :class:`~reservoir.train.run.TrainingRun` does, stacks what
-    differs, checks the stacked forward against each run's own model (:attr:`mismatch` says why not, and the
-    runs must then train one after another) and resumes each run's checkpoint under ``cfg.resume``.
+    Building it loads each seed's model (:func:`~reservoir.train.run.load_model`), stacks what differs, checks
+    the stacked forward against each run's own model (:attr:`mismatch` says why not, and the runs must then
+    train one after another) and resumes each run's checkpoint under ``cfg.resume``.
     """
 
     #: validation rows the stacked forward is held against each run's own model on
@@ -153,18 +105,7 @@ class GroupRun:
         for seed in seeds:
             log(f"{self.tag} loading backbone {cfg.backbone} (seed {seed}) ...")
             with run_generators(seed, device):
-                backbone = load_backbone(cfg.backbone, seed)
-                check_length(task.spec, backbone, cfg.backbone)
-                blocks = self._blocks(backbone)
-                fingerprint = backbone_fingerprint(backbone)
-                model = FPT(
-                    task.spec,
-                    backbone,
-                    blocks=blocks,
-                    seed=seed,
-                    input_scale=cfg.input_scale,
-                    dropout=cfg.dropout,
-                ).to(device)
+                model, fingerprint = load_model(cfg, task, seed, device)
                 states = generator_states(device)
             model.eval()
             with torch.inference_mode():
@@ -182,15 +123,10 @@ class GroupRun:
                 "values": values,
                 "reference": reference,
             }
-            del model, backbone
+            del model
         assert template is not None
         self.blocks = template.blocks
-        params, notes = select_trainable(template, cfg.trainable)
-        for note in notes:
-            log(note)
-        self.counts = param_counts(template)
-        if show_counts:
-            log(format_counts(self.counts))
+        params, self.counts = trainable(template, cfg, log, show_counts)
         named = dict(template.named_parameters())
         by_id = {id(p): n for n, p in named.items()}
         trained = [by_id[id(p)] for p in params]
@@ -209,50 +145,30 @@ class GroupRun:
         if self.mismatch:
             return
         self.members = [
-            Member(
-                lr,
-                seed,
-                f"[lr={lr:g} seed={seed}]",
-                run_identity(
-                    shared,
-                    backbone_fingerprint=built[seed]["fingerprint"],
-                    blocks=self.blocks,
-                    lr=lr,
-                    seed=seed,
-                ),
-                Path(),
-                {k: v.clone() for k, v in built[seed]["rng"].items()},
+            Member.of(
+                cfg,
+                shared,
+                fingerprint=built[seed]["fingerprint"],
+                blocks=self.blocks,
+                lr=lr,
+                seed=seed,
+                rng={k: v.clone() for k, v in built[seed]["rng"].items()},
             )
             for lr, seed in runs
         ]
         #: each run's Adam, over its parameters in the stack
         self.opts = [optimizer(params, m.lr) for params, m in zip(self.stack.params, self.members)]
-        for r, m in enumerate(self.members):
-            name = run_name(cfg, self.blocks, m.lr, m.seed)
-            m.ckpt = checkpoint_path(cfg.checkpoint_folder, name, m.ident)
-            m.state = resume_state(cfg, m.ckpt, name, m.ident, lambda r=r, m=m: self._load(r, m), log, m.tag)
+        for params, opt, m in zip(self.stack.params, self.opts, self.members):
+            m.resume(cfg, params, opt, device, log)
         self.dtype = train_dtype(cfg.dtype, device, template.backbone.d_model, log, self.tag)
         if cfg.compile:
             log(f"{self.tag} trains eager: --compile compiles a run trained alone (--concurrent-runs 1)")
-        for m in self.members:
-            for seen, now in ((m.state.dtypes, self.dtype), (m.state.machines, machine.on(device))):
-                if not seen or seen[-1] != now:
-                    seen.append(now)
         self.active = list(self.members)
         #: (losses, gradient norms) device tensors ``(runs,)`` of the steps since the last read (:meth:`read`)
         self.unread: list[tuple[torch.Tensor, torch.Tensor]] = []
-        began = time.perf_counter()
         for m in self.members:
-            m.clock = (began, m.state.step)
-
-    def _blocks(self, backbone) -> int:
-        blocks = backbone.n_layers if self.cfg.blocks is None else self.cfg.blocks
-        if not 0 <= blocks <= backbone.n_layers:
-            raise UsageError(
-                f"--blocks {blocks}: backbone {self.cfg.backbone} has {backbone.n_layers} blocks; "
-                f"choose 0 to {backbone.n_layers} (or leave it out to run them all)"
-            )
-        return blocks
+            m.runs_on(self.dtype, device)
+            m.start()
 
     def _check(self, probe: list[torch.Tensor], references: list[torch.Tensor]) -> str:
         """Why the stacked forward of the probe rows is not each run's own (``""``: it is, to float tolerance)."""
@@ -273,17 +189,6 @@ class GroupRun:
                     "outside its module's forward"
                 )
         return ""
-
-    def _load(self, r: int, m: Member) -> RunState:
-        """Run ``r``'s checkpoint into its parameters in the stack, its Adam and its generator states."""
-        return load_checkpoint(
-            m.ckpt, self.stack.params[r], self.opts[r], m.ident, self.device, generators=m.rng
-        )
-
-    def running(self, m: Member) -> bool:
-        cfg = self.cfg
-        out_of_time = cfg.max_time is not None and m.seconds >= cfg.max_time
-        return not m.stopped and not m.state.done and m.state.step < cfg.steps and not out_of_time
 
     def step(self, batch: Batch) -> None:
         """One step of every active run on ``batch``: one forward and backward, then each run's :func:`optimize`."""
@@ -314,9 +219,8 @@ class GroupRun:
         the runs of its learning rate with higher seeds."""
         if not self.unread:
             return
-        both = (
-            torch.stack([torch.stack([loss, norm]) for loss, norm in self.unread]).float().cpu()
-        )  # (S, 2, R)
+        # (steps, 2, runs): each step's losses and gradient norms
+        both = torch.stack([torch.stack([loss, norm]) for loss, norm in self.unread]).float().cpu()
         for r, m in enumerate(self.active):
             if m.stopped:
                 continue
@@ -366,32 +270,19 @@ class GroupRun:
             out.append((c / total, loss_sum / total))
         return out
 
-    def validate(self, members: list[Member]) -> list[Evaluation]:
-        """A validation pass of ``members``' current parameters, together; changes nothing of the runs."""
+    def validate(self, members: list[Member]) -> None:
+        """A validation pass of ``members``' current parameters, together, recorded for each
+        (:meth:`Member.record`); the steps must have been read."""
+        if not members:
+            return
         every = len(members) == self.stack.runs
         tensors = self.stack.tensors(None if every else self._index(members))
-        return [
-            Evaluation(m.state.step, acc, loss)
-            for m, (acc, loss) in zip(members, self.scores(members, self.data.val, tensors))
-        ]
+        for m, (acc, loss) in zip(members, self.scores(members, self.data.val, tensors)):
+            params = self.stack.params[self.active.index(m)]
+            m.record(self.cfg, Evaluation(m.state.step, acc, loss), params, self.log)
 
     def _index(self, members: list[Member]) -> torch.Tensor:
         return torch.tensor([self.active.index(m) for m in members], dtype=torch.long, device=self.device)
-
-    def record(self, m: Member, evaluation: Evaluation) -> None:
-        """Record ``evaluation`` for run ``m`` (:func:`note_evaluation`); the steps must have been read."""
-        r = self.active.index(m)
-        began, first = m.clock
-        note_evaluation(
-            m.state,
-            self.cfg,
-            evaluation,
-            lambda: [p.detach().clone() for p in self.stack.params[r]],
-            self.log,
-            m.tag,
-            rate=(m.state.step - first) / max(time.perf_counter() - began, 1e-9),
-            elapsed=m.seconds,
-        )
 
     def checkpoint(self, m: Member) -> None:
         """Count run ``m``'s time so far, then save it as it saves alone, with its own generator states (not
@@ -399,10 +290,8 @@ class GroupRun:
         self.read()
         if m.stopped:  # the read found it diverged: a diverged run keeps no checkpoint, as alone
             return
-        m.state.seconds = m.seconds
-        m.clock = (time.perf_counter(), m.state.step)
         r = self.active.index(m)
-        save_checkpoint(m.ckpt, self.stack.params[r], self.opts[r], m.state, m.ident, self.device, rng=m.rng)
+        m.save(self.stack.params[r], self.opts[r], self.device)
 
     def leave(self, members: list[Member]) -> None:
         """``members`` leave the group: each finished one validates if needed, checkpoints and is scored on the
@@ -411,38 +300,18 @@ class GroupRun:
             return
         self.read()
         finishing = [m for m in members if not m.stopped]
-        unrecorded = [
-            m for m in finishing if not m.state.history or m.state.history[-1]["step"] != m.state.step
-        ]
-        if unrecorded:
-            for m, evaluation in zip(unrecorded, self.validate(unrecorded)):
-                self.record(m, evaluation)
+        self.validate(
+            [m for m in finishing if not m.state.history or m.state.history[-1]["step"] != m.state.step]
+        )
         finishing = [m for m in finishing if not m.stopped]
         if finishing:
-            why = {id(m): stop_reason(m.state, self.cfg) for m in finishing}
             for m in finishing:
                 assert m.state.best_params is not None, "the last step always runs a validation pass"
                 self.checkpoint(m)
             best = self.stack.best(self._index(finishing), [m.state.best_params for m in finishing])
             for m, (test, _) in zip(finishing, self.scores(finishing, self.data.test, best)):
-                self.log(
-                    f"{m.tag} {why[id(m)]}; best val {100 * m.state.best_val:.2f}% at step {m.state.best_step}, "
-                    f"test {100 * test:.2f}%"
-                )
-                m.outcome = {
-                    **run_result(
-                        m.state,
-                        lr=m.lr,
-                        seed=m.seed,
-                        blocks=self.blocks,
-                        test=test,
-                        why=why[id(m)],
-                        counts=self.counts,
-                        ckpt=m.ckpt,
-                        fingerprint=m.ident["backbone_fingerprint"],
-                    ),
-                    "batch_runs": self.size,
-                }
+                result = m.result(self.cfg, blocks=self.blocks, test=test, counts=self.counts, log=self.log)
+                m.outcome = {**result, "batch_runs": self.size}
         leaving = {id(m) for m in members}
         kept = [r for r, m in enumerate(self.active) if id(m) not in leaving]
         self.active = [self.active[r] for r in kept]
@@ -458,7 +327,7 @@ class GroupRun:
     def train(self, on_step: Callable[[int], None] | None, progress: bool) -> None:
         """Step, validate, record and checkpoint each run as it would alone, until every run has left."""
         cfg = self.cfg
-        self.leave([m for m in self.active if not self.running(m)])  # resumed finished
+        self.leave([m for m in self.active if not m.running(cfg)])  # resumed finished
         if not self.active:
             return
         start = min(m.state.step for m in self.active)
@@ -481,20 +350,13 @@ class GroupRun:
                 ]
                 if due:
                     self.read()
-                    due = [m for m in due if not m.stopped]
-                    for m, evaluation in zip(due, self.validate(due) if due else []):
-                        self.record(m, evaluation)
-                saving = [
-                    m
-                    for m in self.active
-                    if cfg.checkpoint_every and m.state.step % cfg.checkpoint_every == 0 and not m.state.done
-                ]
-                for m in saving:
-                    if not m.stopped:
+                    self.validate([m for m in due if not m.stopped])
+                for m in self.active:  # a run the read found diverged saves nothing (:meth:`checkpoint`)
+                    if cfg.checkpoint_every and m.state.step % cfg.checkpoint_every == 0 and not m.state.done:
                         self.checkpoint(m)
                 if on_step is not None:
                     on_step(max(m.state.step for m in self.active))
-                leaving = [m for m in self.active if not self.running(m)]
+                leaving = [m for m in self.active if not m.running(cfg)]
                 if leaving:
                     self.leave(leaving)
 

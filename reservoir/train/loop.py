@@ -1,17 +1,12 @@
 """The sweep of end-to-end FPT training: every (learning rate, seed) of a config trained (:func:`train`), the
-learning rate selected, the result written (and shown: :func:`summary`). Its parts: the data of a run
-(:mod:`reservoir.train.data`), a step and a scoring pass (:mod:`reservoir.train.step`), one run alone and the
-stopping rule (:mod:`reservoir.train.run`), and runs trained together (:mod:`reservoir.train.group`).
+learning rate selected, the result written (and shown: :func:`summary`).
 
 Unlike the official code (following the critique of Rothermel et al. 2021, whose conclusions flip with the
 learning rate): a seeded validation split selects the step and, in a sweep, the learning rate; test accuracy is
 computed once, on the whole test split, at the best validation step; every source of randomness draws from a
 named stream of the run's seed (:mod:`reservoir.train.seeds`) and is checkpointed, so a resumed run continues
-exactly where its checkpoint left it.
-
-Each step's loss and gradient norm stay on the device until the next validation pass or checkpoint reads them
-(:func:`reservoir.train.step.read_steps`). A step whose gradient norm is not finite is skipped on the device
-(fused Adam's ``found_inf``), and the read that finds it stops the run, naming the step. With
+exactly where its checkpoint left it. Losses stay on the device until a validation pass or checkpoint reads
+them, and a step whose gradients are not finite stops its run (:mod:`reservoir.train.step`). With
 ``save_backbone``, the trained backbone is saved as a backbone folder (:mod:`reservoir.train.export`).
 """
 
@@ -40,26 +35,6 @@ from reservoir.train.run import TIMED_OUT, stopped_by, train_run
 from reservoir.train.step import Diverged
 
 
-def _sweep_runs(
-    cfg: TrainConfig,
-    lr: float,
-    seeds: list[int],
-    run: Callable[[float, int], dict[str, Any]],
-    log: Callable[[str], None],
-) -> list[dict[str, Any]] | str:
-    """The runs of one learning rate, or (in a sweep) why it diverged: its other seeds are skipped."""
-    out = []
-    for seed in seeds:
-        try:
-            out.append(run(lr, seed))
-        except Diverged as e:
-            if len(cfg.lr) == 1:
-                raise
-            log(f"{e}; learning rate {lr:g} set aside, the sweep goes on")
-            return str(e)
-    return out
-
-
 def _train_groups(
     cfg: TrainConfig,
     task: Task,
@@ -72,10 +47,12 @@ def _train_groups(
     log: Callable[[str], None],
     shared: dict[str, Any],
     progress: bool,
+    on_trained: Callable[[FPT], None] | None,
 ) -> dict[tuple[float, int], dict[str, Any] | Diverged | None]:
-    """The runs ``pairs`` trained in groups of ``size`` (:func:`train_group`; a group that cannot train
-    together trains one after another): each run's result or :class:`Diverged`. Once a run diverged, the runs of
-    its learning rate not yet started never start."""
+    """The runs ``pairs`` trained in groups of ``size`` (:func:`train_group`; a group of one, or one that cannot
+    train together, trains one after another: :func:`train_run`): each run's result, :class:`Diverged` or
+    ``None`` (dropped). A rate whose run diverged is set aside, as it is found: the runs of it not yet started
+    never start; where it is the only rate, its :class:`Diverged` is raised."""
     outcomes: dict[tuple[float, int], dict[str, Any] | Diverged | None] = {}
     pending = list(pairs)
     while pending:
@@ -98,40 +75,26 @@ def _train_groups(
                     continue
                 try:
                     done[(lr, seed)] = train_run(
-                        cfg, task, data, lr=lr, seed=seed, show_counts=(lr, seed) == pairs[0], **common
+                        cfg,
+                        task,
+                        data,
+                        lr=lr,
+                        seed=seed,
+                        show_counts=(lr, seed) == pairs[0],
+                        on_trained=on_trained,
+                        **common,
                     )
                 except Diverged as e:
                     done[(lr, seed)] = e
             done = {k: {**o, "batch_runs": 1} if isinstance(o, dict) else o for k, o in done.items()}
-        outcomes.update(done)
-    return outcomes
-
-
-def _sweep_outcomes(
-    cfg: TrainConfig,
-    seeds: list[int],
-    outcomes: dict[tuple[float, int], dict[str, Any] | Diverged | None],
-    log: Callable[[str], None],
-) -> tuple[dict[float, list[dict[str, Any]]], dict[float, str]]:
-    """The runs of each learning rate and the rates set aside, from the runs' ``outcomes``, as
-    :func:`_sweep_runs` gives them: a rate whose run diverged is set aside (raised where it is the only rate)."""
-    runs: dict[float, list[dict[str, Any]]] = {}
-    diverged: dict[float, str] = {}
-    for lr in cfg.lr:
-        done = []
-        for seed in seeds:
-            outcome = outcomes.get((lr, seed))
-            if isinstance(outcome, Diverged):
+        for (lr, _), outcome in done.items():  # the first diverged run of a rate (by seed) sets it aside
+            if isinstance(outcome, Diverged) and lr not in aside:
                 if len(cfg.lr) == 1:
                     raise outcome
                 log(f"{outcome}; learning rate {lr:g} set aside, the sweep goes on")
-                diverged[lr] = str(outcome)
-                break
-            assert isinstance(outcome, dict), "a run is dropped only after a lower seed of its rate diverged"
-            done.append(outcome)
-        else:
-            runs[lr] = done
-    return runs, diverged
+                aside.add(lr)
+        outcomes.update(done)
+    return outcomes
 
 
 def train(
@@ -160,50 +123,35 @@ def train(
     shared = settings_identity(cfg, task, data.named(), data.left_out)
     log = lambda msg: log_line(msg, progress)  # noqa: E731
     seeds = list(range(cfg.seed, cfg.seed + cfg.seeds))
-    runs: dict[float, list[dict[str, Any]]] = {}
     trained: list[FPT] = []  # the one run's model, when its backbone is saved (config: one lr, one seed)
     keep = trained.append if cfg.save_backbone is not None else None
-    diverged: dict[float, str] = {}
     pairs = [(lr, s) for lr in cfg.lr for s in seeds]
     size = group_size(cfg, task, data, device, len(pairs), log)
-    if size > 1:
-        outcomes = _train_groups(
-            cfg,
-            task,
-            data,
-            pairs,
-            size,
-            device=device,
-            on_step=on_step,
-            log=log,
-            shared=shared,
-            progress=progress,
-        )
-        runs, diverged = _sweep_outcomes(cfg, seeds, outcomes, log)
-    for lr in cfg.lr if size == 1 else ():
-        done = _sweep_runs(
-            cfg,
-            lr,
-            seeds,
-            lambda lr, s: train_run(
-                cfg,
-                task,
-                data,
-                lr=lr,
-                seed=s,
-                progress=progress,
-                on_step=on_step,
-                log=log,
-                show_counts=(lr, s) == (cfg.lr[0], seeds[0]),
-                shared=shared,
-                on_trained=keep,
-            ),
-            log,
-        )
-        if isinstance(done, str):
-            diverged[lr] = done
+    outcomes = _train_groups(
+        cfg,
+        task,
+        data,
+        pairs,
+        size,
+        device=device,
+        on_step=on_step,
+        log=log,
+        shared=shared,
+        progress=progress,
+        on_trained=keep,
+    )
+    runs: dict[float, list[dict[str, Any]]] = {}
+    diverged: dict[float, str] = {}
+    for lr in cfg.lr:
+        done = [outcomes.get((lr, seed)) for seed in seeds]
+        why = next((o for o in done if isinstance(o, Diverged)), None)
+        if why is not None:
+            diverged[lr] = str(why)
         else:
-            runs[lr] = [{**r, "batch_runs": 1} for r in done]
+            assert all(isinstance(o, dict) for o in done), (
+                "a run is dropped only after a lower seed of its rate diverged"
+            )
+            runs[lr] = done
     if not runs:
         raise DataError(
             f"every learning rate of the sweep diverged ({', '.join(f'{lr:g}' for lr in cfg.lr)}); "

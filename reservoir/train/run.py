@@ -1,6 +1,7 @@
 """One run (learning rate, seed) of end-to-end training, alone: :func:`train_run` and :class:`TrainingRun`
-(the model, its optimiser, state and checkpoint; its steps, validation passes and records), and the stopping
-rule every run follows, alone or trained together (:func:`advance`).
+(the model, its optimiser; its steps, validation passes and records); and what every run does alone or trained
+together: its model (:func:`load_model`), its bookkeeping (:class:`Member`: state, checkpoint, records, result)
+and the stopping rule (:func:`advance`).
 
 A run stops at ``steps``, after ``patience`` validation passes without progress (:func:`advance`), or
 when validation accuracy reaches ``stop_at`` (by default 100%).
@@ -33,17 +34,15 @@ from reservoir.train.checkpoint import (
     RunState,
     augments,
     check_resumable,
-    checkpoint_path,
     load_checkpoint,
-    run_identity,
-    run_name,
+    run_checkpoint,
     save_checkpoint,
     settings_identity,
 )
 from reservoir.train.data import Batch, Batches, Splits
 from reservoir.train.model import FPT, format_counts, param_counts, select_trainable
 from reservoir.train.seeds import run_generators
-from reservoir.train.step import evaluate, optimizer, read_steps, scores, train_dtype, train_step
+from reservoir.train.step import Diverged, evaluate, optimizer, read_steps, scores, train_dtype, train_step
 
 #: the relative fall of the lowest validation loss that counts as progress for ``patience``
 LOSS_PROGRESS = 1e-3
@@ -123,12 +122,10 @@ def advance(state: RunState, cfg: TrainConfig) -> None:
 def stall(state: RunState, cfg: TrainConfig) -> None:
     """End a run that made no progress in ``patience`` validation passes (:func:`advance`)."""
     if cfg.patience and state.evals_since_best >= cfg.patience:
-        state.done, state.stop_reason = (
-            True,
-            (
-                f"no validation accuracy {100 * ACC_PROGRESS:g} points higher, no validation loss {100 * LOSS_PROGRESS:g}% "
-                f"lower and no falling training loss in {cfg.patience} validation passes"
-            ),
+        state.done = True
+        state.stop_reason = (
+            f"no validation accuracy {100 * ACC_PROGRESS:g} points higher, no validation loss {100 * LOSS_PROGRESS:g}% "
+            f"lower and no falling training loss in {cfg.patience} validation passes"
         )
 
 
@@ -151,165 +148,38 @@ def stop_at_again(state: RunState, cfg: TrainConfig, ckpt: Path) -> None:
         stall(state, cfg)
 
 
-def note_evaluation(
-    state: RunState,
-    cfg: TrainConfig,
-    evaluation: Evaluation,
-    params: Callable[[], list[torch.Tensor]],
-    log: Callable[[str], None],
-    tag: str,
-    *,
-    rate: float,
-    elapsed: float,
-) -> None:
-    """Record ``evaluation`` in the history of ``state`` (with the mean training loss since the last), the best
-    step and its parameters (``params()``: copies of the trainable tensors) and the stopping rule (:func:`advance`);
-    one line of log."""
-    state.history.append(
-        {
-            "step": evaluation.step,
-            "loss": float(np.mean(state.pending_losses)),
-            "val_accuracy": evaluation.accuracy,
-            "val_loss": evaluation.loss,
-        }
-    )
-    state.pending_losses.clear()
-    if evaluation.accuracy > state.best_val:
-        state.best_val, state.best_step = evaluation.accuracy, evaluation.step
-        state.best_params = params()
-    advance(state, cfg)
-    log(
-        f"{tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, "
-        f"val loss {evaluation.loss:.4f}, val {100 * evaluation.accuracy:.2f}% "
-        f"(best {100 * state.best_val:.2f}% at {state.best_step}), {rate:.2f} steps/s, {elapsed:.0f}s"
-    )
-
-
-def resume_state(
-    cfg: TrainConfig,
-    ckpt: Path,
-    name: str,
-    ident: dict[str, Any],
-    load: Callable[[], RunState],
-    log: Callable[[str], None],
-    tag: str,
-) -> RunState:
-    """The state a run starts from: under ``--resume``, its checkpoint's (``load()`` restores it), under this
-    ``--stop-at`` (:func:`stop_at_again`); a fresh one otherwise."""
-    state = RunState()
-    if cfg.resume:
-        check_resumable(ckpt, name, ident)
-    if cfg.resume and ckpt.exists():
-        state = load()
-        if state.step > cfg.steps:  # its scores are of the longer run: reported as this one's, they mislead
-            raise IdentityError(
-                f"checkpoint {ckpt} has trained {state.step} steps, more than --steps {cfg.steps}; pass --steps "
-                f"{state.step} or more to resume it, or drop --resume to train {cfg.steps} steps from the start"
-            )
-        stop_at_again(state, cfg, ckpt)
-        log(
-            f"{tag} resumed {ckpt} at step {state.step}"
-            + (" (finished)" if state.done or state.step >= cfg.steps else "")
+def load_model(cfg: TrainConfig, task: Task, seed: int, device: torch.device) -> tuple[FPT, str]:
+    """Run ``seed``'s FPT on ``device``, and its backbone's fingerprint (taken before the FPT draws its zero
+    positions). The backbone is checked for the task's length, ``--blocks`` and (``--save-backbone``) saving."""
+    backbone = load_backbone(cfg.backbone, seed)
+    check_length(task.spec, backbone, cfg.backbone)
+    if cfg.save_backbone is not None:
+        backbone.check_saveable()  # before it trains
+    blocks = backbone.n_layers if cfg.blocks is None else cfg.blocks
+    if not 0 <= blocks <= backbone.n_layers:
+        raise UsageError(
+            f"--blocks {blocks}: backbone {cfg.backbone} has {backbone.n_layers} blocks; "
+            f"choose 0 to {backbone.n_layers} (or leave it out to run them all)"
         )
-    elif ckpt.exists():
-        log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
-    elif cfg.resume:
-        others = sorted(p.name for p in ckpt.parent.glob("*.pt"))
-        log(
-            f"{tag} --resume: no checkpoint of this run in {ckpt.parent}, starting at step 0"
-            + (
-                f" (it holds {len(others)} of other runs, e.g. {others[0]}: another --lr, --trainable, "
-                "--blocks or --seed names another run)"
-                if others
-                else ""
-            )
-        )
-    return state
+    fingerprint = backbone_fingerprint(backbone)
+    model = FPT(
+        task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale, dropout=cfg.dropout
+    ).to(device)
+    return model, fingerprint
 
 
-def stop_reason(state: RunState, cfg: TrainConfig) -> str:
-    """Why a run that leaves its loop stopped: its stopping rule, ``--max-time`` or ``--steps``."""
-    if state.done:
-        return state.stop_reason
-    if state.step < cfg.steps:
-        return TIMED_OUT.format(cfg.max_time, state.step)
-    return f"reached --steps {cfg.steps}"
-
-
-def run_result(
-    state: RunState,
-    *,
-    lr: float,
-    seed: int,
-    blocks: int,
-    test: float,
-    why: str,
-    counts: list[dict[str, Any]],
-    ckpt: Path,
-    fingerprint: str,
-) -> dict[str, Any]:
-    """The result of one finished run, scored ``test`` at its best validation step, stopped for ``why``."""
-    return {
-        "lr": lr,
-        "seed": seed,
-        "blocks": blocks,
-        "test_accuracy": test,
-        "val_accuracy": state.best_val,
-        "best_step": state.best_step,
-        "steps": state.step,
-        "steps_to_target": state.steps_to_target,
-        "stop_reason": why,
-        "seconds": state.seconds,
-        "dtypes": state.dtypes,
-        "machines": state.machines,
-        "history": state.history,
-        "param_counts": counts,
-        "checkpoint": str(ckpt),
-        "backbone_fingerprint": fingerprint,
-    }
-
-
-def train_run(
-    cfg: TrainConfig,
-    task: Task,
-    data: Splits,
-    *,
-    lr: float,
-    seed: int,
-    progress: bool = True,
-    on_step: Callable[[int], None] | None = None,
-    log: Callable[[str], None] | None = None,
-    show_counts: bool = False,
-    shared: dict[str, Any] | None = None,
-    on_trained: Callable[[FPT], None] | None = None,
-) -> dict[str, Any]:
-    """Train one (learning rate, seed); returns its scores and bookkeeping.
-
-    ``on_step(step)`` is called after every step (after any checkpoint of that step); an exception it
-    raises interrupts the run as a kill would. ``on_trained(model)`` is called at the end with the
-    parameters of the best validation step. ``shared`` is the sweep's
-    :func:`~reservoir.train.checkpoint.settings_identity` (computed here when not given).
-    """
-    if log is None:
-        log = lambda msg: log_line(msg, progress)  # noqa: E731
-    if shared is None:
-        shared = settings_identity(cfg, task, data.named(), data.left_out)
-    device = resolve_device(cfg.device)
-    with run_generators(seed, device):
-        return _train_run(
-            cfg,
-            task,
-            data,
-            lr=lr,
-            seed=seed,
-            device=device,
-            on_step=on_step,
-            log=log,
-            show_counts=show_counts,
-            shared=shared,
-            on_trained=on_trained,
-            progress=progress,
-        )
+def trainable(
+    model: FPT, cfg: TrainConfig, log: Callable[[str], None], show_counts: bool
+) -> tuple[list[torch.nn.Parameter], list[dict[str, Any]]]:
+    """The parameters ``cfg.trainable`` selects (:func:`~reservoir.train.model.select_trainable`, its notes
+    logged) and the model's parameter counts (logged with ``show_counts``)."""
+    params, notes = select_trainable(model, cfg.trainable)
+    for note in notes:
+        log(note)
+    counts = param_counts(model)
+    if show_counts:
+        log(format_counts(counts))
+    return params, counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,11 +191,202 @@ class Evaluation:
     loss: float
 
 
-class TrainingRun:
-    """One (learning rate, seed) of ``train``: the model, its optimiser, its state and checkpoint, and the
-    steps the loop takes (:meth:`step`, :meth:`validate`, :meth:`record`, :meth:`checkpoint`, :meth:`finish`).
+@dataclasses.dataclass
+class Member:
+    """The bookkeeping of one run (learning rate, seed), alone (:class:`TrainingRun`) or in a group
+    (:class:`reservoir.train.group.GroupRun`): its identity, checkpoint, state, the clock of this stretch
+    (when and at which step it began), and in a group its own generator states ``rng`` and its ``outcome``."""
 
-    Building it loads the backbone, checks ``--blocks`` and the trainable groups, and resumes the
+    lr: float
+    seed: int
+    name: str
+    ident: dict[str, Any]
+    ckpt: Path
+    rng: dict[str, torch.Tensor] | None = None
+    state: RunState = dataclasses.field(default_factory=RunState)
+    clock: tuple[float, int] = (0.0, 0)
+    outcome: dict[str, Any] | Diverged | None = None
+    #: left unfinished: a run of the same learning rate and a lower seed diverged (the rate is set aside)
+    dropped: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        cfg: TrainConfig,
+        shared: dict[str, Any],
+        *,
+        fingerprint: str,
+        blocks: int,
+        lr: float,
+        seed: int,
+        rng: dict[str, torch.Tensor] | None = None,
+    ) -> Member:
+        """The run ``(lr, seed)`` of a sweep whose :func:`~reservoir.train.checkpoint.settings_identity` is
+        ``shared`` (:func:`~reservoir.train.checkpoint.run_checkpoint`)."""
+        ident, name, ckpt = run_checkpoint(
+            cfg, shared, backbone_fingerprint=fingerprint, blocks=blocks, lr=lr, seed=seed
+        )
+        return cls(lr, seed, name, ident, ckpt, rng)
+
+    @property
+    def tag(self) -> str:
+        return f"[lr={self.lr:g} seed={self.seed}]"
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of training so far, earlier stretches of a resumed run included."""
+        return self.state.seconds + time.perf_counter() - self.clock[0]
+
+    @property
+    def stopped(self) -> bool:
+        return self.outcome is not None or self.dropped
+
+    def start(self) -> None:
+        """Begin a stretch of training at the current step."""
+        self.clock = (time.perf_counter(), self.state.step)
+
+    def running(self, cfg: TrainConfig) -> bool:
+        out_of_time = cfg.max_time is not None and self.seconds >= cfg.max_time
+        return not self.stopped and not self.state.done and self.state.step < cfg.steps and not out_of_time
+
+    def resume(
+        self,
+        cfg: TrainConfig,
+        params: list[torch.nn.Parameter],
+        opt: torch.optim.Optimizer,
+        device: torch.device,
+        log: Callable[[str], None],
+    ) -> None:
+        """Set the state the run starts from: under ``--resume``, its checkpoint's (restored into ``params``,
+        ``opt`` and the generators: :func:`~reservoir.train.checkpoint.load_checkpoint`), under this
+        ``--stop-at`` (:func:`stop_at_again`); a fresh one otherwise."""
+        ckpt, tag = self.ckpt, self.tag
+        self.state = RunState()
+        if cfg.resume:
+            check_resumable(ckpt, self.name, self.ident)
+        if cfg.resume and ckpt.exists():
+            self.state = state = load_checkpoint(ckpt, params, opt, self.ident, device, generators=self.rng)
+            # its scores are of the longer run: reported as this one's, they mislead
+            if state.step > cfg.steps:
+                raise IdentityError(
+                    f"checkpoint {ckpt} has trained {state.step} steps, more than --steps {cfg.steps}; pass --steps "
+                    f"{state.step} or more to resume it, or drop --resume to train {cfg.steps} steps from the start"
+                )
+            stop_at_again(state, cfg, ckpt)
+            log(
+                f"{tag} resumed {ckpt} at step {state.step}"
+                + (" (finished)" if state.done or state.step >= cfg.steps else "")
+            )
+        elif ckpt.exists():
+            log(f"{tag} starting over; {ckpt} will be replaced (pass --resume to continue it)")
+        elif cfg.resume:
+            others = sorted(p.name for p in ckpt.parent.glob("*.pt"))
+            log(
+                f"{tag} --resume: no checkpoint of this run in {ckpt.parent}, starting at step 0"
+                + (
+                    f" (it holds {len(others)} of other runs, e.g. {others[0]}: another --lr, --trainable, "
+                    "--blocks or --seed names another run)"
+                    if others
+                    else ""
+                )
+            )
+
+    def runs_on(self, dtype: str, device: torch.device) -> None:
+        """Note the compute dtype and the machine of this stretch where they differ from the last ones."""
+        for seen, now in ((self.state.dtypes, dtype), (self.state.machines, machine.on(device))):
+            if not seen or seen[-1] != now:
+                seen.append(now)
+
+    def record(
+        self,
+        cfg: TrainConfig,
+        evaluation: Evaluation,
+        params: Sequence[torch.Tensor],
+        log: Callable[[str], None],
+    ) -> None:
+        """Record ``evaluation`` in the history (with the mean training loss since the last), the best step and
+        a copy of its parameters ``params``, and the stopping rule (:func:`advance`); one line of log. The
+        steps must have been read."""
+        state = self.state
+        began, first = self.clock
+        rate = (state.step - first) / max(time.perf_counter() - began, 1e-9)
+        elapsed = self.seconds
+        state.history.append(
+            {
+                "step": evaluation.step,
+                "loss": float(np.mean(state.pending_losses)),
+                "val_accuracy": evaluation.accuracy,
+                "val_loss": evaluation.loss,
+            }
+        )
+        state.pending_losses.clear()
+        if evaluation.accuracy > state.best_val:
+            state.best_val, state.best_step = evaluation.accuracy, evaluation.step
+            state.best_params = [p.detach().clone() for p in params]
+        advance(state, cfg)
+        log(
+            f"{self.tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, "
+            f"val loss {evaluation.loss:.4f}, val {100 * evaluation.accuracy:.2f}% "
+            f"(best {100 * state.best_val:.2f}% at {state.best_step}), {rate:.2f} steps/s, {elapsed:.0f}s"
+        )
+
+    def save(
+        self, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer, device: torch.device
+    ) -> None:
+        """Count the time so far and begin a new stretch, then save the run
+        (:func:`~reservoir.train.checkpoint.save_checkpoint`; with :attr:`rng`, its own generator states)."""
+        self.state.seconds = self.seconds
+        self.start()
+        save_checkpoint(self.ckpt, params, opt, self.state, self.ident, device, rng=self.rng)
+
+    def result(
+        self,
+        cfg: TrainConfig,
+        *,
+        blocks: int,
+        test: float,
+        counts: list[dict[str, Any]],
+        log: Callable[[str], None],
+    ) -> dict[str, Any]:
+        """The result of the finished run, scored ``test`` at its best validation step, and why it stopped (its
+        stopping rule, ``--max-time`` or ``--steps``), said in the log."""
+        state = self.state
+        if state.done:
+            why = state.stop_reason
+        elif state.step < cfg.steps:
+            why = TIMED_OUT.format(cfg.max_time, state.step)
+        else:
+            why = f"reached --steps {cfg.steps}"
+        log(
+            f"{self.tag} {why}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
+            f"test {100 * test:.2f}%"
+        )
+        return {
+            "lr": self.lr,
+            "seed": self.seed,
+            "blocks": blocks,
+            "test_accuracy": test,
+            "val_accuracy": state.best_val,
+            "best_step": state.best_step,
+            "steps": state.step,
+            "steps_to_target": state.steps_to_target,
+            "stop_reason": why,
+            "seconds": state.seconds,
+            "dtypes": state.dtypes,
+            "machines": state.machines,
+            "history": state.history,
+            "param_counts": counts,
+            "checkpoint": str(self.ckpt),
+            "backbone_fingerprint": self.ident["backbone_fingerprint"],
+        }
+
+
+class TrainingRun:
+    """One (learning rate, seed) of ``train``: the model, its optimiser, its bookkeeping (:attr:`run`, a
+    :class:`Member`), and the steps the loop takes (:meth:`step`, :meth:`validate`, :meth:`checkpoint`,
+    :meth:`finish`).
+
+    Building it loads the backbone (:func:`load_model`), checks the trainable groups, and resumes the
     checkpoint (``cfg.resume``) of the same run identity.
     """
 
@@ -342,77 +403,21 @@ class TrainingRun:
         show_counts: bool,
         shared: dict[str, Any],
     ):
-        self.cfg, self.task, self.data, self.lr, self.seed, self.device, self.log = (
-            cfg,
-            task,
-            data,
-            lr,
-            seed,
-            device,
-            log,
-        )
-        self.tag = tag = f"[lr={lr:g} seed={seed}]"
-        log(f"{tag} loading backbone {cfg.backbone} ...")
-        backbone = load_backbone(cfg.backbone, seed)
-        check_length(task.spec, backbone, cfg.backbone)
-        if cfg.save_backbone is not None:
-            backbone.check_saveable()  # before it trains
-        self.blocks = blocks = backbone.n_layers if cfg.blocks is None else cfg.blocks
-        if not 0 <= blocks <= backbone.n_layers:
-            raise UsageError(
-                f"--blocks {blocks}: backbone {cfg.backbone} has {backbone.n_layers} blocks; "
-                f"choose 0 to {backbone.n_layers} (or leave it out to run them all)"
-            )
-        self.ident = run_identity(
-            shared, backbone_fingerprint=backbone_fingerprint(backbone), blocks=blocks, lr=lr, seed=seed
-        )
-        self.model = FPT(
-            task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale, dropout=cfg.dropout
-        ).to(device)
-        self.params, notes = select_trainable(self.model, cfg.trainable)
-        for note in notes:
-            log(note)
-        self.counts = param_counts(self.model)
-        if show_counts:
-            log(format_counts(self.counts))
+        self.cfg, self.task, self.data, self.device, self.log = cfg, task, data, device, log
+        log(f"[lr={lr:g} seed={seed}] loading backbone {cfg.backbone} ...")
+        self.model, fingerprint = load_model(cfg, task, seed, device)
+        self.blocks = self.model.blocks
+        self.run = run = Member.of(cfg, shared, fingerprint=fingerprint, blocks=self.blocks, lr=lr, seed=seed)
+        self.params, self.counts = trainable(self.model, cfg, log, show_counts)
         self.opt = optimizer(self.params, lr)
-        name = run_name(cfg, blocks, lr, seed)
-        self.ckpt = checkpoint_path(cfg.checkpoint_folder, name, self.ident)
-        self.state = self._resumed(name)
-        self.dtype = train_dtype(cfg.dtype, device, backbone.d_model, log, tag)
-        for seen, now in ((self.state.dtypes, self.dtype), (self.state.machines, machine.on(device))):
-            if not seen or seen[-1] != now:
-                seen.append(now)
+        run.resume(cfg, self.params, self.opt, device, log)
+        self.dtype = train_dtype(cfg.dtype, device, self.model.backbone.d_model, log, run.tag)
+        run.runs_on(self.dtype, device)
         # evaluation runs the eager model: one compiled training graph, no recompiles for other batch sizes
         self.forward = CompiledOrEager(self.model, cfg.compile, dynamic=task.spec.variable_length)
         #: (loss, gradient norm) device tensors of the steps since the last read (:meth:`read`)
         self.unread: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.clock = (time.perf_counter(), self.state.step)  # when and at which step this stretch began
-
-    def _resumed(self, name: str) -> RunState:
-        """The checkpoint's state under ``--resume`` (a fresh one otherwise, saying it replaces an old one)."""
-        return resume_state(
-            self.cfg,
-            self.ckpt,
-            name,
-            self.ident,
-            lambda: load_checkpoint(self.ckpt, self.params, self.opt, self.ident, self.device),
-            self.log,
-            self.tag,
-        )
-
-    @property
-    def running(self) -> bool:
-        return not self.state.done and self.state.step < self.cfg.steps and not self.out_of_time
-
-    @property
-    def seconds(self) -> float:
-        """Seconds of training so far, earlier stretches of a resumed run included."""
-        return self.state.seconds + time.perf_counter() - self.clock[0]
-
-    @property
-    def out_of_time(self) -> bool:
-        return self.cfg.max_time is not None and self.seconds >= self.cfg.max_time
+        run.start()
 
     def step(self, batch: Batch) -> None:
         """One optimiser step on ``batch`` (a compiled graph whose backward fails falls back to eager)."""
@@ -428,111 +433,99 @@ class TrainingRun:
             self.unread.append(
                 train_step(self.forward, self.params, self.opt, batch, self.dtype, self.cfg.grad_clip)
             )
-        self.state.step += 1
+        self.run.state.step += 1
 
     def read(self) -> None:
         """The steps since the last read, brought to the host at once (:func:`read_steps`)."""
-        self.state.pending_losses.extend(
-            read_steps(self.unread, self.state.step - len(self.unread), self.tag, self.lr)
+        run = self.run
+        run.state.pending_losses.extend(
+            read_steps(self.unread, run.state.step - len(self.unread), run.tag, run.lr)
         )
         self.unread.clear()
 
-    def validate(self) -> Evaluation:
-        """A validation pass of the current parameters; changes nothing of the run."""
+    def validate(self) -> None:
+        """A validation pass of the current parameters; then the steps are read and the pass recorded
+        (:meth:`Member.record`)."""
         self.model.eval()
         val, val_loss = scores(
             self.model, self.task, self.data.val, self.cfg.eval_batch_size, self.dtype, self.device
         )
-        return Evaluation(self.state.step, val, val_loss)
-
-    def record(self, evaluation: Evaluation) -> None:
-        """Record ``evaluation`` (:func:`note_evaluation`)."""
         self.read()
-        began, first = self.clock
-        note_evaluation(
-            self.state,
-            self.cfg,
-            evaluation,
-            lambda: [p.detach().clone() for p in self.params],
-            self.log,
-            self.tag,
-            rate=(self.state.step - first) / max(time.perf_counter() - began, 1e-9),
-            elapsed=self.seconds,
-        )
+        self.run.record(self.cfg, Evaluation(self.run.state.step, val, val_loss), self.params, self.log)
 
     def checkpoint(self) -> None:
-        """Count the time so far, then save the run (:func:`~reservoir.train.checkpoint.save_checkpoint`)."""
-        self.state.seconds = self.seconds
-        self.clock = (time.perf_counter(), self.state.step)
+        """Read the steps, then save the run (:meth:`Member.save`)."""
         self.read()
-        save_checkpoint(self.ckpt, self.params, self.opt, self.state, self.ident, self.device)
+        self.run.save(self.params, self.opt, self.device)
 
     def finish(self) -> dict[str, Any]:
         """Checkpoint the end, put the best validation step's parameters back and score the test split;
-        returns the run's result."""
-        state, cfg = self.state, self.cfg
-        why = stop_reason(state, cfg)
+        returns the run's result (:meth:`Member.result`)."""
+        state = self.run.state
         assert state.best_params is not None, "the last step always runs a validation pass"
         self.checkpoint()
         with torch.no_grad():
             for p, best in zip(self.params, state.best_params):
                 p.copy_(best)
         self.model.eval()
-        test = evaluate(self.model, self.task, self.data.test, cfg.eval_batch_size, self.dtype, self.device)
-        self.log(
-            f"{self.tag} {why}; best val {100 * state.best_val:.2f}% at step {state.best_step}, "
-            f"test {100 * test:.2f}%"
+        test = evaluate(
+            self.model, self.task, self.data.test, self.cfg.eval_batch_size, self.dtype, self.device
         )
-        return run_result(
-            state,
-            lr=self.lr,
-            seed=self.seed,
-            blocks=self.blocks,
-            test=test,
-            why=why,
-            counts=self.counts,
-            ckpt=self.ckpt,
-            fingerprint=self.ident["backbone_fingerprint"],
-        )
+        return self.run.result(self.cfg, blocks=self.blocks, test=test, counts=self.counts, log=self.log)
 
 
-def _train_run(
+def train_run(
     cfg: TrainConfig,
     task: Task,
     data: Splits,
     *,
     lr: float,
     seed: int,
-    device: torch.device,
-    on_step: Callable[[int], None] | None,
-    log: Callable[[str], None],
-    show_counts: bool,
-    shared: dict[str, Any],
-    on_trained: Callable[[FPT], None] | None = None,
     progress: bool = True,
+    on_step: Callable[[int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    show_counts: bool = False,
+    shared: dict[str, Any] | None = None,
+    on_trained: Callable[[FPT], None] | None = None,
 ) -> dict[str, Any]:
-    """The loop of :func:`train_run`: step, validate, record and checkpoint until the run stops; then finish."""
-    run = TrainingRun(
-        cfg, task, data, lr=lr, seed=seed, device=device, log=log, show_counts=show_counts, shared=shared
-    )
-    # a bar of steps (rate and ETA) between the validation lines
-    with (
-        bar(cfg.steps, f"{run.tag} training", initial=run.state.step, enabled=progress, unit="step") as shown,
-        Batches(task, data.train, seed, cfg.batch_size, device, cfg.dropout, augments(cfg, task)) as batches,
-    ):
-        while run.running:
-            run.step(batches.take(run.state.step))
-            shown.update()
-            step = run.state.step
-            if step % cfg.eval_every == 0 or step >= cfg.steps:
-                run.record(run.validate())
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not run.state.done:
-                run.checkpoint()
-            if on_step is not None:
-                on_step(step)
-        if not run.state.history or run.state.history[-1]["step"] != run.state.step:  # stopped on time
-            run.record(run.validate())
-    result = run.finish()
-    if on_trained is not None:
-        on_trained(run.model)
-    return result
+    """Train one (learning rate, seed); returns its scores and bookkeeping. The loop: step, validate, record
+    and checkpoint until the run stops (:class:`TrainingRun`); then finish.
+
+    ``on_step(step)`` is called after every step (after any checkpoint of that step); an exception it
+    raises interrupts the run as a kill would. ``on_trained(model)`` is called at the end with the
+    parameters of the best validation step. ``shared`` is the sweep's
+    :func:`~reservoir.train.checkpoint.settings_identity` (computed here when not given).
+    """
+    if log is None:
+        log = lambda msg: log_line(msg, progress)  # noqa: E731
+    if shared is None:
+        shared = settings_identity(cfg, task, data.named(), data.left_out)
+    device = resolve_device(cfg.device)
+    with run_generators(seed, device):
+        training = TrainingRun(
+            cfg, task, data, lr=lr, seed=seed, device=device, log=log, show_counts=show_counts, shared=shared
+        )
+        run, state = training.run, training.run.state
+        # a bar of steps (rate and ETA) between the validation lines
+        with (
+            bar(cfg.steps, f"{run.tag} training", initial=state.step, enabled=progress, unit="step") as shown,
+            Batches(
+                task, data.train, seed, cfg.batch_size, device, cfg.dropout, augments(cfg, task)
+            ) as batches,
+        ):
+            while run.running(cfg):
+                training.step(batches.take(state.step))
+                shown.update()
+                step = state.step
+                if step % cfg.eval_every == 0 or step >= cfg.steps:
+                    training.validate()
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not state.done:
+                    training.checkpoint()
+                if on_step is not None:
+                    on_step(step)
+            if not state.history or state.history[-1]["step"] != state.step:  # stopped on time
+                training.validate()
+        result = training.finish()
+        if on_trained is not None:
+            on_trained(training.model)
+        return result

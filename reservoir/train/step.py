@@ -1,7 +1,4 @@
-"""One training step and one scoring pass of an FPT: the loss and correct outputs of a batch, a split's scores
-(:func:`scores`, :func:`evaluate`), the run's Adam (:func:`optimizer`), a step (:func:`train_step`), the read of
-its losses and gradient norms (:func:`read_steps`, :func:`check_steps`) and a run's compute dtype
-(:func:`train_dtype`).
+"""One training step and one scoring pass of an FPT, the run's Adam and its compute dtype.
 
 A step's loss and gradient norm stay on the device until :func:`read_steps` reads them. A step whose
 gradient norm is not finite is skipped on the device (fused Adam's ``found_inf``), and the read that finds
@@ -53,11 +50,9 @@ def scores(
             rows = np.arange(start, min(start + batch_size, len(d)))
             tokens, lengths, labels = (t.to(device) for t in batch_tensors(task, d, rows))
             loss, c = loss_and_correct(forward(tokens, lengths), labels)
-            correct, total, loss_sum = (
-                correct + int(c),
-                total + labels.numel(),
-                loss_sum + float(loss) * labels.numel(),
-            )
+            correct += int(c)
+            total += labels.numel()
+            loss_sum += float(loss) * labels.numel()
     return correct / total, loss_sum / total
 
 
