@@ -72,6 +72,10 @@ class RunState:
     #: the machines the run has taken steps on, in order (:func:`reservoir.runtime.machine.describe`)
     machines: list[str] = dataclasses.field(default_factory=list)
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    #: the state a validation pass off the ``eval_every`` schedule changed (the last step's, or ``--max-time``'s
+    #: cut), as it was before: a run continued past that step takes it back, since an uninterrupted run makes no
+    #: such pass (:meth:`reservoir.train.run.Member.resume`)
+    before_last_pass: dict[str, Any] | None = None
 
 
 #: the version of the tasks' augmentation a run's identity records (:meth:`reservoir.tasks.Task.augment`)
@@ -226,8 +230,15 @@ def misshapen(obj: dict[str, Any]) -> str:
         state.get("best_params") is None or tensors(state.get("best_params"))
     ):
         return "its trainable parameters are not a list of float tensors"
+    before = state.get("before_last_pass")
+    if before is not None and not (
+        isinstance(before, dict) and (before.get("best_params") is None or tensors(before["best_params"]))
+    ):
+        return "its state before the last validation pass is not a dict of the run state's values"
     fields = {f.name: f for f in dataclasses.fields(RunState)}
-    if set(state) != set(fields):
+    if (
+        not set(fields) - {"before_last_pass"} <= set(state) <= set(fields)
+    ):  # without it: written before it was
         return f"its run state has the fields {sorted(state)[:6]}, not {sorted(fields)[:6]}..."
     defaults = RunState()
     for name, value in state.items():

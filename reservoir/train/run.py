@@ -57,6 +57,20 @@ TREND_FALL = 0.01
 TREND_T = 2.0
 
 
+#: what a validation pass changes in a run's state besides its history (:meth:`Member.record`)
+UNDONE = (
+    "best_val",
+    "best_step",
+    "best_params",
+    "steps_to_target",
+    "best_val_loss",
+    "progress_val",
+    "evals_since_best",
+    "done",
+    "stop_reason",
+    "pending_losses",
+)
+
 #: why a run that reached ``--stop-at`` stopped
 SOLVED = "validation accuracy reached {:g}%"
 #: why a run that ``--max-time`` cut short stopped
@@ -272,6 +286,12 @@ class Member:
                     f"checkpoint {ckpt} has trained {state.step} steps, more than --steps {cfg.steps}; pass --steps "
                     f"{state.step} or more to resume it, or drop --resume to train {cfg.steps} steps from the start"
                 )
+            before = state.before_last_pass
+            if before is not None and state.step < cfg.steps:  # continued past a pass a whole run never made
+                del state.history[before.pop("history") :]
+                for key, value in before.items():
+                    setattr(state, key, value)
+                state.before_last_pass = None
             stop_at_again(state, cfg, ckpt)
             log(
                 f"{tag} resumed {ckpt} at step {state.step}"
@@ -311,6 +331,10 @@ class Member:
         began, first = self.clock
         rate = (state.step - first) / max(time.perf_counter() - began, 1e-9)
         elapsed = self.seconds
+        before = None
+        if evaluation.step % cfg.eval_every:  # off the schedule: kept to take back (:meth:`resume`)
+            before = {k: getattr(state, k) for k in UNDONE}
+            before.update(pending_losses=list(state.pending_losses), history=len(state.history))
         state.history.append(
             {
                 "step": evaluation.step,
@@ -324,6 +348,9 @@ class Member:
             state.best_val, state.best_step = evaluation.accuracy, evaluation.step
             state.best_params = [p.detach().clone() for p in params]
         advance(state, cfg)
+        if before is not None and before["best_params"] is state.best_params:
+            del before["best_params"]  # unchanged: not saved twice
+        state.before_last_pass = before
         log(
             f"{self.tag} step {state.step}/{cfg.steps}: loss {state.history[-1]['loss']:.4f}, "
             f"val loss {evaluation.loss:.4f}, val {100 * evaluation.accuracy:.2f}% "

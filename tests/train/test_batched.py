@@ -126,6 +126,20 @@ def test_a_killed_batch_resumes_to_the_uninterrupted_one(tiny_gpt2, home):
         assert all(torch.equal(x["rng"][k], y["rng"][k]) for k in x["rng"])
 
 
+def test_a_batch_ended_off_the_schedule_and_resumed_with_more_steps_equals_the_whole_batch(tiny_gpt2, home):
+    """A batch of 25 steps validates at step 25, off the every-10 schedule; resumed to 40 steps every run takes
+    that pass back and ends bit for bit where the 40-step batch ends."""
+    cfg = xor_cfg(tiny_gpt2, home, steps=40, patience=2)
+    whole = train(dataclasses.replace(cfg, checkpoint_dir=home / "a"), progress=False)
+    short = dataclasses.replace(cfg, checkpoint_dir=home / "b", steps=25)
+    assert all(r["history"][-1]["step"] == 25 for r in train(short, progress=False)["runs"])
+    assert_same_runs(
+        train(dataclasses.replace(cfg, checkpoint_dir=home / "b", resume=True), progress=False),
+        whole,
+        exact=True,
+    )
+
+
 def test_a_batch_s_checkpoints_are_the_runs_own_and_resume_one_after_another(tiny_gpt2, home):
     """A run's checkpoint is the file it writes alone (parameters, fused Adam's state, its generators): a batch
     killed at step 27 resumes with ``concurrent_runs=1`` to the uninterrupted batch, to float tolerance."""

@@ -435,6 +435,31 @@ def test_resume_with_more_steps_extends_a_finished_run(tiny_gpt2, home):
     assert longer["test_accuracy"] == whole["test_accuracy"]
 
 
+def test_resume_with_more_steps_past_a_pass_off_the_schedule_equals_the_whole_run(tiny_gpt2, home):
+    """A 25-step run validates at its last step, off the every-10 schedule; continued to 30 steps it takes that
+    pass back (history, best step, patience, pending losses), so it ends as the whole 30-step run does."""
+    task, cfg, data, whole = xor_whole(tiny_gpt2, home)
+    short = dataclasses.replace(cfg, checkpoint_dir=home / "b", steps=25, patience=2)
+    first = train_run(short, task, data, lr=3e-3, seed=0, progress=False)
+    assert [h["step"] for h in first["history"]] == [10, 20, 25]
+    longer = train_run(
+        dataclasses.replace(short, steps=30, resume=True), task, data, lr=3e-3, seed=0, progress=False
+    )
+    fresh = train_run(
+        dataclasses.replace(cfg, checkpoint_dir=home / "c", patience=2),
+        task,
+        data,
+        lr=3e-3,
+        seed=0,
+        progress=False,
+    )
+    for key in ("history", "best_step", "val_accuracy", "test_accuracy", "stop_reason", "steps"):
+        assert longer[key] == fresh[key], key
+    a = torch.load(longer["checkpoint"], weights_only=False)["state"]
+    b = torch.load(fresh["checkpoint"], weights_only=False)["state"]
+    assert all(torch.equal(x, y) for x, y in zip(a["best_params"], b["best_params"]))
+
+
 def test_auto_dtype_takes_the_faster_training_dtype_and_a_resume_on_another_cpu_continues(
     tiny_gpt2, home, monkeypatch
 ):
@@ -832,11 +857,29 @@ def test_stop_at_ends_a_run_once_validation_reaches_it_and_a_resume_may_lower_it
     assert len(paths) == 3
 
 
+def test_a_checkpoint_written_before_the_pass_off_the_schedule_was_kept_still_resumes(tiny_gpt2, home):
+    """A checkpoint whose run state lacks ``before_last_pass`` (written before it was kept) resumes; one whose
+    value there is not a dict of the state's values is refused as not what train writes."""
+    from reservoir.errors import DataError
+
+    task, cfg, data, whole = xor_whole(tiny_gpt2, home)
+    path = Path(whole["checkpoint"])
+    obj = torch.load(path, weights_only=True)
+    del obj["state"]["before_last_pass"]
+    torch.save(obj, path)
+    again = dataclasses.replace(cfg, checkpoint_dir=home / "a", resume=True)
+    assert train_run(again, task, data, lr=3e-3, seed=0, progress=False)["history"] == whole["history"]
+    obj["state"]["before_last_pass"] = {"best_params": ["not a tensor"]}
+    torch.save(obj, path)
+    with pytest.raises(DataError, match="before the last validation pass"):
+        train_run(again, task, data, lr=3e-3, seed=0, progress=False)
+
+
 def test_max_time_stops_a_run_on_time_with_a_validation_pass_and_a_resume_with_more_time_continues_it(
     tiny_gpt2, home, monkeypatch
 ):
     """A clock that moves one second a step: --max-time 15 stops at step 15, after a validation pass there, and
-    says so; resumed with --max-time 30 the run continues to step 30, where it validates as the whole run does."""
+    says so; resumed with --max-time 30 the run continues to step 30 and ends as the whole run does."""
     from reservoir.train import run as one_run
 
     now = [0.0]
@@ -852,11 +895,9 @@ def test_max_time_stops_a_run_on_time_with_a_validation_pass_and_a_resume_with_m
     assert [h["step"] for h in first["history"]] == [10, 15]
     more = dataclasses.replace(cut, max_time=30, resume=True)
     resumed = train_run(more, task, data, lr=3e-3, seed=0, progress=False, on_step=tick)
-    assert resumed["steps"] == 30 and [h["step"] for h in resumed["history"]] == [10, 15, 20, 30]
-    val = {h["step"]: (h["val_accuracy"], h["val_loss"]) for h in whole["history"]}
-    assert all(
-        val[h["step"]] == (h["val_accuracy"], h["val_loss"]) for h in resumed["history"] if h["step"] != 15
-    )
+    # the pass at the cut is taken back: the resumed run is the whole run
+    assert resumed["steps"] == 30 and resumed["history"] == whole["history"]
+    assert resumed["test_accuracy"] == whole["test_accuracy"] and resumed["best_step"] == whole["best_step"]
     with pytest.raises(ValueError, match="max_time"):
         dataclasses.replace(cfg, max_time=0)
 
