@@ -232,7 +232,9 @@ def misshapen(obj: dict[str, Any]) -> str:
         return "its trainable parameters are not a list of float tensors"
     before = state.get("before_last_pass")
     if before is not None and not (
-        isinstance(before, dict) and (before.get("best_params") is None or tensors(before["best_params"]))
+        isinstance(before, dict)
+        and isinstance(before.get("history"), int)
+        and (before.get("best_params") is None or tensors(before["best_params"]))
     ):
         return "its state before the last validation pass is not a dict of the run state's values"
     fields = {f.name: f for f in dataclasses.fields(RunState)}

@@ -338,7 +338,7 @@ class Member:
         state.history.append(
             {
                 "step": evaluation.step,
-                "loss": float(np.mean(state.pending_losses)),
+                "loss": float(np.mean(state.pending_losses)) if state.pending_losses else math.nan,
                 "val_accuracy": evaluation.accuracy,
                 "val_loss": evaluation.loss,
             }
@@ -378,10 +378,11 @@ class Member:
         """The result of the finished run, scored ``test`` at its best validation step, and why it stopped (its
         stopping rule, ``--max-time`` or ``--steps``), said in the log."""
         state = self.state
-        if state.done:
-            why = state.stop_reason
-        elif state.step < cfg.steps:
+        # a pass at a --max-time cut is off the schedule (or the run is not done): its rules stop no whole run
+        if state.step < cfg.steps and (not state.done or state.before_last_pass is not None):
             why = TIMED_OUT.format(cfg.max_time, state.step)
+        elif state.done:
+            why = state.stop_reason
         else:
             why = f"reached --steps {cfg.steps}"
         log(

@@ -902,6 +902,58 @@ def test_max_time_stops_a_run_on_time_with_a_validation_pass_and_a_resume_with_m
         dataclasses.replace(cfg, max_time=0)
 
 
+def test_a_pass_at_a_max_time_cut_stops_no_run_by_its_rules(tiny_gpt2, home, monkeypatch):
+    """The pass at a --max-time cut is off the schedule: where it reaches a --stop-at the pass before it did not,
+    the run is still cut on time (not solved), and resumed with more time it ends as the whole run at that
+    --stop-at ends."""
+    from reservoir.train import run as one_run
+
+    now = [0.0]
+    monkeypatch.setattr(one_run, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
+
+    def tick(step):
+        now[0] += 1.0
+
+    task, cfg, data, _ = xor_whole(tiny_gpt2, home)
+    probe = train_run(
+        dataclasses.replace(cfg, checkpoint_dir=home / "p", max_time=15),
+        task,
+        data,
+        lr=3e-3,
+        seed=0,
+        progress=False,
+        on_step=tick,
+    )
+    val = {h["step"]: h["val_accuracy"] for h in probe["history"]}
+    assert val[15] > val[10]  # what makes the cut pass the first to reach --stop-at below
+    at = dataclasses.replace(cfg, stop_at=val[15])
+    runs = {
+        name: dataclasses.replace(at, checkpoint_dir=home / name, max_time=max_time)
+        for name, max_time in (("whole", None), ("cut", 15))
+    }
+    whole = train_run(runs["whole"], task, data, lr=3e-3, seed=0, progress=False, on_step=tick)
+    cut = train_run(runs["cut"], task, data, lr=3e-3, seed=0, progress=False, on_step=tick)
+    assert cut["steps"] == 15 and cut["stop_reason"] == "reached --max-time 15 s at step 15"
+    more = dataclasses.replace(runs["cut"], max_time=100, resume=True)
+    resumed = train_run(more, task, data, lr=3e-3, seed=0, progress=False, on_step=tick)
+    for key in ("history", "steps", "best_step", "stop_reason", "test_accuracy"):
+        assert resumed[key] == whole[key], key
+
+
+def test_a_max_time_no_step_fits_in_validates_the_start_quietly(tiny_gpt2, home):
+    """Cut before its first step, a run validates its starting parameters: no training loss to average (NaN),
+    and no library warning about an empty mean reaches the terminal."""
+    import warnings
+
+    task = get_task("bit_xor", **XOR_OPTS)
+    cfg = xor_cfg(tiny_gpt2, home, max_time=1e-9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = train_run(cfg, task, load_data(task, cfg), lr=3e-3, seed=0, progress=False)
+    assert result["steps"] == 0 and [h["step"] for h in result["history"]] == [0]
+    assert np.isnan(result["history"][0]["loss"]) and result["stop_reason"].startswith("reached --max-time")
+
+
 def test_progress_shows_a_bar_of_steps_between_whole_validation_lines(tiny_gpt2, home, capsys):
     """A run's progress counts its steps (a step of a large model takes seconds, and validation passes are far
     apart); piped, the bar and the validation lines come out as whole lines, and a resumed run counts from its
