@@ -875,11 +875,9 @@ def test_a_checkpoint_written_before_the_pass_off_the_schedule_was_kept_still_re
         train_run(again, task, data, lr=3e-3, seed=0, progress=False)
 
 
-def test_max_time_stops_a_run_on_time_with_a_validation_pass_and_a_resume_with_more_time_continues_it(
-    tiny_gpt2, home, monkeypatch
-):
-    """A clock that moves one second a step: --max-time 15 stops at step 15, after a validation pass there, and
-    says so; resumed with --max-time 30 the run continues to step 30 and ends as the whole run does."""
+@pytest.fixture
+def tick(monkeypatch):
+    """A clock of training that moves one second each time ``tick(step)`` is called (an ``on_step``)."""
     from reservoir.train import run as one_run
 
     now = [0.0]
@@ -888,6 +886,14 @@ def test_max_time_stops_a_run_on_time_with_a_validation_pass_and_a_resume_with_m
     def tick(step):
         now[0] += 1.0
 
+    return tick
+
+
+def test_max_time_stops_a_run_on_time_with_a_validation_pass_and_a_resume_with_more_time_continues_it(
+    tiny_gpt2, home, tick
+):
+    """A clock that moves one second a step: --max-time 15 stops at step 15, after a validation pass there, and
+    says so; resumed with --max-time 30 the run continues to step 30 and ends as the whole run does."""
     task, cfg, data, whole = xor_whole(tiny_gpt2, home)
     cut = dataclasses.replace(cfg, checkpoint_dir=home / "b", max_time=15)
     first = train_run(cut, task, data, lr=3e-3, seed=0, progress=False, on_step=tick)
@@ -902,18 +908,10 @@ def test_max_time_stops_a_run_on_time_with_a_validation_pass_and_a_resume_with_m
         dataclasses.replace(cfg, max_time=0)
 
 
-def test_a_pass_at_a_max_time_cut_stops_no_run_by_its_rules(tiny_gpt2, home, monkeypatch):
+def test_a_pass_at_a_max_time_cut_stops_no_run_by_its_rules(tiny_gpt2, home, tick):
     """The pass at a --max-time cut is off the schedule: where it reaches a --stop-at the pass before it did not,
     the run is still cut on time (not solved), and resumed with more time it ends as the whole run at that
     --stop-at ends."""
-    from reservoir.train import run as one_run
-
-    now = [0.0]
-    monkeypatch.setattr(one_run, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
-
-    def tick(step):
-        now[0] += 1.0
-
     task, cfg, data, _ = xor_whole(tiny_gpt2, home)
     probe = train_run(
         dataclasses.replace(cfg, checkpoint_dir=home / "p", max_time=15),
@@ -1174,19 +1172,11 @@ def test_a_resume_under_another_stop_at_ends_where_a_fresh_run_at_it_ends_or_is_
         )
 
 
-def test_a_result_cut_by_max_time_is_kept_apart_from_the_whole_runs(tiny_gpt2, home, monkeypatch):
+def test_a_result_cut_by_max_time_is_kept_apart_from_the_whole_runs(tiny_gpt2, home, tick):
     """A sweep --max-time cut short writes its result beside the whole sweep's, never over it (one setting and
     seed otherwise); the result says the time it ran under."""
-    from reservoir.train import run as one_run
-
-    now = [0.0]
-    monkeypatch.setattr(one_run, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
     cfg = xor_cfg(tiny_gpt2, home, steps=20, lr=(3e-3,))
     whole = train(cfg, progress=False)
-
-    def tick(step):
-        now[0] += 1.0
-
     cut = train(
         dataclasses.replace(cfg, checkpoint_dir=home / "cut", max_time=5), progress=False, on_step=tick
     )
