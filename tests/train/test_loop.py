@@ -445,14 +445,8 @@ def test_resume_with_more_steps_past_a_pass_off_the_schedule_equals_the_whole_ru
     longer = train_run(
         dataclasses.replace(short, steps=30, resume=True), task, data, lr=3e-3, seed=0, progress=False
     )
-    fresh = train_run(
-        dataclasses.replace(cfg, checkpoint_dir=home / "c", patience=2),
-        task,
-        data,
-        lr=3e-3,
-        seed=0,
-        progress=False,
-    )
+    fresh = dataclasses.replace(cfg, checkpoint_dir=home / "c", patience=2)
+    fresh = train_run(fresh, task, data, lr=3e-3, seed=0, progress=False)
     for key in ("history", "best_step", "val_accuracy", "test_accuracy", "stop_reason", "steps"):
         assert longer[key] == fresh[key], key
     a = torch.load(longer["checkpoint"], weights_only=False)["state"]
@@ -913,15 +907,8 @@ def test_a_pass_at_a_max_time_cut_stops_no_run_by_its_rules(tiny_gpt2, home, tic
     the run is still cut on time (not solved), and resumed with more time it ends as the whole run at that
     --stop-at ends."""
     task, cfg, data, _ = xor_whole(tiny_gpt2, home)
-    probe = train_run(
-        dataclasses.replace(cfg, checkpoint_dir=home / "p", max_time=15),
-        task,
-        data,
-        lr=3e-3,
-        seed=0,
-        progress=False,
-        on_step=tick,
-    )
+    probe = dataclasses.replace(cfg, checkpoint_dir=home / "p", max_time=15)
+    probe = train_run(probe, task, data, lr=3e-3, seed=0, progress=False, on_step=tick)
     val = {h["step"]: h["val_accuracy"] for h in probe["history"]}
     assert val[15] > val[10]  # what makes the cut pass the first to reach --stop-at below
     at = dataclasses.replace(cfg, stop_at=val[15])
