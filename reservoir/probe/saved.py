@@ -130,19 +130,20 @@ class SavedProbe:
         return [str(n) for n in names] if names else None
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        """Class ids ``(N, *label_shape)`` of features ``(N, n_readout, d_model)`` of the probe's depth
-        (``(N, d_model)`` where the readout is one token)."""
+        """Class ids ``(N, *label_shape)`` of features ``(N, n_readout, d_model)`` of the probe's depth, or
+        ``(N, n_readout * d_model)``, the readout tokens side by side as ``api.read_features(path, split,
+        depth=K)`` returns them."""
         from threadpoolctl import threadpool_limits
 
         X = np.asarray(X)
         r, d = self.meta["n_readout"], self.meta["d_model"]
-        if X.ndim == 2 and r == 1:
-            X = X[:, None]
+        if X.ndim == 2 and X.shape[1] == r * d:  # read_features' single-depth form
+            X = X.reshape(len(X), r, d)
         if X.ndim != 3 or X.shape[1:] != (r, d):
             raise UsageError(
-                f"features must be (N, {r}, {d}) (N rows of {r} readout token(s) of width {d}) for the "
-                f"probe {self.path}; got {X.shape}. Read them with api.read_features(path, split, "
-                f"depth={self.depth})"
+                f"features must be (N, {r}, {d}) (N rows of {r} readout token(s) of width {d}) or "
+                f"(N, {r * d}) for the probe {self.path}; got {X.shape}. Read them with "
+                f"api.read_features(path, split, depth={self.depth})"
             )
         check_finite(X)
         with threadpool_limits(limits=head_threads()):
