@@ -112,7 +112,8 @@ def predict(cfg: PredictConfig, *, progress: bool = True, probe: SavedProbe | No
 
 def recorded_backbone(probe: SavedProbe) -> str:
     """The backbone as the probe's extraction named it: its record in the probe, else in the fit's result
-    beside it, else the identity's name; UsageError for a model object this process was not handed."""
+    beside it, else the identity's name; UsageError for a model object this process was not handed, and for
+    a name that resolves to nothing here (a folder named relative to where the fit ran, or moved since)."""
     named = (probe.meta.get("extraction") or {}).get("backbone")
     result = probe.path.with_name(probe.path.name.removesuffix(".probe.npz") + ".json")
     if not named and result.is_file():
@@ -121,13 +122,25 @@ def recorded_backbone(probe: SavedProbe) -> str:
         except (OSError, ValueError, KeyError, TypeError):
             named = None
     named = named or str(probe.identity.get("backbone"))
-    from reservoir.model.backbones import OBJECTS  # torch: loaded only for data to run through a model
+    from reservoir.model.backbones import OBJECTS, parse_name  # torch: only for data run through a model
 
     if named.startswith("object:") and named not in OBJECTS:  # handed over in another process
         raise UsageError(
             f"the probe {probe.path} was fitted on features of a model object ({named}), which only its "
             "process knew; pass the model: api.predict(..., backbone=model)"
         )
+    try:
+        parse_name(named)
+    except UsageError:
+        why = (
+            "which no longer exists (moved or removed since the fit)"
+            if Path(named).is_absolute()
+            else f"named relative to where its fit ran and not found from here ({Path.cwd()}), or moved since"
+        )
+        raise UsageError(
+            f"the probe {probe.path} records its backbone as the folder {named!r}, {why}; pass --backbone PATH "
+            "with the probe's model folder (the Python API: backbone=PATH)"
+        ) from None
     return named
 
 

@@ -247,3 +247,27 @@ def test_a_class_label_of_the_probes_classes_in_another_order_is_renumbered_by_n
     ds.Dataset.from_dict(data, features=other).save_to_disk(tmp_path / "other")
     r = cli("predict", "--probe", probe_path, "--data", str(tmp_path / "other"))
     assert r.exit_code == 1 and "names a class 'sideways' that the probe does not know" in r.output
+
+
+def test_a_backbone_folder_named_relative_to_where_the_fit_ran_is_asked_for_from_elsewhere(
+    tmp_path, cli, tiny_gpt2, monkeypatch
+):
+    """A probe whose extraction named its backbone by a relative folder, applied from another directory: the
+    message says it is the probe's recorded folder, not found from here, and to pass --backbone PATH."""
+    x, y = rows(40)
+    mine = table(tmp_path / "mine.parquet", x, y)
+    shutil.copytree(tiny_gpt2, tmp_path / "tiny")
+    monkeypatch.chdir(tmp_path)
+    features = api.extract(f"file:{mine}", "tiny", depths="1", dtype="float32", compile=False)
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    r = cli("predict", "--probe", result["probe"], "--data", str(mine))
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "records its backbone as the folder 'tiny', named relative to where its fit ran" in r.stderr
+    assert "pass --backbone PATH with the probe's model folder (the Python API: backbone=PATH)" in r.stderr
+    with pytest.raises(UsageError, match="records its backbone as the folder 'tiny'"):
+        api.predict(result["probe"], data=mine, progress=False)
+    r = cli("predict", "--probe", result["probe"], "--data", str(mine), "--backbone", str(tmp_path / "tiny"))
+    assert r.exit_code == 0, r.output
+    assert len(lines(r.stdout)) == len(x)
