@@ -5,7 +5,9 @@ Every depth a ``fit`` scores writes, beside its result ``RESULT.json``, the fitt
 the head's state as arrays (:class:`reservoir.probe.predictors.Predictor`: weights, intercept and the
 standardisation its fit applied) and ``meta``: the head, depth, regularisation chosen, classes (and
 ``class_names``) and label shape, feature shape, seed, the feature file's identity and its hash, a digest
-of its frozen input layer, its ``tokens``, how its ``extraction`` named the backbone, and the test scores.
+of its frozen input layer, its ``tokens``, its data's ``row_tokens`` (tokens a row, for data whose rows all
+have one length: images of one size, fixed windows; ``None`` for rows of their own lengths), how its
+``extraction`` named the backbone, and the test scores.
 
 Applied to a feature file (:func:`predict_file`), it computes the fit's operations in the fit's dtypes,
 block by block as the fit scored its test split, so the fit's file gives the fit's predictions. A file of
@@ -151,6 +153,13 @@ class SavedProbe:
         return pred.reshape(len(X), *self.label_shape)
 
 
+def row_tokens(f: h5py.File) -> int | None:
+    """Tokens a row of a feature file's data, where every row of every split has the same number (data of a
+    fixed row length: images of one size, fixed windows); ``None`` for rows of their own lengths."""
+    lengths = {int(n) for split in feature_splits(f) for n in np.unique(f[split]["lengths"][:])}
+    return lengths.pop() if len(lengths) == 1 else None
+
+
 def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dict[str, Any]) -> Path:
     """Write the probe of ``result`` (one depth's fit on the feature file ``f``; its head, depth, seed,
     chosen regularisation, identity and test accuracies) to ``path`` atomically; returns ``path``."""
@@ -179,6 +188,7 @@ def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dic
         "identity_hash": str(result["identity_hash"]),
         "input_layer": input_layer_digest(f),
         "tokens": token_layout(f["input_layer"]),
+        "row_tokens": row_tokens(f),
         "extraction": {k: file_config(f).get(k) for k in ("backbone", "load_dtype")},
         "test_split": result.get("test_split"),
         "test_accuracies": result.get("test_accuracies"),
