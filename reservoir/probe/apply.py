@@ -112,7 +112,8 @@ def predict(cfg: PredictConfig, *, progress: bool = True, probe: SavedProbe | No
 
 def recorded_backbone(probe: SavedProbe) -> str:
     """The backbone as the probe's extraction named it: its record in the probe, else in the fit's result
-    beside it, else the identity's name; UsageError for a model object this process was not handed."""
+    beside it, else the identity's name; UsageError for a model object this process was not handed, and for
+    a name that resolves to nothing here (a folder named relative to where the fit ran, or moved since)."""
     named = (probe.meta.get("extraction") or {}).get("backbone")
     result = probe.path.with_name(probe.path.name.removesuffix(".probe.npz") + ".json")
     if not named and result.is_file():
@@ -121,13 +122,25 @@ def recorded_backbone(probe: SavedProbe) -> str:
         except (OSError, ValueError, KeyError, TypeError):
             named = None
     named = named or str(probe.identity.get("backbone"))
-    from reservoir.model.backbones import OBJECTS  # torch: loaded only for data to run through a model
+    from reservoir.model.backbones import OBJECTS, parse_name  # torch: only for data run through a model
 
     if named.startswith("object:") and named not in OBJECTS:  # handed over in another process
         raise UsageError(
             f"the probe {probe.path} was fitted on features of a model object ({named}), which only its "
             "process knew; pass the model: api.predict(..., backbone=model)"
         )
+    try:
+        parse_name(named)
+    except UsageError:
+        why = (
+            "which no longer exists (moved or removed since the fit)"
+            if Path(named).is_absolute()
+            else f"named relative to where its fit ran and not found from here ({Path.cwd()}), or moved since"
+        )
+        raise UsageError(
+            f"the probe {probe.path} records its backbone as the folder {named!r}, {why}; pass --backbone PATH "
+            "with the probe's model folder (the Python API: backbone=PATH)"
+        ) from None
     return named
 
 
@@ -149,9 +162,43 @@ def _tokens_text(tokens: dict[str, Any]) -> str:
     return f"tokens of {tokens['width']:,d} value(s)"
 
 
+def _probe_image_size(probe: SavedProbe, tokens: int, patch: int, shape: tuple[int, ...]) -> str | None:
+    """The size (``HxW``) of the probe's images: as its data's reading recorded it, else the one of ``tokens``
+    patches of ``patch`` pixels in the new images' proportions ``shape``, or square; ``None`` if neither."""
+    recorded = (probe.identity.get("task_options") or {}).get("image_size")
+    if recorded:
+        return str(recorded)
+    h, w = shape[:2]
+    for rows in (round((tokens * h / w) ** 0.5), round(tokens**0.5)):  # the new images' proportions; square
+        cols = tokens // max(rows, 1)
+        if rows * cols == tokens and (rows * w == cols * h or rows == cols):
+            return f"{rows * patch}x{cols * patch}"
+    return None
+
+
+def _row_length_text(probe: SavedProbe, task: Any, data: Path, tokens: int) -> str:
+    """The new data's rows are of another fixed length than the probe's data's ``tokens``, in words."""
+    found = task.spec.seq_len
+    shape = getattr(task, "_image_shape", None) if getattr(task, "_image", False) else None
+    if shape is None:
+        return (
+            f"{data} holds rows of {found:,d} tokens, the probe's data had rows of {tokens:,d} tokens each: give "
+            f"rows of {tokens:,d} tokens"
+        )
+    patch = int((probe.identity.get("task_options") or {}).get("patch", task.patch))
+    size = _probe_image_size(probe, tokens, patch, shape)
+    probes = f"{size} images" if size else f"images of {tokens:,d} patches"
+    fix = size or "HxW"
+    return (
+        f"{data} holds {shape[0]}x{shape[1]} images, {found:,d} tokens a row at patch={task.patch}; the probe's "
+        f"data had {tokens:,d} tokens a row ({probes} at patch={patch}): pass --task-opt image_size={fix} to "
+        "resize them to the probe's size"
+    )
+
+
 def check_data(probe: SavedProbe, task: Any, data: Path) -> None:
-    """Check that the data to predict on is of the probe's kind (tokens, labels' shape, classes and names);
-    DataError naming every difference and the fix otherwise."""
+    """Check that the data to predict on is of the probe's kind (tokens, their number a row where the probe's
+    data had one, labels' shape, classes and names); DataError naming every difference and the fix otherwise."""
     spec, problems = task.spec, []
     wanted = probe.meta.get("tokens")
     found = (
@@ -162,6 +209,9 @@ def check_data(probe: SavedProbe, task: Any, data: Path) -> None:
     if wanted and (wanted["kind"] != found["kind"] or wanted.get("width") != found.get("width")):
         images = " (images: the probe's --task-opt patch and mode)" if getattr(task, "_image", False) else ""
         problems.append(f"{data} holds {_tokens_text(found)}, the probe reads {_tokens_text(wanted)}{images}")
+    tokens = probe.meta.get("row_tokens")  # None: rows of their own lengths, or a probe that predates it
+    if tokens and not spec.variable_length and spec.seq_len != tokens:
+        problems.append(_row_length_text(probe, task, data, int(tokens)))
     if task.unlabeled is None:
         labels = task.read(task.spec.splits[0], Path(".")).labels
         n_classes = probe.predictor.n_classes

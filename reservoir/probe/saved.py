@@ -5,7 +5,9 @@ Every depth a ``fit`` scores writes, beside its result ``RESULT.json``, the fitt
 the head's state as arrays (:class:`reservoir.probe.predictors.Predictor`: weights, intercept and the
 standardisation its fit applied) and ``meta``: the head, depth, regularisation chosen, classes (and
 ``class_names``) and label shape, feature shape, seed, the feature file's identity and its hash, a digest
-of its frozen input layer, its ``tokens``, how its ``extraction`` named the backbone, and the test scores.
+of its frozen input layer, its ``tokens``, its data's ``row_tokens`` (tokens a row, for data whose rows all
+have one length: images of one size, fixed windows; ``None`` for rows of their own lengths), how its
+``extraction`` named the backbone, and the test scores.
 
 Applied to a feature file (:func:`predict_file`), it computes the fit's operations in the fit's dtypes,
 block by block as the fit scored its test split, so the fit's file gives the fit's predictions. A file of
@@ -130,24 +132,32 @@ class SavedProbe:
         return [str(n) for n in names] if names else None
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        """Class ids ``(N, *label_shape)`` of features ``(N, n_readout, d_model)`` of the probe's depth
-        (``(N, d_model)`` where the readout is one token)."""
+        """Class ids ``(N, *label_shape)`` of features ``(N, n_readout, d_model)`` of the probe's depth, or
+        ``(N, n_readout * d_model)``, the readout tokens side by side as ``api.read_features(path, split,
+        depth=K)`` returns them."""
         from threadpoolctl import threadpool_limits
 
         X = np.asarray(X)
         r, d = self.meta["n_readout"], self.meta["d_model"]
-        if X.ndim == 2 and r == 1:
-            X = X[:, None]
+        if X.ndim == 2 and X.shape[1] == r * d:  # read_features' single-depth form
+            X = X.reshape(len(X), r, d)
         if X.ndim != 3 or X.shape[1:] != (r, d):
             raise UsageError(
-                f"features must be (N, {r}, {d}) (N rows of {r} readout token(s) of width {d}) for the "
-                f"probe {self.path}; got {X.shape}. Read them with api.read_features(path, split, "
-                f"depth={self.depth})"
+                f"features must be (N, {r}, {d}) (N rows of {r} readout token(s) of width {d}) or "
+                f"(N, {r * d}) for the probe {self.path}; got {X.shape}. Read them with "
+                f"api.read_features(path, split, depth={self.depth})"
             )
         check_finite(X)
         with threadpool_limits(limits=head_threads()):
             pred = self.predictor(X.reshape(len(X) * r, d))
         return pred.reshape(len(X), *self.label_shape)
+
+
+def row_tokens(f: h5py.File) -> int | None:
+    """Tokens a row of a feature file's data, where every row of every split has the same number (data of a
+    fixed row length: images of one size, fixed windows); ``None`` for rows of their own lengths."""
+    lengths = {int(n) for split in feature_splits(f) for n in np.unique(f[split]["lengths"][:])}
+    return lengths.pop() if len(lengths) == 1 else None
 
 
 def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dict[str, Any]) -> Path:
@@ -178,6 +188,7 @@ def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dic
         "identity_hash": str(result["identity_hash"]),
         "input_layer": input_layer_digest(f),
         "tokens": token_layout(f["input_layer"]),
+        "row_tokens": row_tokens(f),
         "extraction": {k: file_config(f).get(k) for k in ("backbone", "load_dtype")},
         "test_split": result.get("test_split"),
         "test_accuracies": result.get("test_accuracies"),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from reservoir import api
-from reservoir.errors import IdentityError
+from reservoir.errors import IdentityError, UsageError
 from reservoir.probe.saved import load_probe, predict_file, predicted_names, predictions_csv
 from tests.extract.test_export import named_images
 
@@ -67,3 +67,20 @@ def test_labels_of_data_that_names_no_classes_are_never_named_by_the_probes_name
     rows = list(csv.DictReader(out.read_text().splitlines()))
     assert "label_name" not in rows[0] and {r["label"] for r in rows} == {"0", "1"}
     assert {r["prediction_name"] for r in rows} <= {"bird", "cat", "dog"}
+
+
+def test_a_probe_of_several_readout_tokens_reads_the_flattened_features_read_features_returns(tiny_gpt2):
+    """``probe.predict`` takes ``api.read_features(path, split, depth=K)``'s ``(N, n_readout * d_model)`` as it
+    takes ``(N, n_readout, d_model)``: the same predictions as the feature file's; another width is refused
+    naming both forms."""
+    features = api.extract("bit_xor", str(tiny_gpt2), limit=40, depths="1", dtype="float32", compile=False)
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    probe = load_probe(result["probe"])
+    r, d = probe.meta["n_readout"], probe.meta["d_model"]
+    X, _ = api.read_features(features, "test", depth=1)
+    assert r > 1 and X.shape[1:] == (r * d,)
+    expected = predict_file(probe, features, "test")[0]
+    np.testing.assert_array_equal(probe.predict(X), expected)
+    np.testing.assert_array_equal(probe.predict(X.reshape(len(X), r, d)), expected)
+    with pytest.raises(UsageError, match=rf"features must be \(N, {r}, {d}\) .* or \(N, {r * d}\)"):
+        probe.predict(X[:, :-1])

@@ -247,3 +247,81 @@ def test_a_class_label_of_the_probes_classes_in_another_order_is_renumbered_by_n
     ds.Dataset.from_dict(data, features=other).save_to_disk(tmp_path / "other")
     r = cli("predict", "--probe", probe_path, "--data", str(tmp_path / "other"))
     assert r.exit_code == 1 and "names a class 'sideways' that the probe does not know" in r.output
+
+
+def test_data_of_another_fixed_row_length_is_refused_naming_both_and_rows_of_their_own_lengths_are_not(
+    tmp_path, cli, fitted, tiny_gpt2
+):
+    """New data whose rows are of another fixed length than the probe's data's (images of another size) is
+    refused before extraction, naming both lengths (both image sizes, and the ``image_size`` to resize to);
+    data whose rows have their own lengths is predicted, and a probe that predates the record is not checked."""
+    probe_path, _, _, x = fitted
+    short = table(tmp_path / "short.parquet", x[:10, :4])  # rows of 4 tokens, the probe's data's have 6
+    r = cli("predict", "--probe", probe_path, "--data", str(short))
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "short.parquet holds rows of 4 tokens, the probe's data had rows of 6 tokens each" in r.stderr
+    assert not (tmp_path / "features" / "short.parquet").exists()
+
+    small = named_images(tmp_path / "small", ("cat", "dog"), n=12)  # 8x8 images: 16 tokens at patch=2
+    features = api.extract(
+        f"file:{small}", str(tiny_gpt2), depths="1", dtype="float32", compile=False, task_options={"patch": 2}
+    )
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    big = tmp_path / "big"
+    big.mkdir()
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(1)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(big / f"{i}.png")
+    r = cli("predict", "--probe", result["probe"], "--data", str(big))
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert (
+        "big holds 16x16 images, 64 tokens a row at patch=2; the probe's data had 16 tokens a row (8x8 images "
+        "at patch=2): pass --task-opt image_size=8x8 to resize them to the probe's size" in r.stderr
+    )
+    r = cli("predict", "--probe", result["probe"], "--data", str(big), "--task-opt", "image_size=8x8")
+    assert r.exit_code == 0, r.output
+    assert len(lines(r.stdout)) == 3
+
+    rng = np.random.default_rng(2)  # rows of their own lengths, fitted and predicted on rows of others
+    ragged = [rng.standard_normal((int(n), 3)).tolist() for n in rng.integers(3, 9, 60)]
+    pq.write_table(
+        pa.table({"x": ragged, "label": [CLASSES[k % 2] for k in range(60)]}), tmp_path / "ragged.parquet"
+    )
+    features = api.extract(
+        f"file:{tmp_path / 'ragged.parquet'}", str(tiny_gpt2), depths="1", dtype="float32", compile=False
+    )
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    assert load_probe(result["probe"]).meta["row_tokens"] is None
+    longer = table(tmp_path / "longer.parquet", rng.standard_normal((5, 12, 3)).astype(np.float32))
+    assert api.predict(result["probe"], data=longer, progress=False).shape == (5,)
+
+    z = dict(np.load(probe_path))  # a probe written before the row length was recorded
+    meta = json.loads(str(z.pop("meta")))
+    del meta["row_tokens"]
+    np.savez(tmp_path / "older.probe.npz", meta=np.array(json.dumps(meta)), **z)
+    assert api.predict(str(tmp_path / "older.probe.npz"), data=short, progress=False).shape == (10,)
+
+
+def test_a_backbone_folder_named_relative_to_where_the_fit_ran_is_asked_for_from_elsewhere(
+    tmp_path, cli, tiny_gpt2, monkeypatch
+):
+    """A probe whose extraction named its backbone by a relative folder, applied from another directory: the
+    message says it is the probe's recorded folder, not found from here, and to pass --backbone PATH."""
+    x, y = rows(40)
+    mine = table(tmp_path / "mine.parquet", x, y)
+    shutil.copytree(tiny_gpt2, tmp_path / "tiny")
+    monkeypatch.chdir(tmp_path)
+    features = api.extract(f"file:{mine}", "tiny", depths="1", dtype="float32", compile=False)
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    r = cli("predict", "--probe", result["probe"], "--data", str(mine))
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "records its backbone as the folder 'tiny', named relative to where its fit ran" in r.stderr
+    assert "pass --backbone PATH with the probe's model folder (the Python API: backbone=PATH)" in r.stderr
+    with pytest.raises(UsageError, match="records its backbone as the folder 'tiny'"):
+        api.predict(result["probe"], data=mine, progress=False)
+    r = cli("predict", "--probe", result["probe"], "--data", str(mine), "--backbone", str(tmp_path / "tiny"))
+    assert r.exit_code == 0, r.output
+    assert len(lines(r.stdout)) == len(x)
