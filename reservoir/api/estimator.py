@@ -167,11 +167,20 @@ def _rows(X: Any) -> tuple[list[np.ndarray], str, int]:
     rows = [np.asarray(r) for r in X]
     if not rows:
         return [], "dense", 0
-    bad = next((i for i, r in enumerate(rows) if r.ndim not in (1, 2) or r.dtype.kind not in "iufb"), None)
+    bad = next(
+        (
+            i
+            for i, r in enumerate(rows)
+            # integers are ids, one a token (an (N, T, d) integer array is refused the same way)
+            if r.ndim not in (1, 2) or r.dtype.kind not in "iufb" or (r.ndim == 2 and r.dtype.kind in "iu")
+        ),
+        None,
+    )
     if bad is not None:
+        tokens = " (integer tokens of d values as floats: .astype('float32'))" if rows[bad].ndim == 2 else ""
         raise UsageError(
             f"sequence {bad} of X is {rows[bad].dtype} with shape {rows[bad].shape}; give each sequence as "
-            "(T_i,) integer ids or (T_i, d) floats"
+            f"(T_i,) integer ids or (T_i, d) floats{tokens}"
         )
     kinds = {("ids" if r.dtype.kind in "iu" else "dense") for r in rows}
     if len(kinds) > 1:

@@ -70,7 +70,14 @@ def read_features(
     ((100, 3, 1, 32), [0, 1, 2])
     >>> read_features(path, "test", as_xarray=True).features.sel(depth=2)   # doctest: +SKIP
     """
-    from reservoir.extract.store import feature_splits, open_features, read_depth, read_depths, verify
+    from reservoir.extract.store import (
+        depth_index,
+        feature_splits,
+        open_features,
+        read_depth,
+        read_depths,
+        verify,
+    )
 
     if depth is not None and depths is not None:
         raise UsageError(
@@ -81,8 +88,9 @@ def read_features(
     path = Path(path)
     with open_features(path) as f:
         if depth is not None and xr is None:  # the single-depth form
-            if split in f:
-                verify(f, [depth] if depth in [int(d) for d in f.attrs["depths"]] else [], [split])
+            if split in f:  # a negative depth counts from the last: the stored depth it names is verified
+                depth = [int(d) for d in f.attrs["depths"]][depth_index(f, depth)]
+                verify(f, [depth], [split])
             X, y = read_depth(f, split, depth)
             return X.reshape(len(X), -1), y
         if split not in f:

@@ -140,7 +140,7 @@ def export(
         depths = stored if depths is None else select_depths(tuple(depths), stored, f"in {features}")
         order = stored_identity(f).get("splits") or []
         present = [s for s in order if s in f] + [s for s in feature_splits(f) if s not in order]
-        names = present if splits is None else list(splits)
+        names = present if splits is None else list(dict.fromkeys(splits))  # a split named twice: once
         for s in names:
             if s not in f:
                 raise UsageError(f"split {s!r} is not in {f.filename}; it holds {feature_splits(f)}")

@@ -209,6 +209,8 @@ class FileTask(Task):
         self._files: list[str] | None = None
         #: why the data has no labels (``predict=true`` only); ``None`` where it has them
         self.unlabeled: str | None = None
+        if kind in ("npz", "h5"):
+            self._no_columns(path, kind)
         if kind == "npz":
             arrays = _read_arrays(path)
             splits = self._read_npz(path, self._named(path, self._joined_arrays(path, arrays)))
@@ -272,6 +274,26 @@ class FileTask(Task):
             )
         self._n_classes = self.n_classes or top
         return splits
+
+    #: the table-column options (:data:`reservoir.tasks.streams.LAYOUTS`) and the arrays that hold what they name
+    #: in an .npz or .h5 file, whose arrays are read by their names
+    COLUMNS: ClassVar[dict[str, str]] = {
+        "input": "the array x (or x_<split>) holds the inputs",
+        "target": "the array y (or y_<split>) holds the labels",
+        "split": "the array split holds each row's split",
+    }
+
+    def _no_columns(self, path: Path, kind: str) -> None:
+        """Refuse a table-column option given for an .npz or .h5 file, which it would not change. Data to predict
+        on passes: it is read with the probe's options, whose columns are those of the data it was fitted on."""
+        given = [k for k in self.COLUMNS if getattr(self, k)]
+        if given and not self.predict:
+            key = given[0]
+            raise DataError(
+                f"{path} is an .{kind} file, whose arrays are read by their names: --task-opt "
+                f"{key}={getattr(self, key)} names a column of a table (Parquet, Arrow, datasets) and does not "
+                f"apply to it; drop the option ({self.COLUMNS[key]}; {FIX})"
+            )
 
     def _joined_arrays(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """An .npz's arrays to predict on: the ``x_<split>`` (and ``y_<split>``) arrays joined in split order."""
@@ -633,7 +655,7 @@ class FileTask(Task):
     def _split_rows(self, path: Path, arrays: dict[str, np.ndarray], y: np.ndarray) -> dict[str, np.ndarray]:
         if "split" in arrays:
             split = np.asarray(arrays["split"]).astype(str)
-            if split.shape != y.shape:
+            if split.shape != (len(y),):  # one name a row, of one label or of k (multi-label, k targets)
                 raise DataError(
                     f"{path}: split has shape {split.shape}; expected ({len(y)},), one name per row"
                 )

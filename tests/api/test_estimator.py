@@ -97,11 +97,18 @@ def test_transformer_parameters_follow_the_sklearn_contract(tiny_gpt2):
         (np.array([[0.5, 1.0], [1e39, 1.0]]), r"beyond float32's range \(sequence 1\)"),
         (np.array([[1, None], [2, 3]], dtype=object), "whose values are not all numbers"),
         (3.0, "X is a float; give sequences"),
+        (
+            [np.ones((4, 3), np.int64)] * 2,
+            r"sequence 0 of X is int64 with shape \(4, 3\); give each sequence as \(T_i,\) integer ids or "
+            r"\(T_i, d\) floats \(integer tokens of d values as floats: .astype\('float32'\)\)",
+        ),
+        ([np.ones((4, 3)), np.ones((4, 3), np.uint8)], r"sequence 1 of X is uint8 with shape \(4, 3\)"),
     ],
 )
 def test_the_transformer_refuses_what_extract_refuses_in_a_file(tiny_gpt2, X, message):
-    """No rows, a row without tokens, non-finite values or values float32 cannot hold, missing values, no sequences:
-    refused before the model runs (no NaN features, no recursion or TypeError)."""
+    """No rows, a row without tokens, non-finite values or values float32 cannot hold, missing values, no sequences,
+    rows of integers with a token width: refused before the model runs (no NaN features, no recursion, TypeError or
+    error inside torch)."""
     t = api.ReservoirFeatures(backbone=str(tiny_gpt2), depth=1, engine="torch")
     with pytest.raises(ValueError, match=message):
         t.fit(X)

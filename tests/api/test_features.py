@@ -69,6 +69,14 @@ def test_all_depth_reader_refuses_damaged_features(digits, tmp_path):
         ds[0, 1] = ds[0, 1] + 1.0  # rewritten with a valid checksum: only the recorded digest can tell
     with pytest.raises(StoreError, match="depth 1: the features differ from the digest"):
         api.read_features(copy, "test")
+    for depth in (
+        1,
+        -2,
+    ):  # the single-depth form verifies the depth a negative one names, as FeatureDataset does
+        with pytest.raises(StoreError, match="depth 1: the features differ from the digest"):
+            api.read_features(copy, "test", depth)
+        with pytest.raises(StoreError, match=f"depth {depth}: the features differ from the digest"):
+            api.FeatureDataset(copy, "test", depth)
 
 
 def test_read_features_as_an_xarray_dataset(digits):

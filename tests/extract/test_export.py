@@ -40,6 +40,19 @@ def test_parquet_holds_every_split_depth_and_label_as_the_reader_returns_them(di
         assert part.column("row").to_pylist() == list(range(len(y)))
 
 
+def test_a_split_named_twice_is_written_once_in_the_order_given(digits, tmp_path, cli):
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "twice.parquet"
+    r = cli(
+        "export", str(digits), "--out", str(out), "--split", "test", "--split", "train", "--split", "test"
+    )
+    assert r.exit_code == 0, r.output
+    table = pq.read_table(out)
+    n_test, n_train = (len(api.read_features(digits, s, depth=0)[1]) for s in ("test", "train"))
+    assert table.column("split").to_pylist() == ["test"] * n_test + ["train"] * n_train
+    assert table.column("row").to_pylist() == list(range(n_test)) + list(range(n_train))
+
+
 def test_datasets_folder_loads_with_load_from_disk(digits, tmp_path, cli):
     datasets = pytest.importorskip("datasets")
     out = tmp_path / "exported"

@@ -302,6 +302,13 @@ def _npz(path: Path, **arrays) -> Path:
     return path
 
 
+def _h5(path: Path, **arrays) -> Path:
+    with h5py.File(path, "w") as f:
+        for k, v in arrays.items():
+            f[k] = v
+    return path
+
+
 def _with(root: Path, name: str, data: bytes | None) -> Path:
     """``root`` with an empty folder (``data`` None) or a file of ``data`` at ``name``."""
     if data is None:
@@ -429,6 +436,21 @@ def bad_sources(tmp: Path):
             ),
             "holds an array of Python objects (pandas' .values of text, mixed types); save each array with a plain",
         ),
+        "input column of an npz": (
+            lambda: (_npz(tmp / "a.npz", x=np.array(x, np.float32), y=y), ("input=nope",)),
+            "a.npz is an .npz file, whose arrays are read by their names: --task-opt input=nope names a column "
+            "of a table (Parquet, Arrow, datasets) and does not apply to it; drop the option (the array x (or "
+            "x_<split>) holds the inputs;",
+        ),
+        "target column of an h5": (
+            lambda: (_h5(tmp / "a.h5", x=np.array(x, np.float32), y=y), ("target=nope",)),
+            "a.h5 is an .h5 file, whose arrays are read by their names: --task-opt target=nope names a column",
+        ),
+        "split column of an npz": (
+            lambda: (_npz(tmp / "a.npz", x=np.array(x, np.float32), y=y), ("split=nope",)),
+            "--task-opt split=nope names a column of a table (Parquet, Arrow, datasets) and does not apply to it; "
+            "drop the option (the array split holds each row's split;",
+        ),
         "split missing": (
             lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": y, "split": ["train"] * 6}), ()),
             "has no (or an empty) 'test' split",
@@ -446,6 +468,26 @@ def test_bad_inputs_are_refused_in_words_before_any_feature_file(cli, home, tmp_
     assert r.exit_code == 1 and message in r.output, r.output
     assert "Traceback" not in r.output and (str(path) in r.output or "option of task file:PATH" in r.output)
     assert not list(tmp_path.glob("f.h5*")) and not (home / "features").exists()
+
+
+@pytest.mark.parametrize("kind", ["npz", "h5"])
+def test_several_labels_a_row_take_a_split_array_of_one_name_a_row(tmp_path, kind):
+    """Labels ``(N, k)`` (multi-label 0/1 rows) with a ``split`` array of ``N`` names, the layout the docs give:
+    each split holds its rows' labels; a split array of another length is refused naming the length wanted."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((10, 4, 3)).astype(np.float32)
+    y = np.array([[0, 1], [1, 0], [1, 1], [0, 0], [1, 0]] * 2)
+    names = np.array(["train"] * 7 + ["test"] * 3)
+    write = _npz if kind == "npz" else _h5
+    split = names if kind == "npz" else names.astype("S")  # h5py stores text as bytes
+    task = get_task(f"file:{write(tmp_path / f'ml.{kind}', x=x, y=y, split=split)}")
+    assert task.spec.splits == ("train", "test") and task.spec.outputs_per_token == 2
+    for name, rows in (("train", slice(0, 7)), ("test", slice(7, 10))):
+        d = task.read(name, tmp_path)
+        assert np.array_equal(np.asarray(d.inputs), x[rows]) and d.labels.tolist() == y[rows, None].tolist()
+    short = write(tmp_path / f"short.{kind}", x=x, y=y, split=split[:9])
+    with pytest.raises(DataError, match=r"split has shape \(9,\); expected \(10,\), one name per row"):
+        get_task(f"file:{short}")
 
 
 def within_one_of_proportional(got: np.ndarray, whole: np.ndarray, n: int) -> None:
