@@ -49,8 +49,9 @@ def read_features(
     -------
     tuple or xarray.Dataset
         ``(X, y)`` for one ``depth``; else ``(X, y, depths)`` with ``X`` float32 of shape
-        ``(N, n_depths, n_readout, d_model)``, ``y`` the labels ``(N,)`` or ``(N, n_readout, bits)``,
-        and ``depths`` the stored depths along ``X``'s second axis; a Dataset with ``as_xarray``.
+        ``(N, n_depths, n_readout, d_model)``, ``y`` the labels ``(N,)`` or ``(N, n_readout, bits)``
+        (``-1`` for each row of data read without labels, ``predict=true``), and ``depths`` the stored depths
+        along ``X``'s second axis; a Dataset with ``as_xarray``.
 
     Raises
     ------
