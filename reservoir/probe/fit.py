@@ -371,6 +371,7 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             identity.get("limit"),
             0 if regression else max(len(np.unique(labels)), task_classes(identity)),
         )
+        of_file = None  # what every depth's probe records of the file, read at the first
         for depth in depths:
             with noting_convergence(f"depth {depth}"):
                 scores, predictor = fit_probe(
@@ -401,12 +402,14 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
                 machines=list(dict.fromkeys(m for m in (extract_cfg.get("machine"), head_on) if m)),
                 extra={"features": str(path)},
             ).to_json()
-            if isinstance(
-                predictor, Predictor
-            ):  # the head, saved beside its result before the result names it
-                from reservoir.probe.saved import probe_path, save_probe
+            # the head, saved beside its result before the result names it
+            if isinstance(predictor, Predictor):
+                from reservoir.probe.saved import file_meta, probe_path, save_probe
 
-                result["probe"] = str(save_probe(probe_path(result_path(result)), predictor, f, result))
+                of_file = of_file or file_meta(f)
+                result["probe"] = str(
+                    save_probe(probe_path(result_path(result)), predictor, f, result, of_file)
+                )
             result["path"] = str(write_result(result))
             results.append(result)
             if progress:

@@ -160,13 +160,35 @@ def row_tokens(f: h5py.File) -> int | None:
     return lengths.pop() if len(lengths) == 1 else None
 
 
-def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dict[str, Any]) -> Path:
+def file_meta(f: h5py.File) -> dict[str, Any]:
+    """What a probe records of its feature file ``f``, the same for every depth fitted on it: class names, label
+    and feature shapes, the input layer's digest and tokens, the rows' length and how the backbone was named."""
+    train = f["train"]
+    return {
+        "class_names": class_names(f),
+        "label_shape": list(train["labels"].shape[1:]),
+        "n_readout": int(train["features"].shape[2]),
+        "d_model": int(train["features"].shape[3]),
+        "input_layer": input_layer_digest(f),
+        "tokens": token_layout(f["input_layer"]),
+        "row_tokens": row_tokens(f),
+        "extraction": {k: file_config(f).get(k) for k in ("backbone", "load_dtype")},
+    }
+
+
+def save_probe(
+    path: str | Path,
+    predictor: Predictor,
+    f: h5py.File,
+    result: dict[str, Any],
+    of_file: dict[str, Any] | None = None,
+) -> Path:
     """Write the probe of ``result`` (one depth's fit on the feature file ``f``; its head, depth, seed,
-    chosen regularisation, identity and test accuracies) to ``path`` atomically; returns ``path``."""
+    chosen regularisation, identity and test accuracies) to ``path`` atomically; returns ``path``. ``of_file``:
+    :func:`file_meta` of ``f``, read once for every depth of a fit (read here when not given)."""
     from reservoir.results import atomic_write
 
     meta_state, arrays = predictor.state()
-    train = f["train"]
     meta = {
         "kind": PROBE_KIND,
         "format": PROBE_FORMAT,
@@ -178,18 +200,11 @@ def save_probe(path: str | Path, predictor: Predictor, f: h5py.File, result: dic
         "n_outputs": predictor.n_outputs,
         "n_classes": predictor.n_classes,
         "classes": list(range(predictor.n_classes)),
-        "class_names": class_names(f),
-        "label_shape": list(train["labels"].shape[1:]),
-        "n_readout": int(train["features"].shape[2]),
-        "d_model": int(train["features"].shape[3]),
         "task": result["task"],
         "backbone": result["backbone"],
         "identity": result["identity"],
         "identity_hash": str(result["identity_hash"]),
-        "input_layer": input_layer_digest(f),
-        "tokens": token_layout(f["input_layer"]),
-        "row_tokens": row_tokens(f),
-        "extraction": {k: file_config(f).get(k) for k in ("backbone", "load_dtype")},
+        **(of_file or file_meta(f)),
         "test_split": result.get("test_split"),
         "test_accuracies": result.get("test_accuracies"),
         "metric": result.get("metric", "accuracy"),
