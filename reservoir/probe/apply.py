@@ -306,7 +306,7 @@ def predict_data(
             "with --dtype float32 or bfloat16) to predict on new data"
         )
     options = reading_options(probe, task_options)
-    task = FileTask.to_predict(str(data), probe.class_names, **options)
+    task = FileTask.to_predict(str(data), probe.class_names, tuple(task_options or ()), **options)
     check_data(probe, task, data)
     cfg = build(
         ExtractConfig,

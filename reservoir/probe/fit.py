@@ -137,7 +137,7 @@ def identity_mismatch(task: str, backbone: str | None, identity: dict[str, Any],
 
         key = canonical(identity["task_options"])
         if key not in read:
-            read[key] = FileTask(path=path, **identity["task_options"])
+            read[key] = FileTask.recorded(path, **identity["task_options"])
         if reread(read[key], identity, ".") is None:
             return f"the data of another file named {Path(path).name!r}"
     return None
@@ -212,7 +212,7 @@ def check_task(f: h5py.File, identity: dict[str, Any], cfg: FitConfig) -> tuple[
     if (path := file_task_path(cfg.task)) is not None:
         from reservoir.tasks.userfile import FileTask
 
-        task = FileTask(path=path, **identity["task_options"])
+        task = FileTask.recorded(path, **identity["task_options"])
         data = reread(task, identity, ".")
         if data is None:
             raise IdentityError(

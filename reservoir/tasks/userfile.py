@@ -164,6 +164,8 @@ class FileTask(Task):
     RECORDED: ClassVar[tuple[str, ...]] = ("n_classes", "test_fraction", "seed")
     #: class names labels must be among, numbered by their place here (:meth:`to_predict`)
     _known: ClassVar[list[str] | None] = None
+    #: the options the user gave, which must each change how the data is read; ``None``: every one passed
+    _given: ClassVar[tuple[str, ...] | None] = None
 
     @classmethod
     def named(cls, path: str, **options: Any) -> FileTask:
@@ -171,13 +173,26 @@ class FileTask(Task):
         return cls(path, **options)
 
     @classmethod
-    def to_predict(cls, path: str, classes: list[str] | None = None, **options: Any) -> FileTask:
+    def to_predict(
+        cls, path: str, classes: list[str] | None = None, given: Any = None, **options: Any
+    ) -> FileTask:
         """Every row of ``file:PATH`` as data to predict on (``predict=true``, module docstring), labels where
         it has them. ``classes`` (a probe's class names) numbers labels given as names and class folders by
-        their place in it, so that an id means the probe's class; a name outside it is refused."""
+        their place in it, so that an id means the probe's class; a name outside it is refused. ``given``:
+        the options the user gave (the rest are the probe's, passed over where the data does not read them);
+        ``None``: all of them."""
         task = cls.__new__(cls)
         task._known = [str(c) for c in classes] if classes else None
+        task._given = tuple(options) if given is None else tuple(given)
         task.__init__(path, **{**options, "predict": True})
+        return task
+
+    @classmethod
+    def recorded(cls, path: str, **options: Any) -> FileTask:
+        """The task a feature file's identity records (its ``task_options``), read as it was extracted."""
+        task = cls.__new__(cls)
+        task._given = ()
+        task.__init__(path, **options)
         return task
 
     def __init__(self, path: str, **options: Any):
@@ -190,6 +205,8 @@ class FileTask(Task):
             setattr(self, key, _convert(options[key], f.type, key) if key in options else f.default)
             check_value("file:PATH", key, getattr(self, key), f.metadata)
         self._splits = self._read(Path(self.path))
+        given = options if self._given is None else self._given
+        self._refuse_unread([k for k in given if getattr(self, k) != fields[k].default])
 
     def identity_options(self) -> dict[str, Any]:
         """Where the file lies is not part of the identity; its contents are (the data fingerprint)."""
@@ -209,8 +226,7 @@ class FileTask(Task):
         self._files: list[str] | None = None
         #: why the data has no labels (``predict=true`` only); ``None`` where it has them
         self.unlabeled: str | None = None
-        if kind in ("npz", "h5"):
-            self._no_columns(path, kind)
+        self._kind_read, self._drawn = kind, False
         if kind == "npz":
             arrays = _read_arrays(path)
             splits = self._read_npz(path, self._named(path, self._joined_arrays(path, arrays)))
@@ -275,25 +291,49 @@ class FileTask(Task):
         self._n_classes = self.n_classes or top
         return splits
 
-    #: the table-column options (:data:`reservoir.tasks.streams.LAYOUTS`) and the arrays that hold what they name
-    #: in an .npz or .h5 file, whose arrays are read by their names
-    COLUMNS: ClassVar[dict[str, str]] = {
-        "input": "the array x (or x_<split>) holds the inputs",
-        "target": "the array y (or y_<split>) holds the labels",
-        "split": "the array split holds each row's split",
+    #: the options some data do not read: what each needs of the data (``table``: a table's columns,
+    #: ``images``, ``ids``: token ids, ``drawn``: a test split drawn from rows without splits) and what it does
+    READS: ClassVar[dict[str, tuple[str, str]]] = {
+        "input": ("table", "names a table's input column (Parquet, Arrow, datasets)"),
+        "target": ("table", "names a table's label column (Parquet, Arrow, datasets)"),
+        "split": ("table", "names a table's split column (Parquet, Arrow, datasets)"),
+        "patch": ("images", "cuts images into patches"),
+        "image_size": ("images", "resizes images"),
+        "mode": ("images", "converts images"),
+        "vocab_size": ("ids", "sizes a vocabulary of token ids"),
+        "test_fraction": ("drawn", "sizes the test split drawn from rows without splits"),
+        "seed": ("drawn", "seeds the test split drawn from rows without splits"),
     }
 
-    def _no_columns(self, path: Path, kind: str) -> None:
-        """Refuse a table-column option given for an .npz or .h5 file, which it would not change. Data to predict
-        on passes: it is read with the probe's options, whose columns are those of the data it was fitted on."""
-        given = [k for k in self.COLUMNS if getattr(self, k)]
-        if given and not self.predict:
-            key = given[0]
-            raise DataError(
-                f"{path} is an .{kind} file, whose arrays are read by their names: --task-opt "
-                f"{key}={getattr(self, key)} names a column of a table (Parquet, Arrow, datasets) and does not "
-                f"apply to it; drop the option ({self.COLUMNS[key]}; {FIX})"
-            )
+    def _refuse_unread(self, given: list[str]) -> None:
+        """Refuse an option given for data that does not read it: it would change nothing but the feature
+        file's name."""
+        path, kind = self.path, self._kind_read
+        has = {
+            "table": kind in ("table", "dataset"),
+            "images": self._image,
+            "ids": self._kind == "ids",
+            "drawn": self._drawn,
+        }
+        held = "images" if self._image else "token ids" if self._kind == "ids" else "tokens of real values"
+        lacks = {
+            "table": f"an .{kind} file's arrays are read by their names (x, y, split, or x_<split>, y_<split>)"
+            if kind in ("npz", "h5")
+            else "an image folder's images are the inputs, their class folders the labels and split folders "
+            "the splits",
+            "images": f"it holds {held}",
+            "ids": f"it holds {held}",
+            "drawn": "data to predict on is read whole, every row in input order"
+            if self.predict
+            else f"it gives its splits ({', '.join(self._splits)})",
+        }
+        for key in given:
+            need, does = self.READS.get(key, (None, ""))
+            if need is not None and not has[need]:
+                raise DataError(
+                    f"--task-opt {key}={getattr(self, key)} {does} and does not apply to {path}: {lacks[need]}; "
+                    f"drop the option ({FIX})"
+                )
 
     def _joined_arrays(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """An .npz's arrays to predict on: the ``x_<split>`` (and ``y_<split>``) arrays joined in split order."""
@@ -663,6 +703,8 @@ class FileTask(Task):
             _check_split_names(path, "the split array", order[3:])
             return {s: np.flatnonzero(split == s) for s in order if (split == s).any()}
         from sklearn.model_selection import train_test_split
+
+        self._drawn = True
 
         rows = np.arange(len(y))
         n_test = int(np.ceil(self.test_fraction * len(y)))  # as scikit-learn rounds a fraction

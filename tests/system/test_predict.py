@@ -129,7 +129,12 @@ def test_bad_input_is_refused_in_words_before_any_file_is_written(tmp_path, cli,
     probe_path, mine, features, x = fitted
     other_model = save_tiny_gpt2(tmp_path / "other", seed=1)  # the same architecture, other weights
     moved = shutil.copytree(tiny_gpt2, tmp_path / "moved")  # the probe's weights, elsewhere
+    arrays = tmp_path / "rows.npz"
+    np.savez(arrays, x=x[:10])
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    r = cli("predict", "--probe", probe_path, "--data", str(arrays), "--task-opt", "input=x")
+    assert r.exit_code == 1 and "--task-opt input=x names a table's input column" in r.stderr, r.output
+    assert "does not apply to" in r.stderr and "an .npz file's arrays are read by their names" in r.stderr
     narrow = table(tmp_path / "narrow.parquet", x[:10, :, :2])  # tokens of 2 values, the probe's have 3
     r = cli("predict", "--probe", probe_path, "--data", str(narrow))
     assert r.exit_code == 1 and "Traceback" not in r.output

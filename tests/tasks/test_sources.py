@@ -274,10 +274,16 @@ def test_real_valued_targets_are_a_regression_task_with_regression_true(cli, hom
 
 
 def test_an_npz_records_the_same_task_options_as_before(tmp_path):
-    """Options added for tables and images enter the identity only when set: npz feature files keep theirs."""
+    """Options added for tables and images enter the identity only when set: npz feature files keep theirs.
+    Such an option is refused for an npz, which it would not change, but a file's recorded identity that
+    holds one (written before the refusal) is still read."""
+    from reservoir.tasks.userfile import FileTask
+
     path = write("npz", tmp_path, arrays())
     assert get_task(f"file:{path}").identity_options() == {"n_classes": 0, "test_fraction": 0.2, "seed": 0}
-    assert get_task(f"file:{path}", patch="2").identity_options()["patch"] == 2
+    with pytest.raises(DataError, match="patch=2 cuts images into patches and does not apply"):
+        get_task(f"file:{path}", patch="2")
+    assert FileTask.recorded(str(path), patch=2).identity_options()["patch"] == 2
 
 
 # -- bad inputs ------------------------------------------------------------------------------------
@@ -438,18 +444,44 @@ def bad_sources(tmp: Path):
         ),
         "input column of an npz": (
             lambda: (_npz(tmp / "a.npz", x=np.array(x, np.float32), y=y), ("input=nope",)),
-            "a.npz is an .npz file, whose arrays are read by their names: --task-opt input=nope names a column "
-            "of a table (Parquet, Arrow, datasets) and does not apply to it; drop the option (the array x (or "
-            "x_<split>) holds the inputs;",
+            "--task-opt input=nope names a table's input column (Parquet, Arrow, datasets) and does not apply to "
+            f"{tmp / 'a.npz'}: an .npz file's arrays are read by their names (x, y, split, or x_<split>, y_<split>); "
+            "drop the option",
         ),
         "target column of an h5": (
             lambda: (_h5(tmp / "a.h5", x=np.array(x, np.float32), y=y), ("target=nope",)),
-            "a.h5 is an .h5 file, whose arrays are read by their names: --task-opt target=nope names a column",
+            "--task-opt target=nope names a table's label column (Parquet, Arrow, datasets) and does not apply",
         ),
         "split column of an npz": (
             lambda: (_npz(tmp / "a.npz", x=np.array(x, np.float32), y=y), ("split=nope",)),
-            "--task-opt split=nope names a column of a table (Parquet, Arrow, datasets) and does not apply to it; "
-            "drop the option (the array split holds each row's split;",
+            "--task-opt split=nope names a table's split column (Parquet, Arrow, datasets) and does not apply to",
+        ),
+        "input column of an image folder": (
+            lambda: (_images(tmp / "im", [(8, 8)] * 6), ("input=image",)),
+            "does not apply to {}: an image folder's images are the inputs, their class folders the labels".format(
+                tmp / "im"
+            ),
+        ),
+        "patch of tokens": (
+            lambda: (_npz(tmp / "a.npz", x=np.array(x, np.float32), y=y), ("patch=2",)),
+            f"--task-opt patch=2 cuts images into patches and does not apply to {tmp / 'a.npz'}: it holds tokens of "
+            "real values; drop the option",
+        ),
+        "image size of token ids": (
+            lambda: (_parquet(tmp / "a.parquet", {"x": [[1, 2, 3]] * 6, "y": y}), ("image_size=4x4",)),
+            "--task-opt image_size=4x4 resizes images and does not apply to",
+        ),
+        "vocabulary of images": (
+            lambda: (_images(tmp / "im", [(8, 8)] * 6), ("vocab_size=9",)),
+            "--task-opt vocab_size=9 sizes a vocabulary of token ids and does not apply to",
+        ),
+        "test fraction of split data": (
+            lambda: (
+                _npz(tmp / "a.npz", x=np.array(x, np.float32), y=y, split=np.array(["train", "test"] * 3)),
+                ("test_fraction=0.5",),
+            ),
+            f"--task-opt test_fraction=0.5 sizes the test split drawn from rows without splits and does not apply "
+            f"to {tmp / 'a.npz'}: it gives its splits (train, test); drop the option",
         ),
         "split missing": (
             lambda: (_parquet(tmp / "a.parquet", {"x": x, "y": y, "split": ["train"] * 6}), ()),
