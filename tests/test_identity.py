@@ -76,7 +76,7 @@ CHANGES = [
     (("--limit", "16"), "limit"),
     (("--depths", "0,2"), "depths"),
     (("--dtype", "bfloat16"), "dtype"),
-    (("--readout", "padded"), "readout"),
+    (("--readout", "mean"), "readout"),
     (("--split", "test"), "splits"),
 ]
 
@@ -94,6 +94,19 @@ def test_any_changed_setting_writes_elsewhere_or_is_refused(extract, home, chang
     code, out, _ = extract(*change, "--out", str(first))  # the old file named explicitly: refused, exit 1
     assert code == 1 and f"{first} holds features of another run" in out and f"{field}: stored" in out
     assert "pass another --out, or delete it" in out and "Traceback" not in out
+
+
+def test_the_padded_readout_of_a_task_of_fixed_length_is_refused_as_last(extract, home):
+    """Rows of one length have no padding: ``padded`` reads what ``last`` reads; a second file of the same
+    features is refused before any is written, and a task of variable length takes it."""
+    code, out, _ = extract("--readout", "padded")
+    assert code == 1 and "task 'digits' has rows of one length (16 tokens)" in out and "--readout last" in out
+    assert not (home / "features").exists()
+    small = ("max_len=32", "n_val=8", "n_test=8", "min_length=4", "max_length=30")
+    code, out, path = extract(
+        "--readout", "padded", *(a for o in small for a in ("--task-opt", o)), task="listops"
+    )
+    assert code == 0 and identity_of(path)["readout"] == "padded", out
 
 
 def test_task_option_and_seed_reach_generated_data(extract, home):
@@ -409,3 +422,17 @@ def test_a_second_writer_is_refused_and_a_dead_holder_releases_the_lock(extract,
     proc.wait()
     code, output, path = extract("--out", str(out))
     assert code == 0 and path == out and not out.with_name("f.h5.lock").exists()
+
+
+@pytest.mark.parametrize("task", ["mnist", "cifar10", "cifar10_lra", "remote_homology"])
+def test_how_data_is_fetched_is_not_what_it_is(task):
+    """``download=false`` reads the same data as the default: one identity, so that one feature file serves
+    both, and fit's ``--task-opt download=false`` picks the file extracted without it."""
+    from reservoir.probe.fit import extraction_mismatch
+    from reservoir.tasks import get_task
+
+    default, offline = get_task(task), get_task(task, download="false")
+    assert offline.download is False and offline.identity_options() == default.identity_options()
+    recorded = {"task_options": default.identity_options()}
+    assert extraction_mismatch(recorded, {"task_options": {"download": False}}) is None
+    assert extraction_mismatch(recorded, {"task_options": {"nope": 1}}) == "task option nope=None"

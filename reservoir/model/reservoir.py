@@ -49,7 +49,8 @@ def readout_index(lengths: torch.Tensor, spec: TaskSpec, readout: str, width: in
 
 def check_readout(spec: TaskSpec, readout: str) -> None:
     """Refuse, before anything runs, a readout the task cannot take (UsageError naming the fix):
-    ``mean`` and ``all`` of a task that reads several tokens, ``all`` of a task of variable length."""
+    ``mean`` and ``all`` of a task that reads several tokens, ``all`` of a task of variable length, ``padded``
+    of a task of fixed length (where it is ``last``)."""
     if readout not in READOUTS:
         raise UsageError(f"unknown readout {readout!r}; choose from {', '.join(READOUTS)}")
     if readout in ("mean", "all") and spec.n_readout > 1 and spec.n_readout != spec.seq_len:
@@ -62,6 +63,12 @@ def check_readout(spec: TaskSpec, readout: str) -> None:
             f"--readout all stores every position's state and needs a task of fixed length; task {spec.name!r} "
             f"has sequences of up to {spec.seq_len} tokens: use --readout mean (every real token, averaged) "
             "or last"
+        )
+    if readout == "padded" and not spec.variable_length:
+        raise UsageError(
+            f"--readout padded pads rows to the task's length and reads its last position; task {spec.name!r} "
+            f"has rows of one length ({spec.seq_len} tokens), so it reads what --readout last reads, under another "
+            "identity: use --readout last"
         )
 
 

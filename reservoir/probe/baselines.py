@@ -144,6 +144,7 @@ def rule_scores(
         "n_tests": {t: len(data[t]) for t in tests},
         "hyperparameters": {},
         "val_scores": {},
+        "seeded": val is None,
         "seconds": 0.0,
     }
 

@@ -42,7 +42,7 @@ from reservoir.probe.rows import Rows, rows
 from reservoir.progress import log
 from reservoir.results import Result, result_path, write_result
 from reservoir.runtime import machine
-from reservoir.settings import option_name, selecting
+from reservoir.settings import default, option_name, selecting
 from reservoir.tasks import VALIDATION_SPLITS
 from reservoir.tasks import split_roles as roles_of
 
@@ -92,11 +92,13 @@ def describe_file(p: Path, i: dict[str, Any], differ: Sequence[str] = ()) -> str
 def extraction_mismatch(identity: dict[str, Any], wanted: dict[str, Any]) -> str | None:
     """Which of the extraction settings ``wanted`` (:attr:`reservoir.config.FitConfig.extraction`) the
     recorded ``identity`` differs in, or ``None``."""
+    from reservoir.tasks import Task
+
     for key, value in wanted.items():
         if key == "task_options":
             recorded = identity.get("task_options", {})
             for option, given in value.items():
-                if recorded.get(option) != given:
+                if recorded.get(option) != given and option not in Task.FETCHING:
                     return f"task option {option}={recorded.get(option)!r}"
         elif identity.get(key) != value:
             return f"{key} {identity.get(key)!r}"
@@ -241,6 +243,7 @@ def check_sizes(
         n_val=None if has_val else (lambda n: math.ceil(cfg.val_fraction * n)),
         n_classes=n_classes,
         extracted=True,
+        default_fraction=default(FitConfig, "val_fraction"),
     )
 
 
@@ -414,6 +417,13 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
             results.append(result)
             if progress:
                 print(f"depth {depth}: {score_line(scores)}", file=sys.stderr)
+        if results and not results[-1]["seeded"] and cfg.seed != default(FitConfig, "seed"):
+            log(
+                f"--seed {cfg.seed} changed nothing: {path} has a validation split of its own and head {cfg.head} "
+                f"takes no seed, so every seed fits these probes alike (the report counts them once); features "
+                "of another seed: extract with --seed, then fit with --extract-seed",
+                progress,
+            )
         if cfg.baselines:
             if file_task_path(identity["task"]) is not None and not cfg.task:
                 log(

@@ -214,6 +214,9 @@ def fit_probe(
     one, the refit uses train. ``device`` is where the torch head trains. With ``memory_bytes``,
     training rows holding more features than that are never loaded at once (:func:`search_refit`).
 
+    ``seeded`` in the scores says whether ``seed`` changed the fit (it draws the validation part, or the head
+    takes it); a fit it did not change is the same at every seed.
+
     Returns the scores and the refitted head's predictor ``X (n, d) -> (n, m)``: for the registered heads
     a :class:`~reservoir.probe.predictors.Predictor`, whose state a saved probe keeps
     (:mod:`reservoir.probe.saved`).
@@ -242,6 +245,7 @@ def fit_probe(
         "n_tests": {k: t.n for k, t in tests.items()},
         "hyperparameters": {kind.param: best},
         "val_scores": {str(k): v for k, v in scores.items()},
+        "seeded": held_out or "seed" in kind.estimator.get_params(),
         "seconds": time.perf_counter() - start,
     }
     return out, predict

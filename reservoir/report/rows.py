@@ -228,7 +228,7 @@ def seeds_of(r: dict[str, Any]) -> set[Any]:
     seed with the fit's (of its validation split and torch head)."""
     identity = r.get("identity", {})
     if r["mode"] == "output-only":
-        return {(identity.get("seed"), r.get("seed"))}
+        return {(identity.get("seed"), fitted_as(r)[0])}
     return set(identity.get("seeds") or [r.get("seed")])
 
 
@@ -285,6 +285,12 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
         row = rows.setdefault(key, Row(*key))
         row.by_depth[int(r["depth"])].append(r)
     for row in rows.values():  # an end-to-end result folds its seeds; seeds run apart fold into one
+        if row.mode == "output-only":  # fits of one seed (a seed that changed nothing): one of them
+            for depth, rs in row.by_depth.items():
+                kept: dict[frozenset, dict[str, Any]] = {}
+                for r in rs:
+                    kept.setdefault(frozenset(seeds_of(r)), r)
+                row.by_depth[depth] = list(kept.values())
         if row.mode == "end-to-end":
             for depth, rs in row.by_depth.items():
                 if len(rs) > 1 and all(r.get("runs") for r in rs):
@@ -350,9 +356,10 @@ def data_groups(rows: list[Row], task: str, every_mode: bool = False) -> list[Da
 
 
 def fitted_as(r: dict[str, Any]) -> tuple[Any, Any]:
-    """How a probe or baseline was fitted beside its data: its seed (of the validation split) and the share of
-    train held out."""
-    return r.get("seed"), ((r.get("config") or {}).get("fit") or {}).get("val_fraction")
+    """How a probe or baseline was fitted beside its data: its seed (of the validation split and the torch
+    head; ``None`` where the result says it changed nothing) and the share of train held out."""
+    seed = r.get("seed") if r.get("seeded", True) else None
+    return seed, ((r.get("config") or {}).get("fit") or {}).get("val_fraction")
 
 
 def baselines_of(group: DataGroup, baselines: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -261,9 +261,14 @@ class Task:
     def options(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    #: options that say how the data is fetched, not what it is: the identity records their defaults, so that
+    #: every value finds the same feature file (one each would hold the same features)
+    FETCHING: ClassVar[tuple[str, ...]] = ("download",)
+
     def identity_options(self) -> dict[str, Any]:
         """The options that change the data, for the run's identity (not where it was read from)."""
-        return self.options()
+        fetching = {f.name: f.default for f in dataclasses.fields(self) if f.name in self.FETCHING}
+        return {**self.options(), **fetching}
 
     def check_split(self, split: str) -> None:
         if split not in self.spec.splits:

@@ -19,6 +19,7 @@ longer than ``max_len`` (512 by default, up to 2000) are truncated to their firs
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import random
 import threading
@@ -218,8 +219,30 @@ class ListOps(Task):
     max_depth: int = setting(10, Interval(1, 100))  # trees are drawn recursively
     max_args: int = setting(10, Interval(2, 1000))
 
+    #: the options that shape generated expressions, which LRA's files (``source=lra``) do not read
+    GENERATING: ClassVar[tuple[str, ...]] = (
+        "n_train",
+        "n_val",
+        "n_test",
+        "seed",
+        "min_length",
+        "max_length",
+        "max_depth",
+        "max_args",
+    )
+
     def __post_init__(self):
-        if self.source == "generate" and expected_length(self.max_depth, self.max_args) > MAX_EXPECTED_LENGTH:
+        if self.source == "lra":
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            given = [k for k in self.GENERATING if getattr(self, k) != defaults[k]]
+            if given:
+                raise UsageError(
+                    f"The {given[0]!r} option of task listops ({getattr(self, given[0])}) shapes generated "
+                    "expressions and does not apply with source=lra, which reads LRA's files whole: drop it "
+                    "(--limit N takes a seeded sample of each split)"
+                )
+            return
+        if expected_length(self.max_depth, self.max_args) > MAX_EXPECTED_LENGTH:
             raise UsageError(
                 f"The 'max_depth' and 'max_args' options of task listops ({self.max_depth}, {self.max_args}) "
                 f"draw expressions of {expected_length(self.max_depth, self.max_args):,.0f} tokens on "

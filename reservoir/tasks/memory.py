@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reservoir.errors import UsageError
 from reservoir.settings import Interval, check, setting
 from reservoir.tasks import MAX_TOKENS, SplitData, TaskSpec, register_task
 from reservoir.tasks.series import SPLITS, Forecast, windows
@@ -33,6 +34,22 @@ class MemoryCapacity(Forecast):
     """Linear memory capacity: the ``delays`` inputs before each window's last step (module docstring)."""
 
     delays: int = setting(40, Interval(1, MAX_TOKENS))
+
+    def __post_init__(self):
+        if self.horizon != 1:
+            raise UsageError(
+                f"The 'horizon' option of task memory_capacity ({self.horizon}) sets how far ahead a forecast "
+                "reads; memory capacity reads the inputs before each window's last step, which 'delays' sets: "
+                "drop horizon"
+            )
+        check(
+            "memory_capacity",
+            "washout",
+            self.washout,
+            Interval(self.delays, None),
+            noun="option",
+            note=f" (delays {self.delays}: the first step scored reads that many inputs back)",
+        )
 
     @property
     def spec(self) -> TaskSpec:
@@ -53,14 +70,6 @@ class MemoryCapacity(Forecast):
 
     def read(self, split: str, data_dir: Path, n: int | None = None) -> SplitData:
         self.check_split(split)
-        check(
-            "memory_capacity",
-            "washout",
-            self.washout,
-            Interval(self.delays, None),
-            noun="option",
-            note=f" (delays {self.delays}: the first step scored reads that many inputs back)",
-        )
         stretches, total = self.stretches()
         start, size = stretches[split]
         n = min(n or size, size)

@@ -95,12 +95,20 @@ def check_train_split(
     val_fraction: float,
     n_classes: int = 0,
     extracted: bool = False,
+    default_fraction: float | None = None,
 ) -> None:
     """Refuse a train split too small to mean anything (UsageError naming ``--limit`` and the minimum;
     ``extracted``: the limit is the features' extraction's, so the fix is to extract again).
 
     ``n_val(n)``: the validation examples held out of ``n`` (``None``: the task has its own validation
-    split). ``n_classes``: the task's classes (the classes present when larger)."""
+    split). ``n_classes``: the task's classes (the classes present when larger). ``default_fraction``: the
+    default ``val_fraction``; another, given for data with its own validation split, would change nothing
+    but the run's name, and is refused."""
+    if n_val is None and default_fraction is not None and val_fraction != default_fraction:
+        raise UsageError(
+            f"{where} has a validation split of its own, which is used: --val-fraction {val_fraction:g} (the "
+            "share of train held out where there is none) would change nothing; drop it"
+        )
     n = len(labels)
     if labels.dtype.kind == "f":  # real-valued targets (regression): no classes to cover, rows on each side
         held = n_val(n) if n_val is not None else 0

@@ -14,6 +14,7 @@ import torch
 
 from reservoir.config import TrainConfig
 from reservoir.errors import DataError, interrupt_after
+from reservoir.settings import default
 from reservoir.tasks import SplitData, Task
 from reservoir.tasks.sizes import check_sample, check_train_split, holdout
 from reservoir.train.seeds import rng
@@ -54,6 +55,7 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
         val_fraction=cfg.val_fraction,
         n_val=(lambda n: max(1, int(round(cfg.val_fraction * n)))) if held_out else None,
         n_classes=task.spec.n_classes,
+        default_fraction=default(TrainConfig, "val_fraction"),
     )
     test = task.load(test_names[0], data_dir, cfg.limit, cfg.seed)
     read = {"train": train, test_names[0]: test}

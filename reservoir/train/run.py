@@ -29,6 +29,7 @@ from reservoir.progress import bar
 from reservoir.progress import log as log_line
 from reservoir.runtime import machine
 from reservoir.runtime.runner import CompiledOrEager
+from reservoir.settings import default
 from reservoir.tasks import Task
 from reservoir.train.checkpoint import (
     RunState,
@@ -179,6 +180,14 @@ def load_model(cfg: TrainConfig, task: Task, seed: int, device: torch.device) ->
     model = FPT(
         task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale, dropout=cfg.dropout
     ).to(device)
+    if cfg.dropout != default(TrainConfig, "dropout") and not any(
+        isinstance(m, torch.nn.Dropout) for m in model.modules()
+    ):
+        ids = f", and task {task.name!r} feeds token ids, which take no input dropout"
+        raise UsageError(
+            f"--dropout {cfg.dropout:g} would change nothing: backbone {cfg.backbone} has no dropout layer"
+            f"{ids if task.spec.token_kind == 'ids' else ''}; drop --dropout"
+        )
     return model, fingerprint
 
 

@@ -172,3 +172,34 @@ def test_real_valued_targets_take_the_ridge_head_by_default(cli, home, tiny_gpt2
     assert r.exit_code == 0, r.output
     (result,) = [json.loads(p.read_text()) for p in (home / "results" / "narma10").rglob("*.json")]
     assert result["head"] == "ridge"
+
+
+def test_a_fit_seed_or_held_out_share_that_changes_nothing_is_said_or_refused(cli, home, tmp_path, tiny_gpt2):
+    """A file with its own validation split: ``--val-fraction`` (a share of train held out where there is none)
+    is refused before any result; ``--seed`` with a head that takes none fits the same probe at every seed, so
+    the result says so (``seeded``) and fit says it in words. Without the split, the seed draws it."""
+    split = np.array(["train"] * 40 + ["val"] * 10 + ["test"] * 10)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "v.npz", x=rng.random((60, 6, 3)).astype("float32"), y=np.arange(60) % 3, split=split)
+    path = extract(cli, f"file:{tmp_path / 'v.npz'}", tiny_gpt2, "--depths", "1")
+    r = cli("fit", "--features", str(path), "--no-baselines", "--val-fraction", "0.3")
+    assert (
+        r.exit_code == 1
+        and "has a validation split of its own, which is used: --val-fraction 0.3" in r.output
+    )
+    assert "Traceback" not in r.output and not (home / "results").exists()
+    r = cli("fit", "--features", str(path), "--no-baselines", "--seed", "1", "--head", "ridge")
+    assert (
+        r.exit_code == 0
+        and "--seed 1 changed nothing:" in r.stderr
+        and "head ridge takes no seed" in r.stderr
+    )
+    (result,) = [json.loads(p.read_text()) for p in (home / "results").rglob("*.json")]
+    assert result["seeded"] is False and result["seed"] == 1
+    plain = extract(cli, f"file:{user_file(tmp_path / 'p.npz', 0)}", tiny_gpt2, "--depths", "1")
+    r = cli("fit", "--features", str(plain), "--no-baselines", "--seed", "1", "--head", "ridge")
+    assert r.exit_code == 0 and "changed nothing" not in r.stderr, r.output
+    seeded = [
+        json.loads(p.read_text()) for p in (home / "results").rglob("*.json") if "p.npz" in p.read_text()
+    ]
+    assert [s["seeded"] for s in seeded] == [True]

@@ -602,6 +602,35 @@ def test_fits_of_one_file_with_another_val_fraction_are_not_seeds_and_fit_seeds_
     assert by_label["b, fit val_fraction 0.3"].spread(0)[:2] == (0.7, None)
 
 
+def test_fits_whose_seed_changed_nothing_count_once_and_their_baselines_too():
+    """Fits of one feature file at fit seeds 0, 1, 2 that the seed did not change (the file's own validation
+    split, a head without a seed: ``seeded`` false) are one fit, not three seeds of spread 0; so are baselines
+    fitted alike at each seed. Fits the seed changed stay seeds of their row."""
+
+    def fitted(r, seed, seeded):
+        return {
+            **r,
+            "seed": seed,
+            "seeded": seeded,
+            "config": {"fit": {"val_fraction": 0.1}},
+            "key": f"{r['key']}{seed}",
+        }
+
+    for seeded, probes, bases in (
+        (False, "50.0 |", "30.0 |"),
+        (True, "50.0 ± 0.0 (n=3)", "30.0 ± 0.0 (n=3)"),
+    ):
+        results = [fitted(output_only(1, 0.5, 0.5), seed, seeded) for seed in (0, 1, 2)]
+        for seed in (0, 1, 2):
+            b = fitted(output_only(None, 0.3, 0.3, backbone="baseline-raw"), seed, seeded)
+            b.update(mode="baseline", baseline="raw", head="ridge", key=f"raw{seed}")
+            results.append(b)
+        rep = Report(results)
+        assert rep.rows[0].spread(1)[2] == (3 if seeded else 1)
+        table = rep.depth_tables()
+        assert f"| {probes}" in table and f"| {bases}" in table, table
+
+
 def test_a_row_of_samples_of_several_seeds_names_every_seed_and_a_full_run_says_no_limit():
     """A row folding --limit samples drawn by seeds 0 and 1 says both seeds in its data line (not the first
     result's); a setting without --limit beside one with it is labelled ``limit none``."""

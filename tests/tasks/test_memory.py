@@ -22,9 +22,18 @@ def test_labels_are_the_inputs_before_the_last_step():
 
 
 def test_a_washout_shorter_than_the_delays_is_refused_naming_both():
-    task = make_task("memory_capacity", {"delays": 50, "washout": 20}, 0)
+    """Refused with the options, before any data is drawn."""
     with pytest.raises(
         UsageError,
         match=r"'washout' option of memory_capacity must be >= 50 \(delays 50: .*\. Got 20 instead",
     ):
-        task.read("train", None)
+        make_task("memory_capacity", {"delays": 50, "washout": 20}, 0)
+
+
+def test_a_horizon_which_memory_capacity_does_not_read_is_refused():
+    """A forecast's horizon would shift only where validation and test start, not the labels: refused."""
+    with pytest.raises(
+        UsageError, match=r"'horizon' option of task memory_capacity \(5\) sets how far ahead"
+    ):
+        make_task("memory_capacity", {"horizon": 5}, 0)
+    assert make_task("memory_capacity", {"horizon": 1}, 0).horizon == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from reservoir.errors import UsageError
 from reservoir.tasks import TASKS, DataError, get_task, listops
 from tests.conftest import write_mnist
 
@@ -196,6 +197,19 @@ def test_listops_reads_lra_tsv(tmp_path):
 
     with pytest.raises(DataError, match="basic_val.tsv should start with the header"):
         get_task("listops", source="lra").load("val", tmp_path)
+
+
+@pytest.mark.parametrize("option", ["n_train=10", "seed=3", "max_depth=4", "min_length=10"])
+def test_listops_generation_options_are_refused_with_lra_files(option):
+    """LRA's files are read whole: an option that shapes generated expressions would change nothing (the same
+    rows under another identity), and is refused naming it; at its default it passes."""
+    key, value = option.split("=")
+    with pytest.raises(
+        UsageError, match=f"The '{key}' option of task listops \\({value}\\) shapes generated"
+    ):
+        get_task("listops", source="lra", **{key: value})
+    assert get_task("listops", source="lra", n_train="96000").source == "lra"
+    assert get_task("listops", **{key: value}).source == "generate"
 
 
 @pytest.mark.parametrize(

@@ -1192,3 +1192,45 @@ def test_a_run_of_no_blocks_resumes(tiny_gpt2, home):
     first = train(cfg, progress=False)
     again = train(dataclasses.replace(cfg, resume=True, steps=30), progress=False)
     assert first["depth"] == 0 and again["steps"] == [30]
+
+
+def test_a_held_out_share_for_a_task_with_a_validation_split_is_refused(cli, home, tiny_gpt2):
+    """ListOps has a validation split of its own: ``--val-fraction`` would change nothing but the run's identity,
+    and is refused before any checkpoint; at its default the run starts."""
+    small = ["n_train=80", "n_val=10", "n_test=10", "max_length=24", "min_length=4", "max_depth=2"]
+    args = ["train", "--task", "listops", "--backbone", str(tiny_gpt2), "--steps", "1", "--seeds", "1"]
+    args += [a for o in small for a in ("--task-opt", o)]
+    r = cli(*args, "--val-fraction", "0.3")
+    assert r.exit_code == 1 and "task 'listops' has a validation split of its own" in r.output, r.output
+    assert "--val-fraction 0.3" in r.output and "Traceback" not in r.output
+    assert not list(home.rglob("*.pt"))
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
+
+
+def test_a_dropout_that_no_layer_applies_is_refused(cli, home):
+    """An LSTM on token ids has no dropout layer, and ids take no input dropout: ``--dropout 0.5`` would change
+    nothing but the run's identity, and is refused before any checkpoint; at its default the run starts."""
+    small = [
+        "n_train=80",
+        "n_val=10",
+        "n_test=10",
+        "max_length=24",
+        "min_length=4",
+        "max_depth=2",
+        "max_len=32",
+    ]
+    args = ["train", "--task", "listops", "--backbone", "lstm", "--steps", "1", "--seeds", "1"]
+    args += [a for o in small for a in ("--task-opt", o)]
+    r = cli(*args, "--dropout", "0.5")
+    assert (
+        r.exit_code == 1
+        and "--dropout 0.5 would change nothing: backbone lstm has no dropout layer" in r.output
+    )
+    assert (
+        "task 'listops' feeds token ids, which take no input dropout" in r.output
+        and "Traceback" not in r.output
+    )
+    assert not list(home.rglob("*.pt"))
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
