@@ -320,6 +320,11 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         if kind == "ids":
             vocab = self.vocab_size or int(max(r.max() for r in rows)) + 1
             _check_ids(rows, vocab)
+        elif self.vocab_size is not None:
+            raise UsageError(
+                f"vocab_size={self.vocab_size} sizes a vocabulary of integer token ids, and X holds real-valued "
+                "tokens: it would change nothing; leave vocab_size out"
+            )
         self.spec_ = TaskSpec(
             "sklearn",
             kind,

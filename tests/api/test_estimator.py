@@ -286,11 +286,16 @@ def test_a_data_frame_gives_the_features_of_its_array(tiny_gpt2):
             r"depths \[1.5\] must be 'all', an integer or a list of integers",
         ),
         ({}, ["abc", "de"], r"sequence 0 of X is <U3 with shape \(\); give each sequence as"),
+        (
+            {"vocab_size": 8},
+            np.zeros((2, 3, 4), np.float32),
+            r"vocab_size=8 sizes a vocabulary of integer token ids, and X holds real-valued tokens",
+        ),
     ],
 )
 def test_fit_refuses_ids_and_settings_it_cannot_honour(tiny_gpt2, params, X, message):
     """Negative ids, ids past ``vocab_size``, a vocabulary or seed that is not a whole number, a depth that is
-    not one: refused by ``fit`` in words, not truncated nor failing inside torch."""
+    not one, a vocabulary for real-valued tokens: refused by ``fit`` in words, not truncated nor failing inside torch."""
     with pytest.raises(ValueError, match=message):
         api.ReservoirFeatures(backbone=str(tiny_gpt2), **{"depth": 1, **params}).fit(X)
 
