@@ -682,7 +682,11 @@ class PredictConfig(Config):
         "through the probe's extraction (its features kept under features/ for the next call) and the probe.",
         path="any",
     )
-    split: str | None = setting(None, help="Split of the --features file to predict.", default_text="test")
+    split: str | None = setting(
+        None,
+        help="Split of the --features file to predict.",
+        default_text="test; predict for a file of data read to predict on",
+    )
     task_options: dict[str, Any] = task_options_setting(
         "How to read --data, as extract's (input=COLUMN, mode=RGB, ...); the probe's own are the default."
     )
@@ -710,7 +714,6 @@ class PredictConfig(Config):
                 "give --data PATH (new data) or --features FILE (extracted as the probe's were), not both; --split "
                 f"is for --features, --task-opt and --backbone for --data. Got {' '.join(given + wrong) or 'neither'}"
             )
-        object.__setattr__(self, "split", self.split or ("test" if self.features else None))
 
 
 def parse_depth_rules(value: Any) -> tuple[str | int, ...]:

@@ -31,6 +31,7 @@ from reservoir.probe.predictors import REGRESSION
 from reservoir.probe.saved import (
     SAME_EXTRACTION,
     SavedProbe,
+    default_split,
     input_layer_digest,
     load_probe,
     predict_file,
@@ -100,10 +101,11 @@ def predict(cfg: PredictConfig, *, progress: bool = True, probe: SavedProbe | No
     """What ``reservoir predict`` runs: ``cfg.probe`` (or ``probe``) on ``cfg.data`` or ``cfg.features``."""
     probe = probe or load_probe(cfg.probe)
     if cfg.data is None:
-        predictions, labels, names = predict_file(probe, cfg.features, cfg.split)
+        split = cfg.split or default_split(cfg.features)
+        predictions, labels, names = predict_file(probe, cfg.features, split)
         bare = f"{cfg.features} holds data without labels" if labels is None else None
         return Predicted(
-            probe, predictions, labels, cfg.split, Path(cfg.features), unlabeled=bare, label_names=names
+            probe, predictions, labels, split, Path(cfg.features), unlabeled=bare, label_names=names
         )
     return predict_data(
         probe, cfg.data, task_options=cfg.task_options, backbone=cfg.backbone, progress=progress

@@ -354,8 +354,9 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
         )
     labels = f[split]["labels"]
     top = int(np.max(labels[:])) if labels.shape[0] else -1
-    if identity.get("unlabeled"):
-        pass  # placeholders: nothing to compare
+    order = probe_ids(probe, class_names(f))
+    if identity.get("unlabeled") or order is not None:
+        pass  # placeholders, or labels renumbered by name (:func:`probe_ids`)
     elif tuple(labels.shape[1:]) != probe.label_shape:
         problems.append(
             f"labels: the probe predicts labels of shape {list(probe.label_shape)} a row, the file's "
@@ -366,18 +367,12 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
             f"classes: the probe knows classes 0..{probe.predictor.n_classes - 1}, the file's labels "
             f"reach {top}"
         )
-    ours_named, theirs_named = probe.class_names, class_names(f)
-    if ours_named and theirs_named:
-        clash = [
-            k for k in range(min(len(ours_named), len(theirs_named))) if ours_named[k] != theirs_named[k]
-        ]
-        if clash:
-            k = clash[0]
-            problems.append(
-                f"class names: class {k} is {ours_named[k]!r} to the probe and {theirs_named[k]!r} in the file "
-                f"({len(clash)} id(s) differ; the probe's classes: {', '.join(ours_named[:10])}"
-                f"{', ...' if len(ours_named) > 10 else ''})"
-            )
+    if order is not None and (order < 0).any():
+        ours, unknown = probe.class_names or [], [n for n, k in zip(class_names(f) or [], order) if k < 0]
+        problems.append(
+            f"class names: the file's data names class(es) {', '.join(map(repr, unknown[:5]))} that the probe does "
+            f"not know (its classes: {', '.join(ours[:10])}{', ...' if len(ours) > 10 else ''})"
+        )
     if not problems and probe.meta["input_layer"] != input_layer_digest(f):
         problems.append(
             "input layer: the file's frozen input layer differs from the one the probe's features "
@@ -391,12 +386,32 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
         )
 
 
+def probe_ids(probe: SavedProbe, names: list[str] | None) -> np.ndarray | None:
+    """The probe's id of each class a feature file's data names, where the file numbers them otherwise (its
+    data held other classes, or not all of the probe's): -1 for a name the probe does not know. ``None``
+    where the ids agree or either side names no classes."""
+    ours = probe.class_names
+    if not ours or not names or list(names) == ours[: len(names)]:
+        return None
+    return np.array([ours.index(n) if n in ours else -1 for n in names], dtype=np.int64)
+
+
+def default_split(features: str | Path) -> str:
+    """The split ``predict --features`` reads unless told: ``test``, or the one split of a file of data read
+    to predict on (``predict``)."""
+    from reservoir.tasks.userfile import PREDICT_SPLIT
+
+    with open_features(Path(features)) as f:
+        return PREDICT_SPLIT if feature_splits(f) == [PREDICT_SPLIT] else "test"
+
+
 def predict_file(
     probe: SavedProbe, features: str | Path, split: str = "test"
 ) -> tuple[np.ndarray, np.ndarray | None, list[str] | None]:
     """Predictions and labels, each ``(N, *label_shape)``, of ``probe`` on ``split`` of a feature file
     (checked by :func:`check_features` and against its digests), and the names the file's data gives its
-    classes. Labels are ``None`` for data without labels, names ``None`` for data that names none."""
+    classes. Labels are ``None`` for data without labels, names ``None`` for data that names none; labels the
+    file's data named otherwise than the probe's are renumbered by name (:func:`probe_ids`)."""
     from threadpoolctl import threadpool_limits
 
     with open_features(Path(features)) as f:
@@ -404,7 +419,9 @@ def predict_file(
         verify(f, [probe.depth], [split])
         labels = None if stored_identity(f).get("unlabeled") else f[split]["labels"][:]
         n = int(f[split]["labels"].shape[0])
-        names = class_names(f)
+        names, order = class_names(f), probe_ids(probe, class_names(f))
+        if order is not None and labels is not None:  # the file's class ids as the probe's
+            labels, names = np.where(labels >= 0, order[np.clip(labels, 0, None)], labels), probe.class_names
         parts = []
         with threadpool_limits(limits=head_threads()):
             for X, y in iter_depth(f, split, probe.depth):

@@ -41,7 +41,9 @@ def test_a_probe_names_the_classes_it_predicts_and_refuses_data_that_names_them_
 
     other = named_images(tmp_path / "other", ("ant", "bee", "cow"), n=10)
     elsewhere = api.extract(f"file:{other}", str(tiny_gpt2), depths="1", dtype="float32", compile=False)
-    with pytest.raises(IdentityError, match="class names: class 0 is '1' to the probe and 'ant' in the file"):
+    with pytest.raises(
+        IdentityError, match="names class\\(es\\) 'ant', 'bee', 'cow' that the probe does not know"
+    ):
         predict_file(probe, elsewhere, "test")
     assert np.array_equal(predict_file(probe, features, "test")[1], labels)
 

@@ -330,3 +330,38 @@ def test_a_backbone_folder_named_relative_to_where_the_fit_ran_is_asked_for_from
     r = cli("predict", "--probe", result["probe"], "--data", str(mine), "--backbone", str(tmp_path / "tiny"))
     assert r.exit_code == 0, r.output
     assert len(lines(r.stdout)) == len(x)
+
+
+def test_features_of_data_of_some_of_the_probe_s_classes_are_read_with_the_probe_s_ids(
+    tmp_path, cli, fitted, tiny_gpt2
+):
+    """Data to predict on extracted alone (``--task-opt predict=true``) whose labels name only some of the probe's
+    classes numbers them its own way ('up' is its class 0, the probe's 1): ``predict --features`` reads its one
+    split by default and scores the labels by name, as ``predict --data`` of the same rows does; a class the
+    probe does not know is refused naming it."""
+    probe_path, _, _, x = fitted
+
+    def alone(name, labels):
+        path = table(tmp_path / f"{name}.parquet", x[: len(labels)], labels)
+        made = api.extract(
+            f"file:{path}",
+            str(tiny_gpt2),
+            depths="2",
+            dtype="float32",
+            compile=False,
+            task_options={"predict": True},
+        )
+        return path, made
+
+    ups, made = alone("ups", ["up"] * 12)
+    by_features = cli("predict", "--probe", probe_path, "--features", str(made))
+    by_data = cli("predict", "--probe", probe_path, "--data", str(ups))
+    assert by_features.exit_code == 0 and by_data.exit_code == 0, by_features.output
+    assert by_features.stdout == by_data.stdout and {g["label_name"] for g in lines(by_features.stdout)} == {
+        "up"
+    }
+    assert [g["label"] for g in lines(by_features.stdout)] == ["1"] * 12
+    _, other = alone("left", ["left"] * 4)
+    r = cli("predict", "--probe", probe_path, "--features", str(other))
+    assert r.exit_code == 1, r.output
+    assert "names class(es) 'left' that the probe does not know (its classes: down, up)" in r.stderr
