@@ -304,6 +304,7 @@ class Run:
             "d_model": self.backbone.d_model,
             "torch": torch.__version__,
             "machine": machine.on(self.device),
+            "image_shape": getattr(self.task, "image_shape", None),
         }
 
     def tokens(self, split: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

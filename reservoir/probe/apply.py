@@ -167,7 +167,8 @@ def _tokens_text(tokens: dict[str, Any]) -> str:
 def _probe_image_size(probe: SavedProbe, tokens: int, patch: int, shape: tuple[int, ...]) -> str | None:
     """The size (``HxW``) of the probe's images: as its data's reading recorded it, else the one of ``tokens``
     patches of ``patch`` pixels in the new images' proportions ``shape``, or square; ``None`` if neither."""
-    recorded = (probe.identity.get("task_options") or {}).get("image_size")
+    seen = probe.meta.get("image_shape")  # as extraction read them (resized or not); older probes lack it
+    recorded = f"{seen[0]}x{seen[1]}" if seen else (probe.identity.get("task_options") or {}).get("image_size")
     if recorded:
         return str(recorded)
     h, w = shape[:2]
@@ -181,7 +182,7 @@ def _probe_image_size(probe: SavedProbe, tokens: int, patch: int, shape: tuple[i
 def _row_length_text(probe: SavedProbe, task: Any, data: Path, tokens: int) -> str:
     """The new data's rows are of another fixed length than the probe's data's ``tokens``, in words."""
     found = task.spec.seq_len
-    shape = getattr(task, "_image_shape", None) if getattr(task, "_image", False) else None
+    shape = getattr(task, "image_shape", None)
     if shape is None:
         return (
             f"{data} holds rows of {found:,d} tokens, the probe's data had rows of {tokens:,d} tokens each: give "
@@ -212,8 +213,11 @@ def check_data(probe: SavedProbe, task: Any, data: Path) -> None:
         images = " (images: the probe's --task-opt patch and mode)" if getattr(task, "_image", False) else ""
         problems.append(f"{data} holds {_tokens_text(found)}, the probe reads {_tokens_text(wanted)}{images}")
     tokens = probe.meta.get("row_tokens")  # None: rows of their own lengths, or a probe that predates it
-    if tokens and not spec.variable_length and spec.seq_len != tokens:
-        problems.append(_row_length_text(probe, task, data, int(tokens)))
+    seen, shape = probe.meta.get("image_shape"), getattr(task, "image_shape", None)
+    if (tokens and not spec.variable_length and spec.seq_len != tokens) or (
+        seen and shape and list(shape[:2]) != list(seen[:2])  # images of another shape, of as many patches
+    ):
+        problems.append(_row_length_text(probe, task, data, int(tokens or spec.seq_len)))
     if task.unlabeled is None:
         labels = task.read(task.spec.splits[0], Path(".")).labels
         n_classes = probe.predictor.n_classes

@@ -172,6 +172,7 @@ def file_meta(f: h5py.File) -> dict[str, Any]:
         "input_layer": input_layer_digest(f),
         "tokens": token_layout(f["input_layer"]),
         "row_tokens": row_tokens(f),
+        "image_shape": file_config(f).get("image_shape"),
         "extraction": {k: file_config(f).get(k) for k in ("backbone", "load_dtype")},
     }
 

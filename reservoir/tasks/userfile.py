@@ -762,6 +762,12 @@ class FileTask(Task):
         )
 
     @property
+    def image_shape(self) -> tuple[int, int, int] | None:
+        """``(H, W, C)`` of the images the file holds (as read: resized where ``image_size`` says); else
+        ``None``."""
+        return tuple(self._image_shape) if self._image else None
+
+    @property
     def class_names(self) -> list[str] | None:
         """The class names the file gives (class folders, label names, a ``ClassLabel``), by id; else ``None``."""
         return None if self._names is None else list(self._names)

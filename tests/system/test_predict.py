@@ -365,3 +365,33 @@ def test_features_of_data_of_some_of_the_probe_s_classes_are_read_with_the_probe
     r = cli("predict", "--probe", probe_path, "--features", str(other))
     assert r.exit_code == 1, r.output
     assert "names class(es) 'left' that the probe does not know (its classes: down, up)" in r.stderr
+
+
+def test_images_turned_on_their_side_are_refused_though_of_as_many_patches(tmp_path, cli, tiny_gpt2):
+    """A probe of 8x16 images (8 patches a row at patch=4) and new 16x8 images: as many tokens, each patch in
+    another place. The probe records its images' shape, so they are refused naming both shapes and the
+    ``image_size`` to resize to, which then predicts."""
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(0)
+
+    def images(root, shape, classes):
+        for c in classes:
+            (root / c).mkdir(parents=True, exist_ok=True)
+            for i in range(8):
+                Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+        return root
+
+    wide = images(tmp_path / "wide", (8, 16), ("cat", "dog"))
+    features = api.extract(f"file:{wide}", str(tiny_gpt2), depths="1", dtype="float32", compile=False)
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    assert load_probe(result["probe"]).meta["image_shape"] == [8, 16, 3]
+    tall = images(tmp_path / "tall", (16, 8), ("cat",))
+    r = cli("predict", "--probe", result["probe"], "--data", str(tall))
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert (
+        "tall holds 16x8 images, 8 tokens a row at patch=4; the probe's data had 8 tokens a row (8x16 images"
+        in (r.stderr)
+    )
+    assert "pass --task-opt image_size=8x16" in r.stderr
+    r = cli("predict", "--probe", result["probe"], "--data", str(tall), "--task-opt", "image_size=8x16")
+    assert r.exit_code == 0 and len(lines(r.stdout)) == 8, r.output
