@@ -634,6 +634,15 @@ class AttentionConfig(Config):
     out: Path = setting(dataclasses.MISSING, Suffix(".png"), help="PNG file to write.", path="file")
 
 
+def check_export_out(out: Path, format: str) -> None:
+    """Refuse an ``--out`` named as another kind of file than an export of ``format`` writes (UsageError)."""
+    if format == "parquet" and Path(out).suffix.lower() not in ("", ".parquet", ".pq"):
+        raise UsageError(
+            f"--out {out} names a {Path(out).suffix} file, and export writes Parquet; name it .parquet (or use "
+            "--format datasets for a folder)"
+        )
+
+
 @dataclass(frozen=True)
 class ExportConfig(Config):
     """One ``reservoir export``: a feature file as Parquet or a ``datasets`` folder."""
@@ -659,6 +668,9 @@ class ExportConfig(Config):
         multiple=True,
         default_text="every one",
     )
+
+    def combined(self) -> None:
+        check_export_out(self.out, self.format)
 
 
 @dataclass(frozen=True)

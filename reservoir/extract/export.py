@@ -22,7 +22,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from reservoir.config import select_depths
+from reservoir.config import check_export_out, select_depths
 from reservoir.errors import UsageError, optional
 from reservoir.extract.store import (
     class_names,
@@ -90,11 +90,7 @@ def write_parquet(
 def check_out(out: Path, format: str) -> None:
     """Refuse an ``out`` that is something else than what an export of ``format`` writes there (it is never
     replaced); a missing parent folder is made."""
-    if format == "parquet" and out.suffix.lower() not in ("", ".parquet", ".pq"):
-        raise UsageError(
-            f"--out {out} names a {out.suffix} file, and export writes Parquet; name it .parquet (or use "
-            "--format datasets for a folder)"
-        )
+    check_export_out(out, format)
     out.parent.mkdir(parents=True, exist_ok=True)  # as extract --out: a missing folder is made
     if out.exists() and not exported(out, format):
         raise UsageError(

@@ -79,8 +79,14 @@ def test_a_depth_or_split_the_file_lacks_is_refused_and_nothing_is_written(digit
 
 
 def test_an_out_named_for_another_format_is_refused_and_a_missing_folder_made(digits, tmp_path, cli):
+    """An --out of another kind is a usage error found while parsing (exit 2, as predict's), and from Python too."""
+    from reservoir.errors import UsageError
+    from reservoir.extract.export import export
+
     r = cli("export", str(digits), "--out", str(tmp_path / "feats.csv"))
-    assert r.exit_code == 1 and "names a .csv file, and export writes Parquet" in r.output
+    assert r.exit_code == 2 and "names a .csv file, and export writes Parquet" in r.output
+    with pytest.raises(UsageError, match="names a .csv file, and export writes Parquet"):
+        export(digits, tmp_path / "feats.csv")
     assert not list(tmp_path.glob("*feats*"))
     out = tmp_path / "new" / "folder" / "feats.parquet"
     r = cli("export", str(digits), "--out", str(out), "--depths", "0")
