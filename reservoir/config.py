@@ -241,7 +241,8 @@ class ExtractConfig(Config):
         "float32",
         OneOf(FLOAT_DTYPES),
         help="Dtype the frozen weights are read and kept in: bfloat16 or float16 take half of float32's "
-        "memory (the backbone then computes in it, on PyTorch).",
+        "memory (the backbone then computes in it, on PyTorch; with another --dtype it computes in that one "
+        "from the rounded weights).",
     )
     store_dtype: str = setting(
         "float32",

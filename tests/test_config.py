@@ -144,6 +144,7 @@ CHANGED = {
     ("predict", "--out"): "the class names are columns too",
     ("predict", "--features"): "or --data: no longer required",
     ("predict", "--split"): "a split of --features (--data predicts every row)",
+    ("extract", "--load-dtype"): "says that another --dtype computes in that one, from the rounded weights",
 }
 #: options added since the saved help
 ADDED = {
