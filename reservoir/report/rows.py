@@ -191,17 +191,27 @@ def fit_settings(r: dict[str, Any]) -> dict[str, Any]:
     return {"val_fraction": ((r.get("config") or {}).get("fit") or {}).get("val_fraction")}
 
 
+def run_seed(r: dict[str, Any]) -> Any:
+    """The seed a result's run drew its data with where the task follows it: its features' seed, or an
+    end-to-end result's first seed."""
+    identity = r.get("identity", {})
+    return (identity.get("seeds") or [None])[0] if r["mode"] == "end-to-end" else identity.get("seed")
+
+
+def drawn_data(r: dict[str, Any]) -> bool:
+    """Whether a result's task drew its data from the run's seed (its ``seed`` option is the run's)."""
+    options = r.get("identity", {}).get("task_options")
+    return isinstance(options, dict) and options.get("seed") == run_seed(r) and follows_run_seed(r["task"])
+
+
 def run_of(r: dict[str, Any]) -> str:
     """The producing run, short: every setting but what the seeds draw (:data:`SEED_DRAWN`,
     :data:`E2E_SEED_DRAWN`), so the seeds of one setting share a row, with a probe's fit settings
     (:func:`fit_settings`)."""
     identity = dict(r.get("identity", {}))
-    end_to_end = r["mode"] == "end-to-end"
-    first_seed = (identity.get("seeds") or [None])[0] if end_to_end else identity.get("seed")
-    options = identity.get("task_options")
-    drawn = isinstance(options, dict) and options.get("seed") == first_seed and follows_run_seed(r["task"])
-    if drawn:
-        identity["task_options"] = {k: v for k, v in options.items() if k != "seed"}
+    end_to_end, first_seed = r["mode"] == "end-to-end", run_seed(r)
+    if drawn_data(r):
+        identity["task_options"] = {k: v for k, v in identity["task_options"].items() if k != "seed"}
     # a --limit sample is drawn by the run's seed too, and so are the classes it lost
     subset = identity.get("subset")
     if isinstance(subset, dict) and subset.get("seed") == first_seed:

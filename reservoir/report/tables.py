@@ -34,8 +34,8 @@ from reservoir.report.rows import (
     collect,
     data_groups,
     data_label,
+    drawn_data,
     fit_settings,
-    follows_run_seed,
     pct,
     score_text,
 )
@@ -107,7 +107,7 @@ def _settings(row: Row) -> dict[str, str]:
             text = v if isinstance(v, str) else "none" if v is None else json.dumps(v, sort_keys=True)
             out[key if k is None else f"{key}.{k}"] = text if len(text) <= 24 else text[:21] + "..."
     out |= {f"fit {k}": json.dumps(v) for k, v in fit_settings(row.results[0]).items()}
-    if follows_run_seed(row.task):  # the data's seed is the run's: the seed says it
+    if all(drawn_data(r) for r in row.results):  # the data's seed is the run's: the seed says it
         out.pop("task_options.seed", None)
     seeds = sorted(
         {x["seed"] for r in row.results for x in r.get("runs") or [] if x.get("lr") == r.get("lr")}
@@ -143,6 +143,13 @@ def row_labels(rows: list[Row]) -> dict[int, str]:
                 labels[id(r)] += (
                     f" (incomplete: depths {', '.join(map(str, missing))} of its fit have no result)"
                 )
+    alike: dict[tuple[str, str, str], list[Row]] = defaultdict(list)
+    for r in rows:
+        alike[(labels[id(r)], r.head, r.task)].append(r)
+    for group in alike.values():  # settings alike in words (values cut short): told apart by their run
+        if len(group) > 1:
+            for r in group:
+                labels[id(r)] += f", run {r.run}"
     return labels
 
 

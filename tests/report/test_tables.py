@@ -602,6 +602,27 @@ def test_fits_of_one_file_with_another_val_fraction_are_not_seeds_and_fit_seeds_
     assert by_label["b, fit val_fraction 0.3"].spread(0)[:2] == (0.7, None)
 
 
+def test_no_setting_is_lost_from_the_task_layout_when_two_read_alike():
+    """Data fixed by ``--task-opt seed=5`` beside data drawn by the run's seed (both run seed 0): two rows, told
+    apart by the option; rows whose settings read alike even so (values cut short) are told apart by their run,
+    so the task layout, one line per label, keeps every one."""
+    drawn = probe(0, 0, 0.5)
+    fixed = probe(0, 0, 0.7)
+    fixed["identity"] = {**fixed["identity"], "task_options": {"seed": 5}, "data": {"train": {"sha256": "f"}}}
+    fixed["identity_hash"], fixed["key"] = "fixed", "fixed"
+    table = Report([drawn, fixed]).task_table()
+    assert "50.0" in table and "70.0" in table and "task_options.seed 5" in table, table
+    long = [probe(0, 0, t) for t in (0.5, 0.7)]
+    for i, r in enumerate(long):  # two option values alike in their first 21 characters
+        r["identity"] = {**r["identity"], "task_options": {"seed": 0, "path": "x" * 30 + str(i)}}
+        r["identity_hash"], r["key"] = f"long{i}", f"long{i}"
+    rep = Report(long)
+    assert len({rep.label(row) for row in rep.rows}) == 2 and all(
+        ", run " in rep.label(row) for row in rep.rows
+    )
+    assert "50.0" in rep.task_table() and "70.0" in rep.task_table()
+
+
 def test_fits_whose_seed_changed_nothing_count_once_and_their_baselines_too():
     """Fits of one feature file at fit seeds 0, 1, 2 that the seed did not change (the file's own validation
     split, a head without a seed: ``seeded`` false) are one fit, not three seeds of spread 0; so are baselines
