@@ -168,7 +168,9 @@ def _probe_image_size(probe: SavedProbe, tokens: int, patch: int, shape: tuple[i
     """The size (``HxW``) of the probe's images: as its data's reading recorded it, else the one of ``tokens``
     patches of ``patch`` pixels in the new images' proportions ``shape``, or square; ``None`` if neither."""
     seen = probe.meta.get("image_shape")  # as extraction read them (resized or not); older probes lack it
-    recorded = f"{seen[0]}x{seen[1]}" if seen else (probe.identity.get("task_options") or {}).get("image_size")
+    recorded = (
+        f"{seen[0]}x{seen[1]}" if seen else (probe.identity.get("task_options") or {}).get("image_size")
+    )
     if recorded:
         return str(recorded)
     h, w = shape[:2]

@@ -204,6 +204,19 @@ def drawn_data(r: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("seed") == run_seed(r) and follows_run_seed(r["task"])
 
 
+def draws_data(r: dict[str, Any]) -> bool:
+    """Whether a result's data may be drawn by its run's seed: generated from it (:func:`drawn_data`), or a
+    ``--limit`` sample it took (a limit recorded without its sample's rule is taken as one)."""
+    identity = r.get("identity", {})
+    subset = identity.get("subset")
+    sampled = subset.get("seed") == run_seed(r) if isinstance(subset, dict) else bool(identity.get("limit"))
+    return drawn_data(r) or sampled
+
+
+#: the key of what every seed of a row shares (:func:`split_by_source`)
+ANY_SEED = "any seed"
+
+
 def run_of(r: dict[str, Any]) -> str:
     """The producing run, short: every setting but what the seeds draw (:data:`SEED_DRAWN`,
     :data:`E2E_SEED_DRAWN`), so the seeds of one setting share a row, with a probe's fit settings
@@ -254,8 +267,8 @@ def source_of(r: dict[str, Any], seed: Any) -> tuple[str, str]:
 def split_by_source(keyed: list[tuple[tuple, dict[str, Any]]]) -> dict[tuple, list[str]]:
     """Of ``(row key, result)``, the row keys whose results, at one depth, share a seed but not their source
     (:func:`source_of`: the data was edited between runs, files of one name hold other rows, folders of one
-    name other weights), each with what differs (``data``, ``weights``). Their results are not seeds of one
-    experiment."""
+    name other weights), or whose data no seed draws (:func:`draws_data`) differs between seeds, each with
+    what differs (``data``, ``weights``). Their results are not seeds of one experiment."""
     seen: dict[tuple, dict[Any, tuple[str, str]]] = defaultdict(dict)
     split: dict[tuple, set[int]] = defaultdict(set)
     for key, r in keyed:
@@ -264,6 +277,8 @@ def split_by_source(keyed: list[tuple[tuple, dict[str, Any]]]) -> dict[tuple, li
             source = source_of(r, seed[0] if isinstance(seed, tuple) else seed)
             first = by_seed.setdefault(seed, source)
             split[key] |= {i for i in (0, 1) if first[i] != source[i]}
+            if not draws_data(r) and by_seed.setdefault(ANY_SEED, source)[0] != source[0]:
+                split[key].add(0)  # data no seed draws is the same at every seed: another is an edited file
     return {key: [("data", "weights")[i] for i in sorted(differ)] for key, differ in split.items() if differ}
 
 

@@ -536,6 +536,28 @@ def test_results_of_one_seed_on_other_data_are_never_averaged_as_seeds():
     assert row.spread(0)[2] == 2
 
 
+def test_results_of_an_edited_file_at_other_seeds_are_never_averaged_as_seeds():
+    """A file task's data is drawn by no seed: fits at seeds 0 and 1 of a file edited between them are two
+    rows told apart by their data, not two seeds; a --limit sample at each seed, or a task that draws its data
+    from the seed, still folds."""
+
+    def fit(seed, test, data, **more):
+        return output_only(
+            0, 0.5, test, task="file:pets.npz", seed=seed, data=data, **{"limit": None, **more}
+        )
+
+    rep = Report([fit(0, 0.5, "before"), fit(1, 0.7, "after")])
+    assert sorted(row.spread(0)[2] for row in rep.rows) == [1, 1]
+    assert "±" not in rep.depth_tables() and "one per seed" not in rep.depth_tables()
+    assert len(Report([fit(0, 0.5, "same"), fit(1, 0.7, "same")]).rows) == 1
+    sampled = [
+        fit(s, t, f"sample{s}", limit=50, subset={"rule": "stratified", "seed": s})
+        for s, t in ((0, 0.5), (1, 0.7))
+    ]
+    (row,) = Report(sampled).rows
+    assert row.spread(0)[2] == 2
+
+
 def test_results_of_one_seed_of_other_weights_of_one_backbone_name_are_never_averaged_as_seeds():
     """Two folders of one name (``checkpoint-500``) hold other weights: their results at one seed are two rows
     told apart by the weights, each folding its own seeds; a random twin's seeds (weights drawn from the seed)
