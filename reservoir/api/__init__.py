@@ -387,8 +387,9 @@ def results(
     -------
     pandas.DataFrame
         One row per cell of the report (its ``--csv`` lines): task, setting, backbone, mode, head,
-        column (a depth ``dN``, ``chosen``, a task, or ``baseline``), test accuracy (fraction), its
-        std over seeds, the number of seeds, validation accuracy, the depth chosen, ...
+        column (a depth ``dN``, ``chosen``, a task, or ``baseline``), the ``metric`` (``accuracy``, a
+        fraction, for classes; ``nrmse`` for real values), its test value, std over seeds and number of seeds,
+        its validation value, the depth chosen, ...
 
     Raises
     ------

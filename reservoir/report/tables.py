@@ -25,7 +25,6 @@ from reservoir.report.paper import CRITIQUE_SOURCE
 from reservoir.report.rows import (
     DataGroup,
     Row,
-    baseline_label,
     baseline_name,
     baseline_rank,
     baselines_of,
@@ -95,6 +94,11 @@ def row_label(row: Row) -> str:
 
 #: identity fields that never tell two settings apart in a label (they follow the data or the seed)
 UNLABELLED = ("data", "subset", "backbone_fingerprint", "backbone_fingerprints")
+
+
+def metric_words(metric: Any) -> str:
+    """A metric and its direction, in words: ``nrmse, lower is better``."""
+    return f"{metric.name}, {'higher' if metric.greater_is_better else 'lower'} is better"
 
 
 def _settings(row: Row) -> dict[str, str]:
@@ -210,6 +214,7 @@ class Report:
                 "data": self.data_of(row),
                 **({"classes": "; ".join(names)} if (names := class_names_of(row)) else {}),
                 "column": column,
+                "metric": row.metric.name,
                 **values,
             }
         )
@@ -269,12 +274,8 @@ class Report:
                 + [f"d{d}" for d in depths]
                 + ["chosen on val: depth", "test at chosen", "best by test (not for claims)"]
             )
-            named = rows[0].metric.name if rows else "accuracy"
-            title = f"### {task}" + (
-                ""
-                if named == "accuracy"
-                else f" ({named}, {'higher' if rows[0].metric.greater_is_better else 'lower'} is better)"
-            )
+            metric = rows[0].metric if rows else METRICS["accuracy"]
+            title = f"### {task}" + ("" if metric.name == "accuracy" else f" ({metric_words(metric)})")
             classes = classes_line(rows)
             lines = [title, "", *([classes, ""] if classes else [])]
             lines += table_head(head)
@@ -357,7 +358,11 @@ class Report:
                 if row.mode == "output-only" and rules != ("chosen",):
                     label += f", {rule_label(rule)}"
                 settings[(label, row.head)][row.task] = (row, rule)
-        head = ["setting", "head"] + [f"{t} (n train/test)" for t in tasks]
+        metrics = {r.task: r.metric for r in self.rows}
+        head = ["setting", "head"] + [
+            f"{t} ({'' if metrics[t].name == 'accuracy' else metric_words(metrics[t]) + '; '}n train/test)"
+            for t in tasks
+        ]
         lines = table_head(head)
         for (label, headname), by_task in settings.items():
             cells = []
@@ -522,8 +527,12 @@ class Report:
             groups = self.groups(task)  # one plot per data: a row only beside its own data's baselines
             for k, group in enumerate(groups, 1):
                 rows = group.rows
+                metric = rows[0].metric
+                scale = (
+                    100 if metric.percent else 1
+                )  # percentages as the tables show them; errors as they are
                 curves = {
-                    f"{self.label(r)} ({r.head})": {d: 100 * r.spread(d)[0] for d in sorted(r.by_depth)}
+                    f"{self.label(r)} ({r.head})": {d: scale * r.spread(d)[0] for d in sorted(r.by_depth)}
                     for r in rows
                 }
                 chosen = {f"{self.label(r)} ({r.head})": r.chosen for r in rows}
@@ -541,7 +550,7 @@ class Report:
                     if numbers:
                         paper[f"paper: {name}"] = numbers
                 baselines = {
-                    f"{baseline_label(b['baseline'])} ({b['head']})": 100 * b["test_score"]
+                    f"{baseline_name(b)} ({b['head']})": scale * b["test_score"]
                     for b in baselines_of(group, self.baselines)
                 }
                 written.append(
@@ -551,7 +560,10 @@ class Report:
                         baselines=baselines,
                         chosen=chosen,
                         paper=paper or None,
-                        title=f"{task}: test accuracy by depth ({group.label}); ring: depth chosen on validation",
+                        title=f"{task}: test {metric.name} by depth ({group.label}); ring: depth chosen on "
+                        "validation",
+                        ylabel=f"test {metric.name}"
+                        + (" (%)" if metric.percent else f" ({metric_words(metric)})"),
                     )
                 )
             runs = {

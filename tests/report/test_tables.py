@@ -753,3 +753,29 @@ def test_seeds_cut_by_max_time_form_a_row_that_says_so():
     cut["key"] += "cut"
     table = Report([whole, cut]).depth_tables()
     assert "cut at --max-time 285 s" in table and len(Report([whole, cut]).rows) == 2
+
+
+def test_real_valued_targets_are_named_by_their_metric_in_the_csv_the_task_layout_and_the_plot(tmp_path):
+    """An NRMSE row is never shown as an accuracy: the CSV names each record's metric, the task layout's
+    column says nrmse and its direction, and the depth plot plots the error as it is, labelled so."""
+    pytest.importorskip("matplotlib")
+    from reservoir.report import plots
+
+    results = [output_only(d, 0.5, 0.2 + d / 10, task="narma10") for d in (0, 1)]
+    for r in results:
+        r["metric"], r["test_score"], r["val_score"] = "nrmse", r.pop("test_accuracy"), r.pop("val_accuracy")
+    rep = Report(results)
+    assert "narma10 (nrmse, lower is better; n train/test)" in rep.task_table()
+    assert {rec["metric"] for rec in rep.records} == {"nrmse"}
+    seen = {}
+
+    def spy(curves, path, **kw):
+        seen.update(curves=curves, **kw)
+        return path
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(plots, "depth_plot", spy):
+        rep.plots(tmp_path)
+    assert seen["ylabel"] == "test nrmse (nrmse, lower is better)" and "test nrmse by depth" in seen["title"]
+    assert list(seen["curves"].values())[0] == pytest.approx({0: 0.2, 1: 0.3})
