@@ -119,23 +119,35 @@ class Row:
         return value if self.metric.greater_is_better else -value
 
     @property
+    def full(self) -> list[int]:
+        """The depths every seed of the row reached (a fit stopped early, or asked for fewer depths at some
+        seeds, leaves the others with fewer): the depths compared on one footing."""
+        most = max(self.spread(d)[2] for d in self.by_depth)
+        return [d for d in sorted(self.by_depth) if self.spread(d)[2] == most]
+
+    def short_of(self, depth: int) -> str:
+        """`` (1 of 3 seeds)`` where ``depth`` holds fewer seeds than the row's other depths; else ``""``."""
+        n, most = self.spread(depth)[2], max(self.spread(d)[2] for d in self.by_depth)
+        return f" ({n} of {most} seeds)" if n < most else ""
+
+    @property
     def chosen(self) -> int:
-        """The depth with the best mean validation score (the shallower on ties)."""
-        return max(sorted(self.by_depth), key=lambda d: (self._better_first(self.val(d)), -d))
+        """The depth with the best mean validation score (the shallower on ties), among those every seed
+        reached (:attr:`full`)."""
+        return max(self.full, key=lambda d: (self._better_first(self.val(d)), -d))
 
     def depth_for(self, rule: str | int) -> int | None:
         """The depth a :data:`reservoir.report.tables.DEPTH_RULES` rule (or a depth number) picks, or ``None``."""
         if rule == "chosen":
             return self.chosen
-        if rule == "last":
-            return max(self.by_depth)
+        if rule == "last":  # the deepest the features hold, where the fit reached it
+            stored = self.results[0].get("identity", {}).get("depths") or list(self.by_depth)
+            rule = max(stored)
         return int(rule) if int(rule) in self.by_depth else None
 
     @property
     def best_by_test(self) -> int:
-        return max(
-            sorted(self.by_depth), key=lambda d: (self._better_first(float(np.mean(self.tests(d)))), -d)
-        )
+        return max(self.full, key=lambda d: (self._better_first(float(np.mean(self.tests(d)))), -d))
 
     def spread(self, depth: int) -> tuple[float, float | None, int]:
         """Mean test, its std over seeds (``None`` for one seed) and the number of seeds."""

@@ -303,7 +303,7 @@ class Report:
                     continue
                 mean, std, n = row.spread(d)
                 paper = self.paper_number(row, str(d))
-                cells.append(self.beside(row, str(d), row.text(mean, std, n)))
+                cells.append(self.beside(row, str(d), row.text(mean, std, n) + row.short_of(d)))
                 self.record(row, f"d{d}", test=mean, test_std=std, n_seeds=n, val=row.val(d), paper=paper)
             c, b = row.chosen, row.best_by_test
             mean, std, n = row.spread(c)
@@ -422,6 +422,7 @@ class Report:
                 lr = swept_lr(row.by_depth[c][0]) if row.mode == "end-to-end" else None
                 text = (
                     f"{row.text(mean, std, n)} ({row.size}{depth}{f', lr {lr:g}' if lr is not None else ''})"
+                    + row.short_of(c)
                 )
                 cells.append(self.beside(row, t, text))
                 self.record(

@@ -779,3 +779,19 @@ def test_real_valued_targets_are_named_by_their_metric_in_the_csv_the_task_layou
         rep.plots(tmp_path)
     assert seen["ylabel"] == "test nrmse (nrmse, lower is better)" and "test nrmse by depth" in seen["title"]
     assert list(seen["curves"].values())[0] == pytest.approx({0: 0.2, 1: 0.3})
+
+
+def test_a_depth_fewer_seeds_reached_says_so_and_is_never_chosen_over_the_others():
+    """Seed 0 fitted at depths 0..2, seeds 1 and 2 only at 0 and 1 (a fit stopped early): depth 2's cell holds
+    one seed and says so, and the depth chosen on validation is picked among the depths every seed reached,
+    though depth 2's one seed validates best. ``last`` is the deepest the features hold, not the deepest fitted."""
+    results = [output_only(d, 0.5 + d / 10, 0.5, seed=s, depths=[0, 1, 2]) for s in (0, 1, 2) for d in (0, 1)]
+    results.append(output_only(2, 0.99, 0.9, seed=0, depths=[0, 1, 2]))
+    rep = Report(results, depths=("chosen", "last"))
+    (row,) = rep.rows
+    assert row.full == [0, 1] and row.chosen == 1 and row.depth_for("last") == 2
+    assert "| 90.0 (1 of 3 seeds) |" in rep.depth_tables()
+    assert "(50/50, d2) (1 of 3 seeds)" in rep.task_table()
+    shallow = [output_only(d, 0.5, 0.5, depths=[0, 1, 2, 3]) for d in (0, 1)]  # fitted at --depths 0,1
+    (row,) = Report(shallow).rows
+    assert row.depth_for("last") is None and row.depth_for("chosen") in (0, 1)
