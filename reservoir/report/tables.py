@@ -248,6 +248,8 @@ class Report:
                 "test": b["test_score"],
                 "val": b["val_score"],
                 **({"test_std": b.get("test_std"), "n_seeds": b["n_data"]} if "n_data" in b else {}),
+                **({"of_fits": b["of_data"]} if b.get("of_data") else {}),
+                **({"other_fit": True} if b.get("other_fit") else {}),
             }
         )
 

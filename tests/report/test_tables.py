@@ -740,8 +740,14 @@ def test_a_row_of_fit_seeds_shows_the_baselines_of_those_seeds_and_held_out_shar
         results.append(b)
     table = Report(results).depth_tables()
     assert "| baseline: raw-input linear head | ridge | 50/50 |  |  | 30.0 ± 14.1 (n=2) |  |" in table
-    alone = Report([results[0], results[2]]).depth_tables()  # only seed 2's baseline: shown, and said so
-    assert "90.0 (not fitted at the probes' seeds and held-out share)" in alone
+    alone = Report([results[0], results[2]])  # only seed 2's baseline: shown, and said so, in the CSV too
+    assert "90.0 (not fitted at the probes' seeds and held-out share)" in alone.depth_tables()
+    (record,) = [r for r in alone.records if r["mode"] == "baseline"]
+    assert record["other_fit"] is True and record["test"] == 0.9
+    partial = Report([results[0], results[1], results[3]])  # probes at seeds 0, 1; a baseline at seed 0 only
+    assert "(1 of 2 fits)" in partial.depth_tables()
+    (record,) = [r for r in partial.records if r["mode"] == "baseline"]
+    assert (record["n_seeds"], record["of_fits"]) == (1, 2)
 
 
 def test_seeds_cut_by_max_time_form_a_row_that_says_so():
