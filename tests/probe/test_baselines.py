@@ -212,6 +212,7 @@ def test_report_chooses_the_depth_on_validation_and_writes_csv_and_plots(tmp_pat
         }
 
     results = [result(0, 0.5, 0.9), result(1, 0.8, 0.6), result(2, 0.8, 0.7), result(1, 0.9, 0.62, seed=1)]
+    results += [result(0, 0.5, 0.9, seed=1), result(2, 0.8, 0.7, seed=1)]  # every depth at both fit seeds
     results.append(
         {
             **result(None, 0.3, 0.3, backbone="baseline-majority"),
