@@ -330,8 +330,10 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
                 row.by_depth[depth] = list(kept.values())
         if row.mode == "end-to-end":
             for depth, rs in row.by_depth.items():
-                if len(rs) > 1 and all(r.get("runs") for r in rs):
-                    row.by_depth[depth] = [merge_seeds(rs)]
+                if len(rs) > 1 and all(r.get("runs") for r in rs):  # its data: every merged result's
+                    row.by_depth[depth] = [
+                        {**merge_seeds(rs), "data_keys": list(dict.fromkeys(map(data_key, rs)))}
+                    ]
     order = sorted(rows, key=lambda k: (*k[:5], k[5] != "paper", *k[5:]))  # input scale "paper" first
     return [rows[k] for k in order], baselines
 
@@ -354,7 +356,7 @@ def classes_line(rows: list[Row], most: int = 20) -> str:
 
 def data_keys(row: Row) -> tuple[str, ...]:
     """The data of a row's results (:func:`data_key`), one key per data set (per seed, where it draws them)."""
-    return tuple(dict.fromkeys(data_key(r) for r in row.results))
+    return tuple(dict.fromkeys(k for r in row.results for k in r.get("data_keys") or [data_key(r)]))
 
 
 @dataclass

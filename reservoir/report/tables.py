@@ -219,19 +219,17 @@ class Report:
             }
         )
 
-    def groups(self, task: str) -> list[DataGroup]:
-        """The output-only rows of ``task`` by their data (:func:`data_groups`), computed once."""
+    def groups(self, task: str, every_mode: bool = False) -> list[DataGroup]:
+        """The output-only rows of ``task`` (``every_mode``: every row) by their data (:func:`data_groups`),
+        computed once."""
         cache = self.__dict__.setdefault("_groups", {})
-        if task not in cache:
-            cache[task] = data_groups(self.rows, task)
-        return cache[task]
+        if (task, every_mode) not in cache:
+            cache[task, every_mode] = data_groups(self.rows, task, every_mode)
+        return cache[task, every_mode]
 
     def data_of(self, row: Row) -> str:
         """The data of a row in words (:func:`data_label`), as its data group names it."""
-        return next(
-            (g.label for g in self.groups(row.task) if any(r is row for r in g.rows)),
-            data_label(row.results[0]),
-        )
+        return next(g.label for g in self.groups(row.task, every_mode=True) if any(r is row for r in g.rows))
 
     def record_baseline(self, b: dict[str, Any], task: str, column: str, data: str = "") -> None:
         self.records.append(
@@ -281,7 +279,7 @@ class Report:
             classes = classes_line(rows)
             lines = [title, "", *([classes, ""] if classes else [])]
             lines += table_head(head)
-            groups, every = self.groups(task), data_groups(rows, task, every_mode=True)
+            groups, every = self.groups(task), self.groups(task, every_mode=True)
             if len(every) <= 1:  # one data: its rows, then its baselines
                 lines += self.row_lines(rows, depths)
                 lines += [line for g in groups for line in self.baseline_lines(g, len(depths))]

@@ -177,12 +177,17 @@ def test_seeds_run_apart_take_the_rate_one_sweep_of_them_all_selects():
         r.update(seeds=[seed], lr=1e-3 if vals[0] >= vals[1] else 3e-2)
         r["identity"] = {**r["identity"], "seeds": [seed], "lr": [1e-3, 3e-2], "task_options": {"seed": seed}}
         r["identity"]["backbone_fingerprints"] = {str(seed): f"fp{seed}"}
+        r["identity"]["data"] = {"train": {"rows": 90, "sha256": f"drawn by seed {seed}"}}
         return r
 
-    (row,) = Report([alone(0, (0.30, 0.20)), alone(1, (0.20, 0.26)), alone(2, (0.21, 0.27))]).rows
+    rep = Report([alone(0, (0.30, 0.20)), alone(1, (0.20, 0.26)), alone(2, (0.21, 0.27))])
+    (row,) = rep.rows
     (r,) = row.by_depth[3]
     assert r["lr"] == 3e-2 and [run["lr"] for run in r["runs"]] == [3e-2] * 3
     assert r["test_accuracy"] == pytest.approx(np.mean([0.20, 0.26, 0.27]))
+    # each seed drew its own data: the row's data says it holds three data sets, not the first seed's alone
+    rep.depth_tables()
+    assert {rec["data"] for rec in rep.records} == {"train 90 rows: every row (3 data sets, one per seed)"}
 
 
 def test_settings_that_differ_beyond_the_seed_keep_their_own_rows():
