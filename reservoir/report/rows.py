@@ -119,6 +119,21 @@ class Row:
         return value if self.metric.greater_is_better else -value
 
     @property
+    def test_splits(self) -> list[str]:
+        """The test splits the row's results scored, the one its cells show (``test_split``) first."""
+        r = self.results[0]
+        return list(r.get("test_scores") or {}) or [r.get("test_split") or "test"]
+
+    def other_tests(self, depth: int) -> dict[str, float]:
+        """The mean score at ``depth`` on each test split beyond the one the cells show, by split."""
+        rs = self.by_depth[depth]
+        return {
+            s: float(np.mean([r["test_scores"][s] for r in rs if s in (r.get("test_scores") or {})]))
+            for s in self.test_splits[1:]
+            if any(s in (r.get("test_scores") or {}) for r in rs)
+        }
+
+    @property
     def full(self) -> list[int]:
         """The depths every seed of the row reached (a fit stopped early, or asked for fewer depths at some
         seeds, leaves the others with fewer): the depths compared on one footing."""

@@ -275,7 +275,13 @@ class Report:
                 + ["chosen on val: depth", "test at chosen", "best by test (not for claims)"]
             )
             metric = rows[0].metric if rows else METRICS["accuracy"]
-            title = f"### {task}" + ("" if metric.name == "accuracy" else f" ({metric_words(metric)})")
+            notes = [] if metric.name == "accuracy" else [metric_words(metric)]
+            splits = rows[0].test_splits if rows else ["test"]
+            if splits != ["test"]:  # which test split the cells score, and where the others are
+                notes.append(
+                    f"test split {splits[0]}" + ("; every test split in the CSV" if len(splits) > 1 else "")
+                )
+            title = f"### {task}" + (f" ({'; '.join(notes)})" if notes else "")
             classes = classes_line(rows)
             lines = [title, "", *([classes, ""] if classes else [])]
             lines += table_head(head)
@@ -304,7 +310,16 @@ class Report:
                 mean, std, n = row.spread(d)
                 paper = self.paper_number(row, str(d))
                 cells.append(self.beside(row, str(d), row.text(mean, std, n) + row.short_of(d)))
-                self.record(row, f"d{d}", test=mean, test_std=std, n_seeds=n, val=row.val(d), paper=paper)
+                self.record(
+                    row,
+                    f"d{d}",
+                    test=mean,
+                    test_std=std,
+                    n_seeds=n,
+                    val=row.val(d),
+                    paper=paper,
+                    **row.other_tests(d),
+                )
             c, b = row.chosen, row.best_by_test
             mean, std, n = row.spread(c)
             self.record(

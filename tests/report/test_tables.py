@@ -806,3 +806,17 @@ def test_a_depth_fewer_seeds_reached_says_so_and_is_never_chosen_over_the_others
     shallow = [output_only(d, 0.5, 0.5, depths=[0, 1, 2, 3]) for d in (0, 1)]  # fitted at --depths 0,1
     (row,) = Report(shallow).rows
     assert row.depth_for("last") is None and row.depth_for("chosen") in (0, 1)
+
+
+def test_a_task_of_several_test_splits_says_which_the_cells_score_and_the_csv_holds_each():
+    """Remote homology scores three test splits: the table says the cells are the first's, and each depth's
+    CSV record holds the others' means."""
+    results = [output_only(0, 0.5, t, task="remote_homology", seed=s) for s, t in ((0, 0.2), (1, 0.4))]
+    for r, extra in zip(results, (0.6, 0.8)):
+        r["test_split"] = "test_fold_holdout"
+        r["test_scores"] = {"test_fold_holdout": r["test_accuracy"], "test_family_holdout": extra}
+    rep = Report(results)
+    table = rep.depth_tables()
+    assert "### remote_homology (test split test_fold_holdout; every test split in the CSV)" in table, table
+    (record,) = [r for r in rep.records if r["column"] == "d0"]
+    assert record["test"] == pytest.approx(0.3) and record["test_family_holdout"] == pytest.approx(0.7)
