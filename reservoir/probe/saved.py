@@ -355,15 +355,15 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
         )
     labels = f[split]["labels"]
     top = int(np.max(labels[:])) if labels.shape[0] else -1
-    order = probe_ids(probe, class_names(f))
-    if identity.get("unlabeled") or order is not None:
-        pass  # placeholders, or labels renumbered by name (:func:`probe_ids`)
+    order = probe_ids(probe, class_names(f))  # labels numbered otherwise, renumbered by name
+    if identity.get("unlabeled"):
+        pass  # placeholders: nothing to compare
     elif tuple(labels.shape[1:]) != probe.label_shape:
         problems.append(
             f"labels: the probe predicts labels of shape {list(probe.label_shape)} a row, the file's "
             f"are {list(labels.shape[1:])}"
         )
-    elif probe.predictor.n_classes != REGRESSION and top >= probe.predictor.n_classes:
+    elif order is None and probe.predictor.n_classes != REGRESSION and top >= probe.predictor.n_classes:
         problems.append(
             f"classes: the probe knows classes 0..{probe.predictor.n_classes - 1}, the file's labels "
             f"reach {top}"
