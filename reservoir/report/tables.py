@@ -543,10 +543,8 @@ class Report:
             groups = self.groups(task)  # one plot per data: a row only beside its own data's baselines
             for k, group in enumerate(groups, 1):
                 rows = group.rows
-                metric = rows[0].metric
-                scale = (
-                    100 if metric.percent else 1
-                )  # percentages as the tables show them; errors as they are
+                metric = rows[0].metric  # percentages as the tables show them; errors as they are
+                scale = 100 if metric.percent else 1
                 curves = {
                     f"{self.label(r)} ({r.head})": {d: scale * r.spread(d)[0] for d in sorted(r.by_depth)}
                     for r in rows
