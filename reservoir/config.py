@@ -519,7 +519,9 @@ class TrainConfig(Config):
         None,
         Interval(0, None, closed="neither"),
         help="Seconds of training after which a run stops, validates and reports test at its best step "
-        "(per run, counted across --resume; more time on --resume continues it).",
+        "(per run, counted across --resume; more time on --resume continues it). Wall-clock seconds: runs "
+        "trained together (--concurrent-runs) each count their shared steps' time whole, so on a busy "
+        "processor they take fewer steps each than alone (the result records batch_runs).",
     )
     val_fraction: float = setting(
         0.1,

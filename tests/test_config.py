@@ -145,6 +145,7 @@ CHANGED = {
     ("predict", "--features"): "or --data: no longer required",
     ("predict", "--split"): "a split of --features (--data predicts every row)",
     ("extract", "--load-dtype"): "says that another --dtype computes in that one, from the rounded weights",
+    ("train", "--max-time"): "says that runs trained together each count their shared steps' wall time",
 }
 #: options added since the saved help
 ADDED = {

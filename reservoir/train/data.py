@@ -47,7 +47,7 @@ def load_data(task: Task, cfg: TrainConfig) -> Splits:
     if not test_names:
         raise DataError(f"task {task.name!r} declares no test split (splits {list(task.spec.splits)})")
     train = task.load("train", data_dir, cfg.limit, cfg.seed)
-    held_out = not any(s in task.spec.splits for s in ("val", "valid"))  # no validation split of its own
+    held_out = val_name is None  # no validation split of its own
     check_train_split(
         f"task {task.spec.name!r}",
         train.labels,

@@ -165,25 +165,36 @@ def _shape_terms(params: Sequence[nn.Parameter]) -> str:
     return " + ".join(f"{n} x {s}" if n > 1 else s for s, n in shapes.items())
 
 
+def _reached(p: nn.Parameter, rows: int) -> int:
+    """Parameters of a position table ``p`` that rows of ``rows`` tokens reach (the paper's ``l x n_dim``)."""
+    return min(p.shape[0], rows) * p[0].numel() if p.ndim == 2 else p.numel()
+
+
 def param_counts(model: FPT) -> list[dict[str, Any]]:
     """One row per group: parameter count and its arithmetic (``12 x (4 x 768) + 2 x 768 = 38,400``).
 
-    Blocks are assumed identical: the per-block term is the first block's, times :attr:`FPT.run_blocks`.
+    Blocks are assumed identical: the per-block term is the first block's, times :attr:`FPT.run_blocks`. A
+    position table counts the rows the task's positions reach, as the paper counts them (``l x n_dim``: 64 x
+    768 for CIFAR-10 in GPT-2's table of 1024): the other rows never get a gradient.
     """
     blocks = model.backbone.blocks
     in_blocks = {id(p) for p in blocks.parameters()} if blocks is not None else set()
     first = {id(p) for p in blocks[0].parameters()} if blocks is not None and len(blocks) else set()
     n_run = len(model.run_blocks)
     rows = []
+    seq = model.spec.seq_len
     for name, params in model.groups().items():
-        total = sum(p.numel() for p in params)
+        tables = [p for p in params if name == "pos" and p.ndim == 2 and p.shape[0] > seq]
+        table_ids = {id(p) for p in tables}
+        total = sum(_reached(p, seq) if id(p) in table_ids else p.numel() for p in params)
         per_block = [p for p in params if id(p) in first]
-        outside = [p for p in params if id(p) not in in_blocks]
+        outside = [p for p in params if id(p) not in in_blocks and id(p) not in table_ids]
         terms = []
         if per_block:
             terms.append(f"{n_run} x ({_shape_terms(per_block)})")
         if outside:
             terms.append(_shape_terms(outside))
+        terms += [f"{seq}x{p.shape[1]} of {_shape_terms([p])}" for p in tables]
         rows.append(
             {
                 "group": name,

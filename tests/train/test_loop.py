@@ -75,7 +75,8 @@ def test_dropout_follows_a_dense_input_layer_and_not_an_id_embedding(tiny_gpt2):
 
 
 def test_paper_parameter_arithmetic_for_gpt2_base():
-    """Layer norms: 4 x 768 per block x 12 blocks, plus the final norm (2 x 768), as the paper counts."""
+    """Layer norms: 4 x 768 per block x 12 blocks, plus the final norm (2 x 768), and positions l x 768 (the
+    rows a task of l tokens reaches), as the paper counts."""
     from transformers import GPT2Config, GPT2Model
 
     from reservoir.model.backbones.gpt2 import GPT2_SIZES, GPT2Backbone
@@ -87,7 +88,8 @@ def test_paper_parameter_arithmetic_for_gpt2_base():
     rows = {r["group"]: r for r in param_counts(model)}
     assert rows["ln"]["params"] == 4 * 768 * 12 + 2 * 768 == 38_400
     assert rows["ln"]["arithmetic"] == "12 x (4 x 768) + 2 x 768"
-    assert rows["pos"]["params"] == 1024 * 768 and rows["pos"]["arithmetic"] == "1024x768"
+    seq = get_task("bit_xor").spec.seq_len  # the rows of the position table its positions reach: l x n_dim
+    assert rows["pos"]["params"] == seq * 768 and rows["pos"]["arithmetic"] == f"{seq}x768 of 1024x768"
     assert rows["input"]["params"] == 1 * 768 + 768 and rows["out"]["params"] == 768 * 2 + 2
     assert rows["attn"]["params"] == 12 * (768 * 3 * 768 + 3 * 768 + 768 * 768 + 768)
     assert rows["ff"]["params"] == 12 * (768 * 3072 + 3072 + 3072 * 768 + 768)
@@ -1206,6 +1208,13 @@ def test_a_held_out_share_for_a_task_with_a_validation_split_is_refused(cli, hom
     assert not list(home.rglob("*.pt"))
     r = cli(*args)
     assert r.exit_code == 0, r.output
+    # a file whose split array names its validation rows 'validation': its own split too
+    rng = np.random.default_rng(0)
+    split = np.array(["train"] * 40 + ["validation"] * 10 + ["test"] * 10)
+    np.savez(home / "v.npz", x=rng.random((60, 4, 3)).astype("float32"), y=np.arange(60) % 2, split=split)
+    r = cli("train", "--task", f"file:{home / 'v.npz'}", "--backbone", str(tiny_gpt2), "--steps", "1",
+            "--val-fraction", "0.3")  # fmt: skip
+    assert r.exit_code == 1 and "has a validation split of its own" in r.output, r.output
 
 
 def test_a_dropout_that_no_layer_applies_is_refused(cli, home):
