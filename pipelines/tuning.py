@@ -86,10 +86,14 @@ def identity(key: dict[str, Any], params: dict[str, Any], seed: int) -> str:
 
 
 class Ledger:
-    """The trials run so far, by identity, read from and appended to a JSON-lines ``path``."""
+    """The trials run so far, by identity, read from and appended to a JSON-lines ``path``.
 
-    def __init__(self, path: Path):
-        self.path = path
+    ``scoring``: the version of the code that scores a trial, recorded in each; a trial of another version (a
+    record without one is version 1) is stale: the search runs it again rather than reuse it, and only
+    ``keep_stale`` (rendering, which runs nothing) reads it back, for a table that says so (:meth:`stale`)."""
+
+    def __init__(self, path: Path, scoring: int | None = None):
+        self.path, self.scoring, self.keep_stale = path, scoring, False
         self.trials: dict[str, dict[str, Any]] = {}
         if path.exists():
             for line in path.read_text().splitlines():
@@ -108,7 +112,7 @@ class Ledger:
     ) -> dict[str, Any]:
         """The trial of ``params`` on ``seed``: read back if the ledger holds it, else run and appended."""
         tid = identity(key, params, seed)
-        if tid in self.trials:
+        if tid in self.trials and (self.keep_stale or not self.stale(self.trials[tid])):
             return self.trials[tid]
         started = time.perf_counter()
         scores = run(params, seed)
@@ -121,6 +125,7 @@ class Ledger:
             **scores,
             "seconds": round(time.perf_counter() - started, 2),
             "threads": torch.get_num_threads(),
+            **({"scoring": self.scoring} if self.scoring is not None else {}),
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
@@ -128,6 +133,10 @@ class Ledger:
         self.trials[tid] = record
         self.ran += 1
         return record
+
+    def stale(self, record: dict[str, Any]) -> bool:
+        """Whether a trial was scored by another version of the code than this ledger's ``scoring``."""
+        return self.scoring is not None and record.get("scoring", 1) != self.scoring
 
 
 def lowest_first(score: float) -> tuple[bool, float]:

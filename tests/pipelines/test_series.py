@@ -44,6 +44,33 @@ def test_a_rerun_reuses_every_trial_and_a_larger_budget_extends_the_draws(tmp_pa
     assert len(lines) == len({json.loads(line)["id"] for line in lines}) == len(calls)
 
 
+def test_a_trial_scored_by_older_code_is_run_again_and_only_rendering_reads_it_back(tmp_path):
+    """A ledger of scoring 2 holds trials of scoring 1 (records without the field): a search runs each again,
+    records the new one with its scoring, and a rerun then reads it back; rendering (``keep_stale``) reads a
+    stale trial without running it and :meth:`Ledger.stale` names it. A ledger without a scoring reuses all."""
+    space = {"x": loguniform(0.01, 10.0)}
+    calls = []
+
+    def run(params, seed):
+        calls.append(seed)
+        return {"val_nrmse": params["x"] + len(calls), "test_nrmse": params["x"]}
+
+    key = {"task": "t", "protocol": "windowed", "model": "m", "options": {}}
+    path = tmp_path / "trials.jsonl"
+    old = tuning.search(tuning.Ledger(path), key, space, run, trials=2, seeds=1)
+    assert len(calls) == 2 and all("scoring" not in r for r in old["trials"])
+    assert tuning.search(tuning.Ledger(path), key, space, run, trials=2, seeds=1) == old  # no scoring: reused
+    rendering = tuning.Ledger(path, scoring=2)
+    rendering.keep_stale = True
+    assert tuning.search(rendering, key, space, run, trials=2, seeds=1) == old and len(calls) == 2
+    assert all(rendering.stale(r) for r in old["trials"])
+    new = tuning.search(tuning.Ledger(path, scoring=2), key, space, run, trials=2, seeds=1)
+    assert len(calls) == 4 and [r["scoring"] for r in new["trials"]] == [2, 2]
+    assert [r["val_nrmse"] for r in new["trials"]] != [r["val_nrmse"] for r in old["trials"]]
+    assert tuning.search(tuning.Ledger(path, scoring=2), key, space, run, trials=2, seeds=1) == new
+    assert len(calls) == 4  # the new trials read back
+
+
 def test_a_diverged_trial_is_never_chosen_and_a_search_of_only_diverged_ones_says_so(tmp_path):
     """A trial scoring NaN (a diverged series, non-finite features) sorts after every number: the first draw's
     NaN is not taken as the best; a search whose every trial is NaN is refused in words."""
