@@ -58,6 +58,9 @@ ONNX_MIN_TOKENS = 200_000
 
 #: the conversion example's width (the converted graph computes the same features at any width)
 EXAMPLE_WIDTH = 64
+#: the narrowest example of rows of varying width: traced on one position, a causal model keeps no mask
+#: (transformers builds none for a single query), and every wider batch would then read ahead of each position
+MIN_EXAMPLE_WIDTH = 2
 #: rows of the first batch checked against PyTorch's eager float32 forward: 4, or about CHECK_TOKENS tokens
 CHECK_ROWS, CHECK_TOKENS = 4, 2048
 #: largest relative feature error (norm-wise, worst depth) accepted against PyTorch's float32 forward
@@ -645,9 +648,15 @@ def narrow(
 ) -> tuple[torch.Tensor, ...]:
     """Two rows of ``(tokens, lengths, readout)`` cut to ``width`` tokens (:data:`EXAMPLE_WIDTH`),
     lengths and readout positions moved inside the cut (``every_position``: a readout of every position, the
-    ``mean`` readout's, cut with the tokens); the batch's own two rows if narrower. A batch of one row gives it
-    twice: an exporter fixes an axis its example has as 1."""
+    ``mean`` readout's, cut with the tokens); the batch's own two rows if narrower, padded to
+    :data:`MIN_EXAMPLE_WIDTH` tokens where the width varies. A batch of one row gives it twice: an exporter fixes
+    an axis its example has as 1."""
     tokens, lengths, readout = (t[:2] if len(t) > 1 else t.repeat(2, *[1] * (t.dim() - 1)) for t in batch)
+    if width is None and tokens.shape[1] < MIN_EXAMPLE_WIDTH:  # padded past the rows' lengths: never read
+        more = MIN_EXAMPLE_WIDTH - tokens.shape[1]
+        tokens = torch.cat([tokens, tokens.new_zeros((len(tokens), more, *tokens.shape[2:]))], dim=1)
+        if every_position:
+            readout = torch.cat([readout, readout[:, -1:].repeat(1, more)], dim=1)
     width = width or EXAMPLE_WIDTH
     if tokens.shape[1] <= width:
         return tokens, lengths, readout

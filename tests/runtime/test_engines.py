@@ -61,6 +61,22 @@ def test_openvino_float32_equals_pytorch(tiny_gpt2, task_name):
         np.testing.assert_allclose(ov(tokens, lengths), pt(tokens, lengths), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("readout", ["last", "mean"])
+def test_a_first_batch_of_one_token_rows_converts_a_graph_that_keeps_the_causal_mask(tiny_gpt2, readout):
+    """Rows of varying length whose first batch holds one token each: the graph converted from it must still
+    mask the positions ahead of each query (traced on one position, transformers builds no mask), so later,
+    right-padded rows equal PyTorch's and never read their padding."""
+    task = get_task("listops", **LISTOPS)
+    ov = runner(task, str(tiny_gpt2), "openvino", readout=readout)
+    pt = runner(task, str(tiny_gpt2), "torch", readout=readout)
+    rng = np.random.default_rng(0)
+    first = (rng.integers(1, 10, (4, 1)), np.ones(4, dtype=np.int64))
+    lengths = np.array([12, 3, 7, 1])
+    later = (rng.integers(1, 10, (4, 12)) * (np.arange(12) < lengths[:, None]), lengths)
+    for tokens, lengths in (first, later):
+        np.testing.assert_allclose(ov(tokens, lengths), pt(tokens, lengths), rtol=1e-4, atol=1e-5)
+
+
 def test_rows_of_one_width_run_on_graphs_compiled_for_their_shapes_with_equal_features(tiny_gpt2):
     """Fixed-width rows: the full batch and the last get a graph each for their exact shapes (no
     dynamic-shape warm-up); further shapes and the check's few rows run on the dynamic graph; every
