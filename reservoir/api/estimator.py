@@ -64,11 +64,15 @@ _WEIGHTS: dict[tuple[Any, ...], str] = {}
 
 def _folder_weights(name: Any, seed: int, backbone: Any) -> str | None:
     """The fingerprint of a backbone loaded from a folder (or the local hub cache), whose files can change under
-    a fitted transformer's name, computed once per :func:`_load_key`; ``None`` for a name or object whose weights
-    the name itself fixes."""
-    from reservoir.model.backbones import fingerprint, parse_name
+    a fitted transformer's name, computed once per :func:`_load_key`; of a model object (which its caller can
+    change in place), its weights and hooks as they are now; ``None`` for a name whose weights the name fixes."""
+    import hashlib
 
-    if not isinstance(name, str) or parse_name(name).source not in ("folder", "hub"):
+    from reservoir.model.backbones import alterations, fingerprint, parse_name
+
+    if not isinstance(name, str):
+        return fingerprint(backbone) + hashlib.sha256(alterations(backbone).encode()).hexdigest()[:16]
+    if parse_name(name).source not in ("folder", "hub"):
         return None
     key = _load_key(name, seed)
     if key not in _WEIGHTS:
@@ -386,9 +390,14 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
                 weights is not None
                 and _folder_weights(fitted["backbone"], fitted["seed"], backbone) != weights
             ):
+                what = (
+                    f"the folder {fitted['backbone']} holds"
+                    if isinstance(fitted["backbone"], str)
+                    else f"the model object ({type(fitted['backbone']).__name__}) holds"
+                )
                 raise UsageError(
-                    f"the folder {fitted['backbone']} holds other weights than it did when this ReservoirFeatures "
-                    "was fitted, so its features would differ: restore those weights, or fit the transformer again"
+                    f"{what} other weights (or hooks) than it did when this ReservoirFeatures was fitted, so its "
+                    "features would differ: restore those weights, or fit the transformer again"
                 )
         return FeatureRunner.build(
             self.spec_,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from sklearn.base import clone
 from sklearn.datasets import load_digits
 from sklearn.linear_model import LogisticRegression
@@ -239,9 +240,34 @@ def test_a_pickled_transformer_refuses_a_folder_whose_weights_changed(tmp_path):
     np.testing.assert_array_equal(pickle.loads(saved).transform(X), fitted.transform(X))
     save_tiny_gpt2(folder, seed=1)
     with pytest.raises(
-        UsageError, match="holds other weights than it did when this ReservoirFeatures was fitted"
+        UsageError, match="holds other weights \\(or hooks\\) than it did when this ReservoirFeatures"
     ):
         pickle.loads(saved)
+
+
+def test_a_copy_of_a_transformer_of_a_model_object_refuses_the_object_changed_since(tiny_gpt2):
+    """A model object its caller edits in place after the fit (a weight scaled, a hook added): a pickled or
+    deep-copied transformer would rebuild on the edited object, so it is refused in words; unedited, the copy
+    gives the fitted features."""
+    import copy
+    import pickle
+
+    from transformers import GPT2Model
+
+    from reservoir.errors import UsageError
+
+    model = GPT2Model.from_pretrained(tiny_gpt2)
+    X = np.random.default_rng(0).normal(size=(4, 5, 3)).astype(np.float32)
+    fitted = api.ReservoirFeatures(backbone=model, depth=1, dtype="float32").fit(X)
+    np.testing.assert_array_equal(copy.deepcopy(fitted).transform(X), fitted.transform(X))
+    hook = model.h[0].mlp.register_forward_hook(lambda module, args, out: out * 0)
+    with pytest.raises(UsageError, match=r"the model object \(GPT2Model\) holds other weights \(or hooks\)"):
+        copy.deepcopy(fitted)
+    hook.remove()
+    with torch.no_grad():
+        model.h[0].mlp.c_fc.weight.mul_(2)
+    with pytest.raises(UsageError, match=r"the model object \(GPT2Model\) holds other weights"):
+        pickle.loads(pickle.dumps(fitted))
 
 
 def test_a_folder_saved_again_is_loaded_again(tmp_path):

@@ -49,6 +49,31 @@ def test_a_model_object_gives_the_features_of_its_saved_folder_and_stays_as_it_w
     )
 
 
+def test_a_model_object_with_hooks_is_another_model_and_its_features_are_its_own(tiny_gpt2):
+    """A forward hook (an ablation) changes what the same weights compute: the hooked object is named apart
+    (``:altered-``, by the hook's code and the values it holds), so its features are extracted, never the
+    unhooked file reused; with the hook removed, that file is found again."""
+    from transformers import AutoModel
+
+    from reservoir.model.backbones import register_object
+
+    model = AutoModel.from_pretrained(tiny_gpt2)
+    plain = api.extract("digits", model, **SMALL)
+    hook = model.h[1].mlp.register_forward_hook(lambda module, args, out: out * 0)
+    ablated = api.extract("digits", model, **SMALL)
+    assert ablated != plain and ":altered-" in register_object(model)
+    a, b = features(plain), features(ablated)
+    assert not np.array_equal(a["test"][:, -1], b["test"][:, -1]) and np.array_equal(
+        a["test"][:, 0], b["test"][:, 0]
+    )
+    half = model.h[1].mlp.register_forward_hook(lambda module, args, out: out * 0.5)
+    both = register_object(model)
+    half.remove()
+    assert register_object(model) != both  # another hook: another model
+    hook.remove()
+    assert api.extract("digits", model, **SMALL) == plain
+
+
 def test_weights_loaded_in_bfloat16_take_half_the_memory_and_stay_within_its_tolerance(tiny_gpt2):
     """``load_dtype="bfloat16"``: every weight is kept in bf16 (half the bytes of float32), the backbone
     computes in it, the identity records it, and the features are float32's within bf16's rounding."""

@@ -28,6 +28,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -249,8 +250,53 @@ def register_object(model: nn.Module) -> str:
             "reservoir Backbone; wrap it in a Backbone subclass (docs/contributing.md, recipe 1: a model family)"
         )
     name = f"object:{type(model).__name__}:{fingerprint(model)[:16]}"
+    if altered := alterations(model):  # hooks or patched forwards change what the same weights compute
+        name += f":altered-{hashlib.sha256(altered.encode()).hexdigest()[:8]}"
     OBJECTS[name] = model
     return name
+
+
+def alterations(model: nn.Module) -> str:
+    """What changes a module object's computation beside its weights, as text: each forward (pre-)hook of it and
+    of its submodules, and each ``forward`` patched on an instance, by where it sits, its code and the values it
+    holds (a tensor by its bytes); ``""`` for none."""
+    parts = []
+    for path, m in model.named_modules():
+        for kind in ("_forward_pre_hooks", "_forward_hooks"):
+            parts += [f"{path} {kind} {_code_text(hook)}" for hook in getattr(m, kind, {}).values()]
+        if "forward" in vars(m):
+            parts.append(f"{path} forward {_code_text(vars(m)['forward'])}")
+    return "\n".join(parts)
+
+
+def _code_text(fn: Any) -> str:
+    """A callable as text that changes with its code and the values it closes over or is bound to."""
+    import functools
+
+    if isinstance(fn, functools.partial):
+        return f"partial {_code_text(fn.func)} {_value_text(fn.args)} {_value_text(fn.keywords)}"
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is None:
+        return f"{type(fn).__qualname__} {_value_text(vars(fn) if hasattr(fn, '__dict__') else fn)}"
+    cells = [c.cell_contents for c in getattr(getattr(fn, "__func__", fn), "__closure__", None) or ()]
+    return f"{code.co_qualname} {code.co_code.hex()} {_value_text(code.co_consts)} {_value_text(cells)}"
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        return f"tensor{t.dtype}{tuple(t.shape)}:{hashlib.sha256(t.view(torch.uint8).numpy().data).hexdigest()[:16]}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_value_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, nn.Module):  # a module it reads: its class and weights
+        return f"module {fingerprint(value)[:16]}"
+    if callable(value) and hasattr(value, "__code__"):
+        return _code_text(value)
+    if hasattr(value, "co_code"):  # a function defined inside the hook
+        return f"code {value.co_qualname} {value.co_code.hex()} {_value_text(value.co_consts)}"
+    return repr(value)  # an object shown with its address: a name of this process alone, never reused
 
 
 def from_object(name: str, dtype: torch.dtype = torch.float32) -> Backbone:
