@@ -174,14 +174,19 @@ def feature_identity(
     load_dtype: str = "float32",
     store_dtype: str = "float32",
     left_out: Sequence[int] = (),
+    token_std: float | None = None,
 ) -> dict[str, Any]:
     """The identity of a feature file (module docstring); ``backbone`` is the readable label and
-    ``backbone_fingerprint`` the hash of :func:`reservoir.model.backbones.fingerprint`; ``load_dtype``,
+    ``backbone_fingerprint`` the hash of :func:`reservoir.model.backbones.fingerprint`; ``token_std``, the
+    backbone's token-embedding std that ``input_scale`` ``matched`` scales the input layer to (recorded as
+    ``matched_std``: the embedding itself is dropped before the fingerprint is taken); ``load_dtype``,
     the dtype the frozen weights were kept in, and ``store_dtype``, the features', are recorded when they
     are not float32. The subset rule is the
     task's for ``limit`` and ``seed`` (``Task.subset``), the class names the task's (``Task.class_names``);
     a task whose data has no labels (its ``unlabeled`` says why) is recorded ``unlabeled``."""
     extra = {"calibration": dict(calibration)} if calibration else {}
+    if input_scale == "matched" and token_std is not None:
+        extra["matched_std"] = float(token_std)
     extra |= {k: v for k, v in (("load_dtype", load_dtype), ("store_dtype", store_dtype)) if v != "float32"}
     names = getattr(task, "class_names", None)
     if names:

@@ -436,3 +436,27 @@ def test_how_data_is_fetched_is_not_what_it_is(task):
     recorded = {"task_options": default.identity_options()}
     assert extraction_mismatch(recorded, {"task_options": {"download": False}}) is None
     assert extraction_mismatch(recorded, {"task_options": {"nope": 1}}) == "task option nope=None"
+
+
+def test_the_matched_input_scale_records_the_std_it_read(extract, home, tmp_path):
+    """Two folders alike but for their token embedding (dropped before the fingerprint): ``--input-scale
+    matched`` reads another std from each, so each file records its std, and a folder saved again with another
+    embedding never reuses the file of the first; the paper's scale reads no embedding and records none."""
+    from transformers import GPT2Model
+
+    a = save_tiny_gpt2(tmp_path / "a")
+    model = GPT2Model.from_pretrained(a)
+    with torch.no_grad():
+        model.wte.weight.mul_(10)
+    model.save_pretrained(tmp_path / "b")
+    files = {}
+    for name in ("a", "b"):
+        code, out, files[name] = extract("--input-scale", "matched", backbone=str(tmp_path / name))
+        assert code == 0, out
+    stds = [identity_of(files[n])["matched_std"] for n in ("a", "b")]
+    assert files["a"] != files["b"] and stds[1] == pytest.approx(10 * stds[0], rel=1e-4)
+    assert "matched_std" not in identity_of(extract(backbone=str(tmp_path / "a"))[2])
+    model.wte.weight.data.div_(10)  # folder a's embedding saved over folder b: b's matched file is not reused
+    model.save_pretrained(tmp_path / "b")
+    code, out, again = extract("--input-scale", "matched", backbone=str(tmp_path / "b"))
+    assert code == 0 and again != files["b"] and identity_of(again)["matched_std"] == pytest.approx(stds[0])

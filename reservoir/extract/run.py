@@ -488,6 +488,7 @@ def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run
         load_dtype=cfg.load_dtype,
         store_dtype=cfg.store_dtype,
         left_out=lost,
+        token_std=getattr(backbone, "token_std", None),
     )
     out = Path(cfg.out) if cfg.out else features_path_for(identity)
     batch_size = cfg.batch_size or auto_batch_size(backbone, task.spec.seq_len)
