@@ -62,17 +62,17 @@ def _load_key(name: str, seed: int) -> tuple[Any, ...]:
 _WEIGHTS: dict[tuple[Any, ...], str] = {}
 
 
-def _folder_weights(name: Any, seed: int, backbone: Any) -> str | None:
+def _folder_weights(name: str, seed: int, backbone: Any) -> str | None:
     """The fingerprint of a backbone loaded from a folder (or the local hub cache), whose files can change under
     a fitted transformer's name, computed once per :func:`_load_key`; of a model object (which its caller can
-    change in place), its weights and hooks as they are now; ``None`` for a name whose weights the name fixes."""
-    import hashlib
+    change in place), its registered name, whose digest is of its weights and hooks as they were when named
+    (:func:`_backbone_name`); ``None`` for a name whose weights the name fixes."""
+    from reservoir.model.backbones import fingerprint, parse_name
 
-    from reservoir.model.backbones import alterations, fingerprint, parse_name
-
-    if not isinstance(name, str):
-        return fingerprint(backbone) + hashlib.sha256(alterations(backbone).encode()).hexdigest()[:16]
-    if parse_name(name).source not in ("folder", "hub"):
+    source = parse_name(name).source
+    if source == "object":
+        return name
+    if source not in ("folder", "hub"):
         return None
     key = _load_key(name, seed)
     if key not in _WEIGHTS:
@@ -316,10 +316,9 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
             )
         self.dtype_ = resolve_dtype(self.dtype, resolve_device(self.device), self.engine)
         rows, kind, width = _sequences(X)
-        backbone = _backbone(self.backbone, int(self.seed))
-        self.depths_ = select_depths(
-            self.depth, range(backbone.n_layers + 1), f"in backbone {_backbone_name(self.backbone)}"
-        )
+        name = _backbone_name(self.backbone)  # a model object named (its weights hashed) once
+        backbone = _backbone(name, int(self.seed))
+        self.depths_ = select_depths(self.depth, range(backbone.n_layers + 1), f"in backbone {name}")
         vocab = 0
         if kind == "ids":
             vocab = self.vocab_size or int(max(r.max() for r in rows)) + 1
@@ -338,7 +337,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
             vocab_size=vocab,
             variable_length=len({len(r) for r in rows}) > 1,
         )
-        check_length(self.spec_, backbone, _backbone_name(self.backbone))
+        check_length(self.spec_, backbone, name)
         # the int8 dtypes: the rows that calibrate the quantization and the dtype their centring computes in
         # (kept, so a copy builds the same runner)
         int8 = self.dtype_ in INT8_DTYPES
@@ -348,7 +347,7 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         # after set_params, and refuses a folder that holds other weights by then
         self.settings_ = {
             **self._settings(),
-            "weights": _folder_weights(self.backbone, int(self.seed), backbone),
+            "weights": _folder_weights(name, int(self.seed), backbone),
         }
         self.runner_ = self._runner(backbone)
         self.n_features_out_ = len(self.depths_) * backbone.d_model
@@ -384,12 +383,10 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
 
         fitted = getattr(self, "settings_", None) or self._settings()
         if backbone is None:
-            backbone = _backbone(fitted["backbone"], fitted["seed"])
+            name = _backbone_name(fitted["backbone"])
+            backbone = _backbone(name, fitted["seed"])
             weights = fitted.get("weights")
-            if (
-                weights is not None
-                and _folder_weights(fitted["backbone"], fitted["seed"], backbone) != weights
-            ):
+            if weights is not None and _folder_weights(name, fitted["seed"], backbone) != weights:
                 what = (
                     f"the folder {fitted['backbone']} holds"
                     if isinstance(fitted["backbone"], str)

@@ -212,7 +212,9 @@ def check_data(probe: SavedProbe, task: Any, data: Path) -> None:
         else {"kind": "dense", "width": spec.token_dim}
     )
     if wanted and (wanted["kind"] != found["kind"] or wanted.get("width") != found.get("width")):
-        images = " (images: the probe's --task-opt patch and mode)" if getattr(task, "_image", False) else ""
+        images = (
+            " (images: the probe's --task-opt patch and mode)" if getattr(task, "image_shape", None) else ""
+        )
         problems.append(f"{data} holds {_tokens_text(found)}, the probe reads {_tokens_text(wanted)}{images}")
     tokens = probe.meta.get("row_tokens")  # None: rows of their own lengths, or a probe that predates it
     seen, shape = probe.meta.get("image_shape"), getattr(task, "image_shape", None)

@@ -355,7 +355,8 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
         )
     labels = f[split]["labels"]
     top = int(np.max(labels[:])) if labels.shape[0] else -1
-    order = probe_ids(probe, class_names(f))  # labels numbered otherwise, renumbered by name
+    names = class_names(f)
+    order = probe_ids(probe, names)  # labels numbered otherwise, renumbered by name
     if identity.get("unlabeled"):
         pass  # placeholders: nothing to compare
     elif tuple(labels.shape[1:]) != probe.label_shape:
@@ -369,7 +370,7 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
             f"reach {top}"
         )
     if order is not None and (order < 0).any():
-        ours, unknown = probe.class_names or [], [n for n, k in zip(class_names(f) or [], order) if k < 0]
+        ours, unknown = probe.class_names or [], [n for n, k in zip(names or [], order) if k < 0]
         problems.append(
             f"class names: the file's data names class(es) {', '.join(map(repr, unknown[:5]))} that the probe does "
             f"not know (its classes: {', '.join(ours[:10])}{', ...' if len(ours) > 10 else ''})"
@@ -420,7 +421,8 @@ def predict_file(
         verify(f, [probe.depth], [split])
         labels = None if stored_identity(f).get("unlabeled") else f[split]["labels"][:]
         n = int(f[split]["labels"].shape[0])
-        names, order = class_names(f), probe_ids(probe, class_names(f))
+        names = class_names(f)
+        order = probe_ids(probe, names)
         if order is not None and labels is not None:  # the file's class ids as the probe's
             labels, names = np.where(labels >= 0, order[np.clip(labels, 0, None)], labels), probe.class_names
         parts = []

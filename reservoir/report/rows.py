@@ -134,15 +134,20 @@ class Row:
         }
 
     @property
+    def most_seeds(self) -> int:
+        """The most seeds any depth of the row holds."""
+        return max(self.spread(d)[2] for d in self.by_depth)
+
+    @property
     def full(self) -> list[int]:
         """The depths every seed of the row reached (a fit stopped early, or asked for fewer depths at some
         seeds, leaves the others with fewer): the depths compared on one footing."""
-        most = max(self.spread(d)[2] for d in self.by_depth)
+        most = self.most_seeds
         return [d for d in sorted(self.by_depth) if self.spread(d)[2] == most]
 
     def short_of(self, depth: int) -> str:
         """`` (1 of 3 seeds)`` where ``depth`` holds fewer seeds than the row's other depths; else ``""``."""
-        n, most = self.spread(depth)[2], max(self.spread(d)[2] for d in self.by_depth)
+        n, most = self.spread(depth)[2], self.most_seeds
         return f" ({n} of {most} seeds)" if n < most else ""
 
     @property

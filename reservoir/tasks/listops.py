@@ -19,7 +19,6 @@ longer than ``max_len`` (512 by default, up to 2000) are truncated to their firs
 from __future__ import annotations
 
 import csv
-import dataclasses
 import functools
 import random
 import threading
@@ -30,7 +29,7 @@ from typing import ClassVar
 import numpy as np
 
 from reservoir.errors import UsageError
-from reservoir.settings import Interval, OneOf, setting
+from reservoir.settings import Interval, OneOf, default, setting
 from reservoir.tasks import (
     MAX_ROWS,
     MAX_SEED,
@@ -233,8 +232,7 @@ class ListOps(Task):
 
     def __post_init__(self):
         if self.source == "lra":
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            given = [k for k in self.GENERATING if getattr(self, k) != defaults[k]]
+            given = [k for k in self.GENERATING if getattr(self, k) != default(type(self), k)]
             if given:
                 raise UsageError(
                     f"The {given[0]!r} option of task listops ({getattr(self, given[0])}) shapes generated "
