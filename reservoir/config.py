@@ -456,8 +456,8 @@ def _seeds_runs(cfg: Any) -> str:
 class TrainConfig(Config):
     """One end-to-end ``train`` run, or a sweep over learning rates, seeds and runs trained together
     (:func:`reservoir.api.train`). Seeds are ``seed, seed+1, ...``; each seeds the input layer, random
-    backbones, the output layer, dropout and data order (and generated data, unless the task's own
-    ``seed`` option is given). Progress for ``patience`` is a validation accuracy 0.1 points above the last
+    backbones, the output layer, dropout and data order. Generated data is drawn once, by the first seed
+    (or the task's own ``seed`` option), and every run of the sweep reads the same data. Progress for ``patience`` is a validation accuracy 0.1 points above the last
     progress, a validation loss 0.1% below its lowest, or a training loss still falling
     (:func:`reservoir.train.run.advance`). ``max_time`` and ``concurrent_runs`` are not part of a run's
     identity; ``auto`` dtype is, so a run resumed on another CPU continues in that CPU's dtype."""

@@ -199,10 +199,11 @@ class Row:
         return f"{r['n_train']}/{r['n_test']}"
 
 
-#: the identity fields an extraction's seed draws (generated data, a ``--limit`` sample, random weights)
-SEED_DRAWN = ("seed", "data", "backbone_fingerprint")
+#: the identity fields an extraction's seed draws (generated data, a ``--limit`` sample, random weights and
+#: the token-embedding std that ``--input-scale matched`` reads from them)
+SEED_DRAWN = ("seed", "data", "backbone_fingerprint", "matched_std")
 #: the same for an end-to-end result, with the number of blocks, so a sweep over blocks shares a row
-E2E_SEED_DRAWN = ("seeds", "data", "backbone_fingerprints", "blocks")
+E2E_SEED_DRAWN = ("seeds", "data", "backbone_fingerprints", "matched_stds", "blocks")
 
 
 def follows_run_seed(task: str) -> bool:
@@ -289,11 +290,14 @@ def seeds_of(r: dict[str, Any]) -> set[Any]:
 
 def source_of(r: dict[str, Any], seed: Any) -> tuple[str, str]:
     """What a result's run of ``seed`` was computed from besides its settings: its data (:func:`data_key`) and
-    its backbone's weights at that seed (folders of one name may hold others)."""
+    its backbone's weights at that seed (folders of one name may hold others), with the token-embedding std
+    ``--input-scale matched`` read (the fingerprint leaves the embedding out)."""
     identity = r.get("identity", {})
-    by_seed = identity.get("backbone_fingerprints") or {}
-    weights = identity.get("backbone_fingerprint") or by_seed.get(str(seed)) or by_seed.get(seed)
-    return data_key(r), str(weights)
+    weights = []
+    for one, by_seed in (("backbone_fingerprint", "backbone_fingerprints"), ("matched_std", "matched_stds")):
+        of_seeds = identity.get(by_seed) or {}
+        weights.append(identity.get(one) or of_seeds.get(str(seed)) or of_seeds.get(seed))
+    return data_key(r), str(weights[0]) if weights[1] is None else f"{weights[0]}:{weights[1]}"
 
 
 def split_by_source(keyed: list[tuple[tuple, dict[str, Any]]]) -> dict[tuple, list[str]]:
@@ -320,8 +324,12 @@ def told_apart(r: dict[str, Any], differ: list[str]) -> str:
         return ""
     seed = next(iter(sorted(seeds_of(r), key=str)))
     source = dict(zip(("data", "weights"), source_of(r, seed[0] if isinstance(seed, tuple) else seed)))
+    identity = r.get("identity", {})
     if r["mode"] != "output-only" and "weights" in differ:  # several seeds' weights: one digest of them all
-        source["weights"] = digest({"weights": r.get("identity", {}).get("backbone_fingerprints")})
+        matched = {"matched": identity["matched_stds"]} if "matched_stds" in identity else {}
+        source["weights"] = digest({"weights": identity.get("backbone_fingerprints"), **matched})
+    elif ":" in source["weights"]:  # a fingerprint with the matched std: one digest of both
+        source["weights"] = digest({"weights": source["weights"]})
     return ", ".join(f"{what} {source[what][:6]}" for what in differ)
 
 

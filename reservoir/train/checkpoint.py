@@ -113,13 +113,15 @@ def settings_identity(cfg: TrainConfig, task, data, left_out: list[int] = ()) ->
 
 
 def run_checkpoint(
-    cfg: TrainConfig, shared: dict[str, Any], *, backbone_fingerprint: str, blocks: int, lr: float, seed: int
+    cfg: TrainConfig, shared: dict[str, Any], *, weights: dict[str, Any], blocks: int, lr: float, seed: int
 ) -> tuple[dict[str, Any], str, Path]:
-    """The identity of one (learning rate, seed) run of a sweep whose :func:`settings_identity` is ``shared``,
-    its readable name, and the path of its checkpoint (the name and the identity's digest)."""
+    """The identity of one (learning rate, seed) run of a sweep whose :func:`settings_identity` is ``shared``
+    and whose backbone's weights are recorded as ``weights`` (its ``backbone_fingerprint``, and ``matched_std``
+    where the input layer is scaled to it), its readable name, and the path of its checkpoint (the name and
+    the identity's digest)."""
     identity = {
         **shared,
-        "backbone_fingerprint": backbone_fingerprint,
+        **weights,
         "blocks": blocks,
         "run_lr": lr,
         "run_seed": seed,

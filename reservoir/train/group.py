@@ -105,7 +105,7 @@ class GroupRun:
         for seed in seeds:
             log(f"{self.tag} loading backbone {cfg.backbone} (seed {seed}) ...")
             with run_generators(seed, device):
-                model, fingerprint = load_model(cfg, task, seed, device)
+                model, weights = load_model(cfg, task, seed, device)
                 states = generator_states(device)
             model.eval()
             with torch.inference_mode():
@@ -118,7 +118,7 @@ class GroupRun:
             else:
                 values = {n: t.detach() for n, t in differing(template, model).items()}
             built[seed] = {
-                "fingerprint": fingerprint,
+                "weights": weights,
                 "rng": states,
                 "values": values,
                 "reference": reference,
@@ -148,7 +148,7 @@ class GroupRun:
             Member.of(
                 cfg,
                 shared,
-                fingerprint=built[seed]["fingerprint"],
+                weights=built[seed]["weights"],
                 blocks=self.blocks,
                 lr=lr,
                 seed=seed,

@@ -175,6 +175,7 @@ def train(
             else {}
         ),
         "backbone_fingerprints": {str(r["seed"]): r["backbone_fingerprint"] for r in chosen},
+        **({"matched_stds": {str(r["seed"]): r["matched_std"] for r in chosen}} if "matched_std" in chosen[0] else {}),
     }
     summary = seed_summary(chosen)
     result = Result(

@@ -163,9 +163,12 @@ def stop_at_again(state: RunState, cfg: TrainConfig, ckpt: Path) -> None:
         stall(state, cfg)
 
 
-def load_model(cfg: TrainConfig, task: Task, seed: int, device: torch.device) -> tuple[FPT, str]:
-    """Run ``seed``'s FPT on ``device``, and its backbone's fingerprint (taken before the FPT draws its zero
-    positions). The backbone is checked for the task's length, ``--blocks`` and (``--save-backbone``) saving."""
+def load_model(cfg: TrainConfig, task: Task, seed: int, device: torch.device) -> tuple[FPT, dict[str, Any]]:
+    """Run ``seed``'s FPT on ``device``, and the record of its weights for the run's identity: the backbone's
+    fingerprint (taken before the FPT draws its zero positions) and, under ``--input-scale matched``, the
+    token-embedding std the input layer is scaled to (``matched_std``: the embedding is dropped before the
+    fingerprint is taken). The backbone is checked for the task's length, ``--blocks`` and
+    (``--save-backbone``) saving."""
     backbone = load_backbone(cfg.backbone, seed)
     check_length(task.spec, backbone, cfg.backbone)
     if cfg.save_backbone is not None:
@@ -176,7 +179,9 @@ def load_model(cfg: TrainConfig, task: Task, seed: int, device: torch.device) ->
             f"--blocks {blocks}: backbone {cfg.backbone} has {backbone.n_layers} blocks; "
             f"choose 0 to {backbone.n_layers} (or leave it out to run them all)"
         )
-    fingerprint = backbone_fingerprint(backbone)
+    weights: dict[str, Any] = {"backbone_fingerprint": backbone_fingerprint(backbone)}
+    if cfg.input_scale == "matched" and backbone.token_std is not None:
+        weights["matched_std"] = float(backbone.token_std)
     model = FPT(
         task.spec, backbone, blocks=blocks, seed=seed, input_scale=cfg.input_scale, dropout=cfg.dropout
     ).to(device)
@@ -188,7 +193,7 @@ def load_model(cfg: TrainConfig, task: Task, seed: int, device: torch.device) ->
             f"--dropout {cfg.dropout:g} would change nothing: backbone {cfg.backbone} has no dropout layer"
             f"{ids if task.spec.token_kind == 'ids' else ''}; drop --dropout"
         )
-    return model, fingerprint
+    return model, weights
 
 
 def trainable(
@@ -238,17 +243,16 @@ class Member:
         cfg: TrainConfig,
         shared: dict[str, Any],
         *,
-        fingerprint: str,
+        weights: dict[str, Any],
         blocks: int,
         lr: float,
         seed: int,
         rng: dict[str, torch.Tensor] | None = None,
     ) -> Member:
         """The run ``(lr, seed)`` of a sweep whose :func:`~reservoir.train.checkpoint.settings_identity` is
-        ``shared`` (:func:`~reservoir.train.checkpoint.run_checkpoint`)."""
-        ident, name, ckpt = run_checkpoint(
-            cfg, shared, backbone_fingerprint=fingerprint, blocks=blocks, lr=lr, seed=seed
-        )
+        ``shared`` and whose weights :func:`load_model` records as ``weights``
+        (:func:`~reservoir.train.checkpoint.run_checkpoint`)."""
+        ident, name, ckpt = run_checkpoint(cfg, shared, weights=weights, blocks=blocks, lr=lr, seed=seed)
         return cls(lr, seed, name, ident, ckpt, rng)
 
     @property
@@ -415,6 +419,7 @@ class Member:
             "param_counts": counts,
             "checkpoint": str(self.ckpt),
             "backbone_fingerprint": self.ident["backbone_fingerprint"],
+            **({"matched_std": self.ident["matched_std"]} if "matched_std" in self.ident else {}),
         }
 
 
@@ -442,9 +447,9 @@ class TrainingRun:
     ):
         self.cfg, self.task, self.data, self.device, self.log = cfg, task, data, device, log
         log(f"[lr={lr:g} seed={seed}] loading backbone {cfg.backbone} ...")
-        self.model, fingerprint = load_model(cfg, task, seed, device)
+        self.model, weights = load_model(cfg, task, seed, device)
         self.blocks = self.model.blocks
-        self.run = run = Member.of(cfg, shared, fingerprint=fingerprint, blocks=self.blocks, lr=lr, seed=seed)
+        self.run = run = Member.of(cfg, shared, weights=weights, blocks=self.blocks, lr=lr, seed=seed)
         self.params, self.counts = trainable(self.model, cfg, log, show_counts)
         self.opt = optimizer(self.params, lr)
         run.resume(cfg, self.params, self.opt, device, log)

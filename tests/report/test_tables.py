@@ -580,6 +580,24 @@ def test_results_of_one_seed_of_other_weights_of_one_backbone_name_are_never_ave
     assert row.spread(0)[2] == 2 and not row.data
 
 
+def test_seeds_under_input_scale_matched_fold_and_a_matched_std_of_one_seed_tells_weights_apart():
+    """``--input-scale matched`` records the token-embedding std each seed's weights give (``matched_std``): the
+    seeds of one setting still fold into one row, unlabelled by it; at one seed, folders of one fingerprint
+    whose embeddings differ (another std) are told apart by their weights."""
+
+    def of(seed: int, std: float, test: float, weights: str = "fp") -> dict:
+        return output_only(
+            0, 0.5, test, seed=seed, input_scale="matched", matched_std=std, backbone_fingerprint=weights
+        )
+
+    (row,) = Report([of(0, 0.0201, 0.6), of(1, 0.0199, 0.7)]).rows
+    assert row.spread(0)[2] == 2
+    assert "matched_std" not in Report([of(0, 0.0201, 0.6), of(1, 0.0199, 0.7)]).task_table()
+    rep = Report([of(0, 0.02, 0.6), of(0, 0.03, 0.2)])
+    assert sorted(row.spread(0)[2] for row in rep.rows) == [1, 1]
+    assert "weights" in rep.task_table()
+
+
 def test_a_fit_that_stopped_before_its_last_depths_is_marked_incomplete():
     """Results of a fit asked for every depth but written for the first ones only (Ctrl-C, a full disk) are
     never shown as a whole fit: the row says which depths have no result; a fit asked for fewer depths is

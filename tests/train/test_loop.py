@@ -1243,3 +1243,25 @@ def test_a_dropout_that_no_layer_applies_is_refused(cli, home):
     assert not list(home.rglob("*.pt"))
     r = cli(*args)
     assert r.exit_code == 0, r.output
+
+
+def test_a_matched_input_scale_run_never_resumes_the_checkpoint_of_another_token_embedding(tiny_gpt2, home, cli):
+    """Two folders of one name alike but for their token embedding, which the backbone's fingerprint leaves
+    out: under ``--input-scale matched`` the input layer is scaled to each one's std, so the run records it
+    (``matched_std``, in the checkpoint and the result) and ``--resume`` of the other refuses, naming it."""
+    from transformers import GPT2Model
+
+    model = GPT2Model.from_pretrained(tiny_gpt2)
+    model.save_pretrained(home / "a" / "m")
+    with torch.no_grad():
+        model.wte.weight.mul_(10)
+    model.save_pretrained(home / "b" / "m")
+    args = ["train", "--task", "bit_xor", "--task-opt", "n_train=64", "--task-opt", "n_test=32", "--steps", "2",
+            "--eval-every", "2", "--input-scale", "matched", "--checkpoint-dir", str(home / "c")]  # fmt: skip
+    assert cli("-q", *args, "--backbone", str(home / "a" / "m")).exit_code == 0
+    (ckpt,) = (home / "c").glob("*.pt")
+    std = torch.load(ckpt, weights_only=False)["identity"]["matched_std"]
+    r = cli("-q", *args, "--backbone", str(home / "b" / "m"), "--resume")
+    assert r.exit_code == 1 and "was written with other settings: matched_std" in r.output, r.output
+    result = train(xor_cfg(home / "b" / "m", home, steps=2, eval_every=2, input_scale="matched"), progress=False)
+    assert result["identity"]["matched_stds"] == {"0": pytest.approx(10 * std, rel=1e-4)}
