@@ -239,8 +239,9 @@ def _percent(side: Side) -> str:
 
 def _columns(rows: list[dict[str, str]], task: str, backbone: str) -> dict[str, Side]:
     """One ablation table's columns for a task and backbone: the output-only head at the chosen and the last
-    depth (``head``, ``head at the last depth``; the paper's output-only number beside the first), then the
-    end-to-end runs by SINGLE's names."""
+    depth (``head``, ``head at the last depth``; the paper's output-only number beside the second, since the
+    paper's output layer reads the last block, or beside the first where no last-depth head was fitted), then
+    the end-to-end runs by SINGLE's names."""
     mine = [r for r in rows if r["task"] == task and r["backbone"] == backbone]
     out = {}
     for rule, name in (("chosen", "head"), ("last", "head at the last depth")):
@@ -251,8 +252,8 @@ def _columns(rows: list[dict[str, str]], task: str, backbone: str) -> dict[str, 
         ]
         if head:
             out[name] = _side(head[0])
-    if "head at the last depth" in out:
-        out["head at the last depth"].paper = None
+    if "head" in out and "head at the last depth" in out:
+        out["head at the last depth"].paper, out["head"].paper = out["head"].paper, None
     trained = {r["trainable"]: r for r in mine if r["mode"] == "end-to-end"}
     out.update({name: _side(trained[groups]) for groups, name in SINGLE.items() if groups in trained})
     return out

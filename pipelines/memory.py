@@ -14,10 +14,13 @@ the number of units can show. A ridge on the raw window is the windowed referenc
 
 Each model runs at its default setting and again at the setting its search in ``series.py`` chose on NARMA-10
 (``--tuned-on``, ``--tuned-train`` training steps: the same number of trials for every model, read from the
-ledger ``trials.jsonl`` beside ``--out``); a model whose search is not complete there is said not run.
+ledger ``trials.jsonl`` beside ``--out``, its trials of the current scoring, ``series.SCORING``); a model whose
+search is not complete there is not run: its rows run at an earlier search's choice stand, marked †, and
+without any it is said not run.
 
 With rcbench installed, its ``MemoryCapacityEvaluator`` (its 80/20 split of the train steps, the same penalty)
-and ours on the same states and split are set side by side at the depth chosen, and its linear kernel rank
+and ours on the same states (in float64) and split are set side by side at the depth chosen, and its linear
+kernel rank
 and nonlinear memory (``NonlinearMemoryEvaluator``: the capacity for ``sin(nu u(t - tau))``, summed over
 ``tau`` = 1..8, at each ``nu`` of :data:`NU`) are reported per depth. Each (model, seed) is kept in ``memory.json`` under ``--out`` and reused by a rerun;
 ``memory.md`` and ``memory_capacity.png`` are written from it.
@@ -67,6 +70,9 @@ TUNED = {
 #: ridge penalties, times the states' mean variance (none 0: an unregularised solve of ill-conditioned states depends on
 #: the solver, scikit-learn's least squares and the normal equations disagreeing by a third of a linear ESN's capacity)
 GRID = (1e-10, 1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+#: the version of rcbench's check a record holds (:func:`checked`): 2 since both estimators read the states in
+#: float64 (rcbench's own solve of float32 states differed from ours by up to 0.13 on ill-conditioned ones)
+CHECK = 2
 
 
 def capacities(rows: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float, float]:
@@ -164,7 +170,7 @@ def kernel_rank(states: np.ndarray) -> int | None:
 
 def checked(states: np.ndarray, inputs: np.ndarray, delays: int, alpha: float) -> dict[str, Any]:
     """rcbench's memory capacity and ours on the same consecutive ``states`` (its 80/20 split, penalty
-    ``alpha``) and rcbench's linear kernel rank; empty without rcbench."""
+    ``alpha``; both in float64) and rcbench's linear kernel rank; empty without rcbench."""
     try:
         from rcbench.tasks.memorycapacity import MemoryCapacityEvaluator
     except ImportError:
@@ -172,6 +178,8 @@ def checked(states: np.ndarray, inputs: np.ndarray, delays: int, alpha: float) -
     from reservoir.probe.metrics import memory_capacity
     from reservoir.tasks.memory import delayed
 
+    rank = kernel_rank(states)  # of the states as the readout reads them
+    states = states.astype(np.float64)
     with quiet_ridge():
         theirs = MemoryCapacityEvaluator(inputs, states, max_delay=delays).calculate_total_memory_capacity(
             feature_selection_method="kbest", num_features="all", regression_alpha=alpha, train_ratio=0.8
@@ -185,7 +193,8 @@ def checked(states: np.ndarray, inputs: np.ndarray, delays: int, alpha: float) -
     return {
         "rcbench": float(theirs["total_memory_capacity"]),
         "ours": float(ours.sum()),
-        "kernel_rank": kernel_rank(states),
+        "kernel_rank": rank,
+        "version": CHECK,
     }
 
 
@@ -303,21 +312,25 @@ def tuned_run(name: str, params: dict[str, Any]) -> dict[str, Any]:
     return {"cfg": series.esn_config(series.MODELS[model], params, series.FIXED[(protocol, model)])}
 
 
-def labels(args) -> dict[str, tuple[str, dict[str, Any] | None]]:
-    """Every model's row label, and a tuned model's setting (as the series ledger holds it; ``None`` else)."""
+def labels(args, records: dict[str, Any]) -> tuple[dict[str, tuple[str, dict[str, Any] | None]], set[str]]:
+    """Every model's row label and a tuned model's setting (as the series ledger's trials of the current scoring
+    hold it; ``None`` else), and the tuned models whose search is not complete there but whose rows
+    ``records`` holds, run at an earlier search's choice: their setting is that one, their label marked †."""
     import series
     from tuning import Ledger
 
-    ledger = Ledger(args.out / "trials.jsonl")
+    ledger = Ledger(args.out / "trials.jsonl", scoring=series.SCORING)
     out = {**{k: (v, None) for k, v in WINDOWED.items()}, **{k: (v[0], None) for k, v in CONTINUOUS.items()}}
+    earlier = set()
     for name, (model, protocol) in TUNED.items():
-        params = tuned_setting(args, name, ledger)
+        params, mark = tuned_setting(args, name, ledger), ""
+        if params is None and f"{name}/0" in records:
+            params, mark = records[f"{name}/0"].get("params"), " †"
+            earlier.add(name)
         setting = ", ".join(f"{k} {v}" for k, v in params.items()) if params else "its search not complete"
-        label = (
-            f"{series.MODELS[model].label}, {protocol}, tuned on {series.TASKS[args.tuned_on]} ({setting})"
-        )
+        label = f"{series.MODELS[model].label}, {protocol}, tuned on {series.TASKS[args.tuned_on]} ({setting}){mark}"
         out[name] = (label, params)
-    return out
+    return out, earlier
 
 
 def render(records: dict[str, Any], args, rows: dict[str, tuple[str, Any]]) -> str:
@@ -338,7 +351,8 @@ def render(records: dict[str, Any], args, rows: dict[str, tuple[str, Any]]) -> s
         "squared correlation: a readout shrunk by the penalty or off in scale scores lower there (down to 0) than here. "
         f"'tuned on {args.tuned_on}': the setting the same {args.trials}-trial search chose for the model on "
         f"{args.tuned_on}'s validation NRMSE ({args.tuned_train} training steps, the series table's), every other "
-        "row at its default setting.",
+        "row at its default setting; † a setting chosen by a search scored with the earlier ridge readout "
+        "(series.md's †), its rows as run then, until the search is run again.",
         "",
         "| model | seeds | capacity (depth chosen on validation) | depth | capacity per depth (test) | ours, rcbench's split | rcbench | "
         "kernel rank per depth (rcbench) | nonlinear memory, nu 1 / 3 / 10 (rcbench) |",
@@ -469,11 +483,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "memory.json"
     records = json.loads(store.read_text()) if store.exists() else {}
-    rows = labels(args)  # the series ledger read once: memory.py adds nothing to it
+    rows, earlier = labels(args, records)  # the series ledger read once: memory.py adds nothing to it
     for name in [] if args.render else args.models:
         params, how = rows[name][1], {}
         if name in TUNED:
-            if params is None:
+            if params is None or name in earlier:
                 print(
                     f"memory capacity {name}: not run, its {args.tuned_on} search is not complete",
                     file=sys.stderr,
@@ -488,9 +502,10 @@ def main() -> None:
                 and records[key]["options"] == opts
                 and records[key].get("params") == params
                 and "val" in records[key]
-                and (has_rcbench() <= ("nonlinear" in records[key]))
+                and has_rcbench()
+                <= ("nonlinear" in records[key] and records[key].get("check", {}).get("version") == CHECK)
             ):
-                continue  # kept (one from before validation or nonlinear memory was recorded is run again)
+                continue  # kept (one from before validation, nonlinear memory or the float64 check is run again)
             print(f"memory capacity {key}", file=sys.stderr, flush=True)
             started = time.perf_counter()
             record = (windowed if is_windowed(name) else continuous)(name, seed, opts, **how)

@@ -260,9 +260,10 @@ def test_the_ablations_name_the_best_group_and_set_pretrained_against_random_bes
     )
     (text,) = findings.findings({18: tmp_path, 20: tmp_path}, "p")
     assert text.startswith("**Tables 18 and 20, mnist**")
-    # each column with its spread (one seed: the binomial standard error of its test rows), the paper's in brackets
+    # each column with its spread (one seed: the binomial standard error of its test rows), the paper's in brackets:
+    # its output layer reads the last block, so its number stands beside the head at the last depth
     assert (
-        "Table 18, pretrained p: head 64.7 ± 0.7 (23), head at the last depth 45.5 ± 0.7, output layer "
+        "Table 18, pretrained p: head 64.7 ± 0.7, head at the last depth 45.5 ± 0.7 (23), output layer "
         "51.1 ± 1.6 (23), + input 66.4 ± 1.5 (85), + positions 76.5 ± 1.3 (93), + layer norms 85.0 ± 1.1 "
         "(96)"
     ) in text
@@ -270,11 +271,11 @@ def test_the_ablations_name_the_best_group_and_set_pretrained_against_random_bes
         "best group + layer norms, against + positions: + layer norms is ahead by 8.5 points, more than 2 times "
         "the combined spread (1.8): decided (the paper's best: + layer norms, 96%)"
     ) in text
-    assert "Table 20, random twin: head 75.2 ± 2.2 (25)" in text
+    assert "Table 20, random twin: head 75.2 ± 2.2, head at the last depth 70.0 ± 2.0 (25)" in text
     # only the columns both tables hold; the paper's difference beside ours
     assert (
-        "Pretrained minus random, in points: head -10.5, decided (paper -2: ours agrees in direction); head at "
-        "the last depth -24.5, decided; output layer -0.9, within the spread (paper -2: ours does not decide a "
+        "Pretrained minus random, in points: head -10.5, decided; head at the last depth -24.5, decided (paper "
+        "-2: ours agrees in direction); output layer -0.9, within the spread (paper -2: ours does not decide a "
         "direction); + layer norms +15.0, decided (paper +13: ours agrees in direction)."
     ) in text
 

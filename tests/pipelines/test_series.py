@@ -219,6 +219,33 @@ def test_memory_capacity_runs_a_model_at_the_setting_its_series_search_chose(tmp
         "LSTM, 3 layers of 768, random, windowed, tuned on NARMA-10 (its search not complete) | 0 | not run"
         in table
     )
+    # the search's trials scored by an earlier readout: nothing runs at a setting chosen from them, and the rows
+    # run at the earlier choice stand, marked
+    trials = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    (out / "trials.jsonl").write_text("".join(json.dumps({**t, "scoring": 1}) + "\n" for t in trials))
+    memory.main()
+    assert json.loads((out / "memory.json").read_text()) == records
+    assert f"ESN, 100 units, continuous, tuned on NARMA-10 ({setting}) † | 2 |" in (out / "memory.md").read_text()
+
+
+def test_rcbench_s_memory_capacity_equals_ours_on_float32_states_of_an_ill_conditioned_reservoir():
+    """memory.py's check hands both estimators the states in float64: on float32 states of a linear reservoir
+    (ill-conditioned), rcbench's capacity equals ours, where its solve of the float32 states differs."""
+    pytest.importorskip("rcbench")
+    spec = importlib.util.spec_from_file_location("memory", ROOT / "pipelines" / "memory.py")
+    memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(memory)
+    rng = np.random.default_rng(0)
+    u = rng.uniform(-1, 1, 2000)
+    w = rng.normal(size=(60, 60))
+    w *= 0.95 / np.abs(np.linalg.eigvals(w)).max()
+    w_in, x, states = rng.uniform(-0.1, 0.1, 60), np.zeros(60), []
+    for step in u:
+        x = w @ x + w_in * step
+        states.append(x.copy())
+    check = memory.checked(np.asarray(states, dtype=np.float32), u, 30, 1e-10)
+    assert check["ours"] > 10 and check["version"] == memory.CHECK
+    assert check["rcbench"] == pytest.approx(check["ours"], abs=1e-6)
 
 
 def test_memory_capacity_reports_the_depth_chosen_on_validation_of_this_commands_runs():
