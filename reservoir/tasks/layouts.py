@@ -178,9 +178,18 @@ def table_parts(
             )
         chunks = TableChunks(files, x, rows)
         labels, names = [], []
+        # files whose ClassLabel lists its names in other orders: their ids renumbered as one list, by name
+        of_file = [class_label_names(f, y) for f in files]
+        classes = of_file[0]
+        if all(of_file) and any(n != classes for n in of_file):
+            classes = natural(set().union(*of_file))
         for i in range(len(chunks.pieces)):
             t = chunks.table(i, [y] + ([s] if s else []))
-            labels.append(_column(t.column(0), f"{base}: column {y!r}", int(chunks.starts[i])))
+            ids = _column(t.column(0), f"{base}: column {y!r}", int(chunks.starts[i]))
+            own = of_file[chunks.pieces[i][0]]
+            labels.append(
+                ids if own == classes else renumbered(ids, own, classes, files[chunks.pieces[i][0]])
+            )
             if s:
                 split_column = refuse_nulls(t.column(1), int(chunks.starts[i]), f"{base}: column {s!r}")
                 names.append(np.asarray(split_column.to_pylist(), dtype=str))
@@ -194,7 +203,7 @@ def table_parts(
                 name,
                 np.concatenate(names) if s else None,
                 image,
-                names=class_label_names(files[0], y),
+                names=classes,
             )
         )
     return parts
@@ -231,6 +240,18 @@ def _arrow_schema(path: Path):
 
 def _schema(path: Path) -> list[str]:
     return list(_arrow_schema(path).names)
+
+
+def renumbered(labels: np.ndarray, names: list[str], common: list[str], where: Any) -> np.ndarray:
+    """Class ids of a source whose classes are ``names`` as the ids of the same names in ``common`` (which
+    holds them all); negative ids (unlabeled rows) kept."""
+    order = np.array([common.index(n) for n in names], dtype=np.int64)
+    labels = np.asarray(labels)
+    if labels.size and labels.max() >= len(order):
+        raise DataError(
+            f"{where} has label {int(labels.max())}, past the {len(order)} classes its ClassLabel names"
+        )
+    return np.where(labels >= 0, order[np.clip(labels, 0, None)], labels)
 
 
 def class_label_names(path: Path, column: str) -> list[str] | None:

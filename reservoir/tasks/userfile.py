@@ -47,7 +47,7 @@ from reservoir.tasks import (
     pad_ids,
     patches,
 )
-from reservoir.tasks.layouts import Part, image_parts, kind_of, ordered, table_parts
+from reservoir.tasks.layouts import Part, image_parts, kind_of, ordered, renumbered, table_parts
 from reservoir.tasks.streams import (
     ChainedChunks,
     Chunks,
@@ -459,12 +459,18 @@ class FileTask(Task):
                 images=self._images,
                 whole=self.predict,
             )
-        if self._known is not None:  # class ids a source names (a ClassLabel): renumbered as the probe's
-            for part in parts:
-                if part.names and part.labels is not None and list(part.names) != self._known:
+        # class ids a source names (a ClassLabel): renumbered as the probe's, or, where its splits list their
+        # names in other orders, as the names of every split in natural order (an id means one class throughout)
+        named_parts = [part for part in parts if part.names and part.labels is not None]
+        common = self._known
+        if common is None and len({tuple(part.names) for part in named_parts}) > 1 and not self.regression:
+            common = natural(set().union(*(part.names for part in named_parts)))
+        if common is not None:
+            for part in named_parts:
+                if list(part.names) != common:
                     part.labels, part.names = (
-                        self._renumbered(path, part.labels, part.names),
-                        list(self._known),
+                        self._renumbered(path, part.labels, part.names, common),
+                        list(common),
                     )
         labeled = {str(k): part.labels for k, part in enumerate(parts) if part.labels is not None}
         named = self._named(path, labeled)
@@ -475,22 +481,16 @@ class FileTask(Task):
             self._names = list(given.pop())
         return parts
 
-    def _renumbered(self, path: Path, labels: np.ndarray, names: list[str]) -> np.ndarray:
-        """Class ids of a source whose classes are ``names`` as the ids of the same names to the probe."""
-        known = self._known or []
+    def _renumbered(self, path: Path, labels: np.ndarray, names: list[str], known: list[str]) -> np.ndarray:
+        """Class ids of a source whose classes are ``names`` as the ids of the same names in ``known`` (the
+        probe's classes)."""
         unknown = [n for n in names if n not in known]
         if unknown:
             raise DataError(
                 f"{path} names a class {unknown[0]!r} that the probe does not know (its classes: "
                 f"{', '.join(known[:10])}{', ...' if len(known) > 10 else ''}); predict on data of its classes"
             )
-        order = np.array([known.index(n) for n in names], dtype=np.int64)
-        labels = np.asarray(labels)
-        if labels.size and labels.max() >= len(order):
-            raise DataError(
-                f"{path} has label {int(labels.max())}, past the {len(order)} classes its ClassLabel names"
-            )
-        return np.where(labels >= 0, order[np.clip(labels, 0, None)], labels)
+        return renumbered(labels, names, known, path)
 
     def _named(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Label arrays holding class names, as ids: the names of every split numbered together in natural

@@ -721,3 +721,38 @@ def test_data_verify_names_the_columns_it_took_and_the_classes(cli, tmp_path):
     assert (
         "mine.parquet: column 'x', labels: column 'label'" in r.output and "classes: 0 cat, 1 dog" in r.output
     )
+
+
+def test_splits_whose_class_labels_list_their_names_in_other_orders_are_read_by_name(tmp_path):
+    """A DatasetDict (and the Parquet files it writes) whose splits' ClassLabels list the same classes in other
+    orders (a column class-encoded split by split, one split lacking a class): every id is renumbered by its
+    name into one list of every split's names in natural order, for training and for data to predict on."""
+    datasets = pytest.importorskip("datasets")
+    from reservoir.tasks.userfile import FileTask
+
+    x = [[[float(i), 1.0]] * 2 for i in range(6)]
+    words = {"train": ["cat", "dog", "eel"] * 2, "test": ["eel", "cat", "dog", "dog", "eel", "cat"]}
+    orders = {"train": ["cat", "dog", "eel"], "test": ["eel", "dog", "cat"]}
+    splits = {
+        s: datasets.Dataset.from_dict(
+            {"x": x, "label": [orders[s].index(w) for w in words[s]]},
+            features=datasets.Features(
+                {"x": datasets.Sequence(datasets.Sequence(datasets.Value("float32"))),
+                 "label": datasets.ClassLabel(names=orders[s])}
+            ),
+        )
+        for s in ("train", "test")
+    }  # fmt: skip
+    datasets.DatasetDict(splits).save_to_disk(tmp_path / "ds")
+    (tmp_path / "pq").mkdir()
+    for s, d in splits.items():
+        d.to_parquet(tmp_path / "pq" / f"{s}.parquet")
+    for path in (tmp_path / "ds", tmp_path / "pq"):
+        task = get_task(f"file:{path}")
+        assert task.class_names == ["cat", "dog", "eel"]
+        for s in ("train", "test"):
+            assert [task.class_names[k] for k in task.load(s, ".").labels] == words[s], (path, s)
+    whole = FileTask.to_predict(str(tmp_path / "ds"))
+    assert whole.class_names == ["cat", "dog", "eel"]
+    labels = whole.read("predict", tmp_path).labels
+    assert [whole.class_names[k] for k in labels] == words["train"] + words["test"]
