@@ -473,13 +473,45 @@ class FileTask(Task):
                         list(common),
                     )
         labeled = {str(k): part.labels for k, part in enumerate(parts) if part.labels is not None}
-        named = self._named(path, labeled)
+        named = self._named(path, labeled, {str(k) for k, part in enumerate(parts) if part.names})
         for k, part in enumerate(parts):
             part.labels = named.get(str(k))
         given = {tuple(part.names) for part in parts if part.names}
         if self._names is None and len(given) == 1 and not self.regression:
             self._names = list(given.pop())
         return parts
+
+    def _ids_by_name(
+        self, path: Path, arrays: dict[str, np.ndarray], keys: list[str]
+    ) -> dict[str, np.ndarray]:
+        """Class ids ``arrays[keys]`` given to a probe whose classes are named (``_known``): read as the class
+        of that number's name where every name is a number (class folders ``0``..``9``, labels ``"1"``, ``"2"``),
+        refused otherwise, since an id does not say which named class it means."""
+        known = self._known or []
+        shown = f"{', '.join(known[:10])}{', ...' if len(known) > 10 else ''}"
+        if not all(re.fullmatch(r"-?\d+", n) for n in known):
+            raise DataError(
+                f"{path} gives its labels as class ids and the probe's classes are named ({shown}): an id does "
+                "not say which of them it means; give the labels as those names, or predict on the data without "
+                "its labels"
+            )
+        number = {int(n): i for i, n in enumerate(known)}
+        self._names = list(known)
+        out = dict(arrays)
+        for k in keys:
+            y = np.asarray(arrays[k])
+            given = y[y >= 0]
+            if given.size and (given != np.round(given)).any():
+                continue  # not class ids: refused as such where labels are checked
+            unknown = sorted(set(given.astype(np.int64).tolist()) - number.keys())
+            if unknown:
+                raise DataError(
+                    f"{path}: label {unknown[0]} names no class the probe knows (its classes: {shown}); correct "
+                    "it, or predict on the data without its labels"
+                )
+            mapped = np.vectorize(lambda v: number.get(int(v), -1), otypes=[np.int64])(y) if y.size else y
+            out[k] = np.where(y >= 0, mapped, y).astype(y.dtype if y.dtype.kind in "iu" else np.int64)
+        return out
 
     def _renumbered(self, path: Path, labels: np.ndarray, names: list[str], known: list[str]) -> np.ndarray:
         """Class ids of a source whose classes are ``names`` as the ids of the same names in ``known`` (the
@@ -492,13 +524,18 @@ class FileTask(Task):
             )
         return renumbered(labels, names, known, path)
 
-    def _named(self, path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _named(self, path: Path, arrays: dict[str, np.ndarray], ids_named: set[str] = frozenset()) -> dict:
         """Label arrays holding class names, as ids: the names of every split numbered together in natural
-        order and kept as the task's class names; other arrays as they are."""
+        order and kept as the task's class names; other arrays as they are, but class ids given to a probe
+        whose classes are named (:meth:`_ids_by_name`; ``ids_named``: arrays whose ids a source names, a
+        ClassLabel's, already the probe's)."""
         keys = [k for k in arrays if k == "y" or k.startswith("y_") or k.isdigit()]
         named = [k for k in keys if np.asarray(arrays[k]).dtype.kind in "US"]
-        if not named or self.regression:
+        if self.regression:
             return arrays
+        if not named:
+            ids = [k for k in keys if k not in ids_named]
+            return self._ids_by_name(path, arrays, ids) if self._known is not None and ids else arrays
         numbers = [k for k in keys if k not in named]
         if numbers:
             raise DataError(

@@ -395,3 +395,42 @@ def test_images_turned_on_their_side_are_refused_though_of_as_many_patches(tmp_p
     assert "pass --task-opt image_size=8x16" in r.stderr
     r = cli("predict", "--probe", result["probe"], "--data", str(tall), "--task-opt", "image_size=8x16")
     assert r.exit_code == 0 and len(lines(r.stdout)) == 8, r.output
+
+
+def test_class_ids_given_to_a_probe_of_named_classes_are_read_by_name_or_refused(
+    tmp_path, cli, fitted, tiny_gpt2
+):
+    """Labels given as class ids to a probe whose classes are named: where every name is a number (labels
+    ``"2"`` and ``"10"``), each id is the class of that name, never the class at that place; where the names
+    are words an id does not say which it means, and the data is refused, naming them."""
+    probe_path, _, _, x = fitted
+    np.savez(tmp_path / "ids.npz", x=x[:8], y=np.array([0, 1] * 4))
+    r = cli("predict", "--probe", probe_path, "--data", str(tmp_path / "ids.npz"))
+    assert (
+        r.exit_code == 1
+        and "gives its labels as class ids and the probe's classes are named (down, up)" in (r.output)
+    ), r.output
+    x, y = rows(60, seed=2)
+    numbers = np.where(y == "up", "10", "2")
+    named = table(tmp_path / "numbers.parquet", x, numbers)
+    features = api.extract(f"file:{named}", str(tiny_gpt2), depths="2", dtype="float32", compile=False)
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    np.savez(tmp_path / "ints.npz", x=x[:10], y=numbers[:10].astype(int))
+    r = cli(
+        "predict",
+        "--probe",
+        result["probe"],
+        "--data",
+        str(tmp_path / "ints.npz"),
+        "--out",
+        str(tmp_path / "p.csv"),
+    )
+    assert r.exit_code == 0, r.output
+    got = lines((tmp_path / "p.csv").read_text())
+    assert [g["label_name"] for g in got] == numbers[:10].tolist()
+    assert [int(g["label"]) for g in got] == [["2", "10"].index(n) for n in numbers[:10]]
+    np.savez(tmp_path / "other.npz", x=x[:4], y=np.array([2, 3, 2, 10]))
+    r = cli("predict", "--probe", result["probe"], "--data", str(tmp_path / "other.npz"))
+    assert r.exit_code == 1 and "label 3 names no class the probe knows (its classes: 2, 10)" in r.output, (
+        r.output
+    )
