@@ -47,7 +47,7 @@ from reservoir.progress import bar, log
 from reservoir.runtime import machine
 from reservoir.runtime.engines import INT8_DTYPES
 from reservoir.runtime.runner import Batch, FeatureRunner, resolve, resolve_dtype
-from reservoir.tasks import SplitData, Task, make_task
+from reservoir.tasks import SplitData, Task, make_task, unread_splits
 
 #: sharded runs (no probe) with ``compile=None`` compile when they have at least this many tokens left
 #: (measured: docs/benchmarks.md, "Constants the code takes from these measurements")
@@ -420,6 +420,9 @@ def prepare(cfg: ExtractConfig, progress: bool, task: Task | None = None) -> Run
     task = task or make_task(cfg.task, cfg.task_options, cfg.seed)
     check_readout(task.spec, cfg.readout)
     data = load_splits(task, cfg)
+    unread = unread_splits(data) if cfg.split == "all" else None
+    if unread:
+        log(f"{cfg.task}: {unread} (they are extracted, for export and api.read_features)", progress)
     log(f"loading backbone {cfg.backbone} ...", progress)
     halved = cfg.load_dtype != "float32"
     backbone = load_backbone(cfg.backbone, cfg.seed, dtype=cfg.load_dtype)

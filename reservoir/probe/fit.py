@@ -43,7 +43,7 @@ from reservoir.progress import log
 from reservoir.results import Result, result_path, write_result
 from reservoir.runtime import machine
 from reservoir.settings import default, option_name, selecting
-from reservoir.tasks import VALIDATION_SPLITS
+from reservoir.tasks import VALIDATION_SPLITS, unread_splits
 from reservoir.tasks import split_roles as roles_of
 
 
@@ -338,6 +338,9 @@ def fit(cfg: FitConfig, *, progress: bool = True) -> list[dict[str, Any]]:
         fix = f"extract it again: `{extract_command(f)}`"
         check_header(f, fix)
         val, tests = split_roles(f, identity["splits"])
+        unread = unread_splits([s for s in identity["splits"] if s in f])
+        if unread and "train" in f and tests:
+            log(f"{path}: {unread}", progress)
         if "train" not in f or not tests:
             raise StoreError(
                 f"{path} has no {'train' if 'train' not in f else 'test'!r} split (it holds "

@@ -93,7 +93,14 @@ def row_label(row: Row) -> str:
 
 
 #: identity fields that never tell two settings apart in a label (they follow the data or the seed)
-UNLABELLED = ("data", "subset", "backbone_fingerprint", "backbone_fingerprints", "matched_std", "matched_stds")
+UNLABELLED = (
+    "data",
+    "subset",
+    "backbone_fingerprint",
+    "backbone_fingerprints",
+    "matched_std",
+    "matched_stds",
+)
 
 
 def metric_words(metric: Any) -> str:

@@ -91,14 +91,29 @@ class TaskSpec:
         )
 
 
-#: names of a validation split, in order of preference (TAPE calls it ``valid``, Hugging Face datasets ``validation``)
-VALIDATION_SPLITS = ("val", "valid", "validation")
+#: names of a validation split, in order of preference (TAPE calls it ``valid``, Hugging Face datasets
+#: ``validation``, GLUE's and many papers' files ``dev``)
+VALIDATION_SPLITS = ("val", "valid", "validation", "dev")
 
 
 def split_roles(splits) -> tuple[str | None, tuple[str, ...]]:
     """Roles of split names: the validation split (or ``None``) and the test splits (``test``, ``test_*``)."""
     val = next((s for s in VALIDATION_SPLITS if s in splits), None)
     return val, tuple(s for s in splits if s == "test" or s.startswith("test_"))
+
+
+def unread_splits(splits) -> str | None:
+    """Splits no role of :func:`split_roles` reads (``Test`` beside ``test``, a second validation split,
+    ``unsupervised``), in words, or ``None``: what fit and train pass over."""
+    val, tests = split_roles(splits)
+    left = [s for s in splits if s not in ("train", val, *tests)]
+    if not left:
+        return None
+    return (
+        f"split(s) {', '.join(left)} have no role and are passed over: fit and train read train, one validation "
+        f"split (the first of {', '.join(VALIDATION_SPLITS)}; else a share of train) and the test splits (test, "
+        "test_*; train scores the first); rename a split to give it a role"
+    )
 
 
 @dataclass

@@ -360,6 +360,13 @@ class FileTask(Task):
         under ``None`` (rows the split array or the seeded split divides), else those of each ``x_<split>``."""
         if "x" in arrays or "y" in arrays:
             self._need(dict.fromkeys(arrays), "x", path)
+            split_arrays = sorted(k for k in arrays if k.startswith(("x_", "y_")))
+            if split_arrays:
+                raise DataError(
+                    f"{path} holds both x (rows the split array or a drawn test split divides) and split arrays "
+                    f"({', '.join(split_arrays)}), which would be passed over; keep one layout: x and y, or "
+                    "x_<split> and y_<split> arrays"
+                )
             return {None: ("x", "y", "lengths")}
         found = (ordered if self.predict else sorted)([k[2:] for k in arrays if k.startswith("x_")])
         if not found:

@@ -25,7 +25,7 @@ from reservoir.errors import DataError, UsageError
 from reservoir.model.devices import resolve_device
 from reservoir.progress import log as log_line
 from reservoir.results import Result, best_rate, sample_std, seed_summary, write_result
-from reservoir.tasks import Task, make_task
+from reservoir.tasks import Task, make_task, unread_splits
 from reservoir.train.checkpoint import settings_identity
 from reservoir.train.data import Splits, load_data
 from reservoir.train.export import check_free, save_backbone
@@ -122,6 +122,9 @@ def train(
     data = load_data(task, cfg)
     shared = settings_identity(cfg, task, data.named(), data.left_out)
     log = lambda msg: log_line(msg, progress)  # noqa: E731
+    unread = unread_splits(task.spec.splits)
+    if unread:
+        log(f"{task.name}: {unread}")
     seeds = list(range(cfg.seed, cfg.seed + cfg.seeds))
     trained: list[FPT] = []  # the one run's model, when its backbone is saved (config: one lr, one seed)
     keep = trained.append if cfg.save_backbone is not None else None
@@ -175,7 +178,11 @@ def train(
             else {}
         ),
         "backbone_fingerprints": {str(r["seed"]): r["backbone_fingerprint"] for r in chosen},
-        **({"matched_stds": {str(r["seed"]): r["matched_std"] for r in chosen}} if "matched_std" in chosen[0] else {}),
+        **(
+            {"matched_stds": {str(r["seed"]): r["matched_std"] for r in chosen}}
+            if "matched_std" in chosen[0]
+            else {}
+        ),
     }
     summary = seed_summary(chosen)
     result = Result(

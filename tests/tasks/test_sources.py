@@ -756,3 +756,47 @@ def test_splits_whose_class_labels_list_their_names_in_other_orders_are_read_by_
     assert whole.class_names == ["cat", "dog", "eel"]
     labels = whole.read("predict", tmp_path).labels
     assert [whole.class_names[k] for k in labels] == words["train"] + words["test"]
+
+
+@pytest.mark.parametrize("kind", ["npz", "h5"])
+def test_a_file_of_whole_arrays_beside_split_arrays_is_refused_naming_them(tmp_path, kind):
+    """x and y beside x_test and y_test: the split arrays would be passed over (a test split drawn from x
+    instead), so the file is refused, naming them."""
+    a = {"x": np.ones((20, 3, 2), np.float32), "y": np.arange(20) % 2, "x_test": np.ones((5, 3, 2), np.float32),
+         "y_test": np.arange(5) % 2}  # fmt: skip
+    if kind == "npz":
+        np.savez(tmp_path / "both.npz", **a)
+    else:
+        with h5py.File(tmp_path / "both.h5", "w") as f:
+            for k, v in a.items():
+                f[k] = v
+    with pytest.raises(DataError, match=r"holds both x .* and split arrays \(x_test, y_test\)"):
+        get_task(f"file:{tmp_path / f'both.{kind}'}")
+
+
+def test_a_dev_split_validates_and_a_split_without_a_role_is_named_as_passed_over(
+    cli, home, tmp_path, tiny_gpt2
+):
+    """A split called ``dev`` is the validation split (where none of val, valid, validation is); a split no role
+    reads (``Test`` beside ``test``) is extracted, and extract and fit say it is passed over."""
+    x = [[[0.5, float(i % 3)]] * 2 for i in range(40)]
+    split = ["train"] * 24 + ["test"] * 6 + ["dev"] * 5 + ["Test"] * 5
+    _parquet(tmp_path / "d.parquet", {"x": x, "y": [i % 2 for i in range(40)], "split": split})
+    task = get_task(f"file:{tmp_path / 'd.parquet'}")
+    assert task.spec.roles == ("dev", ("test",))
+    r = cli(
+        "extract",
+        "--task",
+        f"file:{tmp_path / 'd.parquet'}",
+        "--backbone",
+        str(tiny_gpt2),
+        "--dtype",
+        "float32",
+    )
+    assert r.exit_code == 0 and "split(s) Test have no role and are passed over" in r.stderr, r.output
+    r = cli(
+        "fit", "--task", f"file:{tmp_path / 'd.parquet'}", "--backbone", str(tiny_gpt2), "--head", "ridge"
+    )
+    assert r.exit_code == 0 and "split(s) Test have no role and are passed over" in r.stderr, r.output
+    (result,) = [json.loads(p.read_text()) for p in (home / "results").rglob("output-only*depth1*.json")]
+    assert result["n_val"] == 5
