@@ -73,6 +73,23 @@ LAYOUTS = (
 )
 
 
+def readable_floats(values: np.ndarray) -> bool:
+    """Whether float ``values`` are finite and within float32's range: inputs are read in float32, where a
+    larger value is infinite."""
+    values = np.asarray(values)
+    if not np.isfinite(values).all():
+        return False
+    return (
+        values.dtype.itemsize <= 4
+        or not values.size
+        or float(np.abs(values).max()) <= float(np.finfo(np.float32).max)
+    )
+
+
+#: what :func:`readable_floats` refuses, in words
+UNREADABLE_FLOATS = "NaN, infinite or beyond float32's range (3.4e38) values"
+
+
 def natural_key(name: str) -> tuple:
     """Sort key of a name in natural order: digits as numbers (``2`` before ``10``), text case-insensitively."""
     parts = re.split(r"(\d+)", str(name))
@@ -565,11 +582,9 @@ def scan(
             row = a + int(np.flatnonzero(s.lengths[a:b] == 0)[0])
             raise DataError(f"{where}: row {row} is empty; every row needs at least one token")
         values = np.concatenate([r.reshape(-1) for r in rows]) if ragged else block
-        if values.dtype.kind == "f" and not np.isfinite(values).all():
-            bad = a + next(k for k, r in enumerate(block) if not np.isfinite(r).all())
-            raise DataError(
-                f"{where} holds NaN or infinite values (row {bad}); replace them before extracting"
-            )
+        if values.dtype.kind == "f" and not readable_floats(values):
+            bad = a + next(k for k, r in enumerate(block) if not readable_floats(r))
+            raise DataError(f"{where} holds {UNREADABLE_FLOATS} (row {bad}); replace them before extracting")
         if values.size:
             s.low, s.high = min(s.low, float(values.min())), max(s.high, float(values.max()))
         for name, pos in splits.items():

@@ -49,6 +49,7 @@ from reservoir.tasks import (
 )
 from reservoir.tasks.layouts import Part, image_parts, kind_of, ordered, renumbered, table_parts
 from reservoir.tasks.streams import (
+    UNREADABLE_FLOATS,
     ChainedChunks,
     Chunks,
     H5Chunks,
@@ -57,6 +58,7 @@ from reservoir.tasks.streams import (
     Rows,
     natural,
     parse_size,
+    readable_floats,
     scan,
 )
 
@@ -70,13 +72,14 @@ NO_LABEL = -1
 
 
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file."""
+    """Every array of an ``.npz`` file, byte strings (``dtype S``) as text, as an ``.h5`` file's are read."""
     import zipfile
     import zlib
 
     try:
         with np.load(path, allow_pickle=False) as f:
-            return {k: f[k] for k in f.files}
+            arrays = {k: f[k] for k in f.files}
+        return {k: _strings(v) if v.dtype.kind == "S" else v for k, v in arrays.items()}
     except ValueError as e:
         if "Object arrays" in str(e):  # read only with pickle, which runs code: never
             raise DataError(
@@ -116,6 +119,32 @@ def no_x_arrays(path: Path, arrays) -> DataError:
     return DataError(
         f"{path} has arrays {sorted(arrays)}; it needs x and y (or x_train, y_train, x_test, y_test) ({FIX})"
     )
+
+
+def one_class_a_row(arrays: dict[str, np.ndarray], keys: list[str]) -> dict[str, np.ndarray]:
+    """Class labels of one class a row given as a column ``(n, 1)`` (Keras' CIFAR-10) or one-hot ``(n, C)``
+    (every row of every label array a single 1, as ``to_categorical`` writes them), as class ids ``(n,)``;
+    other arrays, and labels of several classes a row, as they are."""
+    out = dict(arrays)
+    wide = [k for k in keys if np.ndim(arrays[k]) == 2 and np.shape(arrays[k])[1] > 1]
+    for k in keys:
+        if np.ndim(arrays[k]) == 2 and np.shape(arrays[k])[1] == 1:
+            out[k] = np.asarray(arrays[k])[:, 0]
+
+    def one_hot(y: np.ndarray) -> bool:
+        y = np.asarray(y)
+        return (
+            y.dtype.kind in "biuf" and y.size > 0 and bool(np.isin(y, (0, 1)).all() and (y.sum(1) == 1).all())
+        )
+
+    if (
+        wide
+        and len(wide) == len([k for k in keys if np.ndim(arrays[k]) == 2])
+        and all(one_hot(arrays[k]) for k in wide)
+    ):
+        for k in wide:
+            out[k] = np.asarray(arrays[k]).argmax(1)
+    return out
 
 
 def _check_split_names(path: Path, where: str, names) -> None:
@@ -278,6 +307,12 @@ class FileTask(Task):
             return splits
         labels = np.concatenate([d.labels for d in splits.values()])
         top = max(int(labels.max()) + 1, len(self._names or ()))
+        if self.n_classes and top > self.n_classes and int(labels.max()) < self.n_classes:
+            raise DataError(
+                f"{path} names {len(self._names or ())} classes ({', '.join((self._names or [])[:10])}), more than "
+                f"n_classes={self.n_classes}; drop n_classes (the names number the classes) or give "
+                f"n_classes={len(self._names or ())}"
+            )
         if self.n_classes and top > self.n_classes:
             split, row = next(
                 (s, int(np.argmax((d.labels >= self.n_classes).reshape(len(d.labels), -1).any(1))))
@@ -537,9 +572,10 @@ class FileTask(Task):
         whose classes are named (:meth:`_ids_by_name`; ``ids_named``: arrays whose ids a source names, a
         ClassLabel's, already the probe's)."""
         keys = [k for k in arrays if k == "y" or k.startswith("y_") or k.isdigit()]
-        named = [k for k in keys if np.asarray(arrays[k]).dtype.kind in "US"]
         if self.regression:
             return arrays
+        arrays = one_class_a_row(arrays, keys)
+        named = [k for k in keys if np.asarray(arrays[k]).dtype.kind in "US"]
         if not named:
             ids = [k for k in keys if k not in ids_named]
             return self._ids_by_name(path, arrays, ids) if self._known is not None and ids else arrays
@@ -649,8 +685,8 @@ class FileTask(Task):
     def _check(self, path, xname, yname, lname, x, y, lengths) -> None:
         """An in-memory file's arrays: x's type and values, the labels and the lengths."""
         self._check_x(f"{path}: {xname}", x.dtype, x.shape)
-        if x.dtype.kind == "f" and not np.isfinite(x).all():
-            raise DataError(f"{path}: {xname} holds NaN or infinite values; replace them before extracting")
+        if x.dtype.kind == "f" and not readable_floats(x):
+            raise DataError(f"{path}: {xname} holds {UNREADABLE_FLOATS}; replace them before extracting")
         if x.dtype.kind in "iu":
             self._check_ids(f"{path}: {xname}", int(x.min()), int(x.max()))
         if y is not None:

@@ -373,7 +373,11 @@ def bad_sources(tmp: Path):
         ),
         "NaN": (
             lambda: (_parquet(tmp / "a.parquet", {"x": x[:4] + [[[float("nan"), 1.0]] * 3] * 2, "y": y}), ()),
-            "column 'x' holds NaN or infinite values (row 4)",
+            "column 'x' holds NaN, infinite or beyond float32's range (3.4e38) values (row 4)",
+        ),
+        "beyond float32": (  # read in float32, 1e39 would be infinite
+            lambda: (_parquet(tmp / "a.parquet", {"x": x[:3] + [[[1e39, 1.0]] * 3] * 3, "y": y}), ()),
+            "column 'x' holds NaN, infinite or beyond float32's range (3.4e38) values (row 3)",
         ),
         "empty row": (
             lambda: (_parquet(tmp / "a.parquet", {"x": [[1, 2], [3], [], [4], [5, 6], [7]], "y": y}), ()),
@@ -800,3 +804,46 @@ def test_a_dev_split_validates_and_a_split_without_a_role_is_named_as_passed_ove
     assert r.exit_code == 0 and "split(s) Test have no role and are passed over" in r.stderr, r.output
     (result,) = [json.loads(p.read_text()) for p in (home / "results").rglob("output-only*depth1*.json")]
     assert result["n_val"] == 5
+
+
+def test_class_labels_given_as_a_column_or_one_hot_read_as_class_ids(tmp_path):
+    """Labels of one class a row given as an (n, 1) column (Keras' CIFAR-10) or one-hot (Keras'
+    ``to_categorical``) are read as the same class ids as (n,) labels: the same drawn test split, the same
+    classes; labels of several classes a row stay several 0/1 labels."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((60, 4, 2)).astype(np.float32), np.arange(60) % 3
+    for name, labels in (("ids", y), ("column", y[:, None]), ("hot", np.eye(3, dtype=np.int64)[y])):
+        np.savez(tmp_path / f"{name}.npz", x=x, y=labels)
+    ids = get_task(f"file:{tmp_path / 'ids.npz'}")
+    for name in ("column", "hot"):
+        task = get_task(f"file:{tmp_path / f'{name}.npz'}")
+        assert task.spec.label_shape == () and task.spec.n_classes == 3
+        for s in ("train", "test"):
+            assert task.load(s, ".").labels.tolist() == ids.load(s, ".").labels.tolist(), (name, s)
+    several = np.eye(3, dtype=np.int64)[y]
+    several[0, 1 - y[0] % 2] = 1  # a row of two classes: not one-hot
+    np.savez(tmp_path / "several.npz", x=x, y=several)
+    assert get_task(f"file:{tmp_path / 'several.npz'}").spec.label_shape == (1, 3)
+
+
+def test_n_classes_below_the_classes_a_class_label_names_is_refused_in_words(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features(
+        {"x": datasets.Sequence(datasets.Sequence(datasets.Value("float32"))),
+         "label": datasets.ClassLabel(names=["a", "b", "c"])}
+    )  # fmt: skip
+    rows = {"x": [[[0.5, 1.0]] * 2] * 8, "label": [0, 1] * 4}
+    split = {s: datasets.Dataset.from_dict(rows, features=features) for s in ("train", "test")}
+    datasets.DatasetDict(split).save_to_disk(tmp_path / "ds")
+    with pytest.raises(DataError, match=r"names 3 classes \(a, b, c\), more than n_classes=2"):
+        get_task(f"file:{tmp_path / 'ds'}", n_classes="2")
+
+
+def test_class_names_saved_as_byte_strings_in_an_npz_read_as_text(tmp_path):
+    """Labels saved as bytes (``dtype S``, as h5py and older numpy code write them) name their classes as text,
+    as an .h5 file's do: ``cat``, not ``b'cat'``."""
+    x = np.ones((12, 3, 2), np.float32)
+    np.savez(tmp_path / "b.npz", x=x, y=np.array([b"cat", b"dog"] * 6))
+    np.savez(tmp_path / "s.npz", x=x, y=np.array(["cat", "dog"] * 6))
+    for name in ("b", "s"):
+        assert get_task(f"file:{tmp_path / f'{name}.npz'}").class_names == ["cat", "dog"]
