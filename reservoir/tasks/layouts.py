@@ -115,7 +115,7 @@ def kind_of(path: Path) -> str:
 def _table_files(folder: Path) -> list[Path]:
     for place in (folder, folder / "data"):
         files = (
-            sorted(p for p in shown(place.glob("*")) if p.suffix.lower() in PARQUET + ARROW)
+            natural(p for p in shown(place.glob("*")) if p.suffix.lower() in PARQUET + ARROW)
             if place.is_dir()
             else []
         )

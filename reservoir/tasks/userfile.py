@@ -291,7 +291,12 @@ class FileTask(Task):
                 raise DataError(
                     f"{path} holds token id {self._vocab - 1}, beyond vocab_size={self.vocab_size} (ids "
                     f"0..{self.vocab_size - 1}, a vector each in the input layer; a probe reads its training data's "
-                    "ids alone): renumber the ids, or leave vocab_size out to size it by the data"
+                    "ids alone): "
+                    + (
+                        "predict on data of the probe's ids"
+                        if self.predict and (self._given is None or "vocab_size" not in self._given)
+                        else "renumber the ids, or leave vocab_size out to size it by the data"
+                    )
                 )
             self._vocab = self.vocab_size
         if self.unlabeled is not None:

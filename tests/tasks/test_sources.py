@@ -678,8 +678,10 @@ def test_token_ids_to_predict_on_keep_the_vocabulary_they_are_given(tmp_path):
     np.savez(tmp_path / "ids.npz", x=np.array([[1, 2, 3], [3, 2, 1]]))
     task = FileTask.to_predict(str(tmp_path / "ids.npz"), vocab_size=10)
     assert task.spec.vocab_size == 10 and task.identity_options()["vocab_size"] == 10
-    with pytest.raises(DataError, match="token id 3, beyond vocab_size=3"):
+    with pytest.raises(DataError, match="token id 3, beyond vocab_size=3.*leave vocab_size out"):
         FileTask.to_predict(str(tmp_path / "ids.npz"), vocab_size=3)
+    with pytest.raises(DataError, match="token id 3, beyond vocab_size=3.*predict on data of the probe's ids"):
+        FileTask.to_predict(str(tmp_path / "ids.npz"), vocab_size=3, given=())  # the probe's vocabulary
 
 
 def test_split_words_in_names_and_hidden_files_are_read_as_meant(tmp_path):
@@ -847,3 +849,16 @@ def test_class_names_saved_as_byte_strings_in_an_npz_read_as_text(tmp_path):
     np.savez(tmp_path / "s.npz", x=x, y=np.array(["cat", "dog"] * 6))
     for name in ("b", "s"):
         assert get_task(f"file:{tmp_path / f'{name}.npz'}").class_names == ["cat", "dog"]
+
+
+def test_table_shards_are_read_in_natural_order(tmp_path):
+    """A folder of shards numbered without padding (``part-2``, ``part-10``) is read in natural order, as an
+    image folder's files are: data to predict on keeps the rows in the order the shards number them."""
+    from reservoir.tasks.userfile import FileTask
+
+    (tmp_path / "shards").mkdir()
+    for k in (1, 2, 10):
+        _parquet(tmp_path / "shards" / f"part-{k}.parquet", {"x": [[[float(k), 0.0]]] * 2, "y": [0, 1]})
+    task = FileTask.to_predict(str(tmp_path / "shards"))
+    d = task.read("predict", tmp_path)
+    assert [float(np.asarray(row)[0, 0]) for row in d.inputs] == [1.0, 1.0, 2.0, 2.0, 10.0, 10.0]
