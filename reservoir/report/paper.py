@@ -493,13 +493,13 @@ _TABLES = [
         "(which parts it trains the critique shows only in a figure); Unfrozen: every parameter trained; "
         "Pretrained: GPT-2's language weights; Random: default initialisation. GPT2 has 12 blocks (768 "
         "wide), DistilGPT2 6. For each variant the Adam learning rate is chosen on validation accuracy from a "
-        "logarithmic sweep 1e-6 to 1e-2; test accuracy is the mean over 3 runs, the printed error in "
-        "``plus_minus``. The GPT2 rows are the critique's main comparison; "
+        'logarithmic sweep 1e-6 to 1e-2; test accuracy and its error are reported "over 3 runs" (which '
+        "statistic each is the critique does not say), the printed error in ``plus_minus``. The GPT2 rows are the critique's main comparison; "
         "its ListOps accuracies are only in a figure, so there is no ListOps column. Bold marks not kept.",
     ),
     PaperTable(
         102,
-        "Critique (Rothermel et al. 2021): gradient steps each variant needs to reach the best test accuracy "
+        "Critique (Rothermel et al. 2021): gradient steps each variant needs to match the best performance "
         "of the frozen pretrained GPT-2",
         _LRA4,
         {

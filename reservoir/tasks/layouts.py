@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import DataError, unreadable
+from reservoir.tasks.labels import renumbered
 from reservoir.tasks.streams import (
     ARROW,
     FIX,
@@ -240,18 +241,6 @@ def _arrow_schema(path: Path):
 
 def _schema(path: Path) -> list[str]:
     return list(_arrow_schema(path).names)
-
-
-def renumbered(labels: np.ndarray, names: list[str], common: list[str], where: Any) -> np.ndarray:
-    """Class ids of a source whose classes are ``names`` as the ids of the same names in ``common`` (which
-    holds them all); negative ids (unlabeled rows) kept."""
-    order = np.array([common.index(n) for n in names], dtype=np.int64)
-    labels = np.asarray(labels)
-    if labels.size and labels.max() >= len(order):
-        raise DataError(
-            f"{where} has label {int(labels.max())}, past the {len(order)} classes its ClassLabel names"
-        )
-    return np.where(labels >= 0, order[np.clip(labels, 0, None)], labels)
 
 
 def class_label_names(path: Path, column: str) -> list[str] | None:

@@ -47,7 +47,8 @@ from reservoir.tasks import (
     pad_ids,
     patches,
 )
-from reservoir.tasks.layouts import Part, image_parts, kind_of, ordered, renumbered, table_parts
+from reservoir.tasks.labels import MAX_ID, as_text, check_labels, class_ids, renumbered_as
+from reservoir.tasks.layouts import Part, image_parts, kind_of, ordered, table_parts
 from reservoir.tasks.streams import (
     UNREADABLE_FLOATS,
     ChainedChunks,
@@ -62,8 +63,6 @@ from reservoir.tasks.streams import (
     scan,
 )
 
-#: the largest class id and token id a user file may hold (output layers and embedding tables are sized by them)
-MAX_ID = 2**20 - 1
 FIX = "see `reservoir data where` for the file layout"
 #: the split of a task read to predict on (``predict=true``): every row, in input order
 PREDICT_SPLIT = "predict"
@@ -79,7 +78,7 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
-        return {k: _strings(v) if v.dtype.kind == "S" else v for k, v in arrays.items()}
+        return {k: as_text(v) if v.dtype.kind == "S" else v for k, v in arrays.items()}
     except ValueError as e:
         if "Object arrays" in str(e):  # read only with pickle, which runs code: never
             raise DataError(
@@ -107,7 +106,7 @@ def _read_h5(path: Path) -> tuple[dict[str, np.ndarray], dict[str, tuple[tuple[i
             out = {k: v[()] for k, v in sets.items() if k not in big}
     except (OSError, ValueError, EOFError, KeyError) as e:
         raise unreadable(path, e, "write it again") from None
-    return {k: _strings(v) if v.dtype.kind in "SO" else v for k, v in out.items()}, big
+    return {k: as_text(v) if v.dtype.kind in "SO" else v for k, v in out.items()}, big
 
 
 #: what a split may be called: it names a group of the feature file
@@ -119,32 +118,6 @@ def no_x_arrays(path: Path, arrays) -> DataError:
     return DataError(
         f"{path} has arrays {sorted(arrays)}; it needs x and y (or x_train, y_train, x_test, y_test) ({FIX})"
     )
-
-
-def one_class_a_row(arrays: dict[str, np.ndarray], keys: list[str]) -> dict[str, np.ndarray]:
-    """Class labels of one class a row given as a column ``(n, 1)`` (Keras' CIFAR-10) or one-hot ``(n, C)``
-    (every row of every label array a single 1, as ``to_categorical`` writes them), as class ids ``(n,)``;
-    other arrays, and labels of several classes a row, as they are."""
-    out = dict(arrays)
-    wide = [k for k in keys if np.ndim(arrays[k]) == 2 and np.shape(arrays[k])[1] > 1]
-    for k in keys:
-        if np.ndim(arrays[k]) == 2 and np.shape(arrays[k])[1] == 1:
-            out[k] = np.asarray(arrays[k])[:, 0]
-
-    def one_hot(y: np.ndarray) -> bool:
-        y = np.asarray(y)
-        return (
-            y.dtype.kind in "biuf" and y.size > 0 and bool(np.isin(y, (0, 1)).all() and (y.sum(1) == 1).all())
-        )
-
-    if (
-        wide
-        and len(wide) == len([k for k in keys if np.ndim(arrays[k]) == 2])
-        and all(one_hot(arrays[k]) for k in wide)
-    ):
-        for k in wide:
-            out[k] = np.asarray(arrays[k]).argmax(1)
-    return out
 
 
 def _check_split_names(path: Path, where: str, names) -> None:
@@ -160,12 +133,6 @@ def _h5(chunks: Chunks) -> bool:
     """Rows of .h5 arrays (whose labels and lengths are checked with the file's small arrays)."""
     parts = chunks.parts if isinstance(chunks, ChainedChunks) else [chunks]
     return all(isinstance(c, H5Chunks) for c in parts)
-
-
-def _strings(v: np.ndarray) -> np.ndarray:
-    """h5py gives fixed-length strings as bytes and variable-length ones as objects: make both str."""
-    flat = [x.decode() if isinstance(x, bytes) else str(x) for x in v.ravel()]
-    return np.array(flat, dtype=str).reshape(v.shape)
 
 
 @PREFIXED.register(FILE_TASK)
@@ -443,7 +410,7 @@ class FileTask(Task):
             lengths = arrays.get(lname)
             self._check_x(f"{path}: {xname}", dtype, shape)
             if y is not None:
-                self._check_y(path, xname, yname, y, shape[0], self.regression)
+                check_labels(path, xname, yname, y, shape[0], self.regression)
             self._check_lengths(path, xname, lname, lengths, shape)
             if (
                 split is None
@@ -516,7 +483,7 @@ class FileTask(Task):
             for part in named_parts:
                 if list(part.names) != common:
                     part.labels, part.names = (
-                        self._renumbered(path, part.labels, part.names, common),
+                        renumbered_as(path, part.labels, part.names, common),
                         list(common),
                     )
         labeled = {str(k): part.labels for k, part in enumerate(parts) if part.labels is not None}
@@ -528,90 +495,14 @@ class FileTask(Task):
             self._names = list(given.pop())
         return parts
 
-    def _ids_by_name(
-        self, path: Path, arrays: dict[str, np.ndarray], keys: list[str]
-    ) -> dict[str, np.ndarray]:
-        """Class ids ``arrays[keys]`` given to a probe whose classes are named (``_known``): read as the class
-        of that number's name where every name is a number (class folders ``0``..``9``, labels ``"1"``, ``"2"``),
-        refused otherwise, since an id does not say which named class it means."""
-        known = self._known or []
-        shown = f"{', '.join(known[:10])}{', ...' if len(known) > 10 else ''}"
-        if not all(re.fullmatch(r"-?\d+", n) for n in known):
-            raise DataError(
-                f"{path} gives its labels as class ids and the probe's classes are named ({shown}): an id does "
-                "not say which of them it means; give the labels as those names, or predict on the data without "
-                "its labels"
-            )
-        number = {int(n): i for i, n in enumerate(known)}
-        self._names = list(known)
-        out = dict(arrays)
-        for k in keys:
-            y = np.asarray(arrays[k])
-            given = y[y >= 0]
-            if given.size and (given != np.round(given)).any():
-                continue  # not class ids: refused as such where labels are checked
-            unknown = sorted(set(given.astype(np.int64).tolist()) - number.keys())
-            if unknown:
-                raise DataError(
-                    f"{path}: label {unknown[0]} names no class the probe knows (its classes: {shown}); correct "
-                    "it, or predict on the data without its labels"
-                )
-            mapped = np.vectorize(lambda v: number.get(int(v), -1), otypes=[np.int64])(y) if y.size else y
-            out[k] = np.where(y >= 0, mapped, y).astype(y.dtype if y.dtype.kind in "iu" else np.int64)
-        return out
-
-    def _renumbered(self, path: Path, labels: np.ndarray, names: list[str], known: list[str]) -> np.ndarray:
-        """Class ids of a source whose classes are ``names`` as the ids of the same names in ``known`` (the
-        probe's classes)."""
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            raise DataError(
-                f"{path} names a class {unknown[0]!r} that the probe does not know (its classes: "
-                f"{', '.join(known[:10])}{', ...' if len(known) > 10 else ''}); predict on data of its classes"
-            )
-        return renumbered(labels, names, known, path)
-
-    def _named(self, path: Path, arrays: dict[str, np.ndarray], ids_named: set[str] = frozenset()) -> dict:
-        """Label arrays holding class names, as ids: the names of every split numbered together in natural
-        order and kept as the task's class names; other arrays as they are, but class ids given to a probe
-        whose classes are named (:meth:`_ids_by_name`; ``ids_named``: arrays whose ids a source names, a
-        ClassLabel's, already the probe's)."""
-        keys = [k for k in arrays if k == "y" or k.startswith("y_") or k.isdigit()]
+    def _named(self, path: Path, arrays: dict[str, np.ndarray], ids_named: Any = frozenset()) -> dict:
+        """Label arrays as class ids (:func:`reservoir.tasks.labels.class_ids`, the probe's classes ``_known``),
+        the class names they number kept as the task's; a regression's targets as they are."""
         if self.regression:
             return arrays
-        arrays = one_class_a_row(arrays, keys)
-        named = [k for k in keys if np.asarray(arrays[k]).dtype.kind in "US"]
-        if not named:
-            ids = [k for k in keys if k not in ids_named]
-            return self._ids_by_name(path, arrays, ids) if self._known is not None and ids else arrays
-        numbers = [k for k in keys if k not in named]
-        if numbers:
-            raise DataError(
-                f"{path}: labels {', '.join(named)} hold class names and {', '.join(numbers)} numbers; give every "
-                "split's labels the same way (names, or class ids 0..C-1)"
-            )
-        flat = [k for k in named if np.asarray(arrays[k]).ndim != 1]
-        if flat:
-            raise DataError(
-                f"{path}: {flat[0]} holds class names {np.asarray(arrays[flat[0]]).shape[1:]} a row; names are one "
-                "a row (several labels a row must be 0/1 or class ids)"
-            )
-        names = natural(set().union(*(np.unique(arrays[k]).tolist() for k in named)))
-        if self._known is not None:
-            other = [n for n in names if n not in self._known]
-            if other:
-                raise DataError(
-                    f"{path}: label(s) {', '.join(map(repr, other[:5]))} name no class the probe knows (its "
-                    f"classes: {', '.join(self._known[:10])}{', ...' if len(self._known) > 10 else ''}); "
-                    "correct them, or predict on the data without its labels"
-                )
-            names = list(self._known)
-        number = {name: i for i, name in enumerate(names)}
-        self._names = [str(name) for name in names]
-        out = dict(arrays)
-        for k in named:
-            distinct, inverse = np.unique(arrays[k], return_inverse=True)
-            out[k] = np.array([number[v] for v in distinct.tolist()], dtype=np.int64)[inverse.reshape(-1)]
+        out, names = class_ids(path, arrays, self._known, ids_named)
+        if names is not None:
+            self._names = names
         return out
 
     def _read_parts(
@@ -627,7 +518,7 @@ class FileTask(Task):
             if y is None:
                 self.unlabeled = part.target
             elif not _h5(part.chunks):  # an .h5 file's labels are checked with its arrays
-                self._check_y(path, part.where, part.target, y, len(y), self.regression)
+                check_labels(path, part.where, part.target, y, len(y), self.regression)
             if self.predict:
                 rows = {PREDICT_SPLIT: np.arange(len(part.chunks))}
                 if isinstance(part.chunks, ImageChunks):
@@ -695,7 +586,7 @@ class FileTask(Task):
         if x.dtype.kind in "iu":
             self._check_ids(f"{path}: {xname}", int(x.min()), int(x.max()))
         if y is not None:
-            self._check_y(path, xname, yname, y, len(x), self.regression)
+            check_labels(path, xname, yname, y, len(x), self.regression)
         self._check_lengths(path, xname, lname, lengths, x.shape)
 
     @staticmethod
@@ -724,43 +615,6 @@ class FileTask(Task):
             raise DataError(
                 f"{where} holds token id {high}; ids must be at most {MAX_ID:,d} (the input "
                 "layer holds a vector per id): renumber them 0..V-1"
-            )
-
-    @staticmethod
-    def _check_y(path, xname, yname, y, n, regression: bool = False) -> None:
-        """Labels: one per row, or ``(n, k)``; class ids ``0..MAX_ID``, or finite numbers for ``regression``."""
-        if y.ndim not in (1, 2) or len(y) != n or (y.ndim == 2 and y.shape[1] == 0):
-            raise DataError(
-                f"{path}: {yname} has shape {y.shape}; expected ({n},), one label per row of {xname}, or "
-                f"({n}, k), k labels a row (multi-label 0/1 targets, or k real values with regression=true)"
-            )
-        if regression and y.dtype.kind not in "fiub":
-            raise DataError(f"{path}: {yname} is {y.dtype}; regression targets must be numbers")
-        if y.dtype.kind == "f" and not np.isfinite(y).all():
-            row = int(np.flatnonzero(~np.isfinite(y).reshape(len(y), -1).all(1))[0])
-            kind = "targets" if regression else "labels"
-            raise DataError(f"{path}: {yname} holds NaN or infinite {kind} (row {row}); replace or drop them")
-        if regression:
-            return
-        if y.dtype.kind == "f" and not (y == np.round(y)).all():
-            raise DataError(
-                f"{path}: {yname} holds non-integer values; give class ids 0..C-1 "
-                "(sklearn.preprocessing.LabelEncoder turns names into ids), or pass --task-opt regression=true "
-                "for real-valued targets"
-            )
-        if y.dtype.kind not in "fiub":
-            raise DataError(
-                f"{path}: {yname} is {y.dtype}; give integer class ids 0..C-1 "
-                "(sklearn.preprocessing.LabelEncoder turns names into ids)"
-            )
-        if y.min() < 0:
-            raise DataError(
-                f"{path}: {yname} has label {y.min()} (row {int(np.argmin(y))}); labels must be in 0..C-1"
-            )
-        if y.max() > MAX_ID:
-            raise DataError(
-                f"{path}: {yname} has label {y.max()} (row {int(np.argmax(y))}), not a class id: labels must "
-                f"be 0..C-1 with C at most {MAX_ID + 1:,d}; relabel them (sklearn.preprocessing.LabelEncoder)"
             )
 
     @staticmethod
