@@ -103,8 +103,8 @@ LITERATURE = {
             "NRMSE about 0.0089 (R^2 0.99992)",
             "ESN of 100 units, sr 1.25, leak 0.3, ridge 1e-5; 2,000 steps, the last 20% tested, one step ahead",
             "reservoirpy's README",
-            "the same series and definition of NRMSE (sqrt(1 - R^2)); about 1,600 training steps, the setting "
-            "fixed, not tuned",
+            "the same series and definition of NRMSE (sqrt(1 - R^2)); 1,600 training steps, the first 100 a "
+            "warmup, the setting fixed, not tuned",
         ),
     ],
     "narma10": [

@@ -225,7 +225,10 @@ def test_memory_capacity_runs_a_model_at_the_setting_its_series_search_chose(tmp
     (out / "trials.jsonl").write_text("".join(json.dumps({**t, "scoring": 1}) + "\n" for t in trials))
     memory.main()
     assert json.loads((out / "memory.json").read_text()) == records
-    assert f"ESN, 100 units, continuous, tuned on NARMA-10 ({setting}) † | 2 |" in (out / "memory.md").read_text()
+    assert (
+        f"ESN, 100 units, continuous, tuned on NARMA-10 ({setting}) † | 2 |"
+        in (out / "memory.md").read_text()
+    )
 
 
 def test_rcbench_s_memory_capacity_equals_ours_on_float32_states_of_an_ill_conditioned_reservoir():

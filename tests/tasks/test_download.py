@@ -428,7 +428,10 @@ def test_user_file_without_splits_gets_a_seeded_stratified_test(tmp_path):
         ),
         ({"x": np.zeros((5, 3, 2)), "y": np.zeros(4, int)}, r"y has shape \(4,\); expected \(5,\)"),
         ({"x": np.zeros((5, 3, 2))}, r"has no array 'y'"),
-        ({"x": np.full((5, 3, 2), np.nan), "y": np.zeros(5, int)}, r"NaN, infinite or beyond float32.s range"),
+        (
+            {"x": np.full((5, 3, 2), np.nan), "y": np.zeros(5, int)},
+            r"NaN, infinite or beyond float32.s range",
+        ),
         ({"x": np.zeros((5, 3), int), "y": np.array([0, 1, 2, 3, 0.5])}, r"non-integer values"),
         (
             {"x": np.zeros((5, 3), int), "y": np.array([0, 1, np.nan, 3, 0])},

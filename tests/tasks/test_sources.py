@@ -680,7 +680,9 @@ def test_token_ids_to_predict_on_keep_the_vocabulary_they_are_given(tmp_path):
     assert task.spec.vocab_size == 10 and task.identity_options()["vocab_size"] == 10
     with pytest.raises(DataError, match="token id 3, beyond vocab_size=3.*leave vocab_size out"):
         FileTask.to_predict(str(tmp_path / "ids.npz"), vocab_size=3)
-    with pytest.raises(DataError, match="token id 3, beyond vocab_size=3.*predict on data of the probe's ids"):
+    with pytest.raises(
+        DataError, match="token id 3, beyond vocab_size=3.*predict on data of the probe's ids"
+    ):
         FileTask.to_predict(str(tmp_path / "ids.npz"), vocab_size=3, given=())  # the probe's vocabulary
 
 

@@ -1245,7 +1245,9 @@ def test_a_dropout_that_no_layer_applies_is_refused(cli, home):
     assert r.exit_code == 0, r.output
 
 
-def test_a_matched_input_scale_run_never_resumes_the_checkpoint_of_another_token_embedding(tiny_gpt2, home, cli):
+def test_a_matched_input_scale_run_never_resumes_the_checkpoint_of_another_token_embedding(
+    tiny_gpt2, home, cli
+):
     """Two folders of one name alike but for their token embedding, which the backbone's fingerprint leaves
     out: under ``--input-scale matched`` the input layer is scaled to each one's std, so the run records it
     (``matched_std``, in the checkpoint and the result) and ``--resume`` of the other refuses, naming it."""
@@ -1263,5 +1265,7 @@ def test_a_matched_input_scale_run_never_resumes_the_checkpoint_of_another_token
     std = torch.load(ckpt, weights_only=False)["identity"]["matched_std"]
     r = cli("-q", *args, "--backbone", str(home / "b" / "m"), "--resume")
     assert r.exit_code == 1 and "was written with other settings: matched_std" in r.output, r.output
-    result = train(xor_cfg(home / "b" / "m", home, steps=2, eval_every=2, input_scale="matched"), progress=False)
+    result = train(
+        xor_cfg(home / "b" / "m", home, steps=2, eval_every=2, input_scale="matched"), progress=False
+    )
     assert result["identity"]["matched_stds"] == {"0": pytest.approx(10 * std, rel=1e-4)}
