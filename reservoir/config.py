@@ -257,7 +257,7 @@ class ExtractConfig(Config):
         "int8 on OpenVINO where int8 is measured faster here and its probe accuracy was measured within "
         "0.5 points of float32 on this CPU kind (stderr says which, and why); float32 for real-valued "
         "targets; int8 (int8 weights, activations quantized per token at run time) and int8-static "
-        "(activation scales calibrated on the first rows) run on OpenVINO. Features are stored as --store-dtype.",
+        "(activation scales calibrated too) run on OpenVINO, both centring on the first rows' position means. Features are stored as --store-dtype.",
     )
     engine: str = setting(
         "auto",

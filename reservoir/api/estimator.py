@@ -126,9 +126,13 @@ def _sequences(X: Any) -> tuple[list[np.ndarray], str, int]:
 
 def _check_ids(rows: list[np.ndarray], vocab: int) -> None:
     """Every id in ``[0, vocab)``, else a UsageError naming the id out of range and what to change."""
+    from reservoir.tasks.labels import MAX_ID
+
     low, top = min(int(r.min()) for r in rows), max(int(r.max()) for r in rows)
     if low < 0:
         raise UsageError(f"token ids must be >= 0; got {low}. Map the ids to 0..V-1 first")
+    if top > MAX_ID:  # the input layer holds a vector per id: a larger one would not fit in memory
+        raise UsageError(f"token ids must be at most {MAX_ID:,d}; got {top:,d}. Map the ids to 0..V-1 first")
     if top >= vocab:
         raise UsageError(
             f"token ids must lie in [0, {vocab}); got up to {top}. Set vocab_size to cover every id"
@@ -229,8 +233,9 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         The input layer's scale, as ``reservoir extract --input-scale``.
     dtype : str
         Compute dtype, as ``reservoir extract --dtype`` (``"auto"``: the float dtype this machine
-        multiplies fastest; ``"int8"``, or ``"int8-static"`` calibrated on the first rows given to
-        ``fit``); features are returned as float32. In float32 a row's features do not depend on
+        multiplies fastest; ``"int8"`` and ``"int8-static"``, each calibrated on the first rows given to
+        ``fit``: both centre each projection's input by position means of those rows, and ``int8-static``
+        takes its activation scales from them); features are returned as float32. In float32 a row's features do not depend on
         ``batch_size`` or its batch mates; in bfloat16 they agree to its precision (about 1%).
     device : str
         Where the backbone runs, as ``reservoir extract --device``.
@@ -303,6 +308,28 @@ class ReservoirFeatures(TransformerMixin, BaseEstimator):
         ReservoirFeatures
             ``self``, fitted (``runner_``, ``depths_``).
         """
+        before = {k: self.__dict__[k] for k in self.FITTED if k in self.__dict__}
+        try:
+            return self._fit(X)
+        except BaseException:  # a fit that fails leaves the estimator as it was, never half refitted
+            for k in self.FITTED:
+                self.__dict__.pop(k, None)
+            self.__dict__.update(before)
+            raise
+
+    #: the attributes a fit sets, together or not at all
+    FITTED = (
+        "dtype_",
+        "depths_",
+        "spec_",
+        "calibration_rows_",
+        "centre_dtype_",
+        "settings_",
+        "runner_",
+        "n_features_out_",
+    )
+
+    def _fit(self, X: Any) -> ReservoirFeatures:
         from reservoir.model.devices import resolve_device
         from reservoir.model.reservoir import check_length
         from reservoir.runtime.engines import INT8_DTYPES, calibration_dtype, calibration_rows

@@ -168,11 +168,12 @@ class FeatureDataset(torch.utils.data.Dataset):
         from reservoir.extract.store import depth_index, feature_splits, open_features
         from reservoir.extract.store import verify as verify_file
 
-        self.path, self.split, self.depth = Path(path), split, int(depth)
+        self.path, self.split = Path(path), split
         with open_features(self.path) as f:
             if split not in f:
                 raise UsageError(f"split {split!r} is not in {self.path}; it holds {feature_splits(f)}")
-            self._k = depth_index(f, self.depth)
+            self._k = depth_index(f, depth)
+            self.depth = int(f.attrs["depths"][self._k])  # a negative depth, as the file's depth it names
             if verify:
                 verify_file(f, [self.depth], [split])
             ds = f[split]["features"]

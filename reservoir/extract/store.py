@@ -702,7 +702,11 @@ def name_of(names: list[str] | None, label: Any) -> str:
 
 def depth_index(f: h5py.File, depth: int) -> int:
     """Where ``depth`` is among the file's depths (a negative one counts from the deepest stored, as
-    ``--depths`` does)."""
+    ``--depths`` does); a value that is not an integer (a bool, a float, text) is refused."""
+    if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)):
+        raise UsageError(
+            f"depth {depth!r} is not a depth: give an integer (a negative one counts from the deepest stored)"
+        )
     depths = [int(d) for d in f.attrs["depths"]]
     at = max(depths) + 1 + depth if depth < 0 else depth
     if at not in depths:

@@ -168,6 +168,8 @@ def find_features(task: str, backbone: str | None, wanted: dict[str, Any] | None
             others.append(f"  {p}  (unreadable, or not a feature file)")
             continue
         why = identity_mismatch(task, backbone, i, read) or extraction_mismatch(i, wanted or {})
+        if why is None and (i.get("task_options") or {}).get("predict"):
+            why = "data read to predict on (predict=true), which has no train split to fit"
         if why is None:
             matching.append((p, i))
         else:

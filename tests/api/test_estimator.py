@@ -303,6 +303,7 @@ def test_a_data_frame_gives_the_features_of_its_array(tiny_gpt2):
     [
         ({}, [np.array([1, -2, 3])], r"token ids must be >= 0; got -2"),
         ({"vocab_size": 3}, [np.array([1, 7])], r"must lie in \[0, 3\); got up to 7"),
+        ({}, [np.array([1, 10**9])], r"token ids must be at most 1,048,575; got 1,000,000,000"),
         ({"vocab_size": 0}, [np.array([1])], r"'vocab_size' parameter .* must be an integer >= 1. Got 0"),
         ({"vocab_size": 5.5}, [np.array([1])], r"'vocab_size' parameter .* Got 5.5"),
         ({"seed": 2.0}, [np.array([1])], r"'seed' parameter .* must be an integer in"),
@@ -367,3 +368,36 @@ def test_features_the_backbone_cannot_hold_are_refused_not_returned(tiny_gpt2):
     )
     with pytest.raises(ValueError, match="NaN or inf features for sequence 1 of X in float32"):
         fitted.transform(X)
+
+
+def test_a_refit_that_fails_leaves_the_transformer_as_it_was(tmp_path):
+    """A refit refused after some of its settings were read (sequences past the backbone's positions, a
+    vocab_size for real-valued tokens) leaves the fitted transformer as it was: the same depths, features and
+    length check, never the new depths over the old runner; a first fit that fails leaves it unfitted."""
+    from sklearn.exceptions import NotFittedError
+    from sklearn.utils.validation import check_is_fitted
+    from transformers import GPT2Config, GPT2Model
+
+    from reservoir.errors import BackboneError
+
+    GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=16)).save_pretrained(tmp_path / "gpt")
+    x = np.random.default_rng(0).normal(size=(5, 8, 3)).astype(np.float32)
+    t = api.ReservoirFeatures(backbone=str(tmp_path / "gpt"), depth=-1, dtype="float32").fit(x)
+    before = t.transform(x)
+    for params, X, error in (
+        ({"depth": "all"}, np.zeros((2, 40, 3), np.float32), BackboneError),
+        ({"depth": "all", "vocab_size": 9}, x, ValueError),
+    ):
+        t.set_params(**params)
+        with pytest.raises(error):
+            t.fit(X)
+        t.set_params(depth=-1, vocab_size=None)
+        assert t.depths_ == [2] and t.spec_.seq_len == 8
+        np.testing.assert_array_equal(t.transform(x), before)
+        with pytest.raises(BackboneError, match="reads at most 16 positions"):
+            t.transform(np.zeros((2, 40, 3), np.float32))
+    fresh = api.ReservoirFeatures(backbone=str(tmp_path / "gpt"), dtype="float32")
+    with pytest.raises(BackboneError):
+        fresh.fit(np.zeros((2, 40, 3), np.float32))
+    with pytest.raises(NotFittedError):
+        check_is_fitted(fresh)

@@ -141,6 +141,25 @@ print("ok")
 """
 
 
+@pytest.mark.parametrize("depth", [True, 1.9, "2", None])
+def test_a_depth_that_is_not_an_integer_is_refused_by_every_reader(digits, depth):
+    """A bool, a float or text as a depth is refused by the readers, as fit refuses it: never read as the
+    depth it rounds or compares equal to (True is 1)."""
+    from reservoir.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"is not a depth: give an integer"):
+        api.FeatureDataset(digits, "train", depth=depth)
+    if depth is not None:  # read_features without a depth reads them all
+        with pytest.raises(UsageError, match=r"is not a depth: give an integer"):
+            api.read_features(digits, "train", depth=depth)
+
+
+def test_a_negative_depth_names_the_depth_it_reads(digits):
+    data = api.FeatureDataset(digits, "train", depth=-1)
+    assert data.depth == 2
+    np.testing.assert_array_equal(data[0][0], api.FeatureDataset(digits, "train", depth=2)[0][0])
+
+
 def test_feature_dataset_through_dataloader_workers(digits):
     """In a fresh process, as a training script runs it: DataLoader workers (forked) each open the file."""
     import os

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -434,3 +435,16 @@ def test_class_ids_given_to_a_probe_of_named_classes_are_read_by_name_or_refused
     assert r.exit_code == 1 and "label 3 names no class the probe knows (its classes: 2, 10)" in r.output, (
         r.output
     )
+
+
+def test_fit_after_predicting_on_the_training_file_still_finds_its_features(tmp_path, tiny_gpt2):
+    """``predict --data`` of the file a probe was fitted on writes a feature file of data to predict on beside the
+    training one: a later fit by task and backbone passes it over (it has no train split) and finds the other."""
+    x, y = rows(40)
+    mine = table(tmp_path / "mine.parquet", x, y)
+    features = api.extract(f"file:{mine}", str(tiny_gpt2), depths="1", dtype="float32", compile=False)
+    (result,) = api.fit(f"file:{mine}", str(tiny_gpt2), head="ridge", baselines=False, progress=False)
+    api.predict(result["probe"], data=str(mine), progress=False)
+    assert len(list(features.parent.glob("*.h5"))) == 2
+    (again,) = api.fit(f"file:{mine}", str(tiny_gpt2), head="ridge", baselines=False, progress=False)
+    assert Path(again["features"]) == Path(features)
