@@ -66,8 +66,8 @@ LAYOUTS = (
     "    holds per row a list of token ids (T,), a list of tokens (T, d) of floats, or an image (datasets Image)",
     "  images: --task-opt patch=P (default 4: P x P patches as tokens), image_size=HxW (resize all), mode=RGB|L",
     "  without splits a seeded stratified test_fraction (0.2; --task-opt test_fraction=F seed=S) becomes test",
-    "  labels are class ids 0..C-1, class names (numbered in natural order), or real-valued targets with",
-    "    --task-opt regression=true",
+    "  labels are class ids 0..C-1 (a (N, 1) column or one-hot rows too), class names (numbered in natural order),",
+    "    or real-valued targets with --task-opt regression=true; splits: train, val/valid/validation/dev, test, test_*",
     "  to predict on (reservoir predict --data PATH; --task-opt predict=true): any of these, every row as one",
     "    split in input order, labels optional; images lying in PATH itself (PATH/*.png) are unlabeled",
 )
