@@ -100,11 +100,26 @@ def run(fn, *args, **kwargs):
         os._exit(1)
     except (ReservoirError, ValueError, OSError) as e:
         raise click.ClickException(str(e) or type(e).__name__) from None
+    except (KeyError, RuntimeError) as e:
+        if not from_h5py(e):
+            raise
+        raise click.ClickException(
+            f"a file could not be read: its HDF5 structure is damaged ({str(e).strip(chr(39) + chr(34))}); "
+            "extract it again with --force (or delete it)"
+        ) from None
     except MemoryError:
         raise click.ClickException(
             "ran out of memory; ask for less: a smaller --limit or --batch-size, or smaller "
             "task options (n_train, n_test, ...)"
         ) from None
+
+
+def from_h5py(e: BaseException) -> bool:
+    """Whether ``e`` was raised inside h5py: reading a damaged HDF5 file, not a fault of this code."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and "h5py" in Path(tb.tb_frame.f_code.co_filename).parts
 
 
 def refusing_usage(fn):

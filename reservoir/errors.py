@@ -83,10 +83,11 @@ def write_failure(e: BaseException) -> tuple[str, str]:
         return f"its folder is not writable ({text})", "Make it writable"
     if code in (errno.ENOTDIR, errno.EEXIST):
         return f"its folder cannot be made ({text})", "Choose another folder"
-    return (
-        f"the write failed ({text or type(e).__name__})",
-        "Check the disk" if code == errno.EIO else "Free space",
-    )
+    if code == errno.ENOENT:  # the file being written, or its folder, was removed meanwhile
+        return f"a file it was writing was removed meanwhile ({text})", "Let one command write it at a time"
+    if code in (errno.EDQUOT, errno.EFBIG):
+        return f"a size limit was reached ({text})", "Free space or raise the limit"
+    return f"the write failed ({text or type(e).__name__})", "Check the disk"
 
 
 def optional(module: str, what: str, install: str | None = None, error: type[Exception] = ImportError):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from reservoir.extract.store import (
     stored_identity,
     verify,
 )
+from reservoir.results import unwritable
 
 FORMATS = ("parquet", "datasets")
 
@@ -147,25 +149,37 @@ def export(
         }
         if class_names(f):
             meta["reservoir.class_names"] = json.dumps(class_names(f))
-        tmp = out.with_name(f".{out.name}.partial")
-        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
-        if format == "parquet":
-            write_parquet(pa, pq, f, names, depths, meta, tmp)
-        else:
-            import tempfile
-
-            datasets = optional("datasets", "reservoir export --format datasets", None, UsageError)
-            datasets.disable_progress_bars()  # its bars and messages say nothing to the user of this command
-            with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.cache") as cache:
-                parts = {}
-                # each split through a Parquet file of its own, which datasets reads in blocks
-                for s in names:
-                    part = Path(cache) / f"{s}.parquet"
-                    write_parquet(pa, pq, f, [s], depths, meta, part)
-                    parts[s] = datasets.Dataset.from_parquet(str(part), cache_dir=cache)
-                    parts[s].info.description = json.dumps(meta)
-                datasets.DatasetDict(parts).save_to_disk(str(tmp))
-    if out.is_dir():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+        # a name of this export's own, so that exports to one --out at once never write into each other's
+        tmp = out.with_name(f".{out.name}.{secrets.token_hex(6)}.partial")
+        try:
+            write_export(pa, pq, f, names, depths, meta, tmp, format, out)
+            if out.is_dir():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        except BaseException as e:  # an export cut short leaves nothing behind, under any name
+            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+            if isinstance(e, OSError):
+                raise unwritable(out, e) from None
+            raise
     return out
+
+
+def write_export(pa, pq, f: h5py.File, names: list[str], depths: list[int], meta: dict, tmp: Path, format: str,
+                 out: Path) -> None:  # fmt: skip
+    """Write ``names``' features at ``depths`` of ``f`` to ``tmp`` in ``format`` (``out``: where it will lie)."""
+    if format == "parquet":
+        write_parquet(pa, pq, f, names, depths, meta, tmp)
+        return
+    import tempfile
+
+    datasets = optional("datasets", "reservoir export --format datasets", None, UsageError)
+    datasets.disable_progress_bars()  # its bars and messages say nothing to the user of this command
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.cache") as cache:
+        parts = {}
+        # each split through a Parquet file of its own, which datasets reads in blocks
+        for s in names:
+            part = Path(cache) / f"{s}.parquet"
+            write_parquet(pa, pq, f, [s], depths, meta, part)
+            parts[s] = datasets.Dataset.from_parquet(str(part), cache_dir=cache)
+            parts[s].info.description = json.dumps(meta)
+        datasets.DatasetDict(parts).save_to_disk(str(tmp))

@@ -124,7 +124,13 @@ def stored_identity(f: h5py.File, fix: str = FIX_OTHER) -> dict[str, Any]:
             else "not a reservoir feature file (no identity recorded)"
         )
         raise StoreError(f"{f.filename} is {what}; {fix}")
-    return json.loads(f.attrs["identity"])
+    try:
+        identity = json.loads(f.attrs["identity"])
+    except (ValueError, TypeError):
+        identity = None
+    if not isinstance(identity, dict) or not {*HEADER, "splits", "task_options"} <= identity.keys():
+        raise StoreError(f"{f.filename}: its recorded identity is damaged; {FIX_FORCE}")
+    return identity
 
 
 def check_identity(f: h5py.File, wanted: dict[str, Any], fix: str = FIX_OTHER) -> None:
@@ -168,7 +174,19 @@ class WriterLock:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as e:
+            import errno
+
+            if e.errno not in (
+                errno.EWOULDBLOCK,
+                errno.EAGAIN,
+                errno.EACCES,
+            ):  # no lock to be had, not a holder
+                os.close(self.fd)
+                raise StoreError(
+                    f"{path} cannot be locked against a second writer on this filesystem ({e.strerror}); pass "
+                    "an --out on a filesystem with file locks (a local disk; NFS with lockd, Lustre with -o flock)"
+                ) from None
             holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(self.fd)
             raise StoreError(
@@ -198,7 +216,10 @@ def check_shards(f: h5py.File) -> None:
     would read as fill values)."""
     folder = Path(f.filename).parent
     for name in feature_splits(f):
-        ds = f[name]["features"]
+        try:
+            ds = f[name]["features"]
+        except (KeyError, OSError):  # a damaged link: verify names it
+            continue
         if not ds.is_virtual:
             continue
         missing = sorted({s.file_name for s in ds.virtual_sources() if not (folder / s.file_name).exists()})
@@ -224,6 +245,8 @@ def move_aside(path: Path, identity: dict[str, Any]) -> Path:
     try:
         with _open_h5(path) as f:
             check_identity(f, identity)
+    except IdentityError:  # a file of another run, which it names: never moved
+        raise
     except StoreError:
         if not h5py.is_hdf5(path):
             raise
@@ -281,7 +304,14 @@ def check_ready(f: h5py.File) -> None:
                 f"feature file {f.filename} is still being written by {writer} (`reservoir extract` is "
                 "running); wait for it to finish, then read the complete file it prints"
             )
-        raise StoreError(f"feature file {f.filename} is not complete; rerun `reservoir extract` to finish it")
+        if f.filename.endswith(".partial"):
+            raise StoreError(
+                f"feature file {f.filename} is not complete; rerun `reservoir extract` to finish it"
+            )
+        # a file gets its final name only once complete: one that is not was damaged since
+        raise StoreError(
+            f"feature file {f.filename} is not marked complete, though at its final name: it is damaged; {FIX_FORCE}"
+        )
     check_shards(f)
 
 
@@ -341,11 +371,19 @@ def verify(
             recorded = json.loads(g.attrs[DIGESTS]) if DIGESTS in g.attrs else None
             labels, lengths = g["labels"][:], g["lengths"][:]
             written = bool(g["done"][:].all()) if "done" in g else identity.get("format", 0) < DIGESTED_FORMAT
-        except (OSError, ValueError) as e:
+            g["features"]  # noqa: B018 - the dataset is there
+        except (OSError, ValueError, KeyError) as e:
             raise StoreError(
-                f"{f.filename}: split {split!r} cannot be read ({str(e).splitlines()[0]}): the file is "
-                f"corrupt; {fix}"
+                f"{f.filename}: split {split!r} cannot be read ({(str(e).splitlines() or [type(e).__name__])[0]}): "
+                f"the file is corrupt; {fix}"
             ) from None
+        if recorded is not None and not (
+            isinstance(recorded, dict)
+            and {"features", "labels", "lengths"} <= recorded.keys()
+            and isinstance(recorded["features"], list)
+            and len(recorded["features"]) == len(stored_depths)
+        ):
+            raise StoreError(f"{f.filename}: split {split!r}: its recorded digests are damaged; {fix}")
         if not written or (recorded is None and identity.get("format", 0) >= DIGESTED_FORMAT):
             why = "rows never written" if not written else "no digests recorded at completion"
             raise StoreError(f"{f.filename}: split {split!r} has {why}: the file is damaged; {fix}")
@@ -395,15 +433,16 @@ def write_failed(path: Path, e: Exception, *keep: Any) -> WriteFailed:
     """A failed write in the user's words: a full disk says so, every case says what to do.
     ``e`` and ``keep`` (the file) are kept alive, never closed (:data:`_FAILED`)."""
     _FAILED.append((e, keep))
+    import errno
+
     what, fix = write_failure(e)
-    fix += (
-        " (or pass --out on another disk)"
-        if fix in ("Free space", "Check the disk")
-        else " (or another --out)"
-    )
-    return WriteFailed(
-        f"writing {path} stopped: {what}. {fix} and rerun the same command: it resumes where it stopped"
-    )
+    if fix.startswith(("Free", "Check")):
+        fix += " (or pass --out on another disk)"
+    elif fix.startswith(("Make", "Choose")):
+        fix += " (or another --out)"
+    # a file removed while written leaves nothing to resume from
+    then = "it starts over" if getattr(e, "errno", None) == errno.ENOENT else "it resumes where it stopped"
+    return WriteFailed(f"writing {path} stopped: {what}. {fix} and rerun the same command: {then}")
 
 
 class FeatureWriter:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -40,13 +41,25 @@ def read(name: str) -> dict[str, Any]:
 
 
 def get(name: str, key: str) -> Any:
-    """The record under ``key``, or ``None``."""
-    return read(name).get(key)
+    """The record under ``key``, or ``None``; a record of anything but measurements (numbers, nulls, and
+    records of them), damaged or edited by hand, is none: it is measured again."""
+    record = read(name).get(key)
+    return record if measured(record) else None
+
+
+def measured(value: Any) -> bool:
+    """Whether ``value`` holds measurements only: finite numbers or nulls, or records of them."""
+    if isinstance(value, dict):
+        return all(measured(v) for v in value.values())
+    return value is None or (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    )
 
 
 @contextlib.contextmanager
 def locked(name: str) -> Iterator[None]:
-    """Hold the exclusive lock of ``$RESERVOIR_CACHE/name`` (no lock where the folder is not writable)."""
+    """Hold the exclusive lock of ``$RESERVOIR_CACHE/name`` (no lock where the folder is not writable or its
+    filesystem has none)."""
     try:
         cache_dir().mkdir(parents=True, exist_ok=True)
         fd = os.open(cache_dir() / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
@@ -54,7 +67,8 @@ def locked(name: str) -> Iterator[None]:
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # a filesystem without locks: each record is still written whole
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing releases the lock

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from reservoir import api
+from reservoir.errors import StoreError
 
 pytestmark = pytest.mark.usefixtures("home", "one_thread")
 
@@ -149,3 +151,34 @@ def test_a_users_own_parquet_file_or_datasets_folder_is_never_replaced_and_an_ex
             assert r.exit_code == 0, r.output
     assert pq.read_table(tmp_path / "x.parquet").column_names[-1] == "d1"
     assert "d1" in datasets.load_from_disk(str(tmp_path / "x"))["test"].column_names
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_an_export_cut_short_leaves_nothing_and_each_export_writes_a_file_of_its_own(
+    digits, tmp_path, cli, monkeypatch, error
+):
+    """An export that fails (a full disk) or is interrupted partway leaves no file, hidden or not; and every
+    export writes under a name of its own before the rename, so two exports to one --out never write into
+    each other's file."""
+    from reservoir.extract import export as module
+
+    out, write = tmp_path / "x.parquet", module.write_parquet
+    names = []
+
+    def cut(pa, pq, f, splits, depths, meta, path):
+        names.append(Path(path).name)
+        Path(path).write_bytes(b"PAR1 half a file")
+        raise error
+
+    monkeypatch.setattr(module, "write_parquet", cut)
+    if isinstance(error, OSError):
+        with pytest.raises(StoreError, match=r"x.parquet could not be written: the disk is full"):
+            module.export(digits, out=out)
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            module.export(digits, out=out)
+    assert not out.exists() and not list(tmp_path.glob(".x.parquet*")), list(tmp_path.iterdir())
+    monkeypatch.setattr(module, "write_parquet", lambda *a: (names.append(Path(a[-1]).name), write(*a)))
+    module.export(digits, out=out)
+    module.export(digits, out=out)
+    assert len(set(names)) == 3 and out.exists() and not list(tmp_path.glob(".x.parquet*"))

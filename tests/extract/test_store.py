@@ -403,3 +403,67 @@ def test_force_moves_aside_a_complete_file_too_truncated_to_open(cli, home, tmp_
     assert out.with_name("f.h5.old").stat().st_size < reference.stat().st_size
     with h5_file(out) as f:
         verify(f)
+
+
+def test_force_never_moves_aside_a_complete_file_of_another_run(cli, home, tmp_path, reference, tiny_gpt2):
+    """``--force --out F`` where F holds another run's features (another --limit) refuses, naming the
+    difference, and leaves the file where it is, whole."""
+    out = tmp_path / "other.h5"
+    shutil.copy(reference, out)
+    r = cli("-q", "extract", *OPTS[:2], "--limit", "60", *OPTS[4:], "--backbone", str(tiny_gpt2), "--out", str(out),
+            "--force")  # fmt: skip
+    assert r.exit_code == 1 and "holds features of another run" in r.output, r.output
+    assert "cannot be opened" not in r.output and not out.with_name("other.h5.old").exists()
+    assert out.read_bytes() == reference.read_bytes()
+
+
+def test_a_filesystem_without_file_locks_is_named_not_taken_for_another_writer(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    from reservoir.extract.store import WriterLock
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(StoreError, match=r"cannot be locked against a second writer on this filesystem"):
+        WriterLock(tmp_path / "x.h5")
+
+
+def test_a_file_at_its_final_name_not_marked_complete_is_named_damaged_and_force_redoes_it(
+    cli, home, tmp_path, reference, tiny_gpt2
+):
+    """A file gets its final name only once complete: one found there unmarked was damaged since, and extract
+    says so with the --force that redoes it, rather than asking again and again to finish it."""
+    out = tmp_path / "u.h5"
+    shutil.copy(reference, out)
+    with h5py.File(out, "r+") as f:
+        f.attrs["complete"] = False
+    for r in (extract(cli, tiny_gpt2, out), cli("fit", "--features", str(out), "--head", "ridge")):
+        assert (
+            r.exit_code == 1 and "is not marked complete, though at its final name: it is damaged" in r.output
+        )
+        assert "--force" in r.output, r.output
+    assert extract(cli, tiny_gpt2, out, "--force").exit_code == 0
+    with h5_file(out) as f:
+        verify(f)
+
+
+def test_damaged_metadata_is_refused_in_words_never_with_a_traceback(cli, home, tmp_path, reference):
+    """A feature file whose recorded identity lost a field, whose digests lost theirs, or whose HDF5
+    structure lost an attribute is refused by fit in words (exit 1), not with a KeyError."""
+    cases = {
+        "identity": ("its recorded identity is damaged", lambda f: f.attrs.modify(
+            "identity", json.dumps({k: v for k, v in json.loads(f.attrs["identity"]).items() if k != "task"}))),
+        "digests": ("its recorded digests are damaged", lambda f: f["train"].attrs.modify(
+            "sha256", json.dumps({"features": []}))),
+        "structure": ("its HDF5 structure is damaged", lambda f: f.attrs.__delitem__("config")),
+    }  # fmt: skip
+    for name, (said, damage) in cases.items():
+        out = tmp_path / f"{name}.h5"
+        shutil.copy(reference, out)
+        with h5py.File(out, "r+") as f:
+            damage(f)
+        r = cli("fit", "--features", str(out), "--head", "ridge", "--no-baselines")
+        assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, (name, r.output)

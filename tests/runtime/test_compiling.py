@@ -123,3 +123,26 @@ def test_a_compile_slower_than_eager_in_its_own_run_is_dropped(cli, home, tiny_g
     with h5py.File(home / "a.h5") as a, h5py.File(home / "b.h5") as b:
         for split in ("train", "test"):
             np.testing.assert_array_equal(a[split]["features"][:], b[split]["features"][:])
+
+
+def test_a_record_of_anything_but_measurements_is_measured_again_and_no_lock_is_needed(tmp_path, monkeypatch):
+    """A measurement record damaged or edited by hand (a rate as text, a flag) reads as none, so the
+    measurement runs again rather than failing inside a comparison; on a filesystem without file locks a
+    record is still written."""
+    import errno
+    import fcntl
+
+    from reservoir.runtime import records
+
+    monkeypatch.setenv("RESERVOIR_CACHE", str(tmp_path))
+    (tmp_path / "dtype-rates.json").write_text(
+        json.dumps({"a": {"float32": "fast"}, "b": {"float32": 1.0, "bf16": True}, "c": {"float32": 2.0}})
+    )
+    assert [records.get("dtype-rates.json", k) for k in "abc"] == [None, None, {"float32": 2.0}]
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    records.put("dtype-rates.json", "d", {"float32": 3.0})
+    assert records.get("dtype-rates.json", "d") == {"float32": 3.0}
