@@ -288,6 +288,16 @@ def _is_result(obj: Any) -> bool:
     return isinstance(obj, dict) and all(k in obj for k in REQUIRED) and obj.get("mode") in MODES
 
 
+def kept_result(path: Path) -> dict[str, Any] | None:
+    """The result written at ``path`` before, or ``None`` where there is none, or only a damaged one (which the
+    caller computes again and writes over)."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return obj if _is_result(obj) else None
+
+
 def load_results(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """Every result under the given files and folders, each once (deduplicated by ``key``).
 

@@ -22,7 +22,6 @@ backbone's fit on the same data reuses the same baseline results.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from reservoir.probe.metrics import METRICS_BY_TARGET, result_scores, score_line
 from reservoir.probe.metrics import scores as metric_scores
 from reservoir.probe.rows import ArrayRows
 from reservoir.progress import log
-from reservoir.results import Result, result_key, result_path, write_result
+from reservoir.results import Result, kept_result, result_key, result_path, write_result
 from reservoir.runtime import machine
 from reservoir.tasks import SplitData, Task, make_task
 from reservoir.tasks.sizes import holdout
@@ -199,8 +198,9 @@ def fit_baselines(
         }
         keyed = {**described, "lr": None, "identity_hash": digest(described["identity"])}
         path = result_path({**keyed, "key": result_key(keyed)})
-        if path.exists():
-            out.append({**json.loads(path.read_text()), "path": str(path)})
+        kept = kept_result(path)
+        if kept is not None:
+            out.append({**kept, "path": str(path)})
             continue
         if data is None:
             data = load_data(task, identity, data_dir)

@@ -123,8 +123,13 @@ class Digits(Task):
 
         kept = cache_dir() / "digits" / f"split-{self.test_size!r}-{self.seed}.npz"
         if kept.exists():
-            with np.load(kept) as f:
-                return {s: (f[f"x_{s}"], f[f"y_{s}"]) for s in ("train", "test")}
+            import zipfile
+
+            try:
+                with np.load(kept) as f:
+                    return {s: (f[f"x_{s}"], f[f"y_{s}"]) for s in ("train", "test")}
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # damaged: made again below
+                pass
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
 

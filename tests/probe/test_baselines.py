@@ -78,6 +78,15 @@ def test_fit_writes_every_baseline_and_reuses_them_for_another_backbone(cli, hom
     assert r.exit_code == 0, r.output
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
     assert "baseline-tanh-48" in baselines(home)  # its width gets its own random features
+    # a baseline file damaged since (cut short, or not a result) is computed again and written over
+    majority = next(p for p in stamps if p.parent.name == "baseline-majority")
+    for damage in ('{"task": "listops", "mo', "[]"):
+        majority.write_text(damage)
+        r = cli("-q", "fit", "--features", str(path), "--head", "ridge")
+        assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+        assert (
+            json.loads(majority.read_text())["test_accuracy"] == found["baseline-majority"]["test_accuracy"]
+        )
 
 
 def test_no_baselines_and_a_head_changes_them(cli, home, tiny_gpt2):

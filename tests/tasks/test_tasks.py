@@ -272,3 +272,15 @@ def test_real_mnist_layout():
     x = task.encode(d.inputs[:2])
     assert x.shape == (2, 64, 16) and x.max() <= 1.0
     assert x[0, 0].max() == 0  # the padded corner patch is empty
+
+
+@pytest.mark.parametrize("damage", [b"", b"PK\x03\x04 not a whole archive"])
+def test_a_damaged_copy_of_the_digits_split_is_made_again(tmp_path, monkeypatch, damage):
+    """The digits split kept in the cache, found empty or cut short, is made again (and kept whole), as if
+    it were absent, not a traceback in every later digits run."""
+    monkeypatch.setenv("RESERVOIR_CACHE", str(tmp_path))
+    whole = get_task("digits").load("train", tmp_path)
+    (kept,) = (tmp_path / "digits").glob("split-*.npz")
+    kept.write_bytes(damage)
+    again = get_task("digits").load("train", tmp_path)
+    assert np.array_equal(again.labels, whole.labels) and kept.stat().st_size > 1000
