@@ -30,6 +30,7 @@ from reservoir.extract.store import (
     open_features,
     stored_identity,
     verify,
+    writer_of,
 )
 from reservoir.identity import canonical, reread, short, task_label
 from reservoir.model.backbones import label as backbone_label
@@ -155,9 +156,20 @@ def find_features(task: str, backbone: str | None, wanted: dict[str, Any] | None
     command = command_of({"task": task, "backbone": backbone, **(wanted or {})})
     if not found:
         partial = sorted(folder.glob(pattern + ".partial"))
-        hint = f" ({len(partial)} unfinished: rerun the same extract to finish it)" if partial else ""
+        if partial:  # the extract that writes it, not a command of fit's options (which may lack its own)
+            final = partial[0].with_name(partial[0].name.removesuffix(".partial"))
+            writer = writer_of(final)
+            how = (
+                f"being written by {writer}: wait for it to finish"
+                if writer
+                else "rerun the extract that wrote it"
+            )
+            raise StoreError(
+                f"no complete feature file for {what} under {folder}: {len(partial)} unfinished, e.g. "
+                f"{partial[0]} ({how}), or pass --features FILE"
+            )
         raise StoreError(
-            f"no feature file for {what} under {folder}{hint}; run `{command}` first, or pass --features FILE"
+            f"no feature file for {what} under {folder}; run `{command}` first, or pass --features FILE"
         )
     matching, others, read = [], [], {}
     for p in found:

@@ -293,3 +293,25 @@ def test_a_resumed_file_keeps_the_engine_that_began_it(cli, home, tiny_gpt2, mon
     assert r.exit_code == 0, r.output
     with h5py.File(out) as f:
         assert json.loads(f.attrs["config"])["engine_used"] == "torch" and f.attrs["complete"]
+
+
+def test_fit_by_task_while_its_extraction_runs_names_the_writer_not_another_command(cli, home, tiny_gpt2):
+    """``fit --task T --backbone B`` finding only an unfinished file names it and its writer (or, once the
+    writer is gone, the extract that wrote it), never a command of fit's options, which may lack the
+    extraction's own (its --limit, its dtype)."""
+    args = ("--task", "bit_xor", "--backbone", str(tiny_gpt2))
+    assert cli("-q", "extract", *args, "--limit", "40", "--dtype", "float32").exit_code == 0
+    (final,) = (home / "features").rglob("*.h5")
+    partial = final.with_name(final.name + ".partial")
+    final.rename(partial)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(final)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = cli("fit", *args)
+        assert r.exit_code == 1 and f"being written by pid {holder.pid}" in r.output, r.output
+        assert str(partial) in r.output and "run `reservoir extract" not in r.output
+    finally:
+        holder.kill()
+        holder.wait()
+    r = cli("fit", *args)
+    assert r.exit_code == 1 and "rerun the extract that wrote it" in r.output, r.output
