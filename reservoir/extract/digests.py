@@ -46,6 +46,17 @@ def depth_hasher(ds: h5py.Dataset):
     return hashlib.sha256(f"{ds.dtype.str}{(ds.shape[0], *ds.shape[2:])}".encode())
 
 
+def check_recorded(where: str, recorded: Any, n_depths: int, fix: str) -> None:
+    """The digests recorded for a split at completion (``None``: a format before them) are whole: those of its
+    labels, its lengths and one a depth; StoreError saying ``fix`` otherwise."""
+    if recorded is None:
+        return
+    kept = recorded if isinstance(recorded, dict) else {}
+    depths = kept.get("features")
+    if not ({"labels", "lengths"} <= kept.keys() and isinstance(depths, list) and len(depths) == n_depths):
+        raise StoreError(f"{where}: its recorded digests are damaged; {fix}")
+
+
 def depth_digest(ds: h5py.Dataset, k: int, where: str, fix: str, h=None, start: int = 0) -> str:
     """SHA-256 of depth index ``k`` of a features dataset, every chunk read through its Fletcher-32
     check; a chunk that fails it, or a NaN or inf, raises StoreError starting with ``where``. ``h`` and

@@ -36,6 +36,7 @@ from reservoir.extract.digests import (
     DIGESTS,
     FIX_FORCE,
     RunningDigests,
+    check_recorded,
     depth_digest,
     feature_splits,
     seal,
@@ -124,13 +125,13 @@ def stored_identity(f: h5py.File, fix: str = FIX_OTHER) -> dict[str, Any]:
             else "not a reservoir feature file (no identity recorded)"
         )
         raise StoreError(f"{f.filename} is {what}; {fix}")
-    try:
+    with contextlib.suppress(ValueError, TypeError):
         identity = json.loads(f.attrs["identity"])
-    except (ValueError, TypeError):
-        identity = None
-    if not isinstance(identity, dict) or not {*HEADER, "splits", "task_options"} <= identity.keys():
-        raise StoreError(f"{f.filename}: its recorded identity is damaged; {FIX_FORCE}")
-    return identity
+        # a run's identity holds every field its readers read (one of a run's data: its splits and options too)
+        need = {*HEADER, *(("splits", "task_options") if "data" in identity else ())}
+        if isinstance(identity, dict) and need <= identity.keys():
+            return identity
+    raise StoreError(f"{f.filename}: its recorded identity is damaged; {FIX_FORCE}")
 
 
 def check_identity(f: h5py.File, wanted: dict[str, Any], fix: str = FIX_OTHER) -> None:
@@ -216,11 +217,8 @@ def check_shards(f: h5py.File) -> None:
     would read as fill values)."""
     folder = Path(f.filename).parent
     for name in feature_splits(f):
-        try:
-            ds = f[name]["features"]
-        except (KeyError, OSError):  # a damaged link: verify names it
-            continue
-        if not ds.is_virtual:
+        ds = f[name].get("features")  # None where a damaged link lost it: verify names that
+        if ds is None or not ds.is_virtual:
             continue
         missing = sorted({s.file_name for s in ds.virtual_sources() if not (folder / s.file_name).exists()})
         if missing:
@@ -377,13 +375,7 @@ def verify(
                 f"{f.filename}: split {split!r} cannot be read ({(str(e).splitlines() or [type(e).__name__])[0]}): "
                 f"the file is corrupt; {fix}"
             ) from None
-        if recorded is not None and not (
-            isinstance(recorded, dict)
-            and {"features", "labels", "lengths"} <= recorded.keys()
-            and isinstance(recorded["features"], list)
-            and len(recorded["features"]) == len(stored_depths)
-        ):
-            raise StoreError(f"{f.filename}: split {split!r}: its recorded digests are damaged; {fix}")
+        check_recorded(f"{f.filename}: split {split!r}", recorded, len(stored_depths), fix)
         if not written or (recorded is None and identity.get("format", 0) >= DIGESTED_FORMAT):
             why = "rows never written" if not written else "no digests recorded at completion"
             raise StoreError(f"{f.filename}: split {split!r} has {why}: the file is damaged; {fix}")
