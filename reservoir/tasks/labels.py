@@ -53,6 +53,14 @@ def one_class_a_row(arrays: dict[str, np.ndarray], keys: list[str]) -> dict[str,
     return out
 
 
+def common_names(lists: list[list[str]]) -> list[str] | None:
+    """One list of class names for sources that each list theirs: the list where they agree, else every
+    name of them all in natural order (``None`` without any)."""
+    if not lists:
+        return None
+    return list(lists[0]) if all(list(n) == list(lists[0]) for n in lists) else natural(set().union(*lists))
+
+
 def renumbered(labels: np.ndarray, names: list[str], common: list[str], where: Any) -> np.ndarray:
     """Class ids of a source whose classes are ``names`` as the ids of the same names in ``common`` (which
     holds them all); negative ids (unlabeled rows) kept."""

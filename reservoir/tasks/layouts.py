@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import DataError, unreadable
-from reservoir.tasks.labels import renumbered
+from reservoir.tasks.labels import common_names, renumbered
 from reservoir.tasks.streams import (
     ARROW,
     FIX,
@@ -181,9 +181,7 @@ def table_parts(
         labels, names = [], []
         # files whose ClassLabel lists its names in other orders: their ids renumbered as one list, by name
         of_file = [class_label_names(f, y) for f in files]
-        classes = of_file[0]
-        if all(of_file) and any(n != classes for n in of_file):
-            classes = natural(set().union(*of_file))
+        classes = common_names(of_file) if all(of_file) else of_file[0]
         for i in range(len(chunks.pieces)):
             t = chunks.table(i, [y] + ([s] if s else []))
             ids = _column(t.column(0), f"{base}: column {y!r}", int(chunks.starts[i]))

@@ -47,7 +47,7 @@ from reservoir.tasks import (
     pad_ids,
     patches,
 )
-from reservoir.tasks.labels import MAX_ID, as_text, check_labels, class_ids, renumbered_as
+from reservoir.tasks.labels import MAX_ID, as_text, check_labels, class_ids, common_names, renumbered_as
 from reservoir.tasks.layouts import Part, image_parts, kind_of, ordered, table_parts
 from reservoir.tasks.streams import (
     UNREADABLE_FLOATS,
@@ -57,7 +57,6 @@ from reservoir.tasks.streams import (
     ImageChunks,
     Images,
     Rows,
-    natural,
     parse_size,
     readable_floats,
     scan,
@@ -477,8 +476,8 @@ class FileTask(Task):
         # names in other orders, as the names of every split in natural order (an id means one class throughout)
         named_parts = [part for part in parts if part.names and part.labels is not None]
         common = self._known
-        if common is None and len({tuple(part.names) for part in named_parts}) > 1 and not self.regression:
-            common = natural(set().union(*(part.names for part in named_parts)))
+        if common is None and not self.regression:
+            common = common_names([part.names for part in named_parts])
         if common is not None:
             for part in named_parts:
                 if list(part.names) != common:
