@@ -202,6 +202,7 @@ def test_a_shard_of_another_run_is_refused_and_a_missing_shard_is_named(cli, hom
     assert extract(cli, tiny_gpt2, out, "--workers", "1").exit_code == 0 and shard.exists()
 
 
+@pytest.mark.slow  # about 22 s: a sharded run cut and resumed
 def test_a_resumed_sharded_run_decides_compile_by_the_whole_run(cli, home, tiny_gpt2, monkeypatch):
     """The compile decision (by size) of a sharded run counts every shard's tokens, those already done too:
     a rerun after a kill compiles as the first attempt did, so its rows are of one graph."""
@@ -224,8 +225,9 @@ def test_a_resumed_sharded_run_decides_compile_by_the_whole_run(cli, home, tiny_
     assert len(sizes) == 2 and sizes[0] == sizes[1] > 0
 
 
-# int8-static centres and scales with the calibration rows, dynamic int8 only centres: about 40 s each
-@pytest.mark.parametrize("dtype", [pytest.param("int8", marks=pytest.mark.slow), "int8-static"])
+# int8-static centres and scales with the calibration rows, dynamic int8 only centres: about 25 s to 40 s each
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["int8", "int8-static"])
 def test_int8_shards_calibrate_on_the_same_rows_as_one_process(cli, home, tiny_gpt2, monkeypatch, dtype):
     """Every worker centres (and, int8-static, scales) with the run's calibration rows (the first
     rows of its first split), not its own shard's, so a sharded int8 run equals a single process."""
@@ -249,7 +251,9 @@ def test_without_dask_a_sharded_run_says_which_extra_to_install(cli, home, monke
     assert cli("-q", "extract", "--task", "bit_xor", "--backbone", "lstm", "--limit", "20").exit_code == 0
 
 
-@pytest.mark.parametrize("picked", ["openvino", "torch"])
+@pytest.mark.parametrize(
+    "picked", [pytest.param("openvino", marks=pytest.mark.slow), "torch"]
+)  # about 20 s each
 def test_auto_settles_one_engine_for_every_shard_and_equals_one_process(
     cli, home, tiny_gpt2, monkeypatch, picked
 ):
@@ -283,6 +287,7 @@ def test_auto_settles_one_engine_for_every_shard_and_equals_one_process(
             assert json.loads(f.attrs["config"])["engine_used"] == picked, path
 
 
+@pytest.mark.slow  # about 25 s: two sharded runs under two engines
 def test_a_shard_another_engine_made_is_made_again(cli, home, tiny_gpt2, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert extract(cli, tiny_gpt2, home / "f.h5", "--workers", "2", "--engine", "torch").exit_code == 0

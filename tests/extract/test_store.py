@@ -247,6 +247,7 @@ def one_core():
     os.sched_setaffinity(0, cores)
 
 
+@pytest.mark.slow  # about 23 s: three sharded runs on one core
 def test_a_shard_damaged_after_the_join_is_refused_and_force_redoes_it(
     cli, home, tmp_path, tiny_gpt2, reference, one_core
 ):

@@ -333,6 +333,7 @@ def test_the_trained_attention_figure_reads_the_selected_rate_at_the_first_seed(
     assert png.stat().st_size > 10_000
 
 
+@pytest.mark.slow  # about 35 s: a make killed 6 s into its extraction, then two more makes
 def test_an_extraction_cut_short_states_the_seconds_of_every_attempt_when_it_ends(tmp_path):
     """The make behind an output-only marker is killed (as by the end of a session) 6 s into its extraction: made
     again, the marker's wall time is the cut attempt's seconds and the second one's, and no clock is left."""
@@ -375,14 +376,16 @@ def test_an_extraction_cut_short_states_the_seconds_of_every_attempt_when_it_end
     second = time.monotonic() - start
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     total = int(seconds.read_text().split("\t")[0])
-    assert second + 2 < total <= before + second, (before, second, total)
+    # bash's SECONDS counts whole seconds of the clock (a shell started at x.9 s and ended at y.1 s counts y - x), so a
+    # stated time may exceed the measured one by up to one second
+    assert second + 2 < total <= before + second + 1, (before, second, total)
     time.sleep(2.5)  # two ticks: the ticker ended with its recipe, and wrote no clock after it
     assert not clock.exists() and not clock.with_suffix(".clock.tmp").exists()
     # the next attempt starts from nought: a HEAD change remakes the marker, which states no more than its own time
     start = time.monotonic()
     r = subprocess.run(make_marker(reservoir, "HEAD=logreg"), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert int(seconds.read_text().split("\t")[0]) <= time.monotonic() - start
+    assert int(seconds.read_text().split("\t")[0]) <= time.monotonic() - start + 1
 
 
 @pytest.mark.slow  # about 80 s: two makes of a training run (test_train resumes killed runs)

@@ -49,6 +49,7 @@ def test_float32_equals_pytorch_at_every_depth(tiny_gpt2, task_name):
     assert ort.forward.error < 1e-5 and ort.forward.path.exists()
 
 
+@pytest.mark.slow  # about 30 s: an LSTM exported and quantised
 def test_an_lstm_exports_with_equal_features_and_int8_that_would_stay_float_is_refused():
     task = get_task("listops", **LISTOPS)
     ort, pt = runner(task, "lstm", "onnxruntime"), runner(task, "lstm", "torch")
@@ -250,6 +251,7 @@ def test_engine_onnxruntime_through_the_cli_equals_torch_and_an_export_failure_e
     assert "Traceback" not in r.output and not (home / "failed.h5").exists()
 
 
+@pytest.mark.slow  # about 15 s: an export in a fresh process
 def test_no_exporter_line_reaches_the_terminal(tiny_gpt2, tmp_path):
     """A whole ``reservoir extract --engine onnxruntime --dtype int8`` in its own process: the exporter's
     and quantizer's notes, progress bars and warnings never reach stderr."""

@@ -55,6 +55,7 @@ def check(r: subprocess.CompletedProcess, rows: list[str]) -> dict[str, list[str
     return found
 
 
+@pytest.mark.slow  # about 18 s: the benchmark's smoke run
 def test_smoke_official_ours_and_onnxruntime():
     """The lead's smoke command (our path eager here: an inductor compile belongs to the slow test)."""
     rows = ["official", "ours"] + (["ort-fp32", "ort-int8"] if installed("onnxruntime") else [])
@@ -69,6 +70,7 @@ def test_smoke_official_ours_and_onnxruntime():
         assert float(found[name][7]) < (1e-4 if name == "ort-fp32" else 0.1), found[name]
 
 
+@pytest.mark.slow  # about 15 s: the benchmark over every native dtype
 def test_the_default_against_each_native_dtype():
     """The default path beside our path at each float dtype: rows of the dtypes this CPU multiplies
     natively are measured, the others say why not, and the default's ratio to the fastest is printed."""
