@@ -14,7 +14,7 @@ One JSON file per result under ``results/{task}/{backbone}/``. Schema (both mode
 - ``identity``: the identity of what produced it (the feature file's, or the training
   run's), and ``identity_hash``, its digest;
 - ``key``: digest of the identity hash, mode, head, depth, seed, trainable groups, learning
-  rate and validation fraction. The file name carries readable parts and the key, so two
+  rate, validation fraction, and ``streamed`` where the head read its training rows block by block. The file name carries readable parts and the key, so two
   runs that differ in any of them never overwrite each other, and ``report`` deduplicates
   by ``key``;
 - ``config`` (everything needed to rerun) and ``version``.
@@ -116,6 +116,8 @@ def result_key(result: dict[str, Any]) -> str:
             "trainable": list(result["trainable"]),
             "lr": result.get("lr"),
             "val_fraction": fit.get("val_fraction"),
+            # a head fitted on streamed rows (another solver, other scores); absent from keys written before
+            **({"streamed": True} if result.get("streamed") else {}),
         }
     )
 

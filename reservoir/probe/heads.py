@@ -105,6 +105,13 @@ def _estimator(kind: HeadKind, value: float, seed: int, device: str):
     return est
 
 
+def streams(kind: HeadKind, fit: Rows, val: Rows, *, refit_with_val: bool, memory_bytes: int | None) -> bool:
+    """Whether :func:`search_refit` reads the training rows block by block (its head's ``fit_blocks``, another
+    solver than the loaded rows' and so other scores): they hold more than ``memory_bytes`` of features."""
+    train_bytes = fit.nbytes + (val.nbytes if refit_with_val else 0)
+    return memory_bytes is not None and train_bytes > memory_bytes and hasattr(kind.estimator, "fit_blocks")
+
+
 def search_refit(
     kind: HeadKind,
     fit: Rows,
@@ -118,10 +125,7 @@ def search_refit(
     """Any head: fit it per grid value on ``fit``, score it on ``val``, refit the best on ``fit`` (+ ``val``
     when ``refit_with_val``). Training rows holding more than ``memory_bytes`` of features are read block
     by block (the head's ``fit_blocks``)."""
-    train_bytes = fit.nbytes + (val.nbytes if refit_with_val else 0)
-    streamed = (
-        memory_bytes is not None and train_bytes > memory_bytes and hasattr(kind.estimator, "fit_blocks")
-    )
+    streamed = streams(kind, fit, val, refit_with_val=refit_with_val, memory_bytes=memory_bytes)
 
     def trained(value: float, source: Rows) -> Callable[[np.ndarray], np.ndarray]:
         if streamed:
@@ -246,6 +250,9 @@ def fit_probe(
         "hyperparameters": {kind.param: best},
         "val_scores": {str(k): v for k, v in scores.items()},
         "seeded": held_out or "seed" in kind.estimator.get_params(),
+        # streamed rows are fitted by another solver: a result of its own (results.result_key)
+        "streamed": kind.search is None
+        and streams(kind, fit, val, refit_with_val=held_out, memory_bytes=memory_bytes),
         "seconds": time.perf_counter() - start,
     }
     return out, predict

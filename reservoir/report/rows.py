@@ -218,10 +218,11 @@ def follows_run_seed(task: str) -> bool:
 
 def fit_settings(r: dict[str, Any]) -> dict[str, Any]:
     """The settings of a probe's fit, beside its features' and its seed, that change its scores (the share of
-    train held out); none for other results."""
+    train held out, and training rows streamed to another solver); none for other results."""
     if r["mode"] != "output-only":
         return {}
-    return {"val_fraction": ((r.get("config") or {}).get("fit") or {}).get("val_fraction")}
+    streamed = {"streamed": True} if r.get("streamed") else {}
+    return {"val_fraction": ((r.get("config") or {}).get("fit") or {}).get("val_fraction"), **streamed}
 
 
 def run_seed(r: dict[str, Any]) -> Any:

@@ -594,7 +594,9 @@ def test_a_damaged_smollm_cache_is_refused_and_install_converts_it_again(tmp_pat
     source = tmp_path / "tiny.gguf"
     write_tiny_gguf(source)
     out = smollm.install(source, progress=False)
-    before = {k: t.clone() for k, t in load_backbone("smollm2-135m").state_dict().items()}  # not a map of the file
+    before = {
+        k: t.clone() for k, t in load_backbone("smollm2-135m").state_dict().items()
+    }  # not a map of the file
     (weights,) = out.glob("*.safetensors")
     data = bytearray(weights.read_bytes())
     if damage == "flipped":

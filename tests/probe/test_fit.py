@@ -203,3 +203,34 @@ def test_a_fit_seed_or_held_out_share_that_changes_nothing_is_said_or_refused(cl
         json.loads(p.read_text()) for p in (home / "results").rglob("*.json") if "p.npz" in p.read_text()
     ]
     assert [s["seeded"] for s in seeded] == [True]
+
+
+def test_a_fit_of_streamed_rows_is_a_result_of_its_own_beside_the_loaded_one(cli, home, tiny_gpt2):
+    """``--memory-mb`` below a depth's train features streams them to another solver (other scores): that fit
+    neither overwrites nor is folded with the fit of the loaded rows, and the report tells the two apart."""
+    x = np.random.default_rng(4).random((11_000, 6, 3)).astype("float32")  # 8,800 train rows x 32: over 1 MiB
+    data = home / "data" / "big.npz"
+    data.parent.mkdir()
+    np.savez(data, x=x, y=(x[:, -1, 0] > 0.5).astype(int))
+    extract(cli, f"file:{data}", tiny_gpt2)
+    fit = [
+        "-q",
+        "fit",
+        "--task",
+        f"file:{data}",
+        "--backbone",
+        str(tiny_gpt2),
+        "--depths",
+        "1",
+        "--no-baselines",
+    ]
+    for extra in ([], ["--memory-mb", "1"]):
+        r = cli(*fit, "--head", "logreg", *extra)
+        assert r.exit_code == 0, r.output
+    found = [json.loads(p.read_text()) for p in (home / "results").rglob("*depth1*.json")]
+    assert sorted(r["streamed"] for r in found) == [False, True], [r["key"] for r in found]
+    assert len({r["key"] for r in found}) == 2
+    report = cli("report")
+    assert report.exit_code == 0, report.output
+    rows = [line for line in report.stdout.splitlines() if "| logreg |" in line]
+    assert len(rows) == 2 and sum("fit streamed true" in line for line in rows) == 1, report.stdout
