@@ -10,6 +10,9 @@ time, so a row quantized beside others would depend on them: ``int8`` runs each 
 
 The file is cached in ``$RESERVOIR_CACHE/onnx/`` under a digest of everything that makes it
 (:func:`file_key`); a change to how it is made that moves features must bump :data:`FILE_RECIPE`.
+Beside it, ``FILE.sha256`` holds the SHA-256 of its bytes, written after it: a cached file that differs
+(damaged, or an export cut before its digest) is exported again, since the check against PyTorch on
+the first rows tolerates a small change (an int8 file's a large one).
 ``benchmarks/peers.py`` builds its ONNX Runtime rows from :func:`export`, :func:`quantize_int8` and
 :func:`session`.
 """
@@ -234,6 +237,31 @@ class Unquantized(Exception):
     """``int8``: quantizing left every product of the backbone float."""
 
 
+def digest_path(path: Path) -> Path:
+    """Where the SHA-256 of an exported file is recorded: ``FILE.sha256`` beside it."""
+    return path.with_name(path.name + ".sha256")
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 (hex) of an exported file and of its weights beside it (``FILE.data``) where there are such."""
+    h = hashlib.sha256()
+    for part in (path, path.with_name(path.name + ".data")):
+        if part.exists():
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+def damage(path: Path) -> str | None:
+    """How a cached exported file differs from the digest its export recorded, in words; ``None`` if it does not."""
+    try:
+        recorded = digest_path(path).read_text().strip()
+    except OSError:
+        return "has no digest recorded by its export (an export cut short, or one made before digests)"
+    return None if file_digest(path) == recorded else "differs from the digest its export recorded"
+
+
 class ONNXForward(ConvertedForward):
     """The converted forward (:class:`~reservoir.runtime.engines.ConvertedForward`) of ONNX Runtime: the
     module exported, or loaded from the cache, at the first call; ``dtype`` ``float32`` or ``int8``,
@@ -297,6 +325,9 @@ class ONNXForward(ConvertedForward):
             if big:
                 os.replace(Path(tmp) / (path.name + ".data"), path.parent / (path.name + ".data"))
             os.replace(whole, path)
+            recorded = Path(tmp) / "sha256"
+            recorded.write_text(file_digest(path))
+            os.replace(recorded, digest_path(path))
 
     def prepare(self, batch: tuple[torch.Tensor, ...]) -> None:
         """Load the cached file of this module and dtype, or export it, open a session and check against
@@ -311,6 +342,9 @@ class ONNXForward(ConvertedForward):
         )
         self.seconds["key"] = time.perf_counter() - start
         cached = path.exists()
+        if cached and (differs := damage(path)):
+            self.log(f"onnxruntime: the cached file {path} {differs}: exporting it again")
+            cached = False
         if not cached:
             try:
                 self._make(example, path, tables)
