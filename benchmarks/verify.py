@@ -35,7 +35,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reservoir.extract.digests import block_rows  # noqa: E402
-from reservoir.extract.store import FeatureWriter, h5_file, verify  # noqa: E402
+from reservoir.extract.h5 import h5_file
+from reservoir.extract.store import FeatureWriter, verify  # noqa: E402
 from reservoir.runtime.machine import describe, load  # noqa: E402
 
 DEPTHS, READOUT, WIDTH = 13, 1, 768

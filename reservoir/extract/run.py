@@ -25,12 +25,12 @@ from torch import nn
 
 from reservoir.config import ExtractConfig, select_depths
 from reservoir.errors import IdentityError, StoreError, interrupt_after
+from reservoir.extract.h5 import h5_file
 from reservoir.extract.plan import auto_batch_size, plan_split
 from reservoir.extract.store import (
     FeatureWriter,
     check_complete_match,
     file_config,
-    h5_file,
     move_aside,
     partial_path,
     stored_identity,

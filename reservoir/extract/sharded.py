@@ -25,15 +25,8 @@ from typing import Any
 import numpy as np
 
 from reservoir.errors import IdentityError, ReservoirError, StoreError
-from reservoir.extract.store import (
-    FeatureWriter,
-    WriterLock,
-    check_space,
-    h5_file,
-    shard_dir,
-    verify,
-    write_joined,
-)
+from reservoir.extract.h5 import h5_file
+from reservoir.extract.store import FeatureWriter, WriterLock, check_space, shard_dir, verify, write_joined
 from reservoir.extract.stored import STORED, store_of
 from reservoir.identity import differences, digest
 from reservoir.model.reservoir import readout_count

@@ -41,6 +41,7 @@ from reservoir.extract.digests import (
     feature_splits,
     seal,
 )
+from reservoir.extract.h5 import h5_file
 from reservoir.extract.stored import STORED, as_float32, finite, store_of, to_stored
 from reservoir.identity import array_digest, canonical, differences, digest
 
@@ -87,16 +88,6 @@ def name_dimensions(group: h5py.Group, depths) -> None:
 
 def partial_path(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
-
-
-#: HDF5's own file locks are off (one writer is :class:`WriterLock`'s job): a forked child (OpenVINO's and
-#: NNCF's helpers fork) inherits HDF5's ``flock`` and kept a closed file locked against readers
-LOCKING = False
-
-
-def h5_file(path: Path, mode: str = "r", **kwargs) -> h5py.File:
-    """``h5py.File`` with this project's locking policy (:data:`LOCKING`)."""
-    return h5py.File(path, mode, locking=LOCKING, **kwargs)
 
 
 def _open_h5(path: Path, mode: str = "r", fix: str = FIX_OTHER) -> h5py.File:

@@ -18,6 +18,7 @@ import numpy as np
 
 from reservoir.config import FitConfig, select_depths
 from reservoir.errors import DataError, IdentityError, StoreError, UsageError
+from reservoir.extract.h5 import h5_file
 from reservoir.extract.store import (
     check_header,
     class_names,
@@ -25,7 +26,6 @@ from reservoir.extract.store import (
     extract_command,
     feature_splits,
     file_config,
-    h5_file,
     iter_depth,
     open_features,
     stored_identity,

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from reservoir.extract.digests import DIGESTS, RunningDigests, content_digests
-from reservoir.extract.store import FeatureWriter, h5_file
+from reservoir.extract.h5 import h5_file
+from reservoir.extract.store import FeatureWriter
 
 SHAPE = (3, 1, 8)
 IDENTITY = {

@@ -17,7 +17,8 @@ import pytest
 
 from reservoir.errors import StoreError
 from reservoir.extract.digests import DIGESTS, content_digests
-from reservoir.extract.store import FeatureWriter, h5_file, open_features, verify
+from reservoir.extract.h5 import h5_file
+from reservoir.extract.store import FeatureWriter, open_features, verify
 from tests.conftest import torch_threads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -468,3 +469,4 @@ def test_damaged_metadata_is_refused_in_words_never_with_a_traceback(cli, home, 
             damage(f)
         r = cli("fit", "--features", str(out), "--head", "ridge", "--no-baselines")
         assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, (name, r.output)
+        assert str(out) in r.output, r.output  # the file named

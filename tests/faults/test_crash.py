@@ -261,7 +261,8 @@ def test_a_disk_that_fills_mid_run_exits_1_in_words_and_the_rerun_resumes_to_the
 ):
     import os
 
-    from reservoir.extract.store import h5_file, partial_path, verify
+    from reservoir.extract.h5 import h5_file
+    from reservoir.extract.store import partial_path, verify
 
     args = (
         "-q",

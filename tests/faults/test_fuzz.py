@@ -160,7 +160,8 @@ def run_user_file(
     train: bool,
     truncate: bool = False,
 ) -> None:
-    from reservoir.extract.store import h5_file, verify
+    from reservoir.extract.h5 import h5_file
+    from reservoir.extract.store import verify
 
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
