@@ -241,6 +241,21 @@ def seed_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def sweep_of(runs: dict[float, list[dict[str, Any]]], diverged: dict[float, str]) -> dict[str, dict[str, Any]]:
+    """A result's ``sweep``: each learning rate (as ``f"{lr:g}"``) with the mean and sample std of its runs'
+    validation and test accuracy over the seeds that ran it (``n``), or why it diverged."""
+    return {
+        f"{lr:g}": {
+            "val_mean": float(np.mean([r["val_accuracy"] for r in rs])),
+            "val_std": sample_std([r["val_accuracy"] for r in rs]),
+            "test_mean": float(np.mean([r["test_accuracy"] for r in rs])),
+            "test_std": sample_std([r["test_accuracy"] for r in rs]),
+            "n": len(rs),
+        }
+        for lr, rs in runs.items()
+    } | {f"{lr:g}": {"diverged": why} for lr, why in diverged.items()}
+
+
 def best_rate(val_mean: dict[float, float], order: list[float]) -> float:
     """The learning rate of a sweep with the best mean validation accuracy over its seeds, the first in ``order``
     on a tie."""
@@ -251,13 +266,23 @@ def merge_seeds(results: list[dict[str, Any]]) -> dict[str, Any]:
     """End-to-end results of one setting whose seeds ran apart (other processes or machines) as one result of
     all their seeds, as one sweep of them all selects: the learning rate of the best mean validation accuracy over
     every seed (the first listed on a tie) among those every seed ran, its runs; a seed run twice counted once.
-    Where no rate ran on every seed, each result's runs at its own chosen rate."""
+    Where no rate ran on every seed, each result's runs at its own chosen rate. Its ``sweep`` is that of every
+    seed's runs (:func:`sweep_of`), a rate that diverged in any of them diverged."""
     if len(results) == 1:
         return results[0]
     by_lr: dict[float, dict[int, dict[str, Any]]] = {}
     for r in results:
         for run in r.get("runs", []):
             by_lr.setdefault(run["lr"], {}).setdefault(run["seed"], run)
+    diverged = {
+        float(lr): cell["diverged"]
+        for r in results
+        for lr, cell in (r.get("sweep") or {}).items()
+        if "diverged" in cell
+    }
+    sweep = sweep_of(
+        {lr: [runs[s] for s in sorted(runs)] for lr, runs in by_lr.items() if lr not in diverged}, diverged
+    )
     seeds = {s for r in results for s in r.get("seeds") or [run["seed"] for run in r.get("runs", [])]}
     order = [float(lr) for lr in results[0].get("identity", {}).get("lr") or sorted(by_lr)]
     every = [lr for lr in by_lr if set(by_lr[lr]) == seeds]
@@ -281,6 +306,7 @@ def merge_seeds(results: list[dict[str, Any]]) -> dict[str, Any]:
         "test_score": summary["test_accuracy"],
         "val_score": summary["val_accuracy"],
         "runs": chosen,
+        "sweep": sweep,
         "seconds": float(sum(r.get("seconds", 0.0) for r in results)),
         "machines": list(dict.fromkeys(m for r in results for m in r.get("machines", []))),
     }

@@ -522,8 +522,11 @@ class Report:
                 elif "diverged" in cell:
                     cells.append("diverged")
                 else:
-                    std = f" ± {100 * cell['test_std']:.1f}" if len(r.get("seeds", [0])) > 1 else ""
-                    text = f"{pct(cell['test_mean'])}{std} [{pct(cell['val_mean'])}]"
+                    seeds = len(r.get("seeds", [0]))
+                    n = cell.get("n", seeds)  # a rate some seeds did not run: over those that did
+                    std = f" ± {100 * cell['test_std']:.1f}" if n > 1 else ""
+                    fewer = f" (n={n})" if n != seeds else ""
+                    text = f"{pct(cell['test_mean'])}{std}{fewer} [{pct(cell['val_mean'])}]"
                     cells.append(f"**{text}**" if lr == f"{r['lr']:g}" else text)
             lines.append(table_line([self.label(row), row.task] + cells))
         return "\n".join(lines)

@@ -24,7 +24,7 @@ from reservoir.config import TrainConfig
 from reservoir.errors import DataError, UsageError
 from reservoir.model.devices import resolve_device
 from reservoir.progress import log as log_line
-from reservoir.results import Result, best_rate, sample_std, seed_summary, write_result
+from reservoir.results import Result, best_rate, seed_summary, sweep_of, write_result
 from reservoir.tasks import Task, make_task, unread_splits
 from reservoir.train.checkpoint import settings_identity
 from reservoir.train.data import Splits, load_data
@@ -213,16 +213,7 @@ def train(
             "param_counts": chosen[0]["param_counts"],
             "n_trainable": sum(r["params"] for r in chosen[0]["param_counts"] if r["trainable"]),
             "runs": [{k: v for k, v in r.items() if k != "param_counts"} for rs in runs.values() for r in rs],
-            "sweep": {
-                f"{lr:g}": {
-                    "val_mean": val_mean[lr],
-                    "val_std": sample_std([r["val_accuracy"] for r in rs]),
-                    "test_mean": float(np.mean([r["test_accuracy"] for r in rs])),
-                    "test_std": sample_std([r["test_accuracy"] for r in rs]),
-                }
-                for lr, rs in runs.items()
-            }
-            | {f"{lr:g}": {"diverged": why} for lr, why in diverged.items()},
+            "sweep": sweep_of(runs, diverged),
         },
     ).to_json()
     if trained:

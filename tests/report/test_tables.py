@@ -180,11 +180,30 @@ def test_seeds_run_apart_take_the_rate_one_sweep_of_them_all_selects():
         r["identity"]["data"] = {"train": {"rows": 90, "sha256": f"drawn by seed {seed}"}}
         return r
 
-    rep = Report([alone(0, (0.30, 0.20)), alone(1, (0.20, 0.26)), alone(2, (0.21, 0.27))])
+    def sweep(r):  # a seed's own sweep, as its process wrote it
+        r["sweep"] = {
+            f"{run['lr']:g}": {"val_mean": run["val_accuracy"], "val_std": 0.0, "test_mean": run["test_accuracy"],
+                               "test_std": 0.0} for run in r["runs"]}  # fmt: skip
+        return r
+
+    rep = Report(
+        [sweep(alone(0, (0.30, 0.20))), sweep(alone(1, (0.20, 0.26))), sweep(alone(2, (0.21, 0.27)))]
+    )
     (row,) = rep.rows
     (r,) = row.by_depth[3]
     assert r["lr"] == 3e-2 and [run["lr"] for run in r["runs"]] == [3e-2] * 3
     assert r["test_accuracy"] == pytest.approx(np.mean([0.20, 0.26, 0.27]))
+    # the sweep table's cells are every seed's, not the first seed's alone with a spread of nought
+    for lr, tests in (("0.001", [0.30, 0.20, 0.21]), ("0.03", [0.20, 0.26, 0.27])):
+        assert r["sweep"][lr]["test_mean"] == pytest.approx(np.mean(tests))
+        assert r["sweep"][lr]["test_std"] == pytest.approx(np.std(tests, ddof=1)) and r["sweep"][lr]["n"] == 3
+    table = rep.sweep_table()
+    assert (
+        f"**{100 * np.mean([0.20, 0.26, 0.27]):.1f} ± {100 * np.std([0.20, 0.26, 0.27], ddof=1):.1f}" in table
+    )
+    assert (
+        f"{100 * np.mean([0.30, 0.20, 0.21]):.1f} ± {100 * np.std([0.30, 0.20, 0.21], ddof=1):.1f}" in table
+    )
     # each seed drew its own data: the row's data says it holds three data sets, not the first seed's alone
     rep.depth_tables()
     assert {rec["data"] for rec in rep.records} == {"train 90 rows: every row (3 data sets, one per seed)"}
