@@ -241,7 +241,9 @@ def seed_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def sweep_of(runs: dict[float, list[dict[str, Any]]], diverged: dict[float, str]) -> dict[str, dict[str, Any]]:
+def sweep_of(
+    runs: dict[float, list[dict[str, Any]]], diverged: dict[float, str]
+) -> dict[str, dict[str, Any]]:
     """A result's ``sweep``: each learning rate (as ``f"{lr:g}"``) with the mean and sample std of its runs'
     validation and test accuracy over the seeds that ran it (``n``), or why it diverged."""
     return {

@@ -254,6 +254,14 @@ def misshapen(obj: dict[str, Any]) -> str:
             and not (isinstance(default, float) and isinstance(value, int))
         ):
             return f"its run state's {name!r} is {type(value).__name__}, not {type(default).__name__}"
+    entry = {"step": int, "loss": float, "val_accuracy": float, "val_loss": float}
+    for h in state["history"]:
+        if not isinstance(h, dict) or any(
+            not isinstance(h.get(k), (kind, int)) or isinstance(h.get(k), bool) for k, kind in entry.items()
+        ):
+            return f"its validation history holds {str(h)[:60]}, not a pass's step, loss and accuracies"
+    if state["history"] and state.get("best_params") is None:
+        return "it has validation passes but no best parameters"
     rng = obj["rng"]
     if (
         not all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in rng.values())

@@ -200,6 +200,21 @@ def run_checkpoint(trained, changes, cut: int | None, flip: int | None, resume: 
         assert not Path(marker).exists(), "a crafted checkpoint ran its payload"
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        [("set", ("state", "history", "0"), {"step": "x"})],  # a validation pass without its numbers
+        [("set", ("state", "best_params"), None)],  # passes made, but no best parameters
+    ],
+    ids=["history entry", "no best parameters"],
+)
+def test_a_checkpoint_whose_run_state_lost_its_passes_is_refused_in_words(trained, changes, monkeypatch):
+    import tests.faults.test_fuzz as fuzz
+
+    monkeypatch.setattr(fuzz, "event", lambda *_: None)  # hypothesis' events: only inside a @given test
+    run_checkpoint(trained, changes, None, None, True)
+
+
 checkpoint_runs = dict(
     changes=mutations(),
     cut=st.one_of(st.none(), st.none(), st.integers(0, 10**6)),
