@@ -33,9 +33,16 @@ PROVENANCE = "reservoir.json"
 PROVENANCE_FORMAT = 1
 
 
-def check_free(folder: Path) -> None:
-    """Refuse a ``folder`` that exists and is not an empty folder: a saved backbone replaces nothing."""
+def check_free(folder: Path, written: tuple[Path, ...] = ()) -> None:
+    """Refuse a ``folder`` that exists and is not an empty folder (a saved backbone replaces nothing), or that holds
+    a folder of ``written`` (where the run writes its checkpoints and results: it would not be empty by the end)."""
     folder = Path(folder)
+    inside = [w for w in written if Path(w).resolve().is_relative_to(folder.resolve())]
+    if inside:
+        raise UsageError(
+            f"--save-backbone {folder}: the run writes into {inside[0]}, inside it, and a saved backbone replaces "
+            "nothing; choose a new folder outside it"
+        )
     if folder.is_dir():
         held = sorted(p.name for p in folder.iterdir())
         if not held:

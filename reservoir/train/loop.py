@@ -23,6 +23,7 @@ from reservoir import __version__
 from reservoir.config import TrainConfig
 from reservoir.errors import DataError, UsageError
 from reservoir.model.devices import resolve_device
+from reservoir.paths import home
 from reservoir.progress import log as log_line
 from reservoir.results import Result, best_rate, seed_summary, sweep_of, write_result
 from reservoir.tasks import Task, make_task, unread_splits
@@ -111,7 +112,8 @@ def train(
     """
     device = resolve_device(cfg.device)  # an absent device fails before any data is read
     if cfg.save_backbone is not None:
-        check_free(cfg.save_backbone)  # before anything trains
+        # before anything trains
+        check_free(cfg.save_backbone, (cfg.checkpoint_folder, home() / "results"))
     task = make_task(cfg.task, cfg.task_options, cfg.seed)
     if task.spec.target != "class":
         raise UsageError(

@@ -225,6 +225,14 @@ def test_an_existing_folder_is_refused_before_training_and_left_as_it_was(tiny_g
     plain.write_text("x")
     r = cli("train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--save-backbone", str(plain))
     assert r.exit_code == 1 and "a file is there" in r.output and plain.read_text() == "x"
+    # a folder not there yet, but holding where the run writes: it would not be empty by the end of the run
+    for folder, inside in ((home, home / "checkpoints"), (home / "ck", home / "ck" / "runs")):
+        extra = ["--checkpoint-dir", str(inside)] if folder.name == "ck" else []
+        r = cli(
+            "train", "--task", "bit_xor", "--backbone", str(tiny_gpt2), "--save-backbone", str(folder), *extra
+        )
+        assert r.exit_code == 1 and f"the run writes into {inside}" in r.output, r.output
+    assert not (home / "results").exists() and not (home / "ck").exists()  # nothing ran
 
 
 def test_a_folder_filled_while_the_run_trained_is_refused_and_the_fix_named(tiny_gpt2, home):
