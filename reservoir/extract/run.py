@@ -305,6 +305,7 @@ class Run:
             "torch": torch.__version__,
             "machine": machine.on(self.device),
             "image_shape": getattr(self.task, "image_shape", None),
+            "padded_width": self.task.spec.seq_len if self.padded else None,
         }
 
     def tokens(self, split: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -187,8 +187,8 @@ def _row_length_text(probe: SavedProbe, task: Any, data: Path, tokens: int) -> s
     shape = getattr(task, "image_shape", None)
     if shape is None:
         return (
-            f"{data} holds rows of {found:,d} tokens, the probe's data had rows of {tokens:,d} tokens each: give "
-            f"rows of {tokens:,d} tokens"
+            f"{data} holds rows of {'up to ' if task.spec.variable_length else ''}{found:,d} tokens, the probe's "
+            f"data had rows of {tokens:,d} tokens each: give rows of {tokens:,d} tokens"
         )
     patch = int((probe.identity.get("task_options") or {}).get("patch", task.patch))
     size = _probe_image_size(probe, tokens, patch, shape)
@@ -218,7 +218,7 @@ def check_data(probe: SavedProbe, task: Any, data: Path) -> None:
         problems.append(f"{data} holds {_tokens_text(found)}, the probe reads {_tokens_text(wanted)}{images}")
     tokens = probe.meta.get("row_tokens")  # None: rows of their own lengths, or a probe that predates it
     seen, shape = probe.meta.get("image_shape"), getattr(task, "image_shape", None)
-    if (tokens and not spec.variable_length and spec.seq_len != tokens) or (
+    if (tokens and (spec.variable_length or spec.seq_len != tokens)) or (
         seen and shape and list(shape[:2]) != list(seen[:2])  # images of another shape, of as many patches
     ):
         problems.append(_row_length_text(probe, task, data, int(tokens or spec.seq_len)))
@@ -291,6 +291,25 @@ def check_run(probe: SavedProbe, run: Any) -> None:
         )
 
 
+def probe_engine(probe: SavedProbe) -> str:
+    """The engine new data is extracted on: the one that made the probe's features (a bfloat16 engine's features
+    differ from another's by about 1%, enough to move predictions), or PyTorch for float32 features where that
+    engine is not installed here (every engine computes them to rounding); ``auto`` for a probe that records none."""
+    from reservoir.registry import ENGINES
+
+    used = (probe.meta.get("extraction") or {}).get("engine_used")
+    if not used or used not in ENGINES.names():
+        return "auto"
+    if ENGINES[used].installed():
+        return used
+    if probe.identity.get("dtype") == "float32":
+        return "torch"
+    raise IdentityError(
+        f"the probe {probe.path} reads {probe.identity.get('dtype')} features computed by the {ENGINES[used].label} "
+        f"engine, which is not installed here, and another engine's differ by about 1%: {ENGINES[used].install}"
+    )
+
+
 def predict_data(
     probe: SavedProbe,
     data: str | Path,
@@ -317,6 +336,13 @@ def predict_data(
         )
     options = reading_options(probe, task_options)
     task = FileTask.to_predict(str(data), probe.class_names, tuple(task_options or ()), **options)
+    if identity.get("readout") == "padded":  # each row read where the probe's data's rows were: padded as they were
+        if not probe.meta.get("padded_width"):
+            raise IdentityError(
+                f"the probe {probe.path} reads rows padded to its data's length (--readout padded) and predates "
+                "recording that length; fit it again (`reservoir fit` on its features) to apply it to new data"
+            )
+        task.pad_to(int(probe.meta["padded_width"]))
     check_data(probe, task, data)
     cfg = build(
         ExtractConfig,
@@ -331,6 +357,7 @@ def predict_data(
         readout=identity["readout"],
         depths=(probe.depth,),
         task_options=task.identity_options(),
+        engine=probe_engine(probe),
     )
     try:
         path = extract(cfg, progress=progress, task=task, accept=lambda run: check_run(probe, run))

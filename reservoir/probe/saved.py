@@ -43,6 +43,7 @@ from reservoir.extract.store import (
     stored_identity,
     verify,
 )
+from reservoir.extract.stored import store_of
 from reservoir.identity import array_digest, short
 from reservoir.paths import FILE_TASK, file_task_path
 from reservoir.probe.heads import head_threads
@@ -160,6 +161,15 @@ def row_tokens(f: h5py.File) -> int | None:
     return lengths.pop() if len(lengths) == 1 else None
 
 
+def padded_width(f: h5py.File) -> int | None:
+    """The length a feature file's rows were padded to for the padded readout (where the file does not record
+    it, its longest row); ``None`` for other readouts."""
+    if stored_identity(f).get("readout") != "padded":
+        return None
+    recorded = file_config(f).get("padded_width")
+    return int(recorded or max(int(np.max(f[s]["lengths"][:], initial=0)) for s in feature_splits(f)))
+
+
 def file_meta(f: h5py.File) -> dict[str, Any]:
     """What a probe records of its feature file ``f``, the same for every depth fitted on it: class names, label
     and feature shapes, the input layer's digest and tokens, the rows' length and how the backbone was named."""
@@ -173,7 +183,8 @@ def file_meta(f: h5py.File) -> dict[str, Any]:
         "tokens": token_layout(f["input_layer"]),
         "row_tokens": row_tokens(f),
         "image_shape": file_config(f).get("image_shape"),
-        "extraction": {k: file_config(f).get(k) for k in ("backbone", "load_dtype")},
+        "extraction": {k: file_config(f).get(k) for k in ("backbone", "load_dtype", "engine_used")},
+        "padded_width": padded_width(f),
     }
 
 
@@ -305,6 +316,8 @@ def load_probe(path: str | Path) -> SavedProbe:
             f"{path} is a damaged probe (its metadata lacks {missing}); rerun the fit to write it"
         )
     try:
+        if bad := [k for k, a in arrays.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]:
+            raise ValueError(f"its {', '.join(bad)} hold NaN or inf")
         predictor = predictor_from_state(meta["predictor"], arrays)
     except ValueError as e:
         raise DataError(f"{path} is a damaged probe ({e}); rerun the fit to write it") from None
@@ -325,6 +338,10 @@ def extract_hint(probe: SavedProbe) -> str:
     ]
     if i.get("input_scale", "paper") != "paper":
         words.append(f"--input-scale {i['input_scale']}")
+    if i.get("load_dtype", "float32") != "float32":
+        words.append(f"--load-dtype {i['load_dtype']}")
+    if store_of(i) != "float32":
+        words.append(f"--store-dtype {store_of(i)}")
     return "reservoir extract " + " ".join(words)
 
 
@@ -344,9 +361,17 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
         for key in SAME_EXTRACTION
         if ours.get(key) != identity.get(key) and not (key == "backbone" and same_weights)
     ]
+    if store_of(ours) != store_of(identity):
+        problems.append(f"store_dtype: probe {store_of(ours)!r}, file {store_of(identity)!r}")
     depths = [int(d) for d in f.attrs["depths"]]
     if probe.depth not in depths:
         problems.append(f"depth: the probe reads depth {probe.depth}, the file holds depths {depths}")
+    tokens, found = probe.meta.get("row_tokens"), {int(n) for n in np.unique(f[split]["lengths"][:])}
+    if tokens and found and found != {int(tokens)}:  # the probe's data had rows of one length
+        problems.append(
+            f"rows: the probe's data had rows of {int(tokens):,d} tokens each, the file's {split!r} rows have "
+            f"{', '.join(f'{n:,d}' for n in sorted(found)[:5])} tokens"
+        )
     shape = tuple(f[split]["features"].shape[2:])
     if shape != (probe.meta["n_readout"], probe.meta["d_model"]):
         problems.append(
@@ -368,6 +393,11 @@ def check_features(probe: SavedProbe, f: h5py.File, split: str) -> None:
         problems.append(
             f"classes: the probe knows classes 0..{probe.predictor.n_classes - 1}, the file's labels "
             f"reach {top}"
+        )
+    if names and not probe.class_names and not identity.get("unlabeled"):
+        problems.append(
+            f"class names: the file's data names its classes ({', '.join(map(repr, names[:5]))}), the probe's data "
+            "gave class ids: which name is which id is not known"
         )
     if order is not None and (order < 0).any():
         ours, unknown = probe.class_names or [], [n for n, k in zip(names or [], order) if k < 0]

@@ -681,10 +681,20 @@ class FileTask(Task):
         first = d.inputs[0]
         return 0 if np.asarray(first).dtype.kind in "iu" else np.asarray(first).shape[-1]
 
+    def pad_to(self, width: int) -> None:
+        """Read as rows of up to ``width`` tokens, which the padded readout pads them to (a padded-readout probe's
+        data's length); DataError where a row is longer."""
+        if width < self._seq_len:
+            raise DataError(
+                f"{self.path} holds rows of up to {self._seq_len:,d} tokens; the probe reads rows padded to "
+                f"{width:,d} tokens (the padded readout): give rows of at most {width:,d} tokens"
+            )
+        self._seq_len, self._padded = width, True
+
     # -- the Task interface ---------------------------------------------------------------
     @property
     def spec(self) -> TaskSpec:
-        variable = any(d.inputs.dtype == object for d in self._splits.values())
+        variable = any(d.inputs.dtype == object for d in self._splits.values()) or getattr(self, "_padded", False)
         return TaskSpec(
             f"file:{self.path}",
             self._kind,

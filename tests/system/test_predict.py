@@ -267,6 +267,13 @@ def test_data_of_another_fixed_row_length_is_refused_naming_both_and_rows_of_the
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert "short.parquet holds rows of 4 tokens, the probe's data had rows of 6 tokens each" in r.stderr
     assert not (tmp_path / "features" / "short.parquet").exists()
+    mostly = tmp_path / "mostly.parquet"  # rows of 4 tokens and one of the probe's 6: not rows of 6 tokens
+    pq.write_table(pa.table({"x": [r.tolist() for r in x[:9, :4]] + [x[9].tolist()]}), mostly)
+    r = cli("predict", "--probe", probe_path, "--data", str(mostly))
+    assert (
+        r.exit_code == 1
+        and "mostly.parquet holds rows of up to 6 tokens, the probe's data had rows of 6" in r.stderr
+    )
 
     small = named_images(tmp_path / "small", ("cat", "dog"), n=12)  # 8x8 images: 16 tokens at patch=2
     features = api.extract(
@@ -448,3 +455,83 @@ def test_fit_after_predicting_on_the_training_file_still_finds_its_features(tmp_
     assert len(list(features.parent.glob("*.h5"))) == 2
     (again,) = api.fit(f"file:{mine}", str(tiny_gpt2), head="ridge", baselines=False, progress=False)
     assert Path(again["features"]) == Path(features)
+
+
+def test_new_data_is_read_by_the_engine_and_padding_of_the_probe_s_features(tmp_path, tiny_gpt2):
+    """A probe's features made by OpenVINO: new data is extracted by OpenVINO too (not chosen again by its size:
+    bfloat16 engines differ by about 1%). A probe of the padded readout pads new rows to its data's length, so a
+    row's prediction is the same in any file, and rows longer than that are refused."""
+    pytest.importorskip("openvino")
+    x, y = rows(40)
+    mine = table(tmp_path / "mine.parquet", x, y)
+    features = api.extract(f"file:{mine}", str(tiny_gpt2), depths="1", dtype="float32", engine="openvino")
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    predicted = api.predict(result["probe"], data=mine, progress=False)
+    made = list((tmp_path / "features").rglob("*.h5")) if (tmp_path / "features").exists() else []
+    from reservoir.extract.h5 import h5_file
+
+    engines = set()
+    for path in {Path(p) for p in made} | set((Path(features).parent).glob("*.h5")):
+        with h5_file(path) as f:
+            engines.add(json.loads(f.attrs["config"])["engine_used"])
+    assert engines == {"openvino"} and predicted.shape == (40,)
+
+    rng = np.random.default_rng(3)  # rows of 3 to 8 tokens, read padded to the longest
+    ragged = [rng.standard_normal((int(n), 3)).tolist() for n in [8, *rng.integers(3, 9, 59)]]
+    labels = [CLASSES[int(np.mean([t[0] for t in r]) > 0)] for r in ragged]
+    pq.write_table(pa.table({"x": ragged, "label": labels}), tmp_path / "ragged.parquet")
+    features = api.extract(
+        f"file:{tmp_path / 'ragged.parquet'}", str(tiny_gpt2), depths="1", dtype="float32", readout="padded"
+    )
+    (result,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    assert load_probe(result["probe"]).meta["padded_width"] == 8
+    whole = api.predict(result["probe"], data=tmp_path / "ragged.parquet", progress=False)
+    short = [r for r in ragged if len(r) <= 5]
+    pq.write_table(pa.table({"x": short}), tmp_path / "short.parquet")
+    alone = api.predict(result["probe"], data=tmp_path / "short.parquet", progress=False)
+    np.testing.assert_array_equal(alone, whole[[len(r) <= 5 for r in ragged]])
+    one = table(tmp_path / "one.parquet", np.asarray(short[:1], dtype=np.float32))  # rows of one length
+    np.testing.assert_array_equal(api.predict(result["probe"], data=one, progress=False), alone[:1])
+    longer = table(tmp_path / "longer.parquet", rng.standard_normal((3, 9, 3)).astype(np.float32))
+    with pytest.raises(DataError, match="rows of up to 9 tokens; the probe reads rows padded to 8 tokens"):
+        api.predict(result["probe"], data=longer, progress=False)
+
+
+def test_a_feature_file_of_another_store_naming_or_row_length_is_refused(tmp_path, fitted, tiny_gpt2):
+    """``predict --features``: features stored in another dtype, of data that names its classes where the probe's
+    gave ids, or of rows of another length than the probe's data's fixed length, are refused as ``--data`` is."""
+    from reservoir.errors import IdentityError
+
+    probe_path, mine, _, x = fitted
+    half = api.extract(f"file:{mine}", str(tiny_gpt2), depths="2", dtype="float32", store_dtype="float16")
+    with pytest.raises(IdentityError, match="store_dtype: probe 'float32', file 'float16'") as e:
+        api.predict(probe_path, half)
+    assert "--store-dtype" not in str(
+        e.value
+    )  # the command to extract what the probe reads: float32, the default
+    (of_half,) = api.fit(features=str(half), head="ridge", baselines=False, progress=False)
+    with pytest.raises(
+        IdentityError, match="store_dtype: probe 'float16', file 'float32'.*--store-dtype float16`"
+    ):
+        api.predict(of_half["probe"], fitted[2])
+    ids = tmp_path / "ids.npz"
+    np.savez(ids, x=x, y=(np.array(rows(80)[1]) == "up").astype(int))
+    features = api.extract(f"file:{ids}", str(tiny_gpt2), depths="2", dtype="float32")
+    (by_id,) = api.fit(features=str(features), head="ridge", baselines=False, progress=False)
+    _, named = rows(80)
+    with pytest.raises(IdentityError, match="the file's data names its classes \\('down', 'up'\\)"):
+        api.predict(by_id["probe"], api.extract(f"file:{mine}", str(tiny_gpt2), depths="2", dtype="float32"))
+    short = table(tmp_path / "short.parquet", x[:, :4], named)
+    four = api.extract(f"file:{short}", str(tiny_gpt2), depths="2", dtype="float32", limit=None)
+    with pytest.raises(IdentityError, match="rows: the probe's data had rows of 6 tokens each"):
+        api.predict(probe_path, four)
+
+
+def test_a_probe_whose_weights_hold_nan_is_refused(tmp_path, fitted):
+    probe_path = fitted[0]
+    z = dict(np.load(probe_path))
+    key = next(k for k, a in z.items() if a.dtype.kind == "f")
+    z[key] = np.full_like(z[key], np.nan)
+    np.savez(tmp_path / "nan.probe.npz", **z)
+    with pytest.raises(DataError, match=f"nan.probe.npz is a damaged probe \\(its {key} hold NaN or inf\\)"):
+        load_probe(tmp_path / "nan.probe.npz")
