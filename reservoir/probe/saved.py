@@ -319,6 +319,9 @@ def load_probe(path: str | Path) -> SavedProbe:
         if bad := [k for k, a in arrays.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]:
             raise ValueError(f"its {', '.join(bad)} hold NaN or inf")
         predictor = predictor_from_state(meta["predictor"], arrays)
+        names = meta.get("class_names")
+        if names is not None and predictor.n_classes != REGRESSION and len(names) < predictor.n_classes:
+            raise ValueError(f"it names {len(names)} classes of its {predictor.n_classes}")
     except ValueError as e:
         raise DataError(f"{path} is a damaged probe ({e}); rerun the fit to write it") from None
     return SavedProbe(path, meta, predictor)

@@ -535,3 +535,14 @@ def test_a_probe_whose_weights_hold_nan_is_refused(tmp_path, fitted):
     np.savez(tmp_path / "nan.probe.npz", **z)
     with pytest.raises(DataError, match=f"nan.probe.npz is a damaged probe \\(its {key} hold NaN or inf\\)"):
         load_probe(tmp_path / "nan.probe.npz")
+
+
+def test_a_probe_naming_fewer_classes_than_it_predicts_is_refused(tmp_path, fitted):
+    z = dict(np.load(fitted[0]))
+    meta = json.loads(str(z.pop("meta")))
+    meta["class_names"] = meta["class_names"][:1]
+    np.savez(tmp_path / "short.probe.npz", meta=np.array(json.dumps(meta)), **z)
+    with pytest.raises(
+        DataError, match="short.probe.npz is a damaged probe \\(it names 1 classes of its 2\\)"
+    ):
+        load_probe(tmp_path / "short.probe.npz")
