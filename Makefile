@@ -70,10 +70,16 @@ bench: install ## extraction speed: official baseline, peer runtimes (pip instal
 GPU_SECONDS ?= 540
 GPU_PY = $(or $(wildcard $(BIN)/python),$(PYTHON))
 
+# What it writes comes back as three files (a lent machine returns few): OUT/summary.md, OUT/check.tar.gz (every
+# file of the check and queue.log) and OUT/runs.tar.gz (what the queue added to docs/results/runs: results, its
+# state, the checkpoints of a cell it cut); unpacked here by `tar xzf OUT/runs.tar.gz -C docs/results`
 gpu: ## check a GPU machine in one command (env, roofline, CUDA tests, extraction, job, training), then run the next missing table cells in the time left (OUT=folder; docs/gpu.md)
-	start=$$(date +%s); $(GPU_PY) benchmarks/gpu.py --out $(or $(OUT),$(error pass OUT=folder)); \
+	start=$$(date +%s); check=$(or $(OUT),$(error pass OUT=folder))/check; mkdir -p $$check; \
+	$(GPU_PY) benchmarks/gpu.py --out $$check; touch $$check/.queue-start; \
 	left=$$(( $(GPU_SECONDS) - $$(date +%s) + start )); \
-	if [ $$left -gt 90 ]; then $(GPU_PY) pipelines/cell_queue.py next --budget $$left 2>&1 | tee $(OUT)/queue.log; fi
+	if [ $$left -gt 90 ]; then $(GPU_PY) pipelines/cell_queue.py next --budget $$left 2>&1 | tee $$check/queue.log; fi; \
+	(cd docs/results && find runs -newer $$check/.queue-start -type f -print0 | tar czf $(OUT)/runs.tar.gz --null -T -); \
+	cp $$check/summary.md $(OUT)/ 2>/dev/null; rm -f $$check/.queue-start; tar czf $(OUT)/check.tar.gz -C $(OUT) check && rm -rf $$check
 
 lint: install ## static checks: ruff format --check, ruff check, the import layers (all also in make test)
 	$(BIN)/ruff format --check .

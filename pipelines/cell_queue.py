@@ -11,7 +11,8 @@ its steps, its tokens per step and the backbone's size (forward plus input gradi
 weight per token) at a share of the device's rate (a card's bf16 roofline, or this CPU's measured matrix rate).
 `next` takes the cells in order (on a CPU only those whose estimate fits the time left: the rest wait for a
 card, listed with their cost), each given the time left (`--max-time`, counted across invocations): a cell
-that ends has its result kept and the next one starts; one the budget cuts leaves its checkpoints (trainable parameters, optimiser states, generators) in
+that ends has its result kept and the next one starts; a cell this machine cannot start (its backbone not installed,
+its data absent) or that fails is passed over for the next; one the budget cuts leaves its checkpoints (trainable parameters, optimiser states, generators) in
 ``QUEUE/CELL/`` in the repository, so the next invocation, on any machine, resumes it. A cell that ends has its
 result kept in the table's ledger (``pipelines/ledger.py``: ``LEDGER/tableN/``) and its checkpoints removed.
 """
@@ -42,7 +43,20 @@ CARDS = {"H100": 989e12, "H200": 989e12}
 FPT = ("input", "pos", "ln", "out")
 EVERY = ("input", "pos", "ln", "attn", "ff", "out")
 SWEEP = (1e-5, 1e-4, 1e-3, 1e-2)
+#: validation accuracy at which a cell's runs stop (the bit tasks: solved); ListOps' 30% is table 6's threshold of
+#: steps to reach alone, and an accuracy table's ListOps cell trains on
 TARGETS = {"bit_xor": 0.99, "bit_memory": 0.99, "listops": 0.3}
+TARGET_TABLES = {"listops": (6,)}
+#: the paper's tables 18 and 20: each trains the output layer alone or with one other group
+ABLATION = {
+    ("out",): "output only",
+    ("input", "out"): "output + input",
+    ("pos", "out"): "output + positions",
+    ("ln", "out"): "output + layernorm",
+}
+#: the critique's scaling table (101): its columns, and the blocks of its DistilGPT2 that run (as `make critique`)
+CRITIQUE_TASKS = ("mnist", "cifar10", "cifar10_lra")
+CRITIQUE_BLOCKS = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +79,12 @@ class Cell:
         lrs = "-".join(f"{lr:g}" for lr in self.lrs)
         return f"table{self.table}_{self.task}_{Path(self.backbone).name}_{'-'.join(self.trainable)}_lr{lrs}_s{self.seeds}_{self.steps}"
 
+    @property
+    def runs(self) -> int:
+        return len(self.lrs) * self.seeds
+
     def command(self) -> list[str]:
-        target = TARGETS.get(self.task)
+        target = TARGETS.get(self.task) if self.table in TARGET_TABLES.get(self.task, (self.table,)) else None
         return [
             "train",
             "--task",
@@ -85,6 +103,8 @@ class Cell:
             str(self.batch_size),
             *(["--limit", str(self.limit)] if self.limit else []),
             *(["--target", str(target), "--stop-at", str(target)] if target else []),
+            # every run in one group: the cell's time limit, counted per run, is then the cell's wall time
+            *(["--concurrent-runs", str(self.runs)] if self.runs > 1 else []),
             *self.options,
         ]
 
@@ -94,14 +114,12 @@ def cells() -> list[Cell]:
     out = [Cell(6, "bit_memory", b, steps=40000) for b in ("smollm2-135m-random", "gpt2-random")]
     for task in ("bit_memory", "bit_xor", "listops", "mnist"):
         out += [Cell(2, task, b) for b in ("smollm2-135m", "smollm2-135m-random", "gpt2-random")]
-    for task in ("mnist", "cifar10", "listops"):
+    blocks = ("--blocks", str(CRITIQUE_BLOCKS))
+    for task in CRITIQUE_TASKS:
         for b in ("smollm2-135m", "smollm2-135m-random"):
-            out += [Cell(101, task, b, trainable, SWEEP) for trainable in (FPT, EVERY)]
+            out += [Cell(101, task, b, trainable, SWEEP, options=blocks) for trainable in (FPT, EVERY)]
     for table, backbone in ((18, "smollm2-135m"), (20, "smollm2-135m-random")):
-        out += [
-            Cell(table, "bit_memory", backbone, (group, "out"))
-            for group in ("input", "pos", "ln", "attn", "ff")
-        ]
+        out += [Cell(table, "bit_memory", backbone, groups) for groups in ABLATION]
     for task in ("cifar10", "cifar10_lra", "remote_homology"):
         # remote homology at the paper's 1e-4 (its appendix C)
         lrs = (1e-4,) if task == "remote_homology" else (1e-3,)
@@ -178,6 +196,24 @@ def listing(todo: list[Cell], queue: Path, flops: float, device: str) -> str:
     return "\n".join(lines)
 
 
+def unready(cell: Cell, data_dir: Path) -> str | None:
+    """Why ``cell`` cannot start here (its backbone is not installed, its data is not in ``data_dir``), or ``None``:
+    such a cell waits for a machine that has them, and the next cells run."""
+    from reservoir.errors import ReservoirError
+    from reservoir.model.backbones import parse_name, smollm
+    from reservoir.tasks import get_task
+
+    named = parse_name(cell.backbone)
+    if named.base == smollm.NAME and named.weights != "random" and not smollm.is_installed():
+        return f"{smollm.NAME} is not installed here (`reservoir install {smollm.NAME}`)"
+    task = get_task(cell.task)
+    try:
+        task.read(task.spec.splits[0], data_dir, n=1)
+    except (ReservoirError, OSError) as e:
+        return f"its data is not here ({str(e).splitlines()[0][:160]})"
+    return None
+
+
 def run_cell(cell: Cell, seconds: float, ledger: Path, queue: Path, env: dict, data_dir: Path) -> str:
     """Train ``cell`` for at most ``seconds`` (counted across invocations: ``--max-time`` grows by the slice) on the
     data of ``data_dir``, with the models installed where this process finds them (its results go to a folder of
@@ -186,9 +222,11 @@ def run_cell(cell: Cell, seconds: float, ledger: Path, queue: Path, env: dict, d
     from reservoir.train.run import TIMED_OUT, stopped_by
 
     done = state(queue)
-    entry = done.get(cell.name, {"seconds": 0.0})
-    limit = entry["seconds"] + seconds
     folder = queue / cell.name
+    # begun elsewhere, its checkpoints not here (a card's too large to come back): it starts again from nought
+    entry = done.get(cell.name, {}) if folder.is_dir() else {}
+    entry = {"seconds": 0.0, **entry}
+    limit = entry["seconds"] + seconds
     with tempfile.TemporaryDirectory(prefix="reservoir-queue-") as home:
         argv = [sys.executable, "-m", "reservoir", "-q", *cell.command(), "--max-time", f"{limit:g}",
                 "--checkpoint-dir", str(folder), "--resume", "--data-dir", str(data_dir)]  # fmt: skip
@@ -256,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         print(listing(todo, queue, flops, device))
         return 0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.setdefault(
+        "RESERVOIR_OFFLINE", "1"
+    )  # a missing model or dataset fails at once, not after a download's retries
     start, said = time.perf_counter(), []
     for cell in todo:
         if state(queue).get(cell.name, {}).get("done"):
@@ -265,12 +306,17 @@ def main(argv: list[str] | None = None) -> int:
             break
         if device == "cpu" and cost(cell, flops) > left:
             continue  # waits for a card (listed below); a CPU runs the cells that fit it
+        if why := unready(cell, args.data_dir):
+            print(f"{cell.name}: skipped: {why}", file=sys.stderr)
+            continue
+        before = state(queue).get(cell.name, {}).get("seconds")
         # it ends by itself, or on time
         said.append(run_cell(cell, left, args.ledger, queue, env, args.data_dir))
         print(said[-1], file=sys.stderr)
-        if (
-            not state(queue).get(cell.name, {}).get("done")
-        ):  # the budget cut it: the next invocation resumes it
+        entry = state(queue).get(cell.name, {})
+        if entry.get("seconds") == before:
+            continue  # it failed (said above), recording nothing: the next cells run
+        if not entry.get("done"):  # the budget cut it: the next invocation resumes it
             break
     waiting = [c for c in todo if not state(queue).get(c.name, {}).get("done")]
     card = SHARE * CARDS["H100"]

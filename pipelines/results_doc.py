@@ -137,8 +137,40 @@ def section(n: int, record: Path, caption: str, folder: str) -> list[str]:
     return parts + queued(n, record.parent / "runs")
 
 
-#: how the queue's end-to-end cells stand beside the paper's columns (the stand-ins of its FPT and Random)
-QUEUED_AS = ("--as", "smollm2-135m=FPT", "--as", "smollm2-135m-random=Random", "--as", "gpt2-random=Random")
+#: how the queue's end-to-end cells stand beside the paper's rows, by table (the stand-ins of its FPT and Random;
+#: the trained groups of the ablations; the critique's DistilGPT2, six blocks of which the cells run)
+STAND_INS = ("--as", "smollm2-135m=FPT", "--as", "smollm2-135m-random=Random", "--as", "gpt2-random=Random")
+ABLATION_ROWS = {"out": "output only", "input,out": "output + input", "pos,out": "output + positions",
+                 "ln,out": "output + layernorm"}  # fmt: skip
+CRITIQUE_ROWS = {
+    f"{backbone}:{groups}": f"{frozen} {weights}, DistilGPT2"
+    for backbone, weights in (("smollm2-135m", "Pretrained"), ("smollm2-135m-random", "Random"))
+    for groups, frozen in (("input,pos,ln,out", "Frozen"), ("input,pos,ln,attn,ff,out", "Unfrozen"))
+}
+
+
+def stand_ins(rows: dict[str, str]) -> tuple[str, ...]:
+    return tuple(word for ours, row in rows.items() for word in ("--as", f"{ours}={row}"))
+
+
+QUEUED_AS = {
+    2: STAND_INS,
+    6: STAND_INS,
+    18: stand_ins({f"smollm2-135m:{g}": row for g, row in ABLATION_ROWS.items()}),
+    20: stand_ins({f"smollm2-135m-random:{g}": row for g, row in ABLATION_ROWS.items()}),
+    101: stand_ins(CRITIQUE_ROWS),
+}
+ABLATION_HOW = "the output layer trained alone or with one other group, Adam at 1e-3, three seeds, stopped at 99% validation"
+#: what the queue's cells of a table train, in words (``cell_queue.cells``)
+QUEUED_HOW = {
+    2: "input layer, positions, layer norms and output trained, Adam at 1e-3 (remote homology 1e-4), three seeds, "
+    "stopped at 99% validation on the bit tasks",
+    6: "input layer, positions, layer norms and output trained, Adam at 1e-3, three seeds, stopped at 99% validation",
+    18: ABLATION_HOW,
+    20: ABLATION_HOW,
+    101: "the first six blocks, frozen (input layer, positions, layer norms and output trained) or every group "
+    "trained, Adam at each of 1e-5, 1e-4, 1e-3 and 1e-2 (chosen on validation), three seeds",
+}
 
 
 def queued(n: int, runs: Path) -> list[str]:
@@ -148,7 +180,16 @@ def queued(n: int, runs: Path) -> list[str]:
     if (runs / f"table{n}.json").exists() or not any((runs / f"table{n}").rglob("*.json")):
         return []
     made = subprocess.run(
-        [sys.executable, "-m", "reservoir", "report", str(runs / f"table{n}"), "--paper", str(n), *QUEUED_AS],
+        [
+            sys.executable,
+            "-m",
+            "reservoir",
+            "report",
+            str(runs / f"table{n}"),
+            "--paper",
+            str(n),
+            *QUEUED_AS[n],
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -162,9 +203,8 @@ def queued(n: int, runs: Path) -> list[str]:
         }
     )
     return [
-        f"End-to-end cells of table {n} trained since, by the paper's protocol (`make -C pipelines next`: input "
-        "layer, positions, layer norms and output trained, Adam at 1e-3, three seeds, stopped at 99% validation "
-        f"on the bit tasks), kept in `results/runs/table{n}/`:",
+        f"End-to-end cells of table {n} trained since, by the paper's protocol (`make -C pipelines next`: "
+        f"{QUEUED_HOW[n]}), kept in `results/runs/table{n}/`:",
         "",
         table,
         "",

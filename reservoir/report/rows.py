@@ -4,6 +4,7 @@ row's results were computed on (:func:`data_key`), so every row is shown beside 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -334,6 +335,18 @@ def told_apart(r: dict[str, Any], differ: list[str]) -> str:
     return ", ".join(f"{what} {source[what][:6]}" for what in differ)
 
 
+def cut_at(r: dict[str, Any]) -> float | None:
+    """The ``--max-time`` that cut an end-to-end result's runs short: its identity's, or where a result written before
+    the identity recorded it says so only in its runs' stop reasons (``reservoir.train.run.TIMED_OUT``), theirs."""
+    if (recorded := r.get("identity", {}).get("max_time")) is not None:
+        return recorded
+    said = [
+        re.match(r"reached --max-time (\S+) s", str(run.get("stop_reason", "")))
+        for run in r.get("runs") or []
+    ]
+    return next((float(m.group(1)) for m in said if m), None)
+
+
 def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, Any]]]:
     """Rows of the reservoir results (sorted) and the baseline results. Results of one setting fold into a row
     as its seeds; where two of them ran one seed on different data, each data set is a row of its own."""
@@ -343,7 +356,7 @@ def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, An
     keyed = [(row_key(r), r) for r in scored if r["mode"] != "baseline"]
     split = split_by_source(keyed)
     for key, r in keyed:
-        cut = r.get("identity", {}).get("max_time")  # seeds --max-time cut short: a row of their own, said so
+        cut = cut_at(r)  # seeds --max-time cut short: a row of their own, said so
         told = ", ".join(
             filter(None, [told_apart(r, split.get(key, [])), cut and f"cut at --max-time {cut:g} s"])
         )

@@ -694,7 +694,9 @@ class FileTask(Task):
     # -- the Task interface ---------------------------------------------------------------
     @property
     def spec(self) -> TaskSpec:
-        variable = any(d.inputs.dtype == object for d in self._splits.values()) or getattr(self, "_padded", False)
+        variable = any(d.inputs.dtype == object for d in self._splits.values()) or getattr(
+            self, "_padded", False
+        )
         return TaskSpec(
             f"file:{self.path}",
             self._kind,

@@ -534,3 +534,30 @@ def test_the_kept_results_document_is_what_render_writes_from_the_kept_runs(tmp_
             assert again.read_text() == path.read_text(), (
                 f"{path.relative_to(ROOT)} is not what render writes"
             )
+
+
+@pytest.mark.parametrize(
+    "table, task, backbone, trainable, row",
+    [
+        (18, "bit_memory", "smollm2-135m", ["input", "out"], "(paper 98)"),
+        (20, "bit_memory", "smollm2-135m-random", ["out"], "(paper 75)"),
+        (101, "mnist", "smollm2-135m", ["input", "pos", "ln", "attn", "ff", "out"], "(critique 98.9 ± 0.0)"),
+    ],
+)
+def test_every_table_the_queue_fills_renders_its_cells_beside_the_paper_s_row(
+    tmp_path, monkeypatch, table, task, backbone, trainable, row
+):
+    """A cell the queue kept for an ablation table or the critique's scaling table renders beside the row its trained
+    groups stand for (each table names its rows its own way: `reservoir report` refused the FPT/Random stand-ins)."""
+    monkeypatch.syspath_prepend(str(ROOT / "pipelines"))
+    import results_doc
+
+    template = next((ROOT / "docs" / "results" / "runs" / "table6").rglob("end-to-end_*.json"))
+    r = json.loads(template.read_text())
+    identity = {**r["identity"], "backbone": backbone, "trainable": trainable, "task": task}
+    made = {**r, "backbone": backbone, "trainable": trainable, "task": task, "identity": identity, "key": "k"}
+    folder = tmp_path / "runs" / f"table{table}" / task / backbone
+    folder.mkdir(parents=True)
+    (folder / "end-to-end_cell.json").write_text(json.dumps(made))
+    text = "\n".join(results_doc.queued(table, tmp_path / "runs"))
+    assert f"| {backbone} [{','.join(trainable)}]" in text and row in text, text

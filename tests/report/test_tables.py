@@ -801,6 +801,10 @@ def test_seeds_cut_by_max_time_form_a_row_that_says_so():
     cut["key"] += "cut"
     table = Report([whole, cut]).depth_tables()
     assert "cut at --max-time 285 s" in table and len(Report([whole, cut]).rows) == 2
+    # written before the identity recorded it: the runs' stop reasons say it
+    older = {**cut, "identity": {k: v for k, v in cut["identity"].items() if k != "max_time"}}
+    older["runs"] = [{"seed": 0, "lr": 1e-4, "stop_reason": "reached --max-time 285 s at step 9800"}]
+    assert "cut at --max-time 285 s" in Report([whole, older]).depth_tables()
 
 
 def test_real_valued_targets_are_named_by_their_metric_in_the_csv_the_task_layout_and_the_plot(tmp_path):

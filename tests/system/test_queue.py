@@ -94,3 +94,49 @@ def test_a_cell_reads_its_data_from_the_data_folder_given(tiny_gpt2, tmp_path):
         ledger=ledger,
     )
     assert ran.returncode == 0 and "ended: result kept" in ran.stderr, ran.stderr
+
+
+def test_a_cell_this_machine_cannot_start_or_that_fails_is_passed_over_for_the_next(tiny_gpt2, tmp_path):
+    """An MNIST cell without its data here is skipped, naming why, a cell that fails (an option its backbone
+    refuses) is said and passed over, and the cell after them still runs to its result."""
+    base = {"table": 2, "backbone": str(tiny_gpt2), "lrs": [1e-3], "seeds": 1, "steps": 4, "limit": 100,
+            "batch_size": 8, "options": ["--eval-every", "2", "--dtype", "float32", "--device", "cpu"]}  # fmt: skip
+    failing = {**base, "task": "bit_xor", "options": [*base["options"], "--blocks", "9"]}  # the model has 2
+    cells, ledger = tmp_path / "cells.json", tmp_path / "runs"
+    cells.write_text(json.dumps([{**base, "task": "mnist"}, failing, {**base, "task": "bit_memory"}]))
+    ran = queue(
+        "next",
+        "--budget",
+        "300",
+        "--reserve",
+        "8",
+        "--data-dir",
+        str(tmp_path / "nodata"),
+        cells=cells,
+        ledger=ledger,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "table2_mnist" in ran.stderr and "skipped: its data is not here" in ran.stderr
+    assert "table2_bit_xor" in ran.stderr and "failed" in ran.stderr
+    assert "table2_bit_memory" in ran.stderr and "ended: result kept" in ran.stderr, ran.stderr
+    assert list((ledger / "table2" / "bit_memory").rglob("end-to-end_*.json"))
+
+
+def test_the_queue_s_cells_train_what_the_paper_s_columns_train(monkeypatch):
+    """Tables 18 and 20 train the output layer alone and with one other group (the paper's four columns); the
+    critique's scaling table (101) runs its three tasks on six blocks; ListOps stops at 30% only in table 6; every
+    run of a cell trains in one group, so its time limit is the cell's wall time."""
+    monkeypatch.syspath_prepend(str(ROOT / "pipelines"))
+    import cell_queue
+
+    todo = cell_queue.cells()
+    for table in (18, 20):
+        assert {c.trainable for c in todo if c.table == table} == set(cell_queue.ABLATION)
+    critique = [c for c in todo if c.table == 101]
+    assert {c.task for c in critique} == {"mnist", "cifar10", "cifar10_lra"}
+    assert all(c.command()[-2:] == ["--blocks", "6"] for c in critique)
+    listops = [c for c in todo if c.task == "listops"]
+    assert listops and all("--stop-at" not in c.command() for c in listops if c.table != 6)
+    for c in todo:
+        command = c.command()
+        assert c.runs == 1 or command[command.index("--concurrent-runs") + 1] == str(c.runs)
