@@ -78,43 +78,33 @@ def test_a_cell_reads_its_data_from_the_data_folder_given(tiny_gpt2, tmp_path):
     from tests.conftest import write_mnist
 
     write_mnist(tmp_path / "data" / "mnist", {"train": 120, "t10k": 40}, cyclic_labels=True)
-    cell = {"table": 2, "task": "mnist", "backbone": str(tiny_gpt2), "lrs": [1e-3], "seeds": 1, "steps": 4,
-            "limit": 100, "batch_size": 8, "options": ["--eval-every", "2", "--dtype", "float32", "--device", "cpu"]}  # fmt: skip
-    cells, ledger = tmp_path / "cells.json", tmp_path / "runs"
-    cells.write_text(json.dumps([cell]))
-    ran = queue(
-        "next",
-        "--budget",
-        "300",
-        "--reserve",
-        "8",
-        "--data-dir",
-        str(tmp_path / "data"),
-        cells=cells,
-        ledger=ledger,
-    )
+    ran, _ = next_cells(tmp_path, [{**small(tiny_gpt2), "task": "mnist"}], tmp_path / "data")
     assert ran.returncode == 0 and "ended: result kept" in ran.stderr, ran.stderr
+
+
+def small(backbone) -> dict:
+    """A cell of four steps of one run on the CPU."""
+    return {"table": 2, "backbone": str(backbone), "lrs": [1e-3], "seeds": 1, "steps": 4, "limit": 100,
+            "batch_size": 8, "options": ["--eval-every", "2", "--dtype", "float32", "--device", "cpu"]}  # fmt: skip
+
+
+def next_cells(tmp_path, todo: list[dict], data_dir: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """``cell_queue.py next`` over ``todo`` with the data of ``data_dir``; the run and its ledger."""
+    cells, ledger = tmp_path / "cells.json", tmp_path / "runs"
+    cells.write_text(json.dumps(todo))
+    ran = queue(
+        "next", "--budget", "300", "--reserve", "8", "--data-dir", str(data_dir), cells=cells, ledger=ledger
+    )
+    return ran, ledger
 
 
 def test_a_cell_this_machine_cannot_start_or_that_fails_is_passed_over_for_the_next(tiny_gpt2, tmp_path):
     """An MNIST cell without its data here is skipped, naming why, a cell that fails (an option its backbone
     refuses) is said and passed over, and the cell after them still runs to its result."""
-    base = {"table": 2, "backbone": str(tiny_gpt2), "lrs": [1e-3], "seeds": 1, "steps": 4, "limit": 100,
-            "batch_size": 8, "options": ["--eval-every", "2", "--dtype", "float32", "--device", "cpu"]}  # fmt: skip
+    base = small(tiny_gpt2)
     failing = {**base, "task": "bit_xor", "options": [*base["options"], "--blocks", "9"]}  # the model has 2
-    cells, ledger = tmp_path / "cells.json", tmp_path / "runs"
-    cells.write_text(json.dumps([{**base, "task": "mnist"}, failing, {**base, "task": "bit_memory"}]))
-    ran = queue(
-        "next",
-        "--budget",
-        "300",
-        "--reserve",
-        "8",
-        "--data-dir",
-        str(tmp_path / "nodata"),
-        cells=cells,
-        ledger=ledger,
-    )
+    todo = [{**base, "task": "mnist"}, failing, {**base, "task": "bit_memory"}]
+    ran, ledger = next_cells(tmp_path, todo, tmp_path / "nodata")
     assert ran.returncode == 0, ran.stderr
     assert "table2_mnist" in ran.stderr and "skipped: its data is not here" in ran.stderr
     assert "table2_bit_xor" in ran.stderr and "failed" in ran.stderr
