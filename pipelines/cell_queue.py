@@ -115,7 +115,9 @@ class Cell:
 def cells() -> list[Cell]:
     """Every end-to-end cell the tables miss, in the order lent time goes to them."""
     # table 6's speedup is FPT's steps against Random's: both rows (its D.4: the models of table 2's FPT)
-    out = [Cell(6, "bit_memory", b, steps=40000) for b in ("smollm2-135m-random", "gpt2-random", "smollm2-135m")]
+    out = [
+        Cell(6, "bit_memory", b, steps=40000) for b in ("smollm2-135m-random", "gpt2-random", "smollm2-135m")
+    ]
     for task in ("bit_memory", "bit_xor", "listops", "mnist"):
         out += [Cell(2, task, b) for b in ("smollm2-135m", "smollm2-135m-random", "gpt2-random")]
     blocks = ("--blocks", str(CRITIQUE_BLOCKS))
