@@ -83,8 +83,12 @@ def write_failure(e: BaseException) -> tuple[str, str]:
         return f"its folder is not writable ({text})", "Make it writable"
     if code in (errno.ENOTDIR, errno.EEXIST):
         return f"its folder cannot be made ({text})", "Choose another folder"
-    if code == errno.ENOENT:  # the file being written, or its folder, was removed meanwhile
-        return f"a file it was writing was removed meanwhile ({text})", "Let one command write it at a time"
+    if code == errno.ENOENT:  # the file being written, or its folder, was removed meanwhile; or none can be made there
+        return (
+            f"a file it was writing could not be found ({text}): its folder takes no new files, or another command "
+            "removed it meanwhile",
+            "Write to another folder, or let one command write it at a time",
+        )
     if code in (errno.EDQUOT, errno.EFBIG):
         return f"a size limit was reached ({text})", "Free space or raise the limit"
     return f"the write failed ({text or type(e).__name__})", "Check the disk"

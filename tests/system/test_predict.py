@@ -546,3 +546,11 @@ def test_a_probe_naming_fewer_classes_than_it_predicts_is_refused(tmp_path, fitt
         DataError, match="short.probe.npz is a damaged probe \\(it names 1 classes of its 2\\)"
     ):
         load_probe(tmp_path / "short.probe.npz")
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc, a folder that takes no new files")
+def test_an_out_where_no_file_can_be_made_is_said_so(cli, fitted):
+    probe_path, mine, _, _ = fitted
+    r = cli("predict", "--probe", probe_path, "--data", str(mine), "--out", "/proc/preds.csv")
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "its folder takes no new files" in r.output and "Write to another folder" in r.output, r.output
