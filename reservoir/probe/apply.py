@@ -336,9 +336,8 @@ def predict_data(
         )
     options = reading_options(probe, task_options)
     task = FileTask.to_predict(str(data), probe.class_names, tuple(task_options or ()), **options)
-    if (
-        identity.get("readout") == "padded"
-    ):  # each row read where the probe's data's rows were: padded as they were
+    # the padded readout reads each row where the probe's data's rows were read: padded to their length
+    if identity.get("readout") == "padded":
         if not probe.meta.get("padded_width"):
             raise IdentityError(
                 f"the probe {probe.path} reads rows padded to its data's length (--readout padded) and predates "
