@@ -47,7 +47,8 @@ FPT = ("input", "pos", "ln", "out")
 EVERY = ("input", "pos", "ln", "attn", "ff", "out")
 SWEEP = (1e-5, 1e-4, 1e-3, 1e-2)
 #: validation accuracy at which a cell's runs stop (the bit tasks: solved); ListOps' 30% is table 6's threshold of
-#: steps to reach alone, and an accuracy table's ListOps cell trains on
+#: steps to reach alone (:data:`TARGET_TABLES`: the tables a task's target applies to; all where not listed), and an
+#: accuracy table's ListOps cell trains on
 TARGETS = {"bit_xor": 0.99, "bit_memory": 0.99, "listops": 0.3}
 TARGET_TABLES = {"listops": (6,)}
 #: the paper's tables 18 and 20: each trains the output layer alone or with one other group
@@ -301,9 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         print(listing(todo, queue, flops, device))
         return 0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.setdefault(
-        "RESERVOIR_OFFLINE", "1"
-    )  # a missing model or dataset fails at once, not after a download's retries
+    # a missing model or dataset fails at once, not after a download's retries
+    env.setdefault("RESERVOIR_OFFLINE", "1")
     start, said = time.perf_counter(), []
     for cell in todo:
         if state(queue).get(cell.name, {}).get("done"):
