@@ -175,7 +175,8 @@ def param_counts(model: FPT) -> list[dict[str, Any]]:
 
     Blocks are assumed identical: the per-block term is the first block's, times :attr:`FPT.run_blocks`. A
     position table counts the rows the task's positions reach, as the paper counts them (``l x n_dim``: 64 x
-    768 for CIFAR-10 in GPT-2's table of 1024): the other rows never get a gradient.
+    768 for CIFAR-10 in GPT-2's table of 1024): the other rows never get a gradient. With no block run
+    (``--blocks 0``) no position reads another, so rows of one length reach only the rows the readout reads.
     """
     blocks = model.backbone.blocks
     in_blocks = {id(p) for p in blocks.parameters()} if blocks is not None else set()
@@ -183,6 +184,8 @@ def param_counts(model: FPT) -> list[dict[str, Any]]:
     n_run = len(model.run_blocks)
     rows = []
     seq = model.spec.seq_len
+    if n_run == 0 and not model.spec.variable_length:
+        seq = min(seq, model.spec.n_readout)
     for name, params in model.groups().items():
         tables = [p for p in params if name == "pos" and p.ndim == 2 and p.shape[0] > seq]
         table_ids = {id(p) for p in tables}

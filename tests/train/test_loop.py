@@ -101,6 +101,10 @@ def test_paper_parameter_arithmetic_for_gpt2_base():
         and half["ln"]["params"] == 6 * 4 * 768 + 2 * 768
     )
     assert half["attn"]["params"] == rows["attn"]["params"] // 2
+    # no block run (--blocks 0): no position reads another, so only the readout's rows of the table get a gradient
+    spec = get_task("bit_xor").spec
+    none = {r["group"]: r for r in param_counts(FPT(spec, backbone, blocks=0, seed=0))}
+    assert none["pos"]["params"] == spec.n_readout * 768 and none["ln"]["arithmetic"] == "2 x 768"
 
 
 def test_only_selected_groups_change(tiny_gpt2, home):
