@@ -42,6 +42,7 @@ checks them against PyTorch float32 on every run's first batch), as a compiled g
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -115,6 +116,37 @@ def array_digest(*arrays: Any) -> str:
         h = h or hashlib.sha256()
         _update(h, a)
     return (h or hashlib.sha256()).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 (hex) of a file's bytes, read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def changed_files(files: Sequence[Path], recorded: Mapping[str, str], stamp: Path) -> list[str]:
+    """The names among ``files`` (and ``recorded``) whose SHA-256 is not the one ``recorded`` names (a file absent
+    on either side counts). Files of the size, modification time and inode ``stamp`` kept when they were last found
+    whole are not read again (loading a cached model then costs no pass over its bytes); files found whole are
+    stamped so, where ``stamp``'s folder can be written."""
+    present = {p.name: p for p in files if p.is_file()}
+    seen = {n: [p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_ino] for n, p in present.items()}
+    if set(present) == set(recorded):
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(stamp.read_text()) == seen:
+                return []
+    changed = sorted(
+        n
+        for n in set(recorded) | set(present)
+        if n not in present or recorded.get(n) != file_sha256(present[n])
+    )
+    if not changed:
+        with contextlib.suppress(OSError):
+            stamp.write_text(json.dumps(seen))
+    return changed
 
 
 def data_fingerprint(data: Mapping[str, SplitData]) -> dict[str, dict[str, Any]]:

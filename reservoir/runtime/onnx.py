@@ -10,7 +10,7 @@ time, so a row quantized beside others would depend on them: ``int8`` runs each 
 
 The file is cached in ``$RESERVOIR_CACHE/onnx/`` under a digest of everything that makes it
 (:func:`file_key`); a change to how it is made that moves features must bump :data:`FILE_RECIPE`.
-Beside it, ``FILE.sha256`` holds the SHA-256 of its bytes, written after it: a cached file that differs
+Beside it, ``FILE.sha256`` holds the SHA-256 of its bytes (and of its weights beside it), written after it: a cached file that differs
 (damaged, or an export cut before its digest) is exported again, since the check against PyTorch on
 the first rows tolerates a small change (an int8 file's a large one).
 ``benchmarks/peers.py`` builds its ONNX Runtime rows from :func:`export`, :func:`quantize_int8` and
@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from reservoir.errors import BackboneError
+from reservoir.identity import changed_files, file_sha256
 from reservoir.paths import cache_dir
 from reservoir.runtime import engines
 from reservoir.runtime.engines import (
@@ -238,28 +239,27 @@ class Unquantized(Exception):
 
 
 def digest_path(path: Path) -> Path:
-    """Where the SHA-256 of an exported file is recorded: ``FILE.sha256`` beside it."""
+    """Where the SHA-256 of an exported file (and of its weights beside it) is recorded: ``FILE.sha256``."""
     return path.with_name(path.name + ".sha256")
 
 
-def file_digest(path: Path) -> str:
-    """SHA-256 (hex) of an exported file and of its weights beside it (``FILE.data``) where there are such."""
-    h = hashlib.sha256()
-    for part in (path, path.with_name(path.name + ".data")):
-        if part.exists():
-            with open(part, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-    return h.hexdigest()
+def exported_files(path: Path) -> list[Path]:
+    """An exported file and its weights beside it (``FILE.data``) where there are such."""
+    return [p for p in (path, path.with_name(path.name + ".data")) if p.exists()]
 
 
 def damage(path: Path) -> str | None:
-    """How a cached exported file differs from the digest its export recorded, in words; ``None`` if it does not."""
+    """How a cached exported file differs from the digests its export recorded, in words; ``None`` if it does not."""
     try:
-        recorded = digest_path(path).read_text().strip()
-    except OSError:
+        recorded = json.loads(digest_path(path).read_text())
+        if not isinstance(recorded, dict):
+            raise ValueError("not a mapping")
+    except (OSError, ValueError):
         return "has no digest recorded by its export (an export cut short, or one made before digests)"
-    return None if file_digest(path) == recorded else "differs from the digest its export recorded"
+    stamp = path.with_name(path.name + ".verified")
+    if changed_files(exported_files(path), recorded, stamp):
+        return "differs from the digest its export recorded"
+    return None
 
 
 class ONNXForward(ConvertedForward):
@@ -326,7 +326,7 @@ class ONNXForward(ConvertedForward):
                 os.replace(Path(tmp) / (path.name + ".data"), path.parent / (path.name + ".data"))
             os.replace(whole, path)
             recorded = Path(tmp) / "sha256"
-            recorded.write_text(file_digest(path))
+            recorded.write_text(json.dumps({p.name: file_sha256(p) for p in exported_files(path)}))
             os.replace(recorded, digest_path(path))
 
     def prepare(self, batch: tuple[torch.Tensor, ...]) -> None:

@@ -583,6 +583,13 @@ def test_install_converts_a_gguf_once_into_the_cache(tmp_path, monkeypatch):
     mtime = (out / "config.json").stat().st_mtime_ns
     smollm.install(source, progress=False)  # already installed: nothing is redone
     assert (out / "config.json").stat().st_mtime_ns == mtime
+    from reservoir import identity
+
+    def unread(path):
+        raise AssertionError(f"{path} read again")
+
+    monkeypatch.setattr(identity, "file_sha256", unread)  # files found whole and untouched since are not read again
+    assert load_backbone("smollm2-135m").n_layers == 2
 
 
 @pytest.mark.parametrize("damage", ["flipped", "truncated", "unfinished"])

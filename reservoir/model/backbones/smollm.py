@@ -14,7 +14,6 @@ so they carry 4-bit rounding noise; the model is instruction-tuned on top of lan
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import io
 import json
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from reservoir.identity import changed_files, file_sha256
 from reservoir.model.backbones import BackboneError, from_pretrained, quiet_transformers, register_backbone
 from reservoir.model.backbones.llama import RotaryBackbone
 from reservoir.paths import cache_dir
@@ -64,8 +64,10 @@ def model_dir() -> Path:
     return cache_dir() / NAME
 
 
-#: the file beside the converted model naming each of its files with its SHA-256
+#: the file beside the converted model naming each of its files with its SHA-256, and the one that stamps the
+#: files as last found whole (:func:`reservoir.identity.changed_files`)
 MANIFEST = "reservoir-sha256.json"
+STAMP = "reservoir-verified.json"
 
 
 def is_installed() -> bool:
@@ -73,15 +75,8 @@ def is_installed() -> bool:
     return (model_dir() / "config.json").exists() and (model_dir() / MANIFEST).exists()
 
 
-def _digests(folder: Path) -> dict[str, str]:
-    out = {}
-    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST):
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-        out[path.name] = h.hexdigest()
-    return out
+def _model_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.name not in (MANIFEST, STAMP))
 
 
 def damage() -> str | None:
@@ -92,8 +87,7 @@ def damage() -> str | None:
             raise ValueError("not a mapping")
     except (OSError, ValueError) as e:
         return f"its {MANIFEST} cannot be read ({e})"
-    found = _digests(model_dir())
-    if changed := sorted(n for n in set(recorded) | set(found) if recorded.get(n) != found.get(n)):
+    if changed := changed_files(_model_files(model_dir()), recorded, model_dir() / STAMP):
         return f"{', '.join(changed)} differ from the digests its conversion recorded"
     return None
 
@@ -185,7 +179,8 @@ def convert(gguf: Path, out: Path, *, progress: bool = True) -> Path:
     try:
         with quiet_transformers():  # its shard-writing bar says nothing to the user
             model.save_pretrained(tmp)
-        (tmp / MANIFEST).write_text(json.dumps(_digests(tmp), indent=1))
+        digests = {p.name: file_sha256(p) for p in _model_files(tmp)}
+        (tmp / MANIFEST).write_text(json.dumps(digests, indent=1))
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
