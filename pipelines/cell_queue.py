@@ -227,7 +227,7 @@ def run_cell(cell: Cell, seconds: float, ledger: Path, queue: Path, env: dict, d
     data of ``data_dir``, with the models installed where this process finds them (its results go to a folder of
     their own); keep its result in the ledger when its runs end, else leave its checkpoints for the next one."""
     from reservoir.paths import cache_dir
-    from reservoir.train.run import TIMED_OUT, stopped_by
+    from reservoir.results import TIMED_OUT, stopped_by
 
     done = state(queue)
     folder = queue / cell.name

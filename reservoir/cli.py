@@ -103,7 +103,9 @@ def run(fn, *args, **kwargs):
     except (KeyError, RuntimeError) as e:
         if not from_h5py(e):
             raise
-        name = h5py_file(e)
+        name = getattr(
+            e, "h5_filename", None
+        )  # the file whose context it left (reservoir.extract.h5.NamedFile)
         raise click.ClickException(
             f"{name or 'a file'} could not be read: its HDF5 structure is damaged "
             f"({str(e).strip(chr(39) + chr(34))}); extract it again with --force (or delete it)"
@@ -121,11 +123,6 @@ def from_h5py(e: BaseException) -> bool:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     return tb is not None and "h5py" in Path(tb.tb_frame.f_code.co_filename).parts
-
-
-def h5py_file(e: BaseException) -> str | None:
-    """The HDF5 file whose context ``e`` left (:class:`reservoir.extract.h5.NamedFile`), if it says."""
-    return getattr(e, "h5_filename", None)
 
 
 def refusing_usage(fn):

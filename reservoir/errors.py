@@ -83,9 +83,8 @@ def write_failure(e: BaseException) -> tuple[str, str]:
         return f"its folder is not writable ({text})", "Make it writable"
     if code in (errno.ENOTDIR, errno.EEXIST):
         return f"its folder cannot be made ({text})", "Choose another folder"
-    if (
-        code == errno.ENOENT
-    ):  # the file being written, or its folder, was removed meanwhile; or none can be made there
+    # the file being written, or its folder, was removed meanwhile; or no file can be made there
+    if code == errno.ENOENT:
         return (
             f"a file it was writing could not be found ({text}): its folder takes no new files, or another command "
             "removed it meanwhile",

@@ -213,6 +213,26 @@ def with_scores(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: why a run that reached ``--stop-at`` stopped (a run's ``stop_reason``)
+SOLVED = "validation accuracy reached {:g}%"
+#: why a run that ``--max-time`` cut short stopped
+TIMED_OUT = "reached --max-time {:g} s at step {}"
+
+
+def stopped_by(reason: str, template: str) -> bool:
+    """Whether a run's stop reason is one ``template`` (:data:`SOLVED`, :data:`TIMED_OUT`) writes."""
+    return reason.startswith(template.split("{")[0])
+
+
+def timed_out_at(reason: str) -> float | None:
+    """The ``--max-time`` a run's stop reason says cut it (:data:`TIMED_OUT`); ``None`` for any other reason."""
+    if not stopped_by(reason, TIMED_OUT):
+        return None
+    with contextlib.suppress(ValueError, IndexError):
+        return float(reason[len(TIMED_OUT.split("{")[0]) :].split()[0])
+    return None
+
+
 def sample_std(values: list[float]) -> float:
     """The sample standard deviation over seeds (0 for one seed)."""
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0

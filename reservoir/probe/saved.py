@@ -161,19 +161,19 @@ def row_tokens(f: h5py.File) -> int | None:
     return lengths.pop() if len(lengths) == 1 else None
 
 
-def padded_width(f: h5py.File) -> int | None:
-    """The length a feature file's rows were padded to for the padded readout (where the file does not record
-    it, its longest row); ``None`` for other readouts."""
+def padded_width(f: h5py.File, config: dict[str, Any]) -> int | None:
+    """The length a feature file's rows were padded to for the padded readout (where its ``config`` does not
+    record it, its longest row); ``None`` for other readouts."""
     if stored_identity(f).get("readout") != "padded":
         return None
-    recorded = file_config(f).get("padded_width")
+    recorded = config.get("padded_width")
     return int(recorded or max(int(np.max(f[s]["lengths"][:], initial=0)) for s in feature_splits(f)))
 
 
 def file_meta(f: h5py.File) -> dict[str, Any]:
     """What a probe records of its feature file ``f``, the same for every depth fitted on it: class names, label
     and feature shapes, the input layer's digest and tokens, the rows' length and how the backbone was named."""
-    train = f["train"]
+    train, config = f["train"], file_config(f)
     return {
         "class_names": class_names(f),
         "label_shape": list(train["labels"].shape[1:]),
@@ -182,9 +182,9 @@ def file_meta(f: h5py.File) -> dict[str, Any]:
         "input_layer": input_layer_digest(f),
         "tokens": token_layout(f["input_layer"]),
         "row_tokens": row_tokens(f),
-        "image_shape": file_config(f).get("image_shape"),
-        "extraction": {k: file_config(f).get(k) for k in ("backbone", "load_dtype", "engine_used")},
-        "padded_width": padded_width(f),
+        "image_shape": config.get("image_shape"),
+        "extraction": {k: config.get(k) for k in ("backbone", "load_dtype", "engine_used")},
+        "padded_width": padded_width(f, config),
     }
 
 

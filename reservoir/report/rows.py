@@ -4,7 +4,6 @@ row's results were computed on (:func:`data_key`), so every row is shown beside 
 from __future__ import annotations
 
 import contextlib
-import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from reservoir.config import select_depths
 from reservoir.identity import digest
 from reservoir.probe.baselines import display_name
 from reservoir.probe.metrics import METRICS, Metric
-from reservoir.results import merge_seeds, with_scores
+from reservoir.results import merge_seeds, timed_out_at, with_scores
 
 #: baselines in the order tables list them
 BASELINE_ORDER = ("majority", "first-operator", "raw", "tanh")
@@ -337,14 +336,11 @@ def told_apart(r: dict[str, Any], differ: list[str]) -> str:
 
 def cut_at(r: dict[str, Any]) -> float | None:
     """The ``--max-time`` that cut an end-to-end result's runs short: its identity's, or where a result written before
-    the identity recorded it says so only in its runs' stop reasons (``reservoir.train.run.TIMED_OUT``), theirs."""
+    the identity recorded it says so only in its runs' stop reasons (:func:`reservoir.results.timed_out_at`), theirs."""
     if (recorded := r.get("identity", {}).get("max_time")) is not None:
         return recorded
-    said = [
-        re.match(r"reached --max-time (\S+) s", str(run.get("stop_reason", "")))
-        for run in r.get("runs") or []
-    ]
-    return next((float(m.group(1)) for m in said if m), None)
+    said = (timed_out_at(str(run.get("stop_reason", ""))) for run in r.get("runs") or [])
+    return next((t for t in said if t is not None), None)
 
 
 def collect(results: list[dict[str, Any]]) -> tuple[list[Row], list[dict[str, Any]]]:

@@ -25,14 +25,14 @@ from reservoir.errors import DataError, UsageError
 from reservoir.model.devices import resolve_device
 from reservoir.paths import home
 from reservoir.progress import log as log_line
-from reservoir.results import Result, best_rate, seed_summary, sweep_of, write_result
+from reservoir.results import TIMED_OUT, Result, best_rate, seed_summary, stopped_by, sweep_of, write_result
 from reservoir.tasks import Task, make_task, unread_splits
 from reservoir.train.checkpoint import settings_identity
 from reservoir.train.data import Splits, load_data
 from reservoir.train.export import check_free, save_backbone
 from reservoir.train.group import group_size, train_group
 from reservoir.train.model import FPT, format_counts
-from reservoir.train.run import TIMED_OUT, stopped_by, train_run
+from reservoir.train.run import train_run
 from reservoir.train.step import Diverged
 
 

@@ -27,6 +27,7 @@ from reservoir.model.devices import resolve_device
 from reservoir.model.reservoir import check_length
 from reservoir.progress import bar
 from reservoir.progress import log as log_line
+from reservoir.results import SOLVED, TIMED_OUT, stopped_by
 from reservoir.runtime import machine
 from reservoir.runtime.runner import CompiledOrEager
 from reservoir.settings import default
@@ -71,16 +72,6 @@ UNDONE = (
     "stop_reason",
     "pending_losses",
 )
-
-#: why a run that reached ``--stop-at`` stopped
-SOLVED = "validation accuracy reached {:g}%"
-#: why a run that ``--max-time`` cut short stopped
-TIMED_OUT = "reached --max-time {:g} s at step {}"
-
-
-def stopped_by(reason: str, template: str) -> bool:
-    """Whether a run's stop reason is one ``template`` (:data:`SOLVED`, :data:`TIMED_OUT`) writes."""
-    return reason.startswith(template.split("{")[0])
 
 
 def solved(state: RunState, stop_at: float) -> None:
