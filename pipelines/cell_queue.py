@@ -215,6 +215,8 @@ def unready(cell: Cell, data_dir: Path) -> str | None:
     if named.base == smollm.NAME and named.weights != "random" and not smollm.is_installed():
         return f"{smollm.NAME} is not installed here (`reservoir install {smollm.NAME}`)"
     task = get_task(cell.task)
+    if task.generated:  # drawn from its seed by the run itself: nothing to find here
+        return None
     try:
         task.read(task.spec.splits[0], data_dir, n=1)
     except (ReservoirError, OSError) as e:

@@ -588,7 +588,9 @@ def test_install_converts_a_gguf_once_into_the_cache(tmp_path, monkeypatch):
     def unread(path):
         raise AssertionError(f"{path} read again")
 
-    monkeypatch.setattr(identity, "file_sha256", unread)  # files found whole and untouched since are not read again
+    monkeypatch.setattr(
+        identity, "file_sha256", unread
+    )  # files found whole and untouched since are not read again
     assert load_backbone("smollm2-135m").n_layers == 2
 
 
