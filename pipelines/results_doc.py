@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cell_queue
+
 HERE = Path(__file__).parent
 
 
@@ -137,15 +139,14 @@ def section(n: int, record: Path, caption: str, folder: str) -> list[str]:
     return parts + queued(n, record.parent / "runs")
 
 
-#: how the queue's end-to-end cells stand beside the paper's rows, by table (the stand-ins of its FPT and Random;
-#: the trained groups of the ablations; the critique's DistilGPT2, six blocks of which the cells run)
+#: how the queue's end-to-end cells (``cell_queue.cells``) stand beside the paper's rows, by table (the stand-ins of
+#: its FPT and Random; the trained groups of the ablations; the critique's DistilGPT2, whose blocks the cells run)
 STAND_INS = ("--as", "smollm2-135m=FPT", "--as", "smollm2-135m-random=Random", "--as", "gpt2-random=Random")
-ABLATION_ROWS = {"out": "output only", "input,out": "output + input", "pos,out": "output + positions",
-                 "ln,out": "output + layernorm"}  # fmt: skip
+ABLATION_ROWS = {",".join(groups): row for groups, row in cell_queue.ABLATION.items()}
 CRITIQUE_ROWS = {
-    f"{backbone}:{groups}": f"{frozen} {weights}, DistilGPT2"
+    f"{backbone}:{','.join(groups)}": f"{frozen} {weights}, DistilGPT2"
     for backbone, weights in (("smollm2-135m", "Pretrained"), ("smollm2-135m-random", "Random"))
-    for groups, frozen in (("input,pos,ln,out", "Frozen"), ("input,pos,ln,attn,ff,out", "Unfrozen"))
+    for groups, frozen in ((cell_queue.FPT, "Frozen"), (cell_queue.EVERY, "Unfrozen"))
 }
 
 
@@ -168,8 +169,9 @@ QUEUED_HOW = {
     6: "input layer, positions, layer norms and output trained, Adam at 1e-3, three seeds, stopped at 99% validation",
     18: ABLATION_HOW,
     20: ABLATION_HOW,
-    101: "the first six blocks, frozen (input layer, positions, layer norms and output trained) or every group "
-    "trained, Adam at each of 1e-5, 1e-4, 1e-3 and 1e-2 (chosen on validation), three seeds",
+    101: f"the first {cell_queue.CRITIQUE_BLOCKS} blocks, frozen (input layer, positions, layer norms and output "
+    f"trained) or every group trained, Adam at each of {', '.join(f'{lr:g}' for lr in cell_queue.SWEEP)} (chosen on "
+    "validation), three seeds",
 }
 
 
