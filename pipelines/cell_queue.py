@@ -224,10 +224,13 @@ def unready(cell: Cell, data_dir: Path) -> str | None:
     return None
 
 
-def run_cell(cell: Cell, seconds: float, ledger: Path, queue: Path, env: dict, data_dir: Path) -> str:
+def run_cell(
+    cell: Cell, seconds: float, ledger: Path, queue: Path, env: dict, data_dir: Path
+) -> tuple[str, str]:
     """Train ``cell`` for at most ``seconds`` (counted across invocations: ``--max-time`` grows by the slice) on the
     data of ``data_dir``, with the models installed where this process finds them (its results go to a folder of
-    their own); keep its result in the ledger when its runs end, else leave its checkpoints for the next one."""
+    their own); keep its result in the ledger when its runs end, else leave its checkpoints for the next one.
+    Returns what it says of the cell and how it went: ``ended``, ``cut`` (by the time) or ``failed``."""
     from reservoir.paths import cache_dir
     from reservoir.results import TIMED_OUT, stopped_by
 
@@ -250,7 +253,8 @@ def run_cell(cell: Cell, seconds: float, ledger: Path, queue: Path, env: dict, d
         )
         spent = time.perf_counter() - start
         if made.returncode:
-            return f"{cell.name}: failed ({made.stderr.strip().splitlines()[-1] if made.stderr.strip() else made.returncode})"
+            said = made.stderr.strip().splitlines()[-1] if made.stderr.strip() else made.returncode
+            return f"{cell.name}: failed ({said})", "failed"
         results = sorted(Path(home, "results").rglob("end-to-end_*.json"))
         result = json.loads(results[-1].read_text())
         on_time = any(stopped_by(r.get("stop_reason", ""), TIMED_OUT) for r in result.get("runs", []))
@@ -264,7 +268,9 @@ def run_cell(cell: Cell, seconds: float, ledger: Path, queue: Path, env: dict, d
         done[cell.name] = entry
         save_state(queue, done)
     how = "ended: result kept" if entry["done"] else "stopped on time: checkpoints kept"
-    return f"{cell.name}: {how} ({spent:.0f} s, test {result['test_accuracy']:.3f})"
+    return f"{cell.name}: {how} ({spent:.0f} s, test {result['test_accuracy']:.3f})", "ended" if entry[
+        "done"
+    ] else "cut"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,14 +324,11 @@ def main(argv: list[str] | None = None) -> int:
         if why := unready(cell, args.data_dir):
             print(f"{cell.name}: skipped: {why}", file=sys.stderr)
             continue
-        before = state(queue).get(cell.name, {}).get("seconds")
         # it ends by itself, or on time
-        said.append(run_cell(cell, left, args.ledger, queue, env, args.data_dir))
-        print(said[-1], file=sys.stderr)
-        entry = state(queue).get(cell.name, {})
-        if entry.get("seconds") == before:
-            continue  # it failed (said above), recording nothing: the next cells run
-        if not entry.get("done"):  # the budget cut it: the next invocation resumes it
+        message, how = run_cell(cell, left, args.ledger, queue, env, args.data_dir)
+        said.append(message)
+        print(message, file=sys.stderr)
+        if how == "cut":  # the budget cut it: the next invocation resumes it; a failed cell is passed over
             break
     waiting = [c for c in todo if not state(queue).get(c.name, {}).get("done")]
     card = CARD_SHARE * CARDS["H100"]
