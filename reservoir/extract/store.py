@@ -19,6 +19,7 @@ writes the same bytes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -167,8 +168,6 @@ class WriterLock:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            import errno
-
             if e.errno not in (
                 errno.EWOULDBLOCK,
                 errno.EAGAIN,
@@ -416,8 +415,6 @@ def write_failed(path: Path, e: Exception, *keep: Any) -> WriteFailed:
     """A failed write in the user's words: a full disk says so, every case says what to do.
     ``e`` and ``keep`` (the file) are kept alive, never closed (:data:`_FAILED`)."""
     _FAILED.append((e, keep))
-    import errno
-
     what, fix = write_failure(e)
     if fix.startswith(("Free", "Check")):
         fix += " (or pass --out on another disk)"
